@@ -1,0 +1,14 @@
+#include "chorus/autograd/grad_mode.h"
+
+namespace chorus {
+
+namespace {
+thread_local bool t_grad_enabled = true;
+}
+
+bool grad_enabled() { return t_grad_enabled; }
+void set_grad_enabled(bool on) { t_grad_enabled = on; }
+NoGradGuard::NoGradGuard() : prev_(t_grad_enabled) { t_grad_enabled = false; }
+NoGradGuard::~NoGradGuard() { t_grad_enabled = prev_; }
+
+}  // namespace chorus

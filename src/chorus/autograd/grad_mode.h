@@ -1,0 +1,21 @@
+// Gradient recording switch (thread-local), as torch.no_grad().
+#pragma once
+
+namespace chorus {
+
+bool grad_enabled();
+void set_grad_enabled(bool on);
+
+// RAII: no graph is recorded while it lives (evaluation, optimizer updates).
+class NoGradGuard {
+ public:
+  NoGradGuard();
+  ~NoGradGuard();
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+
+}  // namespace chorus

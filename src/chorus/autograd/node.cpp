@@ -1,0 +1,86 @@
+#include "chorus/autograd/node.h"
+
+#include <atomic>
+
+#include "chorus/autograd/grad_mode.h"
+#include "chorus/core/error.h"
+#include "chorus/ops/copy.h"
+#include "chorus/ops/elementwise.h"
+
+namespace chorus::autograd {
+
+namespace {
+std::atomic<uint64_t> g_seq{0};
+}
+
+TensorList FunctionNode::apply(TensorList&& grads) {
+  if (!fn_) {
+    CHORUS_THROW(ValueError, "backward through ", name_,
+                 " a second time: its saved tensors were freed after the first backward. "
+                 "Pass retain_graph=true to the first backward() to run it twice.");
+  }
+  bool any = false;
+  for (const Tensor& g : grads) any = any || g.defined();
+  if (!any) return {};  // nothing flows through this node
+  return fn_(grads);
+}
+
+TensorList AccumulateGrad::apply(TensorList&& grads) {
+  Tensor leaf(leaf_);
+  Tensor g = grads[0];
+  if (!g.defined()) return {};
+  g = ops::to_dtype(ops::to_device(g, leaf.device()), leaf.dtype());
+  AutogradMeta* meta = leaf_->autograd.get();
+  if (!meta->grad) {
+    // Own the buffer: the incoming gradient may alias a tensor someone else holds.
+    meta->grad = ops::clone(g).impl_ptr();
+  } else {
+    ops::binary_(BinaryOp::Add, Tensor(meta->grad), g, 1.0);
+  }
+  for (auto& hook : meta->post_accumulate_hooks) hook(leaf);
+  return {};
+}
+
+Edge gradient_edge(const Tensor& t) {
+  AutogradMeta* m = t.autograd_meta();
+  if (!m || !m->requires_grad) return Edge{};
+  if (m->grad_fn) return Edge{m->grad_fn, m->output_nr};
+  std::shared_ptr<Node> acc = m->grad_accumulator.lock();
+  if (!acc) {
+    acc = std::make_shared<AccumulateGrad>(t.impl_ptr());
+    acc->device = t.device();
+    acc->input_meta.push_back({t.device(), t.dtype(), t.sizes()});
+    m->grad_accumulator = acc;
+  }
+  return Edge{acc, 0};
+}
+
+bool any_requires_grad(const TensorList& inputs) {
+  for (const Tensor& t : inputs)
+    if (t.defined() && t.requires_grad()) return true;
+  return false;
+}
+
+TensorList record(const char* name, TensorList outputs, const TensorList& inputs, BackwardFn backward) {
+  if (!grad_enabled() || !any_requires_grad(inputs)) return outputs;
+  auto node = std::make_shared<FunctionNode>(name, std::move(backward));
+  node->seq = g_seq++;
+  node->num_outputs = static_cast<uint32_t>(outputs.size());
+  node->device = outputs.empty() ? cpu_device(0) : outputs[0].device();
+  for (const Tensor& in : inputs) {
+    node->next.push_back(in.defined() ? gradient_edge(in) : Edge{});
+    if (in.defined()) node->input_meta.push_back({in.device(), in.dtype(), in.sizes()});
+    else node->input_meta.push_back({cpu_device(0), kFloat32, {}});
+  }
+  for (uint32_t i = 0; i < outputs.size(); ++i) {
+    // Outputs are fresh tensors (or fresh views): give each its own meta.
+    outputs[i].set_grad_fn(node, i);
+  }
+  return outputs;
+}
+
+Tensor record(const char* name, Tensor output, const TensorList& inputs, BackwardFn backward) {
+  return record(name, TensorList{std::move(output)}, inputs, std::move(backward))[0];
+}
+
+}  // namespace chorus::autograd

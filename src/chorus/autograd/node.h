@@ -1,0 +1,87 @@
+// Graph nodes of the define-by-run autograd. A Node maps the gradients of its
+// forward op's outputs to the gradients of its inputs; edges point to the nodes
+// that produced those inputs (or to a leaf's AccumulateGrad).
+//
+// Note [Saved tensors are freed after backward]: a node releases what it saved
+// once backward has run through it (unless retain_graph), and running backward
+// through it again raises an error that says so, as PyTorch does.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "chorus/core/tensor.h"
+
+namespace chorus::autograd {
+
+class Node;
+
+struct Edge {
+  std::shared_ptr<Node> fn;  // null: this input needs no gradient
+  uint32_t input_nr = 0;
+};
+
+// Where an input's gradient must end up (the engine converts to it).
+struct InputMeta {
+  Device device;
+  DType dtype;
+  Shape shape;
+};
+
+class Node {
+ public:
+  virtual ~Node() = default;
+  // grads[i] is the gradient of output i (undefined if that output got none).
+  virtual TensorList apply(TensorList&& grads) = 0;
+  virtual std::string name() const = 0;
+  virtual void release_saved() {}
+  virtual bool is_accumulate_grad() const { return false; }
+
+  std::vector<Edge> next;
+  std::vector<InputMeta> input_meta;
+  uint32_t num_outputs = 1;
+  Device device;
+  uint64_t seq = 0;  // creation order; later nodes run first among ready ones
+};
+
+using BackwardFn = std::function<TensorList(const TensorList& grad_outputs)>;
+
+// A node whose backward is a closure over the tensors it saved.
+class FunctionNode final : public Node {
+ public:
+  FunctionNode(std::string name, BackwardFn fn) : name_(std::move(name)), fn_(std::move(fn)) {}
+  TensorList apply(TensorList&& grads) override;
+  std::string name() const override { return name_; }
+  void release_saved() override { fn_ = nullptr; }
+
+ private:
+  std::string name_;
+  BackwardFn fn_;
+};
+
+// Adds incoming gradients into a leaf's .grad(), then runs its hooks.
+class AccumulateGrad final : public Node {
+ public:
+  explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf) : leaf_(std::move(leaf)) {}
+  TensorList apply(TensorList&& grads) override;
+  std::string name() const override { return "AccumulateGrad"; }
+  bool is_accumulate_grad() const override { return true; }
+
+ private:
+  std::shared_ptr<TensorImpl> leaf_;
+};
+
+// The edge that a gradient for `t` should flow along.
+Edge gradient_edge(const Tensor& t);
+
+// Records `outputs` as produced by a differentiable op of `inputs` when grad
+// mode is on and any input requires grad; returns the outputs. The backward
+// closure receives one gradient per output (undefined ones replaced by zeros
+// when `zero_fill` is set) and returns one per input (undefined = none).
+TensorList record(const char* name, TensorList outputs, const TensorList& inputs, BackwardFn backward);
+Tensor record(const char* name, Tensor output, const TensorList& inputs, BackwardFn backward);
+bool any_requires_grad(const TensorList& inputs);
+
+}  // namespace chorus::autograd

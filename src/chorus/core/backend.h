@@ -1,0 +1,76 @@
+// DeviceBackend: the one virtual interface between device-independent code and a
+// kind of device (as PyTorch's DeviceGuardImplInterface). The CPU backend is a
+// thin, synchronous implementation; the CUDA backend (src/chorus/cuda) is
+// registered when the build has CUDA.
+//
+// Note [Stream-ordered memory]: allocate() returns memory usable on the current
+// stream of the device. When another stream reads it, record_use() tells the
+// allocator so that the block is not handed out again before that stream is
+// done with it.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "chorus/core/device.h"
+
+namespace chorus {
+
+// Opaque stream/event handles; nullptr is the device's default stream.
+using StreamHandle = void*;
+using EventHandle = void*;
+
+class DeviceBackend {
+ public:
+  virtual ~DeviceBackend() = default;
+  virtual DeviceType type() const = 0;
+  virtual int device_count() const = 0;
+
+  // Memory. allocate throws OutOfMemoryError naming the device, the request and
+  // the bytes in use.
+  virtual void* allocate(size_t nbytes, Device d) = 0;
+  virtual void deallocate(void* ptr, Device d) noexcept = 0;
+  virtual void record_use(void* ptr, Device owner, Device user) {}
+  virtual size_t bytes_in_use(Device d) const { return 0; }
+  virtual size_t peak_bytes(Device d) const { return 0; }
+  virtual void reset_peak_bytes(Device d) {}
+
+  // Copies nbytes between any two devices (one of which is this backend's, the
+  // other may be the host). Ordered after the work already issued to the
+  // current streams of both devices; returns without waiting on the host
+  // unless the destination is host memory.
+  virtual void copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t nbytes) = 0;
+
+  virtual void synchronize(Device d) = 0;
+
+  // Streams and events.
+  virtual StreamHandle current_stream(Device d) = 0;
+  virtual void set_current_stream(Device d, StreamHandle s) = 0;
+  virtual StreamHandle create_stream(Device d) = 0;
+  virtual void destroy_stream(Device d, StreamHandle s) noexcept = 0;
+  virtual void synchronize_stream(Device d, StreamHandle s) = 0;
+  virtual EventHandle create_event(Device d, bool timing) = 0;
+  virtual void destroy_event(Device d, EventHandle e) noexcept = 0;
+  virtual void record_event(Device d, EventHandle e, StreamHandle s) = 0;
+  virtual void stream_wait_event(Device d, StreamHandle s, EventHandle e) = 0;
+  virtual void synchronize_event(Device d, EventHandle e) = 0;
+  virtual bool event_query(Device d, EventHandle e) = 0;
+  // Milliseconds from `start` to `end`.
+  virtual float event_elapsed_ms(Device d, EventHandle start, EventHandle end) = 0;
+
+  virtual std::string device_name(Device d) const = 0;
+};
+
+// The backend for a device type. Throws DeviceError when the build has no such
+// backend (e.g. cuda in a CPU-only build).
+DeviceBackend& backend(DeviceType t);
+inline DeviceBackend& backend(const Device& d) { return backend(d.type); }
+bool has_backend(DeviceType t);
+void register_backend(std::unique_ptr<DeviceBackend> b);
+
+// Waits for all work on every device (synchronize()) or on one.
+void synchronize();
+void synchronize(const Device& d);
+
+}  // namespace chorus

@@ -1,0 +1,85 @@
+// The CPU backend: host memory, and "streams" that are the issuing thread
+// itself. Every CPU op is synchronous, so events only carry a timestamp.
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+
+#include "chorus/core/backend.h"
+#include "chorus/core/error.h"
+
+namespace chorus {
+
+namespace {
+
+struct CpuEvent {
+  std::chrono::steady_clock::time_point t;
+};
+
+class CpuBackend final : public DeviceBackend {
+ public:
+  DeviceType type() const override { return DeviceType::CPU; }
+  int device_count() const override { return cpu_device_count(); }
+
+  void* allocate(size_t nbytes, Device d) override {
+    // 64-byte alignment for vector loads; aligned_alloc needs a multiple of it.
+    size_t n = ((nbytes + 63) / 64) * 64;
+    if (n == 0) n = 64;
+    // A 64-byte header before the block remembers its size, so that frees keep
+    // bytes_in_use exact.
+    void* base = std::aligned_alloc(64, n + 64);
+    if (!base) {
+      CHORUS_THROW(OutOfMemoryError, "out of memory on ", d.str(), ": could not allocate ",
+                   nbytes, " bytes (", in_use_.load(), " bytes in use by Chorus)");
+    }
+    *static_cast<size_t*>(base) = n;
+    size_t cur = (in_use_ += n);
+    size_t pk = peak_.load();
+    while (cur > pk && !peak_.compare_exchange_weak(pk, cur)) {}
+    return static_cast<char*>(base) + 64;
+  }
+  void deallocate(void* ptr, Device) noexcept override {
+    if (!ptr) return;
+    void* base = static_cast<char*>(ptr) - 64;
+    in_use_ -= *static_cast<size_t*>(base);
+    std::free(base);
+  }
+  size_t bytes_in_use(Device) const override { return in_use_.load(); }
+  size_t peak_bytes(Device) const override { return peak_.load(); }
+  void reset_peak_bytes(Device) override { peak_.store(in_use_.load()); }
+
+  void copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t n) override {
+    CHORUS_ASSERT(dst_dev.is_cpu() && src_dev.is_cpu());
+    if (n) std::memmove(dst, src, n);
+  }
+  void synchronize(Device) override {}
+
+  StreamHandle current_stream(Device) override { return nullptr; }
+  void set_current_stream(Device, StreamHandle) override {}
+  StreamHandle create_stream(Device) override { return nullptr; }
+  void destroy_stream(Device, StreamHandle) noexcept override {}
+  void synchronize_stream(Device, StreamHandle) override {}
+  EventHandle create_event(Device, bool) override { return new CpuEvent{}; }
+  void destroy_event(Device, EventHandle e) noexcept override { delete static_cast<CpuEvent*>(e); }
+  void record_event(Device, EventHandle e, StreamHandle) override {
+    static_cast<CpuEvent*>(e)->t = std::chrono::steady_clock::now();
+  }
+  void stream_wait_event(Device, StreamHandle, EventHandle) override {}
+  void synchronize_event(Device, EventHandle) override {}
+  bool event_query(Device, EventHandle) override { return true; }
+  float event_elapsed_ms(Device, EventHandle a, EventHandle b) override {
+    auto d = static_cast<CpuEvent*>(b)->t - static_cast<CpuEvent*>(a)->t;
+    return std::chrono::duration<float, std::milli>(d).count();
+  }
+  std::string device_name(Device d) const override { return "CPU (logical device " + d.str() + ")"; }
+
+ private:
+  std::atomic<size_t> in_use_{0};
+  std::atomic<size_t> peak_{0};
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceBackend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+}  // namespace chorus

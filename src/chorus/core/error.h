@@ -1,0 +1,65 @@
+// Errors: one base class (chorus::Error, message carrying file:line) and one
+// subclass per kind of failure a caller may want to catch separately. Library
+// code throws; it never calls exit() or abort(). CHORUS_CHECK is for caller
+// errors (bad arguments), CHORUS_ASSERT for internal invariants.
+#pragma once
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace chorus {
+
+class Error : public std::runtime_error {
+ public:
+  Error(const std::string& msg, const char* file, int line);
+  explicit Error(const std::string& msg) : std::runtime_error(msg), message_(msg), what_(msg) {}
+  // The message without the file:line suffix (for one-line CLI output).
+  const std::string& message() const { return message_; }
+  const char* what() const noexcept override { return what_.c_str(); }
+
+ private:
+  std::string message_;
+  std::string what_;
+};
+
+#define CHORUS_DECLARE_ERROR(Name)                                          \
+  class Name : public Error {                                               \
+   public:                                                                  \
+    using Error::Error;                                                     \
+  };
+CHORUS_DECLARE_ERROR(ValueError)
+CHORUS_DECLARE_ERROR(DeviceError)
+CHORUS_DECLARE_ERROR(OutOfMemoryError)
+CHORUS_DECLARE_ERROR(DistError)
+CHORUS_DECLARE_ERROR(IOError)
+#undef CHORUS_DECLARE_ERROR
+
+namespace detail {
+template <typename... Args>
+std::string str_cat(const Args&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  return os.str();
+}
+}  // namespace detail
+
+}  // namespace chorus
+
+#define CHORUS_THROW(Kind, ...) \
+  throw ::chorus::Kind(::chorus::detail::str_cat(__VA_ARGS__), __FILE__, __LINE__)
+
+#define CHORUS_CHECK(cond, ...)                    \
+  do {                                             \
+    if (!(cond)) CHORUS_THROW(ValueError, __VA_ARGS__); \
+  } while (0)
+
+#define CHORUS_CHECK_T(Kind, cond, ...)            \
+  do {                                             \
+    if (!(cond)) CHORUS_THROW(Kind, __VA_ARGS__);  \
+  } while (0)
+
+#define CHORUS_ASSERT(cond)                                                          \
+  do {                                                                               \
+    if (!(cond)) CHORUS_THROW(Error, "internal error: assertion failed: " #cond);    \
+  } while (0)

@@ -1,0 +1,95 @@
+// The kernel set that every device layer implements (cpu/kernels.h and
+// cuda/kernels.h instantiate this list in their namespaces), so ops/ dispatches
+// with one `if` per op and both devices share one contract:
+//  - all tensors are on the same device; outputs are allocated by the caller;
+//  - "strided" arguments may be any view (broadcast views have stride 0);
+//  - "contiguous" arguments are row-major contiguous;
+//  - float math accumulates in float32 (bf16/f16 are converted on load/store).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "chorus/core/op_kinds.h"
+#include "chorus/core/rng.h"
+#include "chorus/core/tensor.h"
+
+#define CHORUS_DECLARE_KERNELS                                                                     \
+  /* out[i] = op(x[i], scalar). x, out strided, same shape; out dtype = x's                      \
+     (bool for GtScalar). */                                                                      \
+  void unary(UnaryOp op, const Tensor& x, const Tensor& out, double scalar);                      \
+  /* out = op(a, b). a, b, out strided with out's shape; a and b have one dtype; out has it too    \
+     (bool for comparisons). out may alias a (in-place). */                                       \
+  void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out, double alpha);    \
+  /* dst = src, converting dtype; same shape, both strided. */                                    \
+  void copy(const Tensor& src, const Tensor& dst);                                                \
+  void fill(const Tensor& out, double value);                                                     \
+  /* out (contiguous) has x's shape with reduced dims set to 1; reduce[d] says which. Sum/Mean/  \
+     Max/Min keep x's dtype (float accumulation); Argmax/Argmin write int64 and need exactly one  \
+     reduced dim. */                                                                              \
+  void reduce(ReduceOp op, const Tensor& x, const Tensor& out, const std::vector<bool>& reduce);   \
+  /* Random fills of a contiguous tensor; element i uses Philox word(s) i of `rng`. */            \
+  void uniform(const Tensor& out, double lo, double hi, RngState rng);                            \
+  void normal(const Tensor& out, double mean, double std, RngState rng);                          \
+  void randint(const Tensor& out, int64_t lo, int64_t hi, RngState rng);                          \
+  /* out[i] = (uniform(i) >= p) ? 1/(1-p) : 0 */                                                  \
+  void dropout_mask(const Tensor& out, double p, RngState rng);                                   \
+  /* out[b] = alpha * op(a[b]) @ op(bm[b]) + beta * out[b]; a, bm, out contiguous 3-d             \
+     (batch, rows, cols) as stored; op transposes when the flag is set. */                        \
+  void gemm(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_a, bool trans_b,     \
+            double alpha, double beta);                                                           \
+  /* Convolution: x [N,C,H,W], weight [K,C/g,R,S], bias [K] or undefined, y [N,K,P,Q]; all       \
+     contiguous NCHW. Backward kernels overwrite their outputs. */                                \
+  void conv2d_forward(const Conv2dGeometry& g, const Tensor& x, const Tensor& weight,             \
+                      const Tensor& bias, const Tensor& y);                                       \
+  void conv2d_backward_input(const Conv2dGeometry& g, const Tensor& dy, const Tensor& weight,     \
+                             const Tensor& dx);                                                   \
+  void conv2d_backward_weight(const Conv2dGeometry& g, const Tensor& dy, const Tensor& x,         \
+                              const Tensor& dweight, const Tensor& dbias);                        \
+  /* Pooling on contiguous NCHW. indices: int64, index within the input plane (h*W+w). */         \
+  void max_pool2d_forward(const Pool2dGeometry& g, const Tensor& x, const Tensor& y,              \
+                          const Tensor& indices);                                                 \
+  void max_pool2d_backward(const Pool2dGeometry& g, const Tensor& dy, const Tensor& indices,      \
+                           const Tensor& dx);                                                     \
+  /* count_include_pad = true, as PyTorch's default. */                                           \
+  void avg_pool2d_forward(const Pool2dGeometry& g, const Tensor& x, const Tensor& y);             \
+  void avg_pool2d_backward(const Pool2dGeometry& g, const Tensor& dy, const Tensor& dx);          \
+  void adaptive_avg_pool2d_forward(const Tensor& x, const Tensor& y);                             \
+  void adaptive_avg_pool2d_backward(const Tensor& dy, const Tensor& dx);                          \
+  /* Batch norm over [N,C,*] contiguous. Training: batch statistics, writes save_mean and         \
+     save_invstd [C] (float32) and updates running stats (unbiased variance, momentum) when       \
+     defined. Eval: uses running stats. gamma/beta may be undefined (1 and 0). */                 \
+  void batch_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,               \
+                          const Tensor& running_mean, const Tensor& running_var, bool training,   \
+                          double momentum, double eps, const Tensor& y, const Tensor& save_mean,  \
+                          const Tensor& save_invstd);                                             \
+  /* Training-mode backward. dgamma/dbeta may be undefined. */                                    \
+  void batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,                \
+                           const Tensor& save_mean, const Tensor& save_invstd, const Tensor& dx,  \
+                           const Tensor& dgamma, const Tensor& dbeta);                            \
+  /* Softmax over the last dim of a contiguous [rows, cols] tensor. */                            \
+  void softmax_forward(const Tensor& x, const Tensor& y, bool log);                               \
+  /* dx = log ? dy - exp(y) * sum(dy) : y * (dy - sum(dy * y)) per row. */                        \
+  void softmax_backward(const Tensor& dy, const Tensor& y, const Tensor& dx, bool log);           \
+  /* Cross entropy of logits [B,C] (contiguous) and int64 targets [B]: per-sample losses [B]     \
+     (float32) with label smoothing eps: -(1-eps)*logp[y] - eps/C*sum(logp). Also writes the      \
+     softmax probabilities [B,C] (float32) for the backward pass. */                              \
+  void cross_entropy_forward(const Tensor& logits, const Tensor& target, double smoothing,        \
+                             const Tensor& losses, const Tensor& probs);                          \
+  /* dlogits[b,c] = dloss[b] * (probs[b,c] - (1-eps)*[c==y_b] - eps/C). dloss [B] float32. */     \
+  void cross_entropy_backward(const Tensor& dloss, const Tensor& probs, const Tensor& target,     \
+                              double smoothing, const Tensor& dlogits);                           \
+  /* Indexing on contiguous tensors viewed as [outer, dim, inner]. index int64 contiguous. */     \
+  void index_select(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& out);        \
+  /* out (pre-filled) [..., index[i], ...] += src[..., i, ...] */                                  \
+  void index_add(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src);         \
+  void gather(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& out);              \
+  /* out (pre-filled) scatter-add: out[.., index[..i..], ..] += src[..i..] */                     \
+  void scatter_add(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src);       \
+  /* Fused optimizer updates on contiguous float32 tensors of one size. */                        \
+  void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, double lr,  \
+                  double momentum, double dampening, double weight_decay, bool nesterov,          \
+                  bool first_step);                                                               \
+  void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,               \
+                    const Tensor& exp_avg_sq, double lr, double beta1, double beta2, double eps,  \
+                    double weight_decay, int64_t step);

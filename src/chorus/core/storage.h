@@ -1,0 +1,30 @@
+// Storage: one allocation on one device, shared by every tensor that views it.
+// The memory goes back to the device's allocator when the last view is gone.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "chorus/core/device.h"
+
+namespace chorus {
+
+class Storage {
+ public:
+  // Allocates nbytes on `device` (on its current stream, for a GPU).
+  Storage(size_t nbytes, Device device);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return data_; }
+  size_t nbytes() const { return nbytes_; }
+  Device device() const { return device_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t nbytes_ = 0;
+  Device device_;
+};
+
+}  // namespace chorus

@@ -1,0 +1,51 @@
+// The kernel-set gemm on the CPU: batched float32 through OpenBLAS; bf16/f16
+// operands are widened to float32 first.
+#include <cblas.h>
+
+#include "chorus/cpu/dtype_dispatch.h"
+#include "chorus/cpu/kernels.h"
+
+namespace chorus::cpu {
+
+namespace {
+Tensor as_float(const Tensor& t) {
+  if (t.dtype() == kFloat32) return t;
+  Tensor f = detail::empty_tensor(t.sizes(), kFloat32, t.device());
+  copy(t, f);
+  return f;
+}
+}  // namespace
+
+void gemm(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_a, bool trans_b,
+          double alpha, double beta) {
+  if (a.dtype() == kFloat64) {  // gradient checks
+    const int64_t batch = a.size(0), m = out.size(1), n = out.size(2);
+    const int64_t k = trans_a ? a.size(1) : a.size(2);
+    for (int64_t i = 0; i < batch; ++i)
+      cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+                  static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha,
+                  a.data<double>() + i * a.size(1) * a.size(2), static_cast<int>(a.size(2)),
+                  bm.data<double>() + i * bm.size(1) * bm.size(2), static_cast<int>(bm.size(2)), beta,
+                  out.data<double>() + i * m * n, static_cast<int>(n));
+    return;
+  }
+  Tensor fa = as_float(a), fb = as_float(bm);
+  Tensor fo = out.dtype() == kFloat32 ? out : as_float(out);
+  const int64_t batch = fa.size(0);
+  const int64_t m = fo.size(1), n = fo.size(2);
+  const int64_t k = trans_a ? fa.size(1) : fa.size(2);
+  const int64_t lda = fa.size(2), ldb = fb.size(2), ldc = n;
+  const float* pa = fa.data<float>();
+  const float* pb = fb.data<float>();
+  float* pc = fo.data<float>();
+  for (int64_t i = 0; i < batch; ++i) {
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+                static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), static_cast<float>(alpha),
+                pa + i * fa.size(1) * fa.size(2), static_cast<int>(lda),
+                pb + i * fb.size(1) * fb.size(2), static_cast<int>(ldb), static_cast<float>(beta),
+                pc + i * m * n, static_cast<int>(ldc));
+  }
+  if (!fo.is_same(out)) copy(fo, out);
+}
+
+}  // namespace chorus::cpu

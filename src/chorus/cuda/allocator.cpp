@@ -1,0 +1,247 @@
+#include "chorus/cuda/allocator.h"
+
+#include <cstdio>
+
+#include "chorus/core/error.h"
+#include "chorus/cuda/context.h"
+
+namespace chorus::cuda {
+
+namespace {
+
+// For noexcept paths (frees, event releases): report and carry on. During
+// process exit the runtime may already be gone; that is not worth a message.
+void warn_if_failed(cudaError_t err, const char* what) noexcept {
+  if (err == cudaSuccess) return;
+  (void)cudaGetLastError();
+  if (err == cudaErrorCudartUnloading || err == cudaErrorContextIsDestroyed) return;
+  std::fprintf(stderr, "chorus: warning: %s failed: %s\n", what, cudaGetErrorString(err));
+}
+
+bool is_allocation_failure(cudaError_t err) {
+  // An absurd request (more than the device could ever map) may come back as
+  // an invalid value rather than as out of memory; both mean "no memory".
+  return err == cudaErrorMemoryAllocation || err == cudaErrorInvalidValue;
+}
+
+}  // namespace
+
+std::string format_bytes(double bytes) {
+  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  int u = 0;
+  while (bytes >= 1024.0 && u < 6) {
+    bytes /= 1024.0;
+    ++u;
+  }
+  char buf[32];
+  if (u == 0) std::snprintf(buf, sizeof buf, "%.0f B", bytes);
+  else std::snprintf(buf, sizeof buf, "%.2f %s", bytes, kUnits[u]);
+  return buf;
+}
+
+// ---- EventPool ----------------------------------------------------------------
+
+EventPool::EventPool(int device_count) {
+  for (int d = 0; d < device_count; ++d) devices_.push_back(std::make_unique<PerDevice>());
+}
+
+EventPool::~EventPool() {
+  for (auto& pd : devices_)
+    for (cudaEvent_t e : pd->free) warn_if_failed(cudaEventDestroy(e), "cudaEventDestroy");
+}
+
+cudaEvent_t EventPool::acquire(int device) {
+  PerDevice& pd = *devices_.at(static_cast<size_t>(device));
+  {
+    std::lock_guard<std::mutex> g(pd.mu);
+    if (!pd.free.empty()) {
+      cudaEvent_t e = pd.free.back();
+      pd.free.pop_back();
+      return e;
+    }
+  }
+  CudaDeviceGuard guard(device);
+  cudaEvent_t e;
+  CHORUS_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return e;
+}
+
+void EventPool::release(int device, cudaEvent_t e) noexcept {
+  PerDevice& pd = *devices_[static_cast<size_t>(device)];
+  std::lock_guard<std::mutex> g(pd.mu);
+  pd.free.push_back(e);
+}
+
+// ---- CudaAllocator --------------------------------------------------------------
+
+CudaAllocator::CudaAllocator(int device_count, EventPool* events) : events_(events) {
+  for (int d = 0; d < device_count; ++d) devices_.push_back(std::make_unique<DeviceState>());
+}
+
+CudaAllocator::DeviceState& CudaAllocator::state(int device) const {
+  if (device < 0 || static_cast<size_t>(device) >= devices_.size()) {
+    CHORUS_THROW(DeviceError, "cuda:", device, " does not exist: this machine has ",
+                 devices_.size(), " CUDA devices");
+  }
+  return *devices_[static_cast<size_t>(device)];
+}
+
+cudaMemPool_t CudaAllocator::pool(int device, DeviceState& st) {
+  std::lock_guard<std::mutex> g(st.mu);
+  if (!st.pool) {
+    cudaMemPool_t p;
+    CHORUS_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&p, device));
+    // Keep freed memory in the pool instead of returning it to the driver at
+    // every synchronisation: this is what makes the pool a cache.
+    uint64_t threshold = UINT64_MAX;
+    CHORUS_CUDA_CHECK(cudaMemPoolSetAttribute(p, cudaMemPoolAttrReleaseThreshold, &threshold));
+    st.pool = p;
+  }
+  return st.pool;
+}
+
+void CudaAllocator::throw_oom(size_t nbytes, int device, const DeviceState& st) const {
+  size_t free = 0, total = 0;
+  if (cudaMemGetInfo(&free, &total) != cudaSuccess) (void)cudaGetLastError();
+  size_t in_use;
+  {
+    std::lock_guard<std::mutex> g(st.mu);
+    in_use = st.in_use;
+  }
+  CHORUS_THROW(OutOfMemoryError, "out of memory on cuda:", device, ": tried to allocate ",
+               format_bytes(static_cast<double>(nbytes)), "; ",
+               format_bytes(static_cast<double>(in_use)), " in use by Chorus, ",
+               format_bytes(static_cast<double>(free)), " free of ",
+               format_bytes(static_cast<double>(total)),
+               " (free fewer tensors, or use a smaller batch)");
+}
+
+void* CudaAllocator::allocate(size_t nbytes, int device) {
+  DeviceState& st = state(device);
+  if (nbytes == 0) return nullptr;
+  CudaDeviceGuard guard(device);
+  cudaMemPool_t p = pool(device, st);
+  cudaStream_t stream = current_stream(device);
+
+  void* ptr = nullptr;
+  cudaError_t err = cudaMallocAsync(&ptr, nbytes, stream);
+  if (is_allocation_failure(err)) {
+    // The pool may hold memory freed on other streams that is not yet reusable
+    // from this one: wait for everything, give the cache back, try once more.
+    (void)cudaGetLastError();
+    CHORUS_CUDA_CHECK(cudaDeviceSynchronize());
+    CHORUS_CUDA_CHECK(cudaMemPoolTrimTo(p, 0));
+    err = cudaMallocAsync(&ptr, nbytes, stream);
+  }
+  if (is_allocation_failure(err)) {
+    (void)cudaGetLastError();
+    throw_oom(nbytes, device, st);
+  }
+  CHORUS_CUDA_CHECK(err);
+
+  std::lock_guard<std::mutex> g(st.mu);
+  st.blocks[reinterpret_cast<uintptr_t>(ptr)] = Block{nbytes, stream, {}};
+  st.in_use += nbytes;
+  if (st.in_use > st.peak) st.peak = st.in_use;
+  return ptr;
+}
+
+void CudaAllocator::deallocate(void* ptr, int device) noexcept {
+  if (!ptr) return;
+  try {
+    DeviceState& st = state(device);
+    Block block;
+    {
+      std::lock_guard<std::mutex> g(st.mu);
+      auto it = st.blocks.find(reinterpret_cast<uintptr_t>(ptr));
+      if (it == st.blocks.end()) {
+        std::fprintf(stderr, "chorus: warning: freeing %p on cuda:%d, which Chorus did not allocate\n",
+                     ptr, device);
+        return;
+      }
+      block = std::move(it->second);
+      st.blocks.erase(it);
+      st.in_use -= block.size;
+    }
+    CudaDeviceGuard guard(device);
+    cudaStream_t stream = current_stream(device);
+    if (block.home && block.home != stream) {
+      cudaEvent_t e = events_->acquire(device);
+      warn_if_failed(cudaEventRecord(e, block.home), "cudaEventRecord (free)");
+      warn_if_failed(cudaStreamWaitEvent(stream, e, 0), "cudaStreamWaitEvent (free)");
+      events_->release(device, e);
+    }
+    for (const Use& u : block.uses) {
+      if (u.stream != stream) {
+        warn_if_failed(cudaStreamWaitEvent(stream, u.event, 0), "cudaStreamWaitEvent (free)");
+      }
+      events_->release(u.device, u.event);
+    }
+    warn_if_failed(cudaFreeAsync(ptr, stream), "cudaFreeAsync");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "chorus: warning: freeing CUDA memory failed: %s\n", e.what());
+  }
+}
+
+void CudaAllocator::record_use(const void* ptr, int owner, int user, cudaStream_t stream) {
+  DeviceState& st = state(owner);
+  std::lock_guard<std::mutex> g(st.mu);
+  const auto addr = reinterpret_cast<uintptr_t>(ptr);
+  auto it = st.blocks.upper_bound(addr);
+  if (it == st.blocks.begin()) return;
+  --it;
+  if (addr >= it->first + it->second.size) return;  // not ours
+  Block& block = it->second;
+  if (user == owner && stream == block.home) return;  // ordered by the home-stream wait
+  for (Use& u : block.uses) {
+    if (u.device == user && u.stream == stream) {
+      // A later record on the same stream supersedes the earlier one.
+      CHORUS_CUDA_CHECK(cudaEventRecord(u.event, stream));
+      return;
+    }
+  }
+  cudaEvent_t e = events_->acquire(user);
+  cudaError_t err = cudaEventRecord(e, stream);
+  if (err != cudaSuccess) {
+    events_->release(user, e);
+    CHORUS_CUDA_CHECK(err);
+  }
+  block.uses.push_back(Use{user, stream, e});
+}
+
+void CudaAllocator::stream_destroyed(int device, cudaStream_t stream) {
+  for (size_t d = 0; d < devices_.size(); ++d) {
+    DeviceState& st = *devices_[d];
+    std::lock_guard<std::mutex> g(st.mu);
+    for (auto& [addr, block] : st.blocks) {
+      for (Use& u : block.uses)
+        if (u.stream == stream) u.stream = nullptr;  // its event already marks the last use
+      if (static_cast<int>(d) == device && block.home == stream) {
+        cudaEvent_t e = events_->acquire(device);
+        CHORUS_CUDA_CHECK(cudaEventRecord(e, stream));
+        block.uses.push_back(Use{device, nullptr, e});
+        block.home = nullptr;
+      }
+    }
+  }
+}
+
+size_t CudaAllocator::bytes_in_use(int device) const {
+  const DeviceState& st = state(device);
+  std::lock_guard<std::mutex> g(st.mu);
+  return st.in_use;
+}
+
+size_t CudaAllocator::peak_bytes(int device) const {
+  const DeviceState& st = state(device);
+  std::lock_guard<std::mutex> g(st.mu);
+  return st.peak;
+}
+
+void CudaAllocator::reset_peak_bytes(int device) {
+  DeviceState& st = state(device);
+  std::lock_guard<std::mutex> g(st.mu);
+  st.peak = st.in_use;
+}
+
+}  // namespace chorus::cuda

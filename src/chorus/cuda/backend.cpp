@@ -1,0 +1,289 @@
+// The CUDA DeviceBackend: memory from CUDA's stream-ordered pools (allocator.h),
+// copies ordered with events, and streams/events mapped directly onto
+// cudaStream_t / cudaEvent_t.
+//
+// Note [Copy ordering]: a copy is enqueued on the current stream of the
+// destination device (for host<->device copies, of the GPU side). When the
+// source is another GPU, an event recorded on the source's current stream
+// makes the copy wait for the work that produced the data, and the allocator
+// is told that the copy stream reads the source block, so that freeing it
+// right after copy() returns is safe. Only a copy into host memory waits on
+// the host, because the caller reads the result next.
+//
+// A stream handle of nullptr means the calling thread's current stream of the
+// device (set_current_stream(d, nullptr) restores the thread's default one).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "chorus/core/backend.h"
+#include "chorus/core/error.h"
+#include "chorus/cuda/allocator.h"
+#include "chorus/cuda/context.h"
+
+namespace chorus::cuda {
+
+namespace {
+
+int query_device_count() {
+  int n = 0;
+  // No driver or no GPU (cudaErrorNoDevice, cudaErrorInsufficientDriver, ...)
+  // simply means no CUDA devices: CPU-only machines must not see an error.
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+// Pageable host memory cannot be the source of an asynchronous copy, so
+// host-to-device copies go through pinned buffers: two per device, used in
+// turn in chunks, each with an event that says when the GPU is done reading
+// it. The caller may free its source as soon as copy() returns.
+class PinnedStaging {
+ public:
+  static constexpr size_t kChunk = size_t{32} << 20;
+
+  explicit PinnedStaging(int device_count) {
+    for (int d = 0; d < device_count; ++d) devices_.push_back(std::make_unique<PerDevice>());
+  }
+  ~PinnedStaging() {
+    for (auto& pd : devices_) {
+      for (Slot& s : pd->slots) {
+        if (s.buf) (void)cudaFreeHost(s.buf);
+        if (s.done) (void)cudaEventDestroy(s.done);
+      }
+    }
+    (void)cudaGetLastError();  // the runtime may already be unloading
+  }
+
+  void copy_to_device(void* dst, int device, const void* src, size_t nbytes, cudaStream_t stream) {
+    PerDevice& pd = *devices_.at(static_cast<size_t>(device));
+    std::lock_guard<std::mutex> g(pd.mu);
+    for (size_t off = 0; off < nbytes; off += kChunk) {
+      const size_t len = std::min(kChunk, nbytes - off);
+      Slot& slot = pd.slots[pd.next];
+      pd.next ^= 1;
+      if (slot.pending) {
+        CHORUS_CUDA_CHECK(cudaEventSynchronize(slot.done));  // its previous copy has read it
+        slot.pending = false;
+      }
+      if (slot.cap < len) {
+        if (slot.buf) CHORUS_CUDA_CHECK(cudaFreeHost(slot.buf));
+        slot.buf = nullptr;
+        slot.cap = 0;
+        size_t cap = size_t{64} << 10;
+        while (cap < len) cap *= 2;
+        CHORUS_CUDA_CHECK(cudaHostAlloc(&slot.buf, cap, cudaHostAllocPortable));
+        slot.cap = cap;
+      }
+      if (!slot.done) CHORUS_CUDA_CHECK(cudaEventCreateWithFlags(&slot.done, cudaEventDisableTiming));
+      std::memcpy(slot.buf, static_cast<const char*>(src) + off, len);
+      CHORUS_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst) + off, slot.buf, len,
+                                        cudaMemcpyHostToDevice, stream));
+      CHORUS_CUDA_CHECK(cudaEventRecord(slot.done, stream));
+      slot.pending = true;
+    }
+  }
+
+ private:
+  struct Slot {
+    void* buf = nullptr;
+    size_t cap = 0;
+    cudaEvent_t done = nullptr;
+    bool pending = false;
+  };
+  struct PerDevice {
+    std::mutex mu;
+    Slot slots[2];
+    int next = 0;
+  };
+  std::vector<std::unique_ptr<PerDevice>> devices_;
+};
+
+class CudaBackend final : public DeviceBackend {
+ public:
+  CudaBackend()
+      : count_(query_device_count()), events_(count_), allocator_(count_, &events_), staging_(count_) {}
+
+  DeviceType type() const override { return DeviceType::CUDA; }
+  int device_count() const override { return count_; }
+
+  // ---- memory ---------------------------------------------------------------
+  void* allocate(size_t nbytes, Device d) override { return allocator_.allocate(nbytes, index(d)); }
+  void deallocate(void* ptr, Device d) noexcept override {
+    allocator_.deallocate(ptr, d.index);
+  }
+  void record_use(void* ptr, Device owner, Device user) override {
+    if (!user.is_cuda() || !ptr) return;  // host reads are synchronous
+    allocator_.record_use(ptr, index(owner), index(user), cuda::current_stream(index(user)));
+  }
+  size_t bytes_in_use(Device d) const override { return allocator_.bytes_in_use(index(d)); }
+  size_t peak_bytes(Device d) const override { return allocator_.peak_bytes(index(d)); }
+  void reset_peak_bytes(Device d) override { allocator_.reset_peak_bytes(index(d)); }
+
+  void copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t nbytes) override {
+    if (nbytes == 0) return;
+    if (dst_dev.is_cpu() && src_dev.is_cpu()) {
+      std::memmove(dst, src, nbytes);
+    } else if (src_dev.is_cpu()) {
+      copy_host_to_device(dst, index(dst_dev), src, nbytes);
+    } else if (dst_dev.is_cpu()) {
+      const int s = index(src_dev);
+      CudaDeviceGuard guard(s);
+      cudaStream_t stream = cuda::current_stream(s);
+      CHORUS_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, stream));
+      CHORUS_CUDA_CHECK(cudaStreamSynchronize(stream));  // the host reads dst next
+    } else if (dst_dev == src_dev) {
+      const int d = index(dst_dev);
+      CudaDeviceGuard guard(d);
+      CHORUS_CUDA_CHECK(
+          cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, cuda::current_stream(d)));
+    } else {
+      copy_peer(dst, index(dst_dev), src, index(src_dev), nbytes);
+    }
+  }
+
+  void synchronize(Device d) override {
+    CudaDeviceGuard guard(index(d));
+    CHORUS_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+
+  // ---- streams ----------------------------------------------------------------
+  StreamHandle current_stream(Device d) override { return cuda::current_stream(index(d)); }
+  void set_current_stream(Device d, StreamHandle s) override {
+    cuda::set_current_stream(index(d), static_cast<cudaStream_t>(s));
+  }
+  StreamHandle create_stream(Device d) override {
+    CudaDeviceGuard guard(index(d));
+    cudaStream_t s;
+    CHORUS_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    return s;
+  }
+  void destroy_stream(Device d, StreamHandle s) noexcept override {
+    if (!s) return;
+    try {
+      const int i = index(d);
+      auto stream = static_cast<cudaStream_t>(s);
+      allocator_.stream_destroyed(i, stream);
+      if (cuda::current_stream(i) == stream) cuda::set_current_stream(i, nullptr);
+      CudaDeviceGuard guard(i);
+      // Returns at once; pending work on the stream still completes.
+      CHORUS_CUDA_CHECK(cudaStreamDestroy(stream));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "chorus: warning: destroying a CUDA stream failed: %s\n", e.what());
+    }
+  }
+  void synchronize_stream(Device d, StreamHandle s) override {
+    CHORUS_CUDA_CHECK(cudaStreamSynchronize(stream_of(d, s)));
+  }
+
+  // ---- events -------------------------------------------------------------------
+  EventHandle create_event(Device d, bool timing) override {
+    CudaDeviceGuard guard(index(d));
+    cudaEvent_t e;
+    CHORUS_CUDA_CHECK(
+        cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));
+    return e;
+  }
+  void destroy_event(Device d, EventHandle e) noexcept override {
+    if (e && cudaEventDestroy(static_cast<cudaEvent_t>(e)) != cudaSuccess) (void)cudaGetLastError();
+  }
+  void record_event(Device d, EventHandle e, StreamHandle s) override {
+    CudaDeviceGuard guard(index(d));
+    CHORUS_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(e), stream_of(d, s)));
+  }
+  void stream_wait_event(Device d, StreamHandle s, EventHandle e) override {
+    CudaDeviceGuard guard(index(d));
+    CHORUS_CUDA_CHECK(cudaStreamWaitEvent(stream_of(d, s), static_cast<cudaEvent_t>(e), 0));
+  }
+  void synchronize_event(Device d, EventHandle e) override {
+    CHORUS_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(e)));
+  }
+  bool event_query(Device d, EventHandle e) override {
+    cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(e));
+    if (err == cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    CHORUS_CUDA_CHECK(err);
+    return true;
+  }
+  float event_elapsed_ms(Device d, EventHandle start, EventHandle end) override {
+    float ms = 0.0f;
+    CHORUS_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start),
+                                           static_cast<cudaEvent_t>(end)));
+    return ms;
+  }
+
+  std::string device_name(Device d) const override {
+    const cudaDeviceProp& p = device_properties(index(d));
+    return std::string(p.name) + " (" + format_bytes(static_cast<double>(p.totalGlobalMem)) + ")";
+  }
+
+ private:
+  int index(Device d) const {
+    CHORUS_CHECK_T(DeviceError, d.is_cuda(), "the CUDA backend was given device ", d.str());
+    CHORUS_CHECK_T(DeviceError, d.index >= 0 && d.index < count_, "device ", d.str(),
+                   " does not exist: this machine has ", count_, " CUDA device",
+                   count_ == 1 ? "" : "s");
+    return d.index;
+  }
+  cudaStream_t stream_of(Device d, StreamHandle s) {
+    return s ? static_cast<cudaStream_t>(s) : cuda::current_stream(index(d));
+  }
+
+  void copy_host_to_device(void* dst, int d, const void* src, size_t nbytes) {
+    CudaDeviceGuard guard(d);
+    cudaStream_t stream = cuda::current_stream(d);
+    cudaPointerAttributes attr{};
+    if (cudaPointerGetAttributes(&attr, src) != cudaSuccess) {
+      (void)cudaGetLastError();
+      attr.type = cudaMemoryTypeUnregistered;
+    }
+    if (attr.type == cudaMemoryTypeUnregistered) {
+      staging_.copy_to_device(dst, d, src, nbytes, stream);
+    } else {
+      // Pinned or managed memory: the runtime copies from it asynchronously.
+      CHORUS_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, stream));
+    }
+  }
+
+  // Note [Copy ordering].
+  void copy_peer(void* dst, int d, const void* src, int s, size_t nbytes) {
+    cudaStream_t src_stream = cuda::current_stream(s);
+    cudaStream_t dst_stream = cuda::current_stream(d);
+    cudaEvent_t ready = events_.acquire(s);
+    {
+      CudaDeviceGuard guard(s);
+      cudaError_t err = cudaEventRecord(ready, src_stream);
+      if (err != cudaSuccess) events_.release(s, ready);
+      CHORUS_CUDA_CHECK(err);
+    }
+    CudaDeviceGuard guard(d);
+    cudaError_t err = cudaStreamWaitEvent(dst_stream, ready, 0);
+    events_.release(s, ready);  // the wait is enqueued; the event may be reused
+    CHORUS_CUDA_CHECK(err);
+    (void)peer_access_enabled(d, s);  // direct P2P when the GPUs allow it
+    // cudaMemcpyPeerAsync also works without peer access (through the host).
+    CHORUS_CUDA_CHECK(cudaMemcpyPeerAsync(dst, d, src, s, nbytes, dst_stream));
+    allocator_.record_use(src, s, d, dst_stream);
+  }
+
+  const int count_;
+  EventPool events_;
+  CudaAllocator allocator_;
+  PinnedStaging staging_;
+};
+
+}  // namespace
+
+void register_cuda_backend() { register_backend(std::make_unique<CudaBackend>()); }
+
+}  // namespace chorus::cuda

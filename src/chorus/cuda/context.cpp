@@ -1,0 +1,204 @@
+// CUDA context: error reporting, the per-thread current stream of each device,
+// cached device properties and lazily enabled peer access (see context.h).
+//
+// Note [Per-thread default streams]: the first time a thread asks for a
+// device's current stream, it gets a non-blocking stream of its own, so that two
+// threads driving one GPU do not serialise. When the thread exits its streams
+// go back to a process-wide free list and are handed to the next new thread
+// instead of being destroyed: the allocator remembers the stream each block was
+// allocated on, and a stream handle must stay valid while any block names it.
+#include "chorus/cuda/context.h"
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+namespace chorus::cuda {
+
+void throw_cuda_error(cudaError_t err, const char* call, const char* file, int line) {
+  // Clears the runtime's last error so that a non-sticky failure (a bad launch
+  // configuration, an invalid argument) does not resurface in the next check.
+  (void)cudaGetLastError();
+  throw DeviceError(detail::str_cat("CUDA error: ", cudaGetErrorString(err), " (",
+                                    cudaGetErrorName(err), ") in ", call),
+                    file, line);
+}
+
+namespace {
+
+int visible_device_count() {
+  static const int n = [] {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+      (void)cudaGetLastError();
+      count = 0;
+    }
+    return count;
+  }();
+  return n;
+}
+
+void check_index(int index) {
+  const int n = visible_device_count();
+  if (index < 0 || index >= n) {
+    CHORUS_THROW(DeviceError, "cuda:", index, " does not exist: this machine has ", n,
+                 " CUDA device", n == 1 ? "" : "s");
+  }
+}
+
+// Streams of exited threads, per device, waiting for a new owner. Leaked on
+// purpose: threads may exit during static destruction.
+struct StreamFreeList {
+  std::mutex mu;
+  std::vector<std::vector<cudaStream_t>> per_device;
+};
+StreamFreeList& stream_free_list() {
+  static auto* list = new StreamFreeList;
+  return *list;
+}
+
+struct ThreadStreams {
+  std::vector<cudaStream_t> default_stream;  // created lazily, nullptr until then
+  std::vector<cudaStream_t> current;         // nullptr means default_stream
+};
+
+// A trivially destructible pointer, so that a late use during thread or process
+// exit (a tensor freed by a static destructor) finds it still readable.
+thread_local ThreadStreams* t_streams = nullptr;
+thread_local bool t_exiting = false;
+
+struct ThreadStreamsReturner {
+  ~ThreadStreamsReturner() {
+    t_exiting = true;
+    if (!t_streams) return;
+    StreamFreeList& list = stream_free_list();
+    std::lock_guard<std::mutex> g(list.mu);
+    if (list.per_device.size() < t_streams->default_stream.size())
+      list.per_device.resize(t_streams->default_stream.size());
+    for (size_t d = 0; d < t_streams->default_stream.size(); ++d) {
+      if (t_streams->default_stream[d]) list.per_device[d].push_back(t_streams->default_stream[d]);
+    }
+    delete t_streams;
+    t_streams = nullptr;
+  }
+};
+thread_local ThreadStreamsReturner t_returner;
+
+ThreadStreams& thread_streams() {
+  if (!t_streams) {
+    const size_t n = static_cast<size_t>(visible_device_count());
+    t_streams = new ThreadStreams{std::vector<cudaStream_t>(n, nullptr),
+                                  std::vector<cudaStream_t>(n, nullptr)};
+    if (!t_exiting) (void)&t_returner;  // odr-use: registers the destructor
+  }
+  return *t_streams;
+}
+
+cudaStream_t default_stream(int index) {
+  ThreadStreams& ts = thread_streams();
+  cudaStream_t& s = ts.default_stream[static_cast<size_t>(index)];
+  if (s) return s;
+  {
+    StreamFreeList& list = stream_free_list();
+    std::lock_guard<std::mutex> g(list.mu);
+    if (list.per_device.empty()) list.per_device.resize(static_cast<size_t>(visible_device_count()));
+    auto& free = list.per_device[static_cast<size_t>(index)];
+    if (!free.empty()) {
+      s = free.back();
+      free.pop_back();
+      return s;
+    }
+  }
+  CudaDeviceGuard guard(index);
+  CHORUS_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return s;
+}
+
+}  // namespace
+
+void set_cuda_device(int index) {
+  int cur = -1;
+  CHORUS_CUDA_CHECK(cudaGetDevice(&cur));
+  if (cur != index) CHORUS_CUDA_CHECK(cudaSetDevice(index));
+}
+
+CudaDeviceGuard::CudaDeviceGuard(int index) : prev_(-1) {
+  CHORUS_CUDA_CHECK(cudaGetDevice(&prev_));
+  if (prev_ != index) CHORUS_CUDA_CHECK(cudaSetDevice(index));
+}
+
+CudaDeviceGuard::~CudaDeviceGuard() {
+  int cur = -1;
+  if (cudaGetDevice(&cur) == cudaSuccess && cur != prev_ && prev_ >= 0) (void)cudaSetDevice(prev_);
+}
+
+cudaStream_t current_stream(int index) {
+  check_index(index);
+  cudaStream_t s = thread_streams().current[static_cast<size_t>(index)];
+  return s ? s : default_stream(index);
+}
+
+void set_current_stream(int index, cudaStream_t s) {
+  check_index(index);
+  // nullptr restores the thread's default stream (never the legacy NULL stream).
+  thread_streams().current[static_cast<size_t>(index)] = s;
+}
+
+const cudaDeviceProp& device_properties(int index) {
+  check_index(index);
+  static std::mutex mu;
+  static std::vector<std::unique_ptr<cudaDeviceProp>> cache(
+      static_cast<size_t>(visible_device_count()));
+  std::lock_guard<std::mutex> g(mu);
+  auto& p = cache[static_cast<size_t>(index)];
+  if (!p) {
+    auto prop = std::make_unique<cudaDeviceProp>();
+    CHORUS_CUDA_CHECK(cudaGetDeviceProperties(prop.get(), index));
+    p = std::move(prop);
+  }
+  return *p;
+}
+
+bool peer_access_enabled(int from, int to) {
+  if (from == to) return true;
+  check_index(from);
+  check_index(to);
+  static std::mutex mu;
+  static std::map<std::pair<int, int>, bool> enabled;
+  std::lock_guard<std::mutex> g(mu);
+  auto it = enabled.find({from, to});
+  if (it != enabled.end()) return it->second;
+
+  int can = 0;
+  CHORUS_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, from, to));
+  bool ok = false;
+  if (can) {
+    CudaDeviceGuard guard(from);
+    cudaError_t err = cudaDeviceEnablePeerAccess(to, 0);
+    if (err == cudaErrorPeerAccessAlreadyEnabled) {
+      (void)cudaGetLastError();
+      err = cudaSuccess;
+    }
+    if (err == cudaSuccess) {
+      // Memory from a stream-ordered pool is not covered by
+      // cudaDeviceEnablePeerAccess: the pool of `to` must grant `from` access.
+      cudaMemPool_t pool;
+      CHORUS_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, to));
+      cudaMemAccessDesc desc{};
+      desc.location.type = cudaMemLocationTypeDevice;
+      desc.location.id = from;
+      desc.flags = cudaMemAccessFlagsProtReadWrite;
+      CHORUS_CUDA_CHECK(cudaMemPoolSetAccess(pool, &desc, 1));
+      ok = true;
+    } else {
+      (void)cudaGetLastError();  // no peer access: copies go through the runtime
+    }
+  }
+  enabled[{from, to}] = ok;
+  return ok;
+}
+
+}  // namespace chorus::cuda

@@ -1,0 +1,59 @@
+// CUDA context: per-device state (streams, library handles) and the check
+// macros for every CUDA library Chorus calls. Include only from src/chorus/cuda.
+//
+// Note [Current stream]: each (thread, device) pair has a current stream,
+// initially the device's per-thread default stream created by Chorus (not the
+// legacy NULL stream, which would serialise with everything). Every kernel of
+// the kernel set is launched on current_stream(device).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "chorus/core/device.h"
+#include "chorus/core/error.h"
+
+namespace chorus::cuda {
+
+// Throws DeviceError with CUDA's own message, the call and file:line.
+void throw_cuda_error(cudaError_t err, const char* call, const char* file, int line);
+
+#define CHORUS_CUDA_CHECK(call)                                                  \
+  do {                                                                           \
+    cudaError_t chorus_err_ = (call);                                            \
+    if (chorus_err_ != cudaSuccess)                                              \
+      ::chorus::cuda::throw_cuda_error(chorus_err_, #call, __FILE__, __LINE__);  \
+  } while (0)
+
+// After every kernel launch: catches bad launch configurations at once.
+#define CHORUS_CUDA_LAUNCH_CHECK() CHORUS_CUDA_CHECK(cudaGetLastError())
+
+// Makes `index` the CUDA runtime's current device for this thread (cheap when
+// it already is).
+void set_cuda_device(int index);
+
+// RAII: switches the runtime's current device and restores it.
+class CudaDeviceGuard {
+ public:
+  explicit CudaDeviceGuard(int index);
+  ~CudaDeviceGuard();
+  CudaDeviceGuard(const CudaDeviceGuard&) = delete;
+  CudaDeviceGuard& operator=(const CudaDeviceGuard&) = delete;
+
+ private:
+  int prev_;
+};
+
+// The current stream of `index` for this thread (Note [Current stream]).
+cudaStream_t current_stream(int index);
+void set_current_stream(int index, cudaStream_t s);
+
+// Device properties, cached.
+const cudaDeviceProp& device_properties(int index);
+
+// Whether peer access from `from` to `to` was enabled (tried once, at first use
+// of a pair).
+bool peer_access_enabled(int from, int to);
+
+}  // namespace chorus::cuda

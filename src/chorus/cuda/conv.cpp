@@ -1,0 +1,472 @@
+// The kernel-set convolutions on CUDA, through cuDNN 9's legacy API.
+//
+// Note [Convolution layouts]: activations arrive as NCHW-contiguous tensors or
+// as channels-last views (NHWC memory, strides {H*W*C, 1, W*C, C} for sizes
+// [N,C,H,W]); the strides say which. cuDNN is told the layout, so an NHWC
+// bfloat16 network runs on tensor cores with no transposes. The activations of
+// one call share one layout; the filter is described in that layout too, and a
+// weight stored in the other layout is converted into a temporary first (a
+// well-formed program keeps weights in the activations' layout, as PyTorch's
+// model.to(memory_format=channels_last) does).
+//
+// Note [Convolution algorithm search]: as PyTorch with cudnn.benchmark, the
+// first call of a geometry (shape, dtype, layout, TF32 switch, alignment) on a
+// device times every cuDNN algorithm on the real operands
+// (cudnnFind*AlgorithmEx) and caches the fastest; later calls just run it. The
+// search blocks the host once per geometry (cuDNN times with events); the runs
+// never do. Workspaces come from the stream-ordered allocator, so they are
+// reused by the next call on the stream without any synchronisation.
+//
+// Bias add and bias gradient use the kernel set's broadcasting binary() and
+// reduce() (all dtypes, both layouts), not cudnnAddTensor /
+// cudnnConvolutionBackwardBias, whose bfloat16 support cuDNN does not document.
+#include <algorithm>
+#include <array>
+#include <climits>
+#include <cstdint>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "chorus/core/error.h"
+#include "chorus/cuda/blas.h"
+#include "chorus/cuda/context.h"
+#include "chorus/cuda/cudnn_handle.h"
+#include "chorus/cuda/kernels.h"
+
+CHORUS_CUDNN_LEGACY_BEGIN
+
+namespace chorus::cuda {
+
+namespace {
+
+// Most workspace an algorithm search may use; algorithms needing more are not
+// tried.
+constexpr size_t kMaxFindWorkspaceBytes = size_t{1} << 30;
+
+// RAII owner of a cuDNN descriptor.
+template <typename T, cudnnStatus_t (*Create)(T*), cudnnStatus_t (*Destroy)(T)>
+class Descriptor {
+ public:
+  Descriptor() { CHORUS_CUDNN_CHECK(Create(&d_)); }
+  ~Descriptor() { Destroy(d_); }
+  Descriptor(const Descriptor&) = delete;
+  Descriptor& operator=(const Descriptor&) = delete;
+  T get() const { return d_; }
+
+ private:
+  T d_ = nullptr;
+};
+using FilterDesc =
+    Descriptor<cudnnFilterDescriptor_t, cudnnCreateFilterDescriptor, cudnnDestroyFilterDescriptor>;
+using ConvDesc = Descriptor<cudnnConvolutionDescriptor_t, cudnnCreateConvolutionDescriptor,
+                            cudnnDestroyConvolutionDescriptor>;
+
+enum class Direction : int { Forward, BackwardData, BackwardFilter };
+
+int checked_int(int64_t v) {
+  CHORUS_CHECK(v >= 0 && v <= INT_MAX, "conv2d: size ", v, " exceeds cuDNN's int range");
+  return static_cast<int>(v);
+}
+
+// Math mode: float32 uses TF32 tensor cores only when allowed (Note [TF32
+// defaults] in blas.h); bfloat16/float16 always use tensor cores.
+cudnnMathType_t math_type(DType t) {
+  if (t == kFloat32) return allow_tf32_conv() ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+  return CUDNN_TENSOR_OP_MATH;
+}
+
+// The descriptors and device pointers of one convolution, in cuDNN's naming:
+// x input, w filter, y output. Backward-data writes x (dx), backward-filter
+// writes w (dw), forward writes y.
+struct ConvCall {
+  ConvCall(Direction dir_, const Conv2dGeometry& g, DType dtype_, Layout layout, int device_,
+           void* x_, void* w_, void* y_)
+      : dir(dir_),
+        dtype(dtype_),
+        device(device_),
+        handle(cudnn_handle(device_)),
+        x_desc(cudnn_dtype(dtype_, "conv2d"), layout, g.n, g.c_in, g.h, g.w),
+        y_desc(cudnn_dtype(dtype_, "conv2d"), layout, g.n, g.c_out, g.out_h(), g.out_w()),
+        x(x_),
+        w(w_),
+        y(y_) {
+    CHORUS_CUDNN_CHECK(cudnnSetFilter4dDescriptor(
+        w_desc.get(), cudnn_dtype(dtype, "conv2d"),
+        layout == Layout::NCHW ? CUDNN_TENSOR_NCHW : CUDNN_TENSOR_NHWC, checked_int(g.c_out),
+        checked_int(g.c_in / g.groups), checked_int(g.kh), checked_int(g.kw)));
+    // Float accumulation for every dtype (cuDNN's "pseudo-half" configuration).
+    CHORUS_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(
+        conv.get(), checked_int(g.pad_h), checked_int(g.pad_w), checked_int(g.stride_h),
+        checked_int(g.stride_w), checked_int(g.dil_h), checked_int(g.dil_w),
+        CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    CHORUS_CUDNN_CHECK(cudnnSetConvolutionGroupCount(conv.get(), checked_int(g.groups)));
+    CHORUS_CUDNN_CHECK(cudnnSetConvolutionMathType(conv.get(), math_type(dtype)));
+  }
+
+  Direction dir;
+  DType dtype;
+  int device;
+  cudnnHandle_t handle;
+  TensorDesc x_desc, y_desc;
+  FilterDesc w_desc;
+  ConvDesc conv;
+  void* x;
+  void* w;
+  void* y;
+};
+
+// One result of an algorithm search, whatever the direction.
+struct Perf {
+  int algo;
+  cudnnStatus_t status;
+  size_t memory;
+  cudnnMathType_t math;
+};
+
+template <typename P>
+void collect(const P* results, int n, std::vector<Perf>* out) {
+  for (int i = 0; i < n; ++i)
+    out->push_back({static_cast<int>(results[i].algo), results[i].status, results[i].memory,
+                    results[i].mathType});
+}
+
+int algo_count(Direction dir) {
+  switch (dir) {
+    case Direction::Forward: return CUDNN_CONVOLUTION_FWD_ALGO_COUNT;
+    case Direction::BackwardData: return CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT;
+    case Direction::BackwardFilter: return CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT;
+  }
+  return 0;
+}
+
+// Workspace that `algo` needs, or 0 with *ok = false when it does not apply.
+size_t workspace_size(const ConvCall& c, int algo, bool* ok) {
+  size_t bytes = 0;
+  cudnnStatus_t st = CUDNN_STATUS_SUCCESS;
+  switch (c.dir) {
+    case Direction::Forward:
+      st = cudnnGetConvolutionForwardWorkspaceSize(c.handle, c.x_desc.get(), c.w_desc.get(),
+                                                   c.conv.get(), c.y_desc.get(),
+                                                   static_cast<cudnnConvolutionFwdAlgo_t>(algo), &bytes);
+      break;
+    case Direction::BackwardData:
+      st = cudnnGetConvolutionBackwardDataWorkspaceSize(
+          c.handle, c.w_desc.get(), c.y_desc.get(), c.conv.get(), c.x_desc.get(),
+          static_cast<cudnnConvolutionBwdDataAlgo_t>(algo), &bytes);
+      break;
+    case Direction::BackwardFilter:
+      st = cudnnGetConvolutionBackwardFilterWorkspaceSize(
+          c.handle, c.x_desc.get(), c.y_desc.get(), c.conv.get(), c.w_desc.get(),
+          static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo), &bytes);
+      break;
+  }
+  *ok = st == CUDNN_STATUS_SUCCESS;
+  return *ok ? bytes : 0;
+}
+
+// Times every algorithm on the call's operands (overwriting its output).
+std::vector<Perf> find_algorithms(const ConvCall& c, void* ws, size_t ws_bytes) {
+  std::vector<Perf> perfs;
+  int n = 0;
+  switch (c.dir) {
+    case Direction::Forward: {
+      cudnnConvolutionFwdAlgoPerf_t r[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+      CHORUS_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(
+          c.handle, c.x_desc.get(), c.x, c.w_desc.get(), c.w, c.conv.get(), c.y_desc.get(), c.y,
+          CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, r, ws, ws_bytes));
+      collect(r, n, &perfs);
+      break;
+    }
+    case Direction::BackwardData: {
+      cudnnConvolutionBwdDataAlgoPerf_t r[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+      CHORUS_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
+          c.handle, c.w_desc.get(), c.w, c.y_desc.get(), c.y, c.conv.get(), c.x_desc.get(), c.x,
+          CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, r, ws, ws_bytes));
+      collect(r, n, &perfs);
+      break;
+    }
+    case Direction::BackwardFilter: {
+      cudnnConvolutionBwdFilterAlgoPerf_t r[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+      CHORUS_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
+          c.handle, c.x_desc.get(), c.x, c.y_desc.get(), c.y, c.conv.get(), c.w_desc.get(), c.w,
+          CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, r, ws, ws_bytes));
+      collect(r, n, &perfs);
+      break;
+    }
+  }
+  return perfs;
+}
+
+void run(const ConvCall& c, int algo, void* ws, size_t ws_bytes) {
+  // Scaling factors are float for float, half and bfloat16 data.
+  const float one = 1.0f, zero = 0.0f;
+  switch (c.dir) {
+    case Direction::Forward:
+      CHORUS_CUDNN_CHECK(cudnnConvolutionForward(
+          c.handle, &one, c.x_desc.get(), c.x, c.w_desc.get(), c.w, c.conv.get(),
+          static_cast<cudnnConvolutionFwdAlgo_t>(algo), ws, ws_bytes, &zero, c.y_desc.get(), c.y));
+      break;
+    case Direction::BackwardData:
+      CHORUS_CUDNN_CHECK(cudnnConvolutionBackwardData(
+          c.handle, &one, c.w_desc.get(), c.w, c.y_desc.get(), c.y, c.conv.get(),
+          static_cast<cudnnConvolutionBwdDataAlgo_t>(algo), ws, ws_bytes, &zero, c.x_desc.get(),
+          c.x));
+      break;
+    case Direction::BackwardFilter:
+      CHORUS_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
+          c.handle, &one, c.x_desc.get(), c.x, c.y_desc.get(), c.y, c.conv.get(),
+          static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo), ws, ws_bytes, &zero, c.w_desc.get(),
+          c.w));
+      break;
+  }
+}
+
+// ---- the algorithm cache (Note [Convolution algorithm search]) ---------------------------
+
+struct Choice {
+  int algo;
+  cudnnMathType_t math;
+  size_t workspace;
+};
+
+using AlgoKey = std::array<int64_t, 20>;
+struct AlgoKeyHash {
+  size_t operator()(const AlgoKey& k) const noexcept {
+    uint64_t h = 1469598103934665603ull;
+    for (int64_t x : k) h = (h ^ static_cast<uint64_t>(x)) * 1099511628211ull;
+    return static_cast<size_t>(h);
+  }
+};
+
+class AlgoCache {
+ public:
+  bool find(const AlgoKey& k, Choice* c) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = map_.find(k);
+    if (it == map_.end()) return false;
+    *c = it->second;
+    return true;
+  }
+  void insert(const AlgoKey& k, const Choice& c) {
+    std::lock_guard<std::mutex> lock(mu_);
+    map_.emplace(k, c);
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<AlgoKey, Choice, AlgoKeyHash> map_;
+};
+AlgoCache& algo_cache() {
+  static auto* cache = new AlgoCache;  // leaked: used from threads that may outlive statics
+  return *cache;
+}
+
+// Alignment (up to 16 bytes) shared by the three operands: cuDNN's fastest
+// kernels need 16-byte aligned rows, so a search on aligned pointers does not
+// carry over to a misaligned view.
+int64_t common_alignment(const ConvCall& c) {
+  const uint64_t bits = reinterpret_cast<uint64_t>(c.x) | reinterpret_cast<uint64_t>(c.w) |
+                        reinterpret_cast<uint64_t>(c.y) | 16u;
+  return static_cast<int64_t>(bits & (~bits + 1));
+}
+
+AlgoKey make_key(const ConvCall& c, const Conv2dGeometry& g, Layout layout) {
+  return {static_cast<int64_t>(c.dir), c.device, static_cast<int64_t>(c.dtype),
+          static_cast<int64_t>(layout), static_cast<int64_t>(math_type(c.dtype)), common_alignment(c),
+          g.n, g.c_in, g.h, g.w, g.c_out, g.kh, g.kw, g.stride_h, g.stride_w, g.pad_h, g.pad_w,
+          g.dil_h, g.dil_w, g.groups};
+}
+
+Tensor workspace_tensor(size_t bytes, int device) {
+  if (bytes == 0) return Tensor();
+  return detail::empty_tensor({static_cast<int64_t>(bytes)}, kUInt8, Device(DeviceType::CUDA, device));
+}
+
+Choice search(ConvCall& c, const Conv2dGeometry& g) {
+  size_t want = 0;
+  for (int a = 0; a < algo_count(c.dir); ++a) {
+    bool ok = false;
+    const size_t bytes = workspace_size(c, a, &ok);
+    if (ok && bytes <= kMaxFindWorkspaceBytes) want = std::max(want, bytes);
+  }
+  // Search with the most workspace the device can give now; algorithms that
+  // need more are skipped by cuDNN.
+  Tensor ws;
+  for (;;) {
+    try {
+      ws = workspace_tensor(want, c.device);
+      break;
+    } catch (const OutOfMemoryError&) {
+      want = want < (size_t{1} << 20) ? 0 : want / 2;
+    }
+  }
+  const std::vector<Perf> perfs = find_algorithms(c, ws.defined() ? ws.raw_data() : nullptr, want);
+  for (const Perf& p : perfs) {  // sorted fastest first
+    if (p.status != CUDNN_STATUS_SUCCESS) continue;
+    if (c.dtype == kFloat32 && !allow_tf32_conv() &&
+        (p.math == CUDNN_TENSOR_OP_MATH || p.math == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION))
+      continue;
+    // cuDNN may report less memory than the algorithm asks for in its math
+    // mode; take the larger of the two.
+    CHORUS_CUDNN_CHECK(cudnnSetConvolutionMathType(c.conv.get(), p.math));
+    bool ok = false;
+    const size_t needed = workspace_size(c, p.algo, &ok);
+    return {p.algo, p.math, std::max(p.memory, needed)};
+  }
+  CHORUS_THROW(DeviceError, "conv2d: cuDNN found no algorithm for ", dtype_name(c.dtype), " input [",
+               g.n, ", ", g.c_in, ", ", g.h, ", ", g.w, "], weight [", g.c_out, ", ",
+               g.c_in / g.groups, ", ", g.kh, ", ", g.kw, "], stride ", g.stride_h, "x", g.stride_w,
+               ", padding ", g.pad_h, "x", g.pad_w, ", dilation ", g.dil_h, "x", g.dil_w, ", groups ",
+               g.groups, " (", perfs.size(), " algorithms tried)");
+}
+
+// Chooses (searching once per key) and runs the algorithm for `c`.
+void execute(ConvCall& c, const Conv2dGeometry& g, Layout layout) {
+  const AlgoKey key = make_key(c, g, layout);
+  Choice choice;
+  if (!algo_cache().find(key, &choice)) {
+    choice = search(c, g);
+    algo_cache().insert(key, choice);
+  }
+  CHORUS_CUDNN_CHECK(cudnnSetConvolutionMathType(c.conv.get(), choice.math));
+  Tensor ws = workspace_tensor(choice.workspace, c.device);
+  run(c, choice.algo, ws.defined() ? ws.raw_data() : nullptr, choice.workspace);
+}
+
+// ---- layouts and arguments ------------------------------------------------------------------
+
+// The layout of two activations that must share one (Note [Convolution layouts]).
+Layout data_layout(const char* op, const Tensor& a, const char* a_name, const Tensor& b,
+                   const char* b_name) {
+  const Layout l = layout_of(a, layout_of(b, Layout::NCHW, op, b_name), op, a_name);
+  CHORUS_CHECK(is_dense_in(b, l), op, ": '", a_name, "' and '", b_name,
+               "' must share one memory layout (both contiguous or both channels-last), got ",
+               a.describe(), " with strides ", shape_str(a.strides()), " and ", b.describe(),
+               " with strides ", shape_str(b.strides()));
+  return l;
+}
+
+// An uninitialised 4-d tensor with [N,C,H,W] `sizes` stored in `layout`.
+Tensor empty_in(Layout layout, const Shape& sizes, DType dtype, Device device) {
+  if (layout == Layout::NCHW) return detail::empty_tensor(sizes, dtype, device);
+  const int64_t n = sizes[0], c = sizes[1], h = sizes[2], w = sizes[3];
+  Tensor t = detail::empty_tensor({n, h, w, c}, dtype, device);
+  return detail::make_view(t, sizes, {h * w * c, 1, w * c, c}, 0);
+}
+
+// `weight` itself when it is stored in `layout`, else a copy that is.
+Tensor filter_in(const Tensor& weight, Layout layout) {
+  if (is_dense_in(weight, layout)) return weight;
+  Tensor w = empty_in(layout, weight.sizes(), weight.dtype(), weight.device());
+  copy(weight, w);
+  return w;
+}
+
+void check_conv(const char* op, const Conv2dGeometry& g, const Tensor& x, const char* x_name,
+                const Tensor& w, const char* w_name, const Tensor& y, const char* y_name) {
+  const Shape xs{g.n, g.c_in, g.h, g.w}, ws{g.c_out, g.c_in / g.groups, g.kh, g.kw},
+      ys{g.n, g.c_out, g.out_h(), g.out_w()};
+  CHORUS_CHECK(g.groups > 0 && g.c_in % g.groups == 0 && g.c_out % g.groups == 0, op,
+               ": channels ", g.c_in, " -> ", g.c_out, " not divisible by groups ", g.groups);
+  CHORUS_CHECK(x.sizes() == xs && w.sizes() == ws && y.sizes() == ys, op, ": expected ", x_name,
+               " ", shape_str(xs), ", ", w_name, " ", shape_str(ws), ", ", y_name, " ", shape_str(ys),
+               "; got ", x.describe(), ", ", w.describe(), ", ", y.describe());
+  CHORUS_CHECK(x.dtype() == w.dtype() && x.dtype() == y.dtype(), op, ": ", x_name, ", ", w_name,
+               " and ", y_name, " must share one dtype, got ", x.describe(), ", ", w.describe(),
+               ", ", y.describe());
+  cudnn_dtype(x.dtype(), op);
+}
+
+}  // namespace
+
+void conv2d_forward(const Conv2dGeometry& g, const Tensor& x, const Tensor& weight,
+                    const Tensor& bias, const Tensor& y) {
+  const char* op = "conv2d_forward";
+  check_conv(op, g, x, "x", weight, "weight", y, "y");
+  if (bias.defined()) {
+    CHORUS_CHECK(bias.dim() == 1 && bias.size(0) == g.c_out && bias.dtype() == y.dtype(), op,
+                 ": expected bias ", dtype_name(y.dtype()), "[", g.c_out, "], got ", bias.describe());
+  }
+  const int device = x.device().index;
+  CudaDeviceGuard guard(device);
+  if (y.numel() == 0) return;
+  const Layout layout = data_layout(op, x, "x", y, "y");
+  if (x.numel() == 0) {  // no input channels: the sum is empty
+    fill(y, 0.0);
+  } else {
+    const Tensor w = filter_in(weight, layout);
+    ConvCall c(Direction::Forward, g, x.dtype(), layout, device, x.raw_data(), w.raw_data(),
+               y.raw_data());
+    execute(c, g, layout);
+  }
+  if (bias.defined()) {
+    // y += bias, broadcast over N, H, W by a stride-0 view.
+    const Tensor b = detail::make_view(bias, y.sizes(), {0, bias.stride(0), 0, 0},
+                                       bias.storage_offset());
+    binary(BinaryOp::Add, y, b, y, 1.0);
+  }
+}
+
+void conv2d_backward_input(const Conv2dGeometry& g, const Tensor& dy, const Tensor& weight,
+                           const Tensor& dx) {
+  const char* op = "conv2d_backward_input";
+  check_conv(op, g, dx, "dx", weight, "weight", dy, "dy");
+  const int device = dx.device().index;
+  CudaDeviceGuard guard(device);
+  if (dx.numel() == 0) return;
+  const Layout layout = data_layout(op, dy, "dy", dx, "dx");
+  if (dy.numel() == 0) {
+    fill(dx, 0.0);
+    return;
+  }
+  const Tensor w = filter_in(weight, layout);
+  ConvCall c(Direction::BackwardData, g, dx.dtype(), layout, device, dx.raw_data(), w.raw_data(),
+             dy.raw_data());
+  execute(c, g, layout);
+}
+
+void conv2d_backward_weight(const Conv2dGeometry& g, const Tensor& dy, const Tensor& x,
+                            const Tensor& dweight, const Tensor& dbias) {
+  const char* op = "conv2d_backward_weight";
+  check_conv(op, g, x, "x", dweight, "dweight", dy, "dy");
+  const int device = x.device().index;
+  CudaDeviceGuard guard(device);
+  if (dbias.defined()) {
+    CHORUS_CHECK(dbias.dim() == 1 && dbias.size(0) == g.c_out && dbias.is_contiguous(), op,
+                 ": expected a contiguous dbias [", g.c_out, "], got ", dbias.describe());
+  }
+  if (dweight.numel() > 0) {
+    if (dy.numel() == 0 || x.numel() == 0) {  // empty batch: no contributions
+      fill(dweight, 0.0);
+    } else {
+      const Layout layout = data_layout(op, x, "x", dy, "dy");
+      // cuDNN writes the filter gradient in the activations' layout.
+      const Tensor dw = is_dense_in(dweight, layout)
+                            ? dweight
+                            : empty_in(layout, dweight.sizes(), dweight.dtype(), dweight.device());
+      ConvCall c(Direction::BackwardFilter, g, x.dtype(), layout, device, x.raw_data(),
+                 dw.raw_data(), dy.raw_data());
+      execute(c, g, layout);
+      if (!dw.is_same(dweight)) copy(dw, dweight);
+    }
+  }
+  if (dbias.defined() && dbias.numel() > 0) {
+    if (dy.numel() == 0) {
+      fill(dbias, 0.0);
+      return;
+    }
+    // dbias[k] = sum of dy over N, H, W; reduce() writes dy's dtype, contiguous.
+    const Tensor db = dbias.dtype() == dy.dtype()
+                          ? dbias
+                          : detail::empty_tensor({g.c_out}, dy.dtype(), dbias.device());
+    const Tensor db4 = detail::make_view(db, {1, g.c_out, 1, 1}, {g.c_out, 1, 1, 1},
+                                         db.storage_offset());
+    reduce(ReduceOp::Sum, dy, db4, {true, false, true, true});
+    if (!db.is_same(dbias)) copy(db, dbias);
+  }
+}
+
+}  // namespace chorus::cuda
+
+CHORUS_CUDNN_LEGACY_END

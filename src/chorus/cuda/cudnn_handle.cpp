@@ -1,0 +1,133 @@
+// cuDNN handles, errors, layouts and tensor descriptors (see cudnn_handle.h).
+#include "chorus/cuda/cudnn_handle.h"
+
+#include <climits>
+#include <mutex>
+#include <vector>
+
+#include "chorus/core/error.h"
+#include "chorus/cuda/context.h"
+
+namespace chorus::cuda {
+
+void throw_cudnn_error(cudnnStatus_t status, const char* call, const char* file, int line) {
+  throw DeviceError(detail::str_cat("cuDNN error: ", cudnnGetErrorString(status), " in ", call),
+                    file, line);
+}
+
+// ---- handles ------------------------------------------------------------------------
+
+namespace {
+
+// Same scheme as blas.cpp's cuBLASLt handles: a leaked pool of idle handles per
+// device, refilled by exiting threads without calling into cuDNN.
+struct HandlePool {
+  std::mutex mu;
+  std::vector<std::vector<cudnnHandle_t>> free_by_device;
+};
+HandlePool& handle_pool() {
+  static HandlePool* pool = new HandlePool;
+  return *pool;
+}
+
+struct ThreadHandles {
+  std::vector<cudnnHandle_t> by_device;
+  ~ThreadHandles() {
+    HandlePool& pool = handle_pool();
+    std::lock_guard<std::mutex> lock(pool.mu);
+    for (size_t d = 0; d < by_device.size(); ++d) {
+      if (!by_device[d]) continue;
+      if (pool.free_by_device.size() <= d) pool.free_by_device.resize(d + 1);
+      pool.free_by_device[d].push_back(by_device[d]);
+    }
+  }
+};
+thread_local ThreadHandles t_handles;
+
+cudnnHandle_t acquire_handle(int device) {
+  auto& mine = t_handles.by_device;
+  if (mine.size() <= static_cast<size_t>(device)) mine.resize(device + 1, nullptr);
+  if (mine[device]) return mine[device];
+  {
+    HandlePool& pool = handle_pool();
+    std::lock_guard<std::mutex> lock(pool.mu);
+    if (pool.free_by_device.size() > static_cast<size_t>(device) &&
+        !pool.free_by_device[device].empty()) {
+      mine[device] = pool.free_by_device[device].back();
+      pool.free_by_device[device].pop_back();
+      return mine[device];
+    }
+  }
+  CudaDeviceGuard guard(device);  // cudnnCreate binds the handle to the current device
+  cudnnHandle_t h = nullptr;
+  CHORUS_CUDNN_CHECK(cudnnCreate(&h));
+  mine[device] = h;
+  return h;
+}
+
+}  // namespace
+
+cudnnHandle_t cudnn_handle(int device) {
+  cudnnHandle_t h = acquire_handle(device);
+  // Cheap, and keeps the handle on whatever stream is current now (streams
+  // change under a StreamGuard or a DataParallel replica's thread).
+  CHORUS_CUDNN_CHECK(cudnnSetStream(h, current_stream(device)));
+  return h;
+}
+
+cudnnDataType_t cudnn_dtype(DType t, const char* op) {
+  switch (t) {
+    case kFloat32: return CUDNN_DATA_FLOAT;
+    case kBFloat16: return CUDNN_DATA_BFLOAT16;
+    case kFloat16: return CUDNN_DATA_HALF;
+    default:
+      CHORUS_THROW(ValueError, op, " on CUDA supports float32, bfloat16 and float16, got ",
+                   dtype_name(t));
+  }
+}
+
+// ---- layouts --------------------------------------------------------------------------
+
+bool is_dense_in(const Tensor& t, Layout layout) {
+  if (t.dim() != 4) return false;
+  // Dims from the fastest-varying to the slowest, in this layout.
+  const int order_nchw[4] = {3, 2, 1, 0};
+  const int order_nhwc[4] = {1, 3, 2, 0};
+  const int* order = layout == Layout::NCHW ? order_nchw : order_nhwc;
+  int64_t expected = 1;
+  for (int i = 0; i < 4; ++i) {
+    const int d = order[i];
+    if (t.size(d) != 1 && t.stride(d) != expected) return false;
+    expected *= t.size(d);
+  }
+  return true;
+}
+
+Layout layout_of(const Tensor& t, Layout fallback, const char* op, const char* arg) {
+  const bool nchw = is_dense_in(t, Layout::NCHW), nhwc = is_dense_in(t, Layout::NHWC);
+  CHORUS_CHECK(nchw || nhwc, op, ": argument '", arg,
+               "' must be a 4-d tensor, contiguous (NCHW) or channels-last (NHWC), got ",
+               t.describe(), " with strides ", shape_str(t.strides()));
+  if (nchw && nhwc) return fallback;
+  return nchw ? Layout::NCHW : Layout::NHWC;
+}
+
+// ---- descriptors ----------------------------------------------------------------------
+
+TensorDesc::TensorDesc() { CHORUS_CUDNN_CHECK(cudnnCreateTensorDescriptor(&d_)); }
+
+TensorDesc::TensorDesc(cudnnDataType_t dtype, Layout layout, int64_t n, int64_t c, int64_t h,
+                       int64_t w)
+    : TensorDesc() {
+  CHORUS_CHECK(n <= INT_MAX && c <= INT_MAX && h <= INT_MAX && w <= INT_MAX &&
+                   n * c * h * w <= INT_MAX,
+               "cuDNN: tensor [", n, ", ", c, ", ", h, ", ", w,
+               "] exceeds cuDNN's 2^31 element limit; split the batch");
+  CHORUS_CUDNN_CHECK(cudnnSetTensor4dDescriptor(
+      d_, layout == Layout::NCHW ? CUDNN_TENSOR_NCHW : CUDNN_TENSOR_NHWC, dtype,
+      static_cast<int>(n), static_cast<int>(c), static_cast<int>(h), static_cast<int>(w)));
+}
+
+TensorDesc::~TensorDesc() { cudnnDestroyTensorDescriptor(d_); }
+
+}  // namespace chorus::cuda

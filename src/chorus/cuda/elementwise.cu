@@ -1,0 +1,342 @@
+// Elementwise kernels of the CUDA kernel set: unary, binary, copy, fill.
+//
+// One launcher serves them all: out[i] = op(in0[i], in1[i]) over strided
+// operands. When every operand is contiguous it runs a vectorised kernel
+// (16-byte loads and stores where the pointers are aligned); otherwise a
+// strided kernel maps each linear index to per-operand offsets (tensor_iter.cuh).
+// The op is chosen at run time inside the functor (a uniform branch), which
+// keeps the number of kernel instantiations, and the compile time, small.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "chorus/cuda/context.h"
+#include "chorus/cuda/dtype_dispatch.cuh"
+#include "chorus/cuda/kernels.h"
+#include "chorus/cuda/tensor_iter.cuh"
+
+namespace chorus::cuda {
+
+namespace {
+
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Vec {
+  T v[V];
+};
+
+template <typename In, int NIN>
+struct Inputs {
+  const In* p[NIN > 0 ? NIN : 1];
+};
+
+template <int NIN, typename Op, typename In>
+__device__ __forceinline__ auto apply(const Op& op, const In* x) {
+  if constexpr (NIN == 0) return op();
+  else if constexpr (NIN == 1) return op(x[0]);
+  else return op(x[0], x[1]);
+}
+
+template <int V, typename Out, typename In, int NIN, typename Op>
+__global__ void contiguous_kernel(int64_t n, Out* out, Inputs<In, NIN> in, Op op) {
+  const int64_t tid = global_thread_id(), stride = grid_stride();
+  const int64_t nvec = n / V;
+  for (int64_t i = tid; i < nvec; i += stride) {
+    Vec<In, V> x[NIN > 0 ? NIN : 1];
+#pragma unroll
+    for (int k = 0; k < NIN; ++k) x[k] = reinterpret_cast<const Vec<In, V>*>(in.p[k])[i];
+    Vec<Out, V> y;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      In e[NIN > 0 ? NIN : 1];
+#pragma unroll
+      for (int k = 0; k < NIN; ++k) e[k] = x[k].v[j];
+      y.v[j] = apply<NIN>(op, e);
+    }
+    reinterpret_cast<Vec<Out, V>*>(out)[i] = y;
+  }
+  for (int64_t i = nvec * V + tid; i < n; i += stride) {
+    In e[NIN > 0 ? NIN : 1];
+#pragma unroll
+    for (int k = 0; k < NIN; ++k) e[k] = in.p[k][i];
+    out[i] = apply<NIN>(op, e);
+  }
+}
+
+template <typename Out, typename In, int NIN, typename Op>
+__global__ void strided_kernel(int64_t n, Out* out, Inputs<In, NIN> in, OffsetCalc<NIN + 1> calc,
+                               Op op) {
+  for (int64_t i = global_thread_id(); i < n; i += grid_stride()) {
+    const Offsets<NIN + 1> off = calc.get(i);
+    In e[NIN > 0 ? NIN : 1];
+#pragma unroll
+    for (int k = 0; k < NIN; ++k) e[k] = in.p[k][off.v[k + 1]];
+    out[off.v[0]] = apply<NIN>(op, e);
+  }
+}
+
+bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+// out = op(ins...) elementwise; every tensor has out's shape (strides may be 0).
+template <typename Out, typename In, int NIN, typename Op>
+void launch_elementwise(const Tensor& out, std::array<const Tensor*, NIN> ins, const Op& op) {
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  const int dev = out.device().index;
+  CudaDeviceGuard guard(dev);
+  cudaStream_t stream = current_stream(dev);
+
+  std::array<Shape, NIN + 1> strides;
+  strides[0] = out.strides();
+  Inputs<In, NIN> in{};
+  for (int k = 0; k < NIN; ++k) {
+    strides[static_cast<size_t>(k) + 1] = ins[static_cast<size_t>(k)]->strides();
+    in.p[k] = static_cast<const In*>(ins[static_cast<size_t>(k)]->raw_data());
+  }
+  const OffsetCalc<NIN + 1> calc = make_offset_calc<NIN + 1>(out.sizes(), strides);
+  Out* o = static_cast<Out*>(out.raw_data());
+
+  if (calc.contiguous()) {
+    constexpr size_t kWidest = std::max(sizeof(Out), NIN > 0 ? sizeof(In) : size_t{1});
+    constexpr int V = static_cast<int>(std::min<size_t>(8, 16 / kWidest));
+    bool vec = V > 1 && aligned(o, V * sizeof(Out));
+    for (int k = 0; k < NIN; ++k) vec = vec && aligned(in.p[k], V * sizeof(In));
+    if (vec) {
+      contiguous_kernel<V, Out, In, NIN><<<grid_for(n / V + 1), kThreads, 0, stream>>>(n, o, in, op);
+    } else {
+      contiguous_kernel<1, Out, In, NIN><<<grid_for(n), kThreads, 0, stream>>>(n, o, in, op);
+    }
+  } else {
+    strided_kernel<Out, In, NIN><<<grid_for(n), kThreads, 0, stream>>>(n, o, in, calc, op);
+  }
+  CHORUS_CUDA_LAUNCH_CHECK();
+}
+
+// ---- unary ------------------------------------------------------------------------
+
+__device__ __forceinline__ float unary_float(UnaryOp op, float x, float s) {
+  switch (op) {
+    case UnaryOp::Neg: return -x;
+    case UnaryOp::Exp: return expf(x);
+    case UnaryOp::Log: return logf(x);
+    case UnaryOp::Sqrt: return sqrtf(x);
+    case UnaryOp::Rsqrt: return 1.0f / sqrtf(x);
+    case UnaryOp::Tanh: return tanhf(x);
+    case UnaryOp::Sigmoid: return 1.0f / (1.0f + expf(-x));
+    case UnaryOp::Relu: return x < 0.0f ? 0.0f : x;  // NaN stays NaN
+    case UnaryOp::Abs: return fabsf(x);
+    case UnaryOp::Square: return x * x;
+    case UnaryOp::Reciprocal: return 1.0f / x;
+    case UnaryOp::Sign: return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : x);  // 0 and NaN kept
+    case UnaryOp::Pow: return powf(x, s);
+    case UnaryOp::AddScalar: return x + s;
+    case UnaryOp::MulScalar: return x * s;
+    case UnaryOp::RSubScalar: return s - x;
+    default: return x;
+  }
+}
+
+// Integers: exact integer math where it exists, scalar ops in double
+// (truncated back), the transcendental ones through float.
+__device__ __forceinline__ int64_t unary_int(UnaryOp op, int64_t x, double s) {
+  switch (op) {
+    case UnaryOp::Neg: return -x;
+    case UnaryOp::Relu: return x < 0 ? 0 : x;
+    case UnaryOp::Abs: return x < 0 ? -x : x;
+    case UnaryOp::Square: return x * x;
+    case UnaryOp::Sign: return (x > 0) - (x < 0);
+    case UnaryOp::Pow: return static_cast<int64_t>(pow(static_cast<double>(x), s));
+    case UnaryOp::AddScalar: return static_cast<int64_t>(static_cast<double>(x) + s);
+    case UnaryOp::MulScalar: return static_cast<int64_t>(static_cast<double>(x) * s);
+    case UnaryOp::RSubScalar: return static_cast<int64_t>(s - static_cast<double>(x));
+    default:
+      return static_cast<int64_t>(unary_float(op, static_cast<float>(x), static_cast<float>(s)));
+  }
+}
+
+template <typename T>
+struct UnaryFn {
+  UnaryOp op;
+  double scalar;
+  __device__ __forceinline__ T operator()(T x) const {
+    if constexpr (is_float_v<T>) {
+      return convert<T>(unary_float(op, to_acc(x), static_cast<float>(scalar)));
+    } else {
+      return convert<T>(unary_int(op, to_acc(x), scalar));
+    }
+  }
+};
+
+template <typename T>
+struct GtScalarFn {
+  double scalar;
+  __device__ __forceinline__ bool operator()(T x) const {
+    return static_cast<double>(to_acc(x)) > scalar;
+  }
+};
+
+// ---- binary -----------------------------------------------------------------------
+
+template <typename A>
+__device__ __forceinline__ bool is_nan(A v) {
+  if constexpr (std::is_floating_point_v<A>) return v != v;
+  else return false;
+}
+
+template <typename T>
+struct BinaryFn {
+  BinaryOp op;
+  acc_t<T> alpha;
+  __device__ __forceinline__ T operator()(T a, T b) const {
+    using A = acc_t<T>;
+    const A x = to_acc(a), y = to_acc(b);
+    A r;
+    switch (op) {
+      case BinaryOp::Add: r = x + alpha * y; break;
+      case BinaryOp::Sub: r = x - alpha * y; break;
+      case BinaryOp::Mul: r = x * y; break;
+      case BinaryOp::Div:
+        if constexpr (is_float_v<T>) r = x / y;
+        else r = y == 0 ? A(0) : x / y;  // integer division by zero gives 0, not a fault
+        break;
+      case BinaryOp::Max: r = is_nan(x) ? x : (is_nan(y) ? y : (x > y ? x : y)); break;
+      case BinaryOp::Min: r = is_nan(x) ? x : (is_nan(y) ? y : (x < y ? x : y)); break;
+      case BinaryOp::ReluGrad: r = y > A(0) ? x : A(0); break;
+      case BinaryOp::TanhGrad: r = x * (A(1) - y * y); break;
+      case BinaryOp::SigmoidGrad: r = x * y * (A(1) - y); break;
+      default: r = x; break;
+    }
+    return convert<T>(r);
+  }
+};
+
+template <typename T>
+struct CompareFn {
+  BinaryOp op;
+  __device__ __forceinline__ bool operator()(T a, T b) const {
+    const acc_t<T> x = to_acc(a), y = to_acc(b);
+    switch (op) {
+      case BinaryOp::Eq: return x == y;
+      case BinaryOp::Ne: return x != y;
+      case BinaryOp::Lt: return x < y;
+      case BinaryOp::Le: return x <= y;
+      case BinaryOp::Gt: return x > y;
+      default: return x >= y;
+    }
+  }
+};
+
+// ---- copy / fill -------------------------------------------------------------------
+
+template <typename Out, typename In>
+struct ConvertFn {
+  __device__ __forceinline__ Out operator()(In x) const { return convert<Out>(x); }
+};
+
+template <typename T>
+struct ConstantFn {
+  T value;
+  __device__ __forceinline__ T operator()() const { return value; }
+};
+
+template <typename T>
+using same_size_uint =
+    std::conditional_t<sizeof(T) == 1, uint8_t,
+                       std::conditional_t<sizeof(T) == 2, uint16_t,
+                                          std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>>>;
+
+void check_same_device(const Tensor& a, const Tensor& b, const char* op) {
+  CHORUS_CHECK(a.device() == b.device() && a.device().is_cuda(), op,
+               ": tensors must be on one CUDA device, got ", a.describe(), " and ", b.describe());
+}
+
+void check_same_shape(const Tensor& a, const Tensor& b, const char* op) {
+  CHORUS_CHECK(a.sizes() == b.sizes(), op, ": shapes differ: ", a.describe(), " and ",
+               b.describe());
+}
+
+}  // namespace
+
+void unary(UnaryOp op, const Tensor& x, const Tensor& out, double scalar) {
+  check_same_device(x, out, "unary");
+  check_same_shape(x, out, "unary");
+  if (op == UnaryOp::GtScalar) {
+    CHORUS_CHECK(out.dtype() == kBool, "unary GtScalar: output must be bool, got ", out.describe());
+    dispatch_all(x.dtype(), "unary", [&]<typename T>() {
+      launch_elementwise<bool, T, 1>(out, {&x}, GtScalarFn<T>{scalar});
+    });
+    return;
+  }
+  CHORUS_CHECK(out.dtype() == x.dtype(), "unary: output dtype ", out.dtype(), " differs from ",
+               x.dtype());
+  dispatch_all(x.dtype(), "unary", [&]<typename T>() {
+    launch_elementwise<T, T, 1>(out, {&x}, UnaryFn<T>{op, scalar});
+  });
+}
+
+void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out, double alpha) {
+  check_same_device(a, out, "binary");
+  check_same_device(b, out, "binary");
+  check_same_shape(a, out, "binary");
+  check_same_shape(b, out, "binary");
+  CHORUS_CHECK(a.dtype() == b.dtype(), "binary: operand dtypes differ: ", a.describe(), " and ",
+               b.describe());
+  if (is_comparison(op)) {
+    CHORUS_CHECK(out.dtype() == kBool, "binary comparison: output must be bool, got ",
+                 out.describe());
+    dispatch_all(a.dtype(), "binary", [&]<typename T>() {
+      launch_elementwise<bool, T, 2>(out, {&a, &b}, CompareFn<T>{op});
+    });
+    return;
+  }
+  CHORUS_CHECK(out.dtype() == a.dtype(), "binary: output dtype ", out.dtype(), " differs from ",
+               a.dtype());
+  dispatch_all(a.dtype(), "binary", [&]<typename T>() {
+    launch_elementwise<T, T, 2>(out, {&a, &b},
+                                BinaryFn<T>{op, static_cast<acc_t<T>>(alpha)});
+  });
+}
+
+void copy(const Tensor& src, const Tensor& dst) {
+  check_same_device(src, dst, "copy");
+  check_same_shape(src, dst, "copy");
+  if (dst.numel() == 0) return;
+  if (src.dtype() == dst.dtype()) {
+    if (src.is_contiguous() && dst.is_contiguous()) {
+      if (src.raw_data() == dst.raw_data()) return;
+      const int dev = dst.device().index;
+      CudaDeviceGuard guard(dev);
+      CHORUS_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), dst.nbytes(),
+                                        cudaMemcpyDeviceToDevice, current_stream(dev)));
+      return;
+    }
+    dispatch_by_size(dst.dtype(), [&]<typename U>() {
+      launch_elementwise<U, U, 1>(dst, {&src}, ConvertFn<U, U>{});
+    });
+    return;
+  }
+  dispatch_all(src.dtype(), "copy", [&]<typename In>() {
+    dispatch_all(dst.dtype(), "copy", [&]<typename Out>() {
+      if constexpr (!std::is_same_v<In, Out>) {
+        launch_elementwise<Out, In, 1>(dst, {&src}, ConvertFn<Out, In>{});
+      }
+    });
+  });
+}
+
+void fill(const Tensor& out, double value) {
+  CHORUS_CHECK(out.device().is_cuda(), "fill: expected a CUDA tensor, got ", out.describe());
+  dispatch_all(out.dtype(), "fill", [&]<typename T>() {
+    // Store the bits of the converted value, so 16-bit floats need no device ctor.
+    using U = same_size_uint<T>;
+    const T v = convert<T>(value);
+    U bits;
+    static_assert(sizeof(U) == sizeof(T));
+    std::memcpy(&bits, &v, sizeof(T));
+    launch_elementwise<U, U, 0>(out, {}, ConstantFn<U>{bits});
+  });
+}
+
+}  // namespace chorus::cuda

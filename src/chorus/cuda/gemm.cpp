@@ -1,0 +1,214 @@
+// The kernel-set gemm on CUDA, through cuBLASLt.
+//
+// Chorus matrices are row-major; cuBLASLt's are column-major. A row-major
+// [M, N] matrix is the column-major [N, M] matrix of the same bytes, so
+//   out = op(a) @ op(b)   (row-major)
+// is computed as
+//   out^T = op(b)^T @ op(a)^T   (column-major),
+// i.e. cuBLASLt's A operand is `bm`, its B operand is `a`, with the same
+// transpose flags, and its problem is (m, n, k) = (N, M, K).
+//
+// cublasLtMatmulAlgoGetHeuristic costs tens of microseconds, as much as a small
+// GEMM, so its answer is cached per problem (shape, strides, dtype, alignment).
+#include <cstdint>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "chorus/core/error.h"
+#include "chorus/cuda/blas.h"
+#include "chorus/cuda/context.h"
+#include "chorus/cuda/kernels.h"
+
+namespace chorus::cuda {
+
+namespace {
+
+cudaDataType_t cuda_dtype(DType t) {
+  switch (t) {
+    case kFloat32: return CUDA_R_32F;
+    case kBFloat16: return CUDA_R_16BF;
+    case kFloat16: return CUDA_R_16F;
+    default:
+      CHORUS_THROW(ValueError, "gemm on CUDA supports float32, bfloat16 and float16, got ",
+                   dtype_name(t));
+  }
+}
+
+// Largest power of two (up to 256, cuBLASLt's default requirement) dividing
+// the address of every matrix of a batch.
+uint32_t alignment_of(const void* p, int64_t batch_stride_bytes) {
+  uint64_t bits = reinterpret_cast<uint64_t>(p) | static_cast<uint64_t>(batch_stride_bytes) | 256u;
+  return static_cast<uint32_t>(bits & (~bits + 1));
+}
+
+// RAII owners of the cuBLASLt descriptors of one call.
+struct LayoutDesc {
+  cublasLtMatrixLayout_t d = nullptr;
+  LayoutDesc(cudaDataType_t t, uint64_t rows, uint64_t cols, int64_t ld, int32_t batch,
+             int64_t batch_stride) {
+    CHORUS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d, t, rows, cols, ld));
+    if (batch > 1) {
+      CHORUS_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(d, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                                           &batch, sizeof(batch)));
+      CHORUS_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+          d, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &batch_stride, sizeof(batch_stride)));
+    }
+  }
+  ~LayoutDesc() { cublasLtMatrixLayoutDestroy(d); }
+  LayoutDesc(const LayoutDesc&) = delete;
+  LayoutDesc& operator=(const LayoutDesc&) = delete;
+};
+
+struct MatmulDesc {
+  cublasLtMatmulDesc_t d = nullptr;
+  MatmulDesc(cublasComputeType_t compute, cublasOperation_t ta, cublasOperation_t tb) {
+    CHORUS_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d, compute, CUDA_R_32F));
+    CHORUS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    CHORUS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  }
+  ~MatmulDesc() { cublasLtMatmulDescDestroy(d); }
+  MatmulDesc(const MatmulDesc&) = delete;
+  MatmulDesc& operator=(const MatmulDesc&) = delete;
+};
+
+struct PreferenceDesc {
+  cublasLtMatmulPreference_t d = nullptr;
+  PreferenceDesc(uint64_t workspace, uint32_t align_a, uint32_t align_b, uint32_t align_c) {
+    CHORUS_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&d));
+    set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
+    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a));
+    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b));
+    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof(align_c));
+    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof(align_c));
+  }
+  void set(cublasLtMatmulPreferenceAttributes_t attr, const void* v, size_t n) {
+    CHORUS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(d, attr, v, n));
+  }
+  ~PreferenceDesc() { cublasLtMatmulPreferenceDestroy(d); }
+  PreferenceDesc(const PreferenceDesc&) = delete;
+  PreferenceDesc& operator=(const PreferenceDesc&) = delete;
+};
+
+// Everything the heuristic's answer depends on.
+struct ProblemKey {
+  std::vector<int64_t> v;
+  bool operator==(const ProblemKey& o) const { return v == o.v; }
+};
+struct ProblemKeyHash {
+  size_t operator()(const ProblemKey& k) const noexcept {
+    uint64_t h = 1469598103934665603ull;
+    for (int64_t x : k.v) h = (h ^ static_cast<uint64_t>(x)) * 1099511628211ull;
+    return static_cast<size_t>(h);
+  }
+};
+
+class AlgoCache {
+ public:
+  bool find(const ProblemKey& k, cublasLtMatmulAlgo_t* algo) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = map_.find(k);
+    if (it == map_.end()) return false;
+    *algo = it->second;
+    return true;
+  }
+  void insert(const ProblemKey& k, const cublasLtMatmulAlgo_t& algo) {
+    std::lock_guard<std::mutex> lock(mu_);
+    map_.emplace(k, algo);
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<ProblemKey, cublasLtMatmulAlgo_t, ProblemKeyHash> map_;
+};
+AlgoCache& algo_cache() {
+  static auto* cache = new AlgoCache;  // leaked: used from threads that may outlive statics
+  return *cache;
+}
+
+}  // namespace
+
+void gemm(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_a, bool trans_b,
+          double alpha, double beta) {
+  CHORUS_CHECK(a.dim() == 3 && bm.dim() == 3 && out.dim() == 3,
+               "gemm: expected 3-d (batch, rows, cols) operands, got a ", a.describe(), ", b ",
+               bm.describe(), ", out ", out.describe());
+  CHORUS_CHECK(a.is_contiguous() && bm.is_contiguous() && out.is_contiguous(),
+               "gemm: operands must be contiguous, got a ", a.describe(), ", b ", bm.describe(),
+               ", out ", out.describe());
+  CHORUS_CHECK(a.dtype() == out.dtype() && bm.dtype() == out.dtype(),
+               "gemm: operands must share one dtype, got a ", a.describe(), ", b ", bm.describe(),
+               ", out ", out.describe());
+  const int64_t batch = out.size(0), m = out.size(1), n = out.size(2);
+  const int64_t k = trans_a ? a.size(1) : a.size(2);
+  const int64_t a_rows = trans_a ? a.size(2) : a.size(1);
+  const int64_t b_rows = trans_b ? bm.size(2) : bm.size(1);
+  const int64_t b_cols = trans_b ? bm.size(1) : bm.size(2);
+  CHORUS_CHECK(a_rows == m && b_rows == k && b_cols == n &&
+                   (a.size(0) == batch || a.size(0) == 1) && (bm.size(0) == batch || bm.size(0) == 1),
+               "gemm: shapes do not match: a ", a.describe(), (trans_a ? " (transposed)" : ""), ", b ",
+               bm.describe(), (trans_b ? " (transposed)" : ""), ", out ", out.describe());
+  CHORUS_CHECK(batch <= INT32_MAX, "gemm: batch ", batch, " exceeds cuBLASLt's limit");
+  const cudaDataType_t dt = cuda_dtype(out.dtype());
+  if (batch == 0 || m == 0 || n == 0) return;
+
+  const int device = out.device().index;
+  CudaDeviceGuard guard(device);
+  cudaStream_t stream = current_stream(device);
+
+  if (k == 0) {  // cuBLASLt rejects k == 0; out = beta * out
+    if (beta == 0.0) {
+      CHORUS_CUDA_CHECK(cudaMemsetAsync(out.raw_data(), 0, out.nbytes(), stream));
+    } else if (beta != 1.0) {
+      unary(UnaryOp::MulScalar, out, out, beta);
+    }
+    return;
+  }
+
+  // Column-major view (see the note at the top): A' = bm, B' = a.
+  const size_t esize = out.element_size();
+  const int64_t lda = bm.size(2), ldb = a.size(2), ldc = n;
+  const int64_t stride_a = bm.size(0) == 1 ? 0 : bm.size(1) * bm.size(2);
+  const int64_t stride_b = a.size(0) == 1 ? 0 : a.size(1) * a.size(2);
+  const int64_t stride_c = m * n;
+  const uint32_t align_a = alignment_of(bm.raw_data(), stride_a * static_cast<int64_t>(esize));
+  const uint32_t align_b = alignment_of(a.raw_data(), stride_b * static_cast<int64_t>(esize));
+  const uint32_t align_c = alignment_of(out.raw_data(), stride_c * static_cast<int64_t>(esize));
+  const cublasComputeType_t compute = (out.dtype() == kFloat32 && allow_tf32_matmul())
+                                          ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                          : CUBLAS_COMPUTE_32F;
+  const cublasOperation_t op_a = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+
+  MatmulDesc desc(compute, op_a, op_b);
+  // Stored (column-major) shapes: A' is [n, k] (or [k, n] when transposed), B' is [k, m] (or [m, k]).
+  LayoutDesc layout_a(dt, trans_b ? k : n, trans_b ? n : k, lda, static_cast<int32_t>(batch), stride_a);
+  LayoutDesc layout_b(dt, trans_a ? m : k, trans_a ? k : m, ldb, static_cast<int32_t>(batch), stride_b);
+  LayoutDesc layout_c(dt, n, m, ldc, static_cast<int32_t>(batch), stride_c);
+
+  const ProblemKey key{{device, static_cast<int64_t>(out.dtype()), static_cast<int64_t>(compute),
+                        trans_a, trans_b, m, n, k, batch, stride_a, stride_b, align_a, align_b,
+                        align_c}};
+  cublasLtMatmulAlgo_t algo;
+  if (!algo_cache().find(key, &algo)) {
+    PreferenceDesc pref(kCublasWorkspaceBytes, align_a, align_b, align_c);
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    CHORUS_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(cublaslt_handle(device), desc.d, layout_a.d,
+                                                       layout_b.d, layout_c.d, layout_c.d, pref.d, 1,
+                                                       &result, &found));
+    CHORUS_CHECK_T(DeviceError, found > 0,
+                   "gemm: cuBLASLt has no algorithm for a ", a.describe(), ", b ", bm.describe(),
+                   ", out ", out.describe(), " (trans_a=", trans_a, ", trans_b=", trans_b, ")");
+    algo = result.algo;
+    algo_cache().insert(key, algo);
+  }
+
+  const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
+  CHORUS_CUBLAS_CHECK(cublasLtMatmul(cublaslt_handle(device), desc.d, &alpha_f, bm.raw_data(),
+                                     layout_a.d, a.raw_data(), layout_b.d, &beta_f, out.raw_data(),
+                                     layout_c.d, out.raw_data(), layout_c.d, &algo,
+                                     cublas_workspace(device, stream), kCublasWorkspaceBytes, stream));
+}
+
+}  // namespace chorus::cuda

@@ -1,0 +1,99 @@
+#include "chorus/ops/copy.h"
+
+#include "chorus/core/backend.h"
+#include "chorus/core/error.h"
+#include "chorus/ops/dispatch.h"
+
+namespace chorus::ops {
+
+Tensor contiguous(const Tensor& t) {
+  detail::check_defined(t, "contiguous", "self");
+  if (t.is_contiguous()) return t;
+  Tensor out = detail::empty_tensor(t.sizes(), t.dtype(), t.device());
+  CHORUS_KERNEL(t.device(), copy, t, out);
+  return out;
+}
+
+Tensor clone(const Tensor& t) {
+  detail::check_defined(t, "clone", "self");
+  Tensor out = detail::empty_tensor(t.sizes(), t.dtype(), t.device());
+  CHORUS_KERNEL(t.device(), copy, t, out);
+  return out;
+}
+
+Tensor to_device(const Tensor& t, const Device& d) {
+  detail::check_defined(t, "to", "self");
+  if (t.device() == d) return t;
+  check_device(d);
+  Tensor src = contiguous(t);
+  Tensor out = detail::empty_tensor(src.sizes(), src.dtype(), d);
+  if (src.nbytes() == 0) return out;
+  // The GPU side's backend does the copy (it knows both pointers' kinds).
+  Device src_dev = src.device();
+  DeviceBackend& b = backend(d.is_cuda() ? d : src_dev);
+  b.copy(out.raw_data(), d, src.raw_data(), src_dev, src.nbytes());
+  // The destination stream reads the source storage until the copy is done.
+  backend(src_dev).record_use(src.storage()->data(), src_dev, d);
+  return out;
+}
+
+Tensor to_dtype(const Tensor& t, DType dt) {
+  detail::check_defined(t, "to", "self");
+  if (t.dtype() == dt) return t;
+  Tensor out = detail::empty_tensor(t.sizes(), dt, t.device());
+  CHORUS_KERNEL(t.device(), copy, t, out);
+  return out;
+}
+
+void copy_(const Tensor& dst, const Tensor& src) {
+  detail::check_defined(dst, "copy_", "self");
+  detail::check_defined(src, "copy_", "src");
+  Shape bs = broadcast_shapes(dst.sizes(), src.sizes(), "copy_");
+  CHORUS_CHECK(bs == dst.sizes(), "copy_: source of shape ", shape_str(src.sizes()),
+               " cannot be broadcast to destination shape ", shape_str(dst.sizes()));
+  Tensor s = to_device(src, dst.device());
+  // Broadcast view of the source with dst's shape.
+  Shape strides(dst.dim(), 0);
+  int64_t lead = dst.dim() - s.dim();
+  for (int64_t i = 0; i < s.dim(); ++i)
+    strides[lead + i] = s.size(i) == 1 ? 0 : s.stride(i);
+  Tensor view = detail::make_view(s, dst.sizes(), strides, s.storage_offset());
+  if (dst.numel() == 0) return;
+  CHORUS_KERNEL(dst.device(), copy, view, dst);
+  dst.bump_version();
+}
+
+void fill_(const Tensor& dst, double v) {
+  detail::check_defined(dst, "fill_", "self");
+  if (dst.numel() == 0) return;
+  CHORUS_KERNEL(dst.device(), fill, dst, v);
+  dst.bump_version();
+}
+
+double item(const Tensor& t) {
+  detail::check_defined(t, "item", "self");
+  CHORUS_CHECK(t.numel() == 1, "item: expected a tensor with one element, got ", t.describe());
+  Tensor h = to_device(contiguous(t), cpu_device(0));
+  if (h.dtype() != kFloat64 && h.dtype() != kInt64) h = to_dtype(h, is_floating(h.dtype()) ? kFloat64 : kInt64);
+  if (h.dtype() == kInt64) return static_cast<double>(*h.data<int64_t>());
+  return *h.data<double>();
+}
+
+bool is_channels_last(const Tensor& t) {
+  if (t.dim() != 4) return false;
+  const Shape& s = t.sizes();
+  const Shape& st = t.strides();
+  return st[1] == 1 && st[3] == s[1] && st[2] == s[1] * s[3] && (s[1] > 1 || s[2] * s[3] > 1);
+}
+
+Tensor to_channels_last(const Tensor& t) {
+  CHORUS_CHECK(t.dim() == 4, "to_channels_last: expected a 4-d tensor, got ", t.describe());
+  if (is_channels_last(t)) return t;
+  const Shape& s = t.sizes();
+  Tensor nhwc = detail::empty_tensor({s[0], s[2], s[3], s[1]}, t.dtype(), t.device());
+  Tensor view = detail::make_view(nhwc, s, {s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]}, 0);
+  CHORUS_KERNEL(t.device(), copy, t, view);
+  return view;
+}
+
+}  // namespace chorus::ops

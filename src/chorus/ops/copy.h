@@ -1,0 +1,29 @@
+// Moving data: between devices, between dtypes, into contiguous layout.
+//
+// Note [Cross-device operands]: an op runs on the device of its first tensor
+// argument (in-place ops: of self). Other operands are brought there with
+// ops::to_device, which enqueues an asynchronous copy ordered after the work
+// already issued on the source device (events, never a host wait) and tells
+// the source's allocator that the destination stream reads the memory, so it
+// is not reused before the copy is done.
+#pragma once
+
+#include "chorus/core/tensor.h"
+
+namespace chorus::ops {
+
+// The tensor itself when already on `d`, else a contiguous copy on `d`.
+Tensor to_device(const Tensor& t, const Device& d);
+Tensor to_dtype(const Tensor& t, DType dt);
+Tensor contiguous(const Tensor& t);
+Tensor clone(const Tensor& t);
+// dst[...] = src broadcast to dst's shape; any devices and dtypes.
+void copy_(const Tensor& dst, const Tensor& src);
+void fill_(const Tensor& dst, double v);
+// Reads a one-element tensor on the host (waits for its device).
+double item(const Tensor& t);
+// Channels-last (NHWC memory) copy of a 4-d tensor, and back.
+Tensor to_channels_last(const Tensor& t);
+bool is_channels_last(const Tensor& t);
+
+}  // namespace chorus::ops

@@ -1,0 +1,100 @@
+#include "chorus/ops/elementwise.h"
+
+#include "chorus/core/error.h"
+#include "chorus/ops/copy.h"
+#include "chorus/ops/dispatch.h"
+
+namespace chorus::ops {
+
+namespace {
+int float_rank(DType t) {
+  switch (t) {
+    case kFloat64: return 4;
+    case kFloat32: return 3;
+    case kBFloat16: return 2;
+    case kFloat16: return 2;
+    default: return 0;
+  }
+}
+int int_rank(DType t) {
+  switch (t) {
+    case kInt64: return 4;
+    case kInt32: return 3;
+    case kUInt8: return 2;
+    case kBool: return 1;
+    default: return 0;
+  }
+}
+}  // namespace
+
+DType promote_types(DType a, DType b) {
+  if (a == b) return a;
+  int fa = float_rank(a), fb = float_rank(b);
+  if (fa || fb) {
+    if (fa == fb) return kFloat32;  // bfloat16 with float16
+    return fa > fb ? a : b;
+  }
+  return int_rank(a) > int_rank(b) ? a : b;
+}
+
+Tensor broadcast_to(const Tensor& t, const Shape& shape, const char* op) {
+  if (t.sizes() == shape) return t;
+  CHORUS_CHECK(static_cast<int64_t>(shape.size()) >= t.dim(), op, ": cannot broadcast ",
+               shape_str(t.sizes()), " to ", shape_str(shape));
+  Shape strides(shape.size(), 0);
+  int64_t lead = static_cast<int64_t>(shape.size()) - t.dim();
+  for (int64_t i = 0; i < t.dim(); ++i) {
+    CHORUS_CHECK(t.size(i) == shape[lead + i] || t.size(i) == 1, op, ": cannot broadcast ",
+                 shape_str(t.sizes()), " to ", shape_str(shape));
+    strides[lead + i] = t.size(i) == 1 && shape[lead + i] != 1 ? 0 : t.stride(i);
+  }
+  return detail::make_view(t, shape, strides, t.storage_offset());
+}
+
+Tensor unary(UnaryOp op, const Tensor& x, double scalar) {
+  detail::check_defined(x, "unary op", "self");
+  DType out_dt = op == UnaryOp::GtScalar ? kBool : x.dtype();
+  Tensor in = x;
+  // Transcendental ops on integer tensors compute in float32, as PyTorch does.
+  bool needs_float = op == UnaryOp::Exp || op == UnaryOp::Log || op == UnaryOp::Sqrt ||
+                     op == UnaryOp::Rsqrt || op == UnaryOp::Tanh || op == UnaryOp::Sigmoid ||
+                     op == UnaryOp::Reciprocal || op == UnaryOp::Pow;
+  if (needs_float && !is_floating(x.dtype())) {
+    in = to_dtype(x, kFloat32);
+    out_dt = kFloat32;
+  }
+  Tensor out = detail::empty_tensor(x.sizes(), out_dt, x.device());
+  if (out.numel()) CHORUS_KERNEL(x.device(), unary, op, in, out, scalar);
+  return out;
+}
+
+void unary_(UnaryOp op, const Tensor& self, double scalar) {
+  if (self.numel()) CHORUS_KERNEL(self.device(), unary, op, self, self, scalar);
+  self.bump_version();
+}
+
+Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b, double alpha) {
+  detail::check_defined(a, "binary op", "self");
+  detail::check_defined(b, "binary op", "other");
+  Shape shape = broadcast_shapes(a.sizes(), b.sizes(), "elementwise op");
+  DType dt = promote_types(a.dtype(), b.dtype());
+  Device dev = a.device();
+  Tensor ta = to_dtype(a, dt);
+  Tensor tb = to_dtype(to_device(b, dev), dt);
+  Tensor out = detail::empty_tensor(shape, is_comparison(op) ? kBool : dt, dev);
+  if (out.numel() == 0) return out;
+  CHORUS_KERNEL(dev, binary, op, broadcast_to(ta, shape, "elementwise op"),
+                broadcast_to(tb, shape, "elementwise op"), out, alpha);
+  return out;
+}
+
+void binary_(BinaryOp op, const Tensor& self, const Tensor& other, double alpha) {
+  detail::check_defined(self, "in-place op", "self");
+  detail::check_defined(other, "in-place op", "other");
+  Tensor o = to_dtype(to_device(other, self.device()), self.dtype());
+  Tensor ob = broadcast_to(o, self.sizes(), "in-place op");
+  if (self.numel()) CHORUS_KERNEL(self.device(), binary, op, self, ob, self, alpha);
+  self.bump_version();
+}
+
+}  // namespace chorus::ops

@@ -1,0 +1,285 @@
+#include "chorus/ops/nn.h"
+
+#include "chorus/core/error.h"
+#include "chorus/core/rng.h"
+#include "chorus/ops/copy.h"
+#include "chorus/ops/dispatch.h"
+
+namespace chorus::ops {
+
+namespace {
+// Memory layout policy: CPU kernels take NCHW-contiguous tensors. CUDA kernels
+// read the layout from the strides; a channels-last input gives channels-last
+// outputs so that a network converted once stays NHWC throughout.
+Tensor prepare(const Tensor& t, Device dev) {
+  Tensor d = to_device(t, dev);
+  if (dev.is_cuda() && is_channels_last(d)) return d;
+  return contiguous(d);
+}
+Tensor alloc_like_layout(const Shape& s, DType dt, Device dev, bool channels_last) {
+  if (channels_last && s.size() == 4) {
+    Tensor nhwc = detail::empty_tensor({s[0], s[2], s[3], s[1]}, dt, dev);
+    return detail::make_view(nhwc, s, {s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]}, 0);
+  }
+  return detail::empty_tensor(s, dt, dev);
+}
+bool cl(const Tensor& t) { return t.device().is_cuda() && is_channels_last(t); }
+}  // namespace
+
+Conv2dGeometry conv2d_geometry(const Tensor& x, const Tensor& w, const Conv2dParams& p) {
+  CHORUS_CHECK(x.dim() == 4, "conv2d: expected input [N, C, H, W], got ", x.describe());
+  CHORUS_CHECK(w.dim() == 4, "conv2d: expected weight [C_out, C_in/groups, kH, kW], got ", w.describe());
+  CHORUS_CHECK(p.groups >= 1 && x.size(1) % p.groups == 0 && w.size(0) % p.groups == 0,
+               "conv2d: groups=", p.groups, " must divide input channels ", x.size(1),
+               " and output channels ", w.size(0));
+  CHORUS_CHECK(w.size(1) * p.groups == x.size(1), "conv2d: input ", shape_str(x.sizes()), " has ",
+               x.size(1), " channels but weight ", shape_str(w.sizes()), " expects ",
+               w.size(1) * p.groups, " (groups=", p.groups, ")");
+  CHORUS_CHECK(p.stride_h > 0 && p.stride_w > 0 && p.dil_h > 0 && p.dil_w > 0 && p.pad_h >= 0 && p.pad_w >= 0,
+               "conv2d: stride and dilation must be positive and padding non-negative");
+  Conv2dGeometry g{x.size(0), x.size(1), x.size(2), x.size(3), w.size(0), w.size(2), w.size(3),
+                   p.stride_h, p.stride_w, p.pad_h, p.pad_w, p.dil_h, p.dil_w, p.groups};
+  CHORUS_CHECK(g.out_h() > 0 && g.out_w() > 0, "conv2d: input ", shape_str(x.sizes()),
+               " is too small for kernel ", w.size(2), "x", w.size(3), " with padding ", p.pad_h,
+               ",", p.pad_w, " and dilation ", p.dil_h, ",", p.dil_w);
+  return g;
+}
+
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p) {
+  detail::check_defined(x, "conv2d", "input");
+  detail::check_defined(w, "conv2d", "weight");
+  Conv2dGeometry g = conv2d_geometry(x, w, p);
+  Device dev = x.device();
+  Tensor xx = prepare(x, dev), ww = prepare(w, dev), bb;
+  if (bias.defined()) {
+    CHORUS_CHECK(bias.dim() == 1 && bias.size(0) == g.c_out, "conv2d: bias ", bias.describe(),
+                 " must be [", g.c_out, "]");
+    bb = prepare(bias, dev);
+  }
+  Tensor y = alloc_like_layout({g.n, g.c_out, g.out_h(), g.out_w()}, x.dtype(), dev, cl(xx));
+  CHORUS_KERNEL(dev, conv2d_forward, g, xx, ww, bb, y);
+  return y;
+}
+
+Tensor conv2d_backward_input(const Tensor& dy, const Tensor& x, const Tensor& w, const Conv2dParams& p) {
+  Conv2dGeometry g = conv2d_geometry(x, w, p);
+  Device dev = dy.device();
+  Tensor ddy = prepare(dy, dev), ww = prepare(w, dev);
+  Tensor dx = alloc_like_layout(x.sizes(), x.dtype(), dev, cl(ddy));
+  CHORUS_KERNEL(dev, conv2d_backward_input, g, ddy, ww, dx);
+  return dx;
+}
+
+std::pair<Tensor, Tensor> conv2d_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& w,
+                                                 const Conv2dParams& p, bool with_bias) {
+  Conv2dGeometry g = conv2d_geometry(x, w, p);
+  Device dev = dy.device();
+  Tensor ddy = prepare(dy, dev), xx = prepare(x, dev);
+  Tensor dw = alloc_like_layout(w.sizes(), w.dtype(), dev, cl(w));
+  Tensor db = with_bias ? detail::empty_tensor({g.c_out}, w.dtype(), dev) : Tensor();
+  CHORUS_KERNEL(dev, conv2d_backward_weight, g, ddy, xx, dw, db);
+  return {dw, db};
+}
+
+Pool2dGeometry pool2d_geometry(const Tensor& x, const Pool2dParams& p, const char* op) {
+  CHORUS_CHECK(x.dim() == 4, op, ": expected input [N, C, H, W], got ", x.describe());
+  CHORUS_CHECK(p.kh > 0 && p.kw > 0 && p.stride_h > 0 && p.stride_w > 0, op,
+               ": kernel size and stride must be positive");
+  CHORUS_CHECK(p.pad_h >= 0 && 2 * p.pad_h <= p.kh && p.pad_w >= 0 && 2 * p.pad_w <= p.kw, op,
+               ": padding must be at most half the kernel size");
+  Pool2dGeometry g{x.size(0), x.size(1), x.size(2), x.size(3), p.kh, p.kw,
+                   p.stride_h, p.stride_w, p.pad_h, p.pad_w};
+  CHORUS_CHECK(g.out_h() > 0 && g.out_w() > 0, op, ": input ", shape_str(x.sizes()),
+               " is smaller than the ", p.kh, "x", p.kw, " window");
+  return g;
+}
+
+std::pair<Tensor, Tensor> max_pool2d(const Tensor& x, const Pool2dParams& p) {
+  Pool2dGeometry g = pool2d_geometry(x, p, "max_pool2d");
+  Device dev = x.device();
+  Tensor xx = prepare(x, dev);
+  Tensor y = alloc_like_layout({g.n, g.c, g.out_h(), g.out_w()}, x.dtype(), dev, cl(xx));
+  Tensor idx = alloc_like_layout(y.sizes(), kInt64, dev, cl(xx));
+  CHORUS_KERNEL(dev, max_pool2d_forward, g, xx, y, idx);
+  return {y, idx};
+}
+
+Tensor max_pool2d_backward(const Tensor& dy, const Tensor& x, const Tensor& indices, const Pool2dParams& p) {
+  Pool2dGeometry g = pool2d_geometry(x, p, "max_pool2d");
+  Device dev = dy.device();
+  Tensor ddy = cl(indices) ? to_channels_last(to_device(dy, dev)) : contiguous(to_device(dy, dev));
+  Tensor dx = alloc_like_layout(x.sizes(), x.dtype(), dev, cl(indices));
+  CHORUS_KERNEL(dev, max_pool2d_backward, g, ddy, indices, dx);
+  return dx;
+}
+
+Tensor avg_pool2d(const Tensor& x, const Pool2dParams& p) {
+  Pool2dGeometry g = pool2d_geometry(x, p, "avg_pool2d");
+  Device dev = x.device();
+  Tensor xx = prepare(x, dev);
+  Tensor y = alloc_like_layout({g.n, g.c, g.out_h(), g.out_w()}, x.dtype(), dev, cl(xx));
+  CHORUS_KERNEL(dev, avg_pool2d_forward, g, xx, y);
+  return y;
+}
+
+Tensor avg_pool2d_backward(const Tensor& dy, const Tensor& x, const Pool2dParams& p) {
+  Pool2dGeometry g = pool2d_geometry(x, p, "avg_pool2d");
+  Device dev = dy.device();
+  Tensor ddy = prepare(dy, dev);
+  Tensor dx = alloc_like_layout(x.sizes(), x.dtype(), dev, cl(ddy));
+  CHORUS_KERNEL(dev, avg_pool2d_backward, g, ddy, dx);
+  return dx;
+}
+
+Tensor adaptive_avg_pool2d(const Tensor& x, int64_t out_h, int64_t out_w) {
+  CHORUS_CHECK(x.dim() == 4, "adaptive_avg_pool2d: expected input [N, C, H, W], got ", x.describe());
+  CHORUS_CHECK(out_h > 0 && out_w > 0, "adaptive_avg_pool2d: output size must be positive, got ",
+               out_h, "x", out_w);
+  Device dev = x.device();
+  Tensor xx = prepare(x, dev);
+  Tensor y = alloc_like_layout({x.size(0), x.size(1), out_h, out_w}, x.dtype(), dev, cl(xx));
+  CHORUS_KERNEL(dev, adaptive_avg_pool2d_forward, xx, y);
+  return y;
+}
+
+Tensor adaptive_avg_pool2d_backward(const Tensor& dy, const Tensor& x) {
+  Device dev = dy.device();
+  Tensor ddy = prepare(dy, dev);
+  Tensor dx = alloc_like_layout(x.sizes(), x.dtype(), dev, cl(ddy));
+  CHORUS_KERNEL(dev, adaptive_avg_pool2d_backward, ddy, dx);
+  return dx;
+}
+
+std::tuple<Tensor, Tensor, Tensor> batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                              const Tensor& running_mean, const Tensor& running_var,
+                                              bool training, double momentum, double eps) {
+  CHORUS_CHECK(x.dim() == 2 || x.dim() == 4, "batch_norm: expected input [N, C] or [N, C, H, W], got ",
+               x.describe());
+  const int64_t c = x.size(1);
+  auto check_c = [&](const Tensor& t, const char* name) {
+    if (t.defined())
+      CHORUS_CHECK(t.dim() == 1 && t.size(0) == c, "batch_norm: ", name, " ", t.describe(),
+                   " must be [", c, "] for input ", shape_str(x.sizes()));
+  };
+  check_c(gamma, "weight");
+  check_c(beta, "bias");
+  check_c(running_mean, "running_mean");
+  check_c(running_var, "running_var");
+  CHORUS_CHECK(training || (running_mean.defined() && running_var.defined()),
+               "batch_norm: evaluation mode needs running statistics");
+  if (training) {
+    int64_t per_channel = x.numel() / std::max<int64_t>(c, 1);
+    CHORUS_CHECK(per_channel > 1, "batch_norm: training needs more than one value per channel, got input ",
+                 shape_str(x.sizes()));
+  }
+  Device dev = x.device();
+  Tensor xx = prepare(x, dev);
+  Tensor y = alloc_like_layout(x.sizes(), x.dtype(), dev, cl(xx));
+  Tensor sm = detail::empty_tensor({c}, kFloat32, dev), si = detail::empty_tensor({c}, kFloat32, dev);
+  Tensor g = gamma.defined() ? prepare(gamma, dev) : Tensor();
+  Tensor b = beta.defined() ? prepare(beta, dev) : Tensor();
+  CHORUS_KERNEL(dev, batch_norm_forward, xx, g, b, running_mean, running_var, training, momentum, eps,
+                y, sm, si);
+  if (training && running_mean.defined()) {
+    running_mean.bump_version();
+    running_var.bump_version();
+  }
+  return {y, sm, si};
+}
+
+std::tuple<Tensor, Tensor, Tensor> batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                                       const Tensor& save_mean, const Tensor& save_invstd) {
+  Device dev = x.device();
+  Tensor ddy = prepare(dy, dev), xx = prepare(x, dev);
+  if (cl(xx) != cl(ddy)) ddy = cl(xx) ? to_channels_last(ddy) : contiguous(ddy);
+  Tensor dx = alloc_like_layout(x.sizes(), x.dtype(), dev, cl(xx));
+  const int64_t c = x.size(1);
+  Tensor dg = gamma.defined() ? detail::empty_tensor({c}, gamma.dtype(), dev) : Tensor();
+  Tensor db = gamma.defined() ? detail::empty_tensor({c}, gamma.dtype(), dev) : Tensor();
+  CHORUS_KERNEL(dev, batch_norm_backward, ddy, xx, gamma, save_mean, save_invstd, dx, dg, db);
+  return {dx, dg, db};
+}
+
+namespace {
+// Softmax kernels work on [rows, cols] over the last dim; other dims are moved last.
+Tensor rows_view(const Tensor& t, int64_t dim, Shape* perm_out) {
+  int64_t nd = t.dim();
+  Shape perm;
+  for (int64_t i = 0; i < nd; ++i)
+    if (i != dim) perm.push_back(i);
+  perm.push_back(dim);
+  *perm_out = perm;
+  Shape sizes, strides;
+  for (int64_t p : perm) {
+    sizes.push_back(t.size(p));
+    strides.push_back(t.stride(p));
+  }
+  return contiguous(detail::make_view(t, sizes, strides, t.storage_offset()));
+}
+Tensor unpermute(const Tensor& t, const Shape& perm) {
+  // t is contiguous in permuted order; view it back in original dim order.
+  Shape sizes(perm.size()), strides(perm.size());
+  for (size_t i = 0; i < perm.size(); ++i) {
+    sizes[perm[i]] = t.size(static_cast<int64_t>(i));
+    strides[perm[i]] = t.stride(static_cast<int64_t>(i));
+  }
+  return detail::make_view(t, sizes, strides, 0);
+}
+}  // namespace
+
+Tensor softmax(const Tensor& x, int64_t dim, bool log) {
+  CHORUS_CHECK(is_floating(x.dtype()), log ? "log_softmax" : "softmax", ": expected a floating tensor, got ",
+               x.describe());
+  if (x.dim() == 0) return softmax(detail::make_view(x, {1}, {1}, x.storage_offset()), 0, log);
+  dim = wrap_dim(dim, x.dim(), log ? "log_softmax" : "softmax");
+  Shape perm;
+  Tensor r = rows_view(x, dim, &perm);
+  Tensor y = detail::empty_tensor(r.sizes(), x.dtype(), x.device());
+  if (y.numel()) CHORUS_KERNEL(x.device(), softmax_forward, r, y, log);
+  return unpermute(y, perm);
+}
+
+Tensor softmax_backward(const Tensor& dy, const Tensor& y, int64_t dim, bool log) {
+  dim = wrap_dim(dim, y.dim(), "softmax_backward");
+  Shape perm;
+  Tensor ry = rows_view(y, dim, &perm);
+  Tensor rdy = rows_view(to_device(dy, y.device()), dim, &perm);
+  Tensor dx = detail::empty_tensor(ry.sizes(), y.dtype(), y.device());
+  if (dx.numel()) CHORUS_KERNEL(y.device(), softmax_backward, rdy, ry, dx, log);
+  return unpermute(dx, perm);
+}
+
+std::pair<Tensor, Tensor> cross_entropy(const Tensor& logits, const Tensor& target, double smoothing) {
+  CHORUS_CHECK(logits.dim() == 2, "cross_entropy: expected logits [batch, classes], got ", logits.describe());
+  CHORUS_CHECK(target.dim() == 1 && target.size(0) == logits.size(0), "cross_entropy: targets ",
+               target.describe(), " must be [", logits.size(0), "] for logits ", shape_str(logits.sizes()));
+  CHORUS_CHECK(target.dtype() == kInt64 || target.dtype() == kInt32, "cross_entropy: targets must be int64, got ",
+               target.describe());
+  CHORUS_CHECK(smoothing >= 0 && smoothing < 1, "cross_entropy: label smoothing must be in [0, 1), got ", smoothing);
+  Device dev = logits.device();
+  Tensor lg = contiguous(logits);
+  Tensor tg = contiguous(to_dtype(to_device(target, dev), kInt64));
+  DType acc = logits.dtype() == kFloat64 ? kFloat64 : kFloat32;
+  Tensor losses = detail::empty_tensor({lg.size(0)}, acc, dev);
+  Tensor probs = detail::empty_tensor(lg.sizes(), acc, dev);
+  if (lg.numel()) CHORUS_KERNEL(dev, cross_entropy_forward, lg, tg, smoothing, losses, probs);
+  return {losses, probs};
+}
+
+Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& probs, const Tensor& target,
+                              double smoothing, DType logits_dtype) {
+  Device dev = probs.device();
+  Tensor tg = contiguous(to_dtype(to_device(target, dev), kInt64));
+  Tensor dl = contiguous(to_dtype(to_device(dloss, dev), probs.dtype()));
+  Tensor dx = detail::empty_tensor(probs.sizes(), probs.dtype(), dev);
+  if (dx.numel()) CHORUS_KERNEL(dev, cross_entropy_backward, dl, probs, tg, smoothing, dx);
+  return to_dtype(dx, logits_dtype);
+}
+
+Tensor dropout_mask(const Shape& shape, DType dt, Device dev, double p) {
+  Tensor m = detail::empty_tensor(shape, dt, dev);
+  if (m.numel()) CHORUS_KERNEL(dev, dropout_mask, m, p, default_generator().reserve(m.numel()));
+  return m;
+}
+
+}  // namespace chorus::ops

@@ -1,0 +1,49 @@
+// Raw neural-network ops: shape checks, output allocation and dispatch. The
+// differentiable versions are in nn/functional.h.
+#pragma once
+
+#include <tuple>
+
+#include "chorus/core/op_kinds.h"
+#include "chorus/core/tensor.h"
+
+namespace chorus::ops {
+
+struct Conv2dParams {
+  int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dil_h = 1, dil_w = 1, groups = 1;
+};
+Conv2dGeometry conv2d_geometry(const Tensor& x, const Tensor& w, const Conv2dParams& p);
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p);
+Tensor conv2d_backward_input(const Tensor& dy, const Tensor& x, const Tensor& w, const Conv2dParams& p);
+// Returns (dweight, dbias); dbias undefined unless with_bias.
+std::pair<Tensor, Tensor> conv2d_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& w,
+                                                 const Conv2dParams& p, bool with_bias);
+
+struct Pool2dParams {
+  int64_t kh, kw, stride_h, stride_w, pad_h = 0, pad_w = 0;
+};
+Pool2dGeometry pool2d_geometry(const Tensor& x, const Pool2dParams& p, const char* op);
+std::pair<Tensor, Tensor> max_pool2d(const Tensor& x, const Pool2dParams& p);  // (y, indices)
+Tensor max_pool2d_backward(const Tensor& dy, const Tensor& x, const Tensor& indices, const Pool2dParams& p);
+Tensor avg_pool2d(const Tensor& x, const Pool2dParams& p);
+Tensor avg_pool2d_backward(const Tensor& dy, const Tensor& x, const Pool2dParams& p);
+Tensor adaptive_avg_pool2d(const Tensor& x, int64_t out_h, int64_t out_w);
+Tensor adaptive_avg_pool2d_backward(const Tensor& dy, const Tensor& x);
+
+// (y, save_mean, save_invstd)
+std::tuple<Tensor, Tensor, Tensor> batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                              const Tensor& running_mean, const Tensor& running_var,
+                                              bool training, double momentum, double eps);
+// (dx, dgamma, dbeta)
+std::tuple<Tensor, Tensor, Tensor> batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                                       const Tensor& save_mean, const Tensor& save_invstd);
+
+Tensor softmax(const Tensor& x, int64_t dim, bool log);
+Tensor softmax_backward(const Tensor& dy, const Tensor& y, int64_t dim, bool log);
+// (per-sample losses [B] float32, probs [B, C] float32)
+std::pair<Tensor, Tensor> cross_entropy(const Tensor& logits, const Tensor& target, double smoothing);
+Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& probs, const Tensor& target,
+                              double smoothing, DType logits_dtype);
+Tensor dropout_mask(const Shape& shape, DType dt, Device dev, double p);
+
+}  // namespace chorus::ops
