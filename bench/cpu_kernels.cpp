@@ -48,8 +48,17 @@ const Conv2dShape kLayers[] = {
     {.n = 64, .c_in = 1, .h = 28, .w = 28, .c_out = 32, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1},
     {.n = 64, .c_in = 32, .h = 14, .w = 14, .c_out = 64, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1},
     {.n = 32, .c_in = 64, .h = 32, .w = 32, .c_out = 64, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1},
-    {.n = 32, .c_in = 64, .h = 32, .w = 32, .c_out = 128, .kh = 3, .kw = 3, .stride_h = 2,
-     .stride_w = 2, .pad_h = 1, .pad_w = 1},
+    {.n = 32,
+     .c_in = 64,
+     .h = 32,
+     .w = 32,
+     .c_out = 128,
+     .kh = 3,
+     .kw = 3,
+     .stride_h = 2,
+     .stride_w = 2,
+     .pad_h = 1,
+     .pad_w = 1},
     {.n = 32, .c_in = 64, .h = 32, .w = 32, .c_out = 128},
 };
 const char* const kLayerNames[] = {"mnist_conv1_64x1x28x28_32", "mnist_conv2_64x32x14x14_64",
@@ -71,7 +80,8 @@ void BM_Conv2d(benchmark::State& state) {
   std::vector<float> y(dy.size()), dx(x.size()), dw(w.size()), db(bias.size());
   for (auto _ : state) {
     if (pass & kForward) chorus::cpu::conv2d_forward(s, x.data(), w.data(), bias.data(), y.data());
-    if (pass & kBackwardInput) chorus::cpu::conv2d_backward_input(s, dy.data(), w.data(), dx.data());
+    if (pass & kBackwardInput)
+      chorus::cpu::conv2d_backward_input(s, dy.data(), w.data(), dx.data());
     if (pass & kBackwardWeight)
       chorus::cpu::conv2d_backward_weight(s, dy.data(), x.data(), dw.data(), db.data());
     benchmark::ClobberMemory();

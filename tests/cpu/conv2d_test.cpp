@@ -93,9 +93,9 @@ std::vector<double> ref_backward_weight(const Conv2dShape& s, const std::vector<
 void check_all(const Conv2dShape& s, uint32_t seed) {
   SCOPED_TRACE(::testing::Message()
                << "n=" << s.n << " c_in=" << s.c_in << " h=" << s.h << " w=" << s.w
-               << " c_out=" << s.c_out << " k=" << s.kh << "x" << s.kw << " stride="
-               << s.stride_h << "x" << s.stride_w << " pad=" << s.pad_h << "x" << s.pad_w
-               << " dil=" << s.dil_h << "x" << s.dil_w << " groups=" << s.groups);
+               << " c_out=" << s.c_out << " k=" << s.kh << "x" << s.kw << " stride=" << s.stride_h
+               << "x" << s.stride_w << " pad=" << s.pad_h << "x" << s.pad_w << " dil=" << s.dil_h
+               << "x" << s.dil_w << " groups=" << s.groups);
   const Sizes z = sizes(s);
   const auto x = random_vector(z.x, seed);
   const auto w = random_vector(z.w, seed + 1);
@@ -135,9 +135,8 @@ void check_all(const Conv2dShape& s, uint32_t seed) {
 }
 
 TEST(Conv2dCpu, ForwardBackwardBasic3x3Pad1) {
-  check_all({.n = 2, .c_in = 3, .h = 7, .w = 9, .c_out = 4, .kh = 3, .kw = 3, .pad_h = 1,
-             .pad_w = 1},
-            1);
+  check_all(
+      {.n = 2, .c_in = 3, .h = 7, .w = 9, .c_out = 4, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1}, 1);
 }
 
 TEST(Conv2dCpu, ForwardBackwardNoPaddingOddSizes) {
@@ -145,26 +144,76 @@ TEST(Conv2dCpu, ForwardBackwardNoPaddingOddSizes) {
 }
 
 TEST(Conv2dCpu, ForwardBackwardStride2NonSquareKernel) {
-  check_all({.n = 2, .c_in = 3, .h = 10, .w = 9, .c_out = 4, .kh = 5, .kw = 3, .stride_h = 2,
-             .stride_w = 2, .pad_h = 2, .pad_w = 1},
+  check_all({.n = 2,
+             .c_in = 3,
+             .h = 10,
+             .w = 9,
+             .c_out = 4,
+             .kh = 5,
+             .kw = 3,
+             .stride_h = 2,
+             .stride_w = 2,
+             .pad_h = 2,
+             .pad_w = 1},
             3);
-  check_all({.n = 2, .c_in = 2, .h = 8, .w = 13, .c_out = 3, .kh = 3, .kw = 3, .stride_h = 1,
-             .stride_w = 3, .pad_h = 0, .pad_w = 2},
+  check_all({.n = 2,
+             .c_in = 2,
+             .h = 8,
+             .w = 13,
+             .c_out = 3,
+             .kh = 3,
+             .kw = 3,
+             .stride_h = 1,
+             .stride_w = 3,
+             .pad_h = 0,
+             .pad_w = 2},
             4);
 }
 
 TEST(Conv2dCpu, ForwardGroupsDilation) {
-  check_all({.n = 2, .c_in = 4, .h = 9, .w = 10, .c_out = 6, .kh = 3, .kw = 3, .pad_h = 2,
-             .pad_w = 2, .dil_h = 2, .dil_w = 2, .groups = 2},
+  check_all({.n = 2,
+             .c_in = 4,
+             .h = 9,
+             .w = 10,
+             .c_out = 6,
+             .kh = 3,
+             .kw = 3,
+             .pad_h = 2,
+             .pad_w = 2,
+             .dil_h = 2,
+             .dil_w = 2,
+             .groups = 2},
             5);
-  check_all({.n = 2, .c_in = 6, .h = 12, .w = 7, .c_out = 3, .kh = 3, .kw = 2, .stride_h = 2,
-             .stride_w = 1, .pad_h = 1, .pad_w = 3, .dil_h = 3, .dil_w = 2, .groups = 3},
+  check_all({.n = 2,
+             .c_in = 6,
+             .h = 12,
+             .w = 7,
+             .c_out = 3,
+             .kh = 3,
+             .kw = 2,
+             .stride_h = 2,
+             .stride_w = 1,
+             .pad_h = 1,
+             .pad_w = 3,
+             .dil_h = 3,
+             .dil_w = 2,
+             .groups = 3},
             6);
 }
 
 TEST(Conv2dCpu, Depthwise) {
-  check_all({.n = 2, .c_in = 5, .h = 8, .w = 8, .c_out = 10, .kh = 3, .kw = 3, .stride_h = 2,
-             .stride_w = 2, .pad_h = 1, .pad_w = 1, .groups = 5},
+  check_all({.n = 2,
+             .c_in = 5,
+             .h = 8,
+             .w = 8,
+             .c_out = 10,
+             .kh = 3,
+             .kw = 3,
+             .stride_h = 2,
+             .stride_w = 2,
+             .pad_h = 1,
+             .pad_w = 1,
+             .groups = 5},
             7);
 }
 
@@ -180,15 +229,35 @@ TEST(Conv2dCpu, PointwiseStrideAndPaddingUseIm2col) {
 
 TEST(Conv2dCpu, ManyImagesSpanSeveralChunks) {
   // 5x5 outputs put many images in one im2col chunk; 150 leaves a partial one.
-  check_all({.n = 150, .c_in = 3, .h = 5, .w = 5, .c_out = 4, .kh = 3, .kw = 3, .pad_h = 1,
-             .pad_w = 1},
-            12);
+  check_all(
+      {.n = 150, .c_in = 3, .h = 5, .w = 5, .c_out = 4, .kh = 3, .kw = 3, .pad_h = 1, .pad_w = 1},
+      12);
+}
+
+TEST(Conv2dCpu, ManyImagesWithGroupsStrideDilation) {
+  // Several chunks run in parallel, each with grouped GEMMs; 37 images do
+  // not divide evenly into chunks.
+  check_all({.n = 37,
+             .c_in = 4,
+             .h = 9,
+             .w = 8,
+             .c_out = 6,
+             .kh = 3,
+             .kw = 3,
+             .stride_h = 2,
+             .stride_w = 1,
+             .pad_h = 2,
+             .pad_w = 1,
+             .dil_h = 2,
+             .dil_w = 1,
+             .groups = 2},
+            14);
 }
 
 TEST(Conv2dCpu, KernelCoversWholePaddedInput) {
-  check_all({.n = 2, .c_in = 2, .h = 3, .w = 2, .c_out = 3, .kh = 5, .kw = 4, .pad_h = 1,
-             .pad_w = 1},
-            13);
+  check_all(
+      {.n = 2, .c_in = 2, .h = 3, .w = 2, .c_out = 3, .kh = 5, .kw = 4, .pad_h = 1, .pad_w = 1},
+      13);
 }
 
 TEST(Conv2dCpu, EmptyBatchZeroesWeightGradient) {
@@ -204,9 +273,9 @@ TEST(Conv2dCpu, RejectsBadShapes) {
   auto fwd = [&](Conv2dShape s) { conv2d_forward(s, buf.data(), buf.data(), nullptr, buf.data()); };
   EXPECT_THROW(fwd({.n = 1, .c_in = 3, .h = 4, .w = 4, .c_out = 4, .groups = 2}),
                std::invalid_argument);
-  EXPECT_THROW(fwd({.n = 1, .c_in = 2, .h = 4, .w = 4, .c_out = 2, .kh = 3, .kw = 3,
-                    .stride_h = 0}),
-               std::invalid_argument);
+  EXPECT_THROW(
+      fwd({.n = 1, .c_in = 2, .h = 4, .w = 4, .c_out = 2, .kh = 3, .kw = 3, .stride_h = 0}),
+      std::invalid_argument);
   EXPECT_THROW(fwd({.n = 1, .c_in = 2, .h = 2, .w = 4, .c_out = 2, .kh = 3, .kw = 3}),
                std::invalid_argument);
   try {

@@ -190,7 +190,7 @@ Tensor amax(const Tensor& a, int64_t dim, bool keepdim) {
 }
 
 Tensor argmax(const Tensor& a, int64_t dim, bool keepdim) {
-  return ops::reduce(ReduceOp::Argmax, a, {dim}, keepdim);
+  return ops::reduce(ReduceOp::Argmax, a, {wrap_dim(dim, a.dim(), "argmax")}, keepdim);
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b) {

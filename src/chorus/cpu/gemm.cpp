@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -40,6 +41,18 @@ void check_gemm(const char* name, bool trans_a, bool trans_b, int64_t m, int64_t
   }
 }
 
+// SerialBlasScope's shared state: how many scopes are alive, and the thread
+// count to restore when the last one ends.
+struct SerialState {
+  std::mutex mu;
+  int depth = 0;
+  int saved_threads = 1;
+};
+SerialState& serial_state() {
+  static SerialState state;
+  return state;
+}
+
 // C = beta * C for the k == 0 case, where BLAS implementations differ.
 void scale_c(int64_t m, int64_t n, float beta, float* c, int64_t ldc) {
   for (int64_t i = 0; i < m; ++i) {
@@ -53,8 +66,8 @@ void scale_c(int64_t m, int64_t n, float beta, float* c, int64_t ldc) {
 }
 
 void gemm_unchecked(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                    const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
-                    float* c, int64_t ldc) {
+                    const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                    int64_t ldc) {
   if (m == 0 || n == 0) return;
   if (k == 0 || alpha == 0.0f) {
     scale_c(m, n, beta, c, ldc);
@@ -62,15 +75,14 @@ void gemm_unchecked(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
   }
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
               trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
-              static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb),
-              beta, c, static_cast<int>(ldc));
+              static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
+              c, static_cast<int>(ldc));
 }
 
 }  // namespace
 
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-          const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-          int64_t ldc) {
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   check_gemm("gemm", trans_a, trans_b, m, n, k, lda, ldb, ldc);
   gemm_unchecked(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
@@ -81,22 +93,36 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, f
                   int64_t batch) {
   check_gemm("gemm_batched", trans_a, trans_b, m, n, k, lda, ldb, ldc);
   if (batch < 0 || stride_a < 0 || stride_b < 0 || stride_c < 0) {
-    throw std::invalid_argument("gemm_batched: negative batch or stride (batch=" +
-                                std::to_string(batch) + ", stride_a=" + std::to_string(stride_a) +
-                                ", stride_b=" + std::to_string(stride_b) +
-                                ", stride_c=" + std::to_string(stride_c) + ")");
+    throw std::invalid_argument(
+        "gemm_batched: negative batch or stride (batch=" + std::to_string(batch) +
+        ", stride_a=" + std::to_string(stride_a) + ", stride_b=" + std::to_string(stride_b) +
+        ", stride_c=" + std::to_string(stride_c) + ")");
   }
   if (batch > 1 && m > 0 && n > 0 && stride_c == 0) {
     throw std::invalid_argument("gemm_batched: stride_c=0 with batch=" + std::to_string(batch) +
                                 " would write every product to the same C");
   }
-  // One BLAS call per entry: OpenBLAS 0.3.21 has no batched sgemm, and the
-  // entries the engine batches (attention-free CNNs, bmm) are large enough
-  // for OpenBLAS to thread each one.
+  // One BLAS call per entry (OpenBLAS 0.3.21 has no batched sgemm); each
+  // call is threaded by OpenBLAS unless a SerialBlasScope is alive.
   for (int64_t i = 0; i < batch; ++i) {
-    gemm_unchecked(trans_a, trans_b, m, n, k, alpha, a + i * stride_a, lda, b + i * stride_b,
-                   ldb, beta, c + i * stride_c, ldc);
+    gemm_unchecked(trans_a, trans_b, m, n, k, alpha, a + i * stride_a, lda, b + i * stride_b, ldb,
+                   beta, c + i * stride_c, ldc);
   }
+}
+
+SerialBlasScope::SerialBlasScope() {
+  SerialState& st = serial_state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  if (st.depth++ == 0) {
+    st.saved_threads = openblas_get_num_threads();
+    if (st.saved_threads != 1) openblas_set_num_threads(1);
+  }
+}
+
+SerialBlasScope::~SerialBlasScope() {
+  SerialState& st = serial_state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  if (--st.depth == 0 && st.saved_threads != 1) openblas_set_num_threads(st.saved_threads);
 }
 
 }  // namespace chorus::cpu

@@ -1,9 +1,9 @@
 // Single-precision GEMM on host memory, row-major, through OpenBLAS.
 //
-// This is the one place the CPU kernels call BLAS, so that the int64 -> int
-// narrowing, the argument checks and the k == 0 corner live in one spot.
-// Threading is OpenBLAS's own (its pthread pool); callers do not add threads
-// around it.
+// The int64 -> int narrowing, the argument checks and the k == 0 corner live
+// here. A single call is threaded by OpenBLAS's own pool; kernels that split
+// their work over the Chorus CPU pool instead (conv2d, over images) hold a
+// SerialBlasScope so the two pools do not fight over the cores.
 #pragma once
 
 #include <cstdint>
@@ -15,9 +15,8 @@ namespace chorus::cpu {
 // likewise for B. With beta == 0, C is not read (NaNs in it do not leak).
 // Throws std::invalid_argument on negative sizes, too-small leading
 // dimensions, or sizes past OpenBLAS's 32-bit int.
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-          const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-          int64_t ldc);
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
 // `batch` independent GEMMs; matrix i uses a + i * stride_a, b + i * stride_b,
 // c + i * stride_c. A stride of 0 reuses one operand for every batch entry
@@ -26,5 +25,21 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, f
                   const float* a, int64_t lda, int64_t stride_a, const float* b, int64_t ldb,
                   int64_t stride_b, float beta, float* c, int64_t ldc, int64_t stride_c,
                   int64_t batch);
+
+// While alive, OpenBLAS runs every call on the calling thread. For kernels
+// that already run several BLAS calls at once on the CPU pool: on CNN layers,
+// two threads each running single-threaded GEMMs (and their im2col copies)
+// beat one OpenBLAS-threaded GEMM at a time by 1.2-2x (bench/cpu_kernels).
+// OpenBLAS's thread count is process-global, so scopes are reference
+// counted across threads: the first sets 1, the last restores the previous
+// count. BLAS calls elsewhere in the process meanwhile also run on one
+// thread: slower, never wrong.
+class SerialBlasScope {
+ public:
+  SerialBlasScope();
+  ~SerialBlasScope();
+  SerialBlasScope(const SerialBlasScope&) = delete;
+  SerialBlasScope& operator=(const SerialBlasScope&) = delete;
+};
 
 }  // namespace chorus::cpu

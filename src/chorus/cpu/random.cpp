@@ -1,17 +1,21 @@
 // Random fills on the CPU: uniform, normal, randint and the dropout mask.
 //
 // Every element is a pure function of (seed, offset, element index) through
-// Philox (core/philox.h), and the formulas below are the ones the CUDA kernels
-// use, so a tensor filled on cpu and on cuda:0 from the same RngState holds the
-// same numbers (up to libm vs CUDA rounding of logf/cosf in normal()):
-//   uniform  i: lo + (hi - lo) * U(i)                       (float math)
-//   normal   i: u1 = U(2i), u2 = U(2i+1),
-//               z = sqrtf(-2 logf(1 - u1)) * cosf(2 pi u2),  mean + std * z
+// Philox (core/philox.h), with the formulas of Note [Random formulas] in
+// cuda/random.cu, so a tensor filled on cpu and on cuda:0 from the same
+// RngState holds the same numbers. With U(k) = philox::uniform(seed, offset, k):
+//   uniform  i: float(lo) + float(hi - lo) * U(i)            (float, no fma)
+//   normal   i: u1 = U(2i), u2 = U(2i+1) as doubles,
+//               z = sqrt(-2 log(1 - u1)) * cos(2 pi u2),  float(mean + std * z)
 //   randint  i: lo + (int64)(word(i) % (uint64)(hi - lo))
 //   dropout  i: U(i) >= float(p) ? float(1 / (1 - p)) : 0
-// where U(i) = philox::uniform(seed, offset, i). `1 - u1` lies in (0, 1], so
-// the log never sees 0. randint draws one 32-bit word per element, so a range
-// wider than 2^32 only reaches its first 2^32 values.
+// The normal works in double so that glibc's and CUDA's log/cos, both within
+// an ulp or so of the truth in double, round to the same float. `1 - u1` lies
+// in (0, 1], so the log never sees 0. The multiply and the add are kept
+// apart (see no_fma) because CUDA rounds both: a fused multiply-add, which
+// compilers emit under -march flags with FMA, would round once and differ.
+// randint draws one 32-bit word per element, so a range wider than 2^32 only
+// reaches its first 2^32 values.
 //
 // Because elements are independent, large tensors are split over the CPU
 // thread pool (cpu/parallel.h); the result does not depend on how many
@@ -28,7 +32,15 @@
 namespace chorus::cpu {
 namespace {
 
-constexpr float kTwoPi = 6.28318530717958647692f;
+constexpr double kTwoPi = 6.283185307179586476925286766559;
+
+// a + b * c with the product rounded on its own: the volatile store keeps the
+// compiler from contracting the two into one fused multiply-add.
+template <typename T>
+T no_fma(T a, T b, T c) {
+  volatile T product = b * c;
+  return a + product;
+}
 
 // Below this many elements a thread costs more than it saves.
 constexpr int64_t kGrain = 1 << 15;
@@ -63,18 +75,17 @@ void uniform(const Tensor& out, double lo, double hi, RngState rng) {
   CHORUS_CHECK(lo <= hi, "uniform: need lo <= hi, got lo=", lo, " hi=", hi);
   const float lo_f = static_cast<float>(lo), range = static_cast<float>(hi - lo);
   fill_floating("uniform", out, [=](uint64_t i) {
-    return lo_f + range * philox::uniform(rng.seed, rng.offset, i);
+    return no_fma(lo_f, range, philox::uniform(rng.seed, rng.offset, i));
   });
 }
 
 void normal(const Tensor& out, double mean, double std, RngState rng) {
   CHORUS_CHECK(std >= 0, "normal: std must be >= 0, got ", std);
-  const float mean_f = static_cast<float>(mean), std_f = static_cast<float>(std);
   fill_floating("normal", out, [=](uint64_t i) {
-    const float u1 = philox::uniform(rng.seed, rng.offset, 2 * i);
-    const float u2 = philox::uniform(rng.seed, rng.offset, 2 * i + 1);
-    const float z = sqrtf(-2.0f * logf(1.0f - u1)) * cosf(kTwoPi * u2);
-    return mean_f + std_f * z;
+    const double u1 = philox::uniform(rng.seed, rng.offset, 2 * i);
+    const double u2 = philox::uniform(rng.seed, rng.offset, 2 * i + 1);
+    const double z = std::sqrt(-2.0 * std::log(1.0 - u1)) * std::cos(kTwoPi * u2);
+    return static_cast<float>(no_fma(mean, std, z));
   });
 }
 

@@ -196,11 +196,13 @@ void CudaAllocator::record_use(const void* ptr, int owner, int user, cudaStream_
   for (Use& u : block.uses) {
     if (u.device == user && u.stream == stream) {
       // A later record on the same stream supersedes the earlier one.
+      CudaDeviceGuard guard(user);
       CHORUS_CUDA_CHECK(cudaEventRecord(u.event, stream));
       return;
     }
   }
   cudaEvent_t e = events_->acquire(user);
+  CudaDeviceGuard guard(user);  // the event and the stream live on `user`
   cudaError_t err = cudaEventRecord(e, stream);
   if (err != cudaSuccess) {
     events_->release(user, e);
@@ -210,6 +212,7 @@ void CudaAllocator::record_use(const void* ptr, int owner, int user, cudaStream_
 }
 
 void CudaAllocator::stream_destroyed(int device, cudaStream_t stream) {
+  CudaDeviceGuard guard(device);
   for (size_t d = 0; d < devices_.size(); ++d) {
     DeviceState& st = *devices_[d];
     std::lock_guard<std::mutex> g(st.mu);

@@ -22,17 +22,17 @@ namespace chorus::cuda {
 // file:line.
 void throw_cublas_error(cublasStatus_t status, const char* call, const char* file, int line);
 
-#define CHORUS_CUBLAS_CHECK(call)                                                   \
-  do {                                                                              \
-    cublasStatus_t chorus_status_ = (call);                                         \
-    if (chorus_status_ != CUBLAS_STATUS_SUCCESS)                                    \
+#define CHORUS_CUBLAS_CHECK(call)                                                    \
+  do {                                                                               \
+    cublasStatus_t chorus_status_ = (call);                                          \
+    if (chorus_status_ != CUBLAS_STATUS_SUCCESS)                                     \
       ::chorus::cuda::throw_cublas_error(chorus_status_, #call, __FILE__, __LINE__); \
   } while (0)
 
 // TF32 switches (Note [TF32 defaults]); process-wide, read at each call.
 void set_allow_tf32_matmul(bool allow);  // default false
 bool allow_tf32_matmul();
-void set_allow_tf32_conv(bool allow);    // default true
+void set_allow_tf32_conv(bool allow);  // default true
 bool allow_tf32_conv();
 // Sets both switches (tests turn TF32 off to compare float32 with the CPU).
 void set_allow_tf32(bool allow);

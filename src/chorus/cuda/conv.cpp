@@ -133,9 +133,12 @@ void collect(const P* results, int n, std::vector<Perf>* out) {
 
 int algo_count(Direction dir) {
   switch (dir) {
-    case Direction::Forward: return CUDNN_CONVOLUTION_FWD_ALGO_COUNT;
-    case Direction::BackwardData: return CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT;
-    case Direction::BackwardFilter: return CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT;
+    case Direction::Forward:
+      return CUDNN_CONVOLUTION_FWD_ALGO_COUNT;
+    case Direction::BackwardData:
+      return CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT;
+    case Direction::BackwardFilter:
+      return CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT;
   }
   return 0;
 }
@@ -146,9 +149,9 @@ size_t workspace_size(const ConvCall& c, int algo, bool* ok) {
   cudnnStatus_t st = CUDNN_STATUS_SUCCESS;
   switch (c.dir) {
     case Direction::Forward:
-      st = cudnnGetConvolutionForwardWorkspaceSize(c.handle, c.x_desc.get(), c.w_desc.get(),
-                                                   c.conv.get(), c.y_desc.get(),
-                                                   static_cast<cudnnConvolutionFwdAlgo_t>(algo), &bytes);
+      st = cudnnGetConvolutionForwardWorkspaceSize(
+          c.handle, c.x_desc.get(), c.w_desc.get(), c.conv.get(), c.y_desc.get(),
+          static_cast<cudnnConvolutionFwdAlgo_t>(algo), &bytes);
       break;
     case Direction::BackwardData:
       st = cudnnGetConvolutionBackwardDataWorkspaceSize(
@@ -272,15 +275,32 @@ int64_t common_alignment(const ConvCall& c) {
 }
 
 AlgoKey make_key(const ConvCall& c, const Conv2dGeometry& g, Layout layout) {
-  return {static_cast<int64_t>(c.dir), c.device, static_cast<int64_t>(c.dtype),
-          static_cast<int64_t>(layout), static_cast<int64_t>(math_type(c.dtype)), common_alignment(c),
-          g.n, g.c_in, g.h, g.w, g.c_out, g.kh, g.kw, g.stride_h, g.stride_w, g.pad_h, g.pad_w,
-          g.dil_h, g.dil_w, g.groups};
+  return {static_cast<int64_t>(c.dir),
+          c.device,
+          static_cast<int64_t>(c.dtype),
+          static_cast<int64_t>(layout),
+          static_cast<int64_t>(math_type(c.dtype)),
+          common_alignment(c),
+          g.n,
+          g.c_in,
+          g.h,
+          g.w,
+          g.c_out,
+          g.kh,
+          g.kw,
+          g.stride_h,
+          g.stride_w,
+          g.pad_h,
+          g.pad_w,
+          g.dil_h,
+          g.dil_w,
+          g.groups};
 }
 
 Tensor workspace_tensor(size_t bytes, int device) {
   if (bytes == 0) return Tensor();
-  return detail::empty_tensor({static_cast<int64_t>(bytes)}, kUInt8, Device(DeviceType::CUDA, device));
+  return detail::empty_tensor({static_cast<int64_t>(bytes)}, kUInt8,
+                              Device(DeviceType::CUDA, device));
 }
 
 Choice search(ConvCall& c, const Conv2dGeometry& g) {
@@ -314,11 +334,11 @@ Choice search(ConvCall& c, const Conv2dGeometry& g) {
     const size_t needed = workspace_size(c, p.algo, &ok);
     return {p.algo, p.math, std::max(p.memory, needed)};
   }
-  CHORUS_THROW(DeviceError, "conv2d: cuDNN found no algorithm for ", dtype_name(c.dtype), " input [",
-               g.n, ", ", g.c_in, ", ", g.h, ", ", g.w, "], weight [", g.c_out, ", ",
+  CHORUS_THROW(DeviceError, "conv2d: cuDNN found no algorithm for ", dtype_name(c.dtype),
+               " input [", g.n, ", ", g.c_in, ", ", g.h, ", ", g.w, "], weight [", g.c_out, ", ",
                g.c_in / g.groups, ", ", g.kh, ", ", g.kw, "], stride ", g.stride_h, "x", g.stride_w,
-               ", padding ", g.pad_h, "x", g.pad_w, ", dilation ", g.dil_h, "x", g.dil_w, ", groups ",
-               g.groups, " (", perfs.size(), " algorithms tried)");
+               ", padding ", g.pad_h, "x", g.pad_w, ", dilation ", g.dil_h, "x", g.dil_w,
+               ", groups ", g.groups, " (", perfs.size(), " algorithms tried)");
 }
 
 // Chooses (searching once per key) and runs the algorithm for `c`.
@@ -365,13 +385,18 @@ Tensor filter_in(const Tensor& weight, Layout layout) {
 
 void check_conv(const char* op, const Conv2dGeometry& g, const Tensor& x, const char* x_name,
                 const Tensor& w, const char* w_name, const Tensor& y, const char* y_name) {
+  CHORUS_CHECK(g.kh > 0 && g.kw > 0 && g.stride_h > 0 && g.stride_w > 0 && g.dil_h > 0 &&
+                   g.dil_w > 0 && g.pad_h >= 0 && g.pad_w >= 0 && g.out_h() > 0 && g.out_w() > 0,
+               op, ": bad geometry: input ", g.h, "x", g.w, ", kernel ", g.kh, "x", g.kw,
+               ", stride ", g.stride_h, "x", g.stride_w, ", padding ", g.pad_h, "x", g.pad_w,
+               ", dilation ", g.dil_h, "x", g.dil_w);
   const Shape xs{g.n, g.c_in, g.h, g.w}, ws{g.c_out, g.c_in / g.groups, g.kh, g.kw},
       ys{g.n, g.c_out, g.out_h(), g.out_w()};
-  CHORUS_CHECK(g.groups > 0 && g.c_in % g.groups == 0 && g.c_out % g.groups == 0, op,
-               ": channels ", g.c_in, " -> ", g.c_out, " not divisible by groups ", g.groups);
+  CHORUS_CHECK(g.groups > 0 && g.c_in % g.groups == 0 && g.c_out % g.groups == 0, op, ": channels ",
+               g.c_in, " -> ", g.c_out, " not divisible by groups ", g.groups);
   CHORUS_CHECK(x.sizes() == xs && w.sizes() == ws && y.sizes() == ys, op, ": expected ", x_name,
-               " ", shape_str(xs), ", ", w_name, " ", shape_str(ws), ", ", y_name, " ", shape_str(ys),
-               "; got ", x.describe(), ", ", w.describe(), ", ", y.describe());
+               " ", shape_str(xs), ", ", w_name, " ", shape_str(ws), ", ", y_name, " ",
+               shape_str(ys), "; got ", x.describe(), ", ", w.describe(), ", ", y.describe());
   CHORUS_CHECK(x.dtype() == w.dtype() && x.dtype() == y.dtype(), op, ": ", x_name, ", ", w_name,
                " and ", y_name, " must share one dtype, got ", x.describe(), ", ", w.describe(),
                ", ", y.describe());
@@ -386,7 +411,8 @@ void conv2d_forward(const Conv2dGeometry& g, const Tensor& x, const Tensor& weig
   check_conv(op, g, x, "x", weight, "weight", y, "y");
   if (bias.defined()) {
     CHORUS_CHECK(bias.dim() == 1 && bias.size(0) == g.c_out && bias.dtype() == y.dtype(), op,
-                 ": expected bias ", dtype_name(y.dtype()), "[", g.c_out, "], got ", bias.describe());
+                 ": expected bias ", dtype_name(y.dtype()), "[", g.c_out, "], got ",
+                 bias.describe());
   }
   const int device = x.device().index;
   CudaDeviceGuard guard(device);
@@ -402,8 +428,8 @@ void conv2d_forward(const Conv2dGeometry& g, const Tensor& x, const Tensor& weig
   }
   if (bias.defined()) {
     // y += bias, broadcast over N, H, W by a stride-0 view.
-    const Tensor b = detail::make_view(bias, y.sizes(), {0, bias.stride(0), 0, 0},
-                                       bias.storage_offset());
+    const Tensor b =
+        detail::make_view(bias, y.sizes(), {0, bias.stride(0), 0, 0}, bias.storage_offset());
     binary(BinaryOp::Add, y, b, y, 1.0);
   }
 }
@@ -460,8 +486,8 @@ void conv2d_backward_weight(const Conv2dGeometry& g, const Tensor& dy, const Ten
     const Tensor db = dbias.dtype() == dy.dtype()
                           ? dbias
                           : detail::empty_tensor({g.c_out}, dy.dtype(), dbias.device());
-    const Tensor db4 = detail::make_view(db, {1, g.c_out, 1, 1}, {g.c_out, 1, 1, 1},
-                                         db.storage_offset());
+    const Tensor db4 =
+        detail::make_view(db, {1, g.c_out, 1, 1}, {g.c_out, 1, 1, 1}, db.storage_offset());
     reduce(ReduceOp::Sum, dy, db4, {true, false, true, true});
     if (!db.is_same(dbias)) copy(db, dbias);
   }

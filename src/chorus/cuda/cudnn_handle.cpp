@@ -77,9 +77,12 @@ cudnnHandle_t cudnn_handle(int device) {
 
 cudnnDataType_t cudnn_dtype(DType t, const char* op) {
   switch (t) {
-    case kFloat32: return CUDNN_DATA_FLOAT;
-    case kBFloat16: return CUDNN_DATA_BFLOAT16;
-    case kFloat16: return CUDNN_DATA_HALF;
+    case kFloat32:
+      return CUDNN_DATA_FLOAT;
+    case kBFloat16:
+      return CUDNN_DATA_BFLOAT16;
+    case kFloat16:
+      return CUDNN_DATA_HALF;
     default:
       CHORUS_THROW(ValueError, op, " on CUDA supports float32, bfloat16 and float16, got ",
                    dtype_name(t));
@@ -119,10 +122,10 @@ TensorDesc::TensorDesc() { CHORUS_CUDNN_CHECK(cudnnCreateTensorDescriptor(&d_));
 TensorDesc::TensorDesc(cudnnDataType_t dtype, Layout layout, int64_t n, int64_t c, int64_t h,
                        int64_t w)
     : TensorDesc() {
-  CHORUS_CHECK(n <= INT_MAX && c <= INT_MAX && h <= INT_MAX && w <= INT_MAX &&
-                   n * c * h * w <= INT_MAX,
-               "cuDNN: tensor [", n, ", ", c, ", ", h, ", ", w,
-               "] exceeds cuDNN's 2^31 element limit; split the batch");
+  CHORUS_CHECK(
+      n <= INT_MAX && c <= INT_MAX && h <= INT_MAX && w <= INT_MAX && n * c * h * w <= INT_MAX,
+      "cuDNN: tensor [", n, ", ", c, ", ", h, ", ", w,
+      "] exceeds cuDNN's 2^31 element limit; split the batch");
   CHORUS_CUDNN_CHECK(cudnnSetTensor4dDescriptor(
       d_, layout == Layout::NCHW ? CUDNN_TENSOR_NCHW : CUDNN_TENSOR_NHWC, dtype,
       static_cast<int>(n), static_cast<int>(c), static_cast<int>(h), static_cast<int>(w)));

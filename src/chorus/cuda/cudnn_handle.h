@@ -23,10 +23,10 @@ namespace chorus::cuda {
 // Throws DeviceError with cudnnGetErrorString's message, the call and file:line.
 void throw_cudnn_error(cudnnStatus_t status, const char* call, const char* file, int line);
 
-#define CHORUS_CUDNN_CHECK(call)                                                   \
-  do {                                                                             \
-    cudnnStatus_t chorus_status_ = (call);                                         \
-    if (chorus_status_ != CUDNN_STATUS_SUCCESS)                                    \
+#define CHORUS_CUDNN_CHECK(call)                                                    \
+  do {                                                                              \
+    cudnnStatus_t chorus_status_ = (call);                                          \
+    if (chorus_status_ != CUDNN_STATUS_SUCCESS)                                     \
       ::chorus::cuda::throw_cudnn_error(chorus_status_, #call, __FILE__, __LINE__); \
   } while (0)
 

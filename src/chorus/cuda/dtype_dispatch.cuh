@@ -1,7 +1,8 @@
 // Device element types for Chorus dtypes, conversions between them, and the
 // dispatch from a runtime DType to a kernel templated on the element type.
 //
-// Float math accumulates in float (acc_t); integer and bool math in int64.
+// Math runs in acc_t: float for the floating dtypes, double for integers and
+// bool, as on the CPU (cpu/dtype_dispatch.h ComputeT), so both devices round alike.
 // Dispatch takes a C++20 templated lambda: dispatch_all(t, "op", [&]<typename T>() {...}).
 #pragma once
 
@@ -24,7 +25,7 @@ inline constexpr bool is_half_v = std::is_same_v<T, bf16> || std::is_same_v<T, f
 template <typename T>
 inline constexpr bool is_float_v = std::is_same_v<T, float> || is_half_v<T>;
 template <typename T>
-using acc_t = std::conditional_t<is_float_v<T>, float, int64_t>;
+using acc_t = std::conditional_t<is_float_v<T>, float, double>;
 
 // Value conversion between element types, as static_cast would do for
 // built-in types (bool: nonzero is true); the 16-bit floats round to nearest

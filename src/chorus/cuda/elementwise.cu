@@ -115,22 +115,28 @@ void launch_elementwise(const Tensor& out, std::array<const Tensor*, NIN> ins, c
 }
 
 // ---- unary ------------------------------------------------------------------------
+// The math matches cpu/elementwise.cpp op for op (including NaN behaviour:
+// relu, sign, max and min do not propagate NaN there either), computed in
+// acc_t<T>: float for floating dtypes, double for integers.
 
-__device__ __forceinline__ float unary_float(UnaryOp op, float x, float s) {
+template <typename C>
+__device__ __forceinline__ C unary_math(UnaryOp op, C x, C s) {
+  constexpr bool f = std::is_same_v<C, float>;
   switch (op) {
     case UnaryOp::Neg: return -x;
-    case UnaryOp::Exp: return expf(x);
-    case UnaryOp::Log: return logf(x);
-    case UnaryOp::Sqrt: return sqrtf(x);
-    case UnaryOp::Rsqrt: return 1.0f / sqrtf(x);
-    case UnaryOp::Tanh: return tanhf(x);
-    case UnaryOp::Sigmoid: return 1.0f / (1.0f + expf(-x));
-    case UnaryOp::Relu: return x < 0.0f ? 0.0f : x;  // NaN stays NaN
-    case UnaryOp::Abs: return fabsf(x);
+    case UnaryOp::Exp: if constexpr (f) return expf(x); else return exp(x);
+    case UnaryOp::Log: if constexpr (f) return logf(x); else return log(x);
+    case UnaryOp::Sqrt: if constexpr (f) return sqrtf(x); else return sqrt(x);
+    case UnaryOp::Rsqrt: if constexpr (f) return 1.0f / sqrtf(x); else return 1.0 / sqrt(x);
+    case UnaryOp::Tanh: if constexpr (f) return tanhf(x); else return tanh(x);
+    case UnaryOp::Sigmoid:
+      if constexpr (f) return 1.0f / (1.0f + expf(-x)); else return 1.0 / (1.0 + exp(-x));
+    case UnaryOp::Relu: return x > C(0) ? x : C(0);
+    case UnaryOp::Abs: if constexpr (f) return fabsf(x); else return fabs(x);
     case UnaryOp::Square: return x * x;
-    case UnaryOp::Reciprocal: return 1.0f / x;
-    case UnaryOp::Sign: return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : x);  // 0 and NaN kept
-    case UnaryOp::Pow: return powf(x, s);
+    case UnaryOp::Reciprocal: return C(1) / x;
+    case UnaryOp::Sign: return C((x > C(0)) - (x < C(0)));
+    case UnaryOp::Pow: if constexpr (f) return powf(x, s); else return pow(x, s);
     case UnaryOp::AddScalar: return x + s;
     case UnaryOp::MulScalar: return x * s;
     case UnaryOp::RSubScalar: return s - x;
@@ -138,74 +144,41 @@ __device__ __forceinline__ float unary_float(UnaryOp op, float x, float s) {
   }
 }
 
-// Integers: exact integer math where it exists, scalar ops in double
-// (truncated back), the transcendental ones through float.
-__device__ __forceinline__ int64_t unary_int(UnaryOp op, int64_t x, double s) {
-  switch (op) {
-    case UnaryOp::Neg: return -x;
-    case UnaryOp::Relu: return x < 0 ? 0 : x;
-    case UnaryOp::Abs: return x < 0 ? -x : x;
-    case UnaryOp::Square: return x * x;
-    case UnaryOp::Sign: return (x > 0) - (x < 0);
-    case UnaryOp::Pow: return static_cast<int64_t>(pow(static_cast<double>(x), s));
-    case UnaryOp::AddScalar: return static_cast<int64_t>(static_cast<double>(x) + s);
-    case UnaryOp::MulScalar: return static_cast<int64_t>(static_cast<double>(x) * s);
-    case UnaryOp::RSubScalar: return static_cast<int64_t>(s - static_cast<double>(x));
-    default:
-      return static_cast<int64_t>(unary_float(op, static_cast<float>(x), static_cast<float>(s)));
-  }
-}
-
 template <typename T>
 struct UnaryFn {
   UnaryOp op;
-  double scalar;
+  acc_t<T> scalar;
   __device__ __forceinline__ T operator()(T x) const {
-    if constexpr (is_float_v<T>) {
-      return convert<T>(unary_float(op, to_acc(x), static_cast<float>(scalar)));
-    } else {
-      return convert<T>(unary_int(op, to_acc(x), scalar));
-    }
+    return convert<T>(unary_math(op, to_acc(x), scalar));
   }
 };
 
 template <typename T>
 struct GtScalarFn {
-  double scalar;
-  __device__ __forceinline__ bool operator()(T x) const {
-    return static_cast<double>(to_acc(x)) > scalar;
-  }
+  acc_t<T> scalar;
+  __device__ __forceinline__ bool operator()(T x) const { return to_acc(x) > scalar; }
 };
 
 // ---- binary -----------------------------------------------------------------------
-
-template <typename A>
-__device__ __forceinline__ bool is_nan(A v) {
-  if constexpr (std::is_floating_point_v<A>) return v != v;
-  else return false;
-}
 
 template <typename T>
 struct BinaryFn {
   BinaryOp op;
   acc_t<T> alpha;
   __device__ __forceinline__ T operator()(T a, T b) const {
-    using A = acc_t<T>;
-    const A x = to_acc(a), y = to_acc(b);
-    A r;
+    using C = acc_t<T>;
+    const C x = to_acc(a), y = to_acc(b);
+    C r;
     switch (op) {
       case BinaryOp::Add: r = x + alpha * y; break;
       case BinaryOp::Sub: r = x - alpha * y; break;
       case BinaryOp::Mul: r = x * y; break;
-      case BinaryOp::Div:
-        if constexpr (is_float_v<T>) r = x / y;
-        else r = y == 0 ? A(0) : x / y;  // integer division by zero gives 0, not a fault
-        break;
-      case BinaryOp::Max: r = is_nan(x) ? x : (is_nan(y) ? y : (x > y ? x : y)); break;
-      case BinaryOp::Min: r = is_nan(x) ? x : (is_nan(y) ? y : (x < y ? x : y)); break;
-      case BinaryOp::ReluGrad: r = y > A(0) ? x : A(0); break;
-      case BinaryOp::TanhGrad: r = x * (A(1) - y * y); break;
-      case BinaryOp::SigmoidGrad: r = x * y * (A(1) - y); break;
+      case BinaryOp::Div: r = x / y; break;  // integers: in double, truncated on store
+      case BinaryOp::Max: r = x > y ? x : y; break;
+      case BinaryOp::Min: r = x < y ? x : y; break;
+      case BinaryOp::ReluGrad: r = y > C(0) ? x : C(0); break;
+      case BinaryOp::TanhGrad: r = x * (C(1) - y * y); break;
+      case BinaryOp::SigmoidGrad: r = x * y * (C(1) - y); break;
       default: r = x; break;
     }
     return convert<T>(r);
@@ -265,14 +238,14 @@ void unary(UnaryOp op, const Tensor& x, const Tensor& out, double scalar) {
   if (op == UnaryOp::GtScalar) {
     CHORUS_CHECK(out.dtype() == kBool, "unary GtScalar: output must be bool, got ", out.describe());
     dispatch_all(x.dtype(), "unary", [&]<typename T>() {
-      launch_elementwise<bool, T, 1>(out, {&x}, GtScalarFn<T>{scalar});
+      launch_elementwise<bool, T, 1>(out, {&x}, GtScalarFn<T>{static_cast<acc_t<T>>(scalar)});
     });
     return;
   }
   CHORUS_CHECK(out.dtype() == x.dtype(), "unary: output dtype ", out.dtype(), " differs from ",
                x.dtype());
   dispatch_all(x.dtype(), "unary", [&]<typename T>() {
-    launch_elementwise<T, T, 1>(out, {&x}, UnaryFn<T>{op, scalar});
+    launch_elementwise<T, T, 1>(out, {&x}, UnaryFn<T>{op, static_cast<acc_t<T>>(scalar)});
   });
 }
 

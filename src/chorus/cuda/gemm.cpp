@@ -26,9 +26,12 @@ namespace {
 
 cudaDataType_t cuda_dtype(DType t) {
   switch (t) {
-    case kFloat32: return CUDA_R_32F;
-    case kBFloat16: return CUDA_R_16BF;
-    case kFloat16: return CUDA_R_16F;
+    case kFloat32:
+      return CUDA_R_32F;
+    case kBFloat16:
+      return CUDA_R_16BF;
+    case kFloat16:
+      return CUDA_R_16F;
     default:
       CHORUS_THROW(ValueError, "gemm on CUDA supports float32, bfloat16 and float16, got ",
                    dtype_name(t));
@@ -64,8 +67,10 @@ struct MatmulDesc {
   cublasLtMatmulDesc_t d = nullptr;
   MatmulDesc(cublasComputeType_t compute, cublasOperation_t ta, cublasOperation_t tb) {
     CHORUS_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d, compute, CUDA_R_32F));
-    CHORUS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
-    CHORUS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    CHORUS_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    CHORUS_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
   }
   ~MatmulDesc() { cublasLtMatmulDescDestroy(d); }
   MatmulDesc(const MatmulDesc&) = delete;
@@ -145,9 +150,10 @@ void gemm(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_a, bo
   const int64_t b_rows = trans_b ? bm.size(2) : bm.size(1);
   const int64_t b_cols = trans_b ? bm.size(1) : bm.size(2);
   CHORUS_CHECK(a_rows == m && b_rows == k && b_cols == n &&
-                   (a.size(0) == batch || a.size(0) == 1) && (bm.size(0) == batch || bm.size(0) == 1),
-               "gemm: shapes do not match: a ", a.describe(), (trans_a ? " (transposed)" : ""), ", b ",
-               bm.describe(), (trans_b ? " (transposed)" : ""), ", out ", out.describe());
+                   (a.size(0) == batch || a.size(0) == 1) &&
+                   (bm.size(0) == batch || bm.size(0) == 1),
+               "gemm: shapes do not match: a ", a.describe(), (trans_a ? " (transposed)" : ""),
+               ", b ", bm.describe(), (trans_b ? " (transposed)" : ""), ", out ", out.describe());
   CHORUS_CHECK(batch <= INT32_MAX, "gemm: batch ", batch, " exceeds cuBLASLt's limit");
   const cudaDataType_t dt = cuda_dtype(out.dtype());
   if (batch == 0 || m == 0 || n == 0) return;
@@ -181,9 +187,11 @@ void gemm(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_a, bo
   const cublasOperation_t op_b = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
 
   MatmulDesc desc(compute, op_a, op_b);
-  // Stored (column-major) shapes: A' is [n, k] (or [k, n] when transposed), B' is [k, m] (or [m, k]).
-  LayoutDesc layout_a(dt, trans_b ? k : n, trans_b ? n : k, lda, static_cast<int32_t>(batch), stride_a);
-  LayoutDesc layout_b(dt, trans_a ? m : k, trans_a ? k : m, ldb, static_cast<int32_t>(batch), stride_b);
+  // Stored column-major shapes: A' is n x k (k x n when transposed), B' is k x m (m x k).
+  LayoutDesc layout_a(dt, trans_b ? k : n, trans_b ? n : k, lda, static_cast<int32_t>(batch),
+                      stride_a);
+  LayoutDesc layout_b(dt, trans_a ? m : k, trans_a ? k : m, ldb, static_cast<int32_t>(batch),
+                      stride_b);
   LayoutDesc layout_c(dt, n, m, ldc, static_cast<int32_t>(batch), stride_c);
 
   const ProblemKey key{{device, static_cast<int64_t>(out.dtype()), static_cast<int64_t>(compute),
@@ -195,20 +203,20 @@ void gemm(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_a, bo
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     CHORUS_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(cublaslt_handle(device), desc.d, layout_a.d,
-                                                       layout_b.d, layout_c.d, layout_c.d, pref.d, 1,
-                                                       &result, &found));
-    CHORUS_CHECK_T(DeviceError, found > 0,
-                   "gemm: cuBLASLt has no algorithm for a ", a.describe(), ", b ", bm.describe(),
-                   ", out ", out.describe(), " (trans_a=", trans_a, ", trans_b=", trans_b, ")");
+                                                       layout_b.d, layout_c.d, layout_c.d, pref.d,
+                                                       1, &result, &found));
+    CHORUS_CHECK_T(DeviceError, found > 0, "gemm: cuBLASLt has no algorithm for a ", a.describe(),
+                   ", b ", bm.describe(), ", out ", out.describe(), " (trans_a=", trans_a,
+                   ", trans_b=", trans_b, ")");
     algo = result.algo;
     algo_cache().insert(key, algo);
   }
 
   const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
-  CHORUS_CUBLAS_CHECK(cublasLtMatmul(cublaslt_handle(device), desc.d, &alpha_f, bm.raw_data(),
-                                     layout_a.d, a.raw_data(), layout_b.d, &beta_f, out.raw_data(),
-                                     layout_c.d, out.raw_data(), layout_c.d, &algo,
-                                     cublas_workspace(device, stream), kCublasWorkspaceBytes, stream));
+  CHORUS_CUBLAS_CHECK(cublasLtMatmul(
+      cublaslt_handle(device), desc.d, &alpha_f, bm.raw_data(), layout_a.d, a.raw_data(),
+      layout_b.d, &beta_f, out.raw_data(), layout_c.d, out.raw_data(), layout_c.d, &algo,
+      cublas_workspace(device, stream), kCublasWorkspaceBytes, stream));
 }
 
 }  // namespace chorus::cuda

@@ -32,7 +32,8 @@ struct Dims4 {
 };
 
 // Strided offset of [n, c, h, w].
-__device__ __forceinline__ int64_t offset(const Dims4& s, int64_t n, int64_t c, int64_t h, int64_t w) {
+__device__ __forceinline__ int64_t offset(const Dims4& s, int64_t n, int64_t c, int64_t h,
+                                          int64_t w) {
   return n * s.n + c * s.c + h * s.h + w * s.w;
 }
 
@@ -41,17 +42,23 @@ __device__ __forceinline__ int64_t offset(const Dims4& s, int64_t n, int64_t c, 
 __device__ __forceinline__ void unravel(int64_t i, const Dims4& size, bool channels_last,
                                         int64_t& n, int64_t& c, int64_t& h, int64_t& w) {
   if (channels_last) {
-    c = i % size.c; i /= size.c;
-    w = i % size.w; i /= size.w;
-    h = i % size.h; n = i / size.h;
+    c = i % size.c;
+    i /= size.c;
+    w = i % size.w;
+    i /= size.w;
+    h = i % size.h;
+    n = i / size.h;
   } else {
-    w = i % size.w; i /= size.w;
-    h = i % size.h; i /= size.h;
-    c = i % size.c; n = i / size.c;
+    w = i % size.w;
+    i /= size.w;
+    h = i % size.h;
+    i /= size.h;
+    c = i % size.c;
+    n = i / size.c;
   }
 }
 
-#define CHORUS_GRID_STRIDE_LOOP(i, total)                                                  \
+#define CHORUS_GRID_STRIDE_LOOP(i, total)                                                    \
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (total); \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
@@ -139,7 +146,8 @@ __global__ void avg_pool_forward_kernel(const T* x, Dims4 xs, Dims4 xsize, T* y,
     float sum = 0.0f;
     for (int64_t h = h0; h < h1; ++h)
       for (int64_t w = w0; w < w1; ++w) sum += to_acc(x[offset(xs, n, c, h, w)]);
-    y[offset(ys, n, c, oh, ow)] = convert<T>(sum / static_cast<float>(avg_divisor(oh, ow, xsize, win)));
+    y[offset(ys, n, c, oh, ow)] =
+        convert<T>(sum / static_cast<float>(avg_divisor(oh, ow, xsize, win)));
   }
 }
 
@@ -176,8 +184,10 @@ __global__ void adaptive_avg_forward_kernel(const T* x, Dims4 xs, Dims4 xsize, T
   CHORUS_GRID_STRIDE_LOOP(i, total) {
     int64_t n, c, oh, ow;
     unravel(i, ysize, channels_last, n, c, oh, ow);
-    const int64_t h0 = adaptive_start(oh, xsize.h, ysize.h), h1 = adaptive_end(oh, xsize.h, ysize.h);
-    const int64_t w0 = adaptive_start(ow, xsize.w, ysize.w), w1 = adaptive_end(ow, xsize.w, ysize.w);
+    const int64_t h0 = adaptive_start(oh, xsize.h, ysize.h),
+                  h1 = adaptive_end(oh, xsize.h, ysize.h);
+    const int64_t w0 = adaptive_start(ow, xsize.w, ysize.w),
+                  w1 = adaptive_end(ow, xsize.w, ysize.w);
     float sum = 0.0f;
     for (int64_t h = h0; h < h1; ++h)
       for (int64_t w = w0; w < w1; ++w) sum += to_acc(x[offset(xs, n, c, h, w)]);
@@ -192,13 +202,16 @@ __global__ void adaptive_avg_backward_kernel(const T* dy, Dims4 dys, Dims4 ysize
     int64_t n, c, h, w;
     unravel(i, xsize, channels_last, n, c, h, w);
     // The outputs whose windows contain h are exactly [floor(h*OH/H), ceil((h+1)*OH/H)).
-    const int64_t oh0 = adaptive_start(h, ysize.h, xsize.h), oh1 = adaptive_end(h, ysize.h, xsize.h);
-    const int64_t ow0 = adaptive_start(w, ysize.w, xsize.w), ow1 = adaptive_end(w, ysize.w, xsize.w);
+    const int64_t oh0 = adaptive_start(h, ysize.h, xsize.h),
+                  oh1 = adaptive_end(h, ysize.h, xsize.h);
+    const int64_t ow0 = adaptive_start(w, ysize.w, xsize.w),
+                  ow1 = adaptive_end(w, ysize.w, xsize.w);
     float g = 0.0f;
     for (int64_t oh = oh0; oh < oh1; ++oh) {
       const int64_t kh = adaptive_end(oh, xsize.h, ysize.h) - adaptive_start(oh, xsize.h, ysize.h);
       for (int64_t ow = ow0; ow < ow1; ++ow) {
-        const int64_t kw = adaptive_end(ow, xsize.w, ysize.w) - adaptive_start(ow, xsize.w, ysize.w);
+        const int64_t kw =
+            adaptive_end(ow, xsize.w, ysize.w) - adaptive_start(ow, xsize.w, ysize.w);
         g += to_acc(dy[offset(dys, n, c, oh, ow)]) / static_cast<float>(kh * kw);
       }
     }
@@ -223,7 +236,8 @@ constexpr unsigned kBlockThreads = 256;
 
 Launch launch_for(const Tensor& walked) {
   const int64_t total = walked.numel();
-  const int64_t blocks = std::min<int64_t>((total + kBlockThreads - 1) / kBlockThreads, int64_t{1} << 20);
+  const int64_t blocks =
+      std::min<int64_t>((total + kBlockThreads - 1) / kBlockThreads, int64_t{1} << 20);
   return {total, static_cast<unsigned>(std::max<int64_t>(blocks, 1)),
           current_stream(walked.device().index)};
 }
@@ -236,15 +250,16 @@ void check_pool(const char* op, const Pool2dGeometry& g, const Tensor& x, const 
                 const Tensor& y, const char* y_name) {
   check_4d(op, x, x_name);
   check_4d(op, y, y_name);
+  CHORUS_CHECK(g.kh > 0 && g.kw > 0 && g.stride_h > 0 && g.stride_w > 0 && g.pad_h >= 0 &&
+                   g.pad_w >= 0 && 2 * g.pad_h <= g.kh && 2 * g.pad_w <= g.kw,
+               op, ": bad window: kernel ", g.kh, "x", g.kw, ", stride ", g.stride_h, "x",
+               g.stride_w, ", padding ", g.pad_h, "x", g.pad_w,
+               " (padding must be at most half the kernel)");
   const Shape xs{g.n, g.c, g.h, g.w}, ys{g.n, g.c, g.out_h(), g.out_w()};
   CHORUS_CHECK(x.sizes() == xs && y.sizes() == ys, op, ": expected ", x_name, " ", shape_str(xs),
                " and ", y_name, " ", shape_str(ys), ", got ", x.describe(), " and ", y.describe());
   CHORUS_CHECK(x.dtype() == y.dtype(), op, ": '", x_name, "' and '", y_name,
                "' must share one dtype, got ", x.describe(), " and ", y.describe());
-  CHORUS_CHECK(g.kh > 0 && g.kw > 0 && g.stride_h > 0 && g.stride_w > 0 && g.pad_h >= 0 &&
-                   g.pad_w >= 0 && 2 * g.pad_h <= g.kh && 2 * g.pad_w <= g.kw,
-               op, ": bad window: kernel ", g.kh, "x", g.kw, ", stride ", g.stride_h, "x", g.stride_w,
-               ", padding ", g.pad_h, "x", g.pad_w, " (padding must be at most half the kernel)");
 }
 
 Window window_of(const Pool2dGeometry& g) {
@@ -287,9 +302,9 @@ void max_pool2d_backward(const Pool2dGeometry& g, const Tensor& dy, const Tensor
   const Launch l = launch_for(dx);
   dispatch_float(dx.dtype(), op, [&]<typename T>() {
     max_pool_backward_kernel<T><<<l.blocks, kBlockThreads, 0, l.stream>>>(
-        static_cast<const T*>(dy.raw_data()), strides_of(dy), sizes_of(dy),
-        indices.data<int64_t>(), strides_of(indices), static_cast<T*>(dx.raw_data()),
-        strides_of(dx), sizes_of(dx), window_of(g), walk_channels_last(dx), l.total);
+        static_cast<const T*>(dy.raw_data()), strides_of(dy), sizes_of(dy), indices.data<int64_t>(),
+        strides_of(indices), static_cast<T*>(dx.raw_data()), strides_of(dx), sizes_of(dx),
+        window_of(g), walk_channels_last(dx), l.total);
     CHORUS_CUDA_LAUNCH_CHECK();
   });
 }
@@ -347,7 +362,8 @@ void adaptive_avg_pool2d_backward(const Tensor& dy, const Tensor& dx) {
   check_4d(op, dy, "dy");
   check_4d(op, dx, "dx");
   CHORUS_CHECK(dx.size(0) == dy.size(0) && dx.size(1) == dy.size(1) && dx.dtype() == dy.dtype(), op,
-               ": dy and dx must share N, C and dtype, got ", dy.describe(), " and ", dx.describe());
+               ": dy and dx must share N, C and dtype, got ", dy.describe(), " and ",
+               dx.describe());
   if (dx.numel() == 0) return;
   CHORUS_CHECK(dy.size(2) > 0 && dy.size(3) > 0, op, ": empty output plane ", dy.describe());
   CudaDeviceGuard guard(dx.device().index);

@@ -25,6 +25,27 @@ int int_rank(DType t) {
     default: return 0;
   }
 }
+// The user-facing name of a binary op, for error messages.
+const char* binary_name(BinaryOp op) {
+  switch (op) {
+    case BinaryOp::Add: return "add";
+    case BinaryOp::Sub: return "sub";
+    case BinaryOp::Mul: return "mul";
+    case BinaryOp::Div: return "div";
+    case BinaryOp::Max: return "maximum";
+    case BinaryOp::Min: return "minimum";
+    case BinaryOp::Eq: return "eq";
+    case BinaryOp::Ne: return "ne";
+    case BinaryOp::Lt: return "lt";
+    case BinaryOp::Le: return "le";
+    case BinaryOp::Gt: return "gt";
+    case BinaryOp::Ge: return "ge";
+    case BinaryOp::ReluGrad: return "relu_backward";
+    case BinaryOp::TanhGrad: return "tanh_backward";
+    case BinaryOp::SigmoidGrad: return "sigmoid_backward";
+  }
+  return "elementwise op";
+}
 }  // namespace
 
 DType promote_types(DType a, DType b) {
@@ -74,25 +95,26 @@ void unary_(UnaryOp op, const Tensor& self, double scalar) {
 }
 
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b, double alpha) {
-  detail::check_defined(a, "binary op", "self");
-  detail::check_defined(b, "binary op", "other");
-  Shape shape = broadcast_shapes(a.sizes(), b.sizes(), "elementwise op");
+  const char* name = binary_name(op);
+  detail::check_defined(a, name, "self");
+  detail::check_defined(b, name, "other");
+  Shape shape = broadcast_shapes(a.sizes(), b.sizes(), name);
   DType dt = promote_types(a.dtype(), b.dtype());
   Device dev = a.device();
   Tensor ta = to_dtype(a, dt);
   Tensor tb = to_dtype(to_device(b, dev), dt);
   Tensor out = detail::empty_tensor(shape, is_comparison(op) ? kBool : dt, dev);
   if (out.numel() == 0) return out;
-  CHORUS_KERNEL(dev, binary, op, broadcast_to(ta, shape, "elementwise op"),
-                broadcast_to(tb, shape, "elementwise op"), out, alpha);
+  CHORUS_KERNEL(dev, binary, op, broadcast_to(ta, shape, name), broadcast_to(tb, shape, name), out, alpha);
   return out;
 }
 
 void binary_(BinaryOp op, const Tensor& self, const Tensor& other, double alpha) {
-  detail::check_defined(self, "in-place op", "self");
-  detail::check_defined(other, "in-place op", "other");
+  const std::string name = std::string(binary_name(op)) + "_";  // "add_", "mul_"
+  detail::check_defined(self, name.c_str(), "self");
+  detail::check_defined(other, name.c_str(), "other");
   Tensor o = to_dtype(to_device(other, self.device()), self.dtype());
-  Tensor ob = broadcast_to(o, self.sizes(), "in-place op");
+  Tensor ob = broadcast_to(o, self.sizes(), name.c_str());
   if (self.numel()) CHORUS_KERNEL(self.device(), binary, op, self, ob, self, alpha);
   self.bump_version();
 }

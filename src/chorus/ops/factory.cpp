@@ -79,12 +79,15 @@ Tensor from_vector(const std::vector<float>& d, const Shape& s, TensorOptions o)
   return from_host(d, s, kFloat32, o);
 }
 Tensor from_vector(const std::vector<double>& d, const Shape& s, TensorOptions o) {
-  std::vector<float> f(d.begin(), d.end());
   if (!is_floating(o.dtype)) {
     std::vector<int64_t> i(d.size());
     for (size_t k = 0; k < d.size(); ++k) i[k] = static_cast<int64_t>(d[k]);
     return from_host(i, s, kInt64, o);
   }
+  // float64 keeps every bit (gradient checks need it); other float dtypes
+  // round from float, as before.
+  if (o.dtype == kFloat64) return from_host(d, s, kFloat64, o);
+  std::vector<float> f(d.begin(), d.end());
   return from_host(f, s, kFloat32, o);
 }
 Tensor from_vector(const std::vector<int64_t>& d, const Shape& s, TensorOptions o) {

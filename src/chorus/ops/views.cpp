@@ -144,7 +144,9 @@ Tensor expand(const Tensor& t, const Shape& shape) {
 
 Tensor squeeze(const Tensor& t, int64_t dim) {
   dim = wrap_dim(dim, t.dim(), "squeeze");
-  if (t.size(dim) != 1) return t;
+  // Always a fresh view, never `t` itself: the differentiable squeeze records
+  // its grad_fn on the result, which must not turn a leaf into a non-leaf.
+  if (t.size(dim) != 1) return detail::make_view(t, t.sizes(), t.strides(), t.storage_offset());
   Shape sizes = t.sizes(), strides = t.strides();
   sizes.erase(sizes.begin() + dim);
   strides.erase(strides.begin() + dim);

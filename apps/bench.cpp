@@ -1,0 +1,149 @@
+// Throughput of whole training steps (forward, backward, SGD+Nesterov update)
+// on synthetic CIFAR-shaped data, timed after warm-up with the device drained
+// before and after, as ../shared/bench/torch_baseline.py times PyTorch.
+#include "bench.h"
+
+#include <chrono>
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "chorus/core/backend.h"
+#include "chorus/core/error.h"
+#include "chorus/core/rng.h"
+#include "chorus/models/models.h"
+#include "chorus/nn/functional.h"
+#include "chorus/ops/copy.h"
+#include "chorus/ops/factory.h"
+#include "chorus/optim/sgd.h"
+#include "chorus/parallel/data_parallel.h"
+
+namespace chorus::app {
+
+void add_bench_options(CLI::App* cmd, BenchConfig& c) {
+  cmd->add_option("--model", c.model, "mlp|cnn|resnet20|wrn-16-4|wrn-28-10")->capture_default_str();
+  cmd->add_option("--devices", c.devices, "Device list (default: cuda:0 if present, else cpu)");
+  cmd->add_option("--strategy", c.strategy, "single|dp")->capture_default_str();
+  cmd->add_option("--device-counts", c.counts, "Device counts to run, e.g. 1,2,4 (dp; default powers of two)");
+  cmd->add_option("--precision", c.precision, "fp32|bf16")->capture_default_str();
+  cmd->add_flag("--channels-last", c.channels_last, "NHWC activations (GPU)");
+  cmd->add_option("--batch-size", c.batch_size, "Batch per device")->capture_default_str();
+  cmd->add_option("--steps", c.steps, "Timed steps")->capture_default_str();
+  cmd->add_option("--warmup", c.warmup, "Untimed warm-up steps")->capture_default_str();
+  cmd->add_flag("--json", c.json, "One JSON object per row");
+}
+
+namespace {
+
+std::vector<int64_t> parse_counts(const std::string& text, int64_t max_devices) {
+  std::vector<int64_t> out;
+  if (text.empty()) {
+    for (int64_t n = 1; n <= max_devices; n *= 2) out.push_back(n);
+    if (out.back() != max_devices) out.push_back(max_devices);
+    return out;
+  }
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t comma = text.find(',', pos);
+    std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    int64_t n = 0;
+    try {
+      n = std::stoll(item);
+    } catch (...) {
+      CHORUS_THROW(ValueError, "--device-counts: '", item, "' is not a number");
+    }
+    CHORUS_CHECK(n >= 1 && n <= max_devices, "--device-counts: ", n, " is outside 1..", max_devices,
+                 " (the number of devices in --devices)");
+    out.push_back(n);
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return out;
+}
+
+struct BenchRow {
+  double img_per_s, step_ms, loss;
+  size_t peak;
+};
+
+BenchRow bench_one(const BenchConfig& c, const std::vector<Device>& devs) {
+  Device dev = devs[0];
+  manual_seed(0);
+  bool small = c.model == "mlp" || c.model == "cnn";
+  models::ModelSpec spec{small ? Shape{1, 28, 28} : Shape{3, 32, 32}, 10};
+  nn::ModulePtr model = models::make_model(c.model, spec);
+  model->to(dev);
+  nn::ModulePtr net = model;
+  if (c.strategy == "dp") net = std::make_shared<parallel::DataParallel>(model, devs);
+  optim::SGD opt(model->parameters(), {0.1, 0.9, 0.0, 5e-4, true});
+  const int64_t batch = c.batch_size * static_cast<int64_t>(devs.size());
+  Shape in{batch};
+  in.insert(in.end(), spec.input.begin(), spec.input.end());
+  Tensor x = randn(in, {kFloat32, dev});
+  if (c.channels_last && dev.is_cuda()) x = ops::to_channels_last(x);
+  Tensor y = randint(0, 10, {batch}, {kInt64, dev});
+  Tensor loss;
+  auto step = [&] {
+    loss = nn::functional::cross_entropy(net->forward(x), y);
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+  };
+  for (int64_t i = 0; i < c.warmup; ++i) step();
+  for (const Device& d : devs) synchronize(d);
+  for (const Device& d : devs) backend(d).reset_peak_bytes(d);
+  auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < c.steps; ++i) step();
+  for (const Device& d : devs) synchronize(d);
+  double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  size_t peak = 0;
+  for (const Device& d : devs) peak = std::max(peak, backend(d).peak_bytes(d));
+  return {static_cast<double>(batch * c.steps) / dt, 1000.0 * dt / static_cast<double>(c.steps), loss.item(), peak};
+}
+
+}  // namespace
+
+int run_bench(const BenchConfig& c) {
+  CHORUS_CHECK(c.strategy == "single" || c.strategy == "dp", "chorus bench: strategy '", c.strategy,
+               "' is not available in this version yet; use --strategy single or dp");
+  CHORUS_CHECK(c.precision == "fp32" || c.precision == "bf16", "unknown precision '", c.precision, "'");
+  CHORUS_CHECK(c.batch_size > 0, "--batch-size must be positive, got ", c.batch_size);
+  CHORUS_CHECK(c.steps > 0 && c.warmup >= 0, "--steps must be positive and --warmup >= 0");
+  std::vector<Device> all = c.devices.empty()
+                                ? std::vector<Device>{cuda_is_available() ? cuda_device(0) : cpu_device(0)}
+                                : parse_devices(c.devices);
+  CHORUS_CHECK(c.precision == "fp32" || all[0].is_cuda(), "--precision bf16 needs a CUDA device");
+  std::vector<int64_t> counts = c.strategy == "single" ? std::vector<int64_t>{1}
+                                                       : parse_counts(c.counts, static_cast<int64_t>(all.size()));
+  double base = 0;
+  for (int64_t n : counts) {
+    std::vector<Device> devs(all.begin(), all.begin() + n);
+    BenchRow r = bench_one(c, devs);
+    if (n == 1) base = r.img_per_s;
+    double eff = base > 0 ? r.img_per_s / (static_cast<double>(n) * base) : 0;
+    nlohmann::ordered_json row = {{"model", c.model},
+                                  {"strategy", c.strategy},
+                                  {"devices", n},
+                                  {"device_list", devs.size() == 1 ? devs[0].str() : c.devices},
+                                  {"precision", c.precision},
+                                  {"channels_last", c.channels_last},
+                                  {"batch_per_device", c.batch_size},
+                                  {"img_per_s", r.img_per_s},
+                                  {"step_ms", r.step_ms},
+                                  {"peak_mem_bytes", r.peak},
+                                  {"scaling_efficiency", base > 0 ? nlohmann::ordered_json(eff) : nullptr},
+                                  {"loss", r.loss}};
+    if (c.json) {
+      std::printf("%s\n", row.dump().c_str());
+    } else {
+      std::printf("%-10s %-7s %2lld dev  %-5s batch %-4lld/dev %10.1f img/s %8.2f ms/step  peak %8.1f MiB%s\n",
+                  c.model.c_str(), c.strategy.c_str(), (long long)n, c.precision.c_str(), (long long)c.batch_size,
+                  r.img_per_s, r.step_ms, static_cast<double>(r.peak) / (1 << 20),
+                  base > 0 && n > 1 ? ("  efficiency " + std::to_string(eff).substr(0, 4)).c_str() : "");
+    }
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace chorus::app

@@ -1,0 +1,25 @@
+// `chorus bench`: training throughput on synthetic data (DESIGN.md's JSON rows).
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+
+namespace chorus::app {
+
+struct BenchConfig {
+  std::string model = "wrn-16-4";
+  std::string devices;  // default: cuda:0 if present, else cpu
+  std::string strategy = "single";
+  std::string precision = "fp32";
+  bool channels_last = false;
+  int64_t batch_size = 128;  // per device
+  int64_t steps = 30;
+  int64_t warmup = 8;
+  std::string counts;  // device counts to run, e.g. "1,2,4" (default: 1, 2, 4, ... up to the list)
+  bool json = false;
+};
+
+void add_bench_options(CLI::App* cmd, BenchConfig& c);
+int run_bench(const BenchConfig& c);
+
+}  // namespace chorus::app

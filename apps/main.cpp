@@ -1,0 +1,92 @@
+// The `chorus` command-line program: version, devices, train, bench.
+// Every error becomes one line on stderr and a non-zero exit code.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <iostream>
+
+#include "bench.h"
+#include "chorus/core/error.h"
+#include "commands.h"
+#include "train.h"
+
+using namespace chorus;
+
+int main(int argc, char** argv) {
+  CLI::App app{"Chorus: train one neural network on many devices", "chorus"};
+  app.require_subcommand(0, 1);
+  bool show_version = false;
+  app.add_flag("--version", show_version, "Print the version and build features");
+
+  app::TrainConfig tc;
+  CLI::App* train = app.add_subcommand("train", "Train and evaluate a model");
+  train->add_option("--model", tc.model, "mlp|cnn|resnet20|wrn-16-4|wrn-28-10")->capture_default_str();
+  train->add_option("--data", tc.data, "fashion-mnist|mnist|cifar10|synthetic")->capture_default_str();
+  train->add_option("--data-dir", tc.data_dir, "Folder with the data set's files");
+  train->add_option("--devices", tc.devices, "cpu | cpu:0,cpu:1 | cuda:0,cuda:1 | all (default: cuda:0 if present, else cpu)");
+  train->add_option("--strategy", tc.strategy, "single|dp|ddp|pipeline")->capture_default_str();
+  train->add_option("--epochs", tc.epochs, "Epochs")->capture_default_str();
+  train->add_option("--steps", tc.steps, "Stop after this many steps (0: no limit)")->capture_default_str();
+  train->add_option("--batch-size", tc.batch_size, "Batch size per device")->capture_default_str();
+  train->add_option("--lr", tc.lr, "Peak learning rate (default: 0.05 for SGD, 1e-3 for AdamW)");
+  train->add_option("--optimizer", tc.optimizer, "sgd|adamw")->capture_default_str();
+  train->add_option("--momentum", tc.momentum, "SGD momentum (Nesterov)")->capture_default_str();
+  train->add_option("--weight-decay", tc.weight_decay, "Weight decay")->capture_default_str();
+  train->add_option("--label-smoothing", tc.label_smoothing, "Cross-entropy label smoothing")->capture_default_str();
+  train->add_option("--precision", tc.precision, "fp32|bf16")->capture_default_str();
+  train->add_option("--seed", tc.seed, "Random seed")->capture_default_str();
+  train->add_option("--workers", tc.workers, "Data loader worker threads")->capture_default_str();
+  train->add_option("--synthetic-size", tc.synthetic_size, "Examples in --data synthetic")->capture_default_str();
+  train->add_option("--checkpoint-dir", tc.checkpoint_dir, "Write checkpoints here");
+  train->add_option("--checkpoint-every", tc.checkpoint_every, "Also checkpoint every N steps (0: at epoch ends only)")
+      ->capture_default_str();
+  train->add_flag("--resume", tc.resume, "Continue from the newest checkpoint in --checkpoint-dir");
+  train->add_option("--metrics", tc.metrics, "Write metrics as JSON lines (or CSV for a .csv file)");
+  train->add_option("--log-every", tc.log_every, "Read the loss every N steps")->capture_default_str();
+  train->add_flag("--json", tc.json, "Print the final summary as one JSON object on stdout");
+  train->add_flag("--quiet", tc.quiet, "No progress output");
+
+  app::BenchConfig bc;
+  CLI::App* bench = app.add_subcommand("bench", "Training throughput on synthetic data");
+  app::add_bench_options(bench, bc);
+
+  CLI::App* devices = app.add_subcommand("devices", "List the devices and how GPUs are linked");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "chorus: error: %s (see chorus --help)\n", e.what());
+    return 2;
+  }
+  try {
+    if (show_version) {
+      std::printf("%s", app::version_text().c_str());
+      return 0;
+    }
+    if (*devices) return app::run_devices();
+    if (*bench) return app::run_bench(bc);
+    if (*train) {
+      auto summary = app::run_train(tc);
+      if (tc.json) {
+        std::printf("%s\n", summary.dump().c_str());
+      } else {
+        std::printf("%s on %s: test accuracy %.4f, test loss %.4f, %lld steps in %.1f s (%.0f img/s)\n",
+                    tc.model.c_str(), summary["devices"][0].get<std::string>().c_str(),
+                    summary["test_accuracy"].get<double>(), summary["test_loss"].get<double>(),
+                    (long long)summary["steps"].get<int64_t>(), summary["seconds"].get<double>(),
+                    summary["img_per_s"].get<double>());
+      }
+      return 0;
+    }
+    std::printf("%s", app.help().c_str());
+    return 0;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "chorus: error: %s\n", e.message().c_str());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "chorus: error: %s\n", e.what());
+    return 1;
+  }
+}

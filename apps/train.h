@@ -1,0 +1,47 @@
+// `chorus train`: the training driver behind the command line.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "chorus/core/device.h"
+
+namespace chorus::app {
+
+struct TrainConfig {
+  std::string model = "cnn";
+  std::string data = "fashion-mnist";
+  std::string data_dir;  // default per dataset
+  std::string devices = "";  // empty: the first GPU, or cpu
+  std::string strategy = "single";
+  int64_t epochs = 1;
+  int64_t steps = 0;  // 0: no limit besides epochs
+  int64_t batch_size = 64;  // per device
+  double lr = -1;           // <0: the model's default
+  double momentum = 0.9;
+  double weight_decay = 5e-4;
+  std::string optimizer = "sgd";
+  double label_smoothing = 0.0;
+  std::string precision = "fp32";
+  uint64_t seed = 0;
+  int workers = 2;
+  int64_t synthetic_size = 10000;
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;  // steps; 0: at the end of each epoch only
+  bool resume = false;
+  std::string metrics;
+  bool json = false;
+  int64_t log_every = 20;
+  bool quiet = false;
+
+  // Throws ValueError naming the first bad option.
+  void validate() const;
+  nlohmann::json to_json() const;
+};
+
+// Runs the whole job; returns the closing summary (also printed).
+nlohmann::ordered_json run_train(const TrainConfig& cfg);
+
+}  // namespace chorus::app

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Configures and builds Chorus in ./build (CUDA, cuDNN and NCCL are used when
+# the toolkit is found, e.g. under /usr/local/cuda; otherwise a CPU-only build).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR=${BUILD_DIR:-build}
+GEN=()
+if command -v ninja >/dev/null 2>&1; then GEN=(-G Ninja); fi
+if [ -x /usr/local/cuda/bin/nvcc ]; then export PATH=/usr/local/cuda/bin:$PATH; fi
+cmake -S . -B "$BUILD_DIR" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release ${CHORUS_CMAKE_ARGS:-}
+cmake --build "$BUILD_DIR" -j "$(nproc)"

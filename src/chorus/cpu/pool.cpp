@@ -1,0 +1,232 @@
+// See pool.h. Window arithmetic is PyTorch's (aten/src/ATen/native/cpu
+// pooling kernels), so the divisor and argmax tie-breaking match it.
+#include "chorus/cpu/pool.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include "chorus/cpu/parallel.h"
+
+namespace chorus::cpu {
+namespace {
+
+// A share of work for the CPU pool is at least this many floats of input.
+constexpr int64_t kMinFloatsPerShare = int64_t{1} << 15;
+
+int64_t plane_grain(int64_t plane) {
+  return std::max<int64_t>(1, kMinFloatsPerShare / std::max<int64_t>(1, plane));
+}
+
+std::string v(int64_t a) { return std::to_string(a); }
+
+[[noreturn]] void fail(const char* kernel, const std::string& why) {
+  throw std::invalid_argument(std::string(kernel) + ": " + why);
+}
+
+void check_input(const char* kernel, int64_t n, int64_t c, int64_t h, int64_t w) {
+  if (n < 0 || c < 1 || h < 1 || w < 1)
+    fail(kernel, "input must have n >= 0 and c, h, w >= 1 (got n=" + v(n) + ", c=" + v(c) +
+                     ", h=" + v(h) + ", w=" + v(w) + ")");
+}
+
+struct Out {
+  int64_t h, w;
+};
+
+// Checks one kernel's parameters the way PyTorch does and returns the output size.
+Out check_window(const char* kernel, int64_t n, int64_t c, int64_t h, int64_t w, int64_t kh,
+                 int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw) {
+  check_input(kernel, n, c, h, w);
+  const std::string params = " (kernel=" + v(kh) + "x" + v(kw) + ", stride=" + v(sh) + "x" + v(sw) +
+                             ", pad=" + v(ph) + "x" + v(pw) + ", input=" + v(h) + "x" + v(w) + ")";
+  if (kh < 1 || kw < 1 || sh < 1 || sw < 1 || ph < 0 || pw < 0)
+    fail(kernel, "kernel and stride must be >= 1 and padding >= 0" + params);
+  if (ph > kh / 2 || pw > kw / 2) fail(kernel, "padding must be at most half the kernel" + params);
+  if (h + 2 * ph < kh || w + 2 * pw < kw)
+    fail(kernel, "kernel is larger than the padded input" + params);
+  return {pool_out_size(h, kh, sh, ph), pool_out_size(w, kw, sw, pw)};
+}
+
+// PyTorch's adaptive window: [floor(i*in/out), ceil((i+1)*in/out)).
+int64_t adaptive_begin(int64_t i, int64_t in, int64_t out) { return (i * in) / out; }
+int64_t adaptive_end(int64_t i, int64_t in, int64_t out) { return ((i + 1) * in + out - 1) / out; }
+
+void check_adaptive(const char* kernel, int64_t n, int64_t c, int64_t h, int64_t w, int64_t out_h,
+                    int64_t out_w) {
+  check_input(kernel, n, c, h, w);
+  if (out_h < 1 || out_w < 1)
+    fail(kernel, "output size must be >= 1 (got " + v(out_h) + "x" + v(out_w) + ")");
+}
+
+}  // namespace
+
+int64_t pool_out_size(int64_t in, int64_t kernel, int64_t stride, int64_t pad) {
+  if (in < 1 || kernel < 1 || stride < 1 || pad < 0 || in + 2 * pad < kernel) {
+    fail("pool_out_size", "no window fits (in=" + v(in) + ", kernel=" + v(kernel) +
+                              ", stride=" + v(stride) + ", pad=" + v(pad) + ")");
+  }
+  return (in + 2 * pad - kernel) / stride + 1;
+}
+
+void max_pool2d_forward(const float* x, int64_t n, int64_t c, int64_t h, int64_t w,
+                        int64_t kernel_h, int64_t kernel_w, int64_t stride_h, int64_t stride_w,
+                        int64_t pad_h, int64_t pad_w, float* y, int64_t* indices) {
+  const Out o = check_window("max_pool2d_forward", n, c, h, w, kernel_h, kernel_w, stride_h,
+                             stride_w, pad_h, pad_w);
+  parallel_for(n * c, plane_grain(h * w), [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const float* in = x + p * h * w;
+      float* out = y + p * o.h * o.w;
+      int64_t* idx = indices + p * o.h * o.w;
+      for (int64_t oy = 0; oy < o.h; ++oy) {
+        const int64_t y0 = std::max<int64_t>(oy * stride_h - pad_h, 0);
+        const int64_t y1 = std::min(oy * stride_h - pad_h + kernel_h, h);
+        for (int64_t ox = 0; ox < o.w; ++ox) {
+          const int64_t x0 = std::max<int64_t>(ox * stride_w - pad_w, 0);
+          const int64_t x1 = std::min(ox * stride_w - pad_w + kernel_w, w);
+          float best = -std::numeric_limits<float>::infinity();
+          int64_t best_at = y0 * w + x0;
+          for (int64_t iy = y0; iy < y1; ++iy) {
+            for (int64_t ix = x0; ix < x1; ++ix) {
+              const float val = in[iy * w + ix];
+              // NaN wins, as in PyTorch: a NaN input must not vanish.
+              if (val > best || std::isnan(val)) {
+                best = val;
+                best_at = iy * w + ix;
+              }
+            }
+          }
+          out[oy * o.w + ox] = best;
+          idx[oy * o.w + ox] = best_at;
+        }
+      }
+    }
+  });
+}
+
+void max_pool2d_backward(const float* dy, const int64_t* indices, int64_t n, int64_t c, int64_t h,
+                         int64_t w, int64_t out_h, int64_t out_w, float* dx) {
+  check_input("max_pool2d_backward", n, c, h, w);
+  if (out_h < 1 || out_w < 1)
+    fail("max_pool2d_backward", "output size must be >= 1 (got " + v(out_h) + "x" + v(out_w) + ")");
+  const int64_t plane = h * w, out_plane = out_h * out_w;
+  parallel_for(n * c, plane_grain(plane), [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      float* g = dx + p * plane;
+      std::fill(g, g + plane, 0.0f);
+      const float* d = dy + p * out_plane;
+      const int64_t* idx = indices + p * out_plane;
+      for (int64_t o = 0; o < out_plane; ++o) {
+        if (idx[o] < 0 || idx[o] >= plane) {
+          fail("max_pool2d_backward",
+               "index " + v(idx[o]) + " outside the " + v(h) + "x" + v(w) + " input plane");
+        }
+        g[idx[o]] += d[o];
+      }
+    }
+  });
+}
+
+void avg_pool2d_forward(const float* x, int64_t n, int64_t c, int64_t h, int64_t w,
+                        int64_t kernel_h, int64_t kernel_w, int64_t stride_h, int64_t stride_w,
+                        int64_t pad_h, int64_t pad_w, float* y) {
+  const Out o = check_window("avg_pool2d_forward", n, c, h, w, kernel_h, kernel_w, stride_h,
+                             stride_w, pad_h, pad_w);
+  parallel_for(n * c, plane_grain(h * w), [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const float* in = x + p * h * w;
+      float* out = y + p * o.h * o.w;
+      for (int64_t oy = 0; oy < o.h; ++oy) {
+        const int64_t ys = oy * stride_h - pad_h;
+        const int64_t ye = std::min(ys + kernel_h, h + pad_h);
+        const int64_t y0 = std::max<int64_t>(ys, 0), y1 = std::min(ye, h);
+        for (int64_t ox = 0; ox < o.w; ++ox) {
+          const int64_t xs = ox * stride_w - pad_w;
+          const int64_t xe = std::min(xs + kernel_w, w + pad_w);
+          const int64_t x0 = std::max<int64_t>(xs, 0), x1 = std::min(xe, w);
+          // count_include_pad: the divisor is the window clipped to the
+          // padded input, before clipping to the real one.
+          const int64_t divisor = (ye - ys) * (xe - xs);
+          float sum = 0.0f;
+          for (int64_t iy = y0; iy < y1; ++iy)
+            for (int64_t ix = x0; ix < x1; ++ix) sum += in[iy * w + ix];
+          out[oy * o.w + ox] = sum / static_cast<float>(divisor);
+        }
+      }
+    }
+  });
+}
+
+void avg_pool2d_backward(const float* dy, int64_t n, int64_t c, int64_t h, int64_t w,
+                         int64_t kernel_h, int64_t kernel_w, int64_t stride_h, int64_t stride_w,
+                         int64_t pad_h, int64_t pad_w, float* dx) {
+  const Out o = check_window("avg_pool2d_backward", n, c, h, w, kernel_h, kernel_w, stride_h,
+                             stride_w, pad_h, pad_w);
+  parallel_for(n * c, plane_grain(h * w), [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      float* g = dx + p * h * w;
+      std::fill(g, g + h * w, 0.0f);
+      const float* d = dy + p * o.h * o.w;
+      for (int64_t oy = 0; oy < o.h; ++oy) {
+        const int64_t ys = oy * stride_h - pad_h;
+        const int64_t ye = std::min(ys + kernel_h, h + pad_h);
+        const int64_t y0 = std::max<int64_t>(ys, 0), y1 = std::min(ye, h);
+        for (int64_t ox = 0; ox < o.w; ++ox) {
+          const int64_t xs = ox * stride_w - pad_w;
+          const int64_t xe = std::min(xs + kernel_w, w + pad_w);
+          const int64_t x0 = std::max<int64_t>(xs, 0), x1 = std::min(xe, w);
+          const float share = d[oy * o.w + ox] / static_cast<float>((ye - ys) * (xe - xs));
+          for (int64_t iy = y0; iy < y1; ++iy)
+            for (int64_t ix = x0; ix < x1; ++ix) g[iy * w + ix] += share;
+        }
+      }
+    }
+  });
+}
+
+void adaptive_avg_pool2d_forward(const float* x, int64_t n, int64_t c, int64_t h, int64_t w,
+                                 int64_t out_h, int64_t out_w, float* y) {
+  check_adaptive("adaptive_avg_pool2d_forward", n, c, h, w, out_h, out_w);
+  parallel_for(n * c, plane_grain(h * w), [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const float* in = x + p * h * w;
+      float* out = y + p * out_h * out_w;
+      for (int64_t oy = 0; oy < out_h; ++oy) {
+        const int64_t y0 = adaptive_begin(oy, h, out_h), y1 = adaptive_end(oy, h, out_h);
+        for (int64_t ox = 0; ox < out_w; ++ox) {
+          const int64_t x0 = adaptive_begin(ox, w, out_w), x1 = adaptive_end(ox, w, out_w);
+          float sum = 0.0f;
+          for (int64_t iy = y0; iy < y1; ++iy)
+            for (int64_t ix = x0; ix < x1; ++ix) sum += in[iy * w + ix];
+          out[oy * out_w + ox] = sum / static_cast<float>((y1 - y0) * (x1 - x0));
+        }
+      }
+    }
+  });
+}
+
+void adaptive_avg_pool2d_backward(const float* dy, int64_t n, int64_t c, int64_t h, int64_t w,
+                                  int64_t out_h, int64_t out_w, float* dx) {
+  check_adaptive("adaptive_avg_pool2d_backward", n, c, h, w, out_h, out_w);
+  parallel_for(n * c, plane_grain(h * w), [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      float* g = dx + p * h * w;
+      std::fill(g, g + h * w, 0.0f);
+      const float* d = dy + p * out_h * out_w;
+      for (int64_t oy = 0; oy < out_h; ++oy) {
+        const int64_t y0 = adaptive_begin(oy, h, out_h), y1 = adaptive_end(oy, h, out_h);
+        for (int64_t ox = 0; ox < out_w; ++ox) {
+          const int64_t x0 = adaptive_begin(ox, w, out_w), x1 = adaptive_end(ox, w, out_w);
+          const float share = d[oy * out_w + ox] / static_cast<float>((y1 - y0) * (x1 - x0));
+          for (int64_t iy = y0; iy < y1; ++iy)
+            for (int64_t ix = x0; ix < x1; ++ix) g[iy * w + ix] += share;
+        }
+      }
+    }
+  });
+}
+
+}  // namespace chorus::cpu

@@ -1,0 +1,192 @@
+// The kernel-set batch norm on CUDA, through cuDNN's batch-norm calls.
+//
+// x/y may be bfloat16 or float16 with float32 parameters and statistics, the
+// mix cuDNN wants (its parameter descriptor is float for every 16-bit data
+// type). Parameters or running statistics in another dtype are converted to
+// float32 temporaries and back, so a model cast wholesale to bfloat16 works
+// too. Shapes: [N,C] is cuDNN's [N,C,1,1]; [N,C,L...] (contiguous) is
+// [N,C,prod(L...),1]; 4-d tensors may be NCHW or channels-last (NHWC).
+//
+// cuDNN matches the contract: exponentialAverageFactor is PyTorch's momentum
+// (running = (1 - momentum) * running + momentum * batch), the running variance
+// is the unbiased one, and the saved statistics are mean and 1/sqrt(var + eps).
+// The backward pass uses the saved statistics, so it needs no eps of its own.
+#include "chorus/core/error.h"
+#include "chorus/cuda/context.h"
+#include "chorus/cuda/cudnn_handle.h"
+#include "chorus/cuda/kernels.h"
+
+CHORUS_CUDNN_LEGACY_BEGIN
+
+namespace chorus::cuda {
+
+namespace {
+
+// What cuDNN's backward takes as eps; unused because the saved statistics are
+// always passed.
+constexpr double kUnusedBackwardEps = 1e-5;
+
+// A tensor as cuDNN's 4-d [N,C,H,W] in a layout.
+struct BnShape {
+  Layout layout;
+  int64_t n, c, h, w;
+};
+
+BnShape bn_shape(const char* op, const Tensor& t, const char* name, Layout fallback) {
+  CHORUS_CHECK(t.dim() >= 2, op, ": '", name, "' must be [N, C, *], got ", t.describe());
+  if (t.dim() == 4) {
+    return {layout_of(t, fallback, op, name), t.size(0), t.size(1), t.size(2), t.size(3)};
+  }
+  CHORUS_CHECK(t.is_contiguous(), op, ": '", name, "' must be contiguous, got ", t.describe(),
+               " with strides ", shape_str(t.strides()));
+  int64_t rest = 1;
+  for (int64_t d = 2; d < t.dim(); ++d) rest *= t.size(d);
+  return {Layout::NCHW, t.size(0), t.size(1), rest, 1};
+}
+
+TensorDesc desc_of(const BnShape& s, DType dtype, const char* op) {
+  return TensorDesc(cudnn_dtype(dtype, op), s.layout, s.n, s.c, s.h, s.w);
+}
+
+// Spatial-persistent is cuDNN's fast NHWC path for 16-bit data (PyTorch uses it
+// for channels-last training); forward-training and backward must agree, and
+// both derive it from x alone.
+cudnnBatchNormMode_t training_mode(const BnShape& x, DType dtype) {
+  return x.layout == Layout::NHWC && dtype != kFloat32 ? CUDNN_BATCHNORM_SPATIAL_PERSISTENT
+                                                       : CUDNN_BATCHNORM_SPATIAL;
+}
+
+// A float32 contiguous [C] tensor holding `t`'s values: `t` itself when it is
+// one, a converted copy otherwise, or `value` everywhere when `t` is undefined.
+Tensor float_input(const char* op, const Tensor& t, const char* name, int64_t c, double value,
+                   Device device) {
+  if (!t.defined()) {
+    Tensor f = detail::empty_tensor({c}, kFloat32, device);
+    fill(f, value);
+    return f;
+  }
+  CHORUS_CHECK(t.numel() == c, op, ": '", name, "' must have ", c, " elements, got ", t.describe());
+  if (t.dtype() == kFloat32 && t.is_contiguous()) return t;
+  Tensor f = detail::empty_tensor(t.sizes(), kFloat32, device);
+  copy(t, f);
+  return f;
+}
+
+// A float32 contiguous [C] buffer for cuDNN to write `t` into: `t` itself when
+// it is one, else a temporary that write_back() copies into `t`.
+Tensor float_output(const char* op, const Tensor& t, const char* name, int64_t c, Device device) {
+  if (t.defined()) {
+    CHORUS_CHECK(t.numel() == c, op, ": '", name, "' must have ", c, " elements, got ",
+                 t.describe());
+    if (t.dtype() == kFloat32 && t.is_contiguous()) return t;
+  }
+  return detail::empty_tensor(t.defined() ? t.sizes() : Shape{c}, kFloat32, device);
+}
+
+void write_back(const Tensor& buffer, const Tensor& t) {
+  if (t.defined() && !buffer.is_same(t)) copy(buffer, t);
+}
+
+void check_same(const char* op, const Tensor& a, const char* a_name, const Tensor& b,
+                const char* b_name) {
+  CHORUS_CHECK(a.sizes() == b.sizes() && a.dtype() == b.dtype(), op, ": '", a_name, "' and '",
+               b_name, "' must share shape and dtype, got ", a.describe(), " and ", b.describe());
+}
+
+}  // namespace
+
+void batch_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                        const Tensor& running_mean, const Tensor& running_var, bool training,
+                        double momentum, double eps, const Tensor& y, const Tensor& save_mean,
+                        const Tensor& save_invstd) {
+  const char* op = "batch_norm_forward";
+  check_same(op, x, "x", y, "y");
+  const Device device = x.device();
+  CudaDeviceGuard guard(device.index);
+  const BnShape xs = bn_shape(op, x, "x", Layout::NCHW);
+  const BnShape ys = bn_shape(op, y, "y", xs.layout);
+  const int64_t c = xs.c;
+  if (x.numel() == 0) return;
+  const TensorDesc x_desc = desc_of(xs, x.dtype(), op), y_desc = desc_of(ys, y.dtype(), op);
+  const Tensor g = float_input(op, gamma, "gamma", c, 1.0, device);
+  const Tensor b = float_input(op, beta, "beta", c, 0.0, device);
+  cudnnHandle_t handle = cudnn_handle(device.index);
+  const float one = 1.0f, zero = 0.0f;
+
+  if (!training) {
+    CHORUS_CHECK(running_mean.defined() && running_var.defined(), op,
+                 ": evaluation mode needs running_mean and running_var");
+    const Tensor rm = float_input(op, running_mean, "running_mean", c, 0.0, device);
+    const Tensor rv = float_input(op, running_var, "running_var", c, 1.0, device);
+    TensorDesc param_desc;
+    CHORUS_CUDNN_CHECK(
+        cudnnDeriveBNTensorDescriptor(param_desc.get(), x_desc.get(), CUDNN_BATCHNORM_SPATIAL));
+    CHORUS_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
+        handle, CUDNN_BATCHNORM_SPATIAL, &one, &zero, x_desc.get(), x.raw_data(), y_desc.get(),
+        y.raw_data(), param_desc.get(), g.raw_data(), b.raw_data(), rm.raw_data(), rv.raw_data(),
+        eps));
+    return;
+  }
+
+  CHORUS_CHECK(xs.n * xs.h * xs.w > 1, op, ": training needs more than one value per channel, got ",
+               x.describe());
+  const cudnnBatchNormMode_t mode = training_mode(xs, x.dtype());
+  TensorDesc param_desc;
+  CHORUS_CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(param_desc.get(), x_desc.get(), mode));
+  // Undefined running statistics get scratch buffers rather than null pointers,
+  // whose acceptance cuDNN documents only loosely.
+  const Tensor rm = float_input(op, running_mean, "running_mean", c, 0.0, device);
+  const Tensor rv = float_input(op, running_var, "running_var", c, 1.0, device);
+  const Tensor sm = float_output(op, save_mean, "save_mean", c, device);
+  const Tensor si = float_output(op, save_invstd, "save_invstd", c, device);
+  CHORUS_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
+      handle, mode, &one, &zero, x_desc.get(), x.raw_data(), y_desc.get(), y.raw_data(),
+      param_desc.get(), g.raw_data(), b.raw_data(), momentum, rm.raw_data(), rv.raw_data(), eps,
+      sm.raw_data(), si.raw_data()));
+  write_back(rm, running_mean);
+  write_back(rv, running_var);
+  write_back(sm, save_mean);
+  write_back(si, save_invstd);
+}
+
+void batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                         const Tensor& save_mean, const Tensor& save_invstd, const Tensor& dx,
+                         const Tensor& dgamma, const Tensor& dbeta) {
+  const char* op = "batch_norm_backward";
+  check_same(op, x, "x", dy, "dy");
+  check_same(op, x, "x", dx, "dx");
+  CHORUS_CHECK(save_mean.defined() && save_invstd.defined(), op,
+               ": needs the save_mean and save_invstd of the forward pass");
+  const Device device = x.device();
+  CudaDeviceGuard guard(device.index);
+  const BnShape xs = bn_shape(op, x, "x", Layout::NCHW);
+  const BnShape dys = bn_shape(op, dy, "dy", xs.layout);
+  const BnShape dxs = bn_shape(op, dx, "dx", xs.layout);
+  const int64_t c = xs.c;
+  if (x.numel() == 0) {
+    if (dgamma.defined()) fill(dgamma, 0.0);
+    if (dbeta.defined()) fill(dbeta, 0.0);
+    return;
+  }
+  const TensorDesc x_desc = desc_of(xs, x.dtype(), op), dy_desc = desc_of(dys, dy.dtype(), op),
+                   dx_desc = desc_of(dxs, dx.dtype(), op);
+  const cudnnBatchNormMode_t mode = training_mode(xs, x.dtype());
+  TensorDesc param_desc;
+  CHORUS_CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(param_desc.get(), x_desc.get(), mode));
+  const Tensor g = float_input(op, gamma, "gamma", c, 1.0, device);
+  const Tensor sm = float_input(op, save_mean, "save_mean", c, 0.0, device);
+  const Tensor si = float_input(op, save_invstd, "save_invstd", c, 1.0, device);
+  const Tensor dg = float_output(op, dgamma, "dgamma", c, device);
+  const Tensor db = float_output(op, dbeta, "dbeta", c, device);
+  const float one = 1.0f, zero = 0.0f;
+  CHORUS_CUDNN_CHECK(cudnnBatchNormalizationBackward(
+      cudnn_handle(device.index), mode, &one, &zero, &one, &zero, x_desc.get(), x.raw_data(),
+      dy_desc.get(), dy.raw_data(), dx_desc.get(), dx.raw_data(), param_desc.get(), g.raw_data(),
+      dg.raw_data(), db.raw_data(), kUnusedBackwardEps, sm.raw_data(), si.raw_data()));
+  write_back(dg, dgamma);
+  write_back(db, dbeta);
+}
+
+}  // namespace chorus::cuda
+
+CHORUS_CUDNN_LEGACY_END

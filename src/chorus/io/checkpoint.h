@@ -1,0 +1,66 @@
+// Training checkpoints: model weights, optimizer state and the loop's position,
+// written so that a crash at any moment leaves a loadable checkpoint behind.
+//
+// Layout under the checkpoint directory:
+//   ckpt-00001200/model.safetensors      Module::state_dict(): readable by any
+//                                        safetensors tool (PyTorch names)
+//   ckpt-00001200/optimizer.safetensors  Optimizer::state()
+//   ckpt-00001200/state.json             epoch, step, rng, config, format version
+//   latest                               "ckpt-00001200\n"
+//
+// Design note [Checkpoint atomicity]: a checkpoint is written into a hidden
+// ".tmp-ckpt-..." directory, every file fsync'ed, and the directory renamed
+// into place; only then is `latest` replaced (temp file + rename) and are
+// older checkpoints pruned. A reader therefore sees either the previous state
+// or the new one. find_latest_checkpoint() trusts `latest` only when it names
+// a complete checkpoint, and otherwise falls back to the highest-step complete
+// one, so a crash between any two of these steps costs at most the checkpoint
+// being written. One process (rank 0) writes to a directory at a time.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "chorus/core/rng.h"
+#include "chorus/nn/module.h"
+#include "chorus/optim/optimizer.h"
+
+namespace chorus::io {
+
+// The training loop's position. `rng` is the generator state to restore on
+// resume (default_generator().state() at save time); load_checkpoint returns
+// it and leaves restoring it to the caller.
+struct TrainingState {
+  int64_t epoch = 0;
+  int64_t step = 0;            // global optimizer steps done
+  int64_t batch_in_epoch = 0;  // batches of `epoch` already consumed
+  RngState rng;
+  nlohmann::json config = nlohmann::json::object();  // the run's settings
+  nlohmann::json extra = nlohmann::json::object();   // anything else the caller wants back
+};
+
+inline constexpr int kCheckpointFormatVersion = 1;
+
+// Writes <dir>/ckpt-<step, 8 digits>/ atomically (see the note), points
+// `latest` at it, then deletes all but the newest `keep_last` complete
+// checkpoints (0 keeps all) and debris of crashed saves. Returns the new
+// checkpoint's path. Saving a step that already exists replaces it.
+std::string save_checkpoint(const std::string& dir, const nn::Module& module, const optim::Optimizer& optimizer,
+                            const TrainingState& state, int keep_last = 3);
+
+// The checkpoint to resume from, or nullopt when `dir` holds none.
+std::optional<std::string> find_latest_checkpoint(const std::string& dir);
+
+// Loads a checkpoint directory into `module` and `optimizer`. Corrupted or
+// truncated files throw IOError naming the file; a checkpoint that does not
+// fit the model or optimizer throws ValueError naming the file and the keys.
+TrainingState load_checkpoint(const std::string& ckpt_dir, nn::Module& module, optim::Optimizer& optimizer);
+
+// "ckpt-00001200" for step 1200.
+std::string checkpoint_name(int64_t step);
+// True when `ckpt_dir` holds all three files.
+bool is_complete_checkpoint(const std::string& ckpt_dir);
+
+}  // namespace chorus::io

@@ -1,0 +1,101 @@
+// The model zoo: MLP, a small CNN for Fashion-MNIST, ResNet-20 and Wide ResNet
+// (pre-activation blocks, as ../shared/bench/torch_baseline.py, with the same
+// parameter names so weights move between Chorus and PyTorch).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "chorus/nn/layers.h"
+
+namespace chorus::models {
+
+struct ModelSpec {
+  Shape input;          // [C, H, W]
+  int64_t classes = 10;
+};
+
+// MLP: flatten, hidden layers with ReLU, linear classifier.
+struct MLPOptions {
+  ModelSpec spec;
+  std::vector<int64_t> hidden{256, 128};
+};
+class MLP : public nn::Module {
+ public:
+  explicit MLP(MLPOptions o);
+  Tensor forward(const Tensor& x) override;
+  MLPOptions options_for_clone() const { return opts_; }
+  CHORUS_MODULE_CLONEABLE(MLP)
+ private:
+  MLPOptions opts_;
+};
+
+// Small CNN: two conv-BN-ReLU-maxpool stages (32, 64 channels), then
+// linear(128) - ReLU - linear(classes). About 420k parameters for 28x28 input.
+class SmallCNN : public nn::Module {
+ public:
+  explicit SmallCNN(ModelSpec spec);
+  Tensor forward(const Tensor& x) override;
+  ModelSpec options_for_clone() const { return spec_; }
+  CHORUS_MODULE_CLONEABLE(SmallCNN)
+ private:
+  ModelSpec spec_;
+};
+
+// Pre-activation block: bn1-relu-conv1-bn2-relu-conv2, plus identity or a 1x1
+// conv shortcut taken from the activated input (as torch_baseline.py).
+struct PreActBlockOptions {
+  int64_t in, out, stride;
+};
+class PreActBlock : public nn::Module {
+ public:
+  explicit PreActBlock(PreActBlockOptions o);
+  Tensor forward(const Tensor& x) override;
+  PreActBlockOptions options_for_clone() const { return opts_; }
+  CHORUS_MODULE_CLONEABLE(PreActBlock)
+ private:
+  PreActBlockOptions opts_;
+};
+
+// Wide ResNet (Zagoruyko & Komodakis): depth = 6n + 4, widths 16, 16k, 32k, 64k.
+struct WideResNetOptions {
+  int64_t depth = 28, width = 10;
+  ModelSpec spec{{3, 32, 32}, 10};
+};
+class WideResNet : public nn::Module {
+ public:
+  explicit WideResNet(WideResNetOptions o);
+  Tensor forward(const Tensor& x) override;
+  WideResNetOptions options_for_clone() const { return opts_; }
+  CHORUS_MODULE_CLONEABLE(WideResNet)
+ private:
+  WideResNetOptions opts_;
+};
+
+// ResNet-20 for CIFAR (He et al. 2016): 3 stages x 3 basic blocks (16, 32, 64),
+// conv-BN-ReLU, 1x1 conv + BN shortcuts where the shape changes.
+class BasicBlock : public nn::Module {
+ public:
+  explicit BasicBlock(PreActBlockOptions o);
+  Tensor forward(const Tensor& x) override;
+  PreActBlockOptions options_for_clone() const { return opts_; }
+  CHORUS_MODULE_CLONEABLE(BasicBlock)
+ private:
+  PreActBlockOptions opts_;
+};
+class ResNet20 : public nn::Module {
+ public:
+  explicit ResNet20(ModelSpec spec);
+  Tensor forward(const Tensor& x) override;
+  ModelSpec options_for_clone() const { return spec_; }
+  CHORUS_MODULE_CLONEABLE(ResNet20)
+ private:
+  ModelSpec spec_;
+};
+
+// Builds a model by its command-line name: mlp, cnn, resnet20, wrn-16-4,
+// wrn-28-10 (any wrn-D-K). Throws ValueError naming the known models.
+nn::ModulePtr make_model(const std::string& name, const ModelSpec& spec);
+std::vector<std::string> model_names();
+
+}  // namespace chorus::models

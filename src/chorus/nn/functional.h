@@ -1,0 +1,26 @@
+// Differentiable neural-network functions (PyTorch's torch.nn.functional).
+#pragma once
+
+#include "chorus/core/tensor.h"
+#include "chorus/ops/nn.h"
+
+namespace chorus::nn::functional {
+
+using ops::Conv2dParams;
+using ops::Pool2dParams;
+
+// y = x @ weight^T + bias; x [..., in], weight [out, in], bias [out] or undefined.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dParams& p);
+Tensor max_pool2d(const Tensor& x, const Pool2dParams& p);
+Tensor avg_pool2d(const Tensor& x, const Pool2dParams& p);
+Tensor adaptive_avg_pool2d(const Tensor& x, int64_t out_h, int64_t out_w);
+// Training mode uses batch statistics and updates the running ones in place.
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                  const Tensor& bias, bool training, double momentum, double eps);
+Tensor dropout(const Tensor& x, double p, bool training);
+// Mean cross entropy of logits [B, C] against int64 targets [B].
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_smoothing = 0.0);
+Tensor mse_loss(const Tensor& input, const Tensor& target);
+
+}  // namespace chorus::nn::functional

@@ -1,0 +1,146 @@
+// The standard layers. Each keeps its options (for clone()) and reads its
+// parameters through the Module's registry, so replicas and shared parameters
+// work without per-layer code (Note [State dict names] in module.h).
+#pragma once
+
+#include <initializer_list>
+
+#include "chorus/nn/functional.h"
+#include "chorus/nn/module.h"
+
+namespace chorus::nn {
+
+struct LinearOptions {
+  int64_t in, out;
+  bool bias = true;
+};
+class Linear : public Module {
+ public:
+  explicit Linear(LinearOptions o);
+  Linear(int64_t in, int64_t out, bool bias = true) : Linear(LinearOptions{in, out, bias}) {}
+  Tensor forward(const Tensor& x) override;
+  Tensor& weight() { return own_parameters()[0].second; }
+  Tensor bias() { return opts_.bias ? own_parameters()[1].second : Tensor(); }
+  std::string extra_repr() const override;
+  LinearOptions options_for_clone() const { return opts_; }
+  CHORUS_MODULE_CLONEABLE(Linear)
+ private:
+  LinearOptions opts_;
+};
+
+struct Conv2dOptions {
+  int64_t in, out, kernel;
+  int64_t stride = 1, padding = 0, dilation = 1, groups = 1;
+  bool bias = true;
+};
+class Conv2d : public Module {
+ public:
+  explicit Conv2d(Conv2dOptions o);
+  Tensor forward(const Tensor& x) override;
+  Tensor& weight() { return own_parameters()[0].second; }
+  Tensor bias() { return opts_.bias ? own_parameters()[1].second : Tensor(); }
+  std::string extra_repr() const override;
+  Conv2dOptions options_for_clone() const { return opts_; }
+  CHORUS_MODULE_CLONEABLE(Conv2d)
+ private:
+  Conv2dOptions opts_;
+};
+
+struct BatchNorm2dOptions {
+  int64_t features;
+  double eps = 1e-5, momentum = 0.1;
+  bool affine = true;
+};
+// Running statistics are buffers: under DataParallel each replica updates its
+// own during forward and the replica on the first device is the one copied
+// back (Torch7 DataParallelTable's behaviour); see parallel/data_parallel.h.
+class BatchNorm2d : public Module {
+ public:
+  explicit BatchNorm2d(BatchNorm2dOptions o);
+  explicit BatchNorm2d(int64_t features) : BatchNorm2d(BatchNorm2dOptions{features}) {}
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+  BatchNorm2dOptions options_for_clone() const { return opts_; }
+  CHORUS_MODULE_CLONEABLE(BatchNorm2d)
+ private:
+  BatchNorm2dOptions opts_;
+};
+
+struct NoOptions {};
+#define CHORUS_SIMPLE_LAYER(Name)                                 \
+  class Name : public Module {                                    \
+   public:                                                        \
+    Name() : Module(#Name) {}                                     \
+    explicit Name(NoOptions) : Name() {}                          \
+    Tensor forward(const Tensor& x) override;                     \
+    NoOptions options_for_clone() const { return {}; }            \
+    CHORUS_MODULE_CLONEABLE(Name)                                 \
+  };
+CHORUS_SIMPLE_LAYER(ReLU)
+CHORUS_SIMPLE_LAYER(Flatten)
+CHORUS_SIMPLE_LAYER(Identity)
+#undef CHORUS_SIMPLE_LAYER
+
+class Dropout : public Module {
+ public:
+  explicit Dropout(double p = 0.5);
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+  double options_for_clone() const { return p_; }
+  CHORUS_MODULE_CLONEABLE(Dropout)
+ private:
+  double p_;
+};
+
+struct Pool2dOptions {
+  int64_t kernel, stride = 0 /* 0: = kernel */, padding = 0;
+};
+class MaxPool2d : public Module {
+ public:
+  explicit MaxPool2d(Pool2dOptions o);
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+  Pool2dOptions options_for_clone() const { return opts_; }
+  CHORUS_MODULE_CLONEABLE(MaxPool2d)
+ private:
+  Pool2dOptions opts_;
+};
+class AvgPool2d : public Module {
+ public:
+  explicit AvgPool2d(Pool2dOptions o);
+  Tensor forward(const Tensor& x) override;
+  std::string extra_repr() const override;
+  Pool2dOptions options_for_clone() const { return opts_; }
+  CHORUS_MODULE_CLONEABLE(AvgPool2d)
+ private:
+  Pool2dOptions opts_;
+};
+
+struct AdaptiveOptions {
+  int64_t out_h = 1, out_w = 1;
+};
+class AdaptiveAvgPool2d : public Module {
+ public:
+  explicit AdaptiveAvgPool2d(AdaptiveOptions o = {});
+  Tensor forward(const Tensor& x) override;
+  AdaptiveOptions options_for_clone() const { return opts_; }
+  CHORUS_MODULE_CLONEABLE(AdaptiveAvgPool2d)
+ private:
+  AdaptiveOptions opts_;
+};
+
+// Children run in order; named "0", "1", ... as PyTorch's nn.Sequential.
+class Sequential : public Module {
+ public:
+  Sequential() : Module("Sequential") {}
+  explicit Sequential(NoOptions) : Sequential() {}
+  Sequential(std::initializer_list<ModulePtr> mods);
+  void push_back(ModulePtr m);
+  Tensor forward(const Tensor& x) override;
+  size_t size() const { return named_children().size(); }
+  ModulePtr operator[](size_t i) const { return named_children()[i].second; }
+  NoOptions options_for_clone() const { return {}; }
+  CHORUS_MODULE_CLONEABLE(Sequential)
+};
+
+}  // namespace chorus::nn

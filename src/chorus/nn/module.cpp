@@ -1,0 +1,239 @@
+#include "chorus/nn/module.h"
+
+#include <sstream>
+#include <unordered_map>
+
+#include "chorus/autograd/grad_mode.h"
+#include "chorus/core/error.h"
+#include "chorus/core/rng.h"
+#include "chorus/ops/copy.h"
+
+namespace chorus::nn {
+
+Tensor Module::forward(const Tensor&) {
+  CHORUS_THROW(ValueError, type_name_, " has no single-tensor forward()");
+}
+
+Tensor& Module::register_parameter(const std::string& name, Tensor t, bool requires_grad) {
+  for (auto& p : params_)
+    CHORUS_CHECK(p.first != name, type_name_, ": parameter '", name, "' registered twice");
+  if (requires_grad) t.set_requires_grad(true);
+  params_.emplace_back(name, std::move(t));
+  return params_.back().second;
+}
+
+Tensor& Module::register_buffer(const std::string& name, Tensor t) {
+  buffers_.emplace_back(name, std::move(t));
+  return buffers_.back().second;
+}
+
+void Module::register_child(const std::string& name, std::shared_ptr<Module> m) {
+  CHORUS_CHECK(m != nullptr, type_name_, ": child '", name, "' is null");
+  for (auto& c : children_)
+    CHORUS_CHECK(c.first != name, type_name_, ": child '", name, "' registered twice");
+  children_.emplace_back(name, std::move(m));
+}
+
+void Module::collect(const std::string& prefix, bool params, NamedTensors* out,
+                     std::vector<const TensorImpl*>* seen, bool recurse) const {
+  for (const auto& [name, t] : params ? params_ : buffers_) {
+    if (!t.defined()) continue;
+    if (std::find(seen->begin(), seen->end(), t.impl()) != seen->end()) continue;
+    seen->push_back(t.impl());
+    out->emplace_back(prefix + name, t);
+  }
+  if (!recurse) return;
+  // An unnamed child (a parallel wrapper's module) adds no prefix: Note [State dict names].
+  for (const auto& [name, child] : children_)
+    child->collect(name.empty() ? prefix : prefix + name + ".", params, out, seen, true);
+}
+
+NamedTensors Module::named_parameters(bool recurse) const {
+  NamedTensors out;
+  std::vector<const TensorImpl*> seen;
+  collect("", true, &out, &seen, recurse);
+  return out;
+}
+
+NamedTensors Module::named_buffers(bool recurse) const {
+  NamedTensors out;
+  std::vector<const TensorImpl*> seen;
+  collect("", false, &out, &seen, recurse);
+  return out;
+}
+
+std::vector<Tensor> Module::parameters(bool recurse) const {
+  std::vector<Tensor> out;
+  for (auto& [n, t] : named_parameters(recurse)) out.push_back(t);
+  return out;
+}
+
+std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::named_children() const { return children_; }
+
+std::vector<std::shared_ptr<Module>> Module::modules() {
+  std::vector<std::shared_ptr<Module>> out{shared_from_this()};
+  for (auto& [n, c] : children_) {
+    auto sub = c->modules();
+    out.insert(out.end(), sub.begin(), sub.end());
+  }
+  return out;
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& [n, c] : children_) c->train(on);
+}
+
+namespace {
+// Replaces t's data in place (same TensorImpl) so that every holder sees it.
+void move_in_place(Tensor& t, const Tensor& moved) {
+  if (moved.is_same(t)) return;
+  TensorImpl* i = t.impl();
+  i->storage = moved.storage();
+  i->sizes = moved.sizes();
+  i->strides = moved.strides();
+  i->offset = moved.storage_offset();
+  i->dtype = moved.dtype();
+}
+}  // namespace
+
+void Module::to(const Device& d) {
+  check_device(d);
+  NoGradGuard ng;
+  for (auto* list : {&params_, &buffers_})
+    for (auto& [n, t] : *list) {
+      if (!t.defined()) continue;
+      move_in_place(t, ops::to_device(t, d));
+      Tensor g = t.grad();
+      if (g.defined()) t.set_grad(ops::to_device(g, d));
+    }
+  for (auto& [n, c] : children_) c->to(d);
+}
+
+void Module::to(DType dt) {
+  NoGradGuard ng;
+  for (auto* list : {&params_, &buffers_})
+    for (auto& [n, t] : *list)
+      if (t.defined() && is_floating(t.dtype())) {
+        move_in_place(t, ops::to_dtype(t, dt));
+        t.zero_grad();
+      }
+  for (auto& [n, c] : children_) c->to(dt);
+}
+
+Device Module::device() const {
+  auto ps = named_parameters();
+  if (!ps.empty()) return ps[0].second.device();
+  auto bs = named_buffers();
+  return bs.empty() ? cpu_device(0) : bs[0].second.device();
+}
+
+std::shared_ptr<Module> Module::clone(const Device& device) const {
+  // Building the empty instance runs layer constructors, which draw initial
+  // weights: keep the user's random stream untouched.
+  RngState saved = default_generator().state();
+  std::shared_ptr<Module> copy = make_empty();
+  default_generator().set_state(saved);
+  copy->training_ = training_;
+  copy->type_name_ = type_name_;
+  // Children that the constructor did not create (e.g. Sequential's) are cloned here.
+  if (copy->children_.size() != children_.size()) {
+    copy->children_.clear();
+    for (auto& [n, c] : children_) copy->children_.emplace_back(n, c->clone(device));
+  }
+  NoGradGuard ng;
+  std::unordered_map<const TensorImpl*, Tensor> done;
+  std::function<void(const Module&, Module&)> fill = [&](const Module& src, Module& dst) {
+    CHORUS_CHECK(src.params_.size() == dst.params_.size() && src.buffers_.size() == dst.buffers_.size(),
+                 "clone: ", src.type_name_, " rebuilt with a different structure");
+    auto copy_list = [&](const auto& from, auto& to_list, bool is_param) {
+      for (size_t i = 0; i < from.size(); ++i) {
+        const Tensor& s = from[i].second;
+        if (!s.defined()) continue;
+        auto it = done.find(s.impl());
+        if (it != done.end()) {  // shared tensor: share it in the copy too
+          to_list[i].second = it->second;
+          continue;
+        }
+        Tensor c = ops::clone(ops::to_device(s, device));
+        if (is_param && s.requires_grad()) c.set_requires_grad(true);
+        to_list[i].second = c;
+        done.emplace(s.impl(), c);
+      }
+    };
+    copy_list(src.params_, dst.params_, true);
+    copy_list(src.buffers_, dst.buffers_, false);
+    for (size_t i = 0; i < src.children_.size(); ++i) fill(*src.children_[i].second, *dst.children_[i].second);
+  };
+  fill(*this, *copy);
+  return copy;
+}
+
+NamedTensors Module::state_dict() const {
+  NamedTensors out = named_parameters();
+  NamedTensors b = named_buffers();
+  out.insert(out.end(), b.begin(), b.end());
+  return out;
+}
+
+void Module::load_state_dict(const NamedTensors& state) {
+  NamedTensors mine = state_dict();
+  std::vector<std::string> missing, unexpected, mismatched;
+  std::unordered_map<std::string, const Tensor*> given;
+  for (auto& [n, t] : state) given[n] = &t;
+  for (auto& [n, t] : mine) {
+    auto it = given.find(n);
+    if (it == given.end()) {
+      missing.push_back(n);
+    } else if (it->second->sizes() != t.sizes()) {
+      mismatched.push_back(n + " (checkpoint " + shape_str(it->second->sizes()) + ", model " + shape_str(t.sizes()) + ")");
+    }
+  }
+  for (auto& [n, t] : state) {
+    bool found = false;
+    for (auto& [m, u] : mine) found = found || m == n;
+    if (!found) unexpected.push_back(n);
+  }
+  if (!missing.empty() || !unexpected.empty() || !mismatched.empty()) {
+    std::ostringstream os;
+    os << "load_state_dict: state does not match " << type_name_ << ":";
+    auto list = [&](const char* what, const std::vector<std::string>& v) {
+      if (v.empty()) return;
+      os << " " << what << " [";
+      for (size_t i = 0; i < v.size() && i < 8; ++i) os << (i ? ", " : "") << v[i];
+      if (v.size() > 8) os << ", ... (" << v.size() << " in all)";
+      os << "]";
+    };
+    list("missing", missing);
+    list("unexpected", unexpected);
+    list("shape mismatch", mismatched);
+    CHORUS_THROW(ValueError, os.str());
+  }
+  NoGradGuard ng;
+  for (auto& [n, t] : mine) ops::copy_(t, *given[n]);
+}
+
+void Module::zero_grad() {
+  for (auto& p : parameters()) p.zero_grad();
+}
+
+int64_t Module::num_parameters() const {
+  int64_t n = 0;
+  for (auto& p : parameters()) n += p.numel();
+  return n;
+}
+
+std::string Module::str(int indent) const {
+  std::ostringstream os;
+  os << type_name_ << "(" << extra_repr();
+  if (!children_.empty()) {
+    os << "\n";
+    for (auto& [n, c] : children_)
+      os << std::string(indent + 2, ' ') << "(" << n << "): " << c->str(indent + 2) << "\n";
+    os << std::string(indent, ' ');
+  }
+  os << ")";
+  return os.str();
+}
+
+}  // namespace chorus::nn

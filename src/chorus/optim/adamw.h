@@ -1,0 +1,35 @@
+// AdamW (Loshchilov & Hutter, decoupled weight decay): torch.optim.AdamW,
+// step for step (amsgrad off).
+//
+// One fused kernel per parameter (kernel_set.h's adamw_update). The step that
+// drives bias correction is counted per parameter, as PyTorch does, so a
+// parameter that missed some steps (no gradient) is corrected by its own count.
+#pragma once
+
+#include "chorus/optim/optimizer.h"
+
+namespace chorus::optim {
+
+struct AdamWOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.01;
+};
+
+class AdamW : public Optimizer {
+ public:
+  // Throws ValueError for lr < 0, betas outside [0, 1), eps <= 0, weight decay < 0.
+  AdamW(std::vector<Tensor> params, AdamWOptions options);
+  void step() override;
+  const AdamWOptions& options() const { return options_; }
+
+ protected:
+  std::vector<std::string> buffer_names() const override { return {"exp_avg", "exp_avg_sq"}; }
+
+ private:
+  AdamWOptions options_;
+};
+
+}  // namespace chorus::optim

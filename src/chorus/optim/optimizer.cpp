@@ -1,0 +1,196 @@
+#include "chorus/optim/optimizer.h"
+
+#include <algorithm>
+#include <charconv>
+#include <optional>
+#include <set>
+#include <string_view>
+#include <sstream>
+
+#include "chorus/autograd/grad_mode.h"
+#include "chorus/core/error.h"
+#include "chorus/ops/copy.h"
+#include "chorus/ops/factory.h"
+
+namespace chorus::optim {
+
+namespace detail {
+void check_hyper(bool ok, const std::string& name, const char* what, const char* rule, double value) {
+  CHORUS_CHECK(ok, name, ": ", what, " must be ", rule, ", got ", value);
+}
+}  // namespace detail
+
+Optimizer::Optimizer(std::vector<Tensor> params, double lr, std::string name)
+    : params_(std::move(params)), lr_(lr), name_(std::move(name)) {
+  detail::check_hyper(lr >= 0, name_, "learning rate", ">= 0", lr);
+  CHORUS_CHECK(!params_.empty(), name_, ": got an empty parameter list");
+  std::set<const TensorImpl*> seen;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i];
+    CHORUS_CHECK(p.defined(), name_, ": parameter ", i, " is undefined");
+    // Master weights stay float32; a bf16 model is trained through fp32 copies.
+    CHORUS_CHECK(p.dtype() == kFloat32, name_, ": parameter ", i, " is ", p.describe(),
+                 "; optimizers update float32 master weights only (keep parameters in float32 and "
+                 "cast activations for mixed precision)");
+    // One tensor twice would be updated twice per step (PyTorch refuses it too).
+    CHORUS_CHECK(seen.insert(p.impl()).second, name_, ": parameter ", i,
+                 " appears more than once in the parameter list");
+  }
+  state_.resize(params_.size());
+}
+
+void Optimizer::set_lr(double lr) {
+  detail::check_hyper(lr >= 0, name_, "learning rate", ">= 0", lr);
+  lr_ = lr;
+}
+
+void Optimizer::zero_grad() {
+  for (auto& p : params_) p.zero_grad();
+}
+
+Tensor Optimizer::grad_for_update(size_t i) const {
+  const Tensor& p = params_[i];
+  Tensor g = p.grad();
+  if (!g.defined()) return g;
+  // Module::to(dtype) may have cast the parameter after construction.
+  CHORUS_CHECK(p.dtype() == kFloat32, name_, ": parameter ", i, " is now ", p.describe(),
+               "; optimizers update float32 master weights only");
+  CHORUS_CHECK(g.sizes() == p.sizes(), name_, ": gradient of parameter ", i, " is ", g.describe(),
+               " but the parameter is ", p.describe());
+  g = ops::contiguous(ops::to_dtype(ops::to_device(g, p.device()), kFloat32));
+  return g;
+}
+
+Tensor Optimizer::new_buffer(size_t i) const {
+  return zeros(params_[i].sizes(), TensorOptions(kFloat32, params_[i].device()));
+}
+
+void Optimizer::update_param(size_t i, const std::function<void(const Tensor&)>& update) {
+  NoGradGuard no_grad;
+  const Tensor& p = params_[i];
+  if (p.is_contiguous()) {
+    update(p);
+  } else {
+    // The fused kernels want contiguous memory; a strided parameter (rare: a
+    // view registered as a parameter) is updated through a copy.
+    Tensor work = ops::contiguous(p);
+    update(work);
+    ops::copy_(p, work);
+  }
+  // Saved tensors of an earlier forward now see a changed parameter.
+  p.bump_version();
+}
+
+namespace {
+
+Tensor int64_scalar(int64_t v) {
+  Tensor t = chorus::detail::empty_tensor({}, kInt64, cpu_device(0));
+  *t.data<int64_t>() = v;
+  return t;
+}
+
+Tensor float64_scalar(double v) {
+  Tensor t = chorus::detail::empty_tensor({}, kFloat64, cpu_device(0));
+  *t.data<double>() = v;
+  return t;
+}
+
+// Reads a one-element integer tensor, naming the key when it is not one.
+int64_t read_count(const std::string& opt, const std::string& key, const Tensor& t) {
+  CHORUS_CHECK(t.defined() && t.numel() == 1 && !is_floating(t.dtype()) && t.dtype() != kBool, opt,
+               ": load_state: '", key, "' must be a one-element integer tensor, got ",
+               t.defined() ? t.describe() : std::string("undefined"));
+  double v = ops::item(t);
+  CHORUS_CHECK(v >= 0, opt, ": load_state: '", key, "' must be >= 0, got ", v);
+  return static_cast<int64_t>(v);
+}
+
+// Splits "param.<i>.<rest>" into (i, rest); false for any other shape.
+bool parse_param_key(const std::string& key, size_t* index, std::string* rest) {
+  constexpr std::string_view kPrefix = "param.";
+  if (key.rfind(kPrefix, 0) != 0) return false;
+  size_t dot = key.find('.', kPrefix.size());
+  if (dot == std::string::npos || dot == kPrefix.size()) return false;
+  const char* b = key.data() + kPrefix.size();
+  const char* e = key.data() + dot;
+  auto [ptr, ec] = std::from_chars(b, e, *index);
+  if (ec != std::errc() || ptr != e) return false;
+  *rest = key.substr(dot + 1);
+  return !rest->empty();
+}
+
+}  // namespace
+
+nn::NamedTensors Optimizer::state() const {
+  nn::NamedTensors out;
+  out.emplace_back("step", int64_scalar(step_count_));
+  out.emplace_back("lr", float64_scalar(lr_));
+  for (size_t i = 0; i < state_.size(); ++i) {
+    const ParamState& s = state_[i];
+    if (s.step == 0 && s.buffers.empty()) continue;  // never updated
+    const std::string prefix = "param." + std::to_string(i) + ".";
+    out.emplace_back(prefix + "step", int64_scalar(s.step));
+    // Copies, so that a snapshot kept across later step() calls stays a snapshot.
+    for (const auto& [name, buf] : s.buffers) out.emplace_back(prefix + name, ops::clone(buf));
+  }
+  return out;
+}
+
+void Optimizer::load_state(const nn::NamedTensors& state) {
+  const std::vector<std::string> names = buffer_names();
+  std::vector<std::string> problems;
+  std::vector<ParamState> loaded(params_.size());
+  std::vector<bool> has_step(params_.size(), false);
+  std::optional<int64_t> step_count;
+  std::optional<double> lr;
+  for (const auto& [key, t] : state) {
+    size_t i = 0;
+    std::string rest;
+    if (key == "step") {
+      step_count = read_count(name_, key, t);
+    } else if (key == "lr") {
+      CHORUS_CHECK(t.defined() && t.numel() == 1, name_, ": load_state: 'lr' must hold one value");
+      lr = ops::item(t);
+      if (!(*lr >= 0)) problems.push_back("'lr' must be >= 0, got " + std::to_string(*lr));
+    } else if (!parse_param_key(key, &i, &rest)) {
+      problems.push_back("unexpected key '" + key + "'");
+    } else if (i >= params_.size()) {
+      problems.push_back("'" + key + "' names parameter " + std::to_string(i) + " but there are " +
+                         std::to_string(params_.size()));
+    } else if (rest == "step") {
+      loaded[i].step = read_count(name_, key, t);
+      has_step[i] = true;
+    } else if (std::find(names.begin(), names.end(), rest) == names.end()) {
+      problems.push_back("unexpected key '" + key + "' (" + name_ + " keeps no '" + rest + "')");
+    } else if (!t.defined() || t.sizes() != params_[i].sizes() || !is_floating(t.dtype())) {
+      problems.push_back("'" + key + "' is " + (t.defined() ? t.describe() : "undefined") +
+                         " but parameter " + std::to_string(i) + " is " + params_[i].describe());
+    } else {
+      // On the parameter's device, contiguous float32: what the kernels update.
+      loaded[i].buffers[rest] =
+          ops::contiguous(ops::to_dtype(ops::clone(ops::to_device(t, params_[i].device())), kFloat32));
+    }
+  }
+  for (size_t i = 0; i < loaded.size(); ++i) {
+    const size_t n = loaded[i].buffers.size();
+    if (n == 0 && !has_step[i]) continue;
+    if (!has_step[i]) problems.push_back("param." + std::to_string(i) + " has buffers but no step");
+    // Buffers go together: half of Adam's moments would silently restart the other half.
+    if (n != 0 && n != names.size())
+      for (const auto& want : names)
+        if (!loaded[i].buffers.count(want))
+          problems.push_back("param." + std::to_string(i) + "." + want + " is missing");
+  }
+  if (!problems.empty()) {
+    std::ostringstream os;
+    for (size_t k = 0; k < problems.size() && k < 8; ++k) os << (k ? "; " : "") << problems[k];
+    if (problems.size() > 8) os << "; ... (" << problems.size() << " problems in all)";
+    CHORUS_THROW(ValueError, name_, ": load_state: ", os.str());
+  }
+  // Validated as a whole before anything changes: a failed load leaves the optimizer as it was.
+  state_ = std::move(loaded);
+  if (step_count) step_count_ = *step_count;
+  if (lr) lr_ = *lr;
+}
+
+}  // namespace chorus::optim

@@ -1,0 +1,94 @@
+// Optimizer: the base of SGD and AdamW, as torch.optim.Optimizer with one
+// parameter group.
+//
+// Design note:
+//  - Parameters are held as Tensor handles (shared TensorImpl), so moving a
+//    module with Module::to() after building the optimizer is seen here.
+//  - Per-parameter state (momentum buffers, Adam moments) is created lazily on
+//    the parameter's own device at its first update, as PyTorch does; a
+//    parameter that never had a gradient has no state and is skipped.
+//  - Master weights are float32: the fused kernels update float32 only, and
+//    the constructor says so rather than letting a bf16 model train silently
+//    in low precision.
+//  - state() / load_state() speak nn::NamedTensors, so io/ stores optimizer
+//    state in safetensors like the model itself. Names:
+//      "step"                   int64 [], number of step() calls
+//      "lr"                     float64 [], current learning rate
+//      "param.<i>.step"         int64 [], updates parameter i has received
+//      "param.<i>.<buffer>"     float32, parameter i's shape (momentum_buffer,
+//                               exp_avg, exp_avg_sq)
+//    <i> is the position in the parameter list given to the constructor, so a
+//    model rebuilt in the same order finds its state again.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "chorus/core/tensor.h"
+#include "chorus/nn/module.h"
+
+namespace chorus::optim {
+
+class Optimizer {
+ public:
+  // `name` prefixes error messages ("SGD: learning rate must be >= 0, got -0.1").
+  explicit Optimizer(std::vector<Tensor> params, double lr, std::string name = "Optimizer");
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // One update of every parameter that has a gradient.
+  virtual void step() = 0;
+  // Drops the gradients (set to none, PyTorch's default).
+  void zero_grad();
+
+  double lr() const { return lr_; }
+  void set_lr(double lr);
+  const std::string& name() const { return name_; }
+  const std::vector<Tensor>& params() const { return params_; }
+  // Number of step() calls so far (restored by load_state()).
+  int64_t step_count() const { return step_count_; }
+
+  // A snapshot (copies, on the parameters' devices) of the state, named as in
+  // the note above.
+  virtual nn::NamedTensors state() const;
+  // Restores a snapshot from state(); throws ValueError naming every unknown
+  // key, missing companion buffer, or shape mismatch.
+  virtual void load_state(const nn::NamedTensors& state);
+
+ protected:
+  struct ParamState {
+    int64_t step = 0;                      // updates this parameter has received
+    std::map<std::string, Tensor> buffers;  // contiguous float32, parameter's shape and device
+  };
+
+  // The buffer names a subclass keeps per parameter (all or none present).
+  virtual std::vector<std::string> buffer_names() const = 0;
+
+  // Checks that `p` can be updated now (float32, grad matching) and returns
+  // its gradient as a contiguous float32 tensor on p's device; undefined when
+  // p has no gradient (skip it).
+  Tensor grad_for_update(size_t i) const;
+  // A zero-filled buffer for parameter i (lazy state creation).
+  Tensor new_buffer(size_t i) const;
+  // Runs `update(param_view)` on a contiguous view of parameter i, copying
+  // back when the parameter itself is strided, and bumps its version.
+  void update_param(size_t i, const std::function<void(const Tensor&)>& update);
+
+  std::vector<Tensor> params_;
+  std::vector<ParamState> state_;
+  double lr_;
+  int64_t step_count_ = 0;
+  std::string name_;
+};
+
+namespace detail {
+// Throws ValueError "<name>: <what> must be <rule>, got <value>" unless ok:
+// one message shape for every hyper-parameter check in optim/.
+void check_hyper(bool ok, const std::string& name, const char* what, const char* rule, double value);
+}  // namespace detail
+
+}  // namespace chorus::optim

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Bad input: each case exits non-zero with one clear line on stderr, never a
+# crash (no abort, no signal) and never a hang.
+set -uo pipefail
+CHORUS=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail=0
+expect_error() {  # expect_error "what the message must contain" args...
+  local want=$1; shift
+  local err rc
+  err=$(timeout 120 "$CHORUS" "$@" 2>&1 >/dev/null); rc=$?
+  if [ $rc -eq 0 ] || [ $rc -ge 124 ]; then
+    echo "FAIL (exit $rc): chorus $*"; echo "  stderr: $err"; fail=1; return
+  fi
+  if ! grep -qi -- "$want" <<<"$err"; then
+    echo "FAIL (message lacks '$want'): chorus $*"; echo "  stderr: $err"; fail=1; return
+  fi
+  if [ "$(grep -c . <<<"$err")" -ne 1 ]; then
+    echo "FAIL (not one line): chorus $*"; echo "$err"; fail=1; return
+  fi
+  echo "ok: chorus $* -> $err"
+}
+q=(--quiet --steps 1)
+expect_error "unknown model 'resnet9000'" train --model resnet9000 "${q[@]}"
+expect_error "unknown data set 'imagenet'" train --data imagenet "${q[@]}"
+expect_error "unknown strategy 'magic'" train --strategy magic "${q[@]}"
+expect_error "unknown device 'tpu:0'" train --devices tpu:0 "${q[@]}"
+expect_error "batch-size must be positive" train --batch-size 0 "${q[@]}"
+expect_error "lr must be" train --lr -0.1 "${q[@]}"
+if "$CHORUS" devices | grep -q "no CUDA GPU"; then
+  expect_error "cuda:0" train --devices cuda:0 "${q[@]}"
+fi
+expect_error "cpu:99" train --devices cpu:99 "${q[@]}"
+expect_error "not found" train --data fashion-mnist --data-dir "$tmp/nowhere" "${q[@]}"
+# A truncated IDX file names the file and what was expected.
+mkdir -p "$tmp/fm"
+if [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
+  cp /usr/share/datasets/fashion-mnist/*.gz "$tmp/fm/"
+  gzip -dc /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz | head -c 100000 | gzip > "$tmp/fm/train-images-idx3-ubyte.gz"
+  expect_error "train-images-idx3-ubyte" train --data fashion-mnist --data-dir "$tmp/fm" "${q[@]}"
+fi
+# CIFAR: a file of the wrong size.
+mkdir -p "$tmp/cifar"
+head -c 5000 /dev/urandom > "$tmp/cifar/data_batch_1.bin"
+expect_error "data_batch" train --data cifar10 --data-dir "$tmp/cifar" --model resnet20 "${q[@]}"
+# A corrupted checkpoint is reported, naming the file.
+"$CHORUS" train --model mlp --data synthetic --synthetic-size 256 --steps 4 --devices cpu --quiet \
+  --checkpoint-dir "$tmp/ck" >/dev/null
+ck=$(ls -d "$tmp"/ck/ckpt-* | tail -1)
+head -c 200 "$ck/model.safetensors" > "$ck/model.tmp" && mv "$ck/model.tmp" "$ck/model.safetensors"
+expect_error "model.safetensors" train --model mlp --data synthetic --synthetic-size 256 --steps 8 --devices cpu \
+  --checkpoint-dir "$tmp/ck" --resume --quiet
+expect_error "needs --checkpoint-dir" train --resume "${q[@]}"
+expect_error "unknown precision" train --precision fp8 "${q[@]}"
+expect_error "error" train --epochs abc
+expect_error "error" frobnicate
+exit $fail

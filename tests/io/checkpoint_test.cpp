@@ -1,0 +1,233 @@
+// Checkpoints: a save/load round trip continues training identically; crashed
+// saves (a leftover .tmp dir, a checkpoint dir without state.json, a broken
+// `latest`) are ignored by find_latest_checkpoint; keep-K pruning; corrupted
+// files are refused naming the file.
+#include "chorus/io/checkpoint.h"
+
+#include <gtest/gtest.h>
+
+#include "chorus/core/error.h"
+#include "chorus/core/rng.h"
+#include "chorus/io/safetensors.h"
+#include "chorus/ops/factory.h"
+#include "chorus/optim/adamw.h"
+#include "chorus/optim/sgd.h"
+#include "io/io_test_util.h"
+
+namespace chorus::io {
+namespace {
+
+using namespace testing;
+
+// weight, bias, a buffer, and a child: names "weight", "bias", "running",
+// "head.weight" as in a state dict.
+class Head : public nn::Module {
+ public:
+  Head() : Module("Head") { register_parameter("weight", randn({2, 4})); }
+
+ protected:
+  std::shared_ptr<Module> make_empty() const override { return std::make_shared<Head>(); }
+};
+
+class TinyNet : public nn::Module {
+ public:
+  TinyNet() : Module("TinyNet") {
+    register_parameter("weight", randn({4, 3}));
+    register_parameter("bias", randn({4}));
+    register_buffer("running", randn({4}));
+    register_module("head", std::make_shared<Head>());
+  }
+
+ protected:
+  std::shared_ptr<Module> make_empty() const override { return std::make_shared<TinyNet>(); }
+};
+
+std::vector<uint8_t> raw(const Tensor& t) {
+  Tensor c = t.contiguous();
+  auto* b = static_cast<const uint8_t*>(c.raw_data());
+  return std::vector<uint8_t>(b, b + c.nbytes());
+}
+
+// One optimizer step with gradients drawn from the default generator.
+void train_step(nn::Module& m, optim::Optimizer& opt) {
+  opt.zero_grad();
+  for (auto& p : m.parameters()) p.set_grad(randn(p.sizes()));
+  opt.step();
+}
+
+TrainingState some_state(int64_t step) {
+  TrainingState s;
+  s.epoch = 2;
+  s.step = step;
+  s.batch_in_epoch = 17;
+  s.rng = default_generator().state();
+  s.config = {{"model", "tiny"}, {"lr", 0.1}, {"devices", {"cpu:0", "cpu:1"}}};
+  s.extra = {{"best_accuracy", 0.875}};
+  return s;
+}
+
+optim::SGDOptions sgd_opts() { return {.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-4, .nesterov = true}; }
+
+TEST(Checkpoint, RoundTripContinuesTrainingIdentically) {
+  ScratchDir dir;
+  manual_seed(42);
+  TinyNet a;
+  optim::SGD opt_a(a.parameters(), sgd_opts());
+  for (int i = 0; i < 3; ++i) train_step(a, opt_a);
+  const TrainingState saved = some_state(3);
+  const std::string path = save_checkpoint(dir.path().string(), a, opt_a, saved);
+  EXPECT_EQ(fs::path(path).filename(), "ckpt-00000003");
+  EXPECT_EQ(read_bytes(dir.file("latest")), "ckpt-00000003\n");
+
+  TinyNet b;  // different initial weights
+  optim::SGD opt_b(b.parameters(), sgd_opts());
+  auto found = find_latest_checkpoint(dir.path().string());
+  ASSERT_TRUE(found);
+  EXPECT_EQ(*found, path);
+  TrainingState got = load_checkpoint(*found, b, opt_b);
+  EXPECT_EQ(got.epoch, 2);
+  EXPECT_EQ(got.step, 3);
+  EXPECT_EQ(got.batch_in_epoch, 17);
+  EXPECT_EQ(got.rng.seed, saved.rng.seed);
+  EXPECT_EQ(got.rng.offset, saved.rng.offset);
+  EXPECT_EQ(got.config, saved.config);
+  EXPECT_EQ(got.extra, saved.extra);
+  EXPECT_EQ(opt_b.step_count(), 3);
+
+  auto sa = a.state_dict(), sb = b.state_dict();
+  ASSERT_EQ(sa.size(), sb.size());
+  for (size_t i = 0; i < sa.size(); ++i) EXPECT_EQ(raw(sa[i].second), raw(sb[i].second)) << sa[i].first;
+
+  // Same gradients from the restored generator: identical next steps.
+  default_generator().set_state(got.rng);
+  train_step(a, opt_a);
+  default_generator().set_state(got.rng);
+  train_step(b, opt_b);
+  sa = a.state_dict(), sb = b.state_dict();
+  for (size_t i = 0; i < sa.size(); ++i) EXPECT_EQ(raw(sa[i].second), raw(sb[i].second)) << sa[i].first;
+}
+
+TEST(Checkpoint, ModelFileIsPlainSafetensorsWithStateDictNames) {
+  ScratchDir dir;
+  TinyNet m;
+  optim::AdamW opt(m.parameters(), {});
+  train_step(m, opt);
+  const std::string path = save_checkpoint(dir.path().string(), m, opt, some_state(1));
+  std::map<std::string, std::string> meta;
+  nn::NamedTensors w = load_safetensors(path + "/model.safetensors", &meta);
+  std::vector<std::string> names;
+  for (auto& [n, t] : w) names.push_back(n);
+  EXPECT_EQ(names, (std::vector<std::string>{"weight", "bias", "head.weight", "running"}));
+  EXPECT_EQ(meta.at("format"), "pt");
+  std::map<std::string, std::string> opt_meta;
+  load_safetensors(path + "/optimizer.safetensors", &opt_meta);
+  EXPECT_EQ(opt_meta.at("optimizer"), "AdamW");
+  auto state = nlohmann::json::parse(read_bytes(path + "/state.json"));
+  EXPECT_EQ(state["format_version"], kCheckpointFormatVersion);
+  EXPECT_EQ(state["step"], 1);
+  EXPECT_TRUE(state["rng"].contains("seed") && state["rng"].contains("offset"));
+}
+
+TEST(Checkpoint, KeepsTheNewestK) {
+  ScratchDir dir;
+  TinyNet m;
+  optim::SGD opt(m.parameters(), sgd_opts());
+  for (int64_t step = 1; step <= 5; ++step) {
+    train_step(m, opt);
+    save_checkpoint(dir.path().string(), m, opt, some_state(step * 100), /*keep_last=*/3);
+  }
+  std::vector<std::string> left;
+  for (auto& e : fs::directory_iterator(dir.path())) left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"ckpt-00000300", "ckpt-00000400", "ckpt-00000500", "latest"}));
+  EXPECT_EQ(*find_latest_checkpoint(dir.path().string()), dir.file("ckpt-00000500"));
+  // Re-saving an existing step replaces it in place.
+  save_checkpoint(dir.path().string(), m, opt, some_state(500), 3);
+  EXPECT_TRUE(is_complete_checkpoint(dir.file("ckpt-00000500")));
+  // keep_last 0 keeps everything.
+  save_checkpoint(dir.path().string(), m, opt, some_state(600), 0);
+  EXPECT_TRUE(is_complete_checkpoint(dir.file("ckpt-00000300")));
+}
+
+TEST(Checkpoint, CrashedSavesAreIgnored) {
+  ScratchDir dir;
+  const std::string root = dir.path().string();
+  EXPECT_FALSE(find_latest_checkpoint(root));
+  EXPECT_FALSE(find_latest_checkpoint(dir.file("does-not-exist")));
+  TinyNet m;
+  optim::SGD opt(m.parameters(), sgd_opts());
+  train_step(m, opt);
+  save_checkpoint(root, m, opt, some_state(10));
+
+  // A save that died while writing its temporary directory...
+  fs::create_directories(dir.file(".tmp-ckpt-00000020-999-0"));
+  write_bytes(dir.file(".tmp-ckpt-00000020-999-0/model.safetensors"), "partial");
+  // ...and a checkpoint directory without state.json (not written by Chorus' protocol, but seen in the wild).
+  fs::create_directories(dir.file("ckpt-00000030"));
+  fs::copy_file(dir.file("ckpt-00000010/model.safetensors"), dir.file("ckpt-00000030/model.safetensors"));
+  fs::copy_file(dir.file("ckpt-00000010/optimizer.safetensors"), dir.file("ckpt-00000030/optimizer.safetensors"));
+  EXPECT_EQ(*find_latest_checkpoint(root), dir.file("ckpt-00000010"));
+
+  // `latest` pointing at the broken one, at nothing, outside, or missing: fall back.
+  for (std::string pointer : {"ckpt-00000030\n", "ckpt-00000099\n", "../ckpt-00000010\n", "garbage"}) {
+    write_bytes(dir.file("latest"), pointer);
+    EXPECT_EQ(*find_latest_checkpoint(root), dir.file("ckpt-00000010")) << pointer;
+  }
+  fs::remove(dir.file("latest"));
+  EXPECT_EQ(*find_latest_checkpoint(root), dir.file("ckpt-00000010"));
+
+  // Without a `latest`, the newest complete checkpoint by step number wins.
+  save_checkpoint(root, m, opt, some_state(12), 0);
+  fs::remove(dir.file("latest"));
+  EXPECT_EQ(*find_latest_checkpoint(root), dir.file("ckpt-00000012"));
+  // And `latest` wins when it names a complete checkpoint, even an older one.
+  write_bytes(dir.file("latest"), "ckpt-00000010\n");
+  EXPECT_EQ(*find_latest_checkpoint(root), dir.file("ckpt-00000010"));
+
+  // The next save clears the debris.
+  save_checkpoint(root, m, opt, some_state(40));
+  EXPECT_FALSE(fs::exists(dir.file(".tmp-ckpt-00000020-999-0")));
+  EXPECT_FALSE(fs::exists(dir.file("ckpt-00000030")));
+}
+
+TEST(Checkpoint, CorruptedFilesAreRefusedNamingTheFile) {
+  ScratchDir dir;
+  TinyNet m;
+  optim::SGD opt(m.parameters(), sgd_opts());
+  train_step(m, opt);
+  const std::string ckpt = save_checkpoint(dir.path().string(), m, opt, some_state(5));
+  for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+    const std::string path = ckpt + "/" + file;
+    const std::string good = read_bytes(path);
+    write_bytes(path, good.substr(0, good.size() - 3));
+    expect_throw_with<IOError>([&] { load_checkpoint(ckpt, m, opt); }, {path});
+    write_bytes(path, good);
+  }
+  const std::string state_path = ckpt + "/state.json";
+  const std::string good_state = read_bytes(state_path);
+  write_bytes(state_path, good_state.substr(0, good_state.size() / 2));
+  expect_throw_with<IOError>([&] { load_checkpoint(ckpt, m, opt); }, {state_path, "not valid JSON"});
+  write_bytes(state_path, R"({"format_version": 1, "epoch": 1, "step": -4, "batch_in_epoch": 0, "rng": {"seed": 1, "offset": 2}})");
+  expect_throw_with<IOError>([&] { load_checkpoint(ckpt, m, opt); }, {state_path, "\"step\" is -4"});
+  write_bytes(state_path, R"({"format_version": 9})");
+  expect_throw_with<IOError>([&] { load_checkpoint(ckpt, m, opt); }, {state_path, "format version 9"});
+  fs::remove(state_path);
+  expect_throw_with<IOError>([&] { load_checkpoint(ckpt, m, opt); }, {state_path, "missing"});
+}
+
+TEST(Checkpoint, MismatchedModelOrOptimizerIsAValueErrorNamingTheFile) {
+  ScratchDir dir;
+  TinyNet m;
+  optim::SGD opt(m.parameters(), sgd_opts());
+  train_step(m, opt);
+  const std::string ckpt = save_checkpoint(dir.path().string(), m, opt, some_state(5));
+  optim::AdamW adam(m.parameters(), {});
+  expect_throw_with<ValueError>([&] { load_checkpoint(ckpt, m, adam); },
+                                {ckpt + "/optimizer.safetensors", "holds SGD state but the optimizer is AdamW"});
+  Head other;
+  optim::SGD opt_other(other.parameters(), sgd_opts());
+  expect_throw_with<ValueError>([&] { load_checkpoint(ckpt, other, opt_other); }, {ckpt + "/model.safetensors"});
+}
+
+}  // namespace
+}  // namespace chorus::io
