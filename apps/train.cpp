@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <memory>
 
+#include "chorus/autograd/autocast.h"
 #include "chorus/autograd/grad_mode.h"
 #include "chorus/core/backend.h"
 #include "chorus/core/error.h"
@@ -213,6 +214,8 @@ nlohmann::ordered_json run_train(const TrainConfig& cfg) {
     io::save_checkpoint(cfg.checkpoint_dir, *model, *opt, st);
   };
 
+  std::optional<DType> amp;
+  if (cfg.precision == "bf16") amp = kBFloat16;
   Progress progress(!cfg.quiet);
   auto t0 = std::chrono::steady_clock::now();
   auto window_start = t0;
@@ -227,8 +230,12 @@ nlohmann::ordered_json run_train(const TrainConfig& cfg) {
     data::Batch b;
     while (step < total_steps && train_loader.next(&b)) {
       schedule->apply(*opt, step);
-      Tensor logits = net->forward(b.images);
-      Tensor loss = nn::functional::cross_entropy(logits, b.labels, cfg.label_smoothing);
+      Tensor logits, loss;
+      {
+        AutocastGuard autocast(amp);  // --precision bf16: bf16 compute, fp32 weights and loss
+        logits = net->forward(b.images);
+        loss = nn::functional::cross_entropy(logits, b.labels, cfg.label_smoothing);
+      }
       opt->zero_grad();
       loss.backward();
       opt->step();

@@ -7,6 +7,7 @@
 #include <chorus/autograd/node.h>
 #include <chorus/chorus.h>
 
+#include "testing/expect_error.h"
 #include "testing/gradcheck.h"
 
 namespace chorus {
@@ -39,6 +40,14 @@ TEST(GradcheckSelfTest, CatchesAWrongGradient) {
   EXPECT_FALSE(r);
   EXPECT_NE(std::string(r.message()).find("worst: input 0"), std::string::npos) << r.message();
   EXPECT_TRUE(gradcheck([](L in) { return in[0].mul(3.0); }, {x}));
+}
+
+TEST(GradcheckSelfTest, ThrowsNamingChecksTypeAndMessage) {
+  auto bad = [] { CHORUS_THROW(ValueError, "myop: shape [2, 3]"); };
+  EXPECT_TRUE(test::throws_naming(bad, {"myop", "[2, 3]"}));
+  EXPECT_FALSE(test::throws_naming(bad, {"myop", "[3, 2]"}));
+  EXPECT_FALSE(test::throws_naming<DeviceError>(bad, {"myop"}));
+  EXPECT_FALSE(test::throws_naming([] {}, {}));
 }
 
 // ---- elementwise, with broadcasting ----------------------------------------------------

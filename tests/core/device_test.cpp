@@ -6,20 +6,12 @@
 
 #include <chorus/chorus.h>
 
+#include "testing/expect_error.h"
+
 namespace chorus {
 namespace {
 
-// Expects `f` to throw ValueError whose message contains every one of `parts`.
-template <typename F>
-void expect_value_error(F&& f, std::initializer_list<std::string> parts) {
-  try {
-    f();
-    ADD_FAILURE() << "expected a ValueError";
-  } catch (const ValueError& e) {
-    for (const std::string& p : parts)
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << "'" << p << "' not in: " << e.what();
-  }
-}
+using test::throws_naming;
 
 TEST(Device, ParsesNames) {
   Device cpu("cpu");
@@ -58,16 +50,16 @@ TEST(Device, ComparesAndHashes) {
 TEST(Device, BadNamesThrowValueErrorNamingTheText) {
   for (const char* bad : {"tpu", "gpu0", "cpu:", "cpu:x", "cpu:-1", "cuda:1:2", "CPU", "cpu 1", "cpu:1a"}) {
     SCOPED_TRACE(bad);
-    expect_value_error([&] { Device d(bad); (void)d; }, {std::string("'") + bad + "'"});
+    EXPECT_TRUE(throws_naming([&] { Device d(bad); (void)d; }, {std::string("'") + bad + "'"}));
   }
-  expect_value_error([] { Device d(""); (void)d; }, {"''"});
+  EXPECT_TRUE(throws_naming([] { Device d(""); (void)d; }, {"''"}));
 }
 
 TEST(Device, CheckDeviceRejectsMissingDevices) {
   EXPECT_NO_THROW(check_device(Device("cpu:0")));
   EXPECT_NO_THROW(check_device(cpu_device(cpu_device_count() - 1)));
-  expect_value_error([] { check_device(cpu_device(cpu_device_count())); },
-                     {cpu_device(cpu_device_count()).str(), "does not exist"});
+  EXPECT_TRUE(throws_naming([] { check_device(cpu_device(cpu_device_count())); },
+                     {cpu_device(cpu_device_count()).str(), "does not exist"}));
   if (cuda_device_count() == 0) {
     EXPECT_THROW(check_device(Device("cuda:0")), DeviceError);
   } else {
@@ -96,15 +88,15 @@ TEST(Device, ParseDevicesLists) {
 }
 
 TEST(Device, ParseDevicesRejectsDuplicatesAndEmptyLists) {
-  expect_value_error([] { parse_devices("cpu:0,cpu:0"); }, {"cpu:0", "twice"});
-  expect_value_error([] { parse_devices("cpu:1,cpu,cpu:1"); }, {"cpu:1", "twice"});
-  expect_value_error([] { parse_devices("cpu,cpu:0"); }, {"cpu:0", "twice"});  // same device, two spellings
-  expect_value_error([] { parse_devices(""); }, {"empty"});
-  expect_value_error([] { parse_devices("cpu:0,"); }, {"empty"});
-  expect_value_error([] { parse_devices(",cpu:0"); }, {"empty"});
-  expect_value_error([] { parse_devices("cpu:0,,cpu:1"); }, {"empty"});
-  expect_value_error([] { parse_devices("cpu:0,npu:1"); }, {"npu:1"});
-  expect_value_error([] { parse_devices("cpu:999"); }, {"cpu:999"});
+  EXPECT_TRUE(throws_naming([] { parse_devices("cpu:0,cpu:0"); }, {"cpu:0", "twice"}));
+  EXPECT_TRUE(throws_naming([] { parse_devices("cpu:1,cpu,cpu:1"); }, {"cpu:1", "twice"}));
+  EXPECT_TRUE(throws_naming([] { parse_devices("cpu,cpu:0"); }, {"cpu:0", "twice"}));  // same device, two spellings
+  EXPECT_TRUE(throws_naming([] { parse_devices(""); }, {"empty"}));
+  EXPECT_TRUE(throws_naming([] { parse_devices("cpu:0,"); }, {"empty"}));
+  EXPECT_TRUE(throws_naming([] { parse_devices(",cpu:0"); }, {"empty"}));
+  EXPECT_TRUE(throws_naming([] { parse_devices("cpu:0,,cpu:1"); }, {"empty"}));
+  EXPECT_TRUE(throws_naming([] { parse_devices("cpu:0,npu:1"); }, {"npu:1"}));
+  EXPECT_TRUE(throws_naming([] { parse_devices("cpu:999"); }, {"cpu:999"}));
 }
 
 TEST(Device, DeviceGuardSetsAndRestores) {

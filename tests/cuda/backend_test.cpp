@@ -185,6 +185,54 @@ TEST(CudaBackend, MemoryReadByAnotherStreamIsNotReusedEarly_CUDA) {
   be.synchronize(kGpu);
 }
 
+// The same, with the two call orders record_use() must accept (before the
+// read is enqueued, and after it, as the copies do) and with the reading
+// stream destroyed before the block is freed: the free must still wait for the
+// read.
+TEST(CudaBackend, RecordUseCoversWorkEnqueuedBeforeOrAfterIt_CUDA) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
+  DeviceBackend& be = backend(kGpu);
+  const int64_t n = 1 << 22;
+  for (int variant = 0; variant < 4; ++variant) {
+    SCOPED_TRACE(variant);
+    const bool record_after = variant & 1, destroy_reader = variant & 2;
+    StreamHandle s1 = be.create_stream(kGpu), s2 = be.create_stream(kGpu);
+
+    be.set_current_stream(kGpu, s1);
+    Tensor a = detail::empty_tensor({n}, kFloat32, kGpu);
+    cuda::fill(a, 3.0);
+    EventHandle filled = be.create_event(kGpu, false);
+    be.record_event(kGpu, filled, s1);
+    be.stream_wait_event(kGpu, s2, filled);
+
+    be.set_current_stream(kGpu, s2);
+    Tensor busy = detail::empty_tensor({1 << 26}, kFloat32, kGpu);
+    for (int i = 0; i < 30; ++i) cuda::fill(busy, i);
+    Tensor b = detail::empty_tensor({n}, kFloat32, kGpu);
+    if (!record_after) be.record_use(a.raw_data(), kGpu, kGpu);
+    cuda::copy(a, b);
+    if (record_after) be.record_use(a.raw_data(), kGpu, kGpu);
+    be.set_current_stream(kGpu, s1);
+    if (destroy_reader) be.destroy_stream(kGpu, s2);  // its work still runs
+
+    a = Tensor();
+    Tensor c = detail::empty_tensor({n}, kFloat32, kGpu);
+    cuda::fill(c, 7.0);
+
+    be.set_current_stream(kGpu, nullptr);
+    be.synchronize(kGpu);
+    EXPECT_EQ(count_not_equal(read_floats(b), 3.0f), 0);
+    EXPECT_EQ(count_not_equal(read_floats(c), 7.0f), 0);
+    b = Tensor();
+    busy = Tensor();
+    c = Tensor();
+    be.destroy_event(kGpu, filled);
+    if (!destroy_reader) be.destroy_stream(kGpu, s2);
+    be.destroy_stream(kGpu, s1);
+    be.synchronize(kGpu);
+  }
+}
+
 TEST(CudaBackend, CurrentStreamIsPerThreadAndNullRestoresTheDefault_CUDA) {
   if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
   DeviceBackend& be = backend(kGpu);
@@ -248,6 +296,26 @@ TEST(CudaBackend, CopiesBetweenGpus_MultiCUDA) {
   cuda::fill(b, 9.0);
   backend(g0).copy(c.raw_data(), g0, b.raw_data(), g1, b.nbytes());
   EXPECT_EQ(count_not_equal(read_floats(c), 9.0f), 0);
+}
+
+// A peer copy reads its source on the destination's stream: freeing the source
+// on its own device must wait for that read even when the destination stream
+// is busy and the memory is handed out again at once.
+TEST(CudaBackend, PeerCopySourceIsNotReusedBeforeTheCopy_MultiCUDA) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
+  const Device g0 = cuda_device(0), g1 = cuda_device(1);
+  const int64_t n = 1 << 22;
+  Tensor a = detail::empty_tensor({n}, kFloat32, g0);
+  cuda::fill(a, 3.0);
+  Tensor busy = detail::empty_tensor({1 << 26}, kFloat32, g1);
+  for (int i = 0; i < 30; ++i) cuda::fill(busy, i);  // keeps cuda:1's stream busy
+  Tensor b = a.to(g1);  // ops::to_device: copy_peer, then record_use again
+  a = Tensor();
+  Tensor c = detail::empty_tensor({n}, kFloat32, g0);
+  cuda::fill(c, 7.0);
+  EXPECT_EQ(count_not_equal(read_floats(b), 3.0f), 0);
+  EXPECT_EQ(count_not_equal(read_floats(c), 7.0f), 0);
 }
 
 }  // namespace

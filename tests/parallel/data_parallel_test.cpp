@@ -239,19 +239,28 @@ TEST(DataParallel, LoadStateDictReachesTheReplicas) {
 // ---- batch norm: buffers and train/eval ----------------------------------------------
 
 // In eval mode every replica must normalise with the master's running
-// statistics, so DP's output equals the plain module's exactly.
+// statistics, so DP's output equals the plain module's exactly; and the mode
+// follows the wrapped module however it was set.
 TEST(DataParallelBatchNorm, EvalUsesTheMastersRunningStatistics) {
   manual_seed(kSeed);
   auto net = std::make_shared<models::SmallCNN>(models::ModelSpec{{1, 8, 8}, 3});
-  auto dp = data_parallel(net, 3);
+  auto dp = std::make_shared<DataParallel>(net, cpus(3));
+  auto replica_modes = [&](bool training) {
+    for (const auto& m : dp->replica(2)->modules())
+      EXPECT_EQ(m->is_training(), training) << m->type_name() << " on the replica on cpu:2";
+  };
   Tensor x = randn({6, 1, 8, 8}) * 3.0 + 1.0;
   dp->forward(x);  // train mode: moves the running statistics away from 0 / 1
   dp->eval();
-  for (const auto& m : std::dynamic_pointer_cast<DataParallel>(dp)->replica(2)->modules())
-    EXPECT_FALSE(m->is_training()) << "a replica stayed in training mode: " << m->type_name();
-  NoGradGuard ng;
-  Tensor got = dp->forward(x), ref = net->forward(x);
-  EXPECT_LE(rel_err(got, ref), kTol);
+  {
+    NoGradGuard ng;
+    Tensor got = dp->forward(x), ref = net->forward(x);
+    EXPECT_LE(rel_err(got, ref), kTol);
+  }
+  replica_modes(false);
+  net->train();  // on the wrapped module, not the wrapper
+  dp->forward(x);
+  replica_modes(true);
 }
 
 // ---- nested (table) inputs and outputs ---------------------------------------------

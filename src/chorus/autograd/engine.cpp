@@ -186,11 +186,11 @@ void run_multi_device(GraphTask& task) {
       cv.notify_all();
     }
   };
+  // Every queue exists before any worker starts: workers index the map under
+  // `mu`, and inserting here while they run would race on the tree.
+  for (const Device& d : task.devices()) queues[d];
   std::vector<std::thread> threads;
-  for (const Device& d : task.devices()) {
-    queues[d];
-    threads.emplace_back(worker, d);
-  }
+  for (const Device& d : task.devices()) threads.emplace_back(worker, d);
   for (auto& t : threads) t.join();
   if (error) std::rethrow_exception(error);
 }

@@ -1,6 +1,7 @@
 #include "chorus/autograd/node.h"
 
 #include <atomic>
+#include <mutex>
 
 #include "chorus/autograd/grad_mode.h"
 #include "chorus/core/error.h"
@@ -45,6 +46,9 @@ Edge gradient_edge(const Tensor& t) {
   AutogradMeta* m = t.autograd_meta();
   if (!m || !m->requires_grad) return Edge{};
   if (m->grad_fn) return Edge{m->grad_fn, m->output_nr};
+  // Replica threads may record ops on one leaf at once: one accumulator per leaf.
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
   std::shared_ptr<Node> acc = m->grad_accumulator.lock();
   if (!acc) {
     acc = std::make_shared<AccumulateGrad>(t.impl_ptr());

@@ -18,8 +18,10 @@ namespace chorus {
 
 namespace {
 std::array<std::unique_ptr<DeviceBackend>, 2>& registry() {
-  static std::array<std::unique_ptr<DeviceBackend>, 2> r;
-  return r;
+  // Leaked on purpose: a tensor freed during static destruction (a global, a
+  // late thread) must still find its backend.
+  static auto* r = new std::array<std::unique_ptr<DeviceBackend>, 2>();
+  return *r;
 }
 std::once_flag& cuda_once() {
   static std::once_flag f;

@@ -2,10 +2,12 @@
 //
 // im2col + GEMM (OpenBLAS). The im2col buffer holds a chunk of several images
 // side by side, [c_in*kh*kw, images*out_h*out_w], so that one GEMM covers the
-// chunk: small layers (14x14 planes) then give OpenBLAS matrices large enough
-// to thread. Scratch buffers are thread_local and only grow, so a training
-// loop does no heap allocation here after its first step. 1x1 stride-1
-// unpadded convolutions skip im2col: each image already is its column matrix.
+// chunk and small layers (14x14 planes) still make GEMMs worth their packing.
+// Chunks run in parallel on the CPU pool (chorus/cpu/parallel.h), each with
+// single-threaded GEMMs. Scratch buffers are thread_local and only grow, so a
+// training loop does no heap allocation here after its first step. 1x1
+// stride-1 unpadded convolutions skip im2col: each image is its own column
+// matrix.
 #pragma once
 
 #include <cstdint>

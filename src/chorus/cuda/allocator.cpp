@@ -165,17 +165,30 @@ void CudaAllocator::deallocate(void* ptr, int device) noexcept {
     }
     CudaDeviceGuard guard(device);
     cudaStream_t stream = current_stream(device);
-    if (block.home && block.home != stream) {
-      cudaEvent_t e = events_->acquire(device);
-      warn_if_failed(cudaEventRecord(e, block.home), "cudaEventRecord (free)");
-      warn_if_failed(cudaStreamWaitEvent(stream, e, 0), "cudaStreamWaitEvent (free)");
-      events_->release(device, e);
-    }
-    for (const Use& u : block.uses) {
-      if (u.stream != stream) {
-        warn_if_failed(cudaStreamWaitEvent(stream, u.event, 0), "cudaStreamWaitEvent (free)");
+    // Makes `stream` wait for the work enqueued so far on `other` (of device
+    // `dev`), through an event recorded now: the allocation may have been
+    // used on `other` after record_use() named it (Note [Freeing across
+    // streams]).
+    auto wait_for = [&](int dev, cudaStream_t other) {
+      cudaEvent_t e = events_->acquire(dev);
+      cudaError_t err;
+      {
+        CudaDeviceGuard g(dev);  // the event and the stream live on `dev`
+        err = cudaEventRecord(e, other);
       }
-      events_->release(u.device, u.event);
+      warn_if_failed(err, "cudaEventRecord (free)");
+      if (err == cudaSuccess)
+        warn_if_failed(cudaStreamWaitEvent(stream, e, 0), "cudaStreamWaitEvent (free)");
+      events_->release(dev, e);  // the wait is enqueued; the event may be reused
+    };
+    if (block.home && block.home != stream) wait_for(device, block.home);
+    for (const Use& u : block.uses) {
+      if (u.event) {  // the stream was destroyed; the event marks its last work
+        warn_if_failed(cudaStreamWaitEvent(stream, u.event, 0), "cudaStreamWaitEvent (free)");
+        events_->release(u.device, u.event);
+      } else if (u.stream && u.stream != stream) {
+        wait_for(u.device, u.stream);
+      }
     }
     warn_if_failed(cudaFreeAsync(ptr, stream), "cudaFreeAsync");
   } catch (const std::exception& e) {
@@ -193,35 +206,39 @@ void CudaAllocator::record_use(const void* ptr, int owner, int user, cudaStream_
   if (addr >= it->first + it->second.size) return;  // not ours
   Block& block = it->second;
   if (user == owner && stream == block.home) return;  // ordered by the home-stream wait
-  for (Use& u : block.uses) {
-    if (u.device == user && u.stream == stream) {
-      // A later record on the same stream supersedes the earlier one.
-      CudaDeviceGuard guard(user);
-      CHORUS_CUDA_CHECK(cudaEventRecord(u.event, stream));
-      return;
-    }
-  }
-  cudaEvent_t e = events_->acquire(user);
-  CudaDeviceGuard guard(user);  // the event and the stream live on `user`
-  cudaError_t err = cudaEventRecord(e, stream);
-  if (err != cudaSuccess) {
-    events_->release(user, e);
-    CHORUS_CUDA_CHECK(err);
-  }
-  block.uses.push_back(Use{user, stream, e});
+  for (const Use& u : block.uses)
+    if (u.device == user && u.stream == stream) return;  // already remembered
+  // Only the stream is remembered: the event is recorded when the block is
+  // freed, so that it also covers work enqueued after this call.
+  block.uses.push_back(Use{user, stream, nullptr});
 }
 
 void CudaAllocator::stream_destroyed(int device, cudaStream_t stream) {
   CudaDeviceGuard guard(device);
+  // An event recorded on `stream` now marks its last work for every block that
+  // names it. Each conversion is done whole (event acquired and recorded before
+  // the block forgets the stream), so that a failure leaves no use unordered.
+  auto last_work = [&]() {
+    cudaEvent_t e = events_->acquire(device);
+    cudaError_t err = cudaEventRecord(e, stream);
+    if (err != cudaSuccess) {
+      events_->release(device, e);
+      CHORUS_CUDA_CHECK(err);
+    }
+    return e;
+  };
   for (size_t d = 0; d < devices_.size(); ++d) {
     DeviceState& st = *devices_[d];
     std::lock_guard<std::mutex> g(st.mu);
     for (auto& [addr, block] : st.blocks) {
-      for (Use& u : block.uses)
-        if (u.stream == stream) u.stream = nullptr;  // its event already marks the last use
+      for (Use& u : block.uses) {
+        if (u.device == device && u.stream == stream) {
+          u.event = last_work();
+          u.stream = nullptr;
+        }
+      }
       if (static_cast<int>(d) == device && block.home == stream) {
-        cudaEvent_t e = events_->acquire(device);
-        CHORUS_CUDA_CHECK(cudaEventRecord(e, stream));
+        cudaEvent_t e = last_work();
         block.uses.push_back(Use{device, nullptr, e});
         block.home = nullptr;
       }

@@ -9,8 +9,17 @@
 //   - the home stream, when it differs from the freeing stream, and
 //   - every stream named by record_use(),
 // so the pool never hands the memory out again while any of them may still
-// touch it. Destroying a stream records an event on it for each block that
-// names it, so freeing later needs no stream that no longer exists.
+// touch it.
+//
+// record_use() only remembers the stream; the events are recorded at free
+// time, on each remembered stream (as PyTorch's recordStream does). An event
+// recorded inside record_use() would mark only the work enqueued before the
+// call, yet callers may name the stream before enqueuing the read (record_use,
+// then launch) as well as after (launch, then record_use, as the copies do):
+// recording at free time covers both, and everything else enqueued on that
+// stream until the free. Destroying a stream records an event on it for each
+// block that names it (its last work), so freeing later needs no stream that
+// no longer exists.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -53,7 +62,9 @@ class CudaAllocator {
   void* allocate(size_t nbytes, int device);
   void deallocate(void* ptr, int device) noexcept;
   // `stream` (on device `user`) reads or writes the block of `owner` that
-  // contains `ptr`. Pointers this allocator did not hand out are ignored.
+  // contains `ptr`: freeing the block will wait for all the work enqueued on
+  // `stream` until then, whether before or after this call. Pointers this
+  // allocator did not hand out are ignored.
   void record_use(const void* ptr, int owner, int user, cudaStream_t stream);
   // Called before cudaStreamDestroy(stream) (Note [Freeing across streams]).
   void stream_destroyed(int device, cudaStream_t stream);
@@ -63,9 +74,13 @@ class CudaAllocator {
   void reset_peak_bytes(int device);
 
  private:
+  // A stream that uses the block. While the stream lives, `stream` is set and
+  // `event` is nullptr: the event is recorded when the block is freed. Once
+  // the stream is destroyed, `stream` is nullptr and `event` marks its last
+  // work (Note [Freeing across streams]).
   struct Use {
     int device;
-    cudaStream_t stream;  // nullptr once the stream is destroyed
+    cudaStream_t stream;
     cudaEvent_t event;
   };
   struct Block {

@@ -7,7 +7,10 @@
 // source is another GPU, an event recorded on the source's current stream
 // makes the copy wait for the work that produced the data, and the allocator
 // is told that the copy stream reads the source block, so that freeing it
-// right after copy() returns is safe. Only a copy into host memory waits on
+// right after copy() returns is safe. record_use() may come before or after the
+// copy is enqueued (ops::to_device calls it again afterwards): the allocator
+// remembers the stream and records the event only when the block is freed
+// (Note [Freeing across streams] in allocator.h). Only a copy into host memory waits on
 // the host, because the caller reads the result next.
 //
 // A stream handle of nullptr means the calling thread's current stream of the
@@ -120,6 +123,9 @@ class CudaBackend final : public DeviceBackend {
   void deallocate(void* ptr, Device d) noexcept override {
     allocator_.deallocate(ptr, d.index);
   }
+  // Note [Stream-ordered memory]: names the user device's current stream; the
+  // free waits for everything enqueued on it until then, before or after this
+  // call.
   void record_use(void* ptr, Device owner, Device user) override {
     if (!user.is_cuda() || !ptr) return;  // host reads are synchronous
     allocator_.record_use(ptr, index(owner), index(user), cuda::current_stream(index(user)));

@@ -1,5 +1,6 @@
 #include "chorus/nn/functional.h"
 
+#include "chorus/autograd/autocast.h"
 #include "chorus/autograd/functions.h"
 #include "chorus/autograd/node.h"
 #include "chorus/core/error.h"
@@ -24,6 +25,10 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   if (bias.defined())
     CHORUS_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), "linear: bias ", bias.describe(),
                  " must be [", weight.size(0), "]");
+  if (auto dt = autocast_dtype(x)) {
+    Tensor y = chorus::matmul(chorus::to_dtype(x, *dt), chorus::to_dtype(weight, *dt).t());
+    return bias.defined() ? chorus::add(y, chorus::to_dtype(bias, *dt)) : y;
+  }
   Tensor y = chorus::matmul(x, weight.t());
   return bias.defined() ? chorus::add(y, bias) : y;
 }
@@ -31,6 +36,13 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dParams& p) {
   detail::check_defined(x, "conv2d", "input");
   detail::check_defined(weight, "conv2d", "weight");
+  if (auto dt = autocast_dtype(x)) {
+    if (x.dtype() != *dt || weight.dtype() != *dt) {
+      AutocastGuard off(std::nullopt);
+      return functional::conv2d(chorus::to_dtype(x, *dt), chorus::to_dtype(weight, *dt),
+                    bias.defined() ? chorus::to_dtype(bias, *dt) : bias, p);
+    }
+  }
   Tensor y = ops::conv2d(x, weight, bias, p);
   Tensor xd = x.detach(), wd = weight.detach();
   bool nx = x.requires_grad(), nw = weight.requires_grad(), nb = bias.defined() && bias.requires_grad();

@@ -110,6 +110,14 @@ void Module::to(const Device& d) {
   for (auto& [n, c] : children_) c->to(d);
 }
 
+void Module::to_channels_last() {
+  NoGradGuard ng;
+  for (auto* list : {&params_, &buffers_})
+    for (auto& [n, t] : *list)
+      if (t.defined() && t.dim() == 4) move_in_place(t, ops::to_channels_last(t));
+  for (auto& [n, c] : children_) c->to_channels_last();
+}
+
 void Module::to(DType dt) {
   NoGradGuard ng;
   for (auto* list : {&params_, &buffers_})

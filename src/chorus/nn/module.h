@@ -51,6 +51,10 @@ class Module : public std::enable_shared_from_this<Module> {
   virtual void to(const Device& d);
   virtual void to(DType t);
   Device device() const;  // of the first parameter (cpu:0 if none)
+  // Stores 4-d parameters and buffers channels-last (NHWC memory), as PyTorch's
+  // model.to(memory_format=torch.channels_last); GPU convolutions then need no
+  // per-call weight conversion.
+  void to_channels_last();
 
   // Deep copy with fresh storage: the replica of DataParallel. Shared
   // parameters stay shared inside the copy.

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include "chorus/ops/copy.h"
 
 #include "chorus/core/backend.h"
@@ -5,6 +6,17 @@
 #include "chorus/ops/dispatch.h"
 
 namespace chorus::ops {
+
+namespace {
+// The kernel-set copy, on flat views where the layouts allow (Note [Dense tensors are flat]).
+void copy_kernel(const Tensor& src, const Tensor& dst) {
+  if (same_dense_layout({&src, &dst})) {
+    CHORUS_KERNEL(dst.device(), copy, flat_view(src), flat_view(dst));
+  } else {
+    CHORUS_KERNEL(dst.device(), copy, src, dst);
+  }
+}
+}  // namespace
 
 Tensor contiguous(const Tensor& t) {
   detail::check_defined(t, "contiguous", "self");
@@ -16,8 +28,8 @@ Tensor contiguous(const Tensor& t) {
 
 Tensor clone(const Tensor& t) {
   detail::check_defined(t, "clone", "self");
-  Tensor out = detail::empty_tensor(t.sizes(), t.dtype(), t.device());
-  CHORUS_KERNEL(t.device(), copy, t, out);
+  Tensor out = empty_like_layout(t, t.sizes(), t.dtype());
+  copy_kernel(t, out);
   return out;
 }
 
@@ -40,8 +52,8 @@ Tensor to_device(const Tensor& t, const Device& d) {
 Tensor to_dtype(const Tensor& t, DType dt) {
   detail::check_defined(t, "to", "self");
   if (t.dtype() == dt) return t;
-  Tensor out = detail::empty_tensor(t.sizes(), dt, t.device());
-  CHORUS_KERNEL(t.device(), copy, t, out);
+  Tensor out = empty_like_layout(t, t.sizes(), dt);
+  copy_kernel(t, out);
   return out;
 }
 
@@ -59,7 +71,7 @@ void copy_(const Tensor& dst, const Tensor& src) {
     strides[lead + i] = s.size(i) == 1 ? 0 : s.stride(i);
   Tensor view = detail::make_view(s, dst.sizes(), strides, s.storage_offset());
   if (dst.numel() == 0) return;
-  CHORUS_KERNEL(dst.device(), copy, view, dst);
+  copy_kernel(view, dst);
   dst.bump_version();
 }
 
@@ -84,6 +96,32 @@ bool is_channels_last(const Tensor& t) {
   const Shape& s = t.sizes();
   const Shape& st = t.strides();
   return st[1] == 1 && st[3] == s[1] && st[2] == s[1] * s[3] && (s[1] > 1 || s[2] * s[3] > 1);
+}
+
+bool same_dense_layout(const std::vector<const Tensor*>& ts) {
+  const Tensor& t0 = *ts[0];
+  for (const Tensor* t : ts)
+    if (t->sizes() != t0.sizes() || t->strides() != t0.strides()) return false;
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size), size-1 dims skipped
+  for (int64_t d = 0; d < t0.dim(); ++d)
+    if (t0.size(d) != 1) dims.push_back({t0.stride(d), t0.size(d)});
+  std::sort(dims.begin(), dims.end());
+  int64_t expected = 1;
+  for (auto& [st, sz] : dims) {
+    if (st != expected) return false;
+    expected *= sz;
+  }
+  return true;
+}
+
+Tensor flat_view(const Tensor& t) { return detail::make_view(t, {t.numel()}, {1}, t.storage_offset()); }
+
+Tensor empty_like_layout(const Tensor& t, const Shape& s, DType dt) {
+  if (s.size() == 4 && s == t.sizes() && is_channels_last(t)) {
+    Tensor nhwc = detail::empty_tensor({s[0], s[2], s[3], s[1]}, dt, t.device());
+    return detail::make_view(nhwc, s, {s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]}, 0);
+  }
+  return detail::empty_tensor(s, dt, t.device());
 }
 
 Tensor to_channels_last(const Tensor& t) {

@@ -25,5 +25,17 @@ double item(const Tensor& t);
 // Channels-last (NHWC memory) copy of a 4-d tensor, and back.
 Tensor to_channels_last(const Tensor& t);
 bool is_channels_last(const Tensor& t);
+// An uninitialised tensor of `sizes` and `dt` on t's device, channels-last when
+// t is (so elementwise ops and casts keep a network's NHWC layout, as PyTorch's
+// memory-format propagation does).
+Tensor empty_like_layout(const Tensor& t, const Shape& sizes, DType dt);
+
+// Note [Dense tensors are flat]: when every operand of an elementwise kernel
+// has the same sizes and strides and those cover memory densely (contiguous,
+// channels-last, or any permutation of a contiguous tensor), the kernel may
+// treat them as 1-d arrays. This keeps NHWC activations on the kernels'
+// vectorised contiguous paths.
+bool same_dense_layout(const std::vector<const Tensor*>& ts);
+Tensor flat_view(const Tensor& t);
 
 }  // namespace chorus::ops

@@ -84,13 +84,23 @@ Tensor unary(UnaryOp op, const Tensor& x, double scalar) {
     in = to_dtype(x, kFloat32);
     out_dt = kFloat32;
   }
-  Tensor out = detail::empty_tensor(x.sizes(), out_dt, x.device());
-  if (out.numel()) CHORUS_KERNEL(x.device(), unary, op, in, out, scalar);
+  Tensor out = empty_like_layout(x, x.sizes(), out_dt);
+  if (out.numel() == 0) return out;
+  if (same_dense_layout({&in, &out})) {
+    CHORUS_KERNEL(x.device(), unary, op, flat_view(in), flat_view(out), scalar);
+  } else {
+    CHORUS_KERNEL(x.device(), unary, op, in, out, scalar);
+  }
   return out;
 }
 
 void unary_(UnaryOp op, const Tensor& self, double scalar) {
-  if (self.numel()) CHORUS_KERNEL(self.device(), unary, op, self, self, scalar);
+  if (self.numel() && same_dense_layout({&self})) {
+    Tensor f = flat_view(self);
+    CHORUS_KERNEL(self.device(), unary, op, f, f, scalar);
+  } else if (self.numel()) {
+    CHORUS_KERNEL(self.device(), unary, op, self, self, scalar);
+  }
   self.bump_version();
 }
 
@@ -103,9 +113,14 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b, double alpha) {
   Device dev = a.device();
   Tensor ta = to_dtype(a, dt);
   Tensor tb = to_dtype(to_device(b, dev), dt);
-  Tensor out = detail::empty_tensor(shape, is_comparison(op) ? kBool : dt, dev);
+  Tensor out = empty_like_layout(a.sizes() == shape || b.device() != dev ? a : b, shape, is_comparison(op) ? kBool : dt);
   if (out.numel() == 0) return out;
-  CHORUS_KERNEL(dev, binary, op, broadcast_to(ta, shape, name), broadcast_to(tb, shape, name), out, alpha);
+  Tensor va = broadcast_to(ta, shape, name), vb = broadcast_to(tb, shape, name);
+  if (same_dense_layout({&va, &vb, &out})) {
+    CHORUS_KERNEL(dev, binary, op, flat_view(va), flat_view(vb), flat_view(out), alpha);
+  } else {
+    CHORUS_KERNEL(dev, binary, op, va, vb, out, alpha);
+  }
   return out;
 }
 
@@ -115,7 +130,12 @@ void binary_(BinaryOp op, const Tensor& self, const Tensor& other, double alpha)
   detail::check_defined(other, name.c_str(), "other");
   Tensor o = to_dtype(to_device(other, self.device()), self.dtype());
   Tensor ob = broadcast_to(o, self.sizes(), name.c_str());
-  if (self.numel()) CHORUS_KERNEL(self.device(), binary, op, self, ob, self, alpha);
+  if (self.numel() && same_dense_layout({&self, &ob})) {
+    Tensor fs = flat_view(self);
+    CHORUS_KERNEL(self.device(), binary, op, fs, flat_view(ob), fs, alpha);
+  } else if (self.numel()) {
+    CHORUS_KERNEL(self.device(), binary, op, self, ob, self, alpha);
+  }
   self.bump_version();
 }
 

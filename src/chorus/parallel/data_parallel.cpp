@@ -24,6 +24,21 @@ void walk(nn::Module& m, std::vector<Tensor*>* params, std::vector<Tensor*>* buf
   for (auto& [n, t] : m.own_buffers()) buffers->push_back(&t);
   for (auto& [n, c] : m.named_children()) walk(*c, params, buffers);
 }
+
+// The AccumulateGrad edges of the input's leaves that require grad. Made on the
+// caller's thread before the replicas run, and held until they finish, so the
+// replica threads (which each narrow the same leaf) only read the leaf's cached
+// node; creating it from several threads at once races on its AutogradMeta.
+void leaf_edges(const nn::Value& x, std::vector<autograd::Edge>* out) {
+  if (x.is_tensor()) {
+    const Tensor& t = x.tensor();
+    if (t.defined() && t.requires_grad() && t.is_leaf()) out->push_back(autograd::gradient_edge(t));
+  } else if (x.is_list()) {
+    for (const auto& e : x.list()) leaf_edges(e, out);
+  } else {
+    for (const auto& [k, e] : x.map()) leaf_edges(e, out);
+  }
+}
 }  // namespace
 
 DataParallel::DataParallel(nn::ModulePtr module, std::vector<Device> devices, DataParallelOptions options)
@@ -102,6 +117,17 @@ void DataParallel::sync_replicas(size_t used) {
   }
   for (size_t r = 1; r < used; ++r)
     for (auto& [master, rep] : buffer_links_[r]) ops::copy_(*rep, *master);
+  // Train/eval mode follows the master module by module: replicas are not
+  // children, so dp->eval() (or module()->eval(), or eval() on one submodule)
+  // reaches them only here. modules() is pre-order, so a parent's recursive
+  // train() is corrected by its children's entries that follow it.
+  auto master_modules = module_->modules();
+  for (size_t r = 1; r < used; ++r) {
+    auto rep = replicas_[r]->modules();
+    CHORUS_ASSERT(rep.size() == master_modules.size());
+    for (size_t i = 0; i < rep.size(); ++i)
+      if (rep[i]->is_training() != master_modules[i]->is_training()) rep[i]->train(master_modules[i]->is_training());
+  }
 }
 
 int64_t DataParallel::batch_size(const nn::Value& x) const {
@@ -179,6 +205,8 @@ nn::Value DataParallel::forward_value(const nn::Value& x) {
     starts[r] = pos;
     pos += lens[r];
   }
+  std::vector<autograd::Edge> leaves;  // held until the replicas are done
+  if (grad_enabled_outside_) leaf_edges(x, &leaves);
   std::vector<nn::Value> outs(used);
   std::vector<std::function<void()>> tasks;
   for (size_t r = 0; r < used; ++r) {

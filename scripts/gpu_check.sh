@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# On a GPU machine: build (cmake + ninja), run the CUDA tests (and optionally
+# compute-sanitizer), benchmark Chorus against PyTorch in the same run, and
+# print a short table last. Stages: build tests sanitize bench train multi
+# (default: build tests bench). Logs and JSON rows go to $OUT (or ./gpu-out).
+# PyTorch's reference script is read from .bench/torch_baseline.py (a copy of
+# ../shared/bench, carried by the device tool).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0
+STAGES=${*:-build tests bench}
+BUILD=build-gpu
+rows="$OUT/rows.jsonl"
+: > "$rows"
+has() { [[ " $STAGES " == *" $1 "* ]]; }
+
+nvidia-smi -L
+if has build; then
+  cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
+  ninja -C $BUILD >"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -40; exit 1; }
+  echo "build ok"
+fi
+C=./$BUILD/chorus
+$C --version; $C devices
+if has tests; then
+  ./$BUILD/chorus_tests --gtest_filter='*_CUDA:*_MultiCUDA:*CUDA*' 2>&1 | tee "$OUT/cuda_tests.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |tests ran|Failure|error" | head -60
+fi
+if has sanitize; then
+  compute-sanitizer --tool memcheck --error-exitcode 9 ./$BUILD/chorus_tests --gtest_filter='*_CUDA' >"$OUT/memcheck.log" 2>&1
+  echo "memcheck exit $? ($(grep -c 'Invalid' "$OUT/memcheck.log") invalid accesses)"; tail -3 "$OUT/memcheck.log"
+fi
+bench_pair() {  # model precision channels_last
+  local m=$1 p=$2 cl=$3 flag=""
+  [ "$cl" = 1 ] && flag=--channels-last
+  $C bench --model $m --precision $p $flag --devices cuda:0 --batch-size 128 --steps 30 --warmup 8 --json | tee -a "$rows"
+  python3 scripts/torch_reference.py --model $m --precision $p $flag --batch 128 --steps 30 --warmup 8 | tee -a "$rows"
+}
+if has bench; then
+  for m in wrn-28-10 wrn-16-4; do
+    bench_pair $m fp32 0
+    bench_pair $m bf16 1
+  done
+fi
+if has train; then
+  $C train --model cnn --data fashion-mnist --devices cuda:0 --epochs 5 --seed 1 --json --quiet | tee "$OUT/train_gpu.json"
+fi
+if has multi; then
+  n=$(nvidia-smi -L | wc -l)
+  devs=$(seq -s, 0 $((n-1)) | sed 's/[0-9]\+/cuda:&/g')
+  ./$BUILD/bench_concurrency 2>&1 | tail -5
+  for p in fp32 bf16; do
+    cl=""; [ $p = bf16 ] && cl=--channels-last
+    $C bench --model wrn-28-10 --strategy dp --devices "$devs" --precision $p $cl --batch-size 128 --steps 20 --warmup 5 --json | tee -a "$rows"
+    python3 scripts/torch_reference.py --model wrn-28-10 --mode dp --gpus $n --precision $p $cl --steps 10 --warmup 3 | tee -a "$rows"
+  done
+fi
+echo "== summary (img/s; ratio = Chorus / PyTorch, same machine, same run)"
+python3 - "$rows" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip().startswith("{")]
+ch = [r for r in rows if "strategy" in r]
+th = [r for r in rows if r.get("torch")]
+print(f"{'model':10} {'prec':5} {'strategy':8} {'dev':>3} {'chorus':>9} {'torch':>9} {'ratio':>6} {'peakMiB':>8} {'torchMiB':>8} {'issue/total ms':>15}")
+for c in ch:
+    t = next((t for t in th if t["model"] == c["model"] and t["precision"] == c["precision"] and t["gpus"] == c["devices"]
+              and (t["mode"] == "single") == (c["strategy"] == "single")), None)
+    tv = t["img_per_s"] if t else float("nan")
+    tm = t.get("peak_mem_bytes", float("nan")) / 2**20 if t else float("nan")
+    print(f"{c['model']:10} {c['precision']:5} {c['strategy']:8} {c['devices']:>3} {c['img_per_s']:9.1f} {tv:9.1f} {c['img_per_s']/tv:6.2f} "
+          f"{c['peak_mem_bytes']/2**20:8.0f} {tm:8.0f} {c.get('host_issue_ms',0):7.1f}/{c.get('total_ms',0):.1f}")
+PY
