@@ -233,6 +233,8 @@ TEST(CudaBackend, RecordUseCoversWorkEnqueuedBeforeOrAfterIt_CUDA) {
   }
 }
 
+// Note [One default stream per device] (cuda/context.cpp): threads share the
+// device's default stream; a chosen stream is per thread.
 TEST(CudaBackend, CurrentStreamIsPerThreadAndNullRestoresTheDefault_CUDA) {
   if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
   DeviceBackend& be = backend(kGpu);
@@ -241,11 +243,14 @@ TEST(CudaBackend, CurrentStreamIsPerThreadAndNullRestoresTheDefault_CUDA) {
   EXPECT_EQ(be.current_stream(kGpu), mine);
   StreamHandle other = nullptr;
   std::thread([&] { other = backend(kGpu).current_stream(kGpu); }).join();
-  EXPECT_NE(other, mine);
+  EXPECT_EQ(other, mine);
 
   StreamHandle s = be.create_stream(kGpu);
   be.set_current_stream(kGpu, s);
   EXPECT_EQ(be.current_stream(kGpu), s);
+  StreamHandle seen_by_other = nullptr;
+  std::thread([&] { seen_by_other = backend(kGpu).current_stream(kGpu); }).join();
+  EXPECT_EQ(seen_by_other, mine);  // the choice does not leak to other threads
   be.set_current_stream(kGpu, nullptr);
   EXPECT_EQ(be.current_stream(kGpu), mine);
   be.destroy_stream(kGpu, s);

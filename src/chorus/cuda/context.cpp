@@ -1,14 +1,12 @@
 // CUDA context: error reporting, the per-thread current stream of each device,
 // cached device properties and lazily enabled peer access (see context.h).
 //
-// Note [Per-thread default streams]: the first time a thread asks for a
-// device's current stream, it gets a non-blocking stream of its own, so that two
-// threads driving one GPU do not serialise. When the thread exits its streams
-// go back to a process-wide free list and are handed to the next new thread
-// instead of being destroyed: the allocator remembers the stream each block was
-// allocated on, and a stream handle must stay valid while any block names it.
+// Streams: see Note [One default stream per device] below. A thread's chosen
+// streams (set_current_stream) are per thread; a stream handle must stay valid
+// while any allocator block names it, so default streams are never destroyed.
 #include "chorus/cuda/context.h"
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -97,23 +95,24 @@ ThreadStreams& thread_streams() {
   return *t_streams;
 }
 
+// Note [One default stream per device]: every thread that has not chosen a
+// stream (StreamGuard / set_current_stream) issues to the device's one
+// process-wide non-blocking stream. Work issued by DataParallel's replica
+// threads and the backward engine's device threads is then ordered with the
+// main thread's work (the optimizer step, the next forward) without events;
+// threads that want overlap pick their own streams explicitly.
 cudaStream_t default_stream(int index) {
-  ThreadStreams& ts = thread_streams();
-  cudaStream_t& s = ts.default_stream[static_cast<size_t>(index)];
+  static std::mutex mu;
+  static auto* streams = new std::vector<std::atomic<cudaStream_t>>(static_cast<size_t>(visible_device_count()));
+  std::atomic<cudaStream_t>& slot = (*streams)[static_cast<size_t>(index)];
+  cudaStream_t s = slot.load(std::memory_order_acquire);
   if (s) return s;
-  {
-    StreamFreeList& list = stream_free_list();
-    std::lock_guard<std::mutex> g(list.mu);
-    if (list.per_device.empty()) list.per_device.resize(static_cast<size_t>(visible_device_count()));
-    auto& free = list.per_device[static_cast<size_t>(index)];
-    if (!free.empty()) {
-      s = free.back();
-      free.pop_back();
-      return s;
-    }
-  }
+  std::lock_guard<std::mutex> g(mu);
+  s = slot.load(std::memory_order_acquire);
+  if (s) return s;
   CudaDeviceGuard guard(index);
   CHORUS_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  slot.store(s, std::memory_order_release);
   return s;
 }
 

@@ -2,7 +2,7 @@
 // macros for every CUDA library Chorus calls. Include only from src/chorus/cuda.
 //
 // Note [Current stream]: each (thread, device) pair has a current stream,
-// initially the device's per-thread default stream created by Chorus (not the
+// initially the device's one process-wide default stream created by Chorus (not the
 // legacy NULL stream, which would serialise with everything). Every kernel of
 // the kernel set is launched on current_stream(device).
 #pragma once
