@@ -592,7 +592,11 @@ TEST(CudaKernels, GatherAndScatterAddMatchCpu_CUDA) {
     const Twin src = random_twin({4, 5, 6}, dtype, ++seed, -9, 9);  // larger than the index
     cpu::scatter_add(acc.cpu, 1, index.cpu, src.cpu);
     cuda::scatter_add(acc.gpu, 1, index.gpu, src.gpu);
-    expect_near(acc.gpu, acc.cpu, dtype == kFloat32 ? 1e-6 : 0.0, dtype == kFloat32 ? 1e-7 : 0.0,
+    // Repeated indices add in a GPU-chosen order: float32 sums differ in the
+    // last bits, and bf16 rounds every partial sum to 8 bits (~1e-2 relative).
+    const double rtol = dtype == kFloat32 ? 1e-6 : dtype == kBFloat16 ? 2e-2 : 0.0;
+    const double atol = dtype == kFloat32 ? 1e-7 : dtype == kBFloat16 ? 1e-2 : 0.0;
+    expect_near(acc.gpu, acc.cpu, rtol, atol,
                 "scatter_add " + name(dtype));
   }
   // Gather along the last dim (the cross-entropy pattern) of a larger tensor.
