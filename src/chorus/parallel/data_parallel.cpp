@@ -91,16 +91,13 @@ std::shared_ptr<nn::Module> DataParallel::make_empty() const {
   CHORUS_THROW(ValueError, "DataParallel cannot be cloned; clone its module() instead");
 }
 
-// Runs on replica r's own thread (DeviceThreads), so the replicas' parameter
-// copies and graph edges are issued in parallel rather than one replica after
-// another from the caller's thread.
-void DataParallel::sync_replica(size_t r) {
+void DataParallel::sync_replicas(size_t used) {
   // No NoGradGuard here: autograd::record checks grad_enabled() and would
   // silently drop the BroadcastBackward edges below (replica gradients lost).
   // The copies are raw ops:: calls, which autograd never records anyway.
   for (auto& link : links_) {
     const Tensor& m = link->master;
-    {
+    for (size_t r = 1; r < used; ++r) {
       // Per replica: a small batch leaves the idle replicas behind, and they
       // must still catch up when a later batch uses them again.
       if (link->synced_version[r] != m.version()) {
@@ -118,13 +115,14 @@ void DataParallel::sync_replica(size_t r) {
       for (Tensor* slot : link->slots[r]) *slot = view;
     }
   }
-  for (auto& [master, rep] : buffer_links_[r]) ops::copy_(*rep, *master);
+  for (size_t r = 1; r < used; ++r)
+    for (auto& [master, rep] : buffer_links_[r]) ops::copy_(*rep, *master);
   // Train/eval mode follows the master module by module: replicas are not
   // children, so dp->eval() (or module()->eval(), or eval() on one submodule)
   // reaches them only here. modules() is pre-order, so a parent's recursive
   // train() is corrected by its children's entries that follow it.
   auto master_modules = module_->modules();
-  {
+  for (size_t r = 1; r < used; ++r) {
     auto rep = replicas_[r]->modules();
     CHORUS_ASSERT(rep.size() == master_modules.size());
     for (size_t i = 0; i < rep.size(); ++i)
@@ -198,6 +196,7 @@ nn::Value DataParallel::forward_value(const nn::Value& x) {
   CHORUS_CHECK(batch > 0, "DataParallel: the batch is empty");
   const size_t used = std::min<size_t>(devices_.size(), static_cast<size_t>(batch));
   grad_enabled_outside_ = grad_enabled();
+  sync_replicas(used);
   // As-equal-as-possible chunks: 7 over 3 devices gives 3, 2, 2.
   std::vector<int64_t> starts(used), lens(used);
   int64_t pos = 0;
@@ -212,7 +211,6 @@ nn::Value DataParallel::forward_value(const nn::Value& x) {
   std::vector<std::function<void()>> tasks;
   for (size_t r = 0; r < used; ++r) {
     tasks.push_back([&, r] {
-      if (r > 0) sync_replica(r);
       nn::Value in = scatter(x, starts[r], lens[r], devices_[r]);
       outs[r] = replicas_[r]->forward_value(in);
     });

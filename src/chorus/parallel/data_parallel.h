@@ -59,7 +59,7 @@ class DataParallel : public nn::Module {
 
  private:
   struct ParamLink;  // master parameter -> its slots in each replica
-  void sync_replica(size_t r);
+  void sync_replicas(size_t used);
   int64_t batch_size(const nn::Value& x) const;
   nn::Value scatter(const nn::Value& x, int64_t start, int64_t len, const Device& d) const;
   nn::Value gather(const std::vector<nn::Value>& outs, const Device& d) const;
