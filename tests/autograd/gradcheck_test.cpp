@@ -17,7 +17,6 @@ using nn::functional::Conv2dParams;
 using nn::functional::Pool2dParams;
 using test::away_from_zero_leaf;
 using test::distinct_leaf;
-using test::float_kernel_options;
 using test::gradcheck;
 using test::leaf;
 using test::random_leaf;
@@ -399,62 +398,53 @@ TEST(GradcheckNN, DropoutWithAFixedMask) {
   EXPECT_TRUE(gradcheck([](L v) { return F::dropout(v[0], 0.4, false).exp(); }, {x}));
 }
 
-// Convolution, pooling and batch norm: the CPU kernels compute in float32 and
-// refuse float64 tensors (cpu/nn_kernels.cpp), so the float64 leaves are cast
-// to float32 inside f and the check uses float tolerances (float_kernel_options
-// in testing/gradcheck.h says why).
-Tensor f32(const Tensor& t) { return t.to(kFloat32); }
+// Convolution, pooling and batch norm run in float64 like every other op: the
+// CPU kernel set routes float64 tensors to the naive double kernels of
+// cpu/nn_kernels_f64.h, so these checks use the default tight tolerances.
 
 TEST(GradcheckNN, Conv2d) {
   // Stride, padding, dilation, groups and bias together, then one at a time.
   Tensor x = random_leaf({2, 4, 6, 5}, 130), w = random_leaf({4, 2, 3, 3}, 131), b = random_leaf({4}, 132);
   EXPECT_TRUE(gradcheck([](L v) {
-    return F::conv2d(f32(v[0]), f32(v[1]), f32(v[2]), Conv2dParams{2, 1, 1, 2, 2, 1, 2});
-  }, {x, w, b}, float_kernel_options()));
+    return F::conv2d(v[0], v[1], v[2], Conv2dParams{2, 1, 1, 2, 2, 1, 2});
+  }, {x, w, b}));
   Tensor w1 = random_leaf({3, 4, 3, 2}, 133);
-  EXPECT_TRUE(gradcheck([](L v) { return F::conv2d(f32(v[0]), f32(v[1]), Tensor(), Conv2dParams{}); }, {x, w1},
-                        float_kernel_options()));
+  EXPECT_TRUE(gradcheck([](L v) { return F::conv2d(v[0], v[1], Tensor(), Conv2dParams{}); }, {x, w1}));
   Tensor b3 = random_leaf({3}, 134);
   EXPECT_TRUE(gradcheck([](L v) {
-    return F::conv2d(f32(v[0]), f32(v[1]), f32(v[2]), Conv2dParams{1, 2, 1, 0, 1, 1, 1});
-  }, {x, w1, b3}, float_kernel_options()));
+    return F::conv2d(v[0], v[1], v[2], Conv2dParams{1, 2, 1, 0, 1, 1, 1});
+  }, {x, w1, b3}));
   Tensor wd = random_leaf({3, 4, 2, 2}, 135);
   EXPECT_TRUE(gradcheck([](L v) {
-    return F::conv2d(f32(v[0]), f32(v[1]), Tensor(), Conv2dParams{1, 1, 0, 0, 2, 2, 1});
-  }, {x, wd}, float_kernel_options()));
+    return F::conv2d(v[0], v[1], Tensor(), Conv2dParams{1, 1, 0, 0, 2, 2, 1});
+  }, {x, wd}));
   // Groups equal to the channel count (depthwise), on a transposed input view.
   Tensor xt = random_leaf({2, 4, 5, 6}, 136), wdw = random_leaf({4, 1, 3, 3}, 137);
   EXPECT_TRUE(gradcheck([](L v) {
-    return F::conv2d(f32(v[0]).transpose(2, 3), f32(v[1]), Tensor(), Conv2dParams{1, 1, 1, 1, 1, 1, 4});
-  }, {xt, wdw}, float_kernel_options()));
+    return F::conv2d(v[0].transpose(2, 3), v[1], Tensor(), Conv2dParams{1, 1, 1, 1, 1, 1, 4});
+  }, {xt, wdw}));
 }
 
 TEST(GradcheckNN, MaxPool2d) {
-  // Values 0.05 apart (step 1e-3): the winner of every window never changes.
+  // Values 0.05 apart (step 1e-6): the winner of every window never changes.
   Tensor x = distinct_leaf({2, 2, 6, 5}, 140);
-  EXPECT_TRUE(gradcheck([](L v) { return F::max_pool2d(f32(v[0]), Pool2dParams{2, 2, 2, 2}); }, {x},
-                        float_kernel_options()));
-  EXPECT_TRUE(gradcheck([](L v) { return F::max_pool2d(f32(v[0]), Pool2dParams{3, 3, 2, 2, 1, 1}); }, {x},
-                        float_kernel_options()));
-  EXPECT_TRUE(gradcheck([](L v) { return F::max_pool2d(f32(v[0]), Pool2dParams{3, 2, 1, 2, 1, 0}); }, {x},
-                        float_kernel_options()));
+  EXPECT_TRUE(gradcheck([](L v) { return F::max_pool2d(v[0], Pool2dParams{2, 2, 2, 2}); }, {x}));
+  EXPECT_TRUE(gradcheck([](L v) { return F::max_pool2d(v[0], Pool2dParams{3, 3, 2, 2, 1, 1}); }, {x}));
+  EXPECT_TRUE(gradcheck([](L v) { return F::max_pool2d(v[0], Pool2dParams{3, 2, 1, 2, 1, 0}); }, {x}));
 }
 
 TEST(GradcheckNN, AvgPool2d) {
   Tensor x = random_leaf({2, 2, 6, 5}, 141);
-  EXPECT_TRUE(gradcheck([](L v) { return F::avg_pool2d(f32(v[0]), Pool2dParams{2, 2, 2, 2}); }, {x},
-                        float_kernel_options()));
-  EXPECT_TRUE(gradcheck([](L v) { return F::avg_pool2d(f32(v[0]), Pool2dParams{3, 3, 2, 2, 1, 1}); }, {x},
-                        float_kernel_options()));
-  EXPECT_TRUE(gradcheck([](L v) { return F::avg_pool2d(f32(v[0]), Pool2dParams{3, 2, 1, 2, 1, 0}); }, {x},
-                        float_kernel_options()));
+  EXPECT_TRUE(gradcheck([](L v) { return F::avg_pool2d(v[0], Pool2dParams{2, 2, 2, 2}); }, {x}));
+  EXPECT_TRUE(gradcheck([](L v) { return F::avg_pool2d(v[0], Pool2dParams{3, 3, 2, 2, 1, 1}); }, {x}));
+  EXPECT_TRUE(gradcheck([](L v) { return F::avg_pool2d(v[0], Pool2dParams{3, 2, 1, 2, 1, 0}); }, {x}));
 }
 
 TEST(GradcheckNN, AdaptiveAvgPool2d) {
   Tensor x = random_leaf({2, 2, 5, 7}, 142);
-  EXPECT_TRUE(gradcheck([](L v) { return F::adaptive_avg_pool2d(f32(v[0]), 3, 2); }, {x}, float_kernel_options()));
-  EXPECT_TRUE(gradcheck([](L v) { return F::adaptive_avg_pool2d(f32(v[0]), 1, 1); }, {x}, float_kernel_options()));
-  EXPECT_TRUE(gradcheck([](L v) { return F::adaptive_avg_pool2d(f32(v[0]), 4, 9); }, {x}, float_kernel_options()));
+  EXPECT_TRUE(gradcheck([](L v) { return F::adaptive_avg_pool2d(v[0], 3, 2); }, {x}));
+  EXPECT_TRUE(gradcheck([](L v) { return F::adaptive_avg_pool2d(v[0], 1, 1); }, {x}));
+  EXPECT_TRUE(gradcheck([](L v) { return F::adaptive_avg_pool2d(v[0], 4, 9); }, {x}));
 }
 
 TEST(GradcheckNN, BatchNormTraining) {
@@ -462,27 +452,27 @@ TEST(GradcheckNN, BatchNormTraining) {
   // Running statistics are updated in place at every evaluation; they do not
   // affect the training-mode output.
   Tensor rm = zeros({2}), rv = ones({2});
-  auto f = [rm, rv](L v) { return F::batch_norm(f32(v[0]), rm, rv, f32(v[1]), f32(v[2]), true, 0.1, 1e-5); };
-  EXPECT_TRUE(gradcheck(f, {x, w, b}, float_kernel_options()));
+  auto f = [rm, rv](L v) { return F::batch_norm(v[0], rm, rv, v[1], v[2], true, 0.1, 1e-5); };
+  EXPECT_TRUE(gradcheck(f, {x, w, b}));
   // [N, C] input, no running statistics.
   Tensor x2 = random_leaf({5, 3}, 153), w2 = random_leaf_in({3}, 154, 0.5, 1.5), b2 = random_leaf({3}, 155);
   EXPECT_TRUE(gradcheck([](L v) {
-    return F::batch_norm(f32(v[0]), Tensor(), Tensor(), f32(v[1]), f32(v[2]), true, 0.1, 1e-5);
-  }, {x2, w2, b2}, float_kernel_options()));
+    return F::batch_norm(v[0], Tensor(), Tensor(), v[1], v[2], true, 0.1, 1e-5);
+  }, {x2, w2, b2}));
   // No affine parameters.
-  EXPECT_TRUE(gradcheck([](L v) { return F::batch_norm(f32(v[0]), Tensor(), Tensor(), Tensor(), Tensor(), true, 0.1, 1e-5); },
-                        {x2}, float_kernel_options()));
+  EXPECT_TRUE(gradcheck([](L v) { return F::batch_norm(v[0], Tensor(), Tensor(), Tensor(), Tensor(), true, 0.1, 1e-5); },
+                        {x2}));
 }
 
 TEST(GradcheckNN, BatchNormEval) {
   Tensor x = random_leaf({3, 2, 2, 3}, 156), w = random_leaf_in({2}, 157, 0.5, 1.5), b = random_leaf({2}, 158);
   Tensor rm = from_vector(std::vector<float>{0.3f, -0.2f}, {2}), rv = from_vector(std::vector<float>{0.8f, 1.7f}, {2});
-  auto f = [rm, rv](L v) { return F::batch_norm(f32(v[0]), rm, rv, f32(v[1]), f32(v[2]), false, 0.1, 1e-5); };
-  EXPECT_TRUE(gradcheck(f, {x, w, b}, float_kernel_options()));
+  auto f = [rm, rv](L v) { return F::batch_norm(v[0], rm, rv, v[1], v[2], false, 0.1, 1e-5); };
+  EXPECT_TRUE(gradcheck(f, {x, w, b}));
   // Only the bias requires grad: the output must still be recorded.
   Tensor xc = leaf(test::uniform_values(36, 159), {3, 2, 2, 3}, cpu_device(0), false);
   Tensor wc = leaf({1.2, 0.7}, {2}, cpu_device(0), false);
-  EXPECT_TRUE(gradcheck([xc, wc, f](L v) { return f({xc, wc, v[0]}); }, {b}, float_kernel_options()));
+  EXPECT_TRUE(gradcheck([xc, wc, f](L v) { return f({xc, wc, v[0]}); }, {b}));
 }
 
 }  // namespace

@@ -17,6 +17,12 @@
 // (Caffe's threshold * max(|a|, |n|, 1)); the failure message names the worst
 // element: input index, element (linear and multi-index), analytic, numeric.
 //
+// Every op is checked in float64 with these default tolerances, convolution,
+// pooling and batch norm included: the CPU kernel set computes those in double
+// for float64 tensors (cpu/nn_kernels_f64.h) precisely so that no op needs a
+// float32 cast and float-sized tolerances here. Only a check through an
+// explicit float32 conversion (to_dtype) needs looser options.
+//
 // Inputs that require grad must be contiguous float64 leaves on a CPU device
 // (any logical one): their values are perturbed in place through data<double>().
 // Other inputs (integer indices, targets) are passed through untouched. A
@@ -44,19 +50,6 @@ struct GradcheckOptions {
   double rtol = 1e-6;
   double atol = 1e-9;
 };
-
-// For ops whose CPU kernels compute in float32. Convolution, pooling and
-// batch norm run on float buffers (cpu/conv2d.h, cpu/pool.h, cpu/batch_norm.h)
-// and their kernel-set entry points refuse float64 (cpu/nn_kernels.cpp), so
-// their checks cast the float64 leaves to float32 inside f (to_dtype is
-// differentiable) and compare with float-sized tolerances: a step of 1e-6
-// would be below float's resolution (~6e-8 relative) times |L| and the
-// difference quotient would be noise. A step of 1e-3 keeps float rounding near
-// 1e-7 * |L| / 1e-3 ~ 1e-4 * |L|. Convolution and the pools are linear or
-// piecewise linear in each input (max pooling's inputs are spaced further
-// apart than the step), and batch norm is smooth, so the larger step adds no
-// truncation error worth the name (~eps^2 for batch norm).
-inline GradcheckOptions float_kernel_options() { return GradcheckOptions{1e-3, 1e-2, 1e-3}; }
 
 using GradcheckFn = std::function<Tensor(const TensorList&)>;
 

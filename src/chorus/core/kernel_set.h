@@ -57,8 +57,9 @@
   void adaptive_avg_pool2d_forward(const Tensor& x, const Tensor& y);                             \
   void adaptive_avg_pool2d_backward(const Tensor& dy, const Tensor& dx);                          \
   /* Batch norm over [N,C,*] contiguous. Training: batch statistics, writes save_mean and         \
-     save_invstd [C] (float32) and updates running stats (unbiased variance, momentum) when       \
-     defined. Eval: uses running stats. gamma/beta may be undefined (1 and 0). */                 \
+     save_invstd [C] (float32; float64 for a float64 x, which only the CPU accepts) and           \
+     updates running stats (unbiased variance, momentum) when defined. Eval: uses running         \
+     stats. gamma/beta may be undefined (1 and 0). */                                             \
   void batch_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,               \
                           const Tensor& running_mean, const Tensor& running_var, bool training,   \
                           double momentum, double eps, const Tensor& y, const Tensor& save_mean,  \

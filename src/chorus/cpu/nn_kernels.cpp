@@ -1,15 +1,20 @@
 // The kernel-set entry points for convolution, pooling and batch norm on the
-// CPU: thin wrappers that check tensors and hand raw float pointers to the
-// kernels of conv2d.h, pool.h and batch_norm.h.
+// CPU: thin wrappers that check tensors and hand raw pointers to the kernels
+// of conv2d.h, pool.h and batch_norm.h (float32), or of nn_kernels_f64.h
+// (float64).
 //
-// Those kernels are float32 only. A bfloat16/float16 tensor goes through a
-// float32 temporary (converted with the kernel set's copy) and results are
-// rounded back once at the end, which is also the kernel-set rule "math in
-// float32, convert on load/store". float64 is refused rather than silently
-// computed in float: it exists for gradient checks, which float would spoil.
-// The raw kernels report bad geometry with std::invalid_argument; it is
-// rethrown as ValueError so callers see one error type.
+// The compute dtype is float64 when any operand is float64, float32
+// otherwise. float64 exists for gradient checks, which float would spoil, so
+// it goes to the naive double kernels rather than being rounded through the
+// fast float ones. A bfloat16/float16 tensor goes through a float32 temporary
+// (converted with the kernel set's copy) and results are rounded back once at
+// the end, which is also the kernel-set rule "math in float32, convert on
+// load/store"; an operand whose dtype differs from the compute dtype is
+// converted the same way. The raw kernels report bad geometry with
+// std::invalid_argument; it is rethrown as ValueError so callers see one
+// error type.
 #include <cmath>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 
@@ -17,47 +22,65 @@
 #include "chorus/cpu/batch_norm.h"
 #include "chorus/cpu/conv2d.h"
 #include "chorus/cpu/kernels.h"
+#include "chorus/cpu/nn_kernels_f64.h"
 #include "chorus/cpu/pool.h"
 
 namespace chorus::cpu {
 namespace {
 
+bool is_float_dtype(DType t) {
+  return t == kFloat32 || t == kFloat64 || t == kBFloat16 || t == kFloat16;
+}
+
 // Checks a required (or, with optional, possibly undefined) argument: a
-// contiguous float32/bf16/f16 tensor of `shape`.
+// contiguous floating-point tensor of `shape`.
 void check_arg(const char* op, const char* arg, const Tensor& t, const Shape& shape,
                bool optional = false) {
   if (optional && !t.defined()) return;
   detail::check_defined(t, op, arg);
-  CHORUS_CHECK(t.dtype() == kFloat32 || t.dtype() == kBFloat16 || t.dtype() == kFloat16, op,
-               ": ", arg, " must be float32, bfloat16 or float16 (the CPU kernels compute in "
-               "float32), got ", t.describe());
+  CHORUS_CHECK(is_float_dtype(t.dtype()), op, ": ", arg,
+               " must be float32, float64, bfloat16 or float16, got ", t.describe());
   CHORUS_CHECK(t.is_contiguous(), op, ": ", arg, " must be contiguous, got ", t.describe());
   CHORUS_CHECK(t.sizes() == shape, op, ": ", arg, " must have shape ", shape_str(shape), ", got ",
                t.describe());
 }
 
-// An input as float32: the tensor itself, or a converted copy.
-Tensor float32_input(const Tensor& t) {
-  if (!t.defined() || t.dtype() == kFloat32) return t;
-  Tensor f = detail::empty_tensor(t.sizes(), kFloat32, t.device());
+// float64 when any defined operand is float64, else float32.
+DType compute_dtype(std::initializer_list<const Tensor*> operands) {
+  for (const Tensor* t : operands)
+    if (t->defined() && t->dtype() == kFloat64) return kFloat64;
+  return kFloat32;
+}
+
+// An input in the compute dtype: the tensor itself, or a converted copy.
+Tensor compute_input(const Tensor& t, DType ct) {
+  if (!t.defined() || t.dtype() == ct) return t;
+  Tensor f = detail::empty_tensor(t.sizes(), ct, t.device());
   cpu::copy(t, f);
   return f;
 }
 
-// Where a kernel writes an output: the tensor itself, or a float32 scratch
-// that write_back() rounds into it. Inputs/outputs that are read and updated
-// (running stats) go through float32_input instead and are written back too.
-Tensor float32_output(const Tensor& t) {
-  if (!t.defined() || t.dtype() == kFloat32) return t;
-  return detail::empty_tensor(t.sizes(), kFloat32, t.device());
+// Where a kernel writes an output: the tensor itself, or a compute-dtype
+// scratch that write_back() converts into it. Inputs/outputs that are read
+// and updated (running stats) go through compute_input instead and are
+// written back too.
+Tensor compute_output(const Tensor& t, DType ct) {
+  if (!t.defined() || t.dtype() == ct) return t;
+  return detail::empty_tensor(t.sizes(), ct, t.device());
 }
 
-void write_back(const Tensor& f32, const Tensor& t) {
-  if (t.defined() && !f32.is_same(t)) cpu::copy(f32, t);
+void write_back(const Tensor& scratch, const Tensor& t) {
+  if (t.defined() && !scratch.is_same(t)) cpu::copy(scratch, t);
 }
 
-const float* in_ptr(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
-float* out_ptr(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
+template <typename T>
+const T* in_ptr(const Tensor& t) {
+  return t.defined() ? t.data<T>() : nullptr;
+}
+template <typename T>
+T* out_ptr(const Tensor& t) {
+  return t.defined() ? t.data<T>() : nullptr;
+}
 
 // Runs a raw kernel, turning its std::invalid_argument into a ValueError
 // that names `op` (the raw kernels name themselves, helpers may not).
@@ -121,10 +144,14 @@ BnDims bn_dims(const char* op, const Tensor& x) {
   return {x.size(0), x.size(1), spatial};
 }
 
+// save_mean / save_invstd: float32, or float64 (what ops::batch_norm
+// allocates for a float64 input).
 void check_stat(const char* op, const char* arg, const Tensor& t, int64_t c) {
   detail::check_defined(t, op, arg);
-  CHORUS_CHECK(t.dtype() == kFloat32 && t.is_contiguous() && t.sizes() == Shape{c}, op, ": ", arg,
-               " must be contiguous float32 of shape [", c, "], got ", t.describe());
+  CHORUS_CHECK((t.dtype() == kFloat32 || t.dtype() == kFloat64) && t.is_contiguous() &&
+                   t.sizes() == Shape{c},
+               op, ": ", arg, " must be contiguous float32 or float64 of shape [", c, "], got ",
+               t.describe());
 }
 
 // [N, C, H, W] of a 4-d tensor argument, for the adaptive pools.
@@ -147,10 +174,19 @@ void conv2d_forward(const Conv2dGeometry& g, const Tensor& x, const Tensor& weig
   check_arg(op, "weight", weight, z.weight);
   check_arg(op, "bias", bias, z.bias, /*optional=*/true);
   check_arg(op, "y", y, z.y);
-  const Tensor xf = float32_input(x), wf = float32_input(weight), bf = float32_input(bias);
-  const Tensor yf = float32_output(y);
-  run_kernel(op, [&] { conv2d_forward(s, in_ptr(xf), in_ptr(wf), in_ptr(bf), out_ptr(yf)); });
-  write_back(yf, y);
+  const DType ct = compute_dtype({&x, &weight, &bias, &y});
+  const Tensor xc = compute_input(x, ct), wc = compute_input(weight, ct);
+  const Tensor bc = compute_input(bias, ct), yc = compute_output(y, ct);
+  run_kernel(op, [&] {
+    if (ct == kFloat64) {
+      f64::conv2d_forward(s, in_ptr<double>(xc), in_ptr<double>(wc), in_ptr<double>(bc),
+                          out_ptr<double>(yc));
+    } else {
+      conv2d_forward(s, in_ptr<float>(xc), in_ptr<float>(wc), in_ptr<float>(bc),
+                     out_ptr<float>(yc));
+    }
+  });
+  write_back(yc, y);
 }
 
 void conv2d_backward_input(const Conv2dGeometry& g, const Tensor& dy, const Tensor& weight,
@@ -161,9 +197,17 @@ void conv2d_backward_input(const Conv2dGeometry& g, const Tensor& dy, const Tens
   check_arg(op, "dy", dy, z.y);
   check_arg(op, "weight", weight, z.weight);
   check_arg(op, "dx", dx, z.x);
-  const Tensor dyf = float32_input(dy), wf = float32_input(weight), dxf = float32_output(dx);
-  run_kernel(op, [&] { conv2d_backward_input(s, in_ptr(dyf), in_ptr(wf), out_ptr(dxf)); });
-  write_back(dxf, dx);
+  const DType ct = compute_dtype({&dy, &weight, &dx});
+  const Tensor dyc = compute_input(dy, ct), wc = compute_input(weight, ct);
+  const Tensor dxc = compute_output(dx, ct);
+  run_kernel(op, [&] {
+    if (ct == kFloat64) {
+      f64::conv2d_backward_input(s, in_ptr<double>(dyc), in_ptr<double>(wc), out_ptr<double>(dxc));
+    } else {
+      conv2d_backward_input(s, in_ptr<float>(dyc), in_ptr<float>(wc), out_ptr<float>(dxc));
+    }
+  });
+  write_back(dxc, dx);
 }
 
 void conv2d_backward_weight(const Conv2dGeometry& g, const Tensor& dy, const Tensor& x,
@@ -175,13 +219,20 @@ void conv2d_backward_weight(const Conv2dGeometry& g, const Tensor& dy, const Ten
   check_arg(op, "x", x, z.x);
   check_arg(op, "dweight", dweight, z.weight);
   check_arg(op, "dbias", dbias, z.bias, /*optional=*/true);
-  const Tensor dyf = float32_input(dy), xf = float32_input(x);
-  const Tensor dwf = float32_output(dweight), dbf = float32_output(dbias);
+  const DType ct = compute_dtype({&dy, &x, &dweight, &dbias});
+  const Tensor dyc = compute_input(dy, ct), xc = compute_input(x, ct);
+  const Tensor dwc = compute_output(dweight, ct), dbc = compute_output(dbias, ct);
   run_kernel(op, [&] {
-    conv2d_backward_weight(s, in_ptr(dyf), in_ptr(xf), out_ptr(dwf), out_ptr(dbf));
+    if (ct == kFloat64) {
+      f64::conv2d_backward_weight(s, in_ptr<double>(dyc), in_ptr<double>(xc),
+                                  out_ptr<double>(dwc), out_ptr<double>(dbc));
+    } else {
+      conv2d_backward_weight(s, in_ptr<float>(dyc), in_ptr<float>(xc), out_ptr<float>(dwc),
+                             out_ptr<float>(dbc));
+    }
   });
-  write_back(dwf, dweight);
-  write_back(dbf, dbias);
+  write_back(dwc, dweight);
+  write_back(dbc, dbias);
 }
 
 // ---- pooling -------------------------------------------------------------------
@@ -193,12 +244,20 @@ void max_pool2d_forward(const Pool2dGeometry& g, const Tensor& x, const Tensor& 
   check_arg(op, "x", x, pool_input_shape(g));
   check_arg(op, "y", y, out);
   check_indices(op, indices, out);
-  const Tensor xf = float32_input(x), yf = float32_output(y);
+  const DType ct = compute_dtype({&x, &y});
+  const Tensor xc = compute_input(x, ct), yc = compute_output(y, ct);
   run_kernel(op, [&] {
-    max_pool2d_forward(in_ptr(xf), g.n, g.c, g.h, g.w, g.kh, g.kw, g.stride_h, g.stride_w,
-                       g.pad_h, g.pad_w, out_ptr(yf), indices.data<int64_t>());
+    if (ct == kFloat64) {
+      f64::max_pool2d_forward(in_ptr<double>(xc), g.n, g.c, g.h, g.w, g.kh, g.kw, g.stride_h,
+                              g.stride_w, g.pad_h, g.pad_w, out_ptr<double>(yc),
+                              indices.data<int64_t>());
+    } else {
+      max_pool2d_forward(in_ptr<float>(xc), g.n, g.c, g.h, g.w, g.kh, g.kw, g.stride_h,
+                         g.stride_w, g.pad_h, g.pad_w, out_ptr<float>(yc),
+                         indices.data<int64_t>());
+    }
   });
-  write_back(yf, y);
+  write_back(yc, y);
 }
 
 void max_pool2d_backward(const Pool2dGeometry& g, const Tensor& dy, const Tensor& indices,
@@ -208,36 +267,54 @@ void max_pool2d_backward(const Pool2dGeometry& g, const Tensor& dy, const Tensor
   check_arg(op, "dy", dy, out);
   check_indices(op, indices, out);
   check_arg(op, "dx", dx, pool_input_shape(g));
-  const Tensor dyf = float32_input(dy), dxf = float32_output(dx);
+  const DType ct = compute_dtype({&dy, &dx});
+  const Tensor dyc = compute_input(dy, ct), dxc = compute_output(dx, ct);
   run_kernel(op, [&] {
-    max_pool2d_backward(in_ptr(dyf), indices.data<int64_t>(), g.n, g.c, g.h, g.w, out[2], out[3],
-                        out_ptr(dxf));
+    if (ct == kFloat64) {
+      f64::max_pool2d_backward(in_ptr<double>(dyc), indices.data<int64_t>(), g.n, g.c, g.h, g.w,
+                               out[2], out[3], out_ptr<double>(dxc));
+    } else {
+      max_pool2d_backward(in_ptr<float>(dyc), indices.data<int64_t>(), g.n, g.c, g.h, g.w,
+                          out[2], out[3], out_ptr<float>(dxc));
+    }
   });
-  write_back(dxf, dx);
+  write_back(dxc, dx);
 }
 
 void avg_pool2d_forward(const Pool2dGeometry& g, const Tensor& x, const Tensor& y) {
   const char* op = "avg_pool2d_forward";
   check_arg(op, "x", x, pool_input_shape(g));
   check_arg(op, "y", y, pool_output_shape(op, g));
-  const Tensor xf = float32_input(x), yf = float32_output(y);
+  const DType ct = compute_dtype({&x, &y});
+  const Tensor xc = compute_input(x, ct), yc = compute_output(y, ct);
   run_kernel(op, [&] {
-    avg_pool2d_forward(in_ptr(xf), g.n, g.c, g.h, g.w, g.kh, g.kw, g.stride_h, g.stride_w,
-                       g.pad_h, g.pad_w, out_ptr(yf));
+    if (ct == kFloat64) {
+      f64::avg_pool2d_forward(in_ptr<double>(xc), g.n, g.c, g.h, g.w, g.kh, g.kw, g.stride_h,
+                              g.stride_w, g.pad_h, g.pad_w, out_ptr<double>(yc));
+    } else {
+      avg_pool2d_forward(in_ptr<float>(xc), g.n, g.c, g.h, g.w, g.kh, g.kw, g.stride_h,
+                         g.stride_w, g.pad_h, g.pad_w, out_ptr<float>(yc));
+    }
   });
-  write_back(yf, y);
+  write_back(yc, y);
 }
 
 void avg_pool2d_backward(const Pool2dGeometry& g, const Tensor& dy, const Tensor& dx) {
   const char* op = "avg_pool2d_backward";
   check_arg(op, "dy", dy, pool_output_shape(op, g));
   check_arg(op, "dx", dx, pool_input_shape(g));
-  const Tensor dyf = float32_input(dy), dxf = float32_output(dx);
+  const DType ct = compute_dtype({&dy, &dx});
+  const Tensor dyc = compute_input(dy, ct), dxc = compute_output(dx, ct);
   run_kernel(op, [&] {
-    avg_pool2d_backward(in_ptr(dyf), g.n, g.c, g.h, g.w, g.kh, g.kw, g.stride_h, g.stride_w,
-                        g.pad_h, g.pad_w, out_ptr(dxf));
+    if (ct == kFloat64) {
+      f64::avg_pool2d_backward(in_ptr<double>(dyc), g.n, g.c, g.h, g.w, g.kh, g.kw, g.stride_h,
+                               g.stride_w, g.pad_h, g.pad_w, out_ptr<double>(dxc));
+    } else {
+      avg_pool2d_backward(in_ptr<float>(dyc), g.n, g.c, g.h, g.w, g.kh, g.kw, g.stride_h,
+                          g.stride_w, g.pad_h, g.pad_w, out_ptr<float>(dxc));
+    }
   });
-  write_back(dxf, dx);
+  write_back(dxc, dx);
 }
 
 void adaptive_avg_pool2d_forward(const Tensor& x, const Tensor& y) {
@@ -245,12 +322,18 @@ void adaptive_avg_pool2d_forward(const Tensor& x, const Tensor& y) {
   const Shape in = nchw_of(op, "x", x), out = nchw_of(op, "y", y);
   check_arg(op, "x", x, in);
   check_arg(op, "y", y, {in[0], in[1], out[2], out[3]});
-  const Tensor xf = float32_input(x), yf = float32_output(y);
+  const DType ct = compute_dtype({&x, &y});
+  const Tensor xc = compute_input(x, ct), yc = compute_output(y, ct);
   run_kernel(op, [&] {
-    adaptive_avg_pool2d_forward(in_ptr(xf), in[0], in[1], in[2], in[3], out[2], out[3],
-                                out_ptr(yf));
+    if (ct == kFloat64) {
+      f64::adaptive_avg_pool2d_forward(in_ptr<double>(xc), in[0], in[1], in[2], in[3], out[2],
+                                       out[3], out_ptr<double>(yc));
+    } else {
+      adaptive_avg_pool2d_forward(in_ptr<float>(xc), in[0], in[1], in[2], in[3], out[2], out[3],
+                                  out_ptr<float>(yc));
+    }
   });
-  write_back(yf, y);
+  write_back(yc, y);
 }
 
 void adaptive_avg_pool2d_backward(const Tensor& dy, const Tensor& dx) {
@@ -258,15 +341,37 @@ void adaptive_avg_pool2d_backward(const Tensor& dy, const Tensor& dx) {
   const Shape out = nchw_of(op, "dy", dy), in = nchw_of(op, "dx", dx);
   check_arg(op, "dy", dy, {in[0], in[1], out[2], out[3]});
   check_arg(op, "dx", dx, in);
-  const Tensor dyf = float32_input(dy), dxf = float32_output(dx);
+  const DType ct = compute_dtype({&dy, &dx});
+  const Tensor dyc = compute_input(dy, ct), dxc = compute_output(dx, ct);
   run_kernel(op, [&] {
-    adaptive_avg_pool2d_backward(in_ptr(dyf), in[0], in[1], in[2], in[3], out[2], out[3],
-                                 out_ptr(dxf));
+    if (ct == kFloat64) {
+      f64::adaptive_avg_pool2d_backward(in_ptr<double>(dyc), in[0], in[1], in[2], in[3], out[2],
+                                        out[3], out_ptr<double>(dxc));
+    } else {
+      adaptive_avg_pool2d_backward(in_ptr<float>(dyc), in[0], in[1], in[2], in[3], out[2],
+                                   out[3], out_ptr<float>(dxc));
+    }
   });
-  write_back(dxf, dx);
+  write_back(dxc, dx);
 }
 
 // ---- batch norm ------------------------------------------------------------------
+
+namespace {
+// Eval mode: save_mean/save_invstd (compute dtype, when defined) receive the
+// running statistics as mean and 1/sqrt(var + eps).
+template <typename T>
+void save_running_stats(const Tensor& rm, const Tensor& rv, double eps, int64_t c,
+                        const Tensor& save_mean, const Tensor& save_invstd) {
+  const T* m = in_ptr<T>(rm);
+  const T* v = in_ptr<T>(rv);
+  for (int64_t ch = 0; ch < c; ++ch) {
+    if (save_mean.defined()) save_mean.data<T>()[ch] = m[ch];
+    if (save_invstd.defined())
+      save_invstd.data<T>()[ch] = T(1) / std::sqrt(v[ch] + static_cast<T>(eps));
+  }
+}
+}  // namespace
 
 // In eval mode save_mean/save_invstd, when given, receive the running
 // statistics as mean and 1/sqrt(var + eps): what an eval-mode backward
@@ -288,32 +393,42 @@ void batch_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta
                ": running_mean and running_var must be both defined or both undefined");
   if (training || save_mean.defined()) check_stat(op, "save_mean", save_mean, d.c);
   if (training || save_invstd.defined()) check_stat(op, "save_invstd", save_invstd, d.c);
-  const Tensor xf = float32_input(x), gf = float32_input(gamma), bf = float32_input(beta);
-  const Tensor rmf = float32_input(running_mean), rvf = float32_input(running_var);
-  const Tensor yf = float32_output(y);
+  const DType ct = compute_dtype({&x, &gamma, &beta, &running_mean, &running_var, &y});
+  const Tensor xc = compute_input(x, ct), gc = compute_input(gamma, ct);
+  const Tensor bc = compute_input(beta, ct);
+  const Tensor rmc = compute_input(running_mean, ct), rvc = compute_input(running_var, ct);
+  const Tensor yc = compute_output(y, ct);
+  const Tensor smc = compute_output(save_mean, ct), sic = compute_output(save_invstd, ct);
   run_kernel(op, [&] {
-    if (training) {
-      batch_norm_forward_train(in_ptr(xf), d.n, d.c, d.h, 1, in_ptr(gf), in_ptr(bf),
-                               static_cast<float>(eps), static_cast<float>(momentum),
-                               out_ptr(rmf), out_ptr(rvf), out_ptr(yf), save_mean.data<float>(),
-                               save_invstd.data<float>());
+    if (ct == kFloat64 && training) {
+      f64::batch_norm_forward_train(in_ptr<double>(xc), d.n, d.c, d.h, 1, in_ptr<double>(gc),
+                                    in_ptr<double>(bc), eps, momentum, out_ptr<double>(rmc),
+                                    out_ptr<double>(rvc), out_ptr<double>(yc),
+                                    out_ptr<double>(smc), out_ptr<double>(sic));
+    } else if (ct == kFloat64) {
+      f64::batch_norm_forward_eval(in_ptr<double>(xc), d.n, d.c, d.h, 1, in_ptr<double>(gc),
+                                   in_ptr<double>(bc), in_ptr<double>(rmc), in_ptr<double>(rvc),
+                                   eps, out_ptr<double>(yc));
+      save_running_stats<double>(rmc, rvc, eps, d.c, smc, sic);
+    } else if (training) {
+      batch_norm_forward_train(in_ptr<float>(xc), d.n, d.c, d.h, 1, in_ptr<float>(gc),
+                               in_ptr<float>(bc), static_cast<float>(eps),
+                               static_cast<float>(momentum), out_ptr<float>(rmc),
+                               out_ptr<float>(rvc), out_ptr<float>(yc), out_ptr<float>(smc),
+                               out_ptr<float>(sic));
     } else {
-      batch_norm_forward_eval(in_ptr(xf), d.n, d.c, d.h, 1, in_ptr(gf), in_ptr(bf), in_ptr(rmf),
-                              in_ptr(rvf), static_cast<float>(eps), out_ptr(yf));
+      batch_norm_forward_eval(in_ptr<float>(xc), d.n, d.c, d.h, 1, in_ptr<float>(gc),
+                              in_ptr<float>(bc), in_ptr<float>(rmc), in_ptr<float>(rvc),
+                              static_cast<float>(eps), out_ptr<float>(yc));
+      save_running_stats<float>(rmc, rvc, eps, d.c, smc, sic);
     }
   });
-  write_back(yf, y);
+  write_back(yc, y);
+  write_back(smc, save_mean);
+  write_back(sic, save_invstd);
   if (training) {
-    write_back(rmf, running_mean);
-    write_back(rvf, running_var);
-  } else {
-    const float* rm = in_ptr(rmf);
-    const float* rv = in_ptr(rvf);
-    for (int64_t c = 0; c < d.c; ++c) {
-      if (save_mean.defined()) save_mean.data<float>()[c] = rm[c];
-      if (save_invstd.defined())
-        save_invstd.data<float>()[c] = 1.0f / std::sqrt(rv[c] + static_cast<float>(eps));
-    }
+    write_back(rmc, running_mean);
+    write_back(rvc, running_var);
   }
 }
 
@@ -330,16 +445,26 @@ void batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
   check_stat(op, "save_invstd", save_invstd, d.c);
   check_arg(op, "dgamma", dgamma, {d.c}, /*optional=*/true);
   check_arg(op, "dbeta", dbeta, {d.c}, /*optional=*/true);
-  const Tensor dyf = float32_input(dy), xf = float32_input(x), gf = float32_input(gamma);
-  const Tensor dxf = float32_output(dx), dgf = float32_output(dgamma), dbf = float32_output(dbeta);
+  const DType ct = compute_dtype({&dy, &x, &gamma, &save_mean, &save_invstd, &dx, &dgamma, &dbeta});
+  const Tensor dyc = compute_input(dy, ct), xc = compute_input(x, ct);
+  const Tensor gc = compute_input(gamma, ct);
+  const Tensor smc = compute_input(save_mean, ct), sic = compute_input(save_invstd, ct);
+  const Tensor dxc = compute_output(dx, ct), dgc = compute_output(dgamma, ct);
+  const Tensor dbc = compute_output(dbeta, ct);
   run_kernel(op, [&] {
-    batch_norm_backward(in_ptr(dyf), in_ptr(xf), d.n, d.c, d.h, 1, in_ptr(gf),
-                        save_mean.data<float>(), save_invstd.data<float>(), out_ptr(dxf),
-                        out_ptr(dgf), out_ptr(dbf));
+    if (ct == kFloat64) {
+      f64::batch_norm_backward(in_ptr<double>(dyc), in_ptr<double>(xc), d.n, d.c, d.h, 1,
+                               in_ptr<double>(gc), in_ptr<double>(smc), in_ptr<double>(sic),
+                               out_ptr<double>(dxc), out_ptr<double>(dgc), out_ptr<double>(dbc));
+    } else {
+      batch_norm_backward(in_ptr<float>(dyc), in_ptr<float>(xc), d.n, d.c, d.h, 1,
+                          in_ptr<float>(gc), in_ptr<float>(smc), in_ptr<float>(sic),
+                          out_ptr<float>(dxc), out_ptr<float>(dgc), out_ptr<float>(dbc));
+    }
   });
-  write_back(dxf, dx);
-  write_back(dgf, dgamma);
-  write_back(dbf, dbeta);
+  write_back(dxc, dx);
+  write_back(dgc, dgamma);
+  write_back(dbc, dbeta);
 }
 
 }  // namespace chorus::cpu

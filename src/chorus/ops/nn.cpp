@@ -175,7 +175,10 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm(const Tensor& x, const Tensor& gam
   Device dev = x.device();
   Tensor xx = prepare(x, dev);
   Tensor y = alloc_like_layout(x.sizes(), x.dtype(), dev, cl(xx));
-  Tensor sm = detail::empty_tensor({c}, kFloat32, dev), si = detail::empty_tensor({c}, kFloat32, dev);
+  // Saved statistics are float32 (enough for float32/bf16/f16 inputs), float64 for a float64 input
+  // so that a float64 forward and backward stay exact (gradient checks).
+  const DType stat_dtype = x.dtype() == kFloat64 ? kFloat64 : kFloat32;
+  Tensor sm = detail::empty_tensor({c}, stat_dtype, dev), si = detail::empty_tensor({c}, stat_dtype, dev);
   Tensor g = gamma.defined() ? prepare(gamma, dev) : Tensor();
   Tensor b = beta.defined() ? prepare(beta, dev) : Tensor();
   CHORUS_KERNEL(dev, batch_norm_forward, xx, g, b, running_mean, running_var, training, momentum, eps,
