@@ -3,10 +3,15 @@
 #pragma once
 
 #include "chorus/cpu/kernels.h"
+#include "chorus/ops/profile.h"
+// The ProfileScope temporary lives to the end of the full expression, i.e.
+// around the kernel call (CHORUS_PROFILE=1; see profile.h).
 #ifdef CHORUS_WITH_CUDA
 #include "chorus/cuda/kernels.h"
-#define CHORUS_KERNEL(dev, name, ...) \
-  ((dev).is_cuda() ? ::chorus::cuda::name(__VA_ARGS__) : ::chorus::cpu::name(__VA_ARGS__))
+#define CHORUS_KERNEL(dev, name, ...)                    \
+  (::chorus::ops::ProfileScope(#name, (dev)),            \
+   (dev).is_cuda() ? ::chorus::cuda::name(__VA_ARGS__) : ::chorus::cpu::name(__VA_ARGS__))
 #else
-#define CHORUS_KERNEL(dev, name, ...) ::chorus::cpu::name(__VA_ARGS__)
+#define CHORUS_KERNEL(dev, name, ...) \
+  (::chorus::ops::ProfileScope(#name, (dev)), ::chorus::cpu::name(__VA_ARGS__))
 #endif
