@@ -8,6 +8,7 @@
 #include "chorus/core/dtype.h"
 #include "chorus/core/error.h"
 #include "chorus/core/rng.h"
+#include "chorus/core/stream.h"
 #include "chorus/core/tensor.h"
 #include "chorus/nn/functional.h"
 #include "chorus/nn/init.h"
