@@ -99,8 +99,7 @@ Datasets load_data(const TrainConfig& c) {
 }
 
 double default_lr(const TrainConfig& c) {
-  if (c.optimizer == "adamw") return 1e-3;
-  return c.model == "mlp" ? 0.05 : 0.05;
+  return c.optimizer == "adamw" ? 1e-3 : 0.05;
 }
 
 std::vector<Device> pick_devices(const TrainConfig& c) {

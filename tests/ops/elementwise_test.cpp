@@ -95,7 +95,7 @@ TEST(OpsElementwise, UnaryMatchesStd) {
   }
 }
 
-TEST(OpsElementwise, UnaryInFloat64IsExactToDouble) {
+TEST(OpsElementwise, UnaryInFloat64MatchesDoubleMath) {
   Tensor x = test::leaf(uniform_values(20, 4, 0.1, 3.0), {20}, cpu_device(0), false);
   std::vector<double> xv = x.to_vector<double>();
   std::vector<double> e = x.exp().to_vector<double>(), l = x.log().to_vector<double>(),
