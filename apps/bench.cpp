@@ -14,6 +14,7 @@
 #include "chorus/core/rng.h"
 #include "chorus/models/models.h"
 #include "chorus/nn/functional.h"
+#include "chorus/ops/profile.h"
 #include "chorus/ops/copy.h"
 #include "chorus/ops/factory.h"
 #include "chorus/optim/sgd.h"
@@ -99,6 +100,7 @@ BenchRow bench_one(const BenchConfig& c, const std::vector<Device>& devs) {
   };
   for (int64_t i = 0; i < c.warmup; ++i) step();
   for (const Device& d : devs) synchronize(d);
+  ops::reset_profile();
   for (const Device& d : devs) backend(d).reset_peak_bytes(d);
   auto t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < c.steps; ++i) step();

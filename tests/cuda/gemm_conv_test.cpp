@@ -557,6 +557,10 @@ TEST(CudaBatchNorm, MatchesCpu_CUDA) {
   if (chorus::cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
   for (DType dtype : {kFloat32, kBFloat16}) {
     for (bool cl : {false, true}) check_batch_norm({4, 6, 5, 3}, dtype, cl, true);
+    // Channels-last runs Chorus's own kernels: 16-byte packs (C % 8 == 0), many
+    // row blocks, and odd C (the scalar path).
+    check_batch_norm({32, 64, 16, 12}, dtype, true, true);
+    check_batch_norm({4, 3, 7, 5}, dtype, true, false);
     check_batch_norm({16, 5}, dtype, false, true);        // [N, C] as [N, C, 1, 1]
     check_batch_norm({4, 6, 5, 3}, dtype, false, false);  // gamma, beta, running stats undefined
   }

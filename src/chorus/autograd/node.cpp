@@ -14,6 +14,8 @@ namespace {
 std::atomic<uint64_t> g_seq{0};
 }
 
+uint64_t next_sequence_nr() { return g_seq++; }
+
 TensorList FunctionNode::apply(TensorList&& grads) {
   if (!fn_) {
     CHORUS_THROW(ValueError, "backward through ", name_,
@@ -28,13 +30,20 @@ TensorList FunctionNode::apply(TensorList&& grads) {
 
 TensorList AccumulateGrad::apply(TensorList&& grads) {
   Tensor leaf(leaf_);
-  Tensor g = grads[0];
+  Tensor g = std::move(grads[0]);
   if (!g.defined()) return {};
   g = ops::to_dtype(ops::to_device(g, leaf.device()), leaf.dtype());
   AutogradMeta* meta = leaf_->autograd.get();
   if (!meta->grad) {
-    // Own the buffer: the incoming gradient may alias a tensor someone else holds.
-    meta->grad = ops::clone(g).impl_ptr();
+    // Own the buffer: the incoming gradient may alias a tensor someone else
+    // holds (an add's backward passes one gradient to both inputs), so it is
+    // cloned -- unless nobody else can see it: one handle, its own storage,
+    // no autograd history. That is the usual case (a fresh result of a
+    // backward formula), and taking it saves a copy per parameter per step.
+    const bool sole_owner = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 &&
+                            g.storage_offset() == 0 && !g.impl_ptr()->autograd &&
+                            g.nbytes() == g.storage()->nbytes();
+    meta->grad = sole_owner ? g.impl_ptr() : ops::clone(g).impl_ptr();
   } else {
     ops::binary_(BinaryOp::Add, Tensor(meta->grad), g, 1.0);
   }
@@ -68,7 +77,7 @@ bool any_requires_grad(const TensorList& inputs) {
 TensorList record(const char* name, TensorList outputs, const TensorList& inputs, BackwardFn backward) {
   if (!grad_enabled() || !any_requires_grad(inputs)) return outputs;
   auto node = std::make_shared<FunctionNode>(name, std::move(backward));
-  node->seq = g_seq++;
+  node->seq = next_sequence_nr();
   node->num_outputs = static_cast<uint32_t>(outputs.size());
   node->device = outputs.empty() ? cpu_device(0) : outputs[0].device();
   for (const Tensor& in : inputs) {

@@ -76,6 +76,12 @@ class AccumulateGrad final : public Node {
 // The edge that a gradient for `t` should flow along.
 Edge gradient_edge(const Tensor& t);
 
+// The next creation number for Node::seq. record() uses it; code that builds
+// its own Node subclasses (parallel::DataParallel) must too, so that the
+// engine's ordering (later nodes first, gradients summed in creation order)
+// covers them.
+uint64_t next_sequence_nr();
+
 // Records `outputs` as produced by a differentiable op of `inputs` when grad
 // mode is on and any input requires grad; returns the outputs. The backward
 // closure receives one gradient per output (undefined ones replaced by zeros

@@ -1,5 +1,8 @@
 // The kernel-set batch norm on CUDA, through cuDNN's batch-norm calls.
 //
+// Channels-last 4-d tensors go to Chorus's own kernels instead (Note [NHWC
+// batch norm] in batch_norm_nhwc.h); everything else to cuDNN.
+//
 // x/y may be bfloat16 or float16 with float32 parameters and statistics, the
 // mix cuDNN wants (its parameter descriptor is float for every 16-bit data
 // type). Parameters or running statistics in another dtype are converted to
@@ -12,6 +15,7 @@
 // is the unbiased one, and the saved statistics are mean and 1/sqrt(var + eps).
 // The backward pass uses the saved statistics, so it needs no eps of its own.
 #include "chorus/core/error.h"
+#include "chorus/cuda/batch_norm_nhwc.h"
 #include "chorus/cuda/context.h"
 #include "chorus/cuda/cudnn_handle.h"
 #include "chorus/cuda/kernels.h"
@@ -113,11 +117,16 @@ void batch_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta
   cudnnHandle_t handle = cudnn_handle(device.index);
   const float one = 1.0f, zero = 0.0f;
 
+  const bool nhwc = xs.layout == Layout::NHWC && ys.layout == Layout::NHWC;
   if (!training) {
     CHORUS_CHECK(running_mean.defined() && running_var.defined(), op,
                  ": evaluation mode needs running_mean and running_var");
     const Tensor rm = float_input(op, running_mean, "running_mean", c, 0.0, device);
     const Tensor rv = float_input(op, running_var, "running_var", c, 1.0, device);
+    if (nhwc) {
+      batch_norm_nhwc_forward_eval(x, g, b, rm, rv, eps, y);
+      return;
+    }
     TensorDesc param_desc;
     CHORUS_CUDNN_CHECK(
         cudnnDeriveBNTensorDescriptor(param_desc.get(), x_desc.get(), CUDNN_BATCHNORM_SPATIAL));
@@ -130,19 +139,23 @@ void batch_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta
 
   CHORUS_CHECK(xs.n * xs.h * xs.w > 1, op, ": training needs more than one value per channel, got ",
                x.describe());
-  const cudnnBatchNormMode_t mode = training_mode(xs, x.dtype());
-  TensorDesc param_desc;
-  CHORUS_CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(param_desc.get(), x_desc.get(), mode));
   // Undefined running statistics get scratch buffers rather than null pointers,
   // whose acceptance cuDNN documents only loosely.
   const Tensor rm = float_input(op, running_mean, "running_mean", c, 0.0, device);
   const Tensor rv = float_input(op, running_var, "running_var", c, 1.0, device);
   const Tensor sm = float_output(op, save_mean, "save_mean", c, device);
   const Tensor si = float_output(op, save_invstd, "save_invstd", c, device);
-  CHORUS_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
+  if (nhwc) {
+    batch_norm_nhwc_forward_train(x, g, b, rm, rv, momentum, eps, y, sm, si);
+  } else {
+    const cudnnBatchNormMode_t mode = training_mode(xs, x.dtype());
+    TensorDesc param_desc;
+    CHORUS_CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(param_desc.get(), x_desc.get(), mode));
+    CHORUS_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
       handle, mode, &one, &zero, x_desc.get(), x.raw_data(), y_desc.get(), y.raw_data(),
       param_desc.get(), g.raw_data(), b.raw_data(), momentum, rm.raw_data(), rv.raw_data(), eps,
       sm.raw_data(), si.raw_data()));
+  }
   write_back(rm, running_mean);
   write_back(rv, running_var);
   write_back(sm, save_mean);
@@ -168,16 +181,22 @@ void batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
     if (dbeta.defined()) fill(dbeta, 0.0);
     return;
   }
-  const TensorDesc x_desc = desc_of(xs, x.dtype(), op), dy_desc = desc_of(dys, dy.dtype(), op),
-                   dx_desc = desc_of(dxs, dx.dtype(), op);
-  const cudnnBatchNormMode_t mode = training_mode(xs, x.dtype());
-  TensorDesc param_desc;
-  CHORUS_CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(param_desc.get(), x_desc.get(), mode));
   const Tensor g = float_input(op, gamma, "gamma", c, 1.0, device);
   const Tensor sm = float_input(op, save_mean, "save_mean", c, 0.0, device);
   const Tensor si = float_input(op, save_invstd, "save_invstd", c, 1.0, device);
   const Tensor dg = float_output(op, dgamma, "dgamma", c, device);
   const Tensor db = float_output(op, dbeta, "dbeta", c, device);
+  if (xs.layout == Layout::NHWC && dys.layout == Layout::NHWC && dxs.layout == Layout::NHWC) {
+    batch_norm_nhwc_backward(dy, x, g, sm, si, dx, dg, db);
+    write_back(dg, dgamma);
+    write_back(db, dbeta);
+    return;
+  }
+  const TensorDesc x_desc = desc_of(xs, x.dtype(), op), dy_desc = desc_of(dys, dy.dtype(), op),
+                   dx_desc = desc_of(dxs, dx.dtype(), op);
+  const cudnnBatchNormMode_t mode = training_mode(xs, x.dtype());
+  TensorDesc param_desc;
+  CHORUS_CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(param_desc.get(), x_desc.get(), mode));
   const float one = 1.0f, zero = 0.0f;
   CHORUS_CUDNN_CHECK(cudnnBatchNormalizationBackward(
       cudnn_handle(device.index), mode, &one, &zero, &one, &zero, x_desc.get(), x.raw_data(),

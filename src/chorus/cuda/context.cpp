@@ -8,9 +8,11 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -161,15 +163,44 @@ const cudaDeviceProp& device_properties(int index) {
   return *p;
 }
 
+namespace {
+
+struct PeerState {
+  std::mutex mu;
+  std::map<std::pair<int, int>, bool> enabled;  // pairs tried, and the outcome
+  bool allowed = [] {
+    const char* e = std::getenv("CHORUS_PEER_ACCESS");
+    return !(e && std::string(e) == "0");
+  }();
+};
+PeerState& peer_state() {
+  static auto* s = new PeerState;  // leaked: used from threads that may outlive statics
+  return *s;
+}
+
+// Grants (or revokes) `from`'s access to memory of `to`'s stream-ordered pool,
+// which cudaDeviceEnablePeerAccess does not cover.
+void set_pool_access(int from, int to, bool grant) {
+  cudaMemPool_t pool;
+  CHORUS_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, to));
+  cudaMemAccessDesc desc{};
+  desc.location.type = cudaMemLocationTypeDevice;
+  desc.location.id = from;
+  desc.flags = grant ? cudaMemAccessFlagsProtReadWrite : cudaMemAccessFlagsProtNone;
+  CHORUS_CUDA_CHECK(cudaMemPoolSetAccess(pool, &desc, 1));
+}
+
+}  // namespace
+
 bool peer_access_enabled(int from, int to) {
   if (from == to) return true;
   check_index(from);
   check_index(to);
-  static std::mutex mu;
-  static std::map<std::pair<int, int>, bool> enabled;
-  std::lock_guard<std::mutex> g(mu);
-  auto it = enabled.find({from, to});
-  if (it != enabled.end()) return it->second;
+  PeerState& st = peer_state();
+  std::lock_guard<std::mutex> g(st.mu);
+  if (!st.allowed) return false;
+  auto it = st.enabled.find({from, to});
+  if (it != st.enabled.end()) return it->second;
 
   int can = 0;
   CHORUS_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, from, to));
@@ -182,22 +213,46 @@ bool peer_access_enabled(int from, int to) {
       err = cudaSuccess;
     }
     if (err == cudaSuccess) {
-      // Memory from a stream-ordered pool is not covered by
-      // cudaDeviceEnablePeerAccess: the pool of `to` must grant `from` access.
-      cudaMemPool_t pool;
-      CHORUS_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, to));
-      cudaMemAccessDesc desc{};
-      desc.location.type = cudaMemLocationTypeDevice;
-      desc.location.id = from;
-      desc.flags = cudaMemAccessFlagsProtReadWrite;
-      CHORUS_CUDA_CHECK(cudaMemPoolSetAccess(pool, &desc, 1));
+      set_pool_access(from, to, true);
       ok = true;
     } else {
       (void)cudaGetLastError();  // no peer access: copies go through the runtime
     }
   }
-  enabled[{from, to}] = ok;
+  st.enabled[{from, to}] = ok;
   return ok;
+}
+
+void set_peer_access_allowed(bool allowed) {
+  PeerState& st = peer_state();
+  std::lock_guard<std::mutex> g(st.mu);
+  if (st.allowed == allowed) return;
+  st.allowed = allowed;
+  if (allowed) {
+    st.enabled.clear();  // tried again at next use
+    return;
+  }
+  // Work already issued may use the mappings being removed.
+  for (int d = 0; d < visible_device_count(); ++d) {
+    CudaDeviceGuard guard(d);
+    CHORUS_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  for (const auto& [pair, on] : st.enabled) {
+    if (!on) continue;
+    const auto [from, to] = pair;
+    set_pool_access(from, to, false);
+    CudaDeviceGuard guard(from);
+    cudaError_t err = cudaDeviceDisablePeerAccess(to);
+    if (err == cudaErrorPeerAccessNotEnabled) (void)cudaGetLastError();
+    else CHORUS_CUDA_CHECK(err);
+  }
+  st.enabled.clear();
+}
+
+bool peer_access_allowed() {
+  PeerState& st = peer_state();
+  std::lock_guard<std::mutex> g(st.mu);
+  return st.allowed;
 }
 
 }  // namespace chorus::cuda

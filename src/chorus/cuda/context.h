@@ -53,7 +53,16 @@ void set_current_stream(int index, cudaStream_t s);
 const cudaDeviceProp& device_properties(int index);
 
 // Whether peer access from `from` to `to` was enabled (tried once, at first use
-// of a pair).
+// of a pair, when allowed).
 bool peer_access_enabled(int from, int to);
+
+// Note [Peer access policy]: peer-to-peer access between GPUs is allowed by
+// default. CHORUS_PEER_ACCESS=0 in the environment, or
+// set_peer_access_allowed(false), turns it off (and revokes what was enabled):
+// cross-GPU copies then go through the host, as on machines whose GPUs cannot
+// reach each other. Tests use it to check both paths; users can use it to rule
+// out a broken P2P setup.
+void set_peer_access_allowed(bool allowed);
+bool peer_access_allowed();
 
 }  // namespace chorus::cuda

@@ -1,4 +1,6 @@
-// The kernel-set convolutions on CUDA, through cuDNN 9's legacy API.
+// The kernel-set convolutions on CUDA: through cuDNN's graph API with cached
+// execution plans (conv_plan.h), or cuDNN 9's legacy API for the geometries
+// the graph API has no engine for (and under CHORUS_CUDNN_LEGACY=1).
 //
 // Note [Convolution layouts]: activations arrive as NCHW-contiguous tensors or
 // as channels-last views (NHWC memory, strides {H*W*C, 1, W*C, C} for sizes
@@ -9,7 +11,8 @@
 // well-formed program keeps weights in the activations' layout, as PyTorch's
 // model.to(memory_format=channels_last) does).
 //
-// Note [Convolution algorithm search]: as PyTorch with cudnn.benchmark, the
+// Note [Convolution algorithm search] (legacy path; Note [Plan search] in
+// conv_plan.h is the graph path's): as PyTorch with cudnn.benchmark, the
 // first call of a geometry (shape, dtype, layout, TF32 switch, alignment) on a
 // device times every cuDNN algorithm on the real operands
 // (cudnnFind*AlgorithmEx) and caches the fastest; later calls just run it. The
@@ -31,6 +34,7 @@
 #include "chorus/core/error.h"
 #include "chorus/cuda/blas.h"
 #include "chorus/cuda/context.h"
+#include "chorus/cuda/conv_plan.h"
 #include "chorus/cuda/cudnn_handle.h"
 #include "chorus/cuda/kernels.h"
 
@@ -62,7 +66,7 @@ using FilterDesc =
 using ConvDesc = Descriptor<cudnnConvolutionDescriptor_t, cudnnCreateConvolutionDescriptor,
                             cudnnDestroyConvolutionDescriptor>;
 
-enum class Direction : int { Forward, BackwardData, BackwardFilter };
+using Direction = ConvDirection;
 
 int checked_int(int64_t v) {
   CHORUS_CHECK(v >= 0 && v <= INT_MAX, "conv2d: size ", v, " exceeds cuDNN's int range");
@@ -354,6 +358,15 @@ void execute(ConvCall& c, const Conv2dGeometry& g, Layout layout) {
   run(c, choice.algo, ws.defined() ? ws.raw_data() : nullptr, choice.workspace);
 }
 
+// Runs one convolution: a graph-API plan when cuDNN has one, else the legacy
+// API's searched algorithm.
+void run_conv(Direction dir, const Conv2dGeometry& g, DType dtype, Layout layout, int device,
+              void* x, void* w, void* y) {
+  if (run_conv_graph(dir, g, dtype, layout, device, ConvOperands{x, w, y})) return;
+  ConvCall c(dir, g, dtype, layout, device, x, w, y);
+  execute(c, g, layout);
+}
+
 // ---- layouts and arguments ------------------------------------------------------------------
 
 // The layout of two activations that must share one (Note [Convolution layouts]).
@@ -422,9 +435,8 @@ void conv2d_forward(const Conv2dGeometry& g, const Tensor& x, const Tensor& weig
     fill(y, 0.0);
   } else {
     const Tensor w = filter_in(weight, layout);
-    ConvCall c(Direction::Forward, g, x.dtype(), layout, device, x.raw_data(), w.raw_data(),
-               y.raw_data());
-    execute(c, g, layout);
+    run_conv(Direction::Forward, g, x.dtype(), layout, device, x.raw_data(), w.raw_data(),
+             y.raw_data());
   }
   if (bias.defined()) {
     // y += bias, broadcast over N, H, W by a stride-0 view.
@@ -447,9 +459,8 @@ void conv2d_backward_input(const Conv2dGeometry& g, const Tensor& dy, const Tens
     return;
   }
   const Tensor w = filter_in(weight, layout);
-  ConvCall c(Direction::BackwardData, g, dx.dtype(), layout, device, dx.raw_data(), w.raw_data(),
-             dy.raw_data());
-  execute(c, g, layout);
+  run_conv(Direction::BackwardData, g, dx.dtype(), layout, device, dx.raw_data(), w.raw_data(),
+           dy.raw_data());
 }
 
 void conv2d_backward_weight(const Conv2dGeometry& g, const Tensor& dy, const Tensor& x,
@@ -471,9 +482,8 @@ void conv2d_backward_weight(const Conv2dGeometry& g, const Tensor& dy, const Ten
       const Tensor dw = is_dense_in(dweight, layout)
                             ? dweight
                             : empty_in(layout, dweight.sizes(), dweight.dtype(), dweight.device());
-      ConvCall c(Direction::BackwardFilter, g, x.dtype(), layout, device, x.raw_data(),
-                 dw.raw_data(), dy.raw_data());
-      execute(c, g, layout);
+      run_conv(Direction::BackwardFilter, g, x.dtype(), layout, device, x.raw_data(),
+               dw.raw_data(), dy.raw_data());
       if (!dw.is_same(dweight)) copy(dw, dweight);
     }
   }

@@ -116,12 +116,16 @@ bool same_dense_layout(const std::vector<const Tensor*>& ts) {
 
 Tensor flat_view(const Tensor& t) { return detail::make_view(t, {t.numel()}, {1}, t.storage_offset()); }
 
-Tensor empty_like_layout(const Tensor& t, const Shape& s, DType dt) {
-  if (s.size() == 4 && s == t.sizes() && is_channels_last(t)) {
-    Tensor nhwc = detail::empty_tensor({s[0], s[2], s[3], s[1]}, dt, t.device());
+Tensor empty_with_layout(const Shape& s, DType dt, Device dev, bool channels_last) {
+  if (channels_last && s.size() == 4) {
+    Tensor nhwc = detail::empty_tensor({s[0], s[2], s[3], s[1]}, dt, dev);
     return detail::make_view(nhwc, s, {s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]}, 0);
   }
-  return detail::empty_tensor(s, dt, t.device());
+  return detail::empty_tensor(s, dt, dev);
+}
+
+Tensor empty_like_layout(const Tensor& t, const Shape& s, DType dt) {
+  return empty_with_layout(s, dt, t.device(), s == t.sizes() && is_channels_last(t));
 }
 
 Tensor to_channels_last(const Tensor& t) {

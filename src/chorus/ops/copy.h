@@ -29,6 +29,8 @@ bool is_channels_last(const Tensor& t);
 // t is (so elementwise ops and casts keep a network's NHWC layout, as PyTorch's
 // memory-format propagation does).
 Tensor empty_like_layout(const Tensor& t, const Shape& sizes, DType dt);
+// An uninitialised tensor of `sizes`, channels-last when asked and 4-d.
+Tensor empty_with_layout(const Shape& sizes, DType dt, Device dev, bool channels_last);
 
 // Note [Dense tensors are flat]: when every operand of an elementwise kernel
 // has the same sizes and strides and those cover memory densely (contiguous,

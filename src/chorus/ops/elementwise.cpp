@@ -113,7 +113,12 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b, double alpha) {
   Device dev = a.device();
   Tensor ta = to_dtype(a, dt);
   Tensor tb = to_dtype(to_device(b, dev), dt);
-  Tensor out = empty_like_layout(a.sizes() == shape || b.device() != dev ? a : b, shape, is_comparison(op) ? kBool : dt);
+  // The output is channels-last when either full-shape operand is: a gradient
+  // arriving in NCHW must not turn a channels-last network's backward pass
+  // NCHW (mixed layouts leave the flat, vectorised kernels and cuDNN's NHWC
+  // kernels behind).
+  const bool cl = (a.sizes() == shape && is_channels_last(a)) || (b.sizes() == shape && is_channels_last(b));
+  Tensor out = empty_with_layout(shape, is_comparison(op) ? kBool : dt, dev, cl);
   if (out.numel() == 0) return out;
   Tensor va = broadcast_to(ta, shape, name), vb = broadcast_to(tb, shape, name);
   if (same_dense_layout({&va, &vb, &out})) {

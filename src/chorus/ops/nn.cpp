@@ -17,13 +17,18 @@ Tensor prepare(const Tensor& t, Device dev) {
   return contiguous(d);
 }
 Tensor alloc_like_layout(const Shape& s, DType dt, Device dev, bool channels_last) {
-  if (channels_last && s.size() == 4) {
-    Tensor nhwc = detail::empty_tensor({s[0], s[2], s[3], s[1]}, dt, dev);
-    return detail::make_view(nhwc, s, {s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]}, 0);
-  }
-  return detail::empty_tensor(s, dt, dev);
+  return empty_with_layout(s, dt, dev, channels_last);
 }
 bool cl(const Tensor& t) { return t.device().is_cuda() && is_channels_last(t); }
+// A gradient moved to `dev` in the layout of the forward input it belongs to.
+// Backward ops follow the forward input's layout, never the incoming
+// gradient's: a [N,C,1,1] gradient from a global pool is NCHW-contiguous, and
+// following it would run a whole channels-last backward pass in NCHW.
+Tensor grad_in_layout(const Tensor& dy, Device dev, bool channels_last) {
+  Tensor d = to_device(dy, dev);
+  if (channels_last && dev.is_cuda()) return to_channels_last(d);
+  return contiguous(d);
+}
 }  // namespace
 
 Conv2dGeometry conv2d_geometry(const Tensor& x, const Tensor& w, const Conv2dParams& p) {
@@ -64,8 +69,9 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2d
 Tensor conv2d_backward_input(const Tensor& dy, const Tensor& x, const Tensor& w, const Conv2dParams& p) {
   Conv2dGeometry g = conv2d_geometry(x, w, p);
   Device dev = dy.device();
-  Tensor ddy = prepare(dy, dev), ww = prepare(w, dev);
-  Tensor dx = alloc_like_layout(x.sizes(), x.dtype(), dev, cl(ddy));
+  const bool want_cl = cl(x);
+  Tensor ddy = grad_in_layout(dy, dev, want_cl), ww = prepare(w, dev);
+  Tensor dx = alloc_like_layout(x.sizes(), x.dtype(), dev, want_cl);
   CHORUS_KERNEL(dev, conv2d_backward_input, g, ddy, ww, dx);
   return dx;
 }
@@ -74,7 +80,8 @@ std::pair<Tensor, Tensor> conv2d_backward_weight(const Tensor& dy, const Tensor&
                                                  const Conv2dParams& p, bool with_bias) {
   Conv2dGeometry g = conv2d_geometry(x, w, p);
   Device dev = dy.device();
-  Tensor ddy = prepare(dy, dev), xx = prepare(x, dev);
+  Tensor xx = prepare(x, dev);
+  Tensor ddy = grad_in_layout(dy, dev, cl(xx));
   Tensor dw = alloc_like_layout(w.sizes(), w.dtype(), dev, cl(w));
   Tensor db = with_bias ? detail::empty_tensor({g.c_out}, w.dtype(), dev) : Tensor();
   CHORUS_KERNEL(dev, conv2d_backward_weight, g, ddy, xx, dw, db);
@@ -107,7 +114,7 @@ std::pair<Tensor, Tensor> max_pool2d(const Tensor& x, const Pool2dParams& p) {
 Tensor max_pool2d_backward(const Tensor& dy, const Tensor& x, const Tensor& indices, const Pool2dParams& p) {
   Pool2dGeometry g = pool2d_geometry(x, p, "max_pool2d");
   Device dev = dy.device();
-  Tensor ddy = cl(indices) ? to_channels_last(to_device(dy, dev)) : contiguous(to_device(dy, dev));
+  Tensor ddy = grad_in_layout(dy, dev, cl(indices));
   Tensor dx = alloc_like_layout(x.sizes(), x.dtype(), dev, cl(indices));
   CHORUS_KERNEL(dev, max_pool2d_backward, g, ddy, indices, dx);
   return dx;
@@ -125,8 +132,8 @@ Tensor avg_pool2d(const Tensor& x, const Pool2dParams& p) {
 Tensor avg_pool2d_backward(const Tensor& dy, const Tensor& x, const Pool2dParams& p) {
   Pool2dGeometry g = pool2d_geometry(x, p, "avg_pool2d");
   Device dev = dy.device();
-  Tensor ddy = prepare(dy, dev);
-  Tensor dx = alloc_like_layout(x.sizes(), x.dtype(), dev, cl(ddy));
+  Tensor ddy = grad_in_layout(dy, dev, cl(x));
+  Tensor dx = alloc_like_layout(x.sizes(), x.dtype(), dev, cl(x));
   CHORUS_KERNEL(dev, avg_pool2d_backward, g, ddy, dx);
   return dx;
 }
@@ -144,8 +151,8 @@ Tensor adaptive_avg_pool2d(const Tensor& x, int64_t out_h, int64_t out_w) {
 
 Tensor adaptive_avg_pool2d_backward(const Tensor& dy, const Tensor& x) {
   Device dev = dy.device();
-  Tensor ddy = prepare(dy, dev);
-  Tensor dx = alloc_like_layout(x.sizes(), x.dtype(), dev, cl(ddy));
+  Tensor ddy = grad_in_layout(dy, dev, cl(x));
+  Tensor dx = alloc_like_layout(x.sizes(), x.dtype(), dev, cl(x));
   CHORUS_KERNEL(dev, adaptive_avg_pool2d_backward, ddy, dx);
   return dx;
 }
@@ -193,8 +200,8 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm(const Tensor& x, const Tensor& gam
 std::tuple<Tensor, Tensor, Tensor> batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                                        const Tensor& save_mean, const Tensor& save_invstd) {
   Device dev = x.device();
-  Tensor ddy = prepare(dy, dev), xx = prepare(x, dev);
-  if (cl(xx) != cl(ddy)) ddy = cl(xx) ? to_channels_last(ddy) : contiguous(ddy);
+  Tensor xx = prepare(x, dev);
+  Tensor ddy = grad_in_layout(dy, dev, cl(xx));
   Tensor dx = alloc_like_layout(x.sizes(), x.dtype(), dev, cl(xx));
   const int64_t c = x.size(1);
   Tensor dg = gamma.defined() ? detail::empty_tensor({c}, gamma.dtype(), dev) : Tensor();

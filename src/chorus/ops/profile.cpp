@@ -49,6 +49,13 @@ bool profiling_enabled() {
   return on;
 }
 
+void reset_profile() {
+  if (!profiling_enabled()) return;
+  Table* t = table();
+  std::lock_guard<std::mutex> lock(t->mu);
+  t->rows.clear();
+}
+
 ProfileScope::ProfileScope(const char* kernel, const Device& d) {
   if (!profiling_enabled()) return;
   kernel_ = kernel;

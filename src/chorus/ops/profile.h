@@ -11,6 +11,9 @@
 namespace chorus::ops {
 
 bool profiling_enabled();
+// Forgets the times gathered so far (a benchmark calls it after its warm-up,
+// so one-off costs such as cuDNN's algorithm search stay out of the table).
+void reset_profile();
 
 class ProfileScope {
  public:

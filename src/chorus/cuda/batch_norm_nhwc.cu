@@ -1,0 +1,363 @@
+// Channels-last batch norm kernels (Note [NHWC batch norm] in batch_norm_nhwc.h).
+#include "chorus/cuda/batch_norm_nhwc.h"
+
+#include <algorithm>
+#include <cstdint>
+
+#include "chorus/cuda/context.h"
+#include "chorus/cuda/dtype_dispatch.cuh"
+#include "chorus/cuda/kernels.h"
+
+namespace chorus::cuda {
+
+namespace {
+
+// Column-reduction blocks: 32 channels wide (a warp reads 32 consecutive
+// channels of one row), kRowThreads rows deep.
+constexpr int kColThreads = 32;
+constexpr int kRowThreads = 16;
+constexpr int kElemThreads = 256;
+
+struct Grid {
+  dim3 grid;
+  int64_t rows_per_block;
+};
+
+// Enough row blocks to fill the device about twice over.
+Grid column_grid(int64_t m, int64_t c, int device) {
+  const int64_t col_blocks = (c + kColThreads - 1) / kColThreads;
+  const int64_t target = 2 * int64_t{device_properties(device).multiProcessorCount};
+  int64_t row_blocks = std::max<int64_t>(1, target / col_blocks);
+  row_blocks = std::min<int64_t>(row_blocks, (m + kRowThreads - 1) / kRowThreads);
+  row_blocks = std::min<int64_t>(row_blocks, 65535);
+  const int64_t rows = (m + row_blocks - 1) / row_blocks;
+  return {dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(row_blocks)), rows};
+}
+
+// Chan et al.'s combination of two Welford partials (count, mean, m2).
+__device__ __forceinline__ void welford_merge(float& n, float& mean, float& m2, float nb,
+                                              float meanb, float m2b) {
+  if (nb == 0) return;
+  const float total = n + nb;
+  const float delta = meanb - mean;
+  mean += delta * (nb / total);
+  m2 += m2b + delta * delta * (n * nb / total);
+  n = total;
+}
+
+// partial[b, c] = Welford (count, mean, m2) of column c over row block b.
+template <typename T>
+__global__ void stats_partial_kernel(const T* __restrict__ x, int64_t m, int64_t c,
+                                     int64_t rows_per_block, float* __restrict__ pn,
+                                     float* __restrict__ pmean, float* __restrict__ pm2) {
+  const int64_t col = int64_t{blockIdx.x} * kColThreads + threadIdx.x;
+  const int64_t r0 = int64_t{blockIdx.y} * rows_per_block;
+  const int64_t r1 = min(m, r0 + rows_per_block);
+  float n = 0, mean = 0, m2 = 0;
+  if (col < c) {
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowThreads) {
+      const float v = to_acc(x[r * c + col]);
+      n += 1;
+      const float d = v - mean;
+      mean += d / n;
+      m2 += d * (v - mean);
+    }
+  }
+  __shared__ float sn[kRowThreads][kColThreads], smean[kRowThreads][kColThreads],
+      sm2[kRowThreads][kColThreads];
+  sn[threadIdx.y][threadIdx.x] = n;
+  smean[threadIdx.y][threadIdx.x] = mean;
+  sm2[threadIdx.y][threadIdx.x] = m2;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < c) {
+    for (int i = 1; i < kRowThreads; ++i)
+      welford_merge(n, mean, m2, sn[i][threadIdx.x], smean[i][threadIdx.x], sm2[i][threadIdx.x]);
+    const int64_t o = int64_t{blockIdx.y} * c + col;
+    pn[o] = n;
+    pmean[o] = mean;
+    pm2[o] = m2;
+  }
+}
+
+// Per channel: combine the partials into the batch statistics, save them,
+// update the running statistics, and write the affine coefficients
+// y = x * scale + shift.
+__global__ void stats_finalize_kernel(const float* __restrict__ pn, const float* __restrict__ pmean,
+                                      const float* __restrict__ pm2, int64_t blocks, int64_t c,
+                                      const float* __restrict__ gamma,
+                                      const float* __restrict__ beta, float* running_mean,
+                                      float* running_var, float momentum, float eps,
+                                      float* __restrict__ save_mean,
+                                      float* __restrict__ save_invstd, float* __restrict__ scale,
+                                      float* __restrict__ shift) {
+  const int64_t col = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (col >= c) return;
+  float n = 0, mean = 0, m2 = 0;
+  for (int64_t b = 0; b < blocks; ++b)
+    welford_merge(n, mean, m2, pn[b * c + col], pmean[b * c + col], pm2[b * c + col]);
+  const float var = m2 / n;  // biased: what normalises
+  const float invstd = rsqrtf(var + eps);
+  save_mean[col] = mean;
+  save_invstd[col] = invstd;
+  if (running_mean) {
+    const float unbiased = n > 1 ? m2 / (n - 1) : var;
+    running_mean[col] = (1 - momentum) * running_mean[col] + momentum * mean;
+    running_var[col] = (1 - momentum) * running_var[col] + momentum * unbiased;
+  }
+  const float s = invstd * gamma[col];
+  scale[col] = s;
+  shift[col] = beta[col] - mean * s;
+}
+
+// Evaluation: coefficients from the running statistics.
+__global__ void eval_coefficients_kernel(int64_t c, const float* __restrict__ gamma,
+                                         const float* __restrict__ beta,
+                                         const float* __restrict__ running_mean,
+                                         const float* __restrict__ running_var, float eps,
+                                         float* __restrict__ scale, float* __restrict__ shift) {
+  const int64_t col = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (col >= c) return;
+  const float s = rsqrtf(running_var[col] + eps) * gamma[col];
+  scale[col] = s;
+  shift[col] = beta[col] - running_mean[col] * s;
+}
+
+// A run of kVec elements moved as one aligned load or store.
+template <typename T, int kVec>
+struct alignas(sizeof(T) * kVec) Pack {
+  T v[kVec];
+};
+
+// y = x * scale[c] + shift[c] over the [M, C] matrix, kVec channels per thread
+// (C % kVec == 0 and 16-byte aligned pointers when kVec > 1).
+template <typename T, int kVec>
+__global__ void affine_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t packs,
+                              int64_t c, const float* __restrict__ scale,
+                              const float* __restrict__ shift) {
+  for (int64_t p = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; p < packs;
+       p += int64_t{gridDim.x} * blockDim.x) {
+    const Pack<T, kVec> in = reinterpret_cast<const Pack<T, kVec>*>(x)[p];
+    const int64_t col0 = (p * kVec) % c;
+    Pack<T, kVec> out;
+#pragma unroll
+    for (int i = 0; i < kVec; ++i)
+      out.v[i] = convert<T>(to_acc(in.v[i]) * scale[col0 + i] + shift[col0 + i]);
+    reinterpret_cast<Pack<T, kVec>*>(y)[p] = out;
+  }
+}
+
+// partial[b, c] = (sum dy, sum dy * (x - mean)) of column c over row block b.
+template <typename T>
+__global__ void backward_partial_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                        const float* __restrict__ mean, int64_t m, int64_t c,
+                                        int64_t rows_per_block, float* __restrict__ psum_dy,
+                                        float* __restrict__ psum_dy_xmu) {
+  const int64_t col = int64_t{blockIdx.x} * kColThreads + threadIdx.x;
+  const int64_t r0 = int64_t{blockIdx.y} * rows_per_block;
+  const int64_t r1 = min(m, r0 + rows_per_block);
+  float s = 0, sx = 0;
+  if (col < c) {
+    const float mu = mean[col];
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowThreads) {
+      const float g = to_acc(dy[r * c + col]);
+      s += g;
+      sx += g * (to_acc(x[r * c + col]) - mu);
+    }
+  }
+  __shared__ float ss[kRowThreads][kColThreads], ssx[kRowThreads][kColThreads];
+  ss[threadIdx.y][threadIdx.x] = s;
+  ssx[threadIdx.y][threadIdx.x] = sx;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < c) {
+    for (int i = 1; i < kRowThreads; ++i) {
+      s += ss[i][threadIdx.x];
+      sx += ssx[i][threadIdx.x];
+    }
+    psum_dy[int64_t{blockIdx.y} * c + col] = s;
+    psum_dy_xmu[int64_t{blockIdx.y} * c + col] = sx;
+  }
+}
+
+// Per channel: dgamma, dbeta and dx = a * dy + b * x + d.
+__global__ void backward_finalize_kernel(const float* __restrict__ psum_dy,
+                                         const float* __restrict__ psum_dy_xmu, int64_t blocks,
+                                         int64_t m, int64_t c, const float* __restrict__ gamma,
+                                         const float* __restrict__ mean,
+                                         const float* __restrict__ invstd,
+                                         float* __restrict__ dgamma, float* __restrict__ dbeta,
+                                         float* __restrict__ ca, float* __restrict__ cb,
+                                         float* __restrict__ cd) {
+  const int64_t col = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (col >= c) return;
+  float s = 0, sx = 0;
+  for (int64_t b = 0; b < blocks; ++b) {
+    s += psum_dy[b * c + col];
+    sx += psum_dy_xmu[b * c + col];
+  }
+  const float is = invstd[col], mu = mean[col];
+  dgamma[col] = sx * is;
+  dbeta[col] = s;
+  // dx = gamma*is * (dy - s/M - (x - mu) * is^2 * sx/M)
+  const float a = gamma[col] * is;
+  const float k = sx * is * is / static_cast<float>(m);
+  ca[col] = a;
+  cb[col] = -a * k;
+  cd[col] = a * (k * mu - s / static_cast<float>(m));
+}
+
+template <typename T, int kVec>
+__global__ void backward_elementwise_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                            T* __restrict__ dx, int64_t packs, int64_t c,
+                                            const float* __restrict__ ca,
+                                            const float* __restrict__ cb,
+                                            const float* __restrict__ cd) {
+  for (int64_t p = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; p < packs;
+       p += int64_t{gridDim.x} * blockDim.x) {
+    const Pack<T, kVec> g = reinterpret_cast<const Pack<T, kVec>*>(dy)[p];
+    const Pack<T, kVec> v = reinterpret_cast<const Pack<T, kVec>*>(x)[p];
+    const int64_t col0 = (p * kVec) % c;
+    Pack<T, kVec> out;
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      const int64_t j = col0 + i;
+      out.v[i] = convert<T>(ca[j] * to_acc(g.v[i]) + cb[j] * to_acc(v.v[i]) + cd[j]);
+    }
+    reinterpret_cast<Pack<T, kVec>*>(dx)[p] = out;
+  }
+}
+
+Tensor scratch(int64_t n, Device d) { return detail::empty_tensor({n}, kFloat32, d); }
+
+float* f32(const Tensor& t) { return t.defined() ? static_cast<float*>(t.raw_data()) : nullptr; }
+
+// The widest pack (16 bytes at most) that divides C and suits every pointer.
+template <typename T>
+int pack_width(int64_t c, std::initializer_list<const void*> ptrs) {
+  int vec = static_cast<int>(16 / sizeof(T));
+  for (; vec > 1; vec /= 2) {
+    if (c % vec != 0) continue;
+    bool aligned = true;
+    for (const void* p : ptrs) aligned = aligned && reinterpret_cast<uintptr_t>(p) % (sizeof(T) * vec) == 0;
+    if (aligned) break;
+  }
+  return vec;
+}
+
+int elementwise_blocks(int64_t packs, int device) {
+  const int64_t cap = 8 * int64_t{device_properties(device).multiProcessorCount};
+  return static_cast<int>(std::max<int64_t>(1, std::min(cap, (packs + kElemThreads - 1) / kElemThreads)));
+}
+
+template <typename T>
+void launch_affine(const Tensor& x, const Tensor& y, int64_t c, const float* scale,
+                   const float* shift, int device) {
+  const T* xp = static_cast<const T*>(x.raw_data());
+  T* yp = static_cast<T*>(y.raw_data());
+  const int64_t total = x.numel();
+  cudaStream_t stream = current_stream(device);
+  auto go = [&]<int kVec>() {
+    const int64_t packs = total / kVec;
+    affine_kernel<T, kVec><<<elementwise_blocks(packs, device), kElemThreads, 0, stream>>>(
+        xp, yp, packs, c, scale, shift);
+  };
+  switch (pack_width<T>(c, {xp, yp})) {
+    case 8: go.template operator()<8>(); break;
+    case 4: go.template operator()<4>(); break;
+    case 2: go.template operator()<2>(); break;
+    default: go.template operator()<1>(); break;
+  }
+  CHORUS_CUDA_LAUNCH_CHECK();
+}
+
+int64_t channels(const Tensor& x) { return x.size(1); }
+
+}  // namespace
+
+void batch_norm_nhwc_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                   const Tensor& running_mean, const Tensor& running_var,
+                                   double momentum, double eps, const Tensor& y,
+                                   const Tensor& save_mean, const Tensor& save_invstd) {
+  const int device = x.device().index;
+  const int64_t c = channels(x), m = x.numel() / c;
+  const Grid g = column_grid(m, c, device);
+  const int64_t blocks = g.grid.y;
+  Tensor partial = scratch(3 * blocks * c, x.device()), coef = scratch(2 * c, x.device());
+  float* pn = f32(partial);
+  float* pmean = pn + blocks * c;
+  float* pm2 = pmean + blocks * c;
+  float* scale = f32(coef);
+  float* shift = scale + c;
+  cudaStream_t stream = current_stream(device);
+  dispatch_float(x.dtype(), "batch_norm_forward", [&]<typename T>() {
+    stats_partial_kernel<T><<<g.grid, dim3(kColThreads, kRowThreads), 0, stream>>>(
+        static_cast<const T*>(x.raw_data()), m, c, g.rows_per_block, pn, pmean, pm2);
+    CHORUS_CUDA_LAUNCH_CHECK();
+    stats_finalize_kernel<<<static_cast<unsigned>((c + 127) / 128), 128, 0, stream>>>(
+        pn, pmean, pm2, blocks, c, f32(gamma), f32(beta), f32(running_mean), f32(running_var),
+        static_cast<float>(momentum), static_cast<float>(eps), f32(save_mean), f32(save_invstd),
+        scale, shift);
+    CHORUS_CUDA_LAUNCH_CHECK();
+    launch_affine<T>(x, y, c, scale, shift, device);
+  });
+}
+
+void batch_norm_nhwc_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                  const Tensor& running_mean, const Tensor& running_var,
+                                  double eps, const Tensor& y) {
+  const int device = x.device().index;
+  const int64_t c = channels(x);
+  Tensor coef = scratch(2 * c, x.device());
+  float* scale = f32(coef);
+  float* shift = scale + c;
+  eval_coefficients_kernel<<<static_cast<unsigned>((c + 127) / 128), 128, 0,
+                             current_stream(device)>>>(c, f32(gamma), f32(beta),
+                                                       f32(running_mean), f32(running_var),
+                                                       static_cast<float>(eps), scale, shift);
+  CHORUS_CUDA_LAUNCH_CHECK();
+  dispatch_float(x.dtype(), "batch_norm_forward", [&]<typename T>() {
+    launch_affine<T>(x, y, c, scale, shift, device);
+  });
+}
+
+void batch_norm_nhwc_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                              const Tensor& save_mean, const Tensor& save_invstd,
+                              const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) {
+  const int device = x.device().index;
+  const int64_t c = channels(x), m = x.numel() / c;
+  const Grid g = column_grid(m, c, device);
+  const int64_t blocks = g.grid.y;
+  Tensor partial = scratch(2 * blocks * c, x.device()), coef = scratch(3 * c, x.device());
+  float* ps = f32(partial);
+  float* psx = ps + blocks * c;
+  float* ca = f32(coef);
+  float* cb = ca + c;
+  float* cd = cb + c;
+  cudaStream_t stream = current_stream(device);
+  dispatch_float(x.dtype(), "batch_norm_backward", [&]<typename T>() {
+    const T* dyp = static_cast<const T*>(dy.raw_data());
+    const T* xp = static_cast<const T*>(x.raw_data());
+    T* dxp = static_cast<T*>(dx.raw_data());
+    backward_partial_kernel<T><<<g.grid, dim3(kColThreads, kRowThreads), 0, stream>>>(
+        dyp, xp, f32(save_mean), m, c, g.rows_per_block, ps, psx);
+    CHORUS_CUDA_LAUNCH_CHECK();
+    backward_finalize_kernel<<<static_cast<unsigned>((c + 127) / 128), 128, 0, stream>>>(
+        ps, psx, blocks, m, c, f32(gamma), f32(save_mean), f32(save_invstd), f32(dgamma),
+        f32(dbeta), ca, cb, cd);
+    CHORUS_CUDA_LAUNCH_CHECK();
+    auto go = [&]<int kVec>() {
+      const int64_t packs = x.numel() / kVec;
+      backward_elementwise_kernel<T, kVec>
+          <<<elementwise_blocks(packs, device), kElemThreads, 0, stream>>>(dyp, xp, dxp, packs, c,
+                                                                          ca, cb, cd);
+    };
+    switch (pack_width<T>(c, {dyp, xp, dxp})) {
+      case 8: go.template operator()<8>(); break;
+      case 4: go.template operator()<4>(); break;
+      case 2: go.template operator()<2>(); break;
+      default: go.template operator()<1>(); break;
+    }
+    CHORUS_CUDA_LAUNCH_CHECK();
+  });
+}
+
+}  // namespace chorus::cuda

@@ -1,0 +1,404 @@
+// cuDNN graph-API convolutions (Note [Why the graph API], Note [Plan search]
+// in conv_plan.h).
+#include "chorus/cuda/conv_plan.h"
+
+#include <algorithm>
+#include <array>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "chorus/core/error.h"
+#include "chorus/cuda/blas.h"
+#include "chorus/cuda/context.h"
+#include "chorus/cuda/kernels.h"
+
+// The plan and graph descriptors take the handle through attributes cuDNN 9.19
+// marks deprecated (in favour of device properties that older 9.x releases do
+// not have); they work in every cuDNN 9.
+CHORUS_CUDNN_LEGACY_BEGIN
+
+namespace chorus::cuda {
+
+namespace {
+
+// Largest workspace a plan may use.
+constexpr int64_t kMaxWorkspaceBytes = int64_t{1} << 30;
+// Plans timed per geometry (a bound on the one-off search; cuDNN's lists for
+// these convolutions are usually shorter).
+constexpr size_t kMaxCandidates = 32;
+// Timed runs per candidate (after one untimed run that loads its kernels).
+constexpr int kTimedRuns = 3;
+
+constexpr int64_t kUidX = 1, kUidW = 2, kUidY = 3;
+
+// RAII owner of a backend descriptor.
+class BackendDesc {
+ public:
+  BackendDesc() = default;
+  explicit BackendDesc(cudnnBackendDescriptorType_t type) {
+    CHORUS_CUDNN_CHECK(cudnnBackendCreateDescriptor(type, &d_));
+  }
+  ~BackendDesc() {
+    if (d_) cudnnBackendDestroyDescriptor(d_);
+  }
+  BackendDesc(BackendDesc&& o) noexcept : d_(o.d_) { o.d_ = nullptr; }
+  BackendDesc& operator=(BackendDesc&& o) noexcept {
+    std::swap(d_, o.d_);
+    return *this;
+  }
+  BackendDesc(const BackendDesc&) = delete;
+  BackendDesc& operator=(const BackendDesc&) = delete;
+
+  cudnnBackendDescriptor_t get() const { return d_; }
+  template <typename T>
+  void set(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, int64_t count,
+           const T* values) {
+    CHORUS_CUDNN_CHECK(cudnnBackendSetAttribute(d_, name, type, count, values));
+  }
+  void set_desc(cudnnBackendAttributeName_t name, const BackendDesc& other) {
+    cudnnBackendDescriptor_t o = other.get();
+    set(name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &o);
+  }
+  void finalize() { CHORUS_CUDNN_CHECK(cudnnBackendFinalize(d_)); }
+  cudnnStatus_t try_finalize() { return cudnnBackendFinalize(d_); }
+
+ private:
+  cudnnBackendDescriptor_t d_ = nullptr;
+};
+
+// A packed 4-d tensor: dims are always [N,C,H,W] (filters [K,C/g,R,S]), the
+// strides carry the layout.
+BackendDesc tensor_desc(int64_t uid, cudnnDataType_t dtype, Layout layout,
+                        const std::array<int64_t, 4>& dims, int64_t alignment) {
+  const int64_t n = dims[0], c = dims[1], h = dims[2], w = dims[3];
+  (void)n;
+  const std::array<int64_t, 4> strides =
+      layout == Layout::NCHW ? std::array<int64_t, 4>{c * h * w, h * w, w, 1}
+                             : std::array<int64_t, 4>{c * h * w, 1, w * c, c};
+  BackendDesc t(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+  t.set(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dtype);
+  t.set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims.data());
+  t.set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides.data());
+  t.set(CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
+  t.set(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &alignment);
+  t.finalize();
+  return t;
+}
+
+BackendDesc conv_desc(const Conv2dGeometry& g) {
+  BackendDesc c(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
+  const cudnnDataType_t comp = CUDNN_DATA_FLOAT;  // float accumulation for every dtype
+  const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
+  const int64_t dims = 2;
+  const int64_t dil[2] = {g.dil_h, g.dil_w}, stride[2] = {g.stride_h, g.stride_w},
+                pad[2] = {g.pad_h, g.pad_w};
+  c.set(CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp);
+  c.set(CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode);
+  c.set(CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &dims);
+  c.set(CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, dil);
+  c.set(CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, stride);
+  c.set(CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, pad);
+  c.set(CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, pad);
+  c.finalize();
+  return c;
+}
+
+// The one-operation graph of a convolution in direction `dir`.
+BackendDesc operation_graph(ConvDirection dir, const Conv2dGeometry& g, DType dtype, Layout layout,
+                            int64_t alignment, cudnnHandle_t handle) {
+  const cudnnDataType_t dt = cudnn_dtype(dtype, "conv2d");
+  const BackendDesc x = tensor_desc(kUidX, dt, layout, {g.n, g.c_in, g.h, g.w}, alignment);
+  const BackendDesc w =
+      tensor_desc(kUidW, dt, layout, {g.c_out, g.c_in / g.groups, g.kh, g.kw}, alignment);
+  const BackendDesc y =
+      tensor_desc(kUidY, dt, layout, {g.n, g.c_out, g.out_h(), g.out_w()}, alignment);
+  const BackendDesc conv = conv_desc(g);
+  const float alpha = 1.0f, beta = 0.0f;
+  BackendDesc op;
+  switch (dir) {
+    case ConvDirection::Forward:
+      op = BackendDesc(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR);
+      op.set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, x);
+      op.set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, w);
+      op.set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, y);
+      op.set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, conv);
+      op.set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha);
+      op.set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
+      break;
+    case ConvDirection::BackwardData:
+      op = BackendDesc(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR);
+      op.set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, x);
+      op.set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, w);
+      op.set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, y);
+      op.set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, conv);
+      op.set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha);
+      op.set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
+      break;
+    case ConvDirection::BackwardFilter:
+      op = BackendDesc(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR);
+      op.set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, x);
+      op.set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, w);
+      op.set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, y);
+      op.set_desc(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, conv);
+      op.set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, CUDNN_TYPE_FLOAT, 1, &alpha);
+      op.set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA, CUDNN_TYPE_FLOAT, 1, &beta);
+      break;
+  }
+  op.finalize();
+  BackendDesc graph(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+  cudnnBackendDescriptor_t ops[1] = {op.get()};
+  graph.set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, ops);
+  graph.set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+  graph.finalize();
+  return graph;
+}
+
+// Engine configurations for `graph` from one heuristics mode, best first.
+// An empty list when the mode has none (or cuDNN refuses the graph).
+std::vector<BackendDesc> engine_configs(const BackendDesc& graph, cudnnBackendHeurMode_t mode) {
+  std::vector<BackendDesc> out;
+  BackendDesc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+  heur.set_desc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph);
+  heur.set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
+  if (heur.try_finalize() != CUDNN_STATUS_SUCCESS) return out;
+  int64_t count = 0;
+  if (cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                               CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count,
+                               nullptr) != CUDNN_STATUS_SUCCESS ||
+      count <= 0)
+    return out;
+  std::vector<BackendDesc> cfgs;
+  std::vector<cudnnBackendDescriptor_t> raw;
+  for (int64_t i = 0; i < count; ++i) {
+    cfgs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
+    raw.push_back(cfgs.back().get());
+  }
+  int64_t got = 0;
+  if (cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                               CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got,
+                               raw.data()) != CUDNN_STATUS_SUCCESS)
+    return out;
+  for (int64_t i = 0; i < got && i < count; ++i) out.push_back(std::move(cfgs[i]));
+  return out;
+}
+
+// Whether the engine of `cfg` computes with numerics this call may use.
+bool numerics_allowed(const BackendDesc& cfg, DType dtype) {
+  BackendDesc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+  cudnnBackendDescriptor_t e = engine.get();
+  int64_t got = 0;
+  if (cudnnBackendGetAttribute(cfg.get(), CUDNN_ATTR_ENGINECFG_ENGINE,
+                               CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &got, &e) != CUDNN_STATUS_SUCCESS)
+    return false;
+  cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
+  int64_t n = 0;
+  if (cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                               CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &n,
+                               notes) != CUDNN_STATUS_SUCCESS)
+    return false;
+  for (int64_t i = 0; i < n; ++i) {
+    if (dtype != kFloat32) continue;  // 16-bit data: tensor cores are the point
+    // Float32 must stay float32 (down-converting engines compute in half), and
+    // uses TF32 tensor cores only when allowed (Note [TF32 defaults] in blas.h).
+    if (notes[i] == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS) return false;
+    if (notes[i] == CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION) return false;
+    if (notes[i] == CUDNN_NUMERICAL_NOTE_TENSOR_CORE && !allow_tf32_conv()) return false;
+  }
+  return true;
+}
+
+struct Plan {
+  BackendDesc desc;
+  int64_t workspace = 0;
+};
+
+// Finalises a plan for `cfg`, or returns null when cuDNN cannot.
+std::shared_ptr<Plan> make_plan(const BackendDesc& cfg, cudnnHandle_t handle) {
+  auto plan = std::make_shared<Plan>();
+  plan->desc = BackendDesc(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+  plan->desc.set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+  plan->desc.set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfg);
+  if (plan->desc.try_finalize() != CUDNN_STATUS_SUCCESS) return nullptr;
+  int64_t got = 0;
+  if (cudnnBackendGetAttribute(plan->desc.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                               CUDNN_TYPE_INT64, 1, &got,
+                               &plan->workspace) != CUDNN_STATUS_SUCCESS)
+    return nullptr;
+  return plan;
+}
+
+Tensor workspace_tensor(int64_t bytes, int device) {
+  if (bytes <= 0) return Tensor();
+  return detail::empty_tensor({bytes}, kUInt8, Device(DeviceType::CUDA, device));
+}
+
+cudnnStatus_t execute(const Plan& plan, cudnnHandle_t handle, const ConvOperands& ops,
+                      void* workspace) {
+  BackendDesc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
+  const int64_t uids[3] = {kUidX, kUidW, kUidY};
+  void* ptrs[3] = {ops.x, ops.w, ops.y};
+  pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, uids);
+  pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, ptrs);
+  pack.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
+  const cudnnStatus_t st = pack.try_finalize();
+  if (st != CUDNN_STATUS_SUCCESS) return st;
+  return cudnnBackendExecute(handle, plan.desc.get(), pack.get());
+}
+
+// Milliseconds one run of `plan` takes on the current stream, or a negative
+// number when it fails to run.
+float time_plan(const Plan& plan, cudnnHandle_t handle, const ConvOperands& ops, int device) {
+  Tensor ws;
+  try {
+    ws = workspace_tensor(plan.workspace, device);
+  } catch (const OutOfMemoryError&) {
+    return -1;
+  }
+  void* wp = ws.defined() ? ws.raw_data() : nullptr;
+  cudaStream_t stream = current_stream(device);
+  if (execute(plan, handle, ops, wp) != CUDNN_STATUS_SUCCESS) {
+    cudaGetLastError();  // a refused launch must not poison later error checks
+    return -1;
+  }
+  cudaEvent_t start, stop;
+  CHORUS_CUDA_CHECK(cudaEventCreate(&start));
+  CHORUS_CUDA_CHECK(cudaEventCreate(&stop));
+  CHORUS_CUDA_CHECK(cudaEventRecord(start, stream));
+  bool ok = true;
+  for (int i = 0; i < kTimedRuns && ok; ++i) ok = execute(plan, handle, ops, wp) == CUDNN_STATUS_SUCCESS;
+  CHORUS_CUDA_CHECK(cudaEventRecord(stop, stream));
+  CHORUS_CUDA_CHECK(cudaEventSynchronize(stop));
+  float ms = 0;
+  CHORUS_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return ok ? ms / kTimedRuns : -1;
+}
+
+std::shared_ptr<Plan> search(ConvDirection dir, const Conv2dGeometry& g, DType dtype,
+                             Layout layout, int64_t alignment, int device,
+                             const ConvOperands& ops) {
+  cudnnHandle_t handle = cudnn_handle(device);
+  BackendDesc graph;
+  try {
+    graph = operation_graph(dir, g, dtype, layout, alignment, handle);
+  } catch (const DeviceError&) {
+    return nullptr;  // a geometry the graph API does not describe: legacy path
+  }
+  std::shared_ptr<Plan> best;
+  float best_ms = 0;
+  size_t tried = 0;
+  for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+    // The fallback list is only for geometries the heuristics found nothing for.
+    if (mode == CUDNN_HEUR_MODE_FALLBACK && best) break;
+    for (const BackendDesc& cfg : engine_configs(graph, mode)) {
+      if (tried >= kMaxCandidates) break;
+      if (!numerics_allowed(cfg, dtype)) continue;
+      std::shared_ptr<Plan> plan = make_plan(cfg, handle);
+      if (!plan || plan->workspace > kMaxWorkspaceBytes) continue;
+      ++tried;
+      const float ms = time_plan(*plan, handle, ops, device);
+      if (ms >= 0 && (!best || ms < best_ms)) {
+        best = plan;
+        best_ms = ms;
+      }
+    }
+  }
+  return best;
+}
+
+// ---- the plan cache ---------------------------------------------------------------------
+
+using PlanKey = std::array<int64_t, 20>;
+struct PlanKeyHash {
+  size_t operator()(const PlanKey& k) const noexcept {
+    uint64_t h = 1469598103934665603ull;
+    for (int64_t x : k) h = (h ^ static_cast<uint64_t>(x)) * 1099511628211ull;
+    return static_cast<size_t>(h);
+  }
+};
+
+struct PlanCache {
+  std::mutex mu;
+  // A null plan records "no engine": the legacy path handles that geometry.
+  std::unordered_map<PlanKey, std::shared_ptr<Plan>, PlanKeyHash> plans;
+};
+PlanCache& plan_cache() {
+  static auto* cache = new PlanCache;  // leaked: used from threads that may outlive statics
+  return *cache;
+}
+
+// Alignment (up to 16 bytes) shared by the three operands: plans for aligned
+// pointers may use vector loads a misaligned view cannot take.
+int64_t common_alignment(const ConvOperands& ops) {
+  const uint64_t bits = reinterpret_cast<uint64_t>(ops.x) | reinterpret_cast<uint64_t>(ops.w) |
+                        reinterpret_cast<uint64_t>(ops.y) | 16u;
+  return static_cast<int64_t>(bits & (~bits + 1));
+}
+
+}  // namespace
+
+bool conv_graph_enabled() {
+  static const bool enabled = [] {
+    const char* e = std::getenv("CHORUS_CUDNN_LEGACY");
+    return !(e && *e && std::strcmp(e, "0") != 0);
+  }();
+  return enabled;
+}
+
+bool run_conv_graph(ConvDirection dir, const Conv2dGeometry& g, DType dtype, Layout layout,
+                    int device, const ConvOperands& ops) {
+  if (!conv_graph_enabled()) return false;
+  const int64_t alignment = common_alignment(ops);
+  const PlanKey key{static_cast<int64_t>(dir),
+                    device,
+                    static_cast<int64_t>(dtype),
+                    static_cast<int64_t>(layout),
+                    dtype == kFloat32 && allow_tf32_conv(),
+                    alignment,
+                    g.n,
+                    g.c_in,
+                    g.h,
+                    g.w,
+                    g.c_out,
+                    g.kh,
+                    g.kw,
+                    g.stride_h,
+                    g.stride_w,
+                    g.pad_h,
+                    g.pad_w,
+                    g.dil_h,
+                    g.dil_w,
+                    g.groups};
+  PlanCache& cache = plan_cache();
+  std::shared_ptr<Plan> plan;
+  bool known = false;
+  {
+    std::lock_guard<std::mutex> lock(cache.mu);
+    auto it = cache.plans.find(key);
+    if (it != cache.plans.end()) {
+      known = true;
+      plan = it->second;
+    }
+  }
+  if (!known) {
+    plan = search(dir, g, dtype, layout, alignment, device, ops);
+    std::lock_guard<std::mutex> lock(cache.mu);
+    cache.plans.emplace(key, plan);
+  }
+  if (!plan) return false;
+  Tensor ws = workspace_tensor(plan->workspace, device);
+  const cudnnStatus_t st =
+      execute(*plan, cudnn_handle(device), ops, ws.defined() ? ws.raw_data() : nullptr);
+  if (st != CUDNN_STATUS_SUCCESS) throw_cudnn_error(st, "cudnnBackendExecute (conv2d)", __FILE__, __LINE__);
+  return true;
+}
+
+}  // namespace chorus::cuda
+
+CHORUS_CUDNN_LEGACY_END

@@ -1,0 +1,51 @@
+// Convolutions through cuDNN 9's graph (backend) API, with execution plans
+// chosen by timing and cached per geometry.
+//
+// Note [Why the graph API]: cuDNN 9's legacy entry points
+// (cudnnConvolutionForward & co.) reach only the engines behind the old
+// algorithm enums. On Hopper the fastest channels-last bfloat16 kernels (the
+// sm90 implicit-GEMM engines PyTorch runs through cudnn-frontend) are reachable
+// only through engine configurations of an operation graph. So every
+// convolution first tries a plan from here; conv.cpp falls back to the legacy
+// path only when no engine supports a geometry. CHORUS_CUDNN_LEGACY=1 in the
+// environment forces the legacy path (for comparisons).
+//
+// Note [Plan search]: the first call of a geometry (direction, device, dtype,
+// layout, TF32 switch, pointer alignment, shapes) asks cuDNN's heuristics
+// (mode A, then the fallback list) for engine configurations, finalises up to
+// kMaxCandidates plans that fit the workspace limit and the numerics allowed
+// (no TF32 for float32 when it is off; never engines that down-convert float32
+// inputs), times each on the real operands and keeps the fastest, as PyTorch's
+// cudnn.benchmark does. The search blocks the host once per geometry; later
+// calls only build a variant pack and execute. Plans are shared by the
+// threads of a device (each executes with its own handle).
+#pragma once
+
+#include <cstdint>
+
+#include "chorus/core/dtype.h"
+#include "chorus/core/op_kinds.h"
+#include "chorus/cuda/cudnn_handle.h"
+
+namespace chorus::cuda {
+
+enum class ConvDirection : int { Forward, BackwardData, BackwardFilter };
+
+// The operands of one convolution in cuDNN's naming: x input, w filter, y
+// output (backward-data writes x, backward-filter writes w, forward writes y).
+struct ConvOperands {
+  void* x;
+  void* w;
+  void* y;
+};
+
+// Whether the graph path is enabled (CHORUS_CUDNN_LEGACY unset or 0).
+bool conv_graph_enabled();
+
+// Runs the convolution on the current stream of `device` with a cached plan
+// (searching on first use). Returns false, having done nothing, when cuDNN
+// offers no plan for this geometry; throws DeviceError on execution failures.
+bool run_conv_graph(ConvDirection dir, const Conv2dGeometry& g, DType dtype, Layout layout,
+                    int device, const ConvOperands& ops);
+
+}  // namespace chorus::cuda
