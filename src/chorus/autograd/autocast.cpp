@@ -11,6 +11,8 @@ std::optional<DType> autocast_dtype(const Tensor& t) {
   return t_autocast;
 }
 
+std::optional<DType> current_autocast() { return t_autocast; }
+
 AutocastGuard::AutocastGuard(std::optional<DType> dtype) : prev_(t_autocast) { t_autocast = dtype; }
 AutocastGuard::~AutocastGuard() { t_autocast = prev_; }
 

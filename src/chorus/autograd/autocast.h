@@ -14,6 +14,10 @@ namespace chorus {
 
 // The dtype ops should compute in for `t`, when autocast applies to it.
 std::optional<DType> autocast_dtype(const Tensor& t);
+// This thread's autocast dtype (nullopt: autocast off). The state is per
+// thread; code that runs work on other threads on the caller's behalf
+// (parallel::DeviceThreads) reads it here and sets it there with a guard.
+std::optional<DType> current_autocast();
 
 class AutocastGuard {
  public:

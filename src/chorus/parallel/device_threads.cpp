@@ -5,6 +5,7 @@
 #include <mutex>
 #include <thread>
 
+#include "chorus/autograd/autocast.h"
 #include "chorus/autograd/grad_mode.h"
 #include "chorus/core/error.h"
 
@@ -62,12 +63,22 @@ DeviceThreads::~DeviceThreads() = default;
 
 void DeviceThreads::run(const std::vector<std::function<void()>>& tasks) {
   CHORUS_ASSERT(tasks.size() <= workers_.size());
+  // Grad mode and autocast are thread-local: each task runs under the
+  // caller's, as if the caller had run it (a bf16 step must not silently run
+  // its replicas in float32). The guards restore the worker's own state.
   const bool grad = grad_enabled();
+  const std::optional<DType> autocast = current_autocast();
   for (size_t i = 0; i < tasks.size(); ++i) {
     Worker& w = *workers_[i];
     std::lock_guard<std::mutex> lk(w.mu);
-    w.task = [grad, t = tasks[i]] {
+    w.task = [grad, autocast, t = tasks[i]] {
+      const bool prev_grad = grad_enabled();
       set_grad_enabled(grad);
+      struct RestoreGrad {
+        bool prev;
+        ~RestoreGrad() { set_grad_enabled(prev); }
+      } restore{prev_grad};
+      AutocastGuard cast(autocast);
       t();
     };
     w.has_task = true;

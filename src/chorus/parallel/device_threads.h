@@ -19,8 +19,9 @@ class DeviceThreads {
   DeviceThreads& operator=(const DeviceThreads&) = delete;
 
   // Runs tasks[i] on the thread of device i (i < tasks.size()) under a
-  // DeviceGuard and the caller's grad mode; waits for all; rethrows the first
-  // failure as chorus::Error "replica on <device> failed: <message>".
+  // DeviceGuard and the caller's grad mode and autocast state; waits for all;
+  // rethrows the first failure as chorus::Error "replica on <device> failed:
+  // <message>".
   void run(const std::vector<std::function<void()>>& tasks);
 
  private:
