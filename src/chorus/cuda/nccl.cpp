@@ -1,0 +1,217 @@
+// In-process NCCL collectives (Note [In-process NCCL] in nccl.h).
+#include "chorus/cuda/nccl.h"
+
+#include <cuda_runtime.h>
+#ifdef CHORUS_WITH_NCCL
+#include <nccl.h>
+#endif
+
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "chorus/core/error.h"
+#include "chorus/cuda/context.h"
+
+namespace chorus::cuda {
+
+#ifdef CHORUS_WITH_NCCL
+
+namespace {
+
+std::string device_list(const std::vector<int>& devices) {
+  std::string s;
+  for (int d : devices) s += (s.empty() ? "cuda:" : ", cuda:") + std::to_string(d);
+  return s;
+}
+
+[[noreturn]] void throw_nccl_error(ncclResult_t r, const char* call, const std::vector<int>& devices,
+                                   const char* detail_msg, const char* file, int line) {
+  std::string msg = detail::str_cat("NCCL error: ", ncclGetErrorString(r), " in ", call, " over ",
+                                    device_list(devices));
+  if (detail_msg && *detail_msg) msg += std::string(" (") + detail_msg + ")";
+  throw DeviceError(msg, file, line);
+}
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::Float32: return ncclFloat32;
+    case DType::Float16: return ncclFloat16;
+#if NCCL_VERSION_CODE >= 21000
+    case DType::BFloat16: return ncclBfloat16;
+#endif
+    case DType::Float64: return ncclFloat64;
+    case DType::Int64: return ncclInt64;
+    case DType::Int32: return ncclInt32;
+    case DType::UInt8: return ncclUint8;
+    default: break;
+  }
+  CHORUS_THROW(DeviceError, "NCCL cannot reduce ", dtype_name(t), " tensors");
+}
+
+// One device's communication stream and the two events that join it to a
+// current stream (reused: every call holds the mutex, and a wait captures the
+// event's state when it is enqueued).
+struct PerDevice {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t ready = nullptr;  // current stream -> communication stream
+  cudaEvent_t done = nullptr;   // communication stream -> current stream
+};
+
+struct State {
+  std::mutex mu;
+  std::map<std::vector<int>, std::vector<ncclComm_t>> comms;  // by ordered device list
+  std::map<int, PerDevice> devices;
+};
+
+// Leaked on purpose: communicators and streams must outlive static destruction
+// (a tensor freed at exit may still name a stream), and destroying them then
+// could touch a CUDA runtime that is already unloading.
+State& state() {
+  static auto* s = new State;
+  return *s;
+}
+
+PerDevice& per_device(State& st, int d) {
+  PerDevice& pd = st.devices[d];
+  if (!pd.stream) {
+    CudaDeviceGuard guard(d);
+    PerDevice made;
+    CHORUS_CUDA_CHECK(cudaStreamCreateWithFlags(&made.stream, cudaStreamNonBlocking));
+    CHORUS_CUDA_CHECK(cudaEventCreateWithFlags(&made.ready, cudaEventDisableTiming));
+    CHORUS_CUDA_CHECK(cudaEventCreateWithFlags(&made.done, cudaEventDisableTiming));
+    pd = made;
+  }
+  return pd;
+}
+
+std::vector<ncclComm_t>& comm_set(State& st, const std::vector<int>& devices) {
+  auto it = st.comms.find(devices);
+  if (it != st.comms.end()) return it->second;
+  std::vector<ncclComm_t> comms(devices.size(), nullptr);
+  int cur = 0;
+  CHORUS_CUDA_CHECK(cudaGetDevice(&cur));
+  CudaDeviceGuard restore(cur);  // ncclCommInitAll switches devices
+  ncclResult_t r = ncclCommInitAll(comms.data(), static_cast<int>(devices.size()), devices.data());
+  if (r != ncclSuccess) throw_nccl_error(r, "ncclCommInitAll", devices, ncclGetLastError(nullptr), __FILE__, __LINE__);
+  return st.comms.emplace(devices, std::move(comms)).first->second;
+}
+
+// Aborts and forgets a set after a failure, so that a later call starts over
+// instead of queueing behind a collective that can no longer complete.
+void drop_comm_set(State& st, const std::vector<int>& devices) {
+  auto it = st.comms.find(devices);
+  if (it == st.comms.end()) return;
+  for (ncclComm_t c : it->second)
+    if (c) (void)ncclCommAbort(c);
+  st.comms.erase(it);
+}
+
+// Issues issue(rank, comm, stream) for every rank inside one group, on the
+// communication streams, joined to the current streams both ways.
+template <typename Issue>
+void run_collective(const char* call, const std::vector<int>& devices, Issue&& issue) {
+  for (size_t i = 0; i < devices.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      CHORUS_CHECK(devices[i] != devices[j], call, ": cuda:", devices[i], " appears twice in the device list");
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  std::vector<ncclComm_t>& comms = comm_set(st, devices);
+  std::vector<PerDevice*> pds;
+  std::vector<cudaStream_t> current;
+  for (int d : devices) {
+    PerDevice& pd = per_device(st, d);
+    cudaStream_t cur = current_stream(d);
+    CudaDeviceGuard guard(d);
+    CHORUS_CUDA_CHECK(cudaEventRecord(pd.ready, cur));
+    CHORUS_CUDA_CHECK(cudaStreamWaitEvent(pd.stream, pd.ready, 0));
+    pds.push_back(&pd);
+    current.push_back(cur);
+  }
+  int cur_dev = 0;
+  CHORUS_CUDA_CHECK(cudaGetDevice(&cur_dev));
+  {
+    CudaDeviceGuard restore(cur_dev);
+    ncclResult_t r = ncclGroupStart();
+    if (r != ncclSuccess) throw_nccl_error(r, "ncclGroupStart", devices, nullptr, __FILE__, __LINE__);
+    ncclResult_t failed = ncclSuccess;
+    std::string failed_msg;
+    for (size_t i = 0; i < devices.size() && failed == ncclSuccess; ++i) {
+      failed = issue(static_cast<int>(i), comms[i], pds[i]->stream);
+      if (failed != ncclSuccess) failed_msg = ncclGetLastError(comms[i]);
+    }
+    ncclResult_t end = ncclGroupEnd();
+    if (failed != ncclSuccess || end != ncclSuccess) {
+      const bool in_call = failed != ncclSuccess;
+      if (!in_call) failed_msg = ncclGetLastError(comms[0]);
+      drop_comm_set(st, devices);
+      throw_nccl_error(in_call ? failed : end, in_call ? call : "ncclGroupEnd", devices, failed_msg.c_str(),
+                       __FILE__, __LINE__);
+    }
+  }
+  for (size_t i = 0; i < devices.size(); ++i) {
+    CudaDeviceGuard guard(devices[i]);
+    CHORUS_CUDA_CHECK(cudaEventRecord(pds[i]->done, pds[i]->stream));
+    CHORUS_CUDA_CHECK(cudaStreamWaitEvent(current[i], pds[i]->done, 0));
+  }
+}
+
+}  // namespace
+
+bool nccl_available() { return true; }
+
+bool nccl_can_reduce(DType dtype) {
+  switch (dtype) {
+    case DType::Float32:
+    case DType::Float16:
+    case DType::Float64:
+    case DType::Int64:
+    case DType::Int32:
+    case DType::UInt8:
+      return true;
+    case DType::BFloat16:
+      return NCCL_VERSION_CODE >= 21000;
+    default:
+      return false;
+  }
+}
+
+void nccl_broadcast(const std::vector<int>& devices, const std::vector<void*>& bufs, size_t nbytes) {
+  CHORUS_ASSERT(devices.size() == bufs.size());
+  if (devices.size() < 2 || nbytes == 0) return;
+  run_collective("ncclBroadcast", devices, [&](int rank, ncclComm_t comm, cudaStream_t stream) {
+    // Bytes: a broadcast does no arithmetic, so every dtype is the same to it.
+    // Rank 0 sends from its buffer; the others receive into theirs.
+    void* buf = bufs[static_cast<size_t>(rank)];
+    return ncclBroadcast(buf, buf, nbytes, ncclUint8, 0, comm, stream);
+  });
+}
+
+void nccl_reduce_sum(const std::vector<int>& devices, const std::vector<const void*>& srcs, void* dst, size_t count,
+                     DType dtype) {
+  CHORUS_ASSERT(devices.size() == srcs.size() && !devices.empty());
+  if (count == 0) return;
+  const ncclDataType_t type = nccl_type(dtype);
+  run_collective("ncclReduce", devices, [&](int rank, ncclComm_t comm, cudaStream_t stream) {
+    // Only the root's receive buffer is used.
+    return ncclReduce(srcs[static_cast<size_t>(rank)], rank == 0 ? dst : nullptr, count, type, ncclSum, 0, comm,
+                      stream);
+  });
+}
+
+#else  // no NCCL in this build
+
+bool nccl_available() { return false; }
+bool nccl_can_reduce(DType) { return false; }
+
+void nccl_broadcast(const std::vector<int>&, const std::vector<void*>&, size_t) {
+  CHORUS_THROW(DeviceError, "ncclBroadcast: this build of Chorus has no NCCL");
+}
+
+void nccl_reduce_sum(const std::vector<int>&, const std::vector<const void*>&, void*, size_t, DType) {
+  CHORUS_THROW(DeviceError, "ncclReduce: this build of Chorus has no NCCL");
+}
+
+#endif
+
+}  // namespace chorus::cuda

@@ -1,0 +1,58 @@
+// NCCL in one process: collectives over several GPUs of this machine, issued
+// from the calling thread (PyTorch's torch.cuda.comm / torch.cuda.nccl), for
+// ops/comm.h. Include only from src/chorus/cuda and src/chorus/ops.
+//
+// Note [In-process NCCL]: one communicator per device, made together by
+// ncclCommInitAll for an ordered device list and cached for the life of the
+// process (initialising takes tens of milliseconds; a list is reused every
+// step). Rank i of a set is devices[i]; the root of every collective is rank 0.
+//
+// Ordering. Each call is ordered after the work already issued to the caller's
+// current stream of every device it touches, and before the work issued there
+// after it returns, as any op is (Note [Current stream] in context.h): the
+// collective itself runs on a per-device communication stream that first waits
+// (through an event) for the current stream, and the current stream then waits
+// for it. The detour is there to avoid a deadlock: the kernels of one
+// collective on its N devices are launched one device after the other, and an
+// NCCL kernel does not finish until its peers have started. Enqueued directly
+// on the current streams, a cross-device copy issued by another thread in
+// between (event recorded on device A after A's NCCL kernel, waited for on
+// device B before B's) would make B's kernel wait for A's, which waits for B's.
+// On the communication streams the collective depends only on work enqueued on
+// the current streams before the call, and such an event cannot be.
+//
+// Memory. The buffers are read and written on the communication streams, but
+// every current stream waits for them before the call returns, so a free on a
+// current stream (where a buffer was allocated, or named by record_use) is
+// ordered after the collective (Note [Freeing across streams] in allocator.h);
+// ops/comm.cpp names each caller's current stream with record_use, so the
+// allocator's usual rule covers buffers allocated elsewhere too.
+//
+// Calls are serialised by one process-wide mutex: NCCL requires the
+// collectives of a communicator set to be enqueued in the same order on every
+// rank, which one group call from one thread at a time guarantees.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "chorus/core/dtype.h"
+
+namespace chorus::cuda {
+
+// Whether this build has NCCL.
+bool nccl_available();
+// Whether nccl_reduce_sum supports `dtype`.
+bool nccl_can_reduce(DType dtype);
+
+// Copies nbytes from bufs[0] (on CUDA device devices[0]) to bufs[i] (on
+// devices[i]) for every i >= 1. The devices must be distinct. Throws
+// DeviceError naming the NCCL call and NCCL's message.
+void nccl_broadcast(const std::vector<int>& devices, const std::vector<void*>& bufs, size_t nbytes);
+
+// dst (on devices[0]) = the elementwise sum of srcs[i] (count elements of
+// `dtype` on devices[i]). dst may be srcs[0].
+void nccl_reduce_sum(const std::vector<int>& devices, const std::vector<const void*>& srcs, void* dst,
+                     size_t count, DType dtype);
+
+}  // namespace chorus::cuda

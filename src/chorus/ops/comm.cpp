@@ -1,0 +1,109 @@
+#include "chorus/ops/comm.h"
+
+#include <string>
+
+#include "chorus/core/backend.h"
+#include "chorus/core/error.h"
+#include "chorus/ops/copy.h"
+#include "chorus/ops/elementwise.h"
+#ifdef CHORUS_WITH_CUDA
+#include "chorus/cuda/nccl.h"
+#endif
+
+namespace chorus::ops {
+
+namespace {
+
+void check_buffer(const Tensor& t, const Tensor& like, const char* op, const char* what) {
+  CHORUS_CHECK(t.defined(), op, ": ", what, " is an undefined tensor");
+  CHORUS_CHECK(t.is_contiguous(), op, ": ", what, " must be contiguous, got ", t.describe(), " with strides ",
+               shape_str(t.strides()));
+  CHORUS_CHECK(t.sizes() == like.sizes() && t.dtype() == like.dtype(), op, ": ", what, " is ", t.describe(),
+               " but the first buffer is ", like.describe(), "; every buffer needs the same shape and dtype");
+}
+
+void check_distinct(const std::vector<Tensor>& ts, const char* op) {
+  for (size_t i = 0; i < ts.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      CHORUS_CHECK(ts[i].device() != ts[j].device(), op, ": two buffers are on ", ts[i].device().str(),
+                   "; each device may appear once");
+}
+
+#ifdef CHORUS_WITH_NCCL
+bool all_cuda(const std::vector<Tensor>& ts) {
+  for (const Tensor& t : ts)
+    if (!t.device().is_cuda()) return false;
+  return true;
+}
+
+// The caller's current stream of each device now waits for the collective
+// (Note [In-process NCCL]); naming it keeps the buffers alive until then even
+// when they were allocated on another stream.
+void record_uses(const std::vector<Tensor>& ts) {
+  for (const Tensor& t : ts) backend(t.device()).record_use(t.storage()->data(), t.device(), t.device());
+}
+#endif
+
+}  // namespace
+
+void broadcast_coalesced(const Tensor& src, const std::vector<Tensor>& dsts) {
+  const char* op = "broadcast_coalesced";
+  CHORUS_CHECK(src.defined(), op, ": the source is an undefined tensor");
+  check_buffer(src, src, op, "the source");
+  std::vector<Tensor> all{src};
+  for (const Tensor& d : dsts) {
+    check_buffer(d, src, op, "a destination");
+    all.push_back(d);
+  }
+  check_distinct(all, op);
+  if (dsts.empty() || src.numel() == 0) return;
+#ifdef CHORUS_WITH_NCCL
+  if (all_cuda(all)) {
+    std::vector<int> devices;
+    std::vector<void*> bufs;
+    for (const Tensor& t : all) {
+      devices.push_back(t.device().index);
+      bufs.push_back(t.raw_data());
+    }
+    cuda::nccl_broadcast(devices, bufs, src.nbytes());
+    record_uses(all);
+    for (const Tensor& d : dsts) d.bump_version();
+    return;
+  }
+#endif
+  for (const Tensor& d : dsts) copy_(d, src);
+}
+
+void reduce_sum(const std::vector<Tensor>& srcs, const Tensor& dst) {
+  const char* op = "reduce_sum";
+  CHORUS_CHECK(!srcs.empty(), op, ": no source buffers");
+  CHORUS_CHECK(srcs[0].defined(), op, ": the first source is an undefined tensor");
+  for (const Tensor& s : srcs) check_buffer(s, srcs[0], op, "a source");
+  check_buffer(dst, srcs[0], op, "the destination");
+  check_distinct(srcs, op);
+  CHORUS_CHECK(dst.device() == srcs[0].device(), op, ": the destination is on ", dst.device().str(),
+               " but must be on the first source's device, ", srcs[0].device().str());
+  const bool dst_is_first = dst.raw_data() == srcs[0].raw_data();
+  if (srcs[0].numel() == 0) return;
+#ifdef CHORUS_WITH_NCCL
+  if (srcs.size() > 1 && all_cuda(srcs) && cuda::nccl_can_reduce(dst.dtype())) {
+    std::vector<int> devices;
+    std::vector<const void*> bufs;
+    for (const Tensor& t : srcs) {
+      devices.push_back(t.device().index);
+      bufs.push_back(t.raw_data());
+    }
+    cuda::nccl_reduce_sum(devices, bufs, dst.raw_data(), static_cast<size_t>(dst.numel()), dst.dtype());
+    record_uses(srcs);
+    record_uses({dst});
+    dst.bump_version();
+    return;
+  }
+#endif
+  // In order, one source at a time: on CPU devices the result does not depend
+  // on how the threads ran. binary_ brings each operand to dst's device.
+  if (!dst_is_first) copy_(dst, srcs[0]);
+  for (size_t i = 1; i < srcs.size(); ++i) binary_(BinaryOp::Add, dst, srcs[i], 1.0);
+}
+
+}  // namespace chorus::ops

@@ -1,0 +1,30 @@
+// Collectives over the devices of this process, on flat buffers (one per
+// device): what parallel::DataParallel moves its parameters and gradients
+// with, one call per buffer instead of one copy per tensor.
+//
+// On CUDA devices of a build with NCCL both run as one NCCL collective over all
+// the devices (Note [In-process NCCL] in cuda/nccl.h), issued from the calling
+// thread. Elsewhere (CPU devices, a mix, a build without NCCL, a dtype NCCL
+// cannot add) they fall back to ops::copy_ and in-place adds; the results are
+// the same. Like every op, each call is ordered after the work already issued
+// to the current stream of every device it touches and before the work issued
+// there later; it returns without waiting for the devices.
+#pragma once
+
+#include <vector>
+
+#include "chorus/core/tensor.h"
+
+namespace chorus::ops {
+
+// dsts[i] = src for every i. src and each dst: contiguous, the same sizes and
+// dtype, on distinct devices (a dst on src's device is not allowed).
+void broadcast_coalesced(const Tensor& src, const std::vector<Tensor>& dsts);
+
+// dst = srcs[0] + srcs[1] + ..., in that order where the order is up to
+// Chorus (NCCL chooses its own). srcs: contiguous, the same sizes and dtype, on
+// distinct devices; dst: the same sizes and dtype, contiguous, on srcs[0]'s
+// device (it may be srcs[0] itself).
+void reduce_sum(const std::vector<Tensor>& srcs, const Tensor& dst);
+
+}  // namespace chorus::ops

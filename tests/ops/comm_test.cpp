@@ -1,0 +1,163 @@
+// ops::broadcast_coalesced and ops::reduce_sum: on logical CPU devices (the
+// copy/add fallback, run in CI) and on two or more GPUs (NCCL), against sums
+// computed on the host.
+#include <gtest/gtest.h>
+
+#include <chorus/chorus.h>
+#include <chorus/ops/comm.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "testing/expect_error.h"
+
+namespace chorus::ops {
+namespace {
+
+std::vector<float> random_values(int64_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& e : v) e = dist(gen);
+  return v;
+}
+
+Tensor on(const std::vector<float>& v, const Device& d, DType dtype = kFloat32) {
+  return from_vector(v, {static_cast<int64_t>(v.size())}, TensorOptions(dtype, d));
+}
+
+// Checks broadcast and reduce over `devices` for an n-element buffer of dtype,
+// against the host: exact for the broadcast, float rounding for the sum.
+void check_collectives(const std::vector<Device>& devices, int64_t n, DType dtype, double tol) {
+  SCOPED_TRACE(std::string(dtype_name(dtype)) + ", " + std::to_string(n) + " elements");
+  // Values rounded to dtype first, so the host sums exactly what the devices hold.
+  std::vector<std::vector<float>> vals;
+  std::vector<Tensor> bufs;
+  for (size_t i = 0; i < devices.size(); ++i) {
+    Tensor t = on(random_values(n, 100 + static_cast<uint32_t>(i)), devices[i], dtype);
+    vals.push_back(t.to(kFloat32).to_vector<float>());
+    bufs.push_back(t);
+  }
+
+  // reduce_sum into a separate buffer, then in place into the first source.
+  std::vector<double> want(static_cast<size_t>(n), 0.0);
+  for (const auto& v : vals)
+    for (size_t j = 0; j < v.size(); ++j) want[j] += v[j];
+  double scale = 0;
+  for (double w : want) scale = std::max(scale, std::abs(w));
+  auto check_sum = [&](const Tensor& got, const char* what) {
+    SCOPED_TRACE(what);
+    EXPECT_EQ(got.device(), devices[0]);
+    auto g = got.to(kFloat32).to_vector<float>();
+    ASSERT_EQ(g.size(), want.size());
+    double err = 0;
+    for (size_t j = 0; j < g.size(); ++j) err = std::max(err, std::abs(g[j] - want[j]));
+    EXPECT_LE(err / std::max(scale, 1e-12), tol);
+  };
+  Tensor dst = empty({n}, TensorOptions(dtype, devices[0]));
+  reduce_sum(bufs, dst);
+  check_sum(dst, "separate destination");
+  for (size_t i = 1; i < devices.size(); ++i)  // the sources are unchanged
+    EXPECT_EQ(bufs[i].to(kFloat32).to_vector<float>(), vals[i]) << devices[i].str();
+  reduce_sum(bufs, bufs[0]);
+  check_sum(bufs[0], "in place");
+
+  // broadcast_coalesced: every destination becomes the source, bit for bit.
+  Tensor src = on(random_values(n, 7), devices[0], dtype);
+  std::vector<Tensor> dsts;
+  for (size_t i = 1; i < devices.size(); ++i) dsts.push_back(empty({n}, TensorOptions(dtype, devices[i])));
+  broadcast_coalesced(src, dsts);
+  auto want_b = src.to(kFloat32).to_vector<float>();
+  for (size_t i = 0; i < dsts.size(); ++i) {
+    EXPECT_EQ(dsts[i].device(), devices[i + 1]);
+    EXPECT_EQ(dsts[i].to(kFloat32).to_vector<float>(), want_b) << devices[i + 1].str();
+  }
+}
+
+TEST(Comm, CpuDevicesBroadcastAndReduce) {
+  check_collectives({cpu_device(0), cpu_device(1), cpu_device(2)}, 1000, kFloat32, 1e-6);
+  check_collectives({cpu_device(2), cpu_device(0)}, 33, kFloat32, 1e-6);
+  check_collectives({cpu_device(0), cpu_device(1)}, 100, kBFloat16, 1e-2);
+  check_collectives({cpu_device(1)}, 10, kFloat32, 0);  // one device: a copy
+}
+
+TEST(Comm, ReduceSumAddsInDeviceOrderOnCpu) {
+  // Deterministic: the same inputs give bit-identical sums, run after run.
+  std::vector<Tensor> srcs;
+  for (int i = 0; i < 4; ++i) srcs.push_back(on(random_values(257, 40 + i), cpu_device(i)));
+  Tensor a = empty({257}, TensorOptions(kFloat32, cpu_device(0)));
+  Tensor b = empty({257}, TensorOptions(kFloat32, cpu_device(0)));
+  reduce_sum(srcs, a);
+  reduce_sum(srcs, b);
+  EXPECT_EQ(a.to_vector<float>(), b.to_vector<float>());
+  Tensor ref = srcs[0].clone();
+  for (int i = 1; i < 4; ++i) ref = ref + srcs[i].to(cpu_device(0));
+  EXPECT_EQ(a.to_vector<float>(), ref.to_vector<float>());
+}
+
+TEST(Comm, BadArgumentsAreValueErrors) {
+  Tensor a = zeros({4}, cpu_device(0)), b = zeros({4}, cpu_device(1));
+  EXPECT_TRUE(test::throws_naming([&] { reduce_sum({}, a); }, {"reduce_sum", "no source"}));
+  EXPECT_TRUE(test::throws_naming([&] { reduce_sum({a, b}, zeros({4}, cpu_device(1))); },
+                                    {"reduce_sum", "cpu:1", "cpu:0"}));
+  EXPECT_TRUE(test::throws_naming([&] { reduce_sum({a, zeros({5}, cpu_device(1))}, a); },
+                                    {"reduce_sum", "same shape"}));
+  EXPECT_TRUE(test::throws_naming([&] { reduce_sum({a, zeros({4}, TensorOptions(kInt64, cpu_device(1)))}, a); },
+                                    {"reduce_sum", "int64"}));
+  EXPECT_TRUE(test::throws_naming([&] { reduce_sum({a, zeros({4}, cpu_device(0))}, a); },
+                                    {"reduce_sum", "cpu:0", "once"}));
+  EXPECT_TRUE(test::throws_naming([&] { broadcast_coalesced(a, {zeros({4}, cpu_device(0))}); },
+                                    {"broadcast_coalesced", "once"}));
+  EXPECT_TRUE(test::throws_naming([&] { broadcast_coalesced(a, {zeros({4}, TensorOptions(kBFloat16, cpu_device(1)))}); },
+                                    {"broadcast_coalesced", "bfloat16"}));
+  EXPECT_TRUE(test::throws_naming([&] { broadcast_coalesced(zeros({2, 4}, cpu_device(0)).t(), {b}); },
+                                    {"broadcast_coalesced", "contiguous"}));
+}
+
+#ifdef CHORUS_WITH_CUDA
+std::vector<Device> all_gpus() {
+  std::vector<Device> out;
+  for (int i = 0; i < cuda_device_count(); ++i) out.push_back(cuda_device(i));
+  return out;
+}
+
+TEST(Comm, GpusBroadcastAndReduce_MultiCUDA) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  const std::vector<Device> gpus = all_gpus();
+  // Large enough for NCCL to split the buffer into many chunks; odd sizes.
+  check_collectives(gpus, (int64_t{1} << 22) + 3, kFloat32, 1e-6);
+  check_collectives(gpus, 1001, kBFloat16, 1e-2);
+  check_collectives({gpus[1], gpus[0]}, 4097, kFloat32, 1e-6);  // root on cuda:1
+  check_collectives({gpus[0], gpus[1]}, 1, kFloat32, 1e-6);
+  synchronize();
+}
+
+// The collective is ordered with the work around it on the current streams:
+// a kernel right before it produces the input, one right after reads the
+// output, with no synchronisation by the caller.
+TEST(Comm, CollectivesAreOrderedWithSurroundingWork_MultiCUDA) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  const Device g0 = cuda_device(0), g1 = cuda_device(1);
+  const int64_t n = int64_t{1} << 24;
+  for (int iter = 0; iter < 3; ++iter) {
+    Tensor a = full({n}, 1.0, TensorOptions(kFloat32, g0));
+    Tensor b = full({n}, 2.0, TensorOptions(kFloat32, g1));
+    a.mul_(3.0);  // enqueued just before: a = 3
+    b.mul_(5.0);  // b = 10
+    reduce_sum({a, b}, a);
+    a.add_(a, 1.0);  // just after: a = 26
+    EXPECT_EQ(a.max().item(), 26.0);
+    EXPECT_EQ(a.neg().max().item(), -26.0);
+    Tensor c = empty({n}, TensorOptions(kFloat32, g1));
+    broadcast_coalesced(a, {c});
+    c.mul_(0.5);
+    EXPECT_EQ(c.max().item(), 13.0);
+    EXPECT_EQ(c.neg().max().item(), -13.0);
+  }
+}
+#endif  // CHORUS_WITH_CUDA
+
+}  // namespace
+}  // namespace chorus::ops
