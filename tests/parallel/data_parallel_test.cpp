@@ -6,9 +6,13 @@
 // Also: uneven and tiny batches, nested (table) inputs and outputs, DP nested
 // inside a Sequential, shared parameters, an exception on one replica, bad
 // arguments, per-replica outputs, and replicas following the optimizer without
-// any syncParameters call (Note [DataParallel replicas]).
+// any syncParameters call (Note [DataParallel replicas]); and the flat
+// gradient path (Note [DataParallel flat buffers]): unused, partly used and
+// frozen parameters, accumulation over two backward passes, a loss over some
+// replicas only, forwards under NoGradGuard, and the caller's autocast.
 #include <gtest/gtest.h>
 
+#include <chorus/autograd/autocast.h>
 #include <chorus/chorus.h>
 #include <chorus/models/models.h>
 #include <chorus/optim/sgd.h>
@@ -17,7 +21,9 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace chorus::parallel {
@@ -485,6 +491,193 @@ TEST(DataParallel, ReplicasPickUpNewParametersWithoutAnyCall) {
       EXPECT_EQ(rel_err(after[i].second.to(cpu_device(0)), master[i].second), 0.0) << master[i].first;
     }
   }
+}
+
+// ---- gradients: the flat path (Note [DataParallel flat buffers]) ------------------
+
+// The gradients the named parameters of `params_of` hold, cloned.
+nn::NamedTensors grads_of(const ModulePtr& m) {
+  nn::NamedTensors out;
+  for (const auto& [n, p] : m->named_parameters()) out.emplace_back(n, p.grad().defined() ? p.grad().clone() : Tensor());
+  return out;
+}
+
+void expect_same_grads(const nn::NamedTensors& got, const nn::NamedTensors& ref, double tol = kTol) {
+  ASSERT_EQ(names(got), names(ref));
+  for (size_t i = 0; i < ref.size(); ++i) {
+    ASSERT_EQ(got[i].second.defined(), ref[i].second.defined()) << ref[i].first;
+    if (ref[i].second.defined()) EXPECT_LE(rel_err(got[i].second, ref[i].second), tol) << ref[i].first;
+  }
+}
+
+// lin is used by every forward; unused never; extra only by the replica on cpu:1.
+class PartlyUsed : public nn::Module {
+ public:
+  explicit PartlyUsed(nn::NoOptions = {}) : Module("PartlyUsed") {
+    lin = register_module("lin", std::make_shared<nn::Linear>(18, 5));
+    unused = register_module("unused", std::make_shared<nn::Linear>(18, 5));
+    extra = register_module("extra", std::make_shared<nn::Linear>(18, 5));
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor h = x.flatten(1);
+    Tensor y = lin->forward(h);
+    if (x.device() == Device("cpu:1")) y = y + extra->forward(h);
+    return y;
+  }
+  nn::NoOptions options_for_clone() const { return {}; }
+  CHORUS_MODULE_CLONEABLE(PartlyUsed)
+  std::shared_ptr<nn::Linear> lin, unused, extra;
+};
+
+TEST(DataParallel, UnusedParametersGetNoGradientAndPartlyUsedOnesTheirReplicasSum) {
+  manual_seed(kSeed);
+  auto net = std::make_shared<PartlyUsed>();
+  DataParallel dp(net, cpus(3));
+  manual_seed(3);
+  Tensor x = randn({6, 2, 3, 3}), w = randn({6, 5});
+  (dp.forward(x) * w).sum().backward();
+  auto got = grads_of(net);
+  net->zero_grad();
+
+  // The same function without DP: rows 2..3 are the chunk of the replica on cpu:1.
+  Tensor h = x.flatten(1);
+  ((net->lin->forward(h) * w).sum() + (net->extra->forward(h.narrow(0, 2, 2)) * w.narrow(0, 2, 2)).sum()).backward();
+  auto ref = grads_of(net);
+  for (const auto& [n, g] : got)
+    if (n.rfind("unused.", 0) == 0) EXPECT_FALSE(g.defined()) << n << " was never used";
+  expect_same_grads(got, ref);
+}
+
+TEST(DataParallel, TwoBackwardPassesWithoutZeroGradAccumulate) {
+  manual_seed(kSeed);
+  ModulePtr net = make_cnn();
+  auto dp = data_parallel(net, 3);
+  auto data = make_batches(kCnnSpec, {7});
+  F::cross_entropy(dp->forward(data[0].x), data[0].y).backward();
+  auto once = grads_of(net);
+  F::cross_entropy(dp->forward(data[0].x), data[0].y).backward();
+  auto twice = grads_of(net);
+  ASSERT_EQ(names(twice), names(once));
+  for (size_t i = 0; i < once.size(); ++i) {
+    ASSERT_TRUE(once[i].second.defined()) << once[i].first;
+    EXPECT_LE(rel_err(twice[i].second, once[i].second * 2.0), kTol) << once[i].first;
+  }
+}
+
+TEST(DataParallel, NoGradForwardRecordsNothing) {
+  manual_seed(kSeed);
+  ModulePtr net = make_mlp();
+  DataParallel dp(net, cpus(3));
+  const TensorList masters = dp.parameters();
+  Tensor x = randn({6, 2, 3, 3});
+  auto expect_masters = [&](const char* when) {
+    SCOPED_TRACE(when);
+    TensorList now = dp.parameters();
+    ASSERT_EQ(now.size(), masters.size());
+    for (size_t i = 0; i < now.size(); ++i) {
+      EXPECT_TRUE(now[i].is_same(masters[i])) << "parameter " << i;
+      EXPECT_TRUE(now[i].is_leaf()) << "parameter " << i;
+    }
+  };
+  {
+    NoGradGuard no_grad;
+    Tensor y = dp.forward(x);
+    EXPECT_FALSE(y.requires_grad());
+    for (size_t r = 0; r < 3; ++r)
+      for (const Tensor& p : dp.replica(r)->parameters()) EXPECT_EQ(p.grad_fn(), nullptr) << "replica " << r;
+    expect_masters("after a forward under NoGradGuard");
+  }
+  // With grad, replica 0 runs on recorded aliases of the masters during the
+  // forward only: the wrapped module holds its masters again afterwards.
+  Tensor y = dp.forward(x);
+  EXPECT_TRUE(y.requires_grad());
+  expect_masters("after a forward with grad");
+  for (size_t r = 1; r < 3; ++r)
+    for (const Tensor& p : dp.replica(r)->parameters()) EXPECT_NE(p.grad_fn(), nullptr) << "replica " << r;
+  y.sum().backward();
+  for (const Tensor& p : masters) EXPECT_TRUE(p.grad().defined());
+}
+
+TEST(DataParallel, SharedParameterGradientsEqualTheSingleDevices) {
+  auto x_w = [] {
+    manual_seed(11);
+    Tensor x = randn({7, 2, 3, 3}), w = randn({7, 5});
+    return std::pair{x, w};
+  };
+  auto [x, w] = x_w();
+  manual_seed(kSeed);
+  ModulePtr ref_net = std::make_shared<TiedTwice>();
+  (ref_net->forward(x) * w).sum().backward();
+  manual_seed(kSeed);
+  ModulePtr net = std::make_shared<TiedTwice>();
+  DataParallel dp(net, cpus(3));
+  (dp.forward(x) * w).sum().backward();
+  expect_same_grads(grads_of(net), grads_of(ref_net));
+}
+
+// A per-replica loss that leaves one replica out: the backward never reaches
+// that replica's node, and must neither wait for it nor lose the others.
+TEST(DataParallel, PerReplicaLossOverSomeReplicasOnly) {
+  manual_seed(kSeed);
+  ModulePtr net = make_mlp();
+  DataParallel dp(net, cpus(3), {.gather_output = false});
+  Tensor x = randn({9, 2, 3, 3});
+  Value outs = dp.forward_value(Value(x));
+  (outs[0].tensor().pow(2).sum() + outs[2].tensor().to(cpu_device(0)).pow(2).sum()).backward();
+  auto got = grads_of(net);
+  net->zero_grad();
+  (net->forward(x.narrow(0, 0, 3)).pow(2).sum() + net->forward(x.narrow(0, 6, 3)).pow(2).sum()).backward();
+  expect_same_grads(got, grads_of(net));
+}
+
+// A forward on frozen parameters (requires_grad off) with a grad-requiring
+// input: only the input gets a gradient.
+TEST(DataParallel, FrozenParametersGetNoGradient) {
+  manual_seed(kSeed);
+  ModulePtr net = make_mlp();
+  for (Tensor& p : net->parameters()) p.set_requires_grad(false);
+  DataParallel dp(net, cpus(3));
+  Tensor x = randn({6, 2, 3, 3}).requires_grad_();
+  dp.forward(x).sum().backward();
+  for (const Tensor& p : net->parameters()) EXPECT_FALSE(p.grad().defined());
+  ASSERT_TRUE(x.grad().defined());
+  Tensor xr = x.detach().requires_grad_();
+  net->forward(xr).sum().backward();
+  EXPECT_LE(rel_err(x.grad(), xr.grad()), kTol);
+}
+
+// ---- autocast ---------------------------------------------------------------------
+
+// Records the autocast state each replica's forward runs under.
+class AutocastProbe : public nn::Module {
+ public:
+  explicit AutocastProbe(nn::NoOptions = {}) : Module("AutocastProbe") {
+    lin_ = register_module("lin", std::make_shared<nn::Linear>(4, 2));
+  }
+  Tensor forward(const Tensor& x) override {
+    seen()[static_cast<size_t>(x.device().index)] = current_autocast();
+    return lin_->forward(x);
+  }
+  static std::vector<std::optional<DType>>& seen() {
+    static std::vector<std::optional<DType>> s(8);
+    return s;
+  }
+  nn::NoOptions options_for_clone() const { return {}; }
+  CHORUS_MODULE_CLONEABLE(AutocastProbe)
+ private:
+  std::shared_ptr<nn::Linear> lin_;
+};
+
+TEST(DataParallel, ReplicasRunUnderTheCallersAutocast) {
+  DataParallel dp(std::make_shared<AutocastProbe>(), cpus(3));
+  auto& seen = AutocastProbe::seen();
+  {
+    AutocastGuard cast(kBFloat16);
+    dp.forward(randn({6, 4}));
+  }
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(seen[static_cast<size_t>(r)], std::optional<DType>(kBFloat16)) << "cpu:" << r;
+  dp.forward(randn({6, 4}));
+  for (int r = 0; r < 3; ++r) EXPECT_FALSE(seen[static_cast<size_t>(r)].has_value()) << "cpu:" << r;
 }
 
 }  // namespace

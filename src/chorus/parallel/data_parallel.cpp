@@ -1,23 +1,95 @@
 #include "chorus/parallel/data_parallel.h"
 
+#include <algorithm>
+#include <cstddef>
 #include <unordered_map>
 
 #include "chorus/autograd/functions.h"
 #include "chorus/autograd/grad_mode.h"
 #include "chorus/autograd/node.h"
 #include "chorus/core/error.h"
+#include "chorus/ops/comm.h"
 #include "chorus/ops/copy.h"
+#include "chorus/ops/factory.h"
 
 namespace chorus::parallel {
 
-struct DataParallel::ParamLink {
-  Tensor master;                           // the leaf the optimizer updates
-  std::vector<uint32_t> synced_version;    // [replica] master version last copied there
-  std::vector<Tensor> storage;             // [replica] persistent copy (replica 0 unused)
-  std::vector<std::vector<Tensor*>> slots; // [replica] parameter slots that hold it
+// Note [DataParallel flat buffers] (data_parallel.h).
+struct detail::FlatLayout {
+  // Segments start on 128-byte boundaries, so that every view is as aligned as
+  // a fresh tensor (vectorised kernels, NCCL).
+  static constexpr int64_t kAlignBytes = 128;
+
+  struct Segment {
+    size_t group = 0;    // index into dtypes / numels
+    int64_t offset = 0;  // elements from the start of the group's buffer
+    Shape sizes, strides;
+  };
+  std::vector<DType> dtypes;      // [group]: one flat buffer per dtype
+  std::vector<int64_t> numels;    // [group]
+  std::vector<Segment> segments;  // [tensor]
+
+  explicit FlatLayout(const std::vector<Tensor>& ts) {
+    for (const Tensor& t : ts) {
+      size_t g = 0;
+      while (g < dtypes.size() && dtypes[g] != t.dtype()) ++g;
+      if (g == dtypes.size()) {
+        dtypes.push_back(t.dtype());
+        numels.push_back(0);
+      }
+      const int64_t align = std::max<int64_t>(1, kAlignBytes / static_cast<int64_t>(dtype_size(t.dtype())));
+      Segment s;
+      s.group = g;
+      s.offset = (numels[g] + align - 1) / align * align;
+      s.sizes = t.sizes();
+      // A dense layout (contiguous, channels-last, ...) is kept, so that packing
+      // is a flat copy and a replica's convolution weights have the master's
+      // memory format; anything else is stored contiguous.
+      s.strides = ops::same_dense_layout({&t}) ? t.strides() : contiguous_strides(t.sizes());
+      numels[g] = s.offset + t.numel();
+      segments.push_back(std::move(s));
+    }
+  }
+
+  size_t groups() const { return dtypes.size(); }
+
+  // Tensor i's view of `flat` (the buffer of its group). The view has its own
+  // version counter, as a separate tensor would: bumping one parameter's does
+  // not mark its neighbours changed.
+  Tensor view(const Tensor& flat, size_t i) const {
+    const Segment& s = segments[i];
+    Tensor v = chorus::detail::make_view(flat, s.sizes, s.strides, flat.storage_offset() + s.offset);
+    v.impl()->version = std::make_shared<uint32_t>(0);
+    return v;
+  }
+
+  bool matches(size_t i, const Tensor& t) const {
+    return t.sizes() == segments[i].sizes && t.dtype() == dtypes[segments[i].group];
+  }
+};
+
+struct DataParallel::Entry {
+  bool is_param = false;
+  Tensor master;                            // parameters: the leaf the optimizer updates
+  Tensor* master_slot = nullptr;            // buffers: the wrapped module's slot, read at each sync
+  std::vector<std::vector<Tensor*>> slots;  // [replica] the slots that hold it (0: the wrapped module's)
+  // What replica r's copy was made from: the master's version counter and its
+  // value, and the replica view's own version then (a replica's batch norm
+  // updates its copy of the running statistics in place).
+  struct Synced {
+    std::shared_ptr<uint32_t> counter;
+    uint32_t master_version = 0;
+    uint32_t replica_version = 0;
+  };
+  std::vector<Synced> synced;  // [replica]
+
+  const Tensor& current() const { return is_param ? master : *master_slot; }
 };
 
 namespace {
+
+using detail::FlatLayout;
+
 // Parameter and buffer slots of a module tree, in a fixed walk order.
 void walk(nn::Module& m, std::vector<Tensor*>* params, std::vector<Tensor*>* buffers) {
   for (auto& [n, t] : m.own_parameters()) params->push_back(&t);
@@ -39,6 +111,96 @@ void leaf_edges(const nn::Value& x, std::vector<autograd::Edge>* out) {
     for (const auto& [k, e] : x.map()) leaf_edges(e, out);
   }
 }
+
+// What one forward's gradient nodes share (Note [DataParallel flat buffers]).
+struct GradStep {
+  std::shared_ptr<const FlatLayout> layout;  // of the gradients: one segment per master parameter k
+  std::vector<Device> devices;               // of the replicas used, in order
+  // [replica][k]: whether the replica's last backward produced a gradient for
+  // k. Each replica node writes its own row on its device's thread; the reduce
+  // node reads them after the engine has handed their outputs over (under its
+  // lock), which orders the accesses.
+  std::vector<std::vector<char>> got;
+};
+
+// Replica r's parameter views -> one flat gradient buffer per dtype, on
+// devices[r], for the reduce node.
+class ReplicaBackward final : public autograd::Node {
+ public:
+  ReplicaBackward(std::shared_ptr<GradStep> step, size_t replica) : step_(std::move(step)), replica_(replica) {}
+  std::string name() const override { return "DataParallelReplicaBackward"; }
+
+  TensorList apply(TensorList&& grads) override {
+    const FlatLayout& layout = *step_->layout;
+    const size_t groups = layout.groups();
+    std::vector<char>& got = step_->got[replica_];
+    std::vector<size_t> present(groups, 0), total(groups, 0);
+    for (size_t k = 0; k < layout.segments.size(); ++k) {
+      got[k] = k < grads.size() && grads[k].defined();
+      const size_t g = layout.segments[k].group;
+      ++total[g];
+      if (got[k]) ++present[g];
+    }
+    // Fresh buffers from the stream-ordered allocator: nothing here aliases a
+    // gradient of an earlier step that someone may still hold. Zeroed when a
+    // parameter got no gradient in this replica (others may have).
+    const Device dev = step_->devices[replica_];
+    TensorList out(groups);
+    for (size_t g = 0; g < groups; ++g) {
+      if (present[g] == 0) continue;  // undefined: this replica sends nothing for this dtype
+      const TensorOptions opts(layout.dtypes[g], dev);
+      out[g] = present[g] == total[g] ? empty({layout.numels[g]}, opts) : zeros({layout.numels[g]}, opts);
+    }
+    for (size_t k = 0; k < layout.segments.size(); ++k)
+      if (got[k]) ops::copy_(layout.view(out[layout.segments[k].group], k), grads[k]);
+    return out;
+  }
+
+ private:
+  std::shared_ptr<GradStep> step_;
+  size_t replica_;
+};
+
+// The replicas' flat gradient buffers -> their sum, one view per master
+// parameter, on devices[0]. Input r * groups + g is replica r's buffer of
+// dtype group g.
+class ReduceBackward final : public autograd::Node {
+ public:
+  explicit ReduceBackward(std::shared_ptr<GradStep> step) : step_(std::move(step)) {}
+  std::string name() const override { return "DataParallelReduceBackward"; }
+
+  TensorList apply(TensorList&& grads) override {
+    const FlatLayout& layout = *step_->layout;
+    const size_t groups = layout.groups(), replicas = step_->devices.size();
+    TensorList out(layout.segments.size());
+    for (size_t g = 0; g < groups; ++g) {
+      auto sent = [&](size_t r) { return r * groups + g < grads.size() && grads[r * groups + g].defined(); };
+      std::vector<Tensor> srcs;
+      bool any = false;
+      for (size_t r = 0; r < replicas; ++r) any = any || sent(r);
+      if (!any) continue;  // no replica produced a gradient of this dtype
+      // A replica this backward did not reach (or that produced nothing of
+      // this dtype) adds zeros: the collective keeps one device list per
+      // replica count instead of one per subset.
+      for (size_t r = 0; r < replicas; ++r)
+        srcs.push_back(sent(r) ? grads[r * groups + g]
+                               : zeros({layout.numels[g]}, TensorOptions(layout.dtypes[g], step_->devices[r])));
+      // In place into replica 0's buffer: it is fresh and nobody else holds it.
+      if (srcs.size() > 1) ops::reduce_sum(srcs, srcs[0]);
+      for (size_t k = 0; k < layout.segments.size(); ++k) {
+        if (layout.segments[k].group != g) continue;
+        bool got = false;
+        for (size_t r = 0; r < replicas && !got; ++r) got = sent(r) && step_->got[r][k];
+        if (got) out[k] = layout.view(srcs[0], k);  // else: no gradient, as for a plain module
+      }
+    }
+    return out;
+  }
+
+ private:
+  std::shared_ptr<GradStep> step_;
+};
+
 }  // namespace
 
 DataParallel::DataParallel(nn::ModulePtr module, std::vector<Device> devices, DataParallelOptions options)
@@ -61,62 +223,105 @@ DataParallel::DataParallel(nn::ModulePtr module, std::vector<Device> devices, Da
   replicas_.push_back(module_);
   for (size_t r = 1; r < devices_.size(); ++r) replicas_.push_back(module_->clone(devices_[r]));
 
-  std::vector<std::vector<Tensor*>> params(devices_.size()), buffers(devices_.size());
-  for (size_t r = 0; r < devices_.size(); ++r) walk(*replicas_[r], &params[r], &buffers[r]);
-  std::unordered_map<const TensorImpl*, std::shared_ptr<ParamLink>> by_master;
-  for (size_t i = 0; i < params[0].size(); ++i) {
-    Tensor& m = *params[0][i];
-    if (!m.defined()) continue;
-    auto& link = by_master[m.impl()];
-    if (!link) {
-      link = std::make_shared<ParamLink>();
-      link->master = m;
-      link->storage.resize(devices_.size());
-      link->synced_version.assign(devices_.size(), ~0u);
-      link->slots.resize(devices_.size());
-      links_.push_back(link);
+  // One entry per distinct master tensor (a shared parameter is one entry with
+  // several slots), parameters first.
+  const size_t n = devices_.size();
+  std::vector<std::vector<Tensor*>> params(n), buffers(n);
+  for (size_t r = 0; r < n; ++r) walk(*replicas_[r], &params[r], &buffers[r]);
+  auto collect = [&](const std::vector<std::vector<Tensor*>>& slots, bool is_param) {
+    std::unordered_map<const TensorImpl*, size_t> by_master;
+    for (size_t i = 0; i < slots[0].size(); ++i) {
+      Tensor& m = *slots[0][i];
+      if (!m.defined()) continue;
+      auto [it, fresh] = by_master.emplace(m.impl(), entries_.size());
+      if (fresh) {
+        Entry e;
+        e.is_param = is_param;
+        if (is_param) e.master = m;
+        else e.master_slot = slots[0][i];
+        e.slots.resize(n);
+        e.synced.resize(n);
+        entries_.push_back(std::move(e));
+      }
+      for (size_t r = 0; r < n; ++r) entries_[it->second].slots[r].push_back(slots[r][i]);
     }
-    for (size_t r = 1; r < devices_.size(); ++r) {
-      if (!link->storage[r].defined()) link->storage[r] = params[r][i]->detach();
-      link->slots[r].push_back(params[r][i]);
+  };
+  collect(params, true);
+  num_params_ = entries_.size();
+  collect(buffers, false);
+
+  std::vector<Tensor> masters;
+  for (const Entry& e : entries_) masters.push_back(e.current());
+  layout_ = std::make_shared<const FlatLayout>(masters);
+  flat_.resize(n);
+  views_.resize(n);
+  if (n > 1) {
+    for (size_t g = 0; g < layout_->groups(); ++g)
+      staging_.push_back(empty({layout_->numels[g]}, TensorOptions(layout_->dtypes[g], devices_[0])));
+    for (size_t e = 0; e < entries_.size(); ++e)
+      staging_views_.push_back(layout_->view(staging_[layout_->segments[e].group], e));
+  }
+  for (size_t r = 1; r < n; ++r) {
+    for (size_t g = 0; g < layout_->groups(); ++g)
+      flat_[r].push_back(empty({layout_->numels[g]}, TensorOptions(layout_->dtypes[g], devices_[r])));
+    for (size_t e = 0; e < entries_.size(); ++e) {
+      views_[r].push_back(layout_->view(flat_[r][layout_->segments[e].group], e));
+      for (Tensor* slot : entries_[e].slots[r]) *slot = views_[r][e];
     }
   }
-  buffer_links_.resize(devices_.size());
-  for (size_t r = 1; r < devices_.size(); ++r)
-    for (size_t i = 0; i < buffers[0].size(); ++i) buffer_links_[r].push_back({buffers[0][i], buffers[r][i]});
   threads_ = std::make_unique<DeviceThreads>(devices_);
+  sync_replicas(n);  // every replica valid from the start, not only after a forward
 }
+
+DataParallel::~DataParallel() = default;
 
 std::shared_ptr<nn::Module> DataParallel::make_empty() const {
   CHORUS_THROW(ValueError, "DataParallel cannot be cloned; clone its module() instead");
 }
 
 void DataParallel::sync_replicas(size_t used) {
-  // No NoGradGuard here: autograd::record checks grad_enabled() and would
-  // silently drop the BroadcastBackward edges below (replica gradients lost).
-  // The copies are raw ops:: calls, which autograd never records anyway.
-  for (auto& link : links_) {
-    const Tensor& m = link->master;
+  // Replicas [1, used) whose copy of any tensor of a dtype group is stale get
+  // the whole group: pack the masters (same-device copies) and broadcast.
+  // Per replica: a small batch leaves the idle replicas behind, and they catch
+  // up when a later batch uses them again. Raw ops:: calls: never recorded.
+  const size_t groups = layout_->groups();
+  std::vector<char> stale(groups, 0);
+  for (size_t e = 0; e < entries_.size(); ++e) {
+    const Entry& entry = entries_[e];
+    const Tensor& m = entry.current();
     for (size_t r = 1; r < used; ++r) {
-      // Per replica: a small batch leaves the idle replicas behind, and they
-      // must still catch up when a later batch uses them again.
-      if (link->synced_version[r] != m.version()) {
-        ops::copy_(link->storage[r], m);
-        link->synced_version[r] = m.version();
-      }
-      // A fresh graph edge each forward: the replica's parameter is a view of
-      // its storage whose gradient flows back to the master's device.
-      Tensor view = link->storage[r].detach();
-      if (m.requires_grad() && grad_enabled_outside_) {
-        Device master_dev = m.device();
-        view = autograd::record("BroadcastBackward", view, {m},
-                                [master_dev](const TensorList& g) { return TensorList{ops::to_device(g[0], master_dev)}; });
-      }
-      for (Tensor* slot : link->slots[r]) *slot = view;
+      const Entry::Synced& s = entry.synced[r];
+      if (s.counter.get() != m.impl()->version.get() || s.master_version != m.version() ||
+          s.replica_version != views_[r][e].version())
+        stale[layout_->segments[e].group] = 1;
     }
   }
+  for (size_t g = 0; g < groups; ++g) {
+    if (!stale[g]) continue;
+    for (size_t e = 0; e < entries_.size(); ++e) {
+      if (layout_->segments[e].group != g) continue;
+      const Tensor& m = entries_[e].current();
+      CHORUS_CHECK(layout_->matches(e, m), "DataParallel: a ", entries_[e].is_param ? "parameter" : "buffer",
+                   " of the wrapped module is now ", m.describe(), " but was ",
+                   dtype_name(layout_->dtypes[g]), shape_str(layout_->segments[e].sizes),
+                   " when the DataParallel was built; build it after changing the module");
+      ops::copy_(staging_views_[e], m);
+    }
+    std::vector<Tensor> dsts;
+    for (size_t r = 1; r < used; ++r) dsts.push_back(flat_[r][g]);
+    ops::broadcast_coalesced(staging_[g], dsts);
+    for (size_t e = 0; e < entries_.size(); ++e) {
+      if (layout_->segments[e].group != g) continue;
+      const Tensor& m = entries_[e].current();
+      for (size_t r = 1; r < used; ++r)
+        entries_[e].synced[r] = {m.impl()->version, m.version(), views_[r][e].version()};
+    }
+  }
+  // The slots hold the plain views (a forward with grad replaces the
+  // parameters' with recorded ones); a replaced buffer is pointed back too.
   for (size_t r = 1; r < used; ++r)
-    for (auto& [master, rep] : buffer_links_[r]) ops::copy_(*rep, *master);
+    for (size_t e = 0; e < entries_.size(); ++e)
+      for (Tensor* slot : entries_[e].slots[r]) *slot = views_[r][e];
   // Train/eval mode follows the master module by module: replicas are not
   // children, so dp->eval() (or module()->eval(), or eval() on one submodule)
   // reaches them only here. modules() is pre-order, so a parent's recursive
@@ -128,6 +333,61 @@ void DataParallel::sync_replicas(size_t used) {
     for (size_t i = 0; i < rep.size(); ++i)
       if (rep[i]->is_training() != master_modules[i]->is_training()) rep[i]->train(master_modules[i]->is_training());
   }
+}
+
+void DataParallel::record_gradient_nodes(size_t used) {
+  // Made on the caller's thread, before the replicas run: the AccumulateGrad
+  // nodes of the masters are created here, once, not by several threads.
+  std::vector<size_t> ge;
+  for (size_t e = 0; e < num_params_; ++e)
+    if (entries_[e].master.requires_grad()) ge.push_back(e);
+  if (ge.empty()) return;
+  if (ge != grad_entries_ || !grad_layout_) {
+    std::vector<Tensor> ms;
+    for (size_t e : ge) ms.push_back(entries_[e].master);
+    grad_layout_ = std::make_shared<const FlatLayout>(ms);
+    grad_entries_ = ge;
+  }
+  const FlatLayout& layout = *grad_layout_;
+  const size_t groups = layout.groups(), k_count = ge.size();
+
+  auto step = std::make_shared<GradStep>();
+  step->layout = grad_layout_;
+  step->devices.assign(devices_.begin(), devices_.begin() + static_cast<std::ptrdiff_t>(used));
+  step->got.assign(used, std::vector<char>(k_count, 0));
+
+  auto reduce = std::make_shared<ReduceBackward>(step);
+  reduce->seq = autograd::next_sequence_nr();
+  reduce->device = devices_[0];
+  reduce->num_outputs = static_cast<uint32_t>(used * groups);
+  for (size_t e : ge) {
+    const Tensor& m = entries_[e].master;
+    reduce->next.push_back(autograd::gradient_edge(m));
+    reduce->input_meta.push_back({m.device(), m.dtype(), m.sizes()});
+  }
+  for (size_t r = 0; r < used; ++r) {
+    auto node = std::make_shared<ReplicaBackward>(step, r);
+    node->seq = autograd::next_sequence_nr();
+    node->device = devices_[r];  // the engine runs it on this device's thread
+    node->num_outputs = static_cast<uint32_t>(k_count);
+    for (size_t g = 0; g < groups; ++g) {
+      node->next.push_back(autograd::Edge{reduce, static_cast<uint32_t>(r * groups + g)});
+      node->input_meta.push_back({devices_[r], layout.dtypes[g], {layout.numels[g]}});
+    }
+    // Fresh tensors each forward (a tensor has one grad_fn): for replica 0
+    // aliases of the masters, so that its gradients too take the flat path.
+    for (size_t k = 0; k < k_count; ++k) {
+      const Entry& entry = entries_[ge[k]];
+      Tensor v = r == 0 ? entry.master.detach() : views_[r][ge[k]].detach();
+      v.set_grad_fn(node, static_cast<uint32_t>(k));
+      for (Tensor* slot : entry.slots[r]) *slot = v;
+    }
+  }
+}
+
+void DataParallel::restore_masters() {
+  for (size_t e = 0; e < num_params_; ++e)
+    for (Tensor* slot : entries_[e].slots[0]) *slot = entries_[e].master;
 }
 
 int64_t DataParallel::batch_size(const nn::Value& x) const {
@@ -197,6 +457,19 @@ nn::Value DataParallel::forward_value(const nn::Value& x) {
   const size_t used = std::min<size_t>(devices_.size(), static_cast<size_t>(batch));
   grad_enabled_outside_ = grad_enabled();
   sync_replicas(used);
+  // One replica (one device, or a batch of one) is the plain module on its
+  // masters: nothing to sum. Otherwise replica 0 runs on recorded aliases of
+  // the masters, which go back into its slots however the forward ends, so
+  // that parameters() and the optimizer only ever see the masters.
+  const bool record = used > 1 && grad_enabled_outside_;
+  struct Restore {
+    DataParallel* dp;
+    bool on;
+    ~Restore() {
+      if (on) dp->restore_masters();
+    }
+  } restore{this, record};
+  if (record) record_gradient_nodes(used);
   // As-equal-as-possible chunks: 7 over 3 devices gives 3, 2, 2.
   std::vector<int64_t> starts(used), lens(used);
   int64_t pos = 0;

@@ -1,0 +1,176 @@
+// parallel::DataParallel on two GPUs (NCCL broadcast of the parameters and
+// reduce of the gradients, Note [DataParallel flat buffers]) against one GPU:
+// same seed, same global batch, same optimizer. float32 with TF32 off, so the
+// only differences are summation orders (the replicas' partial gradients, NCCL's
+// reduction, cuDNN's algorithms): 1e-4.
+#ifdef CHORUS_WITH_CUDA
+
+#include <gtest/gtest.h>
+
+#include <chorus/autograd/autocast.h>
+#include <chorus/chorus.h>
+#include <chorus/models/models.h>
+#include <chorus/optim/sgd.h>
+#include <chorus/parallel/data_parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "chorus/cuda/blas.h"
+
+namespace chorus::parallel {
+namespace {
+
+namespace F = nn::functional;
+using nn::ModulePtr;
+using nn::Value;
+
+constexpr double kTol = 1e-4;
+constexpr uint64_t kSeed = 4321;
+
+// max |a - b| / max |b|, on the host.
+double rel_err(const Tensor& a, const Tensor& b) {
+  EXPECT_EQ(a.sizes(), b.sizes());
+  auto va = a.to(cpu_device(0)).to(kFloat32).to_vector<float>();
+  auto vb = b.to(cpu_device(0)).to(kFloat32).to_vector<float>();
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < va.size() && i < vb.size(); ++i) {
+    diff = std::max(diff, std::abs(double(va[i]) - double(vb[i])));
+    scale = std::max(scale, std::abs(double(vb[i])));
+  }
+  return diff / std::max(scale, 1e-12);
+}
+
+// TF32 off for the test's duration (it is on by default for convolutions).
+class NoTf32 {
+ public:
+  NoTf32() : conv_(cuda::allow_tf32_conv()), matmul_(cuda::allow_tf32_matmul()) { cuda::set_allow_tf32(false); }
+  ~NoTf32() {
+    cuda::set_allow_tf32_conv(conv_);
+    cuda::set_allow_tf32_matmul(matmul_);
+  }
+
+ private:
+  bool conv_, matmul_;
+};
+
+std::shared_ptr<nn::Sequential> small_cnn() {
+  // No batch norm: per-replica statistics differ from the global batch's by design.
+  auto s = std::make_shared<nn::Sequential>();
+  s->push_back(std::make_shared<nn::Conv2d>(nn::Conv2dOptions{3, 8, 3, 1, 1}));
+  s->push_back(std::make_shared<nn::ReLU>());
+  s->push_back(std::make_shared<nn::Conv2d>(nn::Conv2dOptions{8, 8, 3, 1, 1}));
+  s->push_back(std::make_shared<nn::ReLU>());
+  s->push_back(std::make_shared<nn::MaxPool2d>(nn::Pool2dOptions{2}));
+  s->push_back(std::make_shared<nn::Flatten>());
+  s->push_back(std::make_shared<nn::Linear>(8 * 8 * 8, 10));
+  return s;
+}
+
+struct TrainRun {
+  std::vector<double> losses;
+  nn::NamedTensors state;
+};
+
+TrainRun train(bool dp, int steps) {
+  const Device g0 = cuda_device(0);
+  manual_seed(kSeed);
+  ModulePtr net = small_cnn();
+  net->to(g0);
+  ModulePtr model = dp ? ModulePtr(std::make_shared<DataParallel>(net, std::vector<Device>{g0, cuda_device(1)}))
+                       : net;
+  optim::SGD opt(model->parameters(), optim::SGDOptions{.lr = 0.05, .momentum = 0.9});
+  manual_seed(77);
+  Tensor x = randn({16, 3, 16, 16}).to(g0), y = randint(0, 10, {16}).to(g0);
+  TrainRun run;
+  for (int i = 0; i < steps; ++i) {
+    opt.zero_grad();
+    Tensor loss = F::cross_entropy(model->forward(x), y);
+    loss.backward();
+    opt.step();
+    run.losses.push_back(loss.item());
+  }
+  for (const auto& [n, t] : model->state_dict()) run.state.emplace_back(n, t.to(cpu_device(0)).clone());
+  return run;
+}
+
+TEST(DataParallelCuda, TwoGpusTrainLikeOne_MultiCUDA) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  NoTf32 no_tf32;
+  TrainRun ref = train(false, 3), got = train(true, 3);
+  ASSERT_EQ(got.losses.size(), ref.losses.size());
+  for (size_t i = 0; i < ref.losses.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(ref.losses[i]));
+    EXPECT_LE(std::abs(got.losses[i] - ref.losses[i]) / std::abs(ref.losses[i]), kTol)
+        << "step " << i << ": " << got.losses[i] << " vs " << ref.losses[i];
+  }
+  EXPECT_LT(ref.losses.back(), ref.losses.front());
+  ASSERT_EQ(got.state.size(), ref.state.size());
+  for (size_t i = 0; i < ref.state.size(); ++i) {
+    EXPECT_EQ(got.state[i].first, ref.state[i].first);
+    EXPECT_LE(rel_err(got.state[i].second, ref.state[i].second), kTol) << ref.state[i].first;
+  }
+}
+
+// Batch norm's buffers travel with the parameters (int64 counters included):
+// in eval mode every replica normalises with the master's running statistics.
+TEST(DataParallelCuda, BatchNormBuffersReachTheReplicas_MultiCUDA) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  NoTf32 no_tf32;
+  const Device g0 = cuda_device(0);
+  manual_seed(kSeed);
+  auto net = std::make_shared<models::SmallCNN>(models::ModelSpec{{3, 16, 16}, 10});
+  net->to(g0);
+  DataParallel dp(net, {g0, cuda_device(1)});
+  optim::SGD opt(dp.parameters(), optim::SGDOptions{.lr = 0.05});
+  manual_seed(5);
+  Tensor x = (randn({8, 3, 16, 16}) * 2.0 + 0.5).to(g0), y = randint(0, 10, {8}).to(g0);
+  for (int i = 0; i < 2; ++i) {
+    opt.zero_grad();
+    F::cross_entropy(dp.forward(x), y).backward();
+    opt.step();
+  }
+  dp.eval();
+  NoGradGuard no_grad;
+  Tensor got = dp.forward(x), ref = net->forward(x);
+  EXPECT_LE(rel_err(got, ref), kTol);
+  auto master = net->named_buffers(), rep = dp.replica(1)->named_buffers();
+  ASSERT_EQ(master.size(), rep.size());
+  for (size_t i = 0; i < master.size(); ++i) {
+    EXPECT_EQ(rep[i].second.device(), cuda_device(1)) << master[i].first;
+    EXPECT_EQ(rel_err(rep[i].second, master[i].second), 0.0) << master[i].first;
+  }
+}
+
+// The bug this guards against: autocast is thread-local, and the replicas'
+// threads used to run in float32 under a bf16 step.
+TEST(DataParallelCuda, ReplicasRunUnderAutocast_MultiCUDA) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  const Device g0 = cuda_device(0);
+  manual_seed(kSeed);
+  ModulePtr net = small_cnn();
+  net->to(g0);
+  DataParallel dp(net, {g0, cuda_device(1)}, {.gather_output = false});
+  Tensor x = randn({4, 3, 16, 16}).to(g0);
+  Value outs;
+  {
+    AutocastGuard cast(kBFloat16);
+    outs = dp.forward_value(Value(x));
+  }
+  ASSERT_EQ(outs.list().size(), 2u);
+  for (size_t r = 0; r < 2; ++r) EXPECT_EQ(outs[r].tensor().dtype(), kBFloat16) << "replica " << r;
+  // The gradients still reach the float32 masters.
+  Tensor loss = outs[0].tensor().to(kFloat32).pow(2).sum() + outs[1].tensor().to(g0).to(kFloat32).pow(2).sum();
+  loss.backward();
+  for (const Tensor& p : dp.parameters()) {
+    ASSERT_TRUE(p.grad().defined());
+    EXPECT_EQ(p.grad().dtype(), kFloat32);
+  }
+}
+
+}  // namespace
+}  // namespace chorus::parallel
+
+#endif  // CHORUS_WITH_CUDA
