@@ -637,6 +637,39 @@ TEST(CudaKernels, SgdUpdateMatchesCpu_CUDA) {
   }
 }
 
+// The multi-tensor SGD: more tensors than one launch's table holds (48), one
+// tensor spread over more blocks than a launch has (320 chunks of 32768), an
+// empty tensor, sizes that are not multiples of anything.
+TEST(CudaKernels, SgdUpdateMultiMatchesCpu_CUDA) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
+  std::vector<int64_t> sizes;
+  for (int i = 0; i < 60; ++i) sizes.push_back(1 + 97 * i);
+  sizes.push_back(0);
+  sizes.push_back(320 * 32768 + 12345);
+  sizes.push_back(5);
+  for (bool first : {true, false}) {
+    std::vector<Twin> params, grads, bufs;
+    uint32_t seed = first ? 300 : 700;
+    TensorList gp, gg, gb;
+    for (int64_t n : sizes) {
+      params.push_back(random_twin({n}, kFloat32, ++seed));
+      grads.push_back(random_twin({n}, kFloat32, ++seed));
+      bufs.push_back(random_twin({n}, kFloat32, ++seed));
+      gp.push_back(params.back().gpu);
+      gg.push_back(grads.back().gpu);
+      gb.push_back(bufs.back().gpu);
+    }
+    cuda::sgd_update_multi(gp, gg, gb, 0.05, 0.9, 0.0, 5e-4, true, first);
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      cpu::sgd_update(params[i].cpu, grads[i].cpu, bufs[i].cpu, 0.05, 0.9, 0.0, 5e-4, true, first);
+      const std::string what = "sgd_update_multi tensor " + std::to_string(i) + " of " +
+                               std::to_string(sizes[i]) + (first ? " first step" : "");
+      expect_near(params[i].gpu, params[i].cpu, 1e-6, 1e-7, what + " param");
+      expect_near(bufs[i].gpu, bufs[i].cpu, 1e-6, 1e-7, what + " momentum buffer");
+    }
+  }
+}
+
 TEST(CudaKernels, AdamWUpdateMatchesCpu_CUDA) {
   if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
   uint32_t seed = 220;

@@ -91,6 +91,10 @@
   void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, double lr,  \
                   double momentum, double dampening, double weight_decay, bool nesterov,          \
                   bool first_step);                                                               \
+  /* sgd_update of many parameters of one device at once (one launch on a GPU). */                \
+  void sgd_update_multi(const TensorList& params, const TensorList& grads,                        \
+                        const TensorList& momentum_bufs, double lr, double momentum,              \
+                        double dampening, double weight_decay, bool nesterov, bool first_step);   \
   void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,               \
                     const Tensor& exp_avg_sq, double lr, double beta1, double beta2, double eps,  \
                     double weight_decay, int64_t step);

@@ -54,6 +54,17 @@ void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& momentum_
   }
 }
 
+void sgd_update_multi(const TensorList& params, const TensorList& grads,
+                      const TensorList& momentum_bufs, double lr, double momentum,
+                      double dampening, double weight_decay, bool nesterov, bool first_step) {
+  CHORUS_CHECK(grads.size() == params.size() && momentum_bufs.size() == params.size(),
+               "sgd_update_multi: ", params.size(), " parameters but ", grads.size(),
+               " gradients and ", momentum_bufs.size(), " momentum buffers");
+  for (size_t i = 0; i < params.size(); ++i)
+    sgd_update(params[i], grads[i], momentum_bufs[i], lr, momentum, dampening, weight_decay,
+               nesterov, first_step);
+}
+
 void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
                   const Tensor& exp_avg_sq, double lr, double beta1, double beta2, double eps,
                   double weight_decay, int64_t step) {

@@ -89,6 +89,102 @@ void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& momentum_
   CHORUS_CUDA_LAUNCH_CHECK();
 }
 
+namespace {
+
+// Multi-tensor SGD: one launch updates many parameters. The tensor table and
+// the block -> (tensor, chunk) map travel as a kernel argument (under CUDA's
+// 4 KiB parameter limit); longer lists are split into several launches.
+constexpr int kMultiTensors = 48;
+constexpr int kMultiBlocks = 320;
+constexpr int64_t kChunk = 32768;  // elements per block
+
+struct SgdTable {
+  float* param[kMultiTensors];
+  const float* grad[kMultiTensors];
+  float* buf[kMultiTensors];
+  int64_t n[kMultiTensors];
+  uint8_t tensor[kMultiBlocks];
+  int32_t chunk[kMultiBlocks];
+};
+static_assert(sizeof(SgdTable) + sizeof(SgdParams) < 4000, "kernel parameters too large");
+
+__global__ void sgd_multi_kernel(SgdTable t, SgdParams p) {
+  const int k = t.tensor[blockIdx.x];
+  const int64_t begin = int64_t{t.chunk[blockIdx.x]} * kChunk;
+  const int64_t end = min(t.n[k], begin + kChunk);
+  float* param = t.param[k];
+  const float* grad = t.grad[k];
+  float* buf = t.buf[k];
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    float g = grad[i] + p.weight_decay * param[i];
+    if (p.has_momentum) {
+      const float b = p.first_step ? g : p.momentum * buf[i] + p.one_minus_dampening * g;
+      buf[i] = b;
+      g = p.nesterov ? g + p.momentum * b : b;
+    }
+    param[i] -= p.lr * g;
+  }
+}
+
+}  // namespace
+
+void sgd_update_multi(const TensorList& params, const TensorList& grads,
+                      const TensorList& momentum_bufs, double lr, double momentum,
+                      double dampening, double weight_decay, bool nesterov, bool first_step) {
+  CHORUS_CHECK(grads.size() == params.size() && momentum_bufs.size() == params.size(),
+               "sgd_update_multi: ", params.size(), " parameters but ", grads.size(),
+               " gradients and ", momentum_bufs.size(), " momentum buffers");
+  if (params.empty()) return;
+  const int dev = params[0].device().index;
+  const bool has_momentum = momentum != 0.0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    CHORUS_CHECK(params[i].device() == params[0].device(), "sgd_update_multi: parameter ", i,
+                 " is on ", params[i].device().str(), ", parameter 0 on ",
+                 params[0].device().str());
+    check_state(params[i], params[i], "sgd_update_multi", "the parameter");
+    check_state(params[i], grads[i], "sgd_update_multi", "the gradient");
+    if (has_momentum) check_state(params[i], momentum_bufs[i], "sgd_update_multi", "the momentum buffer");
+  }
+  CudaDeviceGuard guard(dev);
+  const SgdParams p{static_cast<float>(lr), static_cast<float>(momentum),
+                    static_cast<float>(1.0 - dampening), static_cast<float>(weight_decay),
+                    nesterov, first_step, has_momentum};
+  SgdTable table{};
+  int tensors = 0, blocks = 0;
+  auto launch = [&] {
+    if (blocks > 0) {
+      sgd_multi_kernel<<<blocks, kThreads, 0, current_stream(dev)>>>(table, p);
+      CHORUS_CUDA_LAUNCH_CHECK();
+    }
+    tensors = blocks = 0;
+  };
+  for (size_t i = 0; i < params.size(); ++i) {
+    const int64_t n = params[i].numel();
+    if (n == 0) continue;
+    if (tensors == kMultiTensors) launch();
+    const int k = tensors++;
+    table.param[k] = params[i].data<float>();
+    table.grad[k] = grads[i].data<float>();
+    table.buf[k] = has_momentum ? momentum_bufs[i].data<float>() : nullptr;
+    table.n[k] = n;
+    for (int64_t c = 0; c * kChunk < n; ++c) {
+      if (blocks == kMultiBlocks) {
+        launch();
+        // The tensor continues in the next launch, as its first entry.
+        table.param[0] = params[i].data<float>();
+        table.grad[0] = grads[i].data<float>();
+        table.buf[0] = has_momentum ? momentum_bufs[i].data<float>() : nullptr;
+        table.n[0] = n;
+        tensors = 1;
+      }
+      table.tensor[blocks] = static_cast<uint8_t>(tensors - 1);
+      table.chunk[blocks] = static_cast<int32_t>(c);
+      ++blocks;
+    }
+  }
+  launch();
+}
+
 void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
                   const Tensor& exp_avg_sq, double lr, double beta1, double beta2, double eps,
                   double weight_decay, int64_t step) {

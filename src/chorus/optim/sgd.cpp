@@ -1,5 +1,9 @@
 #include "chorus/optim/sgd.h"
 
+#include <map>
+#include <utility>
+
+#include "chorus/autograd/grad_mode.h"
 #include "chorus/core/error.h"
 #include "chorus/ops/dispatch.h"
 
@@ -17,6 +21,15 @@ SGD::SGD(std::vector<Tensor> params, SGDOptions options)
 
 void SGD::step() {
   const SGDOptions& o = options_;
+  // Contiguous parameters are updated by one multi-tensor kernel per (device,
+  // first step) group -- one launch for a whole model on a GPU instead of one
+  // per parameter; strided ones (rare) one at a time through a copy.
+  struct Group {
+    TensorList params, grads, bufs;
+    std::vector<size_t> index;
+  };
+  std::map<std::pair<Device, bool>, Group> groups;
+  std::vector<std::pair<size_t, Tensor>> new_buffers;
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor g = grad_for_update(i);
     if (!g.defined()) continue;
@@ -27,15 +40,35 @@ void SGD::step() {
       auto it = s.buffers.find("momentum_buffer");
       first = it == s.buffers.end();
       buf = first ? new_buffer(i) : it->second;
+      if (first) new_buffers.push_back({i, buf});
     }
-    update_param(i, [&](const Tensor& p) {
-      CHORUS_KERNEL(p.device(), sgd_update, p, g, buf, lr_, o.momentum, o.dampening, o.weight_decay,
-                    o.nesterov, first);
-    });
-    // State changes only after the update ran, so a failed step can be retried.
-    if (first) s.buffers["momentum_buffer"] = buf;
-    ++s.step;
+    const Tensor& p = params_[i];
+    if (!p.is_contiguous()) {
+      update_param(i, [&](const Tensor& work) {
+        CHORUS_KERNEL(work.device(), sgd_update, work, g, buf, lr_, o.momentum, o.dampening,
+                      o.weight_decay, o.nesterov, first);
+      });
+      continue;
+    }
+    Group& group = groups[{p.device(), first}];
+    group.params.push_back(p);
+    group.grads.push_back(g);
+    group.bufs.push_back(buf);
+    group.index.push_back(i);
   }
+  {
+    NoGradGuard no_grad;
+    for (auto& [key, group] : groups) {
+      CHORUS_KERNEL(key.first, sgd_update_multi, group.params, group.grads, group.bufs, lr_,
+                    o.momentum, o.dampening, o.weight_decay, o.nesterov, key.second);
+      // Saved tensors of an earlier forward now see a changed parameter.
+      for (Tensor& p : group.params) p.bump_version();
+    }
+  }
+  // State changes only after the updates ran, so a failed step can be retried.
+  for (auto& [i, buf] : new_buffers) state_[i].buffers["momentum_buffer"] = buf;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].grad().defined()) ++state_[i].step;
   ++step_count_;
 }
 

@@ -1,7 +1,8 @@
 // SGD with momentum, Nesterov momentum and (coupled, L2) weight decay:
 // torch.optim.SGD, step for step.
 //
-// Each parameter is updated by one fused kernel (kernel_set.h's sgd_update),
+// Parameters are updated by fused kernels (kernel_set.h: sgd_update_multi, one
+// launch per device for a whole model on a GPU),
 // so a step costs one pass over param, grad and buffer per parameter instead
 // of the four or five elementwise ops of the textbook formula. The momentum
 // buffer is created on the parameter's first update and seeded with that
