@@ -60,7 +60,7 @@ void check_collectives(const std::vector<Device>& devices, int64_t n, DType dtyp
   reduce_sum(bufs, dst);
   check_sum(dst, "separate destination");
   for (size_t i = 1; i < devices.size(); ++i)  // the sources are unchanged
-    EXPECT_EQ(bufs[i].to(kFloat32).to_vector<float>(), vals[i]) << devices[i].str();
+    EXPECT_TRUE(bufs[i].to(kFloat32).to_vector<float>() == vals[i]) << devices[i].str();
   reduce_sum(bufs, bufs[0]);
   check_sum(bufs[0], "in place");
 
@@ -72,7 +72,7 @@ void check_collectives(const std::vector<Device>& devices, int64_t n, DType dtyp
   auto want_b = src.to(kFloat32).to_vector<float>();
   for (size_t i = 0; i < dsts.size(); ++i) {
     EXPECT_EQ(dsts[i].device(), devices[i + 1]);
-    EXPECT_EQ(dsts[i].to(kFloat32).to_vector<float>(), want_b) << devices[i + 1].str();
+    EXPECT_TRUE(dsts[i].to(kFloat32).to_vector<float>() == want_b) << devices[i + 1].str();
   }
 }
 
@@ -127,10 +127,12 @@ TEST(Comm, GpusBroadcastAndReduce_MultiCUDA) {
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
   const std::vector<Device> gpus = all_gpus();
   // Large enough for NCCL to split the buffer into many chunks; odd sizes.
-  check_collectives(gpus, (int64_t{1} << 22) + 3, kFloat32, 1e-6);
-  check_collectives(gpus, 1001, kBFloat16, 1e-2);
-  check_collectives({gpus[1], gpus[0]}, 4097, kFloat32, 1e-6);  // root on cuda:1
-  check_collectives({gpus[0], gpus[1]}, 1, kFloat32, 1e-6);
+  // NCCL adds in the buffer's dtype, one rounding per device: bfloat16 loses
+  // up to 2^-9 of the scale per add.
+  check_collectives(gpus, (int64_t{1} << 22) + 3, kFloat32, 2e-6);
+  check_collectives(gpus, 1001, kBFloat16, 3e-2);
+  check_collectives({gpus[1], gpus[0]}, 4097, kFloat32, 2e-6);  // root on cuda:1
+  check_collectives({gpus[0], gpus[1]}, 1, kFloat32, 2e-6);
   synchronize();
 }
 
