@@ -33,6 +33,12 @@ std::string device_list(const std::vector<int>& devices) {
   throw DeviceError(msg, file, line);
 }
 
+// NCCL's description of its last failure ("" when it has none).
+std::string last_error(ncclComm_t comm) {
+  const char* m = ncclGetLastError(comm);
+  return m ? m : "";
+}
+
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
     case DType::Float32: return ncclFloat32;
@@ -93,7 +99,8 @@ std::vector<ncclComm_t>& comm_set(State& st, const std::vector<int>& devices) {
   CHORUS_CUDA_CHECK(cudaGetDevice(&cur));
   CudaDeviceGuard restore(cur);  // ncclCommInitAll switches devices
   ncclResult_t r = ncclCommInitAll(comms.data(), static_cast<int>(devices.size()), devices.data());
-  if (r != ncclSuccess) throw_nccl_error(r, "ncclCommInitAll", devices, ncclGetLastError(nullptr), __FILE__, __LINE__);
+  if (r != ncclSuccess)
+    throw_nccl_error(r, "ncclCommInitAll", devices, last_error(nullptr).c_str(), __FILE__, __LINE__);
   return st.comms.emplace(devices, std::move(comms)).first->second;
 }
 
@@ -138,12 +145,12 @@ void run_collective(const char* call, const std::vector<int>& devices, Issue&& i
     std::string failed_msg;
     for (size_t i = 0; i < devices.size() && failed == ncclSuccess; ++i) {
       failed = issue(static_cast<int>(i), comms[i], pds[i]->stream);
-      if (failed != ncclSuccess) failed_msg = ncclGetLastError(comms[i]);
+      if (failed != ncclSuccess) failed_msg = last_error(comms[i]);
     }
     ncclResult_t end = ncclGroupEnd();
     if (failed != ncclSuccess || end != ncclSuccess) {
       const bool in_call = failed != ncclSuccess;
-      if (!in_call) failed_msg = ncclGetLastError(comms[0]);
+      if (!in_call) failed_msg = last_error(comms[0]);
       drop_comm_set(st, devices);
       throw_nccl_error(in_call ? failed : end, in_call ? call : "ncclGroupEnd", devices, failed_msg.c_str(),
                        __FILE__, __LINE__);
