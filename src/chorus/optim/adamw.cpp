@@ -21,11 +21,17 @@ void AdamW::step() {
     if (!g.defined()) continue;
     ParamState& s = state_[i];
     const bool first = s.buffers.empty();
-    Tensor m = first ? new_buffer(i) : s.buffers.at("exp_avg");
-    Tensor v = first ? new_buffer(i) : s.buffers.at("exp_avg_sq");
+    // Note [Optimizer layouts]: state in the parameter's layout, flat views to the kernel.
+    Tensor m = first ? new_buffer(i) : in_param_layout(i, s.buffers.at("exp_avg"));
+    Tensor v = first ? new_buffer(i) : in_param_layout(i, s.buffers.at("exp_avg_sq"));
+    if (!first) {
+      s.buffers["exp_avg"] = m;
+      s.buffers["exp_avg_sq"] = v;
+    }
     const int64_t t = s.step + 1;
     update_param(i, [&](const Tensor& p) {
-      CHORUS_KERNEL(p.device(), adamw_update, p, g, m, v, lr_, o.beta1, o.beta2, o.eps, o.weight_decay, t);
+      CHORUS_KERNEL(p.device(), adamw_update, p, flat(i, g), flat(i, m), flat(i, v), lr_, o.beta1,
+                    o.beta2, o.eps, o.weight_decay, t);
     });
     // State changes only after the update ran, so a failed step can be retried.
     if (first) {

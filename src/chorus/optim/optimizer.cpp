@@ -48,6 +48,29 @@ void Optimizer::zero_grad() {
   for (auto& p : params_) p.zero_grad();
 }
 
+bool Optimizer::is_dense_param(size_t i) const { return ops::same_dense_layout({&params_[i]}); }
+
+namespace {
+// An uninitialised tensor with the sizes and strides of the dense `p`.
+Tensor empty_like_dense(const Tensor& p, DType dt) {
+  return chorus::detail::make_view(chorus::detail::empty_tensor({p.numel()}, dt, p.device()),
+                                   p.sizes(), p.strides(), 0);
+}
+}  // namespace
+
+Tensor Optimizer::in_param_layout(size_t i, const Tensor& t) const {
+  const Tensor& p = params_[i];
+  if (!is_dense_param(i)) return ops::contiguous(t);
+  if (t.strides() == p.strides() && ops::same_dense_layout({&t})) return t;
+  Tensor out = empty_like_dense(p, t.dtype());
+  ops::copy_(out, t);
+  return out;
+}
+
+Tensor Optimizer::flat(size_t i, const Tensor& t) const {
+  return is_dense_param(i) ? ops::flat_view(t) : t;
+}
+
 Tensor Optimizer::grad_for_update(size_t i) const {
   const Tensor& p = params_[i];
   Tensor g = p.grad();
@@ -57,22 +80,25 @@ Tensor Optimizer::grad_for_update(size_t i) const {
                "; optimizers update float32 master weights only");
   CHORUS_CHECK(g.sizes() == p.sizes(), name_, ": gradient of parameter ", i, " is ", g.describe(),
                " but the parameter is ", p.describe());
-  g = ops::contiguous(ops::to_dtype(ops::to_device(g, p.device()), kFloat32));
-  return g;
+  return in_param_layout(i, ops::to_dtype(ops::to_device(g, p.device()), kFloat32));
 }
 
 Tensor Optimizer::new_buffer(size_t i) const {
-  return zeros(params_[i].sizes(), TensorOptions(kFloat32, params_[i].device()));
+  const Tensor& p = params_[i];
+  Tensor b = is_dense_param(i) ? empty_like_dense(p, kFloat32)
+                               : chorus::detail::empty_tensor(p.sizes(), kFloat32, p.device());
+  ops::fill_(b, 0.0);
+  return b;
 }
 
 void Optimizer::update_param(size_t i, const std::function<void(const Tensor&)>& update) {
   NoGradGuard no_grad;
   const Tensor& p = params_[i];
-  if (p.is_contiguous()) {
-    update(p);
+  if (is_dense_param(i)) {
+    update(ops::flat_view(p));
   } else {
-    // The fused kernels want contiguous memory; a strided parameter (rare: a
-    // view registered as a parameter) is updated through a copy.
+    // The fused kernels want dense memory; a strided parameter (rare: a view
+    // registered as a parameter) is updated through a copy.
     Tensor work = ops::contiguous(p);
     update(work);
     ops::copy_(p, work);

@@ -62,21 +62,36 @@ class Optimizer {
  protected:
   struct ParamState {
     int64_t step = 0;                      // updates this parameter has received
-    std::map<std::string, Tensor> buffers;  // contiguous float32, parameter's shape and device
+    std::map<std::string, Tensor> buffers;  // float32, parameter's shape, device and layout
   };
 
   // The buffer names a subclass keeps per parameter (all or none present).
   virtual std::vector<std::string> buffer_names() const = 0;
 
+  // Note [Optimizer layouts]: the fused kernels treat parameter, gradient
+  // and state as flat arrays, so all three must share one memory layout. A
+  // dense parameter (contiguous, channels-last, any permutation) keeps its
+  // layout -- gradient and state are brought to the same strides and updated
+  // through flat views, with no copy of the parameter; a strided view
+  // registered as a parameter (rare) is updated through a contiguous copy.
+
   // Checks that `p` can be updated now (float32, grad matching) and returns
-  // its gradient as a contiguous float32 tensor on p's device; undefined when
-  // p has no gradient (skip it).
+  // its gradient as a float32 tensor on p's device in p's layout (see
+  // flat()); undefined when p has no gradient (skip it).
   Tensor grad_for_update(size_t i) const;
-  // A zero-filled buffer for parameter i (lazy state creation).
+  // A zero-filled buffer for parameter i (lazy state creation), in its layout.
   Tensor new_buffer(size_t i) const;
-  // Runs `update(param_view)` on a contiguous view of parameter i, copying
-  // back when the parameter itself is strided, and bumps its version.
+  // `t` (parameter i's shape) in parameter i's layout: `t` itself when it
+  // already is, else a copy (a buffer loaded from a checkpoint is contiguous).
+  Tensor in_param_layout(size_t i, const Tensor& t) const;
+  // What the fused kernels take for a tensor in parameter i's layout: its flat
+  // view when the parameter is dense, else the (contiguous) tensor itself.
+  Tensor flat(size_t i, const Tensor& t) const;
+  // Runs `update(param_view)` on a flat view of parameter i (or a contiguous
+  // copy, written back, when the parameter is strided), and bumps its version.
   void update_param(size_t i, const std::function<void(const Tensor&)>& update);
+  // Whether parameter i is dense in memory (flat views possible).
+  bool is_dense_param(size_t i) const;
 
   std::vector<Tensor> params_;
   std::vector<ParamState> state_;

@@ -39,11 +39,16 @@ void SGD::step() {
     if (o.momentum != 0) {
       auto it = s.buffers.find("momentum_buffer");
       first = it == s.buffers.end();
-      buf = first ? new_buffer(i) : it->second;
-      if (first) new_buffers.push_back({i, buf});
+      if (first) {
+        buf = new_buffer(i);
+        new_buffers.push_back({i, buf});
+      } else {
+        buf = in_param_layout(i, it->second);  // Note [Optimizer layouts]
+        it->second = buf;
+      }
     }
     const Tensor& p = params_[i];
-    if (!p.is_contiguous()) {
+    if (!is_dense_param(i)) {
       update_param(i, [&](const Tensor& work) {
         CHORUS_KERNEL(work.device(), sgd_update, work, g, buf, lr_, o.momentum, o.dampening,
                       o.weight_decay, o.nesterov, first);
@@ -51,9 +56,9 @@ void SGD::step() {
       continue;
     }
     Group& group = groups[{p.device(), first}];
-    group.params.push_back(p);
-    group.grads.push_back(g);
-    group.bufs.push_back(buf);
+    group.params.push_back(flat(i, p));
+    group.grads.push_back(flat(i, g));
+    group.bufs.push_back(buf.defined() ? flat(i, buf) : buf);
     group.index.push_back(i);
   }
   {
@@ -62,7 +67,7 @@ void SGD::step() {
       CHORUS_KERNEL(key.first, sgd_update_multi, group.params, group.grads, group.bufs, lr_,
                     o.momentum, o.dampening, o.weight_decay, o.nesterov, key.second);
       // Saved tensors of an earlier forward now see a changed parameter.
-      for (Tensor& p : group.params) p.bump_version();
+      for (size_t i : group.index) params_[i].bump_version();
     }
   }
   // State changes only after the updates ran, so a failed step can be retried.
