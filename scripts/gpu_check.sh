@@ -2,7 +2,8 @@
 # On a GPU machine: build (cmake + ninja), run the CUDA tests (and optionally
 # compute-sanitizer), benchmark Chorus against PyTorch in the same run, and
 # print a short table last. Stages: build tests sanitize bench train multi
-# (default: build tests bench). Logs and JSON rows go to $OUT (or ./gpu-out).
+# (default: build tests bench). Every command runs under `timeout`, so a hang
+# shows up as a failed row instead of eating the machine's time. Logs and JSON rows go to $OUT (or ./gpu-out).
 # PyTorch's reference script is read from .bench/torch_baseline.py (a copy of
 # ../shared/bench, carried by the device tool).
 set -uo pipefail
@@ -25,7 +26,7 @@ fi
 C=./$BUILD/chorus
 $C --version; $C devices
 if has tests; then
-  ./$BUILD/chorus_tests --gtest_filter='*_CUDA:*_MultiCUDA:*CUDA*' 2>&1 | tee "$OUT/cuda_tests.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |tests ran|Failure|error" | head -60
+  timeout 900 ./$BUILD/chorus_tests --gtest_filter='*_CUDA:*_MultiCUDA:*CUDA*' 2>&1 | tee "$OUT/cuda_tests.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |tests ran|Failure|error" | head -60
 fi
 if has sanitize; then
   compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 ./$BUILD/chorus_tests --gtest_filter='*_CUDA' >"$OUT/memcheck.log" 2>&1
@@ -34,8 +35,8 @@ fi
 bench_pair() {  # model precision channels_last
   local m=$1 p=$2 cl=$3 flag=""
   [ "$cl" = 1 ] && flag=--channels-last
-  $C bench --model $m --precision $p $flag --devices cuda:0 --batch-size 128 --steps 30 --warmup 8 --json | tee -a "$rows"
-  python3 scripts/torch_reference.py --model $m --precision $p $flag --batch 128 --steps 30 --warmup 8 | tee -a "$rows"
+  timeout 300 $C bench --model $m --precision $p $flag --devices cuda:0 --batch-size 128 --steps 30 --warmup 8 --json | tee -a "$rows"
+  timeout 300 python3 scripts/torch_reference.py --model $m --precision $p $flag --batch 128 --steps 30 --warmup 8 | tee -a "$rows"
 }
 if has bench; then
   for m in wrn-28-10 wrn-16-4; do
@@ -49,11 +50,11 @@ fi
 if has multi; then
   n=$(nvidia-smi -L | wc -l)
   devs=$(seq -s, 0 $((n-1)) | sed 's/[0-9]\+/cuda:&/g')
-  ./$BUILD/bench_concurrency 2>&1 | tail -5
+  timeout 300 ./$BUILD/bench_concurrency 2>&1 | tail -5
   for p in fp32 bf16; do
     cl=""; [ $p = bf16 ] && cl=--channels-last
-    $C bench --model wrn-28-10 --strategy dp --devices "$devs" --precision $p $cl --batch-size 128 --steps 20 --warmup 5 --json | tee -a "$rows"
-    python3 scripts/torch_reference.py --model wrn-28-10 --mode dp --gpus $n --precision $p $cl --steps 10 --warmup 3 | tee -a "$rows"
+    timeout 300 $C bench --model wrn-28-10 --strategy dp --devices "$devs" --precision $p $cl --batch-size 128 --steps 20 --warmup 5 --json | tee -a "$rows"
+    timeout 300 python3 scripts/torch_reference.py --model wrn-28-10 --mode dp --gpus $n --precision $p $cl --steps 10 --warmup 3 | tee -a "$rows"
   done
 fi
 echo "== summary (img/s; ratio = Chorus / PyTorch, same machine, same run)"
