@@ -5,6 +5,7 @@
 #include <string>
 
 #include <chorus/chorus.h>
+#include <chorus/ops/copy.h>
 
 #include "testing/expect_error.h"
 
@@ -189,6 +190,23 @@ TEST(TensorPrinting, ViewsIntegersBoolsScalarsAndLongTensors) {
   std::string bf = from_vector(std::vector<float>{0.5f}, {1}, {kBFloat16}).str();
   EXPECT_TRUE(contains(bf, "0.5000")) << bf;
   EXPECT_TRUE(contains(bf, "bfloat16")) << bf;
+}
+
+// Moving a channels-last batch (or a batch-dim chunk of one, as DataParallel
+// scatters it) to another device keeps it channels-last; a channels-last
+// tensor sliced along H is not dense and arrives contiguous.
+TEST(TensorCopies, CrossDeviceCopyKeepsChannelsLast) {
+  manual_seed(4);
+  Tensor x = ops::to_channels_last(randn({6, 3, 4, 5}));
+  for (const Tensor& t : {x, x.narrow(0, 2, 3)}) {
+    Tensor moved = t.to(Device("cpu:1"));
+    EXPECT_TRUE(ops::is_channels_last(moved)) << shape_str(moved.strides());
+    EXPECT_EQ(moved.to_vector<float>(), t.to_vector<float>());
+  }
+  Tensor sliced = x.narrow(2, 1, 2);
+  Tensor moved = sliced.to(Device("cpu:1"));
+  EXPECT_TRUE(moved.is_contiguous());
+  EXPECT_EQ(moved.to_vector<float>(), sliced.to_vector<float>());
 }
 
 TEST(TensorCopies, CloneContiguousAndCrossDevice) {

@@ -37,8 +37,12 @@ Tensor to_device(const Tensor& t, const Device& d) {
   detail::check_defined(t, "to", "self");
   if (t.device() == d) return t;
   check_device(d);
-  Tensor src = contiguous(t);
-  Tensor out = detail::empty_tensor(src.sizes(), src.dtype(), d);
+  // A dense channels-last tensor stays channels-last (PyTorch's
+  // preserve_format): a DataParallel chunk of an NHWC batch must reach its
+  // replica NHWC, or that replica's whole network runs in NCHW.
+  const bool cl = is_channels_last(t) && same_dense_layout({&t});
+  Tensor src = cl ? t : contiguous(t);
+  Tensor out = empty_with_layout(src.sizes(), src.dtype(), d, cl);
   if (src.nbytes() == 0) return out;
   // The GPU side's backend does the copy (it knows both pointers' kinds).
   Device src_dev = src.device();

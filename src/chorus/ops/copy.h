@@ -12,7 +12,8 @@
 
 namespace chorus::ops {
 
-// The tensor itself when already on `d`, else a contiguous copy on `d`.
+// The tensor itself when already on `d`, else a copy on `d`: channels-last
+// when `t` is dense channels-last, contiguous otherwise.
 Tensor to_device(const Tensor& t, const Device& d);
 Tensor to_dtype(const Tensor& t, DType dt);
 Tensor contiguous(const Tensor& t);
