@@ -150,17 +150,15 @@ void set_current_stream(int index, cudaStream_t s) {
 
 const cudaDeviceProp& device_properties(int index) {
   check_index(index);
-  static std::mutex mu;
-  static std::vector<std::unique_ptr<cudaDeviceProp>> cache(
-      static_cast<size_t>(visible_device_count()));
-  std::lock_guard<std::mutex> g(mu);
-  auto& p = cache[static_cast<size_t>(index)];
-  if (!p) {
-    auto prop = std::make_unique<cudaDeviceProp>();
-    CHORUS_CUDA_CHECK(cudaGetDeviceProperties(prop.get(), index));
-    p = std::move(prop);
-  }
-  return *p;
+  // Read once for every device: kernels ask on every launch (grid sizes), from
+  // several threads, so the lookup takes no lock.
+  static const std::vector<cudaDeviceProp>* props = [] {
+    auto* v = new std::vector<cudaDeviceProp>(static_cast<size_t>(visible_device_count()));
+    for (size_t d = 0; d < v->size(); ++d)
+      CHORUS_CUDA_CHECK(cudaGetDeviceProperties(&(*v)[d], static_cast<int>(d)));
+    return v;
+  }();
+  return (*props)[static_cast<size_t>(index)];
 }
 
 namespace {
