@@ -146,40 +146,25 @@ void run_single_thread(GraphTask& task) {
 }
 
 void run_multi_device(GraphTask& task) {
-  // One queue and one condition variable per device: a finished node wakes
-  // only the threads that got work (a shared condition variable woke every
-  // device thread for every node, thousands of futile wake-ups per step with
-  // four GPUs).
-  struct Queue {
-    std::priority_queue<Node*, std::vector<Node*>, ByLatest> ready;
-    std::condition_variable cv;
-  };
   std::mutex mu;
-  std::map<Device, Queue> queues;
+  std::condition_variable cv;
+  std::map<Device, std::priority_queue<Node*, std::vector<Node*>, ByLatest>> queues;
   int outstanding = 1;  // nodes queued or running
   std::exception_ptr error;
   bool stop = false;
-  // Every queue exists before any worker starts: workers index the map under
-  // `mu`, and inserting here while they run would race on the tree.
-  for (const Device& d : task.devices()) queues[d];
-  queues[task.root()->device].ready.push(task.root());
-  auto stop_all = [&] {
-    stop = true;
-    for (auto& [d, q] : queues) q.cv.notify_all();
-  };
+  queues[task.root()->device].push(task.root());
 
   auto worker = [&](Device dev) {
     NoGradGuard no_grad;
-    Queue& mine = queues.at(dev);
     for (;;) {
       Node* n = nullptr;
       std::shared_ptr<Node> keep;
       {
         std::unique_lock<std::mutex> lk(mu);
-        mine.cv.wait(lk, [&] { return stop || !mine.ready.empty(); });
+        cv.wait(lk, [&] { return stop || !queues[dev].empty(); });
         if (stop) return;
-        n = mine.ready.top();
-        mine.ready.pop();
+        n = queues[dev].top();
+        queues[dev].pop();
         keep = task.hold(n);
       }
       std::vector<Node*> ready;
@@ -188,19 +173,22 @@ void run_multi_device(GraphTask& task) {
       } catch (...) {
         std::lock_guard<std::mutex> lk(mu);
         if (!error) error = std::current_exception();
-        stop_all();
+        stop = true;
+        cv.notify_all();
         return;
       }
       std::lock_guard<std::mutex> lk(mu);
       for (Node* r : ready) {
-        Queue& q = queues.at(r->device);
-        q.ready.push(r);
+        queues[r->device].push(r);
         ++outstanding;
-        if (&q != &mine) q.cv.notify_one();
       }
-      if (--outstanding == 0) stop_all();
+      if (--outstanding == 0) stop = true;
+      cv.notify_all();
     }
   };
+  // Every queue exists before any worker starts: workers index the map under
+  // `mu`, and inserting here while they run would race on the tree.
+  for (const Device& d : task.devices()) queues[d];
   std::vector<std::thread> threads;
   for (const Device& d : task.devices()) threads.emplace_back(worker, d);
   for (auto& t : threads) t.join();
