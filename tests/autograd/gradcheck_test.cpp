@@ -464,6 +464,23 @@ TEST(GradcheckNN, BatchNormTraining) {
                         {x2}));
 }
 
+// The fused batch norm + ReLU: its gradient is ReLU's mask applied before
+// batch norm's backward; and it equals relu(batch_norm(x)) exactly.
+TEST(GradcheckNN, BatchNormReluTraining) {
+  Tensor x = random_leaf({4, 3, 2, 3}, 170), w = random_leaf_in({3}, 171, 0.5, 1.5), b = random_leaf({3}, 172);
+  Tensor rm = zeros({3}), rv = ones({3});
+  auto f = [rm, rv](L v) { return F::batch_norm_relu(v[0], rm, rv, v[1], v[2], true, 0.1, 1e-5); };
+  EXPECT_TRUE(gradcheck(f, {x, w, b}));
+  const Tensor fused = F::batch_norm_relu(x, Tensor(), Tensor(), w, b, true, 0.1, 1e-5);
+  const Tensor plain = F::batch_norm(x, Tensor(), Tensor(), w, b, true, 0.1, 1e-5).relu();
+  const std::vector<double> fv = fused.to_vector<double>(), pv = plain.to_vector<double>();
+  EXPECT_EQ(fv, pv);
+  // Evaluation mode is the two ops.
+  const std::vector<double> ev = F::batch_norm_relu(x, rm, rv, w, b, false, 0.1, 1e-5).to_vector<double>();
+  const std::vector<double> rv2 = F::batch_norm(x, rm, rv, w, b, false, 0.1, 1e-5).relu().to_vector<double>();
+  EXPECT_EQ(ev, rv2);
+}
+
 TEST(GradcheckNN, BatchNormEval) {
   Tensor x = random_leaf({3, 2, 2, 3}, 156), w = random_leaf_in({2}, 157, 0.5, 1.5), b = random_leaf({2}, 158);
   Tensor rm = from_vector(std::vector<float>{0.3f, -0.2f}, {2}), rv = from_vector(std::vector<float>{0.8f, 1.7f}, {2});

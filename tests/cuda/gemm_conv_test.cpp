@@ -553,6 +553,48 @@ void check_batch_norm(const Shape& xs, DType dtype, bool cl, bool affine) {
   }
 }
 
+// The fused batch norm + ReLU (own kernels for channels-last, cuDNN plus a
+// ReLU pass for NCHW) against the CPU's composition of the two.
+void check_batch_norm_relu(const Shape& xs, DType dtype, bool cl) {
+  const int64_t c = xs[1];
+  const Shape ps{c};
+  const auto xv = rounded(random_values(numel_of(xs), 61, -2.0f, 3.0f), dtype);
+  const auto dyv = rounded(random_values(numel_of(xs), 62), dtype);
+  const auto gammav = random_values(c, 63, 0.5f, 1.5f), betav = random_values(c, 64);
+  const auto rmv = random_values(c, 65), rvv = random_values(c, 66, 0.5f, 1.5f);
+  const double tol = tolerance(dtype, 1e-4);
+  const std::string what = std::string(dtype_name(dtype)) + (cl ? " NHWC " : " ") + shape_str(xs);
+  Tensor gx = gpu_tensor(xs, xv, dtype, cl), gy = gpu_garbage(xs, dtype, cl);
+  Tensor ggamma = gpu_tensor(ps, gammav, kFloat32), gbeta = gpu_tensor(ps, betav, kFloat32);
+  Tensor grm = gpu_tensor(ps, rmv, kFloat32), grv = gpu_tensor(ps, rvv, kFloat32);
+  Tensor gsm = gpu_garbage(ps, kFloat32), gsi = gpu_garbage(ps, kFloat32);
+  cuda::batch_norm_relu_forward(gx, ggamma, gbeta, grm, grv, 0.1, 1e-3, gy, gsm, gsi);
+  Tensor cx = cpu_f32(xs, xv), cy = cpu_f32(xs, std::vector<float>(xv.size()));
+  Tensor cgamma = cpu_f32(ps, gammav), cbeta = cpu_f32(ps, betav), crm = cpu_f32(ps, rmv), crv = cpu_f32(ps, rvv);
+  Tensor csm = cpu_f32(ps, std::vector<float>(c)), csi = cpu_f32(ps, std::vector<float>(c));
+  cpu::batch_norm_relu_forward(cx, cgamma, cbeta, crm, crv, 0.1, 1e-3, cy, csm, csi);
+  expect_close(gpu_values(gy), host_values(cy), tol, "batch_norm_relu_forward y " + what);
+  expect_close(gpu_values(grv), host_values(crv), tol, "batch_norm_relu_forward running_var " + what);
+  // Backward from the GPU's own y (its ReLU mask), against the CPU's from its y.
+  Tensor gdy = gpu_tensor(xs, dyv, dtype, cl), gdx = gpu_garbage(xs, dtype, cl);
+  Tensor gdg = gpu_garbage(ps, kFloat32), gdb = gpu_garbage(ps, kFloat32);
+  cuda::batch_norm_relu_backward(gdy, gy, gx, ggamma, gsm, gsi, gdx, gdg, gdb);
+  Tensor cdy = cpu_f32(xs, dyv), cdx = cpu_f32(xs, std::vector<float>(xv.size()));
+  Tensor cdg = cpu_f32(ps, std::vector<float>(c)), cdb = cpu_f32(ps, std::vector<float>(c));
+  cpu::batch_norm_relu_backward(cdy, cy, cx, cgamma, csm, csi, cdx, cdg, cdb);
+  expect_close(gpu_values(gdx), host_values(cdx), tol, "batch_norm_relu_backward dx " + what);
+  expect_close(gpu_values(gdg), host_values(cdg), tol, "batch_norm_relu_backward dgamma " + what);
+  expect_close(gpu_values(gdb), host_values(cdb), tol, "batch_norm_relu_backward dbeta " + what);
+}
+
+TEST(CudaBatchNorm, FusedReluMatchesCpu_CUDA) {
+  if (chorus::cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
+  for (DType dtype : {kFloat32, kBFloat16}) {
+    for (bool cl : {false, true}) check_batch_norm_relu({8, 16, 6, 5}, dtype, cl);
+    check_batch_norm_relu({4, 3, 7, 5}, dtype, true);  // odd C: scalar path
+  }
+}
+
 TEST(CudaBatchNorm, MatchesCpu_CUDA) {
   if (chorus::cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
   for (DType dtype : {kFloat32, kBFloat16}) {

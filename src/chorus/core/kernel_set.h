@@ -68,6 +68,17 @@
   void batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,                \
                            const Tensor& save_mean, const Tensor& save_invstd, const Tensor& dx,  \
                            const Tensor& dgamma, const Tensor& dbeta);                            \
+  /* Training-mode batch norm followed by ReLU, y = max(0, bn(x)) (one pass on channels-last     \
+     GPUs); statistics as batch_norm_forward. */                                                  \
+  void batch_norm_relu_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,          \
+                               const Tensor& running_mean, const Tensor& running_var,             \
+                               double momentum, double eps, const Tensor& y,                      \
+                               const Tensor& save_mean, const Tensor& save_invstd);               \
+  /* Its backward: dy masked by y > 0, then batch_norm_backward. */                               \
+  void batch_norm_relu_backward(const Tensor& dy, const Tensor& y, const Tensor& x,               \
+                                const Tensor& gamma, const Tensor& save_mean,                     \
+                                const Tensor& save_invstd, const Tensor& dx, const Tensor& dgamma, \
+                                const Tensor& dbeta);                                             \
   /* Softmax over the last dim of a contiguous [rows, cols] tensor. */                            \
   void softmax_forward(const Tensor& x, const Tensor& y, bool log);                               \
   /* dx = log ? dy - exp(y) * sum(dy) : y * (dy - sum(dy * y)) per row. */                        \

@@ -467,4 +467,24 @@ void batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
   write_back(dbc, dbeta);
 }
 
+// The fused pair composed from the unfused kernels (CPU batch norm is a
+// separate pass anyway; the fusion pays on GPUs).
+void batch_norm_relu_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                             const Tensor& running_mean, const Tensor& running_var,
+                             double momentum, double eps, const Tensor& y,
+                             const Tensor& save_mean, const Tensor& save_invstd) {
+  batch_norm_forward(x, gamma, beta, running_mean, running_var, true, momentum, eps, y, save_mean,
+                     save_invstd);
+  unary(UnaryOp::Relu, y, y, 0.0);
+}
+
+void batch_norm_relu_backward(const Tensor& dy, const Tensor& y, const Tensor& x,
+                              const Tensor& gamma, const Tensor& save_mean,
+                              const Tensor& save_invstd, const Tensor& dx, const Tensor& dgamma,
+                              const Tensor& dbeta) {
+  Tensor masked = detail::empty_tensor(dy.sizes(), dy.dtype(), dy.device());
+  binary(BinaryOp::ReluGrad, dy, y, masked, 1.0);
+  batch_norm_backward(masked, x, gamma, save_mean, save_invstd, dx, dgamma, dbeta);
+}
+
 }  // namespace chorus::cpu

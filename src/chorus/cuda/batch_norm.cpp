@@ -99,11 +99,14 @@ void check_same(const char* op, const Tensor& a, const char* a_name, const Tenso
 
 }  // namespace
 
-void batch_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                        const Tensor& running_mean, const Tensor& running_var, bool training,
-                        double momentum, double eps, const Tensor& y, const Tensor& save_mean,
-                        const Tensor& save_invstd) {
-  const char* op = "batch_norm_forward";
+namespace {
+
+// batch_norm_forward, and with `relu` (training only) batch_norm_relu_forward.
+void forward_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                  const Tensor& running_mean, const Tensor& running_var, bool training,
+                  double momentum, double eps, const Tensor& y, const Tensor& save_mean,
+                  const Tensor& save_invstd, bool relu) {
+  const char* op = relu ? "batch_norm_relu_forward" : "batch_norm_forward";
   check_same(op, x, "x", y, "y");
   const Device device = x.device();
   CudaDeviceGuard guard(device.index);
@@ -146,7 +149,7 @@ void batch_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta
   const Tensor sm = float_output(op, save_mean, "save_mean", c, device);
   const Tensor si = float_output(op, save_invstd, "save_invstd", c, device);
   if (nhwc) {
-    batch_norm_nhwc_forward_train(x, g, b, rm, rv, momentum, eps, y, sm, si);
+    batch_norm_nhwc_forward_train(x, g, b, rm, rv, momentum, eps, y, sm, si, relu);
   } else {
     const cudnnBatchNormMode_t mode = training_mode(xs, x.dtype());
     TensorDesc param_desc;
@@ -155,6 +158,7 @@ void batch_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta
       handle, mode, &one, &zero, x_desc.get(), x.raw_data(), y_desc.get(), y.raw_data(),
       param_desc.get(), g.raw_data(), b.raw_data(), momentum, rm.raw_data(), rv.raw_data(), eps,
       sm.raw_data(), si.raw_data()));
+    if (relu) unary(UnaryOp::Relu, y, y, 0.0);
   }
   write_back(rm, running_mean);
   write_back(rv, running_var);
@@ -162,10 +166,12 @@ void batch_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta
   write_back(si, save_invstd);
 }
 
-void batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
-                         const Tensor& save_mean, const Tensor& save_invstd, const Tensor& dx,
-                         const Tensor& dgamma, const Tensor& dbeta) {
-  const char* op = "batch_norm_backward";
+// batch_norm_backward, and with a defined relu_y batch_norm_relu_backward.
+void backward_impl(const Tensor& dy_in, const Tensor& relu_y, const Tensor& x, const Tensor& gamma,
+                   const Tensor& save_mean, const Tensor& save_invstd, const Tensor& dx,
+                   const Tensor& dgamma, const Tensor& dbeta) {
+  const char* op = relu_y.defined() ? "batch_norm_relu_backward" : "batch_norm_backward";
+  Tensor dy = dy_in;
   check_same(op, x, "x", dy, "dy");
   check_same(op, x, "x", dx, "dx");
   CHORUS_CHECK(save_mean.defined() && save_invstd.defined(), op,
@@ -186,11 +192,24 @@ void batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
   const Tensor si = float_input(op, save_invstd, "save_invstd", c, 1.0, device);
   const Tensor dg = float_output(op, dgamma, "dgamma", c, device);
   const Tensor db = float_output(op, dbeta, "dbeta", c, device);
-  if (xs.layout == Layout::NHWC && dys.layout == Layout::NHWC && dxs.layout == Layout::NHWC) {
-    batch_norm_nhwc_backward(dy, x, g, sm, si, dx, dg, db);
+  const bool nhwc = xs.layout == Layout::NHWC && dys.layout == Layout::NHWC &&
+                    dxs.layout == Layout::NHWC &&
+                    (!relu_y.defined() || bn_shape(op, relu_y, "y", xs.layout).layout == Layout::NHWC);
+  if (nhwc) {
+    batch_norm_nhwc_backward(dy, x, g, sm, si, dx, dg, db, relu_y);
     write_back(dg, dgamma);
     write_back(db, dbeta);
     return;
+  }
+  if (relu_y.defined()) {  // the unfused way: mask first
+    Tensor masked = detail::empty_tensor(dy.sizes(), dy.dtype(), dy.device());
+    if (dys.layout == Layout::NHWC && dy.dim() == 4)
+      masked = detail::make_view(
+          detail::empty_tensor({dy.size(0), dy.size(2), dy.size(3), dy.size(1)}, dy.dtype(),
+                               dy.device()),
+          dy.sizes(), dy.strides(), 0);
+    binary(BinaryOp::ReluGrad, dy, relu_y, masked, 1.0);
+    dy = masked;
   }
   const TensorDesc x_desc = desc_of(xs, x.dtype(), op), dy_desc = desc_of(dys, dy.dtype(), op),
                    dx_desc = desc_of(dxs, dx.dtype(), op);
@@ -204,6 +223,38 @@ void batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
       dg.raw_data(), db.raw_data(), kUnusedBackwardEps, sm.raw_data(), si.raw_data()));
   write_back(dg, dgamma);
   write_back(db, dbeta);
+}
+
+}  // namespace
+
+void batch_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                        const Tensor& running_mean, const Tensor& running_var, bool training,
+                        double momentum, double eps, const Tensor& y, const Tensor& save_mean,
+                        const Tensor& save_invstd) {
+  forward_impl(x, gamma, beta, running_mean, running_var, training, momentum, eps, y, save_mean,
+               save_invstd, false);
+}
+
+void batch_norm_relu_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                             const Tensor& running_mean, const Tensor& running_var,
+                             double momentum, double eps, const Tensor& y,
+                             const Tensor& save_mean, const Tensor& save_invstd) {
+  forward_impl(x, gamma, beta, running_mean, running_var, true, momentum, eps, y, save_mean,
+               save_invstd, true);
+}
+
+void batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                         const Tensor& save_mean, const Tensor& save_invstd, const Tensor& dx,
+                         const Tensor& dgamma, const Tensor& dbeta) {
+  backward_impl(dy, Tensor(), x, gamma, save_mean, save_invstd, dx, dgamma, dbeta);
+}
+
+void batch_norm_relu_backward(const Tensor& dy, const Tensor& y, const Tensor& x,
+                              const Tensor& gamma, const Tensor& save_mean,
+                              const Tensor& save_invstd, const Tensor& dx, const Tensor& dgamma,
+                              const Tensor& dbeta) {
+  check_same("batch_norm_relu_backward", x, "x", y, "y");
+  backward_impl(dy, y, x, gamma, save_mean, save_invstd, dx, dgamma, dbeta);
 }
 
 }  // namespace chorus::cuda

@@ -128,9 +128,9 @@ struct alignas(sizeof(T) * kVec) Pack {
   T v[kVec];
 };
 
-// y = x * scale[c] + shift[c] over the [M, C] matrix, kVec channels per thread
+// y = x * scale[c] + shift[c] (then max(0, y) with kRelu) over the [M, C] matrix, kVec channels per thread
 // (C % kVec == 0 and 16-byte aligned pointers when kVec > 1).
-template <typename T, int kVec>
+template <typename T, int kVec, bool kRelu>
 __global__ void affine_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t packs,
                               int64_t c, const float* __restrict__ scale,
                               const float* __restrict__ shift) {
@@ -140,15 +140,19 @@ __global__ void affine_kernel(const T* __restrict__ x, T* __restrict__ y, int64_
     const int64_t col0 = (p * kVec) % c;
     Pack<T, kVec> out;
 #pragma unroll
-    for (int i = 0; i < kVec; ++i)
-      out.v[i] = convert<T>(to_acc(in.v[i]) * scale[col0 + i] + shift[col0 + i]);
+    for (int i = 0; i < kVec; ++i) {
+      const float v = to_acc(in.v[i]) * scale[col0 + i] + shift[col0 + i];
+      out.v[i] = convert<T>(kRelu && !(v > 0.0f) ? 0.0f : v);  // as UnaryOp::Relu
+    }
     reinterpret_cast<Pack<T, kVec>*>(y)[p] = out;
   }
 }
 
 // partial[b, c] = (sum dy, sum dy * (x - mean)) of column c over row block b.
+// With relu_y (the output of a fused ReLU), dy counts only where relu_y > 0.
 template <typename T>
 __global__ void backward_partial_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                        const T* __restrict__ relu_y,
                                         const float* __restrict__ mean, int64_t m, int64_t c,
                                         int64_t rows_per_block, float* __restrict__ psum_dy,
                                         float* __restrict__ psum_dy_xmu) {
@@ -159,7 +163,8 @@ __global__ void backward_partial_kernel(const T* __restrict__ dy, const T* __res
   if (col < c) {
     const float mu = mean[col];
     for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowThreads) {
-      const float g = to_acc(dy[r * c + col]);
+      float g = to_acc(dy[r * c + col]);
+      if (relu_y && !(to_acc(relu_y[r * c + col]) > 0.0f)) g = 0.0f;
       s += g;
       sx += g * (to_acc(x[r * c + col]) - mu);
     }
@@ -207,6 +212,7 @@ __global__ void backward_finalize_kernel(const float* __restrict__ psum_dy,
 
 template <typename T, int kVec>
 __global__ void backward_elementwise_kernel(const T* __restrict__ dy, const T* __restrict__ x,
+                                            const T* __restrict__ relu_y,
                                             T* __restrict__ dx, int64_t packs, int64_t c,
                                             const float* __restrict__ ca,
                                             const float* __restrict__ cb,
@@ -215,12 +221,15 @@ __global__ void backward_elementwise_kernel(const T* __restrict__ dy, const T* _
        p += int64_t{gridDim.x} * blockDim.x) {
     const Pack<T, kVec> g = reinterpret_cast<const Pack<T, kVec>*>(dy)[p];
     const Pack<T, kVec> v = reinterpret_cast<const Pack<T, kVec>*>(x)[p];
+    Pack<T, kVec> mask;
+    if (relu_y) mask = reinterpret_cast<const Pack<T, kVec>*>(relu_y)[p];
     const int64_t col0 = (p * kVec) % c;
     Pack<T, kVec> out;
 #pragma unroll
     for (int i = 0; i < kVec; ++i) {
       const int64_t j = col0 + i;
-      out.v[i] = convert<T>(ca[j] * to_acc(g.v[i]) + cb[j] * to_acc(v.v[i]) + cd[j]);
+      const float gi = relu_y && !(to_acc(mask.v[i]) > 0.0f) ? 0.0f : to_acc(g.v[i]);
+      out.v[i] = convert<T>(ca[j] * gi + cb[j] * to_acc(v.v[i]) + cd[j]);
     }
     reinterpret_cast<Pack<T, kVec>*>(dx)[p] = out;
   }
@@ -250,15 +259,20 @@ int elementwise_blocks(int64_t packs, int device) {
 
 template <typename T>
 void launch_affine(const Tensor& x, const Tensor& y, int64_t c, const float* scale,
-                   const float* shift, int device) {
+                   const float* shift, int device, bool relu) {
   const T* xp = static_cast<const T*>(x.raw_data());
   T* yp = static_cast<T*>(y.raw_data());
   const int64_t total = x.numel();
   cudaStream_t stream = current_stream(device);
   auto go = [&]<int kVec>() {
     const int64_t packs = total / kVec;
-    affine_kernel<T, kVec><<<elementwise_blocks(packs, device), kElemThreads, 0, stream>>>(
-        xp, yp, packs, c, scale, shift);
+    if (relu) {
+      affine_kernel<T, kVec, true><<<elementwise_blocks(packs, device), kElemThreads, 0, stream>>>(
+          xp, yp, packs, c, scale, shift);
+    } else {
+      affine_kernel<T, kVec, false><<<elementwise_blocks(packs, device), kElemThreads, 0, stream>>>(
+          xp, yp, packs, c, scale, shift);
+    }
   };
   switch (pack_width<T>(c, {xp, yp})) {
     case 8: go.template operator()<8>(); break;
@@ -276,7 +290,7 @@ int64_t channels(const Tensor& x) { return x.size(1); }
 void batch_norm_nhwc_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                    const Tensor& running_mean, const Tensor& running_var,
                                    double momentum, double eps, const Tensor& y,
-                                   const Tensor& save_mean, const Tensor& save_invstd) {
+                                   const Tensor& save_mean, const Tensor& save_invstd, bool relu) {
   const int device = x.device().index;
   const int64_t c = channels(x), m = x.numel() / c;
   const Grid g = column_grid(m, c, device);
@@ -297,7 +311,7 @@ void batch_norm_nhwc_forward_train(const Tensor& x, const Tensor& gamma, const T
         static_cast<float>(momentum), static_cast<float>(eps), f32(save_mean), f32(save_invstd),
         scale, shift);
     CHORUS_CUDA_LAUNCH_CHECK();
-    launch_affine<T>(x, y, c, scale, shift, device);
+    launch_affine<T>(x, y, c, scale, shift, device, relu);
   });
 }
 
@@ -315,13 +329,14 @@ void batch_norm_nhwc_forward_eval(const Tensor& x, const Tensor& gamma, const Te
                                                        static_cast<float>(eps), scale, shift);
   CHORUS_CUDA_LAUNCH_CHECK();
   dispatch_float(x.dtype(), "batch_norm_forward", [&]<typename T>() {
-    launch_affine<T>(x, y, c, scale, shift, device);
+    launch_affine<T>(x, y, c, scale, shift, device, false);
   });
 }
 
 void batch_norm_nhwc_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                               const Tensor& save_mean, const Tensor& save_invstd,
-                              const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) {
+                              const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
+                              const Tensor& relu_output) {
   const int device = x.device().index;
   const int64_t c = channels(x), m = x.numel() / c;
   const Grid g = column_grid(m, c, device);
@@ -337,8 +352,9 @@ void batch_norm_nhwc_backward(const Tensor& dy, const Tensor& x, const Tensor& g
     const T* dyp = static_cast<const T*>(dy.raw_data());
     const T* xp = static_cast<const T*>(x.raw_data());
     T* dxp = static_cast<T*>(dx.raw_data());
+    const T* yp = relu_output.defined() ? static_cast<const T*>(relu_output.raw_data()) : nullptr;
     backward_partial_kernel<T><<<g.grid, dim3(kColThreads, kRowThreads), 0, stream>>>(
-        dyp, xp, f32(save_mean), m, c, g.rows_per_block, ps, psx);
+        dyp, xp, yp, f32(save_mean), m, c, g.rows_per_block, ps, psx);
     CHORUS_CUDA_LAUNCH_CHECK();
     backward_finalize_kernel<<<static_cast<unsigned>((c + 127) / 128), 128, 0, stream>>>(
         ps, psx, blocks, m, c, f32(gamma), f32(save_mean), f32(save_invstd), f32(dgamma),
@@ -347,10 +363,10 @@ void batch_norm_nhwc_backward(const Tensor& dy, const Tensor& x, const Tensor& g
     auto go = [&]<int kVec>() {
       const int64_t packs = x.numel() / kVec;
       backward_elementwise_kernel<T, kVec>
-          <<<elementwise_blocks(packs, device), kElemThreads, 0, stream>>>(dyp, xp, dxp, packs, c,
-                                                                          ca, cb, cd);
+          <<<elementwise_blocks(packs, device), kElemThreads, 0, stream>>>(dyp, xp, yp, dxp, packs,
+                                                                          c, ca, cb, cd);
     };
-    switch (pack_width<T>(c, {dyp, xp, dxp})) {
+    switch (pack_width<T>(c, {dyp, xp, dxp, yp})) {
       case 8: go.template operator()<8>(); break;
       case 4: go.template operator()<4>(); break;
       case 2: go.template operator()<2>(); break;

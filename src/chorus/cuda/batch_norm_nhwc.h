@@ -11,7 +11,9 @@
 //
 // All tensors are on one CUDA device; x, y, dy, dx are 4-d and dense
 // channels-last of one dtype; the [C] vectors are contiguous float32.
-// Running statistics may be undefined (no update).
+// Running statistics may be undefined (no update). `relu` fuses a following
+// ReLU into the forward pass; the backward then takes that output `y` and
+// masks dy by y > 0 on the fly (undefined y: no ReLU).
 #pragma once
 
 #include "chorus/core/tensor.h"
@@ -21,7 +23,8 @@ namespace chorus::cuda {
 void batch_norm_nhwc_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                    const Tensor& running_mean, const Tensor& running_var,
                                    double momentum, double eps, const Tensor& y,
-                                   const Tensor& save_mean, const Tensor& save_invstd);
+                                   const Tensor& save_mean, const Tensor& save_invstd,
+                                   bool relu = false);
 
 void batch_norm_nhwc_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                   const Tensor& running_mean, const Tensor& running_var,
@@ -29,6 +32,7 @@ void batch_norm_nhwc_forward_eval(const Tensor& x, const Tensor& gamma, const Te
 
 void batch_norm_nhwc_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                               const Tensor& save_mean, const Tensor& save_invstd,
-                              const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta);
+                              const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
+                              const Tensor& relu_output = Tensor());
 
 }  // namespace chorus::cuda

@@ -23,6 +23,11 @@ void check_spec(const ModelSpec& s, const char* model) {
                ": input shape must be [C, H, W], got ", shape_str(s.input));
   CHORUS_CHECK(s.classes > 1, model, ": needs at least 2 classes, got ", s.classes);
 }
+// relu(bn(x)) as one fused op (BatchNorm2d::forward_relu): same numbers, one
+// pass over the activations instead of two, forward and backward.
+Tensor bn_relu(const nn::ModulePtr& bn, const Tensor& x) {
+  return std::static_pointer_cast<nn::BatchNorm2d>(bn)->forward_relu(x);
+}
 }  // namespace
 
 MLP::MLP(MLPOptions o) : Module("MLP"), opts_(o) {
@@ -69,9 +74,9 @@ PreActBlock::PreActBlock(PreActBlockOptions o) : Module("PreActBlock"), opts_(o)
   if (o.in != o.out || o.stride != 1) register_module("short", conv1x1(o.in, o.out, o.stride));
 }
 Tensor PreActBlock::forward(const Tensor& x) {
-  Tensor o = chorus::relu(child(*this, 0)->forward(x));
+  Tensor o = bn_relu(child(*this, 0), x);
   Tensor y = child(*this, 1)->forward(o);
-  y = child(*this, 3)->forward(chorus::relu(child(*this, 2)->forward(y)));
+  y = child(*this, 3)->forward(bn_relu(child(*this, 2), y));
   Tensor shortcut = named_children().size() > 4 ? child(*this, 4)->forward(o) : x;
   return chorus::add(y, shortcut);
 }
@@ -97,7 +102,7 @@ WideResNet::WideResNet(WideResNetOptions o) : Module("WideResNet"), opts_(o) {
   register_module("fc", std::make_shared<nn::Linear>(cin, o.spec.classes));
 }
 Tensor WideResNet::forward(const Tensor& x) {
-  Tensor h = chorus::relu(child(*this, 1)->forward(child(*this, 0)->forward(x)));
+  Tensor h = bn_relu(child(*this, 1), child(*this, 0)->forward(x));
   h = nn::functional::adaptive_avg_pool2d(h, 1, 1).flatten(1);
   return child(*this, 2)->forward(h);
 }
@@ -113,7 +118,7 @@ BasicBlock::BasicBlock(PreActBlockOptions o) : Module("BasicBlock"), opts_(o) {
   }
 }
 Tensor BasicBlock::forward(const Tensor& x) {
-  Tensor y = chorus::relu(child(*this, 1)->forward(child(*this, 0)->forward(x)));
+  Tensor y = bn_relu(child(*this, 1), child(*this, 0)->forward(x));
   y = child(*this, 3)->forward(child(*this, 2)->forward(y));
   Tensor s = named_children().size() > 4 ? child(*this, 4)->forward(x) : x;
   return chorus::relu(chorus::add(y, s));

@@ -116,6 +116,28 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
   });
 }
 
+Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                       const Tensor& weight, const Tensor& bias, bool training, double momentum, double eps) {
+  detail::check_defined(x, "batch_norm_relu", "input");
+  if (!training) return chorus::relu(batch_norm(x, running_mean, running_var, weight, bias, false, momentum, eps));
+  auto [y, save_mean, save_invstd] = ops::batch_norm_relu(x, weight, bias, running_mean, running_var, momentum, eps);
+  // The output is saved for the ReLU mask; the next layer saves it anyway.
+  Tensor xd = x.detach(), yd = y.detach();
+  Tensor wd = weight.defined() ? weight.detach() : Tensor();
+  TensorList inputs{x};
+  if (weight.defined()) inputs.push_back(weight);
+  if (bias.defined()) inputs.push_back(bias);
+  bool has_w = weight.defined(), has_b = bias.defined();
+  return record("BatchNormReluBackward", y, inputs,
+                [xd, yd, wd, save_mean, save_invstd, has_w, has_b](const TensorList& g) {
+                  auto [dx, dw, db] = ops::batch_norm_relu_backward(g[0], yd, xd, wd, save_mean, save_invstd);
+                  TensorList out{dx};
+                  if (has_w) out.push_back(dw);
+                  if (has_b) out.push_back(db.defined() ? db : Tensor());
+                  return out;
+                });
+}
+
 Tensor dropout(const Tensor& x, double p, bool training) {
   CHORUS_CHECK(p >= 0 && p < 1, "dropout: probability must be in [0, 1), got ", p);
   if (!training || p == 0) return x;

@@ -18,6 +18,11 @@ Tensor adaptive_avg_pool2d(const Tensor& x, int64_t out_h, int64_t out_w);
 // Training mode uses batch statistics and updates the running ones in place.
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
                   const Tensor& bias, bool training, double momentum, double eps);
+// relu(batch_norm(...)) -- one fused pass in training (Note [NHWC batch norm]
+// in cuda/batch_norm_nhwc.h), the two ops in evaluation.
+Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                       const Tensor& weight, const Tensor& bias, bool training, double momentum = 0.1,
+                       double eps = 1e-5);
 Tensor dropout(const Tensor& x, double p, bool training);
 // Mean cross entropy of logits [B, C] against int64 targets [B].
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_smoothing = 0.0);

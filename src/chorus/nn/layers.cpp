@@ -73,7 +73,9 @@ BatchNorm2d::BatchNorm2d(BatchNorm2dOptions o) : Module("BatchNorm2d"), opts_(o)
   register_buffer("running_var", ones({o.features}));
   register_buffer("num_batches_tracked", zeros({}, kInt64));
 }
-Tensor BatchNorm2d::forward(const Tensor& x) {
+Tensor BatchNorm2d::forward(const Tensor& x) { return run(x, false); }
+Tensor BatchNorm2d::forward_relu(const Tensor& x) { return run(x, true); }
+Tensor BatchNorm2d::run(const Tensor& x, bool relu) {
   CHORUS_CHECK(x.dim() == 4 || x.dim() == 2, "BatchNorm2d: expected [N, C, H, W], got ", x.describe());
   CHORUS_CHECK(x.size(1) == opts_.features, "BatchNorm2d: input has ", x.size(1), " channels, expected ",
                opts_.features);
@@ -82,7 +84,8 @@ Tensor BatchNorm2d::forward(const Tensor& x) {
   Tensor b = opts_.affine ? own_parameters()[1].second : Tensor();
   // Counted on the device: reading it on the host would stall an asynchronous step.
   if (is_training()) ops::unary_(UnaryOp::AddScalar, bufs[2].second, 1.0);
-  return functional::batch_norm(x, bufs[0].second, bufs[1].second, w, b, is_training(), opts_.momentum, opts_.eps);
+  auto f = relu ? functional::batch_norm_relu : functional::batch_norm;
+  return f(x, bufs[0].second, bufs[1].second, w, b, is_training(), opts_.momentum, opts_.eps);
 }
 std::string BatchNorm2d::extra_repr() const {
   return std::to_string(opts_.features) + ", eps=" + std::to_string(opts_.eps) +

@@ -59,10 +59,13 @@ class BatchNorm2d : public Module {
   explicit BatchNorm2d(BatchNorm2dOptions o);
   explicit BatchNorm2d(int64_t features) : BatchNorm2d(BatchNorm2dOptions{features}) {}
   Tensor forward(const Tensor& x) override;
+  // relu(forward(x)) in one fused pass when training (functional::batch_norm_relu).
+  Tensor forward_relu(const Tensor& x);
   std::string extra_repr() const override;
   BatchNorm2dOptions options_for_clone() const { return opts_; }
   CHORUS_MODULE_CLONEABLE(BatchNorm2d)
  private:
+  Tensor run(const Tensor& x, bool relu);
   BatchNorm2dOptions opts_;
 };
 

@@ -157,9 +157,10 @@ Tensor adaptive_avg_pool2d_backward(const Tensor& dy, const Tensor& x) {
   return dx;
 }
 
-std::tuple<Tensor, Tensor, Tensor> batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                              const Tensor& running_mean, const Tensor& running_var,
-                                              bool training, double momentum, double eps) {
+namespace {
+std::tuple<Tensor, Tensor, Tensor> batch_norm_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                                   const Tensor& running_mean, const Tensor& running_var,
+                                                   bool training, double momentum, double eps, bool relu) {
   CHORUS_CHECK(x.dim() == 2 || x.dim() == 4, "batch_norm: expected input [N, C] or [N, C, H, W], got ",
                x.describe());
   const int64_t c = x.size(1);
@@ -188,8 +189,12 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm(const Tensor& x, const Tensor& gam
   Tensor sm = detail::empty_tensor({c}, stat_dtype, dev), si = detail::empty_tensor({c}, stat_dtype, dev);
   Tensor g = gamma.defined() ? prepare(gamma, dev) : Tensor();
   Tensor b = beta.defined() ? prepare(beta, dev) : Tensor();
-  CHORUS_KERNEL(dev, batch_norm_forward, xx, g, b, running_mean, running_var, training, momentum, eps,
-                y, sm, si);
+  if (relu) {
+    CHORUS_KERNEL(dev, batch_norm_relu_forward, xx, g, b, running_mean, running_var, momentum, eps, y, sm, si);
+  } else {
+    CHORUS_KERNEL(dev, batch_norm_forward, xx, g, b, running_mean, running_var, training, momentum, eps,
+                  y, sm, si);
+  }
   if (training && running_mean.defined()) {
     running_mean.bump_version();
     running_var.bump_version();
@@ -197,8 +202,9 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm(const Tensor& x, const Tensor& gam
   return {y, sm, si};
 }
 
-std::tuple<Tensor, Tensor, Tensor> batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
-                                                       const Tensor& save_mean, const Tensor& save_invstd) {
+std::tuple<Tensor, Tensor, Tensor> batch_norm_backward_impl(const Tensor& dy, const Tensor& y, const Tensor& x,
+                                                            const Tensor& gamma, const Tensor& save_mean,
+                                                            const Tensor& save_invstd) {
   Device dev = x.device();
   Tensor xx = prepare(x, dev);
   Tensor ddy = grad_in_layout(dy, dev, cl(xx));
@@ -206,8 +212,38 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_backward(const Tensor& dy, const T
   const int64_t c = x.size(1);
   Tensor dg = gamma.defined() ? detail::empty_tensor({c}, gamma.dtype(), dev) : Tensor();
   Tensor db = gamma.defined() ? detail::empty_tensor({c}, gamma.dtype(), dev) : Tensor();
-  CHORUS_KERNEL(dev, batch_norm_backward, ddy, xx, gamma, save_mean, save_invstd, dx, dg, db);
+  if (y.defined()) {
+    Tensor yy = grad_in_layout(y, dev, cl(xx));
+    CHORUS_KERNEL(dev, batch_norm_relu_backward, ddy, yy, xx, gamma, save_mean, save_invstd, dx, dg, db);
+  } else {
+    CHORUS_KERNEL(dev, batch_norm_backward, ddy, xx, gamma, save_mean, save_invstd, dx, dg, db);
+  }
   return {dx, dg, db};
+}
+}  // namespace
+
+std::tuple<Tensor, Tensor, Tensor> batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                              const Tensor& running_mean, const Tensor& running_var,
+                                              bool training, double momentum, double eps) {
+  return batch_norm_impl(x, gamma, beta, running_mean, running_var, training, momentum, eps, false);
+}
+
+std::tuple<Tensor, Tensor, Tensor> batch_norm_relu(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                                   const Tensor& running_mean, const Tensor& running_var,
+                                                   double momentum, double eps) {
+  return batch_norm_impl(x, gamma, beta, running_mean, running_var, true, momentum, eps, true);
+}
+
+std::tuple<Tensor, Tensor, Tensor> batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                                       const Tensor& save_mean, const Tensor& save_invstd) {
+  return batch_norm_backward_impl(dy, Tensor(), x, gamma, save_mean, save_invstd);
+}
+
+std::tuple<Tensor, Tensor, Tensor> batch_norm_relu_backward(const Tensor& dy, const Tensor& y, const Tensor& x,
+                                                            const Tensor& gamma, const Tensor& save_mean,
+                                                            const Tensor& save_invstd) {
+  CHORUS_CHECK(y.sizes() == x.sizes(), "batch_norm_relu_backward: y ", y.describe(), " must match x ", x.describe());
+  return batch_norm_backward_impl(dy, y, x, gamma, save_mean, save_invstd);
 }
 
 namespace {

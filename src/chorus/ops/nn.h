@@ -38,6 +38,15 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm(const Tensor& x, const Tensor& gam
 std::tuple<Tensor, Tensor, Tensor> batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                                        const Tensor& save_mean, const Tensor& save_invstd);
 
+// Training-mode batch norm fused with the ReLU after it: (y, save_mean, save_invstd).
+std::tuple<Tensor, Tensor, Tensor> batch_norm_relu(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                                   const Tensor& running_mean, const Tensor& running_var,
+                                                   double momentum, double eps);
+// (dx, dgamma, dbeta), from the fused forward's output y.
+std::tuple<Tensor, Tensor, Tensor> batch_norm_relu_backward(const Tensor& dy, const Tensor& y, const Tensor& x,
+                                                            const Tensor& gamma, const Tensor& save_mean,
+                                                            const Tensor& save_invstd);
+
 Tensor softmax(const Tensor& x, int64_t dim, bool log);
 Tensor softmax_backward(const Tensor& dy, const Tensor& y, int64_t dim, bool log);
 // (per-sample losses [B] float32, probs [B, C] float32)
