@@ -2,6 +2,7 @@
 // on synthetic CIFAR-shaped data, timed after warm-up with the device drained
 // before and after, as ../shared/bench/torch_baseline.py times PyTorch.
 #include "bench.h"
+#include "commands.h"
 
 #include <chrono>
 #include <cstdio>
@@ -24,7 +25,7 @@ namespace chorus::app {
 
 void add_bench_options(CLI::App* cmd, BenchConfig& c) {
   cmd->add_option("--model", c.model, "mlp|cnn|resnet20|wrn-16-4|wrn-28-10")->capture_default_str();
-  cmd->add_option("--devices", c.devices, "Device list (default: cuda:0 if present, else cpu)");
+  cmd->add_option("--devices", c.devices, "Device list (default: cuda:0 if present, else cpu)")->check(non_empty_devices, "DEVICES");
   cmd->add_option("--strategy", c.strategy, "single|dp")->capture_default_str();
   cmd->add_option("--device-counts", c.counts, "Device counts to run, e.g. 1,2,4 (dp; default powers of two)");
   cmd->add_option("--precision", c.precision, "fp32|bf16")->capture_default_str();

@@ -8,4 +8,12 @@ namespace chorus::app {
 std::string version_text();
 int run_devices();
 
+// CLI11 check for --devices: an explicitly empty list is an error (leaving the
+// option out picks the default device instead).
+inline std::string non_empty_devices(const std::string& v) {
+  if (v.find_first_not_of(" ,") == std::string::npos)
+    return "empty device list: name devices (cpu:0,cpu:1 or cuda:0,cuda:1, or all) or leave --devices out";
+  return std::string();
+}
+
 }  // namespace chorus::app

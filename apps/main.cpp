@@ -23,7 +23,7 @@ int main(int argc, char** argv) {
   train->add_option("--model", tc.model, "mlp|cnn|resnet20|wrn-16-4|wrn-28-10")->capture_default_str();
   train->add_option("--data", tc.data, "fashion-mnist|mnist|cifar10|synthetic")->capture_default_str();
   train->add_option("--data-dir", tc.data_dir, "Folder with the data set's files");
-  train->add_option("--devices", tc.devices, "cpu | cpu:0,cpu:1 | cuda:0,cuda:1 | all (default: cuda:0 if present, else cpu)");
+  train->add_option("--devices", tc.devices, "cpu | cpu:0,cpu:1 | cuda:0,cuda:1 | all (default: cuda:0 if present, else cpu)")->check(app::non_empty_devices, "DEVICES");
   train->add_option("--strategy", tc.strategy, "single|dp|ddp|pipeline")->capture_default_str();
   train->add_option("--epochs", tc.epochs, "Epochs")->capture_default_str();
   train->add_option("--steps", tc.steps, "Stop after this many steps (0: no limit)")->capture_default_str();

@@ -32,6 +32,10 @@ if "$CHORUS" devices | grep -q "no CUDA GPU"; then
   expect_error "cuda:0" train --devices cuda:0 "${q[@]}"
 fi
 expect_error "cpu:99" train --devices cpu:99 "${q[@]}"
+# DataParallel device lists: empty, a device twice.
+expect_error "empty device list" train --strategy dp --devices "" "${q[@]}"
+expect_error "empty device list" bench --strategy dp --devices ","
+expect_error "appears twice" train --strategy dp --devices cpu:0,cpu:0 "${q[@]}"
 expect_error "not found" train --data fashion-mnist --data-dir "$tmp/nowhere" "${q[@]}"
 # A truncated IDX file names the file and what was expected.
 mkdir -p "$tmp/fm"
