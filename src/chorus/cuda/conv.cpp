@@ -237,68 +237,32 @@ struct Choice {
   size_t workspace;
 };
 
-using AlgoKey = std::array<int64_t, 20>;
-struct AlgoKeyHash {
-  size_t operator()(const AlgoKey& k) const noexcept {
-    uint64_t h = 1469598103934665603ull;
-    for (int64_t x : k) h = (h ^ static_cast<uint64_t>(x)) * 1099511628211ull;
-    return static_cast<size_t>(h);
-  }
-};
-
 class AlgoCache {
  public:
-  bool find(const AlgoKey& k, Choice* c) {
+  bool find(const ConvKey& k, Choice* c) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = map_.find(k);
     if (it == map_.end()) return false;
     *c = it->second;
     return true;
   }
-  void insert(const AlgoKey& k, const Choice& c) {
+  void insert(const ConvKey& k, const Choice& c) {
     std::lock_guard<std::mutex> lock(mu_);
     map_.emplace(k, c);
   }
 
  private:
   std::mutex mu_;
-  std::unordered_map<AlgoKey, Choice, AlgoKeyHash> map_;
+  std::unordered_map<ConvKey, Choice, ConvKeyHash> map_;
 };
 AlgoCache& algo_cache() {
   static auto* cache = new AlgoCache;  // leaked: used from threads that may outlive statics
   return *cache;
 }
 
-// Alignment (up to 16 bytes) shared by the three operands: cuDNN's fastest
-// kernels need 16-byte aligned rows, so a search on aligned pointers does not
-// carry over to a misaligned view.
-int64_t common_alignment(const ConvCall& c) {
-  const uint64_t bits = reinterpret_cast<uint64_t>(c.x) | reinterpret_cast<uint64_t>(c.w) |
-                        reinterpret_cast<uint64_t>(c.y) | 16u;
-  return static_cast<int64_t>(bits & (~bits + 1));
-}
-
-AlgoKey make_key(const ConvCall& c, const Conv2dGeometry& g, Layout layout) {
-  return {static_cast<int64_t>(c.dir),
-          c.device,
-          static_cast<int64_t>(c.dtype),
-          static_cast<int64_t>(layout),
-          static_cast<int64_t>(math_type(c.dtype)),
-          common_alignment(c),
-          g.n,
-          g.c_in,
-          g.h,
-          g.w,
-          g.c_out,
-          g.kh,
-          g.kw,
-          g.stride_h,
-          g.stride_w,
-          g.pad_h,
-          g.pad_w,
-          g.dil_h,
-          g.dil_w,
-          g.groups};
+ConvKey make_key(const ConvCall& c, const Conv2dGeometry& g, Layout layout) {
+  return conv_key(c.dir, g, c.dtype, layout, c.device, static_cast<int64_t>(math_type(c.dtype)),
+                  ConvOperands{c.x, c.w, c.y});
 }
 
 Tensor workspace_tensor(size_t bytes, int device) {
@@ -347,7 +311,7 @@ Choice search(ConvCall& c, const Conv2dGeometry& g) {
 
 // Chooses (searching once per key) and runs the algorithm for `c`.
 void execute(ConvCall& c, const Conv2dGeometry& g, Layout layout) {
-  const AlgoKey key = make_key(c, g, layout);
+  const ConvKey key = make_key(c, g, layout);
   Choice choice;
   if (!algo_cache().find(key, &choice)) {
     choice = search(c, g);

@@ -314,34 +314,37 @@ std::shared_ptr<Plan> search(ConvDirection dir, const Conv2dGeometry& g, DType d
 
 // ---- the plan cache ---------------------------------------------------------------------
 
-using PlanKey = std::array<int64_t, 20>;
-struct PlanKeyHash {
-  size_t operator()(const PlanKey& k) const noexcept {
-    uint64_t h = 1469598103934665603ull;
-    for (int64_t x : k) h = (h ^ static_cast<uint64_t>(x)) * 1099511628211ull;
-    return static_cast<size_t>(h);
-  }
-};
-
 struct PlanCache {
   std::mutex mu;
   // A null plan records "no engine": the legacy path handles that geometry.
-  std::unordered_map<PlanKey, std::shared_ptr<Plan>, PlanKeyHash> plans;
+  std::unordered_map<ConvKey, std::shared_ptr<Plan>, ConvKeyHash> plans;
 };
 PlanCache& plan_cache() {
   static auto* cache = new PlanCache;  // leaked: used from threads that may outlive statics
   return *cache;
 }
 
-// Alignment (up to 16 bytes) shared by the three operands: plans for aligned
-// pointers may use vector loads a misaligned view cannot take.
+}  // namespace
+
+size_t ConvKeyHash::operator()(const ConvKey& k) const noexcept {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the fields
+  for (int64_t x : k) h = (h ^ static_cast<uint64_t>(x)) * 1099511628211ull;
+  return static_cast<size_t>(h);
+}
+
+ConvKey conv_key(ConvDirection dir, const Conv2dGeometry& g, DType dtype, Layout layout,
+                 int device, int64_t numerics, const ConvOperands& ops) {
+  return {static_cast<int64_t>(dir), device,    static_cast<int64_t>(dtype),
+          static_cast<int64_t>(layout), numerics, common_alignment(ops),
+          g.n,  g.c_in,  g.h,  g.w,  g.c_out,  g.kh,  g.kw,  g.stride_h,  g.stride_w,
+          g.pad_h,  g.pad_w,  g.dil_h,  g.dil_w,  g.groups};
+}
+
 int64_t common_alignment(const ConvOperands& ops) {
   const uint64_t bits = reinterpret_cast<uint64_t>(ops.x) | reinterpret_cast<uint64_t>(ops.w) |
                         reinterpret_cast<uint64_t>(ops.y) | 16u;
   return static_cast<int64_t>(bits & (~bits + 1));
 }
-
-}  // namespace
 
 bool conv_graph_enabled() {
   static const bool enabled = [] {
@@ -354,27 +357,8 @@ bool conv_graph_enabled() {
 bool run_conv_graph(ConvDirection dir, const Conv2dGeometry& g, DType dtype, Layout layout,
                     int device, const ConvOperands& ops) {
   if (!conv_graph_enabled()) return false;
-  const int64_t alignment = common_alignment(ops);
-  const PlanKey key{static_cast<int64_t>(dir),
-                    device,
-                    static_cast<int64_t>(dtype),
-                    static_cast<int64_t>(layout),
-                    dtype == kFloat32 && allow_tf32_conv(),
-                    alignment,
-                    g.n,
-                    g.c_in,
-                    g.h,
-                    g.w,
-                    g.c_out,
-                    g.kh,
-                    g.kw,
-                    g.stride_h,
-                    g.stride_w,
-                    g.pad_h,
-                    g.pad_w,
-                    g.dil_h,
-                    g.dil_w,
-                    g.groups};
+  const ConvKey key =
+      conv_key(dir, g, dtype, layout, device, dtype == kFloat32 && allow_tf32_conv(), ops);
   PlanCache& cache = plan_cache();
   std::shared_ptr<Plan> plan;
   bool known = false;
@@ -387,7 +371,7 @@ bool run_conv_graph(ConvDirection dir, const Conv2dGeometry& g, DType dtype, Lay
     }
   }
   if (!known) {
-    plan = search(dir, g, dtype, layout, alignment, device, ops);
+    plan = search(dir, g, dtype, layout, common_alignment(ops), device, ops);
     std::lock_guard<std::mutex> lock(cache.mu);
     cache.plans.emplace(key, plan);
   }

@@ -21,6 +21,7 @@
 // threads of a device (each executes with its own handle).
 #pragma once
 
+#include <array>
 #include <cstdint>
 
 #include "chorus/core/dtype.h"
@@ -38,6 +39,22 @@ struct ConvOperands {
   void* w;
   void* y;
 };
+
+// The identity of a convolution for the plan cache here and the legacy
+// algorithm cache in conv.cpp: direction, device, dtype, layout, the numerics
+// switch that changes the candidates (TF32 / math mode), the operands' common
+// alignment, and the geometry.
+using ConvKey = std::array<int64_t, 20>;
+struct ConvKeyHash {
+  size_t operator()(const ConvKey& k) const noexcept;
+};
+ConvKey conv_key(ConvDirection dir, const Conv2dGeometry& g, DType dtype, Layout layout,
+                 int device, int64_t numerics, const ConvOperands& ops);
+
+// Alignment (up to 16 bytes) shared by the three operands: the fastest kernels
+// need 16-byte aligned rows, so a choice made on aligned pointers does not
+// carry over to a misaligned view.
+int64_t common_alignment(const ConvOperands& ops);
 
 // Whether the graph path is enabled (CHORUS_CUDNN_LEGACY unset or 0).
 bool conv_graph_enabled();
