@@ -18,20 +18,24 @@ struct SgdParams {
   bool nesterov, first_step, has_momentum;
 };
 
+// Element i of one SGD update:
 // g = grad + wd * param
 // momentum: buf = first_step ? g : momentum * buf + (1 - dampening) * g
 //           g = nesterov ? g + momentum * buf : buf
 // param -= lr * g
-__global__ void sgd_kernel(float* param, const float* grad, float* buf, int64_t n, SgdParams p) {
-  for (int64_t i = global_thread_id(); i < n; i += grid_stride()) {
-    float g = grad[i] + p.weight_decay * param[i];
-    if (p.has_momentum) {
-      const float b = p.first_step ? g : p.momentum * buf[i] + p.one_minus_dampening * g;
-      buf[i] = b;
-      g = p.nesterov ? g + p.momentum * b : b;
-    }
-    param[i] -= p.lr * g;
+__device__ __forceinline__ void sgd_element(float* param, const float* grad, float* buf, int64_t i,
+                                            const SgdParams& p) {
+  float g = grad[i] + p.weight_decay * param[i];
+  if (p.has_momentum) {
+    const float b = p.first_step ? g : p.momentum * buf[i] + p.one_minus_dampening * g;
+    buf[i] = b;
+    g = p.nesterov ? g + p.momentum * b : b;
   }
+  param[i] -= p.lr * g;
+}
+
+__global__ void sgd_kernel(float* param, const float* grad, float* buf, int64_t n, SgdParams p) {
+  for (int64_t i = global_thread_id(); i < n; i += grid_stride()) sgd_element(param, grad, buf, i, p);
 }
 
 struct AdamWParams {
@@ -115,15 +119,7 @@ __global__ void sgd_multi_kernel(SgdTable t, SgdParams p) {
   float* param = t.param[k];
   const float* grad = t.grad[k];
   float* buf = t.buf[k];
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    float g = grad[i] + p.weight_decay * param[i];
-    if (p.has_momentum) {
-      const float b = p.first_step ? g : p.momentum * buf[i] + p.one_minus_dampening * g;
-      buf[i] = b;
-      g = p.nesterov ? g + p.momentum * b : b;
-    }
-    param[i] -= p.lr * g;
-  }
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) sgd_element(param, grad, buf, i, p);
 }
 
 }  // namespace
