@@ -22,19 +22,12 @@
 #include <chorus/models/models.h>
 #include <chorus/ops/copy.h>
 
+#include "testing/compare.h"
+
 namespace chorus {
 namespace {
 
-double rel_err(const Tensor& a, const Tensor& b) {
-  auto va = a.to(cpu_device(0)).to(kFloat32).contiguous().to_vector<float>();
-  auto vb = b.to(cpu_device(0)).to(kFloat32).contiguous().to_vector<float>();
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < va.size(); ++i) {
-    diff = std::max(diff, std::abs(double(va[i]) - double(vb[i])));
-    scale = std::max(scale, std::abs(double(vb[i])));
-  }
-  return diff / std::max(scale, 1e-12);
-}
+using test::rel_err;
 
 struct StepResult {
   Tensor loss, x_grad;

@@ -13,21 +13,14 @@
 #include <chorus/chorus.h>
 #include <chorus/cuda/context.h>
 
+#include "testing/compare.h"
+
 namespace chorus {
 namespace {
 
 std::vector<float> host(const Tensor& t) { return t.to(cpu_device(0)).to_vector<float>(); }
 
-double rel_err(const Tensor& a, const Tensor& b) {
-  const auto va = host(a), vb = host(b);
-  EXPECT_EQ(va.size(), vb.size());
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < va.size() && i < vb.size(); ++i) {
-    diff = std::max(diff, std::abs(double(va[i]) - double(vb[i])));
-    scale = std::max(scale, std::abs(double(vb[i])));
-  }
-  return diff / std::max(scale, 1e-12);
-}
+using test::rel_err;
 
 struct Grads {
   Tensor loss, w1, w2;

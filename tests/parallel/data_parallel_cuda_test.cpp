@@ -20,6 +20,8 @@
 
 #include "chorus/cuda/blas.h"
 
+#include "testing/compare.h"
+
 namespace chorus::parallel {
 namespace {
 
@@ -30,18 +32,7 @@ using nn::Value;
 constexpr double kTol = 1e-4;
 constexpr uint64_t kSeed = 4321;
 
-// max |a - b| / max |b|, on the host.
-double rel_err(const Tensor& a, const Tensor& b) {
-  EXPECT_EQ(a.sizes(), b.sizes());
-  auto va = a.to(cpu_device(0)).to(kFloat32).to_vector<float>();
-  auto vb = b.to(cpu_device(0)).to(kFloat32).to_vector<float>();
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < va.size() && i < vb.size(); ++i) {
-    diff = std::max(diff, std::abs(double(va[i]) - double(vb[i])));
-    scale = std::max(scale, std::abs(double(vb[i])));
-  }
-  return diff / std::max(scale, 1e-12);
-}
+using test::rel_err;
 
 // TF32 off for the test's duration (it is on by default for convolutions).
 class NoTf32 {

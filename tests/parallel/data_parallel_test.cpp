@@ -26,6 +26,8 @@
 #include <utility>
 #include <vector>
 
+#include "testing/compare.h"
+
 namespace chorus::parallel {
 namespace {
 
@@ -42,17 +44,7 @@ std::vector<Device> cpus(int n) {
   return out;
 }
 
-// max |a - b| / max |b|: a norm-wise relative error, immune to entries near 0.
-double rel_err(const Tensor& a, const Tensor& b) {
-  EXPECT_EQ(a.sizes(), b.sizes());
-  auto va = a.to(kFloat32).to_vector<float>(), vb = b.to(kFloat32).to_vector<float>();
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < va.size() && i < vb.size(); ++i) {
-    diff = std::max(diff, std::abs(double(va[i]) - double(vb[i])));
-    scale = std::max(scale, std::abs(double(vb[i])));
-  }
-  return diff / std::max(scale, 1e-12);
-}
+using test::rel_err;
 
 std::vector<std::string> names(const nn::NamedTensors& ts) {
   std::vector<std::string> out;

@@ -114,13 +114,12 @@ void forward_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
   const BnShape ys = bn_shape(op, y, "y", xs.layout);
   const int64_t c = xs.c;
   if (x.numel() == 0) return;
-  const TensorDesc x_desc = desc_of(xs, x.dtype(), op), y_desc = desc_of(ys, y.dtype(), op);
   const Tensor g = float_input(op, gamma, "gamma", c, 1.0, device);
   const Tensor b = float_input(op, beta, "beta", c, 0.0, device);
-  cudnnHandle_t handle = cudnn_handle(device.index);
   const float one = 1.0f, zero = 0.0f;
-
   const bool nhwc = xs.layout == Layout::NHWC && ys.layout == Layout::NHWC;
+  // cuDNN's descriptors and handle only where cuDNN runs (not on the NHWC path,
+  // which is called for every batch norm of a channels-last network).
   if (!training) {
     CHORUS_CHECK(running_mean.defined() && running_var.defined(), op,
                  ": evaluation mode needs running_mean and running_var");
@@ -130,13 +129,14 @@ void forward_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
       batch_norm_nhwc_forward_eval(x, g, b, rm, rv, eps, y);
       return;
     }
+    const TensorDesc x_desc = desc_of(xs, x.dtype(), op), y_desc = desc_of(ys, y.dtype(), op);
     TensorDesc param_desc;
     CHORUS_CUDNN_CHECK(
         cudnnDeriveBNTensorDescriptor(param_desc.get(), x_desc.get(), CUDNN_BATCHNORM_SPATIAL));
     CHORUS_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
-        handle, CUDNN_BATCHNORM_SPATIAL, &one, &zero, x_desc.get(), x.raw_data(), y_desc.get(),
-        y.raw_data(), param_desc.get(), g.raw_data(), b.raw_data(), rm.raw_data(), rv.raw_data(),
-        eps));
+        cudnn_handle(device.index), CUDNN_BATCHNORM_SPATIAL, &one, &zero, x_desc.get(),
+        x.raw_data(), y_desc.get(), y.raw_data(), param_desc.get(), g.raw_data(), b.raw_data(),
+        rm.raw_data(), rv.raw_data(), eps));
     return;
   }
 
@@ -151,13 +151,14 @@ void forward_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
   if (nhwc) {
     batch_norm_nhwc_forward_train(x, g, b, rm, rv, momentum, eps, y, sm, si, relu);
   } else {
+    const TensorDesc x_desc = desc_of(xs, x.dtype(), op), y_desc = desc_of(ys, y.dtype(), op);
     const cudnnBatchNormMode_t mode = training_mode(xs, x.dtype());
     TensorDesc param_desc;
     CHORUS_CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(param_desc.get(), x_desc.get(), mode));
     CHORUS_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
-      handle, mode, &one, &zero, x_desc.get(), x.raw_data(), y_desc.get(), y.raw_data(),
-      param_desc.get(), g.raw_data(), b.raw_data(), momentum, rm.raw_data(), rv.raw_data(), eps,
-      sm.raw_data(), si.raw_data()));
+        cudnn_handle(device.index), mode, &one, &zero, x_desc.get(), x.raw_data(), y_desc.get(),
+        y.raw_data(), param_desc.get(), g.raw_data(), b.raw_data(), momentum, rm.raw_data(),
+        rv.raw_data(), eps, sm.raw_data(), si.raw_data()));
     if (relu) unary(UnaryOp::Relu, y, y, 0.0);
   }
   write_back(rm, running_mean);
@@ -202,12 +203,8 @@ void backward_impl(const Tensor& dy_in, const Tensor& relu_y, const Tensor& x, c
     return;
   }
   if (relu_y.defined()) {  // the unfused way: mask first
-    Tensor masked = detail::empty_tensor(dy.sizes(), dy.dtype(), dy.device());
-    if (dys.layout == Layout::NHWC && dy.dim() == 4)
-      masked = detail::make_view(
-          detail::empty_tensor({dy.size(0), dy.size(2), dy.size(3), dy.size(1)}, dy.dtype(),
-                               dy.device()),
-          dy.sizes(), dy.strides(), 0);
+    const Tensor masked = dy.dim() == 4 ? empty_in(dys.layout, dy.sizes(), dy.dtype(), dy.device())
+                                        : detail::empty_tensor(dy.sizes(), dy.dtype(), dy.device());
     binary(BinaryOp::ReluGrad, dy, relu_y, masked, 1.0);
     dy = masked;
   }

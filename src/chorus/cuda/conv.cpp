@@ -344,14 +344,6 @@ Layout data_layout(const char* op, const Tensor& a, const char* a_name, const Te
   return l;
 }
 
-// An uninitialised 4-d tensor with [N,C,H,W] `sizes` stored in `layout`.
-Tensor empty_in(Layout layout, const Shape& sizes, DType dtype, Device device) {
-  if (layout == Layout::NCHW) return detail::empty_tensor(sizes, dtype, device);
-  const int64_t n = sizes[0], c = sizes[1], h = sizes[2], w = sizes[3];
-  Tensor t = detail::empty_tensor({n, h, w, c}, dtype, device);
-  return detail::make_view(t, sizes, {h * w * c, 1, w * c, c}, 0);
-}
-
 // `weight` itself when it is stored in `layout`, else a copy that is.
 Tensor filter_in(const Tensor& weight, Layout layout) {
   if (is_dense_in(weight, layout)) return weight;

@@ -115,6 +115,13 @@ Layout layout_of(const Tensor& t, Layout fallback, const char* op, const char* a
   return nchw ? Layout::NCHW : Layout::NHWC;
 }
 
+Tensor empty_in(Layout layout, const Shape& sizes, DType dtype, Device device) {
+  if (layout == Layout::NCHW) return detail::empty_tensor(sizes, dtype, device);
+  const int64_t n = sizes[0], c = sizes[1], h = sizes[2], w = sizes[3];
+  Tensor t = detail::empty_tensor({n, h, w, c}, dtype, device);
+  return detail::make_view(t, sizes, {h * w * c, 1, w * c, c}, 0);
+}
+
 // ---- descriptors ----------------------------------------------------------------------
 
 TensorDesc::TensorDesc() { CHORUS_CUDNN_CHECK(cudnnCreateTensorDescriptor(&d_)); }

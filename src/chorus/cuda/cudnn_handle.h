@@ -50,6 +50,9 @@ bool is_dense_in(const Tensor& t, Layout layout);
 // ValueError naming `op` and `arg` when neither does.
 Layout layout_of(const Tensor& t, Layout fallback, const char* op, const char* arg);
 
+// An uninitialised 4-d tensor with [N,C,H,W] `sizes` stored in `layout`.
+Tensor empty_in(Layout layout, const Shape& sizes, DType dtype, Device device);
+
 // RAII cudnnTensorDescriptor_t for a packed 4-d tensor.
 class TensorDesc {
  public:

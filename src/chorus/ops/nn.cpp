@@ -16,9 +16,6 @@ Tensor prepare(const Tensor& t, Device dev) {
   if (dev.is_cuda() && is_channels_last(d)) return d;
   return contiguous(d);
 }
-Tensor alloc_like_layout(const Shape& s, DType dt, Device dev, bool channels_last) {
-  return empty_with_layout(s, dt, dev, channels_last);
-}
 bool cl(const Tensor& t) { return t.device().is_cuda() && is_channels_last(t); }
 // A gradient moved to `dev` in the layout of the forward input it belongs to.
 // Backward ops follow the forward input's layout, never the incoming
@@ -61,7 +58,7 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2d
                  " must be [", g.c_out, "]");
     bb = prepare(bias, dev);
   }
-  Tensor y = alloc_like_layout({g.n, g.c_out, g.out_h(), g.out_w()}, x.dtype(), dev, cl(xx));
+  Tensor y = empty_with_layout({g.n, g.c_out, g.out_h(), g.out_w()}, x.dtype(), dev, cl(xx));
   CHORUS_KERNEL(dev, conv2d_forward, g, xx, ww, bb, y);
   return y;
 }
@@ -71,7 +68,7 @@ Tensor conv2d_backward_input(const Tensor& dy, const Tensor& x, const Tensor& w,
   Device dev = dy.device();
   const bool want_cl = cl(x);
   Tensor ddy = grad_in_layout(dy, dev, want_cl), ww = prepare(w, dev);
-  Tensor dx = alloc_like_layout(x.sizes(), x.dtype(), dev, want_cl);
+  Tensor dx = empty_with_layout(x.sizes(), x.dtype(), dev, want_cl);
   CHORUS_KERNEL(dev, conv2d_backward_input, g, ddy, ww, dx);
   return dx;
 }
@@ -82,7 +79,7 @@ std::pair<Tensor, Tensor> conv2d_backward_weight(const Tensor& dy, const Tensor&
   Device dev = dy.device();
   Tensor xx = prepare(x, dev);
   Tensor ddy = grad_in_layout(dy, dev, cl(xx));
-  Tensor dw = alloc_like_layout(w.sizes(), w.dtype(), dev, cl(w));
+  Tensor dw = empty_with_layout(w.sizes(), w.dtype(), dev, cl(w));
   Tensor db = with_bias ? detail::empty_tensor({g.c_out}, w.dtype(), dev) : Tensor();
   CHORUS_KERNEL(dev, conv2d_backward_weight, g, ddy, xx, dw, db);
   return {dw, db};
@@ -105,8 +102,8 @@ std::pair<Tensor, Tensor> max_pool2d(const Tensor& x, const Pool2dParams& p) {
   Pool2dGeometry g = pool2d_geometry(x, p, "max_pool2d");
   Device dev = x.device();
   Tensor xx = prepare(x, dev);
-  Tensor y = alloc_like_layout({g.n, g.c, g.out_h(), g.out_w()}, x.dtype(), dev, cl(xx));
-  Tensor idx = alloc_like_layout(y.sizes(), kInt64, dev, cl(xx));
+  Tensor y = empty_with_layout({g.n, g.c, g.out_h(), g.out_w()}, x.dtype(), dev, cl(xx));
+  Tensor idx = empty_with_layout(y.sizes(), kInt64, dev, cl(xx));
   CHORUS_KERNEL(dev, max_pool2d_forward, g, xx, y, idx);
   return {y, idx};
 }
@@ -115,7 +112,7 @@ Tensor max_pool2d_backward(const Tensor& dy, const Tensor& x, const Tensor& indi
   Pool2dGeometry g = pool2d_geometry(x, p, "max_pool2d");
   Device dev = dy.device();
   Tensor ddy = grad_in_layout(dy, dev, cl(indices));
-  Tensor dx = alloc_like_layout(x.sizes(), x.dtype(), dev, cl(indices));
+  Tensor dx = empty_with_layout(x.sizes(), x.dtype(), dev, cl(indices));
   CHORUS_KERNEL(dev, max_pool2d_backward, g, ddy, indices, dx);
   return dx;
 }
@@ -124,7 +121,7 @@ Tensor avg_pool2d(const Tensor& x, const Pool2dParams& p) {
   Pool2dGeometry g = pool2d_geometry(x, p, "avg_pool2d");
   Device dev = x.device();
   Tensor xx = prepare(x, dev);
-  Tensor y = alloc_like_layout({g.n, g.c, g.out_h(), g.out_w()}, x.dtype(), dev, cl(xx));
+  Tensor y = empty_with_layout({g.n, g.c, g.out_h(), g.out_w()}, x.dtype(), dev, cl(xx));
   CHORUS_KERNEL(dev, avg_pool2d_forward, g, xx, y);
   return y;
 }
@@ -133,7 +130,7 @@ Tensor avg_pool2d_backward(const Tensor& dy, const Tensor& x, const Pool2dParams
   Pool2dGeometry g = pool2d_geometry(x, p, "avg_pool2d");
   Device dev = dy.device();
   Tensor ddy = grad_in_layout(dy, dev, cl(x));
-  Tensor dx = alloc_like_layout(x.sizes(), x.dtype(), dev, cl(x));
+  Tensor dx = empty_with_layout(x.sizes(), x.dtype(), dev, cl(x));
   CHORUS_KERNEL(dev, avg_pool2d_backward, g, ddy, dx);
   return dx;
 }
@@ -144,7 +141,7 @@ Tensor adaptive_avg_pool2d(const Tensor& x, int64_t out_h, int64_t out_w) {
                out_h, "x", out_w);
   Device dev = x.device();
   Tensor xx = prepare(x, dev);
-  Tensor y = alloc_like_layout({x.size(0), x.size(1), out_h, out_w}, x.dtype(), dev, cl(xx));
+  Tensor y = empty_with_layout({x.size(0), x.size(1), out_h, out_w}, x.dtype(), dev, cl(xx));
   CHORUS_KERNEL(dev, adaptive_avg_pool2d_forward, xx, y);
   return y;
 }
@@ -152,7 +149,7 @@ Tensor adaptive_avg_pool2d(const Tensor& x, int64_t out_h, int64_t out_w) {
 Tensor adaptive_avg_pool2d_backward(const Tensor& dy, const Tensor& x) {
   Device dev = dy.device();
   Tensor ddy = grad_in_layout(dy, dev, cl(x));
-  Tensor dx = alloc_like_layout(x.sizes(), x.dtype(), dev, cl(x));
+  Tensor dx = empty_with_layout(x.sizes(), x.dtype(), dev, cl(x));
   CHORUS_KERNEL(dev, adaptive_avg_pool2d_backward, ddy, dx);
   return dx;
 }
@@ -182,7 +179,7 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_impl(const Tensor& x, const Tensor
   }
   Device dev = x.device();
   Tensor xx = prepare(x, dev);
-  Tensor y = alloc_like_layout(x.sizes(), x.dtype(), dev, cl(xx));
+  Tensor y = empty_with_layout(x.sizes(), x.dtype(), dev, cl(xx));
   // Saved statistics are float32 (enough for float32/bf16/f16 inputs), float64 for a float64 input
   // so that a float64 forward and backward stay exact (gradient checks).
   const DType stat_dtype = x.dtype() == kFloat64 ? kFloat64 : kFloat32;
@@ -208,7 +205,7 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_backward_impl(const Tensor& dy, co
   Device dev = x.device();
   Tensor xx = prepare(x, dev);
   Tensor ddy = grad_in_layout(dy, dev, cl(xx));
-  Tensor dx = alloc_like_layout(x.sizes(), x.dtype(), dev, cl(xx));
+  Tensor dx = empty_with_layout(x.sizes(), x.dtype(), dev, cl(xx));
   const int64_t c = x.size(1);
   Tensor dg = gamma.defined() ? detail::empty_tensor({c}, gamma.dtype(), dev) : Tensor();
   Tensor db = gamma.defined() ? detail::empty_tensor({c}, gamma.dtype(), dev) : Tensor();

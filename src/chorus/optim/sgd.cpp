@@ -5,6 +5,7 @@
 
 #include "chorus/autograd/grad_mode.h"
 #include "chorus/core/error.h"
+#include "chorus/ops/copy.h"
 #include "chorus/ops/dispatch.h"
 
 namespace chorus::optim {
@@ -56,9 +57,10 @@ void SGD::step() {
       continue;
     }
     Group& group = groups[{p.device(), first}];
-    group.params.push_back(flat(i, p));
-    group.grads.push_back(flat(i, g));
-    group.bufs.push_back(buf.defined() ? flat(i, buf) : buf);
+    // Dense: param, grad and buffer share one layout (Note [Optimizer layouts]).
+    group.params.push_back(ops::flat_view(p));
+    group.grads.push_back(ops::flat_view(g));
+    group.bufs.push_back(buf.defined() ? ops::flat_view(buf) : buf);
     group.index.push_back(i);
   }
   {
