@@ -35,6 +35,11 @@ class DeviceBackend {
   virtual size_t bytes_in_use(Device d) const { return 0; }
   virtual size_t peak_bytes(Device d) const { return 0; }
   virtual void reset_peak_bytes(Device d) {}
+  // Memory freed by tensors but kept by the allocator for reuse (CUDA: the
+  // allocator's front cache, not counted in bytes_in_use), and its release
+  // back to the device's pool (PyTorch's empty_cache).
+  virtual size_t cached_bytes(Device d) const { return 0; }
+  virtual void empty_cache(Device d) {}
 
   // Copies nbytes between any two devices (one of which is this backend's, the
   // other may be the host). Ordered after the work already issued to the

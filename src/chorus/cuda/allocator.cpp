@@ -1,6 +1,9 @@
 #include "chorus/cuda/allocator.h"
 
+#include <algorithm>
+#include <bit>
 #include <cstdio>
+#include <cstdlib>
 
 #include "chorus/core/error.h"
 #include "chorus/cuda/context.h"
@@ -16,6 +19,14 @@ void warn_if_failed(cudaError_t err, const char* what) noexcept {
   (void)cudaGetLastError();
   if (err == cudaErrorCudartUnloading || err == cudaErrorContextIsDestroyed) return;
   std::fprintf(stderr, "chorus: warning: %s failed: %s\n", what, cudaGetErrorString(err));
+}
+
+// Note [Allocator front cache].
+constexpr size_t kDefaultMaxCachedBlock = size_t{256} << 20;
+
+bool cache_enabled_by_environment() {
+  const char* e = std::getenv("CHORUS_CUDA_CACHE");
+  return !(e && std::string(e) == "0");
 }
 
 bool is_allocation_failure(cudaError_t err) {
@@ -74,8 +85,32 @@ void EventPool::release(int device, cudaEvent_t e) noexcept {
 
 // ---- CudaAllocator --------------------------------------------------------------
 
-CudaAllocator::CudaAllocator(int device_count, EventPool* events) : events_(events) {
+CudaAllocator::CudaAllocator(int device_count, EventPool* events)
+    : events_(events),
+      cache_enabled_(cache_enabled_by_environment()),
+      max_cached_block_(kDefaultMaxCachedBlock),
+      max_cached_total_(0) {
   for (int d = 0; d < device_count; ++d) devices_.push_back(std::make_unique<DeviceState>());
+}
+
+size_t CudaAllocator::size_class(size_t n) {
+  // Note [Allocator front cache]: 512 B steps up to 4 KiB, then 8 classes per
+  // power of two, in steps of at most 2 MiB.
+  constexpr size_t kSmallStep = 512, kSmallMax = 4096, kMaxStep = size_t{2} << 20;
+  if (n <= kSmallMax) return (std::max<size_t>(n, 1) + kSmallStep - 1) / kSmallStep * kSmallStep;
+  const size_t step = std::min(std::bit_floor(n) / 8, kMaxStep);
+  return (n + step - 1) / step * step;
+}
+
+void CudaAllocator::set_cache_limits(size_t max_block, size_t max_total) {
+  max_cached_block_.store(max_block, std::memory_order_relaxed);
+  max_cached_total_.store(max_total, std::memory_order_relaxed);
+}
+
+void CudaAllocator::set_cache_enabled(bool enabled) {
+  cache_enabled_.store(enabled, std::memory_order_relaxed);
+  if (!enabled)
+    for (size_t d = 0; d < devices_.size(); ++d) release_cached(static_cast<int>(d));
 }
 
 CudaAllocator::DeviceState& CudaAllocator::state(int device) const {
@@ -95,6 +130,7 @@ cudaMemPool_t CudaAllocator::pool(int device, DeviceState& st) {
     // every synchronisation: this is what makes the pool a cache.
     uint64_t threshold = UINT64_MAX;
     CHORUS_CUDA_CHECK(cudaMemPoolSetAttribute(p, cudaMemPoolAttrReleaseThreshold, &threshold));
+    st.default_cap = device_properties(device).totalGlobalMem / 8;
     st.pool = p;
   }
   return st.pool;
@@ -116,22 +152,122 @@ void CudaAllocator::throw_oom(size_t nbytes, int device, const DeviceState& st) 
                " (free fewer tensors, or use a smaller batch)");
 }
 
+CudaAllocator::CachedBlock CudaAllocator::take_cached_locked(DeviceState& st, cudaStream_t stream,
+                                                             size_t cls) {
+  for (StreamCache& sc : st.caches) {
+    if (sc.stream != stream) continue;
+    auto it = sc.by_class.find(cls);
+    if (it == sc.by_class.end() || it->second.empty()) return {};
+    CachedBlock node = std::move(it->second.back());
+    it->second.pop_back();
+    st.cached -= cls;
+    return node;
+  }
+  return {};
+}
+
+bool CudaAllocator::cache_locked(DeviceState& st, cudaStream_t stream, CachedBlock& node) {
+  const size_t cls = node.mapped().capacity;
+  if (cls == 0 || !cache_enabled() || cls > max_cached_block_.load(std::memory_order_relaxed))
+    return false;
+  const size_t limit = max_cached_total_.load(std::memory_order_relaxed);
+  if (st.cached + cls > (limit ? limit : st.default_cap)) return false;
+  StreamCache* sc = nullptr;
+  for (StreamCache& c : st.caches)
+    if (c.stream == stream) sc = &c;
+  if (!sc) {
+    st.caches.push_back(StreamCache{stream, {}});
+    sc = &st.caches.back();
+  }
+  Block& b = node.mapped();
+  b.uses.clear();  // their waits are enqueued on `stream`
+  b.home = stream;
+  sc->by_class[cls].push_back(std::move(node));
+  st.cached += cls;
+  return true;
+}
+
+std::vector<std::pair<cudaStream_t, CudaAllocator::CachedBlock>> CudaAllocator::drain_locked(
+    DeviceState& st, cudaStream_t only) {
+  std::vector<std::pair<cudaStream_t, CachedBlock>> out;
+  for (StreamCache& sc : st.caches) {
+    if (only && sc.stream != only) continue;
+    for (auto& [cls, nodes] : sc.by_class) {
+      for (CachedBlock& node : nodes) {
+        st.cached -= cls;
+        out.emplace_back(sc.stream, std::move(node));
+      }
+    }
+    sc.by_class.clear();
+  }
+  std::erase_if(st.caches, [&](const StreamCache& sc) { return !only || sc.stream == only; });
+  return out;
+}
+
+void CudaAllocator::free_to_pool(int device,
+                                 const std::vector<std::pair<cudaStream_t, CachedBlock>>& blocks) noexcept {
+  if (blocks.empty()) return;
+  try {
+    CudaDeviceGuard guard(device);
+    for (const auto& [stream, node] : blocks)
+      warn_if_failed(cudaFreeAsync(reinterpret_cast<void*>(node.key()), stream), "cudaFreeAsync");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "chorus: warning: freeing cached CUDA memory failed: %s\n", e.what());
+  }
+}
+
+void CudaAllocator::release_cached(int device) {
+  DeviceState& st = state(device);
+  std::vector<std::pair<cudaStream_t, CachedBlock>> blocks;
+  {
+    std::lock_guard<std::mutex> g(st.mu);
+    blocks = drain_locked(st, nullptr);
+  }
+  free_to_pool(device, blocks);
+}
+
 void* CudaAllocator::allocate(size_t nbytes, int device) {
   DeviceState& st = state(device);
   if (nbytes == 0) return nullptr;
+  cudaStream_t stream = current_stream(device);
+  // Note [Allocator front cache]: a hit takes no CUDA call (not even a device
+  // switch).
+  bool cacheable = cache_enabled() && nbytes <= max_cached_block_.load(std::memory_order_relaxed);
+  size_t cls = cacheable ? size_class(nbytes) : nbytes;
+  if (cls < nbytes) {  // rounding overflowed: an absurd request, which will fail
+    cacheable = false;
+    cls = nbytes;
+  }
+  if (cacheable) {
+    std::lock_guard<std::mutex> g(st.mu);
+    CachedBlock node = take_cached_locked(st, stream, cls);
+    if (!node.empty()) {
+      void* ptr = reinterpret_cast<void*>(node.key());
+      Block& b = node.mapped();
+      b.size = nbytes;
+      b.capacity = cls;
+      b.home = stream;
+      b.uses.clear();
+      st.blocks.insert(std::move(node));
+      st.in_use += nbytes;
+      if (st.in_use > st.peak) st.peak = st.in_use;
+      return ptr;
+    }
+  }
+
   CudaDeviceGuard guard(device);
   cudaMemPool_t p = pool(device, st);
-  cudaStream_t stream = current_stream(device);
-
   void* ptr = nullptr;
-  cudaError_t err = cudaMallocAsync(&ptr, nbytes, stream);
+  cudaError_t err = cudaMallocAsync(&ptr, cls, stream);
   if (is_allocation_failure(err)) {
-    // The pool may hold memory freed on other streams that is not yet reusable
-    // from this one: wait for everything, give the cache back, try once more.
+    // The cache and the pool may hold memory freed on other streams that is
+    // not yet reusable from this one: give the cache back, wait for
+    // everything, trim the pool, try once more.
     (void)cudaGetLastError();
+    release_cached(device);
     CHORUS_CUDA_CHECK(cudaDeviceSynchronize());
     CHORUS_CUDA_CHECK(cudaMemPoolTrimTo(p, 0));
-    err = cudaMallocAsync(&ptr, nbytes, stream);
+    err = cudaMallocAsync(&ptr, cls, stream);
   }
   if (is_allocation_failure(err)) {
     (void)cudaGetLastError();
@@ -140,7 +276,7 @@ void* CudaAllocator::allocate(size_t nbytes, int device) {
   CHORUS_CUDA_CHECK(err);
 
   std::lock_guard<std::mutex> g(st.mu);
-  st.blocks[reinterpret_cast<uintptr_t>(ptr)] = Block{nbytes, stream, {}};
+  st.blocks[reinterpret_cast<uintptr_t>(ptr)] = Block{nbytes, cacheable ? cls : 0, stream, {}};
   st.in_use += nbytes;
   if (st.in_use > st.peak) st.peak = st.in_use;
   return ptr;
@@ -150,7 +286,9 @@ void CudaAllocator::deallocate(void* ptr, int device) noexcept {
   if (!ptr) return;
   try {
     DeviceState& st = state(device);
-    Block block;
+    cudaStream_t stream = current_stream(device);
+    CachedBlock node;
+    bool tried = false;  // the caps already refused it
     {
       std::lock_guard<std::mutex> g(st.mu);
       auto it = st.blocks.find(reinterpret_cast<uintptr_t>(ptr));
@@ -159,37 +297,52 @@ void CudaAllocator::deallocate(void* ptr, int device) noexcept {
                      ptr, device);
         return;
       }
-      block = std::move(it->second);
-      st.blocks.erase(it);
-      st.in_use -= block.size;
+      node = st.blocks.extract(it);
+      st.in_use -= node.mapped().size;
+      // Used on `stream` only: nothing to wait for, no CUDA call.
+      const Block& b = node.mapped();
+      if (b.home == stream && b.uses.empty()) {
+        if (cache_locked(st, stream, node)) return;
+        tried = true;
+      }
+    }
+    Block& block = node.mapped();
+    if ((block.home && block.home != stream) || !block.uses.empty()) {
+      CudaDeviceGuard guard(device);
+      // Makes `stream` wait for the work enqueued so far on `other` (of device
+      // `dev`), through an event recorded now: the allocation may have been
+      // used on `other` after record_use() named it (Note [Freeing across
+      // streams]).
+      auto wait_for = [&](int dev, cudaStream_t other) {
+        cudaEvent_t e = events_->acquire(dev);
+        cudaError_t err;
+        {
+          CudaDeviceGuard g(dev);  // the event and the stream live on `dev`
+          err = cudaEventRecord(e, other);
+        }
+        warn_if_failed(err, "cudaEventRecord (free)");
+        if (err == cudaSuccess)
+          warn_if_failed(cudaStreamWaitEvent(stream, e, 0), "cudaStreamWaitEvent (free)");
+        events_->release(dev, e);  // the wait is enqueued; the event may be reused
+      };
+      if (block.home && block.home != stream) wait_for(device, block.home);
+      for (Use& u : block.uses) {
+        if (u.event) {  // the stream was destroyed; the event marks its last work
+          warn_if_failed(cudaStreamWaitEvent(stream, u.event, 0), "cudaStreamWaitEvent (free)");
+          events_->release(u.device, u.event);
+          u.event = nullptr;
+        } else if (u.stream && u.stream != stream) {
+          wait_for(u.device, u.stream);
+        }
+      }
+      block.uses.clear();
+    }
+    // Every earlier use is now ordered before this point of `stream`.
+    if (!tried) {
+      std::lock_guard<std::mutex> g(st.mu);
+      if (cache_locked(st, stream, node)) return;
     }
     CudaDeviceGuard guard(device);
-    cudaStream_t stream = current_stream(device);
-    // Makes `stream` wait for the work enqueued so far on `other` (of device
-    // `dev`), through an event recorded now: the allocation may have been
-    // used on `other` after record_use() named it (Note [Freeing across
-    // streams]).
-    auto wait_for = [&](int dev, cudaStream_t other) {
-      cudaEvent_t e = events_->acquire(dev);
-      cudaError_t err;
-      {
-        CudaDeviceGuard g(dev);  // the event and the stream live on `dev`
-        err = cudaEventRecord(e, other);
-      }
-      warn_if_failed(err, "cudaEventRecord (free)");
-      if (err == cudaSuccess)
-        warn_if_failed(cudaStreamWaitEvent(stream, e, 0), "cudaStreamWaitEvent (free)");
-      events_->release(dev, e);  // the wait is enqueued; the event may be reused
-    };
-    if (block.home && block.home != stream) wait_for(device, block.home);
-    for (const Use& u : block.uses) {
-      if (u.event) {  // the stream was destroyed; the event marks its last work
-        warn_if_failed(cudaStreamWaitEvent(stream, u.event, 0), "cudaStreamWaitEvent (free)");
-        events_->release(u.device, u.event);
-      } else if (u.stream && u.stream != stream) {
-        wait_for(u.device, u.stream);
-      }
-    }
     warn_if_failed(cudaFreeAsync(ptr, stream), "cudaFreeAsync");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "chorus: warning: freeing CUDA memory failed: %s\n", e.what());
@@ -214,6 +367,16 @@ void CudaAllocator::record_use(const void* ptr, int owner, int user, cudaStream_
 }
 
 void CudaAllocator::stream_destroyed(int device, cudaStream_t stream) {
+  // The blocks cached on `stream` go back to the pool on it, while it exists.
+  {
+    DeviceState& st = state(device);
+    std::vector<std::pair<cudaStream_t, CachedBlock>> cached;
+    {
+      std::lock_guard<std::mutex> g(st.mu);
+      cached = drain_locked(st, stream);
+    }
+    free_to_pool(device, cached);
+  }
   CudaDeviceGuard guard(device);
   // An event recorded on `stream` now marks its last work for every block that
   // names it. Each conversion is done whole (event acquired and recorded before
@@ -262,6 +425,12 @@ void CudaAllocator::reset_peak_bytes(int device) {
   DeviceState& st = state(device);
   std::lock_guard<std::mutex> g(st.mu);
   st.peak = st.in_use;
+}
+
+size_t CudaAllocator::cached_bytes(int device) const {
+  const DeviceState& st = state(device);
+  std::lock_guard<std::mutex> g(st.mu);
+  return st.cached;
 }
 
 }  // namespace chorus::cuda

@@ -20,16 +20,57 @@
 // stream until the free. Destroying a stream records an event on it for each
 // block that names it (its last work), so freeing later needs no stream that
 // no longer exists.
+//
+// Note [Allocator front cache]: cudaMallocAsync/cudaFreeAsync cost a few
+// microseconds of host time each, and a training step makes hundreds of
+// allocations, issued from the host threads that also launch the kernels (one
+// per GPU under DataParallel). So a block freed on stream S is kept, after the
+// waits above are enqueued on S, in S's free list instead of going back to the
+// pool; an allocation on S of the same size class takes it back with no CUDA
+// call. Stream order makes this as safe as the pool's own reuse: everything
+// that touched the block is ordered before the free point on S, and the new
+// owner's work on S comes after it. A block cached on S is never handed to
+// another stream; it goes back to the pool (cudaFreeAsync on S) only when
+//   - an allocation fails: every cached block of the device is freed, then the
+//     device synchronised and the pool trimmed before the one retry;
+//   - S is destroyed (stream_destroyed);
+//   - release_cached() is called (DeviceBackend::empty_cache).
+// Size classes: a request of n bytes is served by a block of size_class(n)
+// bytes: multiples of 512 B up to 4 KiB, then 8 classes per power of two
+// (steps of 1/8 of the power of two below n, at most 2 MiB), so the slack is
+// at most 12.5% of the request and at most 2 MiB. A repeated training step
+// asks for the same sizes each time, so after the first step nearly every
+// allocation is a hit.
+// Caps: blocks above max_cached_block (256 MiB by default) are allocated with
+// their exact size and always freed to the pool: they are rare, the work on
+// them dwarfs two API calls, and a large block stranded in one stream's cache
+// is the costliest kind of fragmentation. The cached bytes of a device are
+// capped (by default 1/8 of its memory): past that, frees go to the pool. The
+// cache holds memory the pool would otherwise reuse for other sizes and
+// streams, so the cap bounds how much the pool may grow beyond what the
+// tensors need; an allocation never fails because of it (the cache is
+// released before giving up). CHORUS_CUDA_CACHE=0 in the environment turns
+// the cache off (every allocation and free calls CUDA), for comparisons.
+// Accounting: bytes_in_use() counts the bytes requested by live blocks (not
+// their size class, not cached blocks); cached_bytes() the size-class bytes of
+// the cached blocks.
+// Threads: one mutex per device guards its live blocks and its cache
+// (allocate and deallocate call CUDA outside it). Several threads may allocate
+// and free on one device (and on one stream: DataParallel's replica threads
+// and the backward engine share the device's default stream).
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace chorus::cuda {
@@ -58,7 +99,7 @@ class CudaAllocator {
   CudaAllocator& operator=(const CudaAllocator&) = delete;
 
   // nbytes == 0 gives nullptr. Throws OutOfMemoryError after one retry with the
-  // pool trimmed.
+  // cache released and the pool trimmed.
   void* allocate(size_t nbytes, int device);
   void deallocate(void* ptr, int device) noexcept;
   // `stream` (on device `user`) reads or writes the block of `owner` that
@@ -66,12 +107,26 @@ class CudaAllocator {
   // `stream` until then, whether before or after this call. Pointers this
   // allocator did not hand out are ignored.
   void record_use(const void* ptr, int owner, int user, cudaStream_t stream);
-  // Called before cudaStreamDestroy(stream) (Note [Freeing across streams]).
+  // Called before cudaStreamDestroy(stream) (Note [Freeing across streams]):
+  // also frees the blocks cached on `stream` (Note [Allocator front cache]).
   void stream_destroyed(int device, cudaStream_t stream);
+  // Returns every block cached on `device` to the pool (cudaFreeAsync on the
+  // stream it was cached on). The pool keeps the memory reserved.
+  void release_cached(int device);
 
   size_t bytes_in_use(int device) const;
   size_t peak_bytes(int device) const;
   void reset_peak_bytes(int device);
+  size_t cached_bytes(int device) const;
+
+  // Note [Allocator front cache]: the largest block that is cached, and the
+  // most bytes cached per device (0: 1/8 of the device's memory). Lowering
+  // them does not release what is already cached.
+  void set_cache_limits(size_t max_block, size_t max_total);
+  void set_cache_enabled(bool enabled);
+  bool cache_enabled() const { return cache_enabled_.load(std::memory_order_relaxed); }
+  // The bytes a block serving an n-byte request has (n <= max_cached_block).
+  static size_t size_class(size_t n);
 
  private:
   // A stream that uses the block. While the stream lives, `stream` is set and
@@ -84,24 +139,51 @@ class CudaAllocator {
     cudaEvent_t event;
   };
   struct Block {
-    size_t size = 0;
+    size_t size = 0;              // requested bytes (bytes_in_use counts these)
+    size_t capacity = 0;          // its size class when cacheable, else 0
     cudaStream_t home = nullptr;  // nullptr once the stream is destroyed
     std::vector<Use> uses;
   };
+  using BlockMap = std::map<uintptr_t, Block>;  // by start address, for interior pointers
+  // A cached block keeps its map node, so that a hit re-inserts it without a
+  // heap allocation.
+  using CachedBlock = BlockMap::node_type;
+  struct StreamCache {
+    cudaStream_t stream = nullptr;
+    std::unordered_map<size_t, std::vector<CachedBlock>> by_class;  // LIFO per class
+  };
   struct DeviceState {
     mutable std::mutex mu;
-    std::map<uintptr_t, Block> blocks;  // by start address, for interior pointers
+    BlockMap blocks;  // live blocks
     size_t in_use = 0;
     size_t peak = 0;
+    // Note [Allocator front cache]: one entry per stream that freed a block
+    // (a handful at most, so a vector).
+    std::vector<StreamCache> caches;
+    size_t cached = 0;
+    size_t default_cap = 0;        // 1/8 of the device's memory, set with the pool
     cudaMemPool_t pool = nullptr;  // configured at first allocation
   };
 
   DeviceState& state(int device) const;
   cudaMemPool_t pool(int device, DeviceState& st);
   [[noreturn]] void throw_oom(size_t nbytes, int device, const DeviceState& st) const;
+  // Under st.mu: takes a cached block of `cls` bytes for `stream`, or returns
+  // an empty handle.
+  CachedBlock take_cached_locked(DeviceState& st, cudaStream_t stream, size_t cls);
+  // Under st.mu: caches `node` (freed on `stream`, its waits enqueued) when the
+  // caps allow; false leaves `node` to the caller.
+  bool cache_locked(DeviceState& st, cudaStream_t stream, CachedBlock& node);
+  // Takes every cached block of `st` (of one stream when `only` is set) out of
+  // the cache, under st.mu.
+  std::vector<std::pair<cudaStream_t, CachedBlock>> drain_locked(DeviceState& st, cudaStream_t only);
+  void free_to_pool(int device, const std::vector<std::pair<cudaStream_t, CachedBlock>>& blocks) noexcept;
 
   std::vector<std::unique_ptr<DeviceState>> devices_;
   EventPool* events_;
+  std::atomic<bool> cache_enabled_;
+  std::atomic<size_t> max_cached_block_;
+  std::atomic<size_t> max_cached_total_;  // 0: 1/8 of the device's memory
 };
 
 // "1.50 GiB": byte counts for messages.

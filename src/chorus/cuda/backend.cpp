@@ -1,4 +1,5 @@
-// The CUDA DeviceBackend: memory from CUDA's stream-ordered pools (allocator.h),
+// The CUDA DeviceBackend: memory from CUDA's stream-ordered pools behind a
+// per-stream front cache (allocator.h),
 // copies ordered with events, and streams/events mapped directly onto
 // cudaStream_t / cudaEvent_t.
 //
@@ -133,6 +134,8 @@ class CudaBackend final : public DeviceBackend {
   size_t bytes_in_use(Device d) const override { return allocator_.bytes_in_use(index(d)); }
   size_t peak_bytes(Device d) const override { return allocator_.peak_bytes(index(d)); }
   void reset_peak_bytes(Device d) override { allocator_.reset_peak_bytes(index(d)); }
+  size_t cached_bytes(Device d) const override { return allocator_.cached_bytes(index(d)); }
+  void empty_cache(Device d) override { allocator_.release_cached(index(d)); }
 
   void copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t nbytes) override {
     if (nbytes == 0) return;
