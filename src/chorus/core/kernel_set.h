@@ -23,6 +23,12 @@
   void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out, double alpha);    \
   /* dst = src, converting dtype; same shape, both strided. */                                    \
   void copy(const Tensor& src, const Tensor& dst);                                                \
+  /* dsts[i] = srcs[i] for many pairs at once (one launch per few dozen pairs on a GPU): each     \
+     pair of one dtype and numel, both contiguous (any shapes: a pair is one range of bytes; ops  \
+     passes flat 1-d views of other dense layouts), all on one device; no destination overlaps    \
+     another pair's tensors or, partly, its own source (a pair whose source is its destination    \
+     is skipped). */                                                                              \
+  void copy_multi(const TensorList& srcs, const TensorList& dsts);                                \
   void fill(const Tensor& out, double value);                                                     \
   /* out (contiguous) has x's shape with reduced dims set to 1; reduce[d] says which. Sum/Mean/  \
      Max/Min keep x's dtype (float accumulation); Argmax/Argmin write int64 and need exactly one  \

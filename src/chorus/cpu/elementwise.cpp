@@ -1,6 +1,9 @@
-// CPU elementwise kernels of the kernel set: unary, binary, copy, fill.
+// CPU elementwise kernels of the kernel set: unary, binary, copy, copy_multi,
+// fill.
 #include <cmath>
+#include <cstring>
 
+#include "chorus/core/error.h"
 #include "chorus/cpu/dtype_dispatch.h"
 #include "chorus/cpu/kernels.h"
 #include "chorus/cpu/strided_loop.h"
@@ -139,6 +142,30 @@ void copy(const Tensor& src, const Tensor& dst) {
       });
     });
   });
+}
+
+void copy_multi(const TensorList& srcs, const TensorList& dsts) {
+  CHORUS_CHECK(srcs.size() == dsts.size(), "copy_multi: ", srcs.size(), " sources but ", dsts.size(),
+               " destinations");
+  for (size_t i = 0; i < srcs.size(); ++i) {
+    const Tensor& s = srcs[i];
+    const Tensor& d = dsts[i];
+    CHORUS_CHECK(s.dtype() == d.dtype() && s.numel() == d.numel() && s.is_contiguous() &&
+                     d.is_contiguous() && s.device() == d.device() && d.device() == dsts[0].device(),
+                 "copy_multi: pair ", i, " needs contiguous tensors of one dtype and size on ",
+                 dsts[0].device().str(), ", got ", s.describe(), " -> ", d.describe());
+  }
+  for (size_t i = 0; i < srcs.size(); ++i) {
+    const char* s = static_cast<const char*>(srcs[i].raw_data());
+    char* d = static_cast<char*>(dsts[i].raw_data());
+    const int64_t bytes = static_cast<int64_t>(srcs[i].nbytes());
+    if (s == d || bytes == 0) continue;
+    if (bytes < (1 << 20)) {
+      std::memcpy(d, s, static_cast<size_t>(bytes));
+      continue;
+    }
+    parallel_for(bytes, 1 << 20, [&](int64_t b, int64_t e) { std::memcpy(d + b, s + b, static_cast<size_t>(e - b)); });
+  }
 }
 
 void fill(const Tensor& out, double value) {

@@ -1,5 +1,8 @@
-#include <algorithm>
 #include "chorus/ops/copy.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
 
 #include "chorus/core/backend.h"
 #include "chorus/core/error.h"
@@ -77,6 +80,92 @@ void copy_(const Tensor& dst, const Tensor& src) {
   if (dst.numel() == 0) return;
   copy_kernel(view, dst);
   dst.bump_version();
+}
+
+void copy_multi(const TensorList& srcs, const TensorList& dsts) {
+  // Host time matters here (Note [Multi-tensor copy]): no view is made for a
+  // pair that is contiguous already, and the common layouts skip the sort in
+  // same_dense_layout.
+  CHORUS_CHECK(srcs.size() == dsts.size(), "copy_multi: ", srcs.size(), " sources but ",
+               dsts.size(), " destinations");
+  struct Batch {
+    Device device;
+    TensorList srcs, dsts;
+    std::vector<size_t> pairs;  // indices into the arguments
+  };
+  std::vector<Batch> batches;  // the pairs copied together, per device (usually one)
+  std::vector<size_t> others;  // the pairs that take copy_
+  for (size_t i = 0; i < srcs.size(); ++i) {
+    const Tensor& s = srcs[i];
+    const Tensor& d = dsts[i];
+    CHORUS_CHECK(s.defined() && d.defined(), "copy_multi: pair ", i, " has an undefined ",
+                 s.defined() ? "destination" : "source");
+    CHORUS_CHECK(s.sizes() == d.sizes() && s.dtype() == d.dtype(), "copy_multi: pair ", i, " copies ",
+                 s.describe(), " into ", d.describe(),
+                 "; each pair needs one shape and one dtype (use copy_ to broadcast or convert)");
+    if (d.numel() == 0) continue;
+    const Device dev = d.device();
+    // Two contiguous tensors of one shape are laid out alike; other dense
+    // layouts go through flat views (Note [Dense tensors are flat]).
+    const bool contiguous = s.is_contiguous() && d.is_contiguous();
+    if (s.device() != dev || (!contiguous && !same_dense_layout({&s, &d}))) {
+      others.push_back(i);
+      continue;
+    }
+    Batch* b = nullptr;
+    for (Batch& x : batches)
+      if (x.device == dev) b = &x;
+    if (!b) {
+      batches.push_back(Batch{dev, {}, {}, {}});
+      b = &batches.back();
+      b->srcs.reserve(srcs.size() - i);
+      b->dsts.reserve(srcs.size() - i);
+      b->pairs.reserve(srcs.size() - i);
+    }
+    b->srcs.push_back(contiguous ? s : flat_view(s));
+    b->dsts.push_back(contiguous ? d : flat_view(d));
+    b->pairs.push_back(i);
+  }
+  // Overlaps within a batch: its kernel copies the pairs in no order. Checked
+  // for all of them before anything is copied.
+  struct Span {
+    uintptr_t begin, end;
+    size_t pair;
+  };
+  std::vector<Span> src_spans, dst_spans;
+  for (const Batch& b : batches) {
+    src_spans.clear();
+    dst_spans.clear();
+    for (size_t j = 0; j < b.pairs.size(); ++j) {
+      const auto s = reinterpret_cast<uintptr_t>(b.srcs[j].raw_data());
+      const auto d = reinterpret_cast<uintptr_t>(b.dsts[j].raw_data());
+      const uintptr_t n = b.dsts[j].nbytes();
+      if (s == d) continue;  // skipped by the kernel
+      CHORUS_CHECK(s + n <= d || d + n <= s, "copy_multi: the destination of pair ", b.pairs[j],
+                   " overlaps its source (", dsts[b.pairs[j]].describe(), ")");
+      src_spans.push_back({s, s + n, b.pairs[j]});
+      dst_spans.push_back({d, d + n, b.pairs[j]});
+    }
+    auto by_begin = [](const Span& x, const Span& y) { return x.begin < y.begin; };
+    if (!std::is_sorted(dst_spans.begin(), dst_spans.end(), by_begin))  // packing: usually in order
+      std::sort(dst_spans.begin(), dst_spans.end(), by_begin);
+    for (size_t j = 1; j < dst_spans.size(); ++j)
+      CHORUS_CHECK(dst_spans[j - 1].end <= dst_spans[j].begin, "copy_multi: the destinations of pairs ",
+                   std::min(dst_spans[j - 1].pair, dst_spans[j].pair), " and ",
+                   std::max(dst_spans[j - 1].pair, dst_spans[j].pair), " overlap");
+    // The destinations are disjoint and sorted, so their ends are sorted too:
+    // the first one that ends after a source begins is the only candidate.
+    for (const Span& src : src_spans) {
+      auto it = std::lower_bound(dst_spans.begin(), dst_spans.end(), src.begin,
+                                 [](const Span& x, uintptr_t v) { return x.end <= v; });
+      CHORUS_CHECK(it == dst_spans.end() || it->begin >= src.end, "copy_multi: the destination of pair ",
+                   it->pair, " overlaps the source of pair ", src.pair);
+    }
+  }
+  for (const Batch& b : batches) CHORUS_KERNEL(b.device, copy_multi, b.srcs, b.dsts);
+  for (size_t i : others) copy_(dsts[i], srcs[i]);
+  for (const Batch& b : batches)
+    for (size_t i : b.pairs) dsts[i].bump_version();
 }
 
 void fill_(const Tensor& dst, double v) {

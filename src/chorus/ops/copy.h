@@ -20,6 +20,20 @@ Tensor contiguous(const Tensor& t);
 Tensor clone(const Tensor& t);
 // dst[...] = src broadcast to dst's shape; any devices and dtypes.
 void copy_(const Tensor& dst, const Tensor& src);
+// Note [Multi-tensor copy] (cuda/copy_multi.cu): dsts[i] = srcs[i] for every
+// i, with one kernel-set call per device for the pairs that allow it (on a GPU
+// one launch per few dozen pairs instead of one each). Every pair has one
+// shape and one dtype. A pair whose two tensors are on one device, dense and
+// with the same strides (Note [Dense tensors are flat]) is copied through the
+// tensors' flat views, together with the others; any other pair (a strided or
+// broadcast view, different layouts, different devices) takes copy_. The
+// copies are not ordered among each other: no destination may overlap another
+// pair's source or destination, nor partly its own source (checked for the
+// pairs copied together; a pair whose source is its destination is skipped).
+// ValueError, naming the pair, for lists of different lengths, an undefined
+// tensor, or a pair of different shapes or dtypes. Bumps every destination's
+// version; not recorded by autograd.
+void copy_multi(const TensorList& srcs, const TensorList& dsts);
 void fill_(const Tensor& dst, double v);
 // Reads a one-element tensor on the host (waits for its device).
 double item(const Tensor& t);

@@ -151,8 +151,20 @@ class ReplicaBackward final : public autograd::Node {
       const TensorOptions opts(layout.dtypes[g], dev);
       out[g] = present[g] == total[g] ? empty({layout.numels[g]}, opts) : zeros({layout.numels[g]}, opts);
     }
-    for (size_t k = 0; k < layout.segments.size(); ++k)
-      if (got[k]) ops::copy_(layout.view(out[layout.segments[k].group], k), grads[k]);
+    // One multi-tensor copy for the gradients of the parameter's own shape and
+    // dtype (Note [Multi-tensor copy] in ops/copy.h); anything else converts.
+    TensorList srcs, dsts;
+    for (size_t k = 0; k < layout.segments.size(); ++k) {
+      if (!got[k]) continue;
+      Tensor dst = layout.view(out[layout.segments[k].group], k);
+      if (grads[k].sizes() == dst.sizes() && grads[k].dtype() == dst.dtype()) {
+        srcs.push_back(grads[k]);
+        dsts.push_back(std::move(dst));
+      } else {
+        ops::copy_(dst, grads[k]);
+      }
+    }
+    ops::copy_multi(srcs, dsts);
     return out;
   }
 
@@ -281,7 +293,7 @@ std::shared_ptr<nn::Module> DataParallel::make_empty() const {
 
 void DataParallel::sync_replicas(size_t used) {
   // Replicas [1, used) whose copy of any tensor of a dtype group is stale get
-  // the whole group: pack the masters (same-device copies) and broadcast.
+  // the whole group: pack the masters (one multi-tensor copy) and broadcast.
   // Per replica: a small batch leaves the idle replicas behind, and they catch
   // up when a later batch uses them again. Raw ops:: calls: never recorded.
   const size_t groups = layout_->groups();
@@ -298,6 +310,9 @@ void DataParallel::sync_replicas(size_t used) {
   }
   for (size_t g = 0; g < groups; ++g) {
     if (!stale[g]) continue;
+    // Packed with one multi-tensor copy (Note [Multi-tensor copy] in
+    // ops/copy.h): a few launches for the whole model instead of one each.
+    TensorList masters, packed;
     for (size_t e = 0; e < entries_.size(); ++e) {
       if (layout_->segments[e].group != g) continue;
       const Tensor& m = entries_[e].current();
@@ -305,8 +320,10 @@ void DataParallel::sync_replicas(size_t used) {
                    " of the wrapped module is now ", m.describe(), " but was ",
                    dtype_name(layout_->dtypes[g]), shape_str(layout_->segments[e].sizes),
                    " when the DataParallel was built; build it after changing the module");
-      ops::copy_(staging_views_[e], m);
+      masters.push_back(m);
+      packed.push_back(staging_views_[e]);
     }
+    ops::copy_multi(masters, packed);
     std::vector<Tensor> dsts;
     for (size_t r = 1; r < used; ++r) dsts.push_back(flat_[r][g]);
     ops::broadcast_coalesced(staging_[g], dsts);

@@ -20,21 +20,23 @@
 // (ops/comm.h: NCCL on GPUs):
 //  - Each replica r >= 1 keeps one flat buffer per dtype on devices[r]; its
 //    parameter and buffer slots are views into it. The master values are
-//    packed into a staging buffer on devices[0] (same-device copies) and
+//    packed into a staging buffer on devices[0] (one ops::copy_multi per
+//    dtype: a few kernel launches, not one per tensor) and
 //    broadcast_coalesced to every used replica: one collective per dtype.
 //  - Gradients: one autograd node per replica ("DataParallelReplicaBackward",
 //    on devices[r], so the engine runs it on that device's thread) owns the
 //    replica's parameter views — for replica 0, detached aliases of the
 //    masters, put in the wrapped module's slots for the forward only. Its
-//    backward packs the gradients it received into a fresh flat buffer (from
-//    the stream-ordered allocator, so nothing aliases an earlier step's
-//    .grad). One "DataParallelReduceBackward" node on devices[0] takes the
-//    replicas' buffers as its inputs, reduce_sum's them (one collective per
-//    dtype) and returns a view of the sum per master parameter, to the
-//    masters' AccumulateGrad. The engine's dependency count makes it wait for
-//    exactly the replica nodes this backward reaches (a per-replica loss may
-//    use only some of them). A parameter no replica produced a gradient for
-//    gets none; one that only some replicas used is summed over those.
+//    backward packs the gradients it received (ops::copy_multi) into a fresh
+//    flat buffer (from the stream-ordered allocator, so nothing aliases an
+//    earlier step's .grad). One "DataParallelReduceBackward" node on
+//    devices[0] takes the replicas' buffers as its inputs, reduce_sum's them
+//    (one collective per dtype) and returns a view of the sum per master
+//    parameter, to the masters' AccumulateGrad. The engine's dependency
+//    count makes it wait for exactly the replica nodes this backward reaches
+//    (a per-replica loss may use only some of them). A parameter no replica
+//    produced a gradient for gets none; one that only some replicas used is
+//    summed over those.
 //  - A forward on one replica only (one device, or a batch of one) uses the
 //    masters directly, as a plain module would: nothing to broadcast or sum.
 // Replica gradients are summed in replica order on CPU devices, so results do
