@@ -4,6 +4,7 @@
 #include "bench.h"
 #include "commands.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
@@ -68,6 +69,9 @@ struct BenchRow {
   double img_per_s, step_ms, loss;
   size_t peak;
   double host_issue_ms;  // host time to issue all timed steps, before the final synchronize
+  // Host time per timed step in each phase (where an issue-bound step spends
+  // its time): forward + loss, zero_grad + backward, optimizer step.
+  double forward_ms, backward_ms, optim_ms;
 };
 
 BenchRow bench_one(const BenchConfig& c, const std::vector<Device>& devs) {
@@ -90,19 +94,32 @@ BenchRow bench_one(const BenchConfig& c, const std::vector<Device>& devs) {
   Tensor loss;
   std::optional<DType> amp;
   if (c.precision == "bf16") amp = kBFloat16;
+  using Clock = std::chrono::steady_clock;
+  double phase_ms[3] = {0, 0, 0};
+  auto lap = [](Clock::time_point& t) {
+    auto now = Clock::now();
+    double ms = std::chrono::duration<double, std::milli>(now - t).count();
+    t = now;
+    return ms;
+  };
   auto step = [&] {
+    auto t = Clock::now();
     {
       AutocastGuard autocast(amp);  // bf16 convolutions and matmuls, fp32 master weights and loss
       loss = nn::functional::cross_entropy(net->forward(x), y);
     }
+    phase_ms[0] += lap(t);
     opt.zero_grad();
     loss.backward();
+    phase_ms[1] += lap(t);
     opt.step();
+    phase_ms[2] += lap(t);
   };
   for (int64_t i = 0; i < c.warmup; ++i) step();
   for (const Device& d : devs) synchronize(d);
   ops::reset_profile();
   for (const Device& d : devs) backend(d).reset_peak_bytes(d);
+  std::fill(std::begin(phase_ms), std::end(phase_ms), 0.0);
   auto t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < c.steps; ++i) step();
   // Evidence of asynchrony: the host has issued every step long before the
@@ -112,8 +129,9 @@ BenchRow bench_one(const BenchConfig& c, const std::vector<Device>& devs) {
   double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   size_t peak = 0;
   for (const Device& d : devs) peak = std::max(peak, backend(d).peak_bytes(d));
-  return {static_cast<double>(batch * c.steps) / dt, 1000.0 * dt / static_cast<double>(c.steps), loss.item(), peak,
-          1000.0 * issue};
+  const double n = static_cast<double>(c.steps);
+  return {static_cast<double>(batch * c.steps) / dt, 1000.0 * dt / n, loss.item(), peak, 1000.0 * issue,
+          phase_ms[0] / n, phase_ms[1] / n, phase_ms[2] / n};
 }
 
 }  // namespace
@@ -148,6 +166,9 @@ int run_bench(const BenchConfig& c) {
                                   {"peak_mem_bytes", r.peak},
                                   {"host_issue_ms", r.host_issue_ms},
                                   {"total_ms", r.step_ms * static_cast<double>(c.steps)},
+                                  {"host_forward_ms", r.forward_ms},
+                                  {"host_backward_ms", r.backward_ms},
+                                  {"host_optim_ms", r.optim_ms},
                                   {"scaling_efficiency", base > 0 ? nlohmann::ordered_json(eff) : nullptr},
                                   {"loss", r.loss}};
     if (c.json) {

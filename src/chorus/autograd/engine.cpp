@@ -13,10 +13,11 @@
 #include "chorus/autograd/engine.h"
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
-#include <deque>
 #include <exception>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <queue>
 #include <set>
@@ -42,95 +43,103 @@ Tensor conform(const Tensor& g, const InputMeta& m) {
   return ops::to_dtype(ops::to_device(g, m.device), m.dtype);
 }
 
+// Note [Engine locking]: the graph is walked once up front, so the per-node
+// state below is fixed before any node runs and the map to it is only read
+// afterwards. Each node's pending gradients have their own mutex and its
+// dependency count is an atomic, so device threads working on different parts
+// of the graph (DataParallel's replicas) never wait for one another; they
+// meet only where edges cross devices. One graph-wide lock, taken twice per
+// node and woken for every node on every thread, made four replica threads
+// issue slower than one.
+struct NodeState {
+  std::shared_ptr<Node> node;  // keeps the node alive until it has run
+  std::atomic<int> deps{0};
+  std::mutex mu;                                                    // guards slots
+  std::vector<std::vector<std::pair<uint64_t, Tensor>>> slots;     // [input] (producer seq, gradient)
+};
+
 // One backward pass: the dependency counts and the pending gradients.
 class GraphTask {
  public:
   GraphTask(const Edge& root, const Tensor& seed, bool retain) : retain_(retain) {
-    std::vector<Node*> stack{root.fn.get()};
-    deps_[root.fn.get()] = 0;
-    std::set<Node*> seen{root.fn.get()};
-    devices_.insert(root.fn->device);
+    root_ = root.fn.get();
+    add(root.fn);
+    std::vector<Node*> stack{root_};
     while (!stack.empty()) {
       Node* n = stack.back();
       stack.pop_back();
       for (const Edge& e : n->next) {
         if (!e.fn) continue;
-        ++deps_[e.fn.get()];
-        if (seen.insert(e.fn.get()).second) {
-          stack.push_back(e.fn.get());
-          devices_.insert(e.fn->device);
-        }
+        auto [st, fresh] = add(e.fn);
+        st->deps.fetch_add(1, std::memory_order_relaxed);
+        if (fresh) stack.push_back(e.fn.get());
       }
     }
-    pending_[root.fn.get()].resize(root.fn->num_outputs);
-    pending_[root.fn.get()][root.input_nr].push_back({0, seed});
-    keep_alive_[root.fn.get()] = root.fn;
-    root_ = root.fn.get();
+    states_.at(root_)->slots[root.input_nr].push_back({0, seed});
   }
 
   Node* root() const { return root_; }
   const std::set<Device>& devices() const { return devices_; }
 
-  // Runs node n (outside any lock) and returns the nodes it made ready.
-  std::vector<Node*> run(Node* n, std::mutex* mu) {
-    TensorList in;
-    {
-      std::unique_lock<std::mutex> lk = lock(mu);
-      in = take_inputs(n);
-    }
+  // Runs node n and returns the nodes it made ready. Safe to call from several
+  // threads at once for different nodes.
+  std::vector<Node*> run(Node* n) {
+    NodeState& self = *states_.at(n);
+    std::shared_ptr<Node> keep = std::move(self.node);
+    TensorList in = take_inputs(self, n->num_outputs);
     TensorList out;
     {
       DeviceGuard guard(n->device);
       out = n->apply(std::move(in));
     }
     if (!retain_) n->release_saved();
-    // Move gradients to their destination devices before taking the lock.
-    std::vector<Tensor> conformed(n->next.size());
-    for (size_t i = 0; i < n->next.size(); ++i)
-      if (n->next[i].fn && i < out.size() && out[i].defined()) conformed[i] = conform(out[i], n->input_meta[i]);
     std::vector<Node*> ready;
-    std::unique_lock<std::mutex> lk = lock(mu);
     for (size_t i = 0; i < n->next.size(); ++i) {
       const Edge& e = n->next[i];
       if (!e.fn) continue;
-      Node* nx = e.fn.get();
-      keep_alive_.emplace(nx, e.fn);
-      auto& slots = pending_[nx];
-      if (slots.empty()) slots.resize(nx->num_outputs);
-      if (conformed[i].defined()) slots[e.input_nr].push_back({n->seq, conformed[i]});
-      if (--deps_[nx] == 0) ready.push_back(nx);
+      NodeState& nx = *states_.at(e.fn.get());
+      if (i < out.size() && out[i].defined()) {
+        Tensor g = conform(out[i], n->input_meta[i]);  // to the consumer's device, outside any lock
+        std::lock_guard<std::mutex> lk(nx.mu);
+        nx.slots[e.input_nr].push_back({n->seq, std::move(g)});
+      }
+      // acq_rel: whoever takes the count to zero sees every producer's push.
+      if (nx.deps.fetch_sub(1, std::memory_order_acq_rel) == 1) ready.push_back(e.fn.get());
     }
-    keep_alive_.erase(n);
     return ready;
   }
 
-  std::shared_ptr<Node> hold(Node* n) {
-    auto it = keep_alive_.find(n);
-    return it == keep_alive_.end() ? nullptr : it->second;
-  }
-
  private:
-  static std::unique_lock<std::mutex> lock(std::mutex* mu) {
-    return mu ? std::unique_lock<std::mutex>(*mu) : std::unique_lock<std::mutex>();
+  std::pair<NodeState*, bool> add(const std::shared_ptr<Node>& fn) {
+    auto [it, fresh] = states_.try_emplace(fn.get());
+    if (fresh) {
+      it->second = std::make_unique<NodeState>();
+      it->second->node = fn;
+      it->second->slots.resize(fn->num_outputs);
+      devices_.insert(fn->device);
+    }
+    return {it->second.get(), fresh};
   }
 
-  TensorList take_inputs(Node* n) {
-    auto& slots = pending_[n];
-    TensorList in(n->num_outputs);
+  // Gradients arriving at one slot are summed in producer-creation order.
+  static TensorList take_inputs(NodeState& st, size_t n) {
+    std::vector<std::vector<std::pair<uint64_t, Tensor>>> slots;
+    {
+      std::lock_guard<std::mutex> lk(st.mu);
+      slots = std::move(st.slots);
+    }
+    TensorList in(n);
     for (size_t s = 0; s < slots.size() && s < in.size(); ++s) {
       auto& parts = slots[s];
       std::sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
       for (auto& [seq, g] : parts) in[s] = in[s].defined() ? ops::binary(BinaryOp::Add, in[s], g, 1.0) : g;
     }
-    pending_.erase(n);
     return in;
   }
 
   bool retain_;
   Node* root_ = nullptr;
-  std::unordered_map<Node*, int> deps_;
-  std::unordered_map<Node*, std::vector<std::vector<std::pair<uint64_t, Tensor>>>> pending_;
-  std::unordered_map<Node*, std::shared_ptr<Node>> keep_alive_;
+  std::unordered_map<Node*, std::unique_ptr<NodeState>> states_;
   std::set<Device> devices_;
 };
 
@@ -140,55 +149,68 @@ void run_single_thread(GraphTask& task) {
   while (!ready.empty()) {
     Node* n = ready.top();
     ready.pop();
-    std::shared_ptr<Node> keep = task.hold(n);
-    for (Node* r : task.run(n, nullptr)) ready.push(r);
+    for (Node* r : task.run(n)) ready.push(r);
   }
 }
 
-void run_multi_device(GraphTask& task) {
+// A device thread's ready nodes. Only its own thread pops; any thread pushes.
+struct ReadyQueue {
   std::mutex mu;
   std::condition_variable cv;
-  std::map<Device, std::priority_queue<Node*, std::vector<Node*>, ByLatest>> queues;
-  int outstanding = 1;  // nodes queued or running
-  std::exception_ptr error;
-  bool stop = false;
-  queues[task.root()->device].push(task.root());
+  std::priority_queue<Node*, std::vector<Node*>, ByLatest> nodes;
+};
 
+void run_multi_device(GraphTask& task) {
+  std::map<Device, std::unique_ptr<ReadyQueue>> queues;  // fixed before the workers start
+  for (const Device& d : task.devices()) queues[d] = std::make_unique<ReadyQueue>();
+  std::atomic<int> outstanding{1};  // nodes queued or running
+  std::atomic<bool> stop{false};
+  std::mutex error_mu;
+  std::exception_ptr error;
+  queues.at(task.root()->device)->nodes.push(task.root());
+
+  auto stop_all = [&] {
+    stop.store(true);
+    for (auto& [d, q] : queues) {
+      std::lock_guard<std::mutex> lk(q->mu);  // a waiter between its check and its sleep still wakes
+      q->cv.notify_all();
+    }
+  };
   auto worker = [&](Device dev) {
     NoGradGuard no_grad;
+    ReadyQueue& mine = *queues.at(dev);
     for (;;) {
       Node* n = nullptr;
-      std::shared_ptr<Node> keep;
       {
-        std::unique_lock<std::mutex> lk(mu);
-        cv.wait(lk, [&] { return stop || !queues[dev].empty(); });
-        if (stop) return;
-        n = queues[dev].top();
-        queues[dev].pop();
-        keep = task.hold(n);
+        std::unique_lock<std::mutex> lk(mine.mu);
+        mine.cv.wait(lk, [&] { return stop.load() || !mine.nodes.empty(); });
+        if (stop.load()) return;
+        n = mine.nodes.top();
+        mine.nodes.pop();
       }
       std::vector<Node*> ready;
       try {
-        ready = task.run(n, &mu);
+        ready = task.run(n);
       } catch (...) {
-        std::lock_guard<std::mutex> lk(mu);
-        if (!error) error = std::current_exception();
-        stop = true;
-        cv.notify_all();
+        {
+          std::lock_guard<std::mutex> lk(error_mu);
+          if (!error) error = std::current_exception();
+        }
+        stop_all();
         return;
       }
-      std::lock_guard<std::mutex> lk(mu);
+      outstanding.fetch_add(static_cast<int>(ready.size()));
       for (Node* r : ready) {
-        queues[r->device].push(r);
-        ++outstanding;
+        ReadyQueue& q = *queues.at(r->device);
+        {
+          std::lock_guard<std::mutex> lk(q.mu);
+          q.nodes.push(r);
+        }
+        if (&q != &mine) q.cv.notify_one();
       }
-      if (--outstanding == 0) stop = true;
-      cv.notify_all();
+      if (outstanding.fetch_sub(1) == 1) stop_all();
     }
   };
-  // Every queue exists before any worker starts: workers index the map under
-  // `mu`, and inserting here while they run would race on the tree.
-  for (const Device& d : task.devices()) queues[d];
   std::vector<std::thread> threads;
   for (const Device& d : task.devices()) threads.emplace_back(worker, d);
   for (auto& t : threads) t.join();

@@ -118,8 +118,8 @@ struct GradStep {
   std::vector<Device> devices;               // of the replicas used, in order
   // [replica][k]: whether the replica's last backward produced a gradient for
   // k. Each replica node writes its own row on its device's thread; the reduce
-  // node reads them after the engine has handed their outputs over (under its
-  // lock), which orders the accesses.
+  // node reads them after the engine has handed it their outputs (the handover
+  // synchronises: Note [Engine locking]), which orders the accesses.
   std::vector<std::vector<char>> got;
 };
 
