@@ -65,13 +65,17 @@ struct TrainRun {
   nn::NamedTensors state;
 };
 
-TrainRun train(bool dp, int steps) {
+// gpus == 0: the plain module on cuda:0; else DataParallel over cuda:0..gpus-1.
+TrainRun train(int gpus, int steps, int64_t bucket_bytes = DataParallelOptions{}.bucket_bytes) {
   const Device g0 = cuda_device(0);
   manual_seed(kSeed);
   ModulePtr net = small_cnn();
   net->to(g0);
-  ModulePtr model = dp ? ModulePtr(std::make_shared<DataParallel>(net, std::vector<Device>{g0, cuda_device(1)}))
-                       : net;
+  std::vector<Device> devs;
+  for (int i = 0; i < gpus; ++i) devs.push_back(cuda_device(i));
+  ModulePtr model =
+      gpus > 0 ? ModulePtr(std::make_shared<DataParallel>(net, devs, DataParallelOptions{.bucket_bytes = bucket_bytes}))
+               : net;
   optim::SGD opt(model->parameters(), optim::SGDOptions{.lr = 0.05, .momentum = 0.9});
   manual_seed(77);
   Tensor x = randn({16, 3, 16, 16}).to(g0), y = randint(0, 10, {16}).to(g0);
@@ -87,10 +91,7 @@ TrainRun train(bool dp, int steps) {
   return run;
 }
 
-TEST(DataParallelCuda, TwoGpusTrainLikeOne_MultiCUDA) {
-  if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
-  NoTf32 no_tf32;
-  TrainRun ref = train(false, 3), got = train(true, 3);
+void expect_same_run(const TrainRun& got, const TrainRun& ref) {
   ASSERT_EQ(got.losses.size(), ref.losses.size());
   for (size_t i = 0; i < ref.losses.size(); ++i) {
     ASSERT_TRUE(std::isfinite(ref.losses[i]));
@@ -102,6 +103,27 @@ TEST(DataParallelCuda, TwoGpusTrainLikeOne_MultiCUDA) {
   for (size_t i = 0; i < ref.state.size(); ++i) {
     EXPECT_EQ(got.state[i].first, ref.state[i].first);
     EXPECT_LE(rel_err(got.state[i].second, ref.state[i].second), kTol) << ref.state[i].first;
+  }
+}
+
+TEST(DataParallelCuda, TwoGpusTrainLikeOne_MultiCUDA) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  NoTf32 no_tf32;
+  expect_same_run(train(2, 3), train(0, 3));
+}
+
+// Note [DataParallel gradient buckets]: one NCCL reduction per parameter
+// (overlapping the rest of the backward) sums the same gradients as one
+// reduction at the end, on every GPU of the machine.
+TEST(DataParallelCuda, GradientBucketsTrainLikeOneGpu_MultiCUDA) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  NoTf32 no_tf32;
+  const TrainRun ref = train(0, 3);
+  for (int gpus : {2, std::min(cuda_device_count(), 4)}) {
+    for (int64_t bytes : {int64_t{1}, int64_t{4096}, int64_t{0}}) {
+      SCOPED_TRACE(std::to_string(gpus) + " GPUs, bucket_bytes " + std::to_string(bytes));
+      expect_same_run(train(gpus, 3, bytes), ref);
+    }
   }
 }
 

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <chorus/autograd/autocast.h>
+#include <chorus/autograd/node.h>
 #include <chorus/chorus.h>
 #include <chorus/models/models.h>
 #include <chorus/optim/sgd.h>
@@ -22,6 +23,7 @@
 #include <cmath>
 #include <functional>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -149,14 +151,15 @@ void expect_same_run(const TrainRun& got, const TrainRun& ref, const std::string
 
 // Trains the plain model and DP over each device count on the same batches.
 void expect_dp_matches_plain(const std::function<ModulePtr()>& make, const models::ModelSpec& spec,
-                             const std::vector<int64_t>& batch_sizes, const std::vector<int>& device_counts) {
+                             const std::vector<int64_t>& batch_sizes, const std::vector<int>& device_counts,
+                             DataParallelOptions options = {}) {
   auto data = make_batches(spec, batch_sizes);
   TrainRun ref = train(make, data);
   for (double l : ref.losses) ASSERT_TRUE(std::isfinite(l));
   if (std::adjacent_find(batch_sizes.begin(), batch_sizes.end(), std::not_equal_to<>()) == batch_sizes.end())
     EXPECT_LT(ref.losses.back(), ref.losses.front());  // it is actually learning
   for (int n : device_counts) {
-    TrainRun got = train([&] { return data_parallel(make(), n); }, data);
+    TrainRun got = train([&] { return data_parallel(make(), n, options); }, data);
     expect_same_run(got, ref, std::to_string(n) + " device(s)");
   }
 }
@@ -169,6 +172,48 @@ TEST(DataParallel, MLPTrainsLikeThePlainModule) {
 
 TEST(DataParallel, CNNTrainsLikeThePlainModule) {
   expect_dp_matches_plain(make_cnn, kCnnSpec, {6, 6, 6, 6, 6}, {1, 2, 3});
+}
+
+// Note [DataParallel gradient buckets]: one bucket per parameter, a few
+// parameters per bucket, and one bucket for everything give the same training.
+TEST(DataParallel, GradientBucketsOfAnySizeTrainLikeThePlainModule) {
+  for (int64_t bytes : {int64_t{1}, int64_t{700}, int64_t{0}}) {
+    SCOPED_TRACE("bucket_bytes " + std::to_string(bytes));
+    expect_dp_matches_plain(make_cnn, kCnnSpec, {6, 6, 6, 6}, {3}, {.bucket_bytes = bytes});
+    expect_dp_matches_plain(make_mlp, kMlpSpec, {7, 7, 7}, {2, 3}, {.bucket_bytes = bytes});
+  }
+}
+
+// The graph holds one reduce node per bucket (so each bucket's sum can start
+// as soon as its gradients exist), fed by one node per replica and bucket.
+TEST(DataParallel, GradientBucketsAreSeparateGraphNodes) {
+  auto count_nodes = [](const Tensor& root, const std::string& name) {
+    std::vector<autograd::Node*> stack{root.grad_fn().get()};
+    std::set<autograd::Node*> seen(stack.begin(), stack.end());
+    int n = 0;
+    while (!stack.empty()) {
+      autograd::Node* node = stack.back();
+      stack.pop_back();
+      if (node->name() == name) ++n;
+      for (const autograd::Edge& e : node->next)
+        if (e.fn && seen.insert(e.fn.get()).second) stack.push_back(e.fn.get());
+    }
+    return n;
+  };
+  auto data = make_batches(kMlpSpec, {6});
+  for (int64_t bytes : {int64_t{0}, int64_t{1}}) {
+    manual_seed(kSeed);
+    ModulePtr net = make_mlp();
+    const int params = static_cast<int>(net->parameters().size());
+    ASSERT_GT(params, 2);
+    auto dp = data_parallel(net, 3, {.bucket_bytes = bytes});
+    Tensor loss = F::cross_entropy(dp->forward(data[0].x), data[0].y);
+    const int buckets = bytes == 0 ? 1 : params;
+    EXPECT_EQ(count_nodes(loss, "DataParallelReduceBackward"), buckets) << "bucket_bytes " << bytes;
+    EXPECT_EQ(count_nodes(loss, "DataParallelReplicaBackward"), 3 * buckets) << "bucket_bytes " << bytes;
+    loss.backward();
+    for (const Tensor& p : net->parameters()) EXPECT_TRUE(p.grad().defined());
+  }
 }
 
 TEST(DataParallel, StateDictNamesAreThePlainModules) {
@@ -522,22 +567,25 @@ class PartlyUsed : public nn::Module {
 };
 
 TEST(DataParallel, UnusedParametersGetNoGradientAndPartlyUsedOnesTheirReplicasSum) {
-  manual_seed(kSeed);
-  auto net = std::make_shared<PartlyUsed>();
-  DataParallel dp(net, cpus(3));
-  manual_seed(3);
-  Tensor x = randn({6, 2, 3, 3}), w = randn({6, 5});
-  (dp.forward(x) * w).sum().backward();
-  auto got = grads_of(net);
-  net->zero_grad();
+  for (int64_t bytes : {int64_t{25} << 20, int64_t{1}}) {  // one bucket; one per parameter
+    SCOPED_TRACE("bucket_bytes " + std::to_string(bytes));
+    manual_seed(kSeed);
+    auto net = std::make_shared<PartlyUsed>();
+    DataParallel dp(net, cpus(3), {.bucket_bytes = bytes});
+    manual_seed(3);
+    Tensor x = randn({6, 2, 3, 3}), w = randn({6, 5});
+    (dp.forward(x) * w).sum().backward();
+    auto got = grads_of(net);
+    net->zero_grad();
 
-  // The same function without DP: rows 2..3 are the chunk of the replica on cpu:1.
-  Tensor h = x.flatten(1);
-  ((net->lin->forward(h) * w).sum() + (net->extra->forward(h.narrow(0, 2, 2)) * w.narrow(0, 2, 2)).sum()).backward();
-  auto ref = grads_of(net);
-  for (const auto& [n, g] : got)
-    if (n.rfind("unused.", 0) == 0) EXPECT_FALSE(g.defined()) << n << " was never used";
-  expect_same_grads(got, ref);
+    // The same function without DP: rows 2..3 are the chunk of the replica on cpu:1.
+    Tensor h = x.flatten(1);
+    ((net->lin->forward(h) * w).sum() + (net->extra->forward(h.narrow(0, 2, 2)) * w.narrow(0, 2, 2)).sum()).backward();
+    auto ref = grads_of(net);
+    for (const auto& [n, g] : got)
+      if (n.rfind("unused.", 0) == 0) EXPECT_FALSE(g.defined()) << n << " was never used";
+    expect_same_grads(got, ref);
+  }
 }
 
 TEST(DataParallel, TwoBackwardPassesWithoutZeroGradAccumulate) {

@@ -15,6 +15,7 @@ std::atomic<uint64_t> g_seq{0};
 }
 
 uint64_t next_sequence_nr() { return g_seq++; }
+uint64_t next_urgent_sequence_nr() { return (uint64_t{1} << 63) | g_seq++; }
 
 TensorList FunctionNode::apply(TensorList&& grads) {
   if (!fn_) {

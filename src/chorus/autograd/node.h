@@ -81,6 +81,11 @@ Edge gradient_edge(const Tensor& t);
 // engine's ordering (later nodes first, gradients summed in creation order)
 // covers them.
 uint64_t next_sequence_nr();
+// A creation number that puts a node ahead of every ordinary node once it is
+// ready (still unique and increasing, so that sums stay in a fixed order): for
+// nodes that start communication which the rest of the backward pass should
+// overlap, such as DataParallel's per-bucket gradient reductions.
+uint64_t next_urgent_sequence_nr();
 
 // Records `outputs` as produced by a differentiable op of `inputs` when grad
 // mode is on and any input requires grad; returns the outputs. The backward

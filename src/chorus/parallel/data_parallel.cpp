@@ -68,6 +68,41 @@ struct detail::FlatLayout {
   }
 };
 
+// Note [DataParallel gradient buckets] (data_parallel.h).
+struct detail::GradBuckets {
+  struct Bucket {
+    std::vector<size_t> ks;  // gradient entries (indices into grad_entries_), last parameters first
+    FlatLayout layout;       // of their gradients, segment i for ks[i]
+  };
+  std::vector<Bucket> buckets;
+  std::vector<size_t> bucket_of, index_in_bucket;  // [k]
+
+  // Walks the parameters from the last to the first (the order in which a
+  // backward pass usually produces their gradients), closing a bucket once it
+  // holds `bucket_bytes` (0: one bucket).
+  GradBuckets(const std::vector<Tensor>& masters, int64_t bucket_bytes)
+      : bucket_of(masters.size()), index_in_bucket(masters.size()) {
+    std::vector<size_t> ks;
+    std::vector<Tensor> ms;
+    int64_t bytes = 0;
+    auto close = [&] {
+      buckets.push_back({ks, FlatLayout(ms)});
+      ks.clear();
+      ms.clear();
+      bytes = 0;
+    };
+    for (size_t k = masters.size(); k-- > 0;) {
+      bucket_of[k] = buckets.size();
+      index_in_bucket[k] = ks.size();
+      ks.push_back(k);
+      ms.push_back(masters[k]);
+      bytes += masters[k].numel() * static_cast<int64_t>(dtype_size(masters[k].dtype()));
+      if (bucket_bytes > 0 && bytes >= bucket_bytes && k > 0) close();
+    }
+    if (!ks.empty()) close();
+  }
+};
+
 struct DataParallel::Entry {
   bool is_param = false;
   Tensor master;                            // parameters: the leaf the optimizer updates
@@ -89,6 +124,7 @@ struct DataParallel::Entry {
 namespace {
 
 using detail::FlatLayout;
+using detail::GradBuckets;
 
 // Parameter and buffer slots of a module tree, in a fixed walk order.
 void walk(nn::Module& m, std::vector<Tensor*>* params, std::vector<Tensor*>* buffers) {
@@ -114,32 +150,36 @@ void leaf_edges(const nn::Value& x, std::vector<autograd::Edge>* out) {
 
 // What one forward's gradient nodes share (Note [DataParallel flat buffers]).
 struct GradStep {
-  std::shared_ptr<const FlatLayout> layout;  // of the gradients: one segment per master parameter k
-  std::vector<Device> devices;               // of the replicas used, in order
+  std::shared_ptr<const GradBuckets> buckets;
+  std::vector<Device> devices;  // of the replicas used, in order
   // [replica][k]: whether the replica's last backward produced a gradient for
-  // k. Each replica node writes its own row on its device's thread; the reduce
-  // node reads them after the engine has handed it their outputs (the handover
-  // synchronises: Note [Engine locking]), which orders the accesses.
+  // gradient entry k. Each replica node writes its own bucket's entries of its
+  // own row on its device's thread; the bucket's reduce node reads them after
+  // the engine has handed it their outputs (the handover synchronises: Note
+  // [Engine locking]), which orders the accesses.
   std::vector<std::vector<char>> got;
 };
 
-// Replica r's parameter views -> one flat gradient buffer per dtype, on
-// devices[r], for the reduce node.
+// Replica r's gradients of one bucket's parameters -> one flat buffer per
+// dtype, on devices[r], for the bucket's reduce node.
 class ReplicaBackward final : public autograd::Node {
  public:
-  ReplicaBackward(std::shared_ptr<GradStep> step, size_t replica) : step_(std::move(step)), replica_(replica) {}
+  ReplicaBackward(std::shared_ptr<GradStep> step, size_t replica, size_t bucket)
+      : step_(std::move(step)), replica_(replica), bucket_(bucket) {}
   std::string name() const override { return "DataParallelReplicaBackward"; }
 
   TensorList apply(TensorList&& grads) override {
-    const FlatLayout& layout = *step_->layout;
+    const GradBuckets::Bucket& bucket = step_->buckets->buckets[bucket_];
+    const FlatLayout& layout = bucket.layout;
     const size_t groups = layout.groups();
     std::vector<char>& got = step_->got[replica_];
     std::vector<size_t> present(groups, 0), total(groups, 0);
-    for (size_t k = 0; k < layout.segments.size(); ++k) {
-      got[k] = k < grads.size() && grads[k].defined();
-      const size_t g = layout.segments[k].group;
+    for (size_t i = 0; i < bucket.ks.size(); ++i) {
+      const bool has = i < grads.size() && grads[i].defined();
+      got[bucket.ks[i]] = has;
+      const size_t g = layout.segments[i].group;
       ++total[g];
-      if (got[k]) ++present[g];
+      if (has) ++present[g];
     }
     // Fresh buffers from the stream-ordered allocator: nothing here aliases a
     // gradient of an earlier step that someone may still hold. Zeroed when a
@@ -154,14 +194,14 @@ class ReplicaBackward final : public autograd::Node {
     // One multi-tensor copy for the gradients of the parameter's own shape and
     // dtype (Note [Multi-tensor copy] in ops/copy.h); anything else converts.
     TensorList srcs, dsts;
-    for (size_t k = 0; k < layout.segments.size(); ++k) {
-      if (!got[k]) continue;
-      Tensor dst = layout.view(out[layout.segments[k].group], k);
-      if (grads[k].sizes() == dst.sizes() && grads[k].dtype() == dst.dtype()) {
-        srcs.push_back(grads[k]);
+    for (size_t i = 0; i < bucket.ks.size(); ++i) {
+      if (!got[bucket.ks[i]]) continue;
+      Tensor dst = layout.view(out[layout.segments[i].group], i);
+      if (grads[i].sizes() == dst.sizes() && grads[i].dtype() == dst.dtype()) {
+        srcs.push_back(grads[i]);
         dsts.push_back(std::move(dst));
       } else {
-        ops::copy_(dst, grads[k]);
+        ops::copy_(dst, grads[i]);
       }
     }
     ops::copy_multi(srcs, dsts);
@@ -170,21 +210,22 @@ class ReplicaBackward final : public autograd::Node {
 
  private:
   std::shared_ptr<GradStep> step_;
-  size_t replica_;
+  size_t replica_, bucket_;
 };
 
-// The replicas' flat gradient buffers -> their sum, one view per master
-// parameter, on devices[0]. Input r * groups + g is replica r's buffer of
-// dtype group g.
+// The replicas' flat gradient buffers of one bucket -> their sum, one view per
+// master parameter of the bucket, on devices[0]. Input r * groups + g is
+// replica r's buffer of dtype group g.
 class ReduceBackward final : public autograd::Node {
  public:
-  explicit ReduceBackward(std::shared_ptr<GradStep> step) : step_(std::move(step)) {}
+  ReduceBackward(std::shared_ptr<GradStep> step, size_t bucket) : step_(std::move(step)), bucket_(bucket) {}
   std::string name() const override { return "DataParallelReduceBackward"; }
 
   TensorList apply(TensorList&& grads) override {
-    const FlatLayout& layout = *step_->layout;
+    const GradBuckets::Bucket& bucket = step_->buckets->buckets[bucket_];
+    const FlatLayout& layout = bucket.layout;
     const size_t groups = layout.groups(), replicas = step_->devices.size();
-    TensorList out(layout.segments.size());
+    TensorList out(bucket.ks.size());
     for (size_t g = 0; g < groups; ++g) {
       auto sent = [&](size_t r) { return r * groups + g < grads.size() && grads[r * groups + g].defined(); };
       std::vector<Tensor> srcs;
@@ -199,11 +240,11 @@ class ReduceBackward final : public autograd::Node {
                                : zeros({layout.numels[g]}, TensorOptions(layout.dtypes[g], step_->devices[r])));
       // In place into replica 0's buffer: it is fresh and nobody else holds it.
       if (srcs.size() > 1) ops::reduce_sum(srcs, srcs[0]);
-      for (size_t k = 0; k < layout.segments.size(); ++k) {
-        if (layout.segments[k].group != g) continue;
+      for (size_t i = 0; i < bucket.ks.size(); ++i) {
+        if (layout.segments[i].group != g) continue;
         bool got = false;
-        for (size_t r = 0; r < replicas && !got; ++r) got = sent(r) && step_->got[r][k];
-        if (got) out[k] = layout.view(srcs[0], k);  // else: no gradient, as for a plain module
+        for (size_t r = 0; r < replicas && !got; ++r) got = sent(r) && step_->got[r][bucket.ks[i]];
+        if (got) out[i] = layout.view(srcs[0], i);  // else: no gradient, as for a plain module
       }
     }
     return out;
@@ -211,6 +252,7 @@ class ReduceBackward final : public autograd::Node {
 
  private:
   std::shared_ptr<GradStep> step_;
+  size_t bucket_;
 };
 
 }  // namespace
@@ -359,44 +401,56 @@ void DataParallel::record_gradient_nodes(size_t used) {
   for (size_t e = 0; e < num_params_; ++e)
     if (entries_[e].master.requires_grad()) ge.push_back(e);
   if (ge.empty()) return;
-  if (ge != grad_entries_ || !grad_layout_) {
+  if (ge != grad_entries_ || !grad_buckets_) {
     std::vector<Tensor> ms;
     for (size_t e : ge) ms.push_back(entries_[e].master);
-    grad_layout_ = std::make_shared<const FlatLayout>(ms);
+    grad_buckets_ = std::make_shared<const GradBuckets>(ms, options_.bucket_bytes);
     grad_entries_ = ge;
   }
-  const FlatLayout& layout = *grad_layout_;
-  const size_t groups = layout.groups(), k_count = ge.size();
+  const GradBuckets& buckets = *grad_buckets_;
+  const size_t k_count = ge.size(), n_buckets = buckets.buckets.size();
 
   auto step = std::make_shared<GradStep>();
-  step->layout = grad_layout_;
+  step->buckets = grad_buckets_;
   step->devices.assign(devices_.begin(), devices_.begin() + static_cast<std::ptrdiff_t>(used));
   step->got.assign(used, std::vector<char>(k_count, 0));
 
-  auto reduce = std::make_shared<ReduceBackward>(step);
-  reduce->seq = autograd::next_sequence_nr();
-  reduce->device = devices_[0];
-  reduce->num_outputs = static_cast<uint32_t>(used * groups);
-  for (size_t e : ge) {
-    const Tensor& m = entries_[e].master;
-    reduce->next.push_back(autograd::gradient_edge(m));
-    reduce->input_meta.push_back({m.device(), m.dtype(), m.sizes()});
+  // Urgent creation numbers (autograd/node.h): each bucket's nodes run as soon
+  // as its gradients are in, so its reduction overlaps the rest of the backward.
+  std::vector<std::shared_ptr<ReduceBackward>> reduces;
+  for (size_t b = 0; b < n_buckets; ++b) {
+    const GradBuckets::Bucket& bucket = buckets.buckets[b];
+    auto reduce = std::make_shared<ReduceBackward>(step, b);
+    reduce->seq = autograd::next_urgent_sequence_nr();
+    reduce->device = devices_[0];
+    reduce->num_outputs = static_cast<uint32_t>(used * bucket.layout.groups());
+    for (size_t k : bucket.ks) {
+      const Tensor& m = entries_[ge[k]].master;
+      reduce->next.push_back(autograd::gradient_edge(m));
+      reduce->input_meta.push_back({m.device(), m.dtype(), m.sizes()});
+    }
+    reduces.push_back(std::move(reduce));
   }
   for (size_t r = 0; r < used; ++r) {
-    auto node = std::make_shared<ReplicaBackward>(step, r);
-    node->seq = autograd::next_sequence_nr();
-    node->device = devices_[r];  // the engine runs it on this device's thread
-    node->num_outputs = static_cast<uint32_t>(k_count);
-    for (size_t g = 0; g < groups; ++g) {
-      node->next.push_back(autograd::Edge{reduce, static_cast<uint32_t>(r * groups + g)});
-      node->input_meta.push_back({devices_[r], layout.dtypes[g], {layout.numels[g]}});
+    std::vector<std::shared_ptr<ReplicaBackward>> nodes;
+    for (size_t b = 0; b < n_buckets; ++b) {
+      const FlatLayout& layout = buckets.buckets[b].layout;
+      auto node = std::make_shared<ReplicaBackward>(step, r, b);
+      node->seq = autograd::next_urgent_sequence_nr();
+      node->device = devices_[r];  // the engine runs it on this device's thread
+      node->num_outputs = static_cast<uint32_t>(buckets.buckets[b].ks.size());
+      for (size_t g = 0; g < layout.groups(); ++g) {
+        node->next.push_back(autograd::Edge{reduces[b], static_cast<uint32_t>(r * layout.groups() + g)});
+        node->input_meta.push_back({devices_[r], layout.dtypes[g], {layout.numels[g]}});
+      }
+      nodes.push_back(std::move(node));
     }
     // Fresh tensors each forward (a tensor has one grad_fn): for replica 0
     // aliases of the masters, so that its gradients too take the flat path.
     for (size_t k = 0; k < k_count; ++k) {
       const Entry& entry = entries_[ge[k]];
       Tensor v = r == 0 ? entry.master.detach() : views_[r][ge[k]].detach();
-      v.set_grad_fn(node, static_cast<uint32_t>(k));
+      v.set_grad_fn(nodes[buckets.bucket_of[k]], static_cast<uint32_t>(buckets.index_in_bucket[k]));
       for (Tensor* slot : entry.slots[r]) *slot = v;
     }
   }

@@ -23,13 +23,13 @@
 //    packed into a staging buffer on devices[0] (one ops::copy_multi per
 //    dtype: a few kernel launches, not one per tensor) and
 //    broadcast_coalesced to every used replica: one collective per dtype.
-//  - Gradients: one autograd node per replica ("DataParallelReplicaBackward",
+//  - Gradients: one autograd node per replica and bucket ("DataParallelReplicaBackward",
 //    on devices[r], so the engine runs it on that device's thread) owns the
 //    replica's parameter views — for replica 0, detached aliases of the
 //    masters, put in the wrapped module's slots for the forward only. Its
 //    backward packs the gradients it received (ops::copy_multi) into a fresh
 //    flat buffer (from the stream-ordered allocator, so nothing aliases an
-//    earlier step's .grad). One "DataParallelReduceBackward" node on
+//    earlier step's .grad). One "DataParallelReduceBackward" node per bucket on
 //    devices[0] takes the replicas' buffers as its inputs, reduce_sum's them
 //    (one collective per dtype) and returns a view of the sum per master
 //    parameter, to the masters' AccumulateGrad. The engine's dependency
@@ -41,6 +41,15 @@
 //    masters directly, as a plain module would: nothing to broadcast or sum.
 // Replica gradients are summed in replica order on CPU devices, so results do
 // not depend on thread timing (NCCL fixes its own order).
+//
+// Note [DataParallel gradient buckets]: the gradient nodes above exist once
+// per bucket of parameters (options.bucket_bytes, 25 MiB by default, filled
+// from the last parameter to the first, the order in which a backward pass
+// usually produces their gradients), like DistributedDataParallel's buckets.
+// Both kinds of node get urgent creation numbers, so the engine runs them as
+// soon as a bucket's gradients are in: the sum of the last layers' gradients
+// travels while the replicas are still computing the first layers', instead of
+// the whole model's after the last backward op.
 //
 // BatchNorm: each replica normalises with its own chunk's statistics; the
 // running statistics of the first device's replica (the wrapped module) are the
@@ -59,13 +68,17 @@
 namespace chorus::parallel {
 
 namespace detail {
-struct FlatLayout;  // where each of a list of tensors lives in its dtype's flat buffer
+struct FlatLayout;   // where each of a list of tensors lives in its dtype's flat buffer
+struct GradBuckets;  // the parameters' gradients in buckets, each with its own flat layout
 }
 
 struct DataParallelOptions {
   int64_t dim = 0;                       // the batch dimension of every input tensor
   std::optional<Device> output_device;   // default: the first device
   bool gather_output = true;             // false: per-replica outputs, left on their devices
+  // Gradients are summed across replicas in buckets of about this many bytes
+  // (Note [DataParallel gradient buckets]); 0: one bucket, summed at the end.
+  int64_t bucket_bytes = int64_t{25} << 20;
 };
 
 class DataParallel : public nn::Module {
@@ -111,8 +124,8 @@ class DataParallel : public nn::Module {
   std::vector<Tensor> staging_views_;                      // [entry] views into staging_
   std::vector<std::vector<Tensor>> flat_;                  // [replica][group] (replica 0: none)
   std::vector<std::vector<Tensor>> views_;                 // [replica][entry] views into flat_
-  std::vector<size_t> grad_entries_;                       // the entries grad_layout_ covers
-  std::shared_ptr<const detail::FlatLayout> grad_layout_;  // of their gradients
+  std::vector<size_t> grad_entries_;                       // the entries grad_buckets_ covers
+  std::shared_ptr<const detail::GradBuckets> grad_buckets_;  // of their gradients
   std::unique_ptr<DeviceThreads> threads_;
   bool grad_enabled_outside_ = true;
 };
