@@ -1,4 +1,4 @@
-// ops::broadcast_coalesced and ops::reduce_sum: on logical CPU devices (the
+// ops::broadcast_coalesced, ops::reduce_sum and reduce_sum_after: on logical CPU devices (the
 // copy/add fallback, run in CI) and on two or more GPUs (NCCL), against sums
 // computed on the host.
 #include <gtest/gtest.h>
@@ -61,6 +61,16 @@ void check_collectives(const std::vector<Device>& devices, int64_t n, DType dtyp
   check_sum(dst, "separate destination");
   for (size_t i = 1; i < devices.size(); ++i)  // the sources are unchanged
     EXPECT_TRUE(bufs[i].to(kFloat32).to_vector<float>() == vals[i]) << devices[i].str();
+  // Ordered by events recorded after each source was written, joined after.
+  std::vector<Event> ready;
+  for (const Device& d : devices) {
+    ready.emplace_back(d, /*timing=*/false);
+    ready.back().record();
+  }
+  Tensor dst_after = empty({n}, TensorOptions(dtype, devices[0]));
+  reduce_sum_after(bufs, dst_after, ready);
+  comm_join(devices[0]);
+  check_sum(dst_after, "reduce_sum_after");
   reduce_sum(bufs, bufs[0]);
   check_sum(bufs[0], "in place");
 
@@ -108,6 +118,10 @@ TEST(Comm, BadArgumentsAreValueErrors) {
                                     {"reduce_sum", "int64"}));
   EXPECT_TRUE(test::throws_naming([&] { reduce_sum({a, zeros({4}, cpu_device(0))}, a); },
                                     {"reduce_sum", "cpu:0", "once"}));
+  Event e0(cpu_device(0)), e1(cpu_device(1));
+  EXPECT_TRUE(test::throws_naming([&] { reduce_sum_after({a, b}, a, {e0}); }, {"reduce_sum_after", "1 events", "2 sources"}));
+  EXPECT_TRUE(test::throws_naming([&] { reduce_sum_after({a, b}, a, {e1, e0}); },
+                                    {"reduce_sum_after", "event of source 0", "cpu:1", "cpu:0"}));
   EXPECT_TRUE(test::throws_naming([&] { broadcast_coalesced(a, {zeros({4}, cpu_device(0))}); },
                                     {"broadcast_coalesced", "once"}));
   EXPECT_TRUE(test::throws_naming([&] { broadcast_coalesced(a, {zeros({4}, TensorOptions(kBFloat16, cpu_device(1)))}); },
@@ -157,6 +171,39 @@ TEST(Comm, CollectivesAreOrderedWithSurroundingWork_MultiCUDA) {
     c.mul_(0.5);
     EXPECT_EQ(c.max().item(), 13.0);
     EXPECT_EQ(c.neg().max().item(), -13.0);
+  }
+}
+
+// Note [Overlapped collectives]: the sum waits only for the events, the
+// current streams do not wait for it until comm_join, and a source dropped
+// right after the call is not reused while the collective still reads it.
+TEST(Comm, ReduceAfterEventsKeepsBuffersAndJoins_MultiCUDA) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  const std::vector<Device> gpus = all_gpus();
+  const int64_t n = int64_t{1} << 24;
+  for (int iter = 0; iter < 3; ++iter) {
+    std::vector<Tensor> srcs;
+    std::vector<Event> ready;
+    double want = 0;
+    for (size_t i = 0; i < gpus.size(); ++i) {
+      Tensor t = full({n}, 1.0, TensorOptions(kFloat32, gpus[i]));
+      t.mul_(static_cast<double>(i + 2));  // written by a kernel just before the event
+      want += static_cast<double>(i + 2);
+      srcs.push_back(t);
+      ready.emplace_back(gpus[i], /*timing=*/false);
+      ready.back().record();
+    }
+    Tensor dst = empty({n}, TensorOptions(kFloat32, gpus[0]));
+    reduce_sum_after(srcs, dst, ready);
+    // Sources dropped at once; new tensors of the same size on the same
+    // streams must not get their memory while the sum may still read it.
+    for (size_t i = 1; i < srcs.size(); ++i) srcs[i] = Tensor();
+    std::vector<Tensor> scribble;
+    for (size_t i = 1; i < gpus.size(); ++i) scribble.push_back(full({n}, -1000.0, TensorOptions(kFloat32, gpus[i])));
+    comm_join(gpus[0]);
+    dst.add_(dst, 1.0);  // after the join: 2 * want everywhere
+    EXPECT_EQ(dst.max().item(), 2 * want);
+    EXPECT_EQ(dst.neg().max().item(), -2 * want);
   }
 }
 #endif  // CHORUS_WITH_CUDA

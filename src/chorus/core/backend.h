@@ -31,7 +31,9 @@ class DeviceBackend {
   // the bytes in use.
   virtual void* allocate(size_t nbytes, Device d) = 0;
   virtual void deallocate(void* ptr, Device d) noexcept = 0;
-  virtual void record_use(void* ptr, Device owner, Device user) {}
+  // `stream`: the stream of `user` that reads the block; null means the
+  // thread's current stream of `user`.
+  virtual void record_use(void* ptr, Device owner, Device user, StreamHandle stream = nullptr) {}
   virtual size_t bytes_in_use(Device d) const { return 0; }
   virtual size_t peak_bytes(Device d) const { return 0; }
   virtual void reset_peak_bytes(Device d) {}

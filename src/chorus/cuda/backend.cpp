@@ -127,9 +127,10 @@ class CudaBackend final : public DeviceBackend {
   // Note [Stream-ordered memory]: names the user device's current stream; the
   // free waits for everything enqueued on it until then, before or after this
   // call.
-  void record_use(void* ptr, Device owner, Device user) override {
+  void record_use(void* ptr, Device owner, Device user, StreamHandle stream) override {
     if (!user.is_cuda() || !ptr) return;  // host reads are synchronous
-    allocator_.record_use(ptr, index(owner), index(user), cuda::current_stream(index(user)));
+    allocator_.record_use(ptr, index(owner), index(user),
+                          stream ? static_cast<cudaStream_t>(stream) : cuda::current_stream(index(user)));
   }
   size_t bytes_in_use(Device d) const override { return allocator_.bytes_in_use(index(d)); }
   size_t peak_bytes(Device d) const override { return allocator_.peak_bytes(index(d)); }

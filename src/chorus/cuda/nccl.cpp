@@ -115,9 +115,12 @@ void drop_comm_set(State& st, const std::vector<int>& devices) {
 }
 
 // Issues issue(rank, comm, stream) for every rank inside one group, on the
-// communication streams, joined to the current streams both ways.
+// communication streams: joined to the current streams both ways, or, given
+// `ready` (one cudaEvent_t per rank), after those events and joined to nothing
+// (Note [Overlapped collectives]).
 template <typename Issue>
-void run_collective(const char* call, const std::vector<int>& devices, Issue&& issue) {
+void run_collective(const char* call, const std::vector<int>& devices, Issue&& issue,
+                    const std::vector<void*>* ready = nullptr) {
   for (size_t i = 0; i < devices.size(); ++i)
     for (size_t j = 0; j < i; ++j)
       CHORUS_CHECK(devices[i] != devices[j], call, ": cuda:", devices[i], " appears twice in the device list");
@@ -130,8 +133,12 @@ void run_collective(const char* call, const std::vector<int>& devices, Issue&& i
     PerDevice& pd = per_device(st, d);
     cudaStream_t cur = current_stream(d);
     CudaDeviceGuard guard(d);
-    CHORUS_CUDA_CHECK(cudaEventRecord(pd.ready, cur));
-    CHORUS_CUDA_CHECK(cudaStreamWaitEvent(pd.stream, pd.ready, 0));
+    if (ready) {
+      CHORUS_CUDA_CHECK(cudaStreamWaitEvent(pd.stream, static_cast<cudaEvent_t>((*ready)[pds.size()]), 0));
+    } else {
+      CHORUS_CUDA_CHECK(cudaEventRecord(pd.ready, cur));
+      CHORUS_CUDA_CHECK(cudaStreamWaitEvent(pd.stream, pd.ready, 0));
+    }
     pds.push_back(&pd);
     current.push_back(cur);
   }
@@ -156,6 +163,7 @@ void run_collective(const char* call, const std::vector<int>& devices, Issue&& i
                        __FILE__, __LINE__);
     }
   }
+  if (ready) return;
   for (size_t i = 0; i < devices.size(); ++i) {
     CudaDeviceGuard guard(devices[i]);
     CHORUS_CUDA_CHECK(cudaEventRecord(pds[i]->done, pds[i]->stream));
@@ -194,16 +202,51 @@ void nccl_broadcast(const std::vector<int>& devices, const std::vector<void*>& b
   });
 }
 
-void nccl_reduce_sum(const std::vector<int>& devices, const std::vector<const void*>& srcs, void* dst, size_t count,
-                     DType dtype) {
+namespace {
+void reduce(const std::vector<int>& devices, const std::vector<const void*>& srcs, void* dst, size_t count,
+            DType dtype, const std::vector<void*>* ready) {
   CHORUS_ASSERT(devices.size() == srcs.size() && !devices.empty());
+  CHORUS_ASSERT(!ready || ready->size() == devices.size());
   if (count == 0) return;
   const ncclDataType_t type = nccl_type(dtype);
-  run_collective("ncclReduce", devices, [&](int rank, ncclComm_t comm, cudaStream_t stream) {
-    // Only the root's receive buffer is used.
-    return ncclReduce(srcs[static_cast<size_t>(rank)], rank == 0 ? dst : nullptr, count, type, ncclSum, 0, comm,
-                      stream);
-  });
+  run_collective(
+      "ncclReduce", devices,
+      [&](int rank, ncclComm_t comm, cudaStream_t stream) {
+        // Only the root's receive buffer is used.
+        return ncclReduce(srcs[static_cast<size_t>(rank)], rank == 0 ? dst : nullptr, count, type, ncclSum, 0,
+                          comm, stream);
+      },
+      ready);
+}
+}  // namespace
+
+void nccl_reduce_sum(const std::vector<int>& devices, const std::vector<const void*>& srcs, void* dst, size_t count,
+                     DType dtype) {
+  reduce(devices, srcs, dst, count, dtype, nullptr);
+}
+
+void nccl_reduce_sum_after(const std::vector<int>& devices, const std::vector<const void*>& srcs, void* dst,
+                           size_t count, DType dtype, const std::vector<void*>& ready) {
+  reduce(devices, srcs, dst, count, dtype, &ready);
+}
+
+void nccl_join(int device) {
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  auto it = st.devices.find(device);
+  if (it == st.devices.end()) return;
+  const PerDevice& pd = it->second;
+  cudaStream_t cur = current_stream(device);
+  CudaDeviceGuard guard(device);
+  // `done` may be re-recorded by the next call: the wait has captured it.
+  CHORUS_CUDA_CHECK(cudaEventRecord(pd.done, pd.stream));
+  CHORUS_CUDA_CHECK(cudaStreamWaitEvent(cur, pd.done, 0));
+}
+
+void* nccl_stream(int device) {
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  return per_device(st, device).stream;
 }
 
 #else  // no NCCL in this build
@@ -218,6 +261,12 @@ void nccl_broadcast(const std::vector<int>&, const std::vector<void*>&, size_t) 
 void nccl_reduce_sum(const std::vector<int>&, const std::vector<const void*>&, void*, size_t, DType) {
   CHORUS_THROW(DeviceError, "ncclReduce: this build of Chorus has no NCCL");
 }
+void nccl_reduce_sum_after(const std::vector<int>&, const std::vector<const void*>&, void*, size_t, DType,
+                           const std::vector<void*>&) {
+  CHORUS_THROW(DeviceError, "ncclReduce: this build of Chorus has no NCCL");
+}
+void nccl_join(int) {}
+void* nccl_stream(int) { return nullptr; }
 
 #endif
 

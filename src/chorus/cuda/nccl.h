@@ -28,6 +28,20 @@
 // ops/comm.cpp names each caller's current stream with record_use, so the
 // allocator's usual rule covers buffers allocated elsewhere too.
 //
+// Note [Overlapped collectives]: a reduction issued in the middle of a
+// backward pass (DataParallel's gradient buckets) must not tie the devices'
+// current streams together: with the joins above, device 0's stream would stop
+// until every replica had finished all the work already queued on its stream
+// (the rest of its backward), and the GPUs would take turns. So
+// nccl_reduce_sum_after waits, per rank, for an event its producer recorded
+// right after writing the buffer, and the current streams do not wait for it;
+// nccl_join(d) later makes the caller's current stream of d wait for every
+// collective issued to d so far (one wait at the end of the backward). Memory:
+// the caller names the communication stream (nccl_stream) with record_use, so
+// a free waits for the collective instead. No deadlock: each rank's collective
+// waits only for an event recorded before the call, and the collectives of all
+// ranks are enqueued in one order.
+//
 // Calls are serialised by one process-wide mutex: NCCL requires the
 // collectives of a communicator set to be enqueued in the same order on every
 // rank, which one group call from one thread at a time guarantees.
@@ -54,5 +68,17 @@ void nccl_broadcast(const std::vector<int>& devices, const std::vector<void*>& b
 // `dtype` on devices[i]). dst may be srcs[0].
 void nccl_reduce_sum(const std::vector<int>& devices, const std::vector<const void*>& srcs, void* dst,
                      size_t count, DType dtype);
+
+// The same sum, ordered by events instead of the current streams (Note
+// [Overlapped collectives]): rank i starts once ready[i] (a cudaEvent_t
+// recorded on devices[i]) has passed; nothing waits for the result until
+// nccl_join.
+void nccl_reduce_sum_after(const std::vector<int>& devices, const std::vector<const void*>& srcs, void* dst,
+                           size_t count, DType dtype, const std::vector<void*>& ready);
+// The calling thread's current stream of `device` waits for every collective
+// issued to `device` so far. No-op for a device no collective has used.
+void nccl_join(int device);
+// The communication stream of `device` (a cudaStream_t), for record_use.
+void* nccl_stream(int device);
 
 }  // namespace chorus::cuda

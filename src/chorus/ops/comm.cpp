@@ -74,8 +74,10 @@ void broadcast_coalesced(const Tensor& src, const std::vector<Tensor>& dsts) {
   for (const Tensor& d : dsts) copy_(d, src);
 }
 
-void reduce_sum(const std::vector<Tensor>& srcs, const Tensor& dst) {
-  const char* op = "reduce_sum";
+namespace {
+
+// Checks reduce_sum's arguments; whether dst is srcs[0]'s buffer.
+bool check_reduce(const std::vector<Tensor>& srcs, const Tensor& dst, const char* op) {
   CHORUS_CHECK(!srcs.empty(), op, ": no source buffers");
   CHORUS_CHECK(srcs[0].defined(), op, ": the first source is an undefined tensor");
   for (const Tensor& s : srcs) check_buffer(s, srcs[0], op, "a source");
@@ -83,10 +85,70 @@ void reduce_sum(const std::vector<Tensor>& srcs, const Tensor& dst) {
   check_distinct(srcs, op);
   CHORUS_CHECK(dst.device() == srcs[0].device(), op, ": the destination is on ", dst.device().str(),
                " but must be on the first source's device, ", srcs[0].device().str());
-  const bool dst_is_first = dst.raw_data() == srcs[0].raw_data();
+  return dst.raw_data() == srcs[0].raw_data();
+}
+
+// In order, one source at a time: on CPU devices the result does not depend
+// on how the threads ran. binary_ brings each operand to dst's device.
+void reduce_fallback(const std::vector<Tensor>& srcs, const Tensor& dst, bool dst_is_first) {
+  if (!dst_is_first) copy_(dst, srcs[0]);
+  for (size_t i = 1; i < srcs.size(); ++i) binary_(BinaryOp::Add, dst, srcs[i], 1.0);
+}
+
+#ifdef CHORUS_WITH_NCCL
+bool nccl_reduces(const std::vector<Tensor>& srcs, const Tensor& dst) {
+  return srcs.size() > 1 && all_cuda(srcs) && cuda::nccl_can_reduce(dst.dtype());
+}
+#endif
+
+}  // namespace
+
+void reduce_sum_after(const std::vector<Tensor>& srcs, const Tensor& dst, const std::vector<Event>& ready) {
+  const char* op = "reduce_sum_after";
+  const bool dst_is_first = check_reduce(srcs, dst, op);
+  CHORUS_CHECK(ready.size() == srcs.size(), op, ": ", ready.size(), " events for ", srcs.size(), " sources");
+  for (size_t i = 0; i < srcs.size(); ++i)
+    CHORUS_CHECK(ready[i].device() == srcs[i].device(), op, ": the event of source ", i, " is on ",
+                 ready[i].device().str(), " but the source is on ", srcs[i].device().str());
   if (srcs[0].numel() == 0) return;
 #ifdef CHORUS_WITH_NCCL
-  if (srcs.size() > 1 && all_cuda(srcs) && cuda::nccl_can_reduce(dst.dtype())) {
+  if (nccl_reduces(srcs, dst)) {
+    std::vector<int> devices;
+    std::vector<const void*> bufs;
+    std::vector<void*> events;
+    for (size_t i = 0; i < srcs.size(); ++i) {
+      devices.push_back(srcs[i].device().index);
+      bufs.push_back(srcs[i].raw_data());
+      events.push_back(ready[i].handle());
+    }
+    cuda::nccl_reduce_sum_after(devices, bufs, dst.raw_data(), static_cast<size_t>(dst.numel()), dst.dtype(),
+                                events);
+    // Read (and dst written) on the communication streams: a free waits for them.
+    for (const Tensor& t : srcs)
+      backend(t.device()).record_use(t.storage()->data(), t.device(), t.device(), cuda::nccl_stream(t.device().index));
+    backend(dst.device()).record_use(dst.storage()->data(), dst.device(), dst.device(),
+                                     cuda::nccl_stream(dst.device().index));
+    dst.bump_version();
+    return;
+  }
+#endif
+  reduce_fallback(srcs, dst, dst_is_first);
+}
+
+void comm_join(const Device& device) {
+#ifdef CHORUS_WITH_NCCL
+  if (device.is_cuda()) cuda::nccl_join(device.index);
+#else
+  (void)device;
+#endif
+}
+
+void reduce_sum(const std::vector<Tensor>& srcs, const Tensor& dst) {
+  const char* op = "reduce_sum";
+  const bool dst_is_first = check_reduce(srcs, dst, op);
+  if (srcs[0].numel() == 0) return;
+#ifdef CHORUS_WITH_NCCL
+  if (nccl_reduces(srcs, dst)) {
     std::vector<int> devices;
     std::vector<const void*> bufs;
     for (const Tensor& t : srcs) {
@@ -100,10 +162,7 @@ void reduce_sum(const std::vector<Tensor>& srcs, const Tensor& dst) {
     return;
   }
 #endif
-  // In order, one source at a time: on CPU devices the result does not depend
-  // on how the threads ran. binary_ brings each operand to dst's device.
-  if (!dst_is_first) copy_(dst, srcs[0]);
-  for (size_t i = 1; i < srcs.size(); ++i) binary_(BinaryOp::Add, dst, srcs[i], 1.0);
+  reduce_fallback(srcs, dst, dst_is_first);
 }
 
 }  // namespace chorus::ops

@@ -13,6 +13,7 @@
 
 #include <vector>
 
+#include "chorus/core/stream.h"
 #include "chorus/core/tensor.h"
 
 namespace chorus::ops {
@@ -26,5 +27,19 @@ void broadcast_coalesced(const Tensor& src, const std::vector<Tensor>& dsts);
 // distinct devices; dst: the same sizes and dtype, contiguous, on srcs[0]'s
 // device (it may be srcs[0] itself).
 void reduce_sum(const std::vector<Tensor>& srcs, const Tensor& dst);
+
+// reduce_sum for a sum issued amid other work (DataParallel's gradient
+// buckets; Note [Overlapped collectives] in cuda/nccl.h): srcs[i] is read once
+// ready[i] (an Event on srcs[i]'s device, recorded after srcs[i] was written)
+// has passed, rather than after all the work on the current streams, and no
+// current stream waits for the sum: call comm_join(dst.device()) before work
+// on that device's current stream reads dst. The buffers stay allocated until
+// the sum has read and written them. Where the fallback runs (not all on CUDA,
+// no NCCL), this is reduce_sum.
+void reduce_sum_after(const std::vector<Tensor>& srcs, const Tensor& dst, const std::vector<Event>& ready);
+
+// The current stream of `device` waits for every reduce_sum_after issued to
+// it so far. No-op where there is nothing to wait for.
+void comm_join(const Device& device);
 
 }  // namespace chorus::ops

@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <optional>
 #include <unordered_map>
 
 #include "chorus/autograd/functions.h"
 #include "chorus/autograd/grad_mode.h"
 #include "chorus/autograd/node.h"
 #include "chorus/core/error.h"
+#include "chorus/core/stream.h"
 #include "chorus/ops/comm.h"
 #include "chorus/ops/copy.h"
 #include "chorus/ops/factory.h"
@@ -158,6 +160,12 @@ struct GradStep {
   // the engine has handed it their outputs (the handover synchronises: Note
   // [Engine locking]), which orders the accesses.
   std::vector<std::vector<char>> got;
+  // [bucket][replica]: recorded on the replica's stream once its buffers of
+  // the bucket are written, by the replica node; read by the reduce node.
+  std::vector<std::vector<std::optional<Event>>> ready;
+  // [k]: whether any replica sent entry k; written and read on devices[0]'s
+  // thread (reduce nodes, then the join node).
+  std::vector<char> summed;
 };
 
 // Replica r's gradients of one bucket's parameters -> one flat buffer per
@@ -186,10 +194,12 @@ class ReplicaBackward final : public autograd::Node {
     // parameter got no gradient in this replica (others may have).
     const Device dev = step_->devices[replica_];
     TensorList out(groups);
+    bool any = false;
     for (size_t g = 0; g < groups; ++g) {
       if (present[g] == 0) continue;  // undefined: this replica sends nothing for this dtype
       const TensorOptions opts(layout.dtypes[g], dev);
       out[g] = present[g] == total[g] ? empty({layout.numels[g]}, opts) : zeros({layout.numels[g]}, opts);
+      any = true;
     }
     // One multi-tensor copy for the gradients of the parameter's own shape and
     // dtype (Note [Multi-tensor copy] in ops/copy.h); anything else converts.
@@ -205,6 +215,13 @@ class ReplicaBackward final : public autograd::Node {
       }
     }
     ops::copy_multi(srcs, dsts);
+    if (any) {
+      // The point the bucket's reduction waits for on this device (Note
+      // [Overlapped collectives] in cuda/nccl.h), not the end of the backward.
+      Event done(dev, /*timing=*/false);
+      done.record();
+      step_->ready[bucket_][replica_] = std::move(done);
+    }
     return out;
   }
 
@@ -213,9 +230,10 @@ class ReplicaBackward final : public autograd::Node {
   size_t replica_, bucket_;
 };
 
-// The replicas' flat gradient buffers of one bucket -> their sum, one view per
-// master parameter of the bucket, on devices[0]. Input r * groups + g is
-// replica r's buffer of dtype group g.
+// The replicas' flat gradient buffers of one bucket -> their sum, one buffer
+// per dtype on devices[0], for the join node. Input r * groups + g is replica
+// r's buffer of dtype group g. The sum is issued at once and runs while the
+// replicas compute the rest of the backward; nothing waits for it here.
 class ReduceBackward final : public autograd::Node {
  public:
   ReduceBackward(std::shared_ptr<GradStep> step, size_t bucket) : step_(std::move(step)), bucket_(bucket) {}
@@ -225,26 +243,36 @@ class ReduceBackward final : public autograd::Node {
     const GradBuckets::Bucket& bucket = step_->buckets->buckets[bucket_];
     const FlatLayout& layout = bucket.layout;
     const size_t groups = layout.groups(), replicas = step_->devices.size();
-    TensorList out(bucket.ks.size());
+    TensorList out(groups);
     for (size_t g = 0; g < groups; ++g) {
       auto sent = [&](size_t r) { return r * groups + g < grads.size() && grads[r * groups + g].defined(); };
-      std::vector<Tensor> srcs;
       bool any = false;
       for (size_t r = 0; r < replicas; ++r) any = any || sent(r);
       if (!any) continue;  // no replica produced a gradient of this dtype
       // A replica this backward did not reach (or that produced nothing of
       // this dtype) adds zeros: the collective keeps one device list per
       // replica count instead of one per subset.
-      for (size_t r = 0; r < replicas; ++r)
-        srcs.push_back(sent(r) ? grads[r * groups + g]
-                               : zeros({layout.numels[g]}, TensorOptions(layout.dtypes[g], step_->devices[r])));
+      std::vector<Tensor> srcs;
+      std::vector<Event> ready;
+      for (size_t r = 0; r < replicas; ++r) {
+        const Device dev = step_->devices[r];
+        if (sent(r)) {
+          srcs.push_back(grads[r * groups + g]);
+          ready.push_back(*step_->ready[bucket_][r]);
+        } else {
+          srcs.push_back(zeros({layout.numels[g]}, TensorOptions(layout.dtypes[g], dev)));
+          ready.emplace_back(dev, /*timing=*/false);
+          ready.back().record();
+        }
+      }
       // In place into replica 0's buffer: it is fresh and nobody else holds it.
-      if (srcs.size() > 1) ops::reduce_sum(srcs, srcs[0]);
+      ops::reduce_sum_after(srcs, srcs[0], ready);
+      out[g] = srcs[0];
       for (size_t i = 0; i < bucket.ks.size(); ++i) {
         if (layout.segments[i].group != g) continue;
         bool got = false;
         for (size_t r = 0; r < replicas && !got; ++r) got = sent(r) && step_->got[r][bucket.ks[i]];
-        if (got) out[i] = layout.view(srcs[0], i);  // else: no gradient, as for a plain module
+        step_->summed[bucket.ks[i]] = got;
       }
     }
     return out;
@@ -253,6 +281,34 @@ class ReduceBackward final : public autograd::Node {
  private:
   std::shared_ptr<GradStep> step_;
   size_t bucket_;
+};
+
+// Every bucket's sums -> one gradient per master parameter, after joining the
+// current stream of devices[0] to the reductions (one wait, once the last
+// bucket is issued). Input offsets[b] + g is bucket b's sum of dtype group g.
+class JoinBackward final : public autograd::Node {
+ public:
+  JoinBackward(std::shared_ptr<GradStep> step, std::vector<size_t> offsets)
+      : step_(std::move(step)), offsets_(std::move(offsets)) {}
+  std::string name() const override { return "DataParallelJoinBackward"; }
+
+  TensorList apply(TensorList&& grads) override {
+    ops::comm_join(step_->devices[0]);
+    const GradBuckets& buckets = *step_->buckets;
+    TensorList out(step_->summed.size());
+    for (size_t k = 0; k < out.size(); ++k) {
+      if (!step_->summed[k]) continue;  // no replica produced one: none, as for a plain module
+      const size_t b = buckets.bucket_of[k], i = buckets.index_in_bucket[k];
+      const FlatLayout& layout = buckets.buckets[b].layout;
+      const size_t in = offsets_[b] + layout.segments[i].group;
+      if (in < grads.size() && grads[in].defined()) out[k] = layout.view(grads[in], i);
+    }
+    return out;
+  }
+
+ private:
+  std::shared_ptr<GradStep> step_;
+  std::vector<size_t> offsets_;  // [bucket]: its first input
 };
 
 }  // namespace
@@ -414,20 +470,36 @@ void DataParallel::record_gradient_nodes(size_t used) {
   step->buckets = grad_buckets_;
   step->devices.assign(devices_.begin(), devices_.begin() + static_cast<std::ptrdiff_t>(used));
   step->got.assign(used, std::vector<char>(k_count, 0));
+  step->ready.assign(n_buckets, std::vector<std::optional<Event>>(used));
+  step->summed.assign(k_count, 0);
 
   // Urgent creation numbers (autograd/node.h): each bucket's nodes run as soon
   // as its gradients are in, so its reduction overlaps the rest of the backward.
+  std::vector<size_t> offsets;
+  size_t join_inputs = 0;
+  for (const GradBuckets::Bucket& bucket : buckets.buckets) {
+    offsets.push_back(join_inputs);
+    join_inputs += bucket.layout.groups();
+  }
+  auto join = std::make_shared<JoinBackward>(step, offsets);
+  join->seq = autograd::next_urgent_sequence_nr();
+  join->device = devices_[0];
+  join->num_outputs = static_cast<uint32_t>(join_inputs);
+  for (size_t e : ge) {
+    const Tensor& m = entries_[e].master;
+    join->next.push_back(autograd::gradient_edge(m));
+    join->input_meta.push_back({m.device(), m.dtype(), m.sizes()});
+  }
   std::vector<std::shared_ptr<ReduceBackward>> reduces;
   for (size_t b = 0; b < n_buckets; ++b) {
-    const GradBuckets::Bucket& bucket = buckets.buckets[b];
+    const FlatLayout& layout = buckets.buckets[b].layout;
     auto reduce = std::make_shared<ReduceBackward>(step, b);
     reduce->seq = autograd::next_urgent_sequence_nr();
     reduce->device = devices_[0];
-    reduce->num_outputs = static_cast<uint32_t>(used * bucket.layout.groups());
-    for (size_t k : bucket.ks) {
-      const Tensor& m = entries_[ge[k]].master;
-      reduce->next.push_back(autograd::gradient_edge(m));
-      reduce->input_meta.push_back({m.device(), m.dtype(), m.sizes()});
+    reduce->num_outputs = static_cast<uint32_t>(used * layout.groups());
+    for (size_t g = 0; g < layout.groups(); ++g) {
+      reduce->next.push_back(autograd::Edge{join, static_cast<uint32_t>(offsets[b] + g)});
+      reduce->input_meta.push_back({devices_[0], layout.dtypes[g], {layout.numels[g]}});
     }
     reduces.push_back(std::move(reduce));
   }
