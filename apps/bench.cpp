@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 
 #include <nlohmann/json.hpp>
@@ -28,6 +29,7 @@ void add_bench_options(CLI::App* cmd, BenchConfig& c) {
   cmd->add_option("--model", c.model, "mlp|cnn|resnet20|wrn-16-4|wrn-28-10")->capture_default_str();
   cmd->add_option("--devices", c.devices, "Device list (default: cuda:0 if present, else cpu)")->check(non_empty_devices, "DEVICES");
   cmd->add_option("--strategy", c.strategy, "single|dp")->capture_default_str();
+  cmd->add_option("--bucket-mb", c.bucket_mb, "dp: gradient bucket size in MiB (0: one sum at the end)")->capture_default_str();
   cmd->add_option("--device-counts", c.counts, "Device counts to run, e.g. 1,2,4 (dp; default powers of two)");
   cmd->add_option("--precision", c.precision, "fp32|bf16")->capture_default_str();
   cmd->add_flag("--channels-last", c.channels_last, "NHWC activations (GPU)");
@@ -83,7 +85,7 @@ BenchRow bench_one(const BenchConfig& c, const std::vector<Device>& devs) {
   model->to(dev);
   if (c.channels_last && dev.is_cuda()) model->to_channels_last();
   nn::ModulePtr net = model;
-  if (c.strategy == "dp") net = std::make_shared<parallel::DataParallel>(model, devs);
+  if (c.strategy == "dp") net = std::make_shared<parallel::DataParallel>(model, devs, dp_options(c.bucket_mb));
   optim::SGD opt(model->parameters(), {0.1, 0.9, 0.0, 5e-4, true});
   const int64_t batch = c.batch_size * static_cast<int64_t>(devs.size());
   Shape in{batch};
@@ -141,6 +143,7 @@ int run_bench(const BenchConfig& c) {
                "' is not available in this version yet; use --strategy single or dp");
   CHORUS_CHECK(c.precision == "fp32" || c.precision == "bf16", "unknown precision '", c.precision, "'");
   CHORUS_CHECK(c.batch_size > 0, "--batch-size must be positive, got ", c.batch_size);
+  CHORUS_CHECK(std::isfinite(c.bucket_mb) && c.bucket_mb >= 0, "--bucket-mb must be a number >= 0, got ", c.bucket_mb);
   CHORUS_CHECK(c.steps > 0 && c.warmup >= 0, "--steps must be positive and --warmup >= 0");
   std::vector<Device> all = c.devices.empty()
                                 ? std::vector<Device>{cuda_is_available() ? cuda_device(0) : cpu_device(0)}
@@ -161,6 +164,7 @@ int run_bench(const BenchConfig& c) {
                                   {"precision", c.precision},
                                   {"channels_last", c.channels_last},
                                   {"batch_per_device", c.batch_size},
+                                  {"bucket_mb", c.strategy == "dp" ? nlohmann::ordered_json(c.bucket_mb) : nullptr},
                                   {"img_per_s", r.img_per_s},
                                   {"step_ms", r.step_ms},
                                   {"peak_mem_bytes", r.peak},

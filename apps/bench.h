@@ -15,6 +15,7 @@ struct BenchConfig {
   int64_t batch_size = 128;  // per device
   int64_t steps = 30;
   int64_t warmup = 8;
+  double bucket_mb = 25;  // dp: gradient bucket size (0: one bucket)
   std::string counts;  // device counts to run, e.g. "1,2,4" (default: 1, 2, 4, ... up to the list)
   bool json = false;
 };

@@ -3,6 +3,8 @@
 
 #include <string>
 
+#include "chorus/parallel/data_parallel.h"
+
 namespace chorus::app {
 
 std::string version_text();
@@ -14,6 +16,13 @@ inline std::string non_empty_devices(const std::string& v) {
   if (v.find_first_not_of(" ,") == std::string::npos)
     return "empty device list: name devices (cpu:0,cpu:1 or cuda:0,cuda:1, or all) or leave --devices out";
   return std::string();
+}
+
+// DataParallel's options for --bucket-mb (validated by the caller: >= 0).
+inline parallel::DataParallelOptions dp_options(double bucket_mb) {
+  parallel::DataParallelOptions o;
+  o.bucket_bytes = static_cast<int64_t>(bucket_mb * (1 << 20));
+  return o;
 }
 
 }  // namespace chorus::app

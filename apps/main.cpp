@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   train->add_option("--data-dir", tc.data_dir, "Folder with the data set's files");
   train->add_option("--devices", tc.devices, "cpu | cpu:0,cpu:1 | cuda:0,cuda:1 | all (default: cuda:0 if present, else cpu)")->check(app::non_empty_devices, "DEVICES");
   train->add_option("--strategy", tc.strategy, "single|dp|ddp|pipeline")->capture_default_str();
+  train->add_option("--bucket-mb", tc.bucket_mb, "dp: sum gradients in buckets of this many MiB while the backward runs (0: one sum at the end)")->capture_default_str();
   train->add_option("--epochs", tc.epochs, "Epochs")->capture_default_str();
   train->add_option("--steps", tc.steps, "Stop after this many steps (0: no limit)")->capture_default_str();
   train->add_option("--batch-size", tc.batch_size, "Batch size per device")->capture_default_str();

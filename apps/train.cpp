@@ -3,6 +3,7 @@
 // checkpoints that make a killed run resumable to the same weights, metrics
 // and a closing summary.
 #include "train.h"
+#include "commands.h"
 
 #include <cmath>
 #include <cstdio>
@@ -51,6 +52,7 @@ void TrainConfig::validate() const {
   CHORUS_CHECK(precision == "fp32" || precision == "bf16", "unknown precision '", precision, "' (expected fp32 or bf16)");
   CHORUS_CHECK(optimizer == "sgd" || optimizer == "adamw", "unknown optimizer '", optimizer, "' (expected sgd or adamw)");
   CHORUS_CHECK(batch_size > 0, "--batch-size must be positive, got ", batch_size);
+  CHORUS_CHECK(std::isfinite(bucket_mb) && bucket_mb >= 0, "--bucket-mb must be a number >= 0, got ", bucket_mb);
   CHORUS_CHECK(epochs > 0, "--epochs must be positive, got ", epochs);
   CHORUS_CHECK(steps >= 0, "--steps must be >= 0, got ", steps);
   CHORUS_CHECK(lr < 0 ? lr == -1 : std::isfinite(lr), "--lr must be a non-negative number, got ", lr);
@@ -151,7 +153,8 @@ nlohmann::ordered_json run_train(const TrainConfig& cfg) {
   nn::ModulePtr model = models::make_model(cfg.model, spec);
   model->to(device);
   nn::ModulePtr net = model;  // what the step runs: the model, or its DataParallel wrapper
-  if (cfg.strategy == "dp") net = std::make_shared<parallel::DataParallel>(model, devices);
+  if (cfg.strategy == "dp")
+    net = std::make_shared<parallel::DataParallel>(model, devices, dp_options(cfg.bucket_mb));
   std::vector<Tensor> params = model->parameters();
   double lr = cfg.lr < 0 ? default_lr(cfg) : cfg.lr;
   std::unique_ptr<optim::Optimizer> opt;

@@ -16,6 +16,7 @@ struct TrainConfig {
   std::string data_dir;  // default per dataset
   std::string devices = "";  // empty: the first GPU, or cpu
   std::string strategy = "single";
+  double bucket_mb = 25;  // dp: gradients summed in buckets of this many MiB (0: one bucket)
   int64_t epochs = 1;
   int64_t steps = 0;  // 0: no limit besides epochs
   int64_t batch_size = 64;  // per device
