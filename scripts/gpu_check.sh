@@ -29,7 +29,7 @@ if has tests; then
   timeout 900 ./$BUILD/chorus_tests --gtest_filter='*_CUDA:*_MultiCUDA:*CUDA*' 2>&1 | tee "$OUT/cuda_tests.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |tests ran|Failure|error" | head -60
 fi
 if has sanitize; then
-  compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 ./$BUILD/chorus_tests --gtest_filter='*_CUDA' >"$OUT/memcheck.log" 2>&1
+  timeout ${SANITIZE_TIMEOUT:-420} compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 ./$BUILD/chorus_tests --gtest_filter='*_CUDA' >"$OUT/memcheck.log" 2>&1
   echo "memcheck exit $? ($(grep -c 'Invalid' "$OUT/memcheck.log") invalid accesses)"; tail -3 "$OUT/memcheck.log"
 fi
 bench_pair() {  # model precision channels_last
@@ -45,7 +45,7 @@ if has bench; then
   done
 fi
 if has train; then
-  $C train --model cnn --data fashion-mnist --data-dir ${FMNIST_DIR:-.bench/fashion-mnist} --devices cuda:0 --epochs 5 --seed 1 --json | tee "$OUT/train_gpu.json"
+  timeout 300 $C train --model cnn --data fashion-mnist --data-dir ${FMNIST_DIR:-.bench/fashion-mnist} --devices cuda:0 --epochs 5 --seed 1 --json | tee "$OUT/train_gpu.json"
 fi
 if has multi; then
   n=$(nvidia-smi -L | wc -l)
