@@ -216,6 +216,29 @@ TEST(DataParallel, GradientBucketsAreSeparateGraphNodes) {
   }
 }
 
+// The summed gradients stay in their bucket: every master's .grad is a view of
+// one buffer (no copy per parameter), and later in-place updates of one
+// parameter's gradient leave the others alone.
+TEST(DataParallel, SummedGradientsAreKeptAsViewsOfTheirBucket) {
+  manual_seed(kSeed);
+  ModulePtr net = make_mlp();
+  auto dp = data_parallel(net, 3);
+  auto data = make_batches(kMlpSpec, {6});
+  F::cross_entropy(dp->forward(data[0].x), data[0].y).backward();
+  std::vector<Tensor> grads;
+  for (const Tensor& p : net->parameters()) grads.push_back(p.grad());
+  ASSERT_GT(grads.size(), 2u);
+  for (const Tensor& g : grads) {
+    ASSERT_TRUE(g.defined());
+    EXPECT_EQ(g.storage().get(), grads[0].storage().get());
+  }
+  std::vector<std::vector<float>> before;
+  for (const Tensor& g : grads) before.push_back(g.contiguous().to_vector<float>());
+  grads[0].mul_(2.0);
+  for (size_t i = 1; i < grads.size(); ++i) EXPECT_EQ(grads[i].contiguous().to_vector<float>(), before[i]);
+  EXPECT_LE(rel_err(grads[0], from_vector(before[0], grads[0].sizes()) * 2.0), 1e-7);
+}
+
 TEST(DataParallel, StateDictNamesAreThePlainModules) {
   manual_seed(kSeed);
   ModulePtr plain = make_cnn();

@@ -41,9 +41,11 @@ TensorList AccumulateGrad::apply(TensorList&& grads) {
     // cloned -- unless nobody else can see it: one handle, its own storage,
     // no autograd history. That is the usual case (a fresh result of a
     // backward formula), and taking it saves a copy per parameter per step.
-    const bool sole_owner = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 &&
-                            g.storage_offset() == 0 && !g.impl_ptr()->autograd &&
-                            g.nbytes() == g.storage()->nbytes();
+    // A view into a gradient bucket (TensorImpl::exclusive_view) is as good.
+    const bool whole = g.storage().use_count() == 1 && g.storage_offset() == 0 &&
+                       g.nbytes() == g.storage()->nbytes();
+    const bool sole_owner = g.impl_ptr().use_count() == 1 && !g.impl_ptr()->autograd &&
+                            (whole || g.impl_ptr()->exclusive_view);
     meta->grad = sole_owner ? g.impl_ptr() : ops::clone(g).impl_ptr();
   } else {
     ops::binary_(BinaryOp::Add, Tensor(meta->grad), g, 1.0);

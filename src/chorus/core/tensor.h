@@ -52,6 +52,11 @@ struct TensorImpl {
   std::unique_ptr<AutogradMeta> autograd;
   // Bumped by in-place ops; saved tensors check it in backward.
   std::shared_ptr<uint32_t> version = std::make_shared<uint32_t>(0);
+  // A gradient that is a view into a buffer nobody else reads or writes,
+  // except through views of other, disjoint elements with owners of their own
+  // (DataParallel's summed gradient buckets): AccumulateGrad may keep this
+  // handle as the leaf's .grad without copying it out of the shared buffer.
+  bool exclusive_view = false;
 };
 
 class Tensor {

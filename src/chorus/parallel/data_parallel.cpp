@@ -301,7 +301,13 @@ class JoinBackward final : public autograd::Node {
       const size_t b = buckets.bucket_of[k], i = buckets.index_in_bucket[k];
       const FlatLayout& layout = buckets.buckets[b].layout;
       const size_t in = offsets_[b] + layout.segments[i].group;
-      if (in < grads.size() && grads[in].defined()) out[k] = layout.view(grads[in], i);
+      if (in < grads.size() && grads[in].defined()) {
+        // Disjoint views of a fresh sum that only they refer to once this
+        // node returns: each master's AccumulateGrad keeps its view as .grad
+        // instead of copying it out (PyTorch's gradient_as_bucket_view).
+        out[k] = layout.view(grads[in], i);
+        out[k].impl()->exclusive_view = true;
+      }
     }
     return out;
   }
