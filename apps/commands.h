@@ -1,6 +1,7 @@
 // The subcommands of the `chorus` program.
 #pragma once
 
+#include <algorithm>
 #include <string>
 
 #include "chorus/parallel/data_parallel.h"
@@ -21,7 +22,8 @@ inline std::string non_empty_devices(const std::string& v) {
 // DataParallel's options for --bucket-mb (validated by the caller: >= 0).
 inline parallel::DataParallelOptions dp_options(double bucket_mb) {
   parallel::DataParallelOptions o;
-  o.bucket_bytes = static_cast<int64_t>(bucket_mb * (1 << 20));
+  // Capped well below int64's range: a huge value just means one bucket.
+  o.bucket_bytes = static_cast<int64_t>(std::min(bucket_mb * (1 << 20), 1e18));
   return o;
 }
 

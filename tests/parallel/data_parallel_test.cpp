@@ -488,6 +488,8 @@ TEST(DataParallel, BadArgumentsAreValueErrors) {
       },
       {"cpu:1", "first device", "cpu:0"});
   expect_value_error([] { (void)DataParallel(nullptr, cpus(2)); }, {"null"});
+  expect_value_error([] { (void)DataParallel(make_mlp(), cpus(2), {.bucket_bytes = -1}); },
+                     {"bucket_bytes", ">= 0", "-1"});
   expect_value_error(
       [] {
         DataParallel dp(make_mlp(), cpus(2), {.dim = 3});

@@ -99,6 +99,33 @@ void reduce_fallback(const std::vector<Tensor>& srcs, const Tensor& dst, bool ds
 bool nccl_reduces(const std::vector<Tensor>& srcs, const Tensor& dst) {
   return srcs.size() > 1 && all_cuda(srcs) && cuda::nccl_can_reduce(dst.dtype());
 }
+
+// The NCCL path of reduce_sum (ready == nullptr: ordered by the current
+// streams, which wait for it) and of reduce_sum_after (ordered by the events;
+// the buffers are named on the communication streams, so a free waits there).
+void nccl_reduce(const std::vector<Tensor>& srcs, const Tensor& dst, const std::vector<Event>* ready) {
+  std::vector<int> devices;
+  std::vector<const void*> bufs;
+  std::vector<void*> events;
+  for (size_t i = 0; i < srcs.size(); ++i) {
+    devices.push_back(srcs[i].device().index);
+    bufs.push_back(srcs[i].raw_data());
+    if (ready) events.push_back((*ready)[i].handle());
+  }
+  const size_t count = static_cast<size_t>(dst.numel());
+  std::vector<Tensor> used = srcs;
+  used.push_back(dst);
+  if (ready) {
+    cuda::nccl_reduce_sum_after(devices, bufs, dst.raw_data(), count, dst.dtype(), events);
+    for (const Tensor& t : used)
+      backend(t.device()).record_use(t.storage()->data(), t.device(), t.device(),
+                                     cuda::nccl_stream(t.device().index));
+  } else {
+    cuda::nccl_reduce_sum(devices, bufs, dst.raw_data(), count, dst.dtype());
+    record_uses(used);
+  }
+  dst.bump_version();
+}
 #endif
 
 }  // namespace
@@ -113,22 +140,7 @@ void reduce_sum_after(const std::vector<Tensor>& srcs, const Tensor& dst, const 
   if (srcs[0].numel() == 0) return;
 #ifdef CHORUS_WITH_NCCL
   if (nccl_reduces(srcs, dst)) {
-    std::vector<int> devices;
-    std::vector<const void*> bufs;
-    std::vector<void*> events;
-    for (size_t i = 0; i < srcs.size(); ++i) {
-      devices.push_back(srcs[i].device().index);
-      bufs.push_back(srcs[i].raw_data());
-      events.push_back(ready[i].handle());
-    }
-    cuda::nccl_reduce_sum_after(devices, bufs, dst.raw_data(), static_cast<size_t>(dst.numel()), dst.dtype(),
-                                events);
-    // Read (and dst written) on the communication streams: a free waits for them.
-    for (const Tensor& t : srcs)
-      backend(t.device()).record_use(t.storage()->data(), t.device(), t.device(), cuda::nccl_stream(t.device().index));
-    backend(dst.device()).record_use(dst.storage()->data(), dst.device(), dst.device(),
-                                     cuda::nccl_stream(dst.device().index));
-    dst.bump_version();
+    nccl_reduce(srcs, dst, &ready);
     return;
   }
 #endif
@@ -149,16 +161,7 @@ void reduce_sum(const std::vector<Tensor>& srcs, const Tensor& dst) {
   if (srcs[0].numel() == 0) return;
 #ifdef CHORUS_WITH_NCCL
   if (nccl_reduces(srcs, dst)) {
-    std::vector<int> devices;
-    std::vector<const void*> bufs;
-    for (const Tensor& t : srcs) {
-      devices.push_back(t.device().index);
-      bufs.push_back(t.raw_data());
-    }
-    cuda::nccl_reduce_sum(devices, bufs, dst.raw_data(), static_cast<size_t>(dst.numel()), dst.dtype());
-    record_uses(srcs);
-    record_uses({dst});
-    dst.bump_version();
+    nccl_reduce(srcs, dst, nullptr);
     return;
   }
 #endif

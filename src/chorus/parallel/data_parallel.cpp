@@ -323,6 +323,8 @@ DataParallel::DataParallel(nn::ModulePtr module, std::vector<Device> devices, Da
     : nn::Module("DataParallel"), module_(std::move(module)), devices_(std::move(devices)), options_(options) {
   CHORUS_CHECK(module_ != nullptr, "DataParallel: module is null");
   CHORUS_CHECK(!devices_.empty(), "DataParallel: the device list is empty");
+  CHORUS_CHECK(options_.bucket_bytes >= 0, "DataParallel: bucket_bytes must be >= 0 (0: one bucket), got ",
+               options_.bucket_bytes);
   for (size_t i = 0; i < devices_.size(); ++i) {
     check_device(devices_[i]);
     for (size_t j = 0; j < i; ++j)

@@ -30,9 +30,11 @@
 //    backward packs the gradients it received (ops::copy_multi) into a fresh
 //    flat buffer (from the stream-ordered allocator, so nothing aliases an
 //    earlier step's .grad). One "DataParallelReduceBackward" node per bucket on
-//    devices[0] takes the replicas' buffers as its inputs, reduce_sum's them
-//    (one collective per dtype) and returns a view of the sum per master
-//    parameter, to the masters' AccumulateGrad. The engine's dependency
+//    devices[0] takes the replicas' buffers as its inputs and sums them (one
+//    collective per dtype, ops::reduce_sum_after); one
+//    "DataParallelJoinBackward" node returns a view of the sums per master
+//    parameter, to the masters' AccumulateGrad, which keeps it as .grad
+//    without a copy (TensorImpl::exclusive_view). The engine's dependency
 //    count makes it wait for exactly the replica nodes this backward reaches
 //    (a per-replica loss may use only some of them). A parameter no replica
 //    produced a gradient for gets none; one that only some replicas used is
@@ -46,10 +48,13 @@
 // per bucket of parameters (options.bucket_bytes, 25 MiB by default, filled
 // from the last parameter to the first, the order in which a backward pass
 // usually produces their gradients), like DistributedDataParallel's buckets.
-// Both kinds of node get urgent creation numbers, so the engine runs them as
-// soon as a bucket's gradients are in: the sum of the last layers' gradients
-// travels while the replicas are still computing the first layers', instead of
-// the whole model's after the last backward op.
+// All of them get urgent creation numbers, so the engine runs them as soon as
+// a bucket's gradients are in: the sum of the last layers' gradients travels
+// while the replicas are still computing the first layers', instead of the
+// whole model's after the last backward op. Each replica node records an event
+// once its bucket is packed and the bucket's sum waits only for those events
+// (Note [Overlapped collectives] in cuda/nccl.h); the join node makes
+// devices[0]'s stream wait for the sums once, at the end.
 //
 // BatchNorm: each replica normalises with its own chunk's statistics; the
 // running statistics of the first device's replica (the wrapped module) are the
@@ -78,13 +83,14 @@ struct DataParallelOptions {
   bool gather_output = true;             // false: per-replica outputs, left on their devices
   // Gradients are summed across replicas in buckets of about this many bytes
   // (Note [DataParallel gradient buckets]); 0: one bucket, summed at the end.
+  // Negative: ValueError.
   int64_t bucket_bytes = int64_t{25} << 20;
 };
 
 class DataParallel : public nn::Module {
  public:
-  // Throws ValueError for an empty device list, a repeated device, or a module
-  // whose parameters are not all on the first device.
+  // Throws ValueError for an empty device list, a repeated device, a module
+  // whose parameters are not all on the first device, or a negative bucket size.
   DataParallel(nn::ModulePtr module, std::vector<Device> devices, DataParallelOptions options = {});
   ~DataParallel() override;
 
