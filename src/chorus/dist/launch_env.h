@@ -1,0 +1,32 @@
+// LaunchEnv: what a process learns from the launcher that started it.
+// read_launch_env() recognises, in this order:
+//  - torchrun / chorus launch: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+//    MASTER_ADDR, MASTER_PORT (+ TORCHELASTIC_USE_AGENT_STORE, GROUP_RANK);
+//  - OpenMPI: OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE;
+//  - Slurm: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODELIST (the
+//    first host of the list is the master), SLURM_NTASKS_PER_NODE.
+// MASTER_ADDR / MASTER_PORT, where set, override what a launcher implies.
+#pragma once
+
+#include <optional>
+#include <string>
+
+namespace chorus::dist {
+
+struct LaunchEnv {
+  std::string launcher;       // "torchrun", "chorus", "mpirun", "slurm"
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  std::string master_addr;    // host name or address of rank 0's store
+  int master_port = 29500;
+  bool use_agent_store = false;  // torchrun serves the store itself
+};
+
+// The environment of the current process; nullopt when no launcher set one.
+// Throws ValueError for malformed or inconsistent variables (a rank out of
+// range, a non-numeric size), naming the variable.
+std::optional<LaunchEnv> read_launch_env();
+
+}  // namespace chorus::dist
