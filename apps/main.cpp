@@ -27,9 +27,11 @@ int main(int argc, char** argv) {
   train->add_option("--strategy", tc.strategy, "single|dp|ddp|pipeline")->capture_default_str();
   train->add_option("--bucket-mb", tc.bucket_mb, "dp: sum gradients in buckets of this many MiB while the backward runs (0: one sum at the end)")->capture_default_str();
   train->add_option("--epochs", tc.epochs, "Epochs")->capture_default_str();
-  train->add_option("--steps", tc.steps, "Stop after this many steps (0: no limit)")->capture_default_str();
+  // Options without a natural default are std::optional: an explicit value is
+  // always checked, never mistaken for "unset" (no out-of-band sentinels).
+  train->add_option_function<int64_t>("--steps", [&](int64_t v) { tc.steps = v; }, "Stop after this many steps (default: no limit besides --epochs)");
   train->add_option("--batch-size", tc.batch_size, "Batch size per device")->capture_default_str();
-  train->add_option("--lr", tc.lr, "Peak learning rate (default: 0.05 for SGD, 1e-3 for AdamW)");
+  train->add_option_function<double>("--lr", [&](double v) { tc.lr = v; }, "Peak learning rate (default: 0.05 for SGD, 1e-3 for AdamW)");
   train->add_option("--optimizer", tc.optimizer, "sgd|adamw")->capture_default_str();
   train->add_option("--momentum", tc.momentum, "SGD momentum (Nesterov)")->capture_default_str();
   train->add_option("--weight-decay", tc.weight_decay, "Weight decay")->capture_default_str();

@@ -54,8 +54,8 @@ void TrainConfig::validate() const {
   CHORUS_CHECK(batch_size > 0, "--batch-size must be positive, got ", batch_size);
   CHORUS_CHECK(std::isfinite(bucket_mb) && bucket_mb >= 0, "--bucket-mb must be a number >= 0, got ", bucket_mb);
   CHORUS_CHECK(epochs > 0, "--epochs must be positive, got ", epochs);
-  CHORUS_CHECK(steps >= 0, "--steps must be >= 0, got ", steps);
-  CHORUS_CHECK(lr < 0 ? lr == -1 : std::isfinite(lr), "--lr must be a non-negative number, got ", lr);
+  CHORUS_CHECK(!steps || *steps > 0, "--steps must be positive, got ", steps.value_or(0));
+  CHORUS_CHECK(!lr || (std::isfinite(*lr) && *lr >= 0), "--lr must be a non-negative number, got ", lr.value_or(0));
   CHORUS_CHECK(workers >= 0, "--workers must be >= 0, got ", workers);
   CHORUS_CHECK(synthetic_size > 0, "--synthetic-size must be positive, got ", synthetic_size);
   CHORUS_CHECK(checkpoint_every >= 0, "--checkpoint-every must be >= 0, got ", checkpoint_every);
@@ -66,7 +66,7 @@ void TrainConfig::validate() const {
 
 nlohmann::json TrainConfig::to_json() const {
   return {{"model", model}, {"data", data}, {"data_dir", data_dir}, {"devices", devices}, {"strategy", strategy},
-          {"epochs", epochs}, {"steps", steps}, {"batch_size", batch_size}, {"lr", lr}, {"momentum", momentum},
+          {"epochs", epochs}, {"steps", steps ? nlohmann::json(*steps) : nlohmann::json(nullptr)}, {"batch_size", batch_size}, {"lr", lr ? nlohmann::json(*lr) : nlohmann::json(nullptr)}, {"momentum", momentum},
           {"weight_decay", weight_decay}, {"optimizer", optimizer}, {"label_smoothing", label_smoothing},
           {"precision", precision}, {"seed", seed}, {"synthetic_size", synthetic_size}};
 }
@@ -156,7 +156,7 @@ nlohmann::ordered_json run_train(const TrainConfig& cfg) {
   if (cfg.strategy == "dp")
     net = std::make_shared<parallel::DataParallel>(model, devices, dp_options(cfg.bucket_mb));
   std::vector<Tensor> params = model->parameters();
-  double lr = cfg.lr < 0 ? default_lr(cfg) : cfg.lr;
+  double lr = cfg.lr.value_or(default_lr(cfg));
   std::unique_ptr<optim::Optimizer> opt;
   if (cfg.optimizer == "sgd") {
     opt = std::make_unique<optim::SGD>(params, optim::SGDOptions{lr, cfg.momentum, 0.0, cfg.weight_decay, cfg.momentum > 0});
@@ -176,7 +176,7 @@ nlohmann::ordered_json run_train(const TrainConfig& cfg) {
 
   const int64_t per_epoch = train_loader.num_batches();
   int64_t total_steps = per_epoch * cfg.epochs;
-  if (cfg.steps > 0) total_steps = std::min(total_steps, cfg.steps);
+  if (cfg.steps) total_steps = std::min(total_steps, *cfg.steps);
   auto schedule = std::make_shared<optim::LinearWarmup>(
       std::min<int64_t>(100, total_steps / 10), std::make_shared<optim::CosineAnnealingLR>(lr, std::max<int64_t>(total_steps, 1)));
 

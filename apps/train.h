@@ -1,6 +1,7 @@
 // `chorus train`: the training driver behind the command line.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,9 +19,9 @@ struct TrainConfig {
   std::string strategy = "single";
   double bucket_mb = 25;  // dp: gradients summed in buckets of this many MiB (0: one bucket)
   int64_t epochs = 1;
-  int64_t steps = 0;  // 0: no limit besides epochs
+  std::optional<int64_t> steps;  // unset: no limit besides epochs
   int64_t batch_size = 64;  // per device
-  double lr = -1;           // <0: the model's default
+  std::optional<double> lr;  // unset: the optimizer's default (default_lr)
   double momentum = 0.9;
   double weight_decay = 5e-4;
   std::string optimizer = "sgd";

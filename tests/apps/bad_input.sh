@@ -28,6 +28,9 @@ expect_error "unknown strategy 'magic'" train --strategy magic "${q[@]}"
 expect_error "unknown device 'tpu:0'" train --devices tpu:0 "${q[@]}"
 expect_error "batch-size must be positive" train --batch-size 0 "${q[@]}"
 expect_error "lr must be" train --lr -0.1 "${q[@]}"
+# -1 was once an out-of-band "use the default": an explicit value is always checked.
+expect_error "lr must be a non-negative number, got -1" train --lr -1 "${q[@]}"
+expect_error "steps must be positive, got 0" train --steps 0 --quiet
 if "$CHORUS" devices | grep -q "no CUDA GPU"; then
   expect_error "cuda:0" train --devices cuda:0 "${q[@]}"
 fi

@@ -10,7 +10,9 @@
 //          m = b1 * m + (1 - b1) * g;  v = b2 * v + (1 - b2) * g * g
 //          param -= (lr / bias1) * m / (sqrt(v) / sqrt(bias2) + eps)
 // with bias_k = 1 - b_k^step in double, as PyTorch computes them in Python.
-// Elementwise math is float32; the loops are memory-bound, so one thread.
+// Elementwise math is in the parameter's dtype: float32 (master weights), or
+// float64 for double-precision reference runs (the state is float64 then too).
+// The loops are memory-bound, so one thread.
 #include <cmath>
 #include <cstdint>
 
@@ -22,9 +24,55 @@ namespace {
 
 void check_state(const char* op, const char* arg, const Tensor& t, const Tensor& param) {
   detail::check_defined(t, op, arg);
-  CHORUS_CHECK(t.dtype() == kFloat32 && t.is_contiguous() && t.sizes() == param.sizes(), op, ": ",
-               arg, " must be contiguous float32 with param's shape ", shape_str(param.sizes()),
-               ", got ", t.describe());
+  CHORUS_CHECK((param.dtype() == kFloat32 || param.dtype() == kFloat64) && t.dtype() == param.dtype() &&
+                   t.is_contiguous() && t.sizes() == param.sizes(),
+               op, ": ", arg, " must be contiguous float32 or float64 with param's dtype and shape ",
+               shape_str(param.sizes()), ", got ", t.describe());
+}
+
+template <typename T>
+void sgd_loop(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, double lr, double momentum,
+              double dampening, double weight_decay, bool nesterov, bool first_step) {
+  const T lr_t = static_cast<T>(lr), mom = static_cast<T>(momentum);
+  const T damp = static_cast<T>(1.0 - dampening), wd = static_cast<T>(weight_decay);
+  T* p = param.data<T>();
+  const T* gr = grad.data<T>();
+  T* buf = momentum != 0 ? momentum_buf.data<T>() : nullptr;
+  const int64_t n = param.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    T g = gr[i] + wd * p[i];
+    if (buf) {
+      // PyTorch seeds the buffer with the first gradient itself, undamped.
+      buf[i] = first_step ? g : mom * buf[i] + damp * g;
+      g = nesterov ? g + mom * buf[i] : buf[i];
+    }
+    p[i] -= lr_t * g;
+  }
+}
+
+template <typename T>
+void adamw_loop(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step) {
+  const double bias1 = 1.0 - std::pow(beta1, static_cast<double>(step));
+  const double bias2 = 1.0 - std::pow(beta2, static_cast<double>(step));
+  const T decay = static_cast<T>(1.0 - lr * weight_decay);
+  const T step_size = static_cast<T>(lr / bias1);
+  const T bias2_sqrt = static_cast<T>(std::sqrt(bias2));
+  const T b1 = static_cast<T>(beta1), b2 = static_cast<T>(beta2);
+  const T one_b1 = static_cast<T>(1.0 - beta1), one_b2 = static_cast<T>(1.0 - beta2);
+  const T eps_t = static_cast<T>(eps);
+  T* p = param.data<T>();
+  const T* gr = grad.data<T>();
+  T* m = exp_avg.data<T>();
+  T* v = exp_avg_sq.data<T>();
+  const int64_t n = param.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    const T g = gr[i];
+    p[i] *= decay;
+    m[i] = b1 * m[i] + one_b1 * g;
+    v[i] = b2 * v[i] + one_b2 * g * g;
+    p[i] -= step_size * m[i] / (std::sqrt(v[i]) / bias2_sqrt + eps_t);
+  }
 }
 
 }  // namespace
@@ -35,23 +83,11 @@ void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& momentum_
   const char* op = "sgd_update";
   check_state(op, "param", param, param);
   check_state(op, "grad", grad, param);
-  const bool use_momentum = momentum != 0;
-  if (use_momentum) check_state(op, "momentum_buf", momentum_buf, param);
-  const float lr_f = static_cast<float>(lr), mom = static_cast<float>(momentum);
-  const float damp = static_cast<float>(1.0 - dampening), wd = static_cast<float>(weight_decay);
-  float* p = param.data<float>();
-  const float* gr = grad.data<float>();
-  float* buf = use_momentum ? momentum_buf.data<float>() : nullptr;
-  const int64_t n = param.numel();
-  for (int64_t i = 0; i < n; ++i) {
-    float g = gr[i] + wd * p[i];
-    if (use_momentum) {
-      // PyTorch seeds the buffer with the first gradient itself, undamped.
-      buf[i] = first_step ? g : mom * buf[i] + damp * g;
-      g = nesterov ? g + mom * buf[i] : buf[i];
-    }
-    p[i] -= lr_f * g;
-  }
+  if (momentum != 0) check_state(op, "momentum_buf", momentum_buf, param);
+  if (param.dtype() == kFloat64)
+    sgd_loop<double>(param, grad, momentum_buf, lr, momentum, dampening, weight_decay, nesterov, first_step);
+  else
+    sgd_loop<float>(param, grad, momentum_buf, lr, momentum, dampening, weight_decay, nesterov, first_step);
 }
 
 void sgd_update_multi(const TensorList& params, const TensorList& grads,
@@ -74,26 +110,10 @@ void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg
   check_state(op, "exp_avg", exp_avg, param);
   check_state(op, "exp_avg_sq", exp_avg_sq, param);
   CHORUS_CHECK(step >= 1, op, ": step counts from 1, got ", step);
-  const double bias1 = 1.0 - std::pow(beta1, static_cast<double>(step));
-  const double bias2 = 1.0 - std::pow(beta2, static_cast<double>(step));
-  const float decay = static_cast<float>(1.0 - lr * weight_decay);
-  const float step_size = static_cast<float>(lr / bias1);
-  const float bias2_sqrt = static_cast<float>(std::sqrt(bias2));
-  const float b1 = static_cast<float>(beta1), b2 = static_cast<float>(beta2);
-  const float one_b1 = static_cast<float>(1.0 - beta1), one_b2 = static_cast<float>(1.0 - beta2);
-  const float eps_f = static_cast<float>(eps);
-  float* p = param.data<float>();
-  const float* gr = grad.data<float>();
-  float* m = exp_avg.data<float>();
-  float* v = exp_avg_sq.data<float>();
-  const int64_t n = param.numel();
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = gr[i];
-    p[i] *= decay;
-    m[i] = b1 * m[i] + one_b1 * g;
-    v[i] = b2 * v[i] + one_b2 * g * g;
-    p[i] -= step_size * m[i] / (std::sqrt(v[i]) / bias2_sqrt + eps_f);
-  }
+  if (param.dtype() == kFloat64)
+    adamw_loop<double>(param, grad, exp_avg, exp_avg_sq, lr, beta1, beta2, eps, weight_decay, step);
+  else
+    adamw_loop<float>(param, grad, exp_avg, exp_avg_sq, lr, beta1, beta2, eps, weight_decay, step);
 }
 
 }  // namespace chorus::cpu

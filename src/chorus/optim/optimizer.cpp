@@ -28,15 +28,24 @@ Optimizer::Optimizer(std::vector<Tensor> params, double lr, std::string name)
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& p = params_[i];
     CHORUS_CHECK(p.defined(), name_, ": parameter ", i, " is undefined");
-    // Master weights stay float32; a bf16 model is trained through fp32 copies.
-    CHORUS_CHECK(p.dtype() == kFloat32, name_, ": parameter ", i, " is ", p.describe(),
-                 "; optimizers update float32 master weights only (keep parameters in float32 and "
-                 "cast activations for mixed precision)");
+    check_param_dtype(i, "is");
     // One tensor twice would be updated twice per step (PyTorch refuses it too).
     CHORUS_CHECK(seen.insert(p.impl()).second, name_, ": parameter ", i,
                  " appears more than once in the parameter list");
   }
   state_.resize(params_.size());
+}
+
+void Optimizer::check_param_dtype(size_t i, const char* verb) const {
+  const Tensor& p = params_[i];
+  // Master weights are float32 (a bf16 model is trained through fp32 copies);
+  // float64 on the CPU for double-precision reference runs.
+  CHORUS_CHECK(p.dtype() == kFloat32 || (p.dtype() == kFloat64 && p.device().is_cpu()), name_, ": parameter ", i,
+               " ", verb, " ", p.describe(),
+               p.dtype() == kFloat64 ? "; float64 parameters are supported on CPU devices only (GPU optimizers "
+                                       "update float32 master weights)"
+                                     : "; optimizers update float32 master weights (float64 on the CPU) only "
+                                       "(keep parameters in float32 and cast activations for mixed precision)");
 }
 
 void Optimizer::set_lr(double lr) {
@@ -76,17 +85,16 @@ Tensor Optimizer::grad_for_update(size_t i) const {
   Tensor g = p.grad();
   if (!g.defined()) return g;
   // Module::to(dtype) may have cast the parameter after construction.
-  CHORUS_CHECK(p.dtype() == kFloat32, name_, ": parameter ", i, " is now ", p.describe(),
-               "; optimizers update float32 master weights only");
+  check_param_dtype(i, "is now");
   CHORUS_CHECK(g.sizes() == p.sizes(), name_, ": gradient of parameter ", i, " is ", g.describe(),
                " but the parameter is ", p.describe());
-  return in_param_layout(i, ops::to_dtype(ops::to_device(g, p.device()), kFloat32));
+  return in_param_layout(i, ops::to_dtype(ops::to_device(g, p.device()), p.dtype()));
 }
 
 Tensor Optimizer::new_buffer(size_t i) const {
   const Tensor& p = params_[i];
-  Tensor b = is_dense_param(i) ? empty_like_dense(p, kFloat32)
-                               : chorus::detail::empty_tensor(p.sizes(), kFloat32, p.device());
+  Tensor b = is_dense_param(i) ? empty_like_dense(p, p.dtype())
+                               : chorus::detail::empty_tensor(p.sizes(), p.dtype(), p.device());
   ops::fill_(b, 0.0);
   return b;
 }
@@ -192,9 +200,9 @@ void Optimizer::load_state(const nn::NamedTensors& state) {
       problems.push_back("'" + key + "' is " + (t.defined() ? t.describe() : "undefined") +
                          " but parameter " + std::to_string(i) + " is " + params_[i].describe());
     } else {
-      // On the parameter's device, contiguous float32: what the kernels update.
-      loaded[i].buffers[rest] =
-          ops::contiguous(ops::to_dtype(ops::clone(ops::to_device(t, params_[i].device())), kFloat32));
+      // On the parameter's device, contiguous, in its dtype: what the kernels update.
+      loaded[i].buffers[rest] = ops::contiguous(
+          ops::to_dtype(ops::clone(ops::to_device(t, params_[i].device())), params_[i].dtype()));
     }
   }
   for (size_t i = 0; i < loaded.size(); ++i) {

@@ -75,8 +75,10 @@ class Optimizer {
   // through flat views, with no copy of the parameter; a strided view
   // registered as a parameter (rare) is updated through a contiguous copy.
 
-  // Checks that `p` can be updated now (float32, grad matching) and returns
-  // its gradient as a float32 tensor on p's device in p's layout (see
+  // Throws ValueError unless parameter i is float32, or float64 on a CPU device.
+  void check_param_dtype(size_t i, const char* verb) const;
+  // Checks that `p` can be updated now (dtype, grad matching) and returns
+  // its gradient in p's dtype on p's device in p's layout (see
   // flat()); undefined when p has no gradient (skip it).
   Tensor grad_for_update(size_t i) const;
   // A zero-filled buffer for parameter i (lazy state creation), in its layout.
