@@ -1,6 +1,7 @@
 // batch_norm kernels against a double-precision reference written here from
 // the definition, and the backward kernels against central finite
 // differences (in double) of that reference forward: L = sum(y * dy).
+#include "testing/random.h"
 #include "chorus/cpu/batch_norm.h"
 
 #include <gtest/gtest.h>
@@ -15,13 +16,7 @@
 namespace chorus::cpu {
 namespace {
 
-std::vector<float> random_vector(size_t size, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(size);
-  for (float& e : v) e = dist(gen);
-  return v;
-}
+using chorus::testing::random_vector;
 
 template <typename T>
 void expect_close(const std::vector<float>& got, const std::vector<T>& want, double rtol) {

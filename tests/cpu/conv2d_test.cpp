@@ -1,6 +1,7 @@
 // conv2d kernels against a direct double-precision convolution written here
 // from the definition (no im2col), on random inputs. backward_input is also
 // checked as the adjoint of forward: <conv(x), dy> == <x, conv_bwd_input(dy)>.
+#include "testing/random.h"
 #include "chorus/cpu/conv2d.h"
 
 #include <gtest/gtest.h>
@@ -14,13 +15,7 @@
 namespace chorus::cpu {
 namespace {
 
-std::vector<float> random_vector(size_t size, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> v(size);
-  for (float& e : v) e = dist(gen);
-  return v;
-}
+using chorus::testing::random_vector;
 
 void expect_close(const std::vector<float>& got, const std::vector<double>& want, double rtol) {
   ASSERT_EQ(got.size(), want.size());

@@ -1,6 +1,7 @@
 // gemm / gemm_batched against a triple loop in double, on random inputs with
 // padded leading dimensions, every transpose combination, and the BLAS
 // corner cases the convolution relies on (beta = 0 ignores C, k = 0).
+#include "testing/random.h"
 #include "chorus/cpu/gemm.h"
 
 #include <cblas.h>
@@ -14,13 +15,7 @@
 namespace chorus::cpu {
 namespace {
 
-std::vector<float> random_vector(size_t size, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> v(size);
-  for (float& e : v) e = dist(gen);
-  return v;
-}
+using chorus::testing::random_vector;
 
 struct Case {
   bool ta, tb;

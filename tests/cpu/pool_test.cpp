@@ -4,6 +4,7 @@
 // kernels are checked against the naive backward, against the adjoint
 // identity <pool(x), dy> == <x, pool_backward(dy)> (avg pools are linear),
 // and for max pooling against central finite differences.
+#include "testing/random.h"
 #include "chorus/cpu/pool.h"
 
 #include <gtest/gtest.h>
@@ -19,13 +20,7 @@
 namespace chorus::cpu {
 namespace {
 
-std::vector<float> random_vector(size_t size, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> v(size);
-  for (float& e : v) e = dist(gen);
-  return v;
-}
+using chorus::testing::random_vector;
 
 // Distinct values at least 0.01 apart in random order: no ties, and a finite
 // difference step of 1e-4 never changes which element is the max.

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "testing/random.h"
 #include "chorus/core/backend.h"
 #include "chorus/core/tensor.h"
 #include "chorus/cpu/kernels.h"
@@ -39,13 +40,7 @@ namespace {
 const Device kGpu = cuda_device(0);
 const Device kHost = cpu_device(0);
 
-std::vector<float> random_values(int64_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& e : v) e = dist(gen);
-  return v;
-}
+using chorus::testing::random_vector;
 
 // The values as `dtype` stores them.
 std::vector<float> rounded(std::vector<float> v, DType dtype) {
@@ -136,7 +131,7 @@ Tensor gpu_tensor(const Shape& sizes, const std::vector<float>& values, DType dt
 
 // A GPU tensor filled with large values, for outputs that must be overwritten.
 Tensor gpu_garbage(const Shape& sizes, DType dtype, bool channels_last = false) {
-  return gpu_tensor(sizes, random_values(numel_of(sizes), 999, 100.0f, 1000.0f), dtype,
+  return gpu_tensor(sizes, random_vector(numel_of(sizes), 999, 100.0f, 1000.0f), dtype,
                     channels_last);
 }
 
@@ -210,9 +205,9 @@ void check_gemm(DType dtype, bool trans_a, bool trans_b, double alpha, double be
   const Shape as = trans_a ? Shape{batch, k, m} : Shape{batch, m, k};
   const Shape bs = trans_b ? Shape{batch, n, k} : Shape{batch, k, n};
   const Shape os{batch, m, n};
-  const auto av = rounded(random_values(numel_of(as), 1), dtype);
-  const auto bv = rounded(random_values(numel_of(bs), 2), dtype);
-  const auto ov = rounded(random_values(numel_of(os), 3), dtype);
+  const auto av = rounded(random_vector(numel_of(as), 1), dtype);
+  const auto bv = rounded(random_vector(numel_of(bs), 2), dtype);
+  const auto ov = rounded(random_vector(numel_of(os), 3), dtype);
 
   Tensor ga = gpu_tensor(as, av, dtype), gb = gpu_tensor(bs, bv, dtype);
   Tensor go = gpu_tensor(os, beta == 0.0 ? std::vector<float>(ov.size(), NAN) : ov, dtype);
@@ -312,10 +307,10 @@ void check_conv(const ConvCase& cc, DType dtype, bool channels_last, double floa
   const Shape xs{g.n, g.c_in, g.h, g.w}, ws{g.c_out, g.c_in / g.groups, g.kh, g.kw},
       ys{g.n, g.c_out, g.out_h(), g.out_w()}, bs{g.c_out};
   const bool weight_cl = channels_last != cc.weight_in_other_layout;
-  const auto xv = rounded(random_values(numel_of(xs), 11), dtype);
-  const auto wv = rounded(random_values(numel_of(ws), 12), dtype);
-  const auto bv = rounded(random_values(numel_of(bs), 13), dtype);
-  const auto dyv = rounded(random_values(numel_of(ys), 14), dtype);
+  const auto xv = rounded(random_vector(numel_of(xs), 11), dtype);
+  const auto wv = rounded(random_vector(numel_of(ws), 12), dtype);
+  const auto bv = rounded(random_vector(numel_of(bs), 13), dtype);
+  const auto dyv = rounded(random_vector(numel_of(ys), 14), dtype);
   const double tol = tolerance(dtype, float32_tol);
   const std::string what = std::string(cc.name) + " " + dtype_name(dtype) +
                            (channels_last ? " NHWC" : " NCHW") +
@@ -400,7 +395,7 @@ const std::vector<Pool2dGeometry> kPoolGeometries = {
 void check_max_pool(const Pool2dGeometry& g, DType dtype, bool cl) {
   const Shape xs{g.n, g.c, g.h, g.w}, ys{g.n, g.c, g.out_h(), g.out_w()};
   const auto xv = distinct_plane_values(xs, 21);
-  const auto dyv = rounded(random_values(numel_of(ys), 22), dtype);
+  const auto dyv = rounded(random_vector(numel_of(ys), 22), dtype);
   const std::string what = std::string(dtype_name(dtype)) + (cl ? " NHWC" : " NCHW") + " k" +
                            std::to_string(g.kh) + " s" + std::to_string(g.stride_h) + " p" +
                            std::to_string(g.pad_h);
@@ -424,8 +419,8 @@ void check_max_pool(const Pool2dGeometry& g, DType dtype, bool cl) {
 
 void check_avg_pool(const Pool2dGeometry& g, DType dtype, bool cl) {
   const Shape xs{g.n, g.c, g.h, g.w}, ys{g.n, g.c, g.out_h(), g.out_w()};
-  const auto xv = rounded(random_values(numel_of(xs), 31), dtype);
-  const auto dyv = rounded(random_values(numel_of(ys), 32), dtype);
+  const auto xv = rounded(random_vector(numel_of(xs), 31), dtype);
+  const auto dyv = rounded(random_vector(numel_of(ys), 32), dtype);
   const double tol = tolerance(dtype, 1e-5);
   const std::string what = std::string(dtype_name(dtype)) + (cl ? " NHWC" : " NCHW") + " k" +
                            std::to_string(g.kh) + " s" + std::to_string(g.stride_h) + " p" +
@@ -446,8 +441,8 @@ void check_avg_pool(const Pool2dGeometry& g, DType dtype, bool cl) {
 
 void check_adaptive_avg_pool(const Shape& xs, int64_t oh, int64_t ow, DType dtype, bool cl) {
   const Shape ys{xs[0], xs[1], oh, ow};
-  const auto xv = rounded(random_values(numel_of(xs), 41), dtype);
-  const auto dyv = rounded(random_values(numel_of(ys), 42), dtype);
+  const auto xv = rounded(random_vector(numel_of(xs), 41), dtype);
+  const auto dyv = rounded(random_vector(numel_of(ys), 42), dtype);
   const double tol = tolerance(dtype, 1e-5);
   const std::string what = std::string(dtype_name(dtype)) + (cl ? " NHWC " : " NCHW ") +
                            shape_str(xs) + " -> " + shape_str(ys);
@@ -495,10 +490,10 @@ void check_batch_norm(const Shape& xs, DType dtype, bool cl, bool affine) {
   const int64_t c = xs[1];
   const Shape ps{c};
   const double momentum = 0.1, eps = 1e-3;  // eps != 1e-5: catches an eps the backward must not use
-  const auto xv = rounded(random_values(numel_of(xs), 51, -2.0f, 3.0f), dtype);
-  const auto dyv = rounded(random_values(numel_of(xs), 52), dtype);
-  const auto gammav = random_values(c, 53, 0.5f, 1.5f), betav = random_values(c, 54);
-  const auto rmv = random_values(c, 55), rvv = random_values(c, 56, 0.5f, 1.5f);
+  const auto xv = rounded(random_vector(numel_of(xs), 51, -2.0f, 3.0f), dtype);
+  const auto dyv = rounded(random_vector(numel_of(xs), 52), dtype);
+  const auto gammav = random_vector(c, 53, 0.5f, 1.5f), betav = random_vector(c, 54);
+  const auto rmv = random_vector(c, 55), rvv = random_vector(c, 56, 0.5f, 1.5f);
   const double tol = tolerance(dtype, 1e-4);
   const std::string what = std::string(dtype_name(dtype)) + (cl ? " NHWC " : " ") + shape_str(xs) +
                            (affine ? "" : " (no affine, no running stats)");
@@ -558,10 +553,10 @@ void check_batch_norm(const Shape& xs, DType dtype, bool cl, bool affine) {
 void check_batch_norm_relu(const Shape& xs, DType dtype, bool cl) {
   const int64_t c = xs[1];
   const Shape ps{c};
-  const auto xv = rounded(random_values(numel_of(xs), 61, -2.0f, 3.0f), dtype);
-  const auto dyv = rounded(random_values(numel_of(xs), 62), dtype);
-  const auto gammav = random_values(c, 63, 0.5f, 1.5f), betav = random_values(c, 64);
-  const auto rmv = random_values(c, 65), rvv = random_values(c, 66, 0.5f, 1.5f);
+  const auto xv = rounded(random_vector(numel_of(xs), 61, -2.0f, 3.0f), dtype);
+  const auto dyv = rounded(random_vector(numel_of(xs), 62), dtype);
+  const auto gammav = random_vector(c, 63, 0.5f, 1.5f), betav = random_vector(c, 64);
+  const auto rmv = random_vector(c, 65), rvv = random_vector(c, 66, 0.5f, 1.5f);
   const double tol = tolerance(dtype, 1e-4);
   const std::string what = std::string(dtype_name(dtype)) + (cl ? " NHWC " : " ") + shape_str(xs);
   Tensor gx = gpu_tensor(xs, xv, dtype, cl), gy = gpu_garbage(xs, dtype, cl);

@@ -11,18 +11,13 @@
 #include <string>
 #include <vector>
 
+#include "testing/random.h"
 #include "testing/expect_error.h"
 
 namespace chorus::ops {
 namespace {
 
-std::vector<float> random_values(int64_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& e : v) e = dist(gen);
-  return v;
-}
+using chorus::testing::random_vector;
 
 Tensor on(const std::vector<float>& v, const Device& d, DType dtype = kFloat32) {
   return from_vector(v, {static_cast<int64_t>(v.size())}, TensorOptions(dtype, d));
@@ -36,7 +31,7 @@ void check_collectives(const std::vector<Device>& devices, int64_t n, DType dtyp
   std::vector<std::vector<float>> vals;
   std::vector<Tensor> bufs;
   for (size_t i = 0; i < devices.size(); ++i) {
-    Tensor t = on(random_values(n, 100 + static_cast<uint32_t>(i)), devices[i], dtype);
+    Tensor t = on(random_vector(n, 100 + static_cast<uint32_t>(i)), devices[i], dtype);
     vals.push_back(t.to(kFloat32).to_vector<float>());
     bufs.push_back(t);
   }
@@ -75,7 +70,7 @@ void check_collectives(const std::vector<Device>& devices, int64_t n, DType dtyp
   check_sum(bufs[0], "in place");
 
   // broadcast_coalesced: every destination becomes the source, bit for bit.
-  Tensor src = on(random_values(n, 7), devices[0], dtype);
+  Tensor src = on(random_vector(n, 7), devices[0], dtype);
   std::vector<Tensor> dsts;
   for (size_t i = 1; i < devices.size(); ++i) dsts.push_back(empty({n}, TensorOptions(dtype, devices[i])));
   broadcast_coalesced(src, dsts);
@@ -96,7 +91,7 @@ TEST(Comm, CpuDevicesBroadcastAndReduce) {
 TEST(Comm, ReduceSumAddsInDeviceOrderOnCpu) {
   // Deterministic: the same inputs give bit-identical sums, run after run.
   std::vector<Tensor> srcs;
-  for (int i = 0; i < 4; ++i) srcs.push_back(on(random_values(257, 40 + i), cpu_device(i)));
+  for (int i = 0; i < 4; ++i) srcs.push_back(on(random_vector(257, 40 + i), cpu_device(i)));
   Tensor a = empty({257}, TensorOptions(kFloat32, cpu_device(0)));
   Tensor b = empty({257}, TensorOptions(kFloat32, cpu_device(0)));
   reduce_sum(srcs, a);

@@ -48,7 +48,7 @@ void check_round_trip(const MakeOptimizer& make) {
   opt_a->set_lr(opt_a->lr() * 0.7);
 
   // Restore into a fresh optimizer over copied parameters, then continue both.
-  nn::NamedTensors snapshot = opt_a->state();
+  NamedTensors snapshot = opt_a->state();
   std::vector<Tensor> b = copy_params(a);
   auto opt_b = make(b);
   opt_b->load_state(snapshot);
@@ -59,7 +59,7 @@ void check_round_trip(const MakeOptimizer& make) {
   train(*opt_b, b, 2, 4);
   for (size_t k = 0; k < a.size(); ++k) EXPECT_EQ(values(a[k]), values(b[k])) << "param " << k;
   // The snapshot was a copy: continuing opt_a did not change it.
-  nn::NamedTensors later = opt_a->state();
+  NamedTensors later = opt_a->state();
   ASSERT_GT(later.size(), snapshot.size());
 }
 
@@ -88,9 +88,9 @@ TEST(OptimizerState, RejectsMismatchedSnapshotsAndStaysUnchanged) {
   std::vector<Tensor> p = make_params(4);
   SGD opt(p, {.lr = 0.1, .momentum = 0.9});
   train(opt, p, 0, 3);
-  const nn::NamedTensors good = opt.state();
+  const NamedTensors good = opt.state();
   auto with = [&](const std::string& key, Tensor t) {
-    nn::NamedTensors s = good;
+    NamedTensors s = good;
     bool replaced = false;
     for (auto& [n, v] : s)
       if (n == key) v = t, replaced = true;
@@ -107,7 +107,7 @@ TEST(OptimizerState, RejectsMismatchedSnapshotsAndStaysUnchanged) {
 
   AdamW adam(p, {});
   train(adam, p, 0, 3);
-  nn::NamedTensors partial;
+  NamedTensors partial;
   for (auto& [n, t] : adam.state())
     if (n != "param.1.exp_avg_sq") partial.emplace_back(n, t);
   AdamW fresh(p, {});

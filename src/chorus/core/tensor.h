@@ -203,4 +203,7 @@ Tensor make_view(const Tensor& base, const Shape& sizes, const Shape& strides, i
 void check_defined(const Tensor& t, const char* op, const char* arg);
 }  // namespace detail
 
+// Tensors by name, in order: state dicts, optimizer state, checkpoints.
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
 }  // namespace chorus

@@ -17,7 +17,7 @@
 
 namespace chorus::nn {
 
-using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+using NamedTensors = chorus::NamedTensors;  // core/tensor.h
 
 class Module : public std::enable_shared_from_this<Module> {
  public:

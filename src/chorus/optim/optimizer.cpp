@@ -155,8 +155,8 @@ bool parse_param_key(const std::string& key, size_t* index, std::string* rest) {
 
 }  // namespace
 
-nn::NamedTensors Optimizer::state() const {
-  nn::NamedTensors out;
+NamedTensors Optimizer::state() const {
+  NamedTensors out;
   out.emplace_back("step", int64_scalar(step_count_));
   out.emplace_back("lr", float64_scalar(lr_));
   for (size_t i = 0; i < state_.size(); ++i) {
@@ -170,7 +170,7 @@ nn::NamedTensors Optimizer::state() const {
   return out;
 }
 
-void Optimizer::load_state(const nn::NamedTensors& state) {
+void Optimizer::load_state(const NamedTensors& state) {
   const std::vector<std::string> names = buffer_names();
   std::vector<std::string> problems;
   std::vector<ParamState> loaded(params_.size());

@@ -10,7 +10,7 @@
 //  - Master weights are float32: the fused kernels update float32 only, and
 //    the constructor says so rather than letting a bf16 model train silently
 //    in low precision.
-//  - state() / load_state() speak nn::NamedTensors, so io/ stores optimizer
+//  - state() / load_state() speak NamedTensors, so io/ stores optimizer
 //    state in safetensors like the model itself. Names:
 //      "step"                   int64 [], number of step() calls
 //      "lr"                     float64 [], current learning rate
@@ -28,7 +28,6 @@
 #include <vector>
 
 #include "chorus/core/tensor.h"
-#include "chorus/nn/module.h"
 
 namespace chorus::optim {
 
@@ -54,10 +53,10 @@ class Optimizer {
 
   // A snapshot (copies, on the parameters' devices) of the state, named as in
   // the note above.
-  virtual nn::NamedTensors state() const;
+  virtual NamedTensors state() const;
   // Restores a snapshot from state(); throws ValueError naming every unknown
   // key, missing companion buffer, or shape mismatch.
-  virtual void load_state(const nn::NamedTensors& state);
+  virtual void load_state(const NamedTensors& state);
 
  protected:
   struct ParamState {

@@ -1,0 +1,19 @@
+// Random test inputs, one definition for every test: uniform floats in
+// [lo, hi) from a seeded mt19937, so a failure reproduces from its seed.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+namespace chorus::testing {
+
+inline std::vector<float> random_vector(size_t size, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(size);
+  for (float& e : v) e = dist(gen);
+  return v;
+}
+
+}  // namespace chorus::testing
