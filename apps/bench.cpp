@@ -2,6 +2,7 @@
 // on synthetic CIFAR-shaped data, timed after warm-up with the device drained
 // before and after, as ../shared/bench/torch_baseline.py times PyTorch.
 #include "bench.h"
+#include "train_step.h"
 #include "commands.h"
 
 #include <algorithm>
@@ -84,8 +85,6 @@ BenchRow bench_one(const BenchConfig& c, const std::vector<Device>& devs) {
   nn::ModulePtr model = models::make_model(c.model, spec);
   model->to(dev);
   if (c.channels_last && dev.is_cuda()) model->to_channels_last();
-  nn::ModulePtr net = model;
-  if (c.strategy == "dp") net = std::make_shared<parallel::DataParallel>(model, devs, dp_options(c.bucket_mb));
   optim::SGD opt(model->parameters(), {0.1, 0.9, 0.0, 5e-4, true});
   const int64_t batch = c.batch_size * static_cast<int64_t>(devs.size());
   Shape in{batch};
@@ -93,35 +92,16 @@ BenchRow bench_one(const BenchConfig& c, const std::vector<Device>& devs) {
   Tensor x = randn(in, {kFloat32, dev});
   if (c.channels_last && dev.is_cuda()) x = ops::to_channels_last(x);
   Tensor y = randint(0, 10, {batch}, {kInt64, dev});
+  TrainStep train_step{wrap_for_strategy(model, c.strategy, devs, c.bucket_mb), &opt, std::nullopt, 0.0};
+  if (c.precision == "bf16") train_step.autocast = kBFloat16;
+  TrainStep::Phases phases;
   Tensor loss;
-  std::optional<DType> amp;
-  if (c.precision == "bf16") amp = kBFloat16;
-  using Clock = std::chrono::steady_clock;
-  double phase_ms[3] = {0, 0, 0};
-  auto lap = [](Clock::time_point& t) {
-    auto now = Clock::now();
-    double ms = std::chrono::duration<double, std::milli>(now - t).count();
-    t = now;
-    return ms;
-  };
-  auto step = [&] {
-    auto t = Clock::now();
-    {
-      AutocastGuard autocast(amp);  // bf16 convolutions and matmuls, fp32 master weights and loss
-      loss = nn::functional::cross_entropy(net->forward(x), y);
-    }
-    phase_ms[0] += lap(t);
-    opt.zero_grad();
-    loss.backward();
-    phase_ms[1] += lap(t);
-    opt.step();
-    phase_ms[2] += lap(t);
-  };
+  auto step = [&] { loss = train_step.run(x, y, &phases).loss; };
   for (int64_t i = 0; i < c.warmup; ++i) step();
   for (const Device& d : devs) synchronize(d);
   ops::reset_profile();
   for (const Device& d : devs) backend(d).reset_peak_bytes(d);
-  std::fill(std::begin(phase_ms), std::end(phase_ms), 0.0);
+  phases = {};
   auto t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < c.steps; ++i) step();
   // Evidence of asynchrony: the host has issued every step long before the
@@ -133,7 +113,7 @@ BenchRow bench_one(const BenchConfig& c, const std::vector<Device>& devs) {
   for (const Device& d : devs) peak = std::max(peak, backend(d).peak_bytes(d));
   const double n = static_cast<double>(c.steps);
   return {static_cast<double>(batch * c.steps) / dt, 1000.0 * dt / n, loss.item(), peak, 1000.0 * issue,
-          phase_ms[0] / n, phase_ms[1] / n, phase_ms[2] / n};
+          phases.forward_ms / n, phases.backward_ms / n, phases.optim_ms / n};
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
-// The training driver: data, model, optimizer and schedule from the config;
-// an epoch loop with periodic (not per-step) reads of the loss, evaluation,
-// checkpoints that make a killed run resumable to the same weights, metrics
-// and a closing summary.
+// The training driver, in the order run_train calls it: set_up (data, model,
+// optimizer, schedule from the config), resume (from the newest checkpoint),
+// train_loop (epochs of TrainStep with periodic, not per-step, reads of the
+// loss; evaluation; checkpoints that make a killed run resumable to the same
+// weights; metrics) and summarize (the closing summary).
 #include "train.h"
 #include "commands.h"
 
@@ -33,6 +34,7 @@
 #include "chorus/optim/sgd.h"
 #include "chorus/parallel/data_parallel.h"
 #include "progress.h"
+#include "train_step.h"
 
 namespace chorus::app {
 
@@ -139,178 +141,235 @@ EvalResult evaluate(nn::Module& model, data::DataLoader& loader) {
   return {loss_sum.item() / static_cast<double>(n), correct.item() / static_cast<double>(n)};
 }
 
+// Everything a run is made of, wired from the config.
+struct Training {
+  std::vector<Device> devices;
+  Datasets data;
+  nn::ModulePtr model;                     // what checkpoints and evaluation see
+  std::unique_ptr<optim::Optimizer> opt;
+  TrainStep step;                          // runs the model or its parallel wrapper
+  std::unique_ptr<data::DataLoader> train_loader, test_loader;
+  std::shared_ptr<optim::LRSchedule> schedule;
+  int64_t per_epoch = 0, total_steps = 0;
+};
+
+Training set_up(const TrainConfig& cfg) {
+  Training t;
+  t.devices = pick_devices(cfg);
+  const Device device = t.devices[0];
+  CHORUS_CHECK(cfg.precision == "fp32" || device.is_cuda(), "--precision bf16 needs a CUDA device (got ", device.str(), ")");
+  manual_seed(cfg.seed);
+  t.data = load_data(cfg);
+  models::ModelSpec spec{t.data.train->image_shape(), t.data.train->num_classes()};
+  t.model = models::make_model(cfg.model, spec);
+  t.model->to(device);
+  const double lr = cfg.lr.value_or(default_lr(cfg));
+  std::vector<Tensor> params = t.model->parameters();
+  if (cfg.optimizer == "sgd")
+    t.opt = std::make_unique<optim::SGD>(params, optim::SGDOptions{lr, cfg.momentum, 0.0, cfg.weight_decay, cfg.momentum > 0});
+  else
+    t.opt = std::make_unique<optim::AdamW>(params, optim::AdamWOptions{lr, 0.9, 0.999, 1e-8, cfg.weight_decay});
+  t.step = {wrap_for_strategy(t.model, cfg.strategy, t.devices, cfg.bucket_mb), t.opt.get(), std::nullopt,
+            cfg.label_smoothing};
+  if (cfg.precision == "bf16") t.step.autocast = kBFloat16;
+
+  data::DataLoaderOptions lo;
+  lo.batch_size = cfg.batch_size * static_cast<int64_t>(t.devices.size());  // --batch-size is per device
+  lo.num_workers = cfg.workers;
+  lo.seed = cfg.seed;
+  lo.device = device;
+  t.train_loader = std::make_unique<data::DataLoader>(
+      t.data.train, std::make_shared<data::RandomSampler>(t.data.train->size(), cfg.seed), lo, t.data.augment);
+  data::DataLoaderOptions eo = lo;
+  eo.batch_size = std::max<int64_t>(cfg.batch_size, 500);
+  t.test_loader = std::make_unique<data::DataLoader>(t.data.test, nullptr, eo);
+
+  t.per_epoch = t.train_loader->num_batches();
+  t.total_steps = t.per_epoch * cfg.epochs;
+  if (cfg.steps) t.total_steps = std::min(t.total_steps, *cfg.steps);
+  t.schedule = std::make_shared<optim::LinearWarmup>(
+      std::min<int64_t>(100, t.total_steps / 10),
+      std::make_shared<optim::CosineAnnealingLR>(lr, std::max<int64_t>(t.total_steps, 1)));
+  return t;
+}
+
+// Where the loop is: a fresh run starts at zero, a resumed one where its
+// checkpoint was written.
+struct Position {
+  int64_t step = 0, epoch = 0, batch_in_epoch = 0;
+};
+
+// --resume: weights, optimizer, RNG and position from the newest checkpoint.
+Position resume(const TrainConfig& cfg, Training& t) {
+  Position pos;
+  if (!cfg.resume) return pos;
+  auto latest = io::find_latest_checkpoint(cfg.checkpoint_dir);
+  if (!latest) {
+    if (!cfg.quiet) std::fprintf(stderr, "no checkpoint in %s; starting from scratch\n", cfg.checkpoint_dir.c_str());
+    return pos;
+  }
+  io::TrainingState st = io::load_checkpoint(*latest, *t.model, *t.opt);
+  pos = {st.step, st.epoch, st.batch_in_epoch};
+  default_generator().set_state(st.rng);
+  if (!cfg.quiet)
+    std::fprintf(stderr, "resuming from %s (epoch %lld, step %lld)\n", latest->c_str(), (long long)pos.epoch + 1,
+                 (long long)pos.step);
+  return pos;
+}
+
+void save(const TrainConfig& cfg, const Training& t, const Position& pos) {
+  if (cfg.checkpoint_dir.empty()) return;
+  io::TrainingState st;
+  st.epoch = pos.epoch;
+  st.step = pos.step;
+  st.batch_in_epoch = pos.batch_in_epoch;
+  st.rng = default_generator().state();
+  st.config = cfg.to_json();
+  io::save_checkpoint(cfg.checkpoint_dir, *t.model, *t.opt, st);
+}
+
+// Training loss and accuracy over a window of steps. They stay on the device;
+// the host reads them only when the window closes (every --log-every steps),
+// so no step waits for the GPU.
+class StepStats {
+ public:
+  void add(const TrainStep::Result& r, const Tensor& labels) {
+    NoGradGuard ng;
+    Tensor l = ops::unary(UnaryOp::MulScalar, r.loss.detach(), labels.size(0));
+    Tensor c = ops::reduce(ReduceOp::Sum,
+                           ops::binary(BinaryOp::Eq, ops::reduce(ReduceOp::Argmax, r.logits.detach(), {1}, false), labels),
+                           {}, false);
+    loss_ = loss_.defined() ? ops::binary(BinaryOp::Add, loss_, l) : l;
+    correct_ = correct_.defined() ? ops::binary(BinaryOp::Add, correct_, c) : c;
+    count_ += labels.size(0);
+  }
+  struct Window {
+    double loss, accuracy, img_per_s;
+  };
+  // Reads the window (one host wait) and starts the next one.
+  Window close() {
+    auto now = std::chrono::steady_clock::now();
+    const double secs = std::chrono::duration<double>(now - start_).count();
+    Window w{loss_.item() / static_cast<double>(count_), correct_.item() / static_cast<double>(count_),
+             secs > 0 ? static_cast<double>(count_) / secs : 0};
+    *this = StepStats();
+    start_ = now;
+    return w;
+  }
+
+ private:
+  Tensor loss_, correct_;
+  int64_t count_ = 0;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
+struct LoopResult {
+  double last_loss = std::nan(""), last_acc = 0;
+  int64_t images = 0;
+};
+
+// End of an epoch: checkpoint, then test-set evaluation when anyone reads it.
+void finish_epoch(const TrainConfig& cfg, Training& t, const Position& pos, io::MetricsWriter* metrics,
+                  Progress& progress) {
+  save(cfg, t, pos);
+  if (!metrics && cfg.quiet) return;
+  EvalResult ev = evaluate(*t.model, *t.test_loader);
+  progress.finish();
+  if (!cfg.quiet)
+    std::fprintf(stderr, "epoch %lld/%lld: test loss %.4f, test accuracy %.4f\n", (long long)pos.epoch,
+                 (long long)cfg.epochs, ev.loss, ev.accuracy);
+  if (metrics) metrics->write({{"epoch", pos.epoch}, {"test_loss", ev.loss}, {"test_accuracy", ev.accuracy}});
+}
+
+// The epoch loop from `pos` on, until the epochs or --steps run out.
+LoopResult train_loop(const TrainConfig& cfg, Training& t, Position& pos, io::MetricsWriter* metrics) {
+  LoopResult out;
+  Progress progress(!cfg.quiet);
+  StepStats stats;
+  const int64_t start_epoch = pos.epoch;
+  t.model->train();
+  for (int64_t epoch = start_epoch; epoch < cfg.epochs && pos.step < t.total_steps; ++epoch) {
+    pos.epoch = epoch;
+    if (epoch != start_epoch) pos.batch_in_epoch = 0;
+    t.train_loader->start_epoch(epoch, pos.batch_in_epoch);
+    data::Batch b;
+    while (pos.step < t.total_steps && t.train_loader->next(&b)) {
+      t.schedule->apply(*t.opt, pos.step);
+      stats.add(t.step.run(b.images, b.labels), b.labels);
+      ++pos.step;
+      ++pos.batch_in_epoch;
+      out.images += b.labels.size(0);
+      if (pos.step % cfg.log_every == 0 || pos.step == t.total_steps) {
+        StepStats::Window w = stats.close();
+        out.last_loss = w.loss;
+        out.last_acc = w.accuracy;
+        CHORUS_CHECK_T(Error, std::isfinite(w.loss), "training diverged: the loss is ", w.loss, " at step ", pos.step,
+                       " (try a smaller --lr)");
+        progress.update({pos.step, t.total_steps, epoch + 1, cfg.epochs, w.loss, w.accuracy, w.img_per_s});
+        if (metrics)
+          metrics->write({{"step", pos.step}, {"epoch", epoch + 1}, {"loss", w.loss}, {"accuracy", w.accuracy},
+                          {"lr", t.opt->lr()}, {"img_per_s", w.img_per_s}});
+      }
+      if (cfg.checkpoint_every > 0 && pos.step % cfg.checkpoint_every == 0) save(cfg, t, pos);
+    }
+    if (pos.batch_in_epoch >= t.per_epoch) {
+      finish_epoch(cfg, t, {pos.step, epoch + 1, 0}, metrics, progress);
+    } else {
+      save(cfg, t, pos);  // stopped inside the epoch (--steps): resumable from here
+    }
+  }
+  progress.finish();
+  return out;
+}
+
+nlohmann::ordered_json summarize(const TrainConfig& cfg, Training& t, const Position& start, const Position& end,
+                                 const LoopResult& loop, double seconds) {
+  EvalResult final_eval = evaluate(*t.model, *t.test_loader);
+  std::vector<std::string> device_names;
+  for (const Device& d : t.devices) device_names.push_back(d.str());
+  const int64_t steps_run = std::max<int64_t>(end.step - start.epoch * t.per_epoch - start.batch_in_epoch, 1);
+  using J = nlohmann::ordered_json;
+  return {{"model", cfg.model},
+          {"data", cfg.data},
+          {"strategy", cfg.strategy},
+          {"devices", device_names},
+          {"precision", cfg.precision},
+          {"epochs", cfg.epochs},
+          {"steps", end.step},
+          {"batch_size", cfg.batch_size},
+          {"train_loss", std::isnan(loop.last_loss) ? J(nullptr) : J(loop.last_loss)},
+          {"train_accuracy", loop.last_acc},
+          {"test_loss", final_eval.loss},
+          {"test_accuracy", final_eval.accuracy},
+          {"img_per_s", seconds > 0 ? static_cast<double>(loop.images) / seconds : 0.0},
+          {"seconds", seconds},
+          {"seconds_per_epoch", seconds * static_cast<double>(t.per_epoch) / static_cast<double>(steps_run)}};
+}
+
+void announce(const TrainConfig& cfg, const Training& t) {
+  if (cfg.quiet) return;
+  std::fprintf(stderr, "training %s (%lld parameters) on %s%s, %s, %lld examples, batch %lld per device, %lld steps\n",
+               cfg.model.c_str(), (long long)t.model->num_parameters(),
+               cfg.devices.empty() ? t.devices[0].str().c_str() : cfg.devices.c_str(),
+               cfg.strategy == "dp" ? " (DataParallel)" : "", t.data.train->name().c_str(),
+               (long long)t.data.train->size(), (long long)cfg.batch_size, (long long)t.total_steps);
+}
+
 }  // namespace
 
 nlohmann::ordered_json run_train(const TrainConfig& cfg) {
   cfg.validate();
-  std::vector<Device> devices = pick_devices(cfg);
-  Device device = devices[0];
-  CHORUS_CHECK(cfg.precision == "fp32" || device.is_cuda(), "--precision bf16 needs a CUDA device (got ", device.str(), ")");
-  manual_seed(cfg.seed);
-  Datasets ds = load_data(cfg);
-
-  models::ModelSpec spec{ds.train->image_shape(), ds.train->num_classes()};
-  nn::ModulePtr model = models::make_model(cfg.model, spec);
-  model->to(device);
-  nn::ModulePtr net = model;  // what the step runs: the model, or its DataParallel wrapper
-  if (cfg.strategy == "dp")
-    net = std::make_shared<parallel::DataParallel>(model, devices, dp_options(cfg.bucket_mb));
-  std::vector<Tensor> params = model->parameters();
-  double lr = cfg.lr.value_or(default_lr(cfg));
-  std::unique_ptr<optim::Optimizer> opt;
-  if (cfg.optimizer == "sgd") {
-    opt = std::make_unique<optim::SGD>(params, optim::SGDOptions{lr, cfg.momentum, 0.0, cfg.weight_decay, cfg.momentum > 0});
-  } else {
-    opt = std::make_unique<optim::AdamW>(params, optim::AdamWOptions{lr, 0.9, 0.999, 1e-8, cfg.weight_decay});
-  }
-
-  data::DataLoaderOptions lo;
-  lo.batch_size = cfg.batch_size * static_cast<int64_t>(devices.size());  // --batch-size is per device
-  lo.num_workers = cfg.workers;
-  lo.seed = cfg.seed;
-  lo.device = device;
-  data::DataLoader train_loader(ds.train, std::make_shared<data::RandomSampler>(ds.train->size(), cfg.seed), lo, ds.augment);
-  data::DataLoaderOptions eo = lo;
-  eo.batch_size = std::max<int64_t>(cfg.batch_size, 500);
-  data::DataLoader test_loader(ds.test, nullptr, eo);
-
-  const int64_t per_epoch = train_loader.num_batches();
-  int64_t total_steps = per_epoch * cfg.epochs;
-  if (cfg.steps) total_steps = std::min(total_steps, *cfg.steps);
-  auto schedule = std::make_shared<optim::LinearWarmup>(
-      std::min<int64_t>(100, total_steps / 10), std::make_shared<optim::CosineAnnealingLR>(lr, std::max<int64_t>(total_steps, 1)));
-
-  // Resume: weights, optimizer, RNG, position.
-  int64_t step = 0, start_epoch = 0, start_batch = 0;
-  if (cfg.resume) {
-    auto latest = io::find_latest_checkpoint(cfg.checkpoint_dir);
-    if (latest) {
-      io::TrainingState st = io::load_checkpoint(*latest, *model, *opt);
-      step = st.step;
-      start_epoch = st.epoch;
-      start_batch = st.batch_in_epoch;
-      default_generator().set_state(st.rng);
-      if (!cfg.quiet) std::fprintf(stderr, "resuming from %s (epoch %lld, step %lld)\n", latest->c_str(),
-                                   (long long)start_epoch + 1, (long long)step);
-    } else if (!cfg.quiet) {
-      std::fprintf(stderr, "no checkpoint in %s; starting from scratch\n", cfg.checkpoint_dir.c_str());
-    }
-  }
-
+  Training t = set_up(cfg);
+  const Position start = resume(cfg, t);
   std::unique_ptr<io::MetricsWriter> metrics;
   if (!cfg.metrics.empty()) metrics = std::make_unique<io::MetricsWriter>(cfg.metrics, cfg.resume);
-  if (!cfg.quiet)
-    std::fprintf(stderr, "training %s (%lld parameters) on %s%s, %s, %lld examples, batch %lld per device, %lld steps\n",
-                 cfg.model.c_str(), (long long)model->num_parameters(), cfg.devices.empty() ? device.str().c_str() : cfg.devices.c_str(),
-                 cfg.strategy == "dp" ? " (DataParallel)" : "", ds.train->name().c_str(),
-                 (long long)ds.train->size(), (long long)cfg.batch_size, (long long)total_steps);
-
-  auto save = [&](int64_t epoch, int64_t batch_in_epoch) {
-    if (cfg.checkpoint_dir.empty()) return;
-    io::TrainingState st;
-    st.epoch = epoch;
-    st.step = step;
-    st.batch_in_epoch = batch_in_epoch;
-    st.rng = default_generator().state();
-    st.config = cfg.to_json();
-    io::save_checkpoint(cfg.checkpoint_dir, *model, *opt, st);
-  };
-
-  std::optional<DType> amp;
-  if (cfg.precision == "bf16") amp = kBFloat16;
-  Progress progress(!cfg.quiet);
-  auto t0 = std::chrono::steady_clock::now();
-  auto window_start = t0;
-  int64_t window_images = 0, images_total = 0;
-  Tensor window_loss, window_correct;
-  int64_t window_count = 0;
-  double last_loss = std::nan(""), last_acc = 0;
-  model->train();
-  for (int64_t epoch = start_epoch; epoch < cfg.epochs && step < total_steps; ++epoch) {
-    train_loader.start_epoch(epoch, epoch == start_epoch ? start_batch : 0);
-    int64_t batch_in_epoch = epoch == start_epoch ? start_batch : 0;
-    data::Batch b;
-    while (step < total_steps && train_loader.next(&b)) {
-      schedule->apply(*opt, step);
-      Tensor logits, loss;
-      {
-        AutocastGuard autocast(amp);  // --precision bf16: bf16 compute, fp32 weights and loss
-        logits = net->forward(b.images);
-        loss = nn::functional::cross_entropy(logits, b.labels, cfg.label_smoothing);
-      }
-      opt->zero_grad();
-      loss.backward();
-      opt->step();
-      ++step;
-      ++batch_in_epoch;
-      // Statistics stay on the device; the host reads them every log_every steps.
-      {
-        NoGradGuard ng;
-        Tensor l = ops::unary(UnaryOp::MulScalar, loss.detach(), b.labels.size(0));
-        Tensor c = ops::reduce(ReduceOp::Sum, ops::binary(BinaryOp::Eq, ops::reduce(ReduceOp::Argmax, logits.detach(), {1}, false), b.labels), {}, false);
-        window_loss = window_loss.defined() ? ops::binary(BinaryOp::Add, window_loss, l) : l;
-        window_correct = window_correct.defined() ? ops::binary(BinaryOp::Add, window_correct, c) : c;
-      }
-      window_count += b.labels.size(0);
-      window_images += b.labels.size(0);
-      images_total += b.labels.size(0);
-      if (step % cfg.log_every == 0 || step == total_steps) {
-        last_loss = window_loss.item() / static_cast<double>(window_count);
-        last_acc = window_correct.item() / static_cast<double>(window_count);
-        auto now = std::chrono::steady_clock::now();
-        double secs = std::chrono::duration<double>(now - window_start).count();
-        double ips = secs > 0 ? static_cast<double>(window_images) / secs : 0;
-        CHORUS_CHECK_T(Error, std::isfinite(last_loss), "training diverged: the loss is ", last_loss, " at step ", step,
-                       " (try a smaller --lr)");
-        progress.update({step, total_steps, epoch + 1, cfg.epochs, last_loss, last_acc, ips});
-        if (metrics)
-          metrics->write({{"step", step}, {"epoch", epoch + 1}, {"loss", last_loss}, {"accuracy", last_acc},
-                          {"lr", opt->lr()}, {"img_per_s", ips}});
-        window_loss = Tensor();
-        window_correct = Tensor();
-        window_count = 0;
-        window_images = 0;
-        window_start = now;
-      }
-      if (cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0) save(epoch, batch_in_epoch);
-    }
-    bool epoch_done = batch_in_epoch >= per_epoch;
-    if (epoch_done) {
-      save(epoch + 1, 0);
-      if (metrics || !cfg.quiet) {
-        EvalResult ev = evaluate(*model, test_loader);
-        progress.finish();
-        if (!cfg.quiet)
-          std::fprintf(stderr, "epoch %lld/%lld: test loss %.4f, test accuracy %.4f\n", (long long)epoch + 1,
-                       (long long)cfg.epochs, ev.loss, ev.accuracy);
-        if (metrics) metrics->write({{"epoch", epoch + 1}, {"test_loss", ev.loss}, {"test_accuracy", ev.accuracy}});
-      }
-    } else if (!cfg.checkpoint_dir.empty()) {
-      save(epoch, batch_in_epoch);
-    }
-  }
+  announce(cfg, t);
+  const auto t0 = std::chrono::steady_clock::now();
+  Position pos = start;
+  LoopResult loop = train_loop(cfg, t, pos, metrics.get());
   synchronize();
-  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  progress.finish();
-  EvalResult final_eval = evaluate(*model, test_loader);
-  std::vector<std::string> device_names;
-  for (const Device& d : devices) device_names.push_back(d.str());
-  nlohmann::ordered_json summary = {{"model", cfg.model},
-                            {"data", cfg.data},
-                            {"strategy", cfg.strategy},
-                            {"devices", device_names},
-                            {"precision", cfg.precision},
-                            {"epochs", cfg.epochs},
-                            {"steps", step},
-                            {"batch_size", cfg.batch_size},
-                            {"train_loss", std::isnan(last_loss) ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(last_loss)},
-                            {"train_accuracy", last_acc},
-                            {"test_loss", final_eval.loss},
-                            {"test_accuracy", final_eval.accuracy},
-                            {"img_per_s", seconds > 0 ? static_cast<double>(images_total) / seconds : 0.0},
-                            {"seconds", seconds},
-                            {"seconds_per_epoch", seconds * static_cast<double>(per_epoch) /
-                                                      static_cast<double>(std::max<int64_t>(step - start_epoch * per_epoch - start_batch, 1))}};
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  nlohmann::ordered_json summary = summarize(cfg, t, start, pos, loop, seconds);
   if (metrics) metrics->write({{"summary", summary}});
   return summary;
 }

@@ -1,0 +1,41 @@
+#include "train_step.h"
+
+#include <chrono>
+
+#include "chorus/autograd/autocast.h"
+#include "chorus/nn/functional.h"
+#include "commands.h"
+
+namespace chorus::app {
+
+nn::ModulePtr wrap_for_strategy(const nn::ModulePtr& model, const std::string& strategy,
+                                const std::vector<Device>& devices, double bucket_mb) {
+  if (strategy == "dp") return std::make_shared<parallel::DataParallel>(model, devices, dp_options(bucket_mb));
+  return model;
+}
+
+TrainStep::Result TrainStep::run(const Tensor& x, const Tensor& y, Phases* phases) const {
+  using Clock = std::chrono::steady_clock;
+  auto t = Clock::now();
+  auto lap = [&](double* into) {
+    if (!phases) return;
+    auto now = Clock::now();
+    *into += std::chrono::duration<double, std::milli>(now - t).count();
+    t = now;
+  };
+  Result r;
+  {
+    AutocastGuard guard(autocast);
+    r.logits = net->forward(x);
+    r.loss = nn::functional::cross_entropy(r.logits, y, label_smoothing);
+  }
+  lap(phases ? &phases->forward_ms : nullptr);
+  opt->zero_grad();
+  r.loss.backward();
+  lap(phases ? &phases->backward_ms : nullptr);
+  opt->step();
+  lap(phases ? &phases->optim_ms : nullptr);
+  return r;
+}
+
+}  // namespace chorus::app

@@ -1,0 +1,40 @@
+// One training step, shared by `chorus train` and `chorus bench`: forward and
+// loss under autocast, zero_grad, backward, optimizer step. Nothing in it
+// waits for the device.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "chorus/core/dtype.h"
+#include "chorus/core/tensor.h"
+#include "chorus/nn/module.h"
+#include "chorus/optim/optimizer.h"
+
+namespace chorus::app {
+
+// `model` as the step runs it for a strategy: the model itself ("single"), or
+// a DataParallel over `devices` with gradient buckets of `bucket_mb` MiB ("dp").
+nn::ModulePtr wrap_for_strategy(const nn::ModulePtr& model, const std::string& strategy,
+                                const std::vector<Device>& devices, double bucket_mb);
+
+struct TrainStep {
+  nn::ModulePtr net;                     // what forward runs (the model or its wrapper)
+  optim::Optimizer* opt = nullptr;       // over the model's parameters
+  std::optional<DType> autocast;         // --precision bf16: bf16 compute, fp32 weights and loss
+  double label_smoothing = 0.0;
+
+  struct Result {
+    Tensor logits, loss;
+  };
+  // Host milliseconds spent issuing each phase, added to by run() when asked
+  // for (where an issue-bound step spends its time).
+  struct Phases {
+    double forward_ms = 0, backward_ms = 0, optim_ms = 0;
+  };
+  Result run(const Tensor& x, const Tensor& y, Phases* phases = nullptr) const;
+};
+
+}  // namespace chorus::app
