@@ -1,4 +1,5 @@
-// The public API of Chorus in one include.
+// The public API of Chorus in one include: tensors, devices, streams and
+// events, autograd, layers, optimizers, models, DataParallel, checkpoints.
 #pragma once
 
 #include "chorus/autograd/functions.h"
@@ -15,3 +16,10 @@
 #include "chorus/nn/layers.h"
 #include "chorus/nn/module.h"
 #include "chorus/ops/factory.h"
+#include "chorus/optim/adamw.h"
+#include "chorus/optim/lr_scheduler.h"
+#include "chorus/optim/sgd.h"
+#include "chorus/models/models.h"
+#include "chorus/parallel/data_parallel.h"
+#include "chorus/io/checkpoint.h"
+#include "chorus/io/safetensors.h"
