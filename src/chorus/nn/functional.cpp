@@ -2,7 +2,7 @@
 
 #include "chorus/autograd/autocast.h"
 #include "chorus/autograd/functions.h"
-#include "chorus/autograd/node.h"
+#include "chorus/autograd/nn_functions.h"
 #include "chorus/core/error.h"
 #include "chorus/ops/copy.h"
 #include "chorus/ops/elementwise.h"
@@ -12,8 +12,6 @@
 #include "chorus/ops/views.h"
 
 namespace chorus::nn::functional {
-
-using autograd::record;
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   detail::check_defined(x, "linear", "input");
@@ -43,43 +41,15 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
                     bias.defined() ? chorus::to_dtype(bias, *dt) : bias, p);
     }
   }
-  Tensor y = ops::conv2d(x, weight, bias, p);
-  Tensor xd = x.detach(), wd = weight.detach();
-  bool nx = x.requires_grad(), nw = weight.requires_grad(), nb = bias.defined() && bias.requires_grad();
-  TensorList inputs{x, weight};
-  if (bias.defined()) inputs.push_back(bias);
-  return record("Conv2dBackward", y, inputs, [xd, wd, p, nx, nw, nb](const TensorList& g) {
-    TensorList out(nb ? 3 : 2);
-    if (nx) out[0] = ops::conv2d_backward_input(g[0], xd, wd, p);
-    if (nw || nb) {
-      auto [dw, db] = ops::conv2d_backward_weight(g[0], xd, wd, p, nb);
-      if (nw) out[1] = dw;
-      if (nb) out[2] = db;
-    }
-    return out;
-  });
+  return autograd::conv2d(x, weight, bias, p);
 }
 
-Tensor max_pool2d(const Tensor& x, const Pool2dParams& p) {
-  auto [y, idx] = ops::max_pool2d(x, p);
-  Tensor xd = x.detach();
-  Tensor indices = idx;
-  return record("MaxPool2dBackward", y, {x}, [xd, indices, p](const TensorList& g) {
-    return TensorList{ops::max_pool2d_backward(g[0], xd, indices, p)};
-  });
-}
+Tensor max_pool2d(const Tensor& x, const Pool2dParams& p) { return autograd::max_pool2d(x, p); }
 
-Tensor avg_pool2d(const Tensor& x, const Pool2dParams& p) {
-  Tensor xd = x.detach();
-  return record("AvgPool2dBackward", ops::avg_pool2d(x, p), {x}, [xd, p](const TensorList& g) {
-    return TensorList{ops::avg_pool2d_backward(g[0], xd, p)};
-  });
-}
+Tensor avg_pool2d(const Tensor& x, const Pool2dParams& p) { return autograd::avg_pool2d(x, p); }
 
 Tensor adaptive_avg_pool2d(const Tensor& x, int64_t out_h, int64_t out_w) {
-  Tensor xd = x.detach();
-  return record("AdaptiveAvgPool2dBackward", ops::adaptive_avg_pool2d(x, out_h, out_w), {x},
-                [xd](const TensorList& g) { return TensorList{ops::adaptive_avg_pool2d_backward(g[0], xd)}; });
+  return autograd::adaptive_avg_pool2d(x, out_h, out_w);
 }
 
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
@@ -100,42 +70,14 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
     Tensor out = weight.defined() ? chorus::mul(xhat, weight.reshape(bshape)) : xhat;
     return bias.defined() ? chorus::add(out, bias.reshape(bshape)) : out;
   }
-  auto [y, save_mean, save_invstd] = ops::batch_norm(x, weight, bias, running_mean, running_var, true, momentum, eps);
-  Tensor xd = x.detach();
-  Tensor wd = weight.defined() ? weight.detach() : Tensor();
-  TensorList inputs{x};
-  if (weight.defined()) inputs.push_back(weight);
-  if (bias.defined()) inputs.push_back(bias);
-  bool has_w = weight.defined(), has_b = bias.defined();
-  return record("BatchNormBackward", y, inputs, [xd, wd, save_mean, save_invstd, has_w, has_b](const TensorList& g) {
-    auto [dx, dw, db] = ops::batch_norm_backward(g[0], xd, wd, save_mean, save_invstd);
-    TensorList out{dx};
-    if (has_w) out.push_back(dw);
-    if (has_b) out.push_back(db.defined() ? db : Tensor());
-    return out;
-  });
+  return autograd::batch_norm_train(x, running_mean, running_var, weight, bias, momentum, eps);
 }
 
 Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                        const Tensor& weight, const Tensor& bias, bool training, double momentum, double eps) {
   detail::check_defined(x, "batch_norm_relu", "input");
   if (!training) return chorus::relu(batch_norm(x, running_mean, running_var, weight, bias, false, momentum, eps));
-  auto [y, save_mean, save_invstd] = ops::batch_norm_relu(x, weight, bias, running_mean, running_var, momentum, eps);
-  // The output is saved for the ReLU mask; the next layer saves it anyway.
-  Tensor xd = x.detach(), yd = y.detach();
-  Tensor wd = weight.defined() ? weight.detach() : Tensor();
-  TensorList inputs{x};
-  if (weight.defined()) inputs.push_back(weight);
-  if (bias.defined()) inputs.push_back(bias);
-  bool has_w = weight.defined(), has_b = bias.defined();
-  return record("BatchNormReluBackward", y, inputs,
-                [xd, yd, wd, save_mean, save_invstd, has_w, has_b](const TensorList& g) {
-                  auto [dx, dw, db] = ops::batch_norm_relu_backward(g[0], yd, xd, wd, save_mean, save_invstd);
-                  TensorList out{dx};
-                  if (has_w) out.push_back(dw);
-                  if (has_b) out.push_back(db.defined() ? db : Tensor());
-                  return out;
-                });
+  return autograd::batch_norm_relu_train(x, running_mean, running_var, weight, bias, momentum, eps);
 }
 
 Tensor dropout(const Tensor& x, double p, bool training) {
@@ -148,19 +90,7 @@ Tensor dropout(const Tensor& x, double p, bool training) {
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_smoothing) {
   detail::check_defined(logits, "cross_entropy", "input");
   detail::check_defined(target, "cross_entropy", "target");
-  auto [losses, probs] = ops::cross_entropy(logits, target, label_smoothing);
-  const int64_t b = logits.size(0);
-  Tensor loss = ops::reduce(ReduceOp::Mean, losses, {}, false);
-  Tensor tg = target;
-  DType ldt = logits.dtype();
-  Tensor p = probs;
-  return record("CrossEntropyBackward", loss, {logits}, [p, tg, label_smoothing, b, ldt](const TensorList& g) {
-    // d(mean)/d(loss_i) = g / B for every sample.
-    Tensor dl = ops::expand(ops::reshape(ops::unary(UnaryOp::MulScalar, ops::to_dtype(g[0], p.dtype()),
-                                                    1.0 / static_cast<double>(std::max<int64_t>(b, 1))), {1}),
-                            {b});
-    return TensorList{ops::cross_entropy_backward(dl, p, tg, label_smoothing, ldt)};
-  });
+  return autograd::cross_entropy_mean(logits, target, label_smoothing);
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target) {

@@ -1,0 +1,112 @@
+// Backward formulas of the neural-network ops (convolution, pooling, batch
+// norm, batch norm + ReLU, cross entropy), beside the elementwise ones of
+// functions.cpp: every backward node Chorus records lives in autograd/. The
+// user-facing API with its argument checks and autocast rules is
+// nn/functional.h, which calls these.
+#include "chorus/autograd/nn_functions.h"
+
+#include <algorithm>
+
+#include "chorus/autograd/node.h"
+#include "chorus/ops/copy.h"
+#include "chorus/ops/elementwise.h"
+#include "chorus/ops/reduce.h"
+#include "chorus/ops/views.h"
+
+namespace chorus::autograd {
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const ops::Conv2dParams& p) {
+  Tensor y = ops::conv2d(x, weight, bias, p);
+  Tensor xd = x.detach(), wd = weight.detach();
+  bool nx = x.requires_grad(), nw = weight.requires_grad(), nb = bias.defined() && bias.requires_grad();
+  TensorList inputs{x, weight};
+  if (bias.defined()) inputs.push_back(bias);
+  return record("Conv2dBackward", y, inputs, [xd, wd, p, nx, nw, nb](const TensorList& g) {
+    TensorList out(nb ? 3 : 2);
+    if (nx) out[0] = ops::conv2d_backward_input(g[0], xd, wd, p);
+    if (nw || nb) {
+      auto [dw, db] = ops::conv2d_backward_weight(g[0], xd, wd, p, nb);
+      if (nw) out[1] = dw;
+      if (nb) out[2] = db;
+    }
+    return out;
+  });
+}
+
+Tensor max_pool2d(const Tensor& x, const ops::Pool2dParams& p) {
+  auto [y, idx] = ops::max_pool2d(x, p);
+  Tensor xd = x.detach();
+  Tensor indices = idx;
+  return record("MaxPool2dBackward", y, {x}, [xd, indices, p](const TensorList& g) {
+    return TensorList{ops::max_pool2d_backward(g[0], xd, indices, p)};
+  });
+}
+
+Tensor avg_pool2d(const Tensor& x, const ops::Pool2dParams& p) {
+  Tensor xd = x.detach();
+  return record("AvgPool2dBackward", ops::avg_pool2d(x, p), {x}, [xd, p](const TensorList& g) {
+    return TensorList{ops::avg_pool2d_backward(g[0], xd, p)};
+  });
+}
+
+Tensor adaptive_avg_pool2d(const Tensor& x, int64_t out_h, int64_t out_w) {
+  Tensor xd = x.detach();
+  return record("AdaptiveAvgPool2dBackward", ops::adaptive_avg_pool2d(x, out_h, out_w), {x},
+                [xd](const TensorList& g) { return TensorList{ops::adaptive_avg_pool2d_backward(g[0], xd)}; });
+}
+
+Tensor batch_norm_train(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                        const Tensor& bias, double momentum, double eps) {
+  auto [y, save_mean, save_invstd] = ops::batch_norm(x, weight, bias, running_mean, running_var, true, momentum, eps);
+  Tensor xd = x.detach();
+  Tensor wd = weight.defined() ? weight.detach() : Tensor();
+  TensorList inputs{x};
+  if (weight.defined()) inputs.push_back(weight);
+  if (bias.defined()) inputs.push_back(bias);
+  bool has_w = weight.defined(), has_b = bias.defined();
+  return record("BatchNormBackward", y, inputs, [xd, wd, save_mean, save_invstd, has_w, has_b](const TensorList& g) {
+    auto [dx, dw, db] = ops::batch_norm_backward(g[0], xd, wd, save_mean, save_invstd);
+    TensorList out{dx};
+    if (has_w) out.push_back(dw);
+    if (has_b) out.push_back(db.defined() ? db : Tensor());
+    return out;
+  });
+}
+
+Tensor batch_norm_relu_train(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                             const Tensor& weight, const Tensor& bias, double momentum, double eps) {
+  auto [y, save_mean, save_invstd] = ops::batch_norm_relu(x, weight, bias, running_mean, running_var, momentum, eps);
+  // The output is saved for the ReLU mask; the next layer saves it anyway.
+  Tensor xd = x.detach(), yd = y.detach();
+  Tensor wd = weight.defined() ? weight.detach() : Tensor();
+  TensorList inputs{x};
+  if (weight.defined()) inputs.push_back(weight);
+  if (bias.defined()) inputs.push_back(bias);
+  bool has_w = weight.defined(), has_b = bias.defined();
+  return record("BatchNormReluBackward", y, inputs,
+                [xd, yd, wd, save_mean, save_invstd, has_w, has_b](const TensorList& g) {
+                  auto [dx, dw, db] = ops::batch_norm_relu_backward(g[0], yd, xd, wd, save_mean, save_invstd);
+                  TensorList out{dx};
+                  if (has_w) out.push_back(dw);
+                  if (has_b) out.push_back(db.defined() ? db : Tensor());
+                  return out;
+                });
+}
+
+Tensor cross_entropy_mean(const Tensor& logits, const Tensor& target, double label_smoothing) {
+  auto [losses, probs] = ops::cross_entropy(logits, target, label_smoothing);
+  const int64_t b = logits.size(0);
+  Tensor loss = ops::reduce(ReduceOp::Mean, losses, {}, false);
+  Tensor tg = target;
+  DType ldt = logits.dtype();
+  Tensor p = probs;
+  return record("CrossEntropyBackward", loss, {logits}, [p, tg, label_smoothing, b, ldt](const TensorList& g) {
+    // d(mean)/d(loss_i) = g / B for every sample.
+    Tensor dl = ops::expand(ops::reshape(ops::unary(UnaryOp::MulScalar, ops::to_dtype(g[0], p.dtype()),
+                                                    1.0 / static_cast<double>(std::max<int64_t>(b, 1))), {1}),
+                            {b});
+    return TensorList{ops::cross_entropy_backward(dl, p, tg, label_smoothing, ldt)};
+  });
+}
+
+}  // namespace chorus::autograd

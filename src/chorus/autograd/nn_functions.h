@@ -1,0 +1,24 @@
+// Differentiable neural-network ops: the forward through ops/, the backward
+// formula recorded on the graph. No argument checks or autocast here: callers
+// go through nn/functional.h, the thin user-facing API.
+#pragma once
+
+#include "chorus/core/tensor.h"
+#include "chorus/ops/nn.h"
+
+namespace chorus::autograd {
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const ops::Conv2dParams& p);
+Tensor max_pool2d(const Tensor& x, const ops::Pool2dParams& p);
+Tensor avg_pool2d(const Tensor& x, const ops::Pool2dParams& p);
+Tensor adaptive_avg_pool2d(const Tensor& x, int64_t out_h, int64_t out_w);
+// Training-mode batch norm (batch statistics; running statistics updated).
+Tensor batch_norm_train(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                        const Tensor& bias, double momentum, double eps);
+// Training-mode batch norm followed by ReLU, fused where the device has it.
+Tensor batch_norm_relu_train(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                             const Tensor& weight, const Tensor& bias, double momentum, double eps);
+// Mean over the batch of the per-example cross entropy of `logits` [B, C].
+Tensor cross_entropy_mean(const Tensor& logits, const Tensor& target, double label_smoothing);
+
+}  // namespace chorus::autograd
