@@ -21,11 +21,12 @@
 #include <mutex>
 #include <queue>
 #include <set>
-#include <thread>
+#include <functional>
 #include <unordered_map>
 
 #include "chorus/autograd/grad_mode.h"
 #include "chorus/autograd/node.h"
+#include "chorus/core/device_threads.h"
 #include "chorus/core/error.h"
 #include "chorus/ops/copy.h"
 #include "chorus/ops/elementwise.h"
@@ -211,9 +212,13 @@ void run_multi_device(GraphTask& task) {
       if (outstanding.fetch_sub(1) == 1) stop_all();
     }
   };
-  std::vector<std::thread> threads;
-  for (const Device& d : task.devices()) threads.emplace_back(worker, d);
-  for (auto& t : threads) t.join();
+  // The device threads come from the shared pool (Note [Device thread pool]
+  // in core/device_threads.h): no thread is created per backward.
+  std::vector<Device> devices(task.devices().begin(), task.devices().end());
+  std::vector<std::function<void()>> loops;
+  for (const Device& d : devices) loops.push_back([&worker, d] { worker(d); });
+  for (std::exception_ptr& e : DeviceThreadPool::global().run(devices, loops))
+    if (e && !error) error = e;  // the worker loops catch node errors; this is anything else
   if (error) std::rethrow_exception(error);
 }
 

@@ -1,10 +1,11 @@
-// DeviceThreads: one persistent host thread per device, so that each replica's
-// forward (and the host-side issue of its GPU work) runs concurrently.
-// An exception on any thread reaches the caller of run(), naming the device.
+// DeviceThreads: DataParallel's replicas run concurrently, one host thread per
+// device, on the shared pool (core/device_threads.h, Note [Device thread
+// pool]) that the backward engine uses too. What this adds to the pool: each
+// task runs under the caller's grad mode and autocast state, and an exception
+// on any thread reaches the caller of run(), naming the device.
 #pragma once
 
 #include <functional>
-#include <memory>
 #include <vector>
 
 #include "chorus/core/device.h"
@@ -13,20 +14,16 @@ namespace chorus::parallel {
 
 class DeviceThreads {
  public:
-  explicit DeviceThreads(std::vector<Device> devices);
-  ~DeviceThreads();
-  DeviceThreads(const DeviceThreads&) = delete;
-  DeviceThreads& operator=(const DeviceThreads&) = delete;
+  explicit DeviceThreads(std::vector<Device> devices) : devices_(std::move(devices)) {}
 
-  // Runs tasks[i] on the thread of device i (i < tasks.size()) under a
+  // Runs tasks[i] on a thread of device i (i < tasks.size()) under a
   // DeviceGuard and the caller's grad mode and autocast state; waits for all;
-  // rethrows the first failure as chorus::Error "replica on <device> failed:
-  // <message>".
+  // rethrows the first failure (in device order) as chorus::Error "replica on
+  // <device> failed: <message>".
   void run(const std::vector<std::function<void()>>& tasks);
 
  private:
-  struct Worker;
-  std::vector<std::unique_ptr<Worker>> workers_;
+  std::vector<Device> devices_;
 };
 
 }  // namespace chorus::parallel

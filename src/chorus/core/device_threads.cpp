@@ -1,0 +1,130 @@
+#include "chorus/core/device_threads.h"
+
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "chorus/core/error.h"
+
+namespace chorus {
+
+namespace {
+// One run's completion count: the caller sleeps until every task is done.
+struct Latch {
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t pending = 0;
+  void count_down() {
+    std::lock_guard<std::mutex> lk(mu);
+    if (--pending == 0) cv.notify_all();
+  }
+  void wait() {
+    std::unique_lock<std::mutex> lk(mu);
+    cv.wait(lk, [&] { return pending == 0; });
+  }
+};
+}  // namespace
+
+struct DeviceThreadPool::Worker {
+  Device device;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::function<void()> task;  // set while busy; the worker clears it when done
+  std::thread thread;
+};
+
+struct DeviceThreadPool::Impl {
+  mutable std::mutex mu;
+  std::vector<std::unique_ptr<Worker>> all;
+  std::map<Device, std::vector<Worker*>> idle;  // LIFO: the most recently used thread first
+
+  Worker* acquire(const Device& d) {
+    std::lock_guard<std::mutex> lk(mu);
+    auto& free = idle[d];
+    if (!free.empty()) {
+      Worker* w = free.back();
+      free.pop_back();
+      return w;
+    }
+    auto w = std::make_unique<Worker>();
+    w->device = d;
+    Worker* raw = w.get();
+    try {
+      raw->thread = std::thread([this, raw] { loop(raw); });
+    } catch (const std::system_error& e) {
+      CHORUS_THROW(Error, "cannot start a host thread for ", d.str(), ": ", e.what());
+    }
+    all.push_back(std::move(w));
+    return raw;
+  }
+
+  void loop(Worker* w) {
+    DeviceGuard guard(w->device);
+    for (;;) {
+      std::function<void()> t;
+      {
+        std::unique_lock<std::mutex> lk(w->mu);
+        w->cv.wait(lk, [&] { return static_cast<bool>(w->task); });
+        t = std::move(w->task);
+        w->task = nullptr;
+      }
+      // Back in the idle list before the caller is told (the task body counts
+      // the latch down last), so a run() right after this one reuses it.
+      t();
+    }
+  }
+
+  void release(Worker* w) {
+    std::lock_guard<std::mutex> lk(mu);
+    idle[w->device].push_back(w);
+  }
+};
+
+DeviceThreadPool& DeviceThreadPool::global() {
+  static DeviceThreadPool* pool = new DeviceThreadPool();
+  return *pool;
+}
+
+DeviceThreadPool::DeviceThreadPool() : impl_(new Impl()) {}
+
+std::vector<std::exception_ptr> DeviceThreadPool::run(const std::vector<Device>& devices,
+                                                      const std::vector<std::function<void()>>& tasks) {
+  CHORUS_ASSERT(devices.size() == tasks.size());
+  Impl* im = impl_;
+  std::vector<std::exception_ptr> errors(tasks.size());
+  Latch latch;
+  latch.pending = tasks.size();
+  std::vector<Worker*> workers;
+  try {
+    for (const Device& d : devices) workers.push_back(im->acquire(d));
+  } catch (...) {
+    for (Worker* w : workers) im->release(w);
+    throw;
+  }
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    Worker* w = workers[i];
+    std::lock_guard<std::mutex> lk(w->mu);
+    w->task = [&, i, w] {
+      try {
+        DeviceGuard g(devices[i]);
+        tasks[i]();
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+      im->release(w);
+      latch.count_down();
+    };
+    w->cv.notify_one();
+  }
+  latch.wait();
+  return errors;
+}
+
+size_t DeviceThreadPool::num_threads() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  return impl_->all.size();
+}
+
+}  // namespace chorus
