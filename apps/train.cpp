@@ -177,10 +177,14 @@ Training set_up(const TrainConfig& cfg) {
   lo.batch_size = cfg.batch_size * static_cast<int64_t>(t.devices.size());  // --batch-size is per device
   lo.num_workers = cfg.workers;
   lo.seed = cfg.seed;
-  lo.device = device;
+  // DataParallel scatters each replica's chunk from where the batch is, so its
+  // batches stay in host memory and every chunk goes to its device directly
+  // (through pinned staging on GPUs), not to devices[0] first and on from there.
+  if (cfg.strategy != "dp") lo.device = device;
   t.train_loader = std::make_unique<data::DataLoader>(
       t.data.train, std::make_shared<data::RandomSampler>(t.data.train->size(), cfg.seed), lo, t.data.augment);
   data::DataLoaderOptions eo = lo;
+  eo.device = device;  // evaluation runs the model itself, on devices[0]
   eo.batch_size = std::max<int64_t>(cfg.batch_size, 500);
   t.test_loader = std::make_unique<data::DataLoader>(t.data.test, nullptr, eo);
 
@@ -295,6 +299,9 @@ LoopResult train_loop(const TrainConfig& cfg, Training& t, Position& pos, io::Me
     data::Batch b;
     while (pos.step < t.total_steps && t.train_loader->next(&b)) {
       t.schedule->apply(*t.opt, pos.step);
+      // Labels go where the loss is computed (the output device); the images
+      // stay where the loader put them (host memory under DataParallel).
+      if (b.labels.device() != t.devices[0]) b.labels = b.labels.to(t.devices[0]);
       stats.add(t.step.run(b.images, b.labels), b.labels);
       ++pos.step;
       ++pos.batch_in_epoch;
