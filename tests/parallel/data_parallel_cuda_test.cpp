@@ -112,7 +112,7 @@ TEST(DataParallelCuda, TwoGpusTrainLikeOne_MultiCUDA) {
   expect_same_run(train(2, 3), train(0, 3));
 }
 
-// Note [DataParallel gradient buckets]: one NCCL reduction per parameter
+// Note [Gradient buckets] in dist/reducer.h: one NCCL reduction per parameter
 // (overlapping the rest of the backward) sums the same gradients as one
 // reduction at the end, on every GPU of the machine.
 TEST(DataParallelCuda, GradientBucketsTrainLikeOneGpu_MultiCUDA) {

@@ -174,7 +174,7 @@ TEST(DataParallel, CNNTrainsLikeThePlainModule) {
   expect_dp_matches_plain(make_cnn, kCnnSpec, {6, 6, 6, 6, 6}, {1, 2, 3});
 }
 
-// Note [DataParallel gradient buckets]: one bucket per parameter, a few
+// Note [Gradient buckets] in dist/reducer.h: one bucket per parameter, a few
 // parameters per bucket, and one bucket for everything give the same training.
 TEST(DataParallel, GradientBucketsOfAnySizeTrainLikeThePlainModule) {
   for (int64_t bytes : {int64_t{1}, int64_t{700}, int64_t{0}}) {
@@ -209,8 +209,8 @@ TEST(DataParallel, GradientBucketsAreSeparateGraphNodes) {
     auto dp = data_parallel(net, 3, {.bucket_bytes = bytes});
     Tensor loss = F::cross_entropy(dp->forward(data[0].x), data[0].y);
     const int buckets = bytes == 0 ? 1 : params;
-    EXPECT_EQ(count_nodes(loss, "DataParallelReduceBackward"), buckets) << "bucket_bytes " << bytes;
-    EXPECT_EQ(count_nodes(loss, "DataParallelReplicaBackward"), 3 * buckets) << "bucket_bytes " << bytes;
+    EXPECT_EQ(count_nodes(loss, "ReducerBucketBackward"), buckets) << "bucket_bytes " << bytes;
+    EXPECT_EQ(count_nodes(loss, "ReducerReplicaBackward"), 3 * buckets) << "bucket_bytes " << bytes;
     loss.backward();
     for (const Tensor& p : net->parameters()) EXPECT_TRUE(p.grad().defined());
   }

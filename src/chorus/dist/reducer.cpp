@@ -1,0 +1,287 @@
+#include "chorus/dist/reducer.h"
+
+#include <string>
+
+#include "chorus/autograd/node.h"
+#include "chorus/core/error.h"
+#include "chorus/ops/comm.h"
+#include "chorus/ops/copy.h"
+#include "chorus/ops/factory.h"
+
+namespace chorus::dist {
+
+GradBuckets::GradBuckets(const std::vector<Tensor>& params, int64_t bucket_bytes, int64_t first_bucket_bytes)
+    : bucket_of(params.size()), index_in_bucket(params.size()) {
+  std::vector<size_t> ks;
+  std::vector<Tensor> ps;
+  int64_t bytes = 0;
+  auto close = [&] {
+    buckets.push_back({ks, FlatLayout(ps)});
+    ks.clear();
+    ps.clear();
+    bytes = 0;
+  };
+  for (size_t k = params.size(); k-- > 0;) {
+    bucket_of[k] = buckets.size();
+    index_in_bucket[k] = ks.size();
+    ks.push_back(k);
+    ps.push_back(params[k]);
+    bytes += params[k].numel() * static_cast<int64_t>(dtype_size(params[k].dtype()));
+    const int64_t cap = buckets.empty() && first_bucket_bytes > 0 ? first_bucket_bytes : bucket_bytes;
+    if (cap > 0 && bytes >= cap && k > 0) close();
+  }
+  if (!ks.empty()) close();
+}
+
+Tensor InProcessSum::reduce(std::vector<Tensor>& srcs, const std::vector<Event>& ready) {
+  // In place into replica 0's buffer: it is fresh and nobody else holds it.
+  ops::reduce_sum_after(srcs, srcs[0], ready);
+  return srcs[0];
+}
+
+void InProcessSum::join(const Device& device) { ops::comm_join(device); }
+
+namespace {
+
+// What one forward's gradient nodes share (Note [Gradient nodes]).
+struct GradStep {
+  std::shared_ptr<const GradBuckets> buckets;
+  std::shared_ptr<BucketComm> comm;
+  std::vector<Device> devices;  // of the replicas, in order
+  // [replica][k]: whether the replica's last backward produced a gradient for
+  // parameter k. Each replica node writes its own bucket's entries of its own
+  // row on its device's thread; the bucket node reads them after the engine
+  // has handed it their outputs (the handover synchronises: Note [Engine
+  // locking]), which orders the accesses.
+  std::vector<std::vector<char>> got;
+  // [bucket][replica]: recorded on the replica's stream once its buffers of
+  // the bucket are written, by the replica node; read by the bucket node.
+  std::vector<std::vector<std::optional<Event>>> ready;
+  // [k]: whether any replica sent parameter k; written and read on
+  // devices[0]'s thread (bucket nodes, then the join node).
+  std::vector<char> summed;
+};
+
+// Replica r's gradients of one bucket's parameters -> one flat buffer per
+// dtype, on devices[r], for the bucket's node.
+class ReplicaBackward final : public autograd::Node {
+ public:
+  ReplicaBackward(std::shared_ptr<GradStep> step, size_t replica, size_t bucket)
+      : step_(std::move(step)), replica_(replica), bucket_(bucket) {}
+  std::string name() const override { return "ReducerReplicaBackward"; }
+
+  TensorList apply(TensorList&& grads) override {
+    const GradBuckets::Bucket& bucket = step_->buckets->buckets[bucket_];
+    const FlatLayout& layout = bucket.layout;
+    const size_t groups = layout.groups();
+    std::vector<char>& got = step_->got[replica_];
+    std::vector<size_t> present(groups, 0), total(groups, 0);
+    for (size_t i = 0; i < bucket.ks.size(); ++i) {
+      const bool has = i < grads.size() && grads[i].defined();
+      got[bucket.ks[i]] = has;
+      const size_t g = layout.segments[i].group;
+      ++total[g];
+      if (has) ++present[g];
+    }
+    // Zeroed when a parameter got no gradient in this replica (others may have).
+    const Device dev = step_->devices[replica_];
+    TensorList out(groups);
+    bool any = false;
+    for (size_t g = 0; g < groups; ++g) {
+      if (present[g] == 0) continue;  // undefined: this replica sends nothing for this dtype
+      const TensorOptions opts(layout.dtypes[g], dev);
+      out[g] = present[g] == total[g] ? empty({layout.numels[g]}, opts) : zeros({layout.numels[g]}, opts);
+      any = true;
+    }
+    // One multi-tensor copy for the gradients of the parameter's own shape and
+    // dtype (Note [Multi-tensor copy] in ops/copy.h); anything else converts.
+    TensorList srcs, dsts;
+    for (size_t i = 0; i < bucket.ks.size(); ++i) {
+      if (!got[bucket.ks[i]]) continue;
+      Tensor dst = layout.view(out[layout.segments[i].group], i);
+      if (grads[i].sizes() == dst.sizes() && grads[i].dtype() == dst.dtype()) {
+        srcs.push_back(grads[i]);
+        dsts.push_back(std::move(dst));
+      } else {
+        ops::copy_(dst, grads[i]);
+      }
+    }
+    ops::copy_multi(srcs, dsts);
+    if (any) {
+      // The point the bucket's reduction waits for on this device (Note
+      // [Overlapped collectives] in cuda/nccl.h), not the end of the backward.
+      Event done(dev, /*timing=*/false);
+      done.record();
+      step_->ready[bucket_][replica_] = std::move(done);
+    }
+    return out;
+  }
+
+ private:
+  std::shared_ptr<GradStep> step_;
+  size_t replica_, bucket_;
+};
+
+// The replicas' flat buffers of one bucket -> the BucketComm's result, one
+// buffer per dtype on devices[0], for the join node. Input r * groups + g is
+// replica r's buffer of dtype group g. Issued at once; nothing waits here.
+class BucketBackward final : public autograd::Node {
+ public:
+  BucketBackward(std::shared_ptr<GradStep> step, size_t bucket) : step_(std::move(step)), bucket_(bucket) {}
+  std::string name() const override { return "ReducerBucketBackward"; }
+
+  TensorList apply(TensorList&& grads) override {
+    const GradBuckets::Bucket& bucket = step_->buckets->buckets[bucket_];
+    const FlatLayout& layout = bucket.layout;
+    const size_t groups = layout.groups(), replicas = step_->devices.size();
+    TensorList out(groups);
+    for (size_t g = 0; g < groups; ++g) {
+      auto sent = [&](size_t r) { return r * groups + g < grads.size() && grads[r * groups + g].defined(); };
+      bool any = false;
+      for (size_t r = 0; r < replicas; ++r) any = any || sent(r);
+      if (!any) continue;  // no replica produced a gradient of this dtype
+      // A replica this backward did not reach (or that produced nothing of
+      // this dtype) adds zeros: the collective keeps one device list per
+      // replica count instead of one per subset.
+      std::vector<Tensor> srcs;
+      std::vector<Event> ready;
+      for (size_t r = 0; r < replicas; ++r) {
+        const Device dev = step_->devices[r];
+        if (sent(r)) {
+          srcs.push_back(grads[r * groups + g]);
+          ready.push_back(*step_->ready[bucket_][r]);
+        } else {
+          srcs.push_back(zeros({layout.numels[g]}, TensorOptions(layout.dtypes[g], dev)));
+          ready.emplace_back(dev, /*timing=*/false);
+          ready.back().record();
+        }
+      }
+      out[g] = step_->comm->reduce(srcs, ready);
+      for (size_t i = 0; i < bucket.ks.size(); ++i) {
+        if (layout.segments[i].group != g) continue;
+        bool got = false;
+        for (size_t r = 0; r < replicas && !got; ++r) got = sent(r) && step_->got[r][bucket.ks[i]];
+        step_->summed[bucket.ks[i]] = got;
+      }
+    }
+    return out;
+  }
+
+ private:
+  std::shared_ptr<GradStep> step_;
+  size_t bucket_;
+};
+
+// Every bucket's result -> one gradient per master parameter, after joining
+// the current stream of devices[0] to the collectives (one wait, once the last
+// bucket is issued). Input offsets[b] + g is bucket b's result of dtype group g.
+class JoinBackward final : public autograd::Node {
+ public:
+  JoinBackward(std::shared_ptr<GradStep> step, std::vector<size_t> offsets)
+      : step_(std::move(step)), offsets_(std::move(offsets)) {}
+  std::string name() const override { return "ReducerJoinBackward"; }
+
+  TensorList apply(TensorList&& grads) override {
+    step_->comm->join(step_->devices[0]);
+    const GradBuckets& buckets = *step_->buckets;
+    TensorList out(step_->summed.size());
+    for (size_t k = 0; k < out.size(); ++k) {
+      if (!step_->summed[k]) continue;  // no replica produced one: none, as for a plain module
+      const size_t b = buckets.bucket_of[k], i = buckets.index_in_bucket[k];
+      const FlatLayout& layout = buckets.buckets[b].layout;
+      const size_t in = offsets_[b] + layout.segments[i].group;
+      if (in < grads.size() && grads[in].defined()) {
+        // Disjoint views of a fresh result that only they refer to once this
+        // node returns: each master's AccumulateGrad keeps its view as .grad.
+        out[k] = layout.view(grads[in], i);
+        out[k].impl()->exclusive_view = true;
+      }
+    }
+    return out;
+  }
+
+ private:
+  std::shared_ptr<GradStep> step_;
+  std::vector<size_t> offsets_;  // [bucket]: its first input
+};
+
+}  // namespace
+
+Reducer::Reducer(std::vector<Tensor> params, std::shared_ptr<BucketComm> comm, ReducerOptions options)
+    : params_(std::move(params)), comm_(std::move(comm)) {
+  CHORUS_CHECK(options.bucket_bytes >= 0, "Reducer: bucket_bytes must be >= 0 (0: one bucket), got ",
+               options.bucket_bytes);
+  CHORUS_CHECK(options.first_bucket_bytes >= 0, "Reducer: first_bucket_bytes must be >= 0, got ",
+               options.first_bucket_bytes);
+  CHORUS_CHECK(comm_ != nullptr, "Reducer: no BucketComm");
+  buckets_ = std::make_shared<const GradBuckets>(params_, options.bucket_bytes, options.first_bucket_bytes);
+}
+
+std::vector<std::vector<Tensor>> Reducer::record(const std::vector<Device>& devices,
+                                                 const std::vector<std::vector<Tensor>>& replica_params) const {
+  const size_t used = devices.size(), k_count = params_.size();
+  CHORUS_ASSERT(replica_params.size() == used);
+  const GradBuckets& buckets = *buckets_;
+  const size_t n_buckets = buckets.buckets.size();
+
+  auto step = std::make_shared<GradStep>();
+  step->buckets = buckets_;
+  step->comm = comm_;
+  step->devices = devices;
+  step->got.assign(used, std::vector<char>(k_count, 0));
+  step->ready.assign(n_buckets, std::vector<std::optional<Event>>(used));
+  step->summed.assign(k_count, 0);
+
+  std::vector<size_t> offsets;
+  size_t join_inputs = 0;
+  for (const GradBuckets::Bucket& bucket : buckets.buckets) {
+    offsets.push_back(join_inputs);
+    join_inputs += bucket.layout.groups();
+  }
+  auto join = std::make_shared<JoinBackward>(step, offsets);
+  join->seq = autograd::next_urgent_sequence_nr();
+  join->device = devices[0];
+  join->num_outputs = static_cast<uint32_t>(join_inputs);
+  for (const Tensor& m : params_) {
+    join->next.push_back(autograd::gradient_edge(m));
+    join->input_meta.push_back({m.device(), m.dtype(), m.sizes()});
+  }
+  std::vector<std::shared_ptr<BucketBackward>> bucket_nodes;
+  for (size_t b = 0; b < n_buckets; ++b) {
+    const FlatLayout& layout = buckets.buckets[b].layout;
+    auto node = std::make_shared<BucketBackward>(step, b);
+    node->seq = autograd::next_urgent_sequence_nr();
+    node->device = devices[0];
+    node->num_outputs = static_cast<uint32_t>(used * layout.groups());
+    for (size_t g = 0; g < layout.groups(); ++g) {
+      node->next.push_back(autograd::Edge{join, static_cast<uint32_t>(offsets[b] + g)});
+      node->input_meta.push_back({devices[0], layout.dtypes[g], {layout.numels[g]}});
+    }
+    bucket_nodes.push_back(std::move(node));
+  }
+  std::vector<std::vector<Tensor>> out(used, std::vector<Tensor>(k_count));
+  for (size_t r = 0; r < used; ++r) {
+    std::vector<std::shared_ptr<ReplicaBackward>> nodes;
+    for (size_t b = 0; b < n_buckets; ++b) {
+      const FlatLayout& layout = buckets.buckets[b].layout;
+      auto node = std::make_shared<ReplicaBackward>(step, r, b);
+      node->seq = autograd::next_urgent_sequence_nr();
+      node->device = devices[r];  // the engine runs it on this device's thread
+      node->num_outputs = static_cast<uint32_t>(buckets.buckets[b].ks.size());
+      for (size_t g = 0; g < layout.groups(); ++g) {
+        node->next.push_back(autograd::Edge{bucket_nodes[b], static_cast<uint32_t>(r * layout.groups() + g)});
+        node->input_meta.push_back({devices[r], layout.dtypes[g], {layout.numels[g]}});
+      }
+      nodes.push_back(std::move(node));
+    }
+    // Fresh tensors each forward (a tensor has one grad_fn).
+    for (size_t k = 0; k < k_count; ++k) {
+      Tensor v = replica_params[r][k].detach();
+      v.set_grad_fn(nodes[buckets.bucket_of[k]], static_cast<uint32_t>(buckets.index_in_bucket[k]));
+      out[r][k] = std::move(v);
+    }
+  }
+  return out;
+}
+
+}  // namespace chorus::dist
