@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "chorus/core/error.h"
+#include "chorus/core/warn.h"
 #include "chorus/cuda/context.h"
 
 namespace chorus::cuda {
@@ -18,7 +19,7 @@ void warn_if_failed(cudaError_t err, const char* what) noexcept {
   if (err == cudaSuccess) return;
   (void)cudaGetLastError();
   if (err == cudaErrorCudartUnloading || err == cudaErrorContextIsDestroyed) return;
-  std::fprintf(stderr, "chorus: warning: %s failed: %s\n", what, cudaGetErrorString(err));
+  warnf(what, " failed: ", cudaGetErrorString(err));
 }
 
 // Note [Allocator front cache].
@@ -212,7 +213,7 @@ void CudaAllocator::free_to_pool(int device,
     for (const auto& [stream, node] : blocks)
       warn_if_failed(cudaFreeAsync(reinterpret_cast<void*>(node.key()), stream), "cudaFreeAsync");
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "chorus: warning: freeing cached CUDA memory failed: %s\n", e.what());
+    warnf("freeing cached CUDA memory failed: ", e.what());
   }
 }
 
@@ -293,8 +294,7 @@ void CudaAllocator::deallocate(void* ptr, int device) noexcept {
       std::lock_guard<std::mutex> g(st.mu);
       auto it = st.blocks.find(reinterpret_cast<uintptr_t>(ptr));
       if (it == st.blocks.end()) {
-        std::fprintf(stderr, "chorus: warning: freeing %p on cuda:%d, which Chorus did not allocate\n",
-                     ptr, device);
+        warnf("freeing ", ptr, " on cuda:", device, ", which Chorus did not allocate");
         return;
       }
       node = st.blocks.extract(it);
@@ -345,7 +345,7 @@ void CudaAllocator::deallocate(void* ptr, int device) noexcept {
     CudaDeviceGuard guard(device);
     warn_if_failed(cudaFreeAsync(ptr, stream), "cudaFreeAsync");
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "chorus: warning: freeing CUDA memory failed: %s\n", e.what());
+    warnf("freeing CUDA memory failed: ", e.what());
   }
 }
 

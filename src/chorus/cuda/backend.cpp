@@ -28,6 +28,7 @@
 
 #include "chorus/core/backend.h"
 #include "chorus/core/error.h"
+#include "chorus/core/warn.h"
 #include "chorus/cuda/allocator.h"
 #include "chorus/cuda/context.h"
 
@@ -187,7 +188,7 @@ class CudaBackend final : public DeviceBackend {
       // Returns at once; pending work on the stream still completes.
       CHORUS_CUDA_CHECK(cudaStreamDestroy(stream));
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "chorus: warning: destroying a CUDA stream failed: %s\n", e.what());
+      warnf("destroying a CUDA stream failed: ", e.what());
     }
   }
   void synchronize_stream(Device d, StreamHandle s) override {

@@ -9,6 +9,7 @@
 
 #include "chorus/core/backend.h"
 #include "chorus/core/error.h"
+#include "chorus/cuda/caches.h"
 #include "chorus/cuda/context.h"
 
 namespace chorus::cuda {
@@ -38,56 +39,13 @@ bool allow_tf32() { return allow_tf32_matmul() && allow_tf32_conv(); }
 
 // ---- handles ------------------------------------------------------------------------
 
-namespace {
-
-// Handles not held by any thread, per device. Deliberately leaked: threads
-// return their handles here at exit, which may happen during static
-// destruction, after the CUDA runtime is gone, so nothing here ever calls into
-// CUDA at exit.
-struct HandlePool {
-  std::mutex mu;
-  std::vector<std::vector<cublasLtHandle_t>> free_by_device;
-};
-HandlePool& handle_pool() {
-  static HandlePool* pool = new HandlePool;
-  return *pool;
-}
-
-struct ThreadHandles {
-  std::vector<cublasLtHandle_t> by_device;
-  ~ThreadHandles() {
-    HandlePool& pool = handle_pool();
-    std::lock_guard<std::mutex> lock(pool.mu);
-    for (size_t d = 0; d < by_device.size(); ++d) {
-      if (!by_device[d]) continue;
-      if (pool.free_by_device.size() <= d) pool.free_by_device.resize(d + 1);
-      pool.free_by_device[d].push_back(by_device[d]);
-    }
-  }
-};
-thread_local ThreadHandles t_handles;
-
-}  // namespace
-
 cublasLtHandle_t cublaslt_handle(int device) {
-  auto& mine = t_handles.by_device;
-  if (mine.size() <= static_cast<size_t>(device)) mine.resize(device + 1, nullptr);
-  if (mine[device]) return mine[device];
-  {
-    HandlePool& pool = handle_pool();
-    std::lock_guard<std::mutex> lock(pool.mu);
-    if (pool.free_by_device.size() > static_cast<size_t>(device) &&
-        !pool.free_by_device[device].empty()) {
-      mine[device] = pool.free_by_device[device].back();
-      pool.free_by_device[device].pop_back();
-      return mine[device];
-    }
-  }
-  CudaDeviceGuard guard(device);
-  cublasLtHandle_t h = nullptr;
-  CHORUS_CUBLAS_CHECK(cublasLtCreate(&h));
-  mine[device] = h;
-  return h;
+  return ThreadHandles<cublasLtHandle_t>::get(device, [](int d) {
+    CudaDeviceGuard guard(d);
+    cublasLtHandle_t h = nullptr;
+    CHORUS_CUBLAS_CHECK(cublasLtCreate(&h));
+    return h;
+  });
 }
 
 // ---- workspaces ---------------------------------------------------------------------

@@ -1,5 +1,8 @@
-// CUDA context: per-device state (streams, library handles) and the check
-// macros for every CUDA library Chorus calls. Include only from src/chorus/cuda.
+// CUDA context: per-device state (streams) and the CUDA runtime's check macros
+// (CHORUS_CUDA_CHECK, CHORUS_CUDA_LAUNCH_CHECK). Each other library's macro
+// sits beside its wrapper: CHORUS_CUBLAS_CHECK in blas.h, CHORUS_CUDNN_CHECK
+// in cudnn_handle.h, CHORUS_NCCL_CHECK in nccl_check.h. Include only from
+// src/chorus/cuda (and dist/'s NCCL process group).
 //
 // Note [Current stream]: each (thread, device) pair has a current stream,
 // initially the device's one process-wide default stream created by Chorus (not the

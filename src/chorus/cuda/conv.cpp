@@ -33,6 +33,7 @@
 
 #include "chorus/core/error.h"
 #include "chorus/cuda/blas.h"
+#include "chorus/cuda/caches.h"
 #include "chorus/cuda/context.h"
 #include "chorus/cuda/conv_plan.h"
 #include "chorus/cuda/cudnn_handle.h"
@@ -48,18 +49,15 @@ namespace {
 // tried.
 constexpr size_t kMaxFindWorkspaceBytes = size_t{1} << 30;
 
-// RAII owner of a cuDNN descriptor.
+// A cuDNN descriptor, created at construction (Owned: cuda/caches.h).
 template <typename T, cudnnStatus_t (*Create)(T*), cudnnStatus_t (*Destroy)(T)>
 class Descriptor {
  public:
-  Descriptor() { CHORUS_CUDNN_CHECK(Create(&d_)); }
-  ~Descriptor() { Destroy(d_); }
-  Descriptor(const Descriptor&) = delete;
-  Descriptor& operator=(const Descriptor&) = delete;
-  T get() const { return d_; }
+  Descriptor() { CHORUS_CUDNN_CHECK(Create(d_.out())); }
+  T get() const { return d_.get(); }
 
  private:
-  T d_ = nullptr;
+  Owned<T, Destroy> d_;
 };
 using FilterDesc =
     Descriptor<cudnnFilterDescriptor_t, cudnnCreateFilterDescriptor, cudnnDestroyFilterDescriptor>;
@@ -237,24 +235,7 @@ struct Choice {
   size_t workspace;
 };
 
-class AlgoCache {
- public:
-  bool find(const ConvKey& k, Choice* c) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = map_.find(k);
-    if (it == map_.end()) return false;
-    *c = it->second;
-    return true;
-  }
-  void insert(const ConvKey& k, const Choice& c) {
-    std::lock_guard<std::mutex> lock(mu_);
-    map_.emplace(k, c);
-  }
-
- private:
-  std::mutex mu_;
-  std::unordered_map<ConvKey, Choice, ConvKeyHash> map_;
-};
+using AlgoCache = LockedCache<ConvKey, Choice, ConvKeyHash>;
 AlgoCache& algo_cache() {
   static auto* cache = new AlgoCache;  // leaked: used from threads that may outlive statics
   return *cache;
@@ -313,7 +294,9 @@ Choice search(ConvCall& c, const Conv2dGeometry& g) {
 void execute(ConvCall& c, const Conv2dGeometry& g, Layout layout) {
   const ConvKey key = make_key(c, g, layout);
   Choice choice;
-  if (!algo_cache().find(key, &choice)) {
+  if (auto cached = algo_cache().find(key)) {
+    choice = *cached;
+  } else {
     choice = search(c, g);
     algo_cache().insert(key, choice);
   }

@@ -14,6 +14,8 @@
 
 #include "chorus/core/error.h"
 #include "chorus/cuda/blas.h"
+#include "chorus/core/stream.h"
+#include "chorus/cuda/caches.h"
 #include "chorus/cuda/context.h"
 #include "chorus/cuda/kernels.h"
 
@@ -36,39 +38,29 @@ constexpr int kTimedRuns = 3;
 
 constexpr int64_t kUidX = 1, kUidW = 2, kUidY = 3;
 
-// RAII owner of a backend descriptor.
+// A cuDNN backend descriptor (Owned: cuda/caches.h).
 class BackendDesc {
  public:
   BackendDesc() = default;
   explicit BackendDesc(cudnnBackendDescriptorType_t type) {
-    CHORUS_CUDNN_CHECK(cudnnBackendCreateDescriptor(type, &d_));
+    CHORUS_CUDNN_CHECK(cudnnBackendCreateDescriptor(type, owned_.out()));
   }
-  ~BackendDesc() {
-    if (d_) cudnnBackendDestroyDescriptor(d_);
-  }
-  BackendDesc(BackendDesc&& o) noexcept : d_(o.d_) { o.d_ = nullptr; }
-  BackendDesc& operator=(BackendDesc&& o) noexcept {
-    std::swap(d_, o.d_);
-    return *this;
-  }
-  BackendDesc(const BackendDesc&) = delete;
-  BackendDesc& operator=(const BackendDesc&) = delete;
 
-  cudnnBackendDescriptor_t get() const { return d_; }
+  cudnnBackendDescriptor_t get() const { return owned_.get(); }
   template <typename T>
   void set(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, int64_t count,
            const T* values) {
-    CHORUS_CUDNN_CHECK(cudnnBackendSetAttribute(d_, name, type, count, values));
+    CHORUS_CUDNN_CHECK(cudnnBackendSetAttribute(owned_.get(), name, type, count, values));
   }
   void set_desc(cudnnBackendAttributeName_t name, const BackendDesc& other) {
     cudnnBackendDescriptor_t o = other.get();
     set(name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &o);
   }
-  void finalize() { CHORUS_CUDNN_CHECK(cudnnBackendFinalize(d_)); }
-  cudnnStatus_t try_finalize() { return cudnnBackendFinalize(d_); }
+  void finalize() { CHORUS_CUDNN_CHECK(cudnnBackendFinalize(owned_.get())); }
+  cudnnStatus_t try_finalize() { return cudnnBackendFinalize(owned_.get()); }
 
  private:
-  cudnnBackendDescriptor_t d_ = nullptr;
+  Owned<cudnnBackendDescriptor_t, cudnnBackendDestroyDescriptor> owned_;
 };
 
 // A packed 4-d tensor: dims are always [N,C,H,W] (filters [K,C/g,R,S]), the
@@ -260,23 +252,20 @@ float time_plan(const Plan& plan, cudnnHandle_t handle, const ConvOperands& ops,
     return -1;
   }
   void* wp = ws.defined() ? ws.raw_data() : nullptr;
-  cudaStream_t stream = current_stream(device);
   if (execute(plan, handle, ops, wp) != CUDNN_STATUS_SUCCESS) {
     cudaGetLastError();  // a refused launch must not poison later error checks
     return -1;
   }
-  cudaEvent_t start, stop;
-  CHORUS_CUDA_CHECK(cudaEventCreate(&start));
-  CHORUS_CUDA_CHECK(cudaEventCreate(&stop));
-  CHORUS_CUDA_CHECK(cudaEventRecord(start, stream));
+  // chorus::Event records on the device's current stream (the one `handle`
+  // runs on) and is destroyed whatever throws in between.
+  const Device dev(DeviceType::CUDA, device);
+  Event start(dev), stop(dev);
+  start.record();
   bool ok = true;
   for (int i = 0; i < kTimedRuns && ok; ++i) ok = execute(plan, handle, ops, wp) == CUDNN_STATUS_SUCCESS;
-  CHORUS_CUDA_CHECK(cudaEventRecord(stop, stream));
-  CHORUS_CUDA_CHECK(cudaEventSynchronize(stop));
-  float ms = 0;
-  CHORUS_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
+  stop.record();
+  stop.synchronize();
+  const float ms = start.elapsed(stop);
   return ok ? ms / kTimedRuns : -1;
 }
 
@@ -314,11 +303,8 @@ std::shared_ptr<Plan> search(ConvDirection dir, const Conv2dGeometry& g, DType d
 
 // ---- the plan cache ---------------------------------------------------------------------
 
-struct PlanCache {
-  std::mutex mu;
-  // A null plan records "no engine": the legacy path handles that geometry.
-  std::unordered_map<ConvKey, std::shared_ptr<Plan>, ConvKeyHash> plans;
-};
+// A null plan records "no engine": the legacy path handles that geometry.
+using PlanCache = LockedCache<ConvKey, std::shared_ptr<Plan>, ConvKeyHash>;
 PlanCache& plan_cache() {
   static auto* cache = new PlanCache;  // leaked: used from threads that may outlive statics
   return *cache;
@@ -361,19 +347,11 @@ bool run_conv_graph(ConvDirection dir, const Conv2dGeometry& g, DType dtype, Lay
       conv_key(dir, g, dtype, layout, device, dtype == kFloat32 && allow_tf32_conv(), ops);
   PlanCache& cache = plan_cache();
   std::shared_ptr<Plan> plan;
-  bool known = false;
-  {
-    std::lock_guard<std::mutex> lock(cache.mu);
-    auto it = cache.plans.find(key);
-    if (it != cache.plans.end()) {
-      known = true;
-      plan = it->second;
-    }
-  }
-  if (!known) {
+  if (auto cached = cache.find(key)) {
+    plan = *cached;
+  } else {
     plan = search(dir, g, dtype, layout, common_alignment(ops), device, ops);
-    std::lock_guard<std::mutex> lock(cache.mu);
-    cache.plans.emplace(key, plan);
+    cache.insert(key, plan);
   }
   if (!plan) return false;
   Tensor ws = workspace_tensor(plan->workspace, device);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "chorus/core/error.h"
+#include "chorus/cuda/caches.h"
 #include "chorus/cuda/context.h"
 
 namespace chorus::cuda {
@@ -17,58 +18,13 @@ void throw_cudnn_error(cudnnStatus_t status, const char* call, const char* file,
 
 // ---- handles ------------------------------------------------------------------------
 
-namespace {
-
-// Same scheme as blas.cpp's cuBLASLt handles: a leaked pool of idle handles per
-// device, refilled by exiting threads without calling into cuDNN.
-struct HandlePool {
-  std::mutex mu;
-  std::vector<std::vector<cudnnHandle_t>> free_by_device;
-};
-HandlePool& handle_pool() {
-  static HandlePool* pool = new HandlePool;
-  return *pool;
-}
-
-struct ThreadHandles {
-  std::vector<cudnnHandle_t> by_device;
-  ~ThreadHandles() {
-    HandlePool& pool = handle_pool();
-    std::lock_guard<std::mutex> lock(pool.mu);
-    for (size_t d = 0; d < by_device.size(); ++d) {
-      if (!by_device[d]) continue;
-      if (pool.free_by_device.size() <= d) pool.free_by_device.resize(d + 1);
-      pool.free_by_device[d].push_back(by_device[d]);
-    }
-  }
-};
-thread_local ThreadHandles t_handles;
-
-cudnnHandle_t acquire_handle(int device) {
-  auto& mine = t_handles.by_device;
-  if (mine.size() <= static_cast<size_t>(device)) mine.resize(device + 1, nullptr);
-  if (mine[device]) return mine[device];
-  {
-    HandlePool& pool = handle_pool();
-    std::lock_guard<std::mutex> lock(pool.mu);
-    if (pool.free_by_device.size() > static_cast<size_t>(device) &&
-        !pool.free_by_device[device].empty()) {
-      mine[device] = pool.free_by_device[device].back();
-      pool.free_by_device[device].pop_back();
-      return mine[device];
-    }
-  }
-  CudaDeviceGuard guard(device);  // cudnnCreate binds the handle to the current device
-  cudnnHandle_t h = nullptr;
-  CHORUS_CUDNN_CHECK(cudnnCreate(&h));
-  mine[device] = h;
-  return h;
-}
-
-}  // namespace
-
 cudnnHandle_t cudnn_handle(int device) {
-  cudnnHandle_t h = acquire_handle(device);
+  cudnnHandle_t h = ThreadHandles<cudnnHandle_t>::get(device, [](int d) {
+    CudaDeviceGuard guard(d);  // cudnnCreate binds the handle to the current device
+    cudnnHandle_t made = nullptr;
+    CHORUS_CUDNN_CHECK(cudnnCreate(&made));
+    return made;
+  });
   // Cheap, and keeps the handle on whatever stream is current now (streams
   // change under a StreamGuard or a DataParallel replica's thread).
   CHORUS_CUDNN_CHECK(cudnnSetStream(h, current_stream(device)));
@@ -124,7 +80,7 @@ Tensor empty_in(Layout layout, const Shape& sizes, DType dtype, Device device) {
 
 // ---- descriptors ----------------------------------------------------------------------
 
-TensorDesc::TensorDesc() { CHORUS_CUDNN_CHECK(cudnnCreateTensorDescriptor(&d_)); }
+TensorDesc::TensorDesc() { CHORUS_CUDNN_CHECK(cudnnCreateTensorDescriptor(d_.out())); }
 
 TensorDesc::TensorDesc(cudnnDataType_t dtype, Layout layout, int64_t n, int64_t c, int64_t h,
                        int64_t w)
@@ -134,10 +90,9 @@ TensorDesc::TensorDesc(cudnnDataType_t dtype, Layout layout, int64_t n, int64_t 
       "cuDNN: tensor [", n, ", ", c, ", ", h, ", ", w,
       "] exceeds cuDNN's 2^31 element limit; split the batch");
   CHORUS_CUDNN_CHECK(cudnnSetTensor4dDescriptor(
-      d_, layout == Layout::NCHW ? CUDNN_TENSOR_NCHW : CUDNN_TENSOR_NHWC, dtype,
+      d_.get(), layout == Layout::NCHW ? CUDNN_TENSOR_NCHW : CUDNN_TENSOR_NHWC, dtype,
       static_cast<int>(n), static_cast<int>(c), static_cast<int>(h), static_cast<int>(w)));
 }
 
-TensorDesc::~TensorDesc() { cudnnDestroyTensorDescriptor(d_); }
 
 }  // namespace chorus::cuda

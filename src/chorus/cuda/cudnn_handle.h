@@ -9,6 +9,8 @@
 // warnings around code that uses it.
 #pragma once
 
+#include "chorus/cuda/caches.h"
+
 #include <cudnn.h>
 
 #include "chorus/core/dtype.h"
@@ -53,19 +55,16 @@ Layout layout_of(const Tensor& t, Layout fallback, const char* op, const char* a
 // An uninitialised 4-d tensor with [N,C,H,W] `sizes` stored in `layout`.
 Tensor empty_in(Layout layout, const Shape& sizes, DType dtype, Device device);
 
-// RAII cudnnTensorDescriptor_t for a packed 4-d tensor.
+// A cudnnTensorDescriptor_t for a packed 4-d tensor (Owned: cuda/caches.h).
 class TensorDesc {
  public:
   TensorDesc();
   // sizes are [N,C,H,W] whatever the layout.
   TensorDesc(cudnnDataType_t dtype, Layout layout, int64_t n, int64_t c, int64_t h, int64_t w);
-  ~TensorDesc();
-  TensorDesc(const TensorDesc&) = delete;
-  TensorDesc& operator=(const TensorDesc&) = delete;
-  cudnnTensorDescriptor_t get() const { return d_; }
+  cudnnTensorDescriptor_t get() const { return d_.get(); }
 
  private:
-  cudnnTensorDescriptor_t d_ = nullptr;
+  Owned<cudnnTensorDescriptor_t, cudnnDestroyTensorDescriptor> d_;
 };
 
 }  // namespace chorus::cuda

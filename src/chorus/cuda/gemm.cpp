@@ -17,6 +17,7 @@
 
 #include "chorus/core/error.h"
 #include "chorus/cuda/blas.h"
+#include "chorus/cuda/caches.h"
 #include "chorus/cuda/context.h"
 #include "chorus/cuda/kernels.h"
 
@@ -45,12 +46,14 @@ uint32_t alignment_of(const void* p, int64_t batch_stride_bytes) {
   return static_cast<uint32_t>(bits & (~bits + 1));
 }
 
-// RAII owners of the cuBLASLt descriptors of one call.
+// The cuBLASLt descriptors of one call (each Owned: cuda/caches.h).
 struct LayoutDesc {
+  Owned<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy> owned;
   cublasLtMatrixLayout_t d = nullptr;
   LayoutDesc(cudaDataType_t t, uint64_t rows, uint64_t cols, int64_t ld, int32_t batch,
              int64_t batch_stride) {
-    CHORUS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d, t, rows, cols, ld));
+    CHORUS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(owned.out(), t, rows, cols, ld));
+    d = owned.get();
     if (batch > 1) {
       CHORUS_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(d, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
                                                            &batch, sizeof(batch)));
@@ -58,29 +61,27 @@ struct LayoutDesc {
           d, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &batch_stride, sizeof(batch_stride)));
     }
   }
-  ~LayoutDesc() { cublasLtMatrixLayoutDestroy(d); }
-  LayoutDesc(const LayoutDesc&) = delete;
-  LayoutDesc& operator=(const LayoutDesc&) = delete;
 };
 
 struct MatmulDesc {
+  Owned<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy> owned;
   cublasLtMatmulDesc_t d = nullptr;
   MatmulDesc(cublasComputeType_t compute, cublasOperation_t ta, cublasOperation_t tb) {
-    CHORUS_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d, compute, CUDA_R_32F));
+    CHORUS_CUBLAS_CHECK(cublasLtMatmulDescCreate(owned.out(), compute, CUDA_R_32F));
+    d = owned.get();
     CHORUS_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
     CHORUS_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
   }
-  ~MatmulDesc() { cublasLtMatmulDescDestroy(d); }
-  MatmulDesc(const MatmulDesc&) = delete;
-  MatmulDesc& operator=(const MatmulDesc&) = delete;
 };
 
 struct PreferenceDesc {
+  Owned<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy> owned;
   cublasLtMatmulPreference_t d = nullptr;
   PreferenceDesc(uint64_t workspace, uint32_t align_a, uint32_t align_b, uint32_t align_c) {
-    CHORUS_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&d));
+    CHORUS_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(owned.out()));
+    d = owned.get();
     set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
     set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a));
     set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b));
@@ -90,9 +91,6 @@ struct PreferenceDesc {
   void set(cublasLtMatmulPreferenceAttributes_t attr, const void* v, size_t n) {
     CHORUS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(d, attr, v, n));
   }
-  ~PreferenceDesc() { cublasLtMatmulPreferenceDestroy(d); }
-  PreferenceDesc(const PreferenceDesc&) = delete;
-  PreferenceDesc& operator=(const PreferenceDesc&) = delete;
 };
 
 // Everything the heuristic's answer depends on.
@@ -108,24 +106,7 @@ struct ProblemKeyHash {
   }
 };
 
-class AlgoCache {
- public:
-  bool find(const ProblemKey& k, cublasLtMatmulAlgo_t* algo) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = map_.find(k);
-    if (it == map_.end()) return false;
-    *algo = it->second;
-    return true;
-  }
-  void insert(const ProblemKey& k, const cublasLtMatmulAlgo_t& algo) {
-    std::lock_guard<std::mutex> lock(mu_);
-    map_.emplace(k, algo);
-  }
-
- private:
-  std::mutex mu_;
-  std::unordered_map<ProblemKey, cublasLtMatmulAlgo_t, ProblemKeyHash> map_;
-};
+using AlgoCache = LockedCache<ProblemKey, cublasLtMatmulAlgo_t, ProblemKeyHash>;
 AlgoCache& algo_cache() {
   static auto* cache = new AlgoCache;  // leaked: used from threads that may outlive statics
   return *cache;
@@ -198,7 +179,9 @@ void gemm(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_a, bo
                         trans_a, trans_b, m, n, k, batch, stride_a, stride_b, align_a, align_b,
                         align_c}};
   cublasLtMatmulAlgo_t algo;
-  if (!algo_cache().find(key, &algo)) {
+  if (auto cached = algo_cache().find(key)) {
+    algo = *cached;
+  } else {
     PreferenceDesc pref(kCublasWorkspaceBytes, align_a, align_b, align_c);
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;

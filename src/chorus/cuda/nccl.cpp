@@ -4,6 +4,8 @@
 #include <cuda_runtime.h>
 #ifdef CHORUS_WITH_NCCL
 #include <nccl.h>
+
+#include "chorus/cuda/nccl_check.h"
 #endif
 
 #include <map>
@@ -17,6 +19,17 @@ namespace chorus::cuda {
 
 #ifdef CHORUS_WITH_NCCL
 
+void throw_nccl_error(ncclResult_t r, const char* call, ncclComm_t comm, const std::string& where, const char* file,
+                      int line) {
+  std::string msg = detail::str_cat("NCCL error: ", ncclGetErrorString(r), " in ", call);
+  if (!where.empty()) msg += " over " + where;
+  if (comm) {
+    const char* last = ncclGetLastError(comm);
+    if (last && *last) msg += std::string(" (") + last + ")";
+  }
+  throw DeviceError(msg, file, line);
+}
+
 namespace {
 
 std::string device_list(const std::vector<int>& devices) {
@@ -27,10 +40,9 @@ std::string device_list(const std::vector<int>& devices) {
 
 [[noreturn]] void throw_nccl_error(ncclResult_t r, const char* call, const std::vector<int>& devices,
                                    const char* detail_msg, const char* file, int line) {
-  std::string msg = detail::str_cat("NCCL error: ", ncclGetErrorString(r), " in ", call, " over ",
-                                    device_list(devices));
-  if (detail_msg && *detail_msg) msg += std::string(" (") + detail_msg + ")";
-  throw DeviceError(msg, file, line);
+  std::string where = device_list(devices);
+  if (detail_msg && *detail_msg) where += std::string(" (") + detail_msg + ")";
+  cuda::throw_nccl_error(r, call, nullptr, where, file, line);
 }
 
 // NCCL's description of its last failure ("" when it has none).
@@ -146,8 +158,7 @@ void run_collective(const char* call, const std::vector<int>& devices, Issue&& i
   CHORUS_CUDA_CHECK(cudaGetDevice(&cur_dev));
   {
     CudaDeviceGuard restore(cur_dev);
-    ncclResult_t r = ncclGroupStart();
-    if (r != ncclSuccess) throw_nccl_error(r, "ncclGroupStart", devices, nullptr, __FILE__, __LINE__);
+    CHORUS_NCCL_CHECK(ncclGroupStart());
     ncclResult_t failed = ncclSuccess;
     std::string failed_msg;
     for (size_t i = 0; i < devices.size() && failed == ncclSuccess; ++i) {
