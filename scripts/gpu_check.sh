@@ -2,7 +2,7 @@
 # On a GPU machine: build (cmake + ninja), run the CUDA tests (and optionally
 # compute-sanitizer), benchmark Chorus against PyTorch in the same run, and
 # print a short table last. Stages: build tests sanitize bench train multi
-# (default: build tests bench). Every command runs under `timeout`, so a hang
+# (default: build tests bench); dp runs DataParallel WRN-28-10 fp32 and bf16 at 1 and 2 GPUs. Every command runs under `timeout`, so a hang
 # shows up as a failed row instead of eating the machine's time. Logs and JSON rows go to $OUT (or ./gpu-out).
 # PyTorch's reference script is read from .bench/torch_baseline.py (a copy of
 # ../shared/bench, carried by the device tool).
@@ -46,6 +46,13 @@ if has bench; then
 fi
 if has train; then
   timeout 300 $C train --model cnn --data fashion-mnist --data-dir ${FMNIST_DIR:-.bench/fashion-mnist} --devices cuda:0 --epochs 5 --seed 1 --json | tee "$OUT/train_gpu.json"
+fi
+if has dp; then
+  for p in fp32 bf16; do
+    cl=""; [ $p = bf16 ] && cl=--channels-last
+    timeout 300 $C bench --model wrn-28-10 --strategy dp --devices cuda:0,cuda:1 --device-counts 1,2 --precision $p $cl \
+      --batch-size 128 --steps 20 --warmup 5 --json | tee -a "$rows"
+  done
 fi
 if has multi; then
   n=$(nvidia-smi -L | wc -l)
