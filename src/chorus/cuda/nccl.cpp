@@ -68,7 +68,10 @@ ncclDataType_t nccl_type(DType t) {
 }
 
 // One device's communication stream and the two events that join it to a
-// current stream (reused: every call holds the mutex, and a wait captures the
+// current stream. Raw cudaEvent_t, not chorus::Event: they live as long as the
+// process in the leaked State below (never destroyed, so nothing to leak if a
+// check throws) and are recorded on the raw communication stream, which is no
+// chorus::Stream (reused: every call holds the mutex, and a wait captures the
 // event's state when it is enqueued).
 struct PerDevice {
   cudaStream_t stream = nullptr;
