@@ -18,7 +18,17 @@ std::string version_text() {
 #else
   s += "CUDA: no\ncuDNN: no\nNCCL: no\n";
 #endif
-  s += "Gloo: no\nBLAS: OpenBLAS\n";
+#ifdef CHORUS_WITH_GLOO
+  s += std::string("Gloo: ") + CHORUS_GLOO_VERSION + " (process groups on CPU tensors)\n";
+#else
+  s += "Gloo: no (no CPU process groups; install Debian's libgloo-dev and rebuild)\n";
+#endif
+#ifdef CHORUS_WITH_MPI
+  s += std::string("MPI: ") + CHORUS_MPI_VERSION + " (mpirun-launched jobs are read from its environment)\n";
+#else
+  s += "MPI: no (mpirun launches still work when its environment is set)\n";
+#endif
+  s += "BLAS: OpenBLAS\n";
   return s;
 }
 

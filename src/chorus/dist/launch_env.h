@@ -14,7 +14,7 @@
 namespace chorus::dist {
 
 struct LaunchEnv {
-  std::string launcher;       // "torchrun", "chorus", "mpirun", "slurm"
+  std::string launcher;       // "torchrun", "chorus", "mpirun", "slurm", "env" (RANK etc. set by hand)
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;
@@ -28,5 +28,8 @@ struct LaunchEnv {
 // Throws ValueError for malformed or inconsistent variables (a rank out of
 // range, a non-numeric size), naming the variable.
 std::optional<LaunchEnv> read_launch_env();
+
+// The first host of a Slurm host list ("node[01-03,07],gpu5" -> "node01").
+std::string first_slurm_host(const std::string& list);
 
 }  // namespace chorus::dist

@@ -1,0 +1,43 @@
+// ProcessGroupGloo: the CPU backend of ProcessGroup (gloo_group.cpp).
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "chorus/dist/process_group.h"
+
+namespace gloo {
+class Context;
+}
+
+namespace chorus::dist {
+
+#ifdef CHORUS_WITH_GLOO
+class ProcessGroupGloo final : public ProcessGroup {
+ public:
+  // Connects to every other rank through `store` (DistError when they do not
+  // all arrive within options.timeout).
+  ProcessGroupGloo(int rank, int size, StorePtr store, ProcessGroupOptions options);
+  ~ProcessGroupGloo() override;
+  std::string backend() const override { return "gloo"; }
+
+  WorkPtr all_reduce(const Tensor& t, ReduceOp op = ReduceOp::Sum) override;
+  WorkPtr broadcast(const Tensor& t, int root) override;
+  WorkPtr all_gather(const Tensor& in, const Tensor& out) override;
+  WorkPtr reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op = ReduceOp::Sum) override;
+  WorkPtr barrier() override;
+  WorkPtr send(const Tensor& t, int dst, int tag = 0) override;
+  WorkPtr recv(const Tensor& t, int src, int tag = 0) override;
+
+ private:
+  struct Impl;
+  class P2PWork;
+  void run();
+  WorkPtr post(const char* op, const Tensor& t, int peer, int tag, bool is_send);
+  WorkPtr enqueue(const char* op, std::function<void(std::shared_ptr<::gloo::Context>, uint32_t)> body);
+  [[noreturn]] void fail(const char* op, uint64_t seq, const std::string& why);
+  std::unique_ptr<Impl> impl_;
+};
+#endif
+
+}  // namespace chorus::dist

@@ -1,0 +1,64 @@
+#include "chorus/dist/process_group.h"
+
+#include "chorus/core/error.h"
+
+namespace chorus::dist {
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Avg: return "avg";
+    case ReduceOp::Max: return "max";
+    case ReduceOp::Min: return "min";
+  }
+  return "?";
+}
+
+void ProcessGroup::check_tensor(const char* op, const Tensor& t) const {
+  CHORUS_CHECK(t.defined(), op, ": the tensor is undefined");
+  const DType d = t.dtype();
+  CHORUS_CHECK(d == kFloat32 || d == kBFloat16 || d == kFloat64 || d == kInt64, op, ": ", backend(),
+               " process groups take float32, bfloat16, float64 or int64 tensors, got ", t.describe());
+  CHORUS_CHECK(t.is_contiguous(), op, ": the tensor must be contiguous, got ", t.describe());
+}
+
+void ProcessGroup::check_peer(const char* op, int peer, const char* what) const {
+  CHORUS_CHECK(peer >= 0 && peer < size_ && peer != rank_, op, ": ", what, " ", peer, " is not another rank of this group (",
+               size_, " ranks, this is rank ", rank_, ")");
+}
+
+}  // namespace chorus::dist
+
+#include "chorus/dist/gloo_group.h"
+
+namespace chorus::dist {
+
+bool gloo_available() {
+#ifdef CHORUS_WITH_GLOO
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool nccl_backend_available() { return false; }  // the NCCL process group is not in this build yet
+
+ProcessGroupPtr make_process_group(const std::string& backend, int rank, int size, StorePtr store,
+                                   ProcessGroupOptions options) {
+  CHORUS_CHECK(size >= 1 && rank >= 0 && rank < size, "process group: rank ", rank, " is out of range for ", size,
+               " ranks");
+  if (backend == "gloo") {
+#ifdef CHORUS_WITH_GLOO
+    return std::make_shared<ProcessGroupGloo>(rank, size, std::move(store), options);
+#else
+    CHORUS_THROW(DistError, "this build of Chorus has no Gloo (install Debian's libgloo-dev and rebuild); "
+                            "`chorus --version` lists the backends it has");
+#endif
+  }
+  if (backend == "nccl")
+    CHORUS_THROW(DistError, "the NCCL process-group backend is not available in this build of Chorus yet; "
+                            "use the gloo backend (CPU tensors)");
+  CHORUS_THROW(ValueError, "unknown process-group backend '", backend, "' (expected gloo or nccl)");
+}
+
+}  // namespace chorus::dist

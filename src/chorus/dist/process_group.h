@@ -1,0 +1,101 @@
+// ProcessGroup: collectives over the processes of a job (PyTorch's c10d
+// ProcessGroup): Gloo for CPU tensors, NCCL for CUDA tensors. Every call
+// returns a Work handle at once; Work::wait() blocks until the operation is
+// done (CPU) or ordered before the caller's later work (CUDA) and rethrows its
+// failure.
+//
+// Note [Collective timeouts]: every operation has a deadline
+// (options.timeout, 300 s by default; `--dist-timeout`). When one does not
+// finish in time — a rank died, stopped, or took another code path — the
+// group is aborted (Gloo: the operation's own timeout and closing every pair;
+// NCCL: ncclCommAbort) and DistError names the operation, its sequence number
+// in this group and the ranks that did not arrive. Those are found by a roll
+// call through the store after the failure: each surviving rank writes its
+// name under the failed sequence number and waits a short grace period
+// (min(timeout, 5 s)); the ranks that never write are the ones named. No store
+// traffic happens on the normal path, so the cost is paid only on failure.
+// After a failure the group is unusable: every later call throws at once.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "chorus/core/tensor.h"
+#include "chorus/dist/store.h"
+
+namespace chorus::dist {
+
+enum class ReduceOp { Sum, Avg, Max, Min };
+const char* reduce_op_name(ReduceOp op);
+
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual bool is_completed() = 0;
+  // Blocks until done; rethrows the operation's DistError.
+  virtual void wait() = 0;
+};
+using WorkPtr = std::shared_ptr<Work>;
+
+struct ProcessGroupOptions {
+  std::chrono::milliseconds timeout = std::chrono::seconds(300);
+  // The address other ranks reach this one at (Gloo); empty: 127.0.0.1, or
+  // the interface GLOO_SOCKET_IFNAME names. init_process_group sets it to the
+  // local address of the route to the master.
+  std::string local_addr;
+  // Names this group's keys in the store (subgroups get their own).
+  std::string name = "default";
+};
+
+class ProcessGroup {
+ public:
+  ProcessGroup(int rank, int size, StorePtr store, ProcessGroupOptions options)
+      : rank_(rank), size_(size), store_(std::move(store)), options_(options) {}
+  virtual ~ProcessGroup() = default;
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  virtual std::string backend() const = 0;
+  const ProcessGroupOptions& options() const { return options_; }
+  const StorePtr& store() const { return store_; }
+
+  // In place, on every rank: t = op over the ranks' t. float32, bfloat16,
+  // float64, int64 (Avg: floating types only).
+  virtual WorkPtr all_reduce(const Tensor& t, ReduceOp op = ReduceOp::Sum) = 0;
+  // t = root's t, on every rank.
+  virtual WorkPtr broadcast(const Tensor& t, int root) = 0;
+  // out = the ranks' `in`, concatenated in rank order (out.numel() == size() * in.numel()).
+  virtual WorkPtr all_gather(const Tensor& in, const Tensor& out) = 0;
+  // out = rank r's chunk (r = rank()) of op over the ranks' `in`
+  // (in.numel() == size() * out.numel()).
+  virtual WorkPtr reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op = ReduceOp::Sum) = 0;
+  virtual WorkPtr barrier() = 0;
+  // Point to point; a send and its recv name the same tag.
+  virtual WorkPtr send(const Tensor& t, int dst, int tag = 0) = 0;
+  virtual WorkPtr recv(const Tensor& t, int src, int tag = 0) = 0;
+
+ protected:
+  // Checks shared by the backends (defined tensors, dtypes, contiguity, sizes).
+  void check_tensor(const char* op, const Tensor& t) const;
+  void check_peer(const char* op, int peer, const char* what) const;
+  int rank_, size_;
+  StorePtr store_;
+  ProcessGroupOptions options_;
+};
+using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
+
+// Which backends this build has ("gloo", "nccl").
+bool gloo_available();
+bool nccl_backend_available();
+
+// A group of `size` ranks meeting through `store` (every rank passes the same
+// store contents and a distinct rank). backend: "gloo" or "nccl". Throws
+// DistError naming a backend this build lacks.
+ProcessGroupPtr make_process_group(const std::string& backend, int rank, int size, StorePtr store,
+                                   ProcessGroupOptions options = {});
+
+}  // namespace chorus::dist

@@ -1,0 +1,58 @@
+#include "chorus/dist/rendezvous.h"
+
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "chorus/core/error.h"
+#include "chorus/dist/prefix_store.h"
+
+namespace chorus::dist {
+
+namespace {
+// A restarted job (chorus launch --max-restarts, torchrun) checks in afresh
+// under its own namespace of the same store.
+std::string generation() {
+  for (const char* v : {"CHORUS_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"})
+    if (const char* s = std::getenv(v); s && *s) return s;
+  return "0";
+}
+std::string str(const Bytes& b) { return std::string(b.begin(), b.end()); }
+}  // namespace
+
+Rendezvous rendezvous(const LaunchEnv& env, std::chrono::milliseconds timeout) {
+  Rendezvous r;
+  const bool host_here = env.rank == 0 && !env.use_agent_store;
+  if (host_here) r.server = std::make_shared<TCPStoreServer>(env.master_port);
+  auto tcp = std::make_shared<TCPStore>(host_here ? "127.0.0.1" : env.master_addr, env.master_port, timeout);
+  r.store = std::make_shared<PrefixStore>("chorus/" + generation(), tcp);
+  Store& s = *r.store;
+
+  // Every rank must agree on the world size: the first to arrive sets it.
+  const std::string w = std::to_string(env.world_size);
+  const std::string agreed = str(s.compare_set("world_size", {}, Bytes(w.begin(), w.end())));
+  CHORUS_CHECK_T(DistError, agreed == w, "rendezvous: rank ", env.rank, " was started with world size ", w,
+                 " but another rank of this job with ", agreed, "; every process must get the same WORLD_SIZE");
+  // A rank number taken twice (two processes with the same RANK).
+  const int64_t joins = s.add("rank/" + std::to_string(env.rank), 1);
+  CHORUS_CHECK_T(DistError, joins == 1, "rendezvous: rank ", env.rank,
+                 " joined twice: two processes of this job were given RANK=", env.rank);
+  s.add("joined", 1);
+  // Everyone in, or name who is not.
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    if (std::stoll(str(s.get("joined"))) >= env.world_size) break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      std::string missing;
+      int count = 0;
+      for (int q = 0; q < env.world_size && count < 16; ++q)
+        if (!s.check({"rank/" + std::to_string(q)})) missing += (count++ ? ", " : "") + std::to_string(q);
+      CHORUS_THROW(DistError, "rendezvous at ", endpoint(env.master_addr, env.master_port), ": after ",
+                   timeout.count() / 1000.0, " s rank(s) ", missing, " of ", env.world_size, " had not joined");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return r;
+}
+
+}  // namespace chorus::dist

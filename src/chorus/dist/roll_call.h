@@ -1,0 +1,26 @@
+// After a collective failed (Note [Collective timeouts] in process_group.h):
+// which ranks did not arrive, found through the store, and the one DistError
+// that says so.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "chorus/dist/store.h"
+
+namespace chorus::dist {
+
+// Writes this rank's presence under (group, seq) and waits up to
+// min(timeout, 5 s) for the others'; returns the ranks that never wrote. If
+// the store itself cannot be reached, returns {-1}.
+std::vector<int> roll_call(Store& store, const std::string& group, int rank, int size, uint64_t seq,
+                           std::chrono::milliseconds timeout);
+
+// DistError: "<backend> <op> #<seq> failed on rank R after T s: ranks A, B did
+// not arrive (dead, stopped, or on another code path) [cause]".
+[[noreturn]] void throw_collective_failure(const std::string& backend, const std::string& op, uint64_t seq, int rank,
+                                           const std::vector<int>& missing, const std::string& cause,
+                                           std::chrono::milliseconds timeout, const StorePtr& store);
+
+}  // namespace chorus::dist

@@ -1,0 +1,85 @@
+// TCPStore: the key-value store of a multi-process job over TCP.
+//
+// Note [Store wire protocol]: the server and the client speak PyTorch's
+// TCPStore protocol (as of PyTorch 2.x), so a Chorus worker under torchrun
+// (TORCHELASTIC_USE_AGENT_STORE=True) talks to the store torchrun's agent
+// already serves on MASTER_ADDR:MASTER_PORT, and a Chorus server could serve
+// PyTorch clients. Integers are little-endian; a string or byte string is a
+// uint64 length and the bytes. A connection starts with VALIDATE (0x00) and
+// the uint32 magic 0x3C85F7CE (no answer), then PING (0x0d) and a uint32 nonce
+// that the server echoes. Queries are one type byte and arguments:
+//   SET 0x01 key value (no answer)      COMPARE_SET 0x02 key expected desired -> value
+//   GET 0x03 key -> value               ADD 0x04 key int64 -> int64
+//   CHECK 0x05 n keys... -> uint8 (0 ready, 1 not ready)
+//   WAIT 0x06 n keys... -> uint8 0 once all exist; the client may send
+//     CANCEL_WAIT 0x0c instead, answered by 0x01
+//   GETNUMKEYS 0x07 -> int64            DELETE_KEY 0x08 key -> int64 (0 or 1)
+// (Recorded from PyTorch 2.11's own client and server on the GPU machine:
+// docs/distributed.md.) A GET of a missing key is preceded by a WAIT, as
+// PyTorch's client does, so the server never has to answer "absent".
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "chorus/dist/hash_store.h"
+#include "chorus/dist/socket.h"
+#include "chorus/dist/store.h"
+
+namespace chorus::dist {
+
+// The server: one thread accepting, one per connected client. Stops (and
+// closes every connection) when destroyed.
+class TCPStoreServer {
+ public:
+  // Listens on bind_addr:port (port 0: a free port, see port()). Throws
+  // DistError when the port is taken.
+  explicit TCPStoreServer(int port, const std::string& bind_addr = "0.0.0.0");
+  ~TCPStoreServer();
+  TCPStoreServer(const TCPStoreServer&) = delete;
+  TCPStoreServer& operator=(const TCPStoreServer&) = delete;
+  int port() const { return port_; }
+
+ private:
+  void accept_loop();
+  void serve(Socket client);
+  HashStore table_;
+  Socket listener_;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread acceptor_;
+  std::mutex clients_mu_;
+  std::vector<std::thread> clients_;
+  std::vector<int> client_fds_;
+};
+
+class TCPStore final : public Store {
+ public:
+  // Connects to host:port, retrying until `timeout` (which is also the
+  // default for every blocking call). DistError when nothing answers.
+  TCPStore(const std::string& host, int port, std::chrono::milliseconds timeout = std::chrono::seconds(300));
+  using Store::set;
+  using Store::wait;
+  void set(const std::string& key, const Bytes& value) override;
+  Bytes get(const std::string& key) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  Bytes compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) override;
+  bool check(const std::vector<std::string>& keys) override;
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
+  bool delete_key(const std::string& key) override;
+  int64_t num_keys();
+  const std::string& address() const { return address_; }
+
+ private:
+  // One query in flight per connection (the protocol has no request ids).
+  void wait_locked(const std::vector<std::string>& keys, std::chrono::milliseconds timeout);
+  std::mutex mu_;
+  Socket sock_;
+  std::string address_;
+};
+
+}  // namespace chorus::dist

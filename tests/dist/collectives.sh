@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Every collective of the Gloo process group, checked against hand-computed
+# values (chorus_dist_probe collectives), with 1, 2, 3 and 4 processes whose
+# rendezvous environment is set by hand (as torchrun sets it), then 3
+# processes under mpirun and 2 with Slurm's variables set by hand.
+set -uo pipefail
+CHORUS=${1:?chorus}; PROBE=${2:?chorus_dist_probe}
+"$CHORUS" --version | grep -q "^Gloo: no" && { echo "SKIPPED: this build has no Gloo"; exit 0; }
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+fail=0
+run_world() {  # N: ranks with RANK/WORLD_SIZE/MASTER_* set by hand
+  local n=$1 port pids=() out rc=0
+  port=$(free_port); out=$(mktemp -d)
+  for ((r = 0; r < n; r++)); do
+    RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+      PROBE_TIMEOUT_MS=60000 timeout 300 "$PROBE" collectives > "$out/$r" 2>&1 & pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || rc=1; done
+  cat "$out"/*; rm -rf "$out"
+  [ $rc -eq 0 ] || { echo "FAIL: world of $n"; fail=1; }
+}
+for n in 1 2 3 4; do run_world $n; done
+
+if command -v mpirun >/dev/null; then
+  port=$(free_port)
+  out=$(MASTER_PORT=$port PROBE_TIMEOUT_MS=60000 timeout 300 mpirun --allow-run-as-root --oversubscribe -np 3 \
+        -x MASTER_PORT -x PROBE_TIMEOUT_MS "$PROBE" collectives 2>&1); rc=$?
+  echo "$out" | grep -E "^rank|FAIL|rror"
+  [ $rc -eq 0 ] && [ "$(grep -c 'all collectives ok' <<<"$out")" = 3 ] || { echo "FAIL: mpirun -np 3"; fail=1; }
+else
+  echo "SKIPPED: mpirun (install openmpi-bin)"
+fi
+
+# Slurm: SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID / SLURM_NODELIST by hand.
+port=$(free_port); pids=(); out=$(mktemp -d)
+for r in 0 1; do
+  env -u RANK -u WORLD_SIZE SLURM_PROCID=$r SLURM_NTASKS=2 SLURM_LOCALID=$r SLURM_NODELIST="localhost" \
+    MASTER_PORT=$port PROBE_TIMEOUT_MS=60000 timeout 300 "$PROBE" collectives > "$out/$r" 2>&1 & pids+=($!)
+done
+rc=0; for p in "${pids[@]}"; do wait "$p" || rc=1; done
+cat "$out"/*; rm -rf "$out"
+[ $rc -eq 0 ] || { echo "FAIL: slurm variables"; fail=1; }
+
+[ $fail -eq 0 ] && echo "ok: collectives over 1-4 processes, mpirun and Slurm environments"
+exit $fail
