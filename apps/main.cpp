@@ -8,6 +8,7 @@
 #include "bench.h"
 #include "chorus/core/error.h"
 #include "commands.h"
+#include "launch.h"
 #include "train.h"
 
 using namespace chorus;
@@ -55,6 +56,10 @@ int main(int argc, char** argv) {
 
   CLI::App* devices = app.add_subcommand("devices", "List the devices and how GPUs are linked");
 
+  app::LaunchConfig lc;
+  CLI::App* launch = app.add_subcommand("launch", "Start the processes of a distributed job: chorus launch [options] -- PROGRAM ARGS...");
+  app::add_launch_options(launch, lc);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -69,6 +74,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*devices) return app::run_devices();
+    if (*launch) return app::run_launch(lc);
     if (*bench) return app::run_bench(bc);
     if (*train) {
       auto summary = app::run_train(tc);

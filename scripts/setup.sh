@@ -11,7 +11,8 @@ echo "== installing build dependencies (apt-get)"
 $SUDO apt-get update -q
 $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
   build-essential cmake ninja-build libopenblas-dev zlib1g-dev libcli11-dev nlohmann-json3-dev \
-  libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev dataset-fashion-mnist
+  libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev dataset-fashion-mnist \
+    libgloo-dev openmpi-bin libopenmpi-dev iproute2 python3
 
 scripts/build.sh
 echo "== training the default model (chorus train)"

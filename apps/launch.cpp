@@ -1,0 +1,365 @@
+// `chorus launch` (DESIGN.md, "Command line"; docs/distributed.md).
+//
+// Note [Launcher]: node 0's launcher hosts the job's TCP store (as torchrun's
+// agent does) and tells the workers so (TORCHELASTIC_USE_AGENT_STORE=True):
+// a worker that dies, rank 0 included, does not take the store with it, so
+// the others can still find out who is missing. Each worker runs in its own
+// process group with PR_SET_PDEATHSIG, so nothing outlives the launcher:
+// stopping the job signals every worker's whole process group. Output: rank
+// 0's stdout is passed through byte for byte (so `--json` can be piped), every
+// other line is prefixed "[rank N] "; with --log-dir each rank's output also
+// goes to rank_N.log. The last lines of each rank are kept for the failure
+// report. On several nodes the launchers watch a key in the store, so a
+// failure on one node ends the job on all.
+#include "launch.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "chorus/core/backend.h"
+#include "chorus/core/error.h"
+#include "chorus/dist/tcp_store.h"
+
+namespace chorus::app {
+
+namespace {
+
+volatile sig_atomic_t g_signal = 0;
+int g_wake[2] = {-1, -1};  // self-pipe: a signal wakes the poll loop
+
+void on_signal(int sig) {
+  if (!g_signal) g_signal = sig;
+  const char b = 1;
+  (void)!::write(g_wake[1], &b, 1);
+}
+
+struct Stream {
+  int fd = -1;
+  std::string partial;  // an unfinished line
+};
+
+struct Worker {
+  int rank = 0, local_rank = 0;
+  pid_t pid = -1;
+  Stream out, err;
+  std::deque<std::string> tail;  // last lines, for the failure report
+  FILE* log = nullptr;
+  bool exited = false;
+  bool stopped = false;  // by SIGSTOP/SIGTSTP: alive but will never answer
+  int status = 0;
+};
+
+constexpr size_t kTailLines = 12;
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return std::string("was killed by signal ") + std::to_string(WTERMSIG(status)) + " (" +
+                                  strsignal(WTERMSIG(status)) + ")";
+  return "ended";
+}
+
+class Launcher {
+ public:
+  explicit Launcher(const LaunchConfig& c) : c_(c) {}
+
+  int run() {
+    nproc_ = resolve_nproc();
+    world_ = nproc_ * c_.nnodes;
+    if (!c_.log_dir.empty()) std::filesystem::create_directories(c_.log_dir);
+    if (c_.node_rank == 0) server_ = std::make_unique<dist::TCPStoreServer>(c_.master_port);
+    if (c_.nnodes > 1)
+      store_ = std::make_unique<dist::TCPStore>(c_.node_rank == 0 ? "127.0.0.1" : c_.master_addr, c_.master_port,
+                                                std::chrono::seconds(300));
+    for (int attempt = 0;; ++attempt) {
+      const int rc = run_once(attempt);
+      if (rc == 0 || g_signal || attempt >= c_.max_restarts) return rc;
+      std::fprintf(stderr, "chorus launch: restarting the job (%d of %d restarts)\n", attempt + 1, c_.max_restarts);
+    }
+  }
+
+ private:
+  int resolve_nproc() const {
+    if (c_.nproc_per_node == "gpu") {
+      const int n = cuda_device_count();
+      CHORUS_CHECK(n > 0, "--nproc-per-node gpu: this machine has no visible GPU");
+      return n;
+    }
+    try {
+      size_t used = 0;
+      const int n = std::stoi(c_.nproc_per_node, &used);
+      if (used == c_.nproc_per_node.size() && n >= 1 && n <= 4096) return n;
+    } catch (const std::exception&) {
+    }
+    CHORUS_THROW(ValueError, "--nproc-per-node must be a number from 1 to 4096 or 'gpu', got '", c_.nproc_per_node,
+                 "'");
+  }
+
+  void start(Worker& w, int attempt) {
+    int out[2], err[2];
+    CHORUS_CHECK_T(Error, ::pipe2(out, O_CLOEXEC) == 0 && ::pipe2(err, O_CLOEXEC) == 0, "pipe: ", std::strerror(errno));
+    const pid_t parent = ::getpid();
+    const pid_t pid = ::fork();
+    CHORUS_CHECK_T(Error, pid >= 0, "fork: ", std::strerror(errno));
+    if (pid == 0) {
+      ::setpgid(0, 0);
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(127);  // the launcher died before prctl
+      ::dup2(out[1], 1);
+      ::dup2(err[1], 2);
+      auto set = [](const char* k, const std::string& v) { ::setenv(k, v.c_str(), 1); };
+      set("RANK", std::to_string(w.rank));
+      set("WORLD_SIZE", std::to_string(world_));
+      set("LOCAL_RANK", std::to_string(w.local_rank));
+      set("LOCAL_WORLD_SIZE", std::to_string(nproc_));
+      set("GROUP_RANK", std::to_string(c_.node_rank));
+      set("MASTER_ADDR", c_.master_addr);
+      set("MASTER_PORT", std::to_string(c_.master_port));
+      set("TORCHELASTIC_USE_AGENT_STORE", "True");
+      set("CHORUS_LAUNCHER", "1");
+      set("CHORUS_RESTART_COUNT", std::to_string(attempt));
+      std::vector<char*> argv;
+      for (const auto& a : c_.command) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      ::execvp(argv[0], argv.data());
+      std::fprintf(stderr, "chorus launch: cannot run '%s': %s\n", argv[0], std::strerror(errno));
+      ::_exit(127);
+    }
+    ::setpgid(pid, pid);  // also here: no race with the child's own call
+    ::close(out[1]);
+    ::close(err[1]);
+    w.pid = pid;
+    w.out = {out[0], ""};
+    w.err = {err[0], ""};
+    w.exited = false;
+    w.tail.clear();
+    if (!c_.log_dir.empty()) {
+      const std::string path = c_.log_dir + "/rank_" + std::to_string(w.rank) + ".log";
+      w.log = std::fopen(path.c_str(), attempt == 0 ? "w" : "a");
+    }
+  }
+
+  // Forwards what arrived on one of a worker's pipes; false at end of file.
+  bool pump(Worker& w, Stream& s, bool is_stdout) {
+    char buf[65536];
+    const ssize_t n = ::read(s.fd, buf, sizeof(buf));
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) return true;
+    if (n <= 0) {
+      if (!s.partial.empty()) emit(w, s.partial + "\n", is_stdout);
+      s.partial.clear();
+      ::close(s.fd);
+      s.fd = -1;
+      return false;
+    }
+    if (w.log) std::fwrite(buf, 1, static_cast<size_t>(n), w.log), std::fflush(w.log);
+    if (w.rank == 0 && is_stdout) {
+      // Rank 0's stdout untouched (byte for byte), and its lines remembered.
+      (void)!::write(1, buf, static_cast<size_t>(n));
+      remember(w, s, buf, n);
+      return true;
+    }
+    s.partial.append(buf, static_cast<size_t>(n));
+    size_t pos;
+    while ((pos = s.partial.find('\n')) != std::string::npos) {
+      emit(w, s.partial.substr(0, pos + 1), is_stdout);
+      s.partial.erase(0, pos + 1);
+    }
+    return true;
+  }
+
+  void remember(Worker& w, Stream& s, const char* buf, ssize_t n) {
+    s.partial.append(buf, static_cast<size_t>(n));
+    size_t pos;
+    while ((pos = s.partial.find('\n')) != std::string::npos) {
+      keep(w, s.partial.substr(0, pos));
+      s.partial.erase(0, pos + 1);
+    }
+    s.partial.clear();
+  }
+
+  void keep(Worker& w, const std::string& line) {
+    w.tail.push_back(line);
+    if (w.tail.size() > kTailLines) w.tail.pop_front();
+  }
+
+  void emit(Worker& w, const std::string& line, bool is_stdout) {
+    keep(w, line.substr(0, line.size() - 1));
+    if (w.rank == 0 && is_stdout) return;
+    const std::string text = "[rank " + std::to_string(w.rank) + "] " + line;
+    (void)!::write(is_stdout ? 1 : 2, text.data(), text.size());
+  }
+
+  void signal_all(std::vector<Worker>& ws, int sig) {
+    for (auto& w : ws)
+      if (!w.exited && w.pid > 0) {
+        ::kill(-w.pid, sig);
+        ::kill(-w.pid, SIGCONT);  // a stopped process acts on nothing until continued
+      }
+  }
+
+  // Waits (pumping output) until every worker has exited or `deadline`.
+  void drain(std::vector<Worker>& ws, std::chrono::steady_clock::time_point deadline) {
+    // Stopped workers will not end by themselves: no point waiting for them.
+    while (std::any_of(ws.begin(), ws.end(), [](const Worker& w) { return !w.exited && !w.stopped; }) &&
+           std::chrono::steady_clock::now() < deadline)
+      step(ws, 50);
+  }
+
+  // One round: output, exits. Returns the first worker that failed this round, or null.
+  Worker* step(std::vector<Worker>& ws, int wait_ms) {
+    std::vector<pollfd> fds;
+    std::vector<std::pair<Worker*, Stream*>> who;
+    fds.push_back({g_wake[0], POLLIN, 0});
+    who.push_back({nullptr, nullptr});
+    for (auto& w : ws)
+      for (Stream* s : {&w.out, &w.err})
+        if (s->fd >= 0) {
+          fds.push_back({s->fd, POLLIN, 0});
+          who.push_back({&w, s});
+        }
+    if (::poll(fds.data(), fds.size(), wait_ms) > 0) {
+      for (size_t i = 0; i < fds.size(); ++i) {
+        if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        if (i == 0) {
+          char b[64];
+          (void)!::read(g_wake[0], b, sizeof(b));
+          continue;
+        }
+        pump(*who[i].first, *who[i].second, who[i].second == &who[i].first->out);
+      }
+    }
+    Worker* failed = nullptr;
+    for (auto& w : ws) {
+      if (w.exited) continue;
+      int status = 0;
+      const pid_t r = ::waitpid(w.pid, &status, WNOHANG | WUNTRACED | WCONTINUED);
+      if (r != w.pid) continue;
+      if (WIFSTOPPED(status) || WIFCONTINUED(status)) {
+        w.stopped = WIFSTOPPED(status);
+        continue;
+      }
+      // Collect what it wrote last before judging it.
+      for (Stream* s : {&w.out, &w.err})
+        while (s->fd >= 0 && pump(w, *s, s == &w.out)) {
+        }
+      w.exited = true;
+      w.status = status;
+      if (w.log) std::fclose(w.log), w.log = nullptr;
+      if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0) && !failed) failed = &w;
+    }
+    return failed;
+  }
+
+  int run_once(int attempt) {
+    std::vector<Worker> ws(static_cast<size_t>(nproc_));
+    for (int i = 0; i < nproc_; ++i) {
+      ws[i].rank = c_.node_rank * nproc_ + i;
+      ws[i].local_rank = i;
+      start(ws[i], attempt);
+    }
+    Worker* failed = nullptr;
+    std::string remote_failure;
+    auto last_check = std::chrono::steady_clock::now();
+    while (std::any_of(ws.begin(), ws.end(), [](const Worker& w) { return !w.exited; })) {
+      if (g_signal) break;
+      if (Worker* f = step(ws, 200)) {
+        failed = f;
+        break;
+      }
+      if (store_ && std::chrono::steady_clock::now() - last_check > std::chrono::milliseconds(500)) {
+        last_check = std::chrono::steady_clock::now();
+        const std::string key = "chorus/launch/" + std::to_string(attempt) + "/failed";
+        if (store_->check({key})) {
+          remote_failure = store_->get_string(key);
+          break;
+        }
+      }
+    }
+    if (g_signal) {
+      const int sig = g_signal;
+      std::fprintf(stderr, "chorus launch: got signal %d (%s); stopping the workers\n", sig, strsignal(sig));
+      signal_all(ws, sig);
+      drain(ws, std::chrono::steady_clock::now() + std::chrono::seconds(10));
+      signal_all(ws, SIGKILL);
+      drain(ws, std::chrono::steady_clock::now() + std::chrono::seconds(5));
+      return 128 + sig;
+    }
+    if (!failed && remote_failure.empty()) return 0;
+    std::string report;
+    if (failed) {
+      report = "rank " + std::to_string(failed->rank) + " (pid " + std::to_string(failed->pid) + ") " +
+               describe_status(failed->status);
+      if (store_) store_->set("chorus/launch/" + std::to_string(attempt) + "/failed", report + " on node " +
+                                                                                    std::to_string(c_.node_rank));
+    } else {
+      report = remote_failure;
+    }
+    // The others get a moment to end by themselves (and report what they
+    // saw: DistError naming the missing rank), then are stopped.
+    drain(ws, std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(c_.grace_s * 1000)));
+    signal_all(ws, SIGTERM);
+    drain(ws, std::chrono::steady_clock::now() + std::chrono::seconds(5));
+    signal_all(ws, SIGKILL);
+    drain(ws, std::chrono::steady_clock::now() + std::chrono::seconds(5));
+    std::string stopped;
+    for (const auto& w : ws)
+      if (w.stopped) stopped += (stopped.empty() ? "" : ", ") + std::to_string(w.rank);
+    if (!stopped.empty()) report += " (rank " + stopped + " had been stopped by a signal)";
+    std::fprintf(stderr, "chorus launch: %s; the job is stopped\n", report.c_str());
+    if (failed && !failed->tail.empty()) {
+      std::fprintf(stderr, "chorus launch: last lines of rank %d:\n", failed->rank);
+      for (const auto& l : failed->tail) std::fprintf(stderr, "  | %s\n", l.c_str());
+    }
+    return 1;
+  }
+
+  const LaunchConfig& c_;
+  int nproc_ = 1, world_ = 1;
+  std::unique_ptr<dist::TCPStoreServer> server_;
+  std::unique_ptr<dist::TCPStore> store_;
+};
+
+}  // namespace
+
+void add_launch_options(CLI::App* cmd, LaunchConfig& c) {
+  cmd->add_option("--nproc-per-node", c.nproc_per_node, "Processes on this node: N, or 'gpu' (one per visible GPU)")
+      ->capture_default_str();
+  cmd->add_option("--nnodes", c.nnodes, "Nodes (machines) in the job")->capture_default_str()->check(CLI::Range(1, 65536));
+  cmd->add_option("--node-rank", c.node_rank, "This node's index, 0 .. nnodes-1")->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--master-addr", c.master_addr, "Address of node 0 (serves the job's store)")->capture_default_str();
+  cmd->add_option("--master-port", c.master_port, "Port of the job's store on node 0")->capture_default_str()->check(CLI::Range(1, 65535));
+  cmd->add_option("--max-restarts", c.max_restarts, "Restart the whole job up to K times when a process fails")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--log-dir", c.log_dir, "Also write each rank's output to DIR/rank_N.log");
+  cmd->add_option("--grace-period", c.grace_s, "Seconds a failed job's other processes get to end by themselves")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("command", c.command, "PROGRAM ARGS... (after --)")->required();
+}
+
+int run_launch(const LaunchConfig& c) {
+  CHORUS_CHECK(c.node_rank < c.nnodes, "--node-rank ", c.node_rank, " is out of range for --nnodes ", c.nnodes);
+  CHORUS_CHECK(!c.command.empty(), "chorus launch: no program to run (chorus launch [options] -- PROGRAM ARGS...)");
+  CHORUS_CHECK_T(Error, ::pipe2(g_wake, O_CLOEXEC | O_NONBLOCK) == 0, "pipe: ", std::strerror(errno));
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+  return Launcher(c).run();
+}
+
+}  // namespace chorus::app

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Never hang (Note [Collective timeouts]): a job of 3 ranks under chorus
+# launch, all-reducing in a loop with a 2 s timeout; at step 3 one rank kills
+# itself with SIGKILL (20 times) or stops itself with SIGSTOP (20 times).
+# Every survivor must exit with DistError naming that rank within
+# timeout + 10 s, the launcher must exit non-zero, and no process may be left.
+set -uo pipefail
+CHORUS=${1:?chorus}; PROBE=${2:?chorus_dist_probe}
+"$CHORUS" --version | grep -q "^Gloo: no" && { echo "SKIPPED: this build has no Gloo"; exit 0; }
+REPS=${DEAD_RANK_REPS:-20}
+TIMEOUT_MS=2000
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+fail=0; slowest=0; ok_runs=0
+for sig in KILL STOP; do
+  for ((i = 0; i < REPS; i++)); do
+    victim=$((i % 3)); marker="dead-rank-$$-$sig-$i"
+    out=$(PROBE_TIMEOUT_MS=$TIMEOUT_MS CHORUS_TEST_MARKER=$marker timeout 60 \
+          "$CHORUS" launch --nproc-per-node 3 --master-port "$(free_port)" -- "$PROBE" hang $victim $sig 2>&1)
+    rc=$?
+    survivors=$(grep -cE "^(\[rank [0-9]+\] )?rank [0-9]+: DistError after .*rank $victim did not arrive" <<<"$out")
+    times=$(grep -o "DistError after [0-9.]* s" <<<"$out" | grep -o "[0-9.]*" | sort -n | tail -1)
+    left=$(pgrep -f "chorus_dist_probe hang" | wc -l)
+    if [ $rc -eq 0 ] || [ $rc -eq 124 ] || [ "$survivors" != 2 ] || [ "$left" != 0 ] ||
+       ! grep -q "chorus launch: rank .* the job is stopped" <<<"$out"; then
+      echo "FAIL: SIG$sig of rank $victim (run $i): launcher exit $rc, $survivors survivors named it, $left processes left"
+      echo "$out" | head -20; fail=1
+      pkill -9 -f "chorus_dist_probe hang" 2>/dev/null
+      continue
+    fi
+    ok_runs=$((ok_runs + 1))
+    slowest=$(python3 -c "print(max($slowest, ${times:-0}))")
+  done
+  echo "SIG$sig: done"
+done
+limit=$(python3 -c "print($TIMEOUT_MS / 1000 + 10)")
+echo "dead rank: $ok_runs/$((2 * REPS)) runs detected, slowest detection ${slowest} s (limit ${limit} s)"
+python3 -c "import sys; sys.exit(0 if $slowest <= $limit else 1)" || { echo "FAIL: too slow"; fail=1; }
+exit $fail

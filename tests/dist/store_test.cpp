@@ -1,0 +1,237 @@
+// The stores (HashStore, PrefixStore, TCPStore over real sockets on
+// 127.0.0.1), the launcher environments and the rendezvous failures.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <chorus/dist/hash_store.h>
+#include <chorus/dist/launch_env.h>
+#include <chorus/dist/prefix_store.h>
+#include <chorus/dist/rendezvous.h>
+#include <chorus/dist/tcp_store.h>
+
+#include "testing/expect_error.h"
+
+namespace chorus::dist {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::string s(const Bytes& b) { return std::string(b.begin(), b.end()); }
+Bytes b(const std::string& x) { return Bytes(x.begin(), x.end()); }
+
+// The same semantics from every implementation. `other` is a second handle on
+// the same store (a TCPStore connection carries one query at a time, so a
+// second thread needs its own, as a second rank has).
+void exercise(Store& st, Store& other) {
+  st.set("a", b("1"));
+  EXPECT_EQ(s(st.get("a")), "1");
+  EXPECT_EQ(st.add("n", 5), 5);
+  EXPECT_EQ(st.add("n", -2), 3);
+  EXPECT_EQ(s(st.get("n")), "3");
+  EXPECT_TRUE(st.check({"a", "n"}));
+  EXPECT_FALSE(st.check({"a", "missing"}));
+  // compare_set: absent + empty expected sets; a match swaps; a mismatch leaves it.
+  EXPECT_EQ(s(st.compare_set("c", {}, b("x"))), "x");
+  EXPECT_EQ(s(st.compare_set("c", b("x"), b("y"))), "y");
+  EXPECT_EQ(s(st.compare_set("c", b("nope"), b("z"))), "y");
+  // Binary values with zeros, and a large one.
+  Bytes big(3 << 20);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<uint8_t>(i * 7);
+  st.set("big", big);
+  EXPECT_EQ(st.get("big"), big);
+  EXPECT_TRUE(st.delete_key("a"));
+  EXPECT_FALSE(st.delete_key("a"));
+  EXPECT_FALSE(st.check({"a"}));
+  // wait: returns once another thread sets the key; times out naming it.
+  std::thread later([&] {
+    std::this_thread::sleep_for(50ms);
+    other.set("late", b("!"));
+  });
+  st.wait({"late"}, 5s);
+  later.join();
+  EXPECT_TRUE(test::throws_naming<DistError>([&] { st.wait({"never"}, 200ms); }, {"never'"}));
+}
+
+TEST(Store, HashStore) {
+  HashStore st;
+  exercise(st, st);
+}
+
+TEST(Store, TCPStoreAgainstItsServer) {
+  TCPStoreServer server(0, "127.0.0.1");
+  TCPStore st("127.0.0.1", server.port(), 10s), other("127.0.0.1", server.port(), 10s);
+  exercise(st, other);
+}
+
+TEST(Store, PrefixStoreKeepsNamespacesApart) {
+  auto inner = std::make_shared<HashStore>();
+  PrefixStore a("job/a", inner), c("job/c", inner);
+  a.set("k", b("from a"));
+  c.set("k", b("from c"));
+  EXPECT_EQ(s(a.get("k")), "from a");
+  EXPECT_EQ(s(c.get("k")), "from c");
+  EXPECT_TRUE(inner->check({"job/a/k", "job/c/k"}));
+  PrefixStore p("x", inner);
+  exercise(p, p);
+}
+
+TEST(Store, ManyClientsAddConcurrently) {
+  TCPStoreServer server(0, "127.0.0.1");
+  std::vector<std::thread> ts;
+  for (int c = 0; c < 8; ++c)
+    ts.emplace_back([&] {
+      TCPStore st("127.0.0.1", server.port(), 10s);
+      for (int i = 0; i < 200; ++i) st.add("counter", 1);
+    });
+  for (auto& t : ts) t.join();
+  TCPStore st("127.0.0.1", server.port(), 10s);
+  EXPECT_EQ(st.add("counter", 0), 1600);
+  // A GET of a key set later by another client waits for it.
+  std::thread setter([&] {
+    std::this_thread::sleep_for(100ms);
+    TCPStore other("127.0.0.1", server.port(), 10s);
+    other.set("x", b("ready"));
+  });
+  EXPECT_EQ(s(st.get("x")), "ready");
+  setter.join();
+}
+
+TEST(Store, UnreachableMasterAndTakenPort) {
+  // A port nobody listens on: the error names the address and the time tried.
+  int port = 0;
+  {
+    TCPStoreServer probe(0, "127.0.0.1");
+    port = probe.port();
+  }
+  EXPECT_TRUE(test::throws_naming<DistError>([&] { TCPStore("127.0.0.1", port, 300ms); }, {"cannot reach the store at 127.0.0.1:" + std::to_string(port)}));
+  TCPStoreServer server(0, "127.0.0.1");
+  EXPECT_TRUE(test::throws_naming<DistError>([&] { TCPStoreServer again(server.port(), "127.0.0.1"); }, {"the port is taken"}));
+}
+
+// ---- launcher environments --------------------------------------------------------
+
+struct EnvGuard {
+  std::vector<std::string> names;
+  void set(const std::string& k, const std::string& v) {
+    names.push_back(k);
+    ::setenv(k.c_str(), v.c_str(), 1);
+  }
+  ~EnvGuard() {
+    for (auto& n : names) ::unsetenv(n.c_str());
+  }
+};
+
+TEST(LaunchEnv, NoneWhenNotLaunched) {
+  for (const char* v : {"RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID",
+                        "SLURM_NTASKS"})
+    ::unsetenv(v);
+  EXPECT_FALSE(read_launch_env().has_value());
+}
+
+TEST(LaunchEnv, TorchrunStyle) {
+  EnvGuard g;
+  g.set("RANK", "3"), g.set("WORLD_SIZE", "8"), g.set("LOCAL_RANK", "1"), g.set("LOCAL_WORLD_SIZE", "4");
+  g.set("MASTER_ADDR", "node7"), g.set("MASTER_PORT", "1234"), g.set("TORCHELASTIC_USE_AGENT_STORE", "True");
+  g.set("TORCHELASTIC_RUN_ID", "x");
+  auto e = read_launch_env();
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->launcher, "torchrun");
+  EXPECT_EQ(e->rank, 3);
+  EXPECT_EQ(e->world_size, 8);
+  EXPECT_EQ(e->local_rank, 1);
+  EXPECT_EQ(e->local_world_size, 4);
+  EXPECT_EQ(e->master_addr, "node7");
+  EXPECT_EQ(e->master_port, 1234);
+  EXPECT_TRUE(e->use_agent_store);
+}
+
+TEST(LaunchEnv, OpenMPIAndSlurm) {
+  {
+    EnvGuard g;
+    g.set("OMPI_COMM_WORLD_RANK", "2"), g.set("OMPI_COMM_WORLD_SIZE", "3");
+    g.set("OMPI_COMM_WORLD_LOCAL_RANK", "2"), g.set("OMPI_COMM_WORLD_LOCAL_SIZE", "3");
+    auto e = read_launch_env();
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->launcher, "mpirun");
+    EXPECT_EQ(e->rank, 2);
+    EXPECT_EQ(e->master_addr, "127.0.0.1");  // one machine: this one
+  }
+  {
+    EnvGuard g;
+    g.set("OMPI_COMM_WORLD_RANK", "2"), g.set("OMPI_COMM_WORLD_SIZE", "8");
+    g.set("OMPI_COMM_WORLD_LOCAL_RANK", "2"), g.set("OMPI_COMM_WORLD_LOCAL_SIZE", "4");
+    EXPECT_TRUE(test::throws_naming<ValueError>([] { read_launch_env(); }, {"MASTER_ADDR is not set"}));
+  }
+  {
+    EnvGuard g;
+    g.set("SLURM_PROCID", "5"), g.set("SLURM_NTASKS", "8"), g.set("SLURM_LOCALID", "1");
+    g.set("SLURM_NODELIST", "gpu[07-09,12],login1"), g.set("SLURM_NTASKS_PER_NODE", "4(x2)");
+    auto e = read_launch_env();
+    ASSERT_TRUE(e);
+    EXPECT_EQ(e->launcher, "slurm");
+    EXPECT_EQ(e->rank, 5);
+    EXPECT_EQ(e->local_world_size, 4);
+    EXPECT_EQ(e->master_addr, "gpu07");
+  }
+  EXPECT_EQ(first_slurm_host("node1,node2"), "node1");
+  EXPECT_EQ(first_slurm_host("a[3-5]"), "a3");
+}
+
+TEST(LaunchEnv, BadValuesNameTheVariable) {
+  EnvGuard g;
+  g.set("RANK", "4"), g.set("WORLD_SIZE", "4"), g.set("MASTER_ADDR", "h");
+  EXPECT_TRUE(test::throws_naming<ValueError>([] { read_launch_env(); }, {"RANK=4 is out of range [0, 3]"}));
+  g.set("RANK", "x1");
+  EXPECT_TRUE(test::throws_naming<ValueError>([] { read_launch_env(); }, {"RANK='x1' is not an integer"}));
+  g.set("RANK", "0"), g.set("MASTER_PORT", "70000");
+  EXPECT_TRUE(test::throws_naming<ValueError>([] { read_launch_env(); }, {"MASTER_PORT=70000 is out of range"}));
+}
+
+// ---- rendezvous failures ----------------------------------------------------------
+
+LaunchEnv env_of(int rank, int world, int port) {
+  LaunchEnv e;
+  e.rank = rank;
+  e.world_size = world;
+  e.master_addr = "127.0.0.1";
+  e.master_port = port;
+  e.use_agent_store = true;  // the test's server plays the launcher
+  return e;
+}
+
+TEST(Rendezvous, WorldSizesThatDisagree) {
+  TCPStoreServer server(0, "127.0.0.1");
+  std::thread first([&] {
+    try {
+      rendezvous(env_of(0, 2, server.port()), 2s);
+    } catch (const DistError&) {
+    }
+  });
+  std::this_thread::sleep_for(100ms);
+  EXPECT_TRUE(test::throws_naming<DistError>([&] { rendezvous(env_of(1, 3, server.port()), 2s); }, {"was started with world size 3 but another rank of this job with 2"}));
+  first.join();
+}
+
+TEST(Rendezvous, RankThatJoinsTwiceAndRanksThatNeverCome) {
+  TCPStoreServer server(0, "127.0.0.1");
+  std::thread first([&] {
+    try {
+      rendezvous(env_of(1, 3, server.port()), 1s);
+    } catch (const DistError&) {
+    }
+  });
+  std::this_thread::sleep_for(100ms);
+  EXPECT_TRUE(test::throws_naming<DistError>([&] { rendezvous(env_of(1, 3, server.port()), 1s); }, {"rank 1 joined twice"}));
+  first.join();
+  TCPStoreServer other(0, "127.0.0.1");
+  EXPECT_TRUE(test::throws_naming<DistError>([&] { rendezvous(env_of(0, 3, other.port()), 500ms); },
+                                             {"rank(s) 1, 2 of 3 had not joined"}));
+}
+
+}  // namespace
+}  // namespace chorus::dist
