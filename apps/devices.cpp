@@ -5,6 +5,12 @@
 
 #include "chorus/core/backend.h"
 #include "chorus/core/device.h"
+#include "chorus/core/error.h"
+#include "chorus/dist/launch_env.h"
+#include "chorus/dist/process_group.h"
+
+#include <optional>
+#include <string>
 #ifdef CHORUS_WITH_CUDA
 #include "chorus/cuda/info.h"
 #endif
@@ -32,17 +38,39 @@ std::string version_text() {
   return s;
 }
 
+// What init_process_group would see, when a launcher started this process.
+void print_launch_env() {
+  std::optional<dist::LaunchEnv> env;
+  try {
+    env = dist::read_launch_env();
+  } catch (const Error& e) {
+    std::printf("distributed: the launcher environment is invalid: %s\n", e.message().c_str());
+    return;
+  }
+  if (!env) {
+    std::printf("distributed: not started by a launcher (chorus launch, torchrun, mpirun, srun)\n");
+    return;
+  }
+  const bool gpu = cuda_device_count() > 0 && dist::nccl_backend_available();
+  std::printf("distributed: launcher %s, rank %d of %d (local rank %d of %d), master %s:%d%s, backend %s%s\n",
+              env->launcher.c_str(), env->rank, env->world_size, env->local_rank, env->local_world_size,
+              env->master_addr.c_str(), env->master_port, env->use_agent_store ? " (the launcher's store)" : "",
+              gpu ? "nccl" : "gloo",
+              gpu ? (" on cuda:" + std::to_string(env->local_rank)).c_str() : "");
+}
+
 int run_devices() {
   std::printf("cpu:0..cpu:%d  %d logical CPU devices (host memory; set CHORUS_CPU_DEVICES to change)\n",
               cpu_device_count() - 1, cpu_device_count());
   int n = cuda_device_count();
   if (n == 0) {
     std::printf("no CUDA GPU%s\n", has_backend(DeviceType::CUDA) ? "" : " (this build has no CUDA support)");
-    return 0;
-  }
+  } else {
 #ifdef CHORUS_WITH_CUDA
-  std::printf("%s", cuda::devices_report().c_str());
+    std::printf("%s", cuda::devices_report().c_str());
 #endif
+  }
+  print_launch_env();
   return 0;
 }
 

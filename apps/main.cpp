@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "bench.h"
+#include "bench_comm.h"
 #include "chorus/core/error.h"
 #include "commands.h"
 #include "launch.h"
@@ -56,6 +57,10 @@ int main(int argc, char** argv) {
 
   CLI::App* devices = app.add_subcommand("devices", "List the devices and how GPUs are linked");
 
+  app::BenchCommConfig cc;
+  CLI::App* bench_comm = app.add_subcommand("bench-comm", "All-reduce bus bandwidth through the process group (run under a launcher)");
+  app::add_bench_comm_options(bench_comm, cc);
+
   app::LaunchConfig lc;
   CLI::App* launch = app.add_subcommand("launch", "Start the processes of a distributed job: chorus launch [options] -- PROGRAM ARGS...");
   app::add_launch_options(launch, lc);
@@ -75,6 +80,7 @@ int main(int argc, char** argv) {
     }
     if (*devices) return app::run_devices();
     if (*launch) return app::run_launch(lc);
+    if (*bench_comm) return app::run_bench_comm(cc);
     if (*bench) return app::run_bench(bc);
     if (*train) {
       auto summary = app::run_train(tc);

@@ -2,7 +2,7 @@
 # On a GPU machine: build (cmake + ninja), run the CUDA tests (and optionally
 # compute-sanitizer), benchmark Chorus against PyTorch in the same run, and
 # print a short table last. Stages: build tests sanitize bench train multi
-# (default: build tests bench); dp runs DataParallel WRN-28-10 fp32 and bf16 at 1 and 2 GPUs. Every command runs under `timeout`, so a hang
+# (default: build tests bench); dist runs the NCCL process group; dp runs DataParallel WRN-28-10 fp32 and bf16 at 1 and 2 GPUs. Every command runs under `timeout`, so a hang
 # shows up as a failed row instead of eating the machine's time. Logs and JSON rows go to $OUT (or ./gpu-out).
 # PyTorch's reference script is read from .bench/torch_baseline.py (a copy of
 # ../shared/bench, carried by the device tool).
@@ -53,6 +53,23 @@ if has dp; then
     timeout 300 $C bench --model wrn-28-10 --strategy dp --devices cuda:0,cuda:1 --device-counts 1,2 --precision $p $cl \
       --batch-size 128 --steps 20 --warmup 5 --json | tee -a "$rows"
   done
+fi
+if has dist; then
+  # The NCCL process group on 2 GPUs: collectives vs hand-computed values, bus
+  # bandwidth beside PyTorch's, a stopped rank, and one job under three launchers.
+  P=29610
+  echo "== nccl collectives"
+  PROBE_BACKEND=nccl PROBE_TIMEOUT_MS=60000 timeout 180 $C launch --nproc-per-node 2 --master-port $P -- ./$BUILD/chorus_dist_probe collectives 2>&1 | tail -4
+  echo "== all-reduce bus bandwidth: chorus, then pytorch"
+  timeout 200 $C launch --nproc-per-node 2 --master-port $((P+1)) -- $C bench-comm --backend nccl --sizes-mb 16,146,512 --json 2>&1 | tee "$OUT/busbw.jsonl"
+  timeout 200 python3 .bench/nccl_busbw.py 2 2>&1 | grep "^{" | tee -a "$OUT/busbw.jsonl"
+  echo "== nccl: rank 1 stops itself (SIGSTOP), timeout 5 s"
+  PROBE_BACKEND=nccl PROBE_TIMEOUT_MS=5000 timeout 120 $C launch --nproc-per-node 2 --master-port $((P+2)) -- ./$BUILD/chorus_dist_probe hang 1 STOP 2>&1 | grep -v "^  |" | tail -5
+  echo "launcher exit ${PIPESTATUS[0]}; processes left: $(pgrep -fc 'chorus_dist_probe hang' || true)"
+  echo "== the same job under chorus launch, mpirun, torchrun"
+  PROBE_BACKEND=nccl timeout 120 $C launch --nproc-per-node 2 --master-port $((P+3)) -- ./$BUILD/chorus_dist_probe sum 2>&1 | sed 's/^/chorus launch: /'
+  PROBE_BACKEND=nccl MASTER_PORT=$((P+4)) timeout 120 mpirun --allow-run-as-root --oversubscribe -np 2 -x PROBE_BACKEND -x MASTER_PORT -x NCCL_NVLS_ENABLE ./$BUILD/chorus_dist_probe sum 2>&1 | sed 's/^/mpirun: /'
+  PROBE_BACKEND=nccl timeout 120 torchrun --no-python --nproc-per-node 2 --master-port $((P+5)) ./$BUILD/chorus_dist_probe sum 2>&1 | grep -v "^W\|^\*" | sed 's/^/torchrun: /'
 fi
 if has multi; then
   n=$(nvidia-smi -L | wc -l)

@@ -37,12 +37,14 @@ void expect(bool ok, const std::string& what) {
 // Element i of rank r's input: distinct per rank and element, exact in bf16.
 double value(int r, int64_t i) { return static_cast<double>((r + 1) * 4 + (i % 7)) - 10.0; }
 
+Device g_device = cpu_device(0);  // cuda:LOCAL_RANK under the nccl backend
+
 Tensor make(const std::vector<double>& v, DType d) {
-  return from_vector(v, {static_cast<int64_t>(v.size())}).to(d);
+  return from_vector(v, {static_cast<int64_t>(v.size())}).to(d).to(g_device);
 }
 
 std::vector<double> read(const Tensor& t) {
-  Tensor f = t.to(kFloat64);
+  Tensor f = t.to(cpu_device(0)).to(kFloat64);
   return f.to_vector<double>();
 }
 
@@ -85,7 +87,7 @@ void collectives(dist::ProcessGroup& pg) {
       }
       // all_gather
       {
-        Tensor out = zeros({n * W}, TensorOptions(d));
+        Tensor out = zeros({n * W}, TensorOptions(d, g_device));
         pg.all_gather(make(mine, d), out)->wait();
         std::vector<double> got = read(out);
         bool ok = true;
@@ -97,7 +99,7 @@ void collectives(dist::ProcessGroup& pg) {
       {
         std::vector<double> big(n * W);
         for (int64_t i = 0; i < n * W; ++i) big[i] = value(R, i);
-        Tensor out = zeros({n}, TensorOptions(d));
+        Tensor out = zeros({n}, TensorOptions(d, g_device));
         pg.reduce_scatter(make(big, d), out)->wait();
         std::vector<double> got = read(out);
         bool ok = true;
@@ -114,7 +116,7 @@ void collectives(dist::ProcessGroup& pg) {
   if (W > 1) {
     std::vector<double> v(17);
     for (int i = 0; i < 17; ++i) v[i] = value(R, i);
-    Tensor out = make(v, kFloat32), in = zeros({17});
+    Tensor out = make(v, kFloat32), in = zeros({17}, TensorOptions(kFloat32, g_device));
     auto s = pg.send(out, (R + 1) % W, 5);
     auto r = pg.recv(in, (R + W - 1) % W, 5);
     s->wait();
@@ -136,15 +138,17 @@ int main(int argc, char** argv) {
   try {
     dist::InitOptions o;
     if (const char* t = std::getenv("PROBE_TIMEOUT_MS")) o.timeout = std::chrono::milliseconds(std::atoi(t));
+    if (const char* b = std::getenv("PROBE_BACKEND")) o.backend = b;  // nccl: CUDA tensors on cuda:LOCAL_RANK
     auto pg = dist::init_process_group(o);
     rank = pg->rank();
+    if (pg->backend() == "nccl") g_device = current_device();
     if (mode == "collectives") {
       collectives(*pg);
       std::printf("rank %d of %d: %s\n", pg->rank(), pg->size(), failures ? "FAILED" : "all collectives ok");
       return failures ? 1 : 0;
     }
     if (mode == "sum") {
-      Tensor t = from_vector(std::vector<float>{1, 2, 3}, {3});
+      Tensor t = from_vector(std::vector<float>{1, 2, 3}, {3}).to(g_device);
       t = t.mul(static_cast<double>(pg->rank() + 1));
       pg->all_reduce(t)->wait();
       auto v = t.to_vector<float>();
@@ -154,13 +158,14 @@ int main(int argc, char** argv) {
     if (mode == "hang") {
       const int victim = std::atoi(argv[2]);
       const int sig = std::string(argv[3]) == "STOP" ? SIGSTOP : SIGKILL;
-      Tensor t = ones({1024});
+      Tensor t = ones({1024}, TensorOptions(kFloat32, g_device));
       for (int step = 0;; ++step) {
         if (step == 3) {
           t0 = std::chrono::steady_clock::now();  // detection time counts from here
           if (pg->rank() == victim) ::kill(::getpid(), sig);
         }
         pg->all_reduce(t)->wait();
+        if (pg->backend() == "nccl") (void)t.sum().item();  // a host wait per step, as a training loop has
       }
     }
     std::fprintf(stderr, "unknown mode %s\n", mode.c_str());

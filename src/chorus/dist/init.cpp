@@ -7,6 +7,7 @@
 
 #include <memory>
 
+#include "chorus/core/device.h"
 #include "chorus/core/error.h"
 #include "chorus/dist/rendezvous.h"
 
@@ -35,6 +36,15 @@ std::string local_address_towards(const std::string& host, int port) {
 }
 
 ProcessGroupPtr init_process_group(const LaunchEnv& env, const InitOptions& options) {
+  if (options.backend == "nccl") {
+    // One GPU per process: LOCAL_RANK's (as torchrun's users set it).
+    const int n = cuda_device_count();
+    CHORUS_CHECK_T(DistError, n > 0, "init_process_group: the nccl backend needs a CUDA GPU and this machine has none");
+    CHORUS_CHECK_T(DistError, env.local_rank < n, "init_process_group: local rank ", env.local_rank, " needs cuda:",
+                   env.local_rank, " but this machine has ", n, " GPU(s): start at most ", n,
+                   " processes per node (--nproc-per-node gpu)");
+    set_device(cuda_device(env.local_rank));
+  }
   Rendezvous rdzv = rendezvous(env, options.timeout);
   ProcessGroupOptions po;
   po.timeout = options.timeout;

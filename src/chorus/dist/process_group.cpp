@@ -29,7 +29,9 @@ void ProcessGroup::check_peer(const char* op, int peer, const char* what) const 
 
 }  // namespace chorus::dist
 
+#include "chorus/core/device.h"
 #include "chorus/dist/gloo_group.h"
+#include "chorus/dist/nccl_group.h"
 
 namespace chorus::dist {
 
@@ -41,7 +43,13 @@ bool gloo_available() {
 #endif
 }
 
-bool nccl_backend_available() { return false; }  // the NCCL process group is not in this build yet
+bool nccl_backend_available() {
+#if defined(CHORUS_WITH_CUDA) && defined(CHORUS_WITH_NCCL)
+  return true;
+#else
+  return false;
+#endif
+}
 
 ProcessGroupPtr make_process_group(const std::string& backend, int rank, int size, StorePtr store,
                                    ProcessGroupOptions options) {
@@ -55,9 +63,15 @@ ProcessGroupPtr make_process_group(const std::string& backend, int rank, int siz
                             "`chorus --version` lists the backends it has");
 #endif
   }
-  if (backend == "nccl")
-    CHORUS_THROW(DistError, "the NCCL process-group backend is not available in this build of Chorus yet; "
-                            "use the gloo backend (CPU tensors)");
+  if (backend == "nccl") {
+#if defined(CHORUS_WITH_CUDA) && defined(CHORUS_WITH_NCCL)
+    CHORUS_CHECK(cuda_device_count() > 0, "the nccl backend needs a CUDA GPU; this machine has none (use gloo)");
+    return make_nccl_group(rank, size, std::move(store), options, current_device().is_cuda() ? current_device().index : 0);
+#else
+    CHORUS_THROW(DistError, "this build of Chorus has no NCCL (build with the CUDA toolkit and NCCL); "
+                            "`chorus --version` lists the backends it has");
+#endif
+  }
   CHORUS_THROW(ValueError, "unknown process-group backend '", backend, "' (expected gloo or nccl)");
 }
 

@@ -1,0 +1,305 @@
+// Note [NCCL process group]: each collective runs on the group's own
+// communication stream. The caller's current stream records an event the
+// communication stream waits for (the collective reads what the caller wrote),
+// and the communication stream records an event the caller's current stream
+// waits for (later work sees the result, and a tensor the caller frees is
+// reused only after the collective): ordered by events on the device, never by
+// a host wait. The communicator is non-blocking (ncclConfig_t.blocking = 0) so
+// that a watchdog thread can abort it (ncclCommAbort) when an operation has
+// not finished within the timeout (Note [Collective timeouts]); the next call,
+// or Work::wait(), then throws the DistError naming the ranks that did not
+// arrive.
+#include "chorus/dist/nccl_group.h"
+
+#if defined(CHORUS_WITH_CUDA) && defined(CHORUS_WITH_NCCL)
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "chorus/core/error.h"
+#include "chorus/cuda/context.h"
+#include "chorus/cuda/nccl_check.h"
+#include "chorus/dist/roll_call.h"
+
+namespace chorus::dist {
+
+namespace {
+
+ncclDataType_t nccl_dtype(DType d) {
+  switch (d) {
+    case kFloat32: return ncclFloat32;
+    case kBFloat16: return ncclBfloat16;
+    case kFloat64: return ncclFloat64;
+    case kInt64: return ncclInt64;
+    default: CHORUS_THROW(ValueError, "nccl: no NCCL type for ", dtype_name(d));
+  }
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return ncclSum;
+    case ReduceOp::Avg: return ncclAvg;
+    case ReduceOp::Max: return ncclMax;
+    case ReduceOp::Min: return ncclMin;
+  }
+  return ncclSum;
+}
+
+class NcclGroup;
+
+class NcclWork final : public Work {
+ public:
+  NcclWork(NcclGroup* g, const char* op, uint64_t seq, cudaEvent_t done, std::vector<Tensor> keep)
+      : g_(g), op_(op), seq_(seq), done_(done), keep_(std::move(keep)),
+        started_(std::chrono::steady_clock::now()) {}
+  ~NcclWork() override {
+    if (done_) (void)cudaEventDestroy(done_);
+  }
+  bool is_completed() override;
+  void wait() override;
+  bool finished() { return cudaEventQuery(done_) == cudaSuccess; }
+  NcclGroup* g_;
+  const char* op_;
+  uint64_t seq_;
+  cudaEvent_t done_;
+  std::vector<Tensor> keep_;  // alive until the collective has run
+  std::chrono::steady_clock::time_point started_;
+};
+
+class NcclGroup final : public ProcessGroup {
+ public:
+  NcclGroup(int rank, int size, StorePtr store, ProcessGroupOptions options, int device)
+      : ProcessGroup(rank, size, std::move(store), options), device_(device) {
+    cuda::CudaDeviceGuard guard(device_);
+    ncclUniqueId id;
+    const std::string key = "nccl/" + options_.name + "/uid";
+    if (rank_ == 0) {
+      CHORUS_NCCL_CHECK(ncclGetUniqueId(&id));
+      store_->set(key, Bytes(reinterpret_cast<uint8_t*>(&id), reinterpret_cast<uint8_t*>(&id) + sizeof(id)));
+    } else {
+      Bytes b = store_->get(key);
+      CHORUS_CHECK_T(DistError, b.size() == sizeof(id), "nccl: bad unique id in the store");
+      std::memcpy(&id, b.data(), sizeof(id));
+    }
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclResult_t r = ncclCommInitRankConfig(&comm_, size_, id, rank_, &config);
+    if (r != ncclSuccess && r != ncclInProgress)
+      cuda::throw_nccl_error(r, "ncclCommInitRankConfig", nullptr, "rank " + std::to_string(rank_), __FILE__, __LINE__);
+    wait_ready("ncclCommInitRankConfig", options_.timeout);
+    CHORUS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    watchdog_ = std::thread([this] { watch(); });
+  }
+
+  ~NcclGroup() override {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (watchdog_.joinable()) watchdog_.join();
+    if (comm_) {
+      if (broken_) (void)ncclCommAbort(comm_);
+      else {
+        (void)ncclCommFinalize(comm_);
+        (void)ncclCommDestroy(comm_);
+      }
+    }
+  }
+
+  std::string backend() const override { return "nccl"; }
+
+  WorkPtr all_reduce(const Tensor& t, ReduceOp op) override {
+    check_cuda("all_reduce", t);
+    return issue("all_reduce", {t}, [&](cudaStream_t s) {
+      return ncclAllReduce(t.raw_data(), t.raw_data(), t.numel(), nccl_dtype(t.dtype()), nccl_op(op), comm_, s);
+    });
+  }
+  WorkPtr broadcast(const Tensor& t, int root) override {
+    check_cuda("broadcast", t);
+    CHORUS_CHECK(root >= 0 && root < size_, "broadcast: root ", root, " is not a rank of this group");
+    return issue("broadcast", {t}, [&](cudaStream_t s) {
+      return ncclBroadcast(t.raw_data(), t.raw_data(), t.numel(), nccl_dtype(t.dtype()), root, comm_, s);
+    });
+  }
+  WorkPtr all_gather(const Tensor& in, const Tensor& out) override {
+    check_cuda("all_gather", in);
+    check_cuda("all_gather", out);
+    CHORUS_CHECK(out.dtype() == in.dtype() && out.numel() == in.numel() * size_, "all_gather: out must hold ", size_,
+                 " x ", in.numel(), " elements, got ", out.describe());
+    return issue("all_gather", {in, out}, [&](cudaStream_t s) {
+      return ncclAllGather(in.raw_data(), out.raw_data(), in.numel(), nccl_dtype(in.dtype()), comm_, s);
+    });
+  }
+  WorkPtr reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op) override {
+    check_cuda("reduce_scatter", in);
+    check_cuda("reduce_scatter", out);
+    CHORUS_CHECK(out.dtype() == in.dtype() && in.numel() == out.numel() * size_, "reduce_scatter: in must hold ",
+                 size_, " x out.numel() elements");
+    return issue("reduce_scatter", {in, out}, [&](cudaStream_t s) {
+      return ncclReduceScatter(in.raw_data(), out.raw_data(), out.numel(), nccl_dtype(in.dtype()), nccl_op(op), comm_,
+                               s);
+    });
+  }
+  WorkPtr barrier() override {
+    if (!barrier_buf_.defined()) barrier_buf_ = chorus::detail::empty_tensor({1}, kFloat32, Device(DeviceType::CUDA, device_));
+    Tensor b = barrier_buf_;
+    WorkPtr w = issue("barrier", {b}, [&](cudaStream_t s) {
+      return ncclAllReduce(b.raw_data(), b.raw_data(), 1, ncclFloat32, ncclSum, comm_, s);
+    });
+    // A barrier is a host-side promise: wait for the device here.
+    cuda::CudaDeviceGuard guard(device_);
+    while (!static_cast<NcclWork*>(w.get())->finished()) {
+      check_broken();
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    return w;
+  }
+  WorkPtr send(const Tensor& t, int dst, int) override {
+    check_cuda("send", t);
+    check_peer("send", dst, "destination");
+    return issue("send", {t}, [&](cudaStream_t s) {
+      return ncclSend(t.raw_data(), t.numel(), nccl_dtype(t.dtype()), dst, comm_, s);
+    });
+  }
+  WorkPtr recv(const Tensor& t, int src, int) override {
+    check_cuda("recv", t);
+    check_peer("recv", src, "source");
+    return issue("recv", {t}, [&](cudaStream_t s) {
+      return ncclRecv(t.raw_data(), t.numel(), nccl_dtype(t.dtype()), src, comm_, s);
+    });
+  }
+
+  void check_broken() {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (broken_) std::rethrow_exception(broken_);
+  }
+
+ private:
+  void check_cuda(const char* op, const Tensor& t) const {
+    check_tensor(op, t);
+    CHORUS_CHECK(t.device().is_cuda() && t.device().index == device_, op, ": this NCCL group runs on cuda:", device_,
+                 ", got ", t.describe());
+  }
+
+  // Polls a non-blocking communicator until its last call has completed.
+  void wait_ready(const char* what, std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      ncclResult_t st = ncclSuccess;
+      CHORUS_NCCL_CHECK(ncclCommGetAsyncError(comm_, &st));
+      if (st == ncclSuccess) return;
+      if (st != ncclInProgress) cuda::throw_nccl_error(st, what, comm_, "", __FILE__, __LINE__);
+      if (std::chrono::steady_clock::now() > deadline) {
+        (void)ncclCommAbort(comm_);
+        comm_ = nullptr;
+        std::vector<int> missing = roll_call(*store_, options_.name + "/init", rank_, size_, 0, options_.timeout);
+        throw_collective_failure("nccl", what, 0, rank_, missing, "the communicator did not come up", options_.timeout,
+                                 store_);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+
+  template <typename Launch>
+  WorkPtr issue(const char* op, std::vector<Tensor> keep, Launch&& launch) {
+    check_broken();
+    cuda::CudaDeviceGuard guard(device_);
+    cudaStream_t cur = cuda::current_stream(device_);
+    cudaEvent_t ready = nullptr, done = nullptr;
+    CHORUS_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    CHORUS_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    CHORUS_CUDA_CHECK(cudaEventRecord(ready, cur));
+    CHORUS_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready, 0));
+    (void)cudaEventDestroy(ready);  // the wait has captured it
+    ncclResult_t r = launch(stream_);
+    if (r == ncclInProgress) {
+      wait_ready(op, options_.timeout);
+      r = ncclSuccess;
+    }
+    if (r != ncclSuccess) {
+      (void)cudaEventDestroy(done);
+      cuda::throw_nccl_error(r, op, comm_, "", __FILE__, __LINE__);
+    }
+    CHORUS_CUDA_CHECK(cudaEventRecord(done, stream_));
+    CHORUS_CUDA_CHECK(cudaStreamWaitEvent(cur, done, 0));
+    auto w = std::make_shared<NcclWork>(this, op, ++seq_, done, std::move(keep));
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      pending_.push_back(w);
+    }
+    cv_.notify_one();
+    return w;
+  }
+
+  // The watchdog: retires finished operations; aborts the communicator when
+  // the oldest has run past the timeout.
+  void watch() {
+    std::unique_lock<std::mutex> lk(mu_);
+    for (;;) {
+      cv_.wait_for(lk, std::chrono::milliseconds(100), [&] { return stop_ || !pending_.empty(); });
+      if (stop_) return;
+      while (!pending_.empty() && pending_.front()->finished()) pending_.pop_front();
+      if (pending_.empty() || broken_) continue;
+      std::shared_ptr<NcclWork> oldest = pending_.front();
+      ncclResult_t async = ncclSuccess;
+      (void)ncclCommGetAsyncError(comm_, &async);
+      const bool late = std::chrono::steady_clock::now() - oldest->started_ > options_.timeout;
+      if (!late && (async == ncclSuccess || async == ncclInProgress)) continue;
+      lk.unlock();
+      (void)ncclCommAbort(comm_);  // the kernels exit; the stream moves on
+      std::vector<int> missing = roll_call(*store_, options_.name, rank_, size_, oldest->seq_, options_.timeout);
+      std::exception_ptr err;
+      try {
+        throw_collective_failure("nccl", oldest->op_, oldest->seq_, rank_, missing,
+                                 late ? "not finished within the timeout; the communicator was aborted"
+                                      : std::string("NCCL reported: ") + ncclGetErrorString(async),
+                                 options_.timeout, store_);
+      } catch (...) {
+        err = std::current_exception();
+      }
+      lk.lock();
+      broken_ = err;
+      comm_ = nullptr;
+      pending_.clear();
+    }
+  }
+
+  int device_;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;  // leaked with the process: tensors may name it
+  Tensor barrier_buf_;
+  uint64_t seq_ = 0;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<NcclWork>> pending_;
+  std::exception_ptr broken_;
+  bool stop_ = false;
+  std::thread watchdog_;
+  friend class NcclWork;
+};
+
+bool NcclWork::is_completed() { return finished(); }
+
+void NcclWork::wait() {
+  // Ordered already: the caller's stream waits for `done` (issue()). Here only
+  // the failure, if the watchdog found one.
+  g_->check_broken();
+}
+
+}  // namespace
+
+ProcessGroupPtr make_nccl_group(int rank, int size, StorePtr store, ProcessGroupOptions options, int device) {
+  return std::make_shared<NcclGroup>(rank, size, std::move(store), options, device);
+}
+
+}  // namespace chorus::dist
+
+#endif
