@@ -51,6 +51,7 @@ std::vector<double> read(const Tensor& t) {
 void collectives(dist::ProcessGroup& pg) {
   const int R = pg.rank(), W = pg.size();
   for (DType d : {kFloat32, kBFloat16, kFloat64, kInt64}) {
+    if (d == kFloat64 && g_device.is_cuda()) continue;  // Chorus keeps float64 on the CPU
     for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{W + 2}, int64_t{1000003}}) {
       const std::string tag = std::string(dtype_name(d)) + " n=" + std::to_string(n);
       std::vector<double> mine(n);

@@ -35,6 +35,16 @@ CHORUS_DECLARE_ERROR(DistError)
 CHORUS_DECLARE_ERROR(IOError)
 #undef CHORUS_DECLARE_ERROR
 
+// Note [Distributed failure first]: when a process group has aborted its
+// communicator (a rank died or stopped; Note [Collective timeouts]), device
+// work that was waiting on the collective can then fail with a CUDA error of
+// its own (an aborted NCCL kernel leaves the context unusable). The root cause
+// is the distributed failure, so the group records it here and the CUDA error
+// checks throw it, as DistError, instead of the secondary CUDA message.
+void set_distributed_failure(const std::string& message);
+// The recorded failure's message; empty when there is none.
+std::string distributed_failure();
+
 namespace detail {
 template <typename... Args>
 std::string str_cat(const Args&... args) {

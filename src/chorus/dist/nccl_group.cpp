@@ -106,10 +106,20 @@ class NcclGroup final : public ProcessGroup {
     cv_.notify_all();
     if (watchdog_.joinable()) watchdog_.join();
     if (comm_) {
-      if (broken_) (void)ncclCommAbort(comm_);
-      else {
-        (void)ncclCommFinalize(comm_);
-        (void)ncclCommDestroy(comm_);
+      if (broken_) {
+        (void)ncclCommAbort(comm_);
+      } else {
+        // Non-blocking: finalize completes asynchronously; destroying before
+        // it has crashed the process at exit.
+        cuda::CudaDeviceGuard guard(device_);
+        ncclResult_t st = ncclCommFinalize(comm_);
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+        while (st == ncclInProgress && std::chrono::steady_clock::now() < deadline) {
+          std::this_thread::sleep_for(std::chrono::microseconds(200));
+          if (ncclCommGetAsyncError(comm_, &st) != ncclSuccess) break;
+        }
+        if (st == ncclSuccess) (void)ncclCommDestroy(comm_);
+        else (void)ncclCommAbort(comm_);
       }
     }
   }
@@ -189,8 +199,10 @@ class NcclGroup final : public ProcessGroup {
                  ", got ", t.describe());
   }
 
-  // Polls a non-blocking communicator until its last call has completed.
+  // Polls a non-blocking communicator until its last call has completed
+  // (enqueueing a collective takes microseconds: spin, then back off).
   void wait_ready(const char* what, std::chrono::milliseconds timeout) {
+    int spins = 0;
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     for (;;) {
       ncclResult_t st = ncclSuccess;
@@ -204,7 +216,8 @@ class NcclGroup final : public ProcessGroup {
         throw_collective_failure("nccl", what, 0, rank_, missing, "the communicator did not come up", options_.timeout,
                                  store_);
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (++spins < 100000) std::this_thread::yield();
+      else std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
   }
 
@@ -262,8 +275,9 @@ class NcclGroup final : public ProcessGroup {
                                  late ? "not finished within the timeout; the communicator was aborted"
                                       : std::string("NCCL reported: ") + ncclGetErrorString(async),
                                  options_.timeout, store_);
-      } catch (...) {
+      } catch (const Error& e) {
         err = std::current_exception();
+        set_distributed_failure(e.message());  // Note [Distributed failure first]
       }
       lk.lock();
       broken_ = err;
