@@ -118,8 +118,16 @@ void collectives(dist::ProcessGroup& pg) {
     std::vector<double> v(17);
     for (int i = 0; i < 17; ++i) v[i] = value(R, i);
     Tensor out = make(v, kFloat32), in = zeros({17}, TensorOptions(kFloat32, g_device));
-    auto s = pg.send(out, (R + 1) % W, 5);
-    auto r = pg.recv(in, (R + W - 1) % W, 5);
+    // Even ranks send first, odd ranks receive first: NCCL runs a send only
+    // when its receive is posted, in order on one stream.
+    dist::WorkPtr s, r;
+    if (R % 2 == 0) {
+      s = pg.send(out, (R + 1) % W, 5);
+      r = pg.recv(in, (R + W - 1) % W, 5);
+    } else {
+      r = pg.recv(in, (R + W - 1) % W, 5);
+      s = pg.send(out, (R + 1) % W, 5);
+    }
     s->wait();
     r->wait();
     std::vector<double> got = read(in);

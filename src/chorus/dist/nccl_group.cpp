@@ -56,12 +56,9 @@ class NcclGroup;
 
 class NcclWork final : public Work {
  public:
-  NcclWork(NcclGroup* g, const char* op, uint64_t seq, cudaEvent_t done, std::vector<Tensor> keep)
-      : g_(g), op_(op), seq_(seq), done_(done), keep_(std::move(keep)),
-        started_(std::chrono::steady_clock::now()) {}
-  ~NcclWork() override {
-    if (done_) (void)cudaEventDestroy(done_);
-  }
+  NcclWork(NcclGroup* g, const char* op, uint64_t seq, cudaEvent_t done)
+      : g_(g), op_(op), seq_(seq), done_(done), started_(std::chrono::steady_clock::now()) {}
+  ~NcclWork() override;
   bool is_completed() override;
   void wait() override;
   bool finished() { return cudaEventQuery(done_) == cudaSuccess; }
@@ -69,7 +66,6 @@ class NcclWork final : public Work {
   const char* op_;
   uint64_t seq_;
   cudaEvent_t done_;
-  std::vector<Tensor> keep_;  // alive until the collective has run
   std::chrono::steady_clock::time_point started_;
 };
 
@@ -95,6 +91,7 @@ class NcclGroup final : public ProcessGroup {
       cuda::throw_nccl_error(r, "ncclCommInitRankConfig", nullptr, "rank " + std::to_string(rank_), __FILE__, __LINE__);
     wait_ready("ncclCommInitRankConfig", options_.timeout);
     CHORUS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    CHORUS_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     watchdog_ = std::thread([this] { watch(); });
   }
 
@@ -187,6 +184,26 @@ class NcclGroup final : public ProcessGroup {
     });
   }
 
+  // Completion events, reused (creating two per collective cost more than a
+  // small all-reduce).
+  cudaEvent_t acquire_event() {
+    {
+      std::lock_guard<std::mutex> lk(events_mu_);
+      if (!events_.empty()) {
+        cudaEvent_t e = events_.back();
+        events_.pop_back();
+        return e;
+      }
+    }
+    cudaEvent_t e = nullptr;
+    CHORUS_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+  }
+  void release_event(cudaEvent_t e) {
+    std::lock_guard<std::mutex> lk(events_mu_);
+    events_.push_back(e);
+  }
+
   void check_broken() {
     std::lock_guard<std::mutex> lk(mu_);
     if (broken_) std::rethrow_exception(broken_);
@@ -226,24 +243,28 @@ class NcclGroup final : public ProcessGroup {
     check_broken();
     cuda::CudaDeviceGuard guard(device_);
     cudaStream_t cur = cuda::current_stream(device_);
-    cudaEvent_t ready = nullptr, done = nullptr;
-    CHORUS_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
-    CHORUS_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-    CHORUS_CUDA_CHECK(cudaEventRecord(ready, cur));
-    CHORUS_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready, 0));
-    (void)cudaEventDestroy(ready);  // the wait has captured it
-    ncclResult_t r = launch(stream_);
-    if (r == ncclInProgress) {
-      wait_ready(op, options_.timeout);
-      r = ncclSuccess;
+    // `ready_` is reused: a wait captures the event's state when enqueued.
+    CHORUS_CUDA_CHECK(cudaEventRecord(ready_, cur));
+    CHORUS_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+    cudaEvent_t done = acquire_event();
+    ncclResult_t r;
+    {
+      // One thread at a time on the communicator: the watchdog polls it too.
+      std::lock_guard<std::mutex> comm_lock(comm_mu_);
+      r = launch(stream_);
+      if (r == ncclInProgress) {
+        wait_ready(op, options_.timeout);
+        r = ncclSuccess;
+      }
     }
     if (r != ncclSuccess) {
-      (void)cudaEventDestroy(done);
+      release_event(done);
       cuda::throw_nccl_error(r, op, comm_, "", __FILE__, __LINE__);
     }
     CHORUS_CUDA_CHECK(cudaEventRecord(done, stream_));
     CHORUS_CUDA_CHECK(cudaStreamWaitEvent(cur, done, 0));
-    auto w = std::make_shared<NcclWork>(this, op, ++seq_, done, std::move(keep));
+    (void)keep;
+    auto w = std::make_shared<NcclWork>(this, op, ++seq_, done);
     {
       std::lock_guard<std::mutex> lk(mu_);
       pending_.push_back(w);
@@ -255,6 +276,7 @@ class NcclGroup final : public ProcessGroup {
   // The watchdog: retires finished operations; aborts the communicator when
   // the oldest has run past the timeout.
   void watch() {
+    cuda::CudaDeviceGuard guard(device_);
     std::unique_lock<std::mutex> lk(mu_);
     for (;;) {
       cv_.wait_for(lk, std::chrono::milliseconds(100), [&] { return stop_ || !pending_.empty(); });
@@ -263,11 +285,15 @@ class NcclGroup final : public ProcessGroup {
       if (pending_.empty() || broken_) continue;
       std::shared_ptr<NcclWork> oldest = pending_.front();
       ncclResult_t async = ncclSuccess;
-      (void)ncclCommGetAsyncError(comm_, &async);
+      if (std::unique_lock<std::mutex> comm_lock(comm_mu_, std::try_to_lock); comm_lock.owns_lock())
+        (void)ncclCommGetAsyncError(comm_, &async);
       const bool late = std::chrono::steady_clock::now() - oldest->started_ > options_.timeout;
       if (!late && (async == ncclSuccess || async == ncclInProgress)) continue;
       lk.unlock();
-      (void)ncclCommAbort(comm_);  // the kernels exit; the stream moves on
+      // Roll call first, while the kernels still wait (the other survivors'
+      // watchdogs time out at the same moment), and record the failure before
+      // the abort: work that then fails on this device reports it (Note
+      // [Distributed failure first]).
       std::vector<int> missing = roll_call(*store_, options_.name, rank_, size_, oldest->seq_, options_.timeout);
       std::exception_ptr err;
       try {
@@ -279,6 +305,7 @@ class NcclGroup final : public ProcessGroup {
         err = std::current_exception();
         set_distributed_failure(e.message());  // Note [Distributed failure first]
       }
+      (void)ncclCommAbort(comm_);  // the kernels exit; the stream moves on
       lk.lock();
       broken_ = err;
       comm_ = nullptr;
@@ -287,6 +314,10 @@ class NcclGroup final : public ProcessGroup {
   }
 
   int device_;
+  std::mutex comm_mu_;  // NCCL calls on comm_ (issue, watchdog polls); not held while aborting
+  cudaEvent_t ready_ = nullptr;
+  std::mutex events_mu_;
+  std::vector<cudaEvent_t> events_;  // leaked with the group: Works may outlive it briefly
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;  // leaked with the process: tensors may name it
   Tensor barrier_buf_;
@@ -299,6 +330,12 @@ class NcclGroup final : public ProcessGroup {
   std::thread watchdog_;
   friend class NcclWork;
 };
+
+// No tensor is kept alive here: the caller's stream waits for `done` before
+// any later work, so memory the caller frees is reused only after the
+// collective (stream-ordered allocation), and no tensor is ever freed on the
+// watchdog's thread.
+NcclWork::~NcclWork() { g_->release_event(done_); }
 
 bool NcclWork::is_completed() { return finished(); }
 
