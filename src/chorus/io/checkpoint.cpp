@@ -4,10 +4,10 @@
 #include <cctype>
 #include <charconv>
 #include <filesystem>
-#include <iostream>
 #include <vector>
 
 #include "chorus/core/error.h"
+#include "chorus/core/warn.h"
 #include "chorus/io/file_util.h"
 #include "chorus/io/safetensors.h"
 
@@ -54,8 +54,6 @@ std::vector<Found> list_checkpoints(const fs::path& dir) {
   std::sort(out.begin(), out.end(), [](const Found& a, const Found& b) { return a.step > b.step; });
   return out;
 }
-
-void warn(const std::string& what) { std::cerr << "chorus: warning: " << what << "\n"; }
 
 // Deletes older checkpoints and crash debris. The new checkpoint is already
 // in place, so a failure here is reported and never loses it.
