@@ -235,7 +235,7 @@ struct Choice {
   size_t workspace;
 };
 
-using AlgoCache = LockedCache<ConvKey, Choice, ConvKeyHash>;
+using AlgoCache = LockedCache<ConvKey, Choice>;
 AlgoCache& algo_cache() {
   static auto* cache = new AlgoCache;  // leaked: used from threads that may outlive statics
   return *cache;
@@ -293,13 +293,7 @@ Choice search(ConvCall& c, const Conv2dGeometry& g) {
 // Chooses (searching once per key) and runs the algorithm for `c`.
 void execute(ConvCall& c, const Conv2dGeometry& g, Layout layout) {
   const ConvKey key = make_key(c, g, layout);
-  Choice choice;
-  if (auto cached = algo_cache().find(key)) {
-    choice = *cached;
-  } else {
-    choice = search(c, g);
-    algo_cache().insert(key, choice);
-  }
+  const Choice choice = algo_cache().get_or_search(key, [&] { return search(c, g); });
   CHORUS_CUDNN_CHECK(cudnnSetConvolutionMathType(c.conv.get(), choice.math));
   Tensor ws = workspace_tensor(choice.workspace, c.device);
   run(c, choice.algo, ws.defined() ? ws.raw_data() : nullptr, choice.workspace);
