@@ -49,20 +49,10 @@ namespace {
 // tried.
 constexpr size_t kMaxFindWorkspaceBytes = size_t{1} << 30;
 
-// A cuDNN descriptor, created at construction (Owned: cuda/caches.h).
-template <typename T, cudnnStatus_t (*Create)(T*), cudnnStatus_t (*Destroy)(T)>
-class Descriptor {
- public:
-  Descriptor() { CHORUS_CUDNN_CHECK(Create(d_.out())); }
-  T get() const { return d_.get(); }
-
- private:
-  Owned<T, Destroy> d_;
-};
 using FilterDesc =
-    Descriptor<cudnnFilterDescriptor_t, cudnnCreateFilterDescriptor, cudnnDestroyFilterDescriptor>;
-using ConvDesc = Descriptor<cudnnConvolutionDescriptor_t, cudnnCreateConvolutionDescriptor,
-                            cudnnDestroyConvolutionDescriptor>;
+    CudnnDescriptor<cudnnFilterDescriptor_t, cudnnCreateFilterDescriptor, cudnnDestroyFilterDescriptor>;
+using ConvDesc = CudnnDescriptor<cudnnConvolutionDescriptor_t, cudnnCreateConvolutionDescriptor,
+                                 cudnnDestroyConvolutionDescriptor>;
 
 using Direction = ConvDirection;
 

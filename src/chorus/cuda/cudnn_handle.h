@@ -1,6 +1,6 @@
 // cuDNN for the CUDA kernel set: one handle per (thread, device) bound to the
-// current stream, the CHORUS_CUDNN_CHECK macro, and RAII descriptors for the
-// 4-d tensors that conv.cpp and batch_norm.cpp hand to cuDNN.
+// current stream, the CHORUS_CUDNN_CHECK macro, and the RAII legacy-API
+// descriptors (tensors, filters, convolutions) of conv.cpp and batch_norm.cpp.
 // Include only from src/chorus/cuda, in builds with CHORUS_WITH_CUDNN.
 //
 // Chorus uses cuDNN 9's legacy (descriptor) API, deprecated but complete: it
@@ -55,16 +55,25 @@ Layout layout_of(const Tensor& t, Layout fallback, const char* op, const char* a
 // An uninitialised 4-d tensor with [N,C,H,W] `sizes` stored in `layout`.
 Tensor empty_in(Layout layout, const Shape& sizes, DType dtype, Device device);
 
-// A cudnnTensorDescriptor_t for a packed 4-d tensor (Owned: cuda/caches.h).
-class TensorDesc {
+// A cuDNN (legacy API) descriptor, created at construction and destroyed with
+// its owner (Owned: cuda/caches.h).
+template <typename T, cudnnStatus_t (*Create)(T*), auto Destroy>
+class CudnnDescriptor {
  public:
-  TensorDesc();
-  // sizes are [N,C,H,W] whatever the layout.
-  TensorDesc(cudnnDataType_t dtype, Layout layout, int64_t n, int64_t c, int64_t h, int64_t w);
-  cudnnTensorDescriptor_t get() const { return d_.get(); }
+  CudnnDescriptor() { CHORUS_CUDNN_CHECK(Create(d_.out())); }
+  T get() const { return d_.get(); }
 
  private:
-  Owned<cudnnTensorDescriptor_t, cudnnDestroyTensorDescriptor> d_;
+  Owned<T, Destroy> d_;
+};
+
+// A cudnnTensorDescriptor_t, unset or for a packed 4-d tensor.
+class TensorDesc
+    : public CudnnDescriptor<cudnnTensorDescriptor_t, cudnnCreateTensorDescriptor, cudnnDestroyTensorDescriptor> {
+ public:
+  TensorDesc() = default;
+  // sizes are [N,C,H,W] whatever the layout.
+  TensorDesc(cudnnDataType_t dtype, Layout layout, int64_t n, int64_t c, int64_t h, int64_t w);
 };
 
 }  // namespace chorus::cuda
