@@ -69,6 +69,17 @@ std::string str_cat(const Args&... args) {
     if (!(cond)) CHORUS_THROW(Kind, __VA_ARGS__);  \
   } while (0)
 
+// The one shape of the foreign libraries' check macros (CHORUS_CUDA_CHECK and
+// the others; cuda/context.h says where each lives): a `Status` other than
+// `ok` from `call` goes to thrower(status, text, __FILE__, __LINE__), which
+// throws. `text` is #call, spelled by the library's macro so that it is the
+// call as written.
+#define CHORUS_STATUS_CHECK(Status, ok, thrower, call, text)                      \
+  do {                                                                            \
+    Status chorus_status_ = (call);                                               \
+    if (chorus_status_ != (ok)) thrower(chorus_status_, text, __FILE__, __LINE__); \
+  } while (0)
+
 #define CHORUS_ASSERT(cond)                                                          \
   do {                                                                               \
     if (!(cond)) CHORUS_THROW(Error, "internal error: assertion failed: " #cond);    \

@@ -14,6 +14,7 @@
 #include <cudnn.h>
 
 #include "chorus/core/dtype.h"
+#include "chorus/core/error.h"
 #include "chorus/core/tensor.h"
 
 #define CHORUS_CUDNN_LEGACY_BEGIN \
@@ -25,12 +26,8 @@ namespace chorus::cuda {
 // Throws DeviceError with cudnnGetErrorString's message, the call and file:line.
 void throw_cudnn_error(cudnnStatus_t status, const char* call, const char* file, int line);
 
-#define CHORUS_CUDNN_CHECK(call)                                                    \
-  do {                                                                              \
-    cudnnStatus_t chorus_status_ = (call);                                          \
-    if (chorus_status_ != CUDNN_STATUS_SUCCESS)                                     \
-      ::chorus::cuda::throw_cudnn_error(chorus_status_, #call, __FILE__, __LINE__); \
-  } while (0)
+#define CHORUS_CUDNN_CHECK(call) \
+  CHORUS_STATUS_CHECK(cudnnStatus_t, CUDNN_STATUS_SUCCESS, ::chorus::cuda::throw_cudnn_error, call, #call)
 
 // This thread's cuDNN handle for `device`, set to current_stream(device). cuDNN
 // runs on the runtime's current device, so the caller holds a CudaDeviceGuard

@@ -24,16 +24,15 @@ template <typename Kind = DeviceError>
                                    const char* file, int line) {
   throw Kind(nccl_error_message(r, call, comm, where), file, line);
 }
+// CHORUS_NCCL_CHECK's thrower (no communicator, no place).
+template <typename Kind>
+[[noreturn]] void throw_nccl_status(ncclResult_t r, const char* call, const char* file, int line) {
+  throw_nccl_error<Kind>(r, call, nullptr, "", file, line);
+}
 
 }  // namespace chorus::cuda
 
-#define CHORUS_NCCL_CHECK_AS_(Kind, call, text)                                                            \
-  do {                                                                                                    \
-    ncclResult_t chorus_nccl_status_ = (call);                                                            \
-    if (chorus_nccl_status_ != ncclSuccess)                                                               \
-      ::chorus::cuda::throw_nccl_error<::chorus::Kind>(chorus_nccl_status_, text, nullptr, "", __FILE__, \
-                                                       __LINE__);                                         \
-  } while (0)
-
-#define CHORUS_NCCL_CHECK(call) CHORUS_NCCL_CHECK_AS_(DeviceError, call, #call)
-#define CHORUS_NCCL_CHECK_T(Kind, call) CHORUS_NCCL_CHECK_AS_(Kind, call, #call)
+#define CHORUS_NCCL_CHECK(call) \
+  CHORUS_STATUS_CHECK(ncclResult_t, ncclSuccess, ::chorus::cuda::throw_nccl_status<::chorus::DeviceError>, call, #call)
+#define CHORUS_NCCL_CHECK_T(Kind, call) \
+  CHORUS_STATUS_CHECK(ncclResult_t, ncclSuccess, ::chorus::cuda::throw_nccl_status<::chorus::Kind>, call, #call)
