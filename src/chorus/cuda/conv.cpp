@@ -27,8 +27,6 @@
 #include <array>
 #include <climits>
 #include <cstdint>
-#include <mutex>
-#include <unordered_map>
 #include <vector>
 
 #include "chorus/core/error.h"

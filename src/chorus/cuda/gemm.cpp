@@ -11,9 +11,6 @@
 // cublasLtMatmulAlgoGetHeuristic costs tens of microseconds, as much as a small
 // GEMM, so its answer is cached per problem (shape, strides, dtype, alignment).
 #include <cstdint>
-#include <mutex>
-#include <unordered_map>
-#include <vector>
 
 #include "chorus/core/error.h"
 #include "chorus/cuda/blas.h"
