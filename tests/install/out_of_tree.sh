@@ -67,6 +67,7 @@ cmake --build "$tmp/oot"
 CHORUS_CPU_DEVICES=2 "$tmp/oot/train_dp"
 
 echo "== the same program through pkg-config"
+command -v pkg-config >/dev/null || { echo "pkg-config is not installed (apt-get install pkg-config)"; exit 1; }
 pc=(env PKG_CONFIG_PATH="$pcdir")
 echo "pkg-config --modversion chorus: $("${pc[@]}" pkg-config --modversion chorus)"
 # shellcheck disable=SC2046
