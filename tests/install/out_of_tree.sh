@@ -76,29 +76,34 @@ echo "pkg-config --modversion chorus: $("${pc[@]}" pkg-config --modversion choru
 CHORUS_CPU_DEVICES=2 "$tmp/train_dp_pc" | tail -1
 
 echo "== bad input"
-expect_configure_error() {  # NAME FIND_PACKAGE_ARGS PATTERN
+expect_configure_error() {  # NAME PREFIX FIND_PACKAGE_ARGS PATTERN
   local d=$tmp/bad_$1
   mkdir -p "$d"
-  printf 'cmake_minimum_required(VERSION 3.25)\nproject(bad LANGUAGES CXX)\nfind_package(%s)\n' "$2" >"$d/CMakeLists.txt"
-  if cmake -S "$d" -B "$d/b" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_CXX_COMPILER="$cxx" >"$d/log" 2>&1; then
-    echo "find_package($2) configured; it should have failed"; exit 1
+  printf 'cmake_minimum_required(VERSION 3.25)\nproject(bad LANGUAGES CXX)\nfind_package(%s)\n' "$3" >"$d/CMakeLists.txt"
+  if cmake -S "$d" -B "$d/b" -DCMAKE_PREFIX_PATH="$2" -DCMAKE_CXX_COMPILER="$cxx" >"$d/log" 2>&1; then
+    echo "find_package($3) configured; it should have failed"; exit 1
   fi
-  if ! grep -q -- "$3" "$d/log"; then
-    echo "find_package($2) failed without saying \"$3\":"; cat "$d/log"; exit 1
+  if ! tr -s ' \n' '  ' <"$d/log" | grep -q -- "$4"; then  # CMake wraps its messages
+    echo "find_package($3) failed without saying \"$4\":"; cat "$d/log"; exit 1
   fi
-  echo "find_package($2) fails at configure time:"
-  sed -n '/CMake Error/,/Configuring incomplete/p' "$d/log" | grep -v -e '^ *$' -e 'Configuring incomplete' | sed 's/^/    /
+  echo "find_package($3) fails at configure time:"
+  sed -n '/CMake Error/,/Configuring incomplete/p' "$d/log" | grep -v -e '^ *$' -e 'Configuring incomplete' | sed 's/^/    /'
 }
-expect_configure_error version "Chorus 99 REQUIRED" 'requested version "99"'
-# A backend this install lacks (NCCL in a CPU-only build), else an unknown one.
+expect_configure_error version "$prefix" "Chorus 99 REQUIRED" 'requested version "99"'
+# A backend the install lacks: NCCL in a CPU-only build. Where this build has
+# every backend, a copy of the install is marked as built without NCCL.
 missing=""
 for f in NCCL CUDNN CUDA GLOO MPI; do
   if grep -q "^set(Chorus_WITH_$f OFF)" "$config"; then missing=$f; break; fi
 done
-if [ -n "$missing" ]; then
-  expect_configure_error component "Chorus REQUIRED COMPONENTS $missing" "was built without $missing"
-else
-  echo "(this install has every backend: checking an unknown component instead)"
+lacking=$prefix
+if [ -z "$missing" ]; then
+  missing=NCCL
+  lacking=$tmp/prefix_without_nccl
+  cp -a "$prefix" "$lacking"
+  sed -i 's/^set(Chorus_WITH_NCCL ON)/set(Chorus_WITH_NCCL OFF)/' "$(find "$lacking" -name ChorusConfig.cmake)"
+  echo "(this build has every backend: $lacking is a copy marked as built without NCCL)"
 fi
-expect_configure_error unknown_component "Chorus REQUIRED COMPONENTS TPU" 'has no component "TPU"'
+expect_configure_error component "$lacking" "Chorus REQUIRED COMPONENTS $missing" "was built without $missing"
+expect_configure_error unknown_component "$prefix" "Chorus REQUIRED COMPONENTS TPU" 'has no component "TPU"'
 echo "install.out_of_tree: ok"
