@@ -135,6 +135,19 @@ void collectives(dist::ProcessGroup& pg) {
     for (int i = 0; i < 17 && ok; ++i) ok = got[i] == value((R + W - 1) % W, i);
     expect(ok, "send/recv ring");
   }
+  // A subgroup of the first and last rank (new_group): an all_reduce inside
+  // it sees only their values; the other ranks are not members.
+  if (W > 1) {
+    auto sub = pg.new_group({W - 1, 0});
+    if (R == 0 || R == W - 1) {
+      expect(sub != nullptr && sub->size() == 2 && sub->rank() == (R == 0 ? 1 : 0), "new_group ranks");
+      Tensor t = make({static_cast<double>(R + 1)}, kFloat32);
+      sub->all_reduce(t)->wait();
+      expect(read(t)[0] == 1.0 + W, "all_reduce in a subgroup");
+    } else {
+      expect(sub == nullptr, "a rank outside new_group gets none");
+    }
+  }
   pg.barrier()->wait();
 }
 
