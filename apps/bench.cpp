@@ -28,7 +28,7 @@ void add_bench_options(CLI::App* cmd, BenchConfig& c) {
   cmd->add_option("--devices", c.devices, "Device list (default: cuda:0 if present, else cpu)")->check(non_empty_devices, "DEVICES");
   cmd->add_option("--strategy", c.strategy, "single|dp")->capture_default_str();
   cmd->add_option("--bucket-mb", c.bucket_mb, "dp: gradient bucket size in MiB (0: one sum at the end)")->capture_default_str();
-  cmd->add_option("--device-counts", c.counts, "Device counts to run, e.g. 1,2,4 (dp; default powers of two)");
+  add_optional(cmd, "--device-counts", c.counts, "Device counts to run, e.g. 1,2,4 (dp; default powers of two)");
   cmd->add_option("--precision", c.precision, "fp32|bf16")->capture_default_str();
   cmd->add_flag("--channels-last", c.channels_last, "NHWC activations (GPU)");
   cmd->add_option("--batch-size", c.batch_size, "Batch per device")->capture_default_str();
@@ -39,23 +39,25 @@ void add_bench_options(CLI::App* cmd, BenchConfig& c) {
 
 namespace {
 
-std::vector<int64_t> parse_counts(const std::string& text, int64_t max_devices) {
+std::vector<int64_t> parse_counts(const std::optional<std::string>& given, int64_t max_devices) {
   std::vector<int64_t> out;
-  if (text.empty()) {
+  if (!given) {
     for (int64_t n = 1; n <= max_devices; n *= 2) out.push_back(n);
     if (out.back() != max_devices) out.push_back(max_devices);
     return out;
   }
+  const std::string& text = *given;
   size_t pos = 0;
   while (pos <= text.size()) {
     size_t comma = text.find(',', pos);
     std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     int64_t n = 0;
+    size_t used = 0;
     try {
-      n = std::stoll(item);
+      n = std::stoll(item, &used);
     } catch (...) {
-      CHORUS_THROW(ValueError, "--device-counts: '", item, "' is not a number");
     }
+    CHORUS_CHECK(used > 0 && used == item.size(), "--device-counts: '", item, "' is not a number");
     CHORUS_CHECK(n >= 1 && n <= max_devices, "--device-counts: ", n, " is outside 1..", max_devices,
                  " (the number of devices in --devices)");
     out.push_back(n);

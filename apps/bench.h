@@ -2,6 +2,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <optional>
 #include <string>
 
 namespace chorus::app {
@@ -16,7 +17,7 @@ struct BenchConfig {
   int64_t steps = 30;
   int64_t warmup = 8;
   double bucket_mb = 25;  // dp: gradient bucket size (0: one bucket)
-  std::string counts;  // device counts to run, e.g. "1,2,4" (default: 1, 2, 4, ... up to the list)
+  std::optional<std::string> counts;  // device counts to run, e.g. "1,2,4" (unset: 1, 2, 4, ... up to the list)
   bool json = false;
 };
 

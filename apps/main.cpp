@@ -24,16 +24,16 @@ int main(int argc, char** argv) {
   CLI::App* train = app.add_subcommand("train", "Train and evaluate a model");
   train->add_option("--model", tc.model, "mlp|cnn|resnet20|wrn-16-4|wrn-28-10")->capture_default_str();
   train->add_option("--data", tc.data, "fashion-mnist|mnist|cifar10|synthetic")->capture_default_str();
-  train->add_option("--data-dir", tc.data_dir, "Folder with the data set's files");
+  app::add_optional(train, "--data-dir", tc.data_dir, "Folder with the data set's files (default: /usr/share/datasets/<data>)");
   train->add_option("--devices", tc.devices, "cpu | cpu:0,cpu:1 | cuda:0,cuda:1 | all (default: cuda:0 if present, else cpu)")->check(app::non_empty_devices, "DEVICES");
   train->add_option("--strategy", tc.strategy, "single|dp|ddp|pipeline")->capture_default_str();
   train->add_option("--bucket-mb", tc.bucket_mb, "dp: sum gradients in buckets of this many MiB while the backward runs (0: one sum at the end)")->capture_default_str();
   train->add_option("--epochs", tc.epochs, "Epochs")->capture_default_str();
-  // Options without a natural default are std::optional: an explicit value is
-  // always checked, never mistaken for "unset" (no out-of-band sentinels).
-  train->add_option_function<int64_t>("--steps", [&](int64_t v) { tc.steps = v; }, "Stop after this many steps (default: no limit besides --epochs)");
+  // Options without a natural default are std::optional (app::add_optional):
+  // an explicit value is always checked, never mistaken for "unset".
+  app::add_optional(train, "--steps", tc.steps, "Stop after this many steps (default: no limit besides --epochs)");
   train->add_option("--batch-size", tc.batch_size, "Batch size per device")->capture_default_str();
-  train->add_option_function<double>("--lr", [&](double v) { tc.lr = v; }, "Peak learning rate (default: 0.05 for SGD, 1e-3 for AdamW)");
+  app::add_optional(train, "--lr", tc.lr, "Peak learning rate (default: 0.05 for SGD, 1e-3 for AdamW)");
   train->add_option("--optimizer", tc.optimizer, "sgd|adamw")->capture_default_str();
   train->add_option("--momentum", tc.momentum, "SGD momentum (Nesterov)")->capture_default_str();
   train->add_option("--weight-decay", tc.weight_decay, "Weight decay")->capture_default_str();
@@ -42,11 +42,11 @@ int main(int argc, char** argv) {
   train->add_option("--seed", tc.seed, "Random seed")->capture_default_str();
   train->add_option("--workers", tc.workers, "Data loader worker threads")->capture_default_str();
   train->add_option("--synthetic-size", tc.synthetic_size, "Examples in --data synthetic")->capture_default_str();
-  train->add_option("--checkpoint-dir", tc.checkpoint_dir, "Write checkpoints here");
+  app::add_optional(train, "--checkpoint-dir", tc.checkpoint_dir, "Write checkpoints here");
   train->add_option("--checkpoint-every", tc.checkpoint_every, "Also checkpoint every N steps (0: at epoch ends only)")
       ->capture_default_str();
   train->add_flag("--resume", tc.resume, "Continue from the newest checkpoint in --checkpoint-dir");
-  train->add_option("--metrics", tc.metrics, "Write metrics as JSON lines (or CSV for a .csv file)");
+  app::add_optional(train, "--metrics", tc.metrics, "Write metrics as JSON lines (or CSV for a .csv file)");
   train->add_option("--log-every", tc.log_every, "Read the loss every N steps")->capture_default_str();
   train->add_flag("--json", tc.json, "Print the final summary as one JSON object on stdout");
   train->add_flag("--quiet", tc.quiet, "No progress output");

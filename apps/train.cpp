@@ -60,13 +60,17 @@ void TrainConfig::validate() const {
   CHORUS_CHECK(workers >= 0, "--workers must be >= 0, got ", workers);
   CHORUS_CHECK(synthetic_size > 0, "--synthetic-size must be positive, got ", synthetic_size);
   CHORUS_CHECK(checkpoint_every >= 0, "--checkpoint-every must be >= 0, got ", checkpoint_every);
-  CHORUS_CHECK(!resume || !checkpoint_dir.empty(), "--resume needs --checkpoint-dir");
+  CHORUS_CHECK(!data_dir || !data_dir->empty(), "--data-dir is empty: name a folder, or leave --data-dir out for the default");
+  CHORUS_CHECK(!checkpoint_dir || !checkpoint_dir->empty(),
+               "--checkpoint-dir is empty: name a folder, or leave --checkpoint-dir out for no checkpoints");
+  CHORUS_CHECK(!metrics || !metrics->empty(), "--metrics is empty: name a file, or leave --metrics out for no metrics");
+  CHORUS_CHECK(!resume || checkpoint_dir, "--resume needs --checkpoint-dir");
   CHORUS_CHECK(log_every > 0, "--log-every must be positive, got ", log_every);
   CHORUS_CHECK(label_smoothing >= 0 && label_smoothing < 1, "--label-smoothing must be in [0, 1), got ", label_smoothing);
 }
 
 nlohmann::json TrainConfig::to_json() const {
-  return {{"model", model}, {"data", data}, {"data_dir", data_dir}, {"devices", devices}, {"strategy", strategy},
+  return {{"model", model}, {"data", data}, {"data_dir", data_dir ? nlohmann::json(*data_dir) : nlohmann::json(nullptr)}, {"devices", devices}, {"strategy", strategy},
           {"epochs", epochs}, {"steps", steps ? nlohmann::json(*steps) : nlohmann::json(nullptr)}, {"batch_size", batch_size}, {"lr", lr ? nlohmann::json(*lr) : nlohmann::json(nullptr)}, {"momentum", momentum},
           {"weight_decay", weight_decay}, {"optimizer", optimizer}, {"label_smoothing", label_smoothing},
           {"precision", precision}, {"seed", seed}, {"synthetic_size", synthetic_size}};
@@ -82,15 +86,14 @@ struct Datasets {
 Datasets load_data(const TrainConfig& c) {
   Datasets d;
   if (c.data == "fashion-mnist" || c.data == "mnist") {
-    std::string dir = c.data_dir.empty() ? (c.data == "mnist" ? "/usr/share/datasets/mnist" : "/usr/share/datasets/fashion-mnist")
-                                         : c.data_dir;
+    std::string dir = c.data_dir.value_or(c.data == "mnist" ? "/usr/share/datasets/mnist" : "/usr/share/datasets/fashion-mnist");
     data::Normalize norm = c.data == "mnist" ? data::Normalize::mnist() : data::Normalize::fashion_mnist();
     d.train = data::load_mnist(dir, true, norm);
     d.test = data::load_mnist(dir, false, norm);
   } else if (c.data == "cifar10") {
-    CHORUS_CHECK(!c.data_dir.empty(), "--data cifar10 needs --data-dir (a folder with data_batch_1.bin .. test_batch.bin)");
-    d.train = data::load_cifar10(c.data_dir, true);
-    d.test = data::load_cifar10(c.data_dir, false);
+    CHORUS_CHECK(c.data_dir.has_value(), "--data cifar10 needs --data-dir (a folder with data_batch_1.bin .. test_batch.bin)");
+    d.train = data::load_cifar10(*c.data_dir, true);
+    d.test = data::load_cifar10(*c.data_dir, false);
     d.augment = {std::make_shared<data::RandomCrop>(32, 4), std::make_shared<data::RandomHorizontalFlip>(0.5)};
   } else {
     bool big = c.model.rfind("wrn", 0) == 0 || c.model == "resnet20";
@@ -206,9 +209,9 @@ struct Position {
 Position resume(const TrainConfig& cfg, Training& t) {
   Position pos;
   if (!cfg.resume) return pos;
-  auto latest = io::find_latest_checkpoint(cfg.checkpoint_dir);
+  auto latest = io::find_latest_checkpoint(*cfg.checkpoint_dir);
   if (!latest) {
-    if (!cfg.quiet) std::fprintf(stderr, "no checkpoint in %s; starting from scratch\n", cfg.checkpoint_dir.c_str());
+    if (!cfg.quiet) std::fprintf(stderr, "no checkpoint in %s; starting from scratch\n", cfg.checkpoint_dir->c_str());
     return pos;
   }
   io::TrainingState st = io::load_checkpoint(*latest, *t.model, *t.opt);
@@ -221,14 +224,14 @@ Position resume(const TrainConfig& cfg, Training& t) {
 }
 
 void save(const TrainConfig& cfg, const Training& t, const Position& pos) {
-  if (cfg.checkpoint_dir.empty()) return;
+  if (!cfg.checkpoint_dir) return;
   io::TrainingState st;
   st.epoch = pos.epoch;
   st.step = pos.step;
   st.batch_in_epoch = pos.batch_in_epoch;
   st.rng = default_generator().state();
   st.config = cfg.to_json();
-  io::save_checkpoint(cfg.checkpoint_dir, *t.model, *t.opt, st);
+  io::save_checkpoint(*cfg.checkpoint_dir, *t.model, *t.opt, st);
 }
 
 // Training loss and accuracy over a window of steps. They stay on the device;
@@ -368,7 +371,7 @@ nlohmann::ordered_json run_train(const TrainConfig& cfg) {
   Training t = set_up(cfg);
   const Position start = resume(cfg, t);
   std::unique_ptr<io::MetricsWriter> metrics;
-  if (!cfg.metrics.empty()) metrics = std::make_unique<io::MetricsWriter>(cfg.metrics, cfg.resume);
+  if (cfg.metrics) metrics = std::make_unique<io::MetricsWriter>(*cfg.metrics, cfg.resume);
   announce(cfg, t);
   const auto t0 = std::chrono::steady_clock::now();
   Position pos = start;

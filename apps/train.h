@@ -14,7 +14,7 @@ namespace chorus::app {
 struct TrainConfig {
   std::string model = "cnn";
   std::string data = "fashion-mnist";
-  std::string data_dir;  // default per dataset
+  std::optional<std::string> data_dir;  // unset: the data set's default folder
   std::string devices = "";  // empty: the first GPU, or cpu
   std::string strategy = "single";
   double bucket_mb = 25;  // dp: gradients summed in buckets of this many MiB (0: one bucket)
@@ -30,10 +30,10 @@ struct TrainConfig {
   uint64_t seed = 0;
   int workers = 2;
   int64_t synthetic_size = 10000;
-  std::string checkpoint_dir;
+  std::optional<std::string> checkpoint_dir;  // unset: no checkpoints
   int64_t checkpoint_every = 0;  // steps; 0: at the end of each epoch only
   bool resume = false;
-  std::string metrics;
+  std::optional<std::string> metrics;  // unset: no metrics file
   bool json = false;
   int64_t log_every = 20;
   bool quiet = false;

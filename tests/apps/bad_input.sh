@@ -31,6 +31,12 @@ expect_error "lr must be" train --lr -0.1 "${q[@]}"
 # -1 was once an out-of-band "use the default": an explicit value is always checked.
 expect_error "lr must be a non-negative number, got -1" train --lr -1 "${q[@]}"
 expect_error "steps must be positive, got 0" train --steps 0 --quiet
+# Nor is an explicitly empty path ("" was once the same as leaving it out).
+expect_error "--data-dir is empty" train --data-dir "" "${q[@]}"
+expect_error "--checkpoint-dir is empty" train --checkpoint-dir "" "${q[@]}"
+expect_error "--metrics is empty" train --metrics "" "${q[@]}"
+expect_error "--device-counts: '' is not a number" bench --strategy dp --devices cpu:0,cpu:1 --device-counts ""
+expect_error "--device-counts: '2x' is not a number" bench --strategy dp --devices cpu:0,cpu:1 --device-counts 1,2x
 if "$CHORUS" devices | grep -q "no CUDA GPU"; then
   expect_error "cuda:0" train --devices cuda:0 "${q[@]}"
 fi
