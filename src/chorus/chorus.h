@@ -1,7 +1,9 @@
 // The public API of Chorus in one include: tensors, devices, streams and
-// events, autograd, layers, optimizers, models, DataParallel, checkpoints.
+// events, autograd and autocast, layers, optimizers, data sets and loaders,
+// models, DataParallel, checkpoints and metrics. (dist/ joins when it lands.)
 #pragma once
 
+#include "chorus/autograd/autocast.h"
 #include "chorus/autograd/functions.h"
 #include "chorus/autograd/grad_mode.h"
 #include "chorus/core/backend.h"
@@ -19,7 +21,14 @@
 #include "chorus/optim/adamw.h"
 #include "chorus/optim/lr_scheduler.h"
 #include "chorus/optim/sgd.h"
+#include "chorus/data/cifar.h"
+#include "chorus/data/loader.h"
+#include "chorus/data/mnist.h"
+#include "chorus/data/sampler.h"
+#include "chorus/data/synthetic.h"
+#include "chorus/data/transforms.h"
 #include "chorus/models/models.h"
 #include "chorus/parallel/data_parallel.h"
 #include "chorus/io/checkpoint.h"
+#include "chorus/io/metrics.h"
 #include "chorus/io/safetensors.h"
