@@ -18,6 +18,7 @@
 #include "chorus/cpu/batch_norm.h"
 #include "chorus/cpu/conv2d.h"
 #include "chorus/cpu/pool.h"
+#include "testing/random.h"
 
 namespace chorus::cpu {
 namespace {
@@ -28,11 +29,10 @@ struct Values {
   std::vector<double> d;
   std::vector<float> f;
 };
-Values random_values(int64_t size, uint32_t seed, double lo = -1.0, double hi = 1.0) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(static_cast<float>(lo), static_cast<float>(hi));
-  Values v{std::vector<double>(size), std::vector<float>(size)};
-  for (int64_t i = 0; i < size; ++i) v.d[i] = v.f[i] = dist(gen);
+Values random_values(int64_t size, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  Values v;
+  v.f = chorus::testing::random_vector(static_cast<size_t>(size), seed, lo, hi);
+  v.d.assign(v.f.begin(), v.f.end());
   return v;
 }
 

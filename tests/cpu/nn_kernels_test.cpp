@@ -11,12 +11,12 @@
 #include <cmath>
 #include <functional>
 #include <limits>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "chorus/core/error.h"
 #include "chorus/cpu/kernels.h"
+#include "testing/random.h"
 
 namespace chorus::cpu {
 namespace {
@@ -48,11 +48,7 @@ Vec values_of(const Tensor& t) {
 
 // Random values as `dt` stores them, so references see the kernels' inputs.
 Vec random_vec(size_t n, uint32_t seed, DType dt) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<double> dist(-1.0, 1.0);
-  Vec v(n);
-  for (double& e : v) e = dist(gen);
-  return values_of(tensor_of({int64_t(n)}, dt, v));
+  return values_of(tensor_of({int64_t(n)}, dt, chorus::testing::random_doubles(n, seed)));
 }
 
 double tolerance(DType dt) { return dt == kBFloat16 ? 1e-2 : 1e-4; }

@@ -4,12 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "chorus/core/error.h"
 #include "chorus/cpu/kernels.h"
+#include "testing/random.h"
 
 namespace chorus::cpu {
 namespace {
@@ -27,13 +27,7 @@ Vec values_of(const Tensor& t) {
   return Vec(t.data<float>(), t.data<float>() + t.numel());
 }
 
-Vec random_vec(uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<double> dist(-1.0, 1.0);
-  Vec v(kN);
-  for (double& e : v) e = dist(gen);
-  return v;
-}
+Vec random_vec(uint32_t seed) { return chorus::testing::random_doubles(kN, seed); }
 
 // Float inputs as the kernels see them, so the references start from the same values.
 Vec as_float(Vec v) {

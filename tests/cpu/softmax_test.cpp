@@ -7,12 +7,12 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "chorus/core/error.h"
 #include "chorus/cpu/kernels.h"
+#include "testing/random.h"
 
 namespace chorus::cpu {
 namespace {
@@ -52,13 +52,7 @@ Vec values_of(const Tensor& t) {
 // Values as the dtype stores them, so references see the kernels' exact input.
 Vec rounded(const Vec& v, DType dt) { return values_of(tensor_of({int64_t(v.size())}, dt, v)); }
 
-Vec random_vec(size_t n, uint32_t seed, double scale) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<double> dist(-scale, scale);
-  Vec v(n);
-  for (double& e : v) e = dist(gen);
-  return v;
-}
+Vec random_vec(size_t n, uint32_t seed, double scale) { return chorus::testing::random_doubles(n, seed, -scale, scale); }
 
 Tensor targets_of(const std::vector<int64_t>& t) {
   Tensor out = empty({int64_t(t.size())}, kInt64);

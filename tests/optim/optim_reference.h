@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -14,6 +13,7 @@
 #include "chorus/core/error.h"
 #include "chorus/core/tensor.h"
 #include "chorus/ops/factory.h"
+#include "testing/random.h"
 
 namespace chorus::optim::testing {
 
@@ -21,10 +21,8 @@ using Vec = std::vector<double>;
 
 // Uniform in [-1, 1), rounded to float so the reference starts where Chorus does.
 inline Vec random_vec(size_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<double> dist(-1.0, 1.0);
-  Vec v(n);
-  for (double& e : v) e = static_cast<float>(dist(gen));
+  Vec v = chorus::testing::random_doubles(n, seed);
+  for (double& e : v) e = static_cast<float>(e);
   return v;
 }
 
