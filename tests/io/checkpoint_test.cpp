@@ -229,5 +229,33 @@ TEST(Checkpoint, MismatchedModelOrOptimizerIsAValueErrorNamingTheFile) {
   expect_throw_with<ValueError>([&] { load_checkpoint(ckpt, other, opt_other); }, {ckpt + "/model.safetensors"});
 }
 
+// Issue 15: a state.json nesting 100,000 levels deep in "epoch", "rng" or
+// "config" killed --resume with SIGSEGV. Depth is bounded while parsing.
+TEST(Checkpoint, DeeplyNestedStateJsonIsRefusedNotACrash) {
+  ScratchDir dir;
+  TinyNet m;
+  optim::SGD opt(m.parameters(), sgd_opts());
+  train_step(m, opt);
+  const std::string ckpt = save_checkpoint(dir.path().string(), m, opt, some_state(5));
+  const std::string state_path = ckpt + "/state.json";
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const std::string rest = R"("format_version": 1, "batch_in_epoch": 0, "step": 5)";
+  for (const std::string& text :
+       {"{" + rest + R"(, "epoch": )" + deep + R"(, "rng": {"seed": 1, "offset": 2}})",
+        "{" + rest + R"(, "epoch": 1, "rng": )" + deep + "}",
+        "{" + rest + R"(, "epoch": 1, "rng": {"seed": 1, "offset": 2}, "config": {"a": )" + deep + "}}"}) {
+    write_bytes(state_path, text);
+    expect_throw_with<IOError>([&] { load_checkpoint(ckpt, m, opt); }, {state_path, "nests deeper than"});
+  }
+  // A value of the wrong type is named without dumping it whole.
+  write_bytes(state_path, "{" + rest + R"(, "epoch": [")" + std::string(100000, '7') + R"("], "rng": {"seed": 1, "offset": 2}})");
+  const std::string msg = expect_throw_with<IOError>([&] { load_checkpoint(ckpt, m, opt); }, {state_path, "\"epoch\" is [\"777"});
+  EXPECT_LT(msg.size(), 1000u);
+  // A number too large for any integer type is not valid JSON for us (it
+  // escaped as nlohmann's out_of_range before).
+  write_bytes(state_path, "{" + rest + R"(, "epoch": )" + std::string(400, '7') + R"(, "rng": {"seed": 1, "offset": 2}})");
+  expect_throw_with<IOError>([&] { load_checkpoint(ckpt, m, opt); }, {state_path, "not valid JSON"});
+}
+
 }  // namespace
 }  // namespace chorus::io

@@ -9,6 +9,7 @@
 
 #include "chorus/core/error.h"
 #include "chorus/io/file_util.h"
+#include "chorus/io/json_util.h"
 #include "chorus/io/safetensors.h"
 
 namespace chorus::io {
@@ -25,6 +26,10 @@ constexpr const char* kLatestFile = "latest";
 constexpr const char* kPrefix = "ckpt-";
 // Hidden, and never parsed as a checkpoint: in-progress and crashed saves.
 constexpr const char* kTmpPrefix = ".tmp-";
+// state.json is a few hundred bytes; these bounds only stop hostile files
+// (Note [Untrusted JSON]): the caller's config and extra may nest, not this deep.
+constexpr int kMaxStateDepth = 64;
+constexpr uint64_t kMaxStateBytes = 64u << 20;
 
 // The step of a "ckpt-<digits>" name; nullopt for anything else.
 std::optional<int64_t> parse_checkpoint_name(const std::string& name) {
@@ -92,12 +97,20 @@ json state_to_json(const TrainingState& s, const optim::Optimizer& optimizer) {
 }
 
 TrainingState state_from_json(const std::string& path) {
+  std::error_code ec;
+  const uintmax_t size = fs::file_size(path, ec);
+  if (!ec && size > kMaxStateBytes)
+    CHORUS_THROW(IOError, path, ": ", size, " bytes, more than a state.json can be (", kMaxStateBytes, ")");
   const std::string text = detail::read_file(path);
+  if (auto at = detail::find_excess_nesting(text, kMaxStateDepth))
+    CHORUS_THROW(IOError, path, ": JSON nests deeper than ", kMaxStateDepth, " levels (at byte ", *at, ")");
   json j;
   try {
     j = json::parse(text);
   } catch (const json::parse_error& e) {
     CHORUS_THROW(IOError, path, ": not valid JSON (error at byte ", e.byte, "): ", e.what());
+  } catch (const json::exception& e) {  // e.g. out_of_range: a number too large to hold
+    CHORUS_THROW(IOError, path, ": not valid JSON: ", e.what());
   }
   if (!j.is_object()) CHORUS_THROW(IOError, path, ": expected a JSON object, got ", j.type_name());
   auto field = [&](const json& obj, const char* key, const char* where) -> const json& {
@@ -109,7 +122,8 @@ TrainingState state_from_json(const std::string& path) {
     const json& v = field(obj, key, where);
     if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)) ||
         v.get<int64_t>() < 0)
-      CHORUS_THROW(IOError, path, ": ", where, "\"", key, "\" is ", v.dump(), ", expected a non-negative integer");
+      CHORUS_THROW(IOError, path, ": ", where, "\"", key, "\" is ", detail::json_excerpt(v),
+                   ", expected a non-negative integer");
     return v.get<int64_t>();
   };
   const int64_t version = integer(j, "format_version", "");
@@ -121,11 +135,12 @@ TrainingState state_from_json(const std::string& path) {
   s.step = integer(j, "step", "");
   s.batch_in_epoch = integer(j, "batch_in_epoch", "");
   const json& rng = field(j, "rng", "");
-  if (!rng.is_object()) CHORUS_THROW(IOError, path, ": \"rng\" is ", rng.dump(), ", expected an object");
+  if (!rng.is_object()) CHORUS_THROW(IOError, path, ": \"rng\" is ", detail::json_excerpt(rng), ", expected an object");
   for (const char* key : {"seed", "offset"}) {
     const json& v = field(rng, key, "\"rng\" ");
     if (!v.is_number_unsigned())
-      CHORUS_THROW(IOError, path, ": \"rng\" \"", key, "\" is ", v.dump(), ", expected an unsigned integer");
+      CHORUS_THROW(IOError, path, ": \"rng\" \"", key, "\" is ", detail::json_excerpt(v),
+                   ", expected an unsigned integer");
   }
   s.rng.seed = rng["seed"].get<uint64_t>();
   s.rng.offset = rng["offset"].get<uint64_t>();
