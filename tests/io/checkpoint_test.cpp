@@ -5,6 +5,11 @@
 #include "chorus/io/checkpoint.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <functional>
+#include <map>
 
 #include "chorus/core/error.h"
 #include "chorus/core/rng.h"
@@ -187,7 +192,94 @@ TEST(Checkpoint, CrashedSavesAreIgnored) {
   // The next save clears the debris.
   save_checkpoint(root, m, opt, some_state(40));
   EXPECT_FALSE(fs::exists(dir.file(".tmp-ckpt-00000020-999-0")));
-  EXPECT_FALSE(fs::exists(dir.file("ckpt-00000030")));
+  // ...but never a checkpoint that could not be read (issue 15: the next save
+  // after a resume from scratch deleted one): it stays for the user.
+  EXPECT_TRUE(fs::exists(dir.file("ckpt-00000030/model.safetensors")));
+}
+
+// Issue 15: with the newest checkpoint's model.safetensors missing, a
+// directory, a FIFO, a dangling link or unreadable, --resume quietly started
+// from scratch and the first save pruned that checkpoint. Now resume falls
+// back to the newest good one, says which it skipped and why, and the
+// skipped one survives every later save.
+TEST(Checkpoint, ResumeSkipsUnreadableCheckpointsAndNeverDeletesThem) {
+  const std::map<std::string, std::function<void(const fs::path&)>> damage = {
+      {"missing", [](const fs::path& f) { fs::remove(f); }},
+      {"a directory", [](const fs::path& f) { fs::remove(f); fs::create_directory(f); }},
+      {"a FIFO", [](const fs::path& f) { fs::remove(f); ASSERT_EQ(::mkfifo(f.c_str(), 0600), 0); }},
+      {"a dangling symbolic link", [](const fs::path& f) { fs::remove(f); fs::create_symlink("nowhere", f); }},
+      {"not valid JSON", [](const fs::path& f) { write_bytes(f.parent_path() / "state.json", "{\"epoch\": "); }},
+      {"too short", [](const fs::path& f) { write_bytes(f.string(), "abc"); }},
+  };
+  for (const auto& [why, harm] : damage) {
+    SCOPED_TRACE(why);
+    ScratchDir dir;
+    const std::string root = dir.path().string();
+    TinyNet m;
+    optim::SGD opt(m.parameters(), sgd_opts());
+    train_step(m, opt);
+    save_checkpoint(root, m, opt, some_state(10));
+    const auto good = raw(m.parameters()[0]);
+    train_step(m, opt);
+    const std::string newest = save_checkpoint(root, m, opt, some_state(20));
+    harm(fs::path(newest) / "model.safetensors");
+
+    TinyNet fresh;
+    optim::SGD fresh_opt(fresh.parameters(), sgd_opts());
+    Resumed r = resume_checkpoint(root, fresh, fresh_opt);
+    ASSERT_TRUE(r.path);
+    EXPECT_EQ(*r.path, dir.file("ckpt-00000010"));
+    EXPECT_EQ(raw(fresh.parameters()[0]), good);
+    ASSERT_EQ(r.skipped.size(), 1u);
+    EXPECT_EQ(r.skipped[0].path, newest);
+    EXPECT_NE(r.skipped[0].reason.find(why), std::string::npos) << r.skipped[0].reason;
+    EXPECT_EQ(r.skipped[0].kept_as, newest + ".unreadable");
+    // Training goes on: saves past and at its step, with pruning, keep it.
+    for (int64_t step : {15, 20, 30, 40, 50}) save_checkpoint(root, fresh, fresh_opt, some_state(step), 2);
+    EXPECT_TRUE(fs::exists(dir.file("ckpt-00000020.unreadable/state.json")));
+    EXPECT_TRUE(fs::exists(dir.file("ckpt-00000020.unreadable/optimizer.safetensors")));
+  }
+}
+
+TEST(Checkpoint, ResumeWithNoReadableCheckpointIsAnErrorUnlessAFreshStartIsAllowed) {
+  ScratchDir dir;
+  const std::string root = dir.path().string();
+  TinyNet m;
+  optim::SGD opt(m.parameters(), sgd_opts());
+  // No checkpoint at all: nothing to resume, nothing skipped.
+  Resumed none = resume_checkpoint(root, m, opt);
+  EXPECT_FALSE(none.path);
+  EXPECT_TRUE(none.skipped.empty());
+  EXPECT_FALSE(resume_checkpoint(dir.file("not-there"), m, opt).path);
+
+  train_step(m, opt);
+  const std::string only = save_checkpoint(root, m, opt, some_state(10));
+  fs::remove(fs::path(only) / "optimizer.safetensors");
+  expect_throw_with<IOError>([&] { resume_checkpoint(root, m, opt); },
+                             {"no checkpoint could be read", only + "/optimizer.safetensors: missing"});
+  EXPECT_TRUE(fs::exists(only)) << "a refused resume changes nothing";
+  Resumed fresh = resume_checkpoint(root, m, opt, /*allow_fresh_start=*/true);
+  EXPECT_FALSE(fresh.path);
+  ASSERT_EQ(fresh.skipped.size(), 1u);
+  EXPECT_EQ(fresh.skipped[0].kept_as, only + ".unreadable");
+  EXPECT_TRUE(fs::exists(only + ".unreadable/model.safetensors"));
+}
+
+// Permission bits do not stop root; this case runs as an ordinary user.
+TEST(Checkpoint, ResumeSkipsAModelFileItCannotOpen) {
+  if (::geteuid() == 0) GTEST_SKIP() << "running as root: permission bits do not apply";
+  ScratchDir dir;
+  const std::string root = dir.path().string();
+  TinyNet m;
+  optim::SGD opt(m.parameters(), sgd_opts());
+  save_checkpoint(root, m, opt, some_state(10));
+  const std::string newest = save_checkpoint(root, m, opt, some_state(20));
+  fs::permissions(fs::path(newest) / "model.safetensors", fs::perms::none);
+  Resumed r = resume_checkpoint(root, m, opt);
+  ASSERT_TRUE(r.path);
+  EXPECT_EQ(*r.path, dir.file("ckpt-00000010"));
+  ASSERT_EQ(r.skipped.size(), 1u);
+  EXPECT_NE(r.skipped[0].reason.find("Permission denied"), std::string::npos) << r.skipped[0].reason;
 }
 
 TEST(Checkpoint, CorruptedFilesAreRefusedNamingTheFile) {

@@ -60,6 +60,25 @@ std::vector<Found> list_checkpoints(const fs::path& dir) {
   return out;
 }
 
+// Why `p` is not a regular file, for messages: a FIFO would block a reader
+// forever and a directory cannot be read, so neither is ever opened.
+std::string not_a_file_because(const fs::path& p) {
+  std::error_code ec;
+  const fs::file_status link = fs::symlink_status(p, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory) return "cannot be inspected: " + ec.message();
+  if (!fs::exists(link)) return "missing";
+  const fs::file_status st = fs::status(p, ec);
+  if (fs::is_symlink(link) && !fs::exists(st)) return "a dangling symbolic link";
+  switch (st.type()) {
+    case fs::file_type::directory: return "a directory, not a file";
+    case fs::file_type::fifo: return "a FIFO, not a file";
+    case fs::file_type::socket: return "a socket, not a file";
+    case fs::file_type::block:
+    case fs::file_type::character: return "a device, not a file";
+    default: return "not a regular file";
+  }
+}
+
 void warn(const std::string& what) { std::cerr << "chorus: warning: " << what << "\n"; }
 
 // Deletes older checkpoints and crash debris. The new checkpoint is already
@@ -74,9 +93,11 @@ void prune(const fs::path& dir, int keep_last, const fs::path& current) {
   }
   int kept = 0;
   for (const Found& f : list_checkpoints(dir)) {
-    const bool complete = is_complete_checkpoint(f.path.string());
-    if (f.path == current || (complete && (keep_last == 0 || kept < keep_last))) {
-      kept += complete;
+    // An incomplete checkpoint is damage, not debris (saves are atomic): it
+    // stays for the user to look at (Note [Unreadable checkpoints]).
+    if (!is_complete_checkpoint(f.path.string())) continue;
+    if (f.path == current || keep_last == 0 || kept < keep_last) {
+      ++kept;
       continue;
     }
     if (fs::remove_all(f.path, ec) == static_cast<std::uintmax_t>(-1))
@@ -222,13 +243,71 @@ std::optional<std::string> find_latest_checkpoint(const std::string& dir) {
   return std::nullopt;
 }
 
+namespace {
+
+// Moves a checkpoint that could not be read out of the names that pruning
+// and saving manage. Returns the new path, or "" (with a warning) when the
+// rename fails: the checkpoint then stays where it was.
+std::string set_aside(const fs::path& ckpt) {
+  fs::path to = ckpt.string() + ".unreadable";
+  std::error_code ec;
+  if (fs::exists(fs::symlink_status(to, ec))) to = ckpt.string() + ".unreadable-" + detail::unique_suffix();
+  try {
+    detail::rename_path(ckpt.string(), to.string());
+  } catch (const IOError& e) {
+    warn(e.message());
+    return "";
+  }
+  return to.string();
+}
+
+}  // namespace
+
+Resumed resume_checkpoint(const std::string& dir, nn::Module& module, optim::Optimizer& optimizer,
+                          bool allow_fresh_start) {
+  Resumed out;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return out;
+  // `latest` first (it may name an older checkpoint on purpose), then by step.
+  std::vector<fs::path> candidates;
+  try {
+    std::string name = detail::read_file((fs::path(dir) / kLatestFile).string());
+    while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) name.pop_back();
+    if (parse_checkpoint_name(name) && fs::is_directory(fs::path(dir) / name, ec))
+      candidates.push_back(fs::path(dir) / name);
+  } catch (const IOError&) {
+    // No or unreadable pointer: the scan below finds the same checkpoints.
+  }
+  for (const Found& f : list_checkpoints(dir))
+    if (candidates.empty() || f.path != candidates[0]) candidates.push_back(f.path);
+
+  for (const fs::path& c : candidates) {
+    try {
+      out.state = load_checkpoint(c.string(), module, optimizer);
+      out.path = c.string();
+      break;
+    } catch (const IOError& e) {
+      out.skipped.push_back({c.string(), e.message(), ""});
+    }
+  }
+  if (!out.path && !out.skipped.empty() && !allow_fresh_start) {
+    std::string list;
+    for (const SkippedCheckpoint& s : out.skipped) list += "\n  " + s.path + ": " + s.reason;
+    CHORUS_THROW(IOError, dir, ": no checkpoint could be read (", out.skipped.size(),
+                 " tried; none was changed):", list);
+  }
+  for (SkippedCheckpoint& s : out.skipped) s.kept_as = set_aside(s.path);
+  return out;
+}
+
 TrainingState load_checkpoint(const std::string& ckpt_dir, nn::Module& module, optim::Optimizer& optimizer) {
   const fs::path dir(ckpt_dir);
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) CHORUS_THROW(IOError, ckpt_dir, ": not a checkpoint directory");
   for (const char* f : {kStateFile, kModelFile, kOptimizerFile})
     if (!fs::is_regular_file(dir / f, ec))
-      CHORUS_THROW(IOError, (dir / f).string(), ": missing; ", ckpt_dir, " is not a complete checkpoint");
+      CHORUS_THROW(IOError, (dir / f).string(), ": ", not_a_file_because(dir / f), "; ", ckpt_dir,
+                   " is not a complete checkpoint");
 
   // Read and validate every file before touching the module or optimizer.
   const std::string state_path = (dir / kStateFile).string();

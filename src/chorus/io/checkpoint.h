@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "chorus/core/rng.h"
 #include "chorus/nn/module.h"
@@ -52,6 +53,33 @@ std::string save_checkpoint(const std::string& dir, const nn::Module& module, co
 
 // The checkpoint to resume from, or nullopt when `dir` holds none.
 std::optional<std::string> find_latest_checkpoint(const std::string& dir);
+
+// A checkpoint resume_checkpoint could not read.
+struct SkippedCheckpoint {
+  std::string path;     // the checkpoint directory as found
+  std::string reason;   // why it could not be read (the IOError's message)
+  std::string kept_as;  // where it was moved; empty when it stayed in place
+};
+
+struct Resumed {
+  std::optional<std::string> path;  // the checkpoint loaded; nullopt: none
+  TrainingState state;              // its position (default when none)
+  std::vector<SkippedCheckpoint> skipped;
+};
+
+// Design note [Unreadable checkpoints]: resume loads the newest checkpoint
+// that can be read (`latest` first, then by step), skipping any whose files
+// are missing, unreadable, not regular files, or corrupt (IOError), and says
+// which it skipped and why. A skipped checkpoint is never deleted: once
+// training goes on without it, it is renamed "<name>.unreadable" (so that
+// neither pruning nor a later save of the same step removes it, and the user
+// can inspect or repair it). When checkpoints exist but none can be read,
+// this throws IOError naming each and why, touching nothing, unless
+// `allow_fresh_start`; then it returns no path. A checkpoint that does not
+// fit the module or optimizer (ValueError) is an error, never skipped.
+// An empty or missing `dir` returns no path and skips nothing.
+Resumed resume_checkpoint(const std::string& dir, nn::Module& module, optim::Optimizer& optimizer,
+                          bool allow_fresh_start = false);
 
 // Loads a checkpoint directory into `module` and `optimizer`. Corrupted or
 // truncated files throw IOError naming the file; a checkpoint that does not
