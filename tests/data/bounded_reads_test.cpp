@@ -4,9 +4,6 @@
 // child process under an address-space limit, so a regression fails the
 // test instead of exhausting the machine.
 #include <gtest/gtest.h>
-#include <sys/resource.h>
-#include <sys/wait.h>
-#include <unistd.h>
 #include <zlib.h>
 
 #include <chrono>
@@ -17,14 +14,6 @@
 #include "chorus/data/cifar.h"
 #include "chorus/data/mnist.h"
 #include "data/data_test_util.h"
-
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define CHORUS_TEST_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define CHORUS_TEST_SANITIZED 1
-#endif
-#endif
 
 namespace chorus::data {
 namespace {
@@ -58,43 +47,6 @@ void write_bomb(const std::string& path, const std::vector<uint8_t>& head, int z
   for (int i = 0; i < zero_mib % 64; ++i) f << mib1;
 }
 
-// Runs `body` in a child whose address space may grow by `extra_mib` MiB.
-// Returns "ok", or the exception's type and message, or how the child died.
-std::string run_with_memory_limit(size_t extra_mib, const std::function<void()>& body) {
-  int fds[2];
-  if (pipe(fds) != 0) return "pipe failed";
-  const pid_t pid = fork();
-  if (pid == 0) {
-    close(fds[0]);
-    size_t vm_pages = 0;
-    std::ifstream("/proc/self/statm") >> vm_pages;
-    const rlim_t limit = vm_pages * static_cast<rlim_t>(sysconf(_SC_PAGESIZE)) + (rlim_t(extra_mib) << 20);
-    rlimit rl{limit, limit};
-    setrlimit(RLIMIT_AS, &rl);
-    std::string result = "ok";
-    try {
-      body();
-    } catch (const OutOfMemoryError& e) {
-      result = std::string("OutOfMemoryError: ") + e.what();
-    } catch (const IOError& e) {
-      result = std::string("IOError: ") + e.what();
-    } catch (const std::exception& e) {
-      result = std::string("other exception: ") + e.what();
-    }
-    (void)!write(fds[1], result.data(), result.size());
-    _exit(0);
-  }
-  close(fds[1]);
-  std::string result;
-  char buf[4096];
-  for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) result.append(buf, static_cast<size_t>(n));
-  close(fds[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  if (WIFSIGNALED(status)) return "killed by signal " + std::to_string(WTERMSIG(status)) + "; " + result;
-  return result;
-}
-
 void write_labels(const TempDir& dir, uint32_t n) {
   testing::write_raw(dir.file("train-labels-idx1-ubyte"), idx_bytes({n}, std::vector<uint8_t>(n, 3)));
 }
@@ -112,7 +64,7 @@ TEST(DataBoundedReads, GzipBombStopsAtTheSizeTheHeaderPromises) {
   write_bomb(dir.file("train-images-idx3-ubyte.gz"), idx_bytes({2, 28, 28}, pixels), 4096);
   write_labels(dir, 2);
   const auto t0 = std::chrono::steady_clock::now();
-  const std::string result = run_with_memory_limit(256, [&] {
+  const std::string result = testing::run_with_memory_limit(256, [&] {
     MnistDataset d(dir.str(), true);
     if (d.size() != 2 || d.pixels(1)[783] != pixels[2 * 784 - 1]) throw std::runtime_error("wrong contents");
   });
@@ -130,7 +82,7 @@ TEST(DataBoundedReads, OutOfMemoryNamesTheFileAndTheSize) {
   const std::string path = dir.file("train-images-idx3-ubyte.gz");
   write_bomb(path, idx_bytes({400000, 28, 28}, {}), 320);  // 314 MB promised and present
   write_labels(dir, 400000);
-  const std::string result = run_with_memory_limit(128, [&] { MnistDataset d(dir.str(), true); });
+  const std::string result = testing::run_with_memory_limit(128, [&] { MnistDataset d(dir.str(), true); });
   EXPECT_EQ(result.rfind("OutOfMemoryError: " + path + ": out of memory growing the read buffer to ", 0), 0u) << result;
 }
 
@@ -141,7 +93,7 @@ TEST(DataBoundedReads, CifarBatchLongerThanAnyRealOneIsRefusedWithoutReadingIt) 
 #endif
   TempDir dir;
   write_bomb(dir.file("test_batch.bin"), {1, 2, 3}, 4096);
-  const std::string result = run_with_memory_limit(1024, [&] { Cifar10Dataset d(dir.str(), false); });
+  const std::string result = testing::run_with_memory_limit(1024, [&] { Cifar10Dataset d(dir.str(), false); });
   EXPECT_EQ(result.rfind("IOError: " + dir.file("test_batch.bin") + ": longer than 307300000 bytes once decompressed", 0),
             0u)
       << result;
@@ -172,7 +124,7 @@ TEST(DataBoundedReads, UnreadableDirectoryIsPermissionDeniedNotNotFound) {
   testing::write_raw(data + "/train-images-idx3-ubyte", idx_bytes({1, 28, 28}, std::vector<uint8_t>(784, 9)));
   write_labels(dir, 1);
   std::filesystem::permissions(data, std::filesystem::perms::none);
-  const std::string result = run_with_memory_limit(1u << 20, [&] {
+  const std::string result = testing::run_with_memory_limit(1u << 20, [&] {
     if (geteuid() == 0 && (setgid(65534) != 0 || setuid(65534) != 0)) throw std::runtime_error("cannot drop root");
     MnistDataset d(data, true);
   });
