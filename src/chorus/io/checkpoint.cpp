@@ -117,7 +117,9 @@ json state_to_json(const TrainingState& s, const optim::Optimizer& optimizer) {
           {"extra", s.extra}};
 }
 
-TrainingState state_from_json(const std::string& path) {
+}  // namespace
+
+TrainingState read_training_state(const std::string& path) {
   std::error_code ec;
   const uintmax_t size = fs::file_size(path, ec);
   if (!ec && size > kMaxStateBytes)
@@ -169,8 +171,6 @@ TrainingState state_from_json(const std::string& path) {
   if (j.contains("extra")) s.extra = j["extra"];
   return s;
 }
-
-}  // namespace
 
 std::string checkpoint_name(int64_t step) {
   std::string digits = std::to_string(step);
@@ -313,7 +313,7 @@ TrainingState load_checkpoint(const std::string& ckpt_dir, nn::Module& module, o
   const std::string state_path = (dir / kStateFile).string();
   const std::string model_path = (dir / kModelFile).string();
   const std::string optim_path = (dir / kOptimizerFile).string();
-  TrainingState state = state_from_json(state_path);
+  TrainingState state = read_training_state(state_path);
   nn::NamedTensors weights = load_safetensors(model_path);
   std::map<std::string, std::string> optim_meta;
   nn::NamedTensors optim_state = load_safetensors(optim_path, &optim_meta);

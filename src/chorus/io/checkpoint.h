@@ -86,6 +86,9 @@ Resumed resume_checkpoint(const std::string& dir, nn::Module& module, optim::Opt
 // fit the model or optimizer throws ValueError naming the file and the keys.
 TrainingState load_checkpoint(const std::string& ckpt_dir, nn::Module& module, optim::Optimizer& optimizer);
 
+// A checkpoint's state.json, validated (IOError naming the file otherwise).
+TrainingState read_training_state(const std::string& path);
+
 // "ckpt-00001200" for step 1200.
 std::string checkpoint_name(int64_t step);
 // True when `ckpt_dir` holds all three files.
