@@ -292,9 +292,8 @@ Resumed resume_checkpoint(const std::string& dir, nn::Module& module, optim::Opt
   }
   if (!out.path && !out.skipped.empty() && !allow_fresh_start) {
     std::string list;
-    for (const SkippedCheckpoint& s : out.skipped) list += "\n  " + s.path + ": " + s.reason;
-    CHORUS_THROW(IOError, dir, ": no checkpoint could be read (", out.skipped.size(),
-                 " tried; none was changed):", list);
+    for (const SkippedCheckpoint& s : out.skipped) list += (list.empty() ? "" : "; ") + s.reason;
+    CHORUS_THROW(IOError, dir, ": no checkpoint could be read (", out.skipped.size(), " tried, none changed): ", list);
   }
   for (SkippedCheckpoint& s : out.skipped) s.kept_as = set_aside(s.path);
   return out;
