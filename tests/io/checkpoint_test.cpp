@@ -265,6 +265,28 @@ TEST(Checkpoint, ResumeWithNoReadableCheckpointIsAnErrorUnlessAFreshStartIsAllow
   EXPECT_TRUE(fs::exists(only + ".unreadable/model.safetensors"));
 }
 
+// The caller's check sees the state before any tensor is read; what it
+// throws is fatal, an IOError included (it is not an unreadable file).
+TEST(Checkpoint, ResumeCheckRunsFirstAndItsErrorsAreFatal) {
+  ScratchDir dir;
+  const std::string root = dir.path().string();
+  TinyNet m;
+  optim::SGD opt(m.parameters(), sgd_opts());
+  save_checkpoint(root, m, opt, some_state(10));
+  save_checkpoint(root, m, opt, some_state(20));
+  Head other;  // would not fit: the check must name the problem first
+  optim::SGD other_opt(other.parameters(), sgd_opts());
+  int calls = 0;
+  expect_throw_with<IOError>([&] {
+    resume_checkpoint(root, other, other_opt, false, [&](const TrainingState& st, const std::string& path) {
+      ++calls;
+      CHORUS_THROW(IOError, path, ": config says step ", st.step);
+    });
+  }, {dir.file("ckpt-00000020/state.json"), "config says step 20"});
+  EXPECT_EQ(calls, 1);
+  EXPECT_TRUE(fs::exists(dir.file("ckpt-00000020/model.safetensors"))) << "nothing set aside";
+}
+
 // Permission bits do not stop root; this case runs as an ordinary user.
 TEST(Checkpoint, ResumeSkipsAModelFileItCannotOpen) {
   if (::geteuid() == 0) GTEST_SKIP() << "running as root: permission bits do not apply";

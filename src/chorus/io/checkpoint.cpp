@@ -263,8 +263,16 @@ std::string set_aside(const fs::path& ckpt) {
 
 }  // namespace
 
+namespace {
+// Marks an exception from the caller's check so that resume does not take it for an unreadable file.
+struct CheckFailed {
+  std::exception_ptr error;
+};
+}  // namespace
+
 Resumed resume_checkpoint(const std::string& dir, nn::Module& module, optim::Optimizer& optimizer,
-                          bool allow_fresh_start) {
+                          bool allow_fresh_start,
+                          const std::function<void(const TrainingState&, const std::string&)>& check) {
   Resumed out;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return out;
@@ -283,11 +291,21 @@ Resumed resume_checkpoint(const std::string& dir, nn::Module& module, optim::Opt
 
   for (const fs::path& c : candidates) {
     try {
-      out.state = load_checkpoint(c.string(), module, optimizer);
+      auto guarded = [&](const TrainingState& st, const std::string& path) {
+        if (!check) return;
+        try {
+          check(st, path);
+        } catch (...) {
+          throw CheckFailed{std::current_exception()};
+        }
+      };
+      out.state = load_checkpoint(c.string(), module, optimizer, guarded);
       out.path = c.string();
       break;
     } catch (const IOError& e) {
       out.skipped.push_back({c.string(), e.message(), ""});
+    } catch (const CheckFailed& f) {
+      std::rethrow_exception(f.error);
     }
   }
   if (!out.path && !out.skipped.empty() && !allow_fresh_start) {
@@ -299,7 +317,8 @@ Resumed resume_checkpoint(const std::string& dir, nn::Module& module, optim::Opt
   return out;
 }
 
-TrainingState load_checkpoint(const std::string& ckpt_dir, nn::Module& module, optim::Optimizer& optimizer) {
+TrainingState load_checkpoint(const std::string& ckpt_dir, nn::Module& module, optim::Optimizer& optimizer,
+                              const std::function<void(const TrainingState&, const std::string&)>& check) {
   const fs::path dir(ckpt_dir);
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) CHORUS_THROW(IOError, ckpt_dir, ": not a checkpoint directory");
@@ -313,6 +332,7 @@ TrainingState load_checkpoint(const std::string& ckpt_dir, nn::Module& module, o
   const std::string model_path = (dir / kModelFile).string();
   const std::string optim_path = (dir / kOptimizerFile).string();
   TrainingState state = read_training_state(state_path);
+  if (check) check(state, state_path);
   nn::NamedTensors weights = load_safetensors(model_path);
   std::map<std::string, std::string> optim_meta;
   nn::NamedTensors optim_state = load_safetensors(optim_path, &optim_meta);

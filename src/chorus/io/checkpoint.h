@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -78,13 +79,22 @@ struct Resumed {
 // `allow_fresh_start`; then it returns no path. A checkpoint that does not
 // fit the module or optimizer (ValueError) is an error, never skipped.
 // An empty or missing `dir` returns no path and skips nothing.
+//
+// `check`, when given, sees each candidate's state before its tensors are
+// read (see load_checkpoint); what it throws propagates (an IOError from it
+// too is fatal, not a reason to skip).
 Resumed resume_checkpoint(const std::string& dir, nn::Module& module, optim::Optimizer& optimizer,
-                          bool allow_fresh_start = false);
+                          bool allow_fresh_start = false, const std::function<void(const TrainingState&, const std::string&)>& check = {});
 
 // Loads a checkpoint directory into `module` and `optimizer`. Corrupted or
 // truncated files throw IOError naming the file; a checkpoint that does not
 // fit the model or optimizer throws ValueError naming the file and the keys.
-TrainingState load_checkpoint(const std::string& ckpt_dir, nn::Module& module, optim::Optimizer& optimizer);
+// `check(state, state_json_path)`, when given, runs once state.json is read
+// and before any tensor is: a caller's test that the checkpoint belongs to
+// this run (its config), so that a mismatch is named as such rather than as
+// a tensor that does not fit.
+TrainingState load_checkpoint(const std::string& ckpt_dir, nn::Module& module, optim::Optimizer& optimizer,
+                              const std::function<void(const TrainingState&, const std::string&)>& check = {});
 
 // A checkpoint's state.json, validated (IOError naming the file otherwise).
 TrainingState read_training_state(const std::string& path);
