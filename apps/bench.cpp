@@ -12,17 +12,14 @@
 
 #include <nlohmann/json.hpp>
 
-#include "chorus/autograd/autocast.h"
 #include "chorus/core/backend.h"
 #include "chorus/core/error.h"
 #include "chorus/core/rng.h"
 #include "chorus/models/models.h"
-#include "chorus/nn/functional.h"
 #include "chorus/ops/profile.h"
 #include "chorus/ops/copy.h"
 #include "chorus/ops/factory.h"
 #include "chorus/optim/sgd.h"
-#include "chorus/parallel/data_parallel.h"
 
 namespace chorus::app {
 

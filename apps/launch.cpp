@@ -283,9 +283,15 @@ class Launcher {
       if (store_ && std::chrono::steady_clock::now() - last_check > std::chrono::milliseconds(500)) {
         last_check = std::chrono::steady_clock::now();
         const std::string key = "chorus/launch/" + std::to_string(attempt) + "/failed";
-        if (store_->check({key})) {
-          remote_failure = store_->get_string(key);
-          break;
+        try {
+          if (store_->check({key})) {
+            remote_failure = store_->get_string(key);
+            break;
+          }
+        } catch (const Error&) {
+          // Node 0's launcher (the store) is gone: our workers' own timeouts
+          // end them if their job is broken; nothing more to watch.
+          store_.reset();
         }
       }
     }
@@ -298,7 +304,10 @@ class Launcher {
       drain(ws, std::chrono::steady_clock::now() + std::chrono::seconds(5));
       return 128 + sig;
     }
-    if (!failed && remote_failure.empty()) return 0;
+    if (!failed && remote_failure.empty()) {
+      finish_nodes(attempt);
+      return 0;
+    }
     std::string report;
     if (failed) {
       report = "rank " + std::to_string(failed->rank) + " (pid " + std::to_string(failed->pid) + ") " +
@@ -325,6 +334,20 @@ class Launcher {
       for (const auto& l : failed->tail) std::fprintf(stderr, "  | %s\n", l.c_str());
     }
     return 1;
+  }
+
+  // Every node's launcher checks out; node 0 (which serves the store) waits
+  // for the others (60 s at most) so that none loses the store mid-exit.
+  void finish_nodes(int attempt) {
+    if (!store_) return;
+    try {
+      const std::string key = "chorus/launch/" + std::to_string(attempt) + "/done";
+      store_->add(key, 1);
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      while (c_.node_rank == 0 && store_->add(key, 0) < c_.nnodes && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    } catch (const Error&) {
+    }
   }
 
   const LaunchConfig& c_;

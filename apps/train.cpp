@@ -6,12 +6,13 @@
 #include "train.h"
 #include "commands.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
 
-#include "chorus/autograd/autocast.h"
 #include "chorus/autograd/grad_mode.h"
 #include "chorus/core/backend.h"
 #include "chorus/core/error.h"
@@ -27,12 +28,10 @@
 #include "chorus/models/models.h"
 #include "chorus/nn/functional.h"
 #include "chorus/ops/elementwise.h"
-#include "chorus/ops/factory.h"
 #include "chorus/ops/reduce.h"
 #include "chorus/optim/adamw.h"
 #include "chorus/optim/lr_scheduler.h"
 #include "chorus/optim/sgd.h"
-#include "chorus/parallel/data_parallel.h"
 #include "progress.h"
 #include "train_step.h"
 

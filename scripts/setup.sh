@@ -12,7 +12,7 @@ $SUDO apt-get update -q
 $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
   build-essential cmake ninja-build libopenblas-dev zlib1g-dev libcli11-dev nlohmann-json3-dev \
   libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev dataset-fashion-mnist \
-    libgloo-dev openmpi-bin libopenmpi-dev iproute2 python3
+    libgloo-dev openmpi-bin libopenmpi-dev iproute2 python3 pkg-config
 
 scripts/build.sh
 echo "== training the default model (chorus train)"

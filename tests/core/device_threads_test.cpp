@@ -13,7 +13,9 @@
 #include <thread>
 
 #include <chorus/chorus.h>
+#include <chorus/autograd/node.h>
 #include <chorus/core/device_threads.h>
+#include <chorus/ops/copy.h>
 
 namespace chorus {
 namespace {
@@ -122,6 +124,35 @@ TEST(DeviceThreadPool, MultiDeviceBackwardReusesPoolThreads) {
   EXPECT_EQ(DeviceThreadPool::global().num_threads(), after_first);
   EXPECT_TRUE(w0.grad().defined());
   EXPECT_TRUE(w1.grad().defined());
+}
+
+// A node that fails on one device's pool thread: the exception reaches the
+// caller of backward(), and the pool's threads serve the next backward.
+TEST(DeviceThreadPool, AnErrorInAMultiDeviceBackwardReachesTheCaller) {
+  Tensor w0 = randn({8, 8}, {kFloat32, cpu_device(0)});
+  w0.set_requires_grad(true);
+  auto run = [&](bool fail) {
+    Tensor h = randn({4, 8}, {kFloat32, cpu_device(0)}).matmul(w0);
+    Tensor h1 = h.to(cpu_device(1));
+    Tensor y = autograd::record("Boom", ops::clone(h1), {h1}, [fail](const TensorList& g) {
+      if (fail) throw ValueError("boom on cpu:1");
+      return TensorList{g[0]};
+    });
+    y.sum().backward();
+  };
+  run(false);
+  const size_t threads = DeviceThreadPool::global().num_threads();
+  w0.zero_grad();
+  try {
+    run(true);
+    FAIL() << "expected the node's error";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("boom on cpu:1"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(w0.grad().defined()) << "the failed backward stopped before the leaf";
+  run(false);
+  EXPECT_TRUE(w0.grad().defined());
+  EXPECT_EQ(DeviceThreadPool::global().num_threads(), threads) << "no thread lost or added";
 }
 
 }  // namespace

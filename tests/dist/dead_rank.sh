@@ -19,12 +19,12 @@ for sig in KILL STOP; do
     rc=$?
     survivors=$(grep -cE "^(\[rank [0-9]+\] )?rank [0-9]+: DistError after .*rank $victim did not arrive" <<<"$out")
     times=$(grep -o "DistError after [0-9.]* s" <<<"$out" | grep -o "[0-9.]*" | sort -n | tail -1)
-    left=$(pgrep -f "chorus_dist_probe hang" | wc -l)
+    left=$(pgrep -f "$PROBE hang" | wc -l)
     if [ $rc -eq 0 ] || [ $rc -eq 124 ] || [ "$survivors" != 2 ] || [ "$left" != 0 ] ||
        ! grep -q "chorus launch: rank .* the job is stopped" <<<"$out"; then
       echo "FAIL: SIG$sig of rank $victim (run $i): launcher exit $rc, $survivors survivors named it, $left processes left"
       echo "$out" | head -20; fail=1
-      pkill -9 -f "chorus_dist_probe hang" 2>/dev/null
+      pkill -9 -f "$PROBE hang" 2>/dev/null
       continue
     fi
     ok_runs=$((ok_runs + 1))

@@ -10,6 +10,8 @@
 
 #include <chorus/dist/hash_store.h>
 #include <chorus/dist/launch_env.h>
+#include <chorus/dist/process_group.h>
+#include <chorus/chorus.h>
 #include <chorus/dist/prefix_store.h>
 #include <chorus/dist/rendezvous.h>
 #include <chorus/dist/tcp_store.h>
@@ -231,6 +233,35 @@ TEST(Rendezvous, RankThatJoinsTwiceAndRanksThatNeverCome) {
   TCPStoreServer other(0, "127.0.0.1");
   EXPECT_TRUE(test::throws_naming<DistError>([&] { rendezvous(env_of(0, 3, other.port()), 500ms); },
                                              {"rank(s) 1, 2 of 3 had not joined"}));
+}
+
+}  // namespace
+}  // namespace chorus::dist
+
+namespace chorus::dist {
+namespace {
+
+// A backend this build or machine lacks is refused with one clear error.
+TEST(ProcessGroupBackends, RefusedWithAClearError) {
+  auto store = std::make_shared<HashStore>();
+  EXPECT_TRUE(test::throws_naming<ValueError>([&] { make_process_group("mpi", 0, 1, store); },
+                                              {"unknown process-group backend 'mpi'"}));
+  if (!nccl_backend_available()) {
+    EXPECT_TRUE(test::throws_naming<DistError>([&] { make_process_group("nccl", 0, 1, store); }, {"has no NCCL"}));
+  } else if (cuda_device_count() == 0) {
+    EXPECT_TRUE(test::throws_naming<ValueError>([&] { make_process_group("nccl", 0, 1, store); },
+                                                {"the nccl backend needs a CUDA GPU"}));
+  }
+  if (!gloo_available()) {
+    EXPECT_TRUE(test::throws_naming<DistError>([&] { make_process_group("gloo", 0, 1, store); }, {"has no Gloo"}));
+  } else {
+    // A world of one: every collective works (and is the identity).
+    auto pg = make_process_group("gloo", 0, 1, store);
+    Tensor t = from_vector(std::vector<float>{1.5f, -2.f}, {2});
+    pg->all_reduce(t, ReduceOp::Avg)->wait();
+    EXPECT_EQ(t.to_vector<float>(), (std::vector<float>{1.5f, -2.f}));
+    EXPECT_TRUE(test::throws_naming<ValueError>([&] { pg->send(t, 0); }, {"is not another rank"}));
+  }
 }
 
 }  // namespace

@@ -35,6 +35,16 @@ CHORUS_DECLARE_ERROR(DistError)
 CHORUS_DECLARE_ERROR(IOError)
 #undef CHORUS_DECLARE_ERROR
 
+// Note [Distributed failure first]: when a process group has aborted its
+// communicator (a rank died or stopped; Note [Collective timeouts]), device
+// work that was waiting on the collective can then fail with a CUDA error of
+// its own (an aborted NCCL kernel leaves the context unusable). The root cause
+// is the distributed failure, so the group records it here and the CUDA error
+// checks throw it, as DistError, instead of the secondary CUDA message.
+void set_distributed_failure(const std::string& message);
+// The recorded failure's message; empty when there is none.
+std::string distributed_failure();
+
 namespace detail {
 template <typename... Args>
 std::string str_cat(const Args&... args) {
@@ -57,6 +67,17 @@ std::string str_cat(const Args&... args) {
 #define CHORUS_CHECK_T(Kind, cond, ...)            \
   do {                                             \
     if (!(cond)) CHORUS_THROW(Kind, __VA_ARGS__);  \
+  } while (0)
+
+// The one shape of the foreign libraries' check macros (CHORUS_CUDA_CHECK and
+// the others; cuda/context.h says where each lives): a `Status` other than
+// `ok` from `call` goes to thrower(status, text, __FILE__, __LINE__), which
+// throws. `text` is #call, spelled by the library's macro so that it is the
+// call as written.
+#define CHORUS_STATUS_CHECK(Status, ok, thrower, call, text)                      \
+  do {                                                                            \
+    Status chorus_status_ = (call);                                               \
+    if (chorus_status_ != (ok)) thrower(chorus_status_, text, __FILE__, __LINE__); \
   } while (0)
 
 #define CHORUS_ASSERT(cond)                                                          \

@@ -16,18 +16,16 @@
 
 #include <cstddef>
 
+#include "chorus/core/error.h"
+
 namespace chorus::cuda {
 
 // Throws DeviceError with cuBLAS's status name and description, the call and
 // file:line.
 void throw_cublas_error(cublasStatus_t status, const char* call, const char* file, int line);
 
-#define CHORUS_CUBLAS_CHECK(call)                                                    \
-  do {                                                                               \
-    cublasStatus_t chorus_status_ = (call);                                          \
-    if (chorus_status_ != CUBLAS_STATUS_SUCCESS)                                     \
-      ::chorus::cuda::throw_cublas_error(chorus_status_, #call, __FILE__, __LINE__); \
-  } while (0)
+#define CHORUS_CUBLAS_CHECK(call) \
+  CHORUS_STATUS_CHECK(cublasStatus_t, CUBLAS_STATUS_SUCCESS, ::chorus::cuda::throw_cublas_error, call, #call)
 
 // TF32 switches (Note [TF32 defaults]); process-wide, read at each call.
 void set_allow_tf32_matmul(bool allow);  // default false

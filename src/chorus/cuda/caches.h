@@ -10,6 +10,9 @@
 //    its users: device threads may outlive static destruction.
 #pragma once
 
+#include <array>
+#include <cstddef>
+#include <cstdint>
 #include <mutex>
 #include <optional>
 #include <unordered_map>
@@ -65,7 +68,20 @@ class ThreadHandles {
   static inline thread_local Mine mine_;
 };
 
-template <typename Key, typename Value, typename Hash>
+// A key made of integer fields (a geometry, a GEMM problem) and its hash
+// (FNV-1a over the fields), for LockedCache.
+template <size_t N>
+using IntKey = std::array<int64_t, N>;
+struct IntKeyHash {
+  template <size_t N>
+  size_t operator()(const IntKey<N>& k) const noexcept {
+    uint64_t h = 1469598103934665603ull;
+    for (int64_t x : k) h = (h ^ static_cast<uint64_t>(x)) * 1099511628211ull;
+    return static_cast<size_t>(h);
+  }
+};
+
+template <typename Key, typename Value, typename Hash = IntKeyHash>
 class LockedCache {
  public:
   std::optional<Value> find(const Key& k) const {
@@ -78,6 +94,17 @@ class LockedCache {
   void insert(const Key& k, Value v) {
     std::lock_guard<std::mutex> lock(mu_);
     map_.emplace(k, std::move(v));
+  }
+  // The value for `k`, from search() on first use. The search runs outside
+  // the lock (it may take seconds and use this cache's other keys); when two
+  // threads search for one key at once, both get their own result and the
+  // first stored stays.
+  template <typename Search>
+  Value get_or_search(const Key& k, Search&& search) {
+    if (std::optional<Value> cached = find(k)) return *std::move(cached);
+    Value v = search();
+    insert(k, v);
+    return v;
   }
 
  private:

@@ -1,8 +1,10 @@
 // CUDA context: per-device state (streams) and the CUDA runtime's check macros
 // (CHORUS_CUDA_CHECK, CHORUS_CUDA_LAUNCH_CHECK). Each other library's macro
 // sits beside its wrapper: CHORUS_CUBLAS_CHECK in blas.h, CHORUS_CUDNN_CHECK
-// in cudnn_handle.h, CHORUS_NCCL_CHECK in nccl_check.h. Include only from
-// src/chorus/cuda (and dist/'s NCCL process group).
+// in cudnn_handle.h, CHORUS_NCCL_CHECK and CHORUS_NCCL_CHECK_T in
+// nccl_check.h; all are CHORUS_STATUS_CHECK (core/error.h) with the library's
+// status type and thrower. Include only from src/chorus/cuda (and dist/'s NCCL
+// process group).
 //
 // Note [Current stream]: each (thread, device) pair has a current stream,
 // initially the device's one process-wide default stream created by Chorus (not the
@@ -22,12 +24,8 @@ namespace chorus::cuda {
 // Throws DeviceError with CUDA's own message, the call and file:line.
 void throw_cuda_error(cudaError_t err, const char* call, const char* file, int line);
 
-#define CHORUS_CUDA_CHECK(call)                                                  \
-  do {                                                                           \
-    cudaError_t chorus_err_ = (call);                                            \
-    if (chorus_err_ != cudaSuccess)                                              \
-      ::chorus::cuda::throw_cuda_error(chorus_err_, #call, __FILE__, __LINE__);  \
-  } while (0)
+#define CHORUS_CUDA_CHECK(call) \
+  CHORUS_STATUS_CHECK(cudaError_t, cudaSuccess, ::chorus::cuda::throw_cuda_error, call, #call)
 
 // After every kernel launch: catches bad launch configurations at once.
 #define CHORUS_CUDA_LAUNCH_CHECK() CHORUS_CUDA_CHECK(cudaGetLastError())

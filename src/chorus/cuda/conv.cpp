@@ -27,8 +27,6 @@
 #include <array>
 #include <climits>
 #include <cstdint>
-#include <mutex>
-#include <unordered_map>
 #include <vector>
 
 #include "chorus/core/error.h"
@@ -49,20 +47,10 @@ namespace {
 // tried.
 constexpr size_t kMaxFindWorkspaceBytes = size_t{1} << 30;
 
-// A cuDNN descriptor, created at construction (Owned: cuda/caches.h).
-template <typename T, cudnnStatus_t (*Create)(T*), cudnnStatus_t (*Destroy)(T)>
-class Descriptor {
- public:
-  Descriptor() { CHORUS_CUDNN_CHECK(Create(d_.out())); }
-  T get() const { return d_.get(); }
-
- private:
-  Owned<T, Destroy> d_;
-};
 using FilterDesc =
-    Descriptor<cudnnFilterDescriptor_t, cudnnCreateFilterDescriptor, cudnnDestroyFilterDescriptor>;
-using ConvDesc = Descriptor<cudnnConvolutionDescriptor_t, cudnnCreateConvolutionDescriptor,
-                            cudnnDestroyConvolutionDescriptor>;
+    CudnnDescriptor<cudnnFilterDescriptor_t, cudnnCreateFilterDescriptor, cudnnDestroyFilterDescriptor>;
+using ConvDesc = CudnnDescriptor<cudnnConvolutionDescriptor_t, cudnnCreateConvolutionDescriptor,
+                                 cudnnDestroyConvolutionDescriptor>;
 
 using Direction = ConvDirection;
 
@@ -235,7 +223,7 @@ struct Choice {
   size_t workspace;
 };
 
-using AlgoCache = LockedCache<ConvKey, Choice, ConvKeyHash>;
+using AlgoCache = LockedCache<ConvKey, Choice>;
 AlgoCache& algo_cache() {
   static auto* cache = new AlgoCache;  // leaked: used from threads that may outlive statics
   return *cache;
@@ -293,13 +281,7 @@ Choice search(ConvCall& c, const Conv2dGeometry& g) {
 // Chooses (searching once per key) and runs the algorithm for `c`.
 void execute(ConvCall& c, const Conv2dGeometry& g, Layout layout) {
   const ConvKey key = make_key(c, g, layout);
-  Choice choice;
-  if (auto cached = algo_cache().find(key)) {
-    choice = *cached;
-  } else {
-    choice = search(c, g);
-    algo_cache().insert(key, choice);
-  }
+  const Choice choice = algo_cache().get_or_search(key, [&] { return search(c, g); });
   CHORUS_CUDNN_CHECK(cudnnSetConvolutionMathType(c.conv.get(), choice.math));
   Tensor ws = workspace_tensor(choice.workspace, c.device);
   run(c, choice.algo, ws.defined() ? ws.raw_data() : nullptr, choice.workspace);

@@ -7,9 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "chorus/core/error.h"
@@ -304,19 +302,13 @@ std::shared_ptr<Plan> search(ConvDirection dir, const Conv2dGeometry& g, DType d
 // ---- the plan cache ---------------------------------------------------------------------
 
 // A null plan records "no engine": the legacy path handles that geometry.
-using PlanCache = LockedCache<ConvKey, std::shared_ptr<Plan>, ConvKeyHash>;
+using PlanCache = LockedCache<ConvKey, std::shared_ptr<Plan>>;
 PlanCache& plan_cache() {
   static auto* cache = new PlanCache;  // leaked: used from threads that may outlive statics
   return *cache;
 }
 
 }  // namespace
-
-size_t ConvKeyHash::operator()(const ConvKey& k) const noexcept {
-  uint64_t h = 1469598103934665603ull;  // FNV-1a over the fields
-  for (int64_t x : k) h = (h ^ static_cast<uint64_t>(x)) * 1099511628211ull;
-  return static_cast<size_t>(h);
-}
 
 ConvKey conv_key(ConvDirection dir, const Conv2dGeometry& g, DType dtype, Layout layout,
                  int device, int64_t numerics, const ConvOperands& ops) {
@@ -345,14 +337,8 @@ bool run_conv_graph(ConvDirection dir, const Conv2dGeometry& g, DType dtype, Lay
   if (!conv_graph_enabled()) return false;
   const ConvKey key =
       conv_key(dir, g, dtype, layout, device, dtype == kFloat32 && allow_tf32_conv(), ops);
-  PlanCache& cache = plan_cache();
-  std::shared_ptr<Plan> plan;
-  if (auto cached = cache.find(key)) {
-    plan = *cached;
-  } else {
-    plan = search(dir, g, dtype, layout, common_alignment(ops), device, ops);
-    cache.insert(key, plan);
-  }
+  const std::shared_ptr<Plan> plan = plan_cache().get_or_search(
+      key, [&] { return search(dir, g, dtype, layout, common_alignment(ops), device, ops); });
   if (!plan) return false;
   Tensor ws = workspace_tensor(plan->workspace, device);
   const cudnnStatus_t st =

@@ -44,10 +44,7 @@ struct ConvOperands {
 // algorithm cache in conv.cpp: direction, device, dtype, layout, the numerics
 // switch that changes the candidates (TF32 / math mode), the operands' common
 // alignment, and the geometry.
-using ConvKey = std::array<int64_t, 20>;
-struct ConvKeyHash {
-  size_t operator()(const ConvKey& k) const noexcept;
-};
+using ConvKey = IntKey<20>;
 ConvKey conv_key(ConvDirection dir, const Conv2dGeometry& g, DType dtype, Layout layout,
                  int device, int64_t numerics, const ConvOperands& ops);
 

@@ -80,17 +80,14 @@ Tensor empty_in(Layout layout, const Shape& sizes, DType dtype, Device device) {
 
 // ---- descriptors ----------------------------------------------------------------------
 
-TensorDesc::TensorDesc() { CHORUS_CUDNN_CHECK(cudnnCreateTensorDescriptor(d_.out())); }
-
 TensorDesc::TensorDesc(cudnnDataType_t dtype, Layout layout, int64_t n, int64_t c, int64_t h,
-                       int64_t w)
-    : TensorDesc() {
+                       int64_t w) {
   CHORUS_CHECK(
       n <= INT_MAX && c <= INT_MAX && h <= INT_MAX && w <= INT_MAX && n * c * h * w <= INT_MAX,
       "cuDNN: tensor [", n, ", ", c, ", ", h, ", ", w,
       "] exceeds cuDNN's 2^31 element limit; split the batch");
   CHORUS_CUDNN_CHECK(cudnnSetTensor4dDescriptor(
-      d_.get(), layout == Layout::NCHW ? CUDNN_TENSOR_NCHW : CUDNN_TENSOR_NHWC, dtype,
+      get(), layout == Layout::NCHW ? CUDNN_TENSOR_NCHW : CUDNN_TENSOR_NHWC, dtype,
       static_cast<int>(n), static_cast<int>(c), static_cast<int>(h), static_cast<int>(w)));
 }
 

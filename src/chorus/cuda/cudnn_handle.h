@@ -1,6 +1,6 @@
 // cuDNN for the CUDA kernel set: one handle per (thread, device) bound to the
-// current stream, the CHORUS_CUDNN_CHECK macro, and RAII descriptors for the
-// 4-d tensors that conv.cpp and batch_norm.cpp hand to cuDNN.
+// current stream, the CHORUS_CUDNN_CHECK macro, and the RAII legacy-API
+// descriptors (tensors, filters, convolutions) of conv.cpp and batch_norm.cpp.
 // Include only from src/chorus/cuda, in builds with CHORUS_WITH_CUDNN.
 //
 // Chorus uses cuDNN 9's legacy (descriptor) API, deprecated but complete: it
@@ -14,6 +14,7 @@
 #include <cudnn.h>
 
 #include "chorus/core/dtype.h"
+#include "chorus/core/error.h"
 #include "chorus/core/tensor.h"
 
 #define CHORUS_CUDNN_LEGACY_BEGIN \
@@ -25,12 +26,8 @@ namespace chorus::cuda {
 // Throws DeviceError with cudnnGetErrorString's message, the call and file:line.
 void throw_cudnn_error(cudnnStatus_t status, const char* call, const char* file, int line);
 
-#define CHORUS_CUDNN_CHECK(call)                                                    \
-  do {                                                                              \
-    cudnnStatus_t chorus_status_ = (call);                                          \
-    if (chorus_status_ != CUDNN_STATUS_SUCCESS)                                     \
-      ::chorus::cuda::throw_cudnn_error(chorus_status_, #call, __FILE__, __LINE__); \
-  } while (0)
+#define CHORUS_CUDNN_CHECK(call) \
+  CHORUS_STATUS_CHECK(cudnnStatus_t, CUDNN_STATUS_SUCCESS, ::chorus::cuda::throw_cudnn_error, call, #call)
 
 // This thread's cuDNN handle for `device`, set to current_stream(device). cuDNN
 // runs on the runtime's current device, so the caller holds a CudaDeviceGuard
@@ -55,16 +52,25 @@ Layout layout_of(const Tensor& t, Layout fallback, const char* op, const char* a
 // An uninitialised 4-d tensor with [N,C,H,W] `sizes` stored in `layout`.
 Tensor empty_in(Layout layout, const Shape& sizes, DType dtype, Device device);
 
-// A cudnnTensorDescriptor_t for a packed 4-d tensor (Owned: cuda/caches.h).
-class TensorDesc {
+// A cuDNN (legacy API) descriptor, created at construction and destroyed with
+// its owner (Owned: cuda/caches.h).
+template <typename T, cudnnStatus_t (*Create)(T*), auto Destroy>
+class CudnnDescriptor {
  public:
-  TensorDesc();
-  // sizes are [N,C,H,W] whatever the layout.
-  TensorDesc(cudnnDataType_t dtype, Layout layout, int64_t n, int64_t c, int64_t h, int64_t w);
-  cudnnTensorDescriptor_t get() const { return d_.get(); }
+  CudnnDescriptor() { CHORUS_CUDNN_CHECK(Create(d_.out())); }
+  T get() const { return d_.get(); }
 
  private:
-  Owned<cudnnTensorDescriptor_t, cudnnDestroyTensorDescriptor> d_;
+  Owned<T, Destroy> d_;
+};
+
+// A cudnnTensorDescriptor_t, unset or for a packed 4-d tensor.
+class TensorDesc
+    : public CudnnDescriptor<cudnnTensorDescriptor_t, cudnnCreateTensorDescriptor, cudnnDestroyTensorDescriptor> {
+ public:
+  TensorDesc() = default;
+  // sizes are [N,C,H,W] whatever the layout.
+  TensorDesc(cudnnDataType_t dtype, Layout layout, int64_t n, int64_t c, int64_t h, int64_t w);
 };
 
 }  // namespace chorus::cuda

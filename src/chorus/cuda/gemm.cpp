@@ -11,9 +11,6 @@
 // cublasLtMatmulAlgoGetHeuristic costs tens of microseconds, as much as a small
 // GEMM, so its answer is cached per problem (shape, strides, dtype, alignment).
 #include <cstdint>
-#include <mutex>
-#include <unordered_map>
-#include <vector>
 
 #include "chorus/core/error.h"
 #include "chorus/cuda/blas.h"
@@ -94,19 +91,9 @@ struct PreferenceDesc {
 };
 
 // Everything the heuristic's answer depends on.
-struct ProblemKey {
-  std::vector<int64_t> v;
-  bool operator==(const ProblemKey& o) const { return v == o.v; }
-};
-struct ProblemKeyHash {
-  size_t operator()(const ProblemKey& k) const noexcept {
-    uint64_t h = 1469598103934665603ull;
-    for (int64_t x : k.v) h = (h ^ static_cast<uint64_t>(x)) * 1099511628211ull;
-    return static_cast<size_t>(h);
-  }
-};
+using ProblemKey = IntKey<14>;
 
-using AlgoCache = LockedCache<ProblemKey, cublasLtMatmulAlgo_t, ProblemKeyHash>;
+using AlgoCache = LockedCache<ProblemKey, cublasLtMatmulAlgo_t>;
 AlgoCache& algo_cache() {
   static auto* cache = new AlgoCache;  // leaked: used from threads that may outlive statics
   return *cache;
@@ -175,13 +162,10 @@ void gemm(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_a, bo
                       stride_b);
   LayoutDesc layout_c(dt, n, m, ldc, static_cast<int32_t>(batch), stride_c);
 
-  const ProblemKey key{{device, static_cast<int64_t>(out.dtype()), static_cast<int64_t>(compute),
-                        trans_a, trans_b, m, n, k, batch, stride_a, stride_b, align_a, align_b,
-                        align_c}};
-  cublasLtMatmulAlgo_t algo;
-  if (auto cached = algo_cache().find(key)) {
-    algo = *cached;
-  } else {
+  const ProblemKey key{device, static_cast<int64_t>(out.dtype()), static_cast<int64_t>(compute),
+                       trans_a, trans_b, m, n, k, batch, stride_a, stride_b, align_a, align_b,
+                       align_c};
+  const cublasLtMatmulAlgo_t algo = algo_cache().get_or_search(key, [&] {
     PreferenceDesc pref(kCublasWorkspaceBytes, align_a, align_b, align_c);
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
@@ -191,9 +175,8 @@ void gemm(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_a, bo
     CHORUS_CHECK_T(DeviceError, found > 0, "gemm: cuBLASLt has no algorithm for a ", a.describe(),
                    ", b ", bm.describe(), ", out ", out.describe(), " (trans_a=", trans_a,
                    ", trans_b=", trans_b, ")");
-    algo = result.algo;
-    algo_cache().insert(key, algo);
-  }
+    return result.algo;
+  });
 
   const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
   CHORUS_CUBLAS_CHECK(cublasLtMatmul(

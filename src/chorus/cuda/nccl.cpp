@@ -19,15 +19,14 @@ namespace chorus::cuda {
 
 #ifdef CHORUS_WITH_NCCL
 
-void throw_nccl_error(ncclResult_t r, const char* call, ncclComm_t comm, const std::string& where, const char* file,
-                      int line) {
+std::string nccl_error_message(ncclResult_t r, const char* call, ncclComm_t comm, const std::string& where) {
   std::string msg = detail::str_cat("NCCL error: ", ncclGetErrorString(r), " in ", call);
   if (!where.empty()) msg += " over " + where;
   if (comm) {
     const char* last = ncclGetLastError(comm);
     if (last && *last) msg += std::string(" (") + last + ")";
   }
-  throw DeviceError(msg, file, line);
+  return msg;
 }
 
 namespace {
@@ -38,11 +37,13 @@ std::string device_list(const std::vector<int>& devices) {
   return s;
 }
 
-[[noreturn]] void throw_nccl_error(ncclResult_t r, const char* call, const std::vector<int>& devices,
-                                   const char* detail_msg, const char* file, int line) {
+// The error of a failed set-up or collective: the devices, and NCCL's description of the
+// failure, captured by the caller before anything else could replace it.
+[[noreturn]] void throw_nccl_error_over(ncclResult_t r, const char* call, const std::vector<int>& devices,
+                                        const char* detail_msg, const char* file, int line) {
   std::string where = device_list(devices);
   if (detail_msg && *detail_msg) where += std::string(" (") + detail_msg + ")";
-  cuda::throw_nccl_error(r, call, nullptr, where, file, line);
+  throw_nccl_error(r, call, nullptr, where, file, line);
 }
 
 // NCCL's description of its last failure ("" when it has none).
@@ -115,7 +116,7 @@ std::vector<ncclComm_t>& comm_set(State& st, const std::vector<int>& devices) {
   CudaDeviceGuard restore(cur);  // ncclCommInitAll switches devices
   ncclResult_t r = ncclCommInitAll(comms.data(), static_cast<int>(devices.size()), devices.data());
   if (r != ncclSuccess)
-    throw_nccl_error(r, "ncclCommInitAll", devices, last_error(nullptr).c_str(), __FILE__, __LINE__);
+    throw_nccl_error_over(r, "ncclCommInitAll", devices, last_error(nullptr).c_str(), __FILE__, __LINE__);
   return st.comms.emplace(devices, std::move(comms)).first->second;
 }
 
@@ -173,7 +174,7 @@ void run_collective(const char* call, const std::vector<int>& devices, Issue&& i
       const bool in_call = failed != ncclSuccess;
       if (!in_call) failed_msg = last_error(comms[0]);
       drop_comm_set(st, devices);
-      throw_nccl_error(in_call ? failed : end, in_call ? call : "ncclGroupEnd", devices, failed_msg.c_str(),
+      throw_nccl_error_over(in_call ? failed : end, in_call ? call : "ncclGroupEnd", devices, failed_msg.c_str(),
                        __FILE__, __LINE__);
     }
   }

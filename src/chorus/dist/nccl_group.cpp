@@ -4,9 +4,8 @@
 // and the communication stream records an event the caller's current stream
 // waits for (later work sees the result, and a tensor the caller frees is
 // reused only after the collective): ordered by events on the device, never by
-// a host wait. The communicator is non-blocking (ncclConfig_t.blocking = 0) so
-// that a watchdog thread can abort it (ncclCommAbort) when an operation has
-// not finished within the timeout (Note [Collective timeouts]); the next call,
+// a host wait. A watchdog thread aborts the communicator (ncclCommAbort) when an
+// operation has not finished within the timeout (Note [Collective timeouts]); the next call,
 // or Work::wait(), then throws the DistError naming the ranks that did not
 // arrive.
 #include "chorus/dist/nccl_group.h"
@@ -56,12 +55,9 @@ class NcclGroup;
 
 class NcclWork final : public Work {
  public:
-  NcclWork(NcclGroup* g, const char* op, uint64_t seq, cudaEvent_t done, std::vector<Tensor> keep)
-      : g_(g), op_(op), seq_(seq), done_(done), keep_(std::move(keep)),
-        started_(std::chrono::steady_clock::now()) {}
-  ~NcclWork() override {
-    if (done_) (void)cudaEventDestroy(done_);
-  }
+  NcclWork(NcclGroup* g, const char* op, uint64_t seq, cudaEvent_t done)
+      : g_(g), op_(op), seq_(seq), done_(done), started_(std::chrono::steady_clock::now()) {}
+  ~NcclWork() override;
   bool is_completed() override;
   void wait() override;
   bool finished() { return cudaEventQuery(done_) == cudaSuccess; }
@@ -69,7 +65,6 @@ class NcclWork final : public Work {
   const char* op_;
   uint64_t seq_;
   cudaEvent_t done_;
-  std::vector<Tensor> keep_;  // alive until the collective has run
   std::chrono::steady_clock::time_point started_;
 };
 
@@ -88,13 +83,17 @@ class NcclGroup final : public ProcessGroup {
       CHORUS_CHECK_T(DistError, b.size() == sizeof(id), "nccl: bad unique id in the store");
       std::memcpy(&id, b.data(), sizeof(id));
     }
+    // Blocking calls (enqueueing is fast; a non-blocking communicator cost
+    // ~90 us per collective in completion polling); ncclCommAbort from the
+    // watchdog thread still ends an operation stuck on the device.
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
+    config.blocking = 1;
     ncclResult_t r = ncclCommInitRankConfig(&comm_, size_, id, rank_, &config);
     if (r != ncclSuccess && r != ncclInProgress)
       cuda::throw_nccl_error(r, "ncclCommInitRankConfig", nullptr, "rank " + std::to_string(rank_), __FILE__, __LINE__);
     wait_ready("ncclCommInitRankConfig", options_.timeout);
     CHORUS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    CHORUS_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     watchdog_ = std::thread([this] { watch(); });
   }
 
@@ -106,10 +105,20 @@ class NcclGroup final : public ProcessGroup {
     cv_.notify_all();
     if (watchdog_.joinable()) watchdog_.join();
     if (comm_) {
-      if (broken_) (void)ncclCommAbort(comm_);
-      else {
-        (void)ncclCommFinalize(comm_);
-        (void)ncclCommDestroy(comm_);
+      if (broken_) {
+        (void)ncclCommAbort(comm_);
+      } else {
+        // Non-blocking: finalize completes asynchronously; destroying before
+        // it has crashed the process at exit.
+        cuda::CudaDeviceGuard guard(device_);
+        ncclResult_t st = ncclCommFinalize(comm_);
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+        while (st == ncclInProgress && std::chrono::steady_clock::now() < deadline) {
+          std::this_thread::sleep_for(std::chrono::microseconds(200));
+          if (ncclCommGetAsyncError(comm_, &st) != ncclSuccess) break;
+        }
+        if (st == ncclSuccess) (void)ncclCommDestroy(comm_);
+        else (void)ncclCommAbort(comm_);
       }
     }
   }
@@ -177,6 +186,26 @@ class NcclGroup final : public ProcessGroup {
     });
   }
 
+  // Completion events, reused (creating two per collective cost more than a
+  // small all-reduce).
+  cudaEvent_t acquire_event() {
+    {
+      std::lock_guard<std::mutex> lk(events_mu_);
+      if (!events_.empty()) {
+        cudaEvent_t e = events_.back();
+        events_.pop_back();
+        return e;
+      }
+    }
+    cudaEvent_t e = nullptr;
+    CHORUS_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+  }
+  void release_event(cudaEvent_t e) {
+    std::lock_guard<std::mutex> lk(events_mu_);
+    events_.push_back(e);
+  }
+
   void check_broken() {
     std::lock_guard<std::mutex> lk(mu_);
     if (broken_) std::rethrow_exception(broken_);
@@ -189,8 +218,10 @@ class NcclGroup final : public ProcessGroup {
                  ", got ", t.describe());
   }
 
-  // Polls a non-blocking communicator until its last call has completed.
+  // Polls a non-blocking communicator until its last call has completed
+  // (enqueueing a collective takes microseconds: spin, then back off).
   void wait_ready(const char* what, std::chrono::milliseconds timeout) {
+    int spins = 0;
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     for (;;) {
       ncclResult_t st = ncclSuccess;
@@ -204,7 +235,8 @@ class NcclGroup final : public ProcessGroup {
         throw_collective_failure("nccl", what, 0, rank_, missing, "the communicator did not come up", options_.timeout,
                                  store_);
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (++spins < 100000) std::this_thread::yield();
+      else std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
   }
 
@@ -213,24 +245,28 @@ class NcclGroup final : public ProcessGroup {
     check_broken();
     cuda::CudaDeviceGuard guard(device_);
     cudaStream_t cur = cuda::current_stream(device_);
-    cudaEvent_t ready = nullptr, done = nullptr;
-    CHORUS_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
-    CHORUS_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-    CHORUS_CUDA_CHECK(cudaEventRecord(ready, cur));
-    CHORUS_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready, 0));
-    (void)cudaEventDestroy(ready);  // the wait has captured it
-    ncclResult_t r = launch(stream_);
-    if (r == ncclInProgress) {
-      wait_ready(op, options_.timeout);
-      r = ncclSuccess;
+    // `ready_` is reused: a wait captures the event's state when enqueued.
+    CHORUS_CUDA_CHECK(cudaEventRecord(ready_, cur));
+    CHORUS_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
+    cudaEvent_t done = acquire_event();
+    ncclResult_t r;
+    {
+      // One thread at a time on the communicator: the watchdog polls it too.
+      std::lock_guard<std::mutex> comm_lock(comm_mu_);
+      r = launch(stream_);
+      if (r == ncclInProgress) {
+        wait_ready(op, options_.timeout);
+        r = ncclSuccess;
+      }
     }
     if (r != ncclSuccess) {
-      (void)cudaEventDestroy(done);
+      release_event(done);
       cuda::throw_nccl_error(r, op, comm_, "", __FILE__, __LINE__);
     }
     CHORUS_CUDA_CHECK(cudaEventRecord(done, stream_));
     CHORUS_CUDA_CHECK(cudaStreamWaitEvent(cur, done, 0));
-    auto w = std::make_shared<NcclWork>(this, op, ++seq_, done, std::move(keep));
+    (void)keep;
+    auto w = std::make_shared<NcclWork>(this, op, ++seq_, done);
     {
       std::lock_guard<std::mutex> lk(mu_);
       pending_.push_back(w);
@@ -242,6 +278,7 @@ class NcclGroup final : public ProcessGroup {
   // The watchdog: retires finished operations; aborts the communicator when
   // the oldest has run past the timeout.
   void watch() {
+    cuda::CudaDeviceGuard guard(device_);
     std::unique_lock<std::mutex> lk(mu_);
     for (;;) {
       cv_.wait_for(lk, std::chrono::milliseconds(100), [&] { return stop_ || !pending_.empty(); });
@@ -250,11 +287,15 @@ class NcclGroup final : public ProcessGroup {
       if (pending_.empty() || broken_) continue;
       std::shared_ptr<NcclWork> oldest = pending_.front();
       ncclResult_t async = ncclSuccess;
-      (void)ncclCommGetAsyncError(comm_, &async);
+      if (std::unique_lock<std::mutex> comm_lock(comm_mu_, std::try_to_lock); comm_lock.owns_lock())
+        (void)ncclCommGetAsyncError(comm_, &async);
       const bool late = std::chrono::steady_clock::now() - oldest->started_ > options_.timeout;
       if (!late && (async == ncclSuccess || async == ncclInProgress)) continue;
       lk.unlock();
-      (void)ncclCommAbort(comm_);  // the kernels exit; the stream moves on
+      // Roll call first, while the kernels still wait (the other survivors'
+      // watchdogs time out at the same moment), and record the failure before
+      // the abort: work that then fails on this device reports it (Note
+      // [Distributed failure first]).
       std::vector<int> missing = roll_call(*store_, options_.name, rank_, size_, oldest->seq_, options_.timeout);
       std::exception_ptr err;
       try {
@@ -262,9 +303,11 @@ class NcclGroup final : public ProcessGroup {
                                  late ? "not finished within the timeout; the communicator was aborted"
                                       : std::string("NCCL reported: ") + ncclGetErrorString(async),
                                  options_.timeout, store_);
-      } catch (...) {
+      } catch (const Error& e) {
         err = std::current_exception();
+        set_distributed_failure(e.message());  // Note [Distributed failure first]
       }
+      (void)ncclCommAbort(comm_);  // the kernels exit; the stream moves on
       lk.lock();
       broken_ = err;
       comm_ = nullptr;
@@ -273,6 +316,10 @@ class NcclGroup final : public ProcessGroup {
   }
 
   int device_;
+  std::mutex comm_mu_;  // NCCL calls on comm_ (issue, watchdog polls); not held while aborting
+  cudaEvent_t ready_ = nullptr;
+  std::mutex events_mu_;
+  std::vector<cudaEvent_t> events_;  // leaked with the group: Works may outlive it briefly
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;  // leaked with the process: tensors may name it
   Tensor barrier_buf_;
@@ -285,6 +332,12 @@ class NcclGroup final : public ProcessGroup {
   std::thread watchdog_;
   friend class NcclWork;
 };
+
+// No tensor is kept alive here: the caller's stream waits for `done` before
+// any later work, so memory the caller frees is reused only after the
+// collective (stream-ordered allocation), and no tensor is ever freed on the
+// watchdog's thread.
+NcclWork::~NcclWork() { g_->release_event(done_); }
 
 bool NcclWork::is_completed() { return finished(); }
 

@@ -29,8 +29,11 @@ void ProcessGroup::check_peer(const char* op, int peer, const char* what) const 
 
 }  // namespace chorus::dist
 
+#include <set>
+
 #include "chorus/core/device.h"
 #include "chorus/dist/gloo_group.h"
+#include "chorus/dist/prefix_store.h"
 #include "chorus/dist/nccl_group.h"
 
 namespace chorus::dist {
@@ -73,6 +76,24 @@ ProcessGroupPtr make_process_group(const std::string& backend, int rank, int siz
 #endif
   }
   CHORUS_THROW(ValueError, "unknown process-group backend '", backend, "' (expected gloo or nccl)");
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ranks) {
+  CHORUS_CHECK(!ranks.empty(), "new_group: the rank list is empty");
+  std::set<int> seen;
+  for (int r : ranks) {
+    CHORUS_CHECK(r >= 0 && r < size_, "new_group: rank ", r, " is not a rank of this group (", size_, " ranks)");
+    CHORUS_CHECK(seen.insert(r).second, "new_group: rank ", r, " appears twice");
+  }
+  const int id = ++subgroups_;  // counted on every rank, members or not
+  int mine = -1;
+  for (size_t i = 0; i < ranks.size(); ++i)
+    if (ranks[i] == rank_) mine = static_cast<int>(i);
+  if (mine < 0) return nullptr;
+  ProcessGroupOptions o = options_;
+  o.name = options_.name + "/sub" + std::to_string(id);
+  auto store = std::make_shared<PrefixStore>("group/" + o.name, store_);
+  return make_process_group(backend(), mine, static_cast<int>(ranks.size()), store, o);
 }
 
 }  // namespace chorus::dist

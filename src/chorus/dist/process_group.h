@@ -78,6 +78,13 @@ class ProcessGroup {
   virtual WorkPtr send(const Tensor& t, int dst, int tag = 0) = 0;
   virtual WorkPtr recv(const Tensor& t, int src, int tag = 0) = 0;
 
+  // A subgroup of `ranks` (ranks of this group, distinct, any order: the
+  // subgroup's rank i is ranks[i]), on the same backend, with its own store
+  // namespace and communicator. Every rank of this group must call new_group
+  // with the same lists in the same order (as in PyTorch); ranks outside
+  // `ranks` get nullptr.
+  std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks);
+
  protected:
   // Checks shared by the backends (defined tensors, dtypes, contiguity, sizes).
   void check_tensor(const char* op, const Tensor& t) const;
@@ -85,6 +92,7 @@ class ProcessGroup {
   int rank_, size_;
   StorePtr store_;
   ProcessGroupOptions options_;
+  int subgroups_ = 0;  // new_group calls so far: names the next subgroup
 };
 using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
 

@@ -10,8 +10,20 @@
 
 namespace chorus::dist {
 
-GradBuckets::GradBuckets(const std::vector<Tensor>& params, int64_t bucket_bytes, int64_t first_bucket_bytes)
+GradBuckets::GradBuckets(const std::vector<Tensor>& params, int64_t bucket_bytes, int64_t first_bucket_bytes,
+                         const std::vector<size_t>& order)
     : bucket_of(params.size()), index_in_bucket(params.size()) {
+  std::vector<size_t> fill = order;
+  if (fill.empty())
+    for (size_t k = params.size(); k-- > 0;) fill.push_back(k);
+  CHORUS_CHECK(fill.size() == params.size(), "gradient buckets: the order names ", fill.size(),
+               " parameters but there are ", params.size());
+  std::vector<char> seen(params.size(), 0);
+  for (size_t k : fill) {
+    CHORUS_CHECK(k < params.size() && !seen[k], "gradient buckets: the order is not a permutation of the ",
+                 params.size(), " parameters (", k, " is ", k < params.size() ? "repeated" : "out of range", ")");
+    seen[k] = 1;
+  }
   std::vector<size_t> ks;
   std::vector<Tensor> ps;
   int64_t bytes = 0;
@@ -21,14 +33,15 @@ GradBuckets::GradBuckets(const std::vector<Tensor>& params, int64_t bucket_bytes
     ps.clear();
     bytes = 0;
   };
-  for (size_t k = params.size(); k-- > 0;) {
+  for (size_t i = 0; i < fill.size(); ++i) {
+    const size_t k = fill[i];
     bucket_of[k] = buckets.size();
     index_in_bucket[k] = ks.size();
     ks.push_back(k);
     ps.push_back(params[k]);
     bytes += params[k].numel() * static_cast<int64_t>(dtype_size(params[k].dtype()));
     const int64_t cap = buckets.empty() && first_bucket_bytes > 0 ? first_bucket_bytes : bucket_bytes;
-    if (cap > 0 && bytes >= cap && k > 0) close();
+    if (cap > 0 && bytes >= cap && i + 1 < fill.size()) close();
   }
   if (!ks.empty()) close();
 }

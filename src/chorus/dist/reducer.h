@@ -1,7 +1,9 @@
 // The gradient reducer: one for DataParallel (sums over the devices of this
 // process) and DistributedDataParallel (all-reduce over a process group), as
 // PyTorch's DDP and its Reducer are separate. What differs between them is
-// only how one bucket's buffers become their sum: the BucketComm.
+// only how one bucket's buffers become their sum: the BucketComm. This file
+// is the graph form (DataParallel's); the per-parameter form DDP hangs on
+// post-accumulate hooks is dist/grad_hooks.h (Note [Reducer hooks]).
 //
 // Note [Gradient buckets]: the parameters' gradients travel in buckets of
 // about `bucket_bytes` (25 MiB by default), filled from the last parameter to
@@ -58,7 +60,11 @@ struct GradBuckets {
   std::vector<size_t> bucket_of, index_in_bucket;  // [k]
 
   // bucket_bytes 0: one bucket. first_bucket_bytes 0: as bucket_bytes.
-  GradBuckets(const std::vector<Tensor>& params, int64_t bucket_bytes, int64_t first_bucket_bytes = 0);
+  // `order`: the parameter indices in the order to fill the buckets (each
+  // once: the order gradients became ready, dist/grad_hooks.h); empty: from
+  // the last parameter to the first. ValueError if it is not a permutation.
+  GradBuckets(const std::vector<Tensor>& params, int64_t bucket_bytes, int64_t first_bucket_bytes = 0,
+              const std::vector<size_t>& order = {});
 };
 
 // How one bucket's per-replica buffers become the reduced gradient.

@@ -4,10 +4,10 @@
 #include <cctype>
 #include <charconv>
 #include <filesystem>
-#include <iostream>
 #include <vector>
 
 #include "chorus/core/error.h"
+#include "chorus/core/warn.h"
 #include "chorus/io/file_util.h"
 #include "chorus/io/json_util.h"
 #include "chorus/io/safetensors.h"
@@ -78,8 +78,6 @@ std::string not_a_file_because(const fs::path& p) {
     default: return "not a regular file";
   }
 }
-
-void warn(const std::string& what) { std::cerr << "chorus: warning: " << what << "\n"; }
 
 // Deletes older checkpoints and crash debris. The new checkpoint is already
 // in place, so a failure here is reported and never loses it.

@@ -1,0 +1,176 @@
+#include "chorus/dist/grad_hooks.h"
+
+#include <mutex>
+
+#include "chorus/core/error.h"
+#include "chorus/ops/copy.h"
+#include "chorus/ops/factory.h"
+
+namespace chorus::dist {
+
+// Note [Reducer hooks] (grad_hooks.h).
+struct HookReducer::State {
+  std::vector<Tensor> params;
+  ReducerOptions options;
+  std::shared_ptr<BucketComm> comm;
+  Device device;
+
+  mutable std::mutex mu;  // the hooks may run on several engine threads
+  std::shared_ptr<const GradBuckets> buckets;
+  std::vector<std::vector<Tensor>> buffers;  // [bucket][group], persistent
+  std::vector<Tensor> views;                 // [k]: its segment of its bucket's buffer
+  bool armed = false, done = false;
+  std::vector<char> ready, unused;     // [k] in the armed backward
+  std::vector<size_t> pending;         // [bucket]: parameters not yet ready
+  size_t next_launch = 0;              // buckets launch in index order
+  std::vector<std::vector<Tensor>> results;  // [bucket][group]
+  bool recording_order = true;         // until the first armed backward finishes
+  std::vector<size_t> order;
+
+  void plan(const std::vector<size_t>& fill) {
+    buckets = std::make_shared<const GradBuckets>(params, options.bucket_bytes, options.first_bucket_bytes, fill);
+    buffers.clear();
+    views.assign(params.size(), Tensor());
+    for (const GradBuckets::Bucket& b : buckets->buckets) {
+      buffers.emplace_back();
+      for (size_t g = 0; g < b.layout.groups(); ++g)
+        buffers.back().push_back(empty({b.layout.numels[g]}, TensorOptions(b.layout.dtypes[g], device)));
+      for (size_t i = 0; i < b.ks.size(); ++i)
+        views[b.ks[i]] = b.layout.view(buffers.back()[b.layout.segments[i].group], i);
+    }
+  }
+
+  // Caller holds mu.
+  void mark_ready(size_t k) {
+    ready[k] = 1;
+    if (recording_order) order.push_back(k);
+    --pending[buckets->bucket_of[k]];
+    // Launch every complete bucket whose predecessors are launched.
+    while (next_launch < buckets->buckets.size() && pending[next_launch] == 0) {
+      const size_t b = next_launch++;
+      Event written(device, /*timing=*/false);
+      written.record();
+      results[b].clear();
+      for (const Tensor& buf : buffers[b]) {
+        std::vector<Tensor> one{buf};
+        results[b].push_back(comm->reduce(one, {written}));
+      }
+    }
+    if (next_launch == buckets->buckets.size()) finish();
+  }
+
+  void finish() {
+    comm->join(device);
+    for (size_t k = 0; k < params.size(); ++k) {
+      if (unused[k]) continue;
+      const size_t b = buckets->bucket_of[k], i = buckets->index_in_bucket[k];
+      const FlatLayout& layout = buckets->buckets[b].layout;
+      const Tensor& result = results[b][layout.segments[i].group];
+      // The bucket itself when the comm works in place: the persistent view.
+      params[k].set_grad(result.storage() == buffers[b][layout.segments[i].group].storage() &&
+                                 result.storage_offset() == buffers[b][layout.segments[i].group].storage_offset()
+                             ? views[k]
+                             : layout.view(result, i));
+    }
+    armed = false;
+    done = true;
+    recording_order = false;
+  }
+
+  void on_grad_ready(size_t k) {
+    std::lock_guard<std::mutex> lk(mu);
+    if (!armed) return;  // an unarmed backward (no_sync): a plain accumulation
+    CHORUS_CHECK(!ready[k], "HookReducer: the gradient of parameter ", k,
+                 " became ready twice in one backward (marked unused, or two backward passes after one "
+                 "prepare_for_backward)");
+    const Tensor g = params[k].grad();
+    const Tensor& dst = views[k];
+    if (g.storage() != dst.storage() || g.storage_offset() != dst.storage_offset() || g.strides() != dst.strides())
+      ops::copy_(dst, g);
+    mark_ready(k);
+  }
+};
+
+HookReducer::HookReducer(std::vector<Tensor> params, std::shared_ptr<BucketComm> comm, ReducerOptions options)
+    : state_(std::make_shared<State>()) {
+  State& s = *state_;
+  CHORUS_CHECK(comm != nullptr, "HookReducer: the bucket communication is null");
+  CHORUS_CHECK(options.bucket_bytes >= 0 && options.first_bucket_bytes >= 0,
+               "HookReducer: bucket sizes must be >= 0, got bucket_bytes ", options.bucket_bytes,
+               " and first_bucket_bytes ", options.first_bucket_bytes);
+  CHORUS_CHECK(!params.empty(), "HookReducer: no parameters");
+  s.device = params[0].device();
+  for (size_t k = 0; k < params.size(); ++k) {
+    const Tensor& p = params[k];
+    CHORUS_CHECK(p.defined() && p.is_leaf() && p.requires_grad(), "HookReducer: parameter ", k,
+                 " must be a leaf that requires grad");
+    CHORUS_CHECK(p.device() == s.device, "HookReducer: parameter ", k, " is on ", p.device().str(),
+                 " but parameter 0 on ", s.device.str(), "; one reducer reduces the parameters of one device");
+    for (size_t j = 0; j < k; ++j)
+      CHORUS_CHECK(params[j].impl() != p.impl(), "HookReducer: parameters ", j, " and ", k, " are the same tensor");
+  }
+  s.params = std::move(params);
+  s.options = options;
+  s.comm = std::move(comm);
+  s.plan({});
+  std::weak_ptr<State> weak = state_;
+  for (size_t k = 0; k < s.params.size(); ++k)
+    s.params[k].register_post_accumulate_hook([weak, k](Tensor&) {
+      if (auto st = weak.lock()) st->on_grad_ready(k);
+    });
+}
+
+HookReducer::~HookReducer() = default;
+
+void HookReducer::prepare_for_backward(const std::vector<size_t>& unused) {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lk(s.mu);
+  CHORUS_CHECK(!s.armed, "HookReducer: prepare_for_backward while the previous armed backward has not finished (",
+               "a parameter it reached no gradient for must be named unused)");
+  const size_t n = s.params.size(), nb = s.buckets->buckets.size();
+  s.ready.assign(n, 0);
+  s.unused.assign(n, 0);
+  s.pending.assign(nb, 0);
+  s.results.assign(nb, {});
+  s.next_launch = 0;
+  s.done = false;
+  s.armed = true;
+  if (s.recording_order) s.order.clear();
+  for (size_t k = 0; k < n; ++k) ++s.pending[s.buckets->bucket_of[k]];
+  for (size_t k : unused) {
+    CHORUS_CHECK(k < n, "HookReducer: unused parameter ", k, " out of range (", n, " parameters)");
+    CHORUS_CHECK(!s.unused[k], "HookReducer: parameter ", k, " named unused twice");
+    s.unused[k] = 1;
+    s.views[k].zero_();  // contributes nothing to the reduction
+  }
+  // Marked ready after all are flagged, so that a bucket of unused parameters
+  // only launches in its turn; with every parameter unused, this finishes.
+  for (size_t k : unused) s.mark_ready(k);
+}
+
+bool HookReducer::finished() const {
+  std::lock_guard<std::mutex> lk(state_->mu);
+  return state_->done;
+}
+
+std::vector<size_t> HookReducer::ready_order() const {
+  std::lock_guard<std::mutex> lk(state_->mu);
+  return state_->recording_order ? std::vector<size_t>{} : state_->order;
+}
+
+void HookReducer::rebuild_buckets() {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lk(s.mu);
+  CHORUS_CHECK(!s.armed, "HookReducer: rebuild_buckets during an armed backward");
+  CHORUS_CHECK(!s.recording_order, "HookReducer: rebuild_buckets before a complete armed backward recorded the order");
+  s.plan(s.order);
+}
+
+const GradBuckets& HookReducer::buckets() const { return *state_->buckets; }
+
+std::vector<Tensor> HookReducer::bucket_buffers(size_t b) const {
+  std::lock_guard<std::mutex> lk(state_->mu);
+  return state_->buffers.at(b);
+}
+
+}  // namespace chorus::dist

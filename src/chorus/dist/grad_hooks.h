@@ -1,0 +1,75 @@
+// HookReducer: the gradient reducer's per-parameter form, for
+// DistributedDataParallel: each parameter's gradient enters its bucket as soon
+// as it is final (a post-accumulate hook), and a bucket goes to its BucketComm
+// (a ProcessGroup all-reduce, a compression hook) once it is complete, while
+// the backward still runs. It shares the bucket plan (GradBuckets, Note
+// [Gradient buckets]) and BucketComm with the graph form (dist/reducer.h,
+// Note [Gradient nodes]) that DataParallel uses; DDP only plugs in a comm.
+//
+// Note [Reducer hooks]: one
+// replica per process, whose parameters (all on one device) get a
+// post-accumulate hook each (Tensor::register_post_accumulate_hook: called
+// once a parameter's gradient of this backward is final). The bucket buffers
+// are persistent. An armed backward (prepare_for_backward) goes:
+//  1. each hook copies its parameter's .grad into the parameter's segment of
+//     its bucket -- unless .grad already is that segment (the previous
+//     reduction left it there and this backward accumulated into it in
+//     place: no copy in the steady state of gradient accumulation);
+//  2. once every parameter of a bucket is ready, and every earlier bucket has
+//     been launched (every process must issue its collectives in one order,
+//     or they pair up wrongly), an event is recorded on the device's current
+//     stream and the bucket's buffers go to BucketComm::reduce;
+//  3. after the last bucket, join(device), and each parameter's .grad becomes
+//     the view of its segment of the result (the bucket itself when reduce()
+//     works in place, as an all-reduce does).
+// A backward that is not armed (DDP's no_sync()) reduces nothing: gradients
+// accumulate in .grad as for a plain module, and the next armed backward
+// reduces the accumulated sum. Parameters that this backward will not reach
+// (unused) must be named to prepare_for_backward: they are ready at once,
+// contribute zeros and keep their .grad; otherwise the reduction never
+// completes and finished() stays false. (Which parameters are unused on *any*
+// rank, and hence whose result to keep, is the caller's to agree on.) The
+// first armed backward records the order in which gradients became ready;
+// rebuild_buckets() re-plans the buckets in that order. The hooks hold the
+// reducer's state weakly: a destroyed reducer leaves inert hooks behind.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "chorus/dist/reducer.h"
+
+namespace chorus::dist {
+
+class HookReducer {
+ public:
+  // params: distinct leaves that require grad, all on one device.
+  HookReducer(std::vector<Tensor> params, std::shared_ptr<BucketComm> comm, ReducerOptions options = {});
+  ~HookReducer();
+  HookReducer(const HookReducer&) = delete;
+  HookReducer& operator=(const HookReducer&) = delete;
+
+  // Arms the next backward; `unused`: indices of parameters it will not reach.
+  // Throws ValueError while an armed backward has not finished.
+  void prepare_for_backward(const std::vector<size_t>& unused = {});
+  // Whether the armed backward's reduction is complete (grads are views).
+  bool finished() const;
+
+  // The order in which gradients became ready in the first armed backward
+  // (complete once it finished; empty before).
+  std::vector<size_t> ready_order() const;
+  // Re-plans the buckets from ready_order() (Note [Gradient buckets]); only
+  // between backwards. Gradients that are views of the old buckets are left
+  // as they are (copied in, not reused, by the next backward).
+  void rebuild_buckets();
+
+  const GradBuckets& buckets() const;
+  // Bucket b's flat buffers, one per dtype group (tests, and DDP's own use).
+  std::vector<Tensor> bucket_buffers(size_t b) const;
+
+ private:
+  struct State;
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace chorus::dist
