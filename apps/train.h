@@ -33,6 +33,8 @@ struct TrainConfig {
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;  // steps; 0: at the end of each epoch only
   bool resume = false;
+  bool start_fresh = false;               // --resume: start over when no checkpoint can be read
+  std::vector<std::string> allow_change;  // --resume: config fields that may differ (kResumeChangeable)
   std::string metrics;
   bool json = false;
   int64_t log_every = 20;
