@@ -8,13 +8,18 @@
 #include "bench.h"
 #include "bench_comm.h"
 #include "chorus/core/error.h"
+#include "chorus/data/loader.h"
+#include "cli_numbers.h"
+#include "stop_signal.h"
 #include "commands.h"
 #include "launch.h"
 #include "train.h"
 
 using namespace chorus;
 
-int main(int argc, char** argv) {
+// The whole program; with parse_only it stops once the command line is
+// parsed and checked (the command-line fuzz harness, tests/fuzz/fuzz_cli.cpp).
+int chorus_main(int argc, char** argv, bool parse_only) {
   CLI::App app{"Chorus: train one neural network on many devices", "chorus"};
   app.require_subcommand(0, 1);
   bool show_version = false;
@@ -27,27 +32,29 @@ int main(int argc, char** argv) {
   app::add_optional(train, "--data-dir", tc.data_dir, "Folder with the data set's files (default: /usr/share/datasets/<data>)");
   train->add_option("--devices", tc.devices, "cpu | cpu:0,cpu:1 | cuda:0,cuda:1 | all (default: cuda:0 if present, else cpu)")->check(app::non_empty_devices, "DEVICES");
   train->add_option("--strategy", tc.strategy, "single|dp|ddp|pipeline")->capture_default_str();
-  train->add_option("--bucket-mb", tc.bucket_mb, "dp: sum gradients in buckets of this many MiB while the backward runs (0: one sum at the end)")->capture_default_str();
-  train->add_option("--epochs", tc.epochs, "Epochs")->capture_default_str();
+  train->add_option("--bucket-mb", tc.bucket_mb, "dp: sum gradients in buckets of this many MiB while the backward runs (0: one sum at the end)")->capture_default_str()->check(app::real_number(1e12));
+  train->add_option("--epochs", tc.epochs, "Epochs")->capture_default_str()->transform(app::integer_up_to(app::kMaxEpochs));
   // Options without a natural default are std::optional (app::add_optional):
   // an explicit value is always checked, never mistaken for "unset".
-  app::add_optional(train, "--steps", tc.steps, "Stop after this many steps (default: no limit besides --epochs)");
-  train->add_option("--batch-size", tc.batch_size, "Batch size per device")->capture_default_str();
-  app::add_optional(train, "--lr", tc.lr, "Peak learning rate (default: 0.05 for SGD, 1e-3 for AdamW)");
+  app::add_optional(train, "--steps", tc.steps, "Stop after this many steps (default: no limit besides --epochs)")->transform(app::integer_up_to(app::kMaxSteps));
+  train->add_option("--batch-size", tc.batch_size, "Batch size per device")->capture_default_str()->transform(app::integer_up_to(app::kMaxBatchSize));
+  app::add_optional(train, "--lr", tc.lr, "Peak learning rate (default: 0.05 for SGD, 1e-3 for AdamW)")->check(app::real_number(1e6));
   train->add_option("--optimizer", tc.optimizer, "sgd|adamw")->capture_default_str();
-  train->add_option("--momentum", tc.momentum, "SGD momentum (Nesterov)")->capture_default_str();
-  train->add_option("--weight-decay", tc.weight_decay, "Weight decay")->capture_default_str();
-  train->add_option("--label-smoothing", tc.label_smoothing, "Cross-entropy label smoothing")->capture_default_str();
+  train->add_option("--momentum", tc.momentum, "SGD momentum (Nesterov)")->capture_default_str()->check(app::real_number(1, true));
+  train->add_option("--weight-decay", tc.weight_decay, "Weight decay")->capture_default_str()->check(app::real_number(1e6));
+  train->add_option("--label-smoothing", tc.label_smoothing, "Cross-entropy label smoothing")->capture_default_str()->check(app::real_number(1, true));
   train->add_option("--precision", tc.precision, "fp32|bf16")->capture_default_str();
-  train->add_option("--seed", tc.seed, "Random seed")->capture_default_str();
-  train->add_option("--workers", tc.workers, "Data loader worker threads")->capture_default_str();
-  train->add_option("--synthetic-size", tc.synthetic_size, "Examples in --data synthetic")->capture_default_str();
+  train->add_option("--seed", tc.seed, "Random seed")->capture_default_str()->transform(app::whole_number(0, UINT64_MAX));
+  train->add_option("--workers", tc.workers, "Data loader worker threads")->capture_default_str()->transform(app::integer_up_to(data::kMaxWorkers));
+  train->add_option("--synthetic-size", tc.synthetic_size, "Examples in --data synthetic")->capture_default_str()->transform(app::integer_up_to(app::kMaxSyntheticSize));
   app::add_optional(train, "--checkpoint-dir", tc.checkpoint_dir, "Write checkpoints here");
   train->add_option("--checkpoint-every", tc.checkpoint_every, "Also checkpoint every N steps (0: at epoch ends only)")
-      ->capture_default_str();
+      ->capture_default_str()->transform(app::integer_up_to(app::kMaxSteps));
   train->add_flag("--resume", tc.resume, "Continue from the newest checkpoint in --checkpoint-dir");
+  train->add_flag("--start-fresh", tc.start_fresh, "With --resume: when no checkpoint can be read, start over (they are kept, renamed *.unreadable)");
+  train->add_option("--allow-change", tc.allow_change, "With --resume: let these saved settings change (epochs, steps, data_dir, devices)")->delimiter(',');
   app::add_optional(train, "--metrics", tc.metrics, "Write metrics as JSON lines (or CSV for a .csv file)");
-  train->add_option("--log-every", tc.log_every, "Read the loss every N steps")->capture_default_str();
+  train->add_option("--log-every", tc.log_every, "Read the loss every N steps")->capture_default_str()->transform(app::integer_up_to(app::kMaxSteps));
   train->add_flag("--json", tc.json, "Print the final summary as one JSON object on stdout");
   train->add_flag("--quiet", tc.quiet, "No progress output");
 
@@ -74,6 +81,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
+    if (parse_only) {
+      if (*train) tc.validate();
+      return 0;
+    }
     if (show_version) {
       std::printf("%s", app::version_text().c_str());
       return 0;
@@ -97,6 +108,8 @@ int main(int argc, char** argv) {
     }
     std::printf("%s", app.help().c_str());
     return 0;
+  } catch (const app::Interrupted& e) {
+    return e.exit_code();  // Note [Stopping on a signal]: already said on stderr
   } catch (const Error& e) {
     std::fprintf(stderr, "chorus: error: %s\n", e.message().c_str());
     return 1;
@@ -105,3 +118,7 @@ int main(int argc, char** argv) {
     return 1;
   }
 }
+
+#ifndef CHORUS_NO_MAIN
+int main(int argc, char** argv) { return chorus_main(argc, argv, false); }
+#endif

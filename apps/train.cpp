@@ -33,6 +33,8 @@
 #include "chorus/optim/lr_scheduler.h"
 #include "chorus/optim/sgd.h"
 #include "progress.h"
+#include "resume_checks.h"
+#include "stop_signal.h"
 #include "train_step.h"
 
 namespace chorus::app {
@@ -65,6 +67,11 @@ void TrainConfig::validate() const {
                "--checkpoint-dir is empty: name a folder, or leave --checkpoint-dir out for no checkpoints");
   CHORUS_CHECK(!metrics || !metrics->empty(), "--metrics is empty: name a file, or leave --metrics out for no metrics");
   CHORUS_CHECK(!resume || checkpoint_dir, "--resume needs --checkpoint-dir");
+  CHORUS_CHECK(!start_fresh || resume, "--start-fresh goes with --resume");
+  CHORUS_CHECK(allow_change.empty() || resume, "--allow-change goes with --resume");
+  for (const std::string& f : allow_change)
+    CHORUS_CHECK(std::find(kResumeChangeable.begin(), kResumeChangeable.end(), f) != kResumeChangeable.end(),
+                 "--allow-change ", f, ": only epochs, steps, data_dir and devices may change on --resume");
   CHORUS_CHECK(log_every > 0, "--log-every must be positive, got ", log_every);
   CHORUS_CHECK(label_smoothing >= 0 && label_smoothing < 1, "--label-smoothing must be in [0, 1), got ", label_smoothing);
 }
@@ -101,6 +108,10 @@ Datasets load_data(const TrainConfig& c) {
     d.train = data::make_synthetic({c.synthetic_size, shape, 10, c.seed, true});
     d.test = data::make_synthetic({std::max<int64_t>(c.synthetic_size / 5, 1), shape, 10, c.seed, false});
   }
+  // A model trained on one image shape cannot evaluate another.
+  CHORUS_CHECK(d.test->image_shape() == d.train->image_shape(), d.test->name(), " has images of ",
+               shape_str(d.test->image_shape()), " but the model trains on ", shape_str(d.train->image_shape()),
+               " (", d.train->name(), ")");
   return d;
 }
 
@@ -191,7 +202,8 @@ Training set_up(const TrainConfig& cfg) {
   t.test_loader = std::make_unique<data::DataLoader>(t.data.test, nullptr, eo);
 
   t.per_epoch = t.train_loader->num_batches();
-  t.total_steps = t.per_epoch * cfg.epochs;
+  CHORUS_CHECK(!__builtin_mul_overflow(t.per_epoch, cfg.epochs, &t.total_steps), "--epochs ", cfg.epochs,
+               " of ", t.per_epoch, " steps each is more steps than can be counted");
   if (cfg.steps) t.total_steps = std::min(t.total_steps, *cfg.steps);
   t.schedule = std::make_shared<optim::LinearWarmup>(
       std::min<int64_t>(100, t.total_steps / 10),
@@ -205,33 +217,61 @@ struct Position {
   int64_t step = 0, epoch = 0, batch_in_epoch = 0;
 };
 
-// --resume: weights, optimizer, RNG and position from the newest checkpoint.
+// --resume: weights, optimizer, RNG and position from the newest checkpoint
+// that can be read (Note [Unreadable checkpoints]), once it is known to
+// belong to this run (Note [Resume checks]).
 Position resume(const TrainConfig& cfg, Training& t) {
   Position pos;
   if (!cfg.resume) return pos;
-  auto latest = io::find_latest_checkpoint(*cfg.checkpoint_dir);
-  if (!latest) {
-    if (!cfg.quiet) std::fprintf(stderr, "no checkpoint in %s; starting from scratch\n", cfg.checkpoint_dir->c_str());
+  auto check = [&](const io::TrainingState& st, const std::string& state_path) {
+    check_resume_config(st.config, cfg.to_json(), cfg.allow_change, state_path);
+    check_resume_position(st, t.per_epoch, cfg.epochs, t.total_steps, state_path);
+  };
+  io::Resumed r = io::resume_checkpoint(*cfg.checkpoint_dir, *t.model, *t.opt, cfg.start_fresh, check);
+  // Said even with --quiet: work is being skipped.
+  for (const io::SkippedCheckpoint& s : r.skipped)
+    std::fprintf(stderr, "chorus: warning: skipped %s: %s; %s\n", s.path.c_str(), s.reason.c_str(),
+                 s.kept_as.empty() ? "left in place" : ("kept as " + s.kept_as).c_str());
+  if (!r.path) {
+    if (!r.skipped.empty())
+      std::fprintf(stderr, "chorus: no checkpoint in %s could be read; starting from scratch (--start-fresh)\n",
+                   cfg.checkpoint_dir->c_str());
+    else if (!cfg.quiet)
+      std::fprintf(stderr, "no checkpoint in %s; starting from scratch\n", cfg.checkpoint_dir->c_str());
     return pos;
   }
-  io::TrainingState st = io::load_checkpoint(*latest, *t.model, *t.opt);
-  pos = {st.step, st.epoch, st.batch_in_epoch};
-  default_generator().set_state(st.rng);
-  if (!cfg.quiet)
-    std::fprintf(stderr, "resuming from %s (epoch %lld, step %lld)\n", latest->c_str(), (long long)pos.epoch + 1,
+  pos = {r.state.step, r.state.epoch, r.state.batch_in_epoch};
+  default_generator().set_state(r.state.rng);
+  if (!cfg.quiet || !r.skipped.empty())
+    std::fprintf(stderr, "resuming from %s (epoch %lld, step %lld)\n", r.path->c_str(), (long long)pos.epoch + 1,
                  (long long)pos.step);
   return pos;
 }
 
-void save(const TrainConfig& cfg, const Training& t, const Position& pos) {
-  if (!cfg.checkpoint_dir) return;
+std::string save(const TrainConfig& cfg, const Training& t, const Position& pos) {
+  if (!cfg.checkpoint_dir) return "";
   io::TrainingState st;
   st.epoch = pos.epoch;
   st.step = pos.step;
   st.batch_in_epoch = pos.batch_in_epoch;
   st.rng = default_generator().state();
   st.config = cfg.to_json();
-  io::save_checkpoint(*cfg.checkpoint_dir, *t.model, *t.opt, st);
+  return io::save_checkpoint(*cfg.checkpoint_dir, *t.model, *t.opt, st);
+}
+
+// Note [Stopping on a signal]: after the step in flight, a checkpoint (when
+// there is a directory for it), one line saying so, and Interrupted.
+[[noreturn]] void stop_for_signal(const TrainConfig& cfg, const Training& t, const Position& pos, Progress& progress) {
+  const int sig = StopSignal::pending();
+  progress.finish();
+  const std::string where = save(cfg, t, pos);
+  if (where.empty())
+    std::fprintf(stderr, "chorus: stopped by %s at step %lld; no --checkpoint-dir, so nothing was saved\n",
+                 StopSignal::name(sig), (long long)pos.step);
+  else
+    std::fprintf(stderr, "chorus: stopped by %s at step %lld; checkpoint written to %s (continue with --resume)\n",
+                 StopSignal::name(sig), (long long)pos.step, where.c_str());
+  throw Interrupted(sig);
 }
 
 // Training loss and accuracy over a window of steps. They stay on the device;
@@ -320,6 +360,7 @@ LoopResult train_loop(const TrainConfig& cfg, Training& t, Position& pos, io::Me
                           {"lr", t.opt->lr()}, {"img_per_s", w.img_per_s}});
       }
       if (cfg.checkpoint_every > 0 && pos.step % cfg.checkpoint_every == 0) save(cfg, t, pos);
+      if (StopSignal::pending()) stop_for_signal(cfg, t, pos, progress);
     }
     if (pos.batch_in_epoch >= t.per_epoch) {
       finish_epoch(cfg, t, {pos.step, epoch + 1, 0}, metrics, progress);
@@ -368,6 +409,7 @@ void announce(const TrainConfig& cfg, const Training& t) {
 
 nlohmann::ordered_json run_train(const TrainConfig& cfg) {
   cfg.validate();
+  StopSignal stop_signal;
   Training t = set_up(cfg);
   const Position start = resume(cfg, t);
   std::unique_ptr<io::MetricsWriter> metrics;

@@ -33,7 +33,9 @@ struct TrainConfig {
   std::optional<std::string> checkpoint_dir;  // unset: no checkpoints
   int64_t checkpoint_every = 0;  // steps; 0: at the end of each epoch only
   bool resume = false;
-  std::optional<std::string> metrics;  // unset: no metrics file
+  bool start_fresh = false;               // --resume: start over when no checkpoint can be read
+  std::vector<std::string> allow_change;  // --resume: config fields that may differ (kResumeChangeable)
+  std::optional<std::string> metrics;     // unset: no metrics file
   bool json = false;
   int64_t log_every = 20;
   bool quiet = false;

@@ -64,7 +64,7 @@ expect_error "data_batch" train --data cifar10 --data-dir "$tmp/cifar" --model r
   --checkpoint-dir "$tmp/ck" >/dev/null
 ck=$(ls -d "$tmp"/ck/ckpt-* | tail -1)
 head -c 200 "$ck/model.safetensors" > "$ck/model.tmp" && mv "$ck/model.tmp" "$ck/model.safetensors"
-expect_error "model.safetensors" train --model mlp --data synthetic --synthetic-size 256 --steps 8 --devices cpu \
+expect_error "model.safetensors" train --model mlp --data synthetic --synthetic-size 256 --steps 4 --devices cpu \
   --checkpoint-dir "$tmp/ck" --resume --quiet
 expect_error "needs --checkpoint-dir" train --resume "${q[@]}"
 expect_error "unknown precision" train --precision fp8 "${q[@]}"

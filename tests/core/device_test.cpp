@@ -68,6 +68,18 @@ TEST(Device, CheckDeviceRejectsMissingDevices) {
   EXPECT_GE(cpu_device_count(), 2);  // the multi-device tests need cpu:0 and cpu:1
 }
 
+// Issue 15: an invalid CHORUS_CPU_DEVICES silently meant 8.
+TEST(Device, InvalidCpuDeviceCountIsAnError) {
+  EXPECT_EQ(detail::parse_cpu_device_count(nullptr), 8);
+  EXPECT_EQ(detail::parse_cpu_device_count("3"), 3);
+  EXPECT_EQ(detail::parse_cpu_device_count("1024"), 1024);
+  for (const char* bad : {"", "abc", "0", "-2", "4x", " 4", "1025", "99999999999", "2.5"}) {
+    SCOPED_TRACE(bad);
+    EXPECT_TRUE(throws_naming([&] { detail::parse_cpu_device_count(bad); },
+                              {std::string("CHORUS_CPU_DEVICES='") + bad + "'", "from 1 to 1024"}));
+  }
+}
+
 TEST(Device, ParseDevicesLists) {
   std::vector<Device> two = parse_devices("cpu:0,cpu:1");
   ASSERT_EQ(two.size(), 2u);

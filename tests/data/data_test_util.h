@@ -8,11 +8,26 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include "chorus/core/error.h"
+
+// Address-space limits (run_with_memory_limit) cannot work beside a
+// sanitizer's shadow memory; tests that need them skip under one.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define CHORUS_TEST_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define CHORUS_TEST_SANITIZED 1
+#endif
+#endif
 
 namespace chorus::data::testing {
 
@@ -76,6 +91,47 @@ inline uint8_t test_byte(uint64_t i, uint64_t salt) {
   x ^= x >> 31;
   x *= 0x94D049BB133111EBull;
   return static_cast<uint8_t>(x >> 40);
+}
+
+// Runs `body` in a child whose address space may grow by `extra_mib` MiB.
+// Returns "ok", or the exception's type and message, or how the child died.
+inline std::string run_with_memory_limit(size_t extra_mib, const std::function<void()>& body) {
+  int fds[2];
+  if (pipe(fds) != 0) return "pipe failed";
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    size_t vm_pages = 0;
+    std::ifstream("/proc/self/statm") >> vm_pages;
+    const rlim_t limit = vm_pages * static_cast<rlim_t>(sysconf(_SC_PAGESIZE)) + (rlim_t(extra_mib) << 20);
+    rlimit rl{limit, limit};
+    setrlimit(RLIMIT_AS, &rl);
+    std::string result = "ok";
+    try {
+      body();
+    } catch (const OutOfMemoryError& e) {
+      result = std::string("OutOfMemoryError: ") + e.what();
+    } catch (const IOError& e) {
+      result = std::string("IOError: ") + e.what();
+    } catch (const ValueError& e) {
+      result = std::string("ValueError: ") + e.what();
+    } catch (const Error& e) {
+      result = std::string("Error: ") + e.what();
+    } catch (const std::exception& e) {
+      result = std::string("other exception: ") + e.what();
+    }
+    (void)!write(fds[1], result.data(), result.size());
+    _exit(0);
+  }
+  close(fds[1]);
+  std::string result;
+  char buf[4096];
+  for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) result.append(buf, static_cast<size_t>(n));
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (WIFSIGNALED(status)) return "killed by signal " + std::to_string(WTERMSIG(status)) + "; " + result;
+  return result;
 }
 
 }  // namespace chorus::data::testing

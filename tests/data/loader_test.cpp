@@ -13,6 +13,7 @@
 #include "chorus/core/error.h"
 #include "chorus/data/loader.h"
 #include "chorus/data/synthetic.h"
+#include "data/data_test_util.h"
 
 namespace chorus::data {
 namespace {
@@ -149,6 +150,42 @@ TEST(DataLoader, RejectsBadOptions) {
   DataLoader loader(ds, nullptr, {});
   Batch b;
   EXPECT_THROW(loader.next(&b), ValueError);  // no start_epoch yet
+}
+
+// Issue 15: --batch-size 9223372036854775807 overflowed the batch count
+// (signed overflow) and the run did 0 steps. One batch holds everything.
+TEST(DataLoader, HugeBatchSizeIsOneBatch) {
+  auto ds = small_synthetic(10);
+  DataLoader loader(ds, nullptr, {.batch_size = INT64_MAX});
+  EXPECT_EQ(loader.num_batches(), 1);
+  auto batches = epoch(loader, 0);
+  ASSERT_EQ(batches.size(), 1u);
+  EXPECT_EQ(batches[0].labels.size(), 10u);
+  DataLoader dropping(ds, nullptr, {.batch_size = INT64_MAX, .drop_last = true});
+  EXPECT_EQ(dropping.num_batches(), 0);
+}
+
+// Issue 15: --workers 30000 (or 64 under `ulimit -u 40`) aborted with
+// "terminate called without an active exception". Absurd counts are refused
+// up front; a thread that cannot be created is a clear error, after the
+// ones already started are stopped. The child process runs with too little
+// address space for 64 thread stacks.
+TEST(DataLoader, WorkerThatCannotStartIsAClearError) {
+  auto ds = small_synthetic();
+  try {
+    DataLoader(ds, nullptr, {.num_workers = 30000});
+    ADD_FAILURE() << "30000 workers accepted";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("num_workers must be at most 256, got 30000"), std::string::npos) << e.what();
+  }
+#ifdef CHORUS_TEST_SANITIZED
+  GTEST_SKIP() << "address-space limits and sanitizer shadow memory do not mix";
+#endif
+  const std::string result = testing::run_with_memory_limit(48, [&] {
+    DataLoader loader(ds, nullptr, {.num_workers = 64});
+  });
+  EXPECT_EQ(result.rfind("Error: DataLoader: cannot start worker thread ", 0), 0u) << result;
+  EXPECT_NE(result.find(" of 64: Resource temporarily unavailable"), std::string::npos) << result;
 }
 
 TEST(DataLoader, SamplerIndexOutsideTheDataset) {

@@ -5,6 +5,11 @@
 #include "chorus/io/checkpoint.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <functional>
+#include <map>
 
 #include "chorus/core/error.h"
 #include "chorus/core/rng.h"
@@ -187,7 +192,116 @@ TEST(Checkpoint, CrashedSavesAreIgnored) {
   // The next save clears the debris.
   save_checkpoint(root, m, opt, some_state(40));
   EXPECT_FALSE(fs::exists(dir.file(".tmp-ckpt-00000020-999-0")));
-  EXPECT_FALSE(fs::exists(dir.file("ckpt-00000030")));
+  // ...but never a checkpoint that could not be read (issue 15: the next save
+  // after a resume from scratch deleted one): it stays for the user.
+  EXPECT_TRUE(fs::exists(dir.file("ckpt-00000030/model.safetensors")));
+}
+
+// Issue 15: with the newest checkpoint's model.safetensors missing, a
+// directory, a FIFO, a dangling link or unreadable, --resume quietly started
+// from scratch and the first save pruned that checkpoint. Now resume falls
+// back to the newest good one, says which it skipped and why, and the
+// skipped one survives every later save.
+TEST(Checkpoint, ResumeSkipsUnreadableCheckpointsAndNeverDeletesThem) {
+  const std::map<std::string, std::function<void(const fs::path&)>> damage = {
+      {"missing", [](const fs::path& f) { fs::remove(f); }},
+      {"a directory", [](const fs::path& f) { fs::remove(f); fs::create_directory(f); }},
+      {"a FIFO", [](const fs::path& f) { fs::remove(f); ASSERT_EQ(::mkfifo(f.c_str(), 0600), 0); }},
+      {"a dangling symbolic link", [](const fs::path& f) { fs::remove(f); fs::create_symlink("nowhere", f); }},
+      {"not valid JSON", [](const fs::path& f) { write_bytes(f.parent_path() / "state.json", "{\"epoch\": "); }},
+      {"too short", [](const fs::path& f) { write_bytes(f.string(), "abc"); }},
+  };
+  for (const auto& [why, harm] : damage) {
+    SCOPED_TRACE(why);
+    ScratchDir dir;
+    const std::string root = dir.path().string();
+    TinyNet m;
+    optim::SGD opt(m.parameters(), sgd_opts());
+    train_step(m, opt);
+    save_checkpoint(root, m, opt, some_state(10));
+    const auto good = raw(m.parameters()[0]);
+    train_step(m, opt);
+    const std::string newest = save_checkpoint(root, m, opt, some_state(20));
+    harm(fs::path(newest) / "model.safetensors");
+
+    TinyNet fresh;
+    optim::SGD fresh_opt(fresh.parameters(), sgd_opts());
+    Resumed r = resume_checkpoint(root, fresh, fresh_opt);
+    ASSERT_TRUE(r.path);
+    EXPECT_EQ(*r.path, dir.file("ckpt-00000010"));
+    EXPECT_EQ(raw(fresh.parameters()[0]), good);
+    ASSERT_EQ(r.skipped.size(), 1u);
+    EXPECT_EQ(r.skipped[0].path, newest);
+    EXPECT_NE(r.skipped[0].reason.find(why), std::string::npos) << r.skipped[0].reason;
+    EXPECT_EQ(r.skipped[0].kept_as, newest + ".unreadable");
+    // Training goes on: saves past and at its step, with pruning, keep it.
+    for (int64_t step : {15, 20, 30, 40, 50}) save_checkpoint(root, fresh, fresh_opt, some_state(step), 2);
+    EXPECT_TRUE(fs::exists(dir.file("ckpt-00000020.unreadable/state.json")));
+    EXPECT_TRUE(fs::exists(dir.file("ckpt-00000020.unreadable/optimizer.safetensors")));
+  }
+}
+
+TEST(Checkpoint, ResumeWithNoReadableCheckpointIsAnErrorUnlessAFreshStartIsAllowed) {
+  ScratchDir dir;
+  const std::string root = dir.path().string();
+  TinyNet m;
+  optim::SGD opt(m.parameters(), sgd_opts());
+  // No checkpoint at all: nothing to resume, nothing skipped.
+  Resumed none = resume_checkpoint(root, m, opt);
+  EXPECT_FALSE(none.path);
+  EXPECT_TRUE(none.skipped.empty());
+  EXPECT_FALSE(resume_checkpoint(dir.file("not-there"), m, opt).path);
+
+  train_step(m, opt);
+  const std::string only = save_checkpoint(root, m, opt, some_state(10));
+  fs::remove(fs::path(only) / "optimizer.safetensors");
+  expect_throw_with<IOError>([&] { resume_checkpoint(root, m, opt); },
+                             {"no checkpoint could be read", only + "/optimizer.safetensors: missing"});
+  EXPECT_TRUE(fs::exists(only)) << "a refused resume changes nothing";
+  Resumed fresh = resume_checkpoint(root, m, opt, /*allow_fresh_start=*/true);
+  EXPECT_FALSE(fresh.path);
+  ASSERT_EQ(fresh.skipped.size(), 1u);
+  EXPECT_EQ(fresh.skipped[0].kept_as, only + ".unreadable");
+  EXPECT_TRUE(fs::exists(only + ".unreadable/model.safetensors"));
+}
+
+// The caller's check sees the state before any tensor is read; what it
+// throws is fatal, an IOError included (it is not an unreadable file).
+TEST(Checkpoint, ResumeCheckRunsFirstAndItsErrorsAreFatal) {
+  ScratchDir dir;
+  const std::string root = dir.path().string();
+  TinyNet m;
+  optim::SGD opt(m.parameters(), sgd_opts());
+  save_checkpoint(root, m, opt, some_state(10));
+  save_checkpoint(root, m, opt, some_state(20));
+  Head other;  // would not fit: the check must name the problem first
+  optim::SGD other_opt(other.parameters(), sgd_opts());
+  int calls = 0;
+  expect_throw_with<IOError>([&] {
+    resume_checkpoint(root, other, other_opt, false, [&](const TrainingState& st, const std::string& path) {
+      ++calls;
+      CHORUS_THROW(IOError, path, ": config says step ", st.step);
+    });
+  }, {dir.file("ckpt-00000020/state.json"), "config says step 20"});
+  EXPECT_EQ(calls, 1);
+  EXPECT_TRUE(fs::exists(dir.file("ckpt-00000020/model.safetensors"))) << "nothing set aside";
+}
+
+// Permission bits do not stop root; this case runs as an ordinary user.
+TEST(Checkpoint, ResumeSkipsAModelFileItCannotOpen) {
+  if (::geteuid() == 0) GTEST_SKIP() << "running as root: permission bits do not apply";
+  ScratchDir dir;
+  const std::string root = dir.path().string();
+  TinyNet m;
+  optim::SGD opt(m.parameters(), sgd_opts());
+  save_checkpoint(root, m, opt, some_state(10));
+  const std::string newest = save_checkpoint(root, m, opt, some_state(20));
+  fs::permissions(fs::path(newest) / "model.safetensors", fs::perms::none);
+  Resumed r = resume_checkpoint(root, m, opt);
+  ASSERT_TRUE(r.path);
+  EXPECT_EQ(*r.path, dir.file("ckpt-00000010"));
+  ASSERT_EQ(r.skipped.size(), 1u);
+  EXPECT_NE(r.skipped[0].reason.find("Permission denied"), std::string::npos) << r.skipped[0].reason;
 }
 
 TEST(Checkpoint, CorruptedFilesAreRefusedNamingTheFile) {
@@ -227,6 +341,34 @@ TEST(Checkpoint, MismatchedModelOrOptimizerIsAValueErrorNamingTheFile) {
   Head other;
   optim::SGD opt_other(other.parameters(), sgd_opts());
   expect_throw_with<ValueError>([&] { load_checkpoint(ckpt, other, opt_other); }, {ckpt + "/model.safetensors"});
+}
+
+// Issue 15: a state.json nesting 100,000 levels deep in "epoch", "rng" or
+// "config" killed --resume with SIGSEGV. Depth is bounded while parsing.
+TEST(Checkpoint, DeeplyNestedStateJsonIsRefusedNotACrash) {
+  ScratchDir dir;
+  TinyNet m;
+  optim::SGD opt(m.parameters(), sgd_opts());
+  train_step(m, opt);
+  const std::string ckpt = save_checkpoint(dir.path().string(), m, opt, some_state(5));
+  const std::string state_path = ckpt + "/state.json";
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const std::string rest = R"("format_version": 1, "batch_in_epoch": 0, "step": 5)";
+  for (const std::string& text :
+       {"{" + rest + R"(, "epoch": )" + deep + R"(, "rng": {"seed": 1, "offset": 2}})",
+        "{" + rest + R"(, "epoch": 1, "rng": )" + deep + "}",
+        "{" + rest + R"(, "epoch": 1, "rng": {"seed": 1, "offset": 2}, "config": {"a": )" + deep + "}}"}) {
+    write_bytes(state_path, text);
+    expect_throw_with<IOError>([&] { load_checkpoint(ckpt, m, opt); }, {state_path, "nests deeper than"});
+  }
+  // A value of the wrong type is named without dumping it whole.
+  write_bytes(state_path, "{" + rest + R"(, "epoch": [")" + std::string(100000, '7') + R"("], "rng": {"seed": 1, "offset": 2}})");
+  const std::string msg = expect_throw_with<IOError>([&] { load_checkpoint(ckpt, m, opt); }, {state_path, "\"epoch\" is [\"777"});
+  EXPECT_LT(msg.size(), 1000u);
+  // A number too large for any integer type is not valid JSON for us (it
+  // escaped as nlohmann's out_of_range before).
+  write_bytes(state_path, "{" + rest + R"(, "epoch": )" + std::string(400, '7') + R"(, "rng": {"seed": 1, "offset": 2}})");
+  expect_throw_with<IOError>([&] { load_checkpoint(ckpt, m, opt); }, {state_path, "not valid JSON"});
 }
 
 }  // namespace

@@ -270,8 +270,26 @@ TEST(Safetensors, HeaderErrorsAreNamedPrecisely) {
   refuse("offsets.safetensors", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0]}})", 4, {"\"data_offsets\" is [0]"});
   refuse("missing.safetensors", R"({"a":{"dtype":"F32","data_offsets":[0,4]}})", 4, {"tensor 'a': header entry has no \"shape\""});
   refuse("meta.safetensors", R"({"__metadata__":{"n":3}})", 0, {"metadata value \"n\" is JSON number"});
+  refuse("bignum.safetensors", R"({"a":{"dtype":"F32","shape":[1)" + std::string(400, '0') + R"(],"data_offsets":[0,4]}})", 4,
+         {"is not valid JSON"});
   refuse("huge.safetensors", R"({"a":{"dtype":"F64","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", 8,
          {"needs more than 2^64 bytes"});
+}
+
+// Issue 15: a header nesting 100,000 levels deep crashed the reader (the
+// error message dumped the value recursively). Depth is bounded while parsing.
+TEST(Safetensors, DeeplyNestedHeaderIsRefusedNotACrash) {
+  ScratchDir dir;
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  const std::map<std::string, std::string> headers = {
+      {"shape", R"({"a":{"dtype":"F32","shape":)" + deep + R"(,"data_offsets":[0,4]}})"},
+      {"data_offsets", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":)" + deep + "}}"},
+      {"metadata", R"({"__metadata__":{"k":)" + deep + "}}"}};
+  for (const auto& [field, header] : headers) {
+    SCOPED_TRACE(field);
+    const std::string path = raw_file(dir, field + ".safetensors", header, 4);
+    expect_throw_with<IOError>([&] { load_safetensors(path); }, {path, "nests deeper than"});
+  }
 }
 
 TEST(Safetensors, BoolBytesMustBeZeroOrOne) {

@@ -93,6 +93,10 @@ TEST(NNModule, LoadStateDictStrictErrorsListWhatIsWrong) {
   expect_error(missing, {"missing", "2.bias"});
   expect_error(unexpected, {"unexpected", "3.weight"});
   expect_error(mismatched, {"0.weight", "[4, 8]", "[8, 4]"});
+  // Issue 15: a weight stored as int32 was converted and loaded.
+  NamedTensors wrong_dtype = sd;
+  wrong_dtype[0].second = sd[0].second.to(kInt32);
+  expect_error(wrong_dtype, {"dtype mismatch", "0.weight (checkpoint int32, model float32)"});
   // All three at once are all listed.
   NamedTensors all(sd.begin() + 1, sd.end() - 1);
   all[0].second = zeros({7});

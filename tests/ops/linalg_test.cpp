@@ -104,6 +104,13 @@ TEST(OpsMatmul, DtypesAndEmptyInner) {
   Tensor z = matmul(zeros({3, 0}), zeros({0, 2}));
   EXPECT_EQ(z.sizes(), (Shape{3, 2}));
   EXPECT_EQ(z.to_vector<float>(), std::vector<float>(6, 0.0f));
+  // Issue 15: a batched [2, 3, 0] @ [0, 4] divided by K (SIGFPE); zeros, as in PyTorch.
+  Tensor zb = matmul(rnd({2, 3, 0}, 16), rnd({0, 4}, 17));
+  EXPECT_EQ(zb.sizes(), (Shape{2, 3, 4}));
+  EXPECT_EQ(zb.to_vector<float>(), std::vector<float>(24, 0.0f));
+  Tensor zbb = matmul(rnd({2, 3, 0}, 18), rnd({2, 0, 4}, 19));
+  EXPECT_EQ(zbb.sizes(), (Shape{2, 3, 4}));
+  EXPECT_EQ(zbb.to_vector<float>(), std::vector<float>(24, 0.0f));
   // Across logical devices: runs on the first operand's device.
   Tensor cd = matmul(a.to(Device("cpu:1")), b);
   EXPECT_EQ(cd.device(), cpu_device(1));

@@ -105,6 +105,18 @@ TEST(OptimizerState, RejectsMismatchedSnapshotsAndStaysUnchanged) {
                                 "'param.0.momentum_buffer' is float32[4, 3]");
   expect_throw_with<ValueError>([&] { opt.load_state(with("bogus", zeros({1}))); }, "unexpected key 'bogus'");
 
+  // Issue 15: an optimizer file with no tensors, or without a momentum
+  // buffer, was accepted and momentum silently restarted.
+  expect_throw_with<ValueError>([&] { opt.load_state({}); }, "no 'step'");
+  NamedTensors no_momentum;
+  for (auto& [n, t] : good)
+    if (n != "param.2.momentum_buffer") no_momentum.emplace_back(n, t);
+  expect_throw_with<ValueError>([&] { opt.load_state(no_momentum); }, "param.2.momentum_buffer is missing");
+  SGD plain(p, {.lr = 0.1});  // no momentum: no buffers, and a snapshot with one does not fit
+  train(plain, p, 0, 2);
+  EXPECT_NO_THROW(plain.load_state(plain.state()));
+  expect_throw_with<ValueError>([&] { plain.load_state(good); }, "SGD keeps no 'momentum_buffer'");
+
   AdamW adam(p, {});
   train(adam, p, 0, 3);
   NamedTensors partial;

@@ -64,8 +64,9 @@ Tensor batch_norm_train(const Tensor& x, const Tensor& running_mean, const Tenso
   if (weight.defined()) inputs.push_back(weight);
   if (bias.defined()) inputs.push_back(bias);
   bool has_w = weight.defined(), has_b = bias.defined();
-  return record("BatchNormBackward", y, inputs, [xd, wd, save_mean, save_invstd, has_w, has_b](const TensorList& g) {
-    auto [dx, dw, db] = ops::batch_norm_backward(g[0], xd, wd, save_mean, save_invstd);
+  return record("BatchNormBackward", y, inputs, [xd, wd, mean = save_mean, invstd = save_invstd, has_w, has_b](const TensorList& g) {
+    // Init-captures, not the bindings themselves: clang before 16 cannot capture those.
+    auto [dx, dw, db] = ops::batch_norm_backward(g[0], xd, wd, mean, invstd);
     TensorList out{dx};
     if (has_w) out.push_back(dw);
     if (has_b) out.push_back(db.defined() ? db : Tensor());
@@ -84,8 +85,8 @@ Tensor batch_norm_relu_train(const Tensor& x, const Tensor& running_mean, const 
   if (bias.defined()) inputs.push_back(bias);
   bool has_w = weight.defined(), has_b = bias.defined();
   return record("BatchNormReluBackward", y, inputs,
-                [xd, yd, wd, save_mean, save_invstd, has_w, has_b](const TensorList& g) {
-                  auto [dx, dw, db] = ops::batch_norm_relu_backward(g[0], yd, xd, wd, save_mean, save_invstd);
+                [xd, yd, wd, mean = save_mean, invstd = save_invstd, has_w, has_b](const TensorList& g) {
+                  auto [dx, dw, db] = ops::batch_norm_relu_backward(g[0], yd, xd, wd, mean, invstd);
                   TensorList out{dx};
                   if (has_w) out.push_back(dw);
                   if (has_b) out.push_back(db.defined() ? db : Tensor());

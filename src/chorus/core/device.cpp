@@ -46,12 +46,22 @@ std::string Device::str() const {
 
 std::ostream& operator<<(std::ostream& os, const Device& d) { return os << d.str(); }
 
+namespace detail {
+
+int parse_cpu_device_count(const char* env) {
+  if (env == nullptr) return kDefaultCpuDevices;
+  int v = 0;
+  // An invalid value is an error, never the default in disguise.
+  CHORUS_CHECK(parse_index(env, &v) && v >= 1 && v <= kMaxCpuDevices, "CHORUS_CPU_DEVICES='", env,
+               "' is not a whole number from 1 to ", kMaxCpuDevices, " (unset it for the default, ",
+               kDefaultCpuDevices, ")");
+  return v;
+}
+
+}  // namespace detail
+
 int cpu_device_count() {
-  static int n = [] {
-    const char* env = std::getenv("CHORUS_CPU_DEVICES");
-    int v = env ? std::atoi(env) : 8;
-    return v > 0 ? v : 8;
-  }();
+  static int n = detail::parse_cpu_device_count(std::getenv("CHORUS_CPU_DEVICES"));
   return n;
 }
 

@@ -41,8 +41,15 @@ struct Device {
 inline Device cpu_device(int index = 0) { return Device(DeviceType::CPU, index); }
 inline Device cuda_device(int index = 0) { return Device(DeviceType::CUDA, index); }
 
-// Number of logical CPU devices (CHORUS_CPU_DEVICES, default 8).
+// Number of logical CPU devices (CHORUS_CPU_DEVICES, default 8). A value
+// that is not a whole number from 1 to kMaxCpuDevices throws ValueError.
 int cpu_device_count();
+inline constexpr int kDefaultCpuDevices = 8;
+inline constexpr int kMaxCpuDevices = 1024;
+namespace detail {
+// CHORUS_CPU_DEVICES' value (null: unset) as cpu_device_count reads it.
+int parse_cpu_device_count(const char* env);
+}  // namespace detail
 // Number of CUDA devices visible (0 in a CPU-only build or without a GPU).
 int cuda_device_count();
 bool cuda_is_available();

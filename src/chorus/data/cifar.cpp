@@ -1,5 +1,7 @@
 #include "chorus/data/cifar.h"
 
+#include <new>
+
 #include "chorus/core/error.h"
 #include "chorus/data/file_reader.h"
 
@@ -8,6 +10,7 @@ namespace chorus::data {
 namespace {
 
 constexpr int64_t kPlane = 32 * 32;
+constexpr uint64_t kMaxCifarFileBytes = 100000 * kCifarRecordBytes;
 
 // `dir` itself when it holds the files, else its cifar-10-batches-bin/.
 std::string locate(const std::string& dir, const std::string& first_file) {
@@ -36,7 +39,9 @@ Cifar10Dataset::Cifar10Dataset(const std::string& dir, bool train, Normalize nor
     if (!detail::file_exists(path))
       CHORUS_THROW(IOError, "CIFAR-10 file ", path, " not found (the other batches are in ", root,
                    "); the training set needs data_batch_1.bin .. data_batch_5.bin");
-    std::vector<uint8_t> file = detail::read_file(path);
+    // Note [Bounded reads]: a batch file holds 10000 records; 10x that is corruption (or a gzip bomb).
+    std::vector<uint8_t> file = detail::read_file(path, kMaxCifarFileBytes,
+                                                  "a CIFAR-10 batch file holds 10000 records of 3073 bytes");
     const int64_t bytes = static_cast<int64_t>(file.size());
     if (bytes == 0 || bytes % kCifarRecordBytes != 0)
       CHORUS_THROW(IOError, path, ": size ", bytes, " bytes is not a positive multiple of the ",
@@ -51,7 +56,12 @@ Cifar10Dataset::Cifar10Dataset(const std::string& dir, bool train, Normalize nor
         CHORUS_THROW(IOError, path, ": record ", r, " (byte offset ", r * kCifarRecordBytes,
                      ") has label ", label, "; CIFAR-10 labels are 0-9");
     }
-    records_.insert(records_.end(), file.begin(), file.end());
+    try {
+      records_.insert(records_.end(), file.begin(), file.end());
+    } catch (const std::bad_alloc&) {
+      CHORUS_THROW(OutOfMemoryError, path, ": out of memory holding ", records_.size() + file.size(),
+                   " bytes of CIFAR-10 records");
+    }
   }
   count_ = static_cast<int64_t>(records_.size()) / kCifarRecordBytes;
 }

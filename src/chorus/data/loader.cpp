@@ -1,6 +1,7 @@
 #include "chorus/data/loader.h"
 
 #include <algorithm>
+#include <system_error>
 
 #include "chorus/core/error.h"
 
@@ -17,27 +18,41 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, std::shared_ptr<c
                options_.batch_size);
   CHORUS_CHECK(options_.num_workers >= 0, "DataLoader: num_workers must be >= 0, got ",
                options_.num_workers);
+  CHORUS_CHECK(options_.num_workers <= kMaxWorkers, "DataLoader: num_workers must be at most ", kMaxWorkers,
+               ", got ", options_.num_workers);
   CHORUS_CHECK(options_.prefetch_batches >= 1, "DataLoader: prefetch_batches must be >= 1, got ",
                options_.prefetch_batches);
   if (!sampler_) sampler_ = std::make_shared<SequentialSampler>(dataset_->size());
   image_shape_ = transform_.output_shape(dataset_->image_shape());
   if (options_.device) check_device(*options_.device);
   workers_.reserve(static_cast<size_t>(options_.num_workers));
-  for (int i = 0; i < options_.num_workers; ++i) workers_.emplace_back([this] { worker_loop(); });
+  for (int i = 0; i < options_.num_workers; ++i) {
+    try {
+      workers_.emplace_back([this] { worker_loop(); });
+    } catch (const std::system_error& e) {
+      // A joinable std::thread must never be destroyed: stop the ones started.
+      stop_workers();
+      CHORUS_THROW(Error, "DataLoader: cannot start worker thread ", i + 1, " of ", options_.num_workers, ": ",
+                   e.code().message(), " (a process or thread limit? use fewer workers)");
+    }
+  }
 }
 
-DataLoader::~DataLoader() {
+DataLoader::~DataLoader() { stop_workers(); }
+
+void DataLoader::stop_workers() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
   work_cv_.notify_all();
   for (std::thread& t : workers_) t.join();
+  workers_.clear();
 }
 
 int64_t DataLoader::num_batches() const {
   const int64_t n = sampler_->size(), b = options_.batch_size;
-  return options_.drop_last ? n / b : (n + b - 1) / b;
+  return n / b + (!options_.drop_last && n % b != 0);  // not (n + b - 1) / b: b may be near INT64_MAX
 }
 
 void DataLoader::start_epoch(int64_t epoch, int64_t first_batch) {

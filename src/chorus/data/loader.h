@@ -40,6 +40,9 @@
 
 namespace chorus::data {
 
+// More worker threads than this is a mistake, not a configuration.
+inline constexpr int kMaxWorkers = 256;
+
 struct DataLoaderOptions {
   int64_t batch_size = 64;
   int num_workers = 0;           // 0: batches are built inside next()
@@ -52,8 +55,10 @@ struct DataLoaderOptions {
 class DataLoader {
  public:
   // `sampler` null means SequentialSampler over the whole dataset. Throws
-  // ValueError for batch_size <= 0, num_workers < 0, prefetch_batches < 1,
-  // or transforms that do not fit the dataset's image shape.
+  // ValueError for batch_size <= 0, num_workers outside [0, kMaxWorkers],
+  // prefetch_batches < 1, or transforms that do not fit the dataset's image
+  // shape; Error when a worker thread cannot be started (the others are
+  // stopped first).
   DataLoader(std::shared_ptr<const Dataset> dataset, std::shared_ptr<const Sampler> sampler,
              DataLoaderOptions options, std::vector<std::shared_ptr<const Transform>> transforms = {});
   ~DataLoader();
@@ -82,6 +87,7 @@ class DataLoader {
 
   Batch build_batch(const std::vector<int64_t>& indices, int64_t epoch, int64_t k) const;
   void worker_loop();
+  void stop_workers();
   bool claimable() const;  // under mu_
 
   std::shared_ptr<const Dataset> dataset_;

@@ -6,41 +6,44 @@
 namespace chorus::data {
 
 IdxArray read_idx_ubyte(const std::string& path, int ndim) {
-  std::vector<uint8_t> file = detail::read_file(path);
+  // Header first, then exactly the payload it promises (Note [Bounded reads]).
+  detail::FileReader f(path);
+  std::vector<uint8_t> head;
   const uint32_t expected_magic = 0x0800u + static_cast<uint32_t>(ndim);
   const size_t header = 4 + 4 * static_cast<size_t>(ndim);
-  if (file.size() < 4)
-    CHORUS_THROW(IOError, path, ": file is ", file.size(),
+  f.read(4, &head);
+  if (head.size() < 4)
+    CHORUS_THROW(IOError, path, ": file is ", head.size(),
                  " bytes long, too short for an IDX magic number (expected ", expected_magic, ")");
-  const uint32_t magic = detail::read_be32(file.data());
+  const uint32_t magic = detail::read_be32(head.data());
   if (magic != expected_magic)
     CHORUS_THROW(IOError, path, ": bad magic number: expected ", expected_magic,
                  " (unsigned-byte IDX, ", ndim, "-d), got ", magic,
                  magic == 0x0801u || magic == 0x0803u ? " (images and labels files swapped?)" : "");
-  if (file.size() < header)
-    CHORUS_THROW(IOError, path, ": truncated header: expected ", header, " bytes, got ", file.size());
+  f.read(header - 4, &head);
+  if (head.size() < header)
+    CHORUS_THROW(IOError, path, ": truncated header: expected ", header, " bytes, got ", head.size());
 
   IdxArray out;
-  // Compare in bytes-left terms so that absurd dimensions cannot overflow.
-  uint64_t remaining = file.size() - header, need = 1;
+  uint64_t need = 1;
   bool too_big = false;
   for (int d = 0; d < ndim; ++d) {
-    const uint32_t n = detail::read_be32(file.data() + 4 + 4 * d);
+    const uint32_t n = detail::read_be32(head.data() + 4 + 4 * d);
     out.dims.push_back(n);
     if (n != 0 && need > (uint64_t{1} << 40) / n) too_big = true;
     need *= n;
   }
-  if (too_big || need > remaining) {
-    std::string shape = shape_str(out.dims);
-    CHORUS_THROW(IOError, path, ": truncated file: the header says ", shape, " so expected ",
-                 too_big ? std::string("more than 2^40") : std::to_string(need), " bytes of ",
-                 ndim == 1 ? "label" : "image", " data after the ", header,
-                 "-byte header, got ", remaining, " (the file ends at byte offset ", file.size(), ")");
-  }
-  // Trailing bytes past the payload are tolerated, as every MNIST reader does.
-  file.resize(header + need);
-  file.erase(file.begin(), file.begin() + static_cast<std::ptrdiff_t>(header));
-  out.bytes = std::move(file);
+  const std::string what = ndim == 1 ? "label" : "image";
+  if (too_big)
+    CHORUS_THROW(IOError, path, ": the header says ", shape_str(out.dims), ", more than 2^40 bytes of ", what,
+                 " data: not a data set this reader loads");
+  // Trailing bytes past the payload are tolerated, as every MNIST reader does,
+  // and never read.
+  const uint64_t got = f.read(need, &out.bytes);
+  if (got < need)
+    CHORUS_THROW(IOError, path, ": truncated file: the header says ", shape_str(out.dims), " so expected ", need,
+                 " bytes of ", what, " data after the ", header, "-byte header, got ", got,
+                 " (the file ends at byte offset ", header + got, ")");
   return out;
 }
 
@@ -56,11 +59,11 @@ std::string find_idx_file(const std::string& dir, const std::string& base) {
 }  // namespace
 
 MnistDataset::MnistDataset(const std::string& dir, bool train, Normalize normalize)
-    : name_(std::string(train ? "train" : "test") + " split of the IDX data set in " + dir),
-      table_(normalize, 1, "IDX data set in " + dir) {
+    : table_(normalize, 1, "IDX data set in " + dir) {
   const std::string split = train ? "train" : "t10k";
   const std::string image_path = find_idx_file(dir, split + "-images-idx3-ubyte");
   const std::string label_path = find_idx_file(dir, split + "-labels-idx1-ubyte");
+  name_ = image_path;  // errors about the split (its image shape, its size) name the file
 
   IdxArray images = read_idx_ubyte(image_path, 3);
   IdxArray labels = read_idx_ubyte(label_path, 1);
@@ -71,6 +74,8 @@ MnistDataset::MnistDataset(const std::string& dir, bool train, Normalize normali
     if (labels.bytes[i] >= 10)
       CHORUS_THROW(IOError, label_path, ": label ", int{labels.bytes[i]}, " of example ", i,
                    " (byte offset ", 8 + i, ") is outside [0, 10)");
+  if (images.dims[0] == 0)
+    CHORUS_THROW(IOError, image_path, ": holds 0 images; a data set needs at least one");
   count_ = images.dims[0];
   rows_ = images.dims[1];
   cols_ = images.dims[2];

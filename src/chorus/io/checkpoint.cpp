@@ -9,6 +9,7 @@
 #include "chorus/core/error.h"
 #include "chorus/core/warn.h"
 #include "chorus/io/file_util.h"
+#include "chorus/io/json_util.h"
 #include "chorus/io/safetensors.h"
 
 namespace chorus::io {
@@ -25,6 +26,10 @@ constexpr const char* kLatestFile = "latest";
 constexpr const char* kPrefix = "ckpt-";
 // Hidden, and never parsed as a checkpoint: in-progress and crashed saves.
 constexpr const char* kTmpPrefix = ".tmp-";
+// state.json is a few hundred bytes; these bounds only stop hostile files
+// (Note [Untrusted JSON]): the caller's config and extra may nest, not this deep.
+constexpr int kMaxStateDepth = 64;
+constexpr uint64_t kMaxStateBytes = 64u << 20;
 
 // The step of a "ckpt-<digits>" name; nullopt for anything else.
 std::optional<int64_t> parse_checkpoint_name(const std::string& name) {
@@ -55,6 +60,25 @@ std::vector<Found> list_checkpoints(const fs::path& dir) {
   return out;
 }
 
+// Why `p` is not a regular file, for messages: a FIFO would block a reader
+// forever and a directory cannot be read, so neither is ever opened.
+std::string not_a_file_because(const fs::path& p) {
+  std::error_code ec;
+  const fs::file_status link = fs::symlink_status(p, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory) return "cannot be inspected: " + ec.message();
+  if (!fs::exists(link)) return "missing";
+  const fs::file_status st = fs::status(p, ec);
+  if (fs::is_symlink(link) && !fs::exists(st)) return "a dangling symbolic link";
+  switch (st.type()) {
+    case fs::file_type::directory: return "a directory, not a file";
+    case fs::file_type::fifo: return "a FIFO, not a file";
+    case fs::file_type::socket: return "a socket, not a file";
+    case fs::file_type::block:
+    case fs::file_type::character: return "a device, not a file";
+    default: return "not a regular file";
+  }
+}
+
 // Deletes older checkpoints and crash debris. The new checkpoint is already
 // in place, so a failure here is reported and never loses it.
 void prune(const fs::path& dir, int keep_last, const fs::path& current) {
@@ -67,9 +91,11 @@ void prune(const fs::path& dir, int keep_last, const fs::path& current) {
   }
   int kept = 0;
   for (const Found& f : list_checkpoints(dir)) {
-    const bool complete = is_complete_checkpoint(f.path.string());
-    if (f.path == current || (complete && (keep_last == 0 || kept < keep_last))) {
-      kept += complete;
+    // An incomplete checkpoint is damage, not debris (saves are atomic): it
+    // stays for the user to look at (Note [Unreadable checkpoints]).
+    if (!is_complete_checkpoint(f.path.string())) continue;
+    if (f.path == current || keep_last == 0 || kept < keep_last) {
+      ++kept;
       continue;
     }
     if (fs::remove_all(f.path, ec) == static_cast<std::uintmax_t>(-1))
@@ -89,13 +115,23 @@ json state_to_json(const TrainingState& s, const optim::Optimizer& optimizer) {
           {"extra", s.extra}};
 }
 
-TrainingState state_from_json(const std::string& path) {
+}  // namespace
+
+TrainingState read_training_state(const std::string& path) {
+  std::error_code ec;
+  const uintmax_t size = fs::file_size(path, ec);
+  if (!ec && size > kMaxStateBytes)
+    CHORUS_THROW(IOError, path, ": ", size, " bytes, more than a state.json can be (", kMaxStateBytes, ")");
   const std::string text = detail::read_file(path);
+  if (auto at = detail::find_excess_nesting(text, kMaxStateDepth))
+    CHORUS_THROW(IOError, path, ": JSON nests deeper than ", kMaxStateDepth, " levels (at byte ", *at, ")");
   json j;
   try {
     j = json::parse(text);
   } catch (const json::parse_error& e) {
     CHORUS_THROW(IOError, path, ": not valid JSON (error at byte ", e.byte, "): ", e.what());
+  } catch (const json::exception& e) {  // e.g. out_of_range: a number too large to hold
+    CHORUS_THROW(IOError, path, ": not valid JSON: ", e.what());
   }
   if (!j.is_object()) CHORUS_THROW(IOError, path, ": expected a JSON object, got ", j.type_name());
   auto field = [&](const json& obj, const char* key, const char* where) -> const json& {
@@ -107,7 +143,8 @@ TrainingState state_from_json(const std::string& path) {
     const json& v = field(obj, key, where);
     if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)) ||
         v.get<int64_t>() < 0)
-      CHORUS_THROW(IOError, path, ": ", where, "\"", key, "\" is ", v.dump(), ", expected a non-negative integer");
+      CHORUS_THROW(IOError, path, ": ", where, "\"", key, "\" is ", detail::json_excerpt(v),
+                   ", expected a non-negative integer");
     return v.get<int64_t>();
   };
   const int64_t version = integer(j, "format_version", "");
@@ -119,11 +156,12 @@ TrainingState state_from_json(const std::string& path) {
   s.step = integer(j, "step", "");
   s.batch_in_epoch = integer(j, "batch_in_epoch", "");
   const json& rng = field(j, "rng", "");
-  if (!rng.is_object()) CHORUS_THROW(IOError, path, ": \"rng\" is ", rng.dump(), ", expected an object");
+  if (!rng.is_object()) CHORUS_THROW(IOError, path, ": \"rng\" is ", detail::json_excerpt(rng), ", expected an object");
   for (const char* key : {"seed", "offset"}) {
     const json& v = field(rng, key, "\"rng\" ");
     if (!v.is_number_unsigned())
-      CHORUS_THROW(IOError, path, ": \"rng\" \"", key, "\" is ", v.dump(), ", expected an unsigned integer");
+      CHORUS_THROW(IOError, path, ": \"rng\" \"", key, "\" is ", detail::json_excerpt(v),
+                   ", expected an unsigned integer");
   }
   s.rng.seed = rng["seed"].get<uint64_t>();
   s.rng.offset = rng["offset"].get<uint64_t>();
@@ -131,8 +169,6 @@ TrainingState state_from_json(const std::string& path) {
   if (j.contains("extra")) s.extra = j["extra"];
   return s;
 }
-
-}  // namespace
 
 std::string checkpoint_name(int64_t step) {
   std::string digits = std::to_string(step);
@@ -205,19 +241,96 @@ std::optional<std::string> find_latest_checkpoint(const std::string& dir) {
   return std::nullopt;
 }
 
-TrainingState load_checkpoint(const std::string& ckpt_dir, nn::Module& module, optim::Optimizer& optimizer) {
+namespace {
+
+// Moves a checkpoint that could not be read out of the names that pruning
+// and saving manage. Returns the new path, or "" (with a warning) when the
+// rename fails: the checkpoint then stays where it was.
+std::string set_aside(const fs::path& ckpt) {
+  fs::path to = ckpt.string() + ".unreadable";
+  std::error_code ec;
+  if (fs::exists(fs::symlink_status(to, ec))) to = ckpt.string() + ".unreadable-" + detail::unique_suffix();
+  try {
+    detail::rename_path(ckpt.string(), to.string());
+  } catch (const IOError& e) {
+    warn(e.message());
+    return "";
+  }
+  return to.string();
+}
+
+}  // namespace
+
+namespace {
+// Marks an exception from the caller's check so that resume does not take it for an unreadable file.
+struct CheckFailed {
+  std::exception_ptr error;
+};
+}  // namespace
+
+Resumed resume_checkpoint(const std::string& dir, nn::Module& module, optim::Optimizer& optimizer,
+                          bool allow_fresh_start,
+                          const std::function<void(const TrainingState&, const std::string&)>& check) {
+  Resumed out;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return out;
+  // `latest` first (it may name an older checkpoint on purpose), then by step.
+  std::vector<fs::path> candidates;
+  try {
+    std::string name = detail::read_file((fs::path(dir) / kLatestFile).string());
+    while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) name.pop_back();
+    if (parse_checkpoint_name(name) && fs::is_directory(fs::path(dir) / name, ec))
+      candidates.push_back(fs::path(dir) / name);
+  } catch (const IOError&) {
+    // No or unreadable pointer: the scan below finds the same checkpoints.
+  }
+  for (const Found& f : list_checkpoints(dir))
+    if (candidates.empty() || f.path != candidates[0]) candidates.push_back(f.path);
+
+  for (const fs::path& c : candidates) {
+    try {
+      auto guarded = [&](const TrainingState& st, const std::string& path) {
+        if (!check) return;
+        try {
+          check(st, path);
+        } catch (...) {
+          throw CheckFailed{std::current_exception()};
+        }
+      };
+      out.state = load_checkpoint(c.string(), module, optimizer, guarded);
+      out.path = c.string();
+      break;
+    } catch (const IOError& e) {
+      out.skipped.push_back({c.string(), e.message(), ""});
+    } catch (const CheckFailed& f) {
+      std::rethrow_exception(f.error);
+    }
+  }
+  if (!out.path && !out.skipped.empty() && !allow_fresh_start) {
+    std::string list;
+    for (const SkippedCheckpoint& s : out.skipped) list += (list.empty() ? "" : "; ") + s.reason;
+    CHORUS_THROW(IOError, dir, ": no checkpoint could be read (", out.skipped.size(), " tried, none changed): ", list);
+  }
+  for (SkippedCheckpoint& s : out.skipped) s.kept_as = set_aside(s.path);
+  return out;
+}
+
+TrainingState load_checkpoint(const std::string& ckpt_dir, nn::Module& module, optim::Optimizer& optimizer,
+                              const std::function<void(const TrainingState&, const std::string&)>& check) {
   const fs::path dir(ckpt_dir);
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) CHORUS_THROW(IOError, ckpt_dir, ": not a checkpoint directory");
   for (const char* f : {kStateFile, kModelFile, kOptimizerFile})
     if (!fs::is_regular_file(dir / f, ec))
-      CHORUS_THROW(IOError, (dir / f).string(), ": missing; ", ckpt_dir, " is not a complete checkpoint");
+      CHORUS_THROW(IOError, (dir / f).string(), ": ", not_a_file_because(dir / f), "; ", ckpt_dir,
+                   " is not a complete checkpoint");
 
   // Read and validate every file before touching the module or optimizer.
   const std::string state_path = (dir / kStateFile).string();
   const std::string model_path = (dir / kModelFile).string();
   const std::string optim_path = (dir / kOptimizerFile).string();
-  TrainingState state = state_from_json(state_path);
+  TrainingState state = read_training_state(state_path);
+  if (check) check(state, state_path);
   nn::NamedTensors weights = load_safetensors(model_path);
   std::map<std::string, std::string> optim_meta;
   nn::NamedTensors optim_state = load_safetensors(optim_path, &optim_meta);

@@ -19,9 +19,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "chorus/core/rng.h"
 #include "chorus/nn/module.h"
@@ -53,10 +55,49 @@ std::string save_checkpoint(const std::string& dir, const nn::Module& module, co
 // The checkpoint to resume from, or nullopt when `dir` holds none.
 std::optional<std::string> find_latest_checkpoint(const std::string& dir);
 
+// A checkpoint resume_checkpoint could not read.
+struct SkippedCheckpoint {
+  std::string path;     // the checkpoint directory as found
+  std::string reason;   // why it could not be read (the IOError's message)
+  std::string kept_as;  // where it was moved; empty when it stayed in place
+};
+
+struct Resumed {
+  std::optional<std::string> path;  // the checkpoint loaded; nullopt: none
+  TrainingState state;              // its position (default when none)
+  std::vector<SkippedCheckpoint> skipped;
+};
+
+// Design note [Unreadable checkpoints]: resume loads the newest checkpoint
+// that can be read (`latest` first, then by step), skipping any whose files
+// are missing, unreadable, not regular files, or corrupt (IOError), and says
+// which it skipped and why. A skipped checkpoint is never deleted: once
+// training goes on without it, it is renamed "<name>.unreadable" (so that
+// neither pruning nor a later save of the same step removes it, and the user
+// can inspect or repair it). When checkpoints exist but none can be read,
+// this throws IOError naming each and why, touching nothing, unless
+// `allow_fresh_start`; then it returns no path. A checkpoint that does not
+// fit the module or optimizer (ValueError) is an error, never skipped.
+// An empty or missing `dir` returns no path and skips nothing.
+//
+// `check`, when given, sees each candidate's state before its tensors are
+// read (see load_checkpoint); what it throws propagates (an IOError from it
+// too is fatal, not a reason to skip).
+Resumed resume_checkpoint(const std::string& dir, nn::Module& module, optim::Optimizer& optimizer,
+                          bool allow_fresh_start = false, const std::function<void(const TrainingState&, const std::string&)>& check = {});
+
 // Loads a checkpoint directory into `module` and `optimizer`. Corrupted or
 // truncated files throw IOError naming the file; a checkpoint that does not
 // fit the model or optimizer throws ValueError naming the file and the keys.
-TrainingState load_checkpoint(const std::string& ckpt_dir, nn::Module& module, optim::Optimizer& optimizer);
+// `check(state, state_json_path)`, when given, runs once state.json is read
+// and before any tensor is: a caller's test that the checkpoint belongs to
+// this run (its config), so that a mismatch is named as such rather than as
+// a tensor that does not fit.
+TrainingState load_checkpoint(const std::string& ckpt_dir, nn::Module& module, optim::Optimizer& optimizer,
+                              const std::function<void(const TrainingState&, const std::string&)>& check = {});
+
+// A checkpoint's state.json, validated (IOError naming the file otherwise).
+TrainingState read_training_state(const std::string& path);
 
 // "ckpt-00001200" for step 1200.
 std::string checkpoint_name(int64_t step);

@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "chorus/core/error.h"
+#include "chorus/io/file_util.h"
 
 namespace chorus::io {
 
@@ -45,8 +46,29 @@ std::string csv_cell(const ojson& v) {
   return csv_quote(v.dump());  // nested object or array
 }
 
-// Splits one CSV header line (RFC 4180 quoting) into column names.
-std::vector<std::string> parse_csv_header(const std::string& line) {
+// Splits `text` into CSV records at line ends outside quotes (RFC 4180: a
+// quoted cell may hold a newline). Each record keeps its text as written,
+// without the line end; a last record without a line end is kept too.
+std::vector<std::string> split_csv_records(const std::string& text) {
+  std::vector<std::string> records;
+  std::string cur;
+  bool quoted = false;
+  for (char c : text) {
+    if (c == '"') quoted = !quoted;  // "" inside quotes toggles twice: no change
+    if (c == '\n' && !quoted) {
+      if (!cur.empty() && cur.back() == '\r') cur.pop_back();
+      records.push_back(std::move(cur));
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  if (!cur.empty()) records.push_back(std::move(cur));
+  return records;
+}
+
+// Splits one CSV record (RFC 4180 quoting) into cells.
+std::vector<std::string> parse_csv_record(const std::string& line) {
   std::vector<std::string> cols(1);
   bool quoted = false;
   for (size_t i = 0; i < line.size(); ++i) {
@@ -71,16 +93,31 @@ std::vector<std::string> parse_csv_header(const std::string& line) {
   return cols;
 }
 
+std::string header_line(const std::vector<std::string>& columns) {
+  std::string line;
+  for (size_t i = 0; i < columns.size(); ++i) line += (i ? "," : "") + csv_quote(columns[i]);
+  return line;
+}
+
 }  // namespace
 
 MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path), csv_(ends_with(path, ".csv")) {
-  if (csv_ && append) {
-    std::ifstream in(path);
-    std::string header;
-    if (in && std::getline(in, header) && !header.empty()) columns_ = parse_csv_header(header);
+  bool needs_newline = false;
+  if (append) {
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(path, ec)) {
+      const std::string text = detail::read_file(path);
+      // A run killed mid-write may leave a last line without its end.
+      needs_newline = !text.empty() && text.back() != '\n';
+      if (csv_) {
+        std::vector<std::string> records = split_csv_records(text);
+        if (!records.empty() && !records[0].empty()) columns_ = parse_csv_record(records[0]);
+      }
+    }
   }
   out_.open(path, append ? std::ios::app : std::ios::trunc);
   if (!out_) CHORUS_THROW(IOError, path, ": cannot open the metrics file for writing: ", std::strerror(errno));
+  if (needs_newline) out_ << '\n';
 }
 
 void MetricsWriter::write(const ojson& record) {
@@ -97,17 +134,41 @@ void MetricsWriter::write(const ojson& record) {
 void MetricsWriter::write_csv(const ojson& record) {
   if (columns_.empty()) {
     for (const auto& [key, v] : record.items()) columns_.push_back(key);
-    for (size_t i = 0; i < columns_.size(); ++i) out_ << (i ? "," : "") << csv_quote(columns_[i]);
-    out_ << '\n';
+    out_ << header_line(columns_) << '\n';
   }
+  std::vector<std::string> added;
   for (const auto& [key, v] : record.items())
-    CHORUS_CHECK(std::find(columns_.begin(), columns_.end(), key) != columns_.end(), path_, ": record has key '",
-                 key, "' which is not a column of this CSV file (the first record fixes the columns)");
+    if (std::find(columns_.begin(), columns_.end(), key) == columns_.end()) added.push_back(key);
+  if (!added.empty()) add_columns(added);
   for (size_t i = 0; i < columns_.size(); ++i) {
     auto it = record.find(columns_[i]);
     out_ << (i ? "," : "") << (it == record.end() ? std::string() : csv_cell(*it));
   }
   out_ << '\n';
+}
+
+// New columns go at the end: the file is rewritten (atomically) with the
+// longer header and an empty cell per new column in every earlier row, so
+// every row has the header's column count.
+void MetricsWriter::add_columns(const std::vector<std::string>& added) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path_, ec))
+    CHORUS_THROW(ValueError, path_, ": record has key '", added[0],
+                 "' which is not a column, and this CSV output is not a regular file that could be rewritten "
+                 "with a longer header");
+  flush_or_throw();
+  out_.close();
+  std::vector<std::string> records = split_csv_records(detail::read_file(path_));
+  columns_.insert(columns_.end(), added.begin(), added.end());
+  std::string text = header_line(columns_) + "\n";
+  for (size_t i = 1; i < records.size(); ++i) {
+    // Padded to the new width (a row cut short by a killed run included).
+    const size_t cells = parse_csv_record(records[i]).size();
+    text += records[i] + std::string(columns_.size() - std::min(cells, columns_.size()), ',') + "\n";
+  }
+  detail::write_file_atomically(path_, text);
+  out_.open(path_, std::ios::app);
+  if (!out_) CHORUS_THROW(IOError, path_, ": cannot reopen the metrics file for writing: ", std::strerror(errno));
 }
 
 void MetricsWriter::flush_or_throw() {

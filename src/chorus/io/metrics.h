@@ -7,9 +7,11 @@
 // ordered_json so that CSV columns and JSON keys keep the caller's order
 // ("step" first) rather than nlohmann's alphabetical one.
 //
-// CSV: the first record's keys become the header and fix the columns; later
-// records may leave columns out (empty cells) but may not add new ones
-// (ValueError: a column appearing mid-file would be silently misaligned).
+// CSV: the first record's keys become the header; later records may leave
+// columns out (empty cells), and a record with a new key adds a column at
+// the end: the file is rewritten atomically with the longer header and an
+// empty cell in every earlier row (so a training run's step, epoch and
+// summary records share one file; `tail -f` must then reopen it).
 // Strings are quoted when needed (RFC 4180), nested values are written as
 // JSON text, numbers in shortest round-trip form.
 #pragma once
@@ -35,6 +37,7 @@ class MetricsWriter {
 
  private:
   void write_csv(const nlohmann::ordered_json& record);
+  void add_columns(const std::vector<std::string>& added);
   void flush_or_throw();
 
   std::string path_;

@@ -12,6 +12,7 @@
 #include "chorus/core/backend.h"
 #include "chorus/core/error.h"
 #include "chorus/io/file_util.h"
+#include "chorus/io/json_util.h"
 #include "chorus/ops/copy.h"
 
 namespace chorus::io {
@@ -25,6 +26,9 @@ using json = nlohmann::json;
 
 // The reference reader's limit: a bigger header is corruption, not a model.
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+// A valid header nests three deep ({"name": {"shape": [...]}}); the margin is
+// for other writers' metadata. See Note [Untrusted JSON].
+constexpr int kMaxHeaderDepth = 16;
 constexpr const char* kMetadataKey = "__metadata__";
 
 // A CPU tensor with the same values, contiguous: the bytes to write.
@@ -177,12 +181,17 @@ class Reader {
   }
 
   std::vector<Entry> parse_header(const std::string& text, std::map<std::string, std::string>* metadata) {
+    if (auto at = detail::find_excess_nesting(text, kMaxHeaderDepth))
+      fail("header nests deeper than ", kMaxHeaderDepth, " levels (at header byte ", *at, ", file byte ", 8 + *at,
+           "); a safetensors header is an object of flat tensor entries");
     json header;
     try {
       header = json::parse(text);
     } catch (const json::parse_error& e) {
       fail("header (file bytes [8, ", data_start_, ")) is not valid JSON: error at header byte ", e.byte,
            ": ", e.what());
+    } catch (const json::exception& e) {  // e.g. out_of_range: a number too large to hold
+      fail("header (file bytes [8, ", data_start_, ")) is not valid JSON: ", e.what());
     }
     if (!header.is_object()) fail("header is JSON ", header.type_name(), ", expected an object");
     std::vector<Entry> entries;
@@ -226,15 +235,15 @@ class Reader {
     // Element count, saturating: a product past the file size is an error below anyway.
     uint64_t numel = 1;
     for (const json& d : shape) {
-      if (!d.is_number_unsigned()) fail("tensor '", name, "': shape ", shape.dump(), " has an entry that is not a non-negative integer");
+      if (!d.is_number_unsigned()) fail("tensor '", name, "': shape ", detail::json_excerpt(shape), " has an entry that is not a non-negative integer");
       uint64_t v = d.get<uint64_t>();
-      if (v > uint64_t(std::numeric_limits<int64_t>::max())) fail("tensor '", name, "': shape ", shape.dump(), " is too large");
+      if (v > uint64_t(std::numeric_limits<int64_t>::max())) fail("tensor '", name, "': shape ", detail::json_excerpt(shape), " is too large");
       e.shape.push_back(static_cast<int64_t>(v));
       numel = (v != 0 && numel > std::numeric_limits<uint64_t>::max() / v) ? std::numeric_limits<uint64_t>::max() : numel * v;
     }
     const json& offsets = field("data_offsets");
     if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() || !offsets[1].is_number_unsigned())
-      fail("tensor '", name, "': \"data_offsets\" is ", offsets.dump(), ", expected [begin, end] with non-negative integers");
+      fail("tensor '", name, "': \"data_offsets\" is ", detail::json_excerpt(offsets), ", expected [begin, end] with non-negative integers");
     e.begin = offsets[0].get<uint64_t>();
     e.end = offsets[1].get<uint64_t>();
     if (e.end < e.begin) fail("tensor '", name, "': data_offsets [", e.begin, ", ", e.end, "] end before they begin");

@@ -186,7 +186,7 @@ NamedTensors Module::state_dict() const {
 
 void Module::load_state_dict(const NamedTensors& state) {
   NamedTensors mine = state_dict();
-  std::vector<std::string> missing, unexpected, mismatched;
+  std::vector<std::string> missing, unexpected, mismatched, wrong_dtype;
   std::unordered_map<std::string, const Tensor*> given;
   for (auto& [n, t] : state) given[n] = &t;
   for (auto& [n, t] : mine) {
@@ -195,6 +195,9 @@ void Module::load_state_dict(const NamedTensors& state) {
       missing.push_back(n);
     } else if (it->second->sizes() != t.sizes()) {
       mismatched.push_back(n + " (checkpoint " + shape_str(it->second->sizes()) + ", model " + shape_str(t.sizes()) + ")");
+    } else if (it->second->dtype() != t.dtype()) {
+      // Never converted: an int32 "weight" is a damaged file, not a weight.
+      wrong_dtype.push_back(n + " (checkpoint " + dtype_name(it->second->dtype()) + ", model " + dtype_name(t.dtype()) + ")");
     }
   }
   for (auto& [n, t] : state) {
@@ -202,7 +205,7 @@ void Module::load_state_dict(const NamedTensors& state) {
     for (auto& [m, u] : mine) found = found || m == n;
     if (!found) unexpected.push_back(n);
   }
-  if (!missing.empty() || !unexpected.empty() || !mismatched.empty()) {
+  if (!missing.empty() || !unexpected.empty() || !mismatched.empty() || !wrong_dtype.empty()) {
     std::ostringstream os;
     os << "load_state_dict: state does not match " << type_name_ << ":";
     auto list = [&](const char* what, const std::vector<std::string>& v) {
@@ -215,6 +218,7 @@ void Module::load_state_dict(const NamedTensors& state) {
     list("missing", missing);
     list("unexpected", unexpected);
     list("shape mismatch", mismatched);
+    list("dtype mismatch", wrong_dtype);
     CHORUS_THROW(ValueError, os.str());
   }
   NoGradGuard ng;

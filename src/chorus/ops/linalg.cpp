@@ -44,7 +44,9 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   if (b.dim() == 2) {
     out_shape = a.sizes();
     out_shape.back() = n;
-    int64_t rows = a.numel() / k;
+    // Not numel / k: K may be 0 (an empty inner dimension gives zeros).
+    int64_t rows = 1;
+    for (int64_t d = 0; d + 1 < a.dim(); ++d) rows *= a.size(d);
     Tensor ca = a.dim() == 2 ? ta : contiguous(ta);
     a3 = a.dim() == 2 ? detail::make_view(ta, {1, m, k}, {0, ta.stride(0), ta.stride(1)}, ta.storage_offset())
                       : detail::make_view(ca, {1, rows, k}, {rows * k, k, 1}, ca.storage_offset());

@@ -205,12 +205,17 @@ void Optimizer::load_state(const NamedTensors& state) {
           ops::to_dtype(ops::clone(ops::to_device(t, params_[i].device())), params_[i].dtype()));
     }
   }
+  // A snapshot always has these (state() writes them): without them it is
+  // not a snapshot, and loading it would silently restart the optimizer.
+  if (!step_count) problems.push_back("no 'step' (an empty or damaged snapshot?)");
+  if (!lr) problems.push_back("no 'lr'");
   for (size_t i = 0; i < loaded.size(); ++i) {
     const size_t n = loaded[i].buffers.size();
     if (n == 0 && !has_step[i]) continue;
     if (!has_step[i]) problems.push_back("param." + std::to_string(i) + " has buffers but no step");
-    // Buffers go together: half of Adam's moments would silently restart the other half.
-    if (n != 0 && n != names.size())
+    // Buffers go together, and a parameter that was updated has all of them:
+    // half of Adam's moments, or no momentum, would silently restart.
+    if ((n != 0 || loaded[i].step > 0) && n != names.size())
       for (const auto& want : names)
         if (!loaded[i].buffers.count(want))
           problems.push_back("param." + std::to_string(i) + "." + want + " is missing");

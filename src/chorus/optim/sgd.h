@@ -30,7 +30,10 @@ class SGD : public Optimizer {
   const SGDOptions& options() const { return options_; }
 
  protected:
-  std::vector<std::string> buffer_names() const override { return {"momentum_buffer"}; }
+  // Without momentum SGD keeps no buffer, and a snapshot with one is not its.
+  std::vector<std::string> buffer_names() const override {
+    return options_.momentum != 0 ? std::vector<std::string>{"momentum_buffer"} : std::vector<std::string>{};
+  }
 
  private:
   SGDOptions options_;

@@ -1,0 +1,54 @@
+#include "resume_checks.h"
+
+#include <algorithm>
+
+#include "chorus/core/error.h"
+#include "chorus/io/json_util.h"
+
+namespace chorus::app {
+
+void check_resume_config(const nlohmann::json& saved, const nlohmann::json& now,
+                         const std::vector<std::string>& allowed, const std::string& state_path) {
+  if (!saved.is_object())
+    CHORUS_THROW(ValueError, state_path, ": the saved \"config\" is ", io::detail::json_excerpt(saved),
+                 ", not the settings of a chorus train run; cannot check that --resume continues it");
+  for (const auto& [key, value] : now.items()) {
+    if (std::find(allowed.begin(), allowed.end(), key) != allowed.end()) continue;
+    auto it = saved.find(key);
+    const std::string option = "--" + [&] {
+      std::string o = key;
+      std::replace(o.begin(), o.end(), '_', '-');
+      return o;
+    }();
+    if (it == saved.end())
+      CHORUS_THROW(ValueError, state_path, ": the checkpoint's config has no \"", key,
+                   "\", so --resume cannot check that ", option, " is the same (the checkpoint was written by another "
+                   "version or edited)");
+    if (*it != value) {
+      const bool changeable = std::find(kResumeChangeable.begin(), kResumeChangeable.end(), key) != kResumeChangeable.end();
+      CHORUS_THROW(ValueError, "--resume: ", option, " is ", io::detail::json_excerpt(value), " but the checkpoint (",
+                   state_path, ") was trained with ", io::detail::json_excerpt(*it),
+                   changeable ? "; pass --allow-change " + key + " to continue it with the new value"
+                              : "; a checkpoint continues the run that wrote it (use another --checkpoint-dir for a new run)");
+    }
+  }
+}
+
+void check_resume_position(const io::TrainingState& st, int64_t per_epoch, int64_t epochs, int64_t total_steps,
+                           const std::string& state_path) {
+  if (st.batch_in_epoch > per_epoch)
+    CHORUS_THROW(IOError, state_path, ": batch_in_epoch ", st.batch_in_epoch, " is past the end of an epoch (",
+                 per_epoch, " batches)");
+  if (st.epoch > epochs || (st.epoch == epochs && st.batch_in_epoch > 0))
+    CHORUS_THROW(IOError, state_path, ": epoch ", st.epoch, " (batch ", st.batch_in_epoch, ") is past the run's end (",
+                 epochs, " epochs)");
+  if (st.step > total_steps)
+    CHORUS_THROW(IOError, state_path, ": step ", st.step, " is past the run's end (", total_steps, " steps)");
+  // Overflow-free: epoch <= epochs and per_epoch * epochs was computed without overflow by the caller.
+  if (st.step != st.epoch * per_epoch + st.batch_in_epoch)
+    CHORUS_THROW(IOError, state_path, ": step ", st.step, " does not match epoch ", st.epoch, " and batch ",
+                 st.batch_in_epoch, " (", per_epoch, " batches per epoch: step ", st.epoch * per_epoch + st.batch_in_epoch,
+                 ")");
+}
+
+}  // namespace chorus::app

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# CI's sanitizer stages, CPU-only (-DCHORUS_WITH_CUDA=OFF), each in its own
+# build directory and each printing its duration:
+#   asan  the whole CPU test suite (unit tests, command-line, dist and README
+#         tests, fuzz corpus replays) built with AddressSanitizer +
+#         UndefinedBehaviorSanitizer; any report fails the test that made it
+#   tsan  the multi-threaded tests (chorus_threaded_tests: engine, device
+#         threads and streams, DataParallel, data loader, copies and
+#         collectives, store and reducer) built with ThreadSanitizer
+#
+#   scripts/sanitize.sh [asan] [tsan]      (default: both)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STAGES=("$@")
+[ ${#STAGES[@]} -eq 0 ] && STAGES=(asan tsan)
+GEN=()
+command -v ninja >/dev/null 2>&1 && GEN=(-G Ninja)
+LAUNCH=()
+command -v ccache >/dev/null 2>&1 && LAUNCH=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+COMMON=(-DCMAKE_BUILD_TYPE=Release -DCHORUS_WITH_CUDA=OFF -DCHORUS_BUILD_BENCH=OFF)
+# OpenBLAS' own threads are not instrumented: one thread keeps it out of the picture.
+export OPENBLAS_NUM_THREADS=1
+
+configure() {  # dir, flags, extra cmake args...
+  local dir=$1 flags=$2
+  shift 2
+  cmake -S . -B "$dir" "${GEN[@]}" "${LAUNCH[@]}" "${COMMON[@]}" -DCMAKE_CXX_FLAGS="$flags" \
+    -DCMAKE_EXE_LINKER_FLAGS="$flags" "$@" >/dev/null
+}
+
+stage_asan() {
+  local dir=${ASAN_BUILD_DIR:-build-asan}
+  configure "$dir" "-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g1"
+  cmake --build "$dir" -j "$(nproc)"
+  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=0
+  export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+  (cd "$dir" && ctest --output-on-failure -j "$(nproc)" --timeout 1500)
+}
+
+stage_tsan() {
+  local dir=${TSAN_BUILD_DIR:-build-tsan}
+  # Gloo is not instrumented; the threaded tests do not need it.
+  configure "$dir" "-fsanitize=thread -fno-omit-frame-pointer -g1" -DCHORUS_WITH_GLOO=OFF
+  cmake --build "$dir" -j "$(nproc)" --target chorus_threaded_tests
+  export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+  "$dir/chorus_threaded_tests" --gtest_brief=1
+}
+
+for s in "${STAGES[@]}"; do
+  start=$(date +%s)
+  echo "sanitize: stage $s"
+  "stage_$s"
+  echo "sanitize: stage $s passed in $(( $(date +%s) - start )) s"
+done
