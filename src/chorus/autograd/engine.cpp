@@ -24,6 +24,7 @@
 #include <functional>
 #include <unordered_map>
 
+#include "chorus/autograd/backward_observer.h"
 #include "chorus/autograd/grad_mode.h"
 #include "chorus/autograd/node.h"
 #include "chorus/core/device_threads.h"
@@ -62,7 +63,9 @@ struct NodeState {
 // One backward pass: the dependency counts and the pending gradients.
 class GraphTask {
  public:
-  GraphTask(const Edge& root, const Tensor& seed, bool retain) : retain_(retain) {
+  // collect_leaves: also gather the reached leaves (Note [Backward observers]).
+  GraphTask(const Edge& root, const Tensor& seed, bool retain, bool collect_leaves)
+      : retain_(retain), collect_leaves_(collect_leaves) {
     root_ = root.fn.get();
     add(root.fn);
     std::vector<Node*> stack{root_};
@@ -81,6 +84,7 @@ class GraphTask {
 
   Node* root() const { return root_; }
   const std::set<Device>& devices() const { return devices_; }
+  const std::unordered_set<const TensorImpl*>& leaves() const { return leaves_; }
 
   // Runs node n and returns the nodes it made ready. Safe to call from several
   // threads at once for different nodes.
@@ -118,6 +122,8 @@ class GraphTask {
       it->second->node = fn;
       it->second->slots.resize(fn->num_outputs);
       devices_.insert(fn->device);
+      if (collect_leaves_)
+        if (const TensorImpl* leaf = fn->accumulated_leaf()) leaves_.insert(leaf);
     }
     return {it->second.get(), fresh};
   }
@@ -139,6 +145,8 @@ class GraphTask {
   }
 
   bool retain_;
+  bool collect_leaves_;
+  std::unordered_set<const TensorImpl*> leaves_;
   Node* root_ = nullptr;
   std::unordered_map<Node*, std::unique_ptr<NodeState>> states_;
   std::set<Device> devices_;
@@ -225,7 +233,7 @@ void run_multi_device(GraphTask& task) {
 }  // namespace
 
 void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
-  detail::check_defined(root, "backward", "self");
+  chorus::detail::check_defined(root, "backward", "self");
   CHORUS_CHECK(root.requires_grad(),
                "backward: the tensor does not require grad and has no grad_fn (did you run the "
                "forward pass under NoGradGuard, or forget requires_grad on the parameters?)");
@@ -239,12 +247,20 @@ void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
                  " does not match the tensor ", root.describe());
   }
   NoGradGuard no_grad;  // backward formulas are not themselves recorded
-  GraphTask task(gradient_edge(root), seed, retain_graph);
-  if (task.devices().size() <= 1) {
-    run_single_thread(task);
-  } else {
-    run_multi_device(task);
+  const std::vector<std::shared_ptr<BackwardObserver>> observers = detail::live_backward_observers();
+  GraphTask task(gradient_edge(root), seed, retain_graph, !observers.empty());
+  for (const auto& o : observers) o->begin(task.leaves());
+  try {
+    if (task.devices().size() <= 1) {
+      run_single_thread(task);
+    } else {
+      run_multi_device(task);
+    }
+  } catch (...) {
+    for (const auto& o : observers) o->end(false);
+    throw;
   }
+  for (const auto& o : observers) o->end(true);
 }
 
 }  // namespace chorus::autograd

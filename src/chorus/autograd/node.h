@@ -38,6 +38,8 @@ class Node {
   virtual std::string name() const = 0;
   virtual void release_saved() {}
   virtual bool is_accumulate_grad() const { return false; }
+  // The leaf an AccumulateGrad node adds into (nullptr for other nodes).
+  virtual const TensorImpl* accumulated_leaf() const { return nullptr; }
 
   std::vector<Edge> next;
   std::vector<InputMeta> input_meta;
@@ -68,6 +70,7 @@ class AccumulateGrad final : public Node {
   TensorList apply(TensorList&& grads) override;
   std::string name() const override { return "AccumulateGrad"; }
   bool is_accumulate_grad() const override { return true; }
+  const TensorImpl* accumulated_leaf() const override { return leaf_.get(); }
 
  private:
   std::shared_ptr<TensorImpl> leaf_;

@@ -20,6 +20,7 @@ class ProcessGroupGloo final : public ProcessGroup {
   ProcessGroupGloo(int rank, int size, StorePtr store, ProcessGroupOptions options);
   ~ProcessGroupGloo() override;
   std::string backend() const override { return "gloo"; }
+  Device device() const override { return Device(DeviceType::CPU, 0); }
 
   WorkPtr all_reduce(const Tensor& t, ReduceOp op = ReduceOp::Sum) override;
   WorkPtr broadcast(const Tensor& t, int root) override;

@@ -1,5 +1,6 @@
 #include "chorus/dist/grad_hooks.h"
 
+#include <algorithm>
 #include <mutex>
 
 #include "chorus/core/error.h"
@@ -13,7 +14,7 @@ struct HookReducer::State {
   std::vector<Tensor> params;
   ReducerOptions options;
   std::shared_ptr<BucketComm> comm;
-  Device device;
+  std::vector<Device> devices;  // distinct, of the parameters
 
   mutable std::mutex mu;  // the hooks may run on several engine threads
   std::shared_ptr<const GradBuckets> buckets;
@@ -21,6 +22,7 @@ struct HookReducer::State {
   std::vector<Tensor> views;                 // [k]: its segment of its bucket's buffer
   bool armed = false, done = false;
   std::vector<char> ready, unused;     // [k] in the armed backward
+  std::vector<char> kept;              // [k] unused but with an earlier .grad, reduced too
   std::vector<size_t> pending;         // [bucket]: parameters not yet ready
   size_t next_launch = 0;              // buckets launch in index order
   std::vector<std::vector<Tensor>> results;  // [bucket][group]
@@ -33,8 +35,9 @@ struct HookReducer::State {
     views.assign(params.size(), Tensor());
     for (const GradBuckets::Bucket& b : buckets->buckets) {
       buffers.emplace_back();
+      const Device d = params[b.ks[0]].device();
       for (size_t g = 0; g < b.layout.groups(); ++g)
-        buffers.back().push_back(empty({b.layout.numels[g]}, TensorOptions(b.layout.dtypes[g], device)));
+        buffers.back().push_back(empty({b.layout.numels[g]}, TensorOptions(b.layout.dtypes[g], d)));
       for (size_t i = 0; i < b.ks.size(); ++i)
         views[b.ks[i]] = b.layout.view(buffers.back()[b.layout.segments[i].group], i);
     }
@@ -48,7 +51,7 @@ struct HookReducer::State {
     // Launch every complete bucket whose predecessors are launched.
     while (next_launch < buckets->buckets.size() && pending[next_launch] == 0) {
       const size_t b = next_launch++;
-      Event written(device, /*timing=*/false);
+      Event written(params[buckets->buckets[b].ks[0]].device(), /*timing=*/false);
       written.record();
       results[b].clear();
       for (const Tensor& buf : buffers[b]) {
@@ -59,22 +62,39 @@ struct HookReducer::State {
     if (next_launch == buckets->buckets.size()) finish();
   }
 
+  // Parameter k's segment of its bucket's reduced result.
+  Tensor result_view(size_t k) const {
+    const size_t b = buckets->bucket_of[k], i = buckets->index_in_bucket[k];
+    const FlatLayout& layout = buckets->buckets[b].layout;
+    const Tensor& result = results[b][layout.segments[i].group];
+    // The bucket itself when the comm works in place: the persistent view.
+    const Tensor& buf = buffers[b][layout.segments[i].group];
+    return result.storage() == buf.storage() && result.storage_offset() == buf.storage_offset() ? views[k]
+                                                                                                : layout.view(result, i);
+  }
+
   void finish() {
-    comm->join(device);
-    for (size_t k = 0; k < params.size(); ++k) {
-      if (unused[k]) continue;
-      const size_t b = buckets->bucket_of[k], i = buckets->index_in_bucket[k];
-      const FlatLayout& layout = buckets->buckets[b].layout;
-      const Tensor& result = results[b][layout.segments[i].group];
-      // The bucket itself when the comm works in place: the persistent view.
-      params[k].set_grad(result.storage() == buffers[b][layout.segments[i].group].storage() &&
-                                 result.storage_offset() == buffers[b][layout.segments[i].group].storage_offset()
-                             ? views[k]
-                             : layout.view(result, i));
-    }
+    for (const Device& d : devices) comm->join(d);
+    for (size_t k = 0; k < params.size(); ++k)
+      if (!unused[k] || kept[k]) params[k].set_grad(result_view(k));
     armed = false;
     done = true;
     recording_order = false;
+  }
+
+  // Caller holds mu. k contributes what it already holds (an earlier
+  // unarmed backward's .grad) or nothing.
+  void mark_unused(size_t k) {
+    unused[k] = 1;
+    const Tensor g = params[k].grad();
+    Tensor dst = views[k];
+    if (!g.defined()) {
+      dst.zero_();
+    } else {
+      kept[k] = 1;
+      if (g.storage() != dst.storage() || g.storage_offset() != dst.storage_offset() || g.strides() != dst.strides())
+        ops::copy_(dst, g);
+    }
   }
 
   void on_grad_ready(size_t k) {
@@ -99,13 +119,11 @@ HookReducer::HookReducer(std::vector<Tensor> params, std::shared_ptr<BucketComm>
                "HookReducer: bucket sizes must be >= 0, got bucket_bytes ", options.bucket_bytes,
                " and first_bucket_bytes ", options.first_bucket_bytes);
   CHORUS_CHECK(!params.empty(), "HookReducer: no parameters");
-  s.device = params[0].device();
   for (size_t k = 0; k < params.size(); ++k) {
     const Tensor& p = params[k];
     CHORUS_CHECK(p.defined() && p.is_leaf() && p.requires_grad(), "HookReducer: parameter ", k,
                  " must be a leaf that requires grad");
-    CHORUS_CHECK(p.device() == s.device, "HookReducer: parameter ", k, " is on ", p.device().str(),
-                 " but parameter 0 on ", s.device.str(), "; one reducer reduces the parameters of one device");
+    if (std::find(s.devices.begin(), s.devices.end(), p.device()) == s.devices.end()) s.devices.push_back(p.device());
     for (size_t j = 0; j < k; ++j)
       CHORUS_CHECK(params[j].impl() != p.impl(), "HookReducer: parameters ", j, " and ", k, " are the same tensor");
   }
@@ -130,6 +148,7 @@ void HookReducer::prepare_for_backward(const std::vector<size_t>& unused) {
   const size_t n = s.params.size(), nb = s.buckets->buckets.size();
   s.ready.assign(n, 0);
   s.unused.assign(n, 0);
+  s.kept.assign(n, 0);
   s.pending.assign(nb, 0);
   s.results.assign(nb, {});
   s.next_launch = 0;
@@ -140,12 +159,45 @@ void HookReducer::prepare_for_backward(const std::vector<size_t>& unused) {
   for (size_t k : unused) {
     CHORUS_CHECK(k < n, "HookReducer: unused parameter ", k, " out of range (", n, " parameters)");
     CHORUS_CHECK(!s.unused[k], "HookReducer: parameter ", k, " named unused twice");
-    s.unused[k] = 1;
-    s.views[k].zero_();  // contributes nothing to the reduction
+    s.mark_unused(k);
   }
   // Marked ready after all are flagged, so that a bucket of unused parameters
   // only launches in its turn; with every parameter unused, this finishes.
   for (size_t k : unused) s.mark_ready(k);
+}
+
+void HookReducer::flush() {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lk(s.mu);
+  if (!s.armed) return;
+  std::vector<size_t> late;
+  for (size_t k = 0; k < s.params.size(); ++k)
+    if (!s.ready[k]) late.push_back(k);
+  for (size_t k : late) s.mark_unused(k);
+  for (size_t k : late) s.mark_ready(k);
+}
+
+void HookReducer::abandon() {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lk(s.mu);
+  if (s.armed) s.comm->join_quietly();
+  s.armed = false;
+  s.done = false;
+}
+
+std::vector<size_t> HookReducer::unused() const {
+  std::lock_guard<std::mutex> lk(state_->mu);
+  std::vector<size_t> out;
+  for (size_t k = 0; k < state_->unused.size(); ++k)
+    if (state_->unused[k]) out.push_back(k);
+  return out;
+}
+
+Tensor HookReducer::reduced_grad(size_t k) const {
+  std::lock_guard<std::mutex> lk(state_->mu);
+  CHORUS_CHECK(state_->done, "HookReducer: reduced_grad before the reduction finished");
+  CHORUS_CHECK(k < state_->params.size(), "HookReducer: parameter ", k, " out of range");
+  return state_->result_view(k);
 }
 
 bool HookReducer::finished() const {
@@ -164,6 +216,14 @@ void HookReducer::rebuild_buckets() {
   CHORUS_CHECK(!s.armed, "HookReducer: rebuild_buckets during an armed backward");
   CHORUS_CHECK(!s.recording_order, "HookReducer: rebuild_buckets before a complete armed backward recorded the order");
   s.plan(s.order);
+}
+
+void HookReducer::rebuild_buckets_from(const std::vector<size_t>& order) {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lk(s.mu);
+  CHORUS_CHECK(!s.armed, "HookReducer: rebuild_buckets during an armed backward");
+  s.plan(order);
+  s.recording_order = false;
 }
 
 const GradBuckets& HookReducer::buckets() const { return *state_->buckets; }

@@ -25,10 +25,14 @@
 // A backward that is not armed (DDP's no_sync()) reduces nothing: gradients
 // accumulate in .grad as for a plain module, and the next armed backward
 // reduces the accumulated sum. Parameters that this backward will not reach
-// (unused) must be named to prepare_for_backward: they are ready at once,
-// contribute zeros and keep their .grad; otherwise the reduction never
-// completes and finished() stays false. (Which parameters are unused on *any*
-// rank, and hence whose result to keep, is the caller's to agree on.) The
+// (unused) are named to prepare_for_backward (ready at once), or left for
+// flush() after the backward (ready then, so the buckets after theirs launch
+// only at the end); they contribute the .grad they already hold (from
+// unarmed backwards) or zeros. One that held a .grad gets the reduced
+// result; one that did not keeps no .grad (whether some other rank used it,
+// and so whether to take reduced_grad(k), is the caller's to agree on). The
+// parameters may live on several devices (a model-parallel module): each
+// bucket holds one device's, and finish joins every device. The
 // first armed backward records the order in which gradients became ready;
 // rebuild_buckets() re-plans the buckets in that order. The hooks hold the
 // reducer's state weakly: a destroyed reducer leaves inert hooks behind.
@@ -43,7 +47,7 @@ namespace chorus::dist {
 
 class HookReducer {
  public:
-  // params: distinct leaves that require grad, all on one device.
+  // params: distinct leaves that require grad (on any devices).
   HookReducer(std::vector<Tensor> params, std::shared_ptr<BucketComm> comm, ReducerOptions options = {});
   ~HookReducer();
   HookReducer(const HookReducer&) = delete;
@@ -52,8 +56,17 @@ class HookReducer {
   // Arms the next backward; `unused`: indices of parameters it will not reach.
   // Throws ValueError while an armed backward has not finished.
   void prepare_for_backward(const std::vector<size_t>& unused = {});
+  // Marks every parameter the armed backward did not reach as unused, which
+  // completes its reduction (no-op when not armed).
+  void flush();
+  // Disarms after a failed backward (waits for what was launched).
+  void abandon();
   // Whether the armed backward's reduction is complete (grads are views).
   bool finished() const;
+  // The parameters the last armed backward treated as unused.
+  std::vector<size_t> unused() const;
+  // Parameter k's reduced gradient (a view of its bucket), once finished.
+  Tensor reduced_grad(size_t k) const;
 
   // The order in which gradients became ready in the first armed backward
   // (complete once it finished; empty before).
@@ -62,6 +75,9 @@ class HookReducer {
   // between backwards. Gradients that are views of the old buckets are left
   // as they are (copied in, not reused, by the next backward).
   void rebuild_buckets();
+  // The same from an explicit order (another rank's ready_order(), so that
+  // every rank plans the same buckets); ValueError if it is not a permutation.
+  void rebuild_buckets_from(const std::vector<size_t>& order);
 
   const GradBuckets& buckets() const;
   // Bucket b's flat buffers, one per dtype group (tests, and DDP's own use).

@@ -124,6 +124,7 @@ class NcclGroup final : public ProcessGroup {
   }
 
   std::string backend() const override { return "nccl"; }
+  Device device() const override { return Device(DeviceType::CUDA, device_); }
 
   WorkPtr all_reduce(const Tensor& t, ReduceOp op) override {
     check_cuda("all_reduce", t);

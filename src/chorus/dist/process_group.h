@@ -60,6 +60,9 @@ class ProcessGroup {
   int rank() const { return rank_; }
   int size() const { return size_; }
   virtual std::string backend() const = 0;
+  // The device its tensors live on: cpu:0 for Gloo (any CPU device's tensors
+  // are taken), the group's GPU for NCCL (only that GPU's).
+  virtual Device device() const = 0;
   const ProcessGroupOptions& options() const { return options_; }
   const StorePtr& store() const { return store_; }
 

@@ -35,6 +35,9 @@ GradBuckets::GradBuckets(const std::vector<Tensor>& params, int64_t bucket_bytes
   };
   for (size_t i = 0; i < fill.size(); ++i) {
     const size_t k = fill[i];
+    // A bucket is one flat buffer per dtype on one device: a parameter on
+    // another device (a model-parallel module) starts a new one.
+    if (!ps.empty() && ps.back().device() != params[k].device()) close();
     bucket_of[k] = buckets.size();
     index_in_bucket[k] = ks.size();
     ks.push_back(k);

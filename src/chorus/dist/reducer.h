@@ -50,7 +50,9 @@
 namespace chorus::dist {
 
 // The parameters' gradients in buckets (Note [Gradient buckets]), each with
-// its own flat layout. Bucket 0 holds the last parameters.
+// its own flat layout. Bucket 0 holds the last parameters. A bucket holds the
+// parameters of one device (a module spread over devices gets a bucket chain
+// per stretch of parameters on one device).
 struct GradBuckets {
   struct Bucket {
     std::vector<size_t> ks;  // parameter indices, last parameters first
@@ -78,6 +80,8 @@ class BucketComm {
   // Work issued to `device`'s current stream after this waits for every
   // reduce() so far.
   virtual void join(const Device& device) = 0;
+  // After a failure: waits for what was issued, swallowing its errors.
+  virtual void join_quietly() {}
 };
 
 // DataParallel's BucketComm: the sum over the devices of this process

@@ -1,0 +1,357 @@
+#include "chorus/dist/ddp.h"
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <unordered_map>
+
+#include "chorus/autograd/backward_observer.h"
+#include "chorus/autograd/grad_mode.h"
+#include "chorus/core/error.h"
+#include "chorus/dist/flat_layout.h"
+#include "chorus/dist/grad_hooks.h"
+#include "chorus/ops/copy.h"
+#include "chorus/ops/factory.h"
+
+namespace chorus::dist {
+
+namespace {
+
+// A collective on `t`, wherever it lives: through a copy on the group's
+// device when the group cannot take it directly (an NCCL group takes its own
+// GPU's tensors only).
+template <typename Issue>
+void on_group_device(ProcessGroup& group, const Tensor& t, Issue issue) {
+  const Device home = group.device();
+  const bool hop = home.is_cuda() && t.device() != home;
+  Tensor wire = hop ? ops::to_device(t, home) : t;
+  issue(wire)->wait();
+  if (hop) ops::copy_(t, wire);
+}
+
+// Tensors grouped into one flat buffer per device and dtype.
+struct FlatSet {
+  struct PerDevice {
+    FlatLayout layout;
+    std::vector<Tensor> flats;  // [group]
+    std::vector<size_t> members;  // indices into the tensor list
+  };
+  std::vector<PerDevice> devices;
+
+  explicit FlatSet(const std::vector<Tensor>& ts) {
+    std::map<Device, std::vector<size_t>> by_device;
+    for (size_t i = 0; i < ts.size(); ++i) by_device[ts[i].device()].push_back(i);
+    for (auto& [device, members] : by_device) {
+      PerDevice d;
+      std::vector<Tensor> mine;
+      for (size_t i : members) mine.push_back(ts[i]);
+      d.layout = FlatLayout(mine);
+      for (size_t g = 0; g < d.layout.groups(); ++g)
+        d.flats.push_back(empty({d.layout.numels[g]}, TensorOptions(d.layout.dtypes[g], device)));
+      d.members = std::move(members);
+      devices.push_back(std::move(d));
+    }
+  }
+  // Tensor i's view (the tensor list's order).
+  std::vector<Tensor> views(size_t n) const {
+    std::vector<Tensor> out(n);
+    for (const PerDevice& d : devices)
+      for (size_t j = 0; j < d.members.size(); ++j)
+        out[d.members[j]] = d.layout.view(d.flats[d.layout.segments[j].group], j);
+    return out;
+  }
+  void broadcast(ProcessGroup& group) const {
+    for (const PerDevice& d : devices)
+      for (const Tensor& f : d.flats) on_group_device(group, f, [&](const Tensor& w) { return group.broadcast(w, 0); });
+  }
+};
+
+// rank 0's values into `ts` (packed, one broadcast per device and dtype).
+void broadcast_in_place(ProcessGroup& group, const std::vector<Tensor>& ts) {
+  if (ts.empty()) return;
+  FlatSet set(ts);
+  std::vector<Tensor> views = set.views(ts.size());
+  ops::copy_multi(ts, views);
+  set.broadcast(group);
+  ops::copy_multi(views, ts);  // bumps the versions: DataParallel replicas re-sync
+}
+
+std::string describe(const std::string& kind, const std::string& name, const Tensor& t) {
+  std::ostringstream os;
+  os << kind << " '" << name << "' " << shape_str(t.sizes()) << " " << dtype_name(t.dtype());
+  return os.str();
+}
+
+uint64_t fnv1a(const std::vector<std::string>& lines) {
+  uint64_t h = 1469598103934665603ull;
+  for (const std::string& l : lines) {
+    for (unsigned char c : l) h = (h ^ c) * 1099511628211ull;
+    h = (h ^ '\n') * 1099511628211ull;
+  }
+  return h;
+}
+
+std::string join_lines(const std::vector<std::string>& lines) {
+  std::string s;
+  for (const std::string& l : lines) s += l + "\n";
+  return s;
+}
+
+std::vector<std::string> split_lines(const std::string& s) {
+  std::vector<std::string> out;
+  std::istringstream is(s);
+  for (std::string l; std::getline(is, l);) out.push_back(l);
+  return out;
+}
+
+// Note [DDP model check] (ddp.h).
+void check_same_model(ProcessGroup& group, const std::vector<std::string>& mine, int instance) {
+  const int n = group.size();
+  if (n == 1) return;
+  const int64_t h = static_cast<int64_t>(fnv1a(mine));
+  Tensor in = ops::to_device(from_vector(std::vector<int64_t>{h}, {1}), group.device());
+  Tensor out = empty({n}, TensorOptions(kInt64, group.device()));
+  group.all_gather(in, out)->wait();
+  const std::vector<int64_t> all = out.to_vector<int64_t>();
+  int differs = -1;
+  for (int r = 1; r < n && differs < 0; ++r)
+    if (all[r] != all[0]) differs = r;
+  if (differs < 0) return;
+  const std::string prefix = "ddp/" + std::to_string(instance) + "/model/";
+  group.store()->set(prefix + std::to_string(group.rank()), join_lines(mine));
+  const std::vector<std::string> root = split_lines(group.store()->get_string(prefix + "0"));
+  const std::vector<std::string> other = split_lines(group.store()->get_string(prefix + std::to_string(differs)));
+  std::string what;
+  for (size_t i = 0; i < std::max(root.size(), other.size()) && what.empty(); ++i) {
+    if (i >= other.size())
+      what = "rank " + std::to_string(differs) + " lacks " + root[i] + " of rank 0";
+    else if (i >= root.size())
+      what = "rank " + std::to_string(differs) + " has " + other[i] + " that rank 0 lacks";
+    else if (root[i] != other[i])
+      what = "rank " + std::to_string(differs) + " has " + other[i] + " where rank 0 has " + root[i];
+  }
+  CHORUS_THROW(ValueError, "DistributedDataParallel: the ranks hold different models: ", what,
+               " (every rank must build the same model before wrapping it)");
+}
+
+std::atomic<int> next_instance{0};
+
+}  // namespace
+
+struct DistributedDataParallel::Impl final : autograd::BackwardObserver {
+  ProcessGroupPtr group;
+  DDPOptions options;
+  std::vector<std::string> names;  // [k]
+  std::vector<Tensor> params;      // [k]
+  std::unordered_map<const TensorImpl*, size_t> index;
+  std::unique_ptr<HookReducer> reducer;
+  std::unique_ptr<FlatSet> buffers;
+
+  std::mutex mu;
+  bool no_sync = false;
+  bool arm_next = false;     // the next backward over these parameters reduces
+  bool in_backward = false;  // an armed backward is running
+  bool order_synced = false;  // the buckets were re-planned from rank 0's order
+  int64_t reduced_steps = 0;
+  Tensor used_flags;         // [k] on the group's device: the ranks' used-flags, summed
+  Tensor all_used;           // [k] ones on the group's device: the flags of a step that used everything
+  WorkPtr used_work;
+  std::vector<std::string> unused_names;
+
+  void rebuild_from_rank0_order() {
+    std::vector<size_t> order = reducer->ready_order();
+    std::vector<int64_t> as_int(order.begin(), order.end());
+    Tensor t = ops::to_device(from_vector(as_int, {static_cast<int64_t>(as_int.size())}), group->device());
+    group->broadcast(t, 0)->wait();
+    std::vector<int64_t> root = t.to_vector<int64_t>();
+    // Rank 0's order, so that every rank plans the same buckets. Check the
+    // permutation ourselves: a different order is fine, a different set is a bug.
+    reducer->rebuild_buckets_from(std::vector<size_t>(root.begin(), root.end()));
+  }
+
+  void begin(const std::unordered_set<const TensorImpl*>& leaves) override {
+    std::lock_guard<std::mutex> lk(mu);
+    if (!arm_next) return;
+    bool ours = false;
+    for (const Tensor& p : params)
+      if (leaves.count(p.impl())) {
+        ours = true;
+        break;
+      }
+    if (!ours) return;  // someone else's backward
+    arm_next = false;
+    in_backward = true;
+    const size_t n = params.size();
+    std::vector<size_t> unreached;
+    std::vector<int64_t> used(n, 0);
+    for (size_t k = 0; k < n; ++k) {
+      const bool reached = leaves.count(params[k].impl()) > 0;
+      if (!reached) unreached.push_back(k);
+      used[k] = reached || params[k].grad().defined();
+    }
+    // Note [DDP unused parameters]: the flags go first, so that every rank
+    // issues them before any bucket.
+    if (group->size() > 1) {
+      if (used_work) used_work->wait();
+      const bool everything = std::all_of(used.begin(), used.end(), [](int64_t u) { return u != 0; });
+      if (everything && !all_used.defined()) all_used = ones({static_cast<int64_t>(n)}, TensorOptions(kInt64, group->device()));
+      // The usual step copies on the device: no host-to-device transfer.
+      used_flags = everything ? ops::clone(all_used)
+                              : ops::to_device(from_vector(used, {static_cast<int64_t>(n)}), group->device());
+      used_work = group->all_reduce(used_flags, ReduceOp::Sum);
+    }
+    reducer->prepare_for_backward(unreached);
+  }
+
+  void end(bool ok) override {
+    std::lock_guard<std::mutex> lk(mu);
+    if (!in_backward) return;
+    in_backward = false;
+    if (!ok) {
+      reducer->abandon();
+      return;
+    }
+    reducer->flush();
+    CHORUS_ASSERT(reducer->finished());
+    ++reduced_steps;
+    unused_names.clear();
+    std::vector<size_t> without_grad;
+    for (size_t k : reducer->unused())
+      if (!params[k].grad().defined()) without_grad.push_back(k);
+    if (without_grad.empty()) return;
+    // Some parameter got nothing here: did another rank use it?
+    std::vector<int64_t> counts(params.size(), 0);
+    if (group->size() > 1) {
+      used_work->wait();
+      used_work.reset();
+      counts = used_flags.to_vector<int64_t>();
+    }
+    for (size_t k : without_grad) {
+      if (counts[k] > 0)
+        params[k].set_grad(reducer->reduced_grad(k));
+      else
+        unused_names.push_back(names[k]);
+    }
+  }
+};
+
+DistributedDataParallel::DistributedDataParallel(nn::ModulePtr module, ProcessGroupPtr group, DDPOptions options)
+    : nn::Module("DistributedDataParallel"), module_(std::move(module)), impl_(std::make_shared<Impl>()) {
+  CHORUS_CHECK(module_ != nullptr, "DistributedDataParallel: module is null");
+  CHORUS_CHECK(group != nullptr, "DistributedDataParallel: the process group is null");
+  CHORUS_CHECK(options.bucket_bytes >= 0 && options.first_bucket_bytes >= 0,
+               "DistributedDataParallel: bucket sizes must be >= 0, got bucket_bytes ", options.bucket_bytes,
+               " and first_bucket_bytes ", options.first_bucket_bytes);
+  register_child("", module_);  // no name: state_dict keys stay the module's own (Note [State dict names])
+  Impl& s = *impl_;
+  s.group = std::move(group);
+  s.options = options;
+  const int instance = next_instance.fetch_add(1);
+
+  std::vector<std::string> signature;
+  std::vector<Tensor> all_params;
+  for (auto& [name, p] : module_->named_parameters()) {
+    signature.push_back(describe("parameter", name, p) + (p.requires_grad() ? "" : " frozen"));
+    all_params.push_back(p);
+    if (!p.requires_grad()) continue;
+    CHORUS_CHECK(!s.group->device().is_cuda() || p.device().is_cuda(), "DistributedDataParallel: parameter '", name,
+                 "' is on ", p.device().str(), " but the ", s.group->backend(), " group reduces GPU tensors");
+    CHORUS_CHECK(!s.group->device().is_cpu() || p.device().is_cpu(), "DistributedDataParallel: parameter '", name,
+                 "' is on ", p.device().str(), " but the ", s.group->backend(),
+                 " group reduces CPU tensors (use the nccl backend for GPUs)");
+    s.index[p.impl()] = s.params.size();
+    s.names.push_back(name);
+    s.params.push_back(p);
+  }
+  std::vector<Tensor> buffer_list;
+  for (auto& [name, b] : module_->named_buffers()) {
+    signature.push_back(describe("buffer", name, b));
+    buffer_list.push_back(b);
+  }
+  CHORUS_CHECK(!s.params.empty(), "DistributedDataParallel: the module has no parameter that requires grad");
+  check_same_model(*s.group, signature, instance);
+
+  NoGradGuard no_grad;
+  if (s.group->size() > 1) broadcast_in_place(*s.group, all_params);
+  // Note [DDP buffers]: the slots hold views of the flat buffers from now on.
+  if (!buffer_list.empty()) {
+    s.buffers = std::make_unique<FlatSet>(buffer_list);
+    std::vector<Tensor> views = s.buffers->views(buffer_list.size());
+    ops::copy_multi(buffer_list, views);
+    std::unordered_map<const TensorImpl*, Tensor> view_of;
+    for (size_t i = 0; i < buffer_list.size(); ++i) view_of[buffer_list[i].impl()] = views[i];
+    for (const nn::ModulePtr& m : module_->modules())
+      for (auto& [name, slot] : m->own_buffers())
+        if (slot.defined())
+          if (auto it = view_of.find(slot.impl()); it != view_of.end()) slot = it->second;
+    if (s.group->size() > 1) {
+      s.buffers->broadcast(*s.group);
+      for (const Tensor& v : views) v.bump_version();
+    }
+  }
+  s.reducer = std::make_unique<HookReducer>(
+      s.params, std::make_shared<GroupAllReduce>(s.group, options.average, options.comm_hook),
+      ReducerOptions{options.bucket_bytes, options.first_bucket_bytes});
+  observer_handle_ = autograd::add_backward_observer(impl_);
+}
+
+DistributedDataParallel::~DistributedDataParallel() = default;
+
+Tensor DistributedDataParallel::forward(const Tensor& x) { return forward_value(nn::Value(x)).tensor(); }
+
+nn::Value DistributedDataParallel::forward_value(const nn::Value& x) {
+  Impl& s = *impl_;
+  {
+    std::lock_guard<std::mutex> lk(s.mu);
+    CHORUS_CHECK(!s.in_backward, "DistributedDataParallel: forward while a backward is running");
+    if (s.group->size() > 1 && s.options.broadcast_buffers && s.buffers && is_training()) {
+      NoGradGuard no_grad;
+      s.buffers->broadcast(*s.group);
+      for (const nn::ModulePtr& m : module_->modules())
+        for (auto& [name, slot] : m->own_buffers())
+          if (slot.defined()) slot.bump_version();
+    }
+    const bool will_reduce = grad_enabled() && is_training() && !s.no_sync;
+    if (will_reduce && s.options.rebuild_buckets && !s.order_synced && s.reduced_steps > 0) {
+      s.rebuild_from_rank0_order();
+      s.order_synced = true;
+    }
+    s.arm_next = will_reduce;
+  }
+  return module_->forward_value(x);
+}
+
+DistributedDataParallel::NoSync::NoSync(DistributedDataParallel* owner) : owner_(owner) {
+  std::lock_guard<std::mutex> lk(owner_->impl_->mu);
+  prev_ = owner_->impl_->no_sync;
+  owner_->impl_->no_sync = true;
+}
+
+DistributedDataParallel::NoSync::NoSync(NoSync&& other) noexcept : owner_(other.owner_), prev_(other.prev_) {
+  other.owner_ = nullptr;
+}
+
+DistributedDataParallel::NoSync::~NoSync() {
+  if (!owner_) return;
+  std::lock_guard<std::mutex> lk(owner_->impl_->mu);
+  owner_->impl_->no_sync = prev_;
+}
+
+DistributedDataParallel::NoSync DistributedDataParallel::no_sync() { return NoSync(this); }
+
+const ProcessGroupPtr& DistributedDataParallel::process_group() const { return impl_->group; }
+const DDPOptions& DistributedDataParallel::options() const { return impl_->options; }
+const GradBuckets& DistributedDataParallel::buckets() const { return impl_->reducer->buckets(); }
+
+std::vector<std::string> DistributedDataParallel::unused_parameters() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  return impl_->unused_names;
+}
+
+std::shared_ptr<nn::Module> DistributedDataParallel::make_empty() const {
+  CHORUS_THROW(ValueError, "DistributedDataParallel cannot be cloned; clone its module() instead");
+}
+
+}  // namespace chorus::dist
