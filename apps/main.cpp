@@ -52,9 +52,12 @@ int chorus_main(int argc, char** argv, bool parse_only) {
       ->capture_default_str()->transform(app::integer_up_to(app::kMaxSteps));
   train->add_flag("--resume", tc.resume, "Continue from the newest checkpoint in --checkpoint-dir");
   train->add_flag("--start-fresh", tc.start_fresh, "With --resume: when no checkpoint can be read, start over (they are kept, renamed *.unreadable)");
-  train->add_option("--allow-change", tc.allow_change, "With --resume: let these saved settings change (epochs, steps, data_dir, devices)")->delimiter(',');
+  train->add_option("--allow-change", tc.allow_change, "With --resume: let these saved settings change (epochs, steps, data_dir, devices, strategy)")->delimiter(',');
   app::add_optional(train, "--metrics", tc.metrics, "Write metrics as JSON lines (or CSV for a .csv file)");
   train->add_option("--log-every", tc.log_every, "Read the loss every N steps")->capture_default_str()->transform(app::integer_up_to(app::kMaxSteps));
+  train->add_flag("--sync-bn", tc.sync_bn, "ddp: batch-norm statistics over all ranks (SyncBatchNorm)");
+  train->add_option("--comm-hook", tc.comm_hook, "ddp: allreduce | bf16 (gradients travel as bfloat16)")->capture_default_str();
+  train->add_option("--dist-timeout", tc.dist_timeout_s, "ddp: seconds the rendezvous and each collective may take")->capture_default_str()->check(app::real_number(1e7));
   train->add_flag("--json", tc.json, "Print the final summary as one JSON object on stdout");
   train->add_flag("--quiet", tc.quiet, "No progress output");
 
@@ -95,6 +98,7 @@ int chorus_main(int argc, char** argv, bool parse_only) {
     if (*bench) return app::run_bench(bc);
     if (*train) {
       auto summary = app::run_train(tc);
+      if (summary.is_null()) return 0;  // a DDP rank other than 0: rank 0 reports
       if (tc.json) {
         std::printf("%s\n", summary.dump().c_str());
       } else {

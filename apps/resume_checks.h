@@ -21,7 +21,7 @@
 
 namespace chorus::app {
 
-inline const std::vector<std::string> kResumeChangeable = {"epochs", "steps", "data_dir", "devices"};
+inline const std::vector<std::string> kResumeChangeable = {"epochs", "steps", "data_dir", "devices", "strategy"};
 
 // Throws ValueError naming `state_path` and the first field of `saved` that
 // differs from `now` and is not in `allowed`.

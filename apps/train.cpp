@@ -7,6 +7,7 @@
 #include "commands.h"
 
 #include <algorithm>
+#include <csignal>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -35,6 +36,7 @@
 #include "progress.h"
 #include "resume_checks.h"
 #include "stop_signal.h"
+#include "train_dist.h"
 #include "train_step.h"
 
 namespace chorus::app {
@@ -50,8 +52,13 @@ void TrainConfig::validate() const {
                "unknown data set '", data, "' (expected fashion-mnist, mnist, cifar10 or synthetic)");
   CHORUS_CHECK(strategy == "single" || strategy == "dp" || strategy == "ddp" || strategy == "pipeline",
                "unknown strategy '", strategy, "' (expected single, dp, ddp or pipeline)");
-  CHORUS_CHECK(strategy == "single" || strategy == "dp", "strategy '", strategy,
-               "' is not available in this version of Chorus yet; use --strategy single or dp");
+  CHORUS_CHECK(strategy != "pipeline", "strategy '", strategy,
+               "' is not available in this version of Chorus yet; use --strategy single, dp or ddp");
+  if (strategy == "ddp") ddp_launch_env();  // says how to launch when nothing did
+  CHORUS_CHECK(!sync_bn || strategy == "ddp", "--sync-bn goes with --strategy ddp");
+  CHORUS_CHECK(comm_hook == "allreduce" || comm_hook == "bf16", "--comm-hook must be allreduce or bf16, got '",
+               comm_hook, "'");
+  CHORUS_CHECK(dist_timeout_s > 0, "--dist-timeout must be positive, got ", dist_timeout_s);
   CHORUS_CHECK(precision == "fp32" || precision == "bf16", "unknown precision '", precision, "' (expected fp32 or bf16)");
   CHORUS_CHECK(optimizer == "sgd" || optimizer == "adamw", "unknown optimizer '", optimizer, "' (expected sgd or adamw)");
   CHORUS_CHECK(batch_size > 0, "--batch-size must be positive, got ", batch_size);
@@ -71,16 +78,18 @@ void TrainConfig::validate() const {
   CHORUS_CHECK(allow_change.empty() || resume, "--allow-change goes with --resume");
   for (const std::string& f : allow_change)
     CHORUS_CHECK(std::find(kResumeChangeable.begin(), kResumeChangeable.end(), f) != kResumeChangeable.end(),
-                 "--allow-change ", f, ": only epochs, steps, data_dir and devices may change on --resume");
+                 "--allow-change ", f, ": only epochs, steps, data_dir, devices and strategy may change on --resume");
   CHORUS_CHECK(log_every > 0, "--log-every must be positive, got ", log_every);
   CHORUS_CHECK(label_smoothing >= 0 && label_smoothing < 1, "--label-smoothing must be in [0, 1), got ", label_smoothing);
 }
 
 nlohmann::json TrainConfig::to_json() const {
-  return {{"model", model}, {"data", data}, {"data_dir", data_dir ? nlohmann::json(*data_dir) : nlohmann::json(nullptr)}, {"devices", devices}, {"strategy", strategy},
+  nlohmann::json j = {{"model", model}, {"data", data}, {"data_dir", data_dir ? nlohmann::json(*data_dir) : nlohmann::json(nullptr)}, {"devices", devices}, {"strategy", strategy},
           {"epochs", epochs}, {"steps", steps ? nlohmann::json(*steps) : nlohmann::json(nullptr)}, {"batch_size", batch_size}, {"lr", lr ? nlohmann::json(*lr) : nlohmann::json(nullptr)}, {"momentum", momentum},
           {"weight_decay", weight_decay}, {"optimizer", optimizer}, {"label_smoothing", label_smoothing},
           {"precision", precision}, {"seed", seed}, {"synthetic_size", synthetic_size}};
+  if (sync_bn) j["sync_bn"] = true;  // only when set: checkpoints from before it existed still compare
+  return j;
 }
 
 namespace {
@@ -120,6 +129,7 @@ double default_lr(const TrainConfig& c) {
 }
 
 std::vector<Device> pick_devices(const TrainConfig& c) {
+  if (c.strategy == "ddp") return ddp_devices(c.devices, ddp_launch_env());
   if (c.devices.empty()) {
     if (c.strategy == "dp") return parse_devices("all");
     return {cuda_is_available() ? cuda_device(0) : cpu_device(0)};
@@ -134,7 +144,9 @@ struct EvalResult {
   double loss = 0, accuracy = 0;
 };
 
-EvalResult evaluate(nn::Module& model, data::DataLoader& loader) {
+// Under DDP each rank evaluates its share of the test set and the sums are
+// added over the ranks (Note [Training ranks]).
+EvalResult evaluate(nn::Module& model, data::DataLoader& loader, const RankContext* ranks = nullptr) {
   NoGradGuard ng;
   model.eval();
   loader.start_epoch(0);
@@ -150,8 +162,11 @@ EvalResult evaluate(nn::Module& model, data::DataLoader& loader) {
     n += b.labels.size(0);
   }
   model.train();
-  if (n == 0) return {};
-  return {loss_sum.item() / static_cast<double>(n), correct.item() / static_cast<double>(n)};
+  std::vector<double> sums = {loss_sum.defined() ? loss_sum.item() : 0.0, correct.defined() ? correct.item() : 0.0,
+                              static_cast<double>(n)};
+  if (ranks) sums = sum_over_ranks(*ranks, sums);
+  if (sums[2] == 0) return {};
+  return {sums[0] / sums[2], sums[1] / sums[2]};
 }
 
 // Everything a run is made of, wired from the config.
@@ -164,6 +179,12 @@ struct Training {
   std::unique_ptr<data::DataLoader> train_loader, test_loader;
   std::shared_ptr<optim::LRSchedule> schedule;
   int64_t per_epoch = 0, total_steps = 0;
+  int64_t global_batch = 0;                // examples per step, over all devices and ranks
+  std::optional<RankContext> ranks;        // --strategy ddp
+  std::shared_ptr<dist::DistributedDataParallel> ddp;
+  bool evaluate_epochs = false;            // the test set after each epoch (decided by rank 0's settings)
+  const RankContext* rank_context() const { return ranks ? &*ranks : nullptr; }
+  int world() const { return ranks ? ranks->group->size() : 1; }
 };
 
 Training set_up(const TrainConfig& cfg) {
@@ -171,6 +192,7 @@ Training set_up(const TrainConfig& cfg) {
   t.devices = pick_devices(cfg);
   const Device device = t.devices[0];
   CHORUS_CHECK(cfg.precision == "fp32" || device.is_cuda(), "--precision bf16 needs a CUDA device (got ", device.str(), ")");
+  if (cfg.strategy == "ddp") t.ranks = join_job(ddp_launch_env(), device, cfg.dist_timeout_s);
   manual_seed(cfg.seed);
   t.data = load_data(cfg);
   models::ModelSpec spec{t.data.train->image_shape(), t.data.train->num_classes()};
@@ -182,8 +204,18 @@ Training set_up(const TrainConfig& cfg) {
     t.opt = std::make_unique<optim::SGD>(params, optim::SGDOptions{lr, cfg.momentum, 0.0, cfg.weight_decay, cfg.momentum > 0});
   else
     t.opt = std::make_unique<optim::AdamW>(params, optim::AdamWOptions{lr, 0.9, 0.999, 1e-8, cfg.weight_decay});
-  t.step = {wrap_for_strategy(t.model, cfg.strategy, t.devices, cfg.bucket_mb), t.opt.get(), std::nullopt,
-            cfg.label_smoothing};
+  nn::ModulePtr net;
+  if (t.ranks) {
+    nn::ModulePtr inner = t.devices.size() > 1 ? wrap_for_strategy(t.model, "dp", t.devices, cfg.bucket_mb) : t.model;
+    dist::DDPOptions o;
+    o.bucket_bytes = static_cast<int64_t>(cfg.bucket_mb * (1 << 20));
+    o.comm_hook = dist::parse_comm_hook(cfg.comm_hook);
+    t.ddp = std::make_shared<dist::DistributedDataParallel>(inner, t.ranks->group, o);
+    net = t.ddp;
+  } else {
+    net = wrap_for_strategy(t.model, cfg.strategy, t.devices, cfg.bucket_mb);
+  }
+  t.step = {net, t.opt.get(), std::nullopt, cfg.label_smoothing};
   if (cfg.precision == "bf16") t.step.autocast = kBFloat16;
 
   data::DataLoaderOptions lo;
@@ -193,13 +225,20 @@ Training set_up(const TrainConfig& cfg) {
   // DataParallel scatters each replica's chunk from where the batch is, so its
   // batches stay in host memory and every chunk goes to its device directly
   // (through pinned staging on GPUs), not to devices[0] first and on from there.
-  if (cfg.strategy != "dp") lo.device = device;
-  t.train_loader = std::make_unique<data::DataLoader>(
-      t.data.train, std::make_shared<data::RandomSampler>(t.data.train->size(), cfg.seed), lo, t.data.augment);
+  if (t.devices.size() == 1) lo.device = device;
+  std::shared_ptr<data::Sampler> sampler;
+  if (t.ranks)  // Note [Training ranks]: this rank's share, reshuffled every epoch
+    sampler = std::make_shared<data::DistributedSampler>(t.data.train->size(), t.world(), t.ranks->env.rank, true, cfg.seed);
+  else
+    sampler = std::make_shared<data::RandomSampler>(t.data.train->size(), cfg.seed);
+  t.train_loader = std::make_unique<data::DataLoader>(t.data.train, sampler, lo, t.data.augment);
+  t.global_batch = lo.batch_size * t.world();
   data::DataLoaderOptions eo = lo;
   eo.device = device;  // evaluation runs the model itself, on devices[0]
   eo.batch_size = std::max<int64_t>(cfg.batch_size, 500);
-  t.test_loader = std::make_unique<data::DataLoader>(t.data.test, nullptr, eo);
+  std::shared_ptr<data::Sampler> eval_sampler;
+  if (t.ranks) eval_sampler = std::make_shared<data::ShardSampler>(t.data.test->size(), t.world(), t.ranks->env.rank);
+  t.test_loader = std::make_unique<data::DataLoader>(t.data.test, eval_sampler, eo);
 
   t.per_epoch = t.train_loader->num_batches();
   CHORUS_CHECK(!__builtin_mul_overflow(t.per_epoch, cfg.epochs, &t.total_steps), "--epochs ", cfg.epochs,
@@ -223,11 +262,22 @@ struct Position {
 Position resume(const TrainConfig& cfg, Training& t) {
   Position pos;
   if (!cfg.resume) return pos;
-  auto check = [&](const io::TrainingState& st, const std::string& state_path) {
+  auto check = [&](const io::TrainingState& saved, const std::string& state_path) {
+    io::TrainingState st = saved;
+    rescale_position(st, t.global_batch, t.per_epoch);  // Note [Resuming on another world size]
     check_resume_config(st.config, cfg.to_json(), cfg.allow_change, state_path);
     check_resume_position(st, t.per_epoch, cfg.epochs, t.total_steps, state_path);
   };
-  io::Resumed r = io::resume_checkpoint(*cfg.checkpoint_dir, *t.model, *t.opt, cfg.start_fresh, check);
+  io::Resumed r;
+  if (!t.ranks || t.ranks->leader()) r = io::resume_checkpoint(*cfg.checkpoint_dir, *t.model, *t.opt, cfg.start_fresh, check);
+  if (t.ranks) {  // Note [Training ranks]: rank 0 picks, every rank loads that one
+    const std::string chosen = agree_on_checkpoint(*t.ranks, r.path);
+    if (!t.ranks->leader() && !chosen.empty()) {
+      r.state = io::load_checkpoint(chosen, *t.model, *t.opt, check);
+      r.path = chosen;
+    }
+  }
+  if (r.path) rescale_position(r.state, t.global_batch, t.per_epoch);
   // Said even with --quiet: work is being skipped.
   for (const io::SkippedCheckpoint& s : r.skipped)
     std::fprintf(stderr, "chorus: warning: skipped %s: %s; %s\n", s.path.c_str(), s.reason.c_str(),
@@ -256,13 +306,21 @@ std::string save(const TrainConfig& cfg, const Training& t, const Position& pos)
   st.batch_in_epoch = pos.batch_in_epoch;
   st.rng = default_generator().state();
   st.config = cfg.to_json();
-  return io::save_checkpoint(*cfg.checkpoint_dir, *t.model, *t.opt, st);
+  st.extra["global_batch"] = t.global_batch;
+  st.extra["world_size"] = t.world();
+  if (!t.ranks) return io::save_checkpoint(*cfg.checkpoint_dir, *t.model, *t.opt, st);
+  // Note [Training ranks]: rank 0 writes; nobody goes on before it is complete.
+  std::string path = *cfg.checkpoint_dir + "/" + io::checkpoint_name(pos.step);
+  if (t.ranks->leader()) path = io::save_checkpoint(*cfg.checkpoint_dir, *t.model, *t.opt, st);
+  t.ranks->group->barrier()->wait();
+  return path;
 }
 
 // Note [Stopping on a signal]: after the step in flight, a checkpoint (when
 // there is a directory for it), one line saying so, and Interrupted.
 [[noreturn]] void stop_for_signal(const TrainConfig& cfg, const Training& t, const Position& pos, Progress& progress) {
-  const int sig = StopSignal::pending();
+  // Under DDP a rank may stop because another one was signalled.
+  const int sig = StopSignal::pending() ? StopSignal::pending() : SIGTERM;
   progress.finish();
   const std::string where = save(cfg, t, pos);
   if (where.empty())
@@ -292,12 +350,17 @@ class StepStats {
   struct Window {
     double loss, accuracy, img_per_s;
   };
-  // Reads the window (one host wait) and starts the next one.
-  Window close() {
+  // Reads the window (one host wait) and starts the next one. Under DDP the
+  // figures are over all ranks, and *stop says whether any rank was asked to
+  // stop (Note [Training ranks]).
+  Window close(const RankContext* ranks = nullptr, bool* stop = nullptr) {
     auto now = std::chrono::steady_clock::now();
     const double secs = std::chrono::duration<double>(now - start_).count();
-    Window w{loss_.item() / static_cast<double>(count_), correct_.item() / static_cast<double>(count_),
-             secs > 0 ? static_cast<double>(count_) / secs : 0};
+    std::vector<double> sums = {loss_.item(), correct_.item(), static_cast<double>(count_),
+                                StopSignal::pending() ? 1.0 : 0.0};
+    if (ranks) sums = sum_over_ranks(*ranks, sums);
+    if (stop) *stop = sums[3] > 0;
+    Window w{sums[0] / sums[2], sums[1] / sums[2], secs > 0 ? sums[2] / secs : 0};
     *this = StepStats();
     start_ = now;
     return w;
@@ -318,14 +381,19 @@ struct LoopResult {
 void finish_epoch(const TrainConfig& cfg, Training& t, const Position& pos, io::MetricsWriter* metrics,
                   Progress& progress) {
   save(cfg, t, pos);
-  if (!metrics && cfg.quiet) return;
-  EvalResult ev = evaluate(*t.model, *t.test_loader);
+  if (!t.evaluate_epochs) return;
+  if (t.ddp) t.ddp->broadcast_buffers();  // rank 0's batch-norm statistics, as its checkpoint has
+  EvalResult ev = evaluate(*t.model, *t.test_loader, t.rank_context());
   progress.finish();
   if (!cfg.quiet)
     std::fprintf(stderr, "epoch %lld/%lld: test loss %.4f, test accuracy %.4f\n", (long long)pos.epoch,
                  (long long)cfg.epochs, ev.loss, ev.accuracy);
   if (metrics) metrics->write({{"epoch", pos.epoch}, {"test_loss", ev.loss}, {"test_accuracy", ev.accuracy}});
 }
+
+// Whether to stop after this step: at once on a signal for one process; under
+// DDP only where the ranks agreed (at a window's close).
+bool should_stop(const Training& t, bool agreed) { return t.ranks ? agreed : StopSignal::pending() != 0; }
 
 // The epoch loop from `pos` on, until the epochs or --steps run out.
 LoopResult train_loop(const TrainConfig& cfg, Training& t, Position& pos, io::MetricsWriter* metrics) {
@@ -348,8 +416,9 @@ LoopResult train_loop(const TrainConfig& cfg, Training& t, Position& pos, io::Me
       ++pos.step;
       ++pos.batch_in_epoch;
       out.images += b.labels.size(0);
+      bool agreed_stop = false;
       if (pos.step % cfg.log_every == 0 || pos.step == t.total_steps) {
-        StepStats::Window w = stats.close();
+        StepStats::Window w = stats.close(t.rank_context(), &agreed_stop);
         out.last_loss = w.loss;
         out.last_acc = w.accuracy;
         CHORUS_CHECK_T(Error, std::isfinite(w.loss), "training diverged: the loss is ", w.loss, " at step ", pos.step,
@@ -357,10 +426,10 @@ LoopResult train_loop(const TrainConfig& cfg, Training& t, Position& pos, io::Me
         progress.update({pos.step, t.total_steps, epoch + 1, cfg.epochs, w.loss, w.accuracy, w.img_per_s});
         if (metrics)
           metrics->write({{"step", pos.step}, {"epoch", epoch + 1}, {"loss", w.loss}, {"accuracy", w.accuracy},
-                          {"lr", t.opt->lr()}, {"img_per_s", w.img_per_s}});
+                          {"lr", t.opt->lr()}, {"img_per_s", w.img_per_s}, {"world_size", t.world()}});
       }
       if (cfg.checkpoint_every > 0 && pos.step % cfg.checkpoint_every == 0) save(cfg, t, pos);
-      if (StopSignal::pending()) stop_for_signal(cfg, t, pos, progress);
+      if (should_stop(t, agreed_stop)) stop_for_signal(cfg, t, pos, progress);
     }
     if (pos.batch_in_epoch >= t.per_epoch) {
       finish_epoch(cfg, t, {pos.step, epoch + 1, 0}, metrics, progress);
@@ -374,7 +443,8 @@ LoopResult train_loop(const TrainConfig& cfg, Training& t, Position& pos, io::Me
 
 nlohmann::ordered_json summarize(const TrainConfig& cfg, Training& t, const Position& start, const Position& end,
                                  const LoopResult& loop, double seconds) {
-  EvalResult final_eval = evaluate(*t.model, *t.test_loader);
+  if (t.ddp) t.ddp->broadcast_buffers();
+  EvalResult final_eval = evaluate(*t.model, *t.test_loader, t.rank_context());
   std::vector<std::string> device_names;
   for (const Device& d : t.devices) device_names.push_back(d.str());
   const int64_t steps_run = std::max<int64_t>(end.step - start.epoch * t.per_epoch - start.batch_in_epoch, 1);
@@ -383,6 +453,7 @@ nlohmann::ordered_json summarize(const TrainConfig& cfg, Training& t, const Posi
           {"data", cfg.data},
           {"strategy", cfg.strategy},
           {"devices", device_names},
+          {"world_size", t.world()},
           {"precision", cfg.precision},
           {"epochs", cfg.epochs},
           {"steps", end.step},
@@ -391,7 +462,7 @@ nlohmann::ordered_json summarize(const TrainConfig& cfg, Training& t, const Posi
           {"train_accuracy", loop.last_acc},
           {"test_loss", final_eval.loss},
           {"test_accuracy", final_eval.accuracy},
-          {"img_per_s", seconds > 0 ? static_cast<double>(loop.images) / seconds : 0.0},
+          {"img_per_s", seconds > 0 ? static_cast<double>(loop.images * t.world()) / seconds : 0.0},
           {"seconds", seconds},
           {"seconds_per_epoch", seconds * static_cast<double>(t.per_epoch) / static_cast<double>(steps_run)}};
 }
@@ -401,16 +472,26 @@ void announce(const TrainConfig& cfg, const Training& t) {
   std::fprintf(stderr, "training %s (%lld parameters) on %s%s, %s, %lld examples, batch %lld per device, %lld steps\n",
                cfg.model.c_str(), (long long)t.model->num_parameters(),
                cfg.devices.empty() ? t.devices[0].str().c_str() : cfg.devices.c_str(),
-               cfg.strategy == "dp" ? " (DataParallel)" : "", t.data.train->name().c_str(),
+               t.ranks ? (" x " + std::to_string(t.world()) + " processes (DDP over " + t.ranks->group->backend() + ")").c_str()
+               : cfg.strategy == "dp" ? " (DataParallel)" : "",
+               t.data.train->name().c_str(),
                (long long)t.data.train->size(), (long long)cfg.batch_size, (long long)t.total_steps);
 }
 
 }  // namespace
 
-nlohmann::ordered_json run_train(const TrainConfig& cfg) {
-  cfg.validate();
+nlohmann::ordered_json run_train(const TrainConfig& given) {
+  given.validate();
   StopSignal stop_signal;
-  Training t = set_up(cfg);
+  Training t = set_up(given);
+  // Note [Training ranks]: only rank 0 speaks and writes metrics.
+  TrainConfig cfg = given;
+  t.evaluate_epochs = given.metrics || !given.quiet;
+  const bool leader = !t.ranks || t.ranks->leader();
+  if (!leader) {
+    cfg.quiet = true;
+    cfg.metrics.reset();
+  }
   const Position start = resume(cfg, t);
   std::unique_ptr<io::MetricsWriter> metrics;
   if (cfg.metrics) metrics = std::make_unique<io::MetricsWriter>(*cfg.metrics, cfg.resume);
@@ -422,7 +503,7 @@ nlohmann::ordered_json run_train(const TrainConfig& cfg) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   nlohmann::ordered_json summary = summarize(cfg, t, start, pos, loop, seconds);
   if (metrics) metrics->write({{"summary", summary}});
-  return summary;
+  return leader ? summary : nlohmann::ordered_json();
 }
 
 }  // namespace chorus::app

@@ -39,13 +39,18 @@ struct TrainConfig {
   bool json = false;
   int64_t log_every = 20;
   bool quiet = false;
+  // --strategy ddp
+  bool sync_bn = false;          // batch-norm statistics over all ranks
+  std::string comm_hook = "allreduce";  // allreduce | bf16 (gradients travel as bfloat16)
+  double dist_timeout_s = 300;   // rendezvous and every collective
 
   // Throws ValueError naming the first bad option.
   void validate() const;
   nlohmann::json to_json() const;
 };
 
-// Runs the whole job; returns the closing summary (also printed).
+// Runs the whole job; returns the closing summary (null on the ranks of a
+// distributed run other than rank 0, which print nothing).
 nlohmann::ordered_json run_train(const TrainConfig& cfg);
 
 }  // namespace chorus::app

@@ -124,3 +124,31 @@ TEST(DataSampler, DistributedRejectsBadRank) {
 
 }  // namespace
 }  // namespace chorus::data
+
+namespace chorus::data {
+namespace {
+
+// Evaluation under DDP: every example once over all ranks, no padding, for
+// world sizes that do and do not divide the data set (and exceed it).
+TEST(DataSampler, ShardsCoverEveryExampleOnce) {
+  for (int64_t n : {0, 3, 10, 1001}) {
+    for (int64_t replicas : {1, 2, 3, 4, 7}) {
+      std::vector<int64_t> all;
+      for (int64_t r = 0; r < replicas; ++r) {
+        ShardSampler s(n, replicas, r);
+        const std::vector<int64_t> mine = s.indices(5);
+        EXPECT_EQ(static_cast<int64_t>(mine.size()), s.size());
+        EXPECT_LE(s.size(), (n + replicas - 1) / replicas);
+        all.insert(all.end(), mine.begin(), mine.end());
+      }
+      std::sort(all.begin(), all.end());
+      std::vector<int64_t> want(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) want[static_cast<size_t>(i)] = i;
+      EXPECT_EQ(all, want) << n << " examples on " << replicas << " ranks";
+    }
+  }
+  EXPECT_THROW(ShardSampler(10, 2, 2), ValueError);
+}
+
+}  // namespace
+}  // namespace chorus::data

@@ -64,4 +64,19 @@ std::vector<int64_t> DistributedSampler::indices(int64_t epoch) const {
   return mine;
 }
 
+ShardSampler::ShardSampler(int64_t dataset_size, int64_t num_replicas, int64_t rank)
+    : n_(dataset_size), num_replicas_(num_replicas), rank_(rank) {
+  CHORUS_CHECK(dataset_size >= 0, "ShardSampler: dataset size must be >= 0, got ", dataset_size);
+  CHORUS_CHECK(num_replicas >= 1, "ShardSampler: num_replicas must be >= 1, got ", num_replicas);
+  CHORUS_CHECK(rank >= 0 && rank < num_replicas, "ShardSampler: rank ", rank, " out of range [0, ", num_replicas, ")");
+  size_ = n_ > rank_ ? (n_ - rank_ + num_replicas_ - 1) / num_replicas_ : 0;
+}
+
+std::vector<int64_t> ShardSampler::indices(int64_t) const {
+  std::vector<int64_t> mine;
+  mine.reserve(static_cast<size_t>(size_));
+  for (int64_t i = rank_; i < n_; i += num_replicas_) mine.push_back(i);
+  return mine;
+}
+
 }  // namespace chorus::data

@@ -69,4 +69,18 @@ class DistributedSampler : public Sampler {
   int64_t per_replica_;
 };
 
+// Rank `rank`'s examples rank, rank + num_replicas, ... of [0, n), in order,
+// with no padding: over all ranks every example exactly once (evaluation
+// under DDP, whose per-rank sums are then added up). Shares differ in size
+// by at most one.
+class ShardSampler : public Sampler {
+ public:
+  ShardSampler(int64_t dataset_size, int64_t num_replicas, int64_t rank);
+  std::vector<int64_t> indices(int64_t epoch) const override;
+  int64_t size() const override { return size_; }
+
+ private:
+  int64_t n_, num_replicas_, rank_, size_;
+};
+
 }  // namespace chorus::data

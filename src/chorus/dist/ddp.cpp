@@ -160,6 +160,16 @@ struct DistributedDataParallel::Impl final : autograd::BackwardObserver {
   WorkPtr used_work;
   std::vector<std::string> unused_names;
 
+  // Caller holds mu.
+  void broadcast_buffers(nn::Module& module) {
+    if (group->size() == 1 || !buffers) return;
+    NoGradGuard no_grad;
+    buffers->broadcast(*group);
+    for (const nn::ModulePtr& m : module.modules())
+      for (auto& [name, slot] : m->own_buffers())
+        if (slot.defined()) slot.bump_version();  // DataParallel replicas re-sync
+  }
+
   void rebuild_from_rank0_order() {
     std::vector<size_t> order = reducer->ready_order();
     std::vector<int64_t> as_int(order.begin(), order.end());
@@ -306,13 +316,7 @@ nn::Value DistributedDataParallel::forward_value(const nn::Value& x) {
   {
     std::lock_guard<std::mutex> lk(s.mu);
     CHORUS_CHECK(!s.in_backward, "DistributedDataParallel: forward while a backward is running");
-    if (s.group->size() > 1 && s.options.broadcast_buffers && s.buffers && is_training()) {
-      NoGradGuard no_grad;
-      s.buffers->broadcast(*s.group);
-      for (const nn::ModulePtr& m : module_->modules())
-        for (auto& [name, slot] : m->own_buffers())
-          if (slot.defined()) slot.bump_version();
-    }
+    if (s.options.broadcast_buffers && is_training()) s.broadcast_buffers(*module_);
     const bool will_reduce = grad_enabled() && is_training() && !s.no_sync;
     if (will_reduce && s.options.rebuild_buckets && !s.order_synced && s.reduced_steps > 0) {
       s.rebuild_from_rank0_order();
@@ -321,6 +325,11 @@ nn::Value DistributedDataParallel::forward_value(const nn::Value& x) {
     s.arm_next = will_reduce;
   }
   return module_->forward_value(x);
+}
+
+void DistributedDataParallel::broadcast_buffers() {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  impl_->broadcast_buffers(*module_);
 }
 
 DistributedDataParallel::NoSync::NoSync(DistributedDataParallel* owner) : owner_(owner) {

@@ -69,6 +69,10 @@ class DistributedDataParallel : public nn::Module {
   };
   [[nodiscard]] NoSync no_sync();
 
+  // Rank 0's buffers to every rank now (a collective), e.g. before an
+  // evaluation whose batch-norm statistics should be the same everywhere.
+  void broadcast_buffers();
+
   const nn::ModulePtr& module() const { return module_; }
   const ProcessGroupPtr& process_group() const;
   const DDPOptions& options() const;

@@ -1,0 +1,62 @@
+// `chorus train --strategy ddp`: what a rank of a distributed run adds to the
+// single-process driver (apps/train.cpp) -- its devices, its process group,
+// the model wrapped in DistributedDataParallel, and the points where the
+// ranks must agree: which checkpoint to resume, when to stop, the sums behind
+// the reported figures.
+//
+// Note [Training ranks]: every rank runs the same loop on its own shard of
+// each epoch (data::DistributedSampler: equal shares, reshuffled by epoch
+// with no call from the loop). Rank 0 alone prints, writes metrics and writes
+// checkpoints (the others wait at a barrier, so a checkpoint is complete
+// before anyone goes on); it alone picks the checkpoint to resume (skipping
+// unreadable ones, Note [Unreadable checkpoints]) and the others load the
+// same one. The figures shown are over all ranks: the training window's loss
+// and accuracy and the test set's (each rank evaluates every world-size-th
+// test example) are summed with one all-reduce, issued where the host reads
+// the figures anyway, which is also where a stop signal is agreed on (so all
+// ranks stop after the same step, within --log-every steps of the signal).
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "chorus/dist/ddp.h"
+#include "chorus/dist/launch_env.h"
+#include "chorus/dist/process_group.h"
+#include "chorus/io/checkpoint.h"
+
+namespace chorus::app {
+
+struct TrainConfig;
+
+struct RankContext {
+  dist::LaunchEnv env;
+  dist::ProcessGroupPtr group;
+  bool leader() const { return env.rank == 0; }
+};
+
+// The launcher's environment, or a ValueError saying how to launch.
+dist::LaunchEnv ddp_launch_env();
+// This rank's devices: `--devices cuda` (or nothing, with GPUs) is
+// cuda:LOCAL_RANK, `cpu` (or nothing, without GPUs) one CPU device; an
+// explicit list of several is a DataParallel inside the rank.
+std::vector<Device> ddp_devices(const std::string& devices, const dist::LaunchEnv& env);
+// Joins the job's process group (nccl for GPUs, gloo for CPUs).
+RankContext join_job(const dist::LaunchEnv& env, const Device& device, double timeout_s);
+
+// Sums `values` (host numbers) over the ranks (one all-reduce).
+std::vector<double> sum_over_ranks(const RankContext& rc, const std::vector<double>& values);
+
+// Rank 0's choice of checkpoint (its path, or "" for none) to every rank.
+std::string agree_on_checkpoint(const RankContext& rc, const std::optional<std::string>& leader_choice);
+
+// Note [Resuming on another world size]: a checkpoint's position counts
+// batches of its run's global batch (extra.global_batch: examples per
+// step). On a run whose global batch differs (another number of ranks or
+// devices), the position within the epoch is rescaled to the examples
+// already seen, rounded down, and the step recomputed from it.
+void rescale_position(io::TrainingState& st, int64_t global_batch, int64_t per_epoch);
+
+}  // namespace chorus::app
