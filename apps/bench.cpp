@@ -3,6 +3,7 @@
 // before and after, as ../shared/bench/torch_baseline.py times PyTorch.
 #include "bench.h"
 #include "train_step.h"
+#include "bench_ddp.h"
 #include "commands.h"
 
 #include <algorithm>
@@ -26,9 +27,11 @@ namespace chorus::app {
 void add_bench_options(CLI::App* cmd, BenchConfig& c) {
   cmd->add_option("--model", c.model, "mlp|cnn|resnet20|wrn-16-4|wrn-28-10")->capture_default_str();
   cmd->add_option("--devices", c.devices, "Device list (default: cuda:0 if present, else cpu)")->check(non_empty_devices, "DEVICES");
-  cmd->add_option("--strategy", c.strategy, "single|dp")->capture_default_str();
+  cmd->add_option("--strategy", c.strategy, "single|dp|ddp (ddp: one process per device, launched by the bench)")->capture_default_str();
+  cmd->add_option("--comm-hook", c.comm_hook, "ddp: allreduce | bf16")->capture_default_str();
+  cmd->add_flag("--ddp-worker", c.ddp_worker, "(internal) one rank of a --strategy ddp row")->group("");
   cmd->add_option("--bucket-mb", c.bucket_mb, "dp: gradient bucket size in MiB (0: one sum at the end)")->capture_default_str();
-  add_optional(cmd, "--device-counts", c.counts, "Device counts to run, e.g. 1,2,4 (dp; default powers of two)");
+  add_optional(cmd, "--device-counts", c.counts, "Device counts to run, e.g. 1,2,4 (dp, ddp; default powers of two)");
   cmd->add_option("--precision", c.precision, "fp32|bf16")->capture_default_str();
   cmd->add_flag("--channels-last", c.channels_last, "NHWC activations (GPU)");
   cmd->add_option("--batch-size", c.batch_size, "Batch per device")->capture_default_str();
@@ -118,8 +121,11 @@ BenchRow bench_one(const BenchConfig& c, const std::vector<Device>& devs) {
 }  // namespace
 
 int run_bench(const BenchConfig& c) {
-  CHORUS_CHECK(c.strategy == "single" || c.strategy == "dp", "chorus bench: strategy '", c.strategy,
-               "' is not available in this version yet; use --strategy single or dp");
+  if (c.ddp_worker) return run_bench_ddp_worker(c);
+  CHORUS_CHECK(c.strategy == "single" || c.strategy == "dp" || c.strategy == "ddp", "chorus bench: strategy '", c.strategy,
+               "' is not available in this version yet; use --strategy single, dp or ddp");
+  CHORUS_CHECK(c.comm_hook == "allreduce" || c.comm_hook == "bf16", "--comm-hook must be allreduce or bf16, got '",
+               c.comm_hook, "'");
   CHORUS_CHECK(c.precision == "fp32" || c.precision == "bf16", "unknown precision '", c.precision, "'");
   CHORUS_CHECK(c.batch_size > 0, "--batch-size must be positive, got ", c.batch_size);
   CHORUS_CHECK(std::isfinite(c.bucket_mb) && c.bucket_mb >= 0, "--bucket-mb must be a number >= 0, got ", c.bucket_mb);
@@ -133,7 +139,16 @@ int run_bench(const BenchConfig& c) {
   double base = 0;
   for (int64_t n : counts) {
     std::vector<Device> devs(all.begin(), all.begin() + n);
-    BenchRow r = bench_one(c, devs);
+    BenchRow r{};
+    if (c.strategy == "ddp") {
+      const nlohmann::ordered_json got = bench_ddp_row(c, all, n);
+      r.img_per_s = got["img_per_s"].get<double>();
+      r.step_ms = got["step_ms"].get<double>();
+      r.peak = got["peak_mem_bytes"].get<size_t>();
+      r.loss = got["loss"].get<double>();
+    } else {
+      r = bench_one(c, devs);
+    }
     if (n == 1) base = r.img_per_s;
     double eff = base > 0 ? r.img_per_s / (static_cast<double>(n) * base) : 0;
     nlohmann::ordered_json row = {{"model", c.model},
@@ -143,7 +158,8 @@ int run_bench(const BenchConfig& c) {
                                   {"precision", c.precision},
                                   {"channels_last", c.channels_last},
                                   {"batch_per_device", c.batch_size},
-                                  {"bucket_mb", c.strategy == "dp" ? nlohmann::ordered_json(c.bucket_mb) : nullptr},
+                                  {"bucket_mb", c.strategy != "single" ? nlohmann::ordered_json(c.bucket_mb) : nullptr},
+                                  {"comm_hook", c.strategy == "ddp" ? nlohmann::ordered_json(c.comm_hook) : nullptr},
                                   {"img_per_s", r.img_per_s},
                                   {"step_ms", r.step_ms},
                                   {"peak_mem_bytes", r.peak},

@@ -19,6 +19,8 @@ struct BenchConfig {
   double bucket_mb = 25;  // dp: gradient bucket size (0: one bucket)
   std::optional<std::string> counts;  // device counts to run, e.g. "1,2,4" (unset: 1, 2, 4, ... up to the list)
   bool json = false;
+  std::string comm_hook = "allreduce";  // ddp: allreduce | bf16
+  bool ddp_worker = false;              // internal: one rank of a ddp row (apps/bench_ddp.h)
 };
 
 void add_bench_options(CLI::App* cmd, BenchConfig& c);

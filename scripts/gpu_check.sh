@@ -2,7 +2,9 @@
 # On a GPU machine: build (cmake + ninja), run the CUDA tests (and optionally
 # compute-sanitizer), benchmark Chorus against PyTorch in the same run, and
 # print a short table last. Stages: build tests sanitize bench train multi
-# (default: build tests bench); dist runs the NCCL process group; dp runs DataParallel WRN-28-10 fp32 and bf16 at 1 and 2 GPUs. Every command runs under `timeout`, so a hang
+# (default: build tests bench); dist runs the NCCL process group; ddp runs
+# DistributedDataParallel beside DataParallel and PyTorch DDP; ddptrain trains
+# Fashion-MNIST with DDP on 2 GPUs; dp runs DataParallel WRN-28-10 fp32 and bf16 at 1 and 2 GPUs. Every command runs under `timeout`, so a hang
 # shows up as a failed row instead of eating the machine's time. Logs and JSON rows go to $OUT (or ./gpu-out).
 # PyTorch's reference script is read from .bench/torch_baseline.py (a copy of
 # ../shared/bench, carried by the device tool).
@@ -54,6 +56,27 @@ if has dp; then
       --batch-size 128 --steps 20 --warmup 5 --json | tee -a "$rows"
   done
 fi
+if has ddp; then
+  # DistributedDataParallel at 1 and 2 GPUs beside Chorus's DataParallel and
+  # PyTorch's DDP (and PyTorch on one GPU, for its scaling), same run.
+  for cfg in "wrn-28-10 fp32" "wrn-28-10 bf16 --channels-last" "wrn-16-4 bf16 --channels-last"; do
+    set -- $cfg; m=$1; p=$2; cl=${3:-}
+    timeout 300 $C bench --model $m --strategy ddp --devices cuda:0,cuda:1 --device-counts 1,2 --precision $p $cl \
+      --batch-size 128 --steps 30 --warmup 8 --json | tee -a "$rows"
+    timeout 300 $C bench --model $m --strategy dp --devices cuda:0,cuda:1 --device-counts 2 --precision $p $cl \
+      --batch-size 128 --steps 30 --warmup 8 --json | tee -a "$rows"
+    timeout 300 python3 scripts/torch_reference.py --model $m --precision $p $cl --batch 128 --steps 30 --warmup 8 | tee -a "$rows"
+    timeout 300 python3 scripts/torch_reference.py --model $m --mode ddp --gpus 2 --precision $p $cl --batch 128 --steps 30 --warmup 8 | tee -a "$rows"
+  done
+fi
+if has ddptrain; then
+  # Real convergence: the Fashion-MNIST CNN, 5 epochs, DDP on 2 GPUs, from chorus launch and from mpirun.
+  F=${FMNIST_DIR:-.bench/fashion-mnist}
+  timeout 300 $C launch --nproc-per-node 2 --master-port 29640 -- $C train --strategy ddp --data-dir $F --epochs 5 --seed 1 --quiet --json \
+    | tee "$OUT/train_ddp_launch.json"
+  MASTER_PORT=29641 timeout 300 mpirun --allow-run-as-root --oversubscribe -np 2 -x MASTER_PORT -x NCCL_NVLS_ENABLE \
+    $C train --strategy ddp --data-dir $F --epochs 5 --seed 1 --quiet --json | tee "$OUT/train_ddp_mpirun.json"
+fi
 if has dist; then
   # The NCCL process group on 2 GPUs: collectives vs hand-computed values, bus
   # bandwidth beside PyTorch's, a stopped rank, and one job under three launchers.
@@ -89,8 +112,10 @@ ch = [r for r in rows if "strategy" in r]
 th = [r for r in rows if r.get("torch")]
 print(f"{'model':10} {'prec':5} {'strategy':8} {'dev':>3} {'chorus':>9} {'torch':>9} {'ratio':>6} {'peakMiB':>8} {'torchMiB':>8} {'issue/total ms':>15}")
 for c in ch:
+    mode = "single" if c["devices"] == 1 else c["strategy"]
     t = next((t for t in th if t["model"] == c["model"] and t["precision"] == c["precision"] and t["gpus"] == c["devices"]
-              and (t["mode"] == "single") == (c["strategy"] == "single")), None)
+              and t.get("channels_last", False) == c.get("channels_last", False)
+              and (t["mode"] == mode or (mode == "dp" and t["mode"] == "ddp"))), None)
     tv = t["img_per_s"] if t else float("nan")
     tm = t.get("peak_mem_bytes", float("nan")) / 2**20 if t else float("nan")
     print(f"{c['model']:10} {c['precision']:5} {c['strategy']:8} {c['devices']:>3} {c['img_per_s']:9.1f} {tv:9.1f} {c['img_per_s']/tv:6.2f} "
