@@ -66,7 +66,10 @@ if has ddp; then
     timeout 300 $C bench --model $m --strategy dp --devices cuda:0,cuda:1 --device-counts 2 --precision $p $cl \
       --batch-size 128 --steps 30 --warmup 8 --json | tee -a "$rows"
     timeout 300 python3 scripts/torch_reference.py --model $m --precision $p $cl --batch 128 --steps 30 --warmup 8 | tee -a "$rows"
-    timeout 300 python3 scripts/torch_reference.py --model $m --mode ddp --gpus 2 --precision $p $cl --batch 128 --steps 30 --warmup 8 | tee -a "$rows"
+    # (mp.spawn re-imports the main module: run the script itself, tag its rows)
+    timeout 300 python3 .bench/torch_baseline.py --model $m --mode ddp --gpus 2 --precision $p $cl --batch 128 --steps 30 --warmup 8 \
+      | python3 -c 'import sys, json; [print(json.dumps({**json.loads(l), "torch": 1}), flush=True) for l in sys.stdin if l.startswith("{")]' \
+      | tee -a "$rows"
   done
 fi
 if has ddptrain; then

@@ -21,6 +21,7 @@ GroupAllReduce::GroupAllReduce(ProcessGroupPtr group, bool average, CommHook hoo
 Tensor GroupAllReduce::reduce(std::vector<Tensor>& srcs, const std::vector<Event>& ready) {
   CHORUS_CHECK(srcs.size() == 1, "GroupAllReduce: one buffer per bucket and process, got ", srcs.size());
   Tensor bucket = srcs[0];
+  if (group_->size() == 1) return bucket;  // the average over one rank is the bucket itself
   // The copies below run on the bucket's current stream, after its writes.
   if (!ready.empty()) Stream::current(bucket.device()).wait(ready[0]);
   Tensor wire = bucket;
