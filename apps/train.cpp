@@ -19,6 +19,7 @@
 #include "chorus/core/error.h"
 #include "chorus/core/rng.h"
 #include "chorus/data/cifar.h"
+#include "chorus/dist/sync_batch_norm.h"
 #include "chorus/data/loader.h"
 #include "chorus/data/mnist.h"
 #include "chorus/data/sampler.h"
@@ -206,6 +207,7 @@ Training set_up(const TrainConfig& cfg) {
     t.opt = std::make_unique<optim::AdamW>(params, optim::AdamWOptions{lr, 0.9, 0.999, 1e-8, cfg.weight_decay});
   nn::ModulePtr net;
   if (t.ranks) {
+    if (cfg.sync_bn) nn::convert_sync_batchnorm(t.model, t.ranks->group);
     nn::ModulePtr inner = t.devices.size() > 1 ? wrap_for_strategy(t.model, "dp", t.devices, cfg.bucket_mb) : t.model;
     dist::DDPOptions o;
     o.bucket_bytes = static_cast<int64_t>(cfg.bucket_mb * (1 << 20));
