@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# chorus train --strategy ddp as a user runs it, on logical CPU devices and
+# Gloo: rank 0 alone reports; checkpoints written by N ranks resume on M ranks
+# and on one process, and a one-process checkpoint resumes under DDP; bad
+# input (no launcher, --devices cuda without a GPU, a rank whose data set is
+# missing: every rank stops, no hang); the two DDP example programs; and real
+# convergence on Fashion-MNIST (5 epochs, 2 processes) from chorus launch and
+# from mpirun (skipped with CHORUS_TEST_QUICK=1, as the sanitizer stage does).
+set -uo pipefail
+CHORUS=${1:?chorus}; BIN=${4:?binary dir}
+"$CHORUS" --version | grep -q "^Gloo: no" && { echo "SKIPPED: this build has no Gloo"; exit 0; }
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+fail=0
+check() { if eval "$2"; then echo "ok: $1"; else echo "FAIL: $1"; fail=1; fi; }
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+launch() { local n=$1; shift; timeout 600 "$CHORUS" launch --nproc-per-node "$n" --master-port "$(free_port)" --grace-period 2 -- "$@"; }
+T=(train --strategy ddp --workers 1 --log-every 10)
+
+# 1. Rank 0 alone reports; metrics name the world size.
+launch 2 "$CHORUS" "${T[@]}" --steps 20 --metrics "$tmp/m.jsonl" > "$tmp/out" 2> "$tmp/err"; rc=$?
+check "2 ranks train (exit $rc)" "[ $rc = 0 ]"
+check "one summary line, from rank 0" "[ \$(grep -c 'test accuracy' '$tmp/out') = 1 ] && ! grep -q '^\[rank 1\].*test accuracy' '$tmp/out'"
+check "progress from rank 0 only" "grep -q 'x 2 processes (DDP over gloo)' '$tmp/err' && ! grep -q '^\[rank 1\] step' '$tmp/err'"
+check "metrics name the world size" "grep -q '\"world_size\":2' '$tmp/m.jsonl'"
+
+# 2. Checkpoints: 2 ranks -> 3 ranks -> one process; one process -> 2 ranks.
+launch 2 "$CHORUS" "${T[@]}" --steps 30 --checkpoint-dir "$tmp/ck" --quiet > /dev/null 2>&1
+check "rank 0 wrote one checkpoint" "[ -f '$tmp/ck/ckpt-00000030/state.json' ] && [ \$(ls '$tmp/ck' | grep -c '^ckpt-') = 1 ]"
+launch 3 "$CHORUS" "${T[@]}" --steps 50 --resume --allow-change steps --checkpoint-dir "$tmp/ck" > "$tmp/out" 2> "$tmp/err"; rc=$?
+check "3 ranks resume a 2-rank checkpoint (exit $rc)" "[ $rc = 0 ] && grep -q 'resuming from .*ckpt-00000030 (epoch 1, step 20)' '$tmp/err'"
+"$CHORUS" train --workers 1 --steps 200 --resume --allow-change steps,strategy --checkpoint-dir "$tmp/ck" > "$tmp/out" 2> "$tmp/err"; rc=$?
+check "one process resumes a 3-rank checkpoint (exit $rc)" "[ $rc = 0 ] && grep -q 'resuming from .*ckpt-00000050 (epoch 1, step 150)' '$tmp/err'"
+"$CHORUS" train --workers 1 --steps 20 --checkpoint-dir "$tmp/one" --quiet > /dev/null 2>&1
+launch 2 "$CHORUS" "${T[@]}" --steps 30 --resume --allow-change steps,strategy --checkpoint-dir "$tmp/one" > "$tmp/out" 2> "$tmp/err"; rc=$?
+check "2 ranks resume a one-process checkpoint (exit $rc)" "[ $rc = 0 ] && grep -q 'resuming from .*ckpt-00000020 (epoch 1, step 10)' '$tmp/err'"
+check "--sync-bn trains" "launch 2 '$CHORUS' ${T[*]} --steps 10 --sync-bn --quiet > /dev/null 2>&1"
+
+# 3. Bad input.
+out=$(env -u RANK -u WORLD_SIZE "$CHORUS" train --strategy ddp --steps 1 2>&1); rc=$?
+check "no launcher: says how to launch (exit $rc)" "[ $rc = 1 ] && grep -q \"chorus launch --nproc-per-node N -- chorus train --strategy ddp\" <<<\"\$out\""
+if ! "$CHORUS" --version | grep -q "^CUDA: no" && ! nvidia-smi -L >/dev/null 2>&1; then
+  out=$(launch 2 "$CHORUS" "${T[@]}" --devices cuda --steps 1 2>&1); rc=$?
+  check "--devices cuda without a GPU is an error (exit $rc)" "[ $rc != 0 ] && grep -q 'no GPU' <<<\"\$out\""
+fi
+start=$(date +%s)
+out=$(launch 2 bash -c 'd=/usr/share/datasets/fashion-mnist; [ "$RANK" = 1 ] && d=/nonexistent-chorus-data; exec "$0" train --strategy ddp --steps 5 --data-dir "$d" --dist-timeout 60' "$CHORUS" 2>&1); rc=$?
+took=$(( $(date +%s) - start ))
+check "a rank without its data set: the job stops (exit $rc) in ${took} s, naming the rank and the file" \
+  "[ $rc != 0 ] && [ $took -lt 60 ] && grep -q 'rank 1' <<<\"\$out\" && grep -q 'nonexistent-chorus-data' <<<\"\$out\""
+
+# 4. The examples.
+check "example: one process per device" "launch 2 '$BIN/example_ddp_one_process_per_gpu' | grep -c 'weights identical' | grep -qx 2"
+check "example: two devices per process" "CHORUS_CPU_DEVICES=2 launch 2 '$BIN/example_ddp_two_devices_per_process' | grep -c 'devices cpu:0 + cpu:1' | grep -qx 2"
+
+# 5. Convergence: Fashion-MNIST, 5 epochs, 2 processes, >= 0.91 test accuracy.
+if [ "${CHORUS_TEST_QUICK:-0}" = 1 ]; then
+  echo "SKIPPED: convergence runs (CHORUS_TEST_QUICK=1)"
+else
+  acc=$(launch 2 "$CHORUS" "${T[@]}" --epochs 5 --seed 1 --quiet --json | python3 -c 'import sys, json; print(json.loads(sys.stdin.read())["test_accuracy"])')
+  check "chorus launch, 5 epochs on 2 processes: test accuracy $acc >= 0.91" "python3 -c 'import sys; sys.exit(0 if float(\"$acc\" or 0) >= 0.91 else 1)'"
+  if command -v mpirun > /dev/null; then
+    acc=$(MASTER_PORT=$(free_port) timeout 900 mpirun --allow-run-as-root --oversubscribe -np 2 -x MASTER_PORT \
+          "$CHORUS" "${T[@]}" --epochs 5 --seed 1 --quiet --json | python3 -c 'import sys, json; print(json.loads(sys.stdin.read())["test_accuracy"])')
+    check "mpirun, 5 epochs on 2 processes: test accuracy $acc >= 0.91" "python3 -c 'import sys; sys.exit(0 if float(\"$acc\" or 0) >= 0.91 else 1)'"
+  fi
+fi
+exit $fail
