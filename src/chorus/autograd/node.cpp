@@ -64,6 +64,13 @@ Edge gradient_edge(const Tensor& t) {
   std::shared_ptr<Node> acc = m->grad_accumulator.lock();
   if (!acc) {
     acc = std::make_shared<AccumulateGrad>(t.impl_ptr());
+    // Urgent: a leaf's gradient is final as soon as this node is ready, and
+    // whatever waits for it (DDP's bucket all-reduce, through the
+    // post-accumulate hook) should start then, not after every other ready
+    // node. With the default creation number (0, the oldest) every
+    // AccumulateGrad ran last, so all of DDP's buckets went out at the end of
+    // the backward and none of the communication overlapped it.
+    acc->seq = next_urgent_sequence_nr();
     acc->device = t.device();
     acc->input_meta.push_back({t.device(), t.dtype(), t.sizes()});
     m->grad_accumulator = acc;
