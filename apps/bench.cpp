@@ -29,6 +29,8 @@ void add_bench_options(CLI::App* cmd, BenchConfig& c) {
   cmd->add_option("--devices", c.devices, "Device list (default: cuda:0 if present, else cpu)")->check(non_empty_devices, "DEVICES");
   cmd->add_option("--strategy", c.strategy, "single|dp|ddp (ddp: one process per device, launched by the bench)")->capture_default_str();
   cmd->add_option("--comm-hook", c.comm_hook, "ddp: allreduce | bf16")->capture_default_str();
+  cmd->add_flag("--broadcast-buffers", c.broadcast_buffers,
+                "ddp: broadcast rank 0's buffers before every forward (PyTorch's default; chorus train does it before evaluations)");
   cmd->add_flag("--ddp-worker", c.ddp_worker, "(internal) one rank of a --strategy ddp row")->group("");
   cmd->add_option("--bucket-mb", c.bucket_mb, "dp: gradient bucket size in MiB (0: one sum at the end)")->capture_default_str();
   add_optional(cmd, "--device-counts", c.counts, "Device counts to run, e.g. 1,2,4 (dp, ddp; default powers of two)");
@@ -160,6 +162,7 @@ int run_bench(const BenchConfig& c) {
                                   {"batch_per_device", c.batch_size},
                                   {"bucket_mb", c.strategy != "single" ? nlohmann::ordered_json(c.bucket_mb) : nullptr},
                                   {"comm_hook", c.strategy == "ddp" ? nlohmann::ordered_json(c.comm_hook) : nullptr},
+                                  {"broadcast_buffers", c.strategy == "ddp" ? nlohmann::ordered_json(c.broadcast_buffers) : nullptr},
                                   {"img_per_s", r.img_per_s},
                                   {"step_ms", r.step_ms},
                                   {"peak_mem_bytes", r.peak},

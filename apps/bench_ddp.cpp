@@ -66,6 +66,7 @@ nlohmann::ordered_json bench_ddp_row(const BenchConfig& c, const std::vector<Dev
                 "--batch-size", std::to_string(c.batch_size), "--steps", std::to_string(c.steps),
                 "--warmup", std::to_string(c.warmup), "--bucket-mb", fmt(c.bucket_mb), "--comm-hook", c.comm_hook};
   if (c.channels_last) lc.command.push_back("--channels-last");
+  if (c.broadcast_buffers) lc.command.push_back("--broadcast-buffers");
   ::setenv("CHORUS_BENCH_ROW", row_file.c_str(), 1);
   const int rc = run_launch(lc);
   ::unsetenv("CHORUS_BENCH_ROW");
@@ -98,6 +99,7 @@ int run_bench_ddp_worker(const BenchConfig& c) {
   dist::DDPOptions o;
   o.bucket_bytes = static_cast<int64_t>(c.bucket_mb * (1 << 20));
   o.comm_hook = dist::parse_comm_hook(c.comm_hook);
+  o.broadcast_buffers = c.broadcast_buffers;
   auto ddp = std::make_shared<dist::DistributedDataParallel>(model, pg, o);
   Shape in{c.batch_size};
   in.insert(in.end(), spec.input.begin(), spec.input.end());

@@ -212,6 +212,10 @@ Training set_up(const TrainConfig& cfg) {
     dist::DDPOptions o;
     o.bucket_bytes = static_cast<int64_t>(cfg.bucket_mb * (1 << 20));
     o.comm_hook = dist::parse_comm_hook(cfg.comm_hook);
+    // Rank 0's buffers are its own either way, and only rank 0's are saved;
+    // the others receive them before each evaluation (finish_epoch, summarize)
+    // instead of before every forward: one meeting point less per step.
+    o.broadcast_buffers = false;
     t.ddp = std::make_shared<dist::DistributedDataParallel>(inner, t.ranks->group, o);
     net = t.ddp;
   } else {

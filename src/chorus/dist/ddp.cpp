@@ -158,6 +158,7 @@ struct DistributedDataParallel::Impl final : autograd::BackwardObserver {
   Tensor used_flags;         // [k] on the group's device: the ranks' used-flags, summed
   Tensor all_used;           // [k] ones on the group's device: the flags of a step that used everything
   WorkPtr used_work;
+  std::vector<int64_t> used;  // [k] this rank's flags for the running backward
   std::vector<std::string> unused_names;
 
   // Caller holds mu.
@@ -195,24 +196,26 @@ struct DistributedDataParallel::Impl final : autograd::BackwardObserver {
     in_backward = true;
     const size_t n = params.size();
     std::vector<size_t> unreached;
-    std::vector<int64_t> used(n, 0);
+    used.assign(n, 0);
     for (size_t k = 0; k < n; ++k) {
       const bool reached = leaves.count(params[k].impl()) > 0;
       if (!reached) unreached.push_back(k);
       used[k] = reached || params[k].grad().defined();
     }
-    // Note [DDP unused parameters]: the flags go first, so that every rank
-    // issues them before any bucket.
-    if (group->size() > 1) {
-      if (used_work) used_work->wait();
-      const bool everything = std::all_of(used.begin(), used.end(), [](int64_t u) { return u != 0; });
-      if (everything && !all_used.defined()) all_used = ones({static_cast<int64_t>(n)}, TensorOptions(kInt64, group->device()));
-      // The usual step copies on the device: no host-to-device transfer.
-      used_flags = everything ? ops::clone(all_used)
-                              : ops::to_device(from_vector(used, {static_cast<int64_t>(n)}), group->device());
-      used_work = group->all_reduce(used_flags, ReduceOp::Sum);
-    }
     reducer->prepare_for_backward(unreached);
+  }
+
+  // Note [DDP unused parameters]: the used-flags travel after the last
+  // bucket, so they add no meeting point between the ranks in mid-step.
+  void exchange_used_flags() {
+    if (group->size() == 1) return;
+    const int64_t n = static_cast<int64_t>(params.size());
+    if (used_work) used_work->wait();
+    const bool everything = std::all_of(used.begin(), used.end(), [](int64_t u) { return u != 0; });
+    if (everything && !all_used.defined()) all_used = ones({n}, TensorOptions(kInt64, group->device()));
+    // The usual step copies on the device: no host-to-device transfer.
+    used_flags = everything ? ops::clone(all_used) : ops::to_device(from_vector(used, {n}), group->device());
+    used_work = group->all_reduce(used_flags, ReduceOp::Sum);
   }
 
   void end(bool ok) override {
@@ -225,6 +228,7 @@ struct DistributedDataParallel::Impl final : autograd::BackwardObserver {
     }
     reducer->flush();
     CHORUS_ASSERT(reducer->finished());
+    exchange_used_flags();
     ++reduced_steps;
     unused_names.clear();
     std::vector<size_t> without_grad;

@@ -108,10 +108,11 @@ class DistributedDataParallel : public nn::Module {
 // gradient is flushed when the backward ends. Whether a parameter was used on
 // *some* rank decides whether it gets the reduced gradient or keeps no .grad
 // (as one process on the global batch would): each armed backward all-reduces
-// a used-flag per parameter (one int64 each), issued before the first bucket
-// and overlapped with the backward. The result is read on the host only by a
-// rank that left some parameter unused in that step. Cost in the common case:
-// one small all-reduce per step, no host synchronisation, no graph walk.
+// a used-flag per parameter (one int64 each), issued right after the last
+// bucket (so it adds no meeting point of the ranks in mid-step). The result
+// is read on the host only by a rank that left some parameter unused in that
+// step. Cost in the common case: one small all-reduce per step behind the
+// last bucket, no host synchronisation, no graph walk.
 //
 // Note [DDP buffers]: the module's buffers are re-pointed, once, at views of
 // one flat buffer per device and dtype (layers read their buffers through
