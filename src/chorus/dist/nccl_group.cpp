@@ -55,8 +55,8 @@ class NcclGroup;
 
 class NcclWork final : public Work {
  public:
-  NcclWork(NcclGroup* g, const char* op, uint64_t seq, cudaEvent_t done)
-      : g_(g), op_(op), seq_(seq), done_(done), started_(std::chrono::steady_clock::now()) {}
+  NcclWork(NcclGroup* g, const char* op, uint64_t seq, cudaEvent_t done, std::vector<Tensor> keep)
+      : g_(g), op_(op), seq_(seq), done_(done), started_(std::chrono::steady_clock::now()), keep_(std::move(keep)) {}
   ~NcclWork() override;
   bool is_completed() override;
   void wait() override;
@@ -66,6 +66,8 @@ class NcclWork final : public Work {
   uint64_t seq_;
   cudaEvent_t done_;
   std::chrono::steady_clock::time_point started_;
+  std::mutex keep_mu_;
+  std::vector<Tensor> keep_;  // the operands, until the caller's stream is ordered after the collective
 };
 
 class NcclGroup final : public ProcessGroup {
@@ -265,9 +267,11 @@ class NcclGroup final : public ProcessGroup {
       cuda::throw_nccl_error(r, op, comm_, "", __FILE__, __LINE__);
     }
     CHORUS_CUDA_CHECK(cudaEventRecord(done, stream_));
-    CHORUS_CUDA_CHECK(cudaStreamWaitEvent(cur, done, 0));
-    (void)keep;
-    auto w = std::make_shared<NcclWork>(this, op, ++seq_, done);
+    // Note [NCCL work ordering]: the caller's stream is not made to wait
+    // here: Work::wait() does that. Waiting at issue made every bucket of
+    // DDP's backward hold up the rest of the backward until its all-reduce
+    // was done -- no overlap at all.
+    auto w = std::make_shared<NcclWork>(this, op, ++seq_, done, std::move(keep));
     {
       std::lock_guard<std::mutex> lk(mu_);
       pending_.push_back(w);
@@ -334,18 +338,29 @@ class NcclGroup final : public ProcessGroup {
   friend class NcclWork;
 };
 
-// No tensor is kept alive here: the caller's stream waits for `done` before
-// any later work, so memory the caller frees is reused only after the
-// collective (stream-ordered allocation), and no tensor is ever freed on the
-// watchdog's thread.
+// Note [NCCL work ordering]: a collective runs on the group's stream after
+// the caller's stream reached the issue; the caller's stream waits for it
+// only at wait(), so work issued in between (the rest of a backward) runs
+// beside it. The operands stay alive in the Work until then: wait() orders
+// the caller's stream after the collective and drops them on the caller's
+// thread, so stream-ordered allocation reuses their memory only afterwards.
+// A Work never waited for keeps them until the watchdog retires it, i.e.
+// until the collective has finished on the device.
 NcclWork::~NcclWork() { g_->release_event(done_); }
 
 bool NcclWork::is_completed() { return finished(); }
 
 void NcclWork::wait() {
-  // Ordered already: the caller's stream waits for `done` (issue()). Here only
-  // the failure, if the watchdog found one.
-  g_->check_broken();
+  {
+    cuda::CudaDeviceGuard guard(g_->device_);
+    CHORUS_CUDA_CHECK(cudaStreamWaitEvent(cuda::current_stream(g_->device_), done_, 0));
+  }
+  std::vector<Tensor> drop;
+  {
+    std::lock_guard<std::mutex> lk(keep_mu_);
+    drop.swap(keep_);
+  }
+  g_->check_broken();  // the failure, if the watchdog found one
 }
 
 }  // namespace
