@@ -84,10 +84,6 @@ Tensor BatchNorm2d::run(const Tensor& x, bool relu) {
   Tensor b = opts_.affine ? own_parameters()[1].second : Tensor();
   // Counted on the device: reading it on the host would stall an asynchronous step.
   if (is_training()) ops::unary_(UnaryOp::AddScalar, bufs[2].second, 1.0);
-  if (sync_ && is_training()) {
-    Tensor y = functional::sync_batch_norm(x, bufs[0].second, bufs[1].second, w, b, opts_.momentum, opts_.eps, *sync_);
-    return relu ? y.relu() : y;
-  }
   auto f = relu ? functional::batch_norm_relu : functional::batch_norm;
   return f(x, bufs[0].second, bufs[1].second, w, b, is_training(), opts_.momentum, opts_.eps);
 }

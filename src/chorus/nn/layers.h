@@ -7,7 +7,6 @@
 
 #include "chorus/nn/functional.h"
 #include "chorus/nn/module.h"
-#include "chorus/nn/sync_stats.h"
 
 namespace chorus::nn {
 
@@ -64,16 +63,10 @@ class BatchNorm2d : public Module {
   Tensor forward_relu(const Tensor& x);
   std::string extra_repr() const override;
   BatchNorm2dOptions options_for_clone() const { return opts_; }
-  // Training statistics over every participant of `reducer` (Note
-  // [Synchronised batch norm], nn/sync_stats.h; dist::convert_sync_batchnorm
-  // sets a process group's); null: this batch's own.
-  void set_stats_reducer(std::shared_ptr<BatchStatsReducer> reducer) { sync_ = std::move(reducer); }
-  const std::shared_ptr<BatchStatsReducer>& stats_reducer() const { return sync_; }
   CHORUS_MODULE_CLONEABLE(BatchNorm2d)
  private:
   Tensor run(const Tensor& x, bool relu);
   BatchNorm2dOptions opts_;
-  std::shared_ptr<BatchStatsReducer> sync_;
 };
 
 struct NoOptions {};
