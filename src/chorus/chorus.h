@@ -1,6 +1,6 @@
 // The public API of Chorus in one include: tensors, devices, streams and
 // events, autograd and autocast, layers, optimizers, data sets and loaders,
-// models, DataParallel, checkpoints and metrics. (dist/ joins when it lands.)
+// models, DataParallel, SyncBatchNorm, checkpoints and metrics.
 #pragma once
 
 #include "chorus/autograd/autocast.h"
@@ -29,6 +29,7 @@
 #include "chorus/data/transforms.h"
 #include "chorus/models/models.h"
 #include "chorus/parallel/data_parallel.h"
+#include "chorus/dist/sync_batch_norm.h"
 #include "chorus/io/checkpoint.h"
 #include "chorus/io/metrics.h"
 #include "chorus/io/safetensors.h"

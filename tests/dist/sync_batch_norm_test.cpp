@@ -230,9 +230,9 @@ TrainRun train(const std::function<nn::ModulePtr()>& build, const std::vector<in
   optim::SGD opt(model->parameters(), optim::SGDOptions{.lr = 0.05, .momentum = 0.9});
   TrainRun run;
   for (size_t i = 0; i < batches.size(); ++i) {
-    Tensor x = random_input({batches[i], 2, 6, 6}, 100 + i).set_requires_grad(true);
+    Tensor x = random_input({batches[i], 2, 6, 6}, 100 + i).to(model->device()).set_requires_grad(true);
     manual_seed(200 + i);
-    Tensor y = randint(0, kSpec.classes, {batches[i]});
+    Tensor y = randint(0, kSpec.classes, {batches[i]}).to(model->device());
     opt.zero_grad();
     Tensor loss = F::cross_entropy(model->forward(x), y);
     loss.backward();
@@ -326,6 +326,41 @@ TEST(SyncBatchNorm, AFailingReplicaFailsTheOthersInsteadOfHangingThem) {
   // The groups work again in the next forward.
   nn::BatchNorm2d ref(2);
   EXPECT_LE(rel_err(dp.forward(x), ref.forward(x)), kTol);
+}
+
+// ---- CUDA: the composed statistics in float32, the in-process NCCL sums ------------
+
+TEST(SyncBatchNorm, AloneMatchesBatchNorm2d_CUDA) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "needs a CUDA device";
+  nn::BatchNorm2d ref_bn(3);
+  SyncBatchNorm bn(3);
+  randomize_affine(ref_bn, 5);
+  randomize_affine(bn, 5);
+  bn.to(cuda_device(0));
+  const Shape shape{6, 3, 4, 5};
+  const Tensor x = random_input(shape, 1), r = random_input(shape, 2);
+  Result got = run_once(bn, x.to(cuda_device(0)), r.to(cuda_device(0)));
+  Result ref = run_once(ref_bn, x, r);
+  expect_same(got, ref);
+}
+
+TEST(SyncBatchNorm, DataParallelReplicasTrainLikeOneDeviceOnTheGlobalBatch_MultiCUDA) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  const std::vector<int64_t> batches{7, 9, 2, 8};
+  auto on = [](const Device& d) {
+    nn::ModulePtr m = make_bn_cnn();
+    m->to(d);
+    return m;
+  };
+  // The reference: one GPU (the same convolution kernels as the replicas').
+  const TrainRun ref = train([&] { return on(cuda_device(0)); }, batches);
+  TrainRun got = train(
+      [&] {
+        return std::make_shared<parallel::DataParallel>(convert_sync_batchnorm(on(cuda_device(0))),
+                                                        std::vector<Device>{cuda_device(0), cuda_device(1)});
+      },
+      batches);
+  expect_same_run(got, ref, "2 GPUs");
 }
 
 }  // namespace
