@@ -34,10 +34,7 @@
 #include <chorus/dist/init.h>
 #include <chorus/optim/sgd.h>
 #include <chorus/parallel/data_parallel.h>
-#if __has_include(<chorus/dist/sync_batch_norm.h>)
 #include <chorus/dist/sync_batch_norm.h>
-#define PROBE_HAS_SYNC_BN 1
-#endif
 
 using namespace chorus;
 namespace F = chorus::nn::functional;
@@ -193,14 +190,7 @@ void match(dist::ProcessGroupPtr pg, const std::string& kind) {
   const bool sync_bn = kind == "cnn-bn-sync";
   nn::ModulePtr ref = build(kind, 100);
   nn::ModulePtr mine = build(kind, 100 + r);  // rank 0's weights arrive by broadcast
-#ifdef PROBE_HAS_SYNC_BN
   if (sync_bn) mine = nn::convert_sync_batchnorm(mine, pg);
-#else
-  if (sync_bn) {
-    std::printf("rank %d: SKIPPED (no SyncBatchNorm in this build)\n", r);
-    return;
-  }
-#endif
   const dist::DDPOptions opts = options_from_env();
   auto ddp = std::make_shared<dist::DistributedDataParallel>(mine, pg, opts);
   optim::SGD opt = make_sgd(mine), ref_opt = make_sgd(ref);

@@ -63,8 +63,9 @@ std::string Conv2d::extra_repr() const {
          (opts_.bias ? "" : ", bias=false");
 }
 
-BatchNorm2d::BatchNorm2d(BatchNorm2dOptions o) : Module("BatchNorm2d"), opts_(o) {
-  CHORUS_CHECK(o.features > 0, "BatchNorm2d: features must be positive, got ", o.features);
+BatchNorm2d::BatchNorm2d(BatchNorm2dOptions o) : BatchNorm2d(o, "BatchNorm2d") {}
+BatchNorm2d::BatchNorm2d(BatchNorm2dOptions o, std::string type_name) : Module(std::move(type_name)), opts_(o) {
+  CHORUS_CHECK(o.features > 0, this->type_name(), ": features must be positive, got ", o.features);
   if (o.affine) {
     register_parameter("weight", ones({o.features}));
     register_parameter("bias", zeros({o.features}));

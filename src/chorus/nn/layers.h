@@ -54,6 +54,8 @@ struct BatchNorm2dOptions {
 // Running statistics are buffers: under DataParallel each replica updates its
 // own during forward and the replica on the first device is the one copied
 // back (Torch7 DataParallelTable's behaviour); see parallel/data_parallel.h.
+// dist::SyncBatchNorm (dist/sync_batch_norm.h) derives from it: code that
+// holds a BatchNorm2d (models' fused bn_relu) runs either.
 class BatchNorm2d : public Module {
  public:
   explicit BatchNorm2d(BatchNorm2dOptions o);
@@ -64,8 +66,11 @@ class BatchNorm2d : public Module {
   std::string extra_repr() const override;
   BatchNorm2dOptions options_for_clone() const { return opts_; }
   CHORUS_MODULE_CLONEABLE(BatchNorm2d)
+ protected:
+  BatchNorm2d(BatchNorm2dOptions o, std::string type_name);
+  // forward (relu false) and forward_relu (true); a subclass changes both here.
+  virtual Tensor run(const Tensor& x, bool relu);
  private:
-  Tensor run(const Tensor& x, bool relu);
   BatchNorm2dOptions opts_;
 };
 

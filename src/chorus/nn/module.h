@@ -85,6 +85,8 @@ class Module : public std::enable_shared_from_this<Module> {
   // Direct access for subclasses and wrappers.
   std::vector<std::pair<std::string, Tensor>>& own_parameters() { return params_; }
   std::vector<std::pair<std::string, Tensor>>& own_buffers() { return buffers_; }
+  // The registered children, replaceable in place (dist::convert_sync_batchnorm).
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>>& own_children() { return children_; }
 
  protected:
   // Makes an empty instance of the same class for clone(); the default copies

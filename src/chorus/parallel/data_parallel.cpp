@@ -10,6 +10,7 @@
 #include "chorus/autograd/node.h"
 #include "chorus/core/error.h"
 #include "chorus/core/stream.h"
+#include "chorus/dist/sync_batch_norm.h"
 #include "chorus/ops/comm.h"
 #include "chorus/ops/copy.h"
 #include "chorus/ops/factory.h"
@@ -132,7 +133,31 @@ DataParallel::DataParallel(nn::ModulePtr module, std::vector<Device> devices, Da
     }
   }
   threads_ = std::make_unique<DeviceThreads>(devices_);
+  wire_sync_batch_norm();
   sync_replicas(n);  // every replica valid from the start, not only after a forward
+}
+
+void DataParallel::wire_sync_batch_norm() {
+  // Note [DataParallel and SyncBatchNorm]. modules() walks every replica in the
+  // same order, so position i is the same layer in each.
+  auto masters = module_->modules();
+  std::vector<std::vector<nn::ModulePtr>> reps;
+  for (const nn::ModulePtr& r : replicas_) reps.push_back(r->modules());
+  for (size_t i = 0; i < masters.size(); ++i) {
+    auto master = std::dynamic_pointer_cast<dist::SyncBatchNorm>(masters[i]);
+    if (!master) continue;
+    const dist::ProcessGroupPtr& pg = master->process_group();
+    auto across = pg ? std::make_shared<dist::ProcessStatsGroup>(pg) : nullptr;
+    auto group = std::make_shared<dist::ReplicaStatsGroup>(
+        static_cast<int>(replicas_.size()), across,
+        pg ? pg->options().timeout : std::chrono::milliseconds(std::chrono::seconds(300)));
+    for (size_t r = 0; r < replicas_.size(); ++r) {
+      auto bn = std::dynamic_pointer_cast<dist::SyncBatchNorm>(reps[r].at(i));
+      CHORUS_ASSERT(bn != nullptr);
+      bn->set_stats_group(group, static_cast<int>(r));
+    }
+    stats_groups_.push_back(group);
+  }
 }
 
 DataParallel::~DataParallel() = default;
@@ -263,11 +288,25 @@ nn::Value DataParallel::forward_value(const nn::Value& x) {
   std::vector<autograd::Edge> leaves;  // held until the replicas are done
   if (grad_enabled_outside_) leaf_edges(x, &leaves);
   std::vector<nn::Value> outs(used);
+  for (auto& g : stats_groups_) g->begin(static_cast<int>(used));
+  struct EndStats {
+    DataParallel* dp;
+    ~EndStats() {
+      for (auto& g : dp->stats_groups_) g->end();
+    }
+  } end_stats{this};
   std::vector<std::function<void()>> tasks;
   for (size_t r = 0; r < used; ++r) {
     tasks.push_back([&, r] {
-      nn::Value in = scatter(x, options_.dim, starts[r], lens[r], devices_[r]);
-      outs[r] = replicas_[r]->forward_value(in);
+      try {
+        nn::Value in = scatter(x, options_.dim, starts[r], lens[r], devices_[r]);
+        outs[r] = replicas_[r]->forward_value(in);
+      } catch (const std::exception& e) {
+        // The other replicas may be waiting for this one at a SyncBatchNorm
+        // layer: they fail with this replica's error rather than wait for it.
+        for (auto& g : stats_groups_) g->abort("replica on " + devices_[r].str() + " failed: " + e.what());
+        throw;
+      }
     });
   }
   threads_->run(tasks);

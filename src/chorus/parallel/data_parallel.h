@@ -18,6 +18,10 @@
 #include "chorus/nn/module.h"
 #include "chorus/parallel/device_threads.h"
 
+namespace chorus::dist {
+class ReplicaStatsGroup;
+}
+
 namespace chorus::parallel {
 
 struct DataParallelOptions {
@@ -58,6 +62,7 @@ class DataParallel : public nn::Module {
   // parameter views in the replicas' slots (replica 0's until restore_masters).
   void record_gradient_nodes(size_t used);
   void restore_masters();
+  void wire_sync_batch_norm();
 
   nn::ModulePtr module_;
   std::vector<Device> devices_;
@@ -73,6 +78,9 @@ class DataParallel : public nn::Module {
   std::vector<size_t> grad_entries_;                       // the entries reducer_ covers
   std::unique_ptr<dist::Reducer> reducer_;                 // of their gradients
   std::unique_ptr<DeviceThreads> threads_;
+  // One per SyncBatchNorm layer, its replicas as members (Note [DataParallel
+  // and SyncBatchNorm]).
+  std::vector<std::shared_ptr<dist::ReplicaStatsGroup>> stats_groups_;
   bool grad_enabled_outside_ = true;
 };
 
@@ -109,7 +117,16 @@ class DataParallel : public nn::Module {
 // BatchNorm: each replica normalises with its own chunk's statistics; the
 // running statistics of the first device's replica (the wrapped module) are the
 // ones kept, and the other replicas receive them whenever they changed
-// (PyTorch's behaviour; use SyncBatchNorm-style global statistics via DDP
-// instead).
+// (PyTorch's behaviour). For the statistics of the whole batch, convert the
+// model to SyncBatchNorm first (dist::convert_sync_batchnorm).
+//
+// Note [DataParallel and SyncBatchNorm]: at construction every SyncBatchNorm
+// layer of the wrapped module gets a dist::ReplicaStatsGroup whose members are
+// that layer's copies in the replicas (member r on devices[r]) and whose
+// `across` is the layer's process group, if any: its statistics are summed
+// over the replicas, then all-reduced across processes, once per layer.
+// Each forward tells the groups how many replicas take part; a replica that
+// fails aborts them, so the others, waiting at a layer's sum, fail too
+// instead of waiting for it.
 
 }  // namespace chorus::parallel
