@@ -148,6 +148,7 @@ int run_bench(const BenchConfig& c) {
       r.step_ms = got["step_ms"].get<double>();
       r.peak = got["peak_mem_bytes"].get<size_t>();
       r.loss = got["loss"].get<double>();
+      r.host_issue_ms = got.value("host_issue_ms", 0.0);
     } else {
       r = bench_one(c, devs);
     }

@@ -115,6 +115,8 @@ int run_bench_ddp_worker(const BenchConfig& c) {
   backend(dev).reset_peak_bytes(dev);
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < c.steps; ++i) loss = step.run(x, y).loss;
+  // Host time to issue the steps: near the total, the step is bound by the host.
+  const double issue = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   synchronize(dev);
   pg->barrier()->wait();  // the slowest rank's time is the job's
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -123,6 +125,7 @@ int run_bench_ddp_worker(const BenchConfig& c) {
   nlohmann::ordered_json row = {{"img_per_s", world * static_cast<double>(c.batch_size * c.steps) / dt},
                                 {"step_ms", 1000.0 * dt / static_cast<double>(c.steps)},
                                 {"peak_mem_bytes", backend(dev).peak_bytes(dev)},
+                                {"host_issue_ms", 1000.0 * issue},
                                 {"loss", loss.item()}};
   const char* path = std::getenv("CHORUS_BENCH_ROW");
   CHORUS_CHECK(path != nullptr, "--ddp-worker: CHORUS_BENCH_ROW is not set");
