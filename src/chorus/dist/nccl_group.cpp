@@ -286,7 +286,15 @@ class NcclGroup final : public ProcessGroup {
     cuda::CudaDeviceGuard guard(device_);
     std::unique_lock<std::mutex> lk(mu_);
     for (;;) {
-      cv_.wait_for(lk, std::chrono::milliseconds(100), [&] { return stop_ || !pending_.empty(); });
+      // Idle: sleep until work is issued. Work in flight: look again in a
+      // millisecond. (Waiting with a "pending is not empty" predicate while
+      // work was in flight spun: it held mu_, which every issue() needs, and
+      // queried CUDA events back to back, competing with the launching
+      // thread for the driver -- the DDP step became bound by the host.)
+      if (pending_.empty())
+        cv_.wait_for(lk, std::chrono::milliseconds(100), [&] { return stop_ || !pending_.empty(); });
+      else
+        cv_.wait_for(lk, std::chrono::milliseconds(1), [&] { return stop_; });
       if (stop_) return;
       while (!pending_.empty() && pending_.front()->finished()) pending_.pop_front();
       if (pending_.empty() || broken_) continue;
