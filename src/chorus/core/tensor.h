@@ -41,6 +41,7 @@ struct AutogradMeta {
   std::shared_ptr<struct TensorImpl> grad;  // accumulated gradient of a leaf
   std::vector<GradHook> post_accumulate_hooks;
   std::weak_ptr<autograd::Node> grad_accumulator;  // cached AccumulateGrad of a leaf
+  std::string label;  // a module parameter's "<Module type>.<name>", for messages
 };
 
 struct TensorImpl {

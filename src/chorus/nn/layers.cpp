@@ -34,7 +34,7 @@ Linear::Linear(LinearOptions o) : Module("Linear"), opts_(o) {
     register_parameter("bias", b);
   }
 }
-Tensor Linear::forward(const Tensor& x) { return functional::linear(x, weight(), bias()); }
+Tensor Linear::forward(const Tensor& x) { return functional::linear(on_own_device(x), weight(), bias()); }
 std::string Linear::extra_repr() const {
   return cat_repr({{"in", double(opts_.in)}, {"out", double(opts_.out)}}) + (opts_.bias ? "" : ", bias=false");
 }
@@ -55,7 +55,7 @@ Conv2d::Conv2d(Conv2dOptions o) : Module("Conv2d"), opts_(o) {
 Tensor Conv2d::forward(const Tensor& x) {
   functional::Conv2dParams p{opts_.stride, opts_.stride, opts_.padding, opts_.padding,
                              opts_.dilation, opts_.dilation, opts_.groups};
-  return functional::conv2d(x, weight(), bias(), p);
+  return functional::conv2d(on_own_device(x), weight(), bias(), p);
 }
 std::string Conv2d::extra_repr() const {
   return cat_repr({{"in", double(opts_.in)}, {"out", double(opts_.out)}, {"kernel", double(opts_.kernel)},
@@ -76,7 +76,8 @@ BatchNorm2d::BatchNorm2d(BatchNorm2dOptions o, std::string type_name) : Module(s
 }
 Tensor BatchNorm2d::forward(const Tensor& x) { return run(x, false); }
 Tensor BatchNorm2d::forward_relu(const Tensor& x) { return run(x, true); }
-Tensor BatchNorm2d::run(const Tensor& x, bool relu) {
+Tensor BatchNorm2d::run(const Tensor& input, bool relu) {
+  const Tensor x = on_own_device(input);
   CHORUS_CHECK(x.dim() == 4 || x.dim() == 2, "BatchNorm2d: expected [N, C, H, W], got ", x.describe());
   CHORUS_CHECK(x.size(1) == opts_.features, "BatchNorm2d: input has ", x.size(1), " channels, expected ",
                opts_.features);

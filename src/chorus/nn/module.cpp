@@ -18,8 +18,15 @@ Tensor& Module::register_parameter(const std::string& name, Tensor t, bool requi
   for (auto& p : params_)
     CHORUS_CHECK(p.first != name, type_name_, ": parameter '", name, "' registered twice");
   if (requires_grad) t.set_requires_grad(true);
+  if (t.autograd_meta()) t.autograd_meta()->label = type_name_ + "." + name;  // Note [Parameters on another device]
   params_.emplace_back(name, std::move(t));
   return params_.back().second;
+}
+
+Tensor Module::on_own_device(const Tensor& x) const {
+  for (const auto& [name, p] : params_)
+    if (p.defined()) return x.defined() && x.device() != p.device() ? x.to(p.device()) : x;
+  return x;
 }
 
 Tensor& Module::register_buffer(const std::string& name, Tensor t) {

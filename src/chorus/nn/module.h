@@ -82,6 +82,14 @@ class Module : public std::enable_shared_from_this<Module> {
   }
   void register_child(const std::string& name, std::shared_ptr<Module> m);
 
+  // Note [Placement that holds]: `x` on the device of this module's own
+  // parameters (an asynchronous, differentiable copy when it is elsewhere), so
+  // a module moved with to(device) runs there whatever device its input comes
+  // from -- model parallelism needs no .to() in forward, and the backward
+  // runs on each device. Layers with parameters call it on their input; x
+  // itself when the module has no parameters of its own.
+  Tensor on_own_device(const Tensor& x) const;
+
   // Direct access for subclasses and wrappers.
   std::vector<std::pair<std::string, Tensor>>& own_parameters() { return params_; }
   std::vector<std::pair<std::string, Tensor>>& own_buffers() { return buffers_; }

@@ -1,4 +1,9 @@
 #include "chorus/ops/copy.h"
+#include "chorus/core/warn.h"
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
 
 #include <algorithm>
 #include <cstdint>
@@ -34,6 +39,42 @@ Tensor clone(const Tensor& t) {
   Tensor out = empty_like_layout(t, t.sizes(), t.dtype());
   copy_kernel(t, out);
   return out;
+}
+
+namespace {
+std::atomic<int> g_param_copy{-1};  // -1: not read from the environment yet
+}  // namespace
+
+void set_parameter_copy_policy(ParameterCopy policy) { g_param_copy.store(static_cast<int>(policy)); }
+
+ParameterCopy parameter_copy_policy() {
+  int p = g_param_copy.load();
+  if (p < 0) {
+    const char* e = std::getenv("CHORUS_STRICT_PLACEMENT");
+    p = static_cast<int>(e && std::string(e) == "1" ? ParameterCopy::Error : ParameterCopy::Warn);
+    int expected = -1;
+    g_param_copy.compare_exchange_strong(expected, p);
+    p = g_param_copy.load();
+  }
+  return static_cast<ParameterCopy>(p);
+}
+
+Tensor operand_to_device(const Tensor& t, const Device& d) {
+  if (t.defined() && t.device() != d && t.is_leaf() && t.requires_grad()) {
+    const ParameterCopy policy = parameter_copy_policy();
+    if (policy != ParameterCopy::Allow) {
+      const AutogradMeta* m = t.autograd_meta();
+      const std::string what = (m && !m->label.empty() ? "parameter " + m->label + " " : "a trainable tensor ") +
+                               t.describe();
+      const std::string msg = what + " lives on " + t.device().str() + " but an op on " + d.str() +
+                              " uses it, so it is copied there (and its gradient back) on every use; move the "
+                              "op's other operands to " + t.device().str() + ", or the parameter to " + d.str();
+      CHORUS_CHECK(policy != ParameterCopy::Error, msg, " (CHORUS_STRICT_PLACEMENT)");
+      warn_once("parameter-copy:" + std::to_string(reinterpret_cast<uintptr_t>(t.impl())) + ":" + d.str(),
+                msg + " (CHORUS_STRICT_PLACEMENT=1 makes this an error)");
+    }
+  }
+  return to_device(t, d);
 }
 
 Tensor to_device(const Tensor& t, const Device& d) {

@@ -6,11 +6,28 @@
 // already issued on the source device (events, never a host wait) and tells
 // the source's allocator that the destination stream reads the memory, so it
 // is not reused before the copy is done.
+//
+// Note [Parameters on another device]: a trainable parameter (a leaf that
+// requires grad) brought to another device as an operand is copied there on
+// every use, and its gradient copied back: almost always a module whose
+// input arrived from elsewhere while its weights stayed put. Layers move their
+// input to their parameters' device instead (nn::Module::on_own_device), so
+// this happens only in hand-written ops; it warns once per parameter, naming
+// it and both devices, or throws under the Error policy
+// (CHORUS_STRICT_PLACEMENT=1 in the environment, or set_parameter_copy_policy).
 #pragma once
 
 #include "chorus/core/tensor.h"
 
 namespace chorus::ops {
+
+enum class ParameterCopy { Warn, Error, Allow };
+// The policy for Note [Parameters on another device]; the default is Warn, or
+// Error when CHORUS_STRICT_PLACEMENT=1.
+void set_parameter_copy_policy(ParameterCopy policy);
+ParameterCopy parameter_copy_policy();
+// to_device for an op's operand: applies that policy to trainable parameters.
+Tensor operand_to_device(const Tensor& t, const Device& d);
 
 // The tensor itself when already on `d`, else a copy on `d`: channels-last
 // when `t` is dense channels-last, contiguous otherwise.

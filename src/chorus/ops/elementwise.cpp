@@ -112,7 +112,7 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b, double alpha) {
   DType dt = promote_types(a.dtype(), b.dtype());
   Device dev = a.device();
   Tensor ta = to_dtype(a, dt);
-  Tensor tb = to_dtype(to_device(b, dev), dt);
+  Tensor tb = to_dtype(operand_to_device(b, dev), dt);
   // The output is channels-last when either full-shape operand is: a gradient
   // arriving in NCHW must not turn a channels-last network's backward pass
   // NCHW (mixed layouts leave the flat, vectorised kernels and cuDNN's NHWC
@@ -133,7 +133,7 @@ void binary_(BinaryOp op, const Tensor& self, const Tensor& other, double alpha)
   const std::string name = std::string(binary_name(op)) + "_";  // "add_", "mul_"
   detail::check_defined(self, name.c_str(), "self");
   detail::check_defined(other, name.c_str(), "other");
-  Tensor o = to_dtype(to_device(other, self.device()), self.dtype());
+  Tensor o = to_dtype(operand_to_device(other, self.device()), self.dtype());
   Tensor ob = broadcast_to(o, self.sizes(), name.c_str());
   if (self.numel() && same_dense_layout({&self, &ob})) {
     Tensor fs = flat_view(self);

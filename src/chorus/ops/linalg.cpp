@@ -37,7 +37,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   CHORUS_CHECK(is_floating(a.dtype()), "matmul: expected floating tensors, got ", a.describe());
   Device dev = a.device();
   DType dt = promote_types(a.dtype(), b.dtype());
-  Tensor ta = to_dtype(a, dt), tb = to_dtype(to_device(b, dev), dt);
+  Tensor ta = to_dtype(a, dt), tb = to_dtype(operand_to_device(b, dev), dt);
   const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
   Tensor a3, b3;
   Shape out_shape;

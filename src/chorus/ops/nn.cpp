@@ -12,7 +12,7 @@ namespace {
 // read the layout from the strides; a channels-last input gives channels-last
 // outputs so that a network converted once stays NHWC throughout.
 Tensor prepare(const Tensor& t, Device dev) {
-  Tensor d = to_device(t, dev);
+  Tensor d = operand_to_device(t, dev);
   if (dev.is_cuda() && is_channels_last(d)) return d;
   return contiguous(d);
 }
