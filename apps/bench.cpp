@@ -4,6 +4,8 @@
 #include "bench.h"
 #include "train_step.h"
 #include "bench_ddp.h"
+#include "bench_pipeline.h"
+#include "cli_numbers.h"
 #include "commands.h"
 
 #include <algorithm>
@@ -27,7 +29,7 @@ namespace chorus::app {
 void add_bench_options(CLI::App* cmd, BenchConfig& c) {
   cmd->add_option("--model", c.model, "mlp|cnn|resnet20|wrn-16-4|wrn-28-10")->capture_default_str();
   cmd->add_option("--devices", c.devices, "Device list (default: cuda:0 if present, else cpu)")->check(non_empty_devices, "DEVICES");
-  cmd->add_option("--strategy", c.strategy, "single|dp|ddp (ddp: one process per device, launched by the bench)")->capture_default_str();
+  cmd->add_option("--strategy", c.strategy, "single|dp|ddp|pipeline (ddp: one process per device, launched by the bench)")->capture_default_str();
   cmd->add_option("--comm-hook", c.comm_hook, "ddp: allreduce | bf16")->capture_default_str();
   cmd->add_flag("--broadcast-buffers", c.broadcast_buffers,
                 "ddp: broadcast rank 0's buffers before every forward (PyTorch's default; chorus train does it before evaluations)");
@@ -39,6 +41,11 @@ void add_bench_options(CLI::App* cmd, BenchConfig& c) {
   cmd->add_option("--batch-size", c.batch_size, "Batch per device")->capture_default_str();
   cmd->add_option("--steps", c.steps, "Timed steps")->capture_default_str();
   cmd->add_option("--warmup", c.warmup, "Untimed warm-up steps")->capture_default_str();
+  cmd->add_option("--micro-batches", c.micro_batches, "pipeline: micro-batches per batch")->capture_default_str()->transform(integer_up_to(kMaxBatchSize));
+  cmd->add_option("--schedules", c.schedules, "pipeline: rows to run, from naive, gpipe, 1f1b, interleaved")->capture_default_str();
+  add_optional(cmd, "--balance", c.balance, "pipeline: layers per stage, e.g. 14,15 (default: equal measured time)");
+  cmd->add_option("--recompute", c.recompute, "pipeline: never | except_last | always")->capture_default_str();
+  cmd->add_option("--virtual-stages", c.virtual_stages, "pipeline, interleaved: stages per device (0: 2)")->capture_default_str()->transform(integer_up_to(64));
   cmd->add_flag("--json", c.json, "One JSON object per row");
 }
 
@@ -124,8 +131,9 @@ BenchRow bench_one(const BenchConfig& c, const std::vector<Device>& devs) {
 
 int run_bench(const BenchConfig& c) {
   if (c.ddp_worker) return run_bench_ddp_worker(c);
-  CHORUS_CHECK(c.strategy == "single" || c.strategy == "dp" || c.strategy == "ddp", "chorus bench: strategy '", c.strategy,
-               "' is not available in this version yet; use --strategy single, dp or ddp");
+  CHORUS_CHECK(c.strategy == "single" || c.strategy == "dp" || c.strategy == "ddp" || c.strategy == "pipeline",
+               "chorus bench: unknown strategy '", c.strategy, "' (expected single, dp, ddp or pipeline)");
+  if (c.strategy == "pipeline") return run_bench_pipeline(c);
   CHORUS_CHECK(c.comm_hook == "allreduce" || c.comm_hook == "bf16", "--comm-hook must be allreduce or bf16, got '",
                c.comm_hook, "'");
   CHORUS_CHECK(c.precision == "fp32" || c.precision == "bf16", "unknown precision '", c.precision, "'");

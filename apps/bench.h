@@ -22,6 +22,12 @@ struct BenchConfig {
   std::string comm_hook = "allreduce";  // ddp: allreduce | bf16
   bool broadcast_buffers = false;       // ddp: rank 0's buffers before every forward (PyTorch's default)
   bool ddp_worker = false;              // internal: one rank of a ddp row (apps/bench_ddp.h)
+  // pipeline (apps/bench_pipeline.h)
+  int64_t micro_batches = 8;
+  std::string schedules = "naive,gpipe,1f1b";
+  std::optional<std::string> balance;   // unset: by measured time
+  std::string recompute = "never";
+  int64_t virtual_stages = 0;
 };
 
 void add_bench_options(CLI::App* cmd, BenchConfig& c);

@@ -37,7 +37,7 @@ int chorus_main(int argc, char** argv, bool parse_only) {
   // Options without a natural default are std::optional (app::add_optional):
   // an explicit value is always checked, never mistaken for "unset".
   app::add_optional(train, "--steps", tc.steps, "Stop after this many steps (default: no limit besides --epochs)")->transform(app::integer_up_to(app::kMaxSteps));
-  train->add_option("--batch-size", tc.batch_size, "Batch size per device")->capture_default_str()->transform(app::integer_up_to(app::kMaxBatchSize));
+  train->add_option("--batch-size", tc.batch_size, "Batch size per device (pipeline: the pipeline's batch)")->capture_default_str()->transform(app::integer_up_to(app::kMaxBatchSize));
   app::add_optional(train, "--lr", tc.lr, "Peak learning rate (default: 0.05 for SGD, 1e-3 for AdamW)")->check(app::real_number(1e6));
   train->add_option("--optimizer", tc.optimizer, "sgd|adamw")->capture_default_str();
   train->add_option("--momentum", tc.momentum, "SGD momentum (Nesterov)")->capture_default_str()->check(app::real_number(1, true));
@@ -58,6 +58,11 @@ int chorus_main(int argc, char** argv, bool parse_only) {
   train->add_flag("--sync-bn", tc.sync_bn, "ddp: batch-norm statistics over all ranks (SyncBatchNorm)");
   train->add_option("--comm-hook", tc.comm_hook, "ddp: allreduce | bf16 (gradients travel as bfloat16)")->capture_default_str();
   train->add_option("--dist-timeout", tc.dist_timeout_s, "ddp: seconds the rendezvous and each collective may take")->capture_default_str()->check(app::real_number(1e7));
+  app::add_optional(train, "--micro-batches", tc.micro_batches, "pipeline: micro-batches per batch (default 4)")->transform(app::integer_up_to(app::kMaxBatchSize));
+  app::add_optional(train, "--schedule", tc.schedule, "pipeline: gpipe | 1f1b (default) | interleaved");
+  app::add_optional(train, "--balance", tc.balance, "pipeline: layers per stage, e.g. 14,15 (default: equal measured time)");
+  app::add_optional(train, "--recompute", tc.recompute, "pipeline: activation recomputation: never (default) | except_last | always");
+  app::add_optional(train, "--virtual-stages", tc.virtual_stages, "pipeline, interleaved: stages per device (default 2)")->transform(app::integer_up_to(64));
   train->add_flag("--json", tc.json, "Print the final summary as one JSON object on stdout");
   train->add_flag("--quiet", tc.quiet, "No progress output");
 
@@ -102,8 +107,10 @@ int chorus_main(int argc, char** argv, bool parse_only) {
       if (tc.json) {
         std::printf("%s\n", summary.dump().c_str());
       } else {
+        std::string where;
+        for (const auto& d : summary["devices"]) where += (where.empty() ? "" : ",") + d.get<std::string>();
         std::printf("%s on %s: test accuracy %.4f, test loss %.4f, %lld steps in %.1f s (%.0f img/s)\n",
-                    tc.model.c_str(), summary["devices"][0].get<std::string>().c_str(),
+                    tc.model.c_str(), where.c_str(),
                     summary["test_accuracy"].get<double>(), summary["test_loss"].get<double>(),
                     (long long)summary["steps"].get<int64_t>(), summary["seconds"].get<double>(),
                     summary["img_per_s"].get<double>());

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <memory>
 
+#include "chorus/autograd/autocast.h"
 #include "chorus/autograd/grad_mode.h"
 #include "chorus/core/backend.h"
 #include "chorus/core/error.h"
@@ -30,6 +31,7 @@
 #include "chorus/models/models.h"
 #include "chorus/nn/functional.h"
 #include "chorus/ops/elementwise.h"
+#include "chorus/ops/factory.h"
 #include "chorus/ops/reduce.h"
 #include "chorus/optim/adamw.h"
 #include "chorus/optim/lr_scheduler.h"
@@ -38,6 +40,7 @@
 #include "resume_checks.h"
 #include "stop_signal.h"
 #include "train_dist.h"
+#include "train_pipeline.h"
 #include "train_step.h"
 
 namespace chorus::app {
@@ -53,8 +56,20 @@ void TrainConfig::validate() const {
                "unknown data set '", data, "' (expected fashion-mnist, mnist, cifar10 or synthetic)");
   CHORUS_CHECK(strategy == "single" || strategy == "dp" || strategy == "ddp" || strategy == "pipeline",
                "unknown strategy '", strategy, "' (expected single, dp, ddp or pipeline)");
-  CHORUS_CHECK(strategy != "pipeline", "strategy '", strategy,
-               "' is not available in this version of Chorus yet; use --strategy single, dp or ddp");
+  if (strategy == "pipeline") {
+    CHORUS_CHECK(!micro_batches || (*micro_batches >= 1 && *micro_batches <= batch_size), "--micro-batches must be from 1 to the batch size (",
+                 batch_size, "), got ", micro_batches.value_or(0));
+    if (schedule) (void)parallel::parse_schedule(*schedule);
+    if (recompute) (void)parallel::parse_checkpoint(*recompute);
+    if (balance) (void)parse_balance(*balance);
+    CHORUS_CHECK(!virtual_stages || (*virtual_stages >= 1 && *virtual_stages <= 64),
+                 "--virtual-stages must be from 1 to 64, got ", virtual_stages.value_or(0));
+    CHORUS_CHECK(!virtual_stages || schedule.value_or("") == "interleaved", "--virtual-stages goes with --schedule interleaved");
+  } else {
+    const char* given = micro_batches ? "--micro-batches" : schedule ? "--schedule" : balance ? "--balance"
+                        : recompute ? "--recompute" : virtual_stages ? "--virtual-stages" : nullptr;
+    CHORUS_CHECK(given == nullptr, given ? given : "", " goes with --strategy pipeline");
+  }
   if (strategy == "ddp") ddp_launch_env();  // says how to launch when nothing did
   CHORUS_CHECK(!sync_bn || strategy == "ddp", "--sync-bn goes with --strategy ddp");
   CHORUS_CHECK(comm_hook == "allreduce" || comm_hook == "bf16", "--comm-hook must be allreduce or bf16, got '",
@@ -133,6 +148,7 @@ std::vector<Device> pick_devices(const TrainConfig& c) {
   if (c.strategy == "ddp") return ddp_devices(c.devices, ddp_launch_env());
   if (c.devices.empty()) {
     if (c.strategy == "dp") return parse_devices("all");
+    if (c.strategy == "pipeline") return parse_devices(cuda_device_count() >= 2 ? "all" : "cpu:0,cpu:1");
     return {cuda_is_available() ? cuda_device(0) : cpu_device(0)};
   }
   std::vector<Device> devs = parse_devices(c.devices);
@@ -183,6 +199,8 @@ struct Training {
   int64_t global_batch = 0;                // examples per step, over all devices and ranks
   std::optional<RankContext> ranks;        // --strategy ddp
   std::shared_ptr<dist::DistributedDataParallel> ddp;
+  std::shared_ptr<parallel::Pipeline> pipeline;   // --strategy pipeline
+  std::string pipeline_line;                     // how the model was split
   bool evaluate_epochs = false;            // the test set after each epoch (decided by rank 0's settings)
   const RankContext* rank_context() const { return ranks ? &*ranks : nullptr; }
   int world() const { return ranks ? ranks->group->size() : 1; }
@@ -218,20 +236,38 @@ Training set_up(const TrainConfig& cfg) {
     o.broadcast_buffers = false;
     t.ddp = std::make_shared<dist::DistributedDataParallel>(inner, t.ranks->group, o);
     net = t.ddp;
+  } else if (cfg.strategy == "pipeline") {
+    PipelineChoice pc;
+    pc.micro_batches = cfg.micro_batches.value_or(std::min<int64_t>(4, cfg.batch_size));
+    pc.schedule = cfg.schedule.value_or("1f1b");
+    pc.balance = cfg.balance;
+    pc.recompute = cfg.recompute.value_or("never");
+    pc.virtual_stages = cfg.virtual_stages.value_or(0);
+    // Balanced by time on one micro-batch of the training data's shape.
+    const int64_t micro = std::max<int64_t>(1, cfg.batch_size / pc.micro_batches);
+    Shape in{micro};
+    in.insert(in.end(), spec.input.begin(), spec.input.end());
+    AutocastGuard cast(cfg.precision == "bf16" ? std::optional<DType>(kBFloat16) : std::nullopt);
+    const RngState rng = default_generator().state();  // timing draws nothing the run would see
+    t.pipeline = make_pipeline(t.model, t.devices, pc, randn(in, {kFloat32, device}), &t.pipeline_line);
+    default_generator().set_state(rng);
+    net = t.pipeline;
   } else {
     net = wrap_for_strategy(t.model, cfg.strategy, t.devices, cfg.bucket_mb);
   }
   t.step = {net, t.opt.get(), std::nullopt, cfg.label_smoothing};
+  t.step.pipeline = t.pipeline.get();
   if (cfg.precision == "bf16") t.step.autocast = kBFloat16;
 
   data::DataLoaderOptions lo;
-  lo.batch_size = cfg.batch_size * static_cast<int64_t>(t.devices.size());  // --batch-size is per device
+  // --batch-size is per device; a pipeline's batch goes through every device (in micro-batches).
+  lo.batch_size = cfg.batch_size * (t.pipeline ? 1 : static_cast<int64_t>(t.devices.size()));
   lo.num_workers = cfg.workers;
   lo.seed = cfg.seed;
   // DataParallel scatters each replica's chunk from where the batch is, so its
   // batches stay in host memory and every chunk goes to its device directly
   // (through pinned staging on GPUs), not to devices[0] first and on from there.
-  if (t.devices.size() == 1) lo.device = device;
+  if (t.devices.size() == 1 || t.pipeline) lo.device = device;
   std::shared_ptr<data::Sampler> sampler;
   if (t.ranks)  // Note [Training ranks]: this rank's share, reshuffled every epoch
     sampler = std::make_shared<data::DistributedSampler>(t.data.train->size(), t.world(), t.ranks->env.rank, true, cfg.seed);
@@ -475,13 +511,16 @@ nlohmann::ordered_json summarize(const TrainConfig& cfg, Training& t, const Posi
 
 void announce(const TrainConfig& cfg, const Training& t) {
   if (cfg.quiet) return;
-  std::fprintf(stderr, "training %s (%lld parameters) on %s%s, %s, %lld examples, batch %lld per device, %lld steps\n",
-               cfg.model.c_str(), (long long)t.model->num_parameters(),
-               cfg.devices.empty() ? t.devices[0].str().c_str() : cfg.devices.c_str(),
+  std::string where;
+  for (const Device& d : t.devices) where += (where.empty() ? "" : ",") + d.str();
+  std::fprintf(stderr, "training %s (%lld parameters) on %s%s, %s, %lld examples, batch %lld%s, %lld steps\n",
+               cfg.model.c_str(), (long long)t.model->num_parameters(), where.c_str(),
                t.ranks ? (" x " + std::to_string(t.world()) + " processes (DDP over " + t.ranks->group->backend() + ")").c_str()
-               : cfg.strategy == "dp" ? " (DataParallel)" : "",
+               : cfg.strategy == "dp" ? " (DataParallel)" : t.pipeline ? " (pipeline)" : "",
                t.data.train->name().c_str(),
-               (long long)t.data.train->size(), (long long)cfg.batch_size, (long long)t.total_steps);
+               (long long)t.data.train->size(), (long long)cfg.batch_size, t.pipeline ? "" : " per device",
+               (long long)t.total_steps);
+  if (t.pipeline) std::fprintf(stderr, "%s\n", t.pipeline_line.c_str());
 }
 
 }  // namespace

@@ -43,6 +43,12 @@ struct TrainConfig {
   bool sync_bn = false;          // batch-norm statistics over all ranks
   std::string comm_hook = "allreduce";  // allreduce | bf16 (gradients travel as bfloat16)
   double dist_timeout_s = 300;   // rendezvous and every collective
+  // --strategy pipeline (unset: the defaults below; set with another strategy: an error)
+  std::optional<int64_t> micro_batches;    // default 4
+  std::optional<std::string> schedule;     // gpipe | 1f1b (default) | interleaved
+  std::optional<std::string> balance;      // "14,15": layers per stage (default: by measured time)
+  std::optional<std::string> recompute;    // never (default) | except_last | always
+  std::optional<int64_t> virtual_stages;   // interleaved: stages per device (default 2)
 
   // Throws ValueError naming the first bad option.
   void validate() const;

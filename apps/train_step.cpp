@@ -24,6 +24,22 @@ TrainStep::Result TrainStep::run(const Tensor& x, const Tensor& y, Phases* phase
     t = now;
   };
   Result r;
+  if (pipeline) {
+    opt->zero_grad();
+    {
+      AutocastGuard guard(autocast);
+      const double smoothing = label_smoothing;
+      auto res = pipeline->train_step(x, y, [smoothing](const Tensor& out, const Tensor& t) {
+        return nn::functional::cross_entropy(out, t, smoothing);
+      });
+      r.logits = res.output;
+      r.loss = res.loss;
+    }
+    lap(phases ? &phases->backward_ms : nullptr);  // forward and backward interleave: one phase
+    opt->step();
+    lap(phases ? &phases->optim_ms : nullptr);
+    return r;
+  }
   {
     AutocastGuard guard(autocast);
     r.logits = net->forward(x);

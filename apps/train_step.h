@@ -12,6 +12,7 @@
 #include "chorus/core/tensor.h"
 #include "chorus/nn/module.h"
 #include "chorus/optim/optimizer.h"
+#include "chorus/parallel/pipeline.h"
 
 namespace chorus::app {
 
@@ -25,6 +26,9 @@ struct TrainStep {
   optim::Optimizer* opt = nullptr;       // over the model's parameters
   std::optional<DType> autocast;         // --precision bf16: bf16 compute, fp32 weights and loss
   double label_smoothing = 0.0;
+  // --strategy pipeline: forward and backward by the pipeline's schedule
+  // (Pipeline::train_step) instead of net->forward + backward.
+  parallel::Pipeline* pipeline = nullptr;
 
   struct Result {
     Tensor logits, loss;

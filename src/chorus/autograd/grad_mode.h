@@ -18,4 +18,20 @@ class NoGradGuard {
   bool prev_;
 };
 
+// True while a pipeline stage recomputes a forward for its backward
+// (activation checkpointing): layers with running statistics (batch norm)
+// must not count the same batch twice.
+bool recomputing();
+
+class RecomputeGuard {
+ public:
+  RecomputeGuard();
+  ~RecomputeGuard();
+  RecomputeGuard(const RecomputeGuard&) = delete;
+  RecomputeGuard& operator=(const RecomputeGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+
 }  // namespace chorus

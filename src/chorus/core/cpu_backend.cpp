@@ -30,23 +30,24 @@ class CpuBackend final : public DeviceBackend {
     void* base = std::aligned_alloc(64, n + 64);
     if (!base) {
       CHORUS_THROW(OutOfMemoryError, "out of memory on ", d.str(), ": could not allocate ",
-                   nbytes, " bytes (", in_use_.load(), " bytes in use by Chorus)");
+                   nbytes, " bytes (", counters(d).in_use.load(), " bytes in use by Chorus on it)");
     }
     *static_cast<size_t*>(base) = n;
-    size_t cur = (in_use_ += n);
-    size_t pk = peak_.load();
-    while (cur > pk && !peak_.compare_exchange_weak(pk, cur)) {}
+    Counters& c = counters(d);
+    size_t cur = (c.in_use += n);
+    size_t pk = c.peak.load();
+    while (cur > pk && !c.peak.compare_exchange_weak(pk, cur)) {}
     return static_cast<char*>(base) + 64;
   }
-  void deallocate(void* ptr, Device) noexcept override {
+  void deallocate(void* ptr, Device d) noexcept override {
     if (!ptr) return;
     void* base = static_cast<char*>(ptr) - 64;
-    in_use_ -= *static_cast<size_t*>(base);
+    counters(d).in_use -= *static_cast<size_t*>(base);
     std::free(base);
   }
-  size_t bytes_in_use(Device) const override { return in_use_.load(); }
-  size_t peak_bytes(Device) const override { return peak_.load(); }
-  void reset_peak_bytes(Device) override { peak_.store(in_use_.load()); }
+  size_t bytes_in_use(Device d) const override { return counters(d).in_use.load(); }
+  size_t peak_bytes(Device d) const override { return counters(d).peak.load(); }
+  void reset_peak_bytes(Device d) override { counters(d).peak.store(counters(d).in_use.load()); }
 
   void copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t n) override {
     CHORUS_ASSERT(dst_dev.is_cpu() && src_dev.is_cpu());
@@ -74,8 +75,17 @@ class CpuBackend final : public DeviceBackend {
   std::string device_name(Device d) const override { return "CPU (logical device " + d.str() + ")"; }
 
  private:
-  std::atomic<size_t> in_use_{0};
-  std::atomic<size_t> peak_{0};
+  // Per logical device, so that a pipeline's stages on cpu:0 and cpu:1 report
+  // their own peaks (a storage is freed on the device it was allocated on).
+  struct Counters {
+    std::atomic<size_t> in_use{0};
+    std::atomic<size_t> peak{0};
+  };
+  Counters& counters(Device d) const {
+    const size_t i = d.index >= 0 && d.index < kMaxCpuDevices ? static_cast<size_t>(d.index) : 0;
+    return counters_[i];
+  }
+  mutable Counters counters_[kMaxCpuDevices];
 };
 
 }  // namespace

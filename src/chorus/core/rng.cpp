@@ -25,10 +25,17 @@ void Generator::set_state(const RngState& s) {
   state_ = s;
 }
 
+namespace {
+thread_local Generator* t_override = nullptr;
+}
+
 Generator& default_generator() {
   static Generator g;
-  return g;
+  return t_override ? *t_override : g;
 }
+
+GeneratorGuard::GeneratorGuard(Generator& g) : prev_(t_override) { t_override = &g; }
+GeneratorGuard::~GeneratorGuard() { t_override = prev_; }
 
 void manual_seed(uint64_t seed) { default_generator().manual_seed(seed); }
 

@@ -28,8 +28,24 @@ class Generator {
   RngState state_;
 };
 
-// The process-wide generator used by rand/randn/dropout/shuffling.
+// The generator random ops draw from: the process-wide one used by
+// rand/randn/dropout/shuffling, or this thread's GeneratorGuard's.
 Generator& default_generator();
+
+// RAII: random ops issued by this thread draw from `g` while it lives. A
+// pipeline stage gives each (stage, micro-batch) its own generator, so a
+// recomputed forward draws the same dropout masks as the first one whatever
+// the other stages' threads drew in between.
+class GeneratorGuard {
+ public:
+  explicit GeneratorGuard(Generator& g);
+  ~GeneratorGuard();
+  GeneratorGuard(const GeneratorGuard&) = delete;
+  GeneratorGuard& operator=(const GeneratorGuard&) = delete;
+
+ private:
+  Generator* prev_;
+};
 void manual_seed(uint64_t seed);
 
 }  // namespace chorus

@@ -364,7 +364,11 @@ class ProcessGroupGloo::P2PWork final : public Work {
 WorkPtr ProcessGroupGloo::post(const char* op, const Tensor& t, int peer, int tag, bool is_send) {
   std::lock_guard<std::mutex> lk(impl_->mu);
   if (impl_->broken) std::rethrow_exception(impl_->broken);
-  const uint64_t seq = ++impl_->seq;
+  // Collectives' sequence numbers are their gloo tags and must agree on every
+  // rank; point-to-point operations differ between ranks (a middle pipeline
+  // stage sends and receives twice as often), so they do not count. A failed
+  // one is reported with the number of the collectives before it.
+  const uint64_t seq = impl_->seq;
   auto buf = impl_->context->createUnboundBuffer(t.raw_data(), t.numel() * dtype_size(t.dtype()));
   if (is_send) buf->send(peer, p2p_slot(tag));
   else buf->recv(peer, p2p_slot(tag));

@@ -20,6 +20,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <string_view>
 #include <thread>
 
 #include "chorus/core/error.h"
@@ -271,7 +272,11 @@ class NcclGroup final : public ProcessGroup {
     // here: Work::wait() does that. Waiting at issue made every bucket of
     // DDP's backward hold up the rest of the backward until its all-reduce
     // was done -- no overlap at all.
-    auto w = std::make_shared<NcclWork>(this, op, ++seq_, done, std::move(keep));
+    // Point-to-point operations differ in number between ranks (a middle
+    // pipeline stage has twice as many): only collectives are counted, so
+    // that a roll call after a failure compares like with like.
+    const bool p2p = std::string_view(op) == "send" || std::string_view(op) == "recv";
+    auto w = std::make_shared<NcclWork>(this, op, p2p ? seq_ : ++seq_, done, std::move(keep));
     {
       std::lock_guard<std::mutex> lk(mu_);
       pending_.push_back(w);

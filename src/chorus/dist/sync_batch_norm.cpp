@@ -4,6 +4,7 @@
 #include <unordered_map>
 
 #include "chorus/autograd/functions.h"
+#include "chorus/autograd/grad_mode.h"
 #include "chorus/autograd/node.h"
 #include "chorus/core/error.h"
 #include "chorus/ops/comm.h"
@@ -307,8 +308,10 @@ Tensor SyncBatchNorm::run(const Tensor& x, bool relu) {
   auto& bufs = own_buffers();
   Tensor w = opts_.affine ? own_parameters()[0].second : Tensor();
   Tensor b = opts_.affine ? own_parameters()[1].second : Tensor();
-  Tensor y = sync_batch_norm(x, bufs[0].second, bufs[1].second, w, b, opts_.momentum, opts_.eps, group_.get(), member_);
-  ops::unary_(UnaryOp::AddScalar, bufs[2].second, 1.0);  // num_batches_tracked, on the device
+  const bool count = !recomputing();  // a recomputed forward's batch is counted already
+  Tensor y = sync_batch_norm(x, bufs[0].second, bufs[1].second, w, b, count ? opts_.momentum : 0.0, opts_.eps,
+                             group_.get(), member_);
+  if (count) ops::unary_(UnaryOp::AddScalar, bufs[2].second, 1.0);  // num_batches_tracked, on the device
   return relu ? chorus::relu(y) : y;
 }
 

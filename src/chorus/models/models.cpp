@@ -146,6 +146,58 @@ Tensor ResNet20::forward(const Tensor& x) {
   return child(*this, 1)->forward(h);
 }
 
+PooledHead::PooledHead(PooledHeadOptions o)
+    : PooledHead(o.bn_features > 0 ? std::make_shared<nn::BatchNorm2d>(o.bn_features) : nullptr,
+                 std::make_shared<nn::Linear>(o.in, o.classes), o) {}
+PooledHead::PooledHead(nn::ModulePtr bn, nn::ModulePtr fc, PooledHeadOptions o)
+    : Module("PooledHead"), opts_(o) {
+  if (bn) register_module("bn", bn);
+  register_module("fc", fc);
+}
+Tensor PooledHead::forward(const Tensor& x) {
+  const bool has_bn = named_children().size() > 1;
+  Tensor h = has_bn ? bn_relu(child(*this, 0), x) : x;
+  h = nn::functional::adaptive_avg_pool2d(h, 1, 1).flatten(1);
+  return child(*this, has_bn ? 1 : 0)->forward(h);
+}
+
+namespace {
+// Every child of `seq` under "prefix.i".
+void append_layers(nn::Sequential& out, const std::string& prefix, const Module& seq) {
+  for (const auto& [name, layer] : seq.named_children()) out.push_back(prefix + "." + name, layer);
+}
+int64_t linear_in(const ModulePtr& fc) { return fc->named_parameters()[0].second.size(1); }
+}  // namespace
+
+std::shared_ptr<nn::Sequential> as_sequential(const ModulePtr& model) {
+  CHORUS_CHECK(model != nullptr, "as_sequential: the model is null");
+  if (auto seq = std::dynamic_pointer_cast<nn::Sequential>(model)) return seq;
+  auto out = std::make_shared<nn::Sequential>();
+  out->train(model->is_training());
+  const auto& kids = model->named_children();
+  if (dynamic_cast<MLP*>(model.get())) {
+    append_layers(*out, "layers", *kids[0].second);
+  } else if (dynamic_cast<SmallCNN*>(model.get())) {
+    append_layers(*out, "features", *kids[0].second);
+    append_layers(*out, "classifier", *kids[1].second);
+  } else if (auto* wrn = dynamic_cast<WideResNet*>(model.get())) {
+    append_layers(*out, "features", *kids[0].second);
+    const ModulePtr& fc = kids[2].second;
+    out->push_back("", std::make_shared<PooledHead>(
+                           kids[1].second, fc, PooledHeadOptions{kids[1].second->named_parameters()[0].second.size(0),
+                                                                 linear_in(fc), wrn->options_for_clone().spec.classes}));
+  } else if (auto* r = dynamic_cast<ResNet20*>(model.get())) {
+    append_layers(*out, "features", *kids[0].second);
+    const ModulePtr& fc = kids[1].second;
+    out->push_back("", std::make_shared<PooledHead>(nullptr, fc,
+                                                    PooledHeadOptions{0, linear_in(fc), r->options_for_clone().classes}));
+  } else {
+    CHORUS_THROW(ValueError, "as_sequential: cannot lay out a ", model->type_name(),
+                 " as a sequence of layers (pass an nn::Sequential, or a model of the zoo)");
+  }
+  return out;
+}
+
 std::vector<std::string> model_names() { return {"mlp", "cnn", "resnet20", "wrn-16-4", "wrn-28-10"}; }
 
 ModulePtr make_model(const std::string& name, const ModelSpec& spec) {

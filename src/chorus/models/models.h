@@ -93,6 +93,31 @@ class ResNet20 : public nn::Module {
   ModelSpec spec_;
 };
 
+// The head of a pooled network laid out flat: [bn-relu] - global average pool
+// - flatten - fc, holding the model's own `bn` and `fc` layers under their
+// names (WideResNet, ResNet20).
+struct PooledHeadOptions {
+  int64_t bn_features = 0;  // 0: no batch norm before the pool (ResNet20)
+  int64_t in = 0, classes = 10;
+};
+class PooledHead : public nn::Module {
+ public:
+  explicit PooledHead(PooledHeadOptions o);
+  PooledHead(nn::ModulePtr bn, nn::ModulePtr fc, PooledHeadOptions o);
+  Tensor forward(const Tensor& x) override;
+  PooledHeadOptions options_for_clone() const { return opts_; }
+  CHORUS_MODULE_CLONEABLE(PooledHead)
+ private:
+  PooledHeadOptions opts_;
+};
+
+// The model as a flat Sequential of its layers, for a pipeline to split: the
+// same layer objects (the same tensors), registered under names that keep the
+// model's state_dict names ("features.3.conv1.weight", "fc.weight"), and the
+// same forward. A Sequential is returned as it is. ValueError for a model
+// that cannot be laid out flat (naming its type).
+std::shared_ptr<nn::Sequential> as_sequential(const nn::ModulePtr& model);
+
 // Builds a model by its command-line name: mlp, cnn, resnet20, wrn-16-4,
 // wrn-28-10 (any wrn-D-K). Throws ValueError naming the known models.
 nn::ModulePtr make_model(const std::string& name, const ModelSpec& spec);

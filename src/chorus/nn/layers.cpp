@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "chorus/autograd/functions.h"
+#include "chorus/autograd/grad_mode.h"
 #include "chorus/core/error.h"
 #include "chorus/nn/init.h"
 #include "chorus/ops/elementwise.h"
@@ -84,10 +85,13 @@ Tensor BatchNorm2d::run(const Tensor& input, bool relu) {
   auto& bufs = own_buffers();
   Tensor w = opts_.affine ? own_parameters()[0].second : Tensor();
   Tensor b = opts_.affine ? own_parameters()[1].second : Tensor();
+  // A recomputed forward (activation checkpointing) sees a batch already
+  // counted: momentum 0 leaves the running statistics as they are.
+  const bool count = is_training() && !recomputing();
   // Counted on the device: reading it on the host would stall an asynchronous step.
-  if (is_training()) ops::unary_(UnaryOp::AddScalar, bufs[2].second, 1.0);
+  if (count) ops::unary_(UnaryOp::AddScalar, bufs[2].second, 1.0);
   auto f = relu ? functional::batch_norm_relu : functional::batch_norm;
-  return f(x, bufs[0].second, bufs[1].second, w, b, is_training(), opts_.momentum, opts_.eps);
+  return f(x, bufs[0].second, bufs[1].second, w, b, is_training(), count ? opts_.momentum : 0.0, opts_.eps);
 }
 std::string BatchNorm2d::extra_repr() const {
   return std::to_string(opts_.features) + ", eps=" + std::to_string(opts_.eps) +

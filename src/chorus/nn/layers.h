@@ -144,6 +144,9 @@ class Sequential : public Module {
   explicit Sequential(NoOptions) : Sequential() {}
   Sequential(std::initializer_list<ModulePtr> mods);
   void push_back(ModulePtr m);
+  // Under a given name: "features.3" keeps a nested model's state_dict names
+  // when its layers are laid out flat for a pipeline; "" adds no prefix.
+  void push_back(const std::string& name, ModulePtr m) { register_child(name, std::move(m)); }
   Tensor forward(const Tensor& x) override;
   size_t size() const { return named_children().size(); }
   ModulePtr operator[](size_t i) const { return named_children()[i].second; }

@@ -69,6 +69,13 @@ std::vector<int64_t> balance_by_cost(const std::vector<double>& costs, int64_t p
 
 std::vector<int64_t> balance_by_time(nn::Sequential& seq, const Tensor& sample, int64_t partitions, int repeats) {
   CHORUS_CHECK(repeats >= 1, "balance_by_time: repeats must be >= 1, got ", repeats);
+  // The timing runs are training steps to batch norm: keep its running
+  // statistics as they were.
+  std::vector<std::pair<Tensor, Tensor>> saved;
+  {
+    NoGradGuard ng;
+    for (auto& [name, b] : seq.named_buffers()) saved.emplace_back(b, b.clone());
+  }
   std::vector<double> costs;
   Tensor x = sample;
   for (size_t l = 0; l < seq.size(); ++l) {
@@ -89,6 +96,10 @@ std::vector<int64_t> balance_by_time(nn::Sequential& seq, const Tensor& sample, 
     layer->zero_grad();
     costs.push_back(secs / repeats);
     x = out.detach();
+  }
+  {
+    NoGradGuard ng;
+    for (auto& [b, copy] : saved) b.copy_(copy);
   }
   return balance_by_cost(costs, partitions);
 }

@@ -1,0 +1,175 @@
+#include "bench_pipeline.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "chorus/autograd/autocast.h"
+#include "chorus/core/backend.h"
+#include "chorus/core/error.h"
+#include "chorus/core/rng.h"
+#include "chorus/models/models.h"
+#include "chorus/ops/copy.h"
+#include "chorus/ops/factory.h"
+#include "chorus/optim/sgd.h"
+#include "commands.h"
+#include "train_pipeline.h"
+#include "train_step.h"
+
+namespace chorus::app {
+
+namespace {
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ',');) out.push_back(item);
+  return out;
+}
+
+std::string join(const std::vector<int64_t>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s;
+}
+
+struct Row {
+  double img_per_s = 0, step_ms = 0, loss = 0, bubble = 0, bubble_ideal = 0;
+  std::vector<size_t> peaks;
+  std::string balance;
+};
+
+Row bench_schedule(const BenchConfig& c, const std::vector<Device>& devs, const std::string& name,
+                   std::optional<std::string>* balance) {
+  manual_seed(0);
+  const bool small = c.model == "mlp" || c.model == "cnn";
+  models::ModelSpec spec{small ? Shape{1, 28, 28} : Shape{3, 32, 32}, 10};
+  nn::ModulePtr model = models::make_model(c.model, spec);
+  model->to(devs[0]);
+  const bool cl = c.channels_last && devs[0].is_cuda();
+  if (cl) model->to_channels_last();
+  optim::SGD opt(model->parameters(), {0.1, 0.9, 0.0, 5e-4, true});
+  Shape in{c.batch_size};
+  in.insert(in.end(), spec.input.begin(), spec.input.end());
+  Tensor x = randn(in, {kFloat32, devs[0]});
+  if (cl) x = ops::to_channels_last(x);
+  Tensor y = randint(0, 10, {c.batch_size}, {kInt64, devs.back()});
+
+  PipelineChoice pc;
+  const bool naive = name == "naive";
+  pc.micro_batches = naive ? 1 : c.micro_batches;
+  pc.schedule = naive ? "gpipe" : name;
+  pc.balance = *balance;
+  pc.recompute = c.recompute;
+  pc.virtual_stages = name == "interleaved" ? c.virtual_stages : 0;
+  const std::optional<DType> cast = c.precision == "bf16" ? std::optional<DType>(kBFloat16) : std::nullopt;
+  std::shared_ptr<parallel::Pipeline> pipe;
+  {
+    AutocastGuard g(cast);
+    Tensor sample = x.narrow(0, 0, std::max<int64_t>(1, c.batch_size / c.micro_batches));
+    pipe = make_pipeline(model, devs, pc, sample);
+  }
+  // Every row of a run uses the first row's balance (when measured): the
+  // schedules are then compared on the same split.
+  if (!balance->has_value() && name != "interleaved") *balance = join(pipe->balance());
+  TrainStep step{pipe, &opt, cast, 0.0};
+  step.pipeline = pipe.get();
+  Tensor loss;
+  for (int64_t i = 0; i < c.warmup; ++i) loss = step.run(x, y).loss;
+  for (const Device& d : devs) synchronize(d);
+  for (const Device& d : devs) backend(d).reset_peak_bytes(d);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < c.steps; ++i) loss = step.run(x, y).loss;
+  for (const Device& d : devs) synchronize(d);
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  Row r;
+  r.img_per_s = static_cast<double>(c.batch_size * c.steps) / dt;
+  r.step_ms = 1000.0 * dt / static_cast<double>(c.steps);
+  r.loss = loss.item();
+  for (const Device& d : devs) r.peaks.push_back(backend(d).peak_bytes(d));
+  // The bubble, measured on a few more steps with every task timed.
+  pipe->set_measure(true);
+  double bubble = 0;
+  const int measured = 3;
+  for (int i = 0; i < measured; ++i) {
+    step.run(x, y);
+    bubble += pipe->last_stats().bubble;
+  }
+  r.bubble = bubble / measured;
+  const int D = static_cast<int>(devs.size()), S = static_cast<int>(pipe->num_stages());
+  const int M = static_cast<int>(pc.micro_batches);
+  r.bubble_ideal = parallel::simulate(parallel::make_schedule(pipe->options().schedule, D, S, M), S, M).bubble;
+  r.balance = join(pipe->balance());
+  return r;
+}
+
+}  // namespace
+
+int run_bench_pipeline(const BenchConfig& c) {
+  CHORUS_CHECK(c.precision == "fp32" || c.precision == "bf16", "unknown precision '", c.precision, "'");
+  CHORUS_CHECK(c.batch_size > 0, "--batch-size must be positive, got ", c.batch_size);
+  CHORUS_CHECK(c.steps > 0 && c.warmup >= 0, "--steps must be positive and --warmup >= 0");
+  CHORUS_CHECK(c.micro_batches >= 1 && c.micro_batches <= c.batch_size, "--micro-batches must be from 1 to the batch (",
+               c.batch_size, "), got ", c.micro_batches);
+  (void)parallel::parse_checkpoint(c.recompute);
+  if (c.balance) (void)parse_balance(*c.balance);
+  const std::vector<std::string> names = split_list(c.schedules);
+  CHORUS_CHECK(!names.empty(), "--schedules is empty (expected e.g. naive,gpipe,1f1b)");
+  for (const std::string& n : names)
+    if (n != "naive") (void)parallel::parse_schedule(n);
+  const std::vector<Device> devs =
+      c.devices.empty() ? parse_devices(cuda_device_count() >= 2 ? "all" : "cpu:0,cpu:1") : parse_devices(c.devices);
+  CHORUS_CHECK(c.precision == "fp32" || devs[0].is_cuda(), "--precision bf16 needs a CUDA device");
+  std::string dev_list;
+  for (const Device& d : devs) dev_list += (dev_list.empty() ? "" : ",") + d.str();
+  std::optional<std::string> balance = c.balance;
+  double naive_rate = 0;
+  for (const std::string& name : names) {
+    const Row r = bench_schedule(c, devs, name, &balance);
+    if (name == "naive") naive_rate = r.img_per_s;
+    const double speedup = naive_rate > 0 ? r.img_per_s / naive_rate : 0;
+    nlohmann::ordered_json peaks = nlohmann::ordered_json::array();
+    for (size_t p : r.peaks) peaks.push_back(p);
+    nlohmann::ordered_json row = {
+        {"model", c.model},
+        {"strategy", "pipeline"},
+        {"schedule", name},
+        {"micro_batches", name == "naive" ? int64_t{1} : c.micro_batches},
+        {"balance", r.balance},
+        {"recompute", c.recompute},
+        {"devices", devs.size()},
+        {"device_list", dev_list},
+        {"precision", c.precision},
+        {"channels_last", c.channels_last},
+        {"batch", c.batch_size},
+        {"batch_per_device", c.batch_size},
+        {"img_per_s", r.img_per_s},
+        {"step_ms", r.step_ms},
+        {"peak_mem_bytes", *std::max_element(r.peaks.begin(), r.peaks.end())},
+        {"peak_mem_bytes_per_device", peaks},
+        {"bubble", r.bubble},
+        {"bubble_ideal", r.bubble_ideal},
+        {"speedup_vs_naive", naive_rate > 0 ? nlohmann::ordered_json(speedup) : nullptr},
+        {"loss", r.loss}};
+    if (c.json) {
+      std::printf("%s\n", row.dump().c_str());
+    } else {
+      std::string mem;
+      for (size_t p : r.peaks) mem += (mem.empty() ? "" : " / ") + std::to_string(p >> 20);
+      std::printf("%-10s pipeline %-11s M=%-3lld %s  %5s  batch %-5lld %10.1f img/s %8.2f ms/step  bubble %.3f (ideal %.3f)"
+                  "  peak %s MiB%s\n",
+                  c.model.c_str(), name.c_str(), (long long)(name == "naive" ? 1 : c.micro_batches), dev_list.c_str(),
+                  c.precision.c_str(), (long long)c.batch_size, r.img_per_s, r.step_ms, r.bubble, r.bubble_ideal,
+                  mem.c_str(),
+                  naive_rate > 0 && name != "naive" ? ("  " + std::to_string(speedup).substr(0, 4) + "x naive").c_str()
+                                                    : "");
+    }
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace chorus::app

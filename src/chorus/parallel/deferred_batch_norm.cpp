@@ -1,0 +1,86 @@
+#include "chorus/parallel/deferred_batch_norm.h"
+
+#include <typeinfo>
+
+#include "chorus/autograd/grad_mode.h"
+#include "chorus/core/error.h"
+#include "chorus/ops/elementwise.h"
+
+namespace chorus::parallel {
+
+DeferredBatchNorm::DeferredBatchNorm(nn::BatchNorm2dOptions o) : nn::BatchNorm2d(o, "DeferredBatchNorm"), opts_(o) {}
+
+Tensor DeferredBatchNorm::run(const Tensor& input, bool relu) {
+  if (!is_training()) return nn::BatchNorm2d::run(input, relu);
+  const Tensor x = on_own_device(input);
+  CHORUS_CHECK(x.dim() == 4 || x.dim() == 2, "DeferredBatchNorm: expected [N, C, H, W], got ", x.describe());
+  CHORUS_CHECK(x.size(1) == opts_.features, "DeferredBatchNorm: input has ", x.size(1), " channels, expected ",
+               opts_.features);
+  if (!recomputing()) {  // a recomputed forward's micro-batch is counted already
+    NoGradGuard ng;
+    const Shape dims = x.dim() == 4 ? Shape{0, 2, 3} : Shape{0};
+    const Tensor xf = x.detach().to(DType::Float32);
+    Tensor s = xf.sum(dims), sq = xf.mul(xf).sum(dims);
+    if (count_ == 0) {
+      sum_ = s;
+      sum_sq_ = sq;
+    } else {
+      sum_.add_(s);
+      sum_sq_.add_(sq);
+    }
+    count_ += x.numel() / x.size(1);
+  }
+  // The micro-batch's own statistics normalise it; the running ones wait for commit().
+  auto& bufs = own_buffers();
+  Tensor w = opts_.affine ? own_parameters()[0].second : Tensor();
+  Tensor b = opts_.affine ? own_parameters()[1].second : Tensor();
+  auto f = relu ? nn::functional::batch_norm_relu : nn::functional::batch_norm;
+  return f(x, bufs[0].second, bufs[1].second, w, b, true, 0.0, opts_.eps);
+}
+
+void DeferredBatchNorm::commit() {
+  if (count_ == 0) return;
+  NoGradGuard ng;
+  auto& bufs = own_buffers();
+  const double n = static_cast<double>(count_), m = opts_.momentum;
+  Tensor mean = sum_.mul(1.0 / n);
+  Tensor var = sum_sq_.mul(1.0 / n).sub(mean.mul(mean));  // biased
+  if (count_ > 1) var = var.mul(n / (n - 1));              // running_var is unbiased, as PyTorch's
+  Tensor& rm = bufs[0].second;
+  Tensor& rv = bufs[1].second;
+  rm.copy_(rm.to(DType::Float32).mul(1.0 - m).add(mean.mul(m)));
+  rv.copy_(rv.to(DType::Float32).mul(1.0 - m).add(var.mul(m)));
+  ops::unary_(UnaryOp::AddScalar, bufs[2].second, 1.0);  // num_batches_tracked, on the device
+  sum_ = Tensor();
+  sum_sq_ = Tensor();
+  count_ = 0;
+}
+
+namespace {
+void convert(nn::Module& m, std::vector<std::shared_ptr<DeferredBatchNorm>>* out) {
+  for (auto& [name, child] : m.own_children()) {
+    if (child && typeid(*child) == typeid(nn::BatchNorm2d)) {
+      auto& bn = static_cast<nn::BatchNorm2d&>(*child);
+      auto d = std::make_shared<DeferredBatchNorm>(bn.options_for_clone());
+      // Same tensors under the same names: optimizers and state_dict are unaffected.
+      d->own_parameters() = bn.own_parameters();
+      d->own_buffers() = bn.own_buffers();
+      d->train(bn.is_training());
+      child = d;
+      out->push_back(d);
+    } else if (auto d = std::dynamic_pointer_cast<DeferredBatchNorm>(child)) {
+      out->push_back(d);
+    } else if (child) {
+      convert(*child, out);
+    }
+  }
+}
+}  // namespace
+
+std::vector<std::shared_ptr<DeferredBatchNorm>> defer_batch_norm(nn::Module& root) {
+  std::vector<std::shared_ptr<DeferredBatchNorm>> out;
+  convert(root, &out);
+  return out;
+}
+
+}  // namespace chorus::parallel

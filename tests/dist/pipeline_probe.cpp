@@ -1,0 +1,180 @@
+// chorus_pipeline_probe: one rank of a pipeline test job across processes
+// (started by tests/dist/pipeline.sh through chorus launch). Every rank also
+// trains, alone, a reference copy of the model on one device on the whole
+// global batch -- the independent result the pipeline must reproduce -- and
+// compares losses and weights.
+//
+//   stages SCHEDULE   one stage per process (world size = stages), over the
+//                     process group's send/recv: 4 SGD steps with
+//                     4 micro-batches; each rank compares the weights of its
+//                     own stage, the last rank the losses too.
+//   dp SCHEDULE       data parallelism over pipelines: each process runs a
+//                     2-stage pipeline on cpu:0 and cpu:1 on its share of the
+//                     global batch, gradients averaged over the processes.
+// PROBE_DEVICE=cuda: the stages on cuda:LOCAL_RANK over NCCL (TF32 off; the
+// reference stays on the CPU), for the GPU machines (scripts/gpu_check.sh).
+// Prints "rank R: ok ..." and exits 0, or FAIL lines and exits 1.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <chorus/chorus.h>
+#include <chorus/dist/init.h>
+#include <chorus/optim/sgd.h>
+#include <chorus/parallel/pipeline.h>
+#ifdef CHORUS_WITH_CUDA
+#include <chorus/cuda/blas.h>
+#endif
+
+using namespace chorus;
+namespace F = chorus::nn::functional;
+
+namespace {
+
+int failures = 0;
+void expect(bool ok, const std::string& what) {
+  if (!ok) {
+    ++failures;
+    std::fprintf(stderr, "FAIL: %s\n", what.c_str());
+  }
+}
+
+double rel_err(const Tensor& a, const Tensor& b) {
+  const std::vector<double> u = a.to(cpu_device(0)).to(kFloat64).to_vector<double>();
+  const std::vector<double> v = b.to(cpu_device(0)).to(kFloat64).to_vector<double>();
+  double num = 0, den = 0;
+  for (size_t i = 0; i < u.size(); ++i) {
+    num += (u[i] - v[i]) * (u[i] - v[i]);
+    den += v[i] * v[i];
+  }
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
+}
+
+std::shared_ptr<nn::Sequential> model() {
+  manual_seed(5);
+  return std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{
+      std::make_shared<nn::Flatten>(), std::make_shared<nn::Linear>(64, 32), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::Linear>(32, 32), std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(32, 16),
+      std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(16, 4)});
+}
+
+constexpr int64_t kGlobal = 24;
+constexpr int kSteps = 4;
+
+std::pair<Tensor, Tensor> global_batch(int step) {
+  manual_seed(1000 + step);
+  return {randn({kGlobal, 1, 8, 8}), randint(0, 4, {kGlobal})};
+}
+
+Tensor ce(const Tensor& out, const Tensor& t) { return F::cross_entropy(out, t); }
+
+// The reference: one device, whole global batch.
+std::pair<std::vector<double>, NamedTensors> reference() {
+  auto m = model();
+  optim::SGD opt(m->parameters(), {0.1, 0.9});
+  std::vector<double> losses;
+  for (int step = 0; step < kSteps; ++step) {
+    auto [x, y] = global_batch(step);
+    opt.zero_grad();
+    Tensor loss = ce(m->forward(x), y);
+    loss.backward();
+    opt.step();
+    losses.push_back(loss.item());
+  }
+  return {losses, m->named_parameters()};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: chorus_pipeline_probe stages|dp gpipe|1f1b|interleaved\n");
+    return 2;
+  }
+  const std::string mode = argv[1];
+  try {
+    dist::InitOptions io;
+    io.timeout = std::chrono::seconds(60);
+    const char* dev_env = std::getenv("PROBE_DEVICE");
+    const bool cuda = dev_env && std::string(dev_env) == "cuda";
+    const char* local = std::getenv("LOCAL_RANK");
+    const Device stage_device = cuda ? cuda_device(local ? std::atoi(local) : 0) : cpu_device(0);
+    if (cuda) {
+      io.backend = "nccl";
+      set_device(stage_device);
+#ifdef CHORUS_WITH_CUDA
+      cuda::set_allow_tf32(false);
+#endif
+    }
+    auto pg = dist::init_process_group(io);
+    const int rank = pg->rank(), world = pg->size();
+    auto [ref_losses, ref_params] = reference();
+    parallel::PipelineOptions o;
+    o.micro_batches = 4;
+    o.schedule = parallel::parse_schedule(argv[2]);
+    std::vector<Device> devices;
+    std::vector<int64_t> balance;
+    if (mode == "stages") {
+      o.stage_group = pg;
+      devices = {stage_device};
+      balance = world == 2 ? std::vector<int64_t>{3, 5} : world == 3 ? std::vector<int64_t>{3, 2, 3}
+                                                                   : std::vector<int64_t>{2, 2, 2, 2};
+    } else {
+      o.data_group = pg;
+      devices = {cpu_device(0), cpu_device(1)};
+      balance = o.schedule == parallel::Schedule::Interleaved ? std::vector<int64_t>{2, 2, 2, 2}
+                                                              : std::vector<int64_t>{3, 5};
+    }
+    parallel::Pipeline pipe(model(), balance, devices, o);
+    optim::SGD opt(pipe.local_parameters(), {0.1, 0.9});
+    const int64_t share = kGlobal / (mode == "dp" ? world : 1);
+    double worst_loss = 0;
+    for (int step = 0; step < kSteps; ++step) {
+      auto [x, y] = global_batch(step);
+      if (mode == "dp") {
+        x = x.narrow(0, rank * share, share);
+        y = y.narrow(0, rank * share, share);
+      }
+      opt.zero_grad();
+      auto r = pipe.train_step(x.to(stage_device), y.to(stage_device), ce);
+      opt.step();
+      if (r.loss.defined()) {
+        double loss = r.loss.item();
+        if (mode == "dp") {  // the global loss: the average of the ranks' means
+          Tensor t = from_vector(std::vector<double>{loss}, {1});
+          pg->all_reduce(t, dist::ReduceOp::Avg)->wait();
+          loss = t.item();
+        }
+        worst_loss = std::max(worst_loss, std::abs(loss - ref_losses[static_cast<size_t>(step)]) /
+                                              std::abs(ref_losses[static_cast<size_t>(step)]));
+      }
+    }
+    expect(worst_loss <= 1e-5, "losses differ from one device's by " + std::to_string(worst_loss));
+    double worst = 0;
+    int compared = 0;
+    const NamedTensors got = pipe.named_parameters();
+    const std::vector<Tensor> mine = pipe.local_parameters();
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (std::find_if(mine.begin(), mine.end(), [&](const Tensor& t) { return t.is_same(got[i].second); }) ==
+          mine.end())
+        continue;  // another rank's stage
+      expect(got[i].first == ref_params[i].first, "parameter names differ: " + got[i].first);
+      worst = std::max(worst, rel_err(got[i].second, ref_params[i].second));
+      ++compared;
+    }
+    expect(compared > 0, "no parameters on this rank");
+    expect(worst <= 1e-5, "weights differ from one device's by " + std::to_string(worst));
+    pg->barrier()->wait();
+    if (failures) return 1;
+    std::printf("rank %d: ok %s %s, %d processes, %d parameters compared, weights relative error %.2e, loss %.2e\n",
+                rank, mode.c_str(), argv[2], world, compared, worst, worst_loss);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "FAIL: %s\n", e.what());
+    return 1;
+  }
+}
