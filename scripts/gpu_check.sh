@@ -4,7 +4,9 @@
 # print a short table last. Stages: build tests sanitize bench train multi
 # (default: build tests bench); dist runs the NCCL process group; ddp runs
 # DistributedDataParallel beside DataParallel and PyTorch DDP; ddptrain trains
-# Fashion-MNIST with DDP on 2 GPUs; dp runs DataParallel WRN-28-10 fp32 and bf16 at 1 and 2 GPUs. Every command runs under `timeout`, so a hang
+# Fashion-MNIST with DDP on 2 GPUs; dp runs DataParallel WRN-28-10 fp32 and bf16 at 1 and 2 GPUs;
+# pipeline runs WRN-28-10 and WRN-40-10 in 2 stages (naive, GPipe, 1F1B,
+# interleaved) and a pipeline of 2 processes over NCCL send/recv. Every command runs under `timeout`, so a hang
 # shows up as a failed row instead of eating the machine's time. Logs and JSON rows go to $OUT (or ./gpu-out).
 # PyTorch's reference script is read from .bench/torch_baseline.py (a copy of
 # ../shared/bench, carried by the device tool).
@@ -96,6 +98,31 @@ if has dist; then
   PROBE_BACKEND=nccl timeout 120 $C launch --nproc-per-node 2 --master-port $((P+3)) -- ./$BUILD/chorus_dist_probe sum 2>&1 | sed 's/^/chorus launch: /'
   PROBE_BACKEND=nccl MASTER_PORT=$((P+4)) timeout 120 mpirun --allow-run-as-root --oversubscribe -np 2 -x PROBE_BACKEND -x MASTER_PORT -x NCCL_NVLS_ENABLE ./$BUILD/chorus_dist_probe sum 2>&1 | sed 's/^/mpirun: /'
   PROBE_BACKEND=nccl timeout 120 torchrun --no-python --nproc-per-node 2 --master-port $((P+5)) ./$BUILD/chorus_dist_probe sum 2>&1 | grep -v "^W\|^\*" | sed 's/^/torchrun: /'
+fi
+if has pipeline; then
+  # 2 stages on 2 GPUs, bf16 + channels-last, batch 256, 8 micro-batches: naive
+  # model parallelism (1 micro-batch), GPipe, 1F1B, interleaved (2 virtual
+  # stages per GPU); the balance measured once per model and shared by the rows.
+  for m in wrn-28-10 wrn-40-10; do
+    timeout 500 $C bench --strategy pipeline --model $m --devices cuda:0,cuda:1 --precision bf16 --channels-last \
+      --batch-size 256 --micro-batches 8 --schedules naive,gpipe,1f1b,interleaved --steps 20 --warmup 5 --json \
+      | tee -a "$OUT/pipeline.jsonl"
+  done
+  echo "== pipeline stages over processes (NCCL send/recv, one GPU per rank) vs one device"
+  for s in gpipe 1f1b; do
+    PROBE_DEVICE=cuda timeout 180 $C launch --nproc-per-node 2 --master-port $((29650 + ${#s})) -- \
+      ./$BUILD/chorus_pipeline_probe stages $s 2>&1 | grep -E "ok|FAIL|rror"
+  done
+  python3 - "$OUT/pipeline.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+print(f"{'model':10} {'schedule':11} {'M':>2} {'balance':>8} {'img/s':>9} {'x naive':>7} {'bubble':>6} {'ideal':>6} {'peak MiB per GPU':>18}")
+for r in rows:
+    peaks = "/".join(f"{p / 2**20:.0f}" for p in r["peak_mem_bytes_per_device"])
+    sp = r["speedup_vs_naive"] or float("nan")
+    print(f"{r['model']:10} {r['schedule']:11} {r['micro_batches']:>2} {r['balance']:>8} {r['img_per_s']:9.1f} {sp:7.2f} "
+          f"{r['bubble']:6.3f} {r['bubble_ideal']:6.3f} {peaks:>18}")
+PY
 fi
 if has multi; then
   n=$(nvidia-smi -L | wc -l)
