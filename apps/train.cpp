@@ -430,7 +430,17 @@ void finish_epoch(const TrainConfig& cfg, Training& t, const Position& pos, io::
   if (!cfg.quiet)
     std::fprintf(stderr, "epoch %lld/%lld: test loss %.4f, test accuracy %.4f\n", (long long)pos.epoch,
                  (long long)cfg.epochs, ev.loss, ev.accuracy);
-  if (metrics) metrics->write({{"epoch", pos.epoch}, {"test_loss", ev.loss}, {"test_accuracy", ev.accuracy}});
+  // Memory at the epoch's end and its peak during the epoch (the largest over
+  // this process's devices): a steady run shows the same peak epoch after epoch.
+  size_t in_use = 0, peak = 0;
+  for (const Device& d : t.devices) {
+    in_use = std::max(in_use, backend(d).bytes_in_use(d));
+    peak = std::max(peak, backend(d).peak_bytes(d));
+    backend(d).reset_peak_bytes(d);
+  }
+  if (metrics)
+    metrics->write({{"epoch", pos.epoch}, {"test_loss", ev.loss}, {"test_accuracy", ev.accuracy},
+                    {"mem_in_use_bytes", in_use}, {"peak_mem_bytes", peak}});
 }
 
 // Whether to stop after this step: at once on a signal for one process; under

@@ -2,7 +2,8 @@
 # On a GPU machine: build (cmake + ninja), run the CUDA tests (and optionally
 # compute-sanitizer), benchmark Chorus against PyTorch in the same run, and
 # print a short table last. Stages: build tests sanitize bench train multi
-# (default: build tests bench); dist runs the NCCL process group; ddp runs
+# (default: build tests bench); memrun trains WRN-16-4 for nine minutes and
+# prints the peak memory per epoch; dist runs the NCCL process group; ddp runs
 # DistributedDataParallel beside DataParallel and PyTorch DDP; ddptrain trains
 # Fashion-MNIST with DDP on 2 GPUs; dp runs DataParallel WRN-28-10 fp32 and bf16 at 1 and 2 GPUs;
 # pipeline runs WRN-28-10 and WRN-40-10 in 2 stages (naive, GPipe, 1F1B,
@@ -35,6 +36,23 @@ fi
 if has sanitize; then
   timeout ${SANITIZE_TIMEOUT:-420} compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 ./$BUILD/chorus_tests --gtest_filter='*_CUDA' >"$OUT/memcheck.log" 2>&1
   echo "memcheck exit $? ($(grep -c 'Invalid' "$OUT/memcheck.log") invalid accesses)"; tail -3 "$OUT/memcheck.log"
+  timeout ${SANITIZE_TIMEOUT:-420} compute-sanitizer --tool racecheck --racecheck-report hazard --error-exitcode 9 ./$BUILD/chorus_tests --gtest_filter='*_CUDA' >"$OUT/racecheck.log" 2>&1
+  echo "racecheck exit $? ($(grep -c 'Race reported\|Hazard' "$OUT/racecheck.log") hazard lines)"; tail -3 "$OUT/racecheck.log"
+fi
+if has memrun; then
+  # Issue 15: about nine minutes of WRN-16-4 training; the peak memory of each
+  # epoch (metrics) must be flat after the first. SIGTERM ends it cleanly.
+  rm -f "$OUT/memrun.jsonl"
+  timeout -s TERM ${MEMRUN_SECONDS:-540} $C train --model wrn-16-4 --data synthetic --synthetic-size 20000 --devices cuda:0 \
+    --precision bf16 --batch-size 128 --epochs 100000 --quiet --metrics "$OUT/memrun.jsonl" >/dev/null 2>"$OUT/memrun.err"
+  echo "memrun exit $? (143: stopped by SIGTERM as planned)"; tail -2 "$OUT/memrun.err"
+  python3 - "$OUT/memrun.jsonl" <<'PY'
+import json, sys
+ep = [r for r in map(json.loads, open(sys.argv[1])) if "peak_mem_bytes" in r]
+peaks = [r["peak_mem_bytes"] / 2**20 for r in ep]
+print(f"memrun: {len(ep)} epochs; peak MiB first {peaks[0]:.1f}, after it min {min(peaks[1:]):.1f} max {max(peaks[1:]):.1f}; "
+      f"in use at epoch ends {ep[1]['mem_in_use_bytes'] / 2**20:.1f} .. {ep[-1]['mem_in_use_bytes'] / 2**20:.1f} MiB")
+PY
 fi
 bench_pair() {  # model precision channels_last
   local m=$1 p=$2 cl=$3 flag=""
