@@ -15,15 +15,23 @@ static_assert(std::atomic<int>::is_always_lock_free, "the handler needs a lock-f
 
 void say(const char* text) { (void)!::write(STDERR_FILENO, text, std::strlen(text)); }
 
+// Note [A second signal]: only a second SIGINT (Ctrl-C pressed again: a
+// person who will not wait) exits at once. A repeated SIGTERM or SIGHUP is
+// usually a machine saying the same thing twice -- `timeout` signals the
+// command and then its whole process group, a launcher forwards a signal the
+// process also got from its terminal -- and must not cost the checkpoint
+// that the first one is about to write.
 extern "C" void on_signal(int sig) {
   int expected = 0;
   if (!g_pending.compare_exchange_strong(expected, sig)) {
+    if (sig != SIGINT) return;
     say("\nchorus: second signal: exiting now, without a checkpoint\n");
     ::_exit(128 + expected);
   }
   say("\nchorus: ");
   say(StopSignal::name(sig));
-  say(" received: stopping after this step (send it again to exit at once)\n");
+  say(sig == SIGINT ? " received: stopping after this step (press Ctrl-C again to exit at once)\n"
+                    : " received: stopping after this step\n");
 }
 
 }  // namespace

@@ -172,4 +172,15 @@ kill -INT $pid; sleep 0.2; kill -INT $pid
 wait $pid; rc=$?
 check "a second SIGINT exits at once (exit $rc): $(tr '\n' ' ' <"$tmp/sig.err")" \
   bash -c '[ "$0" = 130 ] && grep -q "second signal: exiting now" "$1"' "$rc" "$tmp/sig.err"
+# A repeated SIGTERM (as `timeout` sends to the command and then its process
+# group) still stops cleanly, with the checkpoint.
+"$CHORUS" train --model cnn --data synthetic --synthetic-size 4096 --batch-size 64 --devices cpu --workers 1 \
+  --checkpoint-dir "$tmp/sig2" 2>"$tmp/sig2.err" >/dev/null &
+pid=$!
+for _ in $(seq 1 600); do grep -q "^training" "$tmp/sig2.err" 2>/dev/null && break; sleep 0.1; done
+sleep 0.3
+kill -TERM $pid; kill -TERM $pid
+wait $pid; rc=$?
+check "SIGTERM twice: exit $rc (want 143) with a checkpoint: $(tr '\n' ' ' <"$tmp/sig2.err")" \
+  bash -c '[ "$0" = 143 ] && ! grep -q "exiting now" "$1" && ls "$2"/ckpt-*/state.json >/dev/null' "$rc" "$tmp/sig2.err" "$tmp/sig2"
 exit $fail
