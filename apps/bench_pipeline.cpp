@@ -62,7 +62,9 @@ Row bench_schedule(const BenchConfig& c, const std::vector<Device>& devs, const 
   const bool naive = name == "naive";
   pc.micro_batches = naive ? 1 : c.micro_batches;
   pc.schedule = naive ? "gpipe" : name;
-  pc.balance = *balance;
+  // Interleaved rows have more stages than the others: their own measured
+  // balance unless one was given.
+  pc.balance = name == "interleaved" && !c.balance ? std::nullopt : *balance;
   pc.recompute = c.recompute;
   pc.virtual_stages = name == "interleaved" ? c.virtual_stages : 0;
   const std::optional<DType> cast = c.precision == "bf16" ? std::optional<DType>(kBFloat16) : std::nullopt;

@@ -15,11 +15,9 @@ void check_resume_config(const nlohmann::json& saved, const nlohmann::json& now,
   for (const auto& [key, value] : now.items()) {
     if (std::find(allowed.begin(), allowed.end(), key) != allowed.end()) continue;
     auto it = saved.find(key);
-    const std::string option = "--" + [&] {
-      std::string o = key;
-      std::replace(o.begin(), o.end(), '_', '-');
-      return o;
-    }();
+    // (no lambda over `key`: clang 14, which builds the fuzzers, cannot capture a structured binding)
+    std::string option = "--" + key;
+    std::replace(option.begin(), option.end(), '_', '-');
     if (it == saved.end())
       CHORUS_THROW(ValueError, state_path, ": the checkpoint's config has no \"", key,
                    "\", so --resume cannot check that ", option, " is the same (the checkpoint was written by another "

@@ -30,6 +30,8 @@
 #include "chorus/data/transforms.h"
 #include "chorus/models/models.h"
 #include "chorus/parallel/data_parallel.h"
+#include "chorus/parallel/pipeline.h"
+#include "chorus/parallel/placement.h"
 #include "chorus/dist/ddp.h"
 #include "chorus/dist/init.h"
 #include "chorus/dist/sync_batch_norm.h"

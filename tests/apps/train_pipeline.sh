@@ -68,11 +68,12 @@ bad "--balance: 'x'" --strategy pipeline --balance 4,x
 
 # The bench: one row per schedule.
 rows=$("$CHORUS" bench --strategy pipeline --model mlp --devices cpu:0,cpu:1 --batch-size 64 --micro-batches 8 \
-       --schedules naive,gpipe,1f1b --steps 3 --warmup 1 --json) || { echo "FAIL: bench"; fail=1; }
+       --schedules naive,gpipe,1f1b,interleaved --steps 3 --warmup 1 --json) || { echo "FAIL: bench"; fail=1; }
 python3 - "$rows" <<'PY' || fail=1
 import json, sys
 rows = [json.loads(l) for l in sys.argv[1].splitlines() if l.startswith("{")]
-assert [r["schedule"] for r in rows] == ["naive", "gpipe", "1f1b"], rows
+assert [r["schedule"] for r in rows] == ["naive", "gpipe", "1f1b", "interleaved"], rows
+assert len(rows[1]["balance"].split(",")) == 2 and len(rows[3]["balance"].split(",")) == 4, rows  # 2 virtual stages per device
 for r in rows:
     assert r["strategy"] == "pipeline" and r["img_per_s"] > 0 and len(r["peak_mem_bytes_per_device"]) == 2, r
     assert 0 <= r["bubble"] < 1 and 0 <= r["bubble_ideal"] < 1, r

@@ -5,6 +5,7 @@
 #include "chorus/autograd/grad_mode.h"
 #include "chorus/core/error.h"
 #include "chorus/ops/elementwise.h"
+#include "chorus/ops/factory.h"
 
 namespace chorus::parallel {
 
@@ -16,26 +17,35 @@ Tensor DeferredBatchNorm::run(const Tensor& input, bool relu) {
   CHORUS_CHECK(x.dim() == 4 || x.dim() == 2, "DeferredBatchNorm: expected [N, C, H, W], got ", x.describe());
   CHORUS_CHECK(x.size(1) == opts_.features, "DeferredBatchNorm: input has ", x.size(1), " channels, expected ",
                opts_.features);
-  if (!recomputing()) {  // a recomputed forward's micro-batch is counted already
-    NoGradGuard ng;
-    const Shape dims = x.dim() == 4 ? Shape{0, 2, 3} : Shape{0};
-    const Tensor xf = x.detach().to(DType::Float32);
-    Tensor s = xf.sum(dims), sq = xf.mul(xf).sum(dims);
-    if (count_ == 0) {
-      sum_ = s;
-      sum_sq_ = sq;
-    } else {
-      sum_.add_(s);
-      sum_sq_.add_(sq);
-    }
-    count_ += x.numel() / x.size(1);
-  }
-  // The micro-batch's own statistics normalise it; the running ones wait for commit().
   auto& bufs = own_buffers();
   Tensor w = opts_.affine ? own_parameters()[0].second : Tensor();
   Tensor b = opts_.affine ? own_parameters()[1].second : Tensor();
   auto f = relu ? nn::functional::batch_norm_relu : nn::functional::batch_norm;
-  return f(x, bufs[0].second, bufs[1].second, w, b, true, 0.0, opts_.eps);
+  // A recomputed forward's micro-batch is counted already: momentum 0 leaves
+  // everything as it is.
+  if (recomputing()) return f(x, bufs[0].second, bufs[1].second, w, b, true, 0.0, opts_.eps);
+  // The micro-batch's own statistics normalise it. The kernel that computes
+  // them also hands them over: with momentum 1 its "running" statistics are
+  // exactly this micro-batch's mean and unbiased variance, so the whole-batch
+  // sums cost O(channels), not another pass over the activations.
+  Tensor mean = zeros({opts_.features}, {bufs[0].second.dtype(), x.device()});
+  Tensor var = zeros({opts_.features}, {bufs[1].second.dtype(), x.device()});
+  Tensor y = f(x, mean, var, w, b, true, 1.0, opts_.eps);
+  NoGradGuard ng;
+  const int64_t n = x.numel() / x.size(1);
+  Tensor s = mean.mul(static_cast<double>(n));
+  // sum of squares = (n - 1) * unbiased variance + n * mean^2
+  Tensor sq = mean.mul(mean).mul(static_cast<double>(n));
+  if (n > 1) sq = sq.add(var.mul(static_cast<double>(n - 1)));
+  if (count_ == 0) {
+    sum_ = s;
+    sum_sq_ = sq;
+  } else {
+    sum_.add_(s);
+    sum_sq_.add_(sq);
+  }
+  count_ += n;
+  return y;
 }
 
 void DeferredBatchNorm::commit() {
