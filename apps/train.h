@@ -46,7 +46,7 @@ struct TrainConfig {
   // --strategy pipeline (unset: the defaults below; set with another strategy: an error)
   std::optional<int64_t> micro_batches;    // default 4
   std::optional<std::string> schedule;     // gpipe | 1f1b (default) | interleaved
-  std::optional<std::string> balance;      // "14,15": layers per stage (default: by measured time)
+  std::optional<std::string> balance;      // "14,15" layers per stage, or time | memory (default: time)
   std::optional<std::string> recompute;    // never (default) | except_last | always
   std::optional<int64_t> virtual_stages;   // interleaved: stages per device (default 2)
 

@@ -10,6 +10,7 @@ namespace chorus::app {
 
 std::vector<int64_t> parse_balance(const std::string& text) {
   std::vector<int64_t> out;
+  if (text == "time" || text == "memory") return out;  // measured when the pipeline is built
   size_t pos = 0;
   for (;;) {
     const size_t comma = text.find(',', pos);
@@ -46,7 +47,7 @@ std::shared_ptr<parallel::Pipeline> make_pipeline(const nn::ModulePtr& model, co
   o.measure = c.measure;
   std::vector<int64_t> balance;
   std::string how;
-  if (c.balance) {
+  if (c.balance && *c.balance != "time" && *c.balance != "memory") {
     balance = parse_balance(*c.balance);
     how = "given";
   } else {
@@ -54,8 +55,13 @@ std::shared_ptr<parallel::Pipeline> make_pipeline(const nn::ModulePtr& model, co
     const int64_t stages = static_cast<int64_t>(devices.size()) * v;
     CHORUS_CHECK(stages <= static_cast<int64_t>(layers->size()), "--strategy pipeline: ", stages, " stages but ",
                  model->type_name(), " has only ", layers->size(), " layers to split");
-    balance = parallel::balance_by_time(*layers, sample, stages, 2);
-    how = "by measured time";
+    if (c.balance && *c.balance == "memory") {
+      balance = parallel::balance_by_memory(*layers, sample, stages);
+      how = "by measured memory";
+    } else {
+      balance = parallel::balance_by_time(*layers, sample, stages, 2);
+      how = "by measured time";
+    }
   }
   auto pipe = std::make_shared<parallel::Pipeline>(layers, balance, devices, o);
   if (describe) {

@@ -14,13 +14,13 @@
 
 namespace chorus::app {
 
-// "14,15" -> {14, 15}; ValueError naming the bad part.
+// "14,15" -> {14, 15}; "time" or "memory" (measured later) -> {}; ValueError naming the bad part.
 std::vector<int64_t> parse_balance(const std::string& text);
 
 struct PipelineChoice {
   int64_t micro_batches = 4;
   std::string schedule = "1f1b";
-  std::optional<std::string> balance;  // unset: by measured time on `sample`
+  std::optional<std::string> balance;  // "14,15", "time" or "memory" (unset: time) measured on `sample`
   std::string recompute = "never";
   int64_t virtual_stages = 0;          // 0: the pipeline's default
   bool deferred_batch_norm = true;     // running statistics as on whole batches

@@ -14,7 +14,7 @@ tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 common=(--model mlp --data synthetic --synthetic-size 1024 --epochs 1 --seed 5 --json --quiet --workers 2 --batch-size 64)
 one=$("$CHORUS" train "${common[@]}" --strategy single --devices cpu:0) || { echo "FAIL: single run"; exit 1; }
 for args in "--schedule gpipe --micro-batches 4" "--schedule 1f1b --micro-batches 8 --balance 2,4" \
-            "--schedule interleaved --micro-batches 4 --virtual-stages 2" "--schedule 1f1b --micro-batches 3 --recompute always"; do
+            "--schedule interleaved --micro-batches 4 --virtual-stages 2" "--schedule 1f1b --micro-batches 3 --recompute always" "--schedule gpipe --micro-batches 2 --balance memory"; do
   # shellcheck disable=SC2086
   got=$("$CHORUS" train "${common[@]}" --strategy pipeline --devices cpu:0,cpu:1 $args) || { echo "FAIL: pipeline $args"; fail=1; continue; }
   python3 - "$got" "$one" "$args" <<'PY' || fail=1

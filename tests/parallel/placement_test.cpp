@@ -94,5 +94,25 @@ TEST(PlaceSequential, BalanceByTimeGivesAValidSplit) {
   EXPECT_GE(b[1], 1);
 }
 
+TEST(PlaceSequential, BalanceByMemoryGivesTheHeavyLayerAPartOfItsOwn) {
+  manual_seed(2);
+  // Layer 2 holds 4 MiB of weights (8 with its gradient), layer 4 1 MiB,
+  // the rest a few KiB: the most even memory split gives layer 2 a part
+  // shared with no other weighty layer.
+  auto seq = std::make_shared<nn::Sequential>(std::initializer_list<nn::ModulePtr>{
+      std::make_shared<nn::Linear>(6, 16), std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(16, 65536),
+      std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(65536, 4), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::Linear>(4, 3)});
+  const std::vector<int64_t> b = balance_by_memory(*seq, randn({2, 6}), 3);
+  ASSERT_EQ(b.size(), 3u);
+  EXPECT_EQ(b[0] + b[1] + b[2], 7);
+  int64_t start = 0;
+  size_t part = 0;
+  while (start + b[part] <= 2) start += b[part++];
+  const int64_t end = start + b[part];  // layer 2's part is [start, end)
+  EXPECT_GE(start, 1) << b[0] << "," << b[1] << "," << b[2];
+  EXPECT_LE(end, 4) << b[0] << "," << b[1] << "," << b[2];
+}
+
 }  // namespace
 }  // namespace chorus::parallel

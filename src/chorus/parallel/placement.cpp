@@ -104,4 +104,40 @@ std::vector<int64_t> balance_by_time(nn::Sequential& seq, const Tensor& sample, 
   return balance_by_cost(costs, partitions);
 }
 
+std::vector<int64_t> balance_by_memory(nn::Sequential& seq, const Tensor& sample, int64_t partitions,
+                                       double param_scale) {
+  CHORUS_CHECK(param_scale >= 0, "balance_by_memory: param_scale must be >= 0, got ", param_scale);
+  std::vector<std::pair<Tensor, Tensor>> saved;
+  {
+    NoGradGuard ng;
+    for (auto& [name, b] : seq.named_buffers()) saved.emplace_back(b, b.clone());
+  }
+  std::vector<double> costs;
+  Tensor x = sample;
+  std::vector<Tensor> keep;  // each layer's output (and graph) stays alive, as in training
+  for (size_t l = 0; l < seq.size(); ++l) {
+    const nn::ModulePtr layer = seq[l];
+    const Device dev = layer->parameters().empty() ? x.device() : layer->device();
+    Tensor in = x.detach();
+    in.set_requires_grad(true);
+    synchronize(dev);
+    const size_t before = backend(dev).bytes_in_use(dev);
+    backend(dev).reset_peak_bytes(dev);
+    Tensor out = layer->forward(in);
+    synchronize(dev);
+    const size_t peak = backend(dev).peak_bytes(dev);
+    double params = 0;
+    for (const Tensor& p : layer->parameters()) params += static_cast<double>(p.nbytes());
+    costs.push_back(static_cast<double>(peak > before ? peak - before : 0) + param_scale * params);
+    keep.push_back(out);
+    x = out.detach();
+  }
+  keep.clear();
+  {
+    NoGradGuard ng;
+    for (auto& [b, copy] : saved) b.copy_(copy);
+  }
+  return balance_by_cost(costs, partitions);
+}
+
 }  // namespace chorus::parallel

@@ -30,6 +30,15 @@ void place(nn::Sequential& seq, const std::vector<int64_t>& balance, const std::
 // programming). ValueError when there are fewer layers than partitions.
 std::vector<int64_t> balance_by_time(nn::Sequential& seq, const Tensor& sample, int64_t partitions, int repeats = 3);
 
+// torchgpipe's balance_by_size: the split that evens out memory. Each
+// layer's cost is the bytes its forward on `sample` leaves allocated on its
+// device for the backward (measured: the device's peak during the forward
+// minus what was in use before it) plus `param_scale` times its parameters'
+// bytes (2: the weights and their gradients; more for an optimizer's state,
+// 4 for Adam). Batch-norm statistics are restored afterwards.
+std::vector<int64_t> balance_by_memory(nn::Sequential& seq, const Tensor& sample, int64_t partitions,
+                                       double param_scale = 2.0);
+
 // The same split from given per-layer costs (seconds, bytes, ...): the exact
 // minimum of the largest part's total over contiguous splits.
 std::vector<int64_t> balance_by_cost(const std::vector<double>& costs, int64_t partitions);
