@@ -688,6 +688,41 @@ TEST(CudaKernels, AdamWUpdateMatchesCpu_CUDA) {
   }
 }
 
+// The multi-tensor AdamW, as the SGD one: more tensors than a launch's table
+// holds (36), a tensor over more blocks than a launch has, an empty tensor.
+TEST(CudaKernels, AdamWUpdateMultiMatchesCpu_CUDA) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
+  std::vector<int64_t> sizes;
+  for (int i = 0; i < 50; ++i) sizes.push_back(1 + 89 * i);
+  sizes.push_back(0);
+  sizes.push_back(320 * 32768 + 777);
+  sizes.push_back(3);
+  for (int64_t step : {1, 9}) {
+    std::vector<Twin> params, grads, ms, vs;
+    uint32_t seed = static_cast<uint32_t>(900 + 10 * step);
+    TensorList gp, gg, gm, gv;
+    for (int64_t n : sizes) {
+      params.push_back(random_twin({n}, kFloat32, ++seed));
+      grads.push_back(random_twin({n}, kFloat32, ++seed));
+      ms.push_back(random_twin({n}, kFloat32, ++seed, -0.1, 0.1));
+      vs.push_back(random_twin({n}, kFloat32, ++seed, 0.0, 0.01));
+      gp.push_back(params.back().gpu);
+      gg.push_back(grads.back().gpu);
+      gm.push_back(ms.back().gpu);
+      gv.push_back(vs.back().gpu);
+    }
+    cuda::adamw_update_multi(gp, gg, gm, gv, 1e-3, 0.9, 0.999, 1e-8, 0.01, step);
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      cpu::adamw_update(params[i].cpu, grads[i].cpu, ms[i].cpu, vs[i].cpu, 1e-3, 0.9, 0.999, 1e-8, 0.01, step);
+      const std::string what = "adamw_update_multi tensor " + std::to_string(i) + " of " + std::to_string(sizes[i]) +
+                               " step " + std::to_string(step);
+      expect_near(params[i].gpu, params[i].cpu, 1e-6, 1e-7, what + " param");
+      expect_near(ms[i].gpu, ms[i].cpu, 1e-6, 1e-7, what + " exp_avg");
+      expect_near(vs[i].gpu, vs[i].cpu, 1e-6, 1e-7, what + " exp_avg_sq");
+    }
+  }
+}
+
 }  // namespace
 }  // namespace chorus
 

@@ -114,4 +114,9 @@
                         double dampening, double weight_decay, bool nesterov, bool first_step);   \
   void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,               \
                     const Tensor& exp_avg_sq, double lr, double beta1, double beta2, double eps,  \
-                    double weight_decay, int64_t step);
+                    double weight_decay, int64_t step);                                           \
+  /* adamw_update of many parameters of one device and one step count (one launch on a GPU). */   \
+  void adamw_update_multi(const TensorList& params, const TensorList& grads,                      \
+                          const TensorList& exp_avgs, const TensorList& exp_avg_sqs, double lr,   \
+                          double beta1, double beta2, double eps, double weight_decay,            \
+                          int64_t step);

@@ -116,4 +116,15 @@ void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg
     adamw_loop<float>(param, grad, exp_avg, exp_avg_sq, lr, beta1, beta2, eps, weight_decay, step);
 }
 
+void adamw_update_multi(const TensorList& params, const TensorList& grads, const TensorList& exp_avgs,
+                        const TensorList& exp_avg_sqs, double lr, double beta1, double beta2, double eps,
+                        double weight_decay, int64_t step) {
+  CHORUS_CHECK(grads.size() == params.size() && exp_avgs.size() == params.size() &&
+                   exp_avg_sqs.size() == params.size(),
+               "adamw_update_multi: ", params.size(), " parameters but ", grads.size(), " gradients, ",
+               exp_avgs.size(), " exp_avg and ", exp_avg_sqs.size(), " exp_avg_sq");
+  for (size_t i = 0; i < params.size(); ++i)
+    adamw_update(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], lr, beta1, beta2, eps, weight_decay, step);
+}
+
 }  // namespace chorus::cpu

@@ -50,16 +50,32 @@ struct AdamWParams {
 //   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
 //   param -= lr / (1 - b1^step) * m / (sqrt(v) / sqrt(1 - b2^step) + eps)
 // which is lr * m_hat / (sqrt(v_hat) + eps) with the bias corrections folded in.
+__device__ __forceinline__ void adamw_element(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
+                                              int64_t i, const AdamWParams& p) {
+  const float g = grad[i];
+  const float m = p.beta1 * exp_avg[i] + p.one_minus_beta1 * g;
+  const float v = p.beta2 * exp_avg_sq[i] + p.one_minus_beta2 * g * g;
+  exp_avg[i] = m;
+  exp_avg_sq[i] = v;
+  param[i] = param[i] * p.decay - p.step_size * m / (sqrtf(v) / p.bias2_sqrt + p.eps);
+}
+
 __global__ void adamw_kernel(float* param, const float* grad, float* exp_avg, float* exp_avg_sq,
                              int64_t n, AdamWParams p) {
-  for (int64_t i = global_thread_id(); i < n; i += grid_stride()) {
-    const float g = grad[i];
-    const float m = p.beta1 * exp_avg[i] + p.one_minus_beta1 * g;
-    const float v = p.beta2 * exp_avg_sq[i] + p.one_minus_beta2 * g * g;
-    exp_avg[i] = m;
-    exp_avg_sq[i] = v;
-    param[i] = param[i] * p.decay - p.step_size * m / (sqrtf(v) / p.bias2_sqrt + p.eps);
-  }
+  for (int64_t i = global_thread_id(); i < n; i += grid_stride()) adamw_element(param, grad, exp_avg, exp_avg_sq, i, p);
+}
+
+AdamWParams adamw_params(double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step) {
+  const double bias1 = 1.0 - std::pow(beta1, static_cast<double>(step));
+  const double bias2 = 1.0 - std::pow(beta2, static_cast<double>(step));
+  return AdamWParams{static_cast<float>(1.0 - lr * weight_decay),
+                     static_cast<float>(lr / bias1),
+                     static_cast<float>(std::sqrt(bias2)),
+                     static_cast<float>(beta1),
+                     static_cast<float>(beta2),
+                     static_cast<float>(1.0 - beta1),
+                     static_cast<float>(1.0 - beta2),
+                     static_cast<float>(eps)};
 }
 
 void check_state(const Tensor& param, const Tensor& t, const char* op, const char* what) {
@@ -195,20 +211,92 @@ void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg
   if (n == 0) return;
   const int dev = param.device().index;
   CudaDeviceGuard guard(dev);
-  const double bias1 = 1.0 - std::pow(beta1, static_cast<double>(step));
-  const double bias2 = 1.0 - std::pow(beta2, static_cast<double>(step));
-  const AdamWParams p{static_cast<float>(1.0 - lr * weight_decay),
-                      static_cast<float>(lr / bias1),
-                      static_cast<float>(std::sqrt(bias2)),
-                      static_cast<float>(beta1),
-                      static_cast<float>(beta2),
-                      static_cast<float>(1.0 - beta1),
-                      static_cast<float>(1.0 - beta2),
-                      static_cast<float>(eps)};
+  const AdamWParams p = adamw_params(lr, beta1, beta2, eps, weight_decay, step);
   adamw_kernel<<<grid_for(n), kThreads, 0, current_stream(dev)>>>(
       param.data<float>(), grad.data<float>(), exp_avg.data<float>(), exp_avg_sq.data<float>(), n,
       p);
   CHORUS_CUDA_LAUNCH_CHECK();
+}
+
+namespace {
+
+// Multi-tensor AdamW, as sgd_multi_kernel: the table of tensors and the
+// block -> (tensor, chunk) map are the kernel's argument.
+constexpr int kAdamTensors = 36;
+struct AdamTable {
+  float* param[kAdamTensors];
+  const float* grad[kAdamTensors];
+  float* exp_avg[kAdamTensors];
+  float* exp_avg_sq[kAdamTensors];
+  int64_t n[kAdamTensors];
+  uint8_t tensor[kMultiBlocks];
+  int32_t chunk[kMultiBlocks];
+};
+static_assert(sizeof(AdamTable) + sizeof(AdamWParams) < 4000, "kernel parameters too large");
+
+__global__ void adamw_multi_kernel(AdamTable t, AdamWParams p) {
+  const int k = t.tensor[blockIdx.x];
+  const int64_t begin = int64_t{t.chunk[blockIdx.x]} * kChunk;
+  const int64_t end = min(t.n[k], begin + kChunk);
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x)
+    adamw_element(t.param[k], t.grad[k], t.exp_avg[k], t.exp_avg_sq[k], i, p);
+}
+
+}  // namespace
+
+void adamw_update_multi(const TensorList& params, const TensorList& grads, const TensorList& exp_avgs,
+                        const TensorList& exp_avg_sqs, double lr, double beta1, double beta2, double eps,
+                        double weight_decay, int64_t step) {
+  CHORUS_CHECK(grads.size() == params.size() && exp_avgs.size() == params.size() &&
+                   exp_avg_sqs.size() == params.size(),
+               "adamw_update_multi: ", params.size(), " parameters but ", grads.size(), " gradients, ",
+               exp_avgs.size(), " exp_avg and ", exp_avg_sqs.size(), " exp_avg_sq");
+  CHORUS_CHECK(step >= 1, "adamw_update_multi: step counts from 1, got ", step);
+  if (params.empty()) return;
+  const int dev = params[0].device().index;
+  for (size_t i = 0; i < params.size(); ++i) {
+    CHORUS_CHECK(params[i].device() == params[0].device(), "adamw_update_multi: parameter ", i, " is on ",
+                 params[i].device().str(), ", parameter 0 on ", params[0].device().str());
+    check_state(params[i], params[i], "adamw_update_multi", "the parameter");
+    check_state(params[i], grads[i], "adamw_update_multi", "the gradient");
+    check_state(params[i], exp_avgs[i], "adamw_update_multi", "exp_avg");
+    check_state(params[i], exp_avg_sqs[i], "adamw_update_multi", "exp_avg_sq");
+  }
+  CudaDeviceGuard guard(dev);
+  const AdamWParams p = adamw_params(lr, beta1, beta2, eps, weight_decay, step);
+  AdamTable table{};
+  int tensors = 0, blocks = 0;
+  auto launch = [&] {
+    if (blocks > 0) {
+      adamw_multi_kernel<<<blocks, kThreads, 0, current_stream(dev)>>>(table, p);
+      CHORUS_CUDA_LAUNCH_CHECK();
+    }
+    tensors = blocks = 0;
+  };
+  auto put = [&](int k, size_t i) {
+    table.param[k] = params[i].data<float>();
+    table.grad[k] = grads[i].data<float>();
+    table.exp_avg[k] = exp_avgs[i].data<float>();
+    table.exp_avg_sq[k] = exp_avg_sqs[i].data<float>();
+    table.n[k] = params[i].numel();
+  };
+  for (size_t i = 0; i < params.size(); ++i) {
+    const int64_t n = params[i].numel();
+    if (n == 0) continue;
+    if (tensors == kAdamTensors) launch();
+    put(tensors++, i);
+    for (int64_t c = 0; c * kChunk < n; ++c) {
+      if (blocks == kMultiBlocks) {
+        launch();
+        put(0, i);  // the tensor continues in the next launch, as its first entry
+        tensors = 1;
+      }
+      table.tensor[blocks] = static_cast<uint8_t>(tensors - 1);
+      table.chunk[blocks] = static_cast<int32_t>(c);
+      ++blocks;
+    }
+  }
+  launch();
 }
 
 }  // namespace chorus::cuda

@@ -1,6 +1,10 @@
 #include "chorus/optim/adamw.h"
 
+#include <map>
+
+#include "chorus/autograd/grad_mode.h"
 #include "chorus/core/error.h"
+#include "chorus/ops/copy.h"
 #include "chorus/ops/dispatch.h"
 
 namespace chorus::optim {
@@ -16,6 +20,15 @@ AdamW::AdamW(std::vector<Tensor> params, AdamWOptions options)
 
 void AdamW::step() {
   const AdamWOptions& o = options_;
+  // As SGD: contiguous parameters are updated by one multi-tensor kernel per
+  // (device, step count) group -- one launch for a whole model on a GPU;
+  // strided ones one at a time through a copy.
+  struct Group {
+    TensorList params, grads, ms, vs;
+    std::vector<size_t> index;
+  };
+  std::map<std::pair<Device, int64_t>, Group> groups;
+  std::vector<std::pair<size_t, std::pair<Tensor, Tensor>>> new_state;
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor g = grad_for_update(i);
     if (!g.defined()) continue;
@@ -24,22 +37,42 @@ void AdamW::step() {
     // Note [Optimizer layouts]: state in the parameter's layout, flat views to the kernel.
     Tensor m = first ? new_buffer(i) : in_param_layout(i, s.buffers.at("exp_avg"));
     Tensor v = first ? new_buffer(i) : in_param_layout(i, s.buffers.at("exp_avg_sq"));
-    if (!first) {
+    if (first) {
+      new_state.push_back({i, {m, v}});
+    } else {
       s.buffers["exp_avg"] = m;
       s.buffers["exp_avg_sq"] = v;
     }
     const int64_t t = s.step + 1;
-    update_param(i, [&](const Tensor& p) {
-      CHORUS_KERNEL(p.device(), adamw_update, p, flat(i, g), flat(i, m), flat(i, v), lr_, o.beta1,
-                    o.beta2, o.eps, o.weight_decay, t);
-    });
-    // State changes only after the update ran, so a failed step can be retried.
-    if (first) {
-      s.buffers["exp_avg"] = m;
-      s.buffers["exp_avg_sq"] = v;
+    if (!is_dense_param(i)) {
+      update_param(i, [&](const Tensor& p) {
+        CHORUS_KERNEL(p.device(), adamw_update, p, flat(i, g), flat(i, m), flat(i, v), lr_, o.beta1, o.beta2,
+                      o.eps, o.weight_decay, t);
+      });
+      continue;
     }
-    s.step = t;
+    Group& group = groups[{params_[i].device(), t}];
+    group.params.push_back(ops::flat_view(params_[i]));
+    group.grads.push_back(ops::flat_view(g));
+    group.ms.push_back(ops::flat_view(m));
+    group.vs.push_back(ops::flat_view(v));
+    group.index.push_back(i);
   }
+  {
+    NoGradGuard no_grad;
+    for (auto& [key, group] : groups) {
+      CHORUS_KERNEL(key.first, adamw_update_multi, group.params, group.grads, group.ms, group.vs, lr_, o.beta1,
+                    o.beta2, o.eps, o.weight_decay, key.second);
+      for (size_t i : group.index) params_[i].bump_version();  // saved tensors see a changed parameter
+    }
+  }
+  // State changes only after the updates ran, so a failed step can be retried.
+  for (auto& [i, mv] : new_state) {
+    state_[i].buffers["exp_avg"] = mv.first;
+    state_[i].buffers["exp_avg_sq"] = mv.second;
+  }
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].grad().defined()) ++state_[i].step;
   ++step_count_;
 }
 
