@@ -160,6 +160,23 @@ TEST(Pipeline, LayersRunOnTheirStagesDevices) {
   EXPECT_EQ(ps[6].second.device(), cpu_device(2));   // layer 6: stage 2
 }
 
+TEST(Pipeline, StagesGivenAsSequentialsAreOneModel) {
+  manual_seed(8);
+  const Tensor x = randn({6, 12});
+  const Tensor y = randint(0, 5, {6});
+  const Reference ref = plain(mlp(4), x, y);
+  auto whole = mlp(4);
+  auto first = std::make_shared<nn::Sequential>(), second = std::make_shared<nn::Sequential>();
+  for (size_t l = 0; l < whole->size(); ++l) (l < 3 ? first : second)->push_back((*whole)[l]);
+  Pipeline pipe({first, second}, cpus(2), {.micro_batches = 3});
+  EXPECT_EQ(pipe.balance(), (std::vector<int64_t>{3, 6}));
+  pipe.zero_grad();
+  auto r = pipe.train_step(x, y, ce);
+  expect_matches(ref, pipe, r.loss.item<double>(), "stages as Sequentials");  // names 0.weight ... 8.weight
+  EXPECT_TRUE(test::throws_naming([&] { Pipeline({first, std::make_shared<nn::Sequential>()}, cpus(2)); },
+                                  {"stage 1 is empty"}));
+}
+
 TEST(Pipeline, ForwardIsDifferentiableThroughEveryStage) {
   manual_seed(9);
   const Tensor x = randn({6, 12});

@@ -217,6 +217,28 @@ void Pipeline::reduce_stage_gradients(size_t s) {
   for (size_t i = 0; i < params.size(); ++i) params[i].set_grad(layout.view(flats[layout.segments[i].group], i));
 }
 
+namespace {
+std::shared_ptr<nn::Sequential> join_stages(const std::vector<std::shared_ptr<nn::Sequential>>& stages) {
+  CHORUS_CHECK(!stages.empty(), "Pipeline: no stages given");
+  auto seq = std::make_shared<nn::Sequential>();
+  for (size_t s = 0; s < stages.size(); ++s) {
+    CHORUS_CHECK(stages[s] != nullptr && stages[s]->size() > 0, "Pipeline: stage ", s, " is ",
+                 stages[s] ? "empty" : "null", "; every stage needs at least one layer");
+    for (size_t l = 0; l < stages[s]->size(); ++l) seq->push_back((*stages[s])[l]);
+  }
+  return seq;
+}
+std::vector<int64_t> stage_sizes(const std::vector<std::shared_ptr<nn::Sequential>>& stages) {
+  std::vector<int64_t> out;
+  for (const auto& s : stages) out.push_back(s ? static_cast<int64_t>(s->size()) : 0);
+  return out;
+}
+}  // namespace
+
+Pipeline::Pipeline(const std::vector<std::shared_ptr<nn::Sequential>>& stages, std::vector<Device> devices,
+                   PipelineOptions options)
+    : Pipeline(join_stages(stages), stage_sizes(stages), std::move(devices), std::move(options)) {}
+
 bool Pipeline::is_local(int64_t stage) const {
   return !opts_.stage_group || stage % opts_.stage_group->size() == opts_.stage_group->rank();
 }

@@ -98,6 +98,11 @@ class Pipeline : public nn::Module {
   // exist, or a device is listed twice.
   Pipeline(std::shared_ptr<nn::Sequential> layers, std::vector<int64_t> balance, std::vector<Device> devices,
            PipelineOptions options = {});
+  // The stages given as Sequentials: their layers laid end to end, numbered
+  // as one Sequential would number them ("0.weight" ... "8.weight"), so the
+  // names do not depend on where the model was cut.
+  Pipeline(const std::vector<std::shared_ptr<nn::Sequential>>& stages, std::vector<Device> devices,
+           PipelineOptions options = {});
 
   // The micro-batches through every stage (GPipe's forward); the output is
   // on the last stage's device. Differentiable: a backward of it reaches
