@@ -38,6 +38,8 @@ void add_bench_options(CLI::App* cmd, BenchConfig& c) {
   add_optional(cmd, "--device-counts", c.counts, "Device counts to run, e.g. 1,2,4 (dp, ddp; default powers of two)");
   cmd->add_option("--precision", c.precision, "fp32|bf16")->capture_default_str();
   cmd->add_flag("--channels-last", c.channels_last, "NHWC activations (GPU)");
+  cmd->add_flag("--no-cuda-graphs", c.no_cuda_graphs,
+                "single: time eager steps (default on a CUDA device: the step captured as a CUDA graph and replayed)");
   cmd->add_option("--batch-size", c.batch_size, "Batch per device")->capture_default_str();
   cmd->add_option("--steps", c.steps, "Timed steps")->capture_default_str();
   cmd->add_option("--warmup", c.warmup, "Untimed warm-up steps")->capture_default_str();
@@ -86,6 +88,7 @@ struct BenchRow {
   // Host time per timed step in each phase (where an issue-bound step spends
   // its time): forward + loss, zero_grad + backward, optimizer step.
   double forward_ms, backward_ms, optim_ms;
+  bool graphed;  // every timed step replayed a CUDA graph
 };
 
 BenchRow bench_one(const BenchConfig& c, const std::vector<Device>& devs) {
@@ -105,6 +108,8 @@ BenchRow bench_one(const BenchConfig& c, const std::vector<Device>& devs) {
   Tensor y = randint(0, 10, {batch}, {kInt64, dev});
   TrainStep train_step{wrap_for_strategy(model, c.strategy, devs, c.bucket_mb), &opt, std::nullopt, 0.0};
   if (c.precision == "bf16") train_step.autocast = kBFloat16;
+  // CUDA graphs where they apply (captured during the warm-up's last steps).
+  bool graphed = !c.no_cuda_graphs && cuda_graphs_apply(c.strategy, devs) && train_step.enable_cuda_graphs();
   TrainStep::Phases phases;
   Tensor loss;
   auto step = [&] { loss = train_step.run(x, y, &phases).loss; };
@@ -123,8 +128,9 @@ BenchRow bench_one(const BenchConfig& c, const std::vector<Device>& devs) {
   size_t peak = 0;
   for (const Device& d : devs) peak = std::max(peak, backend(d).peak_bytes(d));
   const double n = static_cast<double>(c.steps);
+  graphed = graphed && train_step.graph->replays() >= c.steps;
   return {static_cast<double>(batch * c.steps) / dt, 1000.0 * dt / n, loss.item(), peak, 1000.0 * issue,
-          phases.forward_ms / n, phases.backward_ms / n, phases.optim_ms / n};
+          phases.forward_ms / n, phases.backward_ms / n, phases.optim_ms / n, graphed};
 }
 
 }  // namespace
@@ -168,6 +174,7 @@ int run_bench(const BenchConfig& c) {
                                   {"device_list", devs.size() == 1 ? devs[0].str() : c.devices},
                                   {"precision", c.precision},
                                   {"channels_last", c.channels_last},
+                                  {"cuda_graphs", r.graphed},
                                   {"batch_per_device", c.batch_size},
                                   {"bucket_mb", c.strategy != "single" ? nlohmann::ordered_json(c.bucket_mb) : nullptr},
                                   {"comm_hook", c.strategy == "ddp" ? nlohmann::ordered_json(c.comm_hook) : nullptr},
@@ -185,10 +192,11 @@ int run_bench(const BenchConfig& c) {
     if (c.json) {
       std::printf("%s\n", row.dump().c_str());
     } else {
-      std::printf("%-10s %-7s %2lld dev  %-5s batch %-4lld/dev %10.1f img/s %8.2f ms/step  peak %8.1f MiB%s\n",
+      std::printf("%-10s %-7s %2lld dev  %-5s batch %-4lld/dev %10.1f img/s %8.2f ms/step  peak %8.1f MiB%s%s\n",
                   c.model.c_str(), c.strategy.c_str(), (long long)n, c.precision.c_str(), (long long)c.batch_size,
                   r.img_per_s, r.step_ms, static_cast<double>(r.peak) / (1 << 20),
-                  base > 0 && n > 1 ? ("  efficiency " + std::to_string(eff).substr(0, 4)).c_str() : "");
+                  base > 0 && n > 1 ? ("  efficiency " + std::to_string(eff).substr(0, 4)).c_str() : "",
+                  r.graphed ? "  (CUDA graph)" : "");
     }
     std::fflush(stdout);
   }

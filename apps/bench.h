@@ -13,6 +13,7 @@ struct BenchConfig {
   std::string strategy = "single";
   std::string precision = "fp32";
   bool channels_last = false;
+  bool no_cuda_graphs = false;          // single on one CUDA device: eager steps, not a replayed graph
   int64_t batch_size = 128;  // per device
   int64_t steps = 30;
   int64_t warmup = 8;

@@ -65,6 +65,8 @@ int chorus_main(int argc, char** argv, bool parse_only) {
   app::add_optional(train, "--virtual-stages", tc.virtual_stages, "pipeline, interleaved: stages per device (default 2)")->transform(app::integer_up_to(64));
   train->add_flag("--json", tc.json, "Print the final summary as one JSON object on stdout");
   train->add_flag("--quiet", tc.quiet, "No progress output");
+  train->add_flag("--no-cuda-graphs", tc.no_cuda_graphs,
+                  "Run every step eagerly (default on one CUDA device: the step is captured as a CUDA graph and replayed)");
 
   app::BenchConfig bc;
   CLI::App* bench = app.add_subcommand("bench", "Training throughput on synthetic data");

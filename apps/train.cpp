@@ -258,6 +258,8 @@ Training set_up(const TrainConfig& cfg) {
   t.step = {net, t.opt.get(), std::nullopt, cfg.label_smoothing};
   t.step.pipeline = t.pipeline.get();
   if (cfg.precision == "bf16") t.step.autocast = kBFloat16;
+  // Note [Graphed step]: captured after two eager steps, replayed from then on.
+  if (!cfg.no_cuda_graphs && cuda_graphs_apply(cfg.strategy, t.devices)) t.step.enable_cuda_graphs();
 
   data::DataLoaderOptions lo;
   // --batch-size is per device; a pipeline's batch goes through every device (in micro-batches).
@@ -516,7 +518,9 @@ nlohmann::ordered_json summarize(const TrainConfig& cfg, Training& t, const Posi
           {"test_accuracy", final_eval.accuracy},
           {"img_per_s", seconds > 0 ? static_cast<double>(loop.images * t.world()) / seconds : 0.0},
           {"seconds", seconds},
-          {"seconds_per_epoch", seconds * static_cast<double>(t.per_epoch) / static_cast<double>(steps_run)}};
+          {"seconds_per_epoch", seconds * static_cast<double>(t.per_epoch) / static_cast<double>(steps_run)},
+          // Note [Graphed step]: steps replayed from the captured graph (null: graphs off or not applicable).
+          {"cuda_graph_replays", t.step.graph ? J(t.step.graph->replays()) : J(nullptr)}};
 }
 
 void announce(const TrainConfig& cfg, const Training& t) {
@@ -526,7 +530,7 @@ void announce(const TrainConfig& cfg, const Training& t) {
   std::fprintf(stderr, "training %s (%lld parameters) on %s%s, %s, %lld examples, batch %lld%s, %lld steps\n",
                cfg.model.c_str(), (long long)t.model->num_parameters(), where.c_str(),
                t.ranks ? (" x " + std::to_string(t.world()) + " processes (DDP over " + t.ranks->group->backend() + ")").c_str()
-               : cfg.strategy == "dp" ? " (DataParallel)" : t.pipeline ? " (pipeline)" : "",
+               : cfg.strategy == "dp" ? " (DataParallel)" : t.pipeline ? " (pipeline)" : t.step.graph ? " (CUDA graph)" : "",
                t.data.train->name().c_str(),
                (long long)t.data.train->size(), (long long)cfg.batch_size, t.pipeline ? "" : " per device",
                (long long)t.total_steps);

@@ -39,6 +39,7 @@ struct TrainConfig {
   bool json = false;
   int64_t log_every = 20;
   bool quiet = false;
+  bool no_cuda_graphs = false;   // one CUDA device: eager steps instead of a replayed graph
   // --strategy ddp
   bool sync_bn = false;          // batch-norm statistics over all ranks
   std::string comm_hook = "allreduce";  // allreduce | bf16 (gradients travel as bfloat16)

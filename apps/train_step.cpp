@@ -14,7 +14,30 @@ nn::ModulePtr wrap_for_strategy(const nn::ModulePtr& model, const std::string& s
   return model;
 }
 
+bool cuda_graphs_apply(const std::string& strategy, const std::vector<Device>& devices) {
+  return strategy == "single" && devices.size() == 1 && devices[0].is_cuda();
+}
+
+bool TrainStep::enable_cuda_graphs(parallel::GraphedStepOptions options) {
+  if (pipeline) return false;
+  TrainStep eager = *this;  // the step as it is now, without the graph
+  eager.graph = nullptr;
+  graph = std::make_shared<parallel::GraphedStep>(
+      [eager](const std::vector<Tensor>& in) {
+        Result r = eager.run_eager(in[0], in[1], nullptr);
+        return std::vector<Tensor>{r.logits, r.loss};
+      },
+      std::move(options));
+  return true;
+}
+
 TrainStep::Result TrainStep::run(const Tensor& x, const Tensor& y, Phases* phases) const {
+  if (!graph) return run_eager(x, y, phases);
+  std::vector<Tensor> out = (*graph)({x, y});
+  return Result{out[0], out[1]};
+}
+
+TrainStep::Result TrainStep::run_eager(const Tensor& x, const Tensor& y, Phases* phases) const {
   using Clock = std::chrono::steady_clock;
   auto t = Clock::now();
   auto lap = [&](double* into) {

@@ -12,6 +12,7 @@
 #include "chorus/core/tensor.h"
 #include "chorus/nn/module.h"
 #include "chorus/optim/optimizer.h"
+#include "chorus/parallel/graphed_step.h"
 #include "chorus/parallel/pipeline.h"
 
 namespace chorus::app {
@@ -39,6 +40,20 @@ struct TrainStep {
     double forward_ms = 0, backward_ms = 0, optim_ms = 0;
   };
   Result run(const Tensor& x, const Tensor& y, Phases* phases = nullptr) const;
+
+  // CUDA graphs (parallel/graphed_step.h): once enabled, run() replays the
+  // captured step (after its warm-up), and falls back to eager with one line
+  // where it cannot. Applies to one CUDA device without a pipeline; returns
+  // whether it was enabled. Phases are not timed for replayed steps.
+  bool enable_cuda_graphs(parallel::GraphedStepOptions options = {});
+  std::shared_ptr<parallel::GraphedStep> graph;
+
+ private:
+  Result run_eager(const Tensor& x, const Tensor& y, Phases* phases) const;
 };
+
+// Whether a step over `devices` with this strategy can be captured as a CUDA
+// graph (one CUDA device, strategy "single").
+bool cuda_graphs_apply(const std::string& strategy, const std::vector<Device>& devices);
 
 }  // namespace chorus::app

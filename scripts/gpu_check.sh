@@ -6,6 +6,7 @@
 # prints the peak memory per epoch; dist runs the NCCL process group; ddp runs
 # DistributedDataParallel beside DataParallel and PyTorch DDP; ddptrain trains
 # Fashion-MNIST with DDP on 2 GPUs; dp runs DataParallel WRN-28-10 fp32 and bf16 at 1 and 2 GPUs;
+# graphs runs the CUDA-graph tests and one GPU against torch.compile;
 # pipeline runs WRN-28-10 and WRN-40-10 in 2 stages (naive, GPipe, 1F1B,
 # interleaved) and a pipeline of 2 processes over NCCL send/recv. Every command runs under `timeout`, so a hang
 # shows up as a failed row instead of eating the machine's time. Logs and JSON rows go to $OUT (or ./gpu-out).
@@ -148,6 +149,48 @@ for r in rows:
     sp = r["speedup_vs_naive"] or float("nan")
     print(f"{r['model']:10} {r['batch']:>5} {r['schedule']:11} {r['micro_batches']:>2} {r['balance']:>9} {r['img_per_s']:9.1f} {sp:7.2f} "
           f"{r['bubble']:6.3f} {r['bubble_ideal']:6.3f} {peaks:>18}")
+PY
+fi
+if has graphs; then
+  # Issue 14: the graphed step's tests, then one GPU against PyTorch's best
+  # mode per model (eager, torch.compile default / reduce-overhead, and
+  # max-autotune where GRAPH_COMPILE_MODES asks), Chorus with and without
+  # CUDA graphs, all in this run.
+  timeout 600 ./$BUILD/chorus_tests --gtest_filter='GraphedStep*:GraphCapture*:CudaKernels.*Update*:AdamW*:Optim*' 2>&1 \
+    | tee "$OUT/graph_tests.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |tests ran|Failure|rror|CUDA graphs" | head -40
+  # chorus train's default on a GPU (graphed) against --no-cuda-graphs: same seed, 2 epochs.
+  F=${FMNIST_DIR:-.bench/fashion-mnist}
+  for g in "" --no-cuda-graphs; do
+    timeout 200 $C train --data-dir $F --devices cuda:0 --epochs 2 --seed 1 --quiet --json $g 2>&1 | tail -2 | tee -a "$OUT/graph_train.log"
+  done
+  : > "$OUT/graphs.jsonl"
+  for cfg in ${GRAPH_CONFIGS:-"wrn-16-4:bf16:--channels-last" "wrn-28-10:bf16:--channels-last" "wrn-28-10:fp32:"}; do
+    IFS=: read -r m p cl <<<"$cfg"
+    timeout 300 $C bench --model $m --precision $p $cl --devices cuda:0 --batch-size 128 --steps 40 --warmup 8 --json | tee -a "$OUT/graphs.jsonl"
+    timeout 300 $C bench --model $m --precision $p $cl --devices cuda:0 --batch-size 128 --steps 40 --warmup 8 --no-cuda-graphs --json | tee -a "$OUT/graphs.jsonl"
+    timeout 300 python3 scripts/torch_reference.py --model $m --precision $p $cl --batch 128 --steps 40 --warmup 8 | tee -a "$OUT/graphs.jsonl"
+    for mode in ${GRAPH_COMPILE_MODES:-default reduce-overhead}; do
+      [ "$mode" = none ] && continue
+      timeout 600 python3 scripts/torch_reference.py --model $m --precision $p $cl --batch 128 --steps 40 --warmup 8 --compile $mode 2>"$OUT/compile_${m}_${p}_${mode}.log" | tee -a "$OUT/graphs.jsonl"
+    done
+  done
+  python3 - "$OUT/graphs.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+keys = sorted({(r["model"], r["precision"]) for r in rows})
+print(f"{'model':10} {'prec':5} {'chorus graph':>12} {'chorus eager':>12} {'torch eager':>11} {'compile':>8} {'reduce-oh':>9} {'autotune':>8} {'ratio vs best':>13} {'peak MiB c/t':>13}")
+for m, p in keys:
+    rs = [r for r in rows if r["model"] == m and r["precision"] == p]
+    ch = [r for r in rs if "strategy" in r]
+    g = next((r for r in ch if r.get("cuda_graphs")), None)
+    e = next((r for r in ch if not r.get("cuda_graphs")), None)
+    t = {r.get("compile") or "eager": r for r in rs if r.get("torch")}
+    best = max(t.values(), key=lambda r: r["img_per_s"], default=None)
+    v = lambda r: r["img_per_s"] if r else float("nan")
+    mine = max(v(g), v(e)) if g or e else float("nan")
+    print(f"{m:10} {p:5} {v(g):12.1f} {v(e):12.1f} {v(t.get('eager')):11.1f} {v(t.get('default')):8.1f} {v(t.get('reduce-overhead')):9.1f} "
+          f"{v(t.get('max-autotune')):8.1f} {mine / v(best):8.2f} ({(best or {}).get('compile') or 'eager'}) "
+          f"{((g or e or {}).get('peak_mem_bytes', 0)) / 2**20:6.0f}/{(best or {}).get('peak_mem_bytes', 0) / 2**20:.0f}")
 PY
 fi
 if has multi; then

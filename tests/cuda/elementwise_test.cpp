@@ -102,6 +102,16 @@ Twin random_twin(const Shape& shape, DType dtype, uint32_t seed, double lo = -2.
   return {h, d};
 }
 
+// Note [Optimizer scalars on the device]: a float32 [lr, step] on the GPU.
+Tensor gpu_scalars(double lr, double step) {
+  Tensor h = detail::empty_tensor({2}, kFloat32, kHost);
+  h.data<float>()[0] = static_cast<float>(lr);
+  h.data<float>()[1] = static_cast<float>(step);
+  Tensor d = detail::empty_tensor({2}, kFloat32, kGpu);
+  backend(kGpu).copy(d.raw_data(), kGpu, h.raw_data(), kHost, h.nbytes());
+  return d;
+}
+
 // Twins that a kernel will overwrite (their initial contents match too).
 Twin output_twin(const Shape& shape, DType dtype) { return random_twin(shape, dtype, 4242, 50, 60); }
 
@@ -659,7 +669,10 @@ TEST(CudaKernels, SgdUpdateMultiMatchesCpu_CUDA) {
       gg.push_back(grads.back().gpu);
       gb.push_back(bufs.back().gpu);
     }
-    cuda::sgd_update_multi(gp, gg, gb, 0.05, 0.9, 0.0, 5e-4, true, first);
+    // Not the first step: the learning rate comes from the device scalars
+    // (the argument is a decoy that would fail the comparison).
+    if (first) cuda::sgd_update_multi(gp, gg, gb, 0.05, 0.9, 0.0, 5e-4, true, first, Tensor());
+    else cuda::sgd_update_multi(gp, gg, gb, 7.5, 0.9, 0.0, 5e-4, true, first, gpu_scalars(0.05, 3));
     for (size_t i = 0; i < sizes.size(); ++i) {
       cpu::sgd_update(params[i].cpu, grads[i].cpu, bufs[i].cpu, 0.05, 0.9, 0.0, 5e-4, true, first);
       const std::string what = "sgd_update_multi tensor " + std::to_string(i) + " of " +
@@ -711,9 +724,13 @@ TEST(CudaKernels, AdamWUpdateMultiMatchesCpu_CUDA) {
       gm.push_back(ms.back().gpu);
       gv.push_back(vs.back().gpu);
     }
-    cuda::adamw_update_multi(gp, gg, gm, gv, 1e-3, 0.9, 0.999, 1e-8, 0.01, step);
+    // Step 9 reads lr and step from the device scalars (decoy arguments).
+    if (step == 1) cuda::adamw_update_multi(gp, gg, gm, gv, 1e-3, 0.9, 0.999, 1e-8, 0.01, step, Tensor());
+    else cuda::adamw_update_multi(gp, gg, gm, gv, 0.5, 0.9, 0.999, 1e-8, 0.01, 2, gpu_scalars(1e-3, double(step)));
     for (size_t i = 0; i < sizes.size(); ++i) {
-      cpu::adamw_update(params[i].cpu, grads[i].cpu, ms[i].cpu, vs[i].cpu, 1e-3, 0.9, 0.999, 1e-8, 0.01, step);
+      // The device scalars hold lr as float32.
+      const double lr = step == 1 ? 1e-3 : double(float(1e-3));
+      cpu::adamw_update(params[i].cpu, grads[i].cpu, ms[i].cpu, vs[i].cpu, lr, 0.9, 0.999, 1e-8, 0.01, step);
       const std::string what = "adamw_update_multi tensor " + std::to_string(i) + " of " + std::to_string(sizes[i]) +
                                " step " + std::to_string(step);
       expect_near(params[i].gpu, params[i].cpu, 1e-6, 1e-7, what + " param");

@@ -76,3 +76,17 @@ void synchronize(const Device& d) {
 }
 
 }  // namespace chorus
+
+namespace chorus {
+
+void DeviceBackend::capture_begin(Device d, StreamHandle) {
+  CHORUS_THROW(CaptureError, "CUDA graphs need a CUDA device; ", d.str(), " runs eagerly");
+}
+DeviceBackend::GraphHandle DeviceBackend::capture_end(Device d, StreamHandle) {
+  CHORUS_THROW(CaptureError, "CUDA graphs need a CUDA device; ", d.str(), " runs eagerly");
+}
+void DeviceBackend::graph_replay(Device d, GraphHandle, StreamHandle) {
+  CHORUS_THROW(CaptureError, "CUDA graphs need a CUDA device; ", d.str(), " runs eagerly");
+}
+
+}  // namespace chorus

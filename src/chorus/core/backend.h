@@ -67,6 +67,23 @@ class DeviceBackend {
   virtual float event_elapsed_ms(Device d, EventHandle start, EventHandle end) = 0;
 
   virtual std::string device_name(Device d) const = 0;
+
+  // CUDA graphs (Note [CUDA graphs] in core/graph_capture.h). capture_begin
+  // starts recording the work issued to stream `s` of `d` (and to the streams
+  // that join it through events), with allocations on those streams served
+  // from a pool private to the graph; capture_end stops it and returns the
+  // replayable graph, or throws CaptureError with the reason the capture
+  // failed. capture_end must follow every capture_begin, also after an
+  // exception. Backends without graphs throw CaptureError from capture_begin.
+  using GraphHandle = void*;
+  virtual void capture_begin(Device d, StreamHandle s);
+  virtual GraphHandle capture_end(Device d, StreamHandle s);
+  // Enqueues one replay on `s` (of the graph's device).
+  virtual void graph_replay(Device d, GraphHandle g, StreamHandle s);
+  // Frees the graph; its memory goes once the tensors made in it are freed.
+  virtual void graph_destroy(Device d, GraphHandle g) noexcept {}
+  // Bytes held by the graphs' private pools of `d`.
+  virtual size_t graph_pool_bytes(Device d) const { return 0; }
 };
 
 // The backend for a device type. Throws DeviceError when the build has no such

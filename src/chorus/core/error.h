@@ -33,6 +33,8 @@ CHORUS_DECLARE_ERROR(DeviceError)
 CHORUS_DECLARE_ERROR(OutOfMemoryError)
 CHORUS_DECLARE_ERROR(DistError)
 CHORUS_DECLARE_ERROR(IOError)
+// Something a captured CUDA graph cannot hold (core/graph_capture.h).
+CHORUS_DECLARE_ERROR(CaptureError)
 #undef CHORUS_DECLARE_ERROR
 
 // Note [Distributed failure first]: when a process group has aborted its

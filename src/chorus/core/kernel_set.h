@@ -108,10 +108,13 @@
   void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, double lr,  \
                   double momentum, double dampening, double weight_decay, bool nesterov,          \
                   bool first_step);                                                               \
-  /* sgd_update of many parameters of one device at once (one launch on a GPU). */                \
+  /* sgd_update of many parameters of one device at once (one launch on a GPU). When defined,  */ \
+  /* `scalars` (float32 [lr, step] on the device) overrides lr: Note [Optimizer scalars on the   */ \
+  /* device] in optim/optimizer.h; likewise lr and step for adamw_update_multi.                  */ \
   void sgd_update_multi(const TensorList& params, const TensorList& grads,                        \
                         const TensorList& momentum_bufs, double lr, double momentum,              \
-                        double dampening, double weight_decay, bool nesterov, bool first_step);   \
+                        double dampening, double weight_decay, bool nesterov, bool first_step,    \
+                        const Tensor& scalars);                                                   \
   void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,               \
                     const Tensor& exp_avg_sq, double lr, double beta1, double beta2, double eps,  \
                     double weight_decay, int64_t step);                                           \
@@ -119,4 +122,4 @@
   void adamw_update_multi(const TensorList& params, const TensorList& grads,                      \
                           const TensorList& exp_avgs, const TensorList& exp_avg_sqs, double lr,   \
                           double beta1, double beta2, double eps, double weight_decay,            \
-                          int64_t step);
+                          int64_t step, const Tensor& scalars);

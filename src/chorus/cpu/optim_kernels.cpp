@@ -92,7 +92,9 @@ void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& momentum_
 
 void sgd_update_multi(const TensorList& params, const TensorList& grads,
                       const TensorList& momentum_bufs, double lr, double momentum,
-                      double dampening, double weight_decay, bool nesterov, bool first_step) {
+                      double dampening, double weight_decay, bool nesterov, bool first_step,
+                      const Tensor& scalars) {
+  if (scalars.defined()) lr = scalars.data<float>()[0];
   CHORUS_CHECK(grads.size() == params.size() && momentum_bufs.size() == params.size(),
                "sgd_update_multi: ", params.size(), " parameters but ", grads.size(),
                " gradients and ", momentum_bufs.size(), " momentum buffers");
@@ -118,7 +120,11 @@ void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg
 
 void adamw_update_multi(const TensorList& params, const TensorList& grads, const TensorList& exp_avgs,
                         const TensorList& exp_avg_sqs, double lr, double beta1, double beta2, double eps,
-                        double weight_decay, int64_t step) {
+                        double weight_decay, int64_t step, const Tensor& scalars) {
+  if (scalars.defined()) {
+    lr = scalars.data<float>()[0];
+    step = static_cast<int64_t>(scalars.data<float>()[1]);
+  }
   CHORUS_CHECK(grads.size() == params.size() && exp_avgs.size() == params.size() &&
                    exp_avg_sqs.size() == params.size(),
                "adamw_update_multi: ", params.size(), " parameters but ", grads.size(), " gradients, ",

@@ -231,6 +231,13 @@ void* CudaAllocator::allocate(size_t nbytes, int device) {
   DeviceState& st = state(device);
   if (nbytes == 0) return nullptr;
   cudaStream_t stream = current_stream(device);
+  if (st.capture_active.load(std::memory_order_acquire)) {
+    if (void* p = allocate_captured(st, nbytes, device, stream)) return p;
+  } else if (is_capturing(stream)) {
+    // Joined through an event from a capture begun on another device.
+    CHORUS_THROW(CaptureError, "a captured step allocated memory on cuda:", device,
+                 ", which is not the device it is captured on (a graph holds the work of one device)");
+  }
   // Note [Allocator front cache]: a hit takes no CUDA call (not even a device
   // switch).
   bool cacheable = cache_enabled() && nbytes <= max_cached_block_.load(std::memory_order_relaxed);
@@ -290,6 +297,7 @@ void CudaAllocator::deallocate(void* ptr, int device) noexcept {
     cudaStream_t stream = current_stream(device);
     CachedBlock node;
     bool tried = false;  // the caps already refused it
+    GraphPool* retain = nullptr;
     {
       std::lock_guard<std::mutex> g(st.mu);
       auto it = st.blocks.find(reinterpret_cast<uintptr_t>(ptr));
@@ -299,14 +307,33 @@ void CudaAllocator::deallocate(void* ptr, int device) noexcept {
       }
       node = st.blocks.extract(it);
       st.in_use -= node.mapped().size;
+      // Note [Graph pools]: a pool block goes back to its pool; a block from
+      // outside freed by a captured stream is kept for the graph.
+      if (!node.mapped().pool && st.capture_active.load(std::memory_order_acquire) && st.capturing) {
+        cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+        if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) (void)cudaGetLastError();
+        if (status == cudaStreamCaptureStatusActive) retain = st.capturing;
+      }
       // Used on `stream` only: nothing to wait for, no CUDA call.
       const Block& b = node.mapped();
-      if (b.home == stream && b.uses.empty()) {
+      if (b.home == stream && b.uses.empty() && !b.pool && !retain) {
         if (cache_locked(st, stream, node)) return;
         tried = true;
       }
     }
     Block& block = node.mapped();
+    if (retain) {
+      // Kept until the graph's pool is freed (cudaFree waits for the device):
+      // no wait to enqueue, and a captured stream may not wait on eager work.
+      std::lock_guard<std::mutex> g(st.mu);
+      for (Use& u : block.uses)
+        if (u.event) events_->release(u.device, u.event);
+      retain->retained.push_back(ptr);
+      retain->bytes += block.size;
+      st.in_use += block.size;  // reserved for the graph until its pool goes
+      retain->held += block.size;
+      return;
+    }
     if ((block.home && block.home != stream) || !block.uses.empty()) {
       CudaDeviceGuard guard(device);
       // Makes `stream` wait for the work enqueued so far on `other` (of device
@@ -338,6 +365,21 @@ void CudaAllocator::deallocate(void* ptr, int device) noexcept {
       block.uses.clear();
     }
     // Every earlier use is now ordered before this point of `stream`.
+    if (GraphPool* gp = node.mapped().pool) {
+      std::vector<void*> dead;
+      {
+        std::lock_guard<std::mutex> g(st.mu);
+        const size_t cls = node.mapped().capacity;
+        // Still reserved for the graph: counted in use until the pool goes.
+        st.in_use += node.mapped().size;
+        gp->held += node.mapped().size;
+        gp->free[{stream, cls}].push_back(std::move(node));
+        --gp->live;
+        dead = take_if_dead_locked(st, gp);
+      }
+      free_pool_memory(device, dead);
+      return;
+    }
     if (!tried) {
       std::lock_guard<std::mutex> g(st.mu);
       if (cache_locked(st, stream, node)) return;
@@ -407,6 +449,129 @@ void CudaAllocator::stream_destroyed(int device, cudaStream_t stream) {
       }
     }
   }
+}
+
+// ---- Note [Graph pools] ------------------------------------------------------
+
+void* CudaAllocator::allocate_captured(DeviceState& st, size_t nbytes, int device, cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) (void)cudaGetLastError();
+  if (status != cudaStreamCaptureStatusActive) return nullptr;
+  const size_t cls = nbytes <= max_cached_block_.load(std::memory_order_relaxed) ? size_class(nbytes) : nbytes;
+  GraphPool* gp = nullptr;
+  {
+    std::lock_guard<std::mutex> g(st.mu);
+    gp = st.capturing;
+    if (!gp) return nullptr;
+    auto it = gp->free.find({stream, cls});
+    if (it != gp->free.end() && !it->second.empty()) {
+      CachedBlock node = std::move(it->second.back());
+      it->second.pop_back();
+      void* ptr = reinterpret_cast<void*>(node.key());
+      Block& b = node.mapped();
+      gp->held -= b.size;  // was counted in use while held
+      st.in_use -= b.size;
+      b.size = nbytes;
+      b.home = stream;
+      b.uses.clear();
+      st.blocks.insert(std::move(node));
+      ++gp->live;
+      st.in_use += nbytes;
+      if (st.in_use > st.peak) st.peak = st.in_use;
+      return ptr;
+    }
+  }
+  CudaDeviceGuard guard(device);
+  void* ptr = nullptr;
+  // cudaMalloc is not captured; Relaxed lets this thread call it whatever
+  // mode the capture was begun in (as PyTorch's allocator does).
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  CHORUS_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+  cudaError_t err = cudaMalloc(&ptr, cls);
+  (void)cudaThreadExchangeStreamCaptureMode(&mode);
+  if (is_allocation_failure(err)) {
+    (void)cudaGetLastError();
+    throw_oom(nbytes, device, st);
+  }
+  CHORUS_CUDA_CHECK(err);
+  std::lock_guard<std::mutex> g(st.mu);
+  st.blocks[reinterpret_cast<uintptr_t>(ptr)] = Block{nbytes, cls, stream, {}, gp};
+  gp->raw.push_back(ptr);
+  gp->bytes += cls;
+  ++gp->live;
+  st.in_use += nbytes;
+  if (st.in_use > st.peak) st.peak = st.in_use;
+  return ptr;
+}
+
+CudaAllocator::GraphPool* CudaAllocator::begin_capture(int device) {
+  DeviceState& st = state(device);
+  // The front cache and the stream-ordered pool keep memory of the eager
+  // steps that the graph's pool (plain cudaMalloc) could not otherwise use.
+  release_cached(device);
+  {
+    CudaDeviceGuard guard(device);
+    cudaMemPool_t p = pool(device, st);
+    CHORUS_CUDA_CHECK(cudaDeviceSynchronize());
+    CHORUS_CUDA_CHECK(cudaMemPoolTrimTo(p, 0));
+  }
+  std::lock_guard<std::mutex> g(st.mu);
+  CHORUS_CHECK(!st.capturing, "cuda:", device, ": a graph capture is already in progress");
+  auto gp = std::make_unique<GraphPool>();
+  gp->device = device;
+  st.capturing = gp.get();
+  st.graph_pools.push_back(std::move(gp));
+  st.capture_active.store(true, std::memory_order_release);
+  return st.capturing;
+}
+
+void CudaAllocator::end_capture(int device) noexcept {
+  DeviceState& st = *devices_[static_cast<size_t>(device)];
+  std::lock_guard<std::mutex> g(st.mu);
+  st.capturing = nullptr;
+  st.capture_active.store(false, std::memory_order_release);
+}
+
+std::vector<void*> CudaAllocator::take_if_dead_locked(DeviceState& st, GraphPool* gp) {
+  if (!gp->released || gp->live != 0 || st.capturing == gp) return {};
+  std::vector<void*> ptrs = std::move(gp->raw);
+  ptrs.insert(ptrs.end(), gp->retained.begin(), gp->retained.end());
+  st.in_use -= gp->held;
+  std::erase_if(st.graph_pools, [&](const std::unique_ptr<GraphPool>& p) { return p.get() == gp; });
+  return ptrs;
+}
+
+void CudaAllocator::free_pool_memory(int device, const std::vector<void*>& ptrs) noexcept {
+  if (ptrs.empty()) return;
+  try {
+    CudaDeviceGuard guard(device);
+    // cudaFree waits for the device, so no replay can still be using them
+    // (it also frees the retained blocks, which came from cudaMallocAsync).
+    for (void* p : ptrs) warn_if_failed(cudaFree(p), "cudaFree (graph pool)");
+  } catch (const std::exception& e) {
+    warnf("freeing a CUDA graph's memory failed: ", e.what());
+  }
+}
+
+void CudaAllocator::release_pool(GraphPool* gp) noexcept {
+  if (!gp) return;
+  DeviceState& st = *devices_[static_cast<size_t>(gp->device)];
+  const int device = gp->device;
+  std::vector<void*> dead;
+  {
+    std::lock_guard<std::mutex> g(st.mu);
+    gp->released = true;
+    dead = take_if_dead_locked(st, gp);
+  }
+  free_pool_memory(device, dead);
+}
+
+size_t CudaAllocator::graph_pool_bytes(int device) const {
+  const DeviceState& st = state(device);
+  std::lock_guard<std::mutex> g(st.mu);
+  size_t total = 0;
+  for (const auto& gp : st.graph_pools) total += gp->bytes;
+  return total;
 }
 
 size_t CudaAllocator::bytes_in_use(int device) const {

@@ -52,8 +52,21 @@
 // released before giving up). CHORUS_CUDA_CACHE=0 in the environment turns
 // the cache off (every allocation and free calls CUDA), for comparisons.
 // Accounting: bytes_in_use() counts the bytes requested by live blocks (not
-// their size class, not cached blocks); cached_bytes() the size-class bytes of
+// their size class, not cached blocks) and the blocks graphs hold
+// (Note [Graph pools]); cached_bytes() the size-class bytes of
 // the cached blocks.
+// Note [Graph pools]: while a CUDA graph is captured on a device
+// (begin_capture .. end_capture), allocations made on a stream that is being
+// captured come from a pool private to that graph: plain cudaMalloc blocks
+// (cudaMallocAsync inside a capture would become graph memory nodes, which
+// the graph frees itself and re-allocates at every launch), reused within the
+// capture only on the stream that freed them, as the front cache does. The
+// graph bakes their addresses in, so they never serve another allocation
+// outside the capture: a pool block freed later (a gradient, an output) goes
+// back to its pool, and the pool's memory is returned only when the graph is
+// released and its last block freed. A block from outside the pool that a
+// captured stream frees (the graph may still read it at replay) is retained
+// by the pool the same way instead of going back to the cache.
 // Threads: one mutex per device guards its live blocks and its cache
 // (allocate and deallocate call CUDA outside it). Several threads may allocate
 // and free on one device (and on one stream: DataParallel's replica threads
@@ -114,6 +127,15 @@ class CudaAllocator {
   // stream it was cached on). The pool keeps the memory reserved.
   void release_cached(int device);
 
+  // Note [Graph pools]. begin_capture gives cached memory back to the driver
+  // first (it synchronises the device), so the graph's pool can take it.
+  struct GraphPool;
+  GraphPool* begin_capture(int device);
+  void end_capture(int device) noexcept;
+  // The graph is gone: the pool's memory is freed once its last block is.
+  void release_pool(GraphPool* pool) noexcept;
+  size_t graph_pool_bytes(int device) const;
+
   size_t bytes_in_use(int device) const;
   size_t peak_bytes(int device) const;
   void reset_peak_bytes(int device);
@@ -143,6 +165,7 @@ class CudaAllocator {
     size_t capacity = 0;          // its size class when cacheable, else 0
     cudaStream_t home = nullptr;  // nullptr once the stream is destroyed
     std::vector<Use> uses;
+    GraphPool* pool = nullptr;    // Note [Graph pools]: the graph's pool it came from
   };
   using BlockMap = std::map<uintptr_t, Block>;  // by start address, for interior pointers
   // A cached block keeps its map node, so that a hit re-inserts it without a
@@ -163,9 +186,21 @@ class CudaAllocator {
     size_t cached = 0;
     size_t default_cap = 0;        // 1/8 of the device's memory, set with the pool
     cudaMemPool_t pool = nullptr;  // configured at first allocation
+    // Note [Graph pools]: the pool of the capture in progress, if any (the
+    // flag lets the common path skip the lock), and every unreleased pool.
+    std::atomic<bool> capture_active{false};
+    GraphPool* capturing = nullptr;
+    std::vector<std::unique_ptr<GraphPool>> graph_pools;
   };
 
   DeviceState& state(int device) const;
+  // Note [Graph pools]: an allocation on a capturing stream, or nullptr when
+  // `stream` is not being captured.
+  void* allocate_captured(DeviceState& st, size_t nbytes, int device, cudaStream_t stream);
+  // Under st.mu: frees the pool's memory when it is released and unused;
+  // returns the pointers to cudaFree (outside the lock).
+  std::vector<void*> take_if_dead_locked(DeviceState& st, GraphPool* gp);
+  static void free_pool_memory(int device, const std::vector<void*>& ptrs) noexcept;
   cudaMemPool_t pool(int device, DeviceState& st);
   [[noreturn]] void throw_oom(size_t nbytes, int device, const DeviceState& st) const;
   // Under st.mu: takes a cached block of `cls` bytes for `stream`, or returns
@@ -184,6 +219,20 @@ class CudaAllocator {
   std::atomic<bool> cache_enabled_;
   std::atomic<size_t> max_cached_block_;
   std::atomic<size_t> max_cached_total_;  // 0: 1/8 of the device's memory
+};
+
+struct CudaAllocator::GraphPool {
+  int device = 0;
+  // Blocks freed on a stream, by (stream, size class): reused by the capture
+  // on that stream only.
+  std::map<std::pair<cudaStream_t, size_t>, std::vector<CachedBlock>> free;
+  std::vector<void*> raw;       // every block it cudaMalloc'ed
+  std::vector<void*> retained;  // blocks from outside freed by the capture
+  size_t bytes = 0;             // raw + retained
+  size_t live = 0;              // its blocks in use
+  size_t held = 0;              // requested bytes of its free and retained blocks: still
+                                // counted in bytes_in_use, as the graph owns them
+  bool released = false;        // the graph is gone
 };
 
 // "1.50 GiB": byte counts for messages.

@@ -24,10 +24,12 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "chorus/core/backend.h"
 #include "chorus/core/error.h"
+#include "chorus/core/graph_capture.h"
 #include "chorus/core/warn.h"
 #include "chorus/cuda/allocator.h"
 #include "chorus/cuda/context.h"
@@ -112,10 +114,22 @@ class PinnedStaging {
   std::vector<std::unique_ptr<PerDevice>> devices_;
 };
 
+// One captured graph: the executable graph and the memory pool it owns
+// (Note [Graph pools] in allocator.h).
+struct CapturedGraph {
+  int device = 0;
+  cudaGraphExec_t exec = nullptr;
+  CudaAllocator::GraphPool* pool = nullptr;
+};
+
 class CudaBackend final : public DeviceBackend {
  public:
   CudaBackend()
-      : count_(query_device_count()), events_(count_), allocator_(count_, &events_), staging_(count_) {}
+      : count_(query_device_count()),
+        events_(count_),
+        allocator_(count_, &events_),
+        staging_(count_),
+        capture_pools_(static_cast<size_t>(count_), nullptr) {}
 
   DeviceType type() const override { return DeviceType::CUDA; }
   int device_count() const override { return count_; }
@@ -149,6 +163,7 @@ class CudaBackend final : public DeviceBackend {
       const int s = index(src_dev);
       CudaDeviceGuard guard(s);
       cudaStream_t stream = cuda::current_stream(s);
+      if (is_capturing(stream)) check_not_capturing("reading a CUDA tensor on the host (item(), to(cpu))");
       CHORUS_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, stream));
       CHORUS_CUDA_CHECK(cudaStreamSynchronize(stream));  // the host reads dst next
     } else if (dst_dev == src_dev) {
@@ -162,6 +177,7 @@ class CudaBackend final : public DeviceBackend {
   }
 
   void synchronize(Device d) override {
+    check_not_capturing("waiting for the device (synchronize)");
     CudaDeviceGuard guard(index(d));
     CHORUS_CUDA_CHECK(cudaDeviceSynchronize());
   }
@@ -192,6 +208,7 @@ class CudaBackend final : public DeviceBackend {
     }
   }
   void synchronize_stream(Device d, StreamHandle s) override {
+    if (is_capturing(stream_of(d, s))) check_not_capturing("waiting for a stream on the host");
     CHORUS_CUDA_CHECK(cudaStreamSynchronize(stream_of(d, s)));
   }
 
@@ -233,6 +250,80 @@ class CudaBackend final : public DeviceBackend {
     return ms;
   }
 
+  // ---- graphs (Note [CUDA graphs]) ------------------------------------------------
+  void capture_begin(Device d, StreamHandle s) override {
+    const int i = index(d);
+    cudaStream_t stream = stream_of(d, s);
+    // The stream should be one of the caller's own: every thread issues to the
+    // device's default stream (Note [One default stream per device]).
+    CudaAllocator::GraphPool* pool = allocator_.begin_capture(i);
+    CudaDeviceGuard guard(i);
+    // Relaxed: the backward engine's and the allocator's other threads may
+    // make calls (cudaMalloc, event queries) a stricter mode forbids.
+    cudaError_t err = cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      allocator_.end_capture(i);
+      allocator_.release_pool(pool);
+      CHORUS_THROW(CaptureError, "cuda:", i, ": starting a graph capture failed: ", cudaGetErrorString(err));
+    }
+    std::lock_guard<std::mutex> g(capture_mu_);
+    capture_pools_[static_cast<size_t>(i)] = pool;
+  }
+
+  GraphHandle capture_end(Device d, StreamHandle s) override {
+    const int i = index(d);
+    cudaStream_t stream = stream_of(d, s);
+    CudaDeviceGuard guard(i);
+    cudaGraph_t graph = nullptr;
+    cudaError_t err = cudaStreamEndCapture(stream, &graph);
+    allocator_.end_capture(i);
+    CudaAllocator::GraphPool* pool = nullptr;
+    {
+      std::lock_guard<std::mutex> g(capture_mu_);
+      pool = std::exchange(capture_pools_[static_cast<size_t>(i)], nullptr);
+    }
+    // The tensors made during a failed capture go back to its pool as they are
+    // freed; the pool's memory goes with the last of them.
+    auto fail = [&](const char* what, cudaError_t e) {
+      (void)cudaGetLastError();
+      if (graph) (void)cudaGraphDestroy(graph);
+      allocator_.release_pool(pool);
+      CHORUS_THROW(CaptureError, "cuda:", i, ": ", what, ": ", cudaGetErrorString(e));
+    };
+    if (err != cudaSuccess || !graph) fail("the graph capture failed", err);
+    cudaGraphExec_t exec = nullptr;
+    err = cudaGraphInstantiate(&exec, graph, 0);
+    if (err != cudaSuccess) fail("instantiating the captured graph failed", err);
+    (void)cudaGraphDestroy(graph);
+    graph = nullptr;
+    err = cudaGraphUpload(exec, stream);
+    if (err != cudaSuccess) {
+      (void)cudaGraphExecDestroy(exec);
+      fail("uploading the captured graph failed", err);
+    }
+    return new CapturedGraph{i, exec, pool};
+  }
+
+  void graph_replay(Device d, GraphHandle g, StreamHandle s) override {
+    auto* cg = static_cast<CapturedGraph*>(g);
+    CudaDeviceGuard guard(cg->device);
+    CHORUS_CUDA_CHECK(cudaGraphLaunch(cg->exec, stream_of(d, s)));
+  }
+
+  void graph_destroy(Device d, GraphHandle g) noexcept override {
+    auto* cg = static_cast<CapturedGraph*>(g);
+    if (!cg) return;
+    {
+      CudaDeviceGuard guard(cg->device);
+      if (cudaGraphExecDestroy(cg->exec) != cudaSuccess) (void)cudaGetLastError();
+    }
+    allocator_.release_pool(cg->pool);
+    delete cg;
+  }
+
+  size_t graph_pool_bytes(Device d) const override { return allocator_.graph_pool_bytes(index(d)); }
+
   std::string device_name(Device d) const override {
     const cudaDeviceProp& p = device_properties(index(d));
     return std::string(p.name) + " (" + format_bytes(static_cast<double>(p.totalGlobalMem)) + ")";
@@ -253,6 +344,8 @@ class CudaBackend final : public DeviceBackend {
   void copy_host_to_device(void* dst, int d, const void* src, size_t nbytes) {
     CudaDeviceGuard guard(d);
     cudaStream_t stream = cuda::current_stream(d);
+    // A replay would copy whatever the host buffer then holds (or freed memory).
+    if (is_capturing(stream)) check_not_capturing("copying host memory to a CUDA device (a tensor made on the host)");
     cudaPointerAttributes attr{};
     if (cudaPointerGetAttributes(&attr, src) != cudaSuccess) {
       (void)cudaGetLastError();
@@ -291,6 +384,8 @@ class CudaBackend final : public DeviceBackend {
   EventPool events_;
   CudaAllocator allocator_;
   PinnedStaging staging_;
+  std::mutex capture_mu_;
+  std::vector<CudaAllocator::GraphPool*> capture_pools_;  // of the capture in progress, per device
 };
 
 }  // namespace

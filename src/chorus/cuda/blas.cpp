@@ -2,7 +2,9 @@
 #include "chorus/cuda/blas.h"
 
 #include <atomic>
+#include <cstdlib>
 #include <map>
+#include <string>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -37,6 +39,18 @@ void set_allow_tf32(bool allow) {
 }
 bool allow_tf32() { return allow_tf32_matmul() && allow_tf32_conv(); }
 
+namespace {
+std::atomic<bool>& deterministic_flag() {
+  static std::atomic<bool> flag{[] {
+    const char* e = std::getenv("CHORUS_DETERMINISTIC");
+    return e && *e && std::string(e) != "0";
+  }()};
+  return flag;
+}
+}  // namespace
+void set_deterministic(bool on) { deterministic_flag().store(on); }
+bool deterministic() { return deterministic_flag().load(); }
+
 // ---- handles ------------------------------------------------------------------------
 
 cublasLtHandle_t cublaslt_handle(int device) {
@@ -58,9 +72,21 @@ void* cublas_workspace(int device, cudaStream_t stream) {
   std::lock_guard<std::mutex> lock(mu);
   void*& p = (*buffers)[{device, stream}];
   if (!p) {
-    // allocate() is ordered on the current stream of `device`, which is the
-    // stream the caller is about to use (or the memory is idle anyway).
-    p = backend(DeviceType::CUDA).allocate(kCublasWorkspaceBytes, Device(DeviceType::CUDA, device));
+    // Straight from the driver, not the allocator: a stream first used inside
+    // a CUDA graph capture would otherwise take it from the graph's private
+    // pool (Note [Graph pools]) and keep that pool alive for good. cudaMalloc
+    // is not captured; Relaxed lets it run whatever mode a capture is in.
+    CudaDeviceGuard guard(device);
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    CHORUS_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+    const cudaError_t err = cudaMalloc(&p, kCublasWorkspaceBytes);
+    (void)cudaThreadExchangeStreamCaptureMode(&mode);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      p = nullptr;
+      CHORUS_THROW(OutOfMemoryError, "out of memory on cuda:", device, ": the ", kCublasWorkspaceBytes >> 20,
+                   " MiB cuBLAS workspace could not be allocated (", cudaGetErrorString(err), ")");
+    }
   }
   return p;
 }

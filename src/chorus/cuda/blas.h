@@ -36,6 +36,13 @@ bool allow_tf32_conv();
 void set_allow_tf32(bool allow);
 // True when both matmuls and convolutions may use TF32.
 bool allow_tf32();
+// Deterministic convolutions (PyTorch's torch.backends.cudnn.deterministic):
+// cuDNN engines and algorithms noted as non-deterministic (atomics in the
+// weight gradient) are not chosen, so a step gives the same bits every time.
+// Off by default (those are often the fastest); CHORUS_DETERMINISTIC=1 in the
+// environment turns it on. Plans are cached per setting.
+void set_deterministic(bool on);
+bool deterministic();
 
 // This thread's cuBLASLt handle for `device`, created on first use. Handles of
 // a thread that exits go back to a pool for the next thread, so threads that

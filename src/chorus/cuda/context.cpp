@@ -6,6 +6,8 @@
 // while any allocator block names it, so default streams are never destroyed.
 #include "chorus/cuda/context.h"
 
+#include "chorus/core/graph_capture.h"
+
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -150,6 +152,13 @@ void set_current_stream(int index, cudaStream_t s) {
   check_index(index);
   // nullptr restores the thread's default stream (never the legacy NULL stream).
   thread_streams().current[static_cast<size_t>(index)] = s;
+}
+
+bool is_capturing(cudaStream_t s) {
+  if (!capture_in_progress()) return false;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(s, &status) != cudaSuccess) (void)cudaGetLastError();
+  return status != cudaStreamCaptureStatusNone;
 }
 
 const cudaDeviceProp& device_properties(int index) {

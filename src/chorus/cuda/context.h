@@ -50,6 +50,10 @@ class CudaDeviceGuard {
 cudaStream_t current_stream(int index);
 void set_current_stream(int index, cudaStream_t s);
 
+// Whether `s` is being captured into a CUDA graph (Note [CUDA graphs]); makes
+// no CUDA call unless a capture is in progress somewhere in the process.
+bool is_capturing(cudaStream_t s);
+
 // Device properties, cached.
 const cudaDeviceProp& device_properties(int index);
 

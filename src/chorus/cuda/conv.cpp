@@ -112,13 +112,14 @@ struct Perf {
   cudnnStatus_t status;
   size_t memory;
   cudnnMathType_t math;
+  cudnnDeterminism_t determinism;
 };
 
 template <typename P>
 void collect(const P* results, int n, std::vector<Perf>* out) {
   for (int i = 0; i < n; ++i)
     out->push_back({static_cast<int>(results[i].algo), results[i].status, results[i].memory,
-                    results[i].mathType});
+                    results[i].mathType, results[i].determinism});
 }
 
 int algo_count(Direction dir) {
@@ -230,8 +231,8 @@ AlgoCache& algo_cache() {
 }
 
 ConvKey make_key(const ConvCall& c, const Conv2dGeometry& g, Layout layout) {
-  return conv_key(c.dir, g, c.dtype, layout, c.device, static_cast<int64_t>(math_type(c.dtype)),
-                  ConvOperands{c.x, c.w, c.y});
+  return conv_key(c.dir, g, c.dtype, layout, c.device,
+                  static_cast<int64_t>(math_type(c.dtype)) | (deterministic() ? 256 : 0), ConvOperands{c.x, c.w, c.y});
 }
 
 Tensor workspace_tensor(size_t bytes, int device) {
@@ -261,6 +262,7 @@ Choice search(ConvCall& c, const Conv2dGeometry& g) {
   const std::vector<Perf> perfs = find_algorithms(c, ws.defined() ? ws.raw_data() : nullptr, want);
   for (const Perf& p : perfs) {  // sorted fastest first
     if (p.status != CUDNN_STATUS_SUCCESS) continue;
+    if (deterministic() && p.determinism == CUDNN_NON_DETERMINISTIC) continue;
     if (c.dtype == kFloat32 && !allow_tf32_conv() &&
         (p.math == CUDNN_TENSOR_OP_MATH || p.math == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION))
       continue;

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -192,6 +193,7 @@ bool numerics_allowed(const BackendDesc& cfg, DType dtype) {
                                notes) != CUDNN_STATUS_SUCCESS)
     return false;
   for (int64_t i = 0; i < n; ++i) {
+    if (notes[i] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC && deterministic()) return false;
     if (dtype != kFloat32) continue;  // 16-bit data: tensor cores are the point
     // Float32 must stay float32 (down-converting engines compute in half), and
     // uses TF32 tensor cores only when allowed (Note [TF32 defaults] in blas.h).
@@ -267,9 +269,46 @@ float time_plan(const Plan& plan, cudnnHandle_t handle, const ConvOperands& ops,
   return ok ? ms / kTimedRuns : -1;
 }
 
+// Note [Plan search in a capture]: a geometry first seen while a CUDA graph is
+// captured (Note [CUDA graphs]) is timed on a stream of its own that is not
+// captured, since timing waits on the host; the chosen plan then runs on the
+// captured stream. Its operands are real memory (the graph's pool), so the
+// timing runs are as valid as anywhere.
+class SearchStream {
+ public:
+  explicit SearchStream(int device) : device_(device), prev_(current_stream(device)) {
+    if (!is_capturing(prev_)) return;
+    static std::mutex mu;
+    static std::vector<cudaStream_t>* streams = new std::vector<cudaStream_t>();  // leaked, one per device
+    {
+      std::lock_guard<std::mutex> g(mu);
+      if (streams->size() <= static_cast<size_t>(device)) streams->resize(static_cast<size_t>(device) + 1, nullptr);
+      cudaStream_t& s = (*streams)[static_cast<size_t>(device)];
+      if (!s) {
+        CudaDeviceGuard guard(device);
+        CHORUS_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      }
+      side_ = s;
+    }
+    set_current_stream(device, side_);
+  }
+  ~SearchStream() {
+    if (!side_) return;
+    set_current_stream(device_, prev_);
+  }
+  SearchStream(const SearchStream&) = delete;
+  SearchStream& operator=(const SearchStream&) = delete;
+
+ private:
+  int device_;
+  cudaStream_t prev_;
+  cudaStream_t side_ = nullptr;
+};
+
 std::shared_ptr<Plan> search(ConvDirection dir, const Conv2dGeometry& g, DType dtype,
                              Layout layout, int64_t alignment, int device,
                              const ConvOperands& ops) {
+  SearchStream off_capture(device);  // Note [Plan search in a capture]
   cudnnHandle_t handle = cudnn_handle(device);
   BackendDesc graph;
   try {
@@ -336,7 +375,8 @@ bool run_conv_graph(ConvDirection dir, const Conv2dGeometry& g, DType dtype, Lay
                     int device, const ConvOperands& ops) {
   if (!conv_graph_enabled()) return false;
   const ConvKey key =
-      conv_key(dir, g, dtype, layout, device, dtype == kFloat32 && allow_tf32_conv(), ops);
+      conv_key(dir, g, dtype, layout, device, (dtype == kFloat32 && allow_tf32_conv() ? 1 : 0) | (deterministic() ? 2 : 0),
+               ops);
   const std::shared_ptr<Plan> plan = plan_cache().get_or_search(
       key, [&] { return search(dir, g, dtype, layout, common_alignment(ops), device, ops); });
   if (!plan) return false;

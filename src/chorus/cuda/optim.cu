@@ -16,6 +16,8 @@ namespace {
 struct SgdParams {
   float lr, momentum, one_minus_dampening, weight_decay;
   bool nesterov, first_step, has_momentum;
+  // Note [Optimizer scalars on the device]: when set, lr is read from here.
+  const float* scalars = nullptr;
 };
 
 // Element i of one SGD update:
@@ -43,7 +45,29 @@ struct AdamWParams {
   float step_size;   // lr / (1 - beta1^step)
   float bias2_sqrt;  // sqrt(1 - beta2^step)
   float beta1, beta2, one_minus_beta1, one_minus_beta2, eps;
+  // Note [Optimizer scalars on the device]: when set, decay, step_size and
+  // bias2_sqrt are computed from [lr, step] read here, in double as the host
+  // computes them.
+  const float* scalars = nullptr;
+  double beta1_d = 0, beta2_d = 0, weight_decay_d = 0;
 };
+
+__device__ __forceinline__ AdamWParams resolve(AdamWParams p) {
+  if (p.scalars) {
+    const double lr = p.scalars[0], step = p.scalars[1];  // float -> double, exactly
+    const double bias1 = 1.0 - pow(p.beta1_d, step);
+    const double bias2 = 1.0 - pow(p.beta2_d, step);
+    p.decay = static_cast<float>(1.0 - lr * p.weight_decay_d);
+    p.step_size = static_cast<float>(lr / bias1);
+    p.bias2_sqrt = static_cast<float>(sqrt(bias2));
+  }
+  return p;
+}
+
+__device__ __forceinline__ SgdParams resolve(SgdParams p) {
+  if (p.scalars) p.lr = p.scalars[0];
+  return p;
+}
 
 // PyTorch's AdamW:
 //   param *= 1 - lr * wd
@@ -83,6 +107,16 @@ void check_state(const Tensor& param, const Tensor& t, const char* op, const cha
                    t.numel() == param.numel(),
                op, ": ", what, " must be a contiguous float32 tensor of ", param.numel(),
                " elements on ", param.device().str(), ", got ", t.describe());
+}
+
+// Note [Optimizer scalars on the device]: the [lr, step] tensor, or nullptr.
+const float* device_scalars(const Tensor& scalars, const Tensor& param, const char* op) {
+  if (!scalars.defined()) return nullptr;
+  CHORUS_CHECK(scalars.dtype() == kFloat32 && scalars.is_contiguous() && scalars.numel() == 2 &&
+                   scalars.device() == param.device(),
+               op, ": the device scalars must be a contiguous float32 [lr, step] on ", param.device().str(),
+               ", got ", scalars.describe());
+  return scalars.data<float>();
 }
 
 }  // namespace
@@ -128,7 +162,8 @@ struct SgdTable {
 };
 static_assert(sizeof(SgdTable) + sizeof(SgdParams) < 4000, "kernel parameters too large");
 
-__global__ void sgd_multi_kernel(SgdTable t, SgdParams p) {
+__global__ void sgd_multi_kernel(SgdTable t, SgdParams params) {
+  const SgdParams p = resolve(params);
   const int k = t.tensor[blockIdx.x];
   const int64_t begin = int64_t{t.chunk[blockIdx.x]} * kChunk;
   const int64_t end = min(t.n[k], begin + kChunk);
@@ -142,7 +177,8 @@ __global__ void sgd_multi_kernel(SgdTable t, SgdParams p) {
 
 void sgd_update_multi(const TensorList& params, const TensorList& grads,
                       const TensorList& momentum_bufs, double lr, double momentum,
-                      double dampening, double weight_decay, bool nesterov, bool first_step) {
+                      double dampening, double weight_decay, bool nesterov, bool first_step,
+                      const Tensor& scalars) {
   CHORUS_CHECK(grads.size() == params.size() && momentum_bufs.size() == params.size(),
                "sgd_update_multi: ", params.size(), " parameters but ", grads.size(),
                " gradients and ", momentum_bufs.size(), " momentum buffers");
@@ -158,9 +194,10 @@ void sgd_update_multi(const TensorList& params, const TensorList& grads,
     if (has_momentum) check_state(params[i], momentum_bufs[i], "sgd_update_multi", "the momentum buffer");
   }
   CudaDeviceGuard guard(dev);
-  const SgdParams p{static_cast<float>(lr), static_cast<float>(momentum),
-                    static_cast<float>(1.0 - dampening), static_cast<float>(weight_decay),
-                    nesterov, first_step, has_momentum};
+  SgdParams p{static_cast<float>(lr), static_cast<float>(momentum),
+              static_cast<float>(1.0 - dampening), static_cast<float>(weight_decay),
+              nesterov, first_step, has_momentum};
+  p.scalars = device_scalars(scalars, params[0], "sgd_update_multi");
   SgdTable table{};
   int tensors = 0, blocks = 0;
   auto launch = [&] {
@@ -234,7 +271,8 @@ struct AdamTable {
 };
 static_assert(sizeof(AdamTable) + sizeof(AdamWParams) < 4000, "kernel parameters too large");
 
-__global__ void adamw_multi_kernel(AdamTable t, AdamWParams p) {
+__global__ void adamw_multi_kernel(AdamTable t, AdamWParams params) {
+  const AdamWParams p = resolve(params);
   const int k = t.tensor[blockIdx.x];
   const int64_t begin = int64_t{t.chunk[blockIdx.x]} * kChunk;
   const int64_t end = min(t.n[k], begin + kChunk);
@@ -246,7 +284,7 @@ __global__ void adamw_multi_kernel(AdamTable t, AdamWParams p) {
 
 void adamw_update_multi(const TensorList& params, const TensorList& grads, const TensorList& exp_avgs,
                         const TensorList& exp_avg_sqs, double lr, double beta1, double beta2, double eps,
-                        double weight_decay, int64_t step) {
+                        double weight_decay, int64_t step, const Tensor& scalars) {
   CHORUS_CHECK(grads.size() == params.size() && exp_avgs.size() == params.size() &&
                    exp_avg_sqs.size() == params.size(),
                "adamw_update_multi: ", params.size(), " parameters but ", grads.size(), " gradients, ",
@@ -263,7 +301,11 @@ void adamw_update_multi(const TensorList& params, const TensorList& grads, const
     check_state(params[i], exp_avg_sqs[i], "adamw_update_multi", "exp_avg_sq");
   }
   CudaDeviceGuard guard(dev);
-  const AdamWParams p = adamw_params(lr, beta1, beta2, eps, weight_decay, step);
+  AdamWParams p = adamw_params(lr, beta1, beta2, eps, weight_decay, step);
+  p.scalars = device_scalars(scalars, params[0], "adamw_update_multi");
+  p.beta1_d = beta1;
+  p.beta2_d = beta2;
+  p.weight_decay_d = weight_decay;
   AdamTable table{};
   int tensors = 0, blocks = 0;
   auto launch = [&] {

@@ -19,6 +19,7 @@
 // randint or dropout fill, 2 of a normal.
 #include <cstdint>
 
+#include "chorus/core/graph_capture.h"
 #include "chorus/core/philox.h"
 #include "chorus/cuda/context.h"
 #include "chorus/cuda/dtype_dispatch.cuh"
@@ -97,6 +98,8 @@ void launch_random(const Tensor& out, RngState rng, const Gen& gen, const char* 
   const int64_t n = out.numel();
   if (n == 0) return;
   const int dev = out.device().index;
+  // The counter offset is a kernel argument: a replay would draw the same numbers.
+  if (is_capturing(current_stream(dev))) check_not_capturing("drawing random numbers (dropout)");
   CudaDeviceGuard guard(dev);
   const int64_t blocks = (n + Gen::kPerBlock - 1) / Gen::kPerBlock;
   random_kernel<T, Gen><<<grid_for(blocks), kThreads, 0, current_stream(dev)>>>(

@@ -4,6 +4,7 @@
 
 #include "chorus/core/backend.h"
 #include "chorus/core/error.h"
+#include "chorus/core/graph_capture.h"
 #include "chorus/core/rng.h"
 #include "chorus/ops/copy.h"
 #include "chorus/ops/dispatch.h"
@@ -57,6 +58,7 @@ Tensor arange(int64_t end, TensorOptions o) { return arange(0.0, static_cast<dou
 Tensor rand(const Shape& shape, TensorOptions o) {
   CHORUS_CHECK(is_floating(o.dtype), "rand: dtype must be floating, got ", dtype_name(o.dtype));
   Tensor t = detail::empty_tensor(shape, o.dtype, o.resolved_device());
+  if (t.device().is_cuda()) check_not_capturing("drawing random numbers");
   CHORUS_KERNEL(t.device(), uniform, t, 0.0, 1.0, default_generator().reserve(t.numel()));
   return finish(t, o);
 }
@@ -64,6 +66,7 @@ Tensor rand(const Shape& shape, TensorOptions o) {
 Tensor randn(const Shape& shape, TensorOptions o) {
   CHORUS_CHECK(is_floating(o.dtype), "randn: dtype must be floating, got ", dtype_name(o.dtype));
   Tensor t = detail::empty_tensor(shape, o.dtype, o.resolved_device());
+  if (t.device().is_cuda()) check_not_capturing("drawing random numbers");
   CHORUS_KERNEL(t.device(), normal, t, 0.0, 1.0, default_generator().reserve(2 * t.numel()));
   return finish(t, o);
 }
@@ -71,6 +74,7 @@ Tensor randn(const Shape& shape, TensorOptions o) {
 Tensor randint(int64_t lo, int64_t hi, const Shape& shape, TensorOptions o) {
   CHORUS_CHECK(hi > lo, "randint: empty range [", lo, ", ", hi, ")");
   Tensor t = detail::empty_tensor(shape, o.dtype, o.resolved_device());
+  if (t.device().is_cuda()) check_not_capturing("drawing random numbers");
   CHORUS_KERNEL(t.device(), randint, t, lo, hi, default_generator().reserve(t.numel()));
   return finish(t, o);
 }

@@ -1,6 +1,7 @@
 #include "chorus/ops/nn.h"
 
 #include "chorus/core/error.h"
+#include "chorus/core/graph_capture.h"
 #include "chorus/core/rng.h"
 #include "chorus/ops/copy.h"
 #include "chorus/ops/dispatch.h"
@@ -321,6 +322,9 @@ Tensor cross_entropy_backward(const Tensor& dloss, const Tensor& probs, const Te
 
 Tensor dropout_mask(const Shape& shape, DType dt, Device dev, double p) {
   Tensor m = detail::empty_tensor(shape, dt, dev);
+  // Before the counters are reserved, so that a step that falls back to eager
+  // draws what it would have drawn (Note [CUDA graphs]).
+  if (dev.is_cuda()) check_not_capturing("drawing random numbers (dropout)");
   if (m.numel()) CHORUS_KERNEL(dev, dropout_mask, m, p, default_generator().reserve(m.numel()));
   return m;
 }

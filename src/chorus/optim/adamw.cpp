@@ -1,9 +1,11 @@
 #include "chorus/optim/adamw.h"
 
 #include <map>
+#include <set>
 
 #include "chorus/autograd/grad_mode.h"
 #include "chorus/core/error.h"
+#include "chorus/core/graph_capture.h"
 #include "chorus/ops/copy.h"
 #include "chorus/ops/dispatch.h"
 
@@ -34,6 +36,7 @@ void AdamW::step() {
     if (!g.defined()) continue;
     ParamState& s = state_[i];
     const bool first = s.buffers.empty();
+    if (first) check_not_capturing("the optimizer's first step (it creates the moment buffers)");
     // Note [Optimizer layouts]: state in the parameter's layout, flat views to the kernel.
     Tensor m = first ? new_buffer(i) : in_param_layout(i, s.buffers.at("exp_avg"));
     Tensor v = first ? new_buffer(i) : in_param_layout(i, s.buffers.at("exp_avg_sq"));
@@ -45,6 +48,8 @@ void AdamW::step() {
     }
     const int64_t t = s.step + 1;
     if (!is_dense_param(i)) {
+      // The one-tensor kernel takes the learning rate and step as arguments.
+      if (params_[i].device().is_cuda()) check_not_capturing("updating a strided (non-dense) parameter");
       update_param(i, [&](const Tensor& p) {
         CHORUS_KERNEL(p.device(), adamw_update, p, flat(i, g), flat(i, m), flat(i, v), lr_, o.beta1, o.beta2,
                       o.eps, o.weight_decay, t);
@@ -60,9 +65,19 @@ void AdamW::step() {
   }
   {
     NoGradGuard no_grad;
+    std::set<Device> with_scalars;
     for (auto& [key, group] : groups) {
+      // Note [Optimizer scalars on the device]: one [lr, step] per device, so
+      // only the device's first step-count group reads it (all of them but
+      // for parameters that missed updates).
+      Tensor scalars;
+      if (with_scalars.insert(key.first).second) {
+        scalars = device_scalars(key.first, key.second);
+      } else if (key.first.is_cuda()) {
+        check_not_capturing("AdamW parameters of one device at different step counts");
+      }
       CHORUS_KERNEL(key.first, adamw_update_multi, group.params, group.grads, group.ms, group.vs, lr_, o.beta1,
-                    o.beta2, o.eps, o.weight_decay, key.second);
+                    o.beta2, o.eps, o.weight_decay, key.second, scalars);
       for (size_t i : group.index) params_[i].bump_version();  // saved tensors see a changed parameter
     }
   }
@@ -71,9 +86,10 @@ void AdamW::step() {
     state_[i].buffers["exp_avg"] = mv.first;
     state_[i].buffers["exp_avg_sq"] = mv.second;
   }
+  std::vector<size_t> updated;
   for (size_t i = 0; i < params_.size(); ++i)
-    if (params_[i].grad().defined()) ++state_[i].step;
-  ++step_count_;
+    if (params_[i].grad().defined()) updated.push_back(i);
+  count_step(std::move(updated));
 }
 
 }  // namespace chorus::optim

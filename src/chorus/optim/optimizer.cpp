@@ -9,7 +9,9 @@
 
 #include "chorus/autograd/grad_mode.h"
 #include "chorus/core/error.h"
+#include "chorus/core/graph_capture.h"
 #include "chorus/ops/copy.h"
+#include "chorus/ops/elementwise.h"
 #include "chorus/ops/factory.h"
 
 namespace chorus::optim {
@@ -50,7 +52,53 @@ void Optimizer::check_param_dtype(size_t i, const char* verb) const {
 
 void Optimizer::set_lr(double lr) {
   detail::check_hyper(lr >= 0, name_, "learning rate", ">= 0", lr);
+  // Inside a captured step the new value would be baked into the graph.
+  check_not_capturing("changing the learning rate inside the step (set it before the step instead)");
   lr_ = lr;
+  write_device_lr();
+}
+
+// Note [Optimizer scalars on the device].
+void Optimizer::write_device_lr() {
+  NoGradGuard no_grad;
+  for (auto& [d, ds] : device_scalars_) {
+    if (ds.lr == lr_) continue;
+    ops::fill_(ds.t.select(0, 0), lr_);
+    ds.lr = lr_;
+  }
+}
+
+Tensor Optimizer::device_scalars(const Device& d, int64_t step) {
+  if (!d.is_cuda()) return {};
+  NoGradGuard no_grad;
+  auto it = device_scalars_.find(d);
+  if (it == device_scalars_.end()) {
+    check_not_capturing("the optimizer's first step on a device (it creates the optimizer's state)");
+    const int64_t s = std::max<int64_t>(step, 0);
+    Tensor t = from_vector(std::vector<float>{static_cast<float>(lr_), static_cast<float>(s)}, Shape{2},
+                           TensorOptions{kFloat32, d});
+    device_scalars_.emplace(d, DeviceScalars{t, lr_, s});
+    return t;
+  }
+  DeviceScalars& ds = it->second;
+  if (step >= 0 && ds.step != step) {
+    if (ds.step + 1 == step) {
+      ops::unary_(UnaryOp::AddScalar, ds.t.select(0, 1), 1.0);
+      on_each_replay([&ds] { ++ds.step; });
+    } else {
+      check_not_capturing("an AdamW step count that jumps (restored or skipped parameters)");
+      ops::fill_(ds.t.select(0, 1), static_cast<double>(step));
+      ds.step = step;
+    }
+  }
+  return ds.t;
+}
+
+void Optimizer::count_step(std::vector<size_t> updated) {
+  on_each_replay([this, updated = std::move(updated)] {
+    for (size_t i : updated) ++state_[i].step;
+    ++step_count_;
+  });
 }
 
 void Optimizer::zero_grad() {
@@ -229,7 +277,10 @@ void Optimizer::load_state(const NamedTensors& state) {
   // Validated as a whole before anything changes: a failed load leaves the optimizer as it was.
   state_ = std::move(loaded);
   if (step_count) step_count_ = *step_count;
-  if (lr) lr_ = *lr;
+  if (lr) {
+    lr_ = *lr;
+    write_device_lr();
+  }
 }
 
 }  // namespace chorus::optim

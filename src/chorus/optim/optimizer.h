@@ -94,11 +94,36 @@ class Optimizer {
   // Whether parameter i is dense in memory (flat views possible).
   bool is_dense_param(size_t i) const;
 
+  // Note [Optimizer scalars on the device]: on a CUDA device the fused kernels
+  // read the learning rate and AdamW's step number from a float32 tensor
+  // [lr, step] on that device rather than from kernel arguments, so that a
+  // captured step (Note [CUDA graphs] in core/graph_capture.h) replays with
+  // the learning rate of the moment and its own step count. set_lr() rewrites
+  // entry 0 (one tiny kernel per device, only when the value changes);
+  // device_scalars(d, step) makes entry 1 equal `step` -- an increment on the
+  // device when it is one past the last, which is what a replay repeats --
+  // and returns the tensor (undefined on CPU devices; step < 0: leave it).
+  // float32 holds the step count exactly up to 2^24 (16.7 million steps), and
+  // the learning rate as the kernels use it (they compute in float).
+  Tensor device_scalars(const Device& d, int64_t step);
+  // Host bookkeeping of one step (on_each_replay: once per replay when the
+  // step is captured): the updated parameters' counts and step_count().
+  void count_step(std::vector<size_t> updated);
+
   std::vector<Tensor> params_;
   std::vector<ParamState> state_;
   double lr_;
   int64_t step_count_ = 0;
   std::string name_;
+
+ private:
+  struct DeviceScalars {
+    Tensor t;           // float32 [lr, step]
+    double lr = 0;      // what t holds once the work enqueued so far has run
+    int64_t step = 0;
+  };
+  std::map<Device, DeviceScalars> device_scalars_;
+  void write_device_lr();
 };
 
 namespace detail {

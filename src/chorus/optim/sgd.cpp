@@ -5,6 +5,7 @@
 
 #include "chorus/autograd/grad_mode.h"
 #include "chorus/core/error.h"
+#include "chorus/core/graph_capture.h"
 #include "chorus/ops/copy.h"
 #include "chorus/ops/dispatch.h"
 
@@ -40,6 +41,8 @@ void SGD::step() {
     if (o.momentum != 0) {
       auto it = s.buffers.find("momentum_buffer");
       first = it == s.buffers.end();
+      // A replay would redo the first step's "buffer = gradient" every time.
+      if (first) check_not_capturing("the optimizer's first step (it creates the momentum buffers)");
       if (first) {
         buf = new_buffer(i);
         new_buffers.push_back({i, buf});
@@ -50,6 +53,8 @@ void SGD::step() {
     }
     const Tensor& p = params_[i];
     if (!is_dense_param(i)) {
+      // The one-tensor kernel takes the learning rate as an argument.
+      if (p.device().is_cuda()) check_not_capturing("updating a strided (non-dense) parameter");
       update_param(i, [&](const Tensor& work) {
         CHORUS_KERNEL(work.device(), sgd_update, work, g, buf, lr_, o.momentum, o.dampening,
                       o.weight_decay, o.nesterov, first);
@@ -67,16 +72,18 @@ void SGD::step() {
     NoGradGuard no_grad;
     for (auto& [key, group] : groups) {
       CHORUS_KERNEL(key.first, sgd_update_multi, group.params, group.grads, group.bufs, lr_,
-                    o.momentum, o.dampening, o.weight_decay, o.nesterov, key.second);
+                    o.momentum, o.dampening, o.weight_decay, o.nesterov, key.second,
+                    device_scalars(key.first, -1));
       // Saved tensors of an earlier forward now see a changed parameter.
       for (size_t i : group.index) params_[i].bump_version();
     }
   }
   // State changes only after the updates ran, so a failed step can be retried.
   for (auto& [i, buf] : new_buffers) state_[i].buffers["momentum_buffer"] = buf;
+  std::vector<size_t> updated;
   for (size_t i = 0; i < params_.size(); ++i)
-    if (params_[i].grad().defined()) ++state_[i].step;
-  ++step_count_;
+    if (params_[i].grad().defined()) updated.push_back(i);
+  count_step(std::move(updated));
 }
 
 }  // namespace chorus::optim

@@ -1,0 +1,57 @@
+#include "chorus/core/graph_capture.h"
+
+#include <atomic>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "chorus/core/error.h"
+
+namespace chorus {
+
+namespace {
+
+std::atomic<bool> g_capturing{false};
+std::mutex g_mu;  // guards g_actions
+std::vector<std::function<void()>> g_actions;
+
+}  // namespace
+
+bool capture_in_progress() noexcept { return g_capturing.load(std::memory_order_acquire); }
+
+void check_not_capturing(const char* what) {
+  if (capture_in_progress())
+    CHORUS_THROW(CaptureError, what, " cannot be part of a CUDA graph (the graph replays device work only)");
+}
+
+void on_each_replay(std::function<void()> action) {
+  if (!capture_in_progress()) {
+    action();
+    return;
+  }
+  std::lock_guard<std::mutex> g(g_mu);
+  g_actions.push_back(std::move(action));
+}
+
+CaptureScope::CaptureScope() {
+  bool expected = false;
+  if (!g_capturing.compare_exchange_strong(expected, true, std::memory_order_acq_rel))
+    CHORUS_THROW(CaptureError, "a CUDA graph capture is already in progress (one at a time per process)");
+  std::lock_guard<std::mutex> g(g_mu);
+  g_actions.clear();
+}
+
+CaptureScope::~CaptureScope() {
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    g_actions.clear();
+  }
+  g_capturing.store(false, std::memory_order_release);
+}
+
+std::vector<std::function<void()>> CaptureScope::take_actions() {
+  std::lock_guard<std::mutex> g(g_mu);
+  return std::exchange(g_actions, {});
+}
+
+}  // namespace chorus

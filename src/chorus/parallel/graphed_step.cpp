@@ -1,0 +1,177 @@
+#include "chorus/parallel/graphed_step.h"
+
+#include <sstream>
+#include <utility>
+
+#include "chorus/autograd/grad_mode.h"
+#include "chorus/core/error.h"
+#include "chorus/core/graph_capture.h"
+#include "chorus/core/warn.h"
+#include "chorus/ops/copy.h"
+
+namespace chorus::parallel {
+
+namespace {
+
+std::string shape_str(const Tensor& t) {
+  std::ostringstream os;
+  os << "[";
+  for (int64_t i = 0; i < t.dim(); ++i) os << (i ? "," : "") << t.size(i);
+  os << "]";
+  return os.str();
+}
+
+}  // namespace
+
+GraphedStep::GraphedStep(Fn fn, GraphedStepOptions options) : fn_(std::move(fn)), options_(std::move(options)) {
+  CHORUS_CHECK(fn_ != nullptr, "GraphedStep: the step function is empty");
+  CHORUS_CHECK(options_.warmup_steps >= 0, "GraphedStep: warmup_steps must be >= 0, got ", options_.warmup_steps);
+}
+
+GraphedStep::~GraphedStep() {
+  // The tensors made in the graph's pool go first, so that the pool's memory
+  // can go with the graph (unless tensors such as gradients still hold some).
+  static_outputs_.clear();
+  static_inputs_.clear();
+  if (graph_) backend(*device_).graph_destroy(*device_, graph_);
+}
+
+void GraphedStep::say(const std::string& line) {
+  if (options_.on_fallback) options_.on_fallback(line);
+  else warn(line);
+}
+
+std::vector<Tensor> GraphedStep::eager(const std::vector<Tensor>& inputs) {
+  ++eager_calls_;
+  return fn_(inputs);
+}
+
+bool GraphedStep::matches(const std::vector<Tensor>& inputs) const {
+  if (inputs.size() != static_inputs_.size()) return false;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& a = inputs[i];
+    const Tensor& b = static_inputs_[i];
+    if (a.device() != b.device() || a.dtype() != b.dtype() || a.sizes() != b.sizes() || a.strides() != b.strides())
+      return false;
+  }
+  return true;
+}
+
+std::vector<Tensor> GraphedStep::operator()(const std::vector<Tensor>& inputs) {
+  ++calls_;
+  if (!options_.enabled || !reason_.empty()) return eager(inputs);
+  if (graph_) {
+    if (matches(inputs)) return replay(inputs);
+    if (!said_shape_) {
+      said_shape_ = true;
+      std::string got, want;
+      for (const Tensor& t : inputs) got += (got.empty() ? "" : " ") + shape_str(t);
+      for (const Tensor& t : static_inputs_) want += (want.empty() ? "" : " ") + shape_str(t);
+      say("CUDA graphs: a step with inputs " + got + " (the graph has " + want +
+          ") runs eagerly; such steps always will");
+    }
+    return eager(inputs);
+  }
+  // Graphs hold the work of one CUDA device: every input must be on it.
+  std::optional<Device> dev;
+  for (const Tensor& t : inputs) {
+    if (!t.defined()) continue;
+    if (!dev) dev = t.device();
+    if (t.device() != *dev || !t.device().is_cuda()) {
+      reason_ = "CUDA graphs need every input on one CUDA device (got " + t.device().str() + ")";
+      return eager(inputs);
+    }
+  }
+  if (!dev) {
+    reason_ = "CUDA graphs need tensor inputs";
+    return eager(inputs);
+  }
+  if (calls_ <= options_.warmup_steps) return eager(inputs);
+  try {
+    device_ = dev;
+    capture(inputs);
+  } catch (const CaptureError& e) {
+    reason_ = e.message();
+  } catch (const Error& e) {
+    // Anything else thrown while capturing (a CUDA call refused inside the
+    // capture): the eager run below says whether it is a real error.
+    reason_ = e.message();
+  }
+  if (!reason_.empty()) {
+    static_inputs_.clear();
+    static_outputs_.clear();
+    say("CUDA graphs: this step cannot be captured (" + reason_ + "); it runs eagerly");
+    return eager(inputs);
+  }
+  return replay(inputs);
+}
+
+void GraphedStep::capture(const std::vector<Tensor>& inputs) {
+  const Device d = *device_;
+  DeviceBackend& be = backend(d);
+  {
+    NoGradGuard no_grad;
+    static_inputs_.clear();
+    for (const Tensor& t : inputs) {
+      // The input's own layout (channels-last stays channels-last): the
+      // kernels, and cuDNN's plans, chosen in the warm-up apply as they are.
+      Tensor s = ops::clone(t);
+      CHORUS_CHECK_T(CaptureError, s.strides() == t.strides(), "an input of shape ", shape_str(t),
+                     " has a layout a static buffer cannot copy (a strided view)");
+      static_inputs_.push_back(s);
+    }
+  }
+  if (!stream_) stream_ = Stream::create(d);
+  if (!inputs_ready_) inputs_ready_.emplace(d, false);
+  if (!replayed_) replayed_.emplace(d, false);
+  // The capture stream starts after the caller's work so far (the copies above).
+  inputs_ready_->record();
+  stream_->wait(*inputs_ready_);
+  std::vector<Tensor> outputs;
+  std::vector<std::function<void()>> actions;
+  {
+    StreamGuard on_graph_stream(*stream_);
+    CaptureScope scope;
+    be.capture_begin(d, stream_->handle());
+    try {
+      outputs = fn_(static_inputs_);
+    } catch (...) {
+      // End the capture whatever it threw (the stream stays unusable otherwise).
+      try {
+        // A capture our own check stopped is still valid to CUDA: free it.
+        be.graph_destroy(d, be.capture_end(d, stream_->handle()));
+      } catch (const Error&) {
+      }
+      throw;
+    }
+    graph_ = be.capture_end(d, stream_->handle());
+    actions = scope.take_actions();
+  }
+  // Later eager work on the caller's stream (freeing what the capture made)
+  // is ordered after the capture stream's.
+  replayed_->record(*stream_);
+  Stream::current(d).wait(*replayed_);
+  static_outputs_ = std::move(outputs);
+  actions_ = std::move(actions);
+}
+
+std::vector<Tensor> GraphedStep::replay(const std::vector<Tensor>& inputs) {
+  const Device d = *device_;
+  NoGradGuard no_grad;
+  for (size_t i = 0; i < inputs.size(); ++i) ops::copy_(static_inputs_[i], inputs[i]);
+  // The replay reads what the caller's stream wrote (the inputs, a new
+  // learning rate); the caller's later work waits for the replay.
+  inputs_ready_->record();
+  stream_->wait(*inputs_ready_);
+  backend(d).graph_replay(d, graph_, stream_->handle());
+  replayed_->record(*stream_);
+  Stream::current(d).wait(*replayed_);
+  ++replays_;
+  for (const auto& action : actions_) action();
+  std::vector<Tensor> out;
+  out.reserve(static_outputs_.size());
+  for (const Tensor& t : static_outputs_) out.push_back(t.defined() ? ops::clone(t) : t);
+  return out;
+}
+
+}  // namespace chorus::parallel

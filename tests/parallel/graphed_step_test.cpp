@@ -1,0 +1,358 @@
+// parallel::GraphedStep (Note [Graphed step]) and the capture bookkeeping of
+// core/graph_capture.h. On the CPU: a graphed step is the eager step, and
+// host-side effects are deferred during a capture. On a GPU (*_CUDA): 20
+// replayed steps of a CNN with batch norm against 20 eager steps of a twin
+// (same seed, same batches, the learning rate changing every step), SGD and
+// AdamW, fp32 and bf16; what cannot be captured falls back with one line; a
+// smaller batch runs eagerly and the graph stays; the graph's memory goes
+// with it.
+#include <gtest/gtest.h>
+
+#include <chorus/autograd/autocast.h>
+#include <chorus/chorus.h>
+#include <chorus/core/graph_capture.h>
+#include <chorus/optim/adamw.h>
+#include <chorus/optim/sgd.h>
+#include <chorus/parallel/graphed_step.h>
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "testing/compare.h"
+
+#ifdef CHORUS_WITH_CUDA
+#include "chorus/cuda/blas.h"
+#endif
+
+namespace chorus::parallel {
+namespace {
+
+namespace F = nn::functional;
+
+// Convolutions without bias before batch norm (as in Wide ResNet): a bias
+// there gets a gradient that is zero up to rounding, which AdamW would turn
+// into full-size steps of noise.
+std::shared_ptr<nn::Sequential> cnn(bool dropout = false) {
+  manual_seed(97);
+  auto s = std::make_shared<nn::Sequential>();
+  s->push_back(std::make_shared<nn::Conv2d>(nn::Conv2dOptions{3, 8, 3, 1, 1, 1, 1, false}));
+  s->push_back(std::make_shared<nn::BatchNorm2d>(8));
+  s->push_back(std::make_shared<nn::ReLU>());
+  s->push_back(std::make_shared<nn::Conv2d>(nn::Conv2dOptions{8, 8, 3, 1, 1, 1, 1, false}));
+  s->push_back(std::make_shared<nn::BatchNorm2d>(8));
+  s->push_back(std::make_shared<nn::ReLU>());
+  s->push_back(std::make_shared<nn::MaxPool2d>(nn::Pool2dOptions{2}));
+  s->push_back(std::make_shared<nn::Flatten>());
+  if (dropout) s->push_back(std::make_shared<nn::Dropout>(0.25));
+  s->push_back(std::make_shared<nn::Linear>(8 * 8 * 8, 10));
+  return s;
+}
+
+struct StepRun {
+  NamedTensors state;       // weights and batch-norm buffers after the steps
+  std::vector<double> losses;
+  int64_t replays = 0, eager_calls = 0, step_count = 0;
+  std::string reason;
+  std::vector<std::string> lines;  // what on_fallback was told
+};
+
+struct StepSetup {
+  Device device = cpu_device(0);
+  bool graphed = true;
+  bool adamw = false;
+  bool bf16 = false;
+  bool dropout = false;
+  bool read_loss_inside = false;  // loss.item() in the step: cannot be captured
+  int steps = 20;
+  int64_t small_batch_at = -1;     // this step gets a batch of 8 instead of 16
+};
+
+StepRun train(const StepSetup& s) {
+  auto net = cnn(s.dropout);
+  net->to(s.device);
+  std::unique_ptr<optim::Optimizer> opt;
+  if (s.adamw) opt = std::make_unique<optim::AdamW>(net->parameters(), optim::AdamWOptions{1e-3, 0.9, 0.999, 1e-8, 0.01});
+  else opt = std::make_unique<optim::SGD>(net->parameters(), optim::SGDOptions{0.05, 0.9, 0.0, 5e-4, true});
+  StepRun run;
+  GraphedStepOptions o;
+  o.enabled = s.graphed;
+  o.on_fallback = [&](const std::string& line) { run.lines.push_back(line); };
+  const bool read_loss = s.read_loss_inside;
+  const std::optional<DType> cast = s.bf16 ? std::optional<DType>(kBFloat16) : std::nullopt;
+  GraphedStep step(
+      [&, read_loss, cast](const std::vector<Tensor>& in) {
+        Tensor loss;
+        {
+          AutocastGuard guard(cast);
+          loss = F::cross_entropy(net->forward(in[0]), in[1]);
+        }
+        if (read_loss && loss.item() > 1e9) loss = loss * 0.0;  // a data-dependent branch
+        opt->zero_grad();
+        loss.backward();
+        opt->step();
+        return std::vector<Tensor>{loss};
+      },
+      o);
+  manual_seed(2024);
+  for (int i = 0; i < s.steps; ++i) {
+    const int64_t n = i == s.small_batch_at ? 8 : 16;
+    Tensor x = randn({n, 3, 16, 16}).to(s.device);
+    Tensor y = randint(0, 10, {n}, {kInt64}).to(s.device);
+    opt->set_lr((s.adamw ? 1e-3 : 0.05) * (1.0 - 0.03 * i));  // changes between replays
+    run.losses.push_back(step({x, y})[0].item());
+  }
+  run.state = net->state_dict();
+  run.replays = step.replays();
+  run.eager_calls = step.eager_calls();
+  run.reason = step.fallback_reason();
+  run.step_count = opt->step_count();
+  return run;
+}
+
+void expect_same(const StepRun& a, const StepRun& b, double tol) {
+  ASSERT_EQ(a.state.size(), b.state.size());
+  for (size_t i = 0; i < a.state.size(); ++i) {
+    const double err = test::rel_err(a.state[i].second, b.state[i].second);
+    EXPECT_LE(err, tol) << a.state[i].first;
+  }
+  ASSERT_EQ(a.losses.size(), b.losses.size());
+  for (size_t i = 0; i < a.losses.size(); ++i)
+    EXPECT_NEAR(a.losses[i], b.losses[i], tol * std::max(1.0, std::abs(b.losses[i]))) << "loss of step " << i;
+}
+
+// ---- CPU --------------------------------------------------------------------------
+
+TEST(GraphedStep, OnTheCpuItIsTheEagerStep) {
+  StepSetup s;
+  const StepRun graphed = train(s);
+  s.graphed = false;
+  const StepRun eager = train(s);
+  expect_same(graphed, eager, 0.0);
+  EXPECT_EQ(graphed.replays, 0);
+  EXPECT_EQ(graphed.eager_calls, 20);
+  EXPECT_NE(graphed.reason.find("CUDA device"), std::string::npos) << graphed.reason;
+  EXPECT_TRUE(graphed.lines.empty());  // not a failure: graphs do not apply
+  EXPECT_EQ(graphed.step_count, 20);
+}
+
+TEST(GraphedStep, RejectsAnEmptyFunctionAndNegativeWarmup) {
+  EXPECT_THROW(GraphedStep(GraphedStep::Fn()), ValueError);
+  GraphedStepOptions o;
+  o.warmup_steps = -1;
+  EXPECT_THROW(GraphedStep([](const std::vector<Tensor>& in) { return in; }, o), ValueError);
+}
+
+TEST(GraphCapture, HostEffectsRunNowOrAtEachReplay) {
+  int n = 0;
+  EXPECT_FALSE(capture_in_progress());
+  on_each_replay([&] { ++n; });
+  EXPECT_EQ(n, 1);  // no capture: at once
+  EXPECT_NO_THROW(check_not_capturing("anything"));
+  {
+    CaptureScope scope;
+    EXPECT_TRUE(capture_in_progress());
+    EXPECT_THROW(CaptureScope(), CaptureError);  // one at a time
+    on_each_replay([&] { n += 10; });
+    on_each_replay([&] { n += 100; });
+    EXPECT_EQ(n, 1);  // deferred
+    try {
+      check_not_capturing("reading the loss");
+      ADD_FAILURE() << "no CaptureError";
+    } catch (const CaptureError& e) {
+      EXPECT_NE(std::string(e.what()).find("reading the loss cannot be part of a CUDA graph"), std::string::npos)
+          << e.what();
+    }
+    auto actions = scope.take_actions();
+    ASSERT_EQ(actions.size(), 2u);
+    for (int replay = 0; replay < 3; ++replay)
+      for (auto& a : actions) a();
+    EXPECT_EQ(n, 1 + 3 * 110);
+  }
+  EXPECT_FALSE(capture_in_progress());
+}
+
+// Note [Optimizer scalars on the device]: the optimizer's host bookkeeping is
+// deferred in a capture, and the learning rate cannot change inside one.
+TEST(GraphCapture, OptimizerCountsAtReplayAndRefusesANewLearningRateInside) {
+  auto net = cnn();
+  optim::SGD opt(net->parameters(), {0.05, 0.9, 0.0, 5e-4, true});
+  Tensor loss = F::cross_entropy(net->forward(randn({4, 3, 16, 16})), randint(0, 10, {4}, {kInt64}));
+  loss.backward();
+  opt.step();  // creates the momentum buffers
+  EXPECT_EQ(opt.step_count(), 1);
+  CaptureScope scope;
+  EXPECT_THROW(opt.set_lr(0.01), CaptureError);
+  EXPECT_DOUBLE_EQ(opt.lr(), 0.05);
+  opt.step();
+  EXPECT_EQ(opt.step_count(), 1);  // deferred to the replays
+  for (auto& a : scope.take_actions()) a();
+  EXPECT_EQ(opt.step_count(), 2);
+}
+
+TEST(GraphCapture, FirstOptimizerStepCannotBeCaptured) {
+  auto net = cnn();
+  optim::SGD opt(net->parameters(), {0.05, 0.9, 0.0, 5e-4, true});
+  Tensor loss = F::cross_entropy(net->forward(randn({4, 3, 16, 16})), randint(0, 10, {4}, {kInt64}));
+  loss.backward();
+  CaptureScope scope;
+  try {
+    opt.step();
+    ADD_FAILURE() << "no CaptureError";
+  } catch (const CaptureError& e) {
+    EXPECT_NE(std::string(e.what()).find("first step"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(opt.step_count(), 0);
+}
+
+// ---- GPU --------------------------------------------------------------------------
+
+#ifdef CHORUS_WITH_CUDA
+
+// cuDNN's fastest weight-gradient engines sum with atomics, so two eager runs
+// differ by about 1e-6 after 20 steps; the comparisons below use only
+// deterministic engines, so that any difference is the graph's.
+class Deterministic {
+ public:
+  Deterministic() : prev_(cuda::deterministic()) { cuda::set_deterministic(true); }
+  ~Deterministic() { cuda::set_deterministic(prev_); }
+
+ private:
+  bool prev_;
+};
+
+TEST(GraphedStep, TwentyStepsMatchEagerFp32Sgd_CUDA) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
+  Deterministic same_bits;
+  StepSetup s;
+  s.device = cuda_device(0);
+  const StepRun graphed = train(s);
+  s.graphed = false;
+  const StepRun eager = train(s);
+  EXPECT_TRUE(graphed.lines.empty()) << graphed.lines[0];
+  EXPECT_EQ(graphed.replays, 18);  // 2 warm-up steps
+  EXPECT_EQ(graphed.step_count, 20);
+  expect_same(graphed, eager, 1e-6);
+}
+
+TEST(GraphedStep, TwentyStepsMatchEagerFp32AdamW_CUDA) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
+  Deterministic same_bits;
+  StepSetup s;
+  s.device = cuda_device(0);
+  s.adamw = true;
+  const StepRun graphed = train(s);
+  s.graphed = false;
+  const StepRun eager = train(s);
+  EXPECT_TRUE(graphed.lines.empty()) << graphed.lines[0];
+  EXPECT_EQ(graphed.replays, 18);
+  expect_same(graphed, eager, 1e-6);
+}
+
+// bf16 under autocast: the same kernels replayed, so the same rounding; the
+// stated tolerance is 1e-3 (what bf16 reductions in another order could give).
+TEST(GraphedStep, TwentyStepsMatchEagerBf16_CUDA) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
+  Deterministic same_bits;
+  StepSetup s;
+  s.device = cuda_device(0);
+  s.bf16 = true;
+  const StepRun graphed = train(s);
+  s.graphed = false;
+  const StepRun eager = train(s);
+  EXPECT_TRUE(graphed.lines.empty()) << graphed.lines[0];
+  EXPECT_EQ(graphed.replays, 18);
+  expect_same(graphed, eager, 1e-3);
+}
+
+TEST(GraphedStep, AHostReadInTheStepFallsBackWithOneLine_CUDA) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
+  Deterministic same_bits;
+  StepSetup s;
+  s.device = cuda_device(0);
+  s.read_loss_inside = true;
+  const StepRun graphed = train(s);
+  s.graphed = false;
+  const StepRun eager = train(s);
+  ASSERT_EQ(graphed.lines.size(), 1u);
+  EXPECT_NE(graphed.lines[0].find("cannot be captured"), std::string::npos) << graphed.lines[0];
+  EXPECT_NE(graphed.lines[0].find("reading a CUDA tensor on the host"), std::string::npos) << graphed.lines[0];
+  EXPECT_EQ(graphed.replays, 0);
+  EXPECT_EQ(graphed.eager_calls, 20);
+  EXPECT_EQ(graphed.step_count, 20);  // the failed capture counted nothing
+  expect_same(graphed, eager, 1e-6);
+}
+
+TEST(GraphedStep, DropoutFallsBack_CUDA) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
+  Deterministic same_bits;
+  StepSetup s;
+  s.device = cuda_device(0);
+  s.dropout = true;
+  const StepRun graphed = train(s);
+  s.graphed = false;
+  const StepRun eager = train(s);
+  ASSERT_EQ(graphed.lines.size(), 1u);
+  EXPECT_NE(graphed.lines[0].find("random numbers"), std::string::npos) << graphed.lines[0];
+  EXPECT_EQ(graphed.replays, 0);
+  const StepRun again = train(s);
+  expect_same(again, eager, 1e-6);  // eager is repeatable
+  expect_same(graphed, eager, 1e-6);
+}
+
+TEST(GraphedStep, ASmallerBatchRunsEagerlyAndTheGraphStays_CUDA) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
+  Deterministic same_bits;
+  StepSetup s;
+  s.device = cuda_device(0);
+  s.small_batch_at = 9;
+  const StepRun graphed = train(s);
+  s.graphed = false;
+  const StepRun eager = train(s);
+  ASSERT_EQ(graphed.lines.size(), 1u);
+  EXPECT_NE(graphed.lines[0].find("[8,3,16,16]"), std::string::npos) << graphed.lines[0];
+  EXPECT_EQ(graphed.replays, 17);
+  EXPECT_EQ(graphed.eager_calls, 3);
+  expect_same(graphed, eager, 1e-6);
+}
+
+// Returned tensors are copies: a later replay does not overwrite them.
+TEST(GraphedStep, OutputsSurviveLaterReplaysAndTheMemoryGoesWithTheGraph_CUDA) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
+  const Device g = cuda_device(0);
+  auto net = cnn();
+  net->to(g);
+  optim::SGD opt(net->parameters(), {0.05, 0.9, 0.0, 5e-4, true});
+  auto fn = [&](const std::vector<Tensor>& in) {
+    Tensor out = net->forward(in[0]);
+    Tensor loss = F::cross_entropy(out, in[1]);
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+    return std::vector<Tensor>{out, loss};
+  };
+  {
+    GraphedStep step(fn);
+    Tensor y = randint(0, 10, {16}, {kInt64}).to(g);
+    std::vector<Tensor> first;
+    for (int i = 0; i < 4; ++i) {
+      std::vector<Tensor> out = step({randn({16, 3, 16, 16}).to(g), y});
+      if (i == 2) first = out;  // the first replay's
+    }
+    EXPECT_EQ(step.replays(), 2);
+    EXPECT_GT(backend(g).graph_pool_bytes(g), 0u);
+    const std::vector<float> kept = first[0].to(cpu_device(0)).to_vector<float>();
+    (void)step({randn({16, 3, 16, 16}).to(g), y});
+    EXPECT_EQ(first[0].to(cpu_device(0)).to_vector<float>(), kept);
+  }
+  // The gradients were made in the graph's pool; once they go, so does it.
+  EXPECT_GT(backend(g).graph_pool_bytes(g), 0u);
+  opt.zero_grad();
+  EXPECT_EQ(backend(g).graph_pool_bytes(g), 0u);
+}
+
+#endif  // CHORUS_WITH_CUDA
+
+}  // namespace
+}  // namespace chorus::parallel
