@@ -7,6 +7,7 @@
 # DistributedDataParallel beside DataParallel and PyTorch DDP; ddptrain trains
 # Fashion-MNIST with DDP on 2 GPUs; dp runs DataParallel WRN-28-10 fp32 and bf16 at 1 and 2 GPUs;
 # graphs runs the CUDA-graph tests and one GPU against torch.compile;
+# profile sums GPU time per kernel class (nsys);
 # pipeline runs WRN-28-10 and WRN-40-10 in 2 stages (naive, GPipe, 1F1B,
 # interleaved) and a pipeline of 2 processes over NCCL send/recv. Every command runs under `timeout`, so a hang
 # shows up as a failed row instead of eating the machine's time. Logs and JSON rows go to $OUT (or ./gpu-out).
@@ -35,9 +36,9 @@ if has tests; then
   timeout 900 ./$BUILD/chorus_tests --gtest_filter='*_CUDA:*_MultiCUDA:*CUDA*' 2>&1 | tee "$OUT/cuda_tests.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |tests ran|Failure|error" | head -60
 fi
 if has sanitize; then
-  timeout ${SANITIZE_TIMEOUT:-420} compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 ./$BUILD/chorus_tests --gtest_filter='*_CUDA' >"$OUT/memcheck.log" 2>&1
+  timeout ${SANITIZE_TIMEOUT:-420} compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 ./$BUILD/chorus_tests --gtest_filter="${SANITIZE_FILTER:-*_CUDA}" >"$OUT/memcheck.log" 2>&1
   echo "memcheck exit $? ($(grep -c 'Invalid' "$OUT/memcheck.log") invalid accesses)"; tail -3 "$OUT/memcheck.log"
-  timeout ${SANITIZE_TIMEOUT:-420} compute-sanitizer --tool racecheck --racecheck-report hazard --error-exitcode 9 ./$BUILD/chorus_tests --gtest_filter='*_CUDA' >"$OUT/racecheck.log" 2>&1
+  timeout ${SANITIZE_TIMEOUT:-420} compute-sanitizer --tool racecheck --racecheck-report hazard ${RACECHECK_ARGS:-} --error-exitcode 9 ./$BUILD/chorus_tests --gtest_filter="${SANITIZE_FILTER:-*_CUDA}" >"$OUT/racecheck.log" 2>&1
   echo "racecheck exit $? ($(grep -c 'Race reported\|Hazard' "$OUT/racecheck.log") hazard lines)"; tail -3 "$OUT/racecheck.log"
 fi
 if has memrun; then
@@ -192,6 +193,27 @@ for m, p in keys:
           f"{v(t.get('max-autotune')):8.1f} {mine / v(best):8.2f} ({(best or {}).get('compile') or 'eager'}) "
           f"{((g or e or {}).get('peak_mem_bytes', 0)) / 2**20:6.0f}/{(best or {}).get('peak_mem_bytes', 0) / 2**20:.0f}")
 PY
+fi
+if has profile; then
+  # Issue 14: GPU time per kernel class of one bf16 channels-last step
+  # (Nsight Systems, graph nodes traced one by one), to pick what to fuse.
+  # Without Nsight Systems on the machine: CHORUS_PROFILE's per-kernel table
+  # of an eager step (each kernel timed alone, device synchronised around it).
+  NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+  [ -z "$NSYS" ] && for m in ${PROFILE_MODELS:-wrn-16-4 wrn-28-10}; do
+    echo "== CHORUS_PROFILE $m bf16 channels-last, eager, 20 steps"
+    CHORUS_PROFILE=1 timeout 300 $C bench --model $m --precision bf16 --channels-last --devices cuda:0 --batch-size 128 \
+      --steps 20 --warmup 5 --no-cuda-graphs 2>&1 >/dev/null | head -30
+  done
+  [ -n "$NSYS" ] && for m in ${PROFILE_MODELS:-wrn-16-4 wrn-28-10}; do
+    for g in "" --no-cuda-graphs; do
+      tag=$m${g:+-eager}
+      timeout 300 $NSYS profile -t cuda --cuda-graph-trace=node -f true -o "$OUT/prof_$tag" $C bench --model $m --precision bf16 \
+        --channels-last --devices cuda:0 --batch-size 128 --steps 20 --warmup 5 $g >"$OUT/prof_$tag.log" 2>&1
+      timeout 300 $NSYS stats --report cuda_gpu_kern_sum --format csv -f true -o "$OUT/kern_$tag" "$OUT/prof_$tag.nsys-rep" >/dev/null 2>&1
+      python3 scripts/kernel_classes.py "$OUT/kern_${tag}_cuda_gpu_kern_sum.csv" 25 "$tag"
+    done
+  done
 fi
 if has multi; then
   n=$(nvidia-smi -L | wc -l)

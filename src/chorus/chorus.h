@@ -30,6 +30,7 @@
 #include "chorus/data/transforms.h"
 #include "chorus/models/models.h"
 #include "chorus/parallel/data_parallel.h"
+#include "chorus/parallel/graphed_step.h"
 #include "chorus/parallel/pipeline.h"
 #include "chorus/parallel/placement.h"
 #include "chorus/dist/ddp.h"

@@ -9,12 +9,17 @@ if [ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]; then
   echo "SKIP: dataset-fashion-mnist not installed"; exit 0
 fi
 out=$("$CHORUS" train --model cnn --data fashion-mnist --epochs 1 --devices cpu --seed 1 --json --quiet)
+# --no-cuda-graphs is accepted everywhere (a no-op off the GPU).
+"$CHORUS" train --model cnn --data synthetic --synthetic-size 256 --epochs 1 --devices cpu --no-cuda-graphs --quiet --json >/dev/null
 echo "$out"
 python3 - "$out" <<'PY'
 import json, sys
 s = json.loads(sys.argv[1])
-for k in ["model", "strategy", "devices", "precision", "epochs", "steps", "train_loss", "test_loss", "test_accuracy", "img_per_s", "seconds"]:
+for k in ["model", "strategy", "devices", "precision", "epochs", "steps", "train_loss", "test_loss", "test_accuracy", "img_per_s", "seconds",
+          "cuda_graph_replays"]:
     assert k in s, f"summary lacks {k}"
+# CUDA graphs apply to one CUDA device only: on the CPU the step is eager, silently.
+assert s["cuda_graph_replays"] is None, s["cuda_graph_replays"]
 acc = s["test_accuracy"]
 print(f"test_accuracy={acc:.4f} seconds={s['seconds']:.1f}")
 assert acc >= 0.88, f"test accuracy {acc} < 0.88"
