@@ -109,7 +109,9 @@ BenchRow bench_one(const BenchConfig& c, const std::vector<Device>& devs) {
   TrainStep train_step{wrap_for_strategy(model, c.strategy, devs, c.bucket_mb), &opt, std::nullopt, 0.0};
   if (c.precision == "bf16") train_step.autocast = kBFloat16;
   // CUDA graphs where they apply (captured during the warm-up's last steps).
-  bool graphed = !c.no_cuda_graphs && cuda_graphs_apply(c.strategy, devs) && train_step.enable_cuda_graphs();
+  parallel::GraphedStepOptions graph_options;
+  graph_options.devices = devs;
+  bool graphed = !c.no_cuda_graphs && cuda_graphs_apply(c.strategy, devs) && train_step.enable_cuda_graphs(graph_options);
   TrainStep::Phases phases;
   Tensor loss;
   auto step = [&] { loss = train_step.run(x, y, &phases).loss; };

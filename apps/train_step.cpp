@@ -15,7 +15,9 @@ nn::ModulePtr wrap_for_strategy(const nn::ModulePtr& model, const std::string& s
 }
 
 bool cuda_graphs_apply(const std::string& strategy, const std::vector<Device>& devices) {
-  return strategy == "single" && devices.size() == 1 && devices[0].is_cuda();
+  for (const Device& d : devices)
+    if (!d.is_cuda()) return false;
+  return (strategy == "single" && devices.size() == 1) || strategy == "dp";
 }
 
 bool TrainStep::enable_cuda_graphs(parallel::GraphedStepOptions options) {

@@ -7,7 +7,8 @@
 # DistributedDataParallel beside DataParallel and PyTorch DDP; ddptrain trains
 # Fashion-MNIST with DDP on 2 GPUs; dp runs DataParallel WRN-28-10 fp32 and bf16 at 1 and 2 GPUs;
 # graphs runs the CUDA-graph tests and one GPU against torch.compile;
-# profile sums GPU time per kernel class (nsys);
+# profile sums GPU time per kernel class (nsys); dpgraphs runs DataParallel
+# with and without CUDA graphs on 2 GPUs;
 # pipeline runs WRN-28-10 and WRN-40-10 in 2 stages (naive, GPipe, 1F1B,
 # interleaved) and a pipeline of 2 processes over NCCL send/recv. Every command runs under `timeout`, so a hang
 # shows up as a failed row instead of eating the machine's time. Logs and JSON rows go to $OUT (or ./gpu-out).
@@ -193,6 +194,19 @@ for m, p in keys:
           f"{v(t.get('max-autotune')):8.1f} {mine / v(best):8.2f} ({(best or {}).get('compile') or 'eager'}) "
           f"{((g or e or {}).get('peak_mem_bytes', 0)) / 2**20:6.0f}/{(best or {}).get('peak_mem_bytes', 0) / 2**20:.0f}")
 PY
+fi
+if has dpgraphs; then
+  # Issue 14 on 2 GPUs: DataParallel steps captured as one graph over both
+  # devices against eager DataParallel, at 1 and 2 GPUs (scaling efficiency).
+  timeout 300 ./$BUILD/chorus_tests --gtest_filter='GraphedStep*:DeviceThread*:DataParallel*' 2>&1 \
+    | tee "$OUT/dpgraph_tests.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|rror|CUDA graphs" | head -30
+  for cfg in "wrn-16-4 bf16 --channels-last" "wrn-28-10 bf16 --channels-last"; do
+    set -- $cfg
+    for g in "" --no-cuda-graphs; do
+      timeout 300 $C bench --model $1 --strategy dp --devices cuda:0,cuda:1 --device-counts 1,2 --precision $2 $3 \
+        --batch-size 128 --steps 30 --warmup 8 $g 2>&1 | tee -a "$OUT/dpgraphs.txt"
+    done
+  done
 fi
 if has profile; then
   # Issue 14: GPU time per kernel class of one bf16 channels-last step

@@ -85,6 +85,12 @@ void DeviceBackend::capture_begin(Device d, StreamHandle) {
 DeviceBackend::GraphHandle DeviceBackend::capture_end(Device d, StreamHandle) {
   CHORUS_THROW(CaptureError, "CUDA graphs need a CUDA device; ", d.str(), " runs eagerly");
 }
+void DeviceBackend::capture_fork(Device d, StreamHandle, Device, StreamHandle) {
+  CHORUS_THROW(CaptureError, "CUDA graphs need a CUDA device; ", d.str(), " runs eagerly");
+}
+void DeviceBackend::capture_join(Device d, StreamHandle, Device, StreamHandle) {
+  CHORUS_THROW(CaptureError, "CUDA graphs need a CUDA device; ", d.str(), " runs eagerly");
+}
 void DeviceBackend::graph_replay(Device d, GraphHandle, StreamHandle) {
   CHORUS_THROW(CaptureError, "CUDA graphs need a CUDA device; ", d.str(), " runs eagerly");
 }

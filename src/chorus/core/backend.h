@@ -78,6 +78,13 @@ class DeviceBackend {
   using GraphHandle = void*;
   virtual void capture_begin(Device d, StreamHandle s);
   virtual GraphHandle capture_end(Device d, StreamHandle s);
+  // A capture over several devices: capture_fork makes stream `s` of `d` part
+  // of the capture begun on `origin`'s stream `origin_stream` (through an
+  // event; `d`'s allocations on captured streams then come from a pool of the
+  // same graph), and capture_join orders the end of `origin_stream` after `s`'s
+  // work; every forked stream is joined before capture_end.
+  virtual void capture_fork(Device d, StreamHandle s, Device origin, StreamHandle origin_stream);
+  virtual void capture_join(Device d, StreamHandle s, Device origin, StreamHandle origin_stream);
   // Enqueues one replay on `s` (of the graph's device).
   virtual void graph_replay(Device d, GraphHandle g, StreamHandle s);
   // Frees the graph; its memory goes once the tensors made in it are freed.

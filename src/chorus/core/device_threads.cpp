@@ -1,5 +1,7 @@
 #include "chorus/core/device_threads.h"
 
+#include "chorus/core/stream.h"
+
 #include <condition_variable>
 #include <map>
 #include <memory>
@@ -103,12 +105,20 @@ std::vector<std::exception_ptr> DeviceThreadPool::run(const std::vector<Device>&
     for (Worker* w : workers) im->release(w);
     throw;
   }
+  // Each task issues to the caller's current stream of its device (the
+  // device's default stream unless the caller chose one), so that work on a
+  // stream the caller picked -- a StreamGuard, a CUDA graph capture -- stays on
+  // it when the work fans out to device threads.
+  std::vector<Stream> streams;
+  streams.reserve(devices.size());
+  for (const Device& d : devices) streams.push_back(Stream::current(d));
   for (size_t i = 0; i < tasks.size(); ++i) {
     Worker* w = workers[i];
     std::lock_guard<std::mutex> lk(w->mu);
     w->task = [&, i, w] {
       try {
         DeviceGuard g(devices[i]);
+        StreamGuard on_callers_stream(streams[i]);
         tasks[i]();
       } catch (...) {
         errors[i] = std::current_exception();

@@ -28,8 +28,10 @@ class DeviceThreadPool {
 
   // Runs tasks[i] on a pool thread of devices[i], under DeviceGuard(devices[i]),
   // all concurrently; returns when every task has finished. Entry i of the
-  // result is the exception task i threw, or null. Thread-local state other
-  // than the current device (grad mode, autocast) is the caller's to carry.
+  // result is the exception task i threw, or null. Task i runs with the
+  // caller's current stream of devices[i] as its own. Thread-local state
+  // other than the current device and stream (grad mode, autocast) is the
+  // caller's to carry.
   std::vector<std::exception_ptr> run(const std::vector<Device>& devices,
                                       const std::vector<std::function<void()>>& tasks);
 

@@ -119,7 +119,7 @@ class PinnedStaging {
 struct CapturedGraph {
   int device = 0;
   cudaGraphExec_t exec = nullptr;
-  CudaAllocator::GraphPool* pool = nullptr;
+  std::vector<CudaAllocator::GraphPool*> pools;  // one per device the capture spanned
 };
 
 class CudaBackend final : public DeviceBackend {
@@ -277,18 +277,22 @@ class CudaBackend final : public DeviceBackend {
     CudaDeviceGuard guard(i);
     cudaGraph_t graph = nullptr;
     cudaError_t err = cudaStreamEndCapture(stream, &graph);
-    allocator_.end_capture(i);
-    CudaAllocator::GraphPool* pool = nullptr;
+    // The pools of the origin and of every device forked into the capture.
+    std::vector<CudaAllocator::GraphPool*> pools;
     {
       std::lock_guard<std::mutex> g(capture_mu_);
-      pool = std::exchange(capture_pools_[static_cast<size_t>(i)], nullptr);
+      for (size_t k = 0; k < capture_pools_.size(); ++k) {
+        if (!capture_pools_[k]) continue;
+        pools.push_back(std::exchange(capture_pools_[k], nullptr));
+        allocator_.end_capture(static_cast<int>(k));
+      }
     }
     // The tensors made during a failed capture go back to its pool as they are
     // freed; the pool's memory goes with the last of them.
     auto fail = [&](const char* what, cudaError_t e) {
       (void)cudaGetLastError();
       if (graph) (void)cudaGraphDestroy(graph);
-      allocator_.release_pool(pool);
+      for (CudaAllocator::GraphPool* p : pools) allocator_.release_pool(p);
       CHORUS_THROW(CaptureError, "cuda:", i, ": ", what, ": ", cudaGetErrorString(e));
     };
     if (err != cudaSuccess || !graph) fail("the graph capture failed", err);
@@ -302,7 +306,52 @@ class CudaBackend final : public DeviceBackend {
       (void)cudaGraphExecDestroy(exec);
       fail("uploading the captured graph failed", err);
     }
-    return new CapturedGraph{i, exec, pool};
+    return new CapturedGraph{i, exec, std::move(pools)};
+  }
+
+  void capture_fork(Device d, StreamHandle s, Device origin, StreamHandle origin_stream) override {
+    const int i = index(d), o = index(origin);
+    CudaAllocator::GraphPool* pool = allocator_.begin_capture(i);
+    cudaEvent_t e = events_.acquire(o);
+    cudaError_t err;
+    {
+      CudaDeviceGuard guard(o);
+      err = cudaEventRecord(e, stream_of(origin, origin_stream));
+    }
+    if (err == cudaSuccess) {
+      CudaDeviceGuard guard(i);
+      err = cudaStreamWaitEvent(stream_of(d, s), e, 0);
+    }
+    events_.release(o, e);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      allocator_.end_capture(i);
+      allocator_.release_pool(pool);
+      CHORUS_THROW(CaptureError, "cuda:", i, ": joining the graph capture of cuda:", o, " failed: ",
+                   cudaGetErrorString(err));
+    }
+    std::lock_guard<std::mutex> g(capture_mu_);
+    capture_pools_[static_cast<size_t>(i)] = pool;
+  }
+
+  void capture_join(Device d, StreamHandle s, Device origin, StreamHandle origin_stream) override {
+    const int i = index(d), o = index(origin);
+    cudaEvent_t e = events_.acquire(i);
+    cudaError_t err;
+    {
+      CudaDeviceGuard guard(i);
+      err = cudaEventRecord(e, stream_of(d, s));
+    }
+    if (err == cudaSuccess) {
+      CudaDeviceGuard guard(o);
+      err = cudaStreamWaitEvent(stream_of(origin, origin_stream), e, 0);
+    }
+    events_.release(i, e);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      CHORUS_THROW(CaptureError, "cuda:", i, ": joining back into the graph capture of cuda:", o, " failed: ",
+                   cudaGetErrorString(err));
+    }
   }
 
   void graph_replay(Device d, GraphHandle g, StreamHandle s) override {
@@ -318,7 +367,7 @@ class CudaBackend final : public DeviceBackend {
       CudaDeviceGuard guard(cg->device);
       if (cudaGraphExecDestroy(cg->exec) != cudaSuccess) (void)cudaGetLastError();
     }
-    allocator_.release_pool(cg->pool);
+    for (CudaAllocator::GraphPool* p : cg->pools) allocator_.release_pool(p);
     delete cg;
   }
 

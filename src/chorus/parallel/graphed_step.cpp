@@ -1,5 +1,6 @@
 #include "chorus/parallel/graphed_step.h"
 
+#include <memory>
 #include <sstream>
 #include <utility>
 
@@ -33,7 +34,7 @@ GraphedStep::~GraphedStep() {
   // can go with the graph (unless tensors such as gradients still hold some).
   static_outputs_.clear();
   static_inputs_.clear();
-  if (graph_) backend(*device_).graph_destroy(*device_, graph_);
+  if (graph_) backend(devices_[0]).graph_destroy(devices_[0], graph_);
 }
 
 void GraphedStep::say(const std::string& line) {
@@ -86,9 +87,20 @@ std::vector<Tensor> GraphedStep::operator()(const std::vector<Tensor>& inputs) {
     reason_ = "CUDA graphs need tensor inputs";
     return eager(inputs);
   }
+  std::vector<Device> devices = options_.devices.empty() ? std::vector<Device>{*dev} : options_.devices;
+  for (const Device& d : devices) {
+    if (!d.is_cuda()) {
+      reason_ = "CUDA graphs need CUDA devices (the step runs on " + d.str() + ")";
+      return eager(inputs);
+    }
+  }
+  if (devices[0] != *dev) {
+    reason_ = "the inputs are on " + dev->str() + ", not on the step's first device " + devices[0].str();
+    return eager(inputs);
+  }
   if (calls_ <= options_.warmup_steps) return eager(inputs);
   try {
-    device_ = dev;
+    devices_ = devices;
     capture(inputs);
   } catch (const CaptureError& e) {
     reason_ = e.message();
@@ -106,8 +118,15 @@ std::vector<Tensor> GraphedStep::operator()(const std::vector<Tensor>& inputs) {
   return replay(inputs);
 }
 
+void GraphedStep::wait_for_callers() {
+  for (size_t k = 0; k < devices_.size(); ++k) {
+    ready_[k].record();  // the caller's current stream of devices_[k]
+    streams_[0].wait(ready_[k]);
+  }
+}
+
 void GraphedStep::capture(const std::vector<Tensor>& inputs) {
-  const Device d = *device_;
+  const Device d = devices_[0];
   DeviceBackend& be = backend(d);
   {
     NoGradGuard no_grad;
@@ -121,51 +140,66 @@ void GraphedStep::capture(const std::vector<Tensor>& inputs) {
       static_inputs_.push_back(s);
     }
   }
-  if (!stream_) stream_ = Stream::create(d);
-  if (!inputs_ready_) inputs_ready_.emplace(d, false);
-  if (!replayed_) replayed_.emplace(d, false);
-  // The capture stream starts after the caller's work so far (the copies above).
-  inputs_ready_->record();
-  stream_->wait(*inputs_ready_);
+  if (streams_.empty()) {
+    for (const Device& dev : devices_) {
+      streams_.push_back(Stream::create(dev));
+      ready_.emplace_back(dev, false);
+    }
+    replayed_.emplace(d, false);
+  }
+  // The capture begins after the caller's work so far (the copies above).
+  wait_for_callers();
   std::vector<Tensor> outputs;
   std::vector<std::function<void()>> actions;
   {
-    StreamGuard on_graph_stream(*stream_);
+    // The step's work on every device goes to the graph's streams, from this
+    // thread and from the device threads it fans out to.
+    std::vector<std::unique_ptr<StreamGuard>> on_graph_streams;
+    for (const Stream& st : streams_) on_graph_streams.push_back(std::make_unique<StreamGuard>(st));
     CaptureScope scope;
-    be.capture_begin(d, stream_->handle());
+    be.capture_begin(d, streams_[0].handle());
+    size_t forked = 1;
     try {
+      for (; forked < devices_.size(); ++forked)
+        be.capture_fork(devices_[forked], streams_[forked].handle(), d, streams_[0].handle());
       outputs = fn_(static_inputs_);
+      for (size_t k = 1; k < devices_.size(); ++k)
+        be.capture_join(devices_[k], streams_[k].handle(), d, streams_[0].handle());
     } catch (...) {
-      // End the capture whatever it threw (the stream stays unusable otherwise).
+      // End the capture whatever it threw (the streams stay unusable otherwise).
+      try {
+        for (size_t k = 1; k < forked; ++k)
+          be.capture_join(devices_[k], streams_[k].handle(), d, streams_[0].handle());
+      } catch (const Error&) {
+      }
       try {
         // A capture our own check stopped is still valid to CUDA: free it.
-        be.graph_destroy(d, be.capture_end(d, stream_->handle()));
+        be.graph_destroy(d, be.capture_end(d, streams_[0].handle()));
       } catch (const Error&) {
       }
       throw;
     }
-    graph_ = be.capture_end(d, stream_->handle());
+    graph_ = be.capture_end(d, streams_[0].handle());
     actions = scope.take_actions();
   }
-  // Later eager work on the caller's stream (freeing what the capture made)
-  // is ordered after the capture stream's.
-  replayed_->record(*stream_);
-  Stream::current(d).wait(*replayed_);
+  // Later eager work on the callers' streams (freeing what the capture made)
+  // is ordered after the capture streams'.
+  replayed_->record(streams_[0]);
+  for (const Device& dev : devices_) Stream::current(dev).wait(*replayed_);
   static_outputs_ = std::move(outputs);
   actions_ = std::move(actions);
 }
 
 std::vector<Tensor> GraphedStep::replay(const std::vector<Tensor>& inputs) {
-  const Device d = *device_;
+  const Device d = devices_[0];
   NoGradGuard no_grad;
   for (size_t i = 0; i < inputs.size(); ++i) ops::copy_(static_inputs_[i], inputs[i]);
-  // The replay reads what the caller's stream wrote (the inputs, a new
-  // learning rate); the caller's later work waits for the replay.
-  inputs_ready_->record();
-  stream_->wait(*inputs_ready_);
-  backend(d).graph_replay(d, graph_, stream_->handle());
-  replayed_->record(*stream_);
-  Stream::current(d).wait(*replayed_);
+  // The replay reads what the callers' streams wrote (the inputs, a new
+  // learning rate on each device); their later work waits for the replay.
+  wait_for_callers();
+  backend(d).graph_replay(d, graph_, streams_[0].handle());
+  replayed_->record(streams_[0]);
+  for (const Device& dev : devices_) Stream::current(dev).wait(*replayed_);
   ++replays_;
   for (const auto& action : actions_) action();
   std::vector<Tensor> out;

@@ -34,6 +34,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -47,6 +48,12 @@ namespace chorus::parallel {
 struct GraphedStepOptions {
   bool enabled = true;   // false: every call eager (chorus train --no-cuda-graphs)
   int warmup_steps = 2;  // eager calls before the capture
+  // The CUDA devices the step's work runs on, the inputs' device first
+  // (DataParallel: its devices); empty: the inputs' device alone. One graph
+  // spans them all: the other devices' streams fork from the first device's
+  // capture and join back before it ends, the step's device threads issuing
+  // to them (DeviceThreadPool carries the caller's streams).
+  std::vector<Device> devices;
   // Receives the one line that says why the step runs eagerly (capture failed,
   // or the first shape change); null: a warning on stderr.
   std::function<void(const std::string&)> on_fallback;
@@ -75,15 +82,18 @@ class GraphedStep {
   std::vector<Tensor> replay(const std::vector<Tensor>& inputs);
   bool matches(const std::vector<Tensor>& inputs) const;
   void say(const std::string& line);
+  // The graph's streams start after the caller's work on every device.
+  void wait_for_callers();
 
   Fn fn_;
   GraphedStepOptions options_;
   int64_t calls_ = 0, replays_ = 0, eager_calls_ = 0;
   std::string reason_;
   bool said_shape_ = false;
-  std::optional<Device> device_;
-  std::optional<Stream> stream_;                // the graph's stream
-  std::optional<Event> inputs_ready_, replayed_;  // ordering with the caller's stream
+  std::vector<Device> devices_;     // [0]: the inputs' device, where the capture begins
+  std::vector<Stream> streams_;     // the graph's stream on each device
+  std::vector<Event> ready_;        // per device: the caller's work so far
+  std::optional<Event> replayed_;   // on devices_[0]: the end of a replay
   std::vector<Tensor> static_inputs_, static_outputs_;
   std::vector<std::function<void()>> actions_;  // host bookkeeping per replay
   DeviceBackend::GraphHandle graph_ = nullptr;
