@@ -17,7 +17,10 @@ nn::ModulePtr wrap_for_strategy(const nn::ModulePtr& model, const std::string& s
 bool cuda_graphs_apply(const std::string& strategy, const std::vector<Device>& devices) {
   for (const Device& d : devices)
     if (!d.is_cuda()) return false;
-  return (strategy == "single" && devices.size() == 1) || strategy == "dp";
+  // DataParallel's capture fails today on its replica threads (cuDNN refuses
+  // their capture streams: CUDNN_STATUS_BAD_PARAM_STREAM_MISMATCH) and would
+  // only fall back, so it is not attempted (docs/cuda_graphs.md).
+  return strategy == "single" && devices.size() == 1;
 }
 
 bool TrainStep::enable_cuda_graphs(parallel::GraphedStepOptions options) {

@@ -53,8 +53,7 @@ struct TrainStep {
 };
 
 // Whether a step over `devices` with this strategy can be captured as a CUDA
-// graph: "single" on one CUDA device, or "dp" over CUDA devices (one graph
-// spanning them; the batch must then be on the first device).
+// graph: "single" on one CUDA device.
 bool cuda_graphs_apply(const std::string& strategy, const std::vector<Device>& devices);
 
 }  // namespace chorus::app

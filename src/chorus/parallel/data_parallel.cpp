@@ -9,6 +9,7 @@
 #include "chorus/autograd/grad_mode.h"
 #include "chorus/autograd/node.h"
 #include "chorus/core/error.h"
+#include "chorus/core/graph_capture.h"
 #include "chorus/core/stream.h"
 #include "chorus/dist/sync_batch_norm.h"
 #include "chorus/ops/comm.h"
@@ -172,8 +173,12 @@ void DataParallel::sync_replicas(size_t used) {
   // Per replica: a small batch leaves the idle replicas behind, and they catch
   // up when a later batch uses them again. Raw ops:: calls: never recorded.
   const size_t groups = layout_->groups();
-  std::vector<char> stale(groups, 0);
-  for (size_t e = 0; e < entries_.size(); ++e) {
+  // In a CUDA graph capture every group is copied: the graph's own optimizer
+  // step changes the masters at every replay, and a failed capture must
+  // leave the bookkeeping as it was (Note [CUDA graphs]).
+  const bool capturing = capture_in_progress();
+  std::vector<char> stale(groups, capturing ? 1 : 0);
+  for (size_t e = 0; e < entries_.size() && !capturing; ++e) {
     const Entry& entry = entries_[e];
     const Tensor& m = entry.current();
     for (size_t r = 1; r < used; ++r) {
@@ -202,6 +207,7 @@ void DataParallel::sync_replicas(size_t used) {
     std::vector<Tensor> dsts;
     for (size_t r = 1; r < used; ++r) dsts.push_back(flat_[r][g]);
     ops::broadcast_coalesced(staging_[g], dsts);
+    if (capturing) continue;  // the replicas are copied at every replay
     for (size_t e = 0; e < entries_.size(); ++e) {
       if (layout_->segments[e].group != g) continue;
       const Tensor& m = entries_[e].current();
