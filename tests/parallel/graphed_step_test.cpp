@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "testing/compare.h"
@@ -124,13 +125,19 @@ void expect_same(const StepRun& a, const StepRun& b, double tol) {
     EXPECT_NEAR(a.losses[i], b.losses[i], tol * std::max(1.0, std::abs(b.losses[i]))) << "loss of step " << i;
 }
 
+// The same training graphed and eager (`s.graphed` is ignored).
+std::pair<StepRun, StepRun> graphed_and_eager(StepSetup s) {
+  s.graphed = true;
+  StepRun graphed = train(s);
+  s.graphed = false;
+  return {std::move(graphed), train(s)};
+}
+
 // ---- CPU --------------------------------------------------------------------------
 
 TEST(GraphedStep, OnTheCpuItIsTheEagerStep) {
   StepSetup s;
-  const StepRun graphed = train(s);
-  s.graphed = false;
-  const StepRun eager = train(s);
+  const auto [graphed, eager] = graphed_and_eager(s);
   expect_same(graphed, eager, 0.0);
   EXPECT_EQ(graphed.replays, 0);
   EXPECT_EQ(graphed.eager_calls, 20);
@@ -229,9 +236,7 @@ TEST(GraphedStep, TwentyStepsMatchEagerFp32Sgd_CUDA) {
   Deterministic same_bits;
   StepSetup s;
   s.device = cuda_device(0);
-  const StepRun graphed = train(s);
-  s.graphed = false;
-  const StepRun eager = train(s);
+  const auto [graphed, eager] = graphed_and_eager(s);
   EXPECT_TRUE(graphed.lines.empty()) << graphed.lines[0];
   EXPECT_EQ(graphed.replays, 18);  // 2 warm-up steps
   EXPECT_EQ(graphed.step_count, 20);
@@ -244,9 +249,7 @@ TEST(GraphedStep, TwentyStepsMatchEagerFp32AdamW_CUDA) {
   StepSetup s;
   s.device = cuda_device(0);
   s.adamw = true;
-  const StepRun graphed = train(s);
-  s.graphed = false;
-  const StepRun eager = train(s);
+  const auto [graphed, eager] = graphed_and_eager(s);
   EXPECT_TRUE(graphed.lines.empty()) << graphed.lines[0];
   EXPECT_EQ(graphed.replays, 18);
   expect_same(graphed, eager, 1e-6);
@@ -260,9 +263,7 @@ TEST(GraphedStep, TwentyStepsMatchEagerBf16_CUDA) {
   StepSetup s;
   s.device = cuda_device(0);
   s.bf16 = true;
-  const StepRun graphed = train(s);
-  s.graphed = false;
-  const StepRun eager = train(s);
+  const auto [graphed, eager] = graphed_and_eager(s);
   EXPECT_TRUE(graphed.lines.empty()) << graphed.lines[0];
   EXPECT_EQ(graphed.replays, 18);
   expect_same(graphed, eager, 1e-3);
@@ -274,9 +275,7 @@ TEST(GraphedStep, AHostReadInTheStepFallsBackWithOneLine_CUDA) {
   StepSetup s;
   s.device = cuda_device(0);
   s.read_loss_inside = true;
-  const StepRun graphed = train(s);
-  s.graphed = false;
-  const StepRun eager = train(s);
+  const auto [graphed, eager] = graphed_and_eager(s);
   ASSERT_EQ(graphed.lines.size(), 1u);
   EXPECT_NE(graphed.lines[0].find("cannot be captured"), std::string::npos) << graphed.lines[0];
   EXPECT_NE(graphed.lines[0].find("reading a CUDA tensor on the host"), std::string::npos) << graphed.lines[0];
@@ -292,12 +291,11 @@ TEST(GraphedStep, DropoutFallsBack_CUDA) {
   StepSetup s;
   s.device = cuda_device(0);
   s.dropout = true;
-  const StepRun graphed = train(s);
-  s.graphed = false;
-  const StepRun eager = train(s);
+  const auto [graphed, eager] = graphed_and_eager(s);
   ASSERT_EQ(graphed.lines.size(), 1u);
   EXPECT_NE(graphed.lines[0].find("random numbers"), std::string::npos) << graphed.lines[0];
   EXPECT_EQ(graphed.replays, 0);
+  s.graphed = false;
   const StepRun again = train(s);
   expect_same(again, eager, 1e-6);  // eager is repeatable
   expect_same(graphed, eager, 1e-6);
@@ -309,9 +307,7 @@ TEST(GraphedStep, ASmallerBatchRunsEagerlyAndTheGraphStays_CUDA) {
   StepSetup s;
   s.device = cuda_device(0);
   s.small_batch_at = 9;
-  const StepRun graphed = train(s);
-  s.graphed = false;
-  const StepRun eager = train(s);
+  const auto [graphed, eager] = graphed_and_eager(s);
   ASSERT_EQ(graphed.lines.size(), 1u);
   EXPECT_NE(graphed.lines[0].find("[8,3,16,16]"), std::string::npos) << graphed.lines[0];
   EXPECT_EQ(graphed.replays, 17);
