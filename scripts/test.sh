@@ -8,7 +8,5 @@ scripts/build.sh
 t1=$(date +%s)
 echo "test: build took $(( t1 - t0 )) s"
 cd "${BUILD_DIR:-build}"
-# One job more than cores: several tests spend much of their time waiting
-# (for timeouts, sockets, child processes), so a third job fills the idle time.
-ctest --output-on-failure -j "${CHORUS_CTEST_JOBS:-$(( $(nproc) + 1 ))}" --timeout 1500
+ctest --output-on-failure -j "${CHORUS_CTEST_JOBS:-$(nproc)}" --timeout 1500
 echo "test: ctest took $(( $(date +%s) - t1 )) s"
