@@ -4,10 +4,13 @@
 # itself with SIGKILL (20 times) or stops itself with SIGSTOP (20 times).
 # Every survivor must exit with DistError naming that rank within
 # timeout + 10 s, the launcher must exit non-zero, and no process may be left.
+# With CHORUS_TEST_QUICK=1 (the sanitizer stage) 6 times each, so that each
+# signal still hits every rank twice; DEAD_RANK_REPS sets the count.
 set -uo pipefail
 CHORUS=${1:?chorus}; PROBE=${2:?chorus_dist_probe}
 "$CHORUS" --version | grep -q "^Gloo: no" && { echo "SKIPPED: this build has no Gloo"; exit 0; }
 REPS=${DEAD_RANK_REPS:-20}
+[ "${CHORUS_TEST_QUICK:-0}" = 1 ] && REPS=${DEAD_RANK_REPS:-6}
 TIMEOUT_MS=2000
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 fail=0; slowest=0; ok_runs=0
