@@ -96,7 +96,7 @@ endforeach()
 # Libraries without a .pc of their own; pkg-config's Requires names the others.
 set(_pc_libs "-pthread")
 if(CHORUS_HAVE_CUDA)
-  string(APPEND _pc_libs " -L${CUDAToolkit_LIBRARY_DIR} -lcudart -lcublasLt -lcublas")
+  string(APPEND _pc_libs " -L${CUDAToolkit_LIBRARY_DIR} -lcudart -ldl")
 endif()
 foreach(_lib IN ITEMS CUDNN NCCL)
   if(CHORUS_HAVE_${_lib})

@@ -586,6 +586,7 @@ TEST(CudaBatchNorm, FusedReluMatchesCpu_CUDA) {
   if (chorus::cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
   for (DType dtype : {kFloat32, kBFloat16}) {
     for (bool cl : {false, true}) check_batch_norm_relu({8, 16, 6, 5}, dtype, cl);
+    check_batch_norm_relu({16, 640, 3, 3}, dtype, true);
     check_batch_norm_relu({4, 3, 7, 5}, dtype, true);  // odd C: scalar path
   }
 }
@@ -597,6 +598,10 @@ TEST(CudaBatchNorm, MatchesCpu_CUDA) {
     // Channels-last runs Chorus's own kernels: 16-byte packs (C % 8 == 0), many
     // row blocks, and odd C (the scalar path).
     check_batch_norm({32, 64, 16, 12}, dtype, true, true);
+    // Wide rows: 80 threads across (C 640 in packs of 8 or 4), and more
+    // channels than one block's 256 threads cover (C 2560).
+    check_batch_norm({8, 640, 4, 4}, dtype, true, true);
+    check_batch_norm({3, 2560, 3, 3}, dtype, true, true);
     check_batch_norm({4, 3, 7, 5}, dtype, true, false);
     check_batch_norm({16, 5}, dtype, false, true);        // [N, C] as [N, C, 1, 1]
     check_batch_norm({4, 6, 5, 3}, dtype, false, false);  // gamma, beta, running stats undefined

@@ -7,6 +7,7 @@
 
 #include "chorus/core/backend.h"
 #include "chorus/core/error.h"
+#include "chorus/core/host_cache.h"
 
 namespace chorus {
 
@@ -25,14 +26,16 @@ class CpuBackend final : public DeviceBackend {
     // 64-byte alignment for vector loads; aligned_alloc needs a multiple of it.
     size_t n = ((nbytes + 63) / 64) * 64;
     if (n == 0) n = 64;
-    // A 64-byte header before the block remembers its size, so that frees keep
-    // bytes_in_use exact.
-    void* base = std::aligned_alloc(64, n + 64);
+    // A 64-byte header before the block remembers its size (what bytes_in_use
+    // counts) and the block's own size (what the host cache takes back).
+    size_t block_size = 0;
+    void* base = detail::host_alloc(n + 64, &block_size);
     if (!base) {
       CHORUS_THROW(OutOfMemoryError, "out of memory on ", d.str(), ": could not allocate ",
                    nbytes, " bytes (", counters(d).in_use.load(), " bytes in use by Chorus on it)");
     }
-    *static_cast<size_t*>(base) = n;
+    static_cast<size_t*>(base)[0] = n;
+    static_cast<size_t*>(base)[1] = block_size;
     Counters& c = counters(d);
     size_t cur = (c.in_use += n);
     size_t pk = c.peak.load();
@@ -42,12 +45,15 @@ class CpuBackend final : public DeviceBackend {
   void deallocate(void* ptr, Device d) noexcept override {
     if (!ptr) return;
     void* base = static_cast<char*>(ptr) - 64;
-    counters(d).in_use -= *static_cast<size_t*>(base);
-    std::free(base);
+    counters(d).in_use -= static_cast<size_t*>(base)[0];
+    detail::host_free(base, static_cast<size_t*>(base)[1]);
   }
   size_t bytes_in_use(Device d) const override { return counters(d).in_use.load(); }
   size_t peak_bytes(Device d) const override { return counters(d).peak.load(); }
   void reset_peak_bytes(Device d) override { counters(d).peak.store(counters(d).in_use.load()); }
+  // One cache serves every logical CPU device (they share the host's memory).
+  size_t cached_bytes(Device) const override { return detail::host_cached_bytes(); }
+  void empty_cache(Device) override { detail::host_empty_cache(); }
 
   void copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t n) override {
     CHORUS_ASSERT(dst_dev.is_cpu() && src_dev.is_cpu());

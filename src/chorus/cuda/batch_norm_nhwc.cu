@@ -12,26 +12,36 @@ namespace chorus::cuda {
 
 namespace {
 
-// Column-reduction blocks: 32 channels wide (a warp reads 32 consecutive
-// channels of one row), kRowThreads rows deep.
-constexpr int kColThreads = 32;
-constexpr int kRowThreads = 16;
+// Column reductions (Note [NHWC column reductions]): each thread reads kVec
+// consecutive channels of a row as one 16-byte load; a block is tx column
+// threads (up to kBlockThreads / 8... the whole width when it fits) by ty rows.
+constexpr int kBlockThreads = 256;
+constexpr int kMaxVec = 8;
 constexpr int kElemThreads = 256;
+// Finalize blocks: 32 channels by 8 lanes over the row blocks' partials.
+constexpr int kFinalCols = 32;
+constexpr int kFinalRows = 8;
 
 struct Grid {
-  dim3 grid;
+  dim3 grid, block;
   int64_t rows_per_block;
 };
 
-// Enough row blocks to fill the device about twice over.
-Grid column_grid(int64_t m, int64_t c, int device) {
-  const int64_t col_blocks = (c + kColThreads - 1) / kColThreads;
+// c % vec == 0. Enough row blocks to fill the device about twice over,
+// each thread left a few rows: many 16-byte loads in flight is what makes a
+// column reduction run at memory speed.
+Grid column_grid(int64_t m, int64_t c, int vec, int device) {
+  const int64_t col_threads = c / vec;
+  const int tx = static_cast<int>(std::min<int64_t>(col_threads, kBlockThreads));
+  const int ty = std::max(1, kBlockThreads / tx);
+  const int64_t col_blocks = (col_threads + tx - 1) / tx;
   const int64_t target = 2 * int64_t{device_properties(device).multiProcessorCount};
   int64_t row_blocks = std::max<int64_t>(1, target / col_blocks);
-  row_blocks = std::min<int64_t>(row_blocks, (m + kRowThreads - 1) / kRowThreads);
+  row_blocks = std::min<int64_t>(row_blocks, std::max<int64_t>(1, (m + ty - 1) / ty));
   row_blocks = std::min<int64_t>(row_blocks, 65535);
   const int64_t rows = (m + row_blocks - 1) / row_blocks;
-  return {dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(row_blocks)), rows};
+  return {dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(row_blocks)),
+          dim3(static_cast<unsigned>(tx), static_cast<unsigned>(ty)), rows};
 }
 
 // Chan et al.'s combination of two Welford partials (count, mean, m2).
@@ -39,43 +49,96 @@ __device__ __forceinline__ void welford_merge(float& n, float& mean, float& m2, 
                                               float meanb, float m2b) {
   if (nb == 0) return;
   const float total = n + nb;
+  const float inv = 1.0f / total;
   const float delta = meanb - mean;
-  mean += delta * (nb / total);
-  m2 += m2b + delta * delta * (n * nb / total);
+  mean += delta * (nb * inv);
+  m2 += m2b + delta * delta * (n * nb * inv);
   n = total;
 }
 
+// The largest power of two below n (0 for n <= 1): the first stride of a
+// tree reduction over n lanes.
+__device__ __forceinline__ unsigned tree_top(unsigned n) {
+  unsigned h = 1;
+  while (h * 2 < n) h *= 2;
+  return n > 1 ? h : 0;
+}
+
+// A run of kVec elements moved as one aligned load or store.
+template <typename T, int kVec>
+struct alignas(sizeof(T) * kVec) Pack {
+  T v[kVec];
+};
+
 // partial[b, c] = Welford (count, mean, m2) of column c over row block b.
-template <typename T>
-__global__ void stats_partial_kernel(const T* __restrict__ x, int64_t m, int64_t c,
-                                     int64_t rows_per_block, float* __restrict__ pn,
-                                     float* __restrict__ pmean, float* __restrict__ pm2) {
-  const int64_t col = int64_t{blockIdx.x} * kColThreads + threadIdx.x;
+// Each thread sums its rows shifted by the first value it saw of each channel
+// (the shifted-data variance: no cancellation for a mean large against the
+// spread, and no division per element as a running Welford update has), then
+// the block's threads are combined by Chan's rule.
+template <typename T, int kVec>
+__global__ void __launch_bounds__(kBlockThreads)
+    stats_partial_kernel(const T* __restrict__ x, int64_t m, int64_t c, int64_t rows_per_block,
+                         float* __restrict__ pn, float* __restrict__ pmean, float* __restrict__ pm2) {
+  const int64_t col0 = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) * kVec;
   const int64_t r0 = int64_t{blockIdx.y} * rows_per_block;
   const int64_t r1 = min(m, r0 + rows_per_block);
-  float n = 0, mean = 0, m2 = 0;
-  if (col < c) {
-    for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowThreads) {
-      const float v = to_acc(x[r * c + col]);
-      n += 1;
-      const float d = v - mean;
-      mean += d / n;
-      m2 += d * (v - mean);
+  float k[kVec], s1[kVec], s2[kVec];
+  float n = 0;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) k[j] = s1[j] = s2[j] = 0.0f;
+  const bool active = col0 < c;
+  if (active) {
+    int64_t r = r0 + threadIdx.y;
+    if (r < r1) {
+      const Pack<T, kVec> first = *reinterpret_cast<const Pack<T, kVec>*>(x + r * c + col0);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) k[j] = to_acc(first.v[j]);
+    }
+#pragma unroll 4
+    for (; r < r1; r += blockDim.y) {
+      const Pack<T, kVec> in = *reinterpret_cast<const Pack<T, kVec>*>(x + r * c + col0);
+      n += 1.0f;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        const float d = static_cast<float>(to_acc(in.v[j])) - k[j];
+        s1[j] += d;
+        s2[j] = fmaf(d, d, s2[j]);
+      }
     }
   }
-  __shared__ float sn[kRowThreads][kColThreads], smean[kRowThreads][kColThreads],
-      sm2[kRowThreads][kColThreads];
-  sn[threadIdx.y][threadIdx.x] = n;
-  smean[threadIdx.y][threadIdx.x] = mean;
-  sm2[threadIdx.y][threadIdx.x] = m2;
-  __syncthreads();
-  if (threadIdx.y == 0 && col < c) {
-    for (int i = 1; i < kRowThreads; ++i)
-      welford_merge(n, mean, m2, sn[i][threadIdx.x], smean[i][threadIdx.x], sm2[i][threadIdx.x]);
-    const int64_t o = int64_t{blockIdx.y} * c + col;
-    pn[o] = n;
-    pmean[o] = mean;
-    pm2[o] = m2;
+  __shared__ float sh_mean[kBlockThreads * kMaxVec], sh_m2[kBlockThreads * kMaxVec];
+  __shared__ float sh_n[kBlockThreads];
+  const int t = threadIdx.y * blockDim.x + threadIdx.x;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    const float mean = n > 0 ? s1[j] / n : 0.0f;
+    sh_mean[t * kVec + j] = k[j] + mean;
+    sh_m2[t * kVec + j] = n > 0 ? fmaxf(0.0f, s2[j] - s1[j] * mean) : 0.0f;
+  }
+  sh_n[t] = n;
+  // A tree over the block's rows: log2(ty) rounds, not ty merges in one thread.
+  for (unsigned half = tree_top(blockDim.y); half > 0; half /= 2) {
+    __syncthreads();
+    if (threadIdx.y < half && threadIdx.y + half < blockDim.y) {
+      const int u = t + half * blockDim.x;
+      float cn = sh_n[t];
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        float nn = cn, mean = sh_mean[t * kVec + j], m2 = sh_m2[t * kVec + j];
+        welford_merge(nn, mean, m2, sh_n[u], sh_mean[u * kVec + j], sh_m2[u * kVec + j]);
+        sh_mean[t * kVec + j] = mean;
+        sh_m2[t * kVec + j] = m2;
+      }
+      sh_n[t] = cn + sh_n[u];
+    }
+  }
+  if (threadIdx.y != 0 || !active) return;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    const int64_t o = int64_t{blockIdx.y} * c + col0 + j;
+    pn[o] = sh_n[t];
+    pmean[o] = sh_mean[t * kVec + j];
+    pm2[o] = sh_m2[t * kVec + j];
   }
 }
 
@@ -90,11 +153,29 @@ __global__ void stats_finalize_kernel(const float* __restrict__ pn, const float*
                                       float* __restrict__ save_mean,
                                       float* __restrict__ save_invstd, float* __restrict__ scale,
                                       float* __restrict__ shift) {
-  const int64_t col = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (col >= c) return;
+  // kFinalRows threads per channel each merge every kFinalRows-th partial,
+  // then a tree: the partials are read by many loads in flight, not one
+  // dependent chain per channel.
+  const int64_t col = int64_t{blockIdx.x} * kFinalCols + threadIdx.x;
   float n = 0, mean = 0, m2 = 0;
-  for (int64_t b = 0; b < blocks; ++b)
-    welford_merge(n, mean, m2, pn[b * c + col], pmean[b * c + col], pm2[b * c + col]);
+  if (col < c)
+    for (int64_t b = threadIdx.y; b < blocks; b += kFinalRows)
+      welford_merge(n, mean, m2, pn[b * c + col], pmean[b * c + col], pm2[b * c + col]);
+  __shared__ float sh[3][kFinalRows][kFinalCols];
+  sh[0][threadIdx.y][threadIdx.x] = n;
+  sh[1][threadIdx.y][threadIdx.x] = mean;
+  sh[2][threadIdx.y][threadIdx.x] = m2;
+  for (int half = kFinalRows / 2; half > 0; half /= 2) {
+    __syncthreads();
+    if (threadIdx.y < half) {
+      welford_merge(n, mean, m2, sh[0][threadIdx.y + half][threadIdx.x], sh[1][threadIdx.y + half][threadIdx.x],
+                    sh[2][threadIdx.y + half][threadIdx.x]);
+      sh[0][threadIdx.y][threadIdx.x] = n;
+      sh[1][threadIdx.y][threadIdx.x] = mean;
+      sh[2][threadIdx.y][threadIdx.x] = m2;
+    }
+  }
+  if (threadIdx.y != 0 || col >= c) return;
   const float var = m2 / n;  // biased: what normalises
   const float invstd = rsqrtf(var + eps);
   save_mean[col] = mean;
@@ -122,12 +203,6 @@ __global__ void eval_coefficients_kernel(int64_t c, const float* __restrict__ ga
   shift[col] = beta[col] - running_mean[col] * s;
 }
 
-// A run of kVec elements moved as one aligned load or store.
-template <typename T, int kVec>
-struct alignas(sizeof(T) * kVec) Pack {
-  T v[kVec];
-};
-
 // y = x * scale[c] + shift[c] (then max(0, y) with kRelu) over the [M, C] matrix, kVec channels per thread
 // (C % kVec == 0 and 16-byte aligned pointers when kVec > 1).
 template <typename T, int kVec, bool kRelu>
@@ -148,38 +223,61 @@ __global__ void affine_kernel(const T* __restrict__ x, T* __restrict__ y, int64_
   }
 }
 
-// partial[b, c] = (sum dy, sum dy * (x - mean)) of column c over row block b.
-// With relu_y (the output of a fused ReLU), dy counts only where relu_y > 0.
-template <typename T>
-__global__ void backward_partial_kernel(const T* __restrict__ dy, const T* __restrict__ x,
-                                        const T* __restrict__ relu_y,
-                                        const float* __restrict__ mean, int64_t m, int64_t c,
-                                        int64_t rows_per_block, float* __restrict__ psum_dy,
-                                        float* __restrict__ psum_dy_xmu) {
-  const int64_t col = int64_t{blockIdx.x} * kColThreads + threadIdx.x;
+// partial[b, c] = (sum dy, sum dy * (x - mean)) of column c over row block b,
+// kVec channels per thread as in stats_partial_kernel. With relu_y (the
+// output of a fused ReLU), dy counts only where relu_y > 0.
+template <typename T, int kVec>
+__global__ void __launch_bounds__(kBlockThreads)
+    backward_partial_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ relu_y,
+                            const float* __restrict__ mean, int64_t m, int64_t c, int64_t rows_per_block,
+                            float* __restrict__ psum_dy, float* __restrict__ psum_dy_xmu) {
+  const int64_t col0 = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) * kVec;
   const int64_t r0 = int64_t{blockIdx.y} * rows_per_block;
   const int64_t r1 = min(m, r0 + rows_per_block);
-  float s = 0, sx = 0;
-  if (col < c) {
-    const float mu = mean[col];
-    for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowThreads) {
-      float g = to_acc(dy[r * c + col]);
-      if (relu_y && !(to_acc(relu_y[r * c + col]) > 0.0f)) g = 0.0f;
-      s += g;
-      sx += g * (to_acc(x[r * c + col]) - mu);
+  float s[kVec], sx[kVec], mu[kVec];
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) s[j] = sx[j] = mu[j] = 0.0f;
+  const bool active = col0 < c;
+  if (active) {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) mu[j] = mean[col0 + j];
+#pragma unroll 4
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += blockDim.y) {
+      const Pack<T, kVec> g = *reinterpret_cast<const Pack<T, kVec>*>(dy + r * c + col0);
+      const Pack<T, kVec> v = *reinterpret_cast<const Pack<T, kVec>*>(x + r * c + col0);
+      Pack<T, kVec> mask;
+      if (relu_y) mask = *reinterpret_cast<const Pack<T, kVec>*>(relu_y + r * c + col0);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        const float gj = relu_y && !(static_cast<float>(to_acc(mask.v[j])) > 0.0f) ? 0.0f : static_cast<float>(to_acc(g.v[j]));
+        s[j] += gj;
+        sx[j] = fmaf(gj, static_cast<float>(to_acc(v.v[j])) - mu[j], sx[j]);
+      }
     }
   }
-  __shared__ float ss[kRowThreads][kColThreads], ssx[kRowThreads][kColThreads];
-  ss[threadIdx.y][threadIdx.x] = s;
-  ssx[threadIdx.y][threadIdx.x] = sx;
-  __syncthreads();
-  if (threadIdx.y == 0 && col < c) {
-    for (int i = 1; i < kRowThreads; ++i) {
-      s += ss[i][threadIdx.x];
-      sx += ssx[i][threadIdx.x];
+  __shared__ float sh_s[kBlockThreads * kMaxVec], sh_sx[kBlockThreads * kMaxVec];
+  const int t = threadIdx.y * blockDim.x + threadIdx.x;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    sh_s[t * kVec + j] = s[j];
+    sh_sx[t * kVec + j] = sx[j];
+  }
+  for (unsigned half = tree_top(blockDim.y); half > 0; half /= 2) {
+    __syncthreads();
+    if (threadIdx.y < half && threadIdx.y + half < blockDim.y) {
+      const int u = t + half * blockDim.x;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        sh_s[t * kVec + j] += sh_s[u * kVec + j];
+        sh_sx[t * kVec + j] += sh_sx[u * kVec + j];
+      }
     }
-    psum_dy[int64_t{blockIdx.y} * c + col] = s;
-    psum_dy_xmu[int64_t{blockIdx.y} * c + col] = sx;
+  }
+  if (threadIdx.y != 0 || !active) return;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    psum_dy[int64_t{blockIdx.y} * c + col0 + j] = sh_s[t * kVec + j];
+    psum_dy_xmu[int64_t{blockIdx.y} * c + col0 + j] = sh_sx[t * kVec + j];
   }
 }
 
@@ -192,13 +290,26 @@ __global__ void backward_finalize_kernel(const float* __restrict__ psum_dy,
                                          float* __restrict__ dgamma, float* __restrict__ dbeta,
                                          float* __restrict__ ca, float* __restrict__ cb,
                                          float* __restrict__ cd) {
-  const int64_t col = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (col >= c) return;
+  const int64_t col = int64_t{blockIdx.x} * kFinalCols + threadIdx.x;
   float s = 0, sx = 0;
-  for (int64_t b = 0; b < blocks; ++b) {
-    s += psum_dy[b * c + col];
-    sx += psum_dy_xmu[b * c + col];
+  if (col < c)
+    for (int64_t b = threadIdx.y; b < blocks; b += kFinalRows) {
+      s += psum_dy[b * c + col];
+      sx += psum_dy_xmu[b * c + col];
+    }
+  __shared__ float sh[2][kFinalRows][kFinalCols];
+  sh[0][threadIdx.y][threadIdx.x] = s;
+  sh[1][threadIdx.y][threadIdx.x] = sx;
+  for (int half = kFinalRows / 2; half > 0; half /= 2) {
+    __syncthreads();
+    if (threadIdx.y < half) {
+      s += sh[0][threadIdx.y + half][threadIdx.x];
+      sx += sh[1][threadIdx.y + half][threadIdx.x];
+      sh[0][threadIdx.y][threadIdx.x] = s;
+      sh[1][threadIdx.y][threadIdx.x] = sx;
+    }
   }
+  if (threadIdx.y != 0 || col >= c) return;
   const float is = invstd[col], mu = mean[col];
   dgamma[col] = sx * is;
   dbeta[col] = s;
@@ -252,6 +363,17 @@ int pack_width(int64_t c, std::initializer_list<const void*> ptrs) {
   return vec;
 }
 
+// Calls fn.template operator()<kVec>() for a width pack_width returned.
+template <typename T, typename F>
+void with_pack_width(int vec, F&& fn) {
+  switch (vec) {
+    case 8: if constexpr (16 / sizeof(T) >= 8) { fn.template operator()<8>(); break; } [[fallthrough]];
+    case 4: if constexpr (16 / sizeof(T) >= 4) { fn.template operator()<4>(); break; } [[fallthrough]];
+    case 2: fn.template operator()<2>(); break;
+    default: fn.template operator()<1>(); break;
+  }
+}
+
 int elementwise_blocks(int64_t packs, int device) {
   const int64_t cap = 8 * int64_t{device_properties(device).multiProcessorCount};
   return static_cast<int>(std::max<int64_t>(1, std::min(cap, (packs + kElemThreads - 1) / kElemThreads)));
@@ -274,16 +396,13 @@ void launch_affine(const Tensor& x, const Tensor& y, int64_t c, const float* sca
           xp, yp, packs, c, scale, shift);
     }
   };
-  switch (pack_width<T>(c, {xp, yp})) {
-    case 8: go.template operator()<8>(); break;
-    case 4: go.template operator()<4>(); break;
-    case 2: go.template operator()<2>(); break;
-    default: go.template operator()<1>(); break;
-  }
+  with_pack_width<T>(pack_width<T>(c, {xp, yp}), go);
   CHORUS_CUDA_LAUNCH_CHECK();
 }
 
 int64_t channels(const Tensor& x) { return x.size(1); }
+
+unsigned final_blocks(int64_t c) { return static_cast<unsigned>((c + kFinalCols - 1) / kFinalCols); }
 
 }  // namespace
 
@@ -293,20 +412,23 @@ void batch_norm_nhwc_forward_train(const Tensor& x, const Tensor& gamma, const T
                                    const Tensor& save_mean, const Tensor& save_invstd, bool relu) {
   const int device = x.device().index;
   const int64_t c = channels(x), m = x.numel() / c;
-  const Grid g = column_grid(m, c, device);
-  const int64_t blocks = g.grid.y;
-  Tensor partial = scratch(3 * blocks * c, x.device()), coef = scratch(2 * c, x.device());
-  float* pn = f32(partial);
-  float* pmean = pn + blocks * c;
-  float* pm2 = pmean + blocks * c;
-  float* scale = f32(coef);
-  float* shift = scale + c;
   cudaStream_t stream = current_stream(device);
   dispatch_float(x.dtype(), "batch_norm_forward", [&]<typename T>() {
-    stats_partial_kernel<T><<<g.grid, dim3(kColThreads, kRowThreads), 0, stream>>>(
-        static_cast<const T*>(x.raw_data()), m, c, g.rows_per_block, pn, pmean, pm2);
+    const T* xp = static_cast<const T*>(x.raw_data());
+    const int vec = pack_width<T>(c, {xp});
+    const Grid g = column_grid(m, c, vec, device);
+    const int64_t blocks = g.grid.y;
+    Tensor partial = scratch(3 * blocks * c, x.device()), coef = scratch(2 * c, x.device());
+    float* pn = f32(partial);
+    float* pmean = pn + blocks * c;
+    float* pm2 = pmean + blocks * c;
+    float* scale = f32(coef);
+    float* shift = scale + c;
+    with_pack_width<T>(vec, [&]<int kVec>() {
+      stats_partial_kernel<T, kVec><<<g.grid, g.block, 0, stream>>>(xp, m, c, g.rows_per_block, pn, pmean, pm2);
+    });
     CHORUS_CUDA_LAUNCH_CHECK();
-    stats_finalize_kernel<<<static_cast<unsigned>((c + 127) / 128), 128, 0, stream>>>(
+    stats_finalize_kernel<<<final_blocks(c), dim3(kFinalCols, kFinalRows), 0, stream>>>(
         pn, pmean, pm2, blocks, c, f32(gamma), f32(beta), f32(running_mean), f32(running_var),
         static_cast<float>(momentum), static_cast<float>(eps), f32(save_mean), f32(save_invstd),
         scale, shift);
@@ -339,39 +461,36 @@ void batch_norm_nhwc_backward(const Tensor& dy, const Tensor& x, const Tensor& g
                               const Tensor& relu_output) {
   const int device = x.device().index;
   const int64_t c = channels(x), m = x.numel() / c;
-  const Grid g = column_grid(m, c, device);
-  const int64_t blocks = g.grid.y;
-  Tensor partial = scratch(2 * blocks * c, x.device()), coef = scratch(3 * c, x.device());
-  float* ps = f32(partial);
-  float* psx = ps + blocks * c;
-  float* ca = f32(coef);
-  float* cb = ca + c;
-  float* cd = cb + c;
   cudaStream_t stream = current_stream(device);
   dispatch_float(x.dtype(), "batch_norm_backward", [&]<typename T>() {
     const T* dyp = static_cast<const T*>(dy.raw_data());
     const T* xp = static_cast<const T*>(x.raw_data());
     T* dxp = static_cast<T*>(dx.raw_data());
     const T* yp = relu_output.defined() ? static_cast<const T*>(relu_output.raw_data()) : nullptr;
-    backward_partial_kernel<T><<<g.grid, dim3(kColThreads, kRowThreads), 0, stream>>>(
-        dyp, xp, yp, f32(save_mean), m, c, g.rows_per_block, ps, psx);
+    const int vec = pack_width<T>(c, {dyp, xp, dxp, yp});
+    const Grid g = column_grid(m, c, vec, device);
+    const int64_t blocks = g.grid.y;
+    Tensor partial = scratch(2 * blocks * c, x.device()), coef = scratch(3 * c, x.device());
+    float* ps = f32(partial);
+    float* psx = ps + blocks * c;
+    float* ca = f32(coef);
+    float* cb = ca + c;
+    float* cd = cb + c;
+    with_pack_width<T>(vec, [&]<int kVec>() {
+      backward_partial_kernel<T, kVec><<<g.grid, g.block, 0, stream>>>(dyp, xp, yp, f32(save_mean), m, c,
+                                                                         g.rows_per_block, ps, psx);
+    });
     CHORUS_CUDA_LAUNCH_CHECK();
-    backward_finalize_kernel<<<static_cast<unsigned>((c + 127) / 128), 128, 0, stream>>>(
+    backward_finalize_kernel<<<final_blocks(c), dim3(kFinalCols, kFinalRows), 0, stream>>>(
         ps, psx, blocks, m, c, f32(gamma), f32(save_mean), f32(save_invstd), f32(dgamma),
         f32(dbeta), ca, cb, cd);
     CHORUS_CUDA_LAUNCH_CHECK();
-    auto go = [&]<int kVec>() {
+    with_pack_width<T>(vec, [&]<int kVec>() {
       const int64_t packs = x.numel() / kVec;
       backward_elementwise_kernel<T, kVec>
           <<<elementwise_blocks(packs, device), kElemThreads, 0, stream>>>(dyp, xp, yp, dxp, packs,
                                                                           c, ca, cb, cd);
-    };
-    switch (pack_width<T>(c, {dyp, xp, dxp, yp})) {
-      case 8: go.template operator()<8>(); break;
-      case 4: go.template operator()<4>(); break;
-      case 2: go.template operator()<2>(); break;
-      default: go.template operator()<1>(); break;
-    }
+    });
     CHORUS_CUDA_LAUNCH_CHECK();
   });
 }

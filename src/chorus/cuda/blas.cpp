@@ -1,5 +1,6 @@
 // cuBLASLt handles, workspaces, errors and the TF32 switches (see blas.h).
 #include "chorus/cuda/blas.h"
+#include "chorus/cuda/cublaslt_api.h"
 
 #include <atomic>
 #include <cstdlib>
@@ -17,8 +18,8 @@
 namespace chorus::cuda {
 
 void throw_cublas_error(cublasStatus_t status, const char* call, const char* file, int line) {
-  throw DeviceError(detail::str_cat("cuBLAS error ", cublasLtGetStatusName(status), " (",
-                                    cublasLtGetStatusString(status), ") in ", call),
+  throw DeviceError(detail::str_cat("cuBLAS error ", lt::GetStatusName(status), " (",
+                                    lt::GetStatusString(status), ") in ", call),
                     file, line);
 }
 
@@ -57,7 +58,7 @@ cublasLtHandle_t cublaslt_handle(int device) {
   return ThreadHandles<cublasLtHandle_t>::get(device, [](int d) {
     CudaDeviceGuard guard(d);
     cublasLtHandle_t h = nullptr;
-    CHORUS_CUBLAS_CHECK(cublasLtCreate(&h));
+    CHORUS_CUBLAS_CHECK(lt::Create(&h));
     return h;
   });
 }

@@ -8,12 +8,13 @@
 // i.e. cuBLASLt's A operand is `bm`, its B operand is `a`, with the same
 // transpose flags, and its problem is (m, n, k) = (N, M, K).
 //
-// cublasLtMatmulAlgoGetHeuristic costs tens of microseconds, as much as a small
+// lt::MatmulAlgoGetHeuristic costs tens of microseconds, as much as a small
 // GEMM, so its answer is cached per problem (shape, strides, dtype, alignment).
 #include <cstdint>
 
 #include "chorus/core/error.h"
 #include "chorus/cuda/blas.h"
+#include "chorus/cuda/cublaslt_api.h"
 #include "chorus/cuda/caches.h"
 #include "chorus/cuda/context.h"
 #include "chorus/cuda/kernels.h"
@@ -45,39 +46,39 @@ uint32_t alignment_of(const void* p, int64_t batch_stride_bytes) {
 
 // The cuBLASLt descriptors of one call (each Owned: cuda/caches.h).
 struct LayoutDesc {
-  Owned<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy> owned;
+  Owned<cublasLtMatrixLayout_t, lt::MatrixLayoutDestroy> owned;
   cublasLtMatrixLayout_t d = nullptr;
   LayoutDesc(cudaDataType_t t, uint64_t rows, uint64_t cols, int64_t ld, int32_t batch,
              int64_t batch_stride) {
-    CHORUS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(owned.out(), t, rows, cols, ld));
+    CHORUS_CUBLAS_CHECK(lt::MatrixLayoutCreate(owned.out(), t, rows, cols, ld));
     d = owned.get();
     if (batch > 1) {
-      CHORUS_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(d, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+      CHORUS_CUBLAS_CHECK(lt::MatrixLayoutSetAttribute(d, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
                                                            &batch, sizeof(batch)));
-      CHORUS_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+      CHORUS_CUBLAS_CHECK(lt::MatrixLayoutSetAttribute(
           d, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &batch_stride, sizeof(batch_stride)));
     }
   }
 };
 
 struct MatmulDesc {
-  Owned<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy> owned;
+  Owned<cublasLtMatmulDesc_t, lt::MatmulDescDestroy> owned;
   cublasLtMatmulDesc_t d = nullptr;
   MatmulDesc(cublasComputeType_t compute, cublasOperation_t ta, cublasOperation_t tb) {
-    CHORUS_CUBLAS_CHECK(cublasLtMatmulDescCreate(owned.out(), compute, CUDA_R_32F));
+    CHORUS_CUBLAS_CHECK(lt::MatmulDescCreate(owned.out(), compute, CUDA_R_32F));
     d = owned.get();
     CHORUS_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+        lt::MatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
     CHORUS_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+        lt::MatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
   }
 };
 
 struct PreferenceDesc {
-  Owned<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy> owned;
+  Owned<cublasLtMatmulPreference_t, lt::MatmulPreferenceDestroy> owned;
   cublasLtMatmulPreference_t d = nullptr;
   PreferenceDesc(uint64_t workspace, uint32_t align_a, uint32_t align_b, uint32_t align_c) {
-    CHORUS_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(owned.out()));
+    CHORUS_CUBLAS_CHECK(lt::MatmulPreferenceCreate(owned.out()));
     d = owned.get();
     set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
     set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a));
@@ -86,7 +87,7 @@ struct PreferenceDesc {
     set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof(align_c));
   }
   void set(cublasLtMatmulPreferenceAttributes_t attr, const void* v, size_t n) {
-    CHORUS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(d, attr, v, n));
+    CHORUS_CUBLAS_CHECK(lt::MatmulPreferenceSetAttribute(d, attr, v, n));
   }
 };
 
@@ -169,7 +170,7 @@ void gemm(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_a, bo
     PreferenceDesc pref(kCublasWorkspaceBytes, align_a, align_b, align_c);
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    CHORUS_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(cublaslt_handle(device), desc.d, layout_a.d,
+    CHORUS_CUBLAS_CHECK(lt::MatmulAlgoGetHeuristic(cublaslt_handle(device), desc.d, layout_a.d,
                                                        layout_b.d, layout_c.d, layout_c.d, pref.d,
                                                        1, &result, &found));
     CHORUS_CHECK_T(DeviceError, found > 0, "gemm: cuBLASLt has no algorithm for a ", a.describe(),
@@ -179,7 +180,7 @@ void gemm(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_a, bo
   });
 
   const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
-  CHORUS_CUBLAS_CHECK(cublasLtMatmul(
+  CHORUS_CUBLAS_CHECK(lt::Matmul(
       cublaslt_handle(device), desc.d, &alpha_f, bm.raw_data(), layout_a.d, a.raw_data(),
       layout_b.d, &beta_f, out.raw_data(), layout_c.d, out.raw_data(), layout_c.d, &algo,
       cublas_workspace(device, stream), kCublasWorkspaceBytes, stream));

@@ -2,6 +2,7 @@
 
 #include "chorus/autograd/autocast.h"
 #include "chorus/autograd/functions.h"
+#include "chorus/autograd/grad_mode.h"
 #include "chorus/autograd/nn_functions.h"
 #include "chorus/core/error.h"
 #include "chorus/ops/copy.h"
@@ -59,10 +60,11 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
     // Evaluation is an affine map per channel: express it with differentiable
     // elementwise ops so gradients (rarely needed) still flow.
     CHORUS_CHECK(running_mean.defined() && running_var.defined(), "batch_norm: evaluation mode needs running statistics");
-    auto [y, sm, si] = ops::batch_norm(x, weight, bias, running_mean, running_var, false, momentum, eps);
-    if (!x.requires_grad() && !(weight.defined() && weight.requires_grad()) &&
-        !(bias.defined() && bias.requires_grad()))
-      return y;
+    // The fused kernel when nothing records a graph (evaluation under
+    // NoGradGuard: the parameters still require grad, the graph is off).
+    const bool records = grad_enabled() && (x.requires_grad() || (weight.defined() && weight.requires_grad()) ||
+                                            (bias.defined() && bias.requires_grad()));
+    if (!records) return std::get<0>(ops::batch_norm(x, weight, bias, running_mean, running_var, false, momentum, eps));
     Shape bshape(x.dim(), 1);
     bshape[1] = x.size(1);
     Tensor inv = ops::reshape(ops::unary(UnaryOp::Rsqrt, ops::unary(UnaryOp::AddScalar, running_var, eps)), bshape);
