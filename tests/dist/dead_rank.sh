@@ -23,8 +23,13 @@ one_run() {  # sig, i -> $tmp/$sig-$i.{out,rc,left}
   PROBE_TIMEOUT_MS=$TIMEOUT_MS CHORUS_TEST_MARKER=$marker timeout 60 \
     "$CHORUS" launch --nproc-per-node 3 --master-port "$(free_port)" -- "$PROBE" hang $victim $sig > "$tmp/$sig-$i.out" 2>&1
   echo $? > "$tmp/$sig-$i.rc"
-  # Processes of this run only (the marker is in their environment).
-  grep -l "CHORUS_TEST_MARKER=$marker" /proc/[0-9]*/environ 2>/dev/null | wc -l > "$tmp/$sig-$i.left"
+  # Processes of this run only (the marker is in their environment); any
+  # left are counted, then killed (never another test's processes).
+  local left
+  left=$(grep -l "CHORUS_TEST_MARKER=$marker" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3)
+  echo "$left" | grep -c . > "$tmp/$sig-$i.left"
+  [ -n "$left" ] && kill -9 $left 2>/dev/null
+  return 0
 }
 for sig in KILL STOP; do
   for ((i = 0; i < REPS; i++)); do
@@ -50,7 +55,6 @@ for sig in KILL STOP; do
   done
   echo "SIG$sig: done"
 done
-pkill -9 -f "$PROBE hang" 2>/dev/null
 limit=$(python3 -c "print($TIMEOUT_MS / 1000 + 10)")
 echo "dead rank: $ok_runs/$((2 * REPS)) runs detected, slowest detection ${slowest} s (limit ${limit} s)"
 python3 -c "import sys; sys.exit(0 if $slowest <= $limit else 1)" || { echo "FAIL: too slow"; fail=1; }

@@ -2,6 +2,7 @@
 // fill.
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "chorus/core/error.h"
 #include "chorus/cpu/dtype_dispatch.h"
@@ -58,6 +59,39 @@ inline C apply_binary(BinaryOp op, C a, C b, C alpha) {
   return a;
 }
 
+// Calls fn(std::integral_constant<Op, op>{}): inside fn the op is a
+// compile-time constant, so apply_unary / apply_binary fold to one
+// expression and a contiguous loop over it vectorises (with the op read per
+// element, the CNN's ReLU and its gradient took a fifth of a CPU step).
+template <typename F>
+inline void with_unary_op(UnaryOp op, F&& fn) {
+  using U = UnaryOp;
+  switch (op) {
+#define CHORUS_UNARY_CASE(o) \
+  case U::o: return fn(std::integral_constant<U, U::o>{});
+    CHORUS_UNARY_CASE(Neg) CHORUS_UNARY_CASE(Exp) CHORUS_UNARY_CASE(Log) CHORUS_UNARY_CASE(Sqrt)
+    CHORUS_UNARY_CASE(Rsqrt) CHORUS_UNARY_CASE(Tanh) CHORUS_UNARY_CASE(Sigmoid) CHORUS_UNARY_CASE(Relu)
+    CHORUS_UNARY_CASE(Abs) CHORUS_UNARY_CASE(Square) CHORUS_UNARY_CASE(Reciprocal) CHORUS_UNARY_CASE(Sign)
+    CHORUS_UNARY_CASE(Pow) CHORUS_UNARY_CASE(AddScalar) CHORUS_UNARY_CASE(MulScalar)
+    CHORUS_UNARY_CASE(RSubScalar) CHORUS_UNARY_CASE(GtScalar)
+#undef CHORUS_UNARY_CASE
+  }
+}
+
+template <typename F>
+inline void with_binary_op(BinaryOp op, F&& fn) {
+  using B = BinaryOp;
+  switch (op) {
+#define CHORUS_BINARY_CASE(o) \
+  case B::o: return fn(std::integral_constant<B, B::o>{});
+    CHORUS_BINARY_CASE(Add) CHORUS_BINARY_CASE(Sub) CHORUS_BINARY_CASE(Mul) CHORUS_BINARY_CASE(Div)
+    CHORUS_BINARY_CASE(Max) CHORUS_BINARY_CASE(Min) CHORUS_BINARY_CASE(Eq) CHORUS_BINARY_CASE(Ne)
+    CHORUS_BINARY_CASE(Lt) CHORUS_BINARY_CASE(Le) CHORUS_BINARY_CASE(Gt) CHORUS_BINARY_CASE(Ge)
+    CHORUS_BINARY_CASE(ReluGrad) CHORUS_BINARY_CASE(TanhGrad) CHORUS_BINARY_CASE(SigmoidGrad)
+#undef CHORUS_BINARY_CASE
+  }
+}
+
 template <typename T>
 inline T load(const char* p) { return *reinterpret_cast<const T*>(p); }
 
@@ -83,6 +117,16 @@ void unary(UnaryOp op, const Tensor& x, const Tensor& out, double scalar) {
       });
     } else {
       strided_for_each<2>({&out, &x}, [&](std::array<char*, 2> p, std::array<int64_t, 2> st, int64_t n) {
+        if constexpr (std::is_same_v<T, float>) {
+          if (st[0] == 4 && st[1] == 4) {
+            float* o = reinterpret_cast<float*>(p[0]);
+            const float* a = reinterpret_cast<const float*>(p[1]);
+            with_unary_op(op, [&](auto k) {
+              for (int64_t i = 0; i < n; ++i) o[i] = apply_unary<float>(k.value, a[i], s);
+            });
+            return;
+          }
+        }
         for (int64_t i = 0; i < n; ++i)
           *reinterpret_cast<T*>(p[0] + i * st[0]) =
               from_compute<T>(apply_unary<C>(op, to_compute(load<T>(p[1] + i * st[1])), s));
@@ -104,12 +148,24 @@ void binary(BinaryOp op, const Tensor& a, const Tensor& b, const Tensor& out, do
       });
     } else if constexpr (std::is_same_v<T, float>) {
       strided_for_each<3>({&out, &a, &b}, [&](std::array<char*, 3> p, std::array<int64_t, 3> st, int64_t n) {
-        if (st[0] == 4 && st[1] == 4 && st[2] == 4 && op == BinaryOp::Add) {
-          // The hot case (residual adds, gradient accumulation): let the compiler vectorise.
+        if (st[0] == 4 && st[1] == 4 && st[2] == 4) {
+          // Contiguous (residual adds, gradient accumulation, ReLU's gradient):
+          // one vectorised loop per op. A broadcast operand (stride 0) too.
           float* o = reinterpret_cast<float*>(p[0]);
           const float* x = reinterpret_cast<const float*>(p[1]);
           const float* y = reinterpret_cast<const float*>(p[2]);
-          for (int64_t i = 0; i < n; ++i) o[i] = x[i] + al * y[i];
+          with_binary_op(op, [&](auto k) {
+            for (int64_t i = 0; i < n; ++i) o[i] = apply_binary<float>(k.value, x[i], y[i], al);
+          });
+          return;
+        }
+        if (st[0] == 4 && st[1] == 4 && st[2] == 0) {
+          float* o = reinterpret_cast<float*>(p[0]);
+          const float* x = reinterpret_cast<const float*>(p[1]);
+          const float y = *reinterpret_cast<const float*>(p[2]);
+          with_binary_op(op, [&](auto k) {
+            for (int64_t i = 0; i < n; ++i) o[i] = apply_binary<float>(k.value, x[i], y, al);
+          });
           return;
         }
         for (int64_t i = 0; i < n; ++i)
