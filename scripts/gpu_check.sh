@@ -82,8 +82,9 @@ fi
 if has ddp; then
   # DistributedDataParallel at 1 and 2 GPUs beside Chorus's DataParallel and
   # PyTorch's DDP (and PyTorch on one GPU, for its scaling), same run.
-  for cfg in "wrn-28-10 fp32" "wrn-28-10 bf16 --channels-last" "wrn-16-4 bf16 --channels-last"; do
-    set -- $cfg; m=$1; p=$2; cl=${3:-}
+  # DDP_CONFIGS="model:precision:flag ..." picks the rows (default: all three).
+  for cfg in ${DDP_CONFIGS:-"wrn-28-10:fp32:" "wrn-28-10:bf16:--channels-last" "wrn-16-4:bf16:--channels-last"}; do
+    IFS=: read -r m p cl <<<"$cfg"
     timeout 300 $C bench --model $m --strategy ddp --devices cuda:0,cuda:1 --device-counts 1,2 --precision $p $cl \
       --batch-size 128 --steps 30 --warmup 8 --json | tee -a "$rows"
     timeout 300 $C bench --model $m --strategy dp --devices cuda:0,cuda:1 --device-counts 2 --precision $p $cl \
