@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# CI's sanitizer stages, CPU-only (-DCHORUS_WITH_CUDA=OFF), each in its own
-# build directory and each printing its duration:
-#   asan  the whole CPU test suite (unit tests, command-line, dist and README
-#         tests, fuzz corpus replays, the install test) built with AddressSanitizer +
-#         UndefinedBehaviorSanitizer; any report fails the test that made it
-#   tsan  the multi-threaded tests (chorus_threaded_tests: engine, device
+# CI's sanitizer stages, each in its own build directory and each printing
+# its duration:
+#   asan  scripts/test.sh with CHORUS_SANITIZE=address: the whole suite (unit
+#         tests, command-line, dist and README tests, fuzz corpus replays, the
+#         install test) built with AddressSanitizer + UndefinedBehaviorSanitizer,
+#         CUDA code included; any report fails the test that made it
+#   tsan  (CPU-only) the multi-threaded tests (chorus_threaded_tests: engine, device
 #         threads and streams, DataParallel, data loader, copies and
 #         collectives, store and reducer) built with ThreadSanitizer
 #
@@ -30,25 +31,15 @@ configure() {  # dir, flags, extra cmake args...
 }
 
 stage_asan() {
-  local dir=${ASAN_BUILD_DIR:-build-asan}
-  configure "$dir" "-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g1"
-  cmake --build "$dir" -j "$(nproc)"
-  echo "sanitize: asan build done after $(( $(date +%s) - start )) s"
-  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=0
-  export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-  # CHORUS_TEST_QUICK=1: every test runs, and the few long ones run a shorter
-  # variant of themselves: dist.train_ddp leaves its convergence runs
-  # (minutes of training) to the plain suite, dist.dead_rank kills and stops
-  # a rank 6 times each instead of 20, cli.train_fashion_mnist trains 150
-  # steps, install.out_of_tree leaves compiling each header alone to the
-  # plain suite (it builds its programs with the -fsanitize= flags).
-  (cd "$dir" && CHORUS_TEST_QUICK=1 ctest --output-on-failure -j "$JOBS" --timeout 1500)
+  # The whole suite, CUDA code compiled, every test in full: the same build CI
+  # runs (scripts/test.sh with CHORUS_SANITIZE=address).
+  CHORUS_SANITIZE=address scripts/test.sh
 }
 
 stage_tsan() {
   local dir=${TSAN_BUILD_DIR:-build-tsan}
   # Gloo is not instrumented; the threaded tests do not need it.
-  configure "$dir" "-fsanitize=thread -fno-omit-frame-pointer -g1" -DCHORUS_WITH_GLOO=OFF
+  configure "$dir" "-fsanitize=thread -fno-omit-frame-pointer -g1" -DCHORUS_WITH_GLOO=OFF -DCHORUS_OPT=-O1 -DCHORUS_TEST_OPT=-O0
   cmake --build "$dir" -j "$(nproc)" --target chorus_threaded_tests
   echo "sanitize: tsan build done after $(( $(date +%s) - start )) s"
   export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1

@@ -12,9 +12,19 @@ namespace chorus::cuda {
 
 namespace {
 
-// Column reductions (Note [NHWC column reductions]): each thread reads kVec
-// consecutive channels of a row as one 16-byte load; a block is tx column
-// threads (up to kBlockThreads / 8... the whole width when it fits) by ty rows.
+// Note [NHWC column reductions]
+// The statistics and the gradient sums are per-channel sums over the M rows
+// of the [M, C] matrix. Each thread reads kVec consecutive channels of a row
+// as one 16-byte load (8 bf16), a block is tx column threads (the whole row
+// when it fits in 256) by ty rows, and there are about two blocks per SM.
+// A block's rows merge by a tree in shared memory; the blocks' partials merge
+// in a finalize kernel where 8 lanes per channel read them and a tree merges
+// the lanes. The first version (one bf16 per thread, a Welford update with a
+// division per element, one thread merging a block's rows, one thread per
+// channel walking every partial in a dependent chain of loads) spent most of
+// its time in that last chain: 290 us per WRN-16-4 layer on an H100 when the
+// partials grew to 528, 40 us before, against 10-50 us now for the whole
+// forward (docs/benchmarks.md, 2026-11-25).
 constexpr int kBlockThreads = 256;
 constexpr int kMaxVec = 8;
 constexpr int kElemThreads = 256;
