@@ -88,20 +88,28 @@ void max_pool2d_forward(const float* x, int64_t n, int64_t c, int64_t h, int64_t
       int64_t* idx = indices + p * o.h * o.w;
       if (two_by_two) {
         for (int64_t oy = 0; oy < o.h; ++oy) {
-          const float* r0 = in + 2 * oy * w;
-          const float* r1 = r0 + w;
+          const float* __restrict r0 = in + 2 * oy * w;
+          const float* __restrict r1 = r0 + w;
+          float* __restrict orow = out + oy * o.w;
+          int64_t* __restrict irow = idx + oy * o.w;
+          const int64_t base = 2 * oy * w;
           for (int64_t ox = 0; ox < o.w; ++ox) {
-            float best = r0[2 * ox];
-            int64_t at = 2 * oy * w + 2 * ox;
-            const float v[3] = {r0[2 * ox + 1], r1[2 * ox], r1[2 * ox + 1]};
-            const int64_t vat[3] = {at + 1, at + w, at + w + 1};
-            for (int k = 0; k < 3; ++k) {
-              const bool take = v[k] > best || v[k] != v[k];
-              best = take ? v[k] : best;
-              at = take ? vat[k] : at;
-            }
-            out[oy * o.w + ox] = best;
-            idx[oy * o.w + ox] = at;
+            const float a = r0[2 * ox], b = r0[2 * ox + 1], c = r1[2 * ox], d = r1[2 * ox + 1];
+            // Position within the window (0..3) first, as a small integer the
+            // selects carry cheaply; the flat index from it after.
+            float best = a;
+            int64_t k = 0;
+            bool take = b > best || b != b;
+            best = take ? b : best;
+            k = take ? 1 : k;
+            take = c > best || c != c;
+            best = take ? c : best;
+            k = take ? 2 : k;
+            take = d > best || d != d;
+            best = take ? d : best;
+            k = take ? 3 : k;
+            orow[ox] = best;
+            irow[ox] = base + 2 * ox + (k & 1) + (k >> 1) * w;
           }
         }
         continue;
