@@ -6,6 +6,7 @@
 #include "bench_ddp.h"
 #include "bench_pipeline.h"
 #include "cli_numbers.h"
+#include "cli_options.h"
 #include "commands.h"
 
 #include <algorithm>

@@ -1,9 +1,12 @@
 // `chorus bench`: training throughput on synthetic data (DESIGN.md's JSON rows).
 #pragma once
 
-#include <CLI/CLI.hpp>
 #include <optional>
 #include <string>
+
+namespace CLI {
+class App;
+}
 
 namespace chorus::app {
 

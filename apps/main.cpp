@@ -11,6 +11,7 @@
 #include "chorus/data/loader.h"
 #include "cli_numbers.h"
 #include "stop_signal.h"
+#include "cli_options.h"
 #include "commands.h"
 #include "launch.h"
 #include "train.h"

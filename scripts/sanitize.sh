@@ -3,8 +3,8 @@
 # its duration:
 #   asan  scripts/test.sh with CHORUS_SANITIZE=address: the whole suite (unit
 #         tests, command-line, dist and README tests, fuzz corpus replays, the
-#         install test) built with AddressSanitizer + UndefinedBehaviorSanitizer,
-#         CUDA code included; any report fails the test that made it
+#         install test), CPU build, under AddressSanitizer +
+#         UndefinedBehaviorSanitizer; any report fails the test that made it
 #   tsan  (CPU-only) the multi-threaded tests (chorus_threaded_tests: engine, device
 #         threads and streams, DataParallel, data loader, copies and
 #         collectives, store and reducer) built with ThreadSanitizer
@@ -31,8 +31,7 @@ configure() {  # dir, flags, extra cmake args...
 }
 
 stage_asan() {
-  # The whole suite, CUDA code compiled (scripts/test.sh with
-  # CHORUS_SANITIZE=address). CHORUS_TEST_QUICK=1: every test runs, and the few
+  # The whole suite, CPU build (scripts/test.sh with CHORUS_SANITIZE=address). CHORUS_TEST_QUICK=1: every test runs, and the few
   # long ones run a shorter variant of themselves: dist.train_ddp leaves its
   # convergence runs (minutes of training, 3x slower under ASan) to the plain
   # suite, dist.dead_rank kills and stops a rank 6 times each instead of 20,

@@ -19,6 +19,7 @@
 #include "chorus/nn/layers.h"
 #include "chorus/nn/module.h"
 #include "chorus/ops/factory.h"
+#include "chorus/ops/threads.h"
 #include "chorus/optim/adamw.h"
 #include "chorus/optim/lr_scheduler.h"
 #include "chorus/optim/sgd.h"

@@ -99,6 +99,8 @@ const Window kWindows[] = {
     {1, 3, 6, 7, 3, 2, 1, 2, 1, 1},  // non-square kernel and stride
     {2, 2, 9, 8, 2, 3, 3, 3, 1, 0},  // stride larger than the kernel
     {1, 1, 5, 5, 5, 5, 1, 1, 2, 2},  // kernel = input, maximal padding
+    {2, 3, 10, 18, 2, 2, 2, 2, 0, 0},  // 2x2/2, rows of 9 outputs: four at a time, then one
+    {1, 2, 6, 17, 2, 2, 2, 2, 0, 0},   // odd width: the last input column is in no window
 };
 
 TEST(PoolCpu, MaxPoolForwardMatchesReferenceValuesAndIndices) {
@@ -138,6 +140,38 @@ TEST(PoolCpu, MaxPoolPropagatesNaN) {
   EXPECT_TRUE(std::isnan(y[0]));
   EXPECT_EQ(idx[0], 5);
   EXPECT_FALSE(std::isnan(y[1]));
+}
+
+// The 2x2 stride-2 windows four at a time (SSE on x86): ties keep the first
+// position, a NaN anywhere in the window wins, two NaNs keep the later one,
+// as the scalar rule and the reference do.
+TEST(PoolCpu, MaxPool2x2FourAtATimeTiesAndNaNs) {
+  const Window p{1, 2, 4, 20, 2, 2, 2, 2, 0, 0};
+  auto x = random_vector(p.in_size(), 31);
+  for (int64_t i = 0; i < 20; ++i) x[i] = x[20 + i] = 0.5f;  // plane 0, rows 0-1: every window a tie
+  const float nan = std::nanf("");
+  x[80 + 3] = nan;                       // plane 1, row 0: window 1's b
+  x[80 + 20 + 8] = nan;                  // row 1: window 4's c
+  x[80 + 20 + 13] = nan;                 // row 1: window 6's d
+  x[80 + 10] = nan;                      // window 5: a and d both NaN
+  x[80 + 20 + 11] = nan;
+  std::vector<float> y(p.out_size());
+  std::vector<int64_t> idx(p.out_size());
+  max_pool2d_forward(x.data(), p.n, p.c, p.h, p.w, p.kh, p.kw, p.sh, p.sw, p.ph, p.pw, y.data(), idx.data());
+  std::vector<double> y_ref;
+  std::vector<int64_t> idx_ref;
+  ref_max_pool(p, x, &y_ref, &idx_ref);
+  for (int64_t i = 0; i < 10; ++i) EXPECT_EQ(idx[i], 2 * i) << "tie at window " << i;
+  EXPECT_EQ(idx[20 + 1], 3);
+  EXPECT_EQ(idx[20 + 4], 28);
+  EXPECT_EQ(idx[20 + 6], 33);
+  EXPECT_EQ(idx[20 + 5], 31);
+  for (int64_t i : {21, 24, 25, 26}) EXPECT_TRUE(std::isnan(y[i])) << i;
+  for (int64_t i = 0; i < p.out_size(); ++i) {
+    if (i == 21 || (i >= 24 && i <= 26)) continue;  // the reference knows no NaN
+    EXPECT_EQ(y[i], y_ref[i]) << i;
+    EXPECT_EQ(idx[i], idx_ref[i]) << i;
+  }
 }
 
 TEST(PoolCpu, MaxPoolBackwardMatchesFiniteDifferences) {

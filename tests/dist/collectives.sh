@@ -41,5 +41,22 @@ rc=0; for p in "${pids[@]}"; do wait "$p" || rc=1; done
 cat "$out"/*; rm -rf "$out"
 [ $rc -eq 0 ] || { echo "FAIL: slurm variables"; fail=1; }
 
+# The cores of one machine are shared by its ranks (Note [Cores shared by local
+# ranks]): 2 ranks each get half; CHORUS_NUM_THREADS, when set, wins.
+cores=$(getconf _NPROCESSORS_ONLN); half=$(( cores / 2 > 0 ? cores / 2 : 1 ))
+threads_of() { grep -c "rank [01]: cpu threads $1\$" <<<"$2"; }
+out=$("$CHORUS" launch --nproc-per-node 2 --master-port "$(free_port)" -- "$PROBE" threads 2>&1)
+[ "$(threads_of $half "$out")" = 2 ] && echo "ok: 2 ranks on $cores cores: $half thread(s) each" \
+  || { echo "FAIL: 2 ranks on $cores cores should get $half thread(s) each:"; echo "$out"; fail=1; }
+out=$(CHORUS_NUM_THREADS=3 "$CHORUS" launch --nproc-per-node 2 --master-port "$(free_port)" -- "$PROBE" threads 2>&1)
+[ "$(threads_of 3 "$out")" = 2 ] && echo "ok: CHORUS_NUM_THREADS=3 is kept" \
+  || { echo "FAIL: CHORUS_NUM_THREADS=3 not kept:"; echo "$out"; fail=1; }
+if command -v mpirun >/dev/null; then
+  out=$(MASTER_PORT=$(free_port) timeout 300 mpirun --allow-run-as-root --oversubscribe -np 2 -x MASTER_PORT \
+        "$PROBE" threads 2>&1)
+  [ "$(threads_of $half "$out")" = 2 ] && echo "ok: mpirun -np 2: $half thread(s) each" \
+    || { echo "FAIL: mpirun -np 2 should give $half thread(s) each:"; echo "$out"; fail=1; }
+fi
+
 [ $fail -eq 0 ] && echo "ok: collectives over 1-4 processes, mpirun and Slurm environments"
 exit $fail

@@ -8,6 +8,7 @@
 //                (SIGSTOP) itself at step 3. Survivors must fail with
 //                DistError naming RANK; each prints how long that took.
 //   sum          prints the sum over ranks of (rank+1) * [1, 2, 3] (two-node test).
+//   threads      prints the CPU threads this rank's ops use after joining.
 #include <signal.h>
 #include <unistd.h>
 
@@ -175,6 +176,10 @@ int main(int argc, char** argv) {
       pg->all_reduce(t)->wait();
       auto v = t.to_vector<float>();
       std::printf("rank %d of %d: sum %.1f %.1f %.1f\n", pg->rank(), pg->size(), v[0], v[1], v[2]);
+      return 0;
+    }
+    if (mode == "threads") {
+      std::printf("rank %d: cpu threads %d\n", pg->rank(), cpu_threads());
       return 0;
     }
     if (mode == "hang") {

@@ -1,10 +1,15 @@
 #include "chorus/cpu/parallel.h"
 
+#include <cblas.h>
+
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstdlib>
 #include <exception>
 #include <mutex>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -111,14 +116,26 @@ Pool& pool() {
 
 }  // namespace
 
-int num_threads() {
-  static int n = [] {
+namespace {
+std::atomic<int>& thread_count() {
+  static std::atomic<int> n([] {
     const char* env = std::getenv("CHORUS_NUM_THREADS");
     int v = env ? std::atoi(env) : static_cast<int>(std::thread::hardware_concurrency());
     return std::max(1, v);
-  }();
+  }());
   return n;
 }
+}  // namespace
+
+int num_threads() { return thread_count().load(std::memory_order_relaxed); }
+
+void set_num_threads(int n) {
+  if (n < 1) throw std::invalid_argument("set_num_threads: need at least 1 thread, got " + std::to_string(n));
+  thread_count().store(n, std::memory_order_relaxed);
+  openblas_set_num_threads(n);
+}
+
+bool num_threads_set_by_user() { return std::getenv("CHORUS_NUM_THREADS") != nullptr; }
 
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;

@@ -5,11 +5,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <memory>
+#include <thread>
 
 #include "chorus/core/device.h"
 #include "chorus/core/error.h"
 #include "chorus/dist/rendezvous.h"
+#include "chorus/ops/threads.h"
 
 namespace chorus::dist {
 
@@ -35,7 +38,27 @@ std::string local_address_towards(const std::string& host, int port) {
   return out;
 }
 
+namespace {
+
+// Note [Cores shared by local ranks]
+// Each process's CPU ops use every hardware thread by default. With several
+// ranks on one machine training on the CPU (Gloo), each took all the cores:
+// 2 ranks on 2 cores ran 4 compute threads plus OpenBLAS's, and the 2-rank
+// Fashion-MNIST CNN trained at 2391 img/s; with the cores shared (1 thread
+// each) at 2854, +19%, same losses. So a Gloo group gives each of the
+// LOCAL_WORLD_SIZE ranks on a machine its share of the cores, as torchrun
+// sets OMP_NUM_THREADS=1 for its workers; CHORUS_NUM_THREADS, when set,
+// always wins. NCCL ranks compute on their GPU and are left alone.
+void share_cores_among_local_ranks(const LaunchEnv& env) {
+  if (cpu_threads_from_environment() || env.local_world_size <= 1) return;
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  set_cpu_threads(std::max(1, cores / env.local_world_size));
+}
+
+}  // namespace
+
 ProcessGroupPtr init_process_group(const LaunchEnv& env, const InitOptions& options) {
+  if (options.backend == "gloo") share_cores_among_local_ranks(env);
   if (options.backend == "nccl") {
     // One GPU per process: LOCAL_RANK's (as torchrun's users set it).
     const int n = cuda_device_count();
