@@ -69,8 +69,7 @@ void check_adaptive(const char* kernel, int64_t n, int64_t c, int64_t h, int64_t
 // The 2x2 stride-2 window, four outputs at a time: the even and odd columns of
 // two input rows are split with shuffles, and the same select rule as the
 // scalar loop (a larger value or a NaN takes the place) runs on four lanes.
-// Returns the first output column it did not do. 4.5x the scalar loop's speed
-// on the small CNN's first pooling (64x32x28x28).
+// Returns the first output column it did not do.
 int64_t max_pool_2x2_sse(const float* __restrict r0, const float* __restrict r1, int64_t out_w, int64_t w,
                          int64_t base, float* __restrict orow, int64_t* __restrict irow) {
   int64_t ox = 0;
