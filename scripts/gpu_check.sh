@@ -233,6 +233,24 @@ if has profile; then
     done
   done
 fi
+if has ncu; then
+  # Issue 14: one training step's kernels timed by Nsight Compute (one at a
+  # time; caches and clocks left alone), Chorus beside torch.compile and eager
+  # PyTorch, summed by kernel class (scripts/ncu_step.py).
+  NCU="ncu --clock-control none --cache-control none --csv --print-units base --metrics gpu__time_duration.sum"
+  for cfg in ${NCU_CONFIGS:-"wrn-28-10:bf16:1"}; do
+    IFS=: read -r m p cl <<<"$cfg"
+    flag=""; [ "$cl" = 1 ] && flag=--channels-last
+    timeout 400 $NCU --log-file "$OUT/ncu_chorus_${m}_${p}.csv" $C bench --model $m --precision $p $flag --devices cuda:0 \
+      --batch-size 128 --steps 3 --warmup 4 >/dev/null 2>"$OUT/ncu_chorus_${m}_${p}.err"
+    python3 scripts/ncu_step.py "$OUT/ncu_chorus_${m}_${p}.csv" "chorus $m $p"
+    for mode in ${NCU_TORCH_MODES:-reduce-overhead eager}; do
+      timeout 500 $NCU --profile-from-start off --log-file "$OUT/ncu_torch_${m}_${p}_$mode.csv" \
+        python3 scripts/torch_step_profile.py $m $p $cl $mode 2 >/dev/null 2>"$OUT/ncu_torch_${m}_${p}_$mode.err"
+      python3 scripts/ncu_step.py "$OUT/ncu_torch_${m}_${p}_$mode.csv" "torch $mode $m $p" 2
+    done
+  done
+fi
 if has multi; then
   n=$(nvidia-smi -L | wc -l)
   devs=$(seq -s, 0 $((n-1)) | sed 's/[0-9]\+/cuda:&/g')

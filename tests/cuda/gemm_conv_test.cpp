@@ -480,6 +480,7 @@ TEST(CudaPool, AdaptiveAvgPoolMatchesCpu_CUDA) {
     for (bool cl : {false, true}) {
       check_adaptive_avg_pool({2, 5, 9, 7}, 4, 3, dtype, cl);   // overlapping windows
       check_adaptive_avg_pool({3, 16, 8, 8}, 1, 1, dtype, cl);  // the WRN head
+      check_adaptive_avg_pool({2, 24, 7, 5}, 1, 1, dtype, cl);  // global, plane of 35
     }
 }
 
@@ -550,17 +551,21 @@ void check_batch_norm(const Shape& xs, DType dtype, bool cl, bool affine) {
 
 // The fused batch norm + ReLU (own kernels for channels-last, cuDNN plus a
 // ReLU pass for NCHW) against the CPU's composition of the two.
-void check_batch_norm_relu(const Shape& xs, DType dtype, bool cl) {
+// Without affine (gamma and beta undefined: 1 and 0) the channels-last
+// backward recomputes the ReLU's mask from x with the defaults.
+void check_batch_norm_relu(const Shape& xs, DType dtype, bool cl, bool affine = true) {
   const int64_t c = xs[1];
   const Shape ps{c};
   const auto xv = rounded(random_vector(numel_of(xs), 61, -2.0f, 3.0f), dtype);
   const auto dyv = rounded(random_vector(numel_of(xs), 62), dtype);
-  const auto gammav = random_vector(c, 63, 0.5f, 1.5f), betav = random_vector(c, 64);
+  const auto gammav = affine ? random_vector(c, 63, 0.5f, 1.5f) : std::vector<float>(c, 1.0f);
+  const auto betav = affine ? random_vector(c, 64) : std::vector<float>(c, 0.0f);
   const auto rmv = random_vector(c, 65), rvv = random_vector(c, 66, 0.5f, 1.5f);
   const double tol = tolerance(dtype, 1e-4);
   const std::string what = std::string(dtype_name(dtype)) + (cl ? " NHWC " : " ") + shape_str(xs);
   Tensor gx = gpu_tensor(xs, xv, dtype, cl), gy = gpu_garbage(xs, dtype, cl);
-  Tensor ggamma = gpu_tensor(ps, gammav, kFloat32), gbeta = gpu_tensor(ps, betav, kFloat32);
+  Tensor ggamma = affine ? gpu_tensor(ps, gammav, kFloat32) : Tensor();
+  Tensor gbeta = affine ? gpu_tensor(ps, betav, kFloat32) : Tensor();
   Tensor grm = gpu_tensor(ps, rmv, kFloat32), grv = gpu_tensor(ps, rvv, kFloat32);
   Tensor gsm = gpu_garbage(ps, kFloat32), gsi = gpu_garbage(ps, kFloat32);
   cuda::batch_norm_relu_forward(gx, ggamma, gbeta, grm, grv, 0.1, 1e-3, gy, gsm, gsi);
@@ -573,10 +578,10 @@ void check_batch_norm_relu(const Shape& xs, DType dtype, bool cl) {
   // Backward from the GPU's own y (its ReLU mask), against the CPU's from its y.
   Tensor gdy = gpu_tensor(xs, dyv, dtype, cl), gdx = gpu_garbage(xs, dtype, cl);
   Tensor gdg = gpu_garbage(ps, kFloat32), gdb = gpu_garbage(ps, kFloat32);
-  cuda::batch_norm_relu_backward(gdy, gy, gx, ggamma, gsm, gsi, gdx, gdg, gdb);
+  cuda::batch_norm_relu_backward(gdy, gy, gx, ggamma, gbeta, gsm, gsi, gdx, gdg, gdb);
   Tensor cdy = cpu_f32(xs, dyv), cdx = cpu_f32(xs, std::vector<float>(xv.size()));
   Tensor cdg = cpu_f32(ps, std::vector<float>(c)), cdb = cpu_f32(ps, std::vector<float>(c));
-  cpu::batch_norm_relu_backward(cdy, cy, cx, cgamma, csm, csi, cdx, cdg, cdb);
+  cpu::batch_norm_relu_backward(cdy, cy, cx, cgamma, cbeta, csm, csi, cdx, cdg, cdb);
   expect_close(gpu_values(gdx), host_values(cdx), tol, "batch_norm_relu_backward dx " + what);
   expect_close(gpu_values(gdg), host_values(cdg), tol, "batch_norm_relu_backward dgamma " + what);
   expect_close(gpu_values(gdb), host_values(cdb), tol, "batch_norm_relu_backward dbeta " + what);
@@ -588,6 +593,7 @@ TEST(CudaBatchNorm, FusedReluMatchesCpu_CUDA) {
     for (bool cl : {false, true}) check_batch_norm_relu({8, 16, 6, 5}, dtype, cl);
     check_batch_norm_relu({16, 640, 3, 3}, dtype, true);
     check_batch_norm_relu({4, 3, 7, 5}, dtype, true);  // odd C: scalar path
+    check_batch_norm_relu({8, 32, 6, 5}, dtype, true, false);
   }
 }
 

@@ -80,13 +80,14 @@ Tensor batch_norm_relu_train(const Tensor& x, const Tensor& running_mean, const 
   // The output is saved for the ReLU mask; the next layer saves it anyway.
   Tensor xd = x.detach(), yd = y.detach();
   Tensor wd = weight.defined() ? weight.detach() : Tensor();
+  Tensor bd = bias.defined() ? bias.detach() : Tensor();
   TensorList inputs{x};
   if (weight.defined()) inputs.push_back(weight);
   if (bias.defined()) inputs.push_back(bias);
   bool has_w = weight.defined(), has_b = bias.defined();
   return record("BatchNormReluBackward", y, inputs,
-                [xd, yd, wd, mean = save_mean, invstd = save_invstd, has_w, has_b](const TensorList& g) {
-                  auto [dx, dw, db] = ops::batch_norm_relu_backward(g[0], yd, xd, wd, mean, invstd);
+                [xd, yd, wd, bd, mean = save_mean, invstd = save_invstd, has_w, has_b](const TensorList& g) {
+                  auto [dx, dw, db] = ops::batch_norm_relu_backward(g[0], yd, xd, wd, bd, mean, invstd);
                   TensorList out{dx};
                   if (has_w) out.push_back(dw);
                   if (has_b) out.push_back(db.defined() ? db : Tensor());

@@ -80,9 +80,10 @@
                                const Tensor& running_mean, const Tensor& running_var,             \
                                double momentum, double eps, const Tensor& y,                      \
                                const Tensor& save_mean, const Tensor& save_invstd);               \
-  /* Its backward: dy masked by y > 0, then batch_norm_backward. */                               \
+  /* Its backward: dy masked by y > 0, then batch_norm_backward (beta: the forward's, for       \
+     backends that recompute the mask from x; may be undefined, 0). */                            \
   void batch_norm_relu_backward(const Tensor& dy, const Tensor& y, const Tensor& x,               \
-                                const Tensor& gamma, const Tensor& save_mean,                     \
+                                const Tensor& gamma, const Tensor& beta, const Tensor& save_mean, \
                                 const Tensor& save_invstd, const Tensor& dx, const Tensor& dgamma, \
                                 const Tensor& dbeta);                                             \
   /* Softmax over the last dim of a contiguous [rows, cols] tensor. */                            \

@@ -479,7 +479,7 @@ void batch_norm_relu_forward(const Tensor& x, const Tensor& gamma, const Tensor&
 }
 
 void batch_norm_relu_backward(const Tensor& dy, const Tensor& y, const Tensor& x,
-                              const Tensor& gamma, const Tensor& save_mean,
+                              const Tensor& gamma, const Tensor& /*beta*/, const Tensor& save_mean,
                               const Tensor& save_invstd, const Tensor& dx, const Tensor& dgamma,
                               const Tensor& dbeta) {
   Tensor masked = detail::empty_tensor(dy.sizes(), dy.dtype(), dy.device());

@@ -169,7 +169,7 @@ void forward_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
 
 // batch_norm_backward, and with a defined relu_y batch_norm_relu_backward.
 void backward_impl(const Tensor& dy_in, const Tensor& relu_y, const Tensor& x, const Tensor& gamma,
-                   const Tensor& save_mean, const Tensor& save_invstd, const Tensor& dx,
+                   const Tensor& beta, const Tensor& save_mean, const Tensor& save_invstd, const Tensor& dx,
                    const Tensor& dgamma, const Tensor& dbeta) {
   const char* op = relu_y.defined() ? "batch_norm_relu_backward" : "batch_norm_backward";
   Tensor dy = dy_in;
@@ -197,7 +197,11 @@ void backward_impl(const Tensor& dy_in, const Tensor& relu_y, const Tensor& x, c
                     dxs.layout == Layout::NHWC &&
                     (!relu_y.defined() || bn_shape(op, relu_y, "y", xs.layout).layout == Layout::NHWC);
   if (nhwc) {
-    batch_norm_nhwc_backward(dy, x, g, sm, si, dx, dg, db, relu_y);
+    // The ReLU's mask comes from x and the forward's coefficients, not from
+    // relu_y (Note [ReLU mask from x] in batch_norm_nhwc.cu).
+    const bool relu = relu_y.defined();
+    const Tensor b = relu ? float_input(op, beta, "beta", c, 0.0, device) : Tensor();
+    batch_norm_nhwc_backward(dy, x, g, sm, si, dx, dg, db, relu, b);
     write_back(dg, dgamma);
     write_back(db, dbeta);
     return;
@@ -243,15 +247,15 @@ void batch_norm_relu_forward(const Tensor& x, const Tensor& gamma, const Tensor&
 void batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                          const Tensor& save_mean, const Tensor& save_invstd, const Tensor& dx,
                          const Tensor& dgamma, const Tensor& dbeta) {
-  backward_impl(dy, Tensor(), x, gamma, save_mean, save_invstd, dx, dgamma, dbeta);
+  backward_impl(dy, Tensor(), x, gamma, Tensor(), save_mean, save_invstd, dx, dgamma, dbeta);
 }
 
 void batch_norm_relu_backward(const Tensor& dy, const Tensor& y, const Tensor& x,
-                              const Tensor& gamma, const Tensor& save_mean,
+                              const Tensor& gamma, const Tensor& beta, const Tensor& save_mean,
                               const Tensor& save_invstd, const Tensor& dx, const Tensor& dgamma,
                               const Tensor& dbeta) {
   check_same("batch_norm_relu_backward", x, "x", y, "y");
-  backward_impl(dy, y, x, gamma, save_mean, save_invstd, dx, dgamma, dbeta);
+  backward_impl(dy, y, x, gamma, beta, save_mean, save_invstd, dx, dgamma, dbeta);
 }
 
 }  // namespace chorus::cuda

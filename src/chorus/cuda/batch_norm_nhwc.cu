@@ -28,9 +28,12 @@ namespace {
 constexpr int kBlockThreads = 256;
 constexpr int kMaxVec = 8;
 constexpr int kElemThreads = 256;
-// Finalize blocks: 32 channels by 8 lanes over the row blocks' partials.
+// Finalize blocks: 32 channels by 32 lanes over the row blocks' partials.
+// With 8 lanes each lane merged ~33 of WRN's 264 partials in a chain of
+// dependent Welford updates: 18 us per call on an H200, more than the
+// statistics pass itself (Nsight Compute, issue 14); 32 lanes leave ~8.
 constexpr int kFinalCols = 32;
-constexpr int kFinalRows = 8;
+constexpr int kFinalRows = 32;
 
 struct Grid {
   dim3 grid, block;
@@ -79,6 +82,23 @@ template <typename T, int kVec>
 struct alignas(sizeof(T) * kVec) Pack {
   T v[kVec];
 };
+
+// kVec per-channel float coefficients from col0 (a multiple of kVec; the
+// arrays are [C] slices of one allocation, C % kVec == 0) in one or two loads.
+template <int kVec>
+__device__ __forceinline__ Pack<float, kVec> coefficients(const float* __restrict__ p, int64_t col0) {
+  return *reinterpret_cast<const Pack<float, kVec>*>(p + col0);
+}
+
+// The affine coefficients y = x * s + t of a channel, and the pre-ReLU value
+// of an element: one definition for the forward and the backward, so the
+// backward's ReLU mask (Note [ReLU mask from x]) is the forward's bit for bit.
+__device__ __forceinline__ void affine_coefficients(float gamma, float beta, float mean, float invstd, float& s,
+                                                    float& t) {
+  s = invstd * gamma;
+  t = beta - mean * s;
+}
+__device__ __forceinline__ float affine_value(float x, float s, float t) { return x * s + t; }
 
 // partial[b, c] = Welford (count, mean, m2) of column c over row block b.
 // Each thread sums its rows shifted by the first value it saw of each channel
@@ -168,9 +188,11 @@ __global__ void stats_finalize_kernel(const float* __restrict__ pn, const float*
   // dependent chain per channel.
   const int64_t col = int64_t{blockIdx.x} * kFinalCols + threadIdx.x;
   float n = 0, mean = 0, m2 = 0;
-  if (col < c)
+  if (col < c) {
+#pragma unroll 4
     for (int64_t b = threadIdx.y; b < blocks; b += kFinalRows)
       welford_merge(n, mean, m2, pn[b * c + col], pmean[b * c + col], pm2[b * c + col]);
+  }
   __shared__ float sh[3][kFinalRows][kFinalCols];
   sh[0][threadIdx.y][threadIdx.x] = n;
   sh[1][threadIdx.y][threadIdx.x] = mean;
@@ -195,9 +217,10 @@ __global__ void stats_finalize_kernel(const float* __restrict__ pn, const float*
     running_mean[col] = (1 - momentum) * running_mean[col] + momentum * mean;
     running_var[col] = (1 - momentum) * running_var[col] + momentum * unbiased;
   }
-  const float s = invstd * gamma[col];
+  float s, t;
+  affine_coefficients(gamma[col], beta[col], mean, invstd, s, t);
   scale[col] = s;
-  shift[col] = beta[col] - mean * s;
+  shift[col] = t;
 }
 
 // Evaluation: coefficients from the running statistics.
@@ -223,45 +246,59 @@ __global__ void affine_kernel(const T* __restrict__ x, T* __restrict__ y, int64_
        p += int64_t{gridDim.x} * blockDim.x) {
     const Pack<T, kVec> in = reinterpret_cast<const Pack<T, kVec>*>(x)[p];
     const int64_t col0 = (p * kVec) % c;
+    const Pack<float, kVec> sc = coefficients<kVec>(scale, col0), sh = coefficients<kVec>(shift, col0);
     Pack<T, kVec> out;
 #pragma unroll
     for (int i = 0; i < kVec; ++i) {
-      const float v = to_acc(in.v[i]) * scale[col0 + i] + shift[col0 + i];
+      const float v = affine_value(to_acc(in.v[i]), sc.v[i], sh.v[i]);
       out.v[i] = convert<T>(kRelu && !(v > 0.0f) ? 0.0f : v);  // as UnaryOp::Relu
     }
     reinterpret_cast<Pack<T, kVec>*>(y)[p] = out;
   }
 }
 
+// Note [ReLU mask from x]: the fused ReLU's backward needs y > 0. Reading
+// the saved output y for it cost a third of the backward's reads (dy, x, y);
+// instead the mask is recomputed from x and the forward's coefficients,
+// affine_value(x, s, t) > 0, the very float the forward rounded into y. (A
+// positive value below bfloat16's smallest subnormal rounds y to 0 but counts
+// here: its gradient passes, as a float32 forward's would.)
+//
 // partial[b, c] = (sum dy, sum dy * (x - mean)) of column c over row block b,
-// kVec channels per thread as in stats_partial_kernel. With relu_y (the
-// output of a fused ReLU), dy counts only where relu_y > 0.
+// kVec channels per thread as in stats_partial_kernel. With relu (a fused
+// ReLU after the batch norm), dy counts only where the forward's output was
+// positive (Note [ReLU mask from x]); gamma and beta may be null then (1, 0).
 template <typename T, int kVec>
 __global__ void __launch_bounds__(kBlockThreads)
-    backward_partial_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ relu_y,
-                            const float* __restrict__ mean, int64_t m, int64_t c, int64_t rows_per_block,
-                            float* __restrict__ psum_dy, float* __restrict__ psum_dy_xmu) {
+    backward_partial_kernel(const T* __restrict__ dy, const T* __restrict__ x, bool relu,
+                            const float* __restrict__ gamma, const float* __restrict__ beta,
+                            const float* __restrict__ mean, const float* __restrict__ invstd, int64_t m,
+                            int64_t c, int64_t rows_per_block, float* __restrict__ psum_dy,
+                            float* __restrict__ psum_dy_xmu) {
   const int64_t col0 = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) * kVec;
   const int64_t r0 = int64_t{blockIdx.y} * rows_per_block;
   const int64_t r1 = min(m, r0 + rows_per_block);
-  float s[kVec], sx[kVec], mu[kVec];
+  float s[kVec], sx[kVec], mu[kVec], cs[kVec], ct[kVec];
 #pragma unroll
-  for (int j = 0; j < kVec; ++j) s[j] = sx[j] = mu[j] = 0.0f;
+  for (int j = 0; j < kVec; ++j) s[j] = sx[j] = mu[j] = cs[j] = ct[j] = 0.0f;
   const bool active = col0 < c;
   if (active) {
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) mu[j] = mean[col0 + j];
+    for (int j = 0; j < kVec; ++j) {
+      mu[j] = mean[col0 + j];
+      if (relu) affine_coefficients(gamma[col0 + j], beta[col0 + j], mu[j], invstd[col0 + j], cs[j], ct[j]);
+    }
 #pragma unroll 4
     for (int64_t r = r0 + threadIdx.y; r < r1; r += blockDim.y) {
       const Pack<T, kVec> g = *reinterpret_cast<const Pack<T, kVec>*>(dy + r * c + col0);
       const Pack<T, kVec> v = *reinterpret_cast<const Pack<T, kVec>*>(x + r * c + col0);
-      Pack<T, kVec> mask;
-      if (relu_y) mask = *reinterpret_cast<const Pack<T, kVec>*>(relu_y + r * c + col0);
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
-        const float gj = relu_y && !(static_cast<float>(to_acc(mask.v[j])) > 0.0f) ? 0.0f : static_cast<float>(to_acc(g.v[j]));
+        const float xj = static_cast<float>(to_acc(v.v[j]));
+        const float gj =
+            relu && !(affine_value(xj, cs[j], ct[j]) > 0.0f) ? 0.0f : static_cast<float>(to_acc(g.v[j]));
         s[j] += gj;
-        sx[j] = fmaf(gj, static_cast<float>(to_acc(v.v[j])) - mu[j], sx[j]);
+        sx[j] = fmaf(gj, xj - mu[j], sx[j]);
       }
     }
   }
@@ -299,14 +336,17 @@ __global__ void backward_finalize_kernel(const float* __restrict__ psum_dy,
                                          const float* __restrict__ invstd,
                                          float* __restrict__ dgamma, float* __restrict__ dbeta,
                                          float* __restrict__ ca, float* __restrict__ cb,
-                                         float* __restrict__ cd) {
+                                         float* __restrict__ cd, const float* __restrict__ beta,
+                                         float* __restrict__ cs, float* __restrict__ ct) {
   const int64_t col = int64_t{blockIdx.x} * kFinalCols + threadIdx.x;
   float s = 0, sx = 0;
-  if (col < c)
+  if (col < c) {
+#pragma unroll 4
     for (int64_t b = threadIdx.y; b < blocks; b += kFinalRows) {
       s += psum_dy[b * c + col];
       sx += psum_dy_xmu[b * c + col];
     }
+  }
   __shared__ float sh[2][kFinalRows][kFinalCols];
   sh[0][threadIdx.y][threadIdx.x] = s;
   sh[1][threadIdx.y][threadIdx.x] = sx;
@@ -329,28 +369,40 @@ __global__ void backward_finalize_kernel(const float* __restrict__ psum_dy,
   ca[col] = a;
   cb[col] = -a * k;
   cd[col] = a * (k * mu - s / static_cast<float>(m));
+  if (cs) affine_coefficients(gamma[col], beta[col], mu, is, cs[col], ct[col]);  // the ReLU's mask
 }
 
+// dx = a * dy' + b * x + d, dy' = dy masked by the forward's ReLU where cs
+// is given (its coefficients cs, ct: Note [ReLU mask from x]).
 template <typename T, int kVec>
 __global__ void backward_elementwise_kernel(const T* __restrict__ dy, const T* __restrict__ x,
-                                            const T* __restrict__ relu_y,
                                             T* __restrict__ dx, int64_t packs, int64_t c,
                                             const float* __restrict__ ca,
                                             const float* __restrict__ cb,
-                                            const float* __restrict__ cd) {
+                                            const float* __restrict__ cd,
+                                            const float* __restrict__ cs,
+                                            const float* __restrict__ ct) {
   for (int64_t p = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; p < packs;
        p += int64_t{gridDim.x} * blockDim.x) {
     const Pack<T, kVec> g = reinterpret_cast<const Pack<T, kVec>*>(dy)[p];
     const Pack<T, kVec> v = reinterpret_cast<const Pack<T, kVec>*>(x)[p];
-    Pack<T, kVec> mask;
-    if (relu_y) mask = reinterpret_cast<const Pack<T, kVec>*>(relu_y)[p];
     const int64_t col0 = (p * kVec) % c;
+    // The channels' coefficients as packs too: five scalar loads per element
+    // made this kernel issue-bound (1.31 ms per WRN-28-10 step against 0.90
+    // when it read y instead of two of them, Nsight Compute).
+    const Pack<float, kVec> a = coefficients<kVec>(ca, col0), b = coefficients<kVec>(cb, col0),
+                            d = coefficients<kVec>(cd, col0);
+    Pack<float, kVec> s{}, t{};
+    if (cs) {
+      s = coefficients<kVec>(cs, col0);
+      t = coefficients<kVec>(ct, col0);
+    }
     Pack<T, kVec> out;
 #pragma unroll
     for (int i = 0; i < kVec; ++i) {
-      const int64_t j = col0 + i;
-      const float gi = relu_y && !(to_acc(mask.v[i]) > 0.0f) ? 0.0f : to_acc(g.v[i]);
-      out.v[i] = convert<T>(ca[j] * gi + cb[j] * to_acc(v.v[i]) + cd[j]);
+      const float xi = to_acc(v.v[i]);
+      const float gi = cs && !(affine_value(xi, s.v[i], t.v[i]) > 0.0f) ? 0.0f : to_acc(g.v[i]);
+      out.v[i] = convert<T>(a.v[i] * gi + b.v[i] * xi + d.v[i]);
     }
     reinterpret_cast<Pack<T, kVec>*>(dx)[p] = out;
   }
@@ -468,7 +520,7 @@ void batch_norm_nhwc_forward_eval(const Tensor& x, const Tensor& gamma, const Te
 void batch_norm_nhwc_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                               const Tensor& save_mean, const Tensor& save_invstd,
                               const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
-                              const Tensor& relu_output) {
+                              bool relu, const Tensor& beta) {
   const int device = x.device().index;
   const int64_t c = channels(x), m = x.numel() / c;
   cudaStream_t stream = current_stream(device);
@@ -476,30 +528,31 @@ void batch_norm_nhwc_backward(const Tensor& dy, const Tensor& x, const Tensor& g
     const T* dyp = static_cast<const T*>(dy.raw_data());
     const T* xp = static_cast<const T*>(x.raw_data());
     T* dxp = static_cast<T*>(dx.raw_data());
-    const T* yp = relu_output.defined() ? static_cast<const T*>(relu_output.raw_data()) : nullptr;
-    const int vec = pack_width<T>(c, {dyp, xp, dxp, yp});
+    const int vec = pack_width<T>(c, {dyp, xp, dxp});
     const Grid g = column_grid(m, c, vec, device);
     const int64_t blocks = g.grid.y;
-    Tensor partial = scratch(2 * blocks * c, x.device()), coef = scratch(3 * c, x.device());
+    Tensor partial = scratch(2 * blocks * c, x.device()), coef = scratch((relu ? 5 : 3) * c, x.device());
     float* ps = f32(partial);
     float* psx = ps + blocks * c;
     float* ca = f32(coef);
     float* cb = ca + c;
     float* cd = cb + c;
+    float* cs = relu ? cd + c : nullptr;
+    float* ct = relu ? cs + c : nullptr;
     with_pack_width<T>(vec, [&]<int kVec>() {
-      backward_partial_kernel<T, kVec><<<g.grid, g.block, 0, stream>>>(dyp, xp, yp, f32(save_mean), m, c,
-                                                                         g.rows_per_block, ps, psx);
+      backward_partial_kernel<T, kVec><<<g.grid, g.block, 0, stream>>>(
+          dyp, xp, relu, f32(gamma), f32(beta), f32(save_mean), f32(save_invstd), m, c, g.rows_per_block, ps, psx);
     });
     CHORUS_CUDA_LAUNCH_CHECK();
     backward_finalize_kernel<<<final_blocks(c), dim3(kFinalCols, kFinalRows), 0, stream>>>(
         ps, psx, blocks, m, c, f32(gamma), f32(save_mean), f32(save_invstd), f32(dgamma),
-        f32(dbeta), ca, cb, cd);
+        f32(dbeta), ca, cb, cd, f32(beta), cs, ct);
     CHORUS_CUDA_LAUNCH_CHECK();
     with_pack_width<T>(vec, [&]<int kVec>() {
       const int64_t packs = x.numel() / kVec;
       backward_elementwise_kernel<T, kVec>
-          <<<elementwise_blocks(packs, device), kElemThreads, 0, stream>>>(dyp, xp, yp, dxp, packs,
-                                                                          c, ca, cb, cd);
+          <<<elementwise_blocks(packs, device), kElemThreads, 0, stream>>>(dyp, xp, dxp, packs,
+                                                                          c, ca, cb, cd, cs, ct);
     });
     CHORUS_CUDA_LAUNCH_CHECK();
   });

@@ -12,8 +12,9 @@
 // All tensors are on one CUDA device; x, y, dy, dx are 4-d and dense
 // channels-last of one dtype; the [C] vectors are contiguous float32.
 // Running statistics may be undefined (no update). `relu` fuses a following
-// ReLU into the forward pass; the backward then takes that output `y` and
-// masks dy by y > 0 on the fly (undefined y: no ReLU).
+// ReLU into the forward pass; the backward (relu, with the forward's beta)
+// masks dy on the fly where the forward's output was positive, recomputed
+// from x (Note [ReLU mask from x] in batch_norm_nhwc.cu).
 #pragma once
 
 #include "chorus/core/tensor.h"
@@ -33,6 +34,6 @@ void batch_norm_nhwc_forward_eval(const Tensor& x, const Tensor& gamma, const Te
 void batch_norm_nhwc_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                               const Tensor& save_mean, const Tensor& save_invstd,
                               const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
-                              const Tensor& relu_output = Tensor());
+                              bool relu = false, const Tensor& beta = Tensor());
 
 }  // namespace chorus::cuda

@@ -201,8 +201,8 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_impl(const Tensor& x, const Tensor
 }
 
 std::tuple<Tensor, Tensor, Tensor> batch_norm_backward_impl(const Tensor& dy, const Tensor& y, const Tensor& x,
-                                                            const Tensor& gamma, const Tensor& save_mean,
-                                                            const Tensor& save_invstd) {
+                                                            const Tensor& gamma, const Tensor& beta,
+                                                            const Tensor& save_mean, const Tensor& save_invstd) {
   Device dev = x.device();
   Tensor xx = prepare(x, dev);
   Tensor ddy = grad_in_layout(dy, dev, cl(xx));
@@ -212,7 +212,7 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_backward_impl(const Tensor& dy, co
   Tensor db = gamma.defined() ? detail::empty_tensor({c}, gamma.dtype(), dev) : Tensor();
   if (y.defined()) {
     Tensor yy = grad_in_layout(y, dev, cl(xx));
-    CHORUS_KERNEL(dev, batch_norm_relu_backward, ddy, yy, xx, gamma, save_mean, save_invstd, dx, dg, db);
+    CHORUS_KERNEL(dev, batch_norm_relu_backward, ddy, yy, xx, gamma, beta, save_mean, save_invstd, dx, dg, db);
   } else {
     CHORUS_KERNEL(dev, batch_norm_backward, ddy, xx, gamma, save_mean, save_invstd, dx, dg, db);
   }
@@ -234,14 +234,14 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_relu(const Tensor& x, const Tensor
 
 std::tuple<Tensor, Tensor, Tensor> batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                                        const Tensor& save_mean, const Tensor& save_invstd) {
-  return batch_norm_backward_impl(dy, Tensor(), x, gamma, save_mean, save_invstd);
+  return batch_norm_backward_impl(dy, Tensor(), x, gamma, Tensor(), save_mean, save_invstd);
 }
 
 std::tuple<Tensor, Tensor, Tensor> batch_norm_relu_backward(const Tensor& dy, const Tensor& y, const Tensor& x,
-                                                            const Tensor& gamma, const Tensor& save_mean,
-                                                            const Tensor& save_invstd) {
+                                                            const Tensor& gamma, const Tensor& beta,
+                                                            const Tensor& save_mean, const Tensor& save_invstd) {
   CHORUS_CHECK(y.sizes() == x.sizes(), "batch_norm_relu_backward: y ", y.describe(), " must match x ", x.describe());
-  return batch_norm_backward_impl(dy, y, x, gamma, save_mean, save_invstd);
+  return batch_norm_backward_impl(dy, y, x, gamma, beta, save_mean, save_invstd);
 }
 
 namespace {

@@ -42,10 +42,11 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_backward(const Tensor& dy, const T
 std::tuple<Tensor, Tensor, Tensor> batch_norm_relu(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                                    const Tensor& running_mean, const Tensor& running_var,
                                                    double momentum, double eps);
-// (dx, dgamma, dbeta), from the fused forward's output y.
+// (dx, dgamma, dbeta), from the fused forward's output y and its beta (may
+// be undefined: 0; channels-last GPUs recompute the ReLU's mask from x).
 std::tuple<Tensor, Tensor, Tensor> batch_norm_relu_backward(const Tensor& dy, const Tensor& y, const Tensor& x,
-                                                            const Tensor& gamma, const Tensor& save_mean,
-                                                            const Tensor& save_invstd);
+                                                            const Tensor& gamma, const Tensor& beta,
+                                                            const Tensor& save_mean, const Tensor& save_invstd);
 
 Tensor softmax(const Tensor& x, int64_t dim, bool log);
 Tensor softmax_backward(const Tensor& dy, const Tensor& y, int64_t dim, bool log);
