@@ -257,16 +257,6 @@ std::string describe(const BackendDesc& cfg) {
   return out;
 }
 
-// CHORUS_CONV_SEARCH_FALLBACK=1: time the fallback list's plans too, not only
-// when the heuristics found none.
-bool search_fallback() {
-  static const bool on = [] {
-    const char* e = std::getenv("CHORUS_CONV_SEARCH_FALLBACK");
-    return e && *e && std::strcmp(e, "0") != 0;
-  }();
-  return on;
-}
-
 const char* direction_name(ConvDirection dir) {
   switch (dir) {
     case ConvDirection::Forward: return "fprop";
@@ -309,26 +299,10 @@ cudnnStatus_t execute(const Plan& plan, cudnnHandle_t handle, const ConvOperands
   return cudnnBackendExecute(handle, plan.desc.get(), pack.get());
 }
 
-// CHORUS_CONV_SEARCH_WARM_L2=1: time plans back to back on operands left in
-// L2 by the run before (the search before issue 14's measurements), instead
-// of from a flushed L2 (Note [Timing plans from a cold L2]).
-bool warm_l2_timing() {
-  static const bool on = [] {
-    const char* e = std::getenv("CHORUS_CONV_SEARCH_WARM_L2");
-    return e && *e && std::strcmp(e, "0") != 0;
-  }();
-  return on;
-}
-
-// Note [Timing plans from a cold L2]: timed back to back, a plan reads
-// operands the run before left in L2 (WRN-28-10's convolutions move 20-30 MB,
-// under the H200's 50 MB of L2), which no convolution in a training step
-// does: its weights and, for the weight gradient, its input come from DRAM.
-// Timed that way, plans that need L2 hits most looked fastest: on an H200 the
-// 640-channel 8x8 forward plan chosen measured 0.088 ms in the search and
-// 0.160 ms inside the step (Nsight Compute), where PyTorch's took 0.118 ms.
-// So each timed run starts after a write of twice the L2's size, with events
-// around the convolution alone, and the plan's time is the median of its runs.
+// Milliseconds one run of `plan` takes on the current stream, or a negative
+// number when it fails to run. (Timing each run from a flushed L2 instead of
+// back to back chose plans no faster for WRN-28-10 or WRN-16-4 on an H200,
+// within one run's noise, issue 14: not kept.)
 float time_plan(const Plan& plan, cudnnHandle_t handle, const ConvOperands& ops, int device) {
   Tensor ws;
   try {
@@ -344,43 +318,14 @@ float time_plan(const Plan& plan, cudnnHandle_t handle, const ConvOperands& ops,
   // chorus::Event records on the device's current stream (the one `handle`
   // runs on) and is destroyed whatever throws in between.
   const Device dev(DeviceType::CUDA, device);
-  if (warm_l2_timing()) {
-    Event start(dev), stop(dev);
-    start.record();
-    bool ok = true;
-    for (int i = 0; i < kTimedRuns && ok; ++i) ok = execute(plan, handle, ops, wp) == CUDNN_STATUS_SUCCESS;
-    stop.record();
-    stop.synchronize();
-    const float ms = start.elapsed(stop);
-    return ok ? ms / kTimedRuns : -1;
-  }
-  int l2 = 0;
-  CHORUS_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
-  const size_t flush_bytes = 2 * static_cast<size_t>(std::max(l2, 1 << 20));
-  Tensor flush;
-  try {
-    flush = workspace_tensor(static_cast<int64_t>(flush_bytes), device);
-  } catch (const OutOfMemoryError&) {
-    return -1;
-  }
-  std::vector<Event> starts, stops;
-  for (int i = 0; i < kTimedRuns; ++i) {
-    starts.emplace_back(dev);
-    stops.emplace_back(dev);
-  }
+  Event start(dev), stop(dev);
+  start.record();
   bool ok = true;
-  for (int i = 0; i < kTimedRuns && ok; ++i) {
-    CHORUS_CUDA_CHECK(cudaMemsetAsync(flush.raw_data(), i, flush_bytes, current_stream(device)));
-    starts[static_cast<size_t>(i)].record();
-    ok = execute(plan, handle, ops, wp) == CUDNN_STATUS_SUCCESS;
-    stops[static_cast<size_t>(i)].record();
-  }
-  stops.back().synchronize();
-  if (!ok) return -1;
-  std::array<float, kTimedRuns> ms{};
-  for (int i = 0; i < kTimedRuns; ++i) ms[static_cast<size_t>(i)] = starts[static_cast<size_t>(i)].elapsed(stops[static_cast<size_t>(i)]);
-  std::sort(ms.begin(), ms.end());
-  return ms[kTimedRuns / 2];
+  for (int i = 0; i < kTimedRuns && ok; ++i) ok = execute(plan, handle, ops, wp) == CUDNN_STATUS_SUCCESS;
+  stop.record();
+  stop.synchronize();
+  const float ms = start.elapsed(stop);
+  return ok ? ms / kTimedRuns : -1;
 }
 
 // Note [Plan search in a capture]: a geometry first seen while a CUDA graph is
@@ -437,7 +382,7 @@ std::shared_ptr<Plan> search(ConvDirection dir, const Conv2dGeometry& g, DType d
   const bool log = search_log();
   for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
     // The fallback list is only for geometries the heuristics found nothing for.
-    if (mode == CUDNN_HEUR_MODE_FALLBACK && best && !search_fallback()) break;
+    if (mode == CUDNN_HEUR_MODE_FALLBACK && best) break;
     for (const BackendDesc& cfg : engine_configs(graph, mode)) {
       if (tried >= kMaxCandidates) break;
       if (!numerics_allowed(cfg, dtype)) continue;
