@@ -19,6 +19,7 @@
 // cudnn.benchmark does. The search blocks the host once per geometry; later
 // calls only build a variant pack and execute. Plans are shared by the
 // threads of a device (each executes with its own handle).
+// CHORUS_CONV_SEARCH_LOG=1 prints each plan timed and the one kept.
 #pragma once
 
 #include <array>
