@@ -8,14 +8,15 @@ costliest kernels, so docs/benchmarks.md can show time per kernel class
 before and after a change (issue 14)."""
 import csv, re, sys
 
-CLASSES = [  # first match wins
-    ("convolution (cuDNN)", r"xmma|cudnn|implicit_convolve|conv|sm90_|nhwc|dgrad|wgrad|fprop|winograd"),
-    ("GEMM (cuBLAS)", r"gemm|cutlass|cublas|Kernel2"),
-    ("batch norm", r"batch_norm|bn_|BatchNorm"),
-    ("optimizer", r"sgd|adamw"),
-    ("pooling", r"pool"),
-    ("loss / softmax", r"softmax|cross_entropy|log_softmax"),
+CLASSES = [  # first match wins (also scripts/ncu_step.py's, which sees PyTorch's kernels too)
+    ("conv (cuDNN)", r"xmma|cudnn|implicit_convolve|conv|sm90_|sm100_|dgrad|wgrad|fprop|winograd|cutlass"),
+    ("optimizer", r"sgd|adamw|multi_tensor_apply"),
+    ("batch norm (+relu, +add)",
+     r"batch_norm|bn_|BatchNorm|welford|triton_(per|red)_|stats_(partial|finalize)|affine_kernel|backward_(partial|finalize|elementwise)_kernel"),
+    ("fused pointwise (triton)", r"triton_poi"),
+    ("GEMM (cuBLAS)", r"gemm|cublas|Kernel2|nvjet"),
     ("cast / copy", r"copy|cast|convert|to_dtype"),
+    ("loss / softmax / pool", r"softmax|cross_entropy|nll|pool|avg"),
     ("elementwise", r"elementwise|unary|binary|fill|add|mul|relu"),
     ("reduction", r"reduce|sum"),
 ]

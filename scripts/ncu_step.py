@@ -10,26 +10,10 @@ around STEPS steps (scripts/torch_step_profile.py) and divided by STEPS.
 Kernels are timed one at a time (ncu serialises them), so this is kernel
 time, not the step's wall time; it says which kernel classes differ between
 two programs that run the same model (issue 14)."""
-import csv, re, sys
+import csv, os, re, sys
 
-CLASSES = [  # first match wins
-    ("conv (cuDNN)", r"xmma|cudnn|implicit_convolve|conv|sm90_|sm100_|nhwc.*(fprop|dgrad|wgrad)|dgrad|wgrad|fprop|winograd|cutlass"),
-    ("optimizer", r"sgd|adamw|multi_tensor_apply"),
-    ("batch norm (+relu, +add)", r"batch_norm|bn_|BatchNorm|welford|triton_(per|red)_"),
-    ("fused pointwise (triton)", r"triton_poi"),
-    ("GEMM (cuBLAS)", r"gemm|cublas|Kernel2"),
-    ("cast / copy", r"copy|cast|convert|to_dtype"),
-    ("loss / softmax / pool", r"softmax|cross_entropy|nll|pool|avg"),
-    ("elementwise", r"elementwise|unary|binary|fill|add|mul|relu"),
-    ("reduction", r"reduce|sum"),
-]
-
-
-def classify(name):
-    for cls, pat in CLASSES:
-        if re.search(pat, name, re.IGNORECASE):
-            return cls
-    return "other"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kernel_classes import classify  # noqa: E402
 
 
 def main():

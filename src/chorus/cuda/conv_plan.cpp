@@ -150,6 +150,24 @@ BackendDesc operation_graph(ConvDirection dir, const Conv2dGeometry& g, DType dt
   return graph;
 }
 
+// The descriptors (of `type`, at most `max`) an attribute of `from` holds;
+// empty when cuDNN refuses the read.
+std::vector<BackendDesc> get_descriptors(const BackendDesc& from, cudnnBackendAttributeName_t name,
+                                         cudnnBackendDescriptorType_t type, int64_t max) {
+  std::vector<BackendDesc> descs;
+  std::vector<cudnnBackendDescriptor_t> raw;
+  for (int64_t i = 0; i < max; ++i) {
+    descs.emplace_back(type);
+    raw.push_back(descs.back().get());
+  }
+  int64_t got = 0;
+  if (cudnnBackendGetAttribute(from.get(), name, CUDNN_TYPE_BACKEND_DESCRIPTOR, max, &got, raw.data()) !=
+      CUDNN_STATUS_SUCCESS)
+    return {};
+  descs.resize(static_cast<size_t>(std::clamp<int64_t>(got, 0, max)));
+  return descs;
+}
+
 // Engine configurations for `graph` from one heuristics mode, best first.
 // An empty list when the mode has none (or cuDNN refuses the graph).
 std::vector<BackendDesc> engine_configs(const BackendDesc& graph, cudnnBackendHeurMode_t mode) {
@@ -164,19 +182,7 @@ std::vector<BackendDesc> engine_configs(const BackendDesc& graph, cudnnBackendHe
                                nullptr) != CUDNN_STATUS_SUCCESS ||
       count <= 0)
     return out;
-  std::vector<BackendDesc> cfgs;
-  std::vector<cudnnBackendDescriptor_t> raw;
-  for (int64_t i = 0; i < count; ++i) {
-    cfgs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
-    raw.push_back(cfgs.back().get());
-  }
-  int64_t got = 0;
-  if (cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                               CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got,
-                               raw.data()) != CUDNN_STATUS_SUCCESS)
-    return out;
-  for (int64_t i = 0; i < got && i < count; ++i) out.push_back(std::move(cfgs[i]));
-  return out;
+  return get_descriptors(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, count);
 }
 
 // Whether the engine of `cfg` computes with numerics this call may use.
@@ -232,24 +238,15 @@ std::string describe(const BackendDesc& cfg) {
       cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &got, &index) ==
           CUDNN_STATUS_SUCCESS)
     out = "engine " + std::to_string(index);
-  constexpr int kMaxKnobs = 32;
-  std::vector<BackendDesc> knobs;
-  std::vector<cudnnBackendDescriptor_t> raw;
-  for (int i = 0; i < kMaxKnobs; ++i) {
-    knobs.emplace_back(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR);
-    raw.push_back(knobs.back().get());
-  }
-  int64_t n = 0;
-  if (cudnnBackendGetAttribute(cfg.get(), CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_TYPE_BACKEND_DESCRIPTOR, kMaxKnobs,
-                               &n, raw.data()) != CUDNN_STATUS_SUCCESS)
-    return out;
+  const std::vector<BackendDesc> knobs =
+      get_descriptors(cfg, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR, 32);
   out += " knobs";
-  for (int64_t i = 0; i < n && i < kMaxKnobs; ++i) {
+  for (const BackendDesc& knob : knobs) {
     cudnnBackendKnobType_t type{};
     int64_t value = 0;
-    if (cudnnBackendGetAttribute(raw[i], CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &got, &type) !=
+    if (cudnnBackendGetAttribute(knob.get(), CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &got, &type) !=
             CUDNN_STATUS_SUCCESS ||
-        cudnnBackendGetAttribute(raw[i], CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1, &got, &value) !=
+        cudnnBackendGetAttribute(knob.get(), CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1, &got, &value) !=
             CUDNN_STATUS_SUCCESS)
       continue;
     out += " " + std::to_string(static_cast<int>(type)) + "=" + std::to_string(value);
