@@ -71,6 +71,7 @@ set(CHORUS_TESTS_ALONE cpu/nn_kernels_test cpu/random_test cpu/softmax_test cuda
     parallel/data_parallel_test parallel/device_threads_test parallel/pipeline_cuda_test parallel/pipeline_test
     optim/sgd_test cuda/elementwise_test cpu/optim_kernels_test cpu/pool_test)
 option(CHORUS_UNITY_TESTS "Compile the unit tests in batches (unity build)" ON)
+option(CHORUS_UNITY_LIBRARY "Compile the library's C++ files in batches (unity build)" ON)
 function(chorus_unity_tests target)
   if(NOT CHORUS_UNITY_TESTS)
     return()
@@ -78,5 +79,27 @@ function(chorus_unity_tests target)
   set_target_properties(${target} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 8)
   foreach(f ${CHORUS_TESTS_ALONE})
     set_source_files_properties(${PROJECT_SOURCE_DIR}/tests/${f}.cpp PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
+  endforeach()
+endfunction()
+
+# The library is compiled in batches too, a layer at a time (UNITY_GROUP: the
+# files of one directory), for the same reason. The CPU kernels have flags of
+# their own, and the CUDA layer's files (CUDA headers that clash once merged,
+# helpers of the same name) are few: they compile alone.
+function(chorus_unity_library target sources)
+  if(NOT CHORUS_UNITY_LIBRARY)
+    return()
+  endif()
+  set_target_properties(${target} PROPERTIES UNITY_BUILD ON UNITY_BUILD_MODE GROUP)
+  # A class with a member of a file-local type is fine in its own .cpp; GCC
+  # warns once the .cpp is #included into the batch's file.
+  target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wno-subobject-linkage>)
+  foreach(src ${sources})
+    get_filename_component(dir ${src} DIRECTORY)
+    get_filename_component(layer ${dir} NAME)
+    if(src MATCHES "/src/chorus/(cpu|cuda)/")
+      continue()
+    endif()
+    set_source_files_properties(${src} PROPERTIES UNITY_GROUP ${layer})
   endforeach()
 endfunction()

@@ -7,7 +7,7 @@
 # DistributedDataParallel beside DataParallel and PyTorch DDP; ddptrain trains
 # Fashion-MNIST with DDP on 2 GPUs; dp runs DataParallel WRN-28-10 fp32 and bf16 at 1 and 2 GPUs;
 # graphs runs the CUDA-graph tests and one GPU against torch.compile;
-# profile sums GPU time per kernel class (nsys); dpgraphs runs DataParallel
+# bnbench times the batch-norm kernels per layer shape; profile sums GPU time per kernel class (nsys); dpgraphs runs DataParallel
 # with and without CUDA graphs on 2 GPUs;
 # pipeline runs WRN-28-10 and WRN-40-10 in 2 stages (naive, GPipe, 1F1B,
 # interleaved) and a pipeline of 2 processes over NCCL send/recv. Every command runs under `timeout`, so a hang
@@ -68,6 +68,14 @@ if has bench; then
     bench_pair $m fp32 0
     bench_pair $m bf16 1
   done
+fi
+if has bnbench; then
+  # Issue 14: the channels-last batch norm + ReLU kernels alone, per layer
+  # shape (microseconds and GB/s against the GPU's copy bandwidth), then the
+  # same kernels' test and one graphed WRN-28-10 bf16 run.
+  ./$BUILD/bench_batch_norm_gpu | tee "$OUT/bnbench.txt"
+  ./$BUILD/bench_batch_norm_gpu --fp32 | tee -a "$OUT/bnbench.txt"
+  timeout 300 ./$BUILD/chorus_tests --gtest_filter='CudaBatchNorm*:SyncBatchNorm.Alone*' 2>&1 | grep -E "^\[  (FAILED|PASSED) |Failure"
 fi
 if has train; then
   timeout 300 $C train --model cnn --data fashion-mnist --data-dir ${FMNIST_DIR:-.bench/fashion-mnist} --devices cuda:0 --epochs 5 --seed 1 --json | tee "$OUT/train_gpu.json"

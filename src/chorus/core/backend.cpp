@@ -23,10 +23,12 @@ std::array<std::unique_ptr<DeviceBackend>, 2>& registry() {
   static auto* r = new std::array<std::unique_ptr<DeviceBackend>, 2>();
   return *r;
 }
+#ifdef CHORUS_WITH_CUDA
 std::once_flag& cuda_once() {
   static std::once_flag f;
   return f;
 }
+#endif
 void ensure_registered(DeviceType t) {
   if (t == DeviceType::CUDA) {
 #ifdef CHORUS_WITH_CUDA

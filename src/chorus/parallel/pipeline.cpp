@@ -38,12 +38,6 @@ std::string checkpoint_name(Checkpoint c) {
 
 namespace {
 
-std::string join(const std::vector<int64_t>& v) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
-  return s;
-}
-
 std::vector<int64_t> even_split(int64_t n, int64_t parts) {
   std::vector<int64_t> out(static_cast<size_t>(parts), n / parts);
   for (int64_t i = 0; i < n % parts; ++i) ++out[static_cast<size_t>(i)];
@@ -133,9 +127,9 @@ Pipeline::Pipeline(std::shared_ptr<nn::Sequential> layers, std::vector<int64_t> 
   const int64_t S = static_cast<int64_t>(balance_.size());
   CHORUS_CHECK(S <= n, "Pipeline: ", S, " stages but the model has only ", n, " layers");
   CHORUS_CHECK(S % places == 0, "Pipeline: ", S, " stages cannot be spread evenly over ", places,
-               pg ? " processes" : " devices", " (balance ", join(balance_), ")");
+               pg ? " processes" : " devices", " (balance ", balance_str(balance_), ")");
   if (pg)
-    CHORUS_CHECK(S == places, "Pipeline: over processes every rank runs one stage: the balance (", join(balance_),
+    CHORUS_CHECK(S == places, "Pipeline: over processes every rank runs one stage: the balance (", balance_str(balance_),
                  ") has ", S, " stages for ", places, " ranks");
   // Validates the schedule's shape (1F1B: one stage per device) before anything moves.
   (void)make_schedule(opts_.schedule, static_cast<int>(places), static_cast<int>(S), 1);
@@ -149,11 +143,11 @@ Pipeline::Pipeline(std::shared_ptr<nn::Sequential> layers, std::vector<int64_t> 
   } else {
     int64_t total = 0;
     for (size_t i = 0; i < balance_.size(); ++i) {
-      CHORUS_CHECK(balance_[i] > 0, "Pipeline: stage ", i, " of the balance (", join(balance_), ") has ", balance_[i],
+      CHORUS_CHECK(balance_[i] > 0, "Pipeline: stage ", i, " of the balance (", balance_str(balance_), ") has ", balance_[i],
                    " layers; every stage needs at least one");
       total += balance_[i];
     }
-    CHORUS_CHECK(total == n, "Pipeline: the balance ", join(balance_), " adds up to ", total,
+    CHORUS_CHECK(total == n, "Pipeline: the balance ", balance_str(balance_), " adds up to ", total,
                  " layers but the model has ", n);
     check_device(devices_[0]);
   }
@@ -256,7 +250,7 @@ std::vector<Tensor> Pipeline::local_parameters() const {
 std::string Pipeline::extra_repr() const {
   std::string devs;
   for (const Device& d : devices_) devs += (devs.empty() ? "" : ",") + d.str();
-  return "balance=" + join(balance_) + ", devices=" + devs + ", micro_batches=" + std::to_string(opts_.micro_batches) +
+  return "balance=" + balance_str(balance_) + ", devices=" + devs + ", micro_batches=" + std::to_string(opts_.micro_batches) +
          ", schedule=" + schedule_name(opts_.schedule) + ", checkpoint=" + checkpoint_name(opts_.checkpoint) +
          (opts_.deferred_batch_norm ? ", deferred_batch_norm" : "") +
          (opts_.stage_group ? ", processes=" + std::to_string(opts_.stage_group->size()) : "");

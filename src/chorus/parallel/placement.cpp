@@ -12,28 +12,24 @@
 
 namespace chorus::parallel {
 
-namespace {
-
-std::string join(const std::vector<int64_t>& v) {
+std::string balance_str(const std::vector<int64_t>& balance) {
   std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  for (size_t i = 0; i < balance.size(); ++i) s += (i ? "," : "") + std::to_string(balance[i]);
   return s;
 }
-
-}  // namespace
 
 void place(nn::Sequential& seq, const std::vector<int64_t>& balance, const std::vector<Device>& devices) {
   const int64_t layers = static_cast<int64_t>(seq.size());
   CHORUS_CHECK(!balance.empty(), "placement: the balance is empty");
-  CHORUS_CHECK(balance.size() == devices.size(), "placement: a balance of ", balance.size(), " parts (", join(balance),
+  CHORUS_CHECK(balance.size() == devices.size(), "placement: a balance of ", balance.size(), " parts (", balance_str(balance),
                ") for ", devices.size(), " devices; give one part per device");
   CHORUS_CHECK(static_cast<int64_t>(balance.size()) <= layers, "placement: ", balance.size(), " parts but the model has only ",
                layers, " layers");
   for (size_t i = 0; i < balance.size(); ++i)
-    CHORUS_CHECK(balance[i] > 0, "placement: part ", i, " of the balance (", join(balance), ") has ", balance[i],
+    CHORUS_CHECK(balance[i] > 0, "placement: part ", i, " of the balance (", balance_str(balance), ") has ", balance[i],
                  " layers; every part needs at least one");
   const int64_t total = std::accumulate(balance.begin(), balance.end(), int64_t{0});
-  CHORUS_CHECK(total == layers, "placement: the balance ", join(balance), " adds up to ", total, " layers but the model has ",
+  CHORUS_CHECK(total == layers, "placement: the balance ", balance_str(balance), " adds up to ", total, " layers but the model has ",
                layers);
   for (const Device& d : devices) check_device(d);
   int64_t next = 0;

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "chorus/core/device.h"
@@ -20,6 +21,9 @@ namespace chorus::parallel {
 // devices[1], and so on. ValueError (one line naming what is wrong) when the
 // balance and the device list differ in length, a part is empty or negative,
 // the parts do not add up to the number of layers, or a device does not exist.
+// "3,5": a balance as the command line writes it, for error messages.
+std::string balance_str(const std::vector<int64_t>& balance);
+
 void place(nn::Sequential& seq, const std::vector<int64_t>& balance, const std::vector<Device>& devices);
 
 // How many consecutive layers each of `partitions` parts should take so that
