@@ -10,7 +10,8 @@
 // The timed calls are queued behind ~20 ms of matrix products, so the events
 // time the GPU, not the host's launch rate.
 //
-// Usage: bench_batch_norm_gpu [--fp32] [--iters N]
+// Usage: bench_batch_norm_gpu [--fp32] [--iters N] [--channels C] (one layer
+// width only: for a profiler)
 #include <chorus/chorus.h>
 
 #include <cstdio>
@@ -42,13 +43,16 @@ void occupy(const Tensor& a) {
 int main(int argc, char** argv) {
   DType dt = kBFloat16;
   int iters = 50;
+  int64_t only_c = 0;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--fp32")) {
       dt = kFloat32;
     } else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) {
       iters = std::stoi(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--channels") && i + 1 < argc) {
+      only_c = std::stoll(argv[++i]);
     } else {
-      std::fprintf(stderr, "usage: bench_batch_norm_gpu [--fp32] [--iters N]\n");
+      std::fprintf(stderr, "usage: bench_batch_norm_gpu [--fp32] [--iters N] [--channels C]\n");
       return 2;
     }
   }
@@ -64,6 +68,7 @@ int main(int argc, char** argv) {
   const Tensor busy = randn({4096, 4096}, TensorOptions(dev));
   std::printf("%-10s %-16s %9s %9s %9s %9s\n", "model", "layer (NHWC)", "fwd us", "fwd GB/s", "bwd us", "bwd GB/s");
   for (const Layer& l : layers) {
+    if (only_c != 0 && l.c != only_c) continue;
     const TensorOptions opts = TensorOptions(dev);
     const Tensor x = ops::to_channels_last(randn({n, l.c, l.hw, l.hw}, opts).to(dt));
     const Tensor dy = ops::to_channels_last(randn({n, l.c, l.hw, l.hw}, opts).to(dt));

@@ -28,6 +28,13 @@ namespace {
 constexpr int kBlockThreads = 256;
 constexpr int kMaxVec = 8;
 constexpr int kElemThreads = 256;
+// Rows whose 16-byte loads a column-reduction thread issues before using any:
+// with two 256-thread blocks per SM, one load in flight per thread is 8 KB
+// per SM, short of what hides HBM's latency at full bandwidth.
+#ifndef CHORUS_BN_PARTIAL_ROWS
+#define CHORUS_BN_PARTIAL_ROWS 4
+#endif
+constexpr int kPartialRows = CHORUS_BN_PARTIAL_ROWS;
 // Finalize blocks: 32 channels by 32 lanes over the row blocks' partials.
 // With 8 lanes each lane merged ~33 of WRN's 264 partials in a chain of
 // dependent Welford updates: 18 us per call on an H200, more than the
@@ -126,9 +133,7 @@ __global__ void __launch_bounds__(kBlockThreads)
 #pragma unroll
       for (int j = 0; j < kVec; ++j) k[j] = to_acc(first.v[j]);
     }
-#pragma unroll 4
-    for (; r < r1; r += blockDim.y) {
-      const Pack<T, kVec> in = *reinterpret_cast<const Pack<T, kVec>*>(x + r * c + col0);
+    auto add = [&](const Pack<T, kVec>& in) {
       n += 1.0f;
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
@@ -136,7 +141,18 @@ __global__ void __launch_bounds__(kBlockThreads)
         s1[j] += d;
         s2[j] = fmaf(d, d, s2[j]);
       }
+    };
+    // kPartialRows rows' loads issued before any is used (Note [NHWC column
+    // reductions]).
+    const int64_t step = blockDim.y;
+    for (; r + (kPartialRows - 1) * step < r1; r += kPartialRows * step) {
+      Pack<T, kVec> in[kPartialRows];
+#pragma unroll
+      for (int u = 0; u < kPartialRows; ++u) in[u] = *reinterpret_cast<const Pack<T, kVec>*>(x + (r + u * step) * c + col0);
+#pragma unroll
+      for (int u = 0; u < kPartialRows; ++u) add(in[u]);
     }
+    for (; r < r1; r += step) add(*reinterpret_cast<const Pack<T, kVec>*>(x + r * c + col0));
   }
   __shared__ float sh_mean[kBlockThreads * kMaxVec], sh_m2[kBlockThreads * kMaxVec];
   __shared__ float sh_n[kBlockThreads];
@@ -343,10 +359,7 @@ __global__ void __launch_bounds__(kBlockThreads)
       mu[j] = mean[col0 + j];
       if (relu) affine_coefficients(gamma[col0 + j], beta[col0 + j], mu[j], invstd[col0 + j], cs[j], ct[j]);
     }
-#pragma unroll 4
-    for (int64_t r = r0 + threadIdx.y; r < r1; r += blockDim.y) {
-      const Pack<T, kVec> g = *reinterpret_cast<const Pack<T, kVec>*>(dy + r * c + col0);
-      const Pack<T, kVec> v = *reinterpret_cast<const Pack<T, kVec>*>(x + r * c + col0);
+    auto add = [&](const Pack<T, kVec>& g, const Pack<T, kVec>& v) {
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
         const float xj = static_cast<float>(to_acc(v.v[j]));
@@ -355,7 +368,22 @@ __global__ void __launch_bounds__(kBlockThreads)
         s[j] += gj;
         sx[j] = fmaf(gj, xj - mu[j], sx[j]);
       }
+    };
+    const int64_t step = blockDim.y;
+    int64_t r = r0 + threadIdx.y;
+    for (; r + (kPartialRows - 1) * step < r1; r += kPartialRows * step) {
+      Pack<T, kVec> g[kPartialRows], v[kPartialRows];
+#pragma unroll
+      for (int u = 0; u < kPartialRows; ++u) {
+        g[u] = *reinterpret_cast<const Pack<T, kVec>*>(dy + (r + u * step) * c + col0);
+        v[u] = *reinterpret_cast<const Pack<T, kVec>*>(x + (r + u * step) * c + col0);
+      }
+#pragma unroll
+      for (int u = 0; u < kPartialRows; ++u) add(g[u], v[u]);
     }
+    for (; r < r1; r += step)
+      add(*reinterpret_cast<const Pack<T, kVec>*>(dy + r * c + col0),
+          *reinterpret_cast<const Pack<T, kVec>*>(x + r * c + col0));
   }
   __shared__ float sh_s[kBlockThreads * kMaxVec], sh_sx[kBlockThreads * kMaxVec];
   const int t = threadIdx.y * blockDim.x + threadIdx.x;
