@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "chorus/core/stream.h"
@@ -36,6 +37,19 @@ struct Layer {
 void occupy(const Tensor& a) {
   Tensor x = a;
   for (int i = 0; i < 8; ++i) x = matmul(x, a);
+}
+
+// Microseconds per call of `call`, queued behind occupy(busy).
+template <typename F>
+double time_calls(const Device& dev, const Tensor& busy, int iters, F&& call) {
+  for (int i = 0; i < 3; ++i) call();
+  occupy(busy);
+  Event start(dev), stop(dev);
+  start.record();
+  for (int i = 0; i < iters; ++i) call();
+  stop.record();
+  stop.synchronize();
+  return 1e3 * start.elapsed(stop) / iters;
 }
 
 }  // namespace
@@ -74,20 +88,15 @@ int main(int argc, char** argv) {
     const Tensor dy = ops::to_channels_last(randn({n, l.c, l.hw, l.hw}, opts).to(dt));
     const Tensor gamma = rand({l.c}, opts), beta = randn({l.c}, opts);
     const Tensor rm = randn({l.c}, opts), rv = rand({l.c}, opts);
-    auto [y, mean, invstd] = ops::batch_norm_relu(x, gamma, beta, rm, rv, 0.1, 1e-5);
+    const auto out = ops::batch_norm_relu(x, gamma, beta, rm, rv, 0.1, 1e-5);
+    const Tensor& y = std::get<0>(out);
+    const Tensor& mean = std::get<1>(out);
+    const Tensor& invstd = std::get<2>(out);
     const double bytes = static_cast<double>(x.numel()) * static_cast<double>(dtype_size(dt));
-    auto time = [&](auto&& call) {
-      for (int i = 0; i < 3; ++i) call();
-      occupy(busy);
-      Event start(dev), stop(dev);
-      start.record();
-      for (int i = 0; i < iters; ++i) call();
-      stop.record();
-      stop.synchronize();
-      return 1e3 * start.elapsed(stop) / iters;
-    };
-    const double fwd = time([&] { (void)ops::batch_norm_relu(x, gamma, beta, rm, rv, 0.1, 1e-5); });
-    const double bwd = time([&] { (void)ops::batch_norm_relu_backward(dy, y, x, gamma, beta, mean, invstd); });
+    const double fwd =
+        time_calls(dev, busy, iters, [&] { (void)ops::batch_norm_relu(x, gamma, beta, rm, rv, 0.1, 1e-5); });
+    const double bwd = time_calls(
+        dev, busy, iters, [&] { (void)ops::batch_norm_relu_backward(dy, y, x, gamma, beta, mean, invstd); });
     const std::string shape = std::to_string(l.hw) + "x" + std::to_string(l.hw) + "x" + std::to_string(l.c);
     std::printf("%-10s %-16s %9.1f %9.0f %9.1f %9.0f\n", l.model, shape.c_str(), fwd, 3 * bytes / fwd * 1e-3, bwd,
                 5 * bytes / bwd * 1e-3);

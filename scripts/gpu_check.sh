@@ -221,8 +221,11 @@ if has dpgraphs; then
   done
 fi
 if has profile; then
-  # Issue 14: GPU time per kernel class of one bf16 channels-last step
-  # (Nsight Systems, graph nodes traced one by one), to pick what to fuse.
+  # Issue 14: GPU time per kernel class of the timed steps (Nsight Systems,
+  # graph nodes traced one by one, kernels not serialised), Chorus's graphed
+  # step beside torch.compile's and eager PyTorch's, to pick what to fuse.
+  # CHORUS_PROFILER_RANGE=1 and scripts/torch_step_profile.py bracket the
+  # steps with cudaProfilerStart/Stop: no plan search, no warm-up in the sums.
   # Without Nsight Systems on the machine: CHORUS_PROFILE's per-kernel table
   # of an eager step (each kernel timed alone, device synchronised around it).
   NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
@@ -231,13 +234,18 @@ if has profile; then
     CHORUS_PROFILE=1 timeout 300 $C bench --model $m --precision bf16 --channels-last --devices cuda:0 --batch-size 128 \
       --steps 20 --warmup 5 --no-cuda-graphs 2>&1 >/dev/null | head -30
   done
-  [ -n "$NSYS" ] && for m in ${PROFILE_MODELS:-wrn-16-4 wrn-28-10}; do
-    for g in "" --no-cuda-graphs; do
-      tag=$m${g:+-eager}
-      timeout 300 $NSYS profile -t cuda --cuda-graph-trace=node -f true -o "$OUT/prof_$tag" $C bench --model $m --precision bf16 \
-        --channels-last --devices cuda:0 --batch-size 128 --steps 20 --warmup 5 $g >"$OUT/prof_$tag.log" 2>&1
-      timeout 300 $NSYS stats --report cuda_gpu_kern_sum --format csv -f true -o "$OUT/kern_$tag" "$OUT/prof_$tag.nsys-rep" >/dev/null 2>&1
-      python3 scripts/kernel_classes.py "$OUT/kern_${tag}_cuda_gpu_kern_sum.csv" 25 "$tag"
+  nsys_sum() {  # tag command...
+    local tag=$1; shift
+    timeout 400 $NSYS profile -t cuda --cuda-graph-trace=node --capture-range=cudaProfilerApi --capture-range-end=stop \
+      -f true -o "$OUT/prof_$tag" "$@" >"$OUT/prof_$tag.log" 2>&1 || { echo "$tag: nsys failed"; tail -3 "$OUT/prof_$tag.log"; return; }
+    timeout 300 $NSYS stats --report cuda_gpu_kern_sum --format csv -f true -o "$OUT/kern_$tag" "$OUT/prof_$tag.nsys-rep" >/dev/null 2>&1
+    python3 scripts/kernel_classes.py "$OUT/kern_${tag}_cuda_gpu_kern_sum.csv" 20 "$tag"
+  }
+  [ -n "$NSYS" ] && for m in ${PROFILE_MODELS:-wrn-28-10}; do
+    CHORUS_PROFILER_RANGE=1 nsys_sum "chorus-$m" $C bench --model $m --precision bf16 --channels-last --devices cuda:0 \
+      --batch-size 128 --steps 20 --warmup 8
+    for mode in ${PROFILE_TORCH_MODES:-reduce-overhead default}; do
+      nsys_sum "torch-$m-$mode" python3 scripts/torch_step_profile.py $m bf16 1 $mode 20
     done
   done
 fi

@@ -42,6 +42,11 @@ class DeviceBackend {
   // back to the device's pool (PyTorch's empty_cache).
   virtual size_t cached_bytes(Device d) const { return 0; }
   virtual void empty_cache(Device d) {}
+  // Brackets the span an external profiler records (CUDA: cudaProfilerStart/
+  // Stop, for `nsys --capture-range=cudaProfilerApi` or `ncu
+  // --profile-from-start off`): `chorus bench` with CHORUS_PROFILER_RANGE=1
+  // marks its timed steps, so a profile leaves out the plan search and warm-up.
+  virtual void profiler_range(bool on) {}
 
   // Copies nbytes between any two devices (one of which is this backend's, the
   // other may be the host). Ordered after the work already issued to the

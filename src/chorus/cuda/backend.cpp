@@ -16,6 +16,7 @@
 //
 // A stream handle of nullptr means the calling thread's current stream of the
 // device (set_current_stream(d, nullptr) restores the thread's default one).
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -152,6 +153,7 @@ class CudaBackend final : public DeviceBackend {
   void reset_peak_bytes(Device d) override { allocator_.reset_peak_bytes(index(d)); }
   size_t cached_bytes(Device d) const override { return allocator_.cached_bytes(index(d)); }
   void empty_cache(Device d) override { allocator_.release_cached(index(d)); }
+  void profiler_range(bool on) override { CHORUS_CUDA_CHECK(on ? cudaProfilerStart() : cudaProfilerStop()); }
 
   void copy(void* dst, Device dst_dev, const void* src, Device src_dev, size_t nbytes) override {
     if (nbytes == 0) return;
