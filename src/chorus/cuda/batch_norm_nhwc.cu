@@ -17,28 +17,28 @@ namespace {
 // of the [M, C] matrix. Each thread reads kVec consecutive channels of a row
 // as one 16-byte load (8 bf16), a block is tx column threads (the whole row
 // when it fits in 256) by ty rows, and there are about two blocks per SM.
-// A block's rows merge by a tree in shared memory; the blocks' partials merge
-// in a finalize kernel where 8 lanes per channel read them and a tree merges
-// the lanes. The first version (one bf16 per thread, a Welford update with a
-// division per element, one thread merging a block's rows, one thread per
-// channel walking every partial in a dependent chain of loads) spent most of
-// its time in that last chain: 290 us per WRN-16-4 layer on an H100 when the
-// partials grew to 528, 40 us before, against 10-50 us now for the whole
-// forward (docs/benchmarks.md, 2026-11-25).
+// A block's rows are summed by a tree in shared memory; the blocks' partials
+// are summed in a finalize kernel where 32 lanes per channel read them and a
+// tree sums the lanes (Note [Statistics by a common shift]). The first
+// version (one bf16 per thread, a Welford update with a division per element,
+// one thread merging a block's rows, one thread per channel walking every
+// partial in a dependent chain of loads) spent most of its time in that last
+// chain: 290 us per WRN-16-4 layer on an H100 when the partials grew to 528,
+// 40 us before, against 10-50 us now for the whole forward
+// (docs/benchmarks.md, 2026-11-25).
 constexpr int kBlockThreads = 256;
 constexpr int kMaxVec = 8;
 constexpr int kElemThreads = 256;
-// Rows whose 16-byte loads a column-reduction thread issues before using any:
-// with two 256-thread blocks per SM, one load in flight per thread is 8 KB
-// per SM, short of what hides HBM's latency at full bandwidth.
-#ifndef CHORUS_BN_PARTIAL_ROWS
-#define CHORUS_BN_PARTIAL_ROWS 4
-#endif
-constexpr int kPartialRows = CHORUS_BN_PARTIAL_ROWS;
-// Finalize blocks: 32 channels by 32 lanes over the row blocks' partials.
-// With 8 lanes each lane merged ~33 of WRN's 264 partials in a chain of
-// dependent Welford updates: 18 us per call on an H200, more than the
-// statistics pass itself (Nsight Compute, issue 14); 32 lanes leave ~8.
+// 16-byte loads a column-reduction thread issues before using any: with two
+// 256-thread blocks per SM, one load in flight per thread is 8 KB per SM,
+// short of what hides HBM's latency at full bandwidth. The statistics read one
+// pack per row (8 rows at a time), the backward two (dy and x: 4 rows). (An
+// H100, WRN-28-10 32x32x160 bf16: statistics 8 rows 25 us against 4 rows 33
+// us; the backward at 8 rows, 16 loads, 42 against 41 us; 4 blocks per SM
+// slower for both, issue 14.)
+constexpr int kPartialLoads = 8;
+// Finalize blocks: 32 channels by 32 lanes over the row blocks' partials
+// (264 of them for 2 blocks per SM on 132 SMs), ~8 independent loads a lane.
 constexpr int kFinalCols = 32;
 constexpr int kFinalRows = 32;
 
@@ -64,18 +64,6 @@ Grid column_grid(int64_t m, int64_t c, int vec, int device) {
   const int64_t rows = (m + row_blocks - 1) / row_blocks;
   return {dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(row_blocks)),
           dim3(static_cast<unsigned>(tx), static_cast<unsigned>(ty)), rows};
-}
-
-// Chan et al.'s combination of two Welford partials (count, mean, m2).
-__device__ __forceinline__ void welford_merge(float& n, float& mean, float& m2, float nb,
-                                              float meanb, float m2b) {
-  if (nb == 0) return;
-  const float total = n + nb;
-  const float inv = 1.0f / total;
-  const float delta = meanb - mean;
-  mean += delta * (nb * inv);
-  m2 += m2b + delta * delta * (n * nb * inv);
-  n = total;
 }
 
 // The largest power of two below n (0 for n <= 1): the first stride of a
@@ -109,32 +97,98 @@ __device__ __forceinline__ void affine_coefficients(float gamma, float beta, flo
 }
 __device__ __forceinline__ float affine_value(float x, float s, float t) { return x * s + t; }
 
-// partial[b, c] = Welford (count, mean, m2) of column c over row block b.
-// Each thread sums its rows shifted by the first value it saw of each channel
-// (the shifted-data variance: no cancellation for a mean large against the
-// spread, and no division per element as a running Welford update has), then
-// the block's threads are combined by Chan's rule.
+// Note [Statistics by a common shift]
+// The statistics are sums of d = x - x[0, c] (the first row's value of the
+// channel, which every thread reads): sum d and sum d^2 per channel, so the
+// variance sum d^2 / M - (sum d / M)^2 has no cancellation for a mean large
+// against the spread (the shift is one of the channel's own values), and
+// every merge (rows of a block, row blocks) is a plain sum. The first version
+// merged (count, mean, m2) Welford triples, a division per merge: its
+// finalize kernel, a chain of dependent merges, took 12 us per call on an
+// H100 whatever the layer (Nsight Compute, issue 14), as long as the pass
+// over the data.
+
+// The block's rows of a and b (kVec channels per thread, blockDim.x column
+// threads by blockDim.y rows) summed by a tree in shared memory; row 0's
+// threads write the block's sums to pa[blockIdx.y, c], pb[blockIdx.y, c].
+template <int kVec>
+__device__ __forceinline__ void write_block_column_sums(const float (&a)[kVec], const float (&b)[kVec], bool active,
+                                                        int64_t c, int64_t col0, float* __restrict__ pa,
+                                                        float* __restrict__ pb) {
+  __shared__ float sh_a[kBlockThreads * kMaxVec], sh_b[kBlockThreads * kMaxVec];
+  const int t = threadIdx.y * blockDim.x + threadIdx.x;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    sh_a[t * kVec + j] = a[j];
+    sh_b[t * kVec + j] = b[j];
+  }
+  // log2(ty) rounds, not ty additions in one thread.
+  for (unsigned half = tree_top(blockDim.y); half > 0; half /= 2) {
+    __syncthreads();
+    if (threadIdx.y < half && threadIdx.y + half < blockDim.y) {
+      const int u = t + half * blockDim.x;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        sh_a[t * kVec + j] += sh_a[u * kVec + j];
+        sh_b[t * kVec + j] += sh_b[u * kVec + j];
+      }
+    }
+  }
+  if (threadIdx.y != 0 || !active) return;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    pa[int64_t{blockIdx.y} * c + col0 + j] = sh_a[t * kVec + j];
+    pb[int64_t{blockIdx.y} * c + col0 + j] = sh_b[t * kVec + j];
+  }
+}
+
+// Per channel col (blockIdx.x * kFinalCols + threadIdx.x), the sums over the
+// row blocks' partials pa[b, col], pb[b, col]: kFinalRows lanes each add every
+// kFinalRows-th partial (independent loads, many in flight), then a tree.
+// Valid in the threadIdx.y == 0 lanes.
+__device__ __forceinline__ void sum_partials(const float* __restrict__ pa, const float* __restrict__ pb,
+                                             int64_t blocks, int64_t c, int64_t col, float& a, float& b) {
+  a = 0;
+  b = 0;
+  if (col < c) {
+#pragma unroll 4
+    for (int64_t i = threadIdx.y; i < blocks; i += kFinalRows) {
+      a += pa[i * c + col];
+      b += pb[i * c + col];
+    }
+  }
+  __shared__ float sh[2][kFinalRows][kFinalCols];
+  sh[0][threadIdx.y][threadIdx.x] = a;
+  sh[1][threadIdx.y][threadIdx.x] = b;
+  for (int half = kFinalRows / 2; half > 0; half /= 2) {
+    __syncthreads();
+    if (threadIdx.y < half) {
+      a += sh[0][threadIdx.y + half][threadIdx.x];
+      b += sh[1][threadIdx.y + half][threadIdx.x];
+      sh[0][threadIdx.y][threadIdx.x] = a;
+      sh[1][threadIdx.y][threadIdx.x] = b;
+    }
+  }
+}
+
+// partial[b, c] = (sum d, sum d^2) of column c over row block b, d = x - x[0, c]
+// (Note [Statistics by a common shift]), kVec channels per thread.
 template <typename T, int kVec>
 __global__ void __launch_bounds__(kBlockThreads)
     stats_partial_kernel(const T* __restrict__ x, int64_t m, int64_t c, int64_t rows_per_block,
-                         float* __restrict__ pn, float* __restrict__ pmean, float* __restrict__ pm2) {
+                         float* __restrict__ ps1, float* __restrict__ ps2) {
   const int64_t col0 = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) * kVec;
   const int64_t r0 = int64_t{blockIdx.y} * rows_per_block;
   const int64_t r1 = min(m, r0 + rows_per_block);
   float k[kVec], s1[kVec], s2[kVec];
-  float n = 0;
 #pragma unroll
   for (int j = 0; j < kVec; ++j) k[j] = s1[j] = s2[j] = 0.0f;
   const bool active = col0 < c;
   if (active) {
-    int64_t r = r0 + threadIdx.y;
-    if (r < r1) {
-      const Pack<T, kVec> first = *reinterpret_cast<const Pack<T, kVec>*>(x + r * c + col0);
+    const Pack<T, kVec> first = *reinterpret_cast<const Pack<T, kVec>*>(x + col0);
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) k[j] = to_acc(first.v[j]);
-    }
+    for (int j = 0; j < kVec; ++j) k[j] = to_acc(first.v[j]);
     auto add = [&](const Pack<T, kVec>& in) {
-      n += 1.0f;
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
         const float d = static_cast<float>(to_acc(in.v[j])) - k[j];
@@ -142,9 +196,9 @@ __global__ void __launch_bounds__(kBlockThreads)
         s2[j] = fmaf(d, d, s2[j]);
       }
     };
-    // kPartialRows rows' loads issued before any is used (Note [NHWC column
-    // reductions]).
+    constexpr int kPartialRows = kPartialLoads;
     const int64_t step = blockDim.y;
+    int64_t r = r0 + threadIdx.y;
     for (; r + (kPartialRows - 1) * step < r1; r += kPartialRows * step) {
       Pack<T, kVec> in[kPartialRows];
 #pragma unroll
@@ -154,84 +208,32 @@ __global__ void __launch_bounds__(kBlockThreads)
     }
     for (; r < r1; r += step) add(*reinterpret_cast<const Pack<T, kVec>*>(x + r * c + col0));
   }
-  __shared__ float sh_mean[kBlockThreads * kMaxVec], sh_m2[kBlockThreads * kMaxVec];
-  __shared__ float sh_n[kBlockThreads];
-  const int t = threadIdx.y * blockDim.x + threadIdx.x;
-#pragma unroll
-  for (int j = 0; j < kVec; ++j) {
-    const float mean = n > 0 ? s1[j] / n : 0.0f;
-    sh_mean[t * kVec + j] = k[j] + mean;
-    sh_m2[t * kVec + j] = n > 0 ? fmaxf(0.0f, s2[j] - s1[j] * mean) : 0.0f;
-  }
-  sh_n[t] = n;
-  // A tree over the block's rows: log2(ty) rounds, not ty merges in one thread.
-  for (unsigned half = tree_top(blockDim.y); half > 0; half /= 2) {
-    __syncthreads();
-    if (threadIdx.y < half && threadIdx.y + half < blockDim.y) {
-      const int u = t + half * blockDim.x;
-      float cn = sh_n[t];
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        float nn = cn, mean = sh_mean[t * kVec + j], m2 = sh_m2[t * kVec + j];
-        welford_merge(nn, mean, m2, sh_n[u], sh_mean[u * kVec + j], sh_m2[u * kVec + j]);
-        sh_mean[t * kVec + j] = mean;
-        sh_m2[t * kVec + j] = m2;
-      }
-      sh_n[t] = cn + sh_n[u];
-    }
-  }
-  if (threadIdx.y != 0 || !active) return;
-#pragma unroll
-  for (int j = 0; j < kVec; ++j) {
-    const int64_t o = int64_t{blockIdx.y} * c + col0 + j;
-    pn[o] = sh_n[t];
-    pmean[o] = sh_mean[t * kVec + j];
-    pm2[o] = sh_m2[t * kVec + j];
-  }
+  write_block_column_sums<kVec>(s1, s2, active, c, col0, ps1, ps2);
 }
 
 // Per channel: combine the partials into the batch statistics, save them,
 // update the running statistics, and write the affine coefficients
 // y = x * scale + shift.
-__global__ void stats_finalize_kernel(const float* __restrict__ pn, const float* __restrict__ pmean,
-                                      const float* __restrict__ pm2, int64_t blocks, int64_t c,
-                                      const float* __restrict__ gamma,
-                                      const float* __restrict__ beta, float* running_mean,
-                                      float* running_var, float momentum, float eps,
-                                      float* __restrict__ save_mean,
-                                      float* __restrict__ save_invstd, float* __restrict__ scale,
-                                      float* __restrict__ shift) {
-  // kFinalRows threads per channel each merge every kFinalRows-th partial,
-  // then a tree: the partials are read by many loads in flight, not one
-  // dependent chain per channel.
+template <typename T>
+__global__ void stats_finalize_kernel(const T* __restrict__ x, const float* __restrict__ ps1,
+                                      const float* __restrict__ ps2, int64_t blocks, int64_t m, int64_t c,
+                                      const float* __restrict__ gamma, const float* __restrict__ beta,
+                                      float* running_mean, float* running_var, float momentum, float eps,
+                                      float* __restrict__ save_mean, float* __restrict__ save_invstd,
+                                      float* __restrict__ scale, float* __restrict__ shift) {
   const int64_t col = int64_t{blockIdx.x} * kFinalCols + threadIdx.x;
-  float n = 0, mean = 0, m2 = 0;
-  if (col < c) {
-#pragma unroll 4
-    for (int64_t b = threadIdx.y; b < blocks; b += kFinalRows)
-      welford_merge(n, mean, m2, pn[b * c + col], pmean[b * c + col], pm2[b * c + col]);
-  }
-  __shared__ float sh[3][kFinalRows][kFinalCols];
-  sh[0][threadIdx.y][threadIdx.x] = n;
-  sh[1][threadIdx.y][threadIdx.x] = mean;
-  sh[2][threadIdx.y][threadIdx.x] = m2;
-  for (int half = kFinalRows / 2; half > 0; half /= 2) {
-    __syncthreads();
-    if (threadIdx.y < half) {
-      welford_merge(n, mean, m2, sh[0][threadIdx.y + half][threadIdx.x], sh[1][threadIdx.y + half][threadIdx.x],
-                    sh[2][threadIdx.y + half][threadIdx.x]);
-      sh[0][threadIdx.y][threadIdx.x] = n;
-      sh[1][threadIdx.y][threadIdx.x] = mean;
-      sh[2][threadIdx.y][threadIdx.x] = m2;
-    }
-  }
+  float s1, s2;
+  sum_partials(ps1, ps2, blocks, c, col, s1, s2);
   if (threadIdx.y != 0 || col >= c) return;
-  const float var = m2 / n;  // biased: what normalises
+  const float n = static_cast<float>(m);
+  const float d = s1 / n;
+  const float var = fmaxf(0.0f, s2 / n - d * d);  // biased: what normalises
+  const float mean = static_cast<float>(to_acc(x[col])) + d;
   const float invstd = rsqrtf(var + eps);
   save_mean[col] = mean;
   save_invstd[col] = invstd;
   if (running_mean) {
-    const float unbiased = n > 1 ? m2 / (n - 1) : var;
+    const float unbiased = m > 1 ? var * n / (n - 1) : var;
     running_mean[col] = (1 - momentum) * running_mean[col] + momentum * mean;
     running_var[col] = (1 - momentum) * running_var[col] + momentum * unbiased;
   }
@@ -369,6 +371,7 @@ __global__ void __launch_bounds__(kBlockThreads)
         sx[j] = fmaf(gj, xj - mu[j], sx[j]);
       }
     };
+    constexpr int kPartialRows = kPartialLoads / 2;
     const int64_t step = blockDim.y;
     int64_t r = r0 + threadIdx.y;
     for (; r + (kPartialRows - 1) * step < r1; r += kPartialRows * step) {
@@ -385,30 +388,7 @@ __global__ void __launch_bounds__(kBlockThreads)
       add(*reinterpret_cast<const Pack<T, kVec>*>(dy + r * c + col0),
           *reinterpret_cast<const Pack<T, kVec>*>(x + r * c + col0));
   }
-  __shared__ float sh_s[kBlockThreads * kMaxVec], sh_sx[kBlockThreads * kMaxVec];
-  const int t = threadIdx.y * blockDim.x + threadIdx.x;
-#pragma unroll
-  for (int j = 0; j < kVec; ++j) {
-    sh_s[t * kVec + j] = s[j];
-    sh_sx[t * kVec + j] = sx[j];
-  }
-  for (unsigned half = tree_top(blockDim.y); half > 0; half /= 2) {
-    __syncthreads();
-    if (threadIdx.y < half && threadIdx.y + half < blockDim.y) {
-      const int u = t + half * blockDim.x;
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        sh_s[t * kVec + j] += sh_s[u * kVec + j];
-        sh_sx[t * kVec + j] += sh_sx[u * kVec + j];
-      }
-    }
-  }
-  if (threadIdx.y != 0 || !active) return;
-#pragma unroll
-  for (int j = 0; j < kVec; ++j) {
-    psum_dy[int64_t{blockIdx.y} * c + col0 + j] = sh_s[t * kVec + j];
-    psum_dy_xmu[int64_t{blockIdx.y} * c + col0 + j] = sh_sx[t * kVec + j];
-  }
+  write_block_column_sums<kVec>(s, sx, active, c, col0, psum_dy, psum_dy_xmu);
 }
 
 // Per channel: dgamma, dbeta and dx = a * dy + b * x + d.
@@ -422,26 +402,8 @@ __global__ void backward_finalize_kernel(const float* __restrict__ psum_dy,
                                          float* __restrict__ cd, const float* __restrict__ beta,
                                          float* __restrict__ cs, float* __restrict__ ct) {
   const int64_t col = int64_t{blockIdx.x} * kFinalCols + threadIdx.x;
-  float s = 0, sx = 0;
-  if (col < c) {
-#pragma unroll 4
-    for (int64_t b = threadIdx.y; b < blocks; b += kFinalRows) {
-      s += psum_dy[b * c + col];
-      sx += psum_dy_xmu[b * c + col];
-    }
-  }
-  __shared__ float sh[2][kFinalRows][kFinalCols];
-  sh[0][threadIdx.y][threadIdx.x] = s;
-  sh[1][threadIdx.y][threadIdx.x] = sx;
-  for (int half = kFinalRows / 2; half > 0; half /= 2) {
-    __syncthreads();
-    if (threadIdx.y < half) {
-      s += sh[0][threadIdx.y + half][threadIdx.x];
-      sx += sh[1][threadIdx.y + half][threadIdx.x];
-      sh[0][threadIdx.y][threadIdx.x] = s;
-      sh[1][threadIdx.y][threadIdx.x] = sx;
-    }
-  }
+  float s, sx;
+  sum_partials(psum_dy, psum_dy_xmu, blocks, c, col, s, sx);
   if (threadIdx.y != 0 || col >= c) return;
   const float is = invstd[col], mu = mean[col];
   dgamma[col] = sx * is;
@@ -577,18 +539,17 @@ void batch_norm_nhwc_forward_train(const Tensor& x, const Tensor& gamma, const T
     const int vec = pack_width<T>(c, {xp});
     const Grid g = column_grid(m, c, vec, device);
     const int64_t blocks = g.grid.y;
-    Tensor partial = scratch(3 * blocks * c, x.device()), coef = scratch(2 * c, x.device());
-    float* pn = f32(partial);
-    float* pmean = pn + blocks * c;
-    float* pm2 = pmean + blocks * c;
+    Tensor partial = scratch(2 * blocks * c, x.device()), coef = scratch(2 * c, x.device());
+    float* ps1 = f32(partial);
+    float* ps2 = ps1 + blocks * c;
     float* scale = f32(coef);
     float* shift = scale + c;
     with_pack_width<T>(vec, [&]<int kVec>() {
-      stats_partial_kernel<T, kVec><<<g.grid, g.block, 0, stream>>>(xp, m, c, g.rows_per_block, pn, pmean, pm2);
+      stats_partial_kernel<T, kVec><<<g.grid, g.block, 0, stream>>>(xp, m, c, g.rows_per_block, ps1, ps2);
     });
     CHORUS_CUDA_LAUNCH_CHECK();
-    stats_finalize_kernel<<<final_blocks(c), dim3(kFinalCols, kFinalRows), 0, stream>>>(
-        pn, pmean, pm2, blocks, c, f32(gamma), f32(beta), f32(running_mean), f32(running_var),
+    stats_finalize_kernel<T><<<final_blocks(c), dim3(kFinalCols, kFinalRows), 0, stream>>>(
+        xp, ps1, ps2, blocks, m, c, f32(gamma), f32(beta), f32(running_mean), f32(running_var),
         static_cast<float>(momentum), static_cast<float>(eps), f32(save_mean), f32(save_invstd),
         scale, shift);
     CHORUS_CUDA_LAUNCH_CHECK();
