@@ -67,6 +67,10 @@ int chorus_main(int argc, char** argv, bool parse_only) {
   app::add_optional(train, "--virtual-stages", tc.virtual_stages, "pipeline, interleaved: stages per device (default 2)")->transform(app::integer_up_to(64));
   train->add_flag("--json", tc.json, "Print the final summary as one JSON object on stdout");
   train->add_flag("--quiet", tc.quiet, "No progress output");
+  train->add_flag("--channels-last", tc.channels_last,
+                  "Weights and batches in NHWC (channels-last) memory, the layout cuDNN's fastest convolutions want "
+                  "(default where every device is a GPU)");
+  train->add_flag("--no-channels-last", tc.no_channels_last, "Keep NCHW on GPUs too");
   train->add_flag("--no-cuda-graphs", tc.no_cuda_graphs,
                   "Run every step eagerly (default on one CUDA device: the step is captured as a CUDA graph and replayed)");
 

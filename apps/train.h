@@ -40,6 +40,8 @@ struct TrainConfig {
   int64_t log_every = 20;
   bool quiet = false;
   bool no_cuda_graphs = false;   // one CUDA device: eager steps instead of a replayed graph
+  bool channels_last = false;    // NHWC weights and batches (Note [Convolution layouts]); an error off CUDA
+  bool no_channels_last = false; // NCHW on GPUs too (channels-last is the default where every device is a GPU)
   // --strategy ddp
   bool sync_bn = false;          // batch-norm statistics over all ranks
   std::string comm_hook = "allreduce";  // allreduce | bf16 (gradients travel as bfloat16)

@@ -5,7 +5,8 @@
 # (default: build tests bench); memrun trains WRN-16-4 for nine minutes and
 # prints the peak memory per epoch; dist runs the NCCL process group; ddp runs
 # DistributedDataParallel beside DataParallel and PyTorch DDP; ddptrain trains
-# Fashion-MNIST with DDP on 2 GPUs; dp runs DataParallel WRN-28-10 fp32 and bf16 at 1 and 2 GPUs;
+# Fashion-MNIST with DDP on 2 GPUs; layout trains channels-last (the
+# default) and --no-channels-last and resumes across them; dp runs DataParallel WRN-28-10 fp32 and bf16 at 1 and 2 GPUs;
 # graphs runs the CUDA-graph tests and one GPU against torch.compile;
 # bnbench times the batch-norm kernels per layer shape; profile sums GPU time per kernel class (nsys); dpgraphs runs DataParallel
 # with and without CUDA graphs on 2 GPUs;
@@ -79,6 +80,28 @@ if has bnbench; then
 fi
 if has train; then
   timeout 300 $C train --model cnn --data fashion-mnist --data-dir ${FMNIST_DIR:-.bench/fashion-mnist} --devices cuda:0 --epochs 5 --seed 1 --json | tee "$OUT/train_gpu.json"
+fi
+if has layout; then
+  # chorus train's layouts: channels-last (the default on GPUs) against
+  # --no-channels-last, the same accuracy (Fashion-MNIST, 2 epochs, seed 1)
+  # and each one's throughput (a WRN-16-4 bf16 run too); then a checkpoint
+  # written in one layout resumed in the other.
+  F=${FMNIST_DIR:-.bench/fashion-mnist}
+  for cl in "" --no-channels-last; do
+    timeout 200 $C train --data-dir $F --devices cuda:0 --epochs 2 --seed 1 --quiet --json $cl | tail -1 | tee -a "$OUT/layout.jsonl"
+    timeout 300 $C train --model wrn-16-4 --data synthetic --synthetic-size 25600 --devices cuda:0 --precision bf16 \
+      --batch-size 128 --epochs 2 --seed 1 --quiet --json $cl | tail -1 | tee -a "$OUT/layout.jsonl"
+  done
+  rm -rf "$OUT/ckpt-layout"
+  timeout 200 $C train --data-dir $F --devices cuda:0 --epochs 1 --seed 1 --quiet --checkpoint-dir "$OUT/ckpt-layout" --json | tail -1
+  timeout 200 $C train --data-dir $F --devices cuda:0 --epochs 2 --seed 1 --quiet --checkpoint-dir "$OUT/ckpt-layout" --resume \
+    --allow-change epochs --no-channels-last --json | tail -1
+  echo "layout resume exit $?"
+  python3 - "$OUT/layout.jsonl" <<'PY'
+import json, sys
+for r in map(json.loads, open(sys.argv[1])):
+    print(f"layout: {r['model']:9} {r['precision']} channels_last={r.get('channels_last')} test_accuracy {r['test_accuracy']:.4f} img/s {r['img_per_s']:.0f}")
+PY
 fi
 if has dp; then
   for p in fp32 bf16; do

@@ -41,6 +41,8 @@ if "$CHORUS" devices | grep -q "no CUDA GPU"; then
   expect_error "cuda:0" train --devices cuda:0 "${q[@]}"
 fi
 expect_error "cpu:99" train --devices cpu:99 "${q[@]}"
+expect_error "--channels-last needs CUDA devices (got cpu:0)" train --devices cpu:0 --channels-last "${q[@]}"
+expect_error "--channels-last and --no-channels-last contradict" train --channels-last --no-channels-last "${q[@]}"
 # DataParallel device lists: empty, a device twice.
 expect_error "empty device list" train --strategy dp --devices "" "${q[@]}"
 expect_error "empty device list" bench --strategy dp --devices ","
