@@ -90,6 +90,8 @@ TensorList record(const char* name, TensorList outputs, const TensorList& inputs
   node->seq = next_sequence_nr();
   node->num_outputs = static_cast<uint32_t>(outputs.size());
   node->device = outputs.empty() ? cpu_device(0) : outputs[0].device();
+  node->next.reserve(inputs.size());
+  node->input_meta.reserve(inputs.size());
   for (const Tensor& in : inputs) {
     node->next.push_back(in.defined() ? gradient_edge(in) : Edge{});
     if (in.defined()) node->input_meta.push_back({in.device(), in.dtype(), in.sizes()});

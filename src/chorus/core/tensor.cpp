@@ -108,26 +108,31 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t) { return os << t.str
 
 namespace detail {
 
-Tensor empty_tensor(const Shape& sizes, DType dtype, Device device) {
+Tensor empty_tensor(const Shape& sizes, DType dtype, Device device) { return empty_tensor(Shape(sizes), dtype, device); }
+
+Tensor empty_tensor(Shape&& sizes, DType dtype, Device device) {
   for (int64_t s : sizes)
     CHORUS_CHECK(s >= 0, "negative dimension in shape ", shape_str(sizes));
   check_device(device);
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::make_shared<Storage>(static_cast<size_t>(numel_of(sizes)) * dtype_size(dtype), device);
-  impl->sizes = sizes;
   impl->strides = contiguous_strides(sizes);
+  impl->sizes = std::move(sizes);
   impl->dtype = dtype;
   return Tensor(std::move(impl));
 }
 
 Tensor make_view(const Tensor& base, const Shape& sizes, const Shape& strides, int64_t offset) {
-  auto impl = std::make_shared<TensorImpl>();
+  return make_view(base, Shape(sizes), Shape(strides), offset);
+}
+
+Tensor make_view(const Tensor& base, Shape&& sizes, Shape&& strides, int64_t offset) {
+  auto impl = std::make_shared<TensorImpl>(base.impl()->version);  // views share the version counter
   impl->storage = base.storage();
-  impl->sizes = sizes;
-  impl->strides = strides;
+  impl->sizes = std::move(sizes);
+  impl->strides = std::move(strides);
   impl->offset = offset;
   impl->dtype = base.dtype();
-  impl->version = base.impl()->version;  // views share the version counter
   return Tensor(std::move(impl));
 }
 

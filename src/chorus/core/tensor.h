@@ -45,6 +45,11 @@ struct AutogradMeta {
 };
 
 struct TensorImpl {
+  TensorImpl() = default;
+  // A view: shares `shared_version` with its base (no counter of its own is
+  // allocated, then dropped: an op's host path makes several views).
+  explicit TensorImpl(std::shared_ptr<uint32_t> shared_version) : version(std::move(shared_version)) {}
+
   std::shared_ptr<Storage> storage;
   Shape sizes;
   Shape strides;
@@ -198,8 +203,10 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t);
 namespace detail {
 // An uninitialised tensor of the given shape (contiguous) on `device`.
 Tensor empty_tensor(const Shape& sizes, DType dtype, Device device);
+Tensor empty_tensor(Shape&& sizes, DType dtype, Device device);
 // A view of `base`'s storage with new geometry (no autograd).
 Tensor make_view(const Tensor& base, const Shape& sizes, const Shape& strides, int64_t offset);
+Tensor make_view(const Tensor& base, Shape&& sizes, Shape&& strides, int64_t offset);
 // Checks that `t` is defined, naming the op and argument.
 void check_defined(const Tensor& t, const char* op, const char* arg);
 }  // namespace detail

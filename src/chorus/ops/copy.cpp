@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -232,23 +233,38 @@ bool is_channels_last(const Tensor& t) {
   return st[1] == 1 && st[3] == s[1] && st[2] == s[1] * s[3] && (s[1] > 1 || s[2] * s[3] > 1);
 }
 
-bool same_dense_layout(const std::vector<const Tensor*>& ts) {
-  const Tensor& t0 = *ts[0];
+bool same_dense_layout(std::initializer_list<const Tensor*> ts) {
+  // On every op's host path: no allocation (an initializer list, and the
+  // (stride, size) pairs on the stack for up to 8 dimensions).
+  const Tensor& t0 = **ts.begin();
   for (const Tensor* t : ts)
     if (t->sizes() != t0.sizes() || t->strides() != t0.strides()) return false;
-  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size), size-1 dims skipped
-  for (int64_t d = 0; d < t0.dim(); ++d)
-    if (t0.size(d) != 1) dims.push_back({t0.stride(d), t0.size(d)});
-  std::sort(dims.begin(), dims.end());
+  if (t0.is_contiguous()) return true;
+  const int64_t nd = t0.dim();
+  std::array<std::pair<int64_t, int64_t>, 8> small;
+  std::vector<std::pair<int64_t, int64_t>> large;
+  std::pair<int64_t, int64_t>* dims = small.data();
+  if (nd > static_cast<int64_t>(small.size())) {
+    large.resize(static_cast<size_t>(nd));
+    dims = large.data();
+  }
+  int64_t n = 0;  // (stride, size), size-1 dims skipped
+  for (int64_t d = 0; d < nd; ++d)
+    if (t0.size(d) != 1) dims[n++] = {t0.stride(d), t0.size(d)};
+  std::sort(dims, dims + n);
   int64_t expected = 1;
-  for (auto& [st, sz] : dims) {
-    if (st != expected) return false;
-    expected *= sz;
+  for (int64_t i = 0; i < n; ++i) {
+    if (dims[i].first != expected) return false;
+    expected *= dims[i].second;
   }
   return true;
 }
 
-Tensor flat_view(const Tensor& t) { return detail::make_view(t, {t.numel()}, {1}, t.storage_offset()); }
+Tensor flat_view(const Tensor& t) {
+  // Already flat: the tensor itself (no view to allocate on the op's host path).
+  if (t.dim() == 1 && t.stride(0) == 1) return t;
+  return detail::make_view(t, Shape{t.numel()}, Shape{1}, t.storage_offset());
+}
 
 Tensor empty_with_layout(const Shape& s, DType dt, Device dev, bool channels_last) {
   if (channels_last && s.size() == 4) {

@@ -17,6 +17,8 @@
 // (CHORUS_STRICT_PLACEMENT=1 in the environment, or set_parameter_copy_policy).
 #pragma once
 
+#include <initializer_list>
+
 #include "chorus/core/tensor.h"
 
 namespace chorus::ops {
@@ -69,7 +71,7 @@ Tensor empty_with_layout(const Shape& sizes, DType dt, Device dev, bool channels
 // channels-last, or any permutation of a contiguous tensor), the kernel may
 // treat them as 1-d arrays. This keeps NHWC activations on the kernels'
 // vectorised contiguous paths.
-bool same_dense_layout(const std::vector<const Tensor*>& ts);
+bool same_dense_layout(std::initializer_list<const Tensor*> ts);
 Tensor flat_view(const Tensor& t);
 
 }  // namespace chorus::ops

@@ -4,6 +4,8 @@
 #include "chorus/ops/copy.h"
 #include "chorus/ops/dispatch.h"
 
+#include <utility>
+
 namespace chorus::ops {
 
 namespace {
@@ -69,7 +71,7 @@ Tensor broadcast_to(const Tensor& t, const Shape& shape, const char* op) {
                  shape_str(t.sizes()), " to ", shape_str(shape));
     strides[lead + i] = t.size(i) == 1 && shape[lead + i] != 1 ? 0 : t.stride(i);
   }
-  return detail::make_view(t, shape, strides, t.storage_offset());
+  return detail::make_view(t, Shape(shape), std::move(strides), t.storage_offset());
 }
 
 Tensor unary(UnaryOp op, const Tensor& x, double scalar) {

@@ -5,6 +5,8 @@
 #include "chorus/ops/dispatch.h"
 #include "chorus/ops/elementwise.h"
 
+#include <utility>
+
 namespace chorus::ops {
 
 namespace {
@@ -67,7 +69,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
       CHORUS_KERNEL(dev, gemm, ga.stored, gb.stored, out, ga.trans, gb.trans, 1.0, 0.0);
     }
   }
-  return detail::make_view(out, out_shape, contiguous_strides(out_shape), 0);
+  Shape out_strides = contiguous_strides(out_shape);
+  return detail::make_view(out, std::move(out_shape), std::move(out_strides), 0);
 }
 
 }  // namespace chorus::ops

@@ -3,6 +3,8 @@
 #include "chorus/core/error.h"
 #include "chorus/ops/dispatch.h"
 
+#include <utility>
+
 namespace chorus::ops {
 
 Tensor reduce(ReduceOp op, const Tensor& x, const Shape& dims, bool keepdim) {
@@ -31,7 +33,8 @@ Tensor reduce(ReduceOp op, const Tensor& x, const Shape& dims, bool keepdim) {
   } else if (out.numel()) {
     CHORUS_KERNEL(x.device(), reduce, op, src, out, red);
   }
-  return detail::make_view(out, out_shape, contiguous_strides(out_shape), 0);
+  Shape out_strides = contiguous_strides(out_shape);
+  return detail::make_view(out, std::move(out_shape), std::move(out_strides), 0);
 }
 
 Tensor sum_to(const Tensor& g, const Shape& shape) {
@@ -42,7 +45,7 @@ Tensor sum_to(const Tensor& g, const Shape& shape) {
     if (d < lead || (shape[d - lead] == 1 && g.size(d) != 1)) dims.push_back(d);
   }
   Tensor r = dims.empty() ? g : reduce(ReduceOp::Sum, g, dims, true);
-  return detail::make_view(r, shape, contiguous_strides(shape), r.storage_offset());
+  return detail::make_view(r, Shape(shape), contiguous_strides(shape), r.storage_offset());
 }
 
 }  // namespace chorus::ops

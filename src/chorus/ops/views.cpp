@@ -3,6 +3,8 @@
 #include "chorus/core/error.h"
 #include "chorus/ops/copy.h"
 
+#include <utility>
+
 namespace chorus::ops {
 
 Shape infer_shape(const Shape& shape, int64_t numel, const char* op) {
@@ -68,15 +70,16 @@ Tensor view(const Tensor& t, const Shape& shape) {
   Shape st;
   CHORUS_CHECK(view_strides(t, s, &st), "view: ", t.describe(), " with strides ", shape_str(t.strides()),
                " cannot be viewed as ", shape_str(s), " without a copy; use reshape()");
-  return detail::make_view(t, s, st, t.storage_offset());
+  return detail::make_view(t, std::move(s), std::move(st), t.storage_offset());
 }
 
 Tensor reshape(const Tensor& t, const Shape& shape) {
   Shape s = infer_shape(shape, t.numel(), "reshape");
   Shape st;
-  if (view_strides(t, s, &st)) return detail::make_view(t, s, st, t.storage_offset());
+  if (view_strides(t, s, &st)) return detail::make_view(t, std::move(s), std::move(st), t.storage_offset());
   Tensor c = contiguous(t);
-  return detail::make_view(c, s, contiguous_strides(s), c.storage_offset());
+  Shape cst = contiguous_strides(s);
+  return detail::make_view(c, std::move(s), std::move(cst), c.storage_offset());
 }
 
 Tensor permute(const Tensor& t, const Shape& dims) {
@@ -91,7 +94,7 @@ Tensor permute(const Tensor& t, const Shape& dims) {
     sizes[i] = t.size(d);
     strides[i] = t.stride(d);
   }
-  return detail::make_view(t, sizes, strides, t.storage_offset());
+  return detail::make_view(t, std::move(sizes), std::move(strides), t.storage_offset());
 }
 
 Tensor slice(const Tensor& t, int64_t dim, int64_t start, int64_t end, int64_t step) {
@@ -105,7 +108,8 @@ Tensor slice(const Tensor& t, int64_t dim, int64_t start, int64_t end, int64_t s
   Shape sizes = t.sizes(), strides = t.strides();
   sizes[dim] = (end - start + step - 1) / step;
   strides[dim] *= step;
-  return detail::make_view(t, sizes, strides, t.storage_offset() + start * t.stride(dim));
+  const int64_t offset = t.storage_offset() + start * t.stride(dim);
+  return detail::make_view(t, std::move(sizes), std::move(strides), offset);
 }
 
 Tensor select(const Tensor& t, int64_t dim, int64_t index) {
@@ -117,7 +121,8 @@ Tensor select(const Tensor& t, int64_t dim, int64_t index) {
   Shape sizes = t.sizes(), strides = t.strides();
   sizes.erase(sizes.begin() + dim);
   strides.erase(strides.begin() + dim);
-  return detail::make_view(t, sizes, strides, t.storage_offset() + index * t.stride(dim));
+  const int64_t offset = t.storage_offset() + index * t.stride(dim);
+  return detail::make_view(t, std::move(sizes), std::move(strides), offset);
 }
 
 Tensor expand(const Tensor& t, const Shape& shape) {
@@ -139,7 +144,7 @@ Tensor expand(const Tensor& t, const Shape& shape) {
     sizes[i] = want;
     strides[i] = have == want ? t.stride(i - lead) : 0;
   }
-  return detail::make_view(t, sizes, strides, t.storage_offset());
+  return detail::make_view(t, std::move(sizes), std::move(strides), t.storage_offset());
 }
 
 Tensor squeeze(const Tensor& t, int64_t dim) {
@@ -150,7 +155,7 @@ Tensor squeeze(const Tensor& t, int64_t dim) {
   Shape sizes = t.sizes(), strides = t.strides();
   sizes.erase(sizes.begin() + dim);
   strides.erase(strides.begin() + dim);
-  return detail::make_view(t, sizes, strides, t.storage_offset());
+  return detail::make_view(t, std::move(sizes), std::move(strides), t.storage_offset());
 }
 
 Tensor unsqueeze(const Tensor& t, int64_t dim) {
@@ -159,7 +164,7 @@ Tensor unsqueeze(const Tensor& t, int64_t dim) {
   int64_t st = dim < t.dim() ? t.stride(dim) * t.size(dim) : 1;
   sizes.insert(sizes.begin() + dim, 1);
   strides.insert(strides.begin() + dim, st);
-  return detail::make_view(t, sizes, strides, t.storage_offset());
+  return detail::make_view(t, std::move(sizes), std::move(strides), t.storage_offset());
 }
 
 }  // namespace chorus::ops
