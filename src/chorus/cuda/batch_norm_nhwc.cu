@@ -28,7 +28,6 @@ namespace {
 // (docs/benchmarks.md, 2026-11-25).
 constexpr int kBlockThreads = 256;
 constexpr int kMaxVec = 8;
-constexpr int kElemThreads = 256;
 // 16-byte loads a column-reduction thread issues before using any: with two
 // 256-thread blocks per SM, one load in flight per thread is 8 KB per SM,
 // short of what hides HBM's latency at full bandwidth. The statistics read one
@@ -47,17 +46,17 @@ struct Grid {
   int64_t rows_per_block;
 };
 
-// c % vec == 0. Enough row blocks to fill the device about twice over,
-// each thread left a few rows: many 16-byte loads in flight is what makes a
-// column reduction run at memory speed. (1, 3, 4 and 6 blocks per SM were
-// all slower for WRN-28-10 and WRN-16-4 bf16 on an H200: 11160-11526 and
-// 56217-66485 img/s against 11572 and 67077 with 2, one run, issue 14.)
-Grid column_grid(int64_t m, int64_t c, int vec, int device) {
+// c % vec == 0. tx column threads (the row's C / vec packs, up to
+// kBlockThreads) by ty rows per block, and row blocks for `per_sm` blocks on
+// every SM (fewer when the rows run out); a block's rows are a contiguous
+// slice of rows_per_block for the reductions, and a stride of rows for the
+// elementwise passes.
+Grid tile_grid(int64_t m, int64_t c, int vec, int device, int per_sm) {
   const int64_t col_threads = c / vec;
   const int tx = static_cast<int>(std::min<int64_t>(col_threads, kBlockThreads));
   const int ty = std::max(1, kBlockThreads / tx);
   const int64_t col_blocks = (col_threads + tx - 1) / tx;
-  const int64_t target = 2 * int64_t{device_properties(device).multiProcessorCount};
+  const int64_t target = int64_t{per_sm} * device_properties(device).multiProcessorCount;
   int64_t row_blocks = std::max<int64_t>(1, target / col_blocks);
   row_blocks = std::min<int64_t>(row_blocks, std::max<int64_t>(1, (m + ty - 1) / ty));
   row_blocks = std::min<int64_t>(row_blocks, 65535);
@@ -65,6 +64,13 @@ Grid column_grid(int64_t m, int64_t c, int vec, int device) {
   return {dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(row_blocks)),
           dim3(static_cast<unsigned>(tx), static_cast<unsigned>(ty)), rows};
 }
+
+// The column reductions: about two blocks per SM, each thread left a few
+// rows: many 16-byte loads in flight is what makes them run at memory speed.
+// (1, 3, 4 and 6 blocks per SM were all slower for WRN-28-10 and WRN-16-4 bf16
+// on an H200: 11160-11526 and 56217-66485 img/s against 11572 and 67077 with
+// 2, one run; 4 again slower on an H100 with the loads in flight, issue 14.)
+Grid column_grid(int64_t m, int64_t c, int vec, int device) { return tile_grid(m, c, vec, device, 2); }
 
 // The largest power of two below n (0 for n <= 1): the first stride of a
 // tree reduction over n lanes.
@@ -266,24 +272,8 @@ __global__ void eval_coefficients_kernel(int64_t c, const float* __restrict__ ga
 // 1.3x the memory-bound time for WRN-28-10 (issue 14).
 constexpr int kRows = 4;
 
-struct RowGrid {
-  dim3 grid, block;
-};
-
-// tx column threads (the row's C / kVec packs, up to kElemThreads) by ty rows
-// per block; enough row blocks to fill every SM (8 blocks of 256 threads).
-RowGrid row_grid(int64_t m, int64_t c, int vec, int device) {
-  const int64_t cols = c / vec;
-  const int tx = static_cast<int>(std::min<int64_t>(cols, kElemThreads));
-  const int ty = std::max(1, kElemThreads / tx);
-  const int64_t col_blocks = (cols + tx - 1) / tx;
-  const int64_t target = 8 * int64_t{device_properties(device).multiProcessorCount};
-  int64_t row_blocks = std::max<int64_t>(1, target / col_blocks);
-  row_blocks = std::min<int64_t>(row_blocks, std::max<int64_t>(1, (m + ty - 1) / ty));
-  row_blocks = std::min<int64_t>(row_blocks, 65535);
-  return {dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(row_blocks)),
-          dim3(static_cast<unsigned>(tx), static_cast<unsigned>(ty))};
-}
+// The elementwise passes: enough blocks to fill every SM (8 of 256 threads).
+Grid row_grid(int64_t m, int64_t c, int vec, int device) { return tile_grid(m, c, vec, device, 8); }
 
 template <typename T, int kVec>
 __device__ __forceinline__ Pack<T, kVec> load_pack(const T* __restrict__ p, int64_t row, int64_t c, int64_t col0) {
@@ -311,7 +301,7 @@ __device__ __forceinline__ Pack<T, kVec> affine_pack(const Pack<T, kVec>& in, co
 // matrix (Note [Elementwise passes by column]; C % kVec == 0 and 16-byte
 // aligned pointers when kVec > 1).
 template <typename T, int kVec, bool kRelu>
-__global__ void __launch_bounds__(kElemThreads)
+__global__ void __launch_bounds__(kBlockThreads)
     affine_kernel(const T* __restrict__ x, T* __restrict__ y, int64_t m, int64_t c, const float* __restrict__ scale,
                   const float* __restrict__ shift) {
   const int64_t col0 = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) * kVec;
@@ -440,7 +430,7 @@ __device__ __forceinline__ Pack<T, kVec> backward_pack(const Pack<T, kVec>& g, c
 // dx = a * dy' + b * x + d, dy' = dy masked by the forward's ReLU when kRelu
 // (Note [Elementwise passes by column]).
 template <typename T, int kVec, bool kRelu>
-__global__ void __launch_bounds__(kElemThreads)
+__global__ void __launch_bounds__(kBlockThreads)
     backward_elementwise_kernel(const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dx, int64_t m,
                                 int64_t c, const float* __restrict__ ca, const float* __restrict__ cb,
                                 const float* __restrict__ cd, const float* __restrict__ cs,
@@ -510,7 +500,7 @@ void launch_affine(const Tensor& x, const Tensor& y, int64_t c, const float* sca
   const int64_t m = x.numel() / c;
   cudaStream_t stream = current_stream(device);
   const int vec = pack_width<T>(c, {xp, yp});
-  const RowGrid g = row_grid(m, c, vec, device);
+  const Grid g = row_grid(m, c, vec, device);
   with_pack_width<T>(vec, [&]<int kVec>() {
     if (relu) {
       affine_kernel<T, kVec, true><<<g.grid, g.block, 0, stream>>>(xp, yp, m, c, scale, shift);
@@ -606,7 +596,7 @@ void batch_norm_nhwc_backward(const Tensor& dy, const Tensor& x, const Tensor& g
         ps, psx, blocks, m, c, f32(gamma), f32(save_mean), f32(save_invstd), f32(dgamma),
         f32(dbeta), ca, cb, cd, f32(beta), cs, ct);
     CHORUS_CUDA_LAUNCH_CHECK();
-    const RowGrid rg = row_grid(m, c, vec, device);
+    const Grid rg = row_grid(m, c, vec, device);
     with_pack_width<T>(vec, [&]<int kVec>() {
       if (relu) {
         backward_elementwise_kernel<T, kVec, true><<<rg.grid, rg.block, 0, stream>>>(dyp, xp, dxp, m, c, ca, cb, cd,
