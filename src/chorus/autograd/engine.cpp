@@ -53,11 +53,50 @@ Tensor conform(const Tensor& g, const InputMeta& m) {
 // meet only where edges cross devices. One graph-wide lock, taken twice per
 // node and woken for every node on every thread, made four replica threads
 // issue slower than one.
+//
+// The gradients pending at one input: almost always one, held inline; more
+// (a tensor used several times) go to `more`. Two heap allocations per node
+// (its state, a vector per slot) were a quarter of a small op's backward.
+struct Slot {
+  bool has = false;
+  uint64_t seq = 0;  // the producer's creation number
+  Tensor grad;
+  std::vector<std::pair<uint64_t, Tensor>> more;
+
+  void add(uint64_t producer, Tensor g) {
+    if (!has) {
+      has = true;
+      seq = producer;
+      grad = std::move(g);
+    } else {
+      more.push_back({producer, std::move(g)});
+    }
+  }
+  // The sum in producer-creation order (latest first), whatever the arrival
+  // order. Takes the gradients: the slot lets go of them (their memory is
+  // free once the node has run, not at the end of the backward).
+  Tensor take_sum() {
+    if (!has) return Tensor();
+    has = false;
+    if (more.empty()) return std::move(grad);
+    std::vector<std::pair<uint64_t, Tensor>> parts = std::move(more);
+    more.clear();
+    parts.push_back({seq, std::move(grad)});
+    std::sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    Tensor total;
+    for (auto& [producer, g] : parts) total = total.defined() ? ops::binary(BinaryOp::Add, total, g, 1.0) : g;
+    return total;
+  }
+};
+
 struct NodeState {
   std::shared_ptr<Node> node;  // keeps the node alive until it has run
   std::atomic<int> deps{0};
-  std::mutex mu;                                                    // guards slots
-  std::vector<std::vector<std::pair<uint64_t, Tensor>>> slots;     // [input] (producer seq, gradient)
+  std::mutex mu;  // guards slots
+  // [input]; up to two inline (most nodes have one output), more on the heap.
+  Slot inline_slots[2];
+  std::vector<Slot> extra_slots;
+  Slot& slot(uint32_t i) { return i < 2 ? inline_slots[i] : extra_slots[i - 2]; }
 };
 
 // One backward pass: the dependency counts and the pending gradients.
@@ -79,7 +118,7 @@ class GraphTask {
         if (fresh) stack.push_back(e.fn.get());
       }
     }
-    states_.at(root_)->slots[root.input_nr].push_back({0, seed});
+    states_.at(root_).slot(root.input_nr).add(0, seed);
   }
 
   Node* root() const { return root_; }
@@ -88,8 +127,10 @@ class GraphTask {
 
   // Runs node n and returns the nodes it made ready. Safe to call from several
   // threads at once for different nodes.
-  std::vector<Node*> run(Node* n) {
-    NodeState& self = *states_.at(n);
+  // `ready` is cleared first (its capacity reused from node to node).
+  void run(Node* n, std::vector<Node*>& ready) {
+    ready.clear();
+    NodeState& self = states_.at(n);
     std::shared_ptr<Node> keep = std::move(self.node);
     TensorList in = take_inputs(self, n->num_outputs);
     TensorList out;
@@ -98,49 +139,38 @@ class GraphTask {
       out = n->apply(std::move(in));
     }
     if (!retain_) n->release_saved();
-    std::vector<Node*> ready;
     for (size_t i = 0; i < n->next.size(); ++i) {
       const Edge& e = n->next[i];
       if (!e.fn) continue;
-      NodeState& nx = *states_.at(e.fn.get());
+      NodeState& nx = states_.at(e.fn.get());
       if (i < out.size() && out[i].defined()) {
         Tensor g = conform(out[i], n->input_meta[i]);  // to the consumer's device, outside any lock
         std::lock_guard<std::mutex> lk(nx.mu);
-        nx.slots[e.input_nr].push_back({n->seq, std::move(g)});
+        nx.slot(e.input_nr).add(n->seq, std::move(g));
       }
       // acq_rel: whoever takes the count to zero sees every producer's push.
       if (nx.deps.fetch_sub(1, std::memory_order_acq_rel) == 1) ready.push_back(e.fn.get());
     }
-    return ready;
   }
 
  private:
   std::pair<NodeState*, bool> add(const std::shared_ptr<Node>& fn) {
-    auto [it, fresh] = states_.try_emplace(fn.get());
+    auto [it, fresh] = states_.try_emplace(fn.get());  // the state built in place, never moved
     if (fresh) {
-      it->second = std::make_unique<NodeState>();
-      it->second->node = fn;
-      it->second->slots.resize(fn->num_outputs);
+      it->second.node = fn;
+      if (fn->num_outputs > 2) it->second.extra_slots.resize(fn->num_outputs - 2);
       devices_.insert(fn->device);
       if (collect_leaves_)
         if (const TensorImpl* leaf = fn->accumulated_leaf()) leaves_.insert(leaf);
     }
-    return {it->second.get(), fresh};
+    return {&it->second, fresh};
   }
 
   // Gradients arriving at one slot are summed in producer-creation order.
   static TensorList take_inputs(NodeState& st, size_t n) {
-    std::vector<std::vector<std::pair<uint64_t, Tensor>>> slots;
-    {
-      std::lock_guard<std::mutex> lk(st.mu);
-      slots = std::move(st.slots);
-    }
     TensorList in(n);
-    for (size_t s = 0; s < slots.size() && s < in.size(); ++s) {
-      auto& parts = slots[s];
-      std::sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-      for (auto& [seq, g] : parts) in[s] = in[s].defined() ? ops::binary(BinaryOp::Add, in[s], g, 1.0) : g;
-    }
+    std::lock_guard<std::mutex> lk(st.mu);  // every producer has pushed; this orders the reads
+    for (size_t s = 0; s < n; ++s) in[s] = st.slot(static_cast<uint32_t>(s)).take_sum();
     return in;
   }
 
@@ -148,17 +178,19 @@ class GraphTask {
   bool collect_leaves_;
   std::unordered_set<const TensorImpl*> leaves_;
   Node* root_ = nullptr;
-  std::unordered_map<Node*, std::unique_ptr<NodeState>> states_;
+  std::unordered_map<Node*, NodeState> states_;
   std::set<Device> devices_;
 };
 
 void run_single_thread(GraphTask& task) {
   std::priority_queue<Node*, std::vector<Node*>, ByLatest> ready;
+  std::vector<Node*> made_ready;
   ready.push(task.root());
   while (!ready.empty()) {
     Node* n = ready.top();
     ready.pop();
-    for (Node* r : task.run(n)) ready.push(r);
+    task.run(n, made_ready);
+    for (Node* r : made_ready) ready.push(r);
   }
 }
 
@@ -188,6 +220,7 @@ void run_multi_device(GraphTask& task) {
   auto worker = [&](Device dev) {
     NoGradGuard no_grad;
     ReadyQueue& mine = *queues.at(dev);
+    std::vector<Node*> ready;  // the nodes each run makes ready
     for (;;) {
       Node* n = nullptr;
       {
@@ -197,9 +230,8 @@ void run_multi_device(GraphTask& task) {
         n = mine.nodes.top();
         mine.nodes.pop();
       }
-      std::vector<Node*> ready;
       try {
-        ready = task.run(n);
+        task.run(n, ready);
       } catch (...) {
         {
           std::lock_guard<std::mutex> lk(error_mu);
