@@ -272,7 +272,8 @@ Training set_up(const TrainConfig& cfg) {
     in.insert(in.end(), spec.input.begin(), spec.input.end());
     AutocastGuard cast(cfg.precision == "bf16" ? std::optional<DType>(kBFloat16) : std::nullopt);
     const RngState rng = default_generator().state();  // timing draws nothing the run would see
-    t.pipeline = make_pipeline(t.model, t.devices, pc, randn(in, {kFloat32, device}), &t.pipeline_line);
+    t.pipeline = make_pipeline(t.model, t.devices, pc, in_layout(randn(in, {kFloat32, device}), t.channels_last),
+                               &t.pipeline_line);
     default_generator().set_state(rng);
     net = t.pipeline;
   } else {
