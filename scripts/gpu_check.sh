@@ -8,7 +8,7 @@
 # Fashion-MNIST with DDP on 2 GPUs; layout trains channels-last (the
 # default) and --no-channels-last and resumes across them; dp runs DataParallel WRN-28-10 fp32 and bf16 at 1 and 2 GPUs;
 # graphs runs the CUDA-graph tests and one GPU against torch.compile;
-# bnbench times the batch-norm kernels per layer shape; profile sums GPU time per kernel class (nsys); dpgraphs runs DataParallel
+# bnbench times the batch-norm kernels per layer shape; hostprof samples an eager step's host time (gperftools); profile sums GPU time per kernel class (nsys); dpgraphs runs DataParallel
 # with and without CUDA graphs on 2 GPUs;
 # pipeline runs WRN-28-10 and WRN-40-10 in 2 stages (naive, GPipe, 1F1B,
 # interleaved) and a pipeline of 2 processes over NCCL send/recv. Every command runs under `timeout`, so a hang
@@ -280,7 +280,10 @@ if has ncu; then
   for cfg in ${NCU_CONFIGS:-"wrn-28-10:bf16:1"}; do
     IFS=: read -r m p cl <<<"$cfg"
     flag=""; [ "$cl" = 1 ] && flag=--channels-last
-    timeout 400 $NCU --log-file "$OUT/ncu_chorus_${m}_${p}.csv" $C bench --model $m --precision $p $flag --devices cuda:0 \
+    # Only the timed steps (CHORUS_PROFILER_RANGE): the plan search runs at
+    # full speed and its log (CHORUS_CONV_SEARCH_LOG) says what was chosen.
+    CHORUS_PROFILER_RANGE=1 CHORUS_CONV_SEARCH_LOG=1 timeout 400 $NCU --profile-from-start off \
+      --log-file "$OUT/ncu_chorus_${m}_${p}.csv" $C bench --model $m --precision $p $flag --devices cuda:0 \
       --batch-size 128 --steps 3 --warmup 4 >/dev/null 2>"$OUT/ncu_chorus_${m}_${p}.err"
     python3 scripts/ncu_step.py "$OUT/ncu_chorus_${m}_${p}.csv" "chorus $m $p"
     for mode in ${NCU_TORCH_MODES:-reduce-overhead eager}; do
@@ -288,6 +291,21 @@ if has ncu; then
         python3 scripts/torch_step_profile.py $m $p $cl $mode 2 >/dev/null 2>"$OUT/ncu_torch_${m}_${p}_$mode.err"
       python3 scripts/ncu_step.py "$OUT/ncu_torch_${m}_${p}_$mode.csv" "torch $mode $m $p" 2
     done
+  done
+fi
+if has hostprof; then
+  # Issue 14 item 3: where an eager GPU step's host time goes. gperftools'
+  # sampling profiler (SIGPROF: needs no perf_event access, which the GPU
+  # machines do not give), preloaded from .bench/prof: Debian's
+  # libprofiler.so.0 and libunwind.so.8, and google-pprof to read the profile.
+  P=$PWD/.bench/prof
+  for m in ${HOSTPROF_MODELS:-wrn-16-4}; do
+    timeout 300 env LD_PRELOAD=$P/libprofiler.so.0 LD_LIBRARY_PATH=$P CPUPROFILE="$OUT/host_$m.prof" \
+      CPUPROFILE_FREQUENCY=${HOSTPROF_HZ:-2000} $C bench --model $m --precision bf16 --channels-last --devices cuda:0 \
+      --batch-size 128 --steps ${HOSTPROF_STEPS:-2000} --warmup 8 --no-cuda-graphs 2>&1 | tail -4
+    perl $P/google-pprof --text --nodecount=45 $C "$OUT/host_$m.prof" 2>/dev/null > "$OUT/host_${m}_flat.txt"
+    perl $P/google-pprof --text --cum --nodecount=90 $C "$OUT/host_$m.prof" 2>/dev/null > "$OUT/host_${m}_cum.txt"
+    echo "== host profile $m (flat)"; head -40 "$OUT/host_${m}_flat.txt" | cut -c1-180
   done
 fi
 if has multi; then

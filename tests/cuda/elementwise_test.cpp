@@ -647,9 +647,19 @@ TEST(CudaKernels, SgdUpdateMatchesCpu_CUDA) {
   }
 }
 
+// A twin of n random values that is a view at `offset` floats into a larger
+// tensor: offsets 1-3 are not 16-byte aligned, so the multi-tensor updates
+// must take such a tensor one float at a time (Note [Optimizer packs]).
+Twin offset_twin(int64_t n, int64_t offset, uint32_t seed, double lo = -1.0, double hi = 1.0) {
+  const Twin whole = random_twin({n + offset}, kFloat32, seed, lo, hi);
+  return Twin{whole.cpu.narrow(0, offset, n), whole.gpu.narrow(0, offset, n)};
+}
+
 // The multi-tensor SGD: more tensors than one launch's table holds (48), one
 // tensor spread over more blocks than a launch has (320 chunks of 32768), an
-// empty tensor, sizes that are not multiples of anything.
+// empty tensor, sizes that are not multiples of anything, and state that is
+// not 16-byte aligned (one of param, gradient, buffer at a time, so packed and
+// unpacked tensors share launches).
 TEST(CudaKernels, SgdUpdateMultiMatchesCpu_CUDA) {
   if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
   std::vector<int64_t> sizes;
@@ -661,10 +671,12 @@ TEST(CudaKernels, SgdUpdateMultiMatchesCpu_CUDA) {
     std::vector<Twin> params, grads, bufs;
     uint32_t seed = first ? 300 : 700;
     TensorList gp, gg, gb;
-    for (int64_t n : sizes) {
-      params.push_back(random_twin({n}, kFloat32, ++seed));
-      grads.push_back(random_twin({n}, kFloat32, ++seed));
-      bufs.push_back(random_twin({n}, kFloat32, ++seed));
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      const int64_t n = sizes[i];
+      const int64_t skew = static_cast<int64_t>(i % 4);  // 0: aligned
+      params.push_back(i % 3 == 0 ? offset_twin(n, skew, ++seed) : random_twin({n}, kFloat32, ++seed));
+      grads.push_back(i % 3 == 1 ? offset_twin(n, skew, ++seed) : random_twin({n}, kFloat32, ++seed));
+      bufs.push_back(i % 3 == 2 ? offset_twin(n, skew, ++seed) : random_twin({n}, kFloat32, ++seed));
       gp.push_back(params.back().gpu);
       gg.push_back(grads.back().gpu);
       gb.push_back(bufs.back().gpu);
@@ -702,7 +714,8 @@ TEST(CudaKernels, AdamWUpdateMatchesCpu_CUDA) {
 }
 
 // The multi-tensor AdamW, as the SGD one: more tensors than a launch's table
-// holds (36), a tensor over more blocks than a launch has, an empty tensor.
+// holds (36), a tensor over more blocks than a launch has, an empty tensor,
+// state not 16-byte aligned.
 TEST(CudaKernels, AdamWUpdateMultiMatchesCpu_CUDA) {
   if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
   std::vector<int64_t> sizes;
@@ -714,11 +727,15 @@ TEST(CudaKernels, AdamWUpdateMultiMatchesCpu_CUDA) {
     std::vector<Twin> params, grads, ms, vs;
     uint32_t seed = static_cast<uint32_t>(900 + 10 * step);
     TensorList gp, gg, gm, gv;
-    for (int64_t n : sizes) {
-      params.push_back(random_twin({n}, kFloat32, ++seed));
-      grads.push_back(random_twin({n}, kFloat32, ++seed));
-      ms.push_back(random_twin({n}, kFloat32, ++seed, -0.1, 0.1));
-      vs.push_back(random_twin({n}, kFloat32, ++seed, 0.0, 0.01));
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      const int64_t n = sizes[i];
+      const int64_t skew = 1 + static_cast<int64_t>(i / 4 % 3);  // one state tensor not 16-byte aligned
+      params.push_back(i % 4 == 0 ? offset_twin(n, skew, ++seed) : random_twin({n}, kFloat32, ++seed));
+      grads.push_back(i % 4 == 1 ? offset_twin(n, skew, ++seed) : random_twin({n}, kFloat32, ++seed));
+      ms.push_back(i % 4 == 2 ? offset_twin(n, skew, ++seed, -0.1, 0.1)
+                              : random_twin({n}, kFloat32, ++seed, -0.1, 0.1));
+      vs.push_back(i % 4 == 3 ? offset_twin(n, skew, ++seed, 0.0, 0.01)
+                              : random_twin({n}, kFloat32, ++seed, 0.0, 0.01));
       gp.push_back(params.back().gpu);
       gg.push_back(grads.back().gpu);
       gm.push_back(ms.back().gpu);

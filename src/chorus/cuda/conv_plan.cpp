@@ -9,6 +9,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "chorus/cuda/caches.h"
 #include "chorus/cuda/context.h"
 #include "chorus/cuda/kernels.h"
+#include "chorus/cuda/timing_gate.h"
 
 // The plan and graph descriptors take the handle through attributes cuDNN 9.19
 // marks deprecated (in favour of device properties that older 9.x releases do
@@ -296,10 +298,12 @@ cudnnStatus_t execute(const Plan& plan, cudnnHandle_t handle, const ConvOperands
   return cudnnBackendExecute(handle, plan.desc.get(), pack.get());
 }
 
-// Milliseconds one run of `plan` takes on the current stream, or a negative
-// number when it fails to run. (Timing each run from a flushed L2 instead of
-// back to back chose plans no faster for WRN-28-10 or WRN-16-4 on an H200,
-// within one run's noise, issue 14: not kept.)
+// Milliseconds of GPU time one run of `plan` takes on the current stream, or a
+// negative number when it fails to run. The runs wait behind a gate until all
+// are issued (Note [Timing behind a gate]), so an engine whose execute costs
+// the host more than its kernel takes the GPU is timed by its kernel. (Timing
+// each run from a flushed L2 instead of back to back chose plans no faster for
+// WRN-28-10 or WRN-16-4 on an H200, within one run's noise, issue 14: not kept.)
 float time_plan(const Plan& plan, cudnnHandle_t handle, const ConvOperands& ops, int device) {
   Tensor ws;
   try {
@@ -316,12 +320,26 @@ float time_plan(const Plan& plan, cudnnHandle_t handle, const ConvOperands& ops,
   // runs on) and is destroyed whatever throws in between.
   const Device dev(DeviceType::CUDA, device);
   Event start(dev), stop(dev);
-  start.record();
   bool ok = true;
-  for (int i = 0; i < kTimedRuns && ok; ++i) ok = execute(plan, handle, ops, wp) == CUDNN_STATUS_SUCCESS;
-  stop.record();
-  stop.synchronize();
+  bool host_bound = false;
+  {
+    // Note [Timing behind a gate]; CHORUS_CONV_SEARCH_UNGATED=1 times as
+    // before it (events around runs issued back to back), for comparisons.
+    static const bool ungated = [] {
+      const char* v = std::getenv("CHORUS_CONV_SEARCH_UNGATED");
+      return v && *v && std::strcmp(v, "0") != 0;
+    }();
+    std::optional<StreamGate> gate;
+    if (!ungated) gate.emplace(current_stream(device));
+    start.record();
+    for (int i = 0; i < kTimedRuns && ok; ++i) ok = execute(plan, handle, ops, wp) == CUDNN_STATUS_SUCCESS;
+    stop.record();
+    if (gate) gate->open();
+    stop.synchronize();
+    host_bound = gate && gate->expired();
+  }
   const float ms = start.elapsed(stop);
+  if (host_bound && search_log()) std::fprintf(stderr, "conv search: the gate expired; this timing includes the host\n");
   return ok ? ms / kTimedRuns : -1;
 }
 

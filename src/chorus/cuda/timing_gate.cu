@@ -1,0 +1,93 @@
+// Note [Timing behind a gate] (timing_gate.h).
+#include "chorus/cuda/timing_gate.h"
+
+#include <atomic>
+#include <mutex>
+
+#include "chorus/cuda/context.h"
+
+namespace chorus::cuda {
+
+namespace {
+
+// Most a gate holds its stream, in nanoseconds: far above the host time of
+// issuing a handful of runs, far below anything a user would notice.
+constexpr unsigned long long kMaxHoldNs = 500'000'000ull;
+
+// One pair of words in pinned, host-mapped memory, shared by every gate of
+// the process: `open` is the newest generation the host has released (a gate
+// waits until it reaches its own), `expired` the newest generation whose spin
+// gave up. Generations are unique, so concurrent gates (other threads, other
+// devices) never open each other early.
+struct GateWords {
+  uint32_t open;
+  uint32_t expired;
+};
+
+GateWords* gate_words() {
+  static GateWords* words = [] {
+    void* p = nullptr;
+    CHORUS_CUDA_CHECK(cudaHostAlloc(&p, sizeof(GateWords), cudaHostAllocMapped | cudaHostAllocPortable));
+    auto* w = static_cast<GateWords*>(p);
+    w->open = 0;
+    w->expired = 0;
+    return w;  // leaked: kernels may read it until the process ends
+  }();
+  return words;
+}
+
+std::atomic<uint32_t>& next_generation() {
+  static std::atomic<uint32_t> g{0};
+  return g;
+}
+
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Wrap-safe "a has reached b" for generations.
+__host__ __device__ __forceinline__ bool reached(uint32_t a, uint32_t b) {
+  return static_cast<int32_t>(a - b) >= 0;
+}
+
+__global__ void gate_kernel(GateWords* w, uint32_t generation, unsigned long long max_ns) {
+  const unsigned long long start = global_ns();
+  while (!reached(*reinterpret_cast<volatile uint32_t*>(&w->open), generation)) {
+    if (global_ns() - start > max_ns) {
+      *reinterpret_cast<volatile uint32_t*>(&w->expired) = generation;
+      return;
+    }
+    __nanosleep(2000);
+  }
+}
+
+}  // namespace
+
+StreamGate::StreamGate(cudaStream_t stream) : generation_(next_generation().fetch_add(1) + 1) {
+  GateWords* w = gate_words();
+  GateWords* dev = nullptr;
+  CHORUS_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&dev), w, 0));
+  gate_kernel<<<1, 1, 0, stream>>>(dev, generation_, kMaxHoldNs);
+  CHORUS_CUDA_CHECK(cudaGetLastError());
+}
+
+StreamGate::~StreamGate() {
+  if (!opened_) open();
+}
+
+void StreamGate::open() {
+  opened_ = true;
+  // Raise `open` to this generation unless a newer one was released already.
+  std::atomic_ref<uint32_t> open(gate_words()->open);
+  uint32_t cur = open.load();
+  while (!reached(cur, generation_) && !open.compare_exchange_weak(cur, generation_)) {
+  }
+}
+
+bool StreamGate::expired() const {
+  return std::atomic_ref<uint32_t>(gate_words()->expired).load() == generation_;
+}
+
+}  // namespace chorus::cuda
