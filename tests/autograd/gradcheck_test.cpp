@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chorus/autograd/node.h>
+#include <chorus/ops/elementwise.h>
 #include <chorus/chorus.h>
 
 #include "testing/expect_error.h"
@@ -479,6 +480,71 @@ TEST(GradcheckNN, BatchNormReluTraining) {
   const std::vector<double> ev = F::batch_norm_relu(x, rm, rv, w, b, false, 0.1, 1e-5).to_vector<double>();
   const std::vector<double> rv2 = F::batch_norm(x, rm, rv, w, b, false, 0.1, 1e-5).relu().to_vector<double>();
   EXPECT_EQ(ev, rv2);
+}
+
+// A residual join, x -> relu(bn(x)) + x as in a pre-activation block: x's two
+// gradients meet at one slot and the batch norm's backward adds the pending
+// one in its own pass (Note [Gradient addends]). Also x used three times (no
+// addend: three gradients) and the join after a non-leaf.
+TEST(GradcheckNN, BatchNormReluResidualJoin) {
+  Tensor x = random_leaf({4, 3, 2, 3}, 173), w = random_leaf_in({3}, 174, 0.5, 1.5), b = random_leaf({3}, 175);
+  auto join = [](L v) { return add(F::batch_norm_relu(v[0], Tensor(), Tensor(), v[1], v[2], true, 0.1, 1e-5), v[0]); };
+  EXPECT_TRUE(gradcheck(join, {x, w, b}));
+  auto after = [](L v) {
+    const Tensor h = mul(v[0], v[0]);
+    return add(F::batch_norm_relu(h, Tensor(), Tensor(), v[1], v[2], true, 0.1, 1e-5), h);
+  };
+  EXPECT_TRUE(gradcheck(after, {x, w, b}));
+  auto thrice = [](L v) {
+    const Tensor y = F::batch_norm_relu(v[0], Tensor(), Tensor(), v[1], v[2], true, 0.1, 1e-5);
+    return add(add(y, v[0]), mul(v[0], v[0]));
+  };
+  EXPECT_TRUE(gradcheck(thrice, {x, w, b}));
+}
+
+// The engine's side of Note [Gradient addends], with nodes of the test's own:
+// an addend is offered only where a slot expects two gradients and holds one,
+// a node that takes it returns the sum, and one a node leaves goes back to its
+// slot and is added as before.
+TEST(AutogradAddends, OfferedTakenAndReturned) {
+  for (bool take : {true, false}) {
+    Tensor x = leaf({1.0, -2.0, 0.5}, {3});
+    const Tensor h = mul(x, x);  // a non-leaf: its slot is a node's, not AccumulateGrad's
+    int offered = 0;
+    // f(h) = 3 h, whose backward may take h's other gradient.
+    Tensor y = autograd::record("TakesAddend", ops::unary(UnaryOp::MulScalar, h.detach(), 3.0), {h},
+                                [&](const TensorList& g) {
+                                  Tensor gx = ops::unary(UnaryOp::MulScalar, g[0], 3.0);
+                                  if (!take) return TensorList{gx};
+                                  const Tensor a = autograd::take_gradient_addend(0);
+                                  if (a.defined()) {
+                                    ++offered;
+                                    gx = ops::binary(BinaryOp::Add, gx, a, 1.0);
+                                  }
+                                  return TensorList{gx};
+                                });
+    y.grad_fn()->takes_addends = true;
+    // loss = sum(r * (f(h) + 5 h)): dh = 3 r + 5 r; dx = 2 x dh.
+    const Tensor r = leaf({0.5, 1.5, -1.0}, {3}, cpu_device(0), false);
+    mul(add(y, mul(h, leaf({5.0, 5.0, 5.0}, {3}, cpu_device(0), false))), r).sum().backward();
+    const std::vector<double> g = x.grad().to_vector<double>(), xv{1.0, -2.0, 0.5}, rv{0.5, 1.5, -1.0};
+    for (size_t i = 0; i < 3; ++i) EXPECT_DOUBLE_EQ(g[i], 2 * xv[i] * 8 * rv[i]) << (take ? "taken" : "left");
+    EXPECT_EQ(offered, take ? 1 : 0);
+  }
+  // Three gradients meet at h's slot: nothing is offered.
+  Tensor x = leaf({1.0, -2.0, 0.5}, {3});
+  const Tensor h = mul(x, x);
+  int offered = 0;
+  Tensor y = autograd::record("TakesAddend", h.detach(), TensorList{h}, [&](const TensorList& g) {
+    const Tensor a = autograd::take_gradient_addend(0);
+    if (a.defined()) ++offered;
+    return TensorList{a.defined() ? ops::binary(BinaryOp::Add, g[0], a, 1.0) : g[0]};
+  });
+  y.grad_fn()->takes_addends = true;
+  add(add(y, h), h).sum().backward();
+  const std::vector<double> g = x.grad().to_vector<double>();
+  EXPECT_EQ(offered, 0);
+  EXPECT_DOUBLE_EQ(g[1], 2 * -2.0 * 3);
 }
 
 TEST(GradcheckNN, BatchNormEval) {

@@ -552,8 +552,10 @@ void check_batch_norm(const Shape& xs, DType dtype, bool cl, bool affine) {
 // The fused batch norm + ReLU (own kernels for channels-last, cuDNN plus a
 // ReLU pass for NCHW) against the CPU's composition of the two.
 // Without affine (gamma and beta undefined: 1 and 0) the channels-last
-// backward recomputes the ReLU's mask from x with the defaults.
-void check_batch_norm_relu(const Shape& xs, DType dtype, bool cl, bool affine = true) {
+// backward recomputes the ReLU's mask from x with the defaults. With an
+// addend, dx also adds it (Note [Gradient addends]: in the elementwise pass on
+// channels-last tensors, a separate add on NCHW and on the CPU).
+void check_batch_norm_relu(const Shape& xs, DType dtype, bool cl, bool affine = true, bool addend = false) {
   const int64_t c = xs[1];
   const Shape ps{c};
   const auto xv = rounded(random_vector(numel_of(xs), 61, -2.0f, 3.0f), dtype);
@@ -578,11 +580,15 @@ void check_batch_norm_relu(const Shape& xs, DType dtype, bool cl, bool affine = 
   // Backward from the GPU's own y (its ReLU mask), against the CPU's from its y.
   Tensor gdy = gpu_tensor(xs, dyv, dtype, cl), gdx = gpu_garbage(xs, dtype, cl);
   Tensor gdg = gpu_garbage(ps, kFloat32), gdb = gpu_garbage(ps, kFloat32);
-  cuda::batch_norm_relu_backward(gdy, gy, gx, ggamma, gbeta, gsm, gsi, gdx, gdg, gdb);
+  const auto addv = rounded(random_vector(numel_of(xs), 67, -3.0f, 3.0f), dtype);
+  Tensor gadd = addend ? gpu_tensor(xs, addv, dtype, cl) : Tensor();
+  cuda::batch_norm_relu_backward(gdy, gy, gx, ggamma, gbeta, gsm, gsi, gdx, gdg, gdb, gadd);
   Tensor cdy = cpu_f32(xs, dyv), cdx = cpu_f32(xs, std::vector<float>(xv.size()));
   Tensor cdg = cpu_f32(ps, std::vector<float>(c)), cdb = cpu_f32(ps, std::vector<float>(c));
-  cpu::batch_norm_relu_backward(cdy, cy, cx, cgamma, cbeta, csm, csi, cdx, cdg, cdb);
-  expect_close(gpu_values(gdx), host_values(cdx), tol, "batch_norm_relu_backward dx " + what);
+  cpu::batch_norm_relu_backward(cdy, cy, cx, cgamma, cbeta, csm, csi, cdx, cdg, cdb,
+                                addend ? cpu_f32(xs, addv) : Tensor());
+  expect_close(gpu_values(gdx), host_values(cdx), tol,
+               std::string("batch_norm_relu_backward dx ") + (addend ? "+ addend " : "") + what);
   expect_close(gpu_values(gdg), host_values(cdg), tol, "batch_norm_relu_backward dgamma " + what);
   expect_close(gpu_values(gdb), host_values(cdb), tol, "batch_norm_relu_backward dbeta " + what);
 }
@@ -594,6 +600,8 @@ TEST(CudaBatchNorm, FusedReluMatchesCpu_CUDA) {
     check_batch_norm_relu({16, 640, 3, 3}, dtype, true);
     check_batch_norm_relu({4, 3, 7, 5}, dtype, true);  // odd C: scalar path
     check_batch_norm_relu({8, 32, 6, 5}, dtype, true, false);
+    for (bool cl : {false, true}) check_batch_norm_relu({8, 64, 6, 5}, dtype, cl, true, /*addend=*/true);
+    check_batch_norm_relu({4, 3, 7, 5}, dtype, true, true, /*addend=*/true);
   }
 }
 

@@ -59,6 +59,7 @@ Tensor conform(const Tensor& g, const InputMeta& m) {
 // (its state, a vector per slot) were a quarter of a small op's backward.
 struct Slot {
   bool has = false;
+  uint16_t expected = 0;  // edges into this slot (Note [Gradient addends])
   uint64_t seq = 0;  // the producer's creation number
   Tensor grad;
   std::vector<std::pair<uint64_t, Tensor>> more;
@@ -99,6 +100,27 @@ struct NodeState {
   Slot& slot(uint32_t i) { return i < 2 ? inline_slots[i] : extra_slots[i - 2]; }
 };
 
+// The gradients offered to the node a thread is running (Note [Gradient
+// addends]), indexed by the node's inputs.
+struct AddendOffer {
+  TensorList grads;
+  std::vector<uint64_t> seqs;
+  std::vector<bool> taken;
+};
+
+thread_local AddendOffer* current_offer = nullptr;
+
+class OfferScope {
+ public:
+  explicit OfferScope(AddendOffer* o) : prev_(current_offer) { current_offer = o; }
+  ~OfferScope() { current_offer = prev_; }
+  OfferScope(const OfferScope&) = delete;
+  OfferScope& operator=(const OfferScope&) = delete;
+
+ private:
+  AddendOffer* prev_;
+};
+
 // One backward pass: the dependency counts and the pending gradients.
 class GraphTask {
  public:
@@ -115,6 +137,8 @@ class GraphTask {
         if (!e.fn) continue;
         auto [st, fresh] = add(e.fn);
         st->deps.fetch_add(1, std::memory_order_relaxed);
+        Slot& slot = st->slot(e.input_nr);
+        if (slot.expected < UINT16_MAX) ++slot.expected;
         if (fresh) stack.push_back(e.fn.get());
       }
     }
@@ -134,10 +158,14 @@ class GraphTask {
     std::shared_ptr<Node> keep = std::move(self.node);
     TensorList in = take_inputs(self, n->num_outputs);
     TensorList out;
+    AddendOffer offer;
+    if (n->takes_addends) offer_addends(n, offer);
     {
       DeviceGuard guard(n->device);
+      OfferScope scope(offer.grads.empty() ? nullptr : &offer);
       out = n->apply(std::move(in));
     }
+    return_untaken(n, offer);
     if (!retain_) n->release_saved();
     for (size_t i = 0; i < n->next.size(); ++i) {
       const Edge& e = n->next[i];
@@ -164,6 +192,39 @@ class GraphTask {
         if (const TensorImpl* leaf = fn->accumulated_leaf()) leaves_.insert(leaf);
     }
     return {&it->second, fresh};
+  }
+
+  // Note [Gradient addends]: moves out, for each input of n whose slot
+  // expects two gradients and holds one, that gradient.
+  void offer_addends(Node* n, AddendOffer& offer) {
+    for (size_t i = 0; i < n->next.size(); ++i) {
+      const Edge& e = n->next[i];
+      if (!e.fn) continue;
+      NodeState& nx = states_.at(e.fn.get());
+      std::lock_guard<std::mutex> lk(nx.mu);
+      Slot& slot = nx.slot(e.input_nr);
+      if (slot.expected != 2 || !slot.has || !slot.more.empty()) continue;
+      if (offer.grads.empty()) {
+        offer.grads.resize(n->next.size());
+        offer.seqs.resize(n->next.size());
+        offer.taken.assign(n->next.size(), false);
+      }
+      offer.seqs[i] = slot.seq;
+      offer.grads[i] = std::move(slot.grad);
+      slot.grad = Tensor();
+      slot.has = false;
+    }
+  }
+
+  // Puts the addends apply() did not take back where they were.
+  void return_untaken(Node* n, AddendOffer& offer) {
+    for (size_t i = 0; i < offer.grads.size(); ++i) {
+      if (!offer.grads[i].defined() || offer.taken[i]) continue;
+      const Edge& e = n->next[i];
+      NodeState& nx = states_.at(e.fn.get());
+      std::lock_guard<std::mutex> lk(nx.mu);
+      nx.slot(e.input_nr).add(offer.seqs[i], std::move(offer.grads[i]));
+    }
   }
 
   // Gradients arriving at one slot are summed in producer-creation order.
@@ -263,6 +324,13 @@ void run_multi_device(GraphTask& task) {
 }
 
 }  // namespace
+
+Tensor take_gradient_addend(size_t input) {
+  AddendOffer* o = current_offer;
+  if (!o || input >= o->grads.size() || !o->grads[input].defined() || o->taken[input]) return Tensor();
+  o->taken[input] = true;
+  return std::move(o->grads[input]);
+}
 
 void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
   chorus::detail::check_defined(root, "backward", "self");

@@ -85,14 +85,19 @@ Tensor batch_norm_relu_train(const Tensor& x, const Tensor& running_mean, const 
   if (weight.defined()) inputs.push_back(weight);
   if (bias.defined()) inputs.push_back(bias);
   bool has_w = weight.defined(), has_b = bias.defined();
-  return record("BatchNormReluBackward", y, inputs,
-                [xd, yd, wd, bd, mean = save_mean, invstd = save_invstd, has_w, has_b](const TensorList& g) {
-                  auto [dx, dw, db] = ops::batch_norm_relu_backward(g[0], yd, xd, wd, bd, mean, invstd);
-                  TensorList out{dx};
-                  if (has_w) out.push_back(dw);
-                  if (has_b) out.push_back(db.defined() ? db : Tensor());
-                  return out;
-                });
+  Tensor out = record("BatchNormReluBackward", y, inputs,
+                      [xd, yd, wd, bd, mean = save_mean, invstd = save_invstd, has_w, has_b](const TensorList& g) {
+                        // Note [Gradient addends]: x's other gradient (a residual block's identity path)
+                        // is added in the backward's elementwise pass.
+                        const Tensor addend = take_gradient_addend(0);
+                        auto [dx, dw, db] = ops::batch_norm_relu_backward(g[0], yd, xd, wd, bd, mean, invstd, addend);
+                        TensorList out{dx};
+                        if (has_w) out.push_back(dw);
+                        if (has_b) out.push_back(db.defined() ? db : Tensor());
+                        return out;
+                      });
+  if (out.grad_fn()) out.grad_fn()->takes_addends = true;
+  return out;
 }
 
 Tensor cross_entropy_mean(const Tensor& logits, const Tensor& target, double label_smoothing) {

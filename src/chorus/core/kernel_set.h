@@ -81,11 +81,12 @@
                                double momentum, double eps, const Tensor& y,                      \
                                const Tensor& save_mean, const Tensor& save_invstd);               \
   /* Its backward: dy masked by y > 0, then batch_norm_backward (beta: the forward's, for       \
-     backends that recompute the mask from x; may be undefined, 0). */                            \
+     backends that recompute the mask from x; may be undefined, 0). dx_addend, when defined (x's  \
+     sizes, dtype and layout), is added to dx (Note [Gradient addends], autograd/node.h). */      \
   void batch_norm_relu_backward(const Tensor& dy, const Tensor& y, const Tensor& x,               \
                                 const Tensor& gamma, const Tensor& beta, const Tensor& save_mean, \
                                 const Tensor& save_invstd, const Tensor& dx, const Tensor& dgamma, \
-                                const Tensor& dbeta);                                             \
+                                const Tensor& dbeta, const Tensor& dx_addend);                    \
   /* Softmax over the last dim of a contiguous [rows, cols] tensor. */                            \
   void softmax_forward(const Tensor& x, const Tensor& y, bool log);                               \
   /* dx = log ? dy - exp(y) * sum(dy) : y * (dy - sum(dy * y)) per row. */                        \

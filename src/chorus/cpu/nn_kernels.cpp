@@ -481,10 +481,11 @@ void batch_norm_relu_forward(const Tensor& x, const Tensor& gamma, const Tensor&
 void batch_norm_relu_backward(const Tensor& dy, const Tensor& y, const Tensor& x,
                               const Tensor& gamma, const Tensor& /*beta*/, const Tensor& save_mean,
                               const Tensor& save_invstd, const Tensor& dx, const Tensor& dgamma,
-                              const Tensor& dbeta) {
+                              const Tensor& dbeta, const Tensor& dx_addend) {
   Tensor masked = detail::empty_tensor(dy.sizes(), dy.dtype(), dy.device());
   binary(BinaryOp::ReluGrad, dy, y, masked, 1.0);
   batch_norm_backward(masked, x, gamma, save_mean, save_invstd, dx, dgamma, dbeta);
+  if (dx_addend.defined()) binary(BinaryOp::Add, dx, dx_addend, dx, 1.0);
 }
 
 }  // namespace chorus::cpu

@@ -168,9 +168,11 @@ void forward_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
 }
 
 // batch_norm_backward, and with a defined relu_y batch_norm_relu_backward.
+// dx_addend (may be undefined) is added to dx: in the elementwise pass on
+// channels-last tensors, by a separate add otherwise.
 void backward_impl(const Tensor& dy_in, const Tensor& relu_y, const Tensor& x, const Tensor& gamma,
                    const Tensor& beta, const Tensor& save_mean, const Tensor& save_invstd, const Tensor& dx,
-                   const Tensor& dgamma, const Tensor& dbeta) {
+                   const Tensor& dgamma, const Tensor& dbeta, const Tensor& dx_addend) {
   const char* op = relu_y.defined() ? "batch_norm_relu_backward" : "batch_norm_backward";
   Tensor dy = dy_in;
   check_same(op, x, "x", dy, "dy");
@@ -183,6 +185,7 @@ void backward_impl(const Tensor& dy_in, const Tensor& relu_y, const Tensor& x, c
   const BnShape dys = bn_shape(op, dy, "dy", xs.layout);
   const BnShape dxs = bn_shape(op, dx, "dx", xs.layout);
   const int64_t c = xs.c;
+  if (dx_addend.defined()) check_same(op, x, "x", dx_addend, "dx_addend");
   if (x.numel() == 0) {
     if (dgamma.defined()) fill(dgamma, 0.0);
     if (dbeta.defined()) fill(dbeta, 0.0);
@@ -195,13 +198,14 @@ void backward_impl(const Tensor& dy_in, const Tensor& relu_y, const Tensor& x, c
   const Tensor db = float_output(op, dbeta, "dbeta", c, device);
   const bool nhwc = xs.layout == Layout::NHWC && dys.layout == Layout::NHWC &&
                     dxs.layout == Layout::NHWC &&
-                    (!relu_y.defined() || bn_shape(op, relu_y, "y", xs.layout).layout == Layout::NHWC);
+                    (!relu_y.defined() || bn_shape(op, relu_y, "y", xs.layout).layout == Layout::NHWC) &&
+                    (!dx_addend.defined() || bn_shape(op, dx_addend, "dx_addend", xs.layout).layout == Layout::NHWC);
   if (nhwc) {
     // The ReLU's mask comes from x and the forward's coefficients, not from
     // relu_y (Note [ReLU mask from x] in batch_norm_nhwc.cu).
     const bool relu = relu_y.defined();
     const Tensor b = relu ? float_input(op, beta, "beta", c, 0.0, device) : Tensor();
-    batch_norm_nhwc_backward(dy, x, g, sm, si, dx, dg, db, relu, b);
+    batch_norm_nhwc_backward(dy, x, g, sm, si, dx, dg, db, relu, b, dx_addend);
     write_back(dg, dgamma);
     write_back(db, dbeta);
     return;
@@ -222,6 +226,7 @@ void backward_impl(const Tensor& dy_in, const Tensor& relu_y, const Tensor& x, c
       cudnn_handle(device.index), mode, &one, &zero, &one, &zero, x_desc.get(), x.raw_data(),
       dy_desc.get(), dy.raw_data(), dx_desc.get(), dx.raw_data(), param_desc.get(), g.raw_data(),
       dg.raw_data(), db.raw_data(), kUnusedBackwardEps, sm.raw_data(), si.raw_data()));
+  if (dx_addend.defined()) binary(BinaryOp::Add, dx, dx_addend, dx, 1.0);
   write_back(dg, dgamma);
   write_back(db, dbeta);
 }
@@ -247,15 +252,15 @@ void batch_norm_relu_forward(const Tensor& x, const Tensor& gamma, const Tensor&
 void batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                          const Tensor& save_mean, const Tensor& save_invstd, const Tensor& dx,
                          const Tensor& dgamma, const Tensor& dbeta) {
-  backward_impl(dy, Tensor(), x, gamma, Tensor(), save_mean, save_invstd, dx, dgamma, dbeta);
+  backward_impl(dy, Tensor(), x, gamma, Tensor(), save_mean, save_invstd, dx, dgamma, dbeta, Tensor());
 }
 
 void batch_norm_relu_backward(const Tensor& dy, const Tensor& y, const Tensor& x,
                               const Tensor& gamma, const Tensor& beta, const Tensor& save_mean,
                               const Tensor& save_invstd, const Tensor& dx, const Tensor& dgamma,
-                              const Tensor& dbeta) {
+                              const Tensor& dbeta, const Tensor& dx_addend) {
   check_same("batch_norm_relu_backward", x, "x", y, "y");
-  backward_impl(dy, y, x, gamma, beta, save_mean, save_invstd, dx, dgamma, dbeta);
+  backward_impl(dy, y, x, gamma, beta, save_mean, save_invstd, dx, dgamma, dbeta, dx_addend);
 }
 
 }  // namespace chorus::cuda

@@ -414,24 +414,31 @@ struct BackwardCoefficients {
   Pack<float, kVec> a, b, d, s, t;
 };
 
-template <typename T, int kVec, bool kRelu>
+template <typename T, int kVec, bool kRelu, bool kAdd>
 __device__ __forceinline__ Pack<T, kVec> backward_pack(const Pack<T, kVec>& g, const Pack<T, kVec>& v,
-                                                       const BackwardCoefficients<kVec>& k) {
+                                                       const BackwardCoefficients<kVec>& k,
+                                                       const Pack<T, kVec>& addend) {
   Pack<T, kVec> out;
 #pragma unroll
   for (int i = 0; i < kVec; ++i) {
     const float xi = to_acc(v.v[i]);
     const float gi = kRelu && !(affine_value(xi, k.s.v[i], k.t.v[i]) > 0.0f) ? 0.0f : to_acc(g.v[i]);
-    out.v[i] = convert<T>(k.a.v[i] * gi + k.b.v[i] * xi + k.d.v[i]);
+    const float r = k.a.v[i] * gi + k.b.v[i] * xi + k.d.v[i];
+    out.v[i] = convert<T>(kAdd ? r + to_acc(addend.v[i]) : r);
   }
   return out;
 }
 
-// dx = a * dy' + b * x + d, dy' = dy masked by the forward's ReLU when kRelu
-// (Note [Elementwise passes by column]).
-template <typename T, int kVec, bool kRelu>
+// dx = a * dy' + b * x + d (+ addend when given: the gradient already waiting
+// for x, Note [Gradient addends] in autograd/node.h), dy' = dy masked by the
+// forward's ReLU when kRelu (Note [Elementwise passes by column]).
+// kAdd is a template parameter: a run-time test left the kernel without an
+// addend 30% slower (H100, WRN-28-10's shapes), the unused packs still
+// taking registers.
+template <typename T, int kVec, bool kRelu, bool kAdd>
 __global__ void __launch_bounds__(kBlockThreads)
-    backward_elementwise_kernel(const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dx, int64_t m,
+    backward_elementwise_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ addend,
+                                T* __restrict__ dx, int64_t m,
                                 int64_t c, const float* __restrict__ ca, const float* __restrict__ cb,
                                 const float* __restrict__ cd, const float* __restrict__ cs,
                                 const float* __restrict__ ct) {
@@ -448,20 +455,25 @@ __global__ void __launch_bounds__(kBlockThreads)
   const int64_t stride = int64_t{gridDim.y} * blockDim.y;
   int64_t r = int64_t{blockIdx.y} * blockDim.y + threadIdx.y;
   for (; r + (kRows - 1) * stride < m; r += kRows * stride) {
-    Pack<T, kVec> g[kRows], v[kRows];
+    Pack<T, kVec> g[kRows], v[kRows], a[kAdd ? kRows : 1];
 #pragma unroll
     for (int u = 0; u < kRows; ++u) {
       g[u] = load_pack<T, kVec>(dy, r + u * stride, c, col0);
       v[u] = load_pack<T, kVec>(x, r + u * stride, c, col0);
+      if constexpr (kAdd) a[u] = load_pack<T, kVec>(addend, r + u * stride, c, col0);
     }
 #pragma unroll
     for (int u = 0; u < kRows; ++u)
-      store_pack<T, kVec>(dx, r + u * stride, c, col0, backward_pack<T, kVec, kRelu>(g[u], v[u], k));
+      store_pack<T, kVec>(dx, r + u * stride, c, col0,
+                          backward_pack<T, kVec, kRelu, kAdd>(g[u], v[u], k, a[kAdd ? u : 0]));
   }
-  for (; r < m; r += stride)
+  for (; r < m; r += stride) {
+    Pack<T, kVec> a;
+    if constexpr (kAdd) a = load_pack<T, kVec>(addend, r, c, col0);
     store_pack<T, kVec>(dx, r, c, col0,
-                        backward_pack<T, kVec, kRelu>(load_pack<T, kVec>(dy, r, c, col0),
-                                                      load_pack<T, kVec>(x, r, c, col0), k));
+                        backward_pack<T, kVec, kRelu, kAdd>(load_pack<T, kVec>(dy, r, c, col0),
+                                                            load_pack<T, kVec>(x, r, c, col0), k, a));
+  }
 }
 
 Tensor scratch(int64_t n, Device d) { return detail::empty_tensor({n}, kFloat32, d); }
@@ -568,15 +580,16 @@ void batch_norm_nhwc_forward_eval(const Tensor& x, const Tensor& gamma, const Te
 void batch_norm_nhwc_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                               const Tensor& save_mean, const Tensor& save_invstd,
                               const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
-                              bool relu, const Tensor& beta) {
+                              bool relu, const Tensor& beta, const Tensor& dx_addend) {
   const int device = x.device().index;
   const int64_t c = channels(x), m = x.numel() / c;
   cudaStream_t stream = current_stream(device);
   dispatch_float(x.dtype(), "batch_norm_backward", [&]<typename T>() {
     const T* dyp = static_cast<const T*>(dy.raw_data());
     const T* xp = static_cast<const T*>(x.raw_data());
+    const T* ap = dx_addend.defined() ? static_cast<const T*>(dx_addend.raw_data()) : nullptr;
     T* dxp = static_cast<T*>(dx.raw_data());
-    const int vec = pack_width<T>(c, {dyp, xp, dxp});
+    const int vec = ap ? pack_width<T>(c, {dyp, xp, dxp, ap}) : pack_width<T>(c, {dyp, xp, dxp});
     const Grid g = column_grid(m, c, vec, device);
     const int64_t blocks = g.grid.y;
     Tensor partial = scratch(2 * blocks * c, x.device()), coef = scratch((relu ? 5 : 3) * c, x.device());
@@ -598,12 +611,16 @@ void batch_norm_nhwc_backward(const Tensor& dy, const Tensor& x, const Tensor& g
     CHORUS_CUDA_LAUNCH_CHECK();
     const Grid rg = row_grid(m, c, vec, device);
     with_pack_width<T>(vec, [&]<int kVec>() {
+      auto launch = [&]<bool kRelu, bool kAdd>() {
+        backward_elementwise_kernel<T, kVec, kRelu, kAdd>
+            <<<rg.grid, rg.block, 0, stream>>>(dyp, xp, ap, dxp, m, c, ca, cb, cd, cs, ct);
+      };
       if (relu) {
-        backward_elementwise_kernel<T, kVec, true><<<rg.grid, rg.block, 0, stream>>>(dyp, xp, dxp, m, c, ca, cb, cd,
-                                                                                    cs, ct);
+        if (ap) launch.template operator()<true, true>();
+        else launch.template operator()<true, false>();
       } else {
-        backward_elementwise_kernel<T, kVec, false><<<rg.grid, rg.block, 0, stream>>>(dyp, xp, dxp, m, c, ca, cb,
-                                                                                     cd, cs, ct);
+        if (ap) launch.template operator()<false, true>();
+        else launch.template operator()<false, false>();
       }
     });
     CHORUS_CUDA_LAUNCH_CHECK();

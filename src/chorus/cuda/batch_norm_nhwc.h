@@ -34,6 +34,7 @@ void batch_norm_nhwc_forward_eval(const Tensor& x, const Tensor& gamma, const Te
 void batch_norm_nhwc_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                               const Tensor& save_mean, const Tensor& save_invstd,
                               const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
-                              bool relu = false, const Tensor& beta = Tensor());
+                              bool relu = false, const Tensor& beta = Tensor(),
+                              const Tensor& dx_addend = Tensor());
 
 }  // namespace chorus::cuda

@@ -202,7 +202,8 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_impl(const Tensor& x, const Tensor
 
 std::tuple<Tensor, Tensor, Tensor> batch_norm_backward_impl(const Tensor& dy, const Tensor& y, const Tensor& x,
                                                             const Tensor& gamma, const Tensor& beta,
-                                                            const Tensor& save_mean, const Tensor& save_invstd) {
+                                                            const Tensor& save_mean, const Tensor& save_invstd,
+                                                            const Tensor& dx_addend) {
   Device dev = x.device();
   Tensor xx = prepare(x, dev);
   Tensor ddy = grad_in_layout(dy, dev, cl(xx));
@@ -212,7 +213,8 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_backward_impl(const Tensor& dy, co
   Tensor db = gamma.defined() ? detail::empty_tensor({c}, gamma.dtype(), dev) : Tensor();
   if (y.defined()) {
     Tensor yy = grad_in_layout(y, dev, cl(xx));
-    CHORUS_KERNEL(dev, batch_norm_relu_backward, ddy, yy, xx, gamma, beta, save_mean, save_invstd, dx, dg, db);
+    Tensor add = dx_addend.defined() ? to_dtype(grad_in_layout(dx_addend, dev, cl(xx)), x.dtype()) : Tensor();
+    CHORUS_KERNEL(dev, batch_norm_relu_backward, ddy, yy, xx, gamma, beta, save_mean, save_invstd, dx, dg, db, add);
   } else {
     CHORUS_KERNEL(dev, batch_norm_backward, ddy, xx, gamma, save_mean, save_invstd, dx, dg, db);
   }
@@ -234,14 +236,18 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_relu(const Tensor& x, const Tensor
 
 std::tuple<Tensor, Tensor, Tensor> batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                                        const Tensor& save_mean, const Tensor& save_invstd) {
-  return batch_norm_backward_impl(dy, Tensor(), x, gamma, Tensor(), save_mean, save_invstd);
+  return batch_norm_backward_impl(dy, Tensor(), x, gamma, Tensor(), save_mean, save_invstd, Tensor());
 }
 
 std::tuple<Tensor, Tensor, Tensor> batch_norm_relu_backward(const Tensor& dy, const Tensor& y, const Tensor& x,
                                                             const Tensor& gamma, const Tensor& beta,
-                                                            const Tensor& save_mean, const Tensor& save_invstd) {
+                                                            const Tensor& save_mean, const Tensor& save_invstd,
+                                                            const Tensor& dx_addend) {
   CHORUS_CHECK(y.sizes() == x.sizes(), "batch_norm_relu_backward: y ", y.describe(), " must match x ", x.describe());
-  return batch_norm_backward_impl(dy, y, x, gamma, beta, save_mean, save_invstd);
+  if (dx_addend.defined())
+    CHORUS_CHECK(dx_addend.sizes() == x.sizes(), "batch_norm_relu_backward: dx_addend ", dx_addend.describe(),
+                 " must match x ", x.describe());
+  return batch_norm_backward_impl(dy, y, x, gamma, beta, save_mean, save_invstd, dx_addend);
 }
 
 namespace {

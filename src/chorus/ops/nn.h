@@ -44,9 +44,12 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_relu(const Tensor& x, const Tensor
                                                    double momentum, double eps);
 // (dx, dgamma, dbeta), from the fused forward's output y and its beta (may
 // be undefined: 0; channels-last GPUs recompute the ReLU's mask from x).
+// dx_addend, when defined, is added to dx in the same pass where the backend
+// can (Note [Gradient addends] in autograd/node.h).
 std::tuple<Tensor, Tensor, Tensor> batch_norm_relu_backward(const Tensor& dy, const Tensor& y, const Tensor& x,
                                                             const Tensor& gamma, const Tensor& beta,
-                                                            const Tensor& save_mean, const Tensor& save_invstd);
+                                                            const Tensor& save_mean, const Tensor& save_invstd,
+                                                            const Tensor& dx_addend = Tensor());
 
 Tensor softmax(const Tensor& x, int64_t dim, bool log);
 Tensor softmax_backward(const Tensor& dy, const Tensor& y, int64_t dim, bool log);
