@@ -681,16 +681,29 @@ TEST(CudaKernels, SgdUpdateMultiMatchesCpu_CUDA) {
       gg.push_back(grads.back().gpu);
       gb.push_back(bufs.back().gpu);
     }
+    // 16-bit copies (Note [Autocast weight copies]) for some tensors: bf16 and
+    // f16, one at an odd offset (not 8-byte aligned: one float at a time).
+    TensorList copies(sizes.size());
+    for (size_t i = 0; i < sizes.size(); i += 5) {
+      const DType dt = i % 2 ? kFloat16 : kBFloat16;
+      copies[i] = i % 3 == 2 ? zeros({sizes[i] + 1}, {dt, cuda_device(0)}).narrow(0, 1, sizes[i])
+                             : zeros({sizes[i]}, {dt, cuda_device(0)});
+    }
     // Not the first step: the learning rate comes from the device scalars
     // (the argument is a decoy that would fail the comparison).
-    if (first) cuda::sgd_update_multi(gp, gg, gb, 0.05, 0.9, 0.0, 5e-4, true, first, Tensor());
-    else cuda::sgd_update_multi(gp, gg, gb, 7.5, 0.9, 0.0, 5e-4, true, first, gpu_scalars(0.05, 3));
+    if (first) cuda::sgd_update_multi(gp, gg, gb, 0.05, 0.9, 0.0, 5e-4, true, first, Tensor(), copies);
+    else cuda::sgd_update_multi(gp, gg, gb, 7.5, 0.9, 0.0, 5e-4, true, first, gpu_scalars(0.05, 3), copies);
     for (size_t i = 0; i < sizes.size(); ++i) {
       cpu::sgd_update(params[i].cpu, grads[i].cpu, bufs[i].cpu, 0.05, 0.9, 0.0, 5e-4, true, first);
       const std::string what = "sgd_update_multi tensor " + std::to_string(i) + " of " +
                                std::to_string(sizes[i]) + (first ? " first step" : "");
       expect_near(params[i].gpu, params[i].cpu, 1e-6, 1e-7, what + " param");
       expect_near(bufs[i].gpu, bufs[i].cpu, 1e-6, 1e-7, what + " momentum buffer");
+      // The copy is the updated parameter rounded once: equal to casting it.
+      if (copies[i].defined())
+        EXPECT_EQ(copies[i].to(kFloat32).to(cpu_device(0)).to_vector<float>(),
+                  params[i].gpu.to(copies[i].dtype()).to(kFloat32).to(cpu_device(0)).to_vector<float>())
+            << what << " copy";
     }
   }
 }

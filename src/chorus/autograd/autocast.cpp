@@ -1,10 +1,53 @@
 #include "chorus/autograd/autocast.h"
 
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "chorus/autograd/functions.h"
+#include "chorus/autograd/grad_mode.h"
+#include "chorus/autograd/node.h"
+#include "chorus/core/graph_capture.h"
+#include "chorus/ops/copy.h"
+
 namespace chorus {
 
 namespace {
 thread_local std::optional<DType> t_autocast;
+
+// Note [Autocast weight copies]: parameter -> its kept copy and the parameter
+// version the copy holds.
+struct KeptCopy {
+  std::weak_ptr<TensorImpl> param;
+  Tensor copy;
+  uint32_t version = 0;
+};
+
+struct CopyRegistry {
+  std::mutex mu;
+  std::unordered_map<const TensorImpl*, KeptCopy> copies;
+
+  // The entry of `p` if it is p's (not a dead parameter's at a reused address).
+  KeptCopy* find(const Tensor& p) {
+    auto it = copies.find(p.impl());
+    if (it == copies.end()) return nullptr;
+    if (it->second.param.lock().get() != p.impl()) {
+      copies.erase(it);
+      return nullptr;
+    }
+    return &it->second;
+  }
+  void drop_dead() {
+    for (auto it = copies.begin(); it != copies.end();)
+      it = it->second.param.expired() ? copies.erase(it) : std::next(it);
+  }
+};
+
+CopyRegistry& registry() {
+  static CopyRegistry* r = new CopyRegistry();  // leaked: copies may outlive static destruction order
+  return *r;
 }
+}  // namespace
 
 std::optional<DType> autocast_dtype(const Tensor& t) {
   if (!t_autocast || !t.defined() || !t.device().is_cuda() || !is_floating(t.dtype())) return std::nullopt;
@@ -15,5 +58,57 @@ std::optional<DType> current_autocast() { return t_autocast; }
 
 AutocastGuard::AutocastGuard(std::optional<DType> dtype) : prev_(t_autocast) { t_autocast = dtype; }
 AutocastGuard::~AutocastGuard() { t_autocast = prev_; }
+
+Tensor autocast_weight(const Tensor& w, DType dt) {
+  if (!w.defined() || w.dtype() == dt) return w;
+  const bool keep = w.is_leaf() && w.requires_grad() && grad_enabled() && w.dtype() == kFloat32 &&
+                    w.device().is_cuda() && (dt == kBFloat16 || dt == kFloat16);
+  if (!keep) return to_dtype(w, dt);
+  CopyRegistry& r = registry();
+  Tensor copy;
+  {
+    std::lock_guard<std::mutex> lk(r.mu);
+    if (KeptCopy* k = r.find(w); k && k->version == w.version() && k->copy.dtype() == dt) copy = k->copy;
+  }
+  if (!copy.defined()) {
+    copy = ops::to_dtype(w.detach(), dt);
+    // Kept only where the optimizer can write it element for element: the
+    // parameter's own layout, memory of no graph's.
+    if (!capture_in_progress() && copy.strides() == w.strides() && copy.is_contiguous() == w.is_contiguous()) {
+      std::lock_guard<std::mutex> lk(r.mu);
+      r.drop_dead();
+      r.copies[w.impl()] = KeptCopy{w.impl_ptr(), copy, w.version()};
+    }
+  }
+  // A fresh handle on the copy for this step's graph: the kept tensor itself
+  // never becomes a node's output.
+  Tensor out = detail::make_view(copy, copy.sizes(), copy.strides(), copy.storage_offset());
+  const DType src = w.dtype();
+  return autograd::record("ToDtypeBackward", out, {w},
+                          [src](const TensorList& g) { return TensorList{ops::to_dtype(g[0], src)}; });
+}
+
+Tensor autocast_copy_for_update(const Tensor& param) {
+  CopyRegistry& r = registry();
+  std::lock_guard<std::mutex> lk(r.mu);
+  KeptCopy* k = r.find(param);
+  return k && k->version == param.version() ? k->copy : Tensor();
+}
+
+void autocast_copy_written(const Tensor& param) {
+  CopyRegistry& r = registry();
+  std::lock_guard<std::mutex> lk(r.mu);
+  if (KeptCopy* k = r.find(param)) {
+    k->copy.bump_version();  // graphs that saved the old copy see it changed
+    k->version = param.version();
+  }
+}
+
+size_t autocast_copies_kept() {
+  CopyRegistry& r = registry();
+  std::lock_guard<std::mutex> lk(r.mu);
+  r.drop_dead();
+  return r.copies.size();
+}
 
 }  // namespace chorus

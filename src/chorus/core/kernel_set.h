@@ -112,11 +112,13 @@
                   bool first_step);                                                               \
   /* sgd_update of many parameters of one device at once (one launch on a GPU). When defined,  */ \
   /* `scalars` (float32 [lr, step] on the device) overrides lr: Note [Optimizer scalars on the   */ \
-  /* device] in optim/optimizer.h; likewise lr and step for adamw_update_multi.                  */ \
+  /* device] in optim/optimizer.h; likewise lr and step for adamw_update_multi. `copies` (empty,  */ \
+  /* or one per parameter, undefined where none): the updated parameter is also written, rounded, */ \
+  /* into that bfloat16/float16 tensor of its size (Note [Autocast weight copies]).              */ \
   void sgd_update_multi(const TensorList& params, const TensorList& grads,                        \
                         const TensorList& momentum_bufs, double lr, double momentum,              \
                         double dampening, double weight_decay, bool nesterov, bool first_step,    \
-                        const Tensor& scalars);                                                   \
+                        const Tensor& scalars, const TensorList& copies);                         \
   void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,               \
                     const Tensor& exp_avg_sq, double lr, double beta1, double beta2, double eps,  \
                     double weight_decay, int64_t step);                                           \

@@ -93,14 +93,18 @@ void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& momentum_
 void sgd_update_multi(const TensorList& params, const TensorList& grads,
                       const TensorList& momentum_bufs, double lr, double momentum,
                       double dampening, double weight_decay, bool nesterov, bool first_step,
-                      const Tensor& scalars) {
+                      const Tensor& scalars, const TensorList& copies) {
   if (scalars.defined()) lr = scalars.data<float>()[0];
   CHORUS_CHECK(grads.size() == params.size() && momentum_bufs.size() == params.size(),
                "sgd_update_multi: ", params.size(), " parameters but ", grads.size(),
                " gradients and ", momentum_bufs.size(), " momentum buffers");
-  for (size_t i = 0; i < params.size(); ++i)
+  CHORUS_CHECK(copies.empty() || copies.size() == params.size(), "sgd_update_multi: ", params.size(),
+               " parameters but ", copies.size(), " copies");
+  for (size_t i = 0; i < params.size(); ++i) {
     sgd_update(params[i], grads[i], momentum_bufs[i], lr, momentum, dampening, weight_decay,
                nesterov, first_step);
+    if (!copies.empty() && copies[i].defined()) copy(params[i], copies[i]);
+  }
 }
 
 void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,

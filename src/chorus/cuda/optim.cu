@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "chorus/cuda/context.h"
+#include "chorus/cuda/dtype_dispatch.cuh"
 #include "chorus/cuda/kernels.h"
 #include "chorus/cuda/tensor_iter.cuh"
 
@@ -177,15 +178,38 @@ constexpr int kMultiTensors = 48;
 constexpr int kMultiBlocks = 320;
 constexpr int64_t kChunk = 32768;  // elements per block
 
+// The 16-bit copy an update also writes (Note [Autocast weight copies]).
+enum CopyKind : uint8_t { kNoCopy = 0, kBf16Copy = 1, kF16Copy = 2 };
+
 struct SgdTable {
   float* param[kMultiTensors];
   const float* grad[kMultiTensors];
   float* buf[kMultiTensors];
+  void* copy[kMultiTensors];
   int64_t n[kMultiTensors];
   uint8_t packed[kMultiTensors];  // Note [Optimizer packs]
+  uint8_t copy_kind[kMultiTensors];
   uint8_t tensor[kMultiBlocks];
   int32_t chunk[kMultiBlocks];
 };
+
+__device__ __forceinline__ void write_copy(void* copy, uint8_t kind, int64_t i, float v) {
+  if (kind == kBf16Copy) static_cast<bf16*>(copy)[i] = convert<bf16>(v);
+  else if (kind == kF16Copy) static_cast<fp16*>(copy)[i] = convert<fp16>(v);
+}
+
+// Four lanes at once (8 bytes; the pack path needs the copy 8-byte aligned).
+__device__ __forceinline__ void write_copy4(void* copy, uint8_t kind, int64_t i, const float4& v) {
+  if (kind == kBf16Copy) {
+    __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+    uint2 bits{*reinterpret_cast<uint32_t*>(&lo), *reinterpret_cast<uint32_t*>(&hi)};
+    *reinterpret_cast<uint2*>(static_cast<bf16*>(copy) + i) = bits;
+  } else if (kind == kF16Copy) {
+    __half2 lo = __floats2half2_rn(v.x, v.y), hi = __floats2half2_rn(v.z, v.w);
+    uint2 bits{*reinterpret_cast<uint32_t*>(&lo), *reinterpret_cast<uint32_t*>(&hi)};
+    *reinterpret_cast<uint2*>(static_cast<fp16*>(copy) + i) = bits;
+  }
+}
 static_assert(sizeof(SgdTable) + sizeof(SgdParams) < 4000, "kernel parameters too large");
 
 __global__ void sgd_multi_kernel(SgdTable t, SgdParams params) {
@@ -196,6 +220,8 @@ __global__ void sgd_multi_kernel(SgdTable t, SgdParams params) {
   float* param = t.param[k];
   const float* grad = t.grad[k];
   float* buf = t.buf[k];
+  void* copy = t.copy[k];
+  const uint8_t kind = t.copy_kind[k];
   int64_t tail = begin;
   if (t.packed[k]) {  // Note [Optimizer packs]
     const int64_t packs = (end - begin) / 4;
@@ -210,10 +236,14 @@ __global__ void sgd_multi_kernel(SgdTable t, SgdParams params) {
       for (int j = 0; j < 4; ++j) sgd_value(lane(pv, j), (&gv.x)[j], lane(bv, j), p);
       p4[v] = pv;
       if (p.has_momentum) b4[v] = bv;
+      write_copy4(copy, kind, begin + 4 * v, pv);
     }
     tail = begin + packs * 4;
   }
-  for (int64_t i = tail + threadIdx.x; i < end; i += blockDim.x) sgd_element(param, grad, buf, i, p);
+  for (int64_t i = tail + threadIdx.x; i < end; i += blockDim.x) {
+    sgd_element(param, grad, buf, i, p);
+    write_copy(copy, kind, i, param[i]);
+  }
 }
 
 }  // namespace
@@ -221,10 +251,12 @@ __global__ void sgd_multi_kernel(SgdTable t, SgdParams params) {
 void sgd_update_multi(const TensorList& params, const TensorList& grads,
                       const TensorList& momentum_bufs, double lr, double momentum,
                       double dampening, double weight_decay, bool nesterov, bool first_step,
-                      const Tensor& scalars) {
+                      const Tensor& scalars, const TensorList& copies) {
   CHORUS_CHECK(grads.size() == params.size() && momentum_bufs.size() == params.size(),
                "sgd_update_multi: ", params.size(), " parameters but ", grads.size(),
                " gradients and ", momentum_bufs.size(), " momentum buffers");
+  CHORUS_CHECK(copies.empty() || copies.size() == params.size(), "sgd_update_multi: ", params.size(),
+               " parameters but ", copies.size(), " copies");
   if (params.empty()) return;
   const int dev = params[0].device().index;
   const bool has_momentum = momentum != 0.0;
@@ -235,6 +267,11 @@ void sgd_update_multi(const TensorList& params, const TensorList& grads,
     check_state(params[i], params[i], "sgd_update_multi", "the parameter");
     check_state(params[i], grads[i], "sgd_update_multi", "the gradient");
     if (has_momentum) check_state(params[i], momentum_bufs[i], "sgd_update_multi", "the momentum buffer");
+    if (!copies.empty() && copies[i].defined())
+      CHORUS_CHECK((copies[i].dtype() == kBFloat16 || copies[i].dtype() == kFloat16) && copies[i].is_contiguous() &&
+                       copies[i].device() == params[i].device() && copies[i].numel() == params[i].numel(),
+                   "sgd_update_multi: the copy of parameter ", i, " must be a contiguous bfloat16 or float16 tensor of ",
+                   params[i].numel(), " elements on ", params[i].device().str(), ", got ", copies[i].describe());
   }
   CudaDeviceGuard guard(dev);
   SgdParams p{static_cast<float>(lr), static_cast<float>(momentum),
@@ -259,8 +296,12 @@ void sgd_update_multi(const TensorList& params, const TensorList& grads,
     table.grad[k] = grads[i].data<float>();
     table.buf[k] = has_momentum ? momentum_bufs[i].data<float>() : nullptr;
     table.n[k] = n;
+    const bool has_copy = !copies.empty() && copies[i].defined();
+    table.copy[k] = has_copy ? copies[i].raw_data() : nullptr;
+    table.copy_kind[k] = !has_copy ? kNoCopy : copies[i].dtype() == kBFloat16 ? kBf16Copy : kF16Copy;
     table.packed[k] = aligned16(table.param[k]) && aligned16(table.grad[k]) &&
-                      (!has_momentum || aligned16(table.buf[k]));
+                      (!has_momentum || aligned16(table.buf[k])) &&
+                      (!has_copy || (reinterpret_cast<uintptr_t>(table.copy[k]) & 7) == 0);
     for (int64_t c = 0; c * kChunk < n; ++c) {
       if (blocks == kMultiBlocks) {
         launch();
@@ -270,6 +311,8 @@ void sgd_update_multi(const TensorList& params, const TensorList& grads,
         table.buf[0] = table.buf[k];
         table.n[0] = n;
         table.packed[0] = table.packed[k];
+        table.copy[0] = table.copy[k];
+        table.copy_kind[0] = table.copy_kind[k];
         tensors = 1;
       }
       table.tensor[blocks] = static_cast<uint8_t>(tensors - 1);

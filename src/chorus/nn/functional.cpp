@@ -24,9 +24,9 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   if (bias.defined())
     CHORUS_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), "linear: bias ", bias.describe(),
                  " must be [", weight.size(0), "]");
-  if (auto dt = autocast_dtype(x)) {
-    Tensor y = chorus::matmul(chorus::to_dtype(x, *dt), chorus::to_dtype(weight, *dt).t());
-    return bias.defined() ? chorus::add(y, chorus::to_dtype(bias, *dt)) : y;
+  if (auto dt = autocast_dtype(x)) {  // weights: Note [Autocast weight copies]
+    Tensor y = chorus::matmul(chorus::to_dtype(x, *dt), autocast_weight(weight, *dt).t());
+    return bias.defined() ? chorus::add(y, autocast_weight(bias, *dt)) : y;
   }
   Tensor y = chorus::matmul(x, weight.t());
   return bias.defined() ? chorus::add(y, bias) : y;
@@ -38,8 +38,9 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
   if (auto dt = autocast_dtype(x)) {
     if (x.dtype() != *dt || weight.dtype() != *dt) {
       AutocastGuard off(std::nullopt);
-      return functional::conv2d(chorus::to_dtype(x, *dt), chorus::to_dtype(weight, *dt),
-                    bias.defined() ? chorus::to_dtype(bias, *dt) : bias, p);
+      // Weights: Note [Autocast weight copies].
+      return functional::conv2d(chorus::to_dtype(x, *dt), autocast_weight(weight, *dt),
+                                bias.defined() ? autocast_weight(bias, *dt) : bias, p);
     }
   }
   return autograd::conv2d(x, weight, bias, p);

@@ -3,6 +3,7 @@
 #include <map>
 #include <utility>
 
+#include "chorus/autograd/autocast.h"
 #include "chorus/autograd/grad_mode.h"
 #include "chorus/core/error.h"
 #include "chorus/core/graph_capture.h"
@@ -27,8 +28,9 @@ void SGD::step() {
   // first step) group -- one launch for a whole model on a GPU instead of one
   // per parameter; strided ones (rare) one at a time through a copy.
   struct Group {
-    TensorList params, grads, bufs;
+    TensorList params, grads, bufs, copies;
     std::vector<size_t> index;
+    bool any_copy = false;
   };
   std::map<std::pair<Device, bool>, Group> groups;
   std::vector<std::pair<size_t, Tensor>> new_buffers;
@@ -66,6 +68,11 @@ void SGD::step() {
     group.params.push_back(ops::flat_view(p));
     group.grads.push_back(ops::flat_view(g));
     group.bufs.push_back(buf.defined() ? ops::flat_view(buf) : buf);
+    // Note [Autocast weight copies]: the 16-bit copy the next forward will use,
+    // written by the same kernel.
+    const Tensor copy = p.device().is_cuda() ? autocast_copy_for_update(p) : Tensor();
+    group.copies.push_back(copy.defined() ? ops::flat_view(copy) : copy);
+    group.any_copy = group.any_copy || copy.defined();
     group.index.push_back(i);
   }
   {
@@ -73,9 +80,11 @@ void SGD::step() {
     for (auto& [key, group] : groups) {
       CHORUS_KERNEL(key.first, sgd_update_multi, group.params, group.grads, group.bufs, lr_,
                     o.momentum, o.dampening, o.weight_decay, o.nesterov, key.second,
-                    device_scalars(key.first, -1));
+                    device_scalars(key.first, -1), group.any_copy ? group.copies : TensorList());
       // Saved tensors of an earlier forward now see a changed parameter.
       for (size_t i : group.index) params_[i].bump_version();
+      for (size_t j = 0; j < group.index.size(); ++j)
+        if (group.copies[j].defined()) autocast_copy_written(params_[group.index[j]]);
     }
   }
   // State changes only after the updates ran, so a failed step can be retried.
