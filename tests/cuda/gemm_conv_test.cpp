@@ -570,11 +570,16 @@ void check_batch_norm_relu(const Shape& xs, DType dtype, bool cl, bool affine = 
   Tensor gbeta = affine ? gpu_tensor(ps, betav, kFloat32) : Tensor();
   Tensor grm = gpu_tensor(ps, rmv, kFloat32), grv = gpu_tensor(ps, rvv, kFloat32);
   Tensor gsm = gpu_garbage(ps, kFloat32), gsi = gpu_garbage(ps, kFloat32);
-  cuda::batch_norm_relu_forward(gx, ggamma, gbeta, grm, grv, 0.1, 1e-3, gy, gsm, gsi);
+  // The module's batch counter, incremented by the statistics' finalize
+  // kernel (channels-last) or an add (NCHW), from 41.
+  Tensor gcount = full({}, 41.0, {kInt64, cuda_device(0)}), ccount = full({}, 41.0, {kInt64});
+  cuda::batch_norm_relu_forward(gx, ggamma, gbeta, grm, grv, 0.1, 1e-3, gy, gsm, gsi, gcount);
   Tensor cx = cpu_f32(xs, xv), cy = cpu_f32(xs, std::vector<float>(xv.size()));
   Tensor cgamma = cpu_f32(ps, gammav), cbeta = cpu_f32(ps, betav), crm = cpu_f32(ps, rmv), crv = cpu_f32(ps, rvv);
   Tensor csm = cpu_f32(ps, std::vector<float>(c)), csi = cpu_f32(ps, std::vector<float>(c));
-  cpu::batch_norm_relu_forward(cx, cgamma, cbeta, crm, crv, 0.1, 1e-3, cy, csm, csi);
+  cpu::batch_norm_relu_forward(cx, cgamma, cbeta, crm, crv, 0.1, 1e-3, cy, csm, csi, ccount);
+  EXPECT_EQ(gcount.to(cpu_device(0)).to_vector<int64_t>(), std::vector<int64_t>{42}) << "num_batches_tracked " << what;
+  EXPECT_EQ(ccount.to_vector<int64_t>(), std::vector<int64_t>{42}) << "num_batches_tracked (CPU) " << what;
   expect_close(gpu_values(gy), host_values(cy), tol, "batch_norm_relu_forward y " + what);
   expect_close(gpu_values(grv), host_values(crv), tol, "batch_norm_relu_forward running_var " + what);
   // Backward from the GPU's own y (its ReLU mask), against the CPU's from its y.

@@ -56,8 +56,9 @@ Tensor adaptive_avg_pool2d(const Tensor& x, int64_t out_h, int64_t out_w) {
 }
 
 Tensor batch_norm_train(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
-                        const Tensor& bias, double momentum, double eps) {
-  auto [y, save_mean, save_invstd] = ops::batch_norm(x, weight, bias, running_mean, running_var, true, momentum, eps);
+                        const Tensor& bias, double momentum, double eps, const Tensor& num_batches_tracked) {
+  auto [y, save_mean, save_invstd] =
+      ops::batch_norm(x, weight, bias, running_mean, running_var, true, momentum, eps, num_batches_tracked);
   Tensor xd = x.detach();
   Tensor wd = weight.defined() ? weight.detach() : Tensor();
   TensorList inputs{x};
@@ -75,8 +76,10 @@ Tensor batch_norm_train(const Tensor& x, const Tensor& running_mean, const Tenso
 }
 
 Tensor batch_norm_relu_train(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
-                             const Tensor& weight, const Tensor& bias, double momentum, double eps) {
-  auto [y, save_mean, save_invstd] = ops::batch_norm_relu(x, weight, bias, running_mean, running_var, momentum, eps);
+                             const Tensor& weight, const Tensor& bias, double momentum, double eps,
+                             const Tensor& num_batches_tracked) {
+  auto [y, save_mean, save_invstd] =
+      ops::batch_norm_relu(x, weight, bias, running_mean, running_var, momentum, eps, num_batches_tracked);
   // The output is saved for the ReLU mask; the next layer saves it anyway.
   Tensor xd = x.detach(), yd = y.detach();
   Tensor wd = weight.defined() ? weight.detach() : Tensor();

@@ -12,12 +12,15 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const o
 Tensor max_pool2d(const Tensor& x, const ops::Pool2dParams& p);
 Tensor avg_pool2d(const Tensor& x, const ops::Pool2dParams& p);
 Tensor adaptive_avg_pool2d(const Tensor& x, int64_t out_h, int64_t out_w);
-// Training-mode batch norm (batch statistics; running statistics updated).
+// Training-mode batch norm (batch statistics; running statistics and the
+// batch counter, when given, updated).
 Tensor batch_norm_train(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
-                        const Tensor& bias, double momentum, double eps);
+                        const Tensor& bias, double momentum, double eps,
+                        const Tensor& num_batches_tracked = Tensor());
 // Training-mode batch norm followed by ReLU, fused where the device has it.
 Tensor batch_norm_relu_train(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
-                             const Tensor& weight, const Tensor& bias, double momentum, double eps);
+                             const Tensor& weight, const Tensor& bias, double momentum, double eps,
+                             const Tensor& num_batches_tracked = Tensor());
 // Mean over the batch of the per-example cross entropy of `logits` [B, C].
 Tensor cross_entropy_mean(const Tensor& logits, const Tensor& target, double label_smoothing);
 

@@ -65,11 +65,13 @@
   /* Batch norm over [N,C,*] contiguous. Training: batch statistics, writes save_mean and         \
      save_invstd [C] (float32; float64 for a float64 x, which only the CPU accepts) and           \
      updates running stats (unbiased variance, momentum) when defined. Eval: uses running         \
-     stats. gamma/beta may be undefined (1 and 0). */                                             \
+     stats. gamma/beta may be undefined (1 and 0). num_batches_tracked (int64 [], may be         \
+     undefined) is incremented when training, by the pass that updates the running statistics   \
+     (no launch of its own on a GPU). */                                                          \
   void batch_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,               \
                           const Tensor& running_mean, const Tensor& running_var, bool training,   \
                           double momentum, double eps, const Tensor& y, const Tensor& save_mean,  \
-                          const Tensor& save_invstd);                                             \
+                          const Tensor& save_invstd, const Tensor& num_batches_tracked = Tensor()); \
   /* Training-mode backward. dgamma/dbeta may be undefined. */                                    \
   void batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,                \
                            const Tensor& save_mean, const Tensor& save_invstd, const Tensor& dx,  \
@@ -79,7 +81,8 @@
   void batch_norm_relu_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,          \
                                const Tensor& running_mean, const Tensor& running_var,             \
                                double momentum, double eps, const Tensor& y,                      \
-                               const Tensor& save_mean, const Tensor& save_invstd);               \
+                               const Tensor& save_mean, const Tensor& save_invstd,                \
+                               const Tensor& num_batches_tracked = Tensor());                     \
   /* Its backward: dy masked by y > 0, then batch_norm_backward (beta: the forward's, for       \
      backends that recompute the mask from x; may be undefined, 0). dx_addend, when defined (x's  \
      sizes, dtype and layout), is added to dx (Note [Gradient addends], autograd/node.h). */      \

@@ -379,8 +379,13 @@ void save_running_stats(const Tensor& rm, const Tensor& rv, double eps, int64_t 
 void batch_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                         const Tensor& running_mean, const Tensor& running_var, bool training,
                         double momentum, double eps, const Tensor& y, const Tensor& save_mean,
-                        const Tensor& save_invstd) {
+                        const Tensor& save_invstd, const Tensor& num_batches_tracked) {
   const char* op = "batch_norm_forward";
+  if (num_batches_tracked.defined())
+    CHORUS_CHECK(num_batches_tracked.dtype() == kInt64 && num_batches_tracked.numel() == 1 &&
+                     num_batches_tracked.device() == x.device(),
+                 op, ": num_batches_tracked must be an int64 scalar on ", x.device().str(), ", got ",
+                 num_batches_tracked.describe());
   const BnDims d = bn_dims(op, x);
   check_arg(op, "x", x, x.sizes());
   check_arg(op, "y", y, x.sizes());
@@ -429,6 +434,7 @@ void batch_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta
   if (training) {
     write_back(rmc, running_mean);
     write_back(rvc, running_var);
+    if (num_batches_tracked.defined()) ++*static_cast<int64_t*>(num_batches_tracked.raw_data());
   }
 }
 
@@ -472,9 +478,10 @@ void batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
 void batch_norm_relu_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                              const Tensor& running_mean, const Tensor& running_var,
                              double momentum, double eps, const Tensor& y,
-                             const Tensor& save_mean, const Tensor& save_invstd) {
+                             const Tensor& save_mean, const Tensor& save_invstd,
+                             const Tensor& num_batches_tracked) {
   batch_norm_forward(x, gamma, beta, running_mean, running_var, true, momentum, eps, y, save_mean,
-                     save_invstd);
+                     save_invstd, num_batches_tracked);
   unary(UnaryOp::Relu, y, y, 0.0);
 }
 

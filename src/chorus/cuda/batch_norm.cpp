@@ -105,9 +105,14 @@ namespace {
 void forward_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                   const Tensor& running_mean, const Tensor& running_var, bool training,
                   double momentum, double eps, const Tensor& y, const Tensor& save_mean,
-                  const Tensor& save_invstd, bool relu) {
+                  const Tensor& save_invstd, bool relu, const Tensor& num_batches_tracked) {
   const char* op = relu ? "batch_norm_relu_forward" : "batch_norm_forward";
   check_same(op, x, "x", y, "y");
+  if (num_batches_tracked.defined())
+    CHORUS_CHECK(num_batches_tracked.dtype() == kInt64 && num_batches_tracked.numel() == 1 &&
+                     num_batches_tracked.device() == x.device(),
+                 op, ": num_batches_tracked must be an int64 scalar on ", x.device().str(), ", got ",
+                 num_batches_tracked.describe());
   const Device device = x.device();
   CudaDeviceGuard guard(device.index);
   const BnShape xs = bn_shape(op, x, "x", Layout::NCHW);
@@ -149,8 +154,10 @@ void forward_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
   const Tensor sm = float_output(op, save_mean, "save_mean", c, device);
   const Tensor si = float_output(op, save_invstd, "save_invstd", c, device);
   if (nhwc) {
-    batch_norm_nhwc_forward_train(x, g, b, rm, rv, momentum, eps, y, sm, si, relu);
+    // The counter is incremented by the statistics' finalize kernel.
+    batch_norm_nhwc_forward_train(x, g, b, rm, rv, momentum, eps, y, sm, si, relu, num_batches_tracked);
   } else {
+    if (num_batches_tracked.defined()) unary(UnaryOp::AddScalar, num_batches_tracked, num_batches_tracked, 1.0);
     const TensorDesc x_desc = desc_of(xs, x.dtype(), op), y_desc = desc_of(ys, y.dtype(), op);
     const cudnnBatchNormMode_t mode = training_mode(xs, x.dtype());
     TensorDesc param_desc;
@@ -236,17 +243,18 @@ void backward_impl(const Tensor& dy_in, const Tensor& relu_y, const Tensor& x, c
 void batch_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                         const Tensor& running_mean, const Tensor& running_var, bool training,
                         double momentum, double eps, const Tensor& y, const Tensor& save_mean,
-                        const Tensor& save_invstd) {
+                        const Tensor& save_invstd, const Tensor& num_batches_tracked) {
   forward_impl(x, gamma, beta, running_mean, running_var, training, momentum, eps, y, save_mean,
-               save_invstd, false);
+               save_invstd, false, training ? num_batches_tracked : Tensor());
 }
 
 void batch_norm_relu_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                              const Tensor& running_mean, const Tensor& running_var,
                              double momentum, double eps, const Tensor& y,
-                             const Tensor& save_mean, const Tensor& save_invstd) {
+                             const Tensor& save_mean, const Tensor& save_invstd,
+                             const Tensor& num_batches_tracked) {
   forward_impl(x, gamma, beta, running_mean, running_var, true, momentum, eps, y, save_mean,
-               save_invstd, true);
+               save_invstd, true, num_batches_tracked);
 }
 
 void batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,

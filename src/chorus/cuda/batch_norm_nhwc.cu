@@ -226,8 +226,12 @@ __global__ void stats_finalize_kernel(const T* __restrict__ x, const float* __re
                                       const float* __restrict__ gamma, const float* __restrict__ beta,
                                       float* running_mean, float* running_var, float momentum, float eps,
                                       float* __restrict__ save_mean, float* __restrict__ save_invstd,
-                                      float* __restrict__ scale, float* __restrict__ shift) {
+                                      float* __restrict__ scale, float* __restrict__ shift,
+                                      int64_t* __restrict__ num_batches_tracked) {
   const int64_t col = int64_t{blockIdx.x} * kFinalCols + threadIdx.x;
+  // The module's batch counter, here rather than in a launch of its own (25
+  // launches a step in WRN-28-10).
+  if (num_batches_tracked && blockIdx.x == 0 && threadIdx.x == 0 && threadIdx.y == 0) ++*num_batches_tracked;
   float s1, s2;
   sum_partials(ps1, ps2, blocks, c, col, s1, s2);
   if (threadIdx.y != 0 || col >= c) return;
@@ -532,7 +536,8 @@ unsigned final_blocks(int64_t c) { return static_cast<unsigned>((c + kFinalCols 
 void batch_norm_nhwc_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                    const Tensor& running_mean, const Tensor& running_var,
                                    double momentum, double eps, const Tensor& y,
-                                   const Tensor& save_mean, const Tensor& save_invstd, bool relu) {
+                                   const Tensor& save_mean, const Tensor& save_invstd, bool relu,
+                                   const Tensor& num_batches_tracked) {
   const int device = x.device().index;
   const int64_t c = channels(x), m = x.numel() / c;
   cudaStream_t stream = current_stream(device);
@@ -553,7 +558,8 @@ void batch_norm_nhwc_forward_train(const Tensor& x, const Tensor& gamma, const T
     stats_finalize_kernel<T><<<final_blocks(c), dim3(kFinalCols, kFinalRows), 0, stream>>>(
         xp, ps1, ps2, blocks, m, c, f32(gamma), f32(beta), f32(running_mean), f32(running_var),
         static_cast<float>(momentum), static_cast<float>(eps), f32(save_mean), f32(save_invstd),
-        scale, shift);
+        scale, shift,
+        num_batches_tracked.defined() ? static_cast<int64_t*>(num_batches_tracked.raw_data()) : nullptr);
     CHORUS_CUDA_LAUNCH_CHECK();
     launch_affine<T>(x, y, c, scale, shift, device, relu);
   });

@@ -25,7 +25,7 @@ void batch_norm_nhwc_forward_train(const Tensor& x, const Tensor& gamma, const T
                                    const Tensor& running_mean, const Tensor& running_var,
                                    double momentum, double eps, const Tensor& y,
                                    const Tensor& save_mean, const Tensor& save_invstd,
-                                   bool relu = false);
+                                   bool relu = false, const Tensor& num_batches_tracked = Tensor());
 
 void batch_norm_nhwc_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                   const Tensor& running_mean, const Tensor& running_var,

@@ -55,7 +55,8 @@ Tensor adaptive_avg_pool2d(const Tensor& x, int64_t out_h, int64_t out_w) {
 }
 
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
-                  const Tensor& bias, bool training, double momentum, double eps) {
+                  const Tensor& bias, bool training, double momentum, double eps,
+                  const Tensor& num_batches_tracked) {
   detail::check_defined(x, "batch_norm", "input");
   if (!training) {
     // Evaluation is an affine map per channel: express it with differentiable
@@ -73,14 +74,16 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
     Tensor out = weight.defined() ? chorus::mul(xhat, weight.reshape(bshape)) : xhat;
     return bias.defined() ? chorus::add(out, bias.reshape(bshape)) : out;
   }
-  return autograd::batch_norm_train(x, running_mean, running_var, weight, bias, momentum, eps);
+  return autograd::batch_norm_train(x, running_mean, running_var, weight, bias, momentum, eps, num_batches_tracked);
 }
 
 Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
-                       const Tensor& weight, const Tensor& bias, bool training, double momentum, double eps) {
+                       const Tensor& weight, const Tensor& bias, bool training, double momentum, double eps,
+                       const Tensor& num_batches_tracked) {
   detail::check_defined(x, "batch_norm_relu", "input");
   if (!training) return chorus::relu(batch_norm(x, running_mean, running_var, weight, bias, false, momentum, eps));
-  return autograd::batch_norm_relu_train(x, running_mean, running_var, weight, bias, momentum, eps);
+  return autograd::batch_norm_relu_train(x, running_mean, running_var, weight, bias, momentum, eps,
+                                         num_batches_tracked);
 }
 
 Tensor dropout(const Tensor& x, double p, bool training) {

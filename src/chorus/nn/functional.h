@@ -15,14 +15,17 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
 Tensor max_pool2d(const Tensor& x, const Pool2dParams& p);
 Tensor avg_pool2d(const Tensor& x, const Pool2dParams& p);
 Tensor adaptive_avg_pool2d(const Tensor& x, int64_t out_h, int64_t out_w);
-// Training mode uses batch statistics and updates the running ones in place.
+// Training mode uses batch statistics and updates the running ones in place,
+// and num_batches_tracked (int64 [], may be undefined) by one, in the same
+// kernel on a channels-last GPU.
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
-                  const Tensor& bias, bool training, double momentum, double eps);
+                  const Tensor& bias, bool training, double momentum, double eps,
+                  const Tensor& num_batches_tracked = Tensor());
 // relu(batch_norm(...)) -- one fused pass in training (Note [NHWC batch norm]
 // in cuda/batch_norm_nhwc.h), the two ops in evaluation.
 Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                        const Tensor& weight, const Tensor& bias, bool training, double momentum = 0.1,
-                       double eps = 1e-5);
+                       double eps = 1e-5, const Tensor& num_batches_tracked = Tensor());
 Tensor dropout(const Tensor& x, double p, bool training);
 // Mean cross entropy of logits [B, C] against int64 targets [B].
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_smoothing = 0.0);

@@ -88,10 +88,12 @@ Tensor BatchNorm2d::run(const Tensor& input, bool relu) {
   // A recomputed forward (activation checkpointing) sees a batch already
   // counted: momentum 0 leaves the running statistics as they are.
   const bool count = is_training() && !recomputing();
-  // Counted on the device: reading it on the host would stall an asynchronous step.
-  if (count) ops::unary_(UnaryOp::AddScalar, bufs[2].second, 1.0);
+  // Counted on the device (reading it on the host would stall an asynchronous
+  // step), by the kernel that updates the running statistics.
+  const Tensor counter = count ? bufs[2].second : Tensor();
   auto f = relu ? functional::batch_norm_relu : functional::batch_norm;
-  return f(x, bufs[0].second, bufs[1].second, w, b, is_training(), count ? opts_.momentum : 0.0, opts_.eps);
+  return f(x, bufs[0].second, bufs[1].second, w, b, is_training(), count ? opts_.momentum : 0.0, opts_.eps,
+           counter);
 }
 std::string BatchNorm2d::extra_repr() const {
   return std::to_string(opts_.features) + ", eps=" + std::to_string(opts_.eps) +

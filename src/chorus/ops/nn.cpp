@@ -158,7 +158,8 @@ Tensor adaptive_avg_pool2d_backward(const Tensor& dy, const Tensor& x) {
 namespace {
 std::tuple<Tensor, Tensor, Tensor> batch_norm_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                                    const Tensor& running_mean, const Tensor& running_var,
-                                                   bool training, double momentum, double eps, bool relu) {
+                                                   bool training, double momentum, double eps, bool relu,
+                                                   const Tensor& num_batches_tracked) {
   CHORUS_CHECK(x.dim() == 2 || x.dim() == 4, "batch_norm: expected input [N, C] or [N, C, H, W], got ",
                x.describe());
   const int64_t c = x.size(1);
@@ -187,16 +188,19 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_impl(const Tensor& x, const Tensor
   Tensor sm = detail::empty_tensor({c}, stat_dtype, dev), si = detail::empty_tensor({c}, stat_dtype, dev);
   Tensor g = gamma.defined() ? prepare(gamma, dev) : Tensor();
   Tensor b = beta.defined() ? prepare(beta, dev) : Tensor();
+  const Tensor counter = training ? num_batches_tracked : Tensor();
   if (relu) {
-    CHORUS_KERNEL(dev, batch_norm_relu_forward, xx, g, b, running_mean, running_var, momentum, eps, y, sm, si);
+    CHORUS_KERNEL(dev, batch_norm_relu_forward, xx, g, b, running_mean, running_var, momentum, eps, y, sm, si,
+                  counter);
   } else {
     CHORUS_KERNEL(dev, batch_norm_forward, xx, g, b, running_mean, running_var, training, momentum, eps,
-                  y, sm, si);
+                  y, sm, si, counter);
   }
   if (training && running_mean.defined()) {
     running_mean.bump_version();
     running_var.bump_version();
   }
+  if (counter.defined()) counter.bump_version();
   return {y, sm, si};
 }
 
@@ -224,14 +228,18 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_backward_impl(const Tensor& dy, co
 
 std::tuple<Tensor, Tensor, Tensor> batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                               const Tensor& running_mean, const Tensor& running_var,
-                                              bool training, double momentum, double eps) {
-  return batch_norm_impl(x, gamma, beta, running_mean, running_var, training, momentum, eps, false);
+                                              bool training, double momentum, double eps,
+                                              const Tensor& num_batches_tracked) {
+  return batch_norm_impl(x, gamma, beta, running_mean, running_var, training, momentum, eps, false,
+                         num_batches_tracked);
 }
 
 std::tuple<Tensor, Tensor, Tensor> batch_norm_relu(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                                    const Tensor& running_mean, const Tensor& running_var,
-                                                   double momentum, double eps) {
-  return batch_norm_impl(x, gamma, beta, running_mean, running_var, true, momentum, eps, true);
+                                                   double momentum, double eps,
+                                                   const Tensor& num_batches_tracked) {
+  return batch_norm_impl(x, gamma, beta, running_mean, running_var, true, momentum, eps, true,
+                         num_batches_tracked);
 }
 
 std::tuple<Tensor, Tensor, Tensor> batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,

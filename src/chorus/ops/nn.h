@@ -30,10 +30,13 @@ Tensor avg_pool2d_backward(const Tensor& dy, const Tensor& x, const Pool2dParams
 Tensor adaptive_avg_pool2d(const Tensor& x, int64_t out_h, int64_t out_w);
 Tensor adaptive_avg_pool2d_backward(const Tensor& dy, const Tensor& x);
 
-// (y, save_mean, save_invstd)
+// (y, save_mean, save_invstd). num_batches_tracked (int64 [], may be
+// undefined): incremented in training by the pass that updates the running
+// statistics.
 std::tuple<Tensor, Tensor, Tensor> batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                               const Tensor& running_mean, const Tensor& running_var,
-                                              bool training, double momentum, double eps);
+                                              bool training, double momentum, double eps,
+                                              const Tensor& num_batches_tracked = Tensor());
 // (dx, dgamma, dbeta)
 std::tuple<Tensor, Tensor, Tensor> batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                                        const Tensor& save_mean, const Tensor& save_invstd);
@@ -41,7 +44,8 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_backward(const Tensor& dy, const T
 // Training-mode batch norm fused with the ReLU after it: (y, save_mean, save_invstd).
 std::tuple<Tensor, Tensor, Tensor> batch_norm_relu(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                                    const Tensor& running_mean, const Tensor& running_var,
-                                                   double momentum, double eps);
+                                                   double momentum, double eps,
+                                                   const Tensor& num_batches_tracked = Tensor());
 // (dx, dgamma, dbeta), from the fused forward's output y and its beta (may
 // be undefined: 0; channels-last GPUs recompute the ReLU's mask from x).
 // dx_addend, when defined, is added to dx in the same pass where the backend

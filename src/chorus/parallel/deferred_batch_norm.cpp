@@ -23,14 +23,14 @@ Tensor DeferredBatchNorm::run(const Tensor& input, bool relu) {
   auto f = relu ? nn::functional::batch_norm_relu : nn::functional::batch_norm;
   // A recomputed forward's micro-batch is counted already: momentum 0 leaves
   // everything as it is.
-  if (recomputing()) return f(x, bufs[0].second, bufs[1].second, w, b, true, 0.0, opts_.eps);
+  if (recomputing()) return f(x, bufs[0].second, bufs[1].second, w, b, true, 0.0, opts_.eps, Tensor());
   // The micro-batch's own statistics normalise it. The kernel that computes
   // them also hands them over: with momentum 1 its "running" statistics are
   // exactly this micro-batch's mean and unbiased variance, so the whole-batch
   // sums cost O(channels), not another pass over the activations.
   Tensor mean = zeros({opts_.features}, {bufs[0].second.dtype(), x.device()});
   Tensor var = zeros({opts_.features}, {bufs[1].second.dtype(), x.device()});
-  Tensor y = f(x, mean, var, w, b, true, 1.0, opts_.eps);
+  Tensor y = f(x, mean, var, w, b, true, 1.0, opts_.eps, Tensor());
   NoGradGuard ng;
   const int64_t n = x.numel() / x.size(1);
   Tensor s = mean.mul(static_cast<double>(n));
