@@ -16,22 +16,14 @@
 
 #include <chorus/autograd/autocast.h>
 #include <chorus/chorus.h>
-#include <chorus/cuda/blas.h>
 #include <chorus/models/models.h>
 #include <chorus/ops/copy.h>
+
+#include "testing/deterministic.h"
 
 namespace chorus {
 namespace {
 
-// Deterministic cuDNN engines for the test's duration.
-class Deterministic {
- public:
-  Deterministic() : prev_(cuda::deterministic()) { cuda::set_deterministic(true); }
-  ~Deterministic() { cuda::set_deterministic(prev_); }
-
- private:
-  bool prev_;
-};
 
 nn::ModulePtr copy_test_wrn() {
   manual_seed(31);
@@ -77,7 +69,7 @@ std::vector<std::vector<float>> train_five(nn::Module& m, optim::Optimizer& opt,
 
 TEST(AutocastCopies, SgdWritesThemAndTheyMatchCastingAfresh_CUDA) {
   if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
-  Deterministic det;
+  test::DeterministicConvolutions det;
   nn::ModulePtr a = copy_test_wrn(), b = copy_test_wrn();
   optim::SGD oa(a->parameters(), {.lr = 0.1, .momentum = 0.9, .weight_decay = 5e-4, .nesterov = true});
   optim::SGD ob(b->parameters(), {.lr = 0.1, .momentum = 0.9, .weight_decay = 5e-4, .nesterov = true});
@@ -89,7 +81,7 @@ TEST(AutocastCopies, SgdWritesThemAndTheyMatchCastingAfresh_CUDA) {
 
 TEST(AutocastCopies, AParameterChangedInPlaceIsCastAgain_CUDA) {
   if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
-  Deterministic det;
+  test::DeterministicConvolutions det;
   nn::ModulePtr m = copy_test_wrn();
   optim::SGD opt(m->parameters(), {.lr = 0.1, .momentum = 0.9});
   train_five(*m, opt, false, false);
@@ -108,7 +100,7 @@ TEST(AutocastCopies, AParameterChangedInPlaceIsCastAgain_CUDA) {
 
 TEST(AutocastCopies, AdamWWithoutCopiesTrainsOnCurrentWeights_CUDA) {
   if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
-  Deterministic det;
+  test::DeterministicConvolutions det;
   nn::ModulePtr a = copy_test_wrn(), b = copy_test_wrn();
   optim::AdamW oa(a->parameters(), {.lr = 1e-3});
   optim::AdamW ob(b->parameters(), {.lr = 1e-3});

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "testing/compare.h"
+#include "testing/deterministic.h"
 
 #ifdef CHORUS_WITH_CUDA
 #include "chorus/cuda/blas.h"
@@ -222,14 +223,7 @@ TEST(GraphCapture, FirstOptimizerStepCannotBeCaptured) {
 // cuDNN's fastest weight-gradient engines sum with atomics, so two eager runs
 // differ by about 1e-6 after 20 steps; the comparisons below use only
 // deterministic engines, so that any difference is the graph's.
-class Deterministic {
- public:
-  Deterministic() : prev_(cuda::deterministic()) { cuda::set_deterministic(true); }
-  ~Deterministic() { cuda::set_deterministic(prev_); }
-
- private:
-  bool prev_;
-};
+using Deterministic = test::DeterministicConvolutions;
 
 TEST(GraphedStep, TwentyStepsMatchEagerFp32Sgd_CUDA) {
   if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
