@@ -13,7 +13,9 @@
 // back to back, so the events measure only the GPU (nvbench's blocking
 // kernel). The spin gives up after a bound, so a host that never opens the
 // gate cannot hold the device; expired() then says the timing includes the
-// host.
+// host. A kernel's first launch may load its module, which waits for the
+// kernels running (the spinning gate among them) until the bound: run what is
+// to be timed once before closing a gate (time_plan's untimed run does).
 #pragma once
 
 #include <cuda_runtime.h>
