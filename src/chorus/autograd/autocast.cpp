@@ -21,6 +21,13 @@ struct KeptCopy {
   std::weak_ptr<TensorImpl> param;
   Tensor copy;
   uint32_t version = 0;
+
+  // Whether the copy still mirrors `p` (the version, and, should anything move
+  // p's memory without a version bump, its device and geometry).
+  bool current_for(const Tensor& p) const {
+    return version == p.version() && copy.device() == p.device() && copy.sizes() == p.sizes() &&
+           copy.strides() == p.strides();
+  }
 };
 
 struct CopyRegistry {
@@ -68,7 +75,7 @@ Tensor autocast_weight(const Tensor& w, DType dt) {
   Tensor copy;
   {
     std::lock_guard<std::mutex> lk(r.mu);
-    if (KeptCopy* k = r.find(w); k && k->version == w.version() && k->copy.dtype() == dt) copy = k->copy;
+    if (KeptCopy* k = r.find(w); k && k->current_for(w) && k->copy.dtype() == dt) copy = k->copy;
   }
   if (!copy.defined()) {
     copy = ops::to_dtype(w.detach(), dt);
@@ -92,7 +99,7 @@ Tensor autocast_copy_for_update(const Tensor& param) {
   CopyRegistry& r = registry();
   std::lock_guard<std::mutex> lk(r.mu);
   KeptCopy* k = r.find(param);
-  return k && k->version == param.version() ? k->copy : Tensor();
+  return k && k->current_for(param) ? k->copy : Tensor();
 }
 
 void autocast_copy_written(const Tensor& param) {
