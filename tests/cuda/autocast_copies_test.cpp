@@ -4,8 +4,8 @@
 // are kept and each equals the parameter cast afresh after every step; five
 // steps give bit-identical weights to the same steps with every copy made
 // stale (cast afresh each forward, the behaviour before copies); a parameter
-// changed in place (load_state_dict, a move to another device and back) is
-// cast again, not read stale; AdamW,
+// changed in place (load_state_dict) is cast again, not read stale, and no
+// copy is taken for a parameter moved to another device; AdamW,
 // which does not write copies, still trains on current weights. The
 // convolutions are deterministic here (cuda::set_deterministic), so "the
 // same" means bit for bit.
@@ -91,12 +91,18 @@ TEST(AutocastCopies, AParameterChangedInPlaceIsCastAgain_CUDA) {
   for (const Tensor& p : other->parameters()) ops::copy_(p, randn(p.sizes()).to(cuda_device(0)).to(p.dtype()));
   m->load_state_dict(other->state_dict());
   for (const Tensor& p : m->parameters()) EXPECT_FALSE(autocast_copy_for_update(p).defined());
-  // So does a move to another device and back (the same tensors, new memory).
+  // A move keeps the version (the values are the same) but not the device: no
+  // copy is current on the CPU; back on the GPU, the copies mirror the
+  // parameters again.
   train_five(*m, opt, false, false);
   m->to(cpu_device(0));
+  for (const Tensor& p : m->parameters()) EXPECT_FALSE(autocast_copy_for_update(p).defined());
   m->to(cuda_device(0));
   m->to_channels_last();
-  for (const Tensor& p : m->parameters()) EXPECT_FALSE(autocast_copy_for_update(p).defined());
+  for (const Tensor& p : m->parameters()) {
+    const Tensor c = autocast_copy_for_update(p);
+    if (c.defined()) EXPECT_EQ(copy_test_floats(c), copy_test_floats(p.to(kBFloat16)));
+  }
   m->load_state_dict(other->state_dict());
   manual_seed(33);
   const Tensor x = ops::to_channels_last(randn({4, 3, 16, 16}).to(cuda_device(0)));

@@ -22,8 +22,9 @@ struct KeptCopy {
   Tensor copy;
   uint32_t version = 0;
 
-  // Whether the copy still mirrors `p` (the version, and, should anything move
-  // p's memory without a version bump, its device and geometry).
+  // Whether the copy still mirrors `p`: the version, and the device and
+  // geometry, which Module::to and to_channels_last change without a version
+  // bump (the values stay the same).
   bool current_for(const Tensor& p) const {
     return version == p.version() && copy.device() == p.device() && copy.sizes() == p.sizes() &&
            copy.strides() == p.strides();

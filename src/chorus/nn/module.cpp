@@ -101,10 +101,6 @@ void move_in_place(Tensor& t, const Tensor& moved) {
   i->strides = moved.strides();
   i->offset = moved.storage_offset();
   i->dtype = moved.dtype();
-  // New memory under the same tensor: whatever kept the old contents (a graph
-  // that saved it, an autocast copy: Note [Autocast weight copies]) must see a
-  // change.
-  t.bump_version();
 }
 }  // namespace
 
