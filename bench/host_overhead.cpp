@@ -7,6 +7,7 @@
 //
 // Rows (time per op, `ops/s` counter):
 //   BM_BinaryNoGrad   ops::binary(Add): dispatch + one output allocation
+//   BM_BinaryChannelsLast  the same with channels-last [1,2,2,2] operands
 //   BM_AddNoGrad      a + b through the user API, grad mode on, no grad
 //   BM_AddAutograd    a + b recording a graph node (a requires grad)
 //   BM_ChainBackward  forward and backward of a chain of 32 mul+add pairs,
@@ -24,6 +25,7 @@
 #include <cstdlib>
 #include <new>
 
+#include "chorus/ops/copy.h"
 #include "chorus/ops/elementwise.h"
 
 // Every C++ heap allocation counted (the `allocs/op` column): a tensor's
@@ -61,6 +63,16 @@ void BM_BinaryNoGrad(benchmark::State& state) {
   state.counters["ops/s"] = benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_BinaryNoGrad);
+
+// A channels-last output (what every activation op of a channels-last
+// network on a GPU allocates): [1, 2, 2, 2] in NHWC memory.
+void BM_BinaryChannelsLast(benchmark::State& state) {
+  const Tensor a = ops::to_channels_last(randn({1, 2, 2, 2})), b = ops::to_channels_last(randn({1, 2, 2, 2}));
+  AllocCount count{state, 1};
+  for (auto _ : state) benchmark::DoNotOptimize(ops::binary(BinaryOp::Add, a, b));
+  state.counters["ops/s"] = benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_BinaryChannelsLast);
 
 void BM_AddNoGrad(benchmark::State& state) {
   const Tensor a = randn({1}), b = randn({1});

@@ -122,6 +122,20 @@ Tensor empty_tensor(Shape&& sizes, DType dtype, Device device) {
   return Tensor(std::move(impl));
 }
 
+Tensor empty_dense_strided(Shape&& sizes, Shape&& strides, DType dtype, Device device) {
+  CHORUS_CHECK(sizes.size() == strides.size(), "empty_dense_strided: ", sizes.size(), " sizes but ",
+               strides.size(), " strides");
+  for (int64_t s : sizes)
+    CHORUS_CHECK(s >= 0, "negative dimension in shape ", shape_str(sizes));
+  check_device(device);
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(static_cast<size_t>(numel_of(sizes)) * dtype_size(dtype), device);
+  impl->sizes = std::move(sizes);
+  impl->strides = std::move(strides);
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
 Tensor make_view(const Tensor& base, const Shape& sizes, const Shape& strides, int64_t offset) {
   return make_view(base, Shape(sizes), Shape(strides), offset);
 }

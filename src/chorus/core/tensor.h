@@ -204,6 +204,10 @@ namespace detail {
 // An uninitialised tensor of the given shape (contiguous) on `device`.
 Tensor empty_tensor(const Shape& sizes, DType dtype, Device device);
 Tensor empty_tensor(Shape&& sizes, DType dtype, Device device);
+// An uninitialised tensor with the given strides, which must describe a dense
+// layout (a permutation of contiguous strides, e.g. channels-last): numel
+// elements of storage. One tensor, no view over a contiguous one.
+Tensor empty_dense_strided(Shape&& sizes, Shape&& strides, DType dtype, Device device);
 // A view of `base`'s storage with new geometry (no autograd).
 Tensor make_view(const Tensor& base, const Shape& sizes, const Shape& strides, int64_t offset);
 Tensor make_view(const Tensor& base, Shape&& sizes, Shape&& strides, int64_t offset);

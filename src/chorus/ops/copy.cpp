@@ -267,10 +267,8 @@ Tensor flat_view(const Tensor& t) {
 }
 
 Tensor empty_with_layout(const Shape& s, DType dt, Device dev, bool channels_last) {
-  if (channels_last && s.size() == 4) {
-    Tensor nhwc = detail::empty_tensor({s[0], s[2], s[3], s[1]}, dt, dev);
-    return detail::make_view(nhwc, s, {s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]}, 0);
-  }
+  if (channels_last && s.size() == 4)  // NHWC memory, one tensor (no view over an NHWC-shaped one)
+    return detail::empty_dense_strided(Shape(s), {s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]}, dt, dev);
   return detail::empty_tensor(s, dt, dev);
 }
 
