@@ -42,7 +42,7 @@ void add_bench_options(CLI::App* cmd, BenchConfig& c) {
   cmd->add_option("--precision", c.precision, "fp32|bf16")->capture_default_str();
   cmd->add_flag("--channels-last", c.channels_last, "NHWC activations (GPU)");
   cmd->add_flag("--no-cuda-graphs", c.no_cuda_graphs,
-                "single: time eager steps (default on a CUDA device: the step captured as a CUDA graph and replayed)");
+                "single, ddp: time eager steps (default on CUDA devices: the step captured as a CUDA graph and replayed)");
   cmd->add_option("--batch-size", c.batch_size, "Batch per device")->capture_default_str();
   cmd->add_option("--steps", c.steps, "Timed steps")->capture_default_str();
   cmd->add_option("--warmup", c.warmup, "Untimed warm-up steps")->capture_default_str();
@@ -173,6 +173,7 @@ int run_bench(const BenchConfig& c) {
       r.peak = got["peak_mem_bytes"].get<size_t>();
       r.loss = got["loss"].get<double>();
       r.host_issue_ms = got.value("host_issue_ms", 0.0);
+      r.graphed = got.value("cuda_graphs", false);
     } else {
       r = bench_one(c, devs);
     }

@@ -67,6 +67,7 @@ nlohmann::ordered_json bench_ddp_row(const BenchConfig& c, const std::vector<Dev
                 "--warmup", std::to_string(c.warmup), "--bucket-mb", fmt(c.bucket_mb), "--comm-hook", c.comm_hook};
   if (c.channels_last) lc.command.push_back("--channels-last");
   if (c.broadcast_buffers) lc.command.push_back("--broadcast-buffers");
+  if (c.no_cuda_graphs) lc.command.push_back("--no-cuda-graphs");
   ::setenv("CHORUS_BENCH_ROW", row_file.c_str(), 1);
   const int rc = run_launch(lc);
   ::unsetenv("CHORUS_BENCH_ROW");
@@ -108,6 +109,12 @@ int run_bench_ddp_worker(const BenchConfig& c) {
   Tensor y = randint(0, 10, {c.batch_size}, {kInt64, dev});
   TrainStep step{ddp, &opt, std::nullopt, 0.0};
   if (c.precision == "bf16") step.autocast = kBFloat16;
+  // Note [DDP in a CUDA graph]: captured after the warm-up's first steps.
+  parallel::GraphedStepOptions graph_options;
+  graph_options.on_fallback = [&](const std::string& line) {
+    if (pg->rank() == 0) std::fprintf(stderr, "chorus bench: %s\n", line.c_str());
+  };
+  if (!c.no_cuda_graphs && cuda_graphs_apply("ddp", {dev})) step.enable_cuda_graphs(graph_options);
   Tensor loss;
   for (int64_t i = 0; i < c.warmup; ++i) loss = step.run(x, y).loss;
   synchronize(dev);
@@ -121,11 +128,13 @@ int run_bench_ddp_worker(const BenchConfig& c) {
   pg->barrier()->wait();  // the slowest rank's time is the job's
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (pg->rank() != 0) return 0;
+  const bool graphed = step.graph && step.graph->replays() >= c.steps;
   const double world = static_cast<double>(pg->size());
   nlohmann::ordered_json row = {{"img_per_s", world * static_cast<double>(c.batch_size * c.steps) / dt},
                                 {"step_ms", 1000.0 * dt / static_cast<double>(c.steps)},
                                 {"peak_mem_bytes", backend(dev).peak_bytes(dev)},
                                 {"host_issue_ms", 1000.0 * issue},
+                                {"cuda_graphs", graphed},
                                 {"loss", loss.item()}};
   const char* path = std::getenv("CHORUS_BENCH_ROW");
   CHORUS_CHECK(path != nullptr, "--ddp-worker: CHORUS_BENCH_ROW is not set");

@@ -283,8 +283,9 @@ Training set_up(const TrainConfig& cfg) {
   t.step.pipeline = t.pipeline.get();
   if (cfg.precision == "bf16") t.step.autocast = kBFloat16;
   // Note [Graphed step]: captured after two eager steps, replayed from then on.
-  // (DataParallel keeps the batch in host memory, so its steps stay eager.)
-  if (!cfg.no_cuda_graphs && cfg.strategy == "single" && cuda_graphs_apply(cfg.strategy, t.devices))
+  // (DataParallel keeps the batch in host memory, so its steps stay eager;
+  // DDP's collectives go into the graph: Note [DDP in a CUDA graph].)
+  if (!cfg.no_cuda_graphs && cuda_graphs_apply(cfg.strategy, t.devices))
     t.step.enable_cuda_graphs();
 
   data::DataLoaderOptions lo;

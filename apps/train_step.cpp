@@ -19,8 +19,9 @@ bool cuda_graphs_apply(const std::string& strategy, const std::vector<Device>& d
     if (!d.is_cuda()) return false;
   // DataParallel's capture fails today on its replica threads (cuDNN refuses
   // their capture streams: CUDNN_STATUS_BAD_PARAM_STREAM_MISMATCH) and would
-  // only fall back, so it is not attempted (docs/cuda_graphs.md).
-  return strategy == "single" && devices.size() == 1;
+  // only fall back, so it is not attempted (docs/cuda_graphs.md). DDP with one
+  // GPU per process captures its collectives too (Note [DDP in a CUDA graph]).
+  return (strategy == "single" || strategy == "ddp") && devices.size() == 1;
 }
 
 bool TrainStep::enable_cuda_graphs(parallel::GraphedStepOptions options) {

@@ -53,7 +53,7 @@ struct TrainStep {
 };
 
 // Whether a step over `devices` with this strategy can be captured as a CUDA
-// graph: "single" on one CUDA device.
+// graph: "single", or "ddp" with one device per process, on one CUDA device.
 bool cuda_graphs_apply(const std::string& strategy, const std::vector<Device>& devices);
 
 }  // namespace chorus::app

@@ -4,7 +4,8 @@
 # print a short table last. Stages: build tests sanitize bench train multi
 # (default: build tests bench); memrun trains WRN-16-4 for nine minutes and
 # prints the peak memory per epoch; dist runs the NCCL process group; ddp runs
-# DistributedDataParallel beside DataParallel and PyTorch DDP; ddptrain trains
+# DistributedDataParallel (graphed and eager) beside DataParallel and PyTorch DDP;
+# ddpgraphs checks graphed DDP against eager and a rank dying mid-replay; ddptrain trains
 # Fashion-MNIST with DDP on 2 GPUs; layout trains channels-last (the
 # default) and --no-channels-last and resumes across them; dp runs DataParallel WRN-28-10 fp32 and bf16 at 1 and 2 GPUs;
 # graphs runs the CUDA-graph tests and one GPU against torch.compile;
@@ -35,7 +36,7 @@ fi
 C=./$BUILD/chorus
 $C --version; $C devices
 if has tests; then
-  timeout 900 ./$BUILD/chorus_tests --gtest_filter='*_CUDA:*_MultiCUDA:*CUDA*' 2>&1 | tee "$OUT/cuda_tests.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |tests ran|Failure|error" | head -60
+  timeout 900 ./$BUILD/chorus_tests --gtest_filter="${TESTS_FILTER:-*_CUDA:*_MultiCUDA:*CUDA*}" 2>&1 | tee "$OUT/cuda_tests.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |tests ran|Failure|error" | head -60
 fi
 if has sanitize; then
   timeout ${SANITIZE_TIMEOUT:-420} compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 ./$BUILD/chorus_tests --gtest_filter="${SANITIZE_FILTER:-*_CUDA}" >"$OUT/memcheck.log" 2>&1
@@ -116,16 +117,36 @@ if has ddp; then
   # DDP_CONFIGS="model:precision:flag ..." picks the rows (default: all three).
   for cfg in ${DDP_CONFIGS:-"wrn-28-10:fp32:" "wrn-28-10:bf16:--channels-last" "wrn-16-4:bf16:--channels-last"}; do
     IFS=: read -r m p cl <<<"$cfg"
+    # The step as a CUDA graph with its collectives (the default), then eager (--no-cuda-graphs).
     timeout 300 $C bench --model $m --strategy ddp --devices cuda:0,cuda:1 --device-counts 1,2 --precision $p $cl \
       --batch-size 128 --steps 30 --warmup 8 --json | tee -a "$rows"
-    timeout 300 $C bench --model $m --strategy dp --devices cuda:0,cuda:1 --device-counts 2 --precision $p $cl \
-      --batch-size 128 --steps 30 --warmup 8 --json | tee -a "$rows"
-    timeout 300 python3 scripts/torch_reference.py --model $m --precision $p $cl --batch 128 --steps 30 --warmup 8 | tee -a "$rows"
+    timeout 300 $C bench --model $m --strategy ddp --devices cuda:0,cuda:1 --device-counts ${DDP_EAGER_COUNTS:-2} --precision $p $cl \
+      --batch-size 128 --steps 30 --warmup 8 --no-cuda-graphs --json | tee -a "$rows"
+    if [ "${DDP_DP:-1}" = 1 ]; then
+      timeout 300 $C bench --model $m --strategy dp --devices cuda:0,cuda:1 --device-counts 2 --precision $p $cl \
+        --batch-size 128 --steps 30 --warmup 8 --json | tee -a "$rows"
+    fi
+    if [ "${DDP_TORCH_SINGLE:-1}" = 1 ]; then
+      timeout 300 python3 scripts/torch_reference.py --model $m --precision $p $cl --batch 128 --steps 30 --warmup 8 | tee -a "$rows"
+    fi
     # (mp.spawn re-imports the main module: run the script itself, tag its rows)
     timeout 300 python3 .bench/torch_baseline.py --model $m --mode ddp --gpus 2 --precision $p $cl --batch 128 --steps 30 --warmup 8 \
       | python3 -c 'import sys, json; [print(json.dumps({**json.loads(l), "torch": 1}), flush=True) for l in sys.stdin if l.startswith("{")]' \
       | tee -a "$rows"
   done
+fi
+if has ddpgraphs; then
+  # Note [DDP in a CUDA graph]: graphed DDP steps against eager ones on 2 GPUs
+  # (fp32, deterministic convolutions), with batch norm and with SyncBatchNorm;
+  # then a rank that stops itself while the other replays: named, no hang.
+  for m in cnn-bn cnn-bn-sync; do
+    PROBE_DEVICE=cuda PROBE_TIMEOUT_MS=60000 timeout 180 $C launch --nproc-per-node 2 --master-port $((29660 + ${#m})) -- \
+      ./$BUILD/chorus_ddp_probe graphed $m 2>&1 | grep -E "ok|FAIL|rror|replays|relative"
+  done
+  echo "== nccl, graphed: rank 1 stops itself (SIGSTOP) while rank 0 replays, timeout 5 s"
+  PROBE_BACKEND=nccl PROBE_TIMEOUT_MS=5000 timeout 120 $C launch --nproc-per-node 2 --master-port 29670 -- \
+    ./$BUILD/chorus_dist_probe hanggraph 1 STOP 2>&1 | grep -v "^  |" | tail -5
+  echo "launcher exit ${PIPESTATUS[0]}; processes left: $(pgrep -fc 'chorus_dist_probe hanggraph' || true)"
 fi
 if has ddptrain; then
   # Real convergence: the Fashion-MNIST CNN, 5 epochs, DDP on 2 GPUs, from chorus launch and from mpirun.
@@ -324,7 +345,7 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip().startswith("{")]
 ch = [r for r in rows if "strategy" in r]
 th = [r for r in rows if r.get("torch")]
-print(f"{'model':10} {'prec':5} {'strategy':8} {'dev':>3} {'chorus':>9} {'torch':>9} {'ratio':>6} {'peakMiB':>8} {'torchMiB':>8} {'issue/total ms':>15}")
+print(f"{'model':10} {'prec':5} {'strategy':8} {'graph':5} {'dev':>3} {'chorus':>9} {'torch':>9} {'ratio':>6} {'peakMiB':>8} {'torchMiB':>8} {'issue/total ms':>15}")
 for c in ch:
     mode = "single" if c["devices"] == 1 else c["strategy"]
     t = next((t for t in th if t["model"] == c["model"] and t["precision"] == c["precision"] and t["gpus"] == c["devices"]
@@ -332,6 +353,6 @@ for c in ch:
               and (t["mode"] == mode or (mode == "dp" and t["mode"] == "ddp"))), None)
     tv = t["img_per_s"] if t else float("nan")
     tm = t.get("peak_mem_bytes", float("nan")) / 2**20 if t else float("nan")
-    print(f"{c['model']:10} {c['precision']:5} {c['strategy']:8} {c['devices']:>3} {c['img_per_s']:9.1f} {tv:9.1f} {c['img_per_s']/tv:6.2f} "
+    print(f"{c['model']:10} {c['precision']:5} {c['strategy']:8} {'yes' if c.get('cuda_graphs') else 'no':5} {c['devices']:>3} {c['img_per_s']:9.1f} {tv:9.1f} {c['img_per_s']/tv:6.2f} "
           f"{c['peak_mem_bytes']/2**20:8.0f} {tm:8.0f} {c.get('host_issue_ms',0):7.1f}/{c.get('total_ms',0):.1f}")
 PY

@@ -18,6 +18,12 @@
 //                    gets the error naming that rank and the parameter.
 //   modelpar         a model-parallel module (cpu:0 and cpu:1) under DDP.
 //   dp               DDP over a DataParallel on cpu:0 and cpu:1 in each process.
+//   graphed MODEL    (GPUs: cuda:LOCAL_RANK, NCCL) 20 DDP steps captured as a
+//                    CUDA graph and replayed (Note [DDP in a CUDA graph])
+//                    equal 20 eager DDP steps of a twin (fp32, deterministic
+//                    convolutions, TF32 off: <= 1e-6 relative), the learning
+//                    rate changing every step; MODEL = cnn-bn | cnn-bn-sync
+//                    (SyncBatchNorm, whose collectives are captured too).
 // Prints "rank R: ok ..." and exits 0, or FAIL lines and exits 1.
 #include <algorithm>
 #include <chrono>
@@ -34,7 +40,11 @@
 #include <chorus/dist/init.h>
 #include <chorus/optim/sgd.h>
 #include <chorus/parallel/data_parallel.h>
+#include <chorus/parallel/graphed_step.h>
 #include <chorus/dist/sync_batch_norm.h>
+#ifdef CHORUS_WITH_CUDA
+#include <chorus/cuda/blas.h>
+#endif
 
 using namespace chorus;
 namespace F = chorus::nn::functional;
@@ -333,6 +343,68 @@ void dp(dist::ProcessGroupPtr pg) {
   compare_weights(mine, ref, 1e-5, "rank " + std::to_string(r) + " DDP over DataParallel(cpu:0, cpu:1)");
 }
 
+// Note [DDP in a CUDA graph]: graphed DDP steps against eager ones, on GPUs.
+void graphed(dist::ProcessGroupPtr pg, const std::string& kind) {
+#ifdef CHORUS_WITH_CUDA
+  const int r = pg->rank(), n = pg->size();
+  const Device dev = pg->device();
+  expect(dev.is_cuda(), "graphed: run with PROBE_DEVICE=cuda (an NCCL group)");
+  cuda::set_allow_tf32(false);
+  const bool prev_det = cuda::deterministic();
+  cuda::set_deterministic(true);
+  constexpr int kGraphSteps = 20;
+  struct Run {
+    nn::ModulePtr model;
+    std::vector<double> losses;
+    int64_t replays = 0;
+  };
+  auto train = [&](bool graphs) {
+    Run run;
+    run.model = build(kind, 100 + r);  // rank 0's weights arrive by broadcast
+    if (kind == "cnn-bn-sync") run.model = nn::convert_sync_batchnorm(run.model, pg);
+    run.model->to(dev);
+    auto ddp = std::make_shared<dist::DistributedDataParallel>(run.model, pg, options_from_env());
+    optim::SGD opt = make_sgd(run.model);
+    parallel::GraphedStepOptions go;
+    go.enabled = graphs;
+    go.on_fallback = [&](const std::string& line) { expect(false, "rank " + std::to_string(r) + ": " + line); };
+    parallel::GraphedStep step(
+        [&](const std::vector<Tensor>& in) {
+          Tensor loss = F::cross_entropy(ddp->forward(in[0]), in[1]);
+          opt.zero_grad();
+          loss.backward();
+          opt.step();
+          return std::vector<Tensor>{loss};
+        },
+        go);
+    for (int i = 0; i < kGraphSteps; ++i) {
+      auto [x, y] = global_batch(i);
+      opt.set_lr(0.1 / (1.0 + 0.05 * i));
+      Tensor loss = step({rows(x, r, n).to(dev), rows(y, r, n).to(dev)})[0];
+      run.losses.push_back(loss.item());
+    }
+    run.replays = step.replays();
+    return run;
+  };
+  Run eager = train(false), graph = train(true);
+  expect(eager.replays == 0, "graphed: the eager twin replayed a graph");
+  expect(graph.replays == kGraphSteps - 2, "rank " + std::to_string(r) + ": " + std::to_string(graph.replays) +
+                                               " replays, expected " + std::to_string(kGraphSteps - 2));
+  double worst_loss = 0;
+  for (int i = 0; i < kGraphSteps; ++i)
+    worst_loss = std::max(worst_loss, std::abs(graph.losses[i] - eager.losses[i]) / std::max(std::abs(eager.losses[i]), 1e-12));
+  expect(worst_loss <= 1e-6, "graphed: losses differ by " + std::to_string(worst_loss));
+  std::printf("rank %d graphed %s: %lld replays, max relative loss difference %.3g\n", r, kind.c_str(),
+              static_cast<long long>(graph.replays), worst_loss);
+  compare_weights(graph.model, eager.model, 1e-6, "rank " + std::to_string(r) + " graphed DDP vs eager DDP");
+  cuda::set_deterministic(prev_det);
+#else
+  (void)pg;
+  (void)kind;
+  expect(false, "graphed: this build has no CUDA");
+#endif
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -342,6 +414,11 @@ int main(int argc, char** argv) {
   try {
     dist::InitOptions o;
     if (const char* t = std::getenv("PROBE_TIMEOUT_MS")) o.timeout = std::chrono::milliseconds(std::atoi(t));
+    if (const char* d = std::getenv("PROBE_DEVICE"); d && std::string(d) == "cuda") {
+      const char* local = std::getenv("LOCAL_RANK");
+      o.backend = "nccl";
+      set_device(cuda_device(local ? std::atoi(local) : 0));
+    }
     auto pg = dist::init_process_group(o);
     rank = pg->rank();
     if (mode == "match") match(pg, model);
@@ -350,6 +427,7 @@ int main(int argc, char** argv) {
     else if (mode == "mismatch") mismatch(pg);
     else if (mode == "modelpar") modelpar(pg);
     else if (mode == "dp") dp(pg);
+    else if (mode == "graphed") graphed(pg, model);
     else {
       std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
       return 2;
@@ -359,6 +437,6 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (failures) return 1;
-  std::printf("rank %d: ok %s %s\n", rank, mode.c_str(), mode == "match" ? model.c_str() : "");
+  std::printf("rank %d: ok %s %s\n", rank, mode.c_str(), mode == "match" || mode == "graphed" ? model.c_str() : "");
   return 0;
 }

@@ -7,6 +7,9 @@
 //   hang RANK SIGNAL  all_reduce in a loop; rank RANK kills (SIGKILL) or stops
 //                (SIGSTOP) itself at step 3. Survivors must fail with
 //                DistError naming RANK; each prints how long that took.
+//   hanggraph RANK SIGNAL  the same with the all-reduce inside a replayed CUDA
+//                graph (nccl): the watch on each replay (Note [NCCL in a
+//                CUDA graph]) must name RANK too, not wait forever.
 //   sum          prints the sum over ranks of (rank+1) * [1, 2, 3] (two-node test).
 //   threads      prints the CPU threads this rank's ops use after joining.
 #include <signal.h>
@@ -21,6 +24,7 @@
 
 #include <chorus/chorus.h>
 #include <chorus/dist/init.h>
+#include <chorus/parallel/graphed_step.h>
 
 using namespace chorus;
 
@@ -193,6 +197,29 @@ int main(int argc, char** argv) {
         }
         pg->all_reduce(t)->wait();
         if (pg->backend() == "nccl") (void)t.sum().item();  // a host wait per step, as a training loop has
+      }
+    }
+    if (mode == "hanggraph") {
+      const int victim = std::atoi(argv[2]);
+      const int sig = std::string(argv[3]) == "STOP" ? SIGSTOP : SIGKILL;
+      Tensor t = ones({1024}, TensorOptions(kFloat32, g_device));
+      parallel::GraphedStepOptions go;
+      go.on_fallback = [](const std::string& line) { std::printf("FAIL: not captured: %s\n", line.c_str()); };
+      parallel::GraphedStep step(
+          [&](const std::vector<Tensor>& in) {
+            pg->all_reduce(t)->wait();
+            t.mul_(0.5);  // stays finite however many steps run
+            return std::vector<Tensor>{t.add(in[0])};
+          },
+          go);
+      Tensor x = ones({1}, TensorOptions(kFloat32, g_device));
+      for (int call = 0;; ++call) {
+        if (call == 5) {  // calls 0-1 eager, 2 captured, 3 on replayed
+          if (!step.captured()) std::printf("FAIL: rank %d: no graph by call 5\n", pg->rank());
+          t0 = std::chrono::steady_clock::now();
+          if (pg->rank() == victim) ::kill(::getpid(), sig);
+        }
+        (void)step({x})[0].item();  // a host wait per step, as a training loop has
       }
     }
     std::fprintf(stderr, "unknown mode %s\n", mode.c_str());

@@ -183,6 +183,36 @@ TEST(GraphCapture, HostEffectsRunNowOrAtEachReplay) {
   EXPECT_FALSE(capture_in_progress());
 }
 
+// Checks before each replay (Note [NCCL in a CUDA graph]): run at once
+// outside a capture, kept inside one; each capture has its own generation.
+TEST(GraphCapture, ChecksRunNowOrBeforeEachReplayAndCapturesAreCounted) {
+  int n = 0;
+  before_each_replay([&] { ++n; });
+  EXPECT_EQ(n, 1);
+  const uint64_t before = capture_generation();
+  {
+    CaptureScope scope;
+    EXPECT_EQ(capture_generation(), before + 1);
+    before_each_replay([&] { n += 10; });
+    before_each_replay([] { throw DistError("the group was aborted"); });
+    on_each_replay([&] { n += 1000; });
+    EXPECT_EQ(n, 1);
+    auto checks = scope.take_checks();
+    ASSERT_EQ(checks.size(), 2u);
+    EXPECT_TRUE(scope.take_checks().empty());  // taken once
+    EXPECT_EQ(scope.take_actions().size(), 1u);  // kept apart from the checks
+    checks[0]();
+    EXPECT_EQ(n, 11);
+    EXPECT_THROW(checks[1](), DistError);
+  }
+  {
+    CaptureScope scope;  // a later capture: a new generation, no checks left over
+    EXPECT_EQ(capture_generation(), before + 2);
+    EXPECT_TRUE(scope.take_checks().empty());
+  }
+  EXPECT_EQ(capture_generation(), before + 2);
+}
+
 // Note [Optimizer scalars on the device]: the optimizer's host bookkeeping is
 // deferred in a capture, and the learning rate cannot change inside one.
 TEST(GraphCapture, OptimizerCountsAtReplayAndRefusesANewLearningRateInside) {

@@ -14,6 +14,8 @@ namespace {
 std::atomic<bool> g_capturing{false};
 std::mutex g_mu;  // guards g_actions
 std::vector<std::function<void()>> g_actions;
+std::vector<std::function<void()>> g_checks;
+std::atomic<uint64_t> g_generation{0};
 
 }  // namespace
 
@@ -33,18 +35,32 @@ void on_each_replay(std::function<void()> action) {
   g_actions.push_back(std::move(action));
 }
 
+void before_each_replay(std::function<void()> check) {
+  if (!capture_in_progress()) {
+    check();
+    return;
+  }
+  std::lock_guard<std::mutex> g(g_mu);
+  g_checks.push_back(std::move(check));
+}
+
+uint64_t capture_generation() noexcept { return g_generation.load(std::memory_order_acquire); }
+
 CaptureScope::CaptureScope() {
   bool expected = false;
   if (!g_capturing.compare_exchange_strong(expected, true, std::memory_order_acq_rel))
     CHORUS_THROW(CaptureError, "a CUDA graph capture is already in progress (one at a time per process)");
+  g_generation.fetch_add(1, std::memory_order_acq_rel);
   std::lock_guard<std::mutex> g(g_mu);
   g_actions.clear();
+  g_checks.clear();
 }
 
 CaptureScope::~CaptureScope() {
   {
     std::lock_guard<std::mutex> g(g_mu);
     g_actions.clear();
+    g_checks.clear();
   }
   g_capturing.store(false, std::memory_order_release);
 }
@@ -52,6 +68,11 @@ CaptureScope::~CaptureScope() {
 std::vector<std::function<void()>> CaptureScope::take_actions() {
   std::lock_guard<std::mutex> g(g_mu);
   return std::exchange(g_actions, {});
+}
+
+std::vector<std::function<void()>> CaptureScope::take_checks() {
+  std::lock_guard<std::mutex> g(g_mu);
+  return std::exchange(g_checks, {});
 }
 
 }  // namespace chorus

@@ -19,6 +19,7 @@
 // (cuda/graph_pool.h), so replays find it where the capture left it.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -39,6 +40,17 @@ void check_not_capturing(const char* what);
 // included). A failed capture discards it, so the eager rerun does it once.
 void on_each_replay(std::function<void()> action);
 
+// A check that must pass before each replay (e.g. that a communicator the
+// graph's collectives use has not been aborted: replaying them then would
+// touch freed resources). Runs `check` now when no capture is in progress;
+// during a capture, keeps it and the graphed step runs it before each replay,
+// where what it throws reaches the caller and the graph is not launched.
+void before_each_replay(std::function<void()> check);
+
+// Counts the captures begun in this process (0 before the first): lets code
+// register a per-capture action once however often it runs inside one.
+uint64_t capture_generation() noexcept;
+
 // RAII, held by the graphed step while it captures: marks the capture in
 // progress and collects the on_each_replay() actions of any thread.
 class CaptureScope {
@@ -49,6 +61,8 @@ class CaptureScope {
   CaptureScope& operator=(const CaptureScope&) = delete;
   // The actions collected so far, in the order they were registered.
   std::vector<std::function<void()>> take_actions();
+  // The before_each_replay() checks collected so far, in registration order.
+  std::vector<std::function<void()>> take_checks();
 };
 
 }  // namespace chorus

@@ -206,16 +206,19 @@ struct DistributedDataParallel::Impl final : autograd::BackwardObserver {
   }
 
   // Note [DDP unused parameters]: the used-flags travel after the last
-  // bucket, so they add no meeting point between the ranks in mid-step.
+  // bucket, so they add no meeting point between the ranks in mid-step. The
+  // caller's stream waits for them at once (behind the last bucket, which it
+  // waits for anyway): no collective outlives its step, so a step captured as
+  // a CUDA graph is whole, and never waits for one issued before the capture.
   void exchange_used_flags() {
     if (group->size() == 1) return;
     const int64_t n = static_cast<int64_t>(params.size());
-    if (used_work) used_work->wait();
     const bool everything = std::all_of(used.begin(), used.end(), [](int64_t u) { return u != 0; });
     if (everything && !all_used.defined()) all_used = ones({n}, TensorOptions(kInt64, group->device()));
     // The usual step copies on the device: no host-to-device transfer.
     used_flags = everything ? ops::clone(all_used) : ops::to_device(from_vector(used, {n}), group->device());
     used_work = group->all_reduce(used_flags, ReduceOp::Sum);
+    used_work->wait();
   }
 
   void end(bool ok) override {
@@ -238,7 +241,6 @@ struct DistributedDataParallel::Impl final : autograd::BackwardObserver {
     // Some parameter got nothing here: did another rank use it?
     std::vector<int64_t> counts(params.size(), 0);
     if (group->size() > 1) {
-      used_work->wait();
       used_work.reset();
       counts = used_flags.to_vector<int64_t>();
     }

@@ -112,7 +112,19 @@ class DistributedDataParallel : public nn::Module {
 // bucket (so it adds no meeting point of the ranks in mid-step). The result
 // is read on the host only by a rank that left some parameter unused in that
 // step. Cost in the common case: one small all-reduce per step behind the
-// last bucket, no host synchronisation, no graph walk.
+// last bucket (the device's later work waits for it, as it waits for the last
+// bucket: a step owes nothing to the next, so it can be captured as a CUDA
+// graph), no host synchronisation, no graph walk.
+//
+// Note [DDP in a CUDA graph]: with one device per process, a DDP step can be
+// captured whole (parallel::GraphedStep; chorus train and chorus bench do it
+// by default): the bucket all-reduces are recorded into the graph on the NCCL
+// group's stream (Note [NCCL in a CUDA graph]) and replayed with it, so a
+// replay costs the host one launch however many buckets there are. The
+// capture needs the steps before it to have settled the buckets (the rebuild
+// from rank 0's order happens on the second step: two warm-up steps) and a
+// step that uses every parameter on this rank (an unused one is a host read,
+// so the step stays eager, with one line saying so).
 //
 // Note [DDP buffers]: the module's buffers are re-pointed, once, at views of
 // one flat buffer per device and dtype (layers read their buffers through

@@ -8,6 +8,18 @@
 // operation has not finished within the timeout (Note [Collective timeouts]); the next call,
 // or Work::wait(), then throws the DistError naming the ranks that did not
 // arrive.
+//
+// Note [NCCL in a CUDA graph]: a collective issued while the caller's stream
+// is being captured (parallel::GraphedStep, e.g. DDP's bucket all-reduces) is
+// recorded into the graph, not run: the communication stream joins the
+// capture through the `ready_` event and leaves it again when the caller's
+// stream waits for the Work. Such a Work is not given to the watchdog (its
+// event means nothing outside the graph). Instead the capture registers, once
+// per graph, a check before each replay (a group the watchdog aborted throws
+// here, before the graph's collectives run on freed resources) and a watch
+// after it: an event on the caller's stream, behind the replay, that the
+// watchdog times like any collective, so a rank that dies while the others
+// replay is named, not waited for forever.
 #include "chorus/dist/nccl_group.h"
 
 #if defined(CHORUS_WITH_CUDA) && defined(CHORUS_WITH_NCCL)
@@ -24,6 +36,7 @@
 #include <thread>
 
 #include "chorus/core/error.h"
+#include "chorus/core/graph_capture.h"
 #include "chorus/cuda/context.h"
 #include "chorus/cuda/nccl_check.h"
 #include "chorus/dist/roll_call.h"
@@ -56,8 +69,14 @@ class NcclGroup;
 
 class NcclWork final : public Work {
  public:
-  NcclWork(NcclGroup* g, const char* op, uint64_t seq, cudaEvent_t done, std::vector<Tensor> keep)
-      : g_(g), op_(op), seq_(seq), done_(done), started_(std::chrono::steady_clock::now()), keep_(std::move(keep)) {}
+  NcclWork(NcclGroup* g, const char* op, uint64_t seq, cudaEvent_t done, std::vector<Tensor> keep, bool captured)
+      : g_(g),
+        op_(op),
+        seq_(seq),
+        done_(done),
+        started_(std::chrono::steady_clock::now()),
+        keep_(std::move(keep)),
+        captured_(captured) {}
   ~NcclWork() override;
   bool is_completed() override;
   void wait() override;
@@ -69,9 +88,17 @@ class NcclWork final : public Work {
   std::chrono::steady_clock::time_point started_;
   std::mutex keep_mu_;
   std::vector<Tensor> keep_;  // the operands, until the caller's stream is ordered after the collective
+  const bool captured_;       // issued into a CUDA graph capture (Note [NCCL in a CUDA graph])
 };
 
-class NcclGroup final : public ProcessGroup {
+// Whether work issued to `s` now is recorded into a CUDA graph.
+bool is_capturing(cudaStream_t s) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  CHORUS_CUDA_CHECK(cudaStreamIsCapturing(s, &status));
+  return status == cudaStreamCaptureStatusActive;
+}
+
+class NcclGroup final : public ProcessGroup, public std::enable_shared_from_this<NcclGroup> {
  public:
   NcclGroup(int rank, int size, StorePtr store, ProcessGroupOptions options, int device)
       : ProcessGroup(rank, size, std::move(store), options), device_(device) {
@@ -249,6 +276,8 @@ class NcclGroup final : public ProcessGroup {
     check_broken();
     cuda::CudaDeviceGuard guard(device_);
     cudaStream_t cur = cuda::current_stream(device_);
+    const bool captured = is_capturing(cur);
+    if (captured) guard_replays();
     // `ready_` is reused: a wait captures the event's state when enqueued.
     CHORUS_CUDA_CHECK(cudaEventRecord(ready_, cur));
     CHORUS_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
@@ -276,13 +305,41 @@ class NcclGroup final : public ProcessGroup {
     // pipeline stage has twice as many): only collectives are counted, so
     // that a roll call after a failure compares like with like.
     const bool p2p = std::string_view(op) == "send" || std::string_view(op) == "recv";
-    auto w = std::make_shared<NcclWork>(this, op, p2p ? seq_ : ++seq_, done, std::move(keep));
+    auto w = std::make_shared<NcclWork>(this, op, p2p ? seq_ : ++seq_, done, std::move(keep), captured);
+    if (!captured) watch_work(w);
+    return w;
+  }
+
+  void watch_work(const std::shared_ptr<NcclWork>& w) {
     {
       std::lock_guard<std::mutex> lk(mu_);
       pending_.push_back(w);
     }
     cv_.notify_one();
-    return w;
+  }
+
+  // Note [NCCL in a CUDA graph]: once per capture that records a collective
+  // of this group.
+  void guard_replays() {
+    const uint64_t generation = capture_generation();
+    if (guarded_generation_.exchange(generation) == generation) return;
+    std::weak_ptr<NcclGroup> weak = weak_from_this();
+    before_each_replay([weak] {
+      if (auto g = weak.lock()) g->check_broken();
+    });
+    on_each_replay([weak] {
+      if (auto g = weak.lock()) g->watch_replay();
+    });
+  }
+
+  // An event behind the replay just issued on the caller's stream, timed by
+  // the watchdog as one more collective.
+  void watch_replay() {
+    cuda::CudaDeviceGuard guard(device_);
+    cudaEvent_t done = acquire_event();
+    CHORUS_CUDA_CHECK(cudaEventRecord(done, cuda::current_stream(device_)));
+    watch_work(std::make_shared<NcclWork>(this, "a replayed CUDA graph's collectives", ++seq_, done,
+                                          std::vector<Tensor>{}, false));
   }
 
   // The watchdog: retires finished operations; aborts the communicator when
@@ -325,9 +382,18 @@ class NcclGroup final : public ProcessGroup {
         err = std::current_exception();
         set_distributed_failure(e.message());  // Note [Distributed failure first]
       }
-      (void)ncclCommAbort(comm_);  // the kernels exit; the stream moves on
+      // Broken before the abort: ncclCommAbort sets the kernels' abort flag
+      // at once (they exit, the streams move on), but then waits until every
+      // CUDA graph holding this communicator's collectives is destroyed. The
+      // owner of such a graph learns of the failure here (its next replay's
+      // check throws), unwinds, destroys the graph, and the abort completes.
+      {
+        std::lock_guard<std::mutex> relock(mu_);
+        broken_ = err;
+      }
+      ncclComm_t aborting = comm_;
+      (void)ncclCommAbort(aborting);
       lk.lock();
-      broken_ = err;
       comm_ = nullptr;
       pending_.clear();
     }
@@ -342,6 +408,7 @@ class NcclGroup final : public ProcessGroup {
   cudaStream_t stream_ = nullptr;  // leaked with the process: tensors may name it
   Tensor barrier_buf_;
   uint64_t seq_ = 0;
+  std::atomic<uint64_t> guarded_generation_{0};  // the last capture guard_replays() registered for
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<NcclWork>> pending_;
@@ -361,12 +428,15 @@ class NcclGroup final : public ProcessGroup {
 // until the collective has finished on the device.
 NcclWork::~NcclWork() { g_->release_event(done_); }
 
-bool NcclWork::is_completed() { return finished(); }
+// A captured collective completes with each replay, which the callers'
+// streams are ordered after: outside the capture there is nothing to wait for.
+bool NcclWork::is_completed() { return captured_ || finished(); }
 
 void NcclWork::wait() {
   {
     cuda::CudaDeviceGuard guard(g_->device_);
-    CHORUS_CUDA_CHECK(cudaStreamWaitEvent(cuda::current_stream(g_->device_), done_, 0));
+    cudaStream_t cur = cuda::current_stream(g_->device_);
+    if (!captured_ || is_capturing(cur)) CHORUS_CUDA_CHECK(cudaStreamWaitEvent(cur, done_, 0));
   }
   std::vector<Tensor> drop;
   {

@@ -150,7 +150,7 @@ void GraphedStep::capture(const std::vector<Tensor>& inputs) {
   // The capture begins after the caller's work so far (the copies above).
   wait_for_callers();
   std::vector<Tensor> outputs;
-  std::vector<std::function<void()>> actions;
+  std::vector<std::function<void()>> actions, checks;
   {
     // The step's work on every device goes to the graph's streams, from this
     // thread and from the device threads it fans out to.
@@ -181,6 +181,7 @@ void GraphedStep::capture(const std::vector<Tensor>& inputs) {
     }
     graph_ = be.capture_end(d, streams_[0].handle());
     actions = scope.take_actions();
+    checks = scope.take_checks();
   }
   // Later eager work on the callers' streams (freeing what the capture made)
   // is ordered after the capture streams'.
@@ -188,10 +189,14 @@ void GraphedStep::capture(const std::vector<Tensor>& inputs) {
   for (const Device& dev : devices_) Stream::current(dev).wait(*replayed_);
   static_outputs_ = std::move(outputs);
   actions_ = std::move(actions);
+  checks_ = std::move(checks);
 }
 
 std::vector<Tensor> GraphedStep::replay(const std::vector<Tensor>& inputs) {
   const Device d = devices_[0];
+  // Before anything is issued: a failed check (an aborted communicator the
+  // graph's collectives use) reaches the caller with nothing launched.
+  for (const auto& check : checks_) check();
   NoGradGuard no_grad;
   for (size_t i = 0; i < inputs.size(); ++i) ops::copy_(static_inputs_[i], inputs[i]);
   // The replay reads what the callers' streams wrote (the inputs, a new

@@ -96,6 +96,7 @@ class GraphedStep {
   std::optional<Event> replayed_;   // on devices_[0]: the end of a replay
   std::vector<Tensor> static_inputs_, static_outputs_;
   std::vector<std::function<void()>> actions_;  // host bookkeeping per replay
+  std::vector<std::function<void()>> checks_;   // must pass before each replay (before_each_replay)
   DeviceBackend::GraphHandle graph_ = nullptr;
 };
 
