@@ -285,7 +285,7 @@ Training set_up(const TrainConfig& cfg) {
   // Note [Graphed step]: captured after two eager steps, replayed from then on.
   // (DataParallel keeps the batch in host memory, so its steps stay eager;
   // DDP's collectives go into the graph: Note [DDP in a CUDA graph].)
-  if (!cfg.no_cuda_graphs && cuda_graphs_apply(cfg.strategy, t.devices))
+  if (!cfg.no_cuda_graphs && cfg.strategy != "dp" && cuda_graphs_apply(cfg.strategy, t.devices))
     t.step.enable_cuda_graphs();
 
   data::DataLoaderOptions lo;

@@ -17,10 +17,10 @@ nn::ModulePtr wrap_for_strategy(const nn::ModulePtr& model, const std::string& s
 bool cuda_graphs_apply(const std::string& strategy, const std::vector<Device>& devices) {
   for (const Device& d : devices)
     if (!d.is_cuda()) return false;
-  // DataParallel's capture fails today on its replica threads (cuDNN refuses
-  // their capture streams: CUDNN_STATUS_BAD_PARAM_STREAM_MISMATCH) and would
-  // only fall back, so it is not attempted (docs/cuda_graphs.md). DDP with one
-  // GPU per process captures its collectives too (Note [DDP in a CUDA graph]).
+  // DataParallel: one graph over its devices (the replicas' threads issue to
+  // the capture's streams of every device); DDP with one GPU per process
+  // captures its collectives too (Note [DDP in a CUDA graph]).
+  if (strategy == "dp") return true;
   return (strategy == "single" || strategy == "ddp") && devices.size() == 1;
 }
 

@@ -53,7 +53,8 @@ struct TrainStep {
 };
 
 // Whether a step over `devices` with this strategy can be captured as a CUDA
-// graph: "single", or "ddp" with one device per process, on one CUDA device.
+// graph: "single", or "ddp" with one device per process, on one CUDA device;
+// "dp" over CUDA devices (its inputs on the first).
 bool cuda_graphs_apply(const std::string& strategy, const std::vector<Device>& devices);
 
 }  // namespace chorus::app

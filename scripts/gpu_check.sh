@@ -148,6 +148,25 @@ if has ddpgraphs; then
     ./$BUILD/chorus_dist_probe hanggraph 1 STOP 2>&1 | grep -v "^  |" | tail -5
   echo "launcher exit ${PIPESTATUS[0]}; processes left: $(pgrep -fc 'chorus_dist_probe hanggraph' || true)"
 fi
+if has ddptune; then
+  # Where WRN-28-10 bf16's DDP scaling goes: 1 GPU, then 2 GPUs under each
+  # variant (TUNE_VARIANTS: "NAME:ENV=V,ENV=V:extra bench flags" ...).
+  M=${TUNE_MODEL:-wrn-28-10}
+  timeout 200 $C bench --model $M --strategy ddp --devices cuda:0 --device-counts 1 --precision bf16 --channels-last \
+    --batch-size 128 --steps 40 --warmup 8 --json | sed 's/^{/{"variant":"1gpu",/' | tee -a "$OUT/tune.jsonl"
+  for v in ${TUNE_VARIANTS:-"default::"}; do
+    IFS=: read -r name envs flags <<<"$v"
+    timeout 200 env ${envs//,/ } $C bench --model $M --strategy ddp --devices cuda:0,cuda:1 --device-counts 2 --precision bf16 \
+      --channels-last --batch-size 128 --steps 40 --warmup 8 $flags --json | sed "s/^{/{\"variant\":\"$name\",/" | tee -a "$OUT/tune.jsonl"
+  done
+  python3 - "$OUT/tune.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+base = next((r["img_per_s"] for r in rows if r["variant"] == "1gpu"), float("nan"))
+for r in rows:
+    print(f"tune {r['variant']:16} {r['devices']} GPU  {r['img_per_s']:9.1f} img/s  {r['step_ms']:6.2f} ms  efficiency {r['img_per_s'] / (r['devices'] * base):.3f}")
+PY
+fi
 if has ddptrain; then
   # Real convergence: the Fashion-MNIST CNN, 5 epochs, DDP on 2 GPUs, from chorus launch and from mpirun.
   F=${FMNIST_DIR:-.bench/fashion-mnist}

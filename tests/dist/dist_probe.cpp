@@ -219,7 +219,7 @@ int main(int argc, char** argv) {
           t0 = std::chrono::steady_clock::now();
           if (pg->rank() == victim) ::kill(::getpid(), sig);
         }
-        (void)step({x})[0].item();  // a host wait per step, as a training loop has
+        (void)step({x})[0].sum().item();  // a host wait per step, as a training loop has
       }
     }
     std::fprintf(stderr, "unknown mode %s\n", mode.c_str());

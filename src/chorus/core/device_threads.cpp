@@ -105,10 +105,15 @@ std::vector<std::exception_ptr> DeviceThreadPool::run(const std::vector<Device>&
     for (Worker* w : workers) im->release(w);
     throw;
   }
-  // Each task issues to the caller's current stream of its device (the
-  // device's default stream unless the caller chose one), so that work on a
-  // stream the caller picked -- a StreamGuard, a CUDA graph capture -- stays on
-  // it when the work fans out to device threads.
+  // Each task issues to the caller's current streams (the devices' default
+  // streams unless the caller chose others), so that work on a stream the
+  // caller picked -- a StreamGuard, a CUDA graph capture -- stays on it when
+  // the work fans out to device threads. Every task gets the caller's stream
+  // of every device of the call, not only of its own: a replica's task also
+  // issues to the other devices (copies from the inputs' device, cross-device
+  // gradients), and in a capture such work on a device's default stream
+  // would leave the graph (cuDNN refused it: STREAM_MISMATCH; CUDA
+  // invalidated the capture).
   std::vector<Stream> streams;
   streams.reserve(devices.size());
   for (const Device& d : devices) streams.push_back(Stream::current(d));
@@ -118,7 +123,9 @@ std::vector<std::exception_ptr> DeviceThreadPool::run(const std::vector<Device>&
     w->task = [&, i, w] {
       try {
         DeviceGuard g(devices[i]);
-        StreamGuard on_callers_stream(streams[i]);
+        std::vector<std::unique_ptr<StreamGuard>> on_callers_streams;
+        on_callers_streams.reserve(streams.size());
+        for (const Stream& st : streams) on_callers_streams.push_back(std::make_unique<StreamGuard>(st));
         tasks[i]();
       } catch (...) {
         errors[i] = std::current_exception();

@@ -29,6 +29,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -122,7 +123,17 @@ class NcclGroup final : public ProcessGroup, public std::enable_shared_from_this
     if (r != ncclSuccess && r != ncclInProgress)
       cuda::throw_nccl_error(r, "ncclCommInitRankConfig", nullptr, "rank " + std::to_string(rank_), __FILE__, __LINE__);
     wait_ready("ncclCommInitRankConfig", options_.timeout);
-    CHORUS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    // CHORUS_NCCL_STREAM_PRIORITY=high: the communication stream's kernels
+    // are scheduled ahead of the compute kernels waiting for SMs (measured in
+    // docs/benchmarks.md, session 13).
+    const char* prio = std::getenv("CHORUS_NCCL_STREAM_PRIORITY");
+    if (prio && std::string_view(prio) == "high") {
+      int least = 0, greatest = 0;
+      CHORUS_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+      CHORUS_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
+    } else {
+      CHORUS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    }
     CHORUS_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     watchdog_ = std::thread([this] { watch(); });
   }
