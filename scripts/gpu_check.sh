@@ -275,11 +275,13 @@ if has dpgraphs; then
   # devices against eager DataParallel, at 1 and 2 GPUs (scaling efficiency).
   timeout 300 ./$BUILD/chorus_tests --gtest_filter='GraphedStep*:DeviceThread*:DataParallel*' 2>&1 \
     | tee "$OUT/dpgraph_tests.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|rror|CUDA graphs" | head -30
-  for cfg in "wrn-16-4 bf16 --channels-last" "wrn-28-10 bf16 --channels-last"; do
-    set -- $cfg
+  for cfg in ${DPGRAPHS_CONFIGS:-wrn-16-4:bf16:--channels-last wrn-28-10:bf16:--channels-last}; do
+    set -- ${cfg//:/ }
     for g in "" --no-cuda-graphs; do
-      timeout 300 $C bench --model $1 --strategy dp --devices cuda:0,cuda:1 --device-counts 1,2 --precision $2 $3 \
-        --batch-size 128 --steps 30 --warmup 8 $g 2>&1 | tee -a "$OUT/dpgraphs.txt"
+      # DPGRAPHS_GDB=1: under gdb, which prints the stack of a crash.
+      dbg=""; [ "${DPGRAPHS_GDB:-0}" = 1 ] && command -v gdb >/dev/null && dbg="gdb -q -batch -ex run -ex bt --args"
+      timeout 300 $dbg $C bench --model $1 --strategy dp --devices cuda:0,cuda:1 --device-counts ${DPGRAPHS_COUNTS:-1,2} --precision $2 $3 \
+        --batch-size 128 --steps 30 --warmup 8 $g 2>&1 | grep -v '^\[New Thread\|^\[Thread .* exited\|^\[Inferior' | tee -a "$OUT/dpgraphs.txt"
     done
   done
 fi

@@ -16,6 +16,7 @@ std::mutex g_mu;  // guards g_actions
 std::vector<std::function<void()>> g_actions;
 std::vector<std::function<void()>> g_checks;
 std::atomic<uint64_t> g_generation{0};
+std::string g_first_error;  // guarded by g_mu
 
 }  // namespace
 
@@ -44,6 +45,17 @@ void before_each_replay(std::function<void()> check) {
   g_checks.push_back(std::move(check));
 }
 
+void note_capture_error(const std::string& what) {
+  if (!capture_in_progress()) return;
+  std::lock_guard<std::mutex> g(g_mu);
+  if (g_first_error.empty()) g_first_error = what;
+}
+
+std::string first_capture_error() {
+  std::lock_guard<std::mutex> g(g_mu);
+  return g_first_error;
+}
+
 uint64_t capture_generation() noexcept { return g_generation.load(std::memory_order_acquire); }
 
 CaptureScope::CaptureScope() {
@@ -54,6 +66,7 @@ CaptureScope::CaptureScope() {
   std::lock_guard<std::mutex> g(g_mu);
   g_actions.clear();
   g_checks.clear();
+  g_first_error.clear();
 }
 
 CaptureScope::~CaptureScope() {

@@ -51,6 +51,13 @@ void before_each_replay(std::function<void()> check);
 // register a per-capture action once however often it runs inside one.
 uint64_t capture_generation() noexcept;
 
+// The first CUDA, cuDNN or NCCL error raised during the capture in progress
+// (not the "invalidated by a previous error" that every later call reports):
+// why a capture failed, whichever thread or call noticed it first. The error
+// checks note it; a graphed step that falls back names it.
+void note_capture_error(const std::string& what);
+std::string first_capture_error();
+
 // RAII, held by the graphed step while it captures: marks the capture in
 // progress and collects the on_each_replay() actions of any thread.
 class CaptureScope {

@@ -24,6 +24,8 @@ void throw_cuda_error(cudaError_t err, const char* call, const char* file, int l
   // Clears the runtime's last error so that a non-sticky failure (a bad launch
   // configuration, an invalid argument) does not resurface in the next check.
   (void)cudaGetLastError();
+  if (err != cudaErrorStreamCaptureInvalidated)
+    note_capture_error(detail::str_cat(cudaGetErrorName(err), " in ", call, " (", file, ":", line, ")"));
   // Note [Distributed failure first] (core/error.h).
   if (std::string dist = distributed_failure(); !dist.empty())
     throw DistError(detail::str_cat(dist, " (then, on this device: ", cudaGetErrorString(err), " in ", call, ")"), file,

@@ -6,12 +6,14 @@
 #include <vector>
 
 #include "chorus/core/error.h"
+#include "chorus/core/graph_capture.h"
 #include "chorus/cuda/caches.h"
 #include "chorus/cuda/context.h"
 
 namespace chorus::cuda {
 
 void throw_cudnn_error(cudnnStatus_t status, const char* call, const char* file, int line) {
+  note_capture_error(detail::str_cat(cudnnGetErrorString(status), " in ", call, " (", file, ":", line, ")"));
   throw DeviceError(detail::str_cat("cuDNN error: ", cudnnGetErrorString(status), " in ", call),
                     file, line);
 }

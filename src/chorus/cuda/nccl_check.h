@@ -11,6 +11,7 @@
 #include <string>
 
 #include "chorus/core/error.h"
+#include "chorus/core/graph_capture.h"
 
 namespace chorus::cuda {
 
@@ -22,7 +23,9 @@ std::string nccl_error_message(ncclResult_t r, const char* call, ncclComm_t comm
 template <typename Kind = DeviceError>
 [[noreturn]] void throw_nccl_error(ncclResult_t r, const char* call, ncclComm_t comm, const std::string& where,
                                    const char* file, int line) {
-  throw Kind(nccl_error_message(r, call, comm, where), file, line);
+  std::string message = nccl_error_message(r, call, comm, where);
+  note_capture_error(message);  // why a CUDA graph capture failed, if one is in progress
+  throw Kind(message, file, line);
 }
 // CHORUS_NCCL_CHECK's thrower (no communicator, no place).
 template <typename Kind>

@@ -99,9 +99,10 @@ std::vector<Tensor> GraphedStep::operator()(const std::vector<Tensor>& inputs) {
     return eager(inputs);
   }
   if (calls_ <= options_.warmup_steps) return eager(inputs);
+  std::string first_error;
   try {
     devices_ = devices;
-    capture(inputs);
+    capture(inputs, &first_error);
   } catch (const CaptureError& e) {
     reason_ = e.message();
   } catch (const Error& e) {
@@ -109,6 +110,9 @@ std::vector<Tensor> GraphedStep::operator()(const std::vector<Tensor>& inputs) {
     // capture): the eager run below says whether it is a real error.
     reason_ = e.message();
   }
+  // What broke the capture first, when what was thrown is only its echo.
+  if (!reason_.empty() && !first_error.empty() && reason_.find(first_error) == std::string::npos)
+    reason_ += "; the first error in the capture: " + first_error;
   if (!reason_.empty()) {
     static_inputs_.clear();
     static_outputs_.clear();
@@ -125,7 +129,7 @@ void GraphedStep::wait_for_callers() {
   }
 }
 
-void GraphedStep::capture(const std::vector<Tensor>& inputs) {
+void GraphedStep::capture(const std::vector<Tensor>& inputs, std::string* first_error) {
   const Device d = devices_[0];
   DeviceBackend& be = backend(d);
   {
@@ -159,6 +163,10 @@ void GraphedStep::capture(const std::vector<Tensor>& inputs) {
     CaptureScope scope;
     be.capture_begin(d, streams_[0].handle());
     size_t forked = 1;
+    struct NoteFirstError {
+      std::string* out;
+      ~NoteFirstError() { *out = first_capture_error(); }
+    } note_first_error{first_error};
     try {
       for (; forked < devices_.size(); ++forked)
         be.capture_fork(devices_[forked], streams_[forked].handle(), d, streams_[0].handle());

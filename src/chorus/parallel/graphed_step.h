@@ -78,7 +78,7 @@ class GraphedStep {
 
  private:
   std::vector<Tensor> eager(const std::vector<Tensor>& inputs);
-  void capture(const std::vector<Tensor>& inputs);
+  void capture(const std::vector<Tensor>& inputs, std::string* first_error);
   std::vector<Tensor> replay(const std::vector<Tensor>& inputs);
   bool matches(const std::vector<Tensor>& inputs) const;
   void say(const std::string& line);
