@@ -18,6 +18,7 @@
 #include "chorus/autograd/grad_mode.h"
 #include "chorus/core/backend.h"
 #include "chorus/core/error.h"
+#include "chorus/core/warn.h"
 #include "chorus/core/rng.h"
 #include "chorus/data/cifar.h"
 #include "chorus/dist/sync_batch_norm.h"
@@ -285,8 +286,16 @@ Training set_up(const TrainConfig& cfg) {
   // Note [Graphed step]: captured after two eager steps, replayed from then on.
   // (DataParallel keeps the batch in host memory, so its steps stay eager;
   // DDP's collectives go into the graph: Note [DDP in a CUDA graph].)
-  if (!cfg.no_cuda_graphs && cfg.strategy != "dp" && cuda_graphs_apply(cfg.strategy, t.devices))
-    t.step.enable_cuda_graphs();
+  if (!cfg.no_cuda_graphs && cfg.strategy != "dp" && cuda_graphs_apply(cfg.strategy, t.devices)) {
+    parallel::GraphedStepOptions go;
+    // One line from rank 0 (every rank has the same last, smaller batch); a
+    // failed capture is said by whichever rank it happens on.
+    const bool leader = !t.ranks || t.ranks->leader();
+    go.on_fallback = [leader](const std::string& line) {
+      if (leader || line.find("cannot be captured") != std::string::npos) warn(line);
+    };
+    t.step.enable_cuda_graphs(go);
+  }
 
   data::DataLoaderOptions lo;
   // --batch-size is per device; a pipeline's batch goes through every device (in micro-batches).

@@ -425,9 +425,16 @@ class CudaBackend final : public DeviceBackend {
     cudaError_t err = cudaStreamWaitEvent(dst_stream, ready, 0);
     events_.release(s, ready);  // the wait is enqueued; the event may be reused
     CHORUS_CUDA_CHECK(err);
-    (void)peer_access_enabled(d, s);  // direct P2P when the GPUs allow it
-    // cudaMemcpyPeerAsync also works without peer access (through the host).
-    CHORUS_CUDA_CHECK(cudaMemcpyPeerAsync(dst, d, src, s, nbytes, dst_stream));
+    const bool peer = peer_access_enabled(d, s);  // direct P2P when the GPUs allow it
+    if (peer && is_capturing(dst_stream)) {
+      // A stream capture refuses cudaMemcpyPeerAsync (StreamCaptureUnsupported);
+      // with peer access a plain copy between the two addresses is the same
+      // transfer, and becomes a memcpy node of the graph.
+      CHORUS_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, dst_stream));
+    } else {
+      // cudaMemcpyPeerAsync also works without peer access (through the host).
+      CHORUS_CUDA_CHECK(cudaMemcpyPeerAsync(dst, d, src, s, nbytes, dst_stream));
+    }
     allocator_.record_use(src, s, d, dst_stream);
   }
 
