@@ -176,7 +176,9 @@ void DataParallel::sync_replicas(size_t used) {
   // In a CUDA graph capture every group is copied: the graph's own optimizer
   // step changes the masters at every replay, and a failed capture must
   // leave the bookkeeping as it was (Note [CUDA graphs]).
-  const bool capturing = capture_in_progress();
+  // (One replica in use: there is nothing to copy, and a DataParallel over
+  // one device has no staging buffers.)
+  const bool capturing = capture_in_progress() && used > 1;
   std::vector<char> stale(groups, capturing ? 1 : 0);
   for (size_t e = 0; e < entries_.size() && !capturing; ++e) {
     const Entry& entry = entries_[e];
