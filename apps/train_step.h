@@ -43,8 +43,9 @@ struct TrainStep {
 
   // CUDA graphs (parallel/graphed_step.h): once enabled, run() replays the
   // captured step (after its warm-up), and falls back to eager with one line
-  // where it cannot. Applies to one CUDA device without a pipeline; returns
-  // whether it was enabled. Phases are not timed for replayed steps.
+  // where it cannot (options.devices: every device the step runs on, the
+  // inputs' first). Not for a pipeline over processes; returns whether it was
+  // enabled. Phases are not timed for replayed steps.
   bool enable_cuda_graphs(parallel::GraphedStepOptions options = {});
   std::shared_ptr<parallel::GraphedStep> graph;
 
@@ -54,7 +55,8 @@ struct TrainStep {
 
 // Whether a step over `devices` with this strategy can be captured as a CUDA
 // graph: "single", or "ddp" with one device per process, on one CUDA device;
-// "dp" over CUDA devices (its inputs on the first).
+// "dp" and "pipeline" (in one process) over CUDA devices, the inputs on the
+// first: one graph spans them all.
 bool cuda_graphs_apply(const std::string& strategy, const std::vector<Device>& devices);
 
 }  // namespace chorus::app

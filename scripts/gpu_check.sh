@@ -199,13 +199,15 @@ if has pipeline; then
   # A micro-batch of 32 runs WRN-28-10 at about half the speed per image of a
   # batch of 256 even on one GPU, so batch 1024 (micro-batches of 128) shows
   # what the schedules do when the micro-batches are not themselves the limit.
-  for cfg in "wrn-28-10 256" "wrn-40-10 256" "wrn-28-10 1024"; do
-    set -- $cfg
+  # Each step is captured as one CUDA graph over both GPUs (the default);
+  # PIPELINE_FLAGS=--no-cuda-graphs for eager steps. PIPELINE_CONFIGS: "model:batch ...".
+  for cfg in ${PIPELINE_CONFIGS:-wrn-28-10:256 wrn-40-10:256 wrn-28-10:1024}; do
+    set -- ${cfg//:/ }
     timeout 500 $C bench --strategy pipeline --model $1 --devices cuda:0,cuda:1 --precision bf16 --channels-last \
-      --batch-size $2 --micro-batches 8 --schedules naive,gpipe,1f1b,interleaved --steps 15 --warmup 4 --json \
-      | tee -a "$OUT/pipeline.jsonl"
+      --batch-size $2 --micro-batches 8 --schedules ${PIPELINE_SCHEDULES:-naive,gpipe,1f1b,interleaved} --steps 15 --warmup 4 \
+      ${PIPELINE_FLAGS:-} --json | tee -a "$OUT/pipeline.jsonl"
   done
-  for b in 32 256; do  # one GPU, micro-batch against whole batch
+  [ "${PIPELINE_SINGLE:-1}" = 1 ] && for b in 32 256; do  # one GPU, micro-batch against whole batch
     timeout 200 $C bench --model wrn-28-10 --devices cuda:0 --precision bf16 --channels-last --batch-size $b --steps 20 --warmup 5 --json \
       | tee -a "$OUT/pipeline_single.jsonl"
   done
@@ -217,11 +219,11 @@ if has pipeline; then
   python3 - "$OUT/pipeline.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-print(f"{'model':10} {'batch':>5} {'schedule':11} {'M':>2} {'balance':>9} {'img/s':>9} {'x naive':>7} {'bubble':>6} {'ideal':>6} {'peak MiB per GPU':>18}")
+print(f"{'model':10} {'batch':>5} {'schedule':11} {'M':>2} {'graph':5} {'balance':>9} {'img/s':>9} {'x naive':>7} {'bubble':>6} {'ideal':>6} {'peak MiB per GPU':>18}")
 for r in rows:
     peaks = "/".join(f"{p / 2**20:.0f}" for p in r["peak_mem_bytes_per_device"])
     sp = r["speedup_vs_naive"] or float("nan")
-    print(f"{r['model']:10} {r['batch']:>5} {r['schedule']:11} {r['micro_batches']:>2} {r['balance']:>9} {r['img_per_s']:9.1f} {sp:7.2f} "
+    print(f"{r['model']:10} {r['batch']:>5} {r['schedule']:11} {r['micro_batches']:>2} {'yes' if r.get('cuda_graphs') else 'no':5} {r['balance']:>9} {r['img_per_s']:9.1f} {sp:7.2f} "
           f"{r['bubble']:6.3f} {r['bubble_ideal']:6.3f} {peaks:>18}")
 PY
 fi

@@ -274,6 +274,12 @@ Tensor transfer(const Tensor& t, const Device& dst, const std::optional<Stream>&
                 std::optional<Event>* ready) {
   if (t.device() == dst) return t;
   if (!copy_stream || !(t.device().is_cuda() || dst.is_cuda())) return t.to(dst);
+  // The copy stream first waits for the sender's stream (the source is
+  // written there). Inside a CUDA graph capture this is also what brings the
+  // copy stream into the capture before the copy allocates on it.
+  Event sent(t.device(), false);
+  sent.record();
+  copy_stream->wait(sent);
   Tensor out;
   {
     StreamGuard g(*copy_stream);
