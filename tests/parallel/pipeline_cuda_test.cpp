@@ -118,7 +118,7 @@ TEST(PipelineCuda, Bf16StepIsFiniteAndMeasured_CUDA) {
 // stage's tasks on its device's thread, transfers on their copy streams)
 // against the same steps run eagerly: deterministic convolutions, TF32 off,
 // so equal to 1e-6; each schedule, a learning rate that changes every step.
-NamedTensors train_graphed(Schedule sch, bool graphed, int64_t* replays) {
+NamedTensors train_graphed(Schedule sch, bool graphed, int64_t* replays, std::vector<double>* losses) {
   const std::vector<Device> devs{cuda_device(0), cuda_device(1)};
   auto net = cnn();
   net->to(devs[0]);
@@ -143,7 +143,7 @@ NamedTensors train_graphed(Schedule sch, bool graphed, int64_t* replays) {
   manual_seed(77);
   for (int i = 0; i < 12; ++i) {
     opt.set_lr(0.05 / (1.0 + 0.1 * i));
-    step({randn({16, 3, 16, 16}).to(devs[0]), randint(0, 10, {16}).to(devs[0])});
+    losses->push_back(step({randn({16, 3, 16, 16}).to(devs[0]), randint(0, 10, {16}).to(devs[0])})[0].item());
   }
   *replays = step.replays();
   NamedTensors out;
@@ -158,14 +158,23 @@ TEST(PipelineCuda, GraphedStepsEqualEagerOnTwoGpus_MultiCUDA) {
   cuda::set_deterministic(true);
   for (Schedule sch : {Schedule::GPipe, Schedule::OneFOneB, Schedule::Interleaved}) {
     int64_t replays = 0, none = 0;
-    const NamedTensors eager = train_graphed(sch, false, &none), graphed = train_graphed(sch, true, &replays);
+    std::vector<double> eager_losses, graphed_losses;
+    const NamedTensors eager = train_graphed(sch, false, &none, &eager_losses),
+                       graphed = train_graphed(sch, true, &replays, &graphed_losses);
+    for (size_t i = 0; i < eager_losses.size(); ++i)
+      EXPECT_NEAR(graphed_losses[i], eager_losses[i], 1e-6 * std::abs(eager_losses[i]))
+          << schedule_name(sch) << " step " << i;
     EXPECT_EQ(none, 0);
     EXPECT_EQ(replays, 10) << schedule_name(sch);
     ASSERT_EQ(graphed.size(), eager.size());
     double worst = 0;
-    for (size_t i = 0; i < eager.size(); ++i) worst = std::max(worst, test::rel_err(graphed[i].second, eager[i].second));
+    for (size_t i = 0; i < eager.size(); ++i) {
+      const double e = test::rel_err(graphed[i].second, eager[i].second);
+      if (e > 1e-6) ADD_FAILURE() << schedule_name(sch) << ": " << eager[i].first << " differs by " << e;
+      worst = std::max(worst, e);
+    }
     EXPECT_LE(worst, 1e-6) << schedule_name(sch);
-    std::printf("pipeline %s graphed vs eager: %lld replays, max relative weight error %.3g\n", schedule_name(sch),
+    std::printf("pipeline %s graphed vs eager: %lld replays, max relative weight error %.3g\n", schedule_name(sch).c_str(),
                 static_cast<long long>(replays), worst);
   }
   cuda::set_deterministic(prev);
