@@ -201,11 +201,14 @@ if has pipeline; then
   # what the schedules do when the micro-batches are not themselves the limit.
   # Each step is captured as one CUDA graph over both GPUs (the default);
   # PIPELINE_FLAGS=--no-cuda-graphs for eager steps. PIPELINE_CONFIGS: "model:batch ...".
+  # PIPELINE_EAGER_TOO=1: each configuration eagerly as well (--no-cuda-graphs), same run.
   for cfg in ${PIPELINE_CONFIGS:-wrn-28-10:256 wrn-40-10:256 wrn-28-10:1024}; do
     set -- ${cfg//:/ }
-    timeout 500 $C bench --strategy pipeline --model $1 --devices cuda:0,cuda:1 --precision bf16 --channels-last \
-      --batch-size $2 --micro-batches 8 --schedules ${PIPELINE_SCHEDULES:-naive,gpipe,1f1b,interleaved} --steps 15 --warmup 4 \
-      ${PIPELINE_FLAGS:-} --json | tee -a "$OUT/pipeline.jsonl"
+    for g in "${PIPELINE_FLAGS:-}" $([ "${PIPELINE_EAGER_TOO:-0}" = 1 ] && echo --no-cuda-graphs); do
+      timeout 500 $C bench --strategy pipeline --model $1 --devices cuda:0,cuda:1 --precision bf16 --channels-last \
+        --batch-size $2 --micro-batches 8 --schedules ${PIPELINE_SCHEDULES:-naive,gpipe,1f1b,interleaved} --steps 15 --warmup 4 \
+        $g --json | tee -a "$OUT/pipeline.jsonl"
+    done
   done
   [ "${PIPELINE_SINGLE:-1}" = 1 ] && for b in 32 256; do  # one GPU, micro-batch against whole batch
     timeout 200 $C bench --model wrn-28-10 --devices cuda:0 --precision bf16 --channels-last --batch-size $b --steps 20 --warmup 5 --json \

@@ -10,6 +10,7 @@
 #include "chorus/autograd/grad_mode.h"
 #include "chorus/core/backend.h"
 #include "chorus/core/error.h"
+#include "chorus/core/graph_capture.h"
 #include "chorus/core/rng.h"
 #include "chorus/core/stream.h"
 #include "chorus/dist/flat_layout.h"
@@ -273,13 +274,9 @@ namespace {
 Tensor transfer(const Tensor& t, const Device& dst, const std::optional<Stream>& copy_stream,
                 std::optional<Event>* ready) {
   if (t.device() == dst) return t;
-  if (!copy_stream || !(t.device().is_cuda() || dst.is_cuda())) return t.to(dst);
-  // The copy stream first waits for the sender's stream (the source is
-  // written there). Inside a CUDA graph capture this is also what brings the
-  // copy stream into the capture before the copy allocates on it.
-  Event sent(t.device(), false);
-  sent.record();
-  copy_stream->wait(sent);
+  // Inside a CUDA graph capture the copy is ordered on the capture's own
+  // streams (the graph's edges give the overlap a copy stream gives eagerly).
+  if (!copy_stream || !(t.device().is_cuda() || dst.is_cuda()) || capture_in_progress()) return t.to(dst);
   Tensor out;
   {
     StreamGuard g(*copy_stream);
