@@ -114,19 +114,32 @@ std::vector<std::exception_ptr> DeviceThreadPool::run(const std::vector<Device>&
   // gradients), and in a capture such work on a device's default stream
   // would leave the graph (cuDNN refused it: STREAM_MISMATCH; CUDA
   // invalidated the capture).
-  std::vector<Stream> streams;
+  std::vector<Stream> streams;  // one per distinct device (a device may run several tasks)
   streams.reserve(devices.size());
-  for (const Device& d : devices) streams.push_back(Stream::current(d));
+  for (const Device& d : devices) {
+    bool seen = false;
+    for (const Stream& st : streams) seen = seen || st.device() == d;
+    if (!seen) streams.push_back(Stream::current(d));
+  }
   for (size_t i = 0; i < tasks.size(); ++i) {
     Worker* w = workers[i];
     std::lock_guard<std::mutex> lk(w->mu);
     w->task = [&, i, w] {
       try {
         DeviceGuard g(devices[i]);
-        std::vector<std::unique_ptr<StreamGuard>> on_callers_streams;
-        on_callers_streams.reserve(streams.size());
-        for (const Stream& st : streams) on_callers_streams.push_back(std::make_unique<StreamGuard>(st));
-        tasks[i]();
+        {
+          // Restored in reverse order, as nested guards would be.
+          std::vector<std::unique_ptr<StreamGuard>> on_callers_streams;
+          on_callers_streams.reserve(streams.size());
+          for (const Stream& st : streams) on_callers_streams.push_back(std::make_unique<StreamGuard>(st));
+          struct Unwind {
+            std::vector<std::unique_ptr<StreamGuard>>& guards;
+            ~Unwind() {
+              while (!guards.empty()) guards.pop_back();
+            }
+          } unwind{on_callers_streams};
+          tasks[i]();
+        }
       } catch (...) {
         errors[i] = std::current_exception();
       }
