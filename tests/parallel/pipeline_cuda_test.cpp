@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -142,7 +143,7 @@ NamedTensors train_graphed(Schedule sch, bool graphed, int64_t* replays, std::ve
       go);
   manual_seed(77);
   for (int i = 0; i < 12; ++i) {
-    opt.set_lr(0.05 / (1.0 + 0.1 * i));
+    if (std::getenv("PROBE_CONSTANT_LR") == nullptr) opt.set_lr(0.05 / (1.0 + 0.1 * i));
     losses->push_back(step({randn({16, 3, 16, 16}).to(devs[0]), randint(0, 10, {16}).to(devs[0])})[0].item());
   }
   *replays = step.replays();
