@@ -38,7 +38,6 @@ std::string join(const std::vector<int64_t>& v) {
 
 struct Row {
   double img_per_s = 0, step_ms = 0, loss = 0, bubble = 0, bubble_ideal = 0;
-  bool graphed = false;  // every timed step replayed a CUDA graph
   std::vector<size_t> peaks;
   std::string balance;
 };
@@ -57,9 +56,7 @@ Row bench_schedule(const BenchConfig& c, const std::vector<Device>& devs, const 
   in.insert(in.end(), spec.input.begin(), spec.input.end());
   Tensor x = randn(in, {kFloat32, devs[0]});
   if (cl) x = ops::to_channels_last(x);
-  // On the first device with the batch (a CUDA graph's inputs are on one
-  // device); the pipeline moves each micro-batch's targets to the last stage.
-  Tensor y = randint(0, 10, {c.batch_size}, {kInt64, devs[0]});
+  Tensor y = randint(0, 10, {c.batch_size}, {kInt64, devs.back()});
 
   PipelineChoice pc;
   const bool naive = name == "naive";
@@ -82,16 +79,6 @@ Row bench_schedule(const BenchConfig& c, const std::vector<Device>& devs, const 
   if (!balance->has_value() && name != "interleaved") *balance = join(pipe->balance());
   TrainStep step{pipe, &opt, cast, 0.0};
   step.pipeline = pipe.get();
-  const TrainStep eager = step;
-  // Note [Graphed step]: the whole pipelined step (every stage's tasks on
-  // its device's thread, the transfers on their streams) as one graph over
-  // the devices, captured in the warm-up.
-  parallel::GraphedStepOptions graph_options;
-  std::vector<Device> unique;
-  for (const Device& d : devs)
-    if (std::find(unique.begin(), unique.end(), d) == unique.end()) unique.push_back(d);
-  graph_options.devices = unique;
-  if (!c.no_cuda_graphs && cuda_graphs_apply("pipeline", devs)) step.enable_cuda_graphs(graph_options);
   Tensor loss;
   for (int64_t i = 0; i < c.warmup; ++i) loss = step.run(x, y).loss;
   for (const Device& d : devs) synchronize(d);
@@ -104,22 +91,16 @@ Row bench_schedule(const BenchConfig& c, const std::vector<Device>& devs, const 
   r.img_per_s = static_cast<double>(c.batch_size * c.steps) / dt;
   r.step_ms = 1000.0 * dt / static_cast<double>(c.steps);
   r.loss = loss.item();
-  r.graphed = step.graph && step.graph->replays() >= c.steps;
   for (const Device& d : devs) r.peaks.push_back(backend(d).peak_bytes(d));
-  // The bubble, from a few more (eager) steps with every task timed on its
-  // device: 1 - busy / (devices x step). A replayed graph times nothing, but
-  // its tasks take the same device time: its bubble is the measured busy
-  // time against the graphed step.
+  // The bubble, measured on a few more steps with every task timed.
   pipe->set_measure(true);
-  double bubble = 0, busy = 0;
+  double bubble = 0;
   const int measured = 3;
   for (int i = 0; i < measured; ++i) {
-    eager.run(x, y);
+    step.run(x, y);
     bubble += pipe->last_stats().bubble;
-    for (double b : pipe->last_stats().busy_ms) busy += b;
   }
-  const double lanes = static_cast<double>(pipe->last_stats().busy_ms.size());
-  r.bubble = r.graphed ? std::max(0.0, 1.0 - busy / measured / (lanes * r.step_ms)) : bubble / measured;
+  r.bubble = bubble / measured;
   const int D = static_cast<int>(devs.size()), S = static_cast<int>(pipe->num_stages());
   const int M = static_cast<int>(pc.micro_batches);
   r.bubble_ideal = parallel::simulate(parallel::make_schedule(pipe->options().schedule, D, S, M), S, M).bubble;
@@ -174,7 +155,6 @@ int run_bench_pipeline(const BenchConfig& c) {
         {"bubble", r.bubble},
         {"bubble_ideal", r.bubble_ideal},
         {"speedup_vs_naive", naive_rate > 0 ? nlohmann::ordered_json(speedup) : nullptr},
-        {"cuda_graphs", r.graphed},
         {"loss", r.loss}};
     if (c.json) {
       std::printf("%s\n", row.dump().c_str());
@@ -186,10 +166,8 @@ int run_bench_pipeline(const BenchConfig& c) {
                   c.model.c_str(), name.c_str(), (long long)(name == "naive" ? 1 : c.micro_batches), dev_list.c_str(),
                   c.precision.c_str(), (long long)c.batch_size, r.img_per_s, r.step_ms, r.bubble, r.bubble_ideal,
                   mem.c_str(),
-                  ((naive_rate > 0 && name != "naive" ? "  " + std::to_string(speedup).substr(0, 4) + "x naive"
-                                                      : std::string()) +
-                   (r.graphed ? "  (CUDA graph)" : ""))
-                      .c_str());
+                  naive_rate > 0 && name != "naive" ? ("  " + std::to_string(speedup).substr(0, 4) + "x naive").c_str()
+                                                    : "");
     }
     std::fflush(stdout);
   }

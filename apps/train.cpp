@@ -285,9 +285,9 @@ Training set_up(const TrainConfig& cfg) {
   if (cfg.precision == "bf16") t.step.autocast = kBFloat16;
   // Note [Graphed step]: captured after two eager steps, replayed from then on.
   // (DataParallel keeps the batch in host memory, so its steps stay eager;
-  // DDP's collectives go into the graph: Note [DDP in a CUDA graph]; a
-  // pipeline's graph holds every stage's work.)
-  if (!cfg.no_cuda_graphs && cfg.strategy != "dp" && cuda_graphs_apply(cfg.strategy, t.devices)) {
+  // DDP's collectives go into the graph: Note [DDP in a CUDA graph];
+  // pipelines stay eager: Note [Pipelines and CUDA graphs].)
+  if (!cfg.no_cuda_graphs && cfg.strategy != "dp" && !t.pipeline && cuda_graphs_apply(cfg.strategy, t.devices)) {
     parallel::GraphedStepOptions go;
     // One line from rank 0 (every rank has the same last, smaller batch); a
     // failed capture is said by whichever rank it happens on.
@@ -295,10 +295,6 @@ Training set_up(const TrainConfig& cfg) {
     go.on_fallback = [leader](const std::string& line) {
       if (leader || line.find("cannot be captured") != std::string::npos) warn(line);
     };
-    // A pipeline's graph spans its stages' devices (the batch arrives on the first).
-    if (t.pipeline)
-      for (const Device& d : t.devices)
-        if (std::find(go.devices.begin(), go.devices.end(), d) == go.devices.end()) go.devices.push_back(d);
     t.step.enable_cuda_graphs(go);
   }
 

@@ -44,8 +44,8 @@ struct TrainStep {
   // CUDA graphs (parallel/graphed_step.h): once enabled, run() replays the
   // captured step (after its warm-up), and falls back to eager with one line
   // where it cannot (options.devices: every device the step runs on, the
-  // inputs' first). Not for a pipeline over processes; returns whether it was
-  // enabled. Phases are not timed for replayed steps.
+  // inputs' first). Not for a pipeline; returns whether it was enabled.
+  // Phases are not timed for replayed steps.
   bool enable_cuda_graphs(parallel::GraphedStepOptions options = {});
   std::shared_ptr<parallel::GraphedStep> graph;
 
@@ -55,8 +55,8 @@ struct TrainStep {
 
 // Whether a step over `devices` with this strategy can be captured as a CUDA
 // graph: "single", or "ddp" with one device per process, on one CUDA device;
-// "dp" and "pipeline" (in one process) over CUDA devices, the inputs on the
-// first: one graph spans them all.
+// "dp" over CUDA devices, the inputs on the first: one graph spans them all
+// (not "pipeline": Note [Pipelines and CUDA graphs] in parallel/pipeline.h).
 bool cuda_graphs_apply(const std::string& strategy, const std::vector<Device>& devices);
 
 }  // namespace chorus::app

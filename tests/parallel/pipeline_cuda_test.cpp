@@ -16,7 +16,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -115,11 +114,11 @@ TEST(PipelineCuda, Bf16StepIsFiniteAndMeasured_CUDA) {
   EXPECT_LT(pipe.last_stats().bubble, 1);
 }
 
-// The whole pipelined step captured as one CUDA graph over both GPUs (each
-// stage's tasks on its device's thread, transfers on their copy streams)
-// against the same steps run eagerly: deterministic convolutions, TF32 off,
-// so equal to 1e-6; each schedule, a learning rate that changes every step.
-NamedTensors train_graphed(Schedule sch, bool graphed, int64_t* replays, std::vector<double>* losses) {
+// Note [Pipelines and CUDA graphs]: a GraphedStep around a pipelined step
+// does not capture it (replays drifted from eager steps); it says so in one
+// line and every step runs eagerly, equal to the same steps without a graph
+// (deterministic convolutions, TF32 off: 1e-6), for each schedule.
+NamedTensors train_graphed(Schedule sch, bool graphed, int64_t* replays, std::vector<std::string>* lines) {
   const std::vector<Device> devs{cuda_device(0), cuda_device(1)};
   auto net = cnn();
   net->to(devs[0]);
@@ -132,7 +131,7 @@ NamedTensors train_graphed(Schedule sch, bool graphed, int64_t* replays, std::ve
   GraphedStepOptions go;
   go.enabled = graphed;
   go.devices = devs;
-  go.on_fallback = [](const std::string& line) { ADD_FAILURE() << "fell back: " << line; };
+  go.on_fallback = [lines](const std::string& line) { lines->push_back(line); };
   GraphedStep step(
       [&](const std::vector<Tensor>& in) {
         opt.zero_grad();
@@ -143,8 +142,8 @@ NamedTensors train_graphed(Schedule sch, bool graphed, int64_t* replays, std::ve
       go);
   manual_seed(77);
   for (int i = 0; i < 12; ++i) {
-    if (std::getenv("PROBE_CONSTANT_LR") == nullptr) opt.set_lr(0.05 / (1.0 + 0.1 * i));
-    losses->push_back(step({randn({16, 3, 16, 16}).to(devs[0]), randint(0, 10, {16}).to(devs[0])})[0].item());
+    opt.set_lr(0.05 / (1.0 + 0.1 * i));
+    step({randn({16, 3, 16, 16}).to(devs[0]), randint(0, 10, {16}).to(devs[0])});
   }
   *replays = step.replays();
   NamedTensors out;
@@ -152,31 +151,22 @@ NamedTensors train_graphed(Schedule sch, bool graphed, int64_t* replays, std::ve
   return out;
 }
 
-TEST(PipelineCuda, GraphedStepsEqualEagerOnTwoGpus_MultiCUDA) {
+TEST(PipelineCuda, AGraphedStepFallsBackToEagerSteps_MultiCUDA) {
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
   NoTf32 no_tf32;
   const bool prev = cuda::deterministic();
   cuda::set_deterministic(true);
   for (Schedule sch : {Schedule::GPipe, Schedule::OneFOneB, Schedule::Interleaved}) {
     int64_t replays = 0, none = 0;
-    std::vector<double> eager_losses, graphed_losses;
-    const NamedTensors eager = train_graphed(sch, false, &none, &eager_losses),
-                       graphed = train_graphed(sch, true, &replays, &graphed_losses);
-    for (size_t i = 0; i < eager_losses.size(); ++i)
-      EXPECT_NEAR(graphed_losses[i], eager_losses[i], 1e-6 * std::abs(eager_losses[i]))
-          << schedule_name(sch) << " step " << i;
-    EXPECT_EQ(none, 0);
-    EXPECT_EQ(replays, 10) << schedule_name(sch);
+    std::vector<std::string> lines, no_lines;
+    const NamedTensors eager = train_graphed(sch, false, &none, &no_lines),
+                       graphed = train_graphed(sch, true, &replays, &lines);
+    EXPECT_EQ(replays, 0) << schedule_name(sch);
+    ASSERT_EQ(lines.size(), 1u) << schedule_name(sch);
+    EXPECT_NE(lines[0].find("a pipelined step cannot be captured"), std::string::npos) << lines[0];
     ASSERT_EQ(graphed.size(), eager.size());
-    double worst = 0;
-    for (size_t i = 0; i < eager.size(); ++i) {
-      const double e = test::rel_err(graphed[i].second, eager[i].second);
-      if (e > 1e-6) ADD_FAILURE() << schedule_name(sch) << ": " << eager[i].first << " differs by " << e;
-      worst = std::max(worst, e);
-    }
-    EXPECT_LE(worst, 1e-6) << schedule_name(sch);
-    std::printf("pipeline %s graphed vs eager: %lld replays, max relative weight error %.3g\n", schedule_name(sch).c_str(),
-                static_cast<long long>(replays), worst);
+    for (size_t i = 0; i < eager.size(); ++i)
+      EXPECT_LE(test::rel_err(graphed[i].second, eager[i].second), 1e-6) << schedule_name(sch) << ": " << eager[i].first;
   }
   cuda::set_deterministic(prev);
 }

@@ -590,6 +590,10 @@ Pipeline::StepResult Pipeline::train_step(const Tensor& x, const Tensor& target,
   CHORUS_CHECK(target.defined() && target.dim() >= 1 && target.size(0) == x.size(0), "Pipeline: ",
                target.defined() ? target.describe() : std::string("an undefined target"), " for a batch of ", x.size(0));
   CHORUS_CHECK(loss_fn != nullptr, "Pipeline: train_step needs a loss function");
+  // Note [Pipelines and CUDA graphs].
+  CHORUS_CHECK_T(CaptureError, !capture_in_progress(),
+                 "a pipelined step cannot be captured as a CUDA graph yet (its replays diverged from eager steps in "
+                 "testing); it runs eagerly");
   const auto t0 = Clock::now();
   const dist::ProcessGroupPtr& pg = opts_.stage_group;
   CHORUS_CHECK(opts_.micro_batches <= x.size(0), "Pipeline: ", opts_.micro_batches,
