@@ -155,5 +155,29 @@ TEST(DeviceThreadPool, AnErrorInAMultiDeviceBackwardReachesTheCaller) {
   EXPECT_EQ(DeviceThreadPool::global().num_threads(), threads) << "no thread lost or added";
 }
 
+// Every task issues to the caller's current stream of every device of the
+// run, not only of its own (a DataParallel replica also copies from the
+// inputs' device; inside a CUDA graph capture, work on any other stream would
+// leave the graph), and the pool's threads go back to their own streams.
+TEST(DeviceThreadPool, EveryTaskIssuesToTheCallersStreamsOfEveryDevice_CUDA) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
+  DeviceThreadPool pool;
+  const Device g = cuda_device(0);
+  const std::vector<Device> devs = {g, cpu_device(1)};
+  const Stream mine = Stream::create(g);
+  std::vector<char> on_mine(2, 0);
+  std::vector<std::function<void()>> tasks;
+  for (size_t i = 0; i < 2; ++i) tasks.push_back([&, i] { on_mine[i] = Stream::current(g) == mine; });
+  {
+    StreamGuard guard(mine);
+    for (auto& e : pool.run(devs, tasks)) EXPECT_FALSE(e);
+  }
+  EXPECT_TRUE(on_mine[0]) << "the task of cuda:0 did not issue to the caller's stream";
+  EXPECT_TRUE(on_mine[1]) << "the task of cpu:1 did not issue to the caller's stream of cuda:0";
+  for (auto& e : pool.run(devs, tasks)) EXPECT_FALSE(e);  // no guard: the threads' own streams again
+  EXPECT_FALSE(on_mine[0]);
+  EXPECT_FALSE(on_mine[1]);
+}
+
 }  // namespace
 }  // namespace chorus
