@@ -556,7 +556,17 @@ void Pipeline::init_run(Run& run, int64_t batch, int micro_batches) const {
   // One generator per (stage, micro-batch), derived from the process's
   // stream: the same numbers whatever order the threads run in, and again
   // when a checkpointed forward is recomputed.
-  const RngState base = default_generator().reserve(4);
+  // A replayed step does not run this host code: inside a capture the
+  // process's stream is advanced once per replay instead, as an eager step
+  // advances it (else every later draw of the program -- the next batch --
+  // differs from an eager run's).
+  RngState base;
+  if (capture_in_progress()) {
+    base = default_generator().state();
+    on_each_replay([] { (void)default_generator().reserve(4); });
+  } else {
+    base = default_generator().reserve(4);
+  }
   for (size_t i = 0; i < n; ++i) {
     run.gens.push_back(std::make_unique<Generator>(mix(base.seed ^ mix(base.offset) ^ mix(i + 1))));
     run.gen_start.push_back(run.gens.back()->state());
