@@ -12,6 +12,7 @@
 #include <map>
 
 #include "chorus/chorus.h"
+#include "chorus/core/graph_capture.h"
 #include "chorus/parallel/pipeline.h"
 #include "testing/expect_error.h"
 
@@ -354,6 +355,28 @@ TEST(Pipeline, MeasuredStepReportsBusyTimeAndBubble) {
   EXPECT_GE(st.bubble, 0);
   EXPECT_LT(st.bubble, 1);
   EXPECT_GT(st.step_ms, 0);
+}
+
+// Note [Pipelines and CUDA graphs]: inside a capture a pipelined step refuses
+// with CaptureError (a GraphedStep then runs it eagerly), before it touches
+// the process's random stream; outside one, each step reserves from that
+// stream exactly once.
+TEST(Pipeline, RefusesACudaGraphCaptureAndLeavesTheRandomStreamAlone) {
+  manual_seed(29);
+  Pipeline pipe(mlp(1), {}, cpus(2), {.micro_batches = 4});
+  const Tensor x = randn({16, 12}), y = randint(0, 5, {16});
+  const RngState before = default_generator().state();
+  {
+    CaptureScope scope;
+    EXPECT_TRUE(test::throws_naming<CaptureError>([&] { pipe.train_step(x, y, ce); },
+                                                  {"pipelined step", "CUDA graph", "eagerly"}));
+  }
+  EXPECT_EQ(default_generator().state().offset, before.offset);
+  pipe.train_step(x, y, ce);
+  const RngState after_one = default_generator().state();
+  EXPECT_GT(after_one.offset, before.offset);
+  pipe.train_step(x, y, ce);
+  EXPECT_EQ(default_generator().state().offset - after_one.offset, after_one.offset - before.offset);
 }
 
 // ---- bad input ------------------------------------------------------------------
