@@ -42,7 +42,7 @@ void add_bench_options(CLI::App* cmd, BenchConfig& c) {
   cmd->add_option("--precision", c.precision, "fp32|bf16")->capture_default_str();
   cmd->add_flag("--channels-last", c.channels_last, "NHWC activations (GPU)");
   cmd->add_flag("--no-cuda-graphs", c.no_cuda_graphs,
-                "time eager steps (default on CUDA devices for single, dp and ddp: the step captured as a CUDA graph and replayed)");
+                "time eager steps (default on CUDA devices for single, dp, ddp and pipeline: the step captured as a CUDA graph and replayed)");
   cmd->add_option("--batch-size", c.batch_size, "Batch per device")->capture_default_str();
   cmd->add_option("--steps", c.steps, "Timed steps")->capture_default_str();
   cmd->add_option("--warmup", c.warmup, "Untimed warm-up steps")->capture_default_str();

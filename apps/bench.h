@@ -16,7 +16,7 @@ struct BenchConfig {
   std::string strategy = "single";
   std::string precision = "fp32";
   bool channels_last = false;
-  bool no_cuda_graphs = false;          // single on one CUDA device: eager steps, not a replayed graph
+  bool no_cuda_graphs = false;          // eager steps, not a replayed graph (CUDA devices)
   int64_t batch_size = 128;  // per device
   int64_t steps = 30;
   int64_t warmup = 8;

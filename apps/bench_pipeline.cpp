@@ -11,6 +11,7 @@
 #include "chorus/core/backend.h"
 #include "chorus/core/error.h"
 #include "chorus/core/rng.h"
+#include "chorus/core/warn.h"
 #include "chorus/models/models.h"
 #include "chorus/ops/copy.h"
 #include "chorus/ops/factory.h"
@@ -38,6 +39,7 @@ std::string join(const std::vector<int64_t>& v) {
 
 struct Row {
   double img_per_s = 0, step_ms = 0, loss = 0, bubble = 0, bubble_ideal = 0;
+  bool graphed = false;
   std::vector<size_t> peaks;
   std::string balance;
 };
@@ -56,7 +58,9 @@ Row bench_schedule(const BenchConfig& c, const std::vector<Device>& devs, const 
   in.insert(in.end(), spec.input.begin(), spec.input.end());
   Tensor x = randn(in, {kFloat32, devs[0]});
   if (cl) x = ops::to_channels_last(x);
-  Tensor y = randint(0, 10, {c.batch_size}, {kInt64, devs.back()});
+  // The targets beside the batch (a graph's inputs share a device); the
+  // pipeline takes them to the last stage.
+  Tensor y = randint(0, 10, {c.batch_size}, {kInt64, devs[0]});
 
   PipelineChoice pc;
   const bool naive = name == "naive";
@@ -79,6 +83,18 @@ Row bench_schedule(const BenchConfig& c, const std::vector<Device>& devs, const 
   if (!balance->has_value() && name != "interleaved") *balance = join(pipe->balance());
   TrainStep step{pipe, &opt, cast, 0.0};
   step.pipeline = pipe.get();
+  // One CUDA graph over the stages' devices, captured in the warm-up
+  // (Note [Pipelines and CUDA graphs]); --no-cuda-graphs to compare.
+  std::string fallback;
+  if (!c.no_cuda_graphs && cuda_graphs_apply("pipeline", devs)) {
+    parallel::GraphedStepOptions go;
+    go.devices = pipe->devices();
+    go.on_fallback = [&fallback](const std::string& line) {
+      if (fallback.empty()) warn(line);
+      fallback = line;
+    };
+    step.enable_cuda_graphs(go);
+  }
   Tensor loss;
   for (int64_t i = 0; i < c.warmup; ++i) loss = step.run(x, y).loss;
   for (const Device& d : devs) synchronize(d);
@@ -91,16 +107,24 @@ Row bench_schedule(const BenchConfig& c, const std::vector<Device>& devs, const 
   r.img_per_s = static_cast<double>(c.batch_size * c.steps) / dt;
   r.step_ms = 1000.0 * dt / static_cast<double>(c.steps);
   r.loss = loss.item();
+  r.graphed = step.graph && step.graph->replays() > 0;
   for (const Device& d : devs) r.peaks.push_back(backend(d).peak_bytes(d));
-  // The bubble, measured on a few more steps with every task timed.
+  // The bubble: each device's busy time, measured on a few more eager steps
+  // with every task timed on the device alone (behind a gate, so no host
+  // gaps), against the time the timed steps above took (replayed or eager):
+  // the share of the step each device spent idle.
   pipe->set_measure(true);
-  double bubble = 0;
+  std::vector<double> busy(devs.size(), 0.0);
   const int measured = 3;
   for (int i = 0; i < measured; ++i) {
-    step.run(x, y);
-    bubble += pipe->last_stats().bubble;
+    step.run_eager(x, y);
+    const std::vector<double>& b = pipe->last_stats().busy_ms;
+    for (size_t d = 0; d < b.size() && d < busy.size(); ++d) busy[d] += b[d] / measured;
   }
-  r.bubble = bubble / measured;
+  pipe->set_measure(false);
+  double mean_busy = 0;
+  for (double b : busy) mean_busy += b / static_cast<double>(busy.size());
+  r.bubble = std::max(0.0, 1.0 - mean_busy / r.step_ms);
   const int D = static_cast<int>(devs.size()), S = static_cast<int>(pipe->num_stages());
   const int M = static_cast<int>(pc.micro_batches);
   r.bubble_ideal = parallel::simulate(parallel::make_schedule(pipe->options().schedule, D, S, M), S, M).bubble;
@@ -152,6 +176,7 @@ int run_bench_pipeline(const BenchConfig& c) {
         {"step_ms", r.step_ms},
         {"peak_mem_bytes", *std::max_element(r.peaks.begin(), r.peaks.end())},
         {"peak_mem_bytes_per_device", peaks},
+        {"cuda_graphs", r.graphed},
         {"bubble", r.bubble},
         {"bubble_ideal", r.bubble_ideal},
         {"speedup_vs_naive", naive_rate > 0 ? nlohmann::ordered_json(speedup) : nullptr},
@@ -161,10 +186,11 @@ int run_bench_pipeline(const BenchConfig& c) {
     } else {
       std::string mem;
       for (size_t p : r.peaks) mem += (mem.empty() ? "" : " / ") + std::to_string(p >> 20);
-      std::printf("%-10s pipeline %-11s M=%-3lld %s  %5s  batch %-5lld %10.1f img/s %8.2f ms/step  bubble %.3f (ideal %.3f)"
+      std::printf("%-10s pipeline %-11s M=%-3lld %s  %5s  batch %-5lld %10.1f img/s %8.2f ms/step%s  bubble %.3f (ideal %.3f)"
                   "  peak %s MiB%s\n",
                   c.model.c_str(), name.c_str(), (long long)(name == "naive" ? 1 : c.micro_batches), dev_list.c_str(),
-                  c.precision.c_str(), (long long)c.batch_size, r.img_per_s, r.step_ms, r.bubble, r.bubble_ideal,
+                  c.precision.c_str(), (long long)c.batch_size, r.img_per_s, r.step_ms, r.graphed ? " (graph)" : "",
+                  r.bubble, r.bubble_ideal,
                   mem.c_str(),
                   naive_rate > 0 && name != "naive" ? ("  " + std::to_string(speedup).substr(0, 4) + "x naive").c_str()
                                                     : "");

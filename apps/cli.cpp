@@ -72,7 +72,7 @@ int chorus_main(int argc, char** argv, bool parse_only) {
                   "(default where every device is a GPU)");
   train->add_flag("--no-channels-last", tc.no_channels_last, "Keep NCHW on GPUs too");
   train->add_flag("--no-cuda-graphs", tc.no_cuda_graphs,
-                  "Run every step eagerly (default on CUDA devices: the step is captured as a CUDA graph and replayed; single and ddp)");
+                  "Run every step eagerly (default on CUDA devices: the step is captured as a CUDA graph and replayed; single, ddp and pipeline)");
 
   app::BenchConfig bc;
   CLI::App* bench = app.add_subcommand("bench", "Training throughput on synthetic data");

@@ -286,9 +286,10 @@ Training set_up(const TrainConfig& cfg) {
   // Note [Graphed step]: captured after two eager steps, replayed from then on.
   // (DataParallel keeps the batch in host memory, so its steps stay eager;
   // DDP's collectives go into the graph: Note [DDP in a CUDA graph];
-  // pipelines stay eager: Note [Pipelines and CUDA graphs].)
-  if (!cfg.no_cuda_graphs && cfg.strategy != "dp" && !t.pipeline && cuda_graphs_apply(cfg.strategy, t.devices)) {
+  // a pipeline is one graph over its devices: Note [Pipelines and CUDA graphs].)
+  if (!cfg.no_cuda_graphs && cfg.strategy != "dp" && cuda_graphs_apply(cfg.strategy, t.devices)) {
     parallel::GraphedStepOptions go;
+    if (t.pipeline) go.devices = t.pipeline->devices();
     // One line from rank 0 (every rank has the same last, smaller batch); a
     // failed capture is said by whichever rank it happens on.
     const bool leader = !t.ranks || t.ranks->leader();

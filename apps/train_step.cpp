@@ -20,13 +20,13 @@ bool cuda_graphs_apply(const std::string& strategy, const std::vector<Device>& d
   // DataParallel: one graph over its devices (the replicas' threads issue to
   // the capture's streams of every device); DDP with one GPU per process
   // captures its collectives too (Note [DDP in a CUDA graph]).
-  if (strategy == "dp") return true;
+  // A pipeline: one graph over its stages' devices (Note [Pipelines and CUDA
+  // graphs]).
+  if (strategy == "dp" || strategy == "pipeline") return true;
   return (strategy == "single" || strategy == "ddp") && devices.size() == 1;
 }
 
 bool TrainStep::enable_cuda_graphs(parallel::GraphedStepOptions options) {
-  // A pipeline's step refuses a capture (Note [Pipelines and CUDA graphs]).
-  if (pipeline) return false;
   TrainStep eager = *this;  // the step as it is now, without the graph
   eager.graph = nullptr;
   graph = std::make_shared<parallel::GraphedStep>(

@@ -40,23 +40,24 @@ struct TrainStep {
     double forward_ms = 0, backward_ms = 0, optim_ms = 0;
   };
   Result run(const Tensor& x, const Tensor& y, Phases* phases = nullptr) const;
+  // The step run eagerly even when a graph is enabled (a pipeline's measured
+  // steps time every task).
+  Result run_eager(const Tensor& x, const Tensor& y, Phases* phases = nullptr) const;
 
   // CUDA graphs (parallel/graphed_step.h): once enabled, run() replays the
   // captured step (after its warm-up), and falls back to eager with one line
   // where it cannot (options.devices: every device the step runs on, the
-  // inputs' first). Not for a pipeline; returns whether it was enabled.
+  // inputs' first; a pipeline: its devices). Returns whether it was enabled.
   // Phases are not timed for replayed steps.
   bool enable_cuda_graphs(parallel::GraphedStepOptions options = {});
   std::shared_ptr<parallel::GraphedStep> graph;
-
- private:
-  Result run_eager(const Tensor& x, const Tensor& y, Phases* phases) const;
 };
 
 // Whether a step over `devices` with this strategy can be captured as a CUDA
 // graph: "single", or "ddp" with one device per process, on one CUDA device;
-// "dp" over CUDA devices, the inputs on the first: one graph spans them all
-// (not "pipeline": Note [Pipelines and CUDA graphs] in parallel/pipeline.h).
+// "dp" over CUDA devices, the inputs on the first: one graph spans them all;
+// "pipeline" over CUDA devices likewise (Note [Pipelines and CUDA graphs] in
+// parallel/pipeline.h).
 bool cuda_graphs_apply(const std::string& strategy, const std::vector<Device>& devices);
 
 }  // namespace chorus::app

@@ -12,7 +12,8 @@
 # bnbench times the batch-norm kernels per layer shape; hostprof samples an eager step's host time (gperftools); profile sums GPU time per kernel class (nsys); dpgraphs runs DataParallel
 # with and without CUDA graphs on 2 GPUs;
 # pipeline runs WRN-28-10 and WRN-40-10 in 2 stages (naive, GPipe, 1F1B,
-# interleaved) and a pipeline of 2 processes over NCCL send/recv. Every command runs under `timeout`, so a hang
+# interleaved) and a pipeline of 2 processes over NCCL send/recv; pipetrain trains Fashion-MNIST
+# in 2 stages, graphed and eager. Every command runs under `timeout`, so a hang
 # shows up as a failed row instead of eating the machine's time. Logs and JSON rows go to $OUT (or ./gpu-out).
 # PyTorch's reference script is read from .bench/torch_baseline.py (a copy of
 # ../shared/bench, carried by the device tool).
@@ -210,7 +211,7 @@ if has pipeline; then
         $g --json | tee -a "$OUT/pipeline.jsonl"
     done
   done
-  [ "${PIPELINE_SINGLE:-1}" = 1 ] && for b in 32 256; do  # one GPU, micro-batch against whole batch
+  [ "${PIPELINE_SINGLE:-1}" = 1 ] && for b in ${PIPELINE_SINGLE_BATCHES:-32 256}; do  # one GPU, micro-batch against whole batch
     timeout 200 $C bench --model wrn-28-10 --devices cuda:0 --precision bf16 --channels-last --batch-size $b --steps 20 --warmup 5 --json \
       | tee -a "$OUT/pipeline_single.jsonl"
   done
@@ -229,6 +230,15 @@ for r in rows:
     print(f"{r['model']:10} {r['batch']:>5} {r['schedule']:11} {r['micro_batches']:>2} {'yes' if r.get('cuda_graphs') else 'no':5} {r['balance']:>9} {r['img_per_s']:9.1f} {sp:7.2f} "
           f"{r['bubble']:6.3f} {r['bubble_ideal']:6.3f} {peaks:>18}")
 PY
+fi
+if has pipetrain; then
+  # Fashion-MNIST CNN, 2 stages on 2 GPUs, 4 micro-batches, 1F1B: the default
+  # (each step one CUDA graph over both GPUs) against --no-cuda-graphs, same seed.
+  F=${FMNIST_DIR:-.bench/fashion-mnist}
+  for g in "" --no-cuda-graphs; do
+    timeout 300 $C train --data-dir $F --strategy pipeline --devices cuda:0,cuda:1 --micro-batches 4 --schedule 1f1b \
+      --epochs ${PIPETRAIN_EPOCHS:-5} --seed 1 --quiet --json $g 2>&1 | tail -3 | sed "s/^/pipetrain ${g:-graphed}: /"
+  done
 fi
 if has graphs; then
   # Issue 14: the graphed step's tests, then one GPU against PyTorch's best

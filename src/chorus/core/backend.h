@@ -70,6 +70,12 @@ class DeviceBackend {
   virtual bool event_query(Device d, EventHandle e) = 0;
   // Milliseconds from `start` to `end`.
   virtual float event_elapsed_ms(Device d, EventHandle start, EventHandle end) = 0;
+  // Holds `d`'s current stream until the returned function is called (or is
+  // dropped uncalled, which also lets it go after a bound): the work issued in
+  // between then runs back to back, so events around it time the device, not
+  // the host's issue gaps (Note [Timing behind a gate], cuda/timing_gate.h).
+  // Null where the device has no such thing (CPU: host time is the time).
+  virtual std::shared_ptr<void> hold_stream(Device d) { return nullptr; }
 
   virtual std::string device_name(Device d) const = 0;
 

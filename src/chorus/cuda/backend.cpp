@@ -32,6 +32,7 @@
 #include "chorus/core/error.h"
 #include "chorus/core/graph_capture.h"
 #include "chorus/core/warn.h"
+#include "chorus/cuda/timing_gate.h"
 #include "chorus/cuda/allocator.h"
 #include "chorus/cuda/context.h"
 
@@ -250,6 +251,12 @@ class CudaBackend final : public DeviceBackend {
     CHORUS_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start),
                                            static_cast<cudaEvent_t>(end)));
     return ms;
+  }
+
+  std::shared_ptr<void> hold_stream(Device d) override {
+    CudaDeviceGuard guard(index(d));
+    // The gate opens when the last holder lets go (its destructor opens it).
+    return std::make_shared<cuda::StreamGate>(cuda::current_stream(index(d)));
   }
 
   // ---- graphs (Note [CUDA graphs]) ------------------------------------------------

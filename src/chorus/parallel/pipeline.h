@@ -61,8 +61,11 @@ struct PipelineOptions {
   bool deferred_batch_norm = false;
   // With an empty balance: stages per device (0: 2 for interleaved, else 1).
   int64_t virtual_stages = 0;
-  // Time every task (events on GPUs; a host synchronisation per step) for
-  // PipelineStats' busy time and bubble.
+  // Time every task (events on GPUs, each task issued behind a gate so they
+  // time the device alone; a host synchronisation per step) for
+  // PipelineStats' busy time and bubble. The gates make such a step slower
+  // than an unmeasured one: compare busy time with an unmeasured step's time
+  // (chorus bench does) for the bubble of the real step.
   bool measure = false;
   // Stages over processes: stage s runs on rank s % size (one stage per rank;
   // `devices` is then this rank's one device). Activations and gradients
@@ -80,21 +83,24 @@ struct PipelineOptions {
   dist::ProcessGroupPtr data_group;
 };
 
-// Note [Pipelines and CUDA graphs]: train_step refuses a CUDA graph capture
-// (CaptureError: a GraphedStep around it falls back to eager with one line).
-// Captured whole over both GPUs (session 13), a pipelined step replayed the
-// right result once and then drifted from the eager steps of its test. The
-// likely cause, found after the GPU time was spent: each step reserved its
-// micro-batches' generators from the process's random stream on the host,
-// which a replay does not do, so the test's next batches (drawn from that
-// stream) differed from the eager run's from the second replay on -- the
-// steps' data, not their arithmetic. The reservation now advances the stream
-// once per replay (init_run); the refusal stays until a GPU run shows
-// replayed pipelined steps equal to eager ones.
+// Note [Pipelines and CUDA graphs]: a pipelined step can be captured whole
+// as one CUDA graph over its devices (GraphedStep with options.devices = the
+// stages' devices): each device's thread issues its stage tasks to that
+// device's capture stream, the stage-to-stage copies are ordered by events
+// inside the capture (the copy streams are left out: a capture forks only
+// the streams it is handed), and a replay is one launch per step. Host
+// effects of a step happen once per replay: init_run's reservation of the
+// micro-batch generators from the process's random stream is registered with
+// on_each_replay inside a capture -- without it, every later draw of the
+// program (the next batch) differed from an eager run's from the second
+// replay on, which is how a first attempt (session 13) drifted from its
+// eager test. Random numbers drawn inside a stage (dropout) still make the
+// capture fail (CaptureError) and the step run eagerly. Over processes
+// (stage_group) the send/recv headers are read on the host: not capturable.
 struct PipelineStats {
   double step_ms = 0;            // host wall time of the step (measure: after synchronising)
   std::vector<double> busy_ms;   // per device: time spent in its tasks (measure only)
-  double bubble = 0;             // 1 - mean(busy) / step_ms (measure only)
+  double bubble = 0;             // 1 - mean(busy) / step_ms of this measured step (measure only)
 };
 
 using LossFn = std::function<Tensor(const Tensor& output, const Tensor& target)>;
