@@ -86,9 +86,9 @@ struct PipelineOptions {
 // Note [Pipelines and CUDA graphs]: a pipelined step can be captured whole
 // as one CUDA graph over its devices (GraphedStep with options.devices = the
 // stages' devices): each device's thread issues its stage tasks to that
-// device's capture stream, the stage-to-stage copies are ordered by events
-// inside the capture (the copy streams are left out: a capture forks only
-// the streams it is handed), and a replay is one launch per step. Host
+// device's capture stream, the stage-to-stage copies run on the copy streams,
+// which join the capture through the events that order them (Note [Pipeline
+// transfers]), and a replay is one launch per step. Host
 // effects of a step happen once per replay: init_run's reservation of the
 // micro-batch generators from the process's random stream is registered with
 // on_each_replay inside a capture -- without it, every later draw of the
