@@ -66,6 +66,27 @@ TEST(CudaTimingGate, AGateDestroyedUnopenedOpens_CUDA) {
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0.3);
 }
 
+// Concurrent gates (a pipeline's device threads each time their tasks):
+// opening the newer gate leaves the older one closed.
+TEST(CudaTimingGate, ConcurrentGatesOpenOnlyThemselves_CUDA) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
+  const Device dev = cuda_device(0);
+  Stream s1 = Stream::create(dev), s2 = Stream::create(dev);
+  Event first(dev), second(dev);
+  cuda::StreamGate older(static_cast<cudaStream_t>(s1.handle()));
+  first.record(s1);
+  cuda::StreamGate newer(static_cast<cudaStream_t>(s2.handle()));
+  second.record(s2);
+  newer.open();
+  second.synchronize();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(first.query()) << "opening the newer gate opened the older one";
+  older.open();
+  first.synchronize();
+  EXPECT_FALSE(older.expired());
+  EXPECT_FALSE(newer.expired());
+}
+
 }  // namespace
 }  // namespace chorus
 

@@ -14,14 +14,18 @@ namespace {
 // issuing a handful of runs, far below anything a user would notice.
 constexpr unsigned long long kMaxHoldNs = 500'000'000ull;
 
-// One pair of words in pinned, host-mapped memory, shared by every gate of
-// the process: `open` is the newest generation the host has released (a gate
-// waits until it reaches its own), `expired` the newest generation whose spin
-// gave up. Generations are unique, so concurrent gates (other threads, other
-// devices) never open each other early.
+// Words in pinned, host-mapped memory shared by the gates of the process, one
+// slot per generation modulo kSlots: a gate waits until its slot's `open`
+// reaches its own generation; `expired` is the generation whose spin gave up.
+// Each gate has a slot of its own, so concurrent gates (the device threads of
+// a pipeline, each timing its tasks) never open each other early -- with one
+// shared word, releasing a newer generation released every older one too and
+// the pipeline's busy times took in the host's issue gaps. Slots are reused
+// only after kSlots newer gates, far more than are ever closed at once.
+constexpr uint32_t kSlots = 256;
 struct GateWords {
-  uint32_t open;
-  uint32_t expired;
+  uint32_t open[kSlots];
+  uint32_t expired[kSlots];
 };
 
 GateWords* gate_words() {
@@ -29,8 +33,7 @@ GateWords* gate_words() {
     void* p = nullptr;
     CHORUS_CUDA_CHECK(cudaHostAlloc(&p, sizeof(GateWords), cudaHostAllocMapped | cudaHostAllocPortable));
     auto* w = static_cast<GateWords*>(p);
-    w->open = 0;
-    w->expired = 0;
+    for (uint32_t i = 0; i < kSlots; ++i) w->open[i] = w->expired[i] = 0;
     return w;  // leaked: kernels may read it until the process ends
   }();
   return words;
@@ -54,9 +57,10 @@ __host__ __device__ __forceinline__ bool reached(uint32_t a, uint32_t b) {
 
 __global__ void gate_kernel(GateWords* w, uint32_t generation, unsigned long long max_ns) {
   const unsigned long long start = global_ns();
-  while (!reached(*reinterpret_cast<volatile uint32_t*>(&w->open), generation)) {
+  const uint32_t slot = generation % kSlots;
+  while (!reached(*reinterpret_cast<volatile uint32_t*>(&w->open[slot]), generation)) {
     if (global_ns() - start > max_ns) {
-      *reinterpret_cast<volatile uint32_t*>(&w->expired) = generation;
+      *reinterpret_cast<volatile uint32_t*>(&w->expired[slot]) = generation;
       return;
     }
     __nanosleep(2000);
@@ -80,14 +84,14 @@ StreamGate::~StreamGate() {
 void StreamGate::open() {
   opened_ = true;
   // Raise `open` to this generation unless a newer one was released already.
-  std::atomic_ref<uint32_t> open(gate_words()->open);
+  std::atomic_ref<uint32_t> open(gate_words()->open[generation_ % kSlots]);
   uint32_t cur = open.load();
   while (!reached(cur, generation_) && !open.compare_exchange_weak(cur, generation_)) {
   }
 }
 
 bool StreamGate::expired() const {
-  return std::atomic_ref<uint32_t>(gate_words()->expired).load() == generation_;
+  return std::atomic_ref<uint32_t>(gate_words()->expired[generation_ % kSlots]).load() == generation_;
 }
 
 }  // namespace chorus::cuda
