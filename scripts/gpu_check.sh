@@ -5,7 +5,7 @@
 # (default: build tests bench); memrun trains WRN-16-4 for nine minutes and
 # prints the peak memory per epoch; dist runs the NCCL process group; ddp runs
 # DistributedDataParallel (graphed and eager) beside DataParallel and PyTorch DDP;
-# ddpgraphs checks graphed DDP against eager and a rank dying mid-replay; ddptrain trains
+# ddpprof profiles 2-GPU DDP against 1 GPU (nsys); ddpgraphs checks graphed DDP against eager and a rank dying mid-replay; ddptrain trains
 # Fashion-MNIST with DDP on 2 GPUs; layout trains channels-last (the
 # default) and --no-channels-last and resumes across them; dp runs DataParallel WRN-28-10 fp32 and bf16 at 1 and 2 GPUs;
 # graphs runs the CUDA-graph tests and one GPU against torch.compile;
@@ -148,6 +148,25 @@ if has ddpgraphs; then
   PROBE_BACKEND=nccl PROBE_TIMEOUT_MS=5000 timeout 120 $C launch --nproc-per-node 2 --master-port 29670 -- \
     ./$BUILD/chorus_dist_probe hanggraph 1 STOP 2>&1 | grep -v "^  |" | tail -5
   echo "launcher exit ${PIPESTATUS[0]}; processes left: $(pgrep -fc 'chorus_dist_probe hanggraph' || true)"
+fi
+if has ddpprof; then
+  # Where 2-GPU DDP loses time against 1 GPU (WRN-28-10 bf16 + channels-last,
+  # graphed, batch 128 per GPU): Nsight Systems over the timed steps of
+  # `chorus bench --strategy ddp` at 1 and at 2 GPUs (every rank's process),
+  # graph nodes traced one by one; kernel classes per GPU-step and each GPU's
+  # span / busy / compute / NCCL time per step (scripts/gpu_timeline.py).
+  NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+  for n in ${DDPPROF_COUNTS:-1 2}; do
+    tag=ddp-${DDPPROF_MODEL:-wrn-28-10}-$n
+    CHORUS_PROFILER_RANGE=1 timeout 400 $NSYS profile -t cuda --cuda-graph-trace=node --capture-range=cudaProfilerApi \
+      --capture-range-end=stop -f true -o "$OUT/prof_$tag" $C bench --strategy ddp --device-counts $n \
+      --model ${DDPPROF_MODEL:-wrn-28-10} --precision bf16 --channels-last --batch-size 128 --steps 20 --warmup 8 \
+      ${DDPPROF_FLAGS:-} >"$OUT/prof_$tag.log" 2>&1 || { echo "$tag: nsys failed"; tail -5 "$OUT/prof_$tag.log"; continue; }
+    grep -E "img/s" "$OUT/prof_$tag.log" | tail -1
+    timeout 300 $NSYS stats --report cuda_gpu_kern_sum,cuda_gpu_trace --format csv -f true -o "$OUT/st_$tag" "$OUT/prof_$tag.nsys-rep" >/dev/null 2>&1
+    python3 scripts/kernel_classes.py "$OUT/st_${tag}_cuda_gpu_kern_sum.csv" $((20 * n)) "$tag (per GPU-step)"
+    python3 scripts/gpu_timeline.py "$OUT/st_${tag}_cuda_gpu_trace.csv" 20 "$tag"
+  done
 fi
 if has ddptune; then
   # Where WRN-28-10 bf16's DDP scaling goes: 1 GPU, then 2 GPUs under each

@@ -9,6 +9,7 @@ before and after a change (issue 14)."""
 import csv, re, sys
 
 CLASSES = [  # first match wins (also scripts/ncu_step.py's, which sees PyTorch's kernels too)
+    ("NCCL", r"nccl"),
     ("conv (cuDNN)", r"xmma|cudnn|implicit_convolve|conv|sm90_|sm100_|dgrad|wgrad|fprop|winograd|cutlass"),
     ("optimizer", r"sgd|adamw|multi_tensor_apply"),
     ("batch norm (+relu, +add)",

@@ -1,0 +1,65 @@
+"""Per-GPU busy time of a profile, to tell where a multi-GPU step loses time.
+
+    python3 scripts/gpu_timeline.py TRACE.csv STEPS LABEL
+
+TRACE.csv: `nsys stats --report cuda_gpu_trace --format csv` of a profile
+that covers STEPS steps (CHORUS_PROFILER_RANGE=1). Per device, per step:
+the span from the first to the last kernel, the time some kernel ran (the
+union), the compute kernels' summed time and the NCCL kernels' (with how much
+of NCCL's time ran beside compute). Compute time that grows from one GPU to two
+means the communication slows the compute (shared SMs, memory); a span longer
+than the union means the GPU waited (the tail of the last bucket, a
+collective's latency, the host)."""
+import csv, re, sys
+from collections import defaultdict
+
+
+def col(row, *names):
+    for n in names:
+        for k in row:
+            if k.startswith(n):
+                return row[k]
+    raise KeyError(names)
+
+
+def union(iv):
+    total, end = 0, None
+    for s, e in sorted(iv):
+        if end is None or s > end:
+            total += e - s
+            end = e
+        elif e > end:
+            total += e - end
+            end = e
+    return total
+
+
+def main():
+    path, steps, label = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+    per = defaultdict(lambda: {"all": [], "nccl": [], "compute": []})
+    for r in csv.DictReader(open(path)):
+        name = col(r, "Name")
+        if "memcpy" in name.lower() or "memset" in name.lower():
+            continue
+        s = int(float(col(r, "Start")))
+        d = int(float(col(r, "Duration")))
+        dev = col(r, "Device")
+        iv = (s, s + d)
+        per[dev]["all"].append(iv)
+        per[dev]["nccl" if re.search("nccl", name, re.I) else "compute"].append(iv)
+    for dev, k in sorted(per.items()):
+        if not k["all"]:
+            continue
+        span = max(e for _, e in k["all"]) - min(s for s, _ in k["all"])
+        busy = union(k["all"])
+        comp = sum(e - s for s, e in k["compute"])
+        comp_u = union(k["compute"])
+        nccl = sum(e - s for s, e in k["nccl"])
+        nccl_alone = busy - comp_u  # NCCL time with no compute kernel beside it
+        ms = lambda ns: ns / 1e6 / steps
+        print(f"{label} {dev}: per step span {ms(span):.3f} ms, busy {ms(busy):.3f}, compute kernels {ms(comp):.3f} "
+              f"(union {ms(comp_u):.3f}), nccl kernels {ms(nccl):.3f} (alone {ms(nccl_alone):.3f}), idle {ms(span - busy):.3f}")
+
+
+if __name__ == "__main__":
+    main()
