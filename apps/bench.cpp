@@ -33,7 +33,8 @@ void add_bench_options(CLI::App* cmd, BenchConfig& c) {
   cmd->add_option("--model", c.model, "mlp|cnn|resnet20|wrn-16-4|wrn-28-10")->capture_default_str();
   cmd->add_option("--devices", c.devices, "Device list (default: cuda:0 if present, else cpu)")->check(non_empty_devices, "DEVICES");
   cmd->add_option("--strategy", c.strategy, "single|dp|ddp|pipeline (ddp: one process per device, launched by the bench)")->capture_default_str();
-  cmd->add_option("--comm-hook", c.comm_hook, "ddp: allreduce | bf16")->capture_default_str();
+  cmd->add_option("--comm-hook", c.comm_hook,
+                  "ddp: allreduce | bf16 | noop (no communication: the step's speed without it, for headroom analysis)")->capture_default_str();
   cmd->add_flag("--broadcast-buffers", c.broadcast_buffers,
                 "ddp: broadcast rank 0's buffers before every forward (PyTorch's default; chorus train does it before evaluations)");
   cmd->add_flag("--ddp-worker", c.ddp_worker, "(internal) one rank of a --strategy ddp row")->group("");
@@ -150,8 +151,8 @@ int run_bench(const BenchConfig& c) {
   CHORUS_CHECK(c.strategy == "single" || c.strategy == "dp" || c.strategy == "ddp" || c.strategy == "pipeline",
                "chorus bench: unknown strategy '", c.strategy, "' (expected single, dp, ddp or pipeline)");
   if (c.strategy == "pipeline") return run_bench_pipeline(c);
-  CHORUS_CHECK(c.comm_hook == "allreduce" || c.comm_hook == "bf16", "--comm-hook must be allreduce or bf16, got '",
-               c.comm_hook, "'");
+  CHORUS_CHECK(c.comm_hook == "allreduce" || c.comm_hook == "bf16" || c.comm_hook == "noop",
+               "--comm-hook must be allreduce, bf16 or noop, got '", c.comm_hook, "'");
   CHORUS_CHECK(c.precision == "fp32" || c.precision == "bf16", "unknown precision '", c.precision, "'");
   CHORUS_CHECK(c.batch_size > 0, "--batch-size must be positive, got ", c.batch_size);
   CHORUS_CHECK(std::isfinite(c.bucket_mb) && c.bucket_mb >= 0, "--bucket-mb must be a number >= 0, got ", c.bucket_mb);

@@ -3,7 +3,8 @@
 # logical CPU device per rank): each run's ranks compare against a reference
 # trained alone on the global batch (tests/dist/ddp_probe.cpp says how).
 #   - MLP and CNN (no batch norm) with 1, 2 and 3 processes; many small
-#     buckets (rebuilt from rank 0's order); the bf16-compressed hook
+#     buckets (rebuilt from rank 0's order); the bf16-compressed hook; the
+#     noop hook (nothing communicated: each rank equals training on its rows)
 #   - no_sync over 4 micro-steps; a parameter used only on some steps and
 #     ranks; a model that differs on one rank; a model-parallel module; DDP
 #     over a DataParallel of two devices per process
@@ -34,6 +35,7 @@ done
 run 3 PROBE_BUCKET_BYTES=100 -- match mlp
 run 2 PROBE_BUCKET_BYTES=1000 -- match cnn
 run 2 PROBE_HOOK=bf16 -- match cnn
+run 2 PROBE_HOOK=noop -- match cnn  # no communication: each rank equals itself alone on its rows
 for n in 1 2 3; do run $n -- no_sync; done
 for n in 2 3; do run $n -- unused; done
 run 3 -- mismatch

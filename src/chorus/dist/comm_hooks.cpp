@@ -5,12 +5,20 @@
 
 namespace chorus::dist {
 
-const char* comm_hook_name(CommHook hook) { return hook == CommHook::AllReduce ? "allreduce" : "bf16"; }
+const char* comm_hook_name(CommHook hook) {
+  switch (hook) {
+    case CommHook::AllReduce: return "allreduce";
+    case CommHook::Bf16Compress: return "bf16";
+    case CommHook::Noop: return "noop";
+  }
+  return "?";
+}
 
 CommHook parse_comm_hook(const std::string& name) {
   if (name == "allreduce") return CommHook::AllReduce;
   if (name == "bf16") return CommHook::Bf16Compress;
-  CHORUS_THROW(ValueError, "unknown communication hook '", name, "' (expected allreduce or bf16)");
+  if (name == "noop") return CommHook::Noop;
+  CHORUS_THROW(ValueError, "unknown communication hook '", name, "' (expected allreduce, bf16 or noop)");
 }
 
 GroupAllReduce::GroupAllReduce(ProcessGroupPtr group, bool average, CommHook hook)
@@ -22,6 +30,7 @@ Tensor GroupAllReduce::reduce(std::vector<Tensor>& srcs, const std::vector<Event
   CHORUS_CHECK(srcs.size() == 1, "GroupAllReduce: one buffer per bucket and process, got ", srcs.size());
   Tensor bucket = srcs[0];
   if (group_->size() == 1) return bucket;  // the average over one rank is the bucket itself
+  if (hook_ == CommHook::Noop) return bucket;  // headroom analysis: no communication
   // The copies below run on the bucket's current stream, after its writes.
   if (!ready.empty()) Stream::current(bucket.device()).wait(ready[0]);
   Tensor wire = bucket;

@@ -5,6 +5,9 @@
 //  - Bf16Compress: a float32 bucket travels as bfloat16 (half the bytes on the
 //    wire), is reduced in bfloat16 and widened back into the bucket; other
 //    dtypes go as they are. PyTorch's bf16_compress_hook.
+//  - Noop: nothing is communicated; each rank keeps its own gradients (the
+//    ranks' models drift apart). For headroom analysis only -- how fast the
+//    step would be if the all-reduce cost nothing -- as PyTorch's noop_hook.
 // A bucket on a device the group cannot reduce (an NCCL group reduces the
 // tensors of its own GPU; a model-parallel module has buckets on others)
 // travels through a copy on the group's device.
@@ -20,9 +23,9 @@
 
 namespace chorus::dist {
 
-enum class CommHook { AllReduce, Bf16Compress };
+enum class CommHook { AllReduce, Bf16Compress, Noop };
 const char* comm_hook_name(CommHook hook);
-// "allreduce" | "bf16"; ValueError for anything else.
+// "allreduce" | "bf16" | "noop"; ValueError for anything else.
 CommHook parse_comm_hook(const std::string& name);
 
 class GroupAllReduce final : public BucketComm {
