@@ -306,7 +306,10 @@ class CudaBackend final : public DeviceBackend {
     };
     if (err != cudaSuccess || !graph) fail("the graph capture failed", err);
     cudaGraphExec_t exec = nullptr;
-    err = cudaGraphInstantiate(&exec, graph, 0);
+    // Each kernel node keeps the priority of the stream it was captured from
+    // (an NCCL stream of high priority, CHORUS_NCCL_STREAM_PRIORITY): without
+    // this flag a replay runs every node at the launching stream's priority.
+    err = cudaGraphInstantiate(&exec, graph, cudaGraphInstantiateFlagUseNodePriority);
     if (err != cudaSuccess) fail("instantiating the captured graph failed", err);
     (void)cudaGraphDestroy(graph);
     graph = nullptr;
