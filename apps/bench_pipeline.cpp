@@ -38,7 +38,7 @@ std::string join(const std::vector<int64_t>& v) {
 }
 
 struct Row {
-  double img_per_s = 0, step_ms = 0, loss = 0, bubble = 0, bubble_ideal = 0;
+  double img_per_s = 0, step_ms = 0, loss = 0, bubble = -1, bubble_ideal = 0;  // bubble < 0: not measured
   bool graphed = false;
   std::vector<size_t> peaks;
   std::string balance;
@@ -109,22 +109,29 @@ Row bench_schedule(const BenchConfig& c, const std::vector<Device>& devs, const 
   r.loss = loss.item();
   r.graphed = step.graph && step.graph->replays() > 0;
   for (const Device& d : devs) r.peaks.push_back(backend(d).peak_bytes(d));
-  // The bubble: each device's busy time, measured on a few more eager steps
-  // with every task timed on the device alone (behind a gate, so no host
-  // gaps), against the time the timed steps above took (replayed or eager):
-  // the share of the step each device spent idle.
-  pipe->set_measure(true);
-  std::vector<double> busy(devs.size(), 0.0);
-  const int measured = 3;
-  for (int i = 0; i < measured; ++i) {
-    step.run_eager(x, y);
-    const std::vector<double>& b = pipe->last_stats().busy_ms;
-    for (size_t d = 0; d < b.size() && d < busy.size(); ++d) busy[d] += b[d] / measured;
+  // The bubble of an eager step: each device's busy time, measured on a few
+  // more eager steps with every task timed on the device alone (behind a
+  // gate, so no host gaps), against the time the timed steps took: the share
+  // of the step each device spent idle. Not for a replayed graph: a replay
+  // cannot be timed task by task, and the eager tasks' device time is longer
+  // than the graph's (each of a micro-batch's small kernels waits a few
+  // microseconds more behind the one before it in a stream than in a graph:
+  // at micro-batches of 32 the eager busy time exceeded the whole graphed
+  // step, session 14), so such a "bubble" would be meaningless.
+  if (!r.graphed) {
+    pipe->set_measure(true);
+    std::vector<double> busy(devs.size(), 0.0);
+    const int measured = 3;
+    for (int i = 0; i < measured; ++i) {
+      step.run_eager(x, y);
+      const std::vector<double>& b = pipe->last_stats().busy_ms;
+      for (size_t d = 0; d < b.size() && d < busy.size(); ++d) busy[d] += b[d] / measured;
+    }
+    pipe->set_measure(false);
+    double mean_busy = 0;
+    for (double b : busy) mean_busy += b / static_cast<double>(busy.size());
+    r.bubble = std::max(0.0, 1.0 - mean_busy / r.step_ms);
   }
-  pipe->set_measure(false);
-  double mean_busy = 0;
-  for (double b : busy) mean_busy += b / static_cast<double>(busy.size());
-  r.bubble = std::max(0.0, 1.0 - mean_busy / r.step_ms);
   const int D = static_cast<int>(devs.size()), S = static_cast<int>(pipe->num_stages());
   const int M = static_cast<int>(pc.micro_batches);
   r.bubble_ideal = parallel::simulate(parallel::make_schedule(pipe->options().schedule, D, S, M), S, M).bubble;
@@ -177,7 +184,7 @@ int run_bench_pipeline(const BenchConfig& c) {
         {"peak_mem_bytes", *std::max_element(r.peaks.begin(), r.peaks.end())},
         {"peak_mem_bytes_per_device", peaks},
         {"cuda_graphs", r.graphed},
-        {"bubble", r.bubble},
+        {"bubble", r.bubble >= 0 ? nlohmann::ordered_json(r.bubble) : nullptr},
         {"bubble_ideal", r.bubble_ideal},
         {"speedup_vs_naive", naive_rate > 0 ? nlohmann::ordered_json(speedup) : nullptr},
         {"loss", r.loss}};
@@ -186,11 +193,16 @@ int run_bench_pipeline(const BenchConfig& c) {
     } else {
       std::string mem;
       for (size_t p : r.peaks) mem += (mem.empty() ? "" : " / ") + std::to_string(p >> 20);
-      std::printf("%-10s pipeline %-11s M=%-3lld %s  %5s  batch %-5lld %10.1f img/s %8.2f ms/step%s  bubble %.3f (ideal %.3f)"
+      char bubble[32];
+      if (r.bubble >= 0)
+        std::snprintf(bubble, sizeof bubble, "%.3f", r.bubble);
+      else
+        std::snprintf(bubble, sizeof bubble, "-");
+      std::printf("%-10s pipeline %-11s M=%-3lld %s  %5s  batch %-5lld %10.1f img/s %8.2f ms/step%s  bubble %s (ideal %.3f)"
                   "  peak %s MiB%s\n",
                   c.model.c_str(), name.c_str(), (long long)(name == "naive" ? 1 : c.micro_batches), dev_list.c_str(),
                   c.precision.c_str(), (long long)c.batch_size, r.img_per_s, r.step_ms, r.graphed ? " (graph)" : "",
-                  r.bubble, r.bubble_ideal,
+                  bubble, r.bubble_ideal,
                   mem.c_str(),
                   naive_rate > 0 && name != "naive" ? ("  " + std::to_string(speedup).substr(0, 4) + "x naive").c_str()
                                                     : "");

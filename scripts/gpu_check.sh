@@ -247,7 +247,7 @@ for r in rows:
     peaks = "/".join(f"{p / 2**20:.0f}" for p in r["peak_mem_bytes_per_device"])
     sp = r["speedup_vs_naive"] or float("nan")
     print(f"{r['model']:10} {r['batch']:>5} {r['schedule']:11} {r['micro_batches']:>2} {'yes' if r.get('cuda_graphs') else 'no':5} {r['balance']:>9} {r['img_per_s']:9.1f} {sp:7.2f} "
-          f"{r['bubble']:6.3f} {r['bubble_ideal']:6.3f} {peaks:>18}")
+          f"{'-' if r['bubble'] is None else format(r['bubble'], '.3f'):>6} {r['bubble_ideal']:6.3f} {peaks:>18}")
 PY
 fi
 if has pipetrain; then
