@@ -156,7 +156,8 @@ if has ddpprof; then
   # graph nodes traced one by one; kernel classes per GPU-step and each GPU's
   # span / busy / compute / NCCL time per step (scripts/gpu_timeline.py).
   NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
-  for n in ${DDPPROF_COUNTS:-1 2}; do
+  [ -z "$NSYS" ] && echo "ddpprof: no Nsight Systems (nsys) on this machine; skipped (ddptune with --comm-hook=noop measures the headroom instead)"
+  [ -n "$NSYS" ] && for n in ${DDPPROF_COUNTS:-1 2}; do
     tag=ddp-${DDPPROF_MODEL:-wrn-28-10}-$n
     CHORUS_PROFILER_RANGE=1 timeout 400 $NSYS profile -t cuda --cuda-graph-trace=node --capture-range=cudaProfilerApi \
       --capture-range-end=stop -f true -o "$OUT/prof_$tag" $C bench --strategy ddp --device-counts $n \
