@@ -317,7 +317,9 @@ void Pipeline::run_task(Run& run, const PipeTask& t, size_t d) {
     t0 = Clock::now();
     const Device& dev = run.local_devices[d];
     if (dev.is_cuda()) {
-      hold = backend(dev).hold_stream(dev);
+      // Not over processes: a send stages its header from the host on the
+      // held stream and would wait for the gate to give up.
+      if (!opts_.stage_group) hold = backend(dev).hold_stream(dev);
       start.emplace(dev, true);
       start->record();
     }
