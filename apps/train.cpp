@@ -74,6 +74,9 @@ void TrainConfig::validate() const {
   }
   if (strategy == "ddp") ddp_launch_env();  // says how to launch when nothing did
   CHORUS_CHECK(!sync_bn || strategy == "ddp", "--sync-bn goes with --strategy ddp");
+  CHORUS_CHECK(comm_hook != "noop",
+               "--comm-hook noop communicates nothing (the ranks would train apart): it is for chorus bench's headroom "
+               "analysis, not for training");
   CHORUS_CHECK(comm_hook == "allreduce" || comm_hook == "bf16", "--comm-hook must be allreduce or bf16, got '",
                comm_hook, "'");
   CHORUS_CHECK(dist_timeout_s > 0, "--dist-timeout must be positive, got ", dist_timeout_s);

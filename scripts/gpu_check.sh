@@ -151,22 +151,37 @@ if has ddpgraphs; then
 fi
 if has ddpprof; then
   # Where 2-GPU DDP loses time against 1 GPU (WRN-28-10 bf16 + channels-last,
-  # graphed, batch 128 per GPU): Nsight Systems over the timed steps of
-  # `chorus bench --strategy ddp` at 1 and at 2 GPUs (every rank's process),
-  # graph nodes traced one by one; kernel classes per GPU-step and each GPU's
-  # span / busy / compute / NCCL time per step (scripts/gpu_timeline.py).
+  # graphed, batch 128 per GPU): every kernel of the timed steps of
+  # `chorus bench --strategy ddp` at 1 and at 2 GPUs, per rank, graph nodes one
+  # by one, through Nsight Systems where it is installed, else through
+  # CUPTI (bench/kernel_trace: libchorus_kernel_trace.so as CUDA's injection
+  # library); per GPU and step: span, busy, compute and NCCL kernel time and
+  # NCCL's time with no compute beside it (scripts/gpu_timeline.py).
   NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
-  [ -z "$NSYS" ] && echo "ddpprof: no Nsight Systems (nsys) on this machine; skipped (ddptune with --comm-hook=noop measures the headroom instead)"
-  [ -n "$NSYS" ] && for n in ${DDPPROF_COUNTS:-1 2}; do
-    tag=ddp-${DDPPROF_MODEL:-wrn-28-10}-$n
-    CHORUS_PROFILER_RANGE=1 timeout 400 $NSYS profile -t cuda --cuda-graph-trace=node --capture-range=cudaProfilerApi \
-      --capture-range-end=stop -f true -o "$OUT/prof_$tag" $C bench --strategy ddp --device-counts $n \
-      --model ${DDPPROF_MODEL:-wrn-28-10} --precision bf16 --channels-last --batch-size 128 --steps 20 --warmup 8 \
-      ${DDPPROF_FLAGS:-} >"$OUT/prof_$tag.log" 2>&1 || { echo "$tag: nsys failed"; tail -5 "$OUT/prof_$tag.log"; continue; }
+  TRACE_LIB=$PWD/$BUILD/libchorus_kernel_trace.so
+  M=${DDPPROF_MODEL:-wrn-28-10}
+  for n in ${DDPPROF_COUNTS:-1 2}; do
+    tag=ddp-$M-$n
+    args=(bench --strategy ddp --device-counts $n --model $M --precision bf16 --channels-last --batch-size 128
+          --steps 20 --warmup 8 ${DDPPROF_FLAGS:-})
+    if [ -n "$NSYS" ]; then
+      CHORUS_PROFILER_RANGE=1 timeout 400 $NSYS profile -t cuda --cuda-graph-trace=node --capture-range=cudaProfilerApi \
+        --capture-range-end=stop -f true -o "$OUT/prof_$tag" $C "${args[@]}" >"$OUT/prof_$tag.log" 2>&1 \
+        || { echo "$tag: nsys failed"; tail -5 "$OUT/prof_$tag.log"; continue; }
+      timeout 300 $NSYS stats --report cuda_gpu_trace --format csv -f true -o "$OUT/st_$tag" "$OUT/prof_$tag.nsys-rep" >/dev/null 2>&1
+      traces=("$OUT/st_${tag}_cuda_gpu_trace.csv")
+    elif [ -f "$TRACE_LIB" ]; then
+      mkdir -p "$OUT/trace_$tag"
+      CHORUS_PROFILER_RANGE=1 CUDA_INJECTION64_PATH=$TRACE_LIB CHORUS_KERNEL_TRACE="$OUT/trace_$tag/rank" \
+        timeout 400 $C "${args[@]}" >"$OUT/prof_$tag.log" 2>&1 || { echo "$tag: traced run failed"; tail -5 "$OUT/prof_$tag.log"; continue; }
+      traces=("$OUT"/trace_$tag/rank.*.csv)
+    else
+      echo "ddpprof: neither nsys nor the CUPTI trace library (no CUPTI in this build); skipped"; break
+    fi
     grep -E "img/s" "$OUT/prof_$tag.log" | tail -1
-    timeout 300 $NSYS stats --report cuda_gpu_kern_sum,cuda_gpu_trace --format csv -f true -o "$OUT/st_$tag" "$OUT/prof_$tag.nsys-rep" >/dev/null 2>&1
-    python3 scripts/kernel_classes.py "$OUT/st_${tag}_cuda_gpu_kern_sum.csv" $((20 * n)) "$tag (per GPU-step)"
-    python3 scripts/gpu_timeline.py "$OUT/st_${tag}_cuda_gpu_trace.csv" 20 "$tag"
+    for t in "${traces[@]}"; do
+      [ -s "$t" ] && python3 scripts/gpu_timeline.py "$t" 20 "$tag $(basename "$t" .csv)"
+    done
   done
 fi
 if has ddptune; then
