@@ -52,6 +52,10 @@ void add_bench_options(CLI::App* cmd, BenchConfig& c) {
   add_optional(cmd, "--balance", c.balance, "pipeline: layers per stage, e.g. 14,15, or time | memory: split by measured time (default) or memory");
   cmd->add_option("--recompute", c.recompute, "pipeline: never | except_last | always")->capture_default_str();
   cmd->add_option("--virtual-stages", c.virtual_stages, "pipeline, interleaved: stages per device (0: 2)")->capture_default_str()->transform(integer_up_to(64));
+  cmd->add_flag("--bound", c.bound,
+                "pipeline: also time plain steps of the micro-batch and the whole batch on the first device, and give "
+                "each row's best possible speed-up over naive (two GPUs each busy 1 - ideal bubble of the time at the "
+                "micro-batch's speed)");
   cmd->add_flag("--json", c.json, "One JSON object per row");
 }
 
@@ -145,6 +149,13 @@ BenchRow bench_one(const BenchConfig& c, const std::vector<Device>& devs) {
 }
 
 }  // namespace
+
+double plain_step_rate(const BenchConfig& c, const Device& device, int64_t batch) {
+  BenchConfig one = c;
+  one.strategy = "single";
+  one.batch_size = batch;
+  return bench_one(one, {device}).img_per_s;
+}
 
 int run_bench(const BenchConfig& c) {
   if (c.ddp_worker) return run_bench_ddp_worker(c);

@@ -1,8 +1,11 @@
 // `chorus bench`: training throughput on synthetic data (DESIGN.md's JSON rows).
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
+
+#include "chorus/core/device.h"
 
 namespace CLI {
 class App;
@@ -32,9 +35,16 @@ struct BenchConfig {
   std::optional<std::string> balance;   // unset: by measured time
   std::string recompute = "never";
   int64_t virtual_stages = 0;
+  // Also time plain steps (one device, no pipeline) of the micro-batch and of
+  // the whole batch on the first device, and give each row the most its
+  // schedule could reach over naive at that micro-batch's speed.
+  bool bound = false;
 };
 
 void add_bench_options(CLI::App* cmd, BenchConfig& c);
 int run_bench(const BenchConfig& c);
+// img/s of plain training steps (strategy single) of `batch` samples on
+// `device`, with c's model, precision, layout, graphs, steps and warm-up.
+double plain_step_rate(const BenchConfig& c, const Device& device, int64_t batch);
 
 }  // namespace chorus::app

@@ -240,10 +240,14 @@ if has pipeline; then
   # PIPELINE_EAGER_TOO=1: each configuration eagerly as well (--no-cuda-graphs), same run.
   for cfg in ${PIPELINE_CONFIGS:-wrn-28-10:256 wrn-40-10:256 wrn-28-10:1024}; do
     set -- ${cfg//:/ }
+    # PIPELINE_BOUND=1 (default): the first run of each configuration also times plain
+    # steps of the micro-batch and of the batch on cuda:0 and gives each row its bound.
+    b=$([ "${PIPELINE_BOUND:-1}" = 1 ] && echo --bound)
     for g in "${PIPELINE_FLAGS:-}" $([ "${PIPELINE_EAGER_TOO:-0}" = 1 ] && echo --no-cuda-graphs); do
       timeout 500 $C bench --strategy pipeline --model $1 --devices cuda:0,cuda:1 --precision bf16 --channels-last \
         --batch-size $2 --micro-batches 8 --schedules ${PIPELINE_SCHEDULES:-naive,gpipe,1f1b,interleaved} --steps 15 --warmup 4 \
-        $g --json | tee -a "$OUT/pipeline.jsonl"
+        $g $b --json | tee -a "$OUT/pipeline.jsonl"
+      b=
     done
   done
   [ "${PIPELINE_SINGLE:-1}" = 1 ] && for b in ${PIPELINE_SINGLE_BATCHES:-32 256}; do  # one GPU, micro-batch against whole batch
@@ -258,11 +262,18 @@ if has pipeline; then
   python3 - "$OUT/pipeline.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-print(f"{'model':10} {'batch':>5} {'schedule':11} {'M':>2} {'graph':5} {'balance':>9} {'img/s':>9} {'x naive':>7} {'bubble':>6} {'ideal':>6} {'peak MiB per GPU':>18}")
+for r in rows:
+    if r.get("strategy") == "plain":
+        print(f"{r['model']} plain steps on {r['device_list']}: batch {r['micro_batch']} {r['micro_batch_img_per_s']:.1f} img/s, "
+              f"batch {r['batch']} {r['batch_img_per_s']:.1f} img/s")
+rows = [r for r in rows if r.get("strategy") == "pipeline"]
+print(f"{'model':10} {'batch':>5} {'schedule':11} {'M':>2} {'graph':5} {'balance':>9} {'img/s':>9} {'x naive':>7} {'bound':>6} {'bubble':>6} {'ideal':>6} {'peak MiB per GPU':>18}")
 for r in rows:
     peaks = "/".join(f"{p / 2**20:.0f}" for p in r["peak_mem_bytes_per_device"])
     sp = r["speedup_vs_naive"] or float("nan")
+    bd = r.get("bound_vs_naive")
     print(f"{r['model']:10} {r['batch']:>5} {r['schedule']:11} {r['micro_batches']:>2} {'yes' if r.get('cuda_graphs') else 'no':5} {r['balance']:>9} {r['img_per_s']:9.1f} {sp:7.2f} "
+          f"{'-' if bd is None else format(bd, '.2f'):>6} "
           f"{'-' if r['bubble'] is None else format(r['bubble'], '.3f'):>6} {r['bubble_ideal']:6.3f} {peaks:>18}")
 PY
 fi

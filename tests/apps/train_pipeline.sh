@@ -6,7 +6,8 @@
 #   - the CNN (batch norm, deferred) trains, and its checkpoint resumes on one
 #     device and back (state_dict names do not depend on the pipeline)
 #   - bad input: one clear line, exit 1
-#   - the bench: a row per schedule with throughput, bubble and peak memory per device
+#   - the bench: a row per schedule with throughput, bubble and peak memory per device;
+#     with --bound, the plain steps' rates and each row's bound over naive
 set -uo pipefail
 CHORUS=${1:?usage: train_pipeline.sh path/to/chorus}
 fail=0
@@ -80,6 +81,21 @@ for r in rows:
     print(f"bench {r['schedule']}: {r['img_per_s']:.0f} img/s, bubble {r['bubble']:.3f} (ideal {r['bubble_ideal']:.3f}), "
           f"peak {r['peak_mem_bytes_per_device']}, x naive {r['speedup_vs_naive']}")
 assert rows[0]["bubble_ideal"] == 0.5, rows[0]  # M = 1 on 2 devices: one works at a time
+PY
+# --bound: plain steps of the micro-batch and of the batch first, then each
+# row's bound = devices x rate(micro-batch) x (1 - ideal bubble) / naive.
+rows=$("$CHORUS" bench --strategy pipeline --model mlp --devices cpu:0,cpu:1 --batch-size 64 --micro-batches 4 \
+       --schedules naive,gpipe --steps 3 --warmup 1 --bound --json) || { echo "FAIL: bench --bound"; fail=1; }
+python3 - "$rows" <<'PY' || fail=1
+import json, sys
+rows = [json.loads(l) for l in sys.argv[1].splitlines() if l.startswith("{")]
+plain, naive, gpipe = rows
+assert plain["strategy"] == "plain" and plain["micro_batch"] == 16 and plain["batch"] == 64, plain
+assert plain["micro_batch_img_per_s"] > 0 and plain["batch_img_per_s"] > 0, plain
+assert naive["bound_vs_naive"] is None, naive
+want = 2 * plain["micro_batch_img_per_s"] * (1 - gpipe["bubble_ideal"]) / naive["img_per_s"]
+assert abs(gpipe["bound_vs_naive"] - want) <= 1e-9 * want, (gpipe, want)
+print(f"bench --bound: gpipe {gpipe['speedup_vs_naive']:.2f}x naive, bound {gpipe['bound_vs_naive']:.2f}x")
 PY
 [ $fail = 0 ] && echo "pipeline command line: all ok"
 exit $fail
