@@ -88,6 +88,10 @@ struct Pipeline::Run {
   std::vector<dist::WorkPtr> sends;  // cross-process sends, waited for at the end
   std::mutex sends_mu;
 
+  // The copy streams this step issued to (under mu): inside a CUDA graph
+  // capture they joined it, and the step joins them back at its end.
+  std::vector<std::pair<Device, const Stream*>> copies_used;
+
   // measure
   std::vector<double> host_busy_ms;                            // per local device (CPU)
   std::vector<std::vector<std::pair<Event, Event>>> gpu_spans;  // per local device (GPU)
@@ -291,6 +295,19 @@ Tensor transfer(const Tensor& t, const Device& dst, const std::optional<Stream>&
   return out;
 }
 
+}  // namespace
+
+// Remembers (once) that this step issued to the copy stream of `dst`, direction `dir` (run.mu held).
+void Pipeline::note_copy(Run& run, const Device& dst, int dir) const {
+  const std::optional<Stream>& st = copy_stream(dst, dir);
+  if (!st) return;
+  for (const auto& [d, used] : run.copies_used)
+    if (used == &*st) return;
+  run.copies_used.emplace_back(dst, &*st);
+}
+
+namespace {
+
 // The receiver's side: its compute stream waits for the copy, and the block
 // (allocated on the copy stream) is kept until the compute stream is done.
 void wait_arrival(const Tensor& t, const std::optional<Event>& ready) {
@@ -415,6 +432,7 @@ void Pipeline::run_task(Run& run, const PipeTask& t, size_t d) {
         Tensor nx = transfer(y.detach(), dst, copy_stream(dst, 0), &ready);
         if (is_floating(nx.dtype())) nx.set_requires_grad(true);
         std::lock_guard<std::mutex> lk(run.mu);
+        note_copy(run, dst, 0);
         run.in[run.slot(s + 1, m)] = nx;
         run.in_ready[run.slot(s + 1, m)] = std::move(ready);
         run.in_flag[run.slot(s + 1, m)] = 1;
@@ -472,6 +490,7 @@ void Pipeline::run_task(Run& run, const PipeTask& t, size_t d) {
       std::optional<Event> ready;
       Tensor moved = transfer(gi, dst, copy_stream(dst, 1), &ready);
       std::lock_guard<std::mutex> lk(run.mu);
+      note_copy(run, dst, 1);
       run.grad_out[run.slot(s - 1, m)] = moved;
       run.grad_ready[run.slot(s - 1, m)] = std::move(ready);
       run.grad_flag[run.slot(s - 1, m)] = 1;
@@ -543,6 +562,18 @@ void Pipeline::execute(Run& run) {
     std::lock_guard<std::mutex> g(run.sends_mu);
     for (const dist::WorkPtr& w : run.sends) w->wait();
     run.sends.clear();
+  }
+  // Inside a capture every copy stream the step used joined it; a copy whose
+  // receiver never ran (a stage failed, e.g. a CaptureError) would leave its
+  // stream unjoined and the capture could not even end cleanly. Joining each
+  // one back into its device's capture stream keeps the capture well formed
+  // whatever happened (on success the receivers already waited for them).
+  if (capture_in_progress()) {
+    for (const auto& [dev, stream] : run.copies_used) {
+      Event done(dev, false);
+      done.record(*stream);
+      Stream::current(dev).wait(done);
+    }
   }
   if (run.error) std::rethrow_exception(run.error);
 }

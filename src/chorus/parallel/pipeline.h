@@ -162,6 +162,7 @@ class Pipeline : public nn::Module {
     std::vector<std::shared_ptr<DeferredBatchNorm>> deferred;
   };
   struct Run;
+  void note_copy(Run& run, const Device& dst, int dir) const;
   void init_run(Run& run, int64_t batch, int micro_batches) const;
   Tensor run_stage(size_t s, const Tensor& x) const;
   void execute(Run& run);
