@@ -159,11 +159,13 @@ if has ddpprof; then
   # NCCL's time with no compute beside it (scripts/gpu_timeline.py).
   NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
   TRACE_LIB=$PWD/$BUILD/libchorus_kernel_trace.so
-  M=${DDPPROF_MODEL:-wrn-28-10}
+  # DDPPROF_CASES: "STRATEGY:MODEL ..." (dp: DataParallel's one graph over both GPUs).
+  for case in ${DDPPROF_CASES:-ddp:${DDPPROF_MODEL:-wrn-28-10}}; do
+  S=${case%%:*} M=${case#*:}
   for n in ${DDPPROF_COUNTS:-1 2}; do
-    tag=ddp-$M-$n
-    args=(bench --strategy ddp --device-counts $n --model $M --precision bf16 --channels-last --batch-size 128
-          --steps 20 --warmup 8 ${DDPPROF_FLAGS:-})
+    tag=$S-$M-$n
+    args=(bench --strategy $S --devices cuda:0,cuda:1 --device-counts $n --model $M --precision bf16 --channels-last
+          --batch-size 128 --steps 20 --warmup 8 ${DDPPROF_FLAGS:-})
     if [ -n "$NSYS" ]; then
       CHORUS_PROFILER_RANGE=1 timeout 400 $NSYS profile -t cuda --cuda-graph-trace=node --capture-range=cudaProfilerApi \
         --capture-range-end=stop -f true -o "$OUT/prof_$tag" $C "${args[@]}" >"$OUT/prof_$tag.log" 2>&1 \
@@ -183,13 +185,17 @@ if has ddpprof; then
       [ -s "$t" ] && python3 scripts/gpu_timeline.py "$t" 20 "$tag $(basename "$t" .csv)"
     done
   done
+  done
 fi
 if has ddptune; then
   # Where WRN-28-10 bf16's DDP scaling goes: 1 GPU, then 2 GPUs under each
   # variant (TUNE_VARIANTS: "NAME:ENV=V,ENV=V:extra bench flags" ...).
   M=${TUNE_MODEL:-wrn-28-10}
-  timeout 200 $C bench --model $M --strategy ddp --devices cuda:0 --device-counts 1 --precision bf16 --channels-last \
-    --batch-size 128 --steps 40 --warmup 8 --json | sed 's/^{/{"variant":"1gpu",/' | tee -a "$OUT/tune.jsonl"
+  # TUNE_ONE_GPUS="0 1": the 1-GPU baseline on each GPU (are the two GPUs equally fast?); the first is the baseline.
+  for g in ${TUNE_ONE_GPUS:-0}; do
+    timeout 200 $C bench --model $M --strategy ddp --devices cuda:$g --device-counts 1 --precision bf16 --channels-last \
+      --batch-size 128 --steps 40 --warmup 8 --json | sed "s/^{/{\"variant\":\"1gpu-cuda$g\",/" | tee -a "$OUT/tune.jsonl"
+  done
   for v in ${TUNE_VARIANTS:-"default::"}; do
     IFS=: read -r name envs flags <<<"$v"
     timeout 200 env ${envs//,/ } $C bench --model $M --strategy ddp --devices cuda:0,cuda:1 --device-counts 2 --precision bf16 \
@@ -198,7 +204,7 @@ if has ddptune; then
   python3 - "$OUT/tune.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-base = next((r["img_per_s"] for r in rows if r["variant"] == "1gpu"), float("nan"))
+base = next((r["img_per_s"] for r in rows if r["variant"].startswith("1gpu")), float("nan"))
 for r in rows:
     print(f"tune {r['variant']:16} {r['devices']} GPU  {r['img_per_s']:9.1f} img/s  {r['step_ms']:6.2f} ms  efficiency {r['img_per_s'] / (r['devices'] * base):.3f}")
 PY
