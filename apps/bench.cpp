@@ -38,7 +38,10 @@ void add_bench_options(CLI::App* cmd, BenchConfig& c) {
   cmd->add_flag("--broadcast-buffers", c.broadcast_buffers,
                 "ddp: broadcast rank 0's buffers before every forward (PyTorch's default; chorus train does it before evaluations)");
   cmd->add_flag("--ddp-worker", c.ddp_worker, "(internal) one rank of a --strategy ddp row")->group("");
-  cmd->add_option("--bucket-mb", c.bucket_mb, "dp: gradient bucket size in MiB (0: one sum at the end)")->capture_default_str();
+  cmd->add_option("--bucket-mb", c.bucket_mb, "dp, ddp: gradient bucket size in MiB (0: one sum at the end)")->capture_default_str();
+  add_optional(cmd, "--last-bucket-mb", c.last_bucket_mb,
+               "dp, ddp: the first layers' gradients in a bucket of their own of at most this many MiB, a short tail "
+               "after the backward (0: none; default: ddp 1, dp 0)");
   add_optional(cmd, "--device-counts", c.counts, "Device counts to run, e.g. 1,2,4 (dp, ddp; default powers of two)");
   cmd->add_option("--precision", c.precision, "fp32|bf16")->capture_default_str();
   cmd->add_flag("--channels-last", c.channels_last, "NHWC activations (GPU)");
@@ -114,7 +117,7 @@ BenchRow bench_one(const BenchConfig& c, const std::vector<Device>& devs) {
   Tensor x = randn(in, {kFloat32, dev});
   if (c.channels_last && dev.is_cuda()) x = ops::to_channels_last(x);
   Tensor y = randint(0, 10, {batch}, {kInt64, dev});
-  TrainStep train_step{wrap_for_strategy(model, c.strategy, devs, c.bucket_mb), &opt, std::nullopt, 0.0};
+  TrainStep train_step{wrap_for_strategy(model, c.strategy, devs, c.bucket_mb, c.last_bucket_mb), &opt, std::nullopt, 0.0};
   if (c.precision == "bf16") train_step.autocast = kBFloat16;
   // CUDA graphs where they apply (captured during the warm-up's last steps).
   parallel::GraphedStepOptions graph_options;
@@ -167,6 +170,8 @@ int run_bench(const BenchConfig& c) {
   CHORUS_CHECK(c.precision == "fp32" || c.precision == "bf16", "unknown precision '", c.precision, "'");
   CHORUS_CHECK(c.batch_size > 0, "--batch-size must be positive, got ", c.batch_size);
   CHORUS_CHECK(std::isfinite(c.bucket_mb) && c.bucket_mb >= 0, "--bucket-mb must be a number >= 0, got ", c.bucket_mb);
+  CHORUS_CHECK(!c.last_bucket_mb || (std::isfinite(*c.last_bucket_mb) && *c.last_bucket_mb >= 0),
+               "--last-bucket-mb must be a number >= 0, got ", c.last_bucket_mb.value_or(0));
   CHORUS_CHECK(c.steps > 0 && c.warmup >= 0, "--steps must be positive and --warmup >= 0");
   std::vector<Device> all = c.devices.empty()
                                 ? std::vector<Device>{cuda_is_available() ? cuda_device(0) : cpu_device(0)}
@@ -200,6 +205,9 @@ int run_bench(const BenchConfig& c) {
                                   {"cuda_graphs", r.graphed},
                                   {"batch_per_device", c.batch_size},
                                   {"bucket_mb", c.strategy != "single" ? nlohmann::ordered_json(c.bucket_mb) : nullptr},
+                                  {"last_bucket_mb", c.strategy != "single" && c.last_bucket_mb
+                                                         ? nlohmann::ordered_json(*c.last_bucket_mb)
+                                                         : nullptr},
                                   {"comm_hook", c.strategy == "ddp" ? nlohmann::ordered_json(c.comm_hook) : nullptr},
                                   {"broadcast_buffers", c.strategy == "ddp" ? nlohmann::ordered_json(c.broadcast_buffers) : nullptr},
                                   {"img_per_s", r.img_per_s},

@@ -20,6 +20,7 @@
 #include "chorus/ops/copy.h"
 #include "chorus/ops/factory.h"
 #include "chorus/optim/sgd.h"
+#include "commands.h"
 #include "launch.h"
 #include "train_step.h"
 
@@ -65,6 +66,10 @@ nlohmann::ordered_json bench_ddp_row(const BenchConfig& c, const std::vector<Dev
                 "--strategy", "ddp", "--model", c.model, "--devices", list, "--precision", c.precision,
                 "--batch-size", std::to_string(c.batch_size), "--steps", std::to_string(c.steps),
                 "--warmup", std::to_string(c.warmup), "--bucket-mb", fmt(c.bucket_mb), "--comm-hook", c.comm_hook};
+  if (c.last_bucket_mb) {
+    lc.command.push_back("--last-bucket-mb");
+    lc.command.push_back(fmt(*c.last_bucket_mb));
+  }
   if (c.channels_last) lc.command.push_back("--channels-last");
   if (c.broadcast_buffers) lc.command.push_back("--broadcast-buffers");
   if (c.no_cuda_graphs) lc.command.push_back("--no-cuda-graphs");
@@ -98,7 +103,8 @@ int run_bench_ddp_worker(const BenchConfig& c) {
   if (c.channels_last && dev.is_cuda()) model->to_channels_last();
   optim::SGD opt(model->parameters(), {0.1, 0.9, 0.0, 5e-4, true});
   dist::DDPOptions o;
-  o.bucket_bytes = static_cast<int64_t>(c.bucket_mb * (1 << 20));
+  o.bucket_bytes = mib_to_bytes(c.bucket_mb);
+  if (c.last_bucket_mb) o.last_bucket_bytes = mib_to_bytes(*c.last_bucket_mb);
   o.comm_hook = dist::parse_comm_hook(c.comm_hook);
   o.broadcast_buffers = c.broadcast_buffers;
   auto ddp = std::make_shared<dist::DistributedDataParallel>(model, pg, o);

@@ -2,6 +2,8 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
+#include <optional>
 #include <string>
 
 #include "chorus/parallel/data_parallel.h"
@@ -11,11 +13,16 @@ namespace chorus::app {
 std::string version_text();
 int run_devices();
 
-// DataParallel's options for --bucket-mb (validated by the caller: >= 0).
-inline parallel::DataParallelOptions dp_options(double bucket_mb) {
+// MiB from the command line as bytes (validated by the caller: >= 0), capped
+// well below int64's range: a huge value just means one bucket.
+inline int64_t mib_to_bytes(double mib) { return static_cast<int64_t>(std::min(mib * (1 << 20), 1e18)); }
+
+// DataParallel's options for --bucket-mb and --last-bucket-mb (unset: the
+// library's default).
+inline parallel::DataParallelOptions dp_options(double bucket_mb, std::optional<double> last_bucket_mb = std::nullopt) {
   parallel::DataParallelOptions o;
-  // Capped well below int64's range: a huge value just means one bucket.
-  o.bucket_bytes = static_cast<int64_t>(std::min(bucket_mb * (1 << 20), 1e18));
+  o.bucket_bytes = mib_to_bytes(bucket_mb);
+  if (last_bucket_mb) o.last_bucket_bytes = mib_to_bytes(*last_bucket_mb);
   return o;
 }
 

@@ -9,8 +9,10 @@
 namespace chorus::app {
 
 nn::ModulePtr wrap_for_strategy(const nn::ModulePtr& model, const std::string& strategy,
-                                const std::vector<Device>& devices, double bucket_mb) {
-  if (strategy == "dp") return std::make_shared<parallel::DataParallel>(model, devices, dp_options(bucket_mb));
+                                const std::vector<Device>& devices, double bucket_mb,
+                                std::optional<double> last_bucket_mb) {
+  if (strategy == "dp")
+    return std::make_shared<parallel::DataParallel>(model, devices, dp_options(bucket_mb, last_bucket_mb));
   return model;
 }
 

@@ -18,9 +18,11 @@
 namespace chorus::app {
 
 // `model` as the step runs it for a strategy: the model itself ("single"), or
-// a DataParallel over `devices` with gradient buckets of `bucket_mb` MiB ("dp").
+// a DataParallel over `devices` with gradient buckets of `bucket_mb` MiB and
+// a last bucket of at most `last_bucket_mb` (unset: the default) ("dp").
 nn::ModulePtr wrap_for_strategy(const nn::ModulePtr& model, const std::string& strategy,
-                                const std::vector<Device>& devices, double bucket_mb);
+                                const std::vector<Device>& devices, double bucket_mb,
+                                std::optional<double> last_bucket_mb = std::nullopt);
 
 struct TrainStep {
   nn::ModulePtr net;                     // what forward runs (the model or its wrapper)

@@ -186,6 +186,8 @@ if has ddpprof; then
     done
   done
   done
+  # The device tool returns a bounded number of files: the traces travel as one archive.
+  ls "$OUT"/trace_* >/dev/null 2>&1 && tar -czf "$OUT/traces.tgz" -C "$OUT" $(cd "$OUT" && ls -d trace_*) && rm -rf "$OUT"/trace_*
 fi
 if has ddptune; then
   # Where WRN-28-10 bf16's DDP scaling goes: 1 GPU, then 2 GPUs under each

@@ -1,5 +1,5 @@
 // A kernel timeline without Nsight Systems: a CUDA injection library that
-// records every kernel's start and end through CUPTI's activity API and writes
+// records every kernel's, copy's and memset's start and end through CUPTI's activity API and writes
 // them as CSV when the process exits. The 2-GPU machines we are lent have no
 // nsys, and what limits a multi-GPU step (a tail of communication after the
 // backward, compute slowed by NCCL's kernels, a rank waiting for the other)
@@ -57,17 +57,35 @@ void write_name(FILE* f, const char* name) {
   std::fputc('"', f);
 }
 
+void write_row(uint64_t start, uint64_t end, uint32_t device, uint32_t stream, const char* name) {
+  std::fprintf(g_out, "%llu,%llu,%u,%u,", static_cast<unsigned long long>(start),
+               static_cast<unsigned long long>(end - start), device, stream);
+  write_name(g_out, name);
+  std::fputc('\n', g_out);
+}
+
 void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
   {
     std::lock_guard<std::mutex> lk(g_mu);
     CUpti_Activity* rec = nullptr;
     while (g_out && cuptiActivityGetNextRecord(buffer, valid, &rec) == CUPTI_SUCCESS) {
-      if (rec->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && rec->kind != CUPTI_ACTIVITY_KIND_KERNEL) continue;
-      const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
-      std::fprintf(g_out, "%llu,%llu,%u,%u,", static_cast<unsigned long long>(k->start),
-                   static_cast<unsigned long long>(k->end - k->start), k->deviceId, k->streamId);
-      write_name(g_out, k->name);
-      std::fputc('\n', g_out);
+      // Copies and memsets too: a gap between two kernels may be one (a
+      // library's workspace cleared before its kernel).
+      if (rec->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
+        const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(rec);
+        write_row(m->start, m->end, m->deviceId, m->streamId, ("memset " + std::to_string(m->bytes) + " B").c_str());
+      } else if (rec->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
+        const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(rec);
+        write_row(m->start, m->end, m->deviceId, m->streamId,
+                  ("memcpy kind " + std::to_string(m->copyKind) + " " + std::to_string(m->bytes) + " B").c_str());
+      } else if (rec->kind == CUPTI_ACTIVITY_KIND_MEMCPY2) {
+        const auto* m = reinterpret_cast<const CUpti_ActivityMemcpyPtoP4*>(rec);
+        write_row(m->start, m->end, m->deviceId, m->streamId,
+                  ("memcpy peer " + std::to_string(m->bytes) + " B to device " + std::to_string(m->dstDeviceId)).c_str());
+      } else if (rec->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || rec->kind == CUPTI_ACTIVITY_KIND_KERNEL) {
+        const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
+        write_row(k->start, k->end, k->deviceId, k->streamId, k->name);
+      }
     }
     size_t dropped = 0;
     if (cuptiActivityGetNumDroppedRecords(nullptr, 0, &dropped) == CUPTI_SUCCESS && dropped > 0)
@@ -76,14 +94,19 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
   std::free(buffer);
 }
 
+constexpr CUpti_ActivityKind kCopyKinds[] = {CUPTI_ACTIVITY_KIND_MEMSET, CUPTI_ACTIVITY_KIND_MEMCPY,
+                                             CUPTI_ACTIVITY_KIND_MEMCPY2};
+
 void start_recording() {
   if (g_recording.exchange(true)) return;
   check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityEnable");
+  for (CUpti_ActivityKind k : kCopyKinds) check(cuptiActivityEnable(k), "cuptiActivityEnable(copies)");
 }
 
 void stop_recording() {
   if (!g_recording.exchange(false)) return;
   check(cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityDisable");
+  for (CUpti_ActivityKind k : kCopyKinds) check(cuptiActivityDisable(k), "cuptiActivityDisable(copies)");
   check(cuptiActivityFlushAll(1), "cuptiActivityFlushAll");
 }
 

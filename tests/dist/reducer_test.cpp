@@ -9,6 +9,7 @@
 #include <chorus/ops/elementwise.h>
 
 #include "testing/compare.h"
+#include "testing/expect_error.h"
 
 namespace chorus::dist {
 namespace {
@@ -42,6 +43,32 @@ TEST(GradBuckets, LastParametersFirstAndCappedBySize) {
   int64_t total = 0;
   for (const auto& p : ps) total += bytes_of(p);
   EXPECT_EQ(total, 1440);
+}
+
+TEST(GradBuckets, TheFirstLayersGetATailBucketOfTheirOwn) {
+  // 400, 200, 800, 40, 120 bytes; filled last to first: 4, 3, 2, 1, 0.
+  std::vector<Tensor> ps = {param({100}), param({50}), param({200}), param({10}), param({30})};
+  GradBuckets tail(ps, 2000, 0, {}, 600);  // parameters 1 and 0 (200 + 400 bytes) fit in 600
+  ASSERT_EQ(tail.buckets.size(), 2u);
+  EXPECT_EQ(tail.buckets[0].ks, (std::vector<size_t>{4, 3, 2}));
+  EXPECT_EQ(tail.buckets[1].ks, (std::vector<size_t>{1, 0}));
+  GradBuckets one_param(ps, 2000, 0, {}, 100);  // even the last alone is larger: it is the tail
+  ASSERT_EQ(one_param.buckets.size(), 2u);
+  EXPECT_EQ(one_param.buckets[1].ks, (std::vector<size_t>{0}));
+  // With size caps and a first bucket: 4 | 3, 2 | 1 | 0 (caps 100, then 500).
+  GradBuckets all(ps, 500, 100, {}, 450);
+  ASSERT_EQ(all.buckets.size(), 4u);
+  EXPECT_EQ(all.buckets[0].ks, (std::vector<size_t>{4}));
+  EXPECT_EQ(all.buckets[1].ks, (std::vector<size_t>{3, 2}));
+  EXPECT_EQ(all.buckets[2].ks, (std::vector<size_t>{1}));
+  EXPECT_EQ(all.buckets[3].ks, (std::vector<size_t>{0}));
+  // The tail follows an explicit fill order too: 0 is filled first, 4 last.
+  GradBuckets ordered(ps, 0, 0, {0, 1, 2, 3, 4}, 200);
+  ASSERT_EQ(ordered.buckets.size(), 2u);
+  EXPECT_EQ(ordered.buckets[1].ks, (std::vector<size_t>{3, 4}));
+  EXPECT_TRUE(test::throws_naming(
+      [&] { Reducer({ps[0]}, std::make_shared<InProcessSum>(), {.bucket_bytes = 10, .last_bucket_bytes = -1}); },
+      {"last_bucket_bytes"}));
 }
 
 // A BucketComm standing in for DDP's all-reduce over a process group: the sum

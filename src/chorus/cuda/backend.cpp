@@ -35,6 +35,7 @@
 #include "chorus/cuda/timing_gate.h"
 #include "chorus/cuda/allocator.h"
 #include "chorus/cuda/context.h"
+#include "chorus/cuda/graph_memsets.h"
 
 namespace chorus::cuda {
 
@@ -308,6 +309,16 @@ class CudaBackend final : public DeviceBackend {
       CHORUS_THROW(CaptureError, "cuda:", i, ": ", what, ": ", cudaGetErrorString(e));
     };
     if (err != cudaSuccess || !graph) fail("the graph capture failed", err);
+    // Note [Memset nodes in a graph]: cuDNN's small memsets become kernels.
+    if (!cuda::keep_graph_memsets()) {
+      try {
+        cuda::rewrite_memset_nodes(graph);
+      } catch (const Error& e) {
+        (void)cudaGraphDestroy(graph);
+        for (CudaAllocator::GraphPool* p : pools) allocator_.release_pool(p);
+        CHORUS_THROW(CaptureError, "cuda:", i, ": rewriting the graph's memset nodes failed: ", e.what());
+      }
+    }
     cudaGraphExec_t exec = nullptr;
     // Each kernel node keeps the priority of the stream it was captured from
     // (an NCCL stream of high priority, CHORUS_NCCL_STREAM_PRIORITY): without

@@ -257,9 +257,10 @@ DistributedDataParallel::DistributedDataParallel(nn::ModulePtr module, ProcessGr
     : nn::Module("DistributedDataParallel"), module_(std::move(module)), impl_(std::make_shared<Impl>()) {
   CHORUS_CHECK(module_ != nullptr, "DistributedDataParallel: module is null");
   CHORUS_CHECK(group != nullptr, "DistributedDataParallel: the process group is null");
-  CHORUS_CHECK(options.bucket_bytes >= 0 && options.first_bucket_bytes >= 0,
+  CHORUS_CHECK(options.bucket_bytes >= 0 && options.first_bucket_bytes >= 0 && options.last_bucket_bytes >= 0,
                "DistributedDataParallel: bucket sizes must be >= 0, got bucket_bytes ", options.bucket_bytes,
-               " and first_bucket_bytes ", options.first_bucket_bytes);
+               ", first_bucket_bytes ", options.first_bucket_bytes, " and last_bucket_bytes ",
+               options.last_bucket_bytes);
   register_child("", module_);  // no name: state_dict keys stay the module's own (Note [State dict names])
   Impl& s = *impl_;
   s.group = std::move(group);
@@ -309,7 +310,7 @@ DistributedDataParallel::DistributedDataParallel(nn::ModulePtr module, ProcessGr
   }
   s.reducer = std::make_unique<HookReducer>(
       s.params, std::make_shared<GroupAllReduce>(s.group, options.average, options.comm_hook),
-      ReducerOptions{options.bucket_bytes, options.first_bucket_bytes});
+      ReducerOptions{options.bucket_bytes, options.first_bucket_bytes, options.last_bucket_bytes});
   observer_handle_ = autograd::add_backward_observer(impl_);
 }
 

@@ -31,6 +31,7 @@ struct DDPOptions {
   // Note [Gradient buckets] (dist/reducer.h). Negative: ValueError.
   int64_t bucket_bytes = int64_t{25} << 20;
   int64_t first_bucket_bytes = int64_t{1} << 20;  // closes the first bucket early: communication starts sooner
+  int64_t last_bucket_bytes = int64_t{1} << 20;   // the first layers' own bucket: a short tail after the backward
   bool average = true;                             // false: gradients summed over the ranks
   bool broadcast_buffers = true;                   // rank 0's buffers to every rank before each forward
   CommHook comm_hook = CommHook::AllReduce;        // Bf16Compress: float32 buckets travel as bfloat16

@@ -30,7 +30,8 @@ struct HookReducer::State {
   std::vector<size_t> order;
 
   void plan(const std::vector<size_t>& fill) {
-    buckets = std::make_shared<const GradBuckets>(params, options.bucket_bytes, options.first_bucket_bytes, fill);
+    buckets = std::make_shared<const GradBuckets>(params, options.bucket_bytes, options.first_bucket_bytes, fill,
+                                                  options.last_bucket_bytes);
     buffers.clear();
     views.assign(params.size(), Tensor());
     for (const GradBuckets::Bucket& b : buckets->buckets) {
@@ -131,9 +132,10 @@ HookReducer::HookReducer(std::vector<Tensor> params, std::shared_ptr<BucketComm>
     : state_(std::make_shared<State>()) {
   State& s = *state_;
   CHORUS_CHECK(comm != nullptr, "HookReducer: the bucket communication is null");
-  CHORUS_CHECK(options.bucket_bytes >= 0 && options.first_bucket_bytes >= 0,
+  CHORUS_CHECK(options.bucket_bytes >= 0 && options.first_bucket_bytes >= 0 && options.last_bucket_bytes >= 0,
                "HookReducer: bucket sizes must be >= 0, got bucket_bytes ", options.bucket_bytes,
-               " and first_bucket_bytes ", options.first_bucket_bytes);
+               ", first_bucket_bytes ", options.first_bucket_bytes, " and last_bucket_bytes ",
+               options.last_bucket_bytes);
   CHORUS_CHECK(!params.empty(), "HookReducer: no parameters");
   for (size_t k = 0; k < params.size(); ++k) {
     const Tensor& p = params[k];

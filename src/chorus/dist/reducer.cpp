@@ -11,7 +11,7 @@
 namespace chorus::dist {
 
 GradBuckets::GradBuckets(const std::vector<Tensor>& params, int64_t bucket_bytes, int64_t first_bucket_bytes,
-                         const std::vector<size_t>& order)
+                         const std::vector<size_t>& order, int64_t last_bucket_bytes)
     : bucket_of(params.size()), index_in_bucket(params.size()) {
   std::vector<size_t> fill = order;
   if (fill.empty())
@@ -23,6 +23,15 @@ GradBuckets::GradBuckets(const std::vector<Tensor>& params, int64_t bucket_bytes
     CHORUS_CHECK(k < params.size() && !seen[k], "gradient buckets: the order is not a permutation of the ",
                  params.size(), " parameters (", k, " is ", k < params.size() ? "repeated" : "out of range", ")");
     seen[k] = 1;
+  }
+  auto bytes_of = [&](size_t k) { return params[k].numel() * static_cast<int64_t>(dtype_size(params[k].dtype())); };
+  // The tail: the last parameters to fill, together at most last_bucket_bytes
+  // (at least one), get a bucket of their own.
+  size_t tail = fill.size();
+  if (last_bucket_bytes > 0 && fill.size() > 1) {
+    int64_t sum = 0;
+    while (tail > 1 && sum + bytes_of(fill[tail - 1]) <= last_bucket_bytes) sum += bytes_of(fill[--tail]);
+    if (tail == fill.size()) --tail;  // the last parameter alone is larger: it is the tail
   }
   std::vector<size_t> ks;
   std::vector<Tensor> ps;
@@ -37,12 +46,12 @@ GradBuckets::GradBuckets(const std::vector<Tensor>& params, int64_t bucket_bytes
     const size_t k = fill[i];
     // A bucket is one flat buffer per dtype on one device: a parameter on
     // another device (a model-parallel module) starts a new one.
-    if (!ps.empty() && ps.back().device() != params[k].device()) close();
+    if (!ps.empty() && (ps.back().device() != params[k].device() || i == tail)) close();
     bucket_of[k] = buckets.size();
     index_in_bucket[k] = ks.size();
     ks.push_back(k);
     ps.push_back(params[k]);
-    bytes += params[k].numel() * static_cast<int64_t>(dtype_size(params[k].dtype()));
+    bytes += bytes_of(k);
     const int64_t cap = buckets.empty() && first_bucket_bytes > 0 ? first_bucket_bytes : bucket_bytes;
     if (cap > 0 && bytes >= cap && i + 1 < fill.size()) close();
   }
@@ -229,8 +238,11 @@ Reducer::Reducer(std::vector<Tensor> params, std::shared_ptr<BucketComm> comm, R
                options.bucket_bytes);
   CHORUS_CHECK(options.first_bucket_bytes >= 0, "Reducer: first_bucket_bytes must be >= 0, got ",
                options.first_bucket_bytes);
+  CHORUS_CHECK(options.last_bucket_bytes >= 0, "Reducer: last_bucket_bytes must be >= 0, got ",
+               options.last_bucket_bytes);
   CHORUS_CHECK(comm_ != nullptr, "Reducer: no BucketComm");
-  buckets_ = std::make_shared<const GradBuckets>(params_, options.bucket_bytes, options.first_bucket_bytes);
+  buckets_ = std::make_shared<const GradBuckets>(params_, options.bucket_bytes, options.first_bucket_bytes,
+                                                 std::vector<size_t>{}, options.last_bucket_bytes);
 }
 
 std::vector<std::vector<Tensor>> Reducer::record(const std::vector<Device>& devices,

@@ -71,6 +71,8 @@ DataParallel::DataParallel(nn::ModulePtr module, std::vector<Device> devices, Da
   CHORUS_CHECK(!devices_.empty(), "DataParallel: the device list is empty");
   CHORUS_CHECK(options_.bucket_bytes >= 0, "DataParallel: bucket_bytes must be >= 0 (0: one bucket), got ",
                options_.bucket_bytes);
+  CHORUS_CHECK(options_.last_bucket_bytes >= 0, "DataParallel: last_bucket_bytes must be >= 0 (0: none), got ",
+               options_.last_bucket_bytes);
   for (size_t i = 0; i < devices_.size(); ++i) {
     check_device(devices_[i]);
     for (size_t j = 0; j < i; ++j)
@@ -246,7 +248,7 @@ void DataParallel::record_gradient_nodes(size_t used) {
     std::vector<Tensor> ms;
     for (size_t e : ge) ms.push_back(entries_[e].master);
     reducer_ = std::make_unique<dist::Reducer>(ms, std::make_shared<dist::InProcessSum>(),
-                                               dist::ReducerOptions{options_.bucket_bytes, 0});
+                                               dist::ReducerOptions{options_.bucket_bytes, 0, options_.last_bucket_bytes});
     grad_entries_ = ge;
   }
   // Replica 0 computes with aliases of the masters, so that its gradients too

@@ -32,6 +32,9 @@ struct DataParallelOptions {
   // (Note [Gradient buckets] in dist/reducer.h); 0: one bucket, summed at the end.
   // Negative: ValueError.
   int64_t bucket_bytes = int64_t{25} << 20;
+  // The first layers' gradients in a bucket of their own of at most this many
+  // bytes (dist::ReducerOptions::last_bucket_bytes); 0: none.
+  int64_t last_bucket_bytes = 0;
 };
 
 class DataParallel : public nn::Module {
