@@ -1,6 +1,5 @@
-OUT=$OUT bash scripts/gpu_check.sh build 2>&1 | grep -E 'build ok|error' | head
+OUT=$OUT TESTS_FILTER='GraphedStep*:DataParallel*:CudaGraphMemsets*' bash scripts/gpu_check.sh build tests 2>&1 | grep -E 'build ok|error|PASSED|FAILED|Failure' | head
 C=./build-gpu/chorus
-for v in "X=1" "NCCL_PROTO=Simple" "NCCL_PROTO=LL128" "NCCL_PROTO=LL" "NCCL_MIN_CTAS=4,NCCL_MAX_CTAS=4" "NCCL_MIN_CTAS=32,NCCL_MAX_CTAS=32"; do
-  env ${v//,/ } timeout 120 $C bench --model wrn-16-4 --strategy dp --devices cuda:0,cuda:1 --device-counts 2 --precision bf16 --channels-last --batch-size 128 --steps 60 --warmup 8 2>&1 | grep img/s | sed "s/^/dp $v: /"
+for m in wrn-16-4 wrn-28-10; do
+  timeout 120 $C bench --model $m --strategy dp --devices cuda:0,cuda:1 --device-counts 1,2 --precision bf16 --channels-last --batch-size 128 --steps 60 --warmup 8 2>&1 | grep img/s | sed "s/^/dp: /"
 done
-OUT=$OUT DDPPROF_CASES="dp:wrn-16-4" DDPPROF_COUNTS="2" bash scripts/gpu_check.sh ddpprof 2>&1 | grep 'per step'

@@ -273,6 +273,20 @@ nn::Value DataParallel::forward_value(const nn::Value& x) {
   CHORUS_CHECK(batch > 0, "DataParallel: the batch is empty");
   const size_t used = std::min<size_t>(devices_.size(), static_cast<size_t>(batch));
   grad_enabled_outside_ = grad_enabled();
+  // As-equal-as-possible chunks: 7 over 3 devices gives 3, 2, 2.
+  std::vector<int64_t> starts(used), lens(used);
+  int64_t pos = 0;
+  for (size_t r = 0; r < used; ++r) {
+    lens[r] = batch / static_cast<int64_t>(used) + (static_cast<int64_t>(r) < batch % static_cast<int64_t>(used) ? 1 : 0);
+    starts[r] = pos;
+    pos += lens[r];
+  }
+  // The inputs go to their replicas before the weights do: each replica's
+  // copy of its chunk then runs beside the weights' broadcast instead of after
+  // it (issued from this thread to each device's current stream, which the
+  // replica's thread continues).
+  std::vector<nn::Value> ins(used);
+  for (size_t r = 0; r < used; ++r) ins[r] = scatter(x, options_.dim, starts[r], lens[r], devices_[r]);
   sync_replicas(used);
   // One replica (one device, or a batch of one) is the plain module on its
   // masters: nothing to sum. Otherwise replica 0 runs on recorded aliases of
@@ -287,14 +301,6 @@ nn::Value DataParallel::forward_value(const nn::Value& x) {
     }
   } restore{this, record};
   if (record) record_gradient_nodes(used);
-  // As-equal-as-possible chunks: 7 over 3 devices gives 3, 2, 2.
-  std::vector<int64_t> starts(used), lens(used);
-  int64_t pos = 0;
-  for (size_t r = 0; r < used; ++r) {
-    lens[r] = batch / static_cast<int64_t>(used) + (static_cast<int64_t>(r) < batch % static_cast<int64_t>(used) ? 1 : 0);
-    starts[r] = pos;
-    pos += lens[r];
-  }
   std::vector<autograd::Edge> leaves;  // held until the replicas are done
   if (grad_enabled_outside_) leaf_edges(x, &leaves);
   std::vector<nn::Value> outs(used);
@@ -309,8 +315,7 @@ nn::Value DataParallel::forward_value(const nn::Value& x) {
   for (size_t r = 0; r < used; ++r) {
     tasks.push_back([&, r] {
       try {
-        nn::Value in = scatter(x, options_.dim, starts[r], lens[r], devices_[r]);
-        outs[r] = replicas_[r]->forward_value(in);
+        outs[r] = replicas_[r]->forward_value(ins[r]);
       } catch (const std::exception& e) {
         // The other replicas may be waiting for this one at a SyncBatchNorm
         // layer: they fail with this replica's error rather than wait for it.

@@ -206,7 +206,21 @@ std::vector<Tensor> GraphedStep::replay(const std::vector<Tensor>& inputs) {
   // graph's collectives use) reaches the caller with nothing launched.
   for (const auto& check : checks_) check();
   NoGradGuard no_grad;
-  for (size_t i = 0; i < inputs.size(); ++i) ops::copy_(static_inputs_[i], inputs[i]);
+  // One multi-tensor copy for the inputs that match their buffers (the batch,
+  // its targets, the step's scalars): between two replays each separate copy
+  // was a few µs of idle GPU (a CUPTI trace of DataParallel WRN-16-4: four
+  // copies, 35 µs of a 2.15 ms step). The rest (another dtype or shape to
+  // broadcast) take copy_.
+  TensorList srcs, dsts;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].sizes() == static_inputs_[i].sizes() && inputs[i].dtype() == static_inputs_[i].dtype()) {
+      srcs.push_back(inputs[i]);
+      dsts.push_back(static_inputs_[i]);
+    } else {
+      ops::copy_(static_inputs_[i], inputs[i]);
+    }
+  }
+  ops::copy_multi(srcs, dsts);
   // The replay reads what the callers' streams wrote (the inputs, a new
   // learning rate on each device); their later work waits for the replay.
   wait_for_callers();
