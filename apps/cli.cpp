@@ -14,6 +14,7 @@
 #include "stop_signal.h"
 #include "cli_options.h"
 #include "commands.h"
+#include "crash_report.h"
 #include "launch.h"
 #include "train.h"
 
@@ -22,6 +23,7 @@ using namespace chorus;
 // The whole program; with parse_only it stops once the command line is
 // parsed and checked (the command-line fuzz harness, tests/fuzz/fuzz_cli.cpp).
 int chorus_main(int argc, char** argv, bool parse_only) {
+  if (!parse_only) app::install_crash_report();
   CLI::App app{"Chorus: train one neural network on many devices", "chorus"};
   app.require_subcommand(0, 1);
   bool show_version = false;
