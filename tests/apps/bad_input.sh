@@ -51,6 +51,7 @@ expect_error "--bucket-mb must be a number >= 0" train --strategy dp --devices c
 expect_error "comm-hook noop communicates nothing" train --comm-hook noop "${q[@]}"
 expect_error "--comm-hook must be allreduce, bf16 or noop, got 'bogus'" bench --strategy ddp --comm-hook bogus
 expect_error "--bucket-mb must be a number >= 0" bench --strategy dp --devices cpu:0,cpu:1 --bucket-mb -2
+expect_error "--last-bucket-mb must be a number >= 0, got -1" bench --strategy dp --devices cpu:0,cpu:1 --last-bucket-mb -1
 expect_error "not found" train --data fashion-mnist --data-dir "$tmp/nowhere" "${q[@]}"
 # A truncated IDX file names the file and what was expected.
 mkdir -p "$tmp/fm"
