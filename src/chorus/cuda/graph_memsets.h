@@ -21,7 +21,13 @@
 // 2-GPU step, after the 1-GPU graph) and in none of three without it. The
 // cause is not understood (the crash comes before the 2-GPU graph is
 // rewritten), so DataParallel's graphs over several GPUs, which gained least
-// (0.81 -> 0.83 scaling), keep their memsets until it is. Where the 1 µs kernel is not on the critical path nothing changes; the
+// (0.81 -> 0.83 scaling), keep their memsets until it is; with that, three
+// more runs passed. A likely culprit, from NCCL's source: with graph mixing
+// on (NCCL_GRAPH_MIXING_SUPPORT, default), each captured collective adds an
+// event-record node and its edges straight into the capturing graph
+// (cudaGraphAddEventRecordNode, cudaGraphAddDependencies) from the calling
+// thread, while DataParallel's other device threads are capturing into the
+// same graph: graph objects are not safe against concurrent mutation. Where the 1 µs kernel is not on the critical path nothing changes; the
 // graph's meaning does not (the same bytes, in the same order).
 #pragma once
 
