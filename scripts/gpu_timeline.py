@@ -6,7 +6,8 @@ TRACE.csv: `nsys stats --report cuda_gpu_trace --format csv` of a profile
 that covers STEPS steps (CHORUS_PROFILER_RANGE=1). Per device, per step:
 the span from the first to the last kernel, the time some kernel ran (the
 union), the compute kernels' summed time and the NCCL kernels' (with how much
-of NCCL's time ran beside compute). Compute time that grows from one GPU to two
+of NCCL's time ran beside compute), then the memsets and copies per step and
+the idle gaps between kernels by length. Compute time that grows from one GPU to two
 means the communication slows the compute (shared SMs, memory); a span longer
 than the union means the GPU waited (the tail of the last bucket, a
 collective's latency, the host)."""
@@ -34,16 +35,34 @@ def union(iv):
     return total
 
 
+def gaps(iv):
+    """Idle stretches between kernels, binned: {label: (count, ns)}."""
+    bins = [(2e3, "<2us"), (4e3, "2-4us"), (8e3, "4-8us"), (20e3, "8-20us"), (1e5, "20-100us"), (float("inf"), ">100us")]
+    out = {label: [0, 0] for _, label in bins}
+    end = None
+    for s, e in sorted(iv):
+        if end is not None and s > end:
+            g = s - end
+            label = next(lb for top, lb in bins if g < top)
+            out[label][0] += 1
+            out[label][1] += g
+        end = e if end is None else max(end, e)
+    return out
+
+
 def main():
     path, steps, label = sys.argv[1], float(sys.argv[2]), sys.argv[3]
-    per = defaultdict(lambda: {"all": [], "nccl": [], "compute": []})
+    per = defaultdict(lambda: {"all": [], "nccl": [], "compute": [], "memset": 0, "memcpy": 0})
     for r in csv.DictReader(open(path)):
         name = col(r, "Name")
+        dev = col(r, "Device")
+        # Copies and memsets (the CUPTI trace records them) are counted, not
+        # timed as kernels: a memset node between two kernels shows as gaps.
         if "memcpy" in name.lower() or "memset" in name.lower():
+            per[dev]["memset" if "memset" in name.lower() else "memcpy"] += 1
             continue
         s = int(float(col(r, "Start")))
         d = int(float(col(r, "Duration")))
-        dev = col(r, "Device")
         iv = (s, s + d)
         per[dev]["all"].append(iv)
         per[dev]["nccl" if re.search("nccl", name, re.I) else "compute"].append(iv)
@@ -59,6 +78,9 @@ def main():
         ms = lambda ns: ns / 1e6 / steps
         print(f"{label} {dev}: per step span {ms(span):.3f} ms, busy {ms(busy):.3f}, compute kernels {ms(comp):.3f} "
               f"(union {ms(comp_u):.3f}), nccl kernels {ms(nccl):.3f} (alone {ms(nccl_alone):.3f}), idle {ms(span - busy):.3f}")
+        g = gaps(k["all"])
+        print(f"{label} {dev}: per step {k['memset'] / steps:.1f} memsets, {k['memcpy'] / steps:.1f} copies; idle gaps "
+              + ", ".join(f"{lb} {n / steps:.1f} x = {ns / 1e3 / steps:.1f} us" for lb, (n, ns) in g.items() if n))
 
 
 if __name__ == "__main__":
