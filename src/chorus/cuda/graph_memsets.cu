@@ -1,6 +1,7 @@
 // Note [Memset nodes in a graph] (graph_memsets.h).
 #include "chorus/cuda/graph_memsets.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
