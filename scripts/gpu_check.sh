@@ -40,10 +40,51 @@ if has tests; then
   timeout 900 ./$BUILD/chorus_tests --gtest_filter="${TESTS_FILTER:-*_CUDA:*_MultiCUDA:*CUDA*}" 2>&1 | tee "$OUT/cuda_tests.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |tests ran|Failure|error" | head -60
 fi
 if has sanitize; then
+  # SANITIZE_TOOLS: "memcheck racecheck" (default) or either alone; RACECHECK_ARGS="--kernel-name kns=chorus"
+  # limits racecheck to Chorus's own kernels (cuDNN's and NCCL's then run uninstrumented, much faster).
+  [[ " ${SANITIZE_TOOLS:-memcheck racecheck} " == *" memcheck "* ]] && {
   timeout ${SANITIZE_TIMEOUT:-420} compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 ./$BUILD/chorus_tests --gtest_filter="${SANITIZE_FILTER:-*_CUDA}" >"$OUT/memcheck.log" 2>&1
-  echo "memcheck exit $? ($(grep -c 'Invalid' "$OUT/memcheck.log") invalid accesses)"; tail -3 "$OUT/memcheck.log"
+  echo "memcheck exit $? ($(grep -c 'Invalid' "$OUT/memcheck.log") invalid accesses)"; tail -3 "$OUT/memcheck.log"; }
+  [[ " ${SANITIZE_TOOLS:-memcheck racecheck} " == *" racecheck "* ]] && {
   timeout ${SANITIZE_TIMEOUT:-420} compute-sanitizer --tool racecheck --racecheck-report hazard ${RACECHECK_ARGS:-} --error-exitcode 9 ./$BUILD/chorus_tests --gtest_filter="${SANITIZE_FILTER:-*_CUDA}" >"$OUT/racecheck.log" 2>&1
-  echo "racecheck exit $? ($(grep -c 'Race reported\|Hazard' "$OUT/racecheck.log") hazard lines)"; tail -3 "$OUT/racecheck.log"
+  echo "racecheck exit $? ($(grep -c 'Race reported\|Hazard' "$OUT/racecheck.log") hazard lines)"
+  grep -E "^\[ +(OK|FAILED|PASSED) " "$OUT/racecheck.log" | tail -40; tail -3 "$OUT/racecheck.log"; }
+fi
+if has dpcrash; then
+  # The DataParallel capture crash (Note [NCCL graph mixing] in cuda/nccl.h): DPCRASH_RUNS
+  # runs of the 1,2-GPU DataParallel bench per variant, "name:VAR=value,VAR=value"
+  # (default: as shipped, and with NCCL graph mixing back on, which crashed 4 in 10).
+  A="bench --model ${DPCRASH_MODEL:-wrn-28-10} --strategy dp --devices cuda:0,cuda:1 --device-counts 1,2 --precision bf16 --channels-last --batch-size 128 --steps ${DPCRASH_STEPS:-60} --warmup 8 --json"
+  for var in ${DPCRASH_VARIANTS:-default:CHORUS_DPCRASH=1 mixing:NCCL_GRAPH_MIXING_SUPPORT=1}; do
+    name=${var%%:*}; envs=${var#*:}; crashes=0; rates=""
+    for i in $(seq ${DPCRASH_RUNS:-4}); do
+      env ${envs//,/ } timeout 150 $C $A > "$OUT/dpcrash_${name}_$i.txt" 2>&1
+      rc=$?; [ $rc = 0 ] || crashes=$((crashes + 1))
+      rates="$rates $(python3 -c 'import json,sys; r=[json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]; print("/".join("%.0f" % x["img_per_s"] for x in r) or "-", end="")' "$OUT/dpcrash_${name}_$i.txt")(rc $rc)"
+    done
+    echo "dpcrash $name [$envs]: $crashes of ${DPCRASH_RUNS:-4} runs failed; img/s 1 GPU/2 GPUs:$rates"
+  done
+fi
+if has microbatch; then
+  # The one factor of a pipeline's bound that is not its schedule: how fast a
+  # micro-batch runs per image against the whole batch, one GPU, per model
+  # (MICRO_MODELS, MICRO_BATCHES: micro-batch first, whole batch last).
+  for m in ${MICRO_MODELS:-wrn-28-10 wrn-40-10 wrn-28-20}; do
+    for b in ${MICRO_BATCHES:-32 256}; do
+      timeout 200 $C bench --model $m --devices cuda:0 --precision bf16 --channels-last --batch-size $b --steps 20 --warmup 5 --json \
+        | tee -a "$OUT/microbatch.jsonl"
+    done
+  done
+  python3 - "$OUT/microbatch.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+by = {}
+for r in rows: by.setdefault(r["model"], []).append(r)
+for m, rs in by.items():
+    first, last = rs[0], rs[-1]
+    print(f"microbatch {m:10} " + "  ".join(f"batch {r['batch_per_device']} {r['img_per_s']:.0f} img/s" for r in rs) +
+          f"  per image {first['img_per_s'] / last['img_per_s']:.2f} of the whole batch's")
+PY
 fi
 if has memrun; then
   # Issue 15: about nine minutes of WRN-16-4 training; the peak memory of each

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -110,6 +111,19 @@ TEST(DataParallelCuda, TwoGpusTrainLikeOne_MultiCUDA) {
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
   NoTf32 no_tf32;
   expect_same_run(train(2, 3), train(0, 3));
+}
+
+// Note [NCCL graph mixing] in cuda/nccl.h: once a DataParallel over two GPUs
+// has summed gradients, NCCL's graph mixing is off for the process (unless the
+// user had set it: the test runs under whatever the environment says).
+TEST(DataParallelCuda, InProcessNcclTurnsGraphMixingOff_MultiCUDA) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  const char* before = std::getenv("NCCL_GRAPH_MIXING_SUPPORT");
+  const std::string user = before ? before : "";
+  (void)train(2, 1);
+  const char* after = std::getenv("NCCL_GRAPH_MIXING_SUPPORT");
+  ASSERT_NE(after, nullptr);
+  EXPECT_EQ(std::string(after), before ? user : std::string("0"));
 }
 
 // Note [Gradient buckets] in dist/reducer.h: one NCCL reduction per parameter

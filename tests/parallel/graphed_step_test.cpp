@@ -25,6 +25,7 @@
 
 #include "testing/compare.h"
 #include "testing/deterministic.h"
+#include "testing/steps.h"
 
 #ifdef CHORUS_WITH_CUDA
 #include "chorus/cuda/blas.h"
@@ -69,7 +70,7 @@ struct StepSetup {
   bool bf16 = false;
   bool dropout = false;
   bool read_loss_inside = false;  // loss.item() in the step: cannot be captured
-  int steps = 20;
+  int steps = test::test_steps(20, 3);  // CHORUS_TEST_STEPS under a sanitizer
   int64_t small_batch_at = -1;     // this step gets a batch of 8 instead of 16
 };
 
@@ -141,10 +142,10 @@ TEST(GraphedStep, OnTheCpuItIsTheEagerStep) {
   const auto [graphed, eager] = graphed_and_eager(s);
   expect_same(graphed, eager, 0.0);
   EXPECT_EQ(graphed.replays, 0);
-  EXPECT_EQ(graphed.eager_calls, 20);
+  EXPECT_EQ(graphed.eager_calls, s.steps);
   EXPECT_NE(graphed.reason.find("CUDA device"), std::string::npos) << graphed.reason;
   EXPECT_TRUE(graphed.lines.empty());  // not a failure: graphs do not apply
-  EXPECT_EQ(graphed.step_count, 20);
+  EXPECT_EQ(graphed.step_count, s.steps);
 }
 
 TEST(GraphedStep, RejectsAnEmptyFunctionAndNegativeWarmup) {
@@ -262,8 +263,8 @@ TEST(GraphedStep, TwentyStepsMatchEagerFp32Sgd_CUDA) {
   s.device = cuda_device(0);
   const auto [graphed, eager] = graphed_and_eager(s);
   EXPECT_TRUE(graphed.lines.empty()) << graphed.lines[0];
-  EXPECT_EQ(graphed.replays, 18);  // 2 warm-up steps
-  EXPECT_EQ(graphed.step_count, 20);
+  EXPECT_EQ(graphed.replays, s.steps - 2);  // 2 warm-up steps
+  EXPECT_EQ(graphed.step_count, s.steps);
   expect_same(graphed, eager, 1e-6);
 }
 
@@ -275,7 +276,7 @@ TEST(GraphedStep, TwentyStepsMatchEagerFp32AdamW_CUDA) {
   s.adamw = true;
   const auto [graphed, eager] = graphed_and_eager(s);
   EXPECT_TRUE(graphed.lines.empty()) << graphed.lines[0];
-  EXPECT_EQ(graphed.replays, 18);
+  EXPECT_EQ(graphed.replays, s.steps - 2);
   expect_same(graphed, eager, 1e-6);
 }
 
@@ -289,7 +290,7 @@ TEST(GraphedStep, TwentyStepsMatchEagerBf16_CUDA) {
   s.bf16 = true;
   const auto [graphed, eager] = graphed_and_eager(s);
   EXPECT_TRUE(graphed.lines.empty()) << graphed.lines[0];
-  EXPECT_EQ(graphed.replays, 18);
+  EXPECT_EQ(graphed.replays, s.steps - 2);
   expect_same(graphed, eager, 1e-3);
 }
 
@@ -304,8 +305,8 @@ TEST(GraphedStep, AHostReadInTheStepFallsBackWithOneLine_CUDA) {
   EXPECT_NE(graphed.lines[0].find("cannot be captured"), std::string::npos) << graphed.lines[0];
   EXPECT_NE(graphed.lines[0].find("reading a CUDA tensor on the host"), std::string::npos) << graphed.lines[0];
   EXPECT_EQ(graphed.replays, 0);
-  EXPECT_EQ(graphed.eager_calls, 20);
-  EXPECT_EQ(graphed.step_count, 20);  // the failed capture counted nothing
+  EXPECT_EQ(graphed.eager_calls, s.steps);
+  EXPECT_EQ(graphed.step_count, s.steps);  // the failed capture counted nothing
   expect_same(graphed, eager, 1e-6);
 }
 
@@ -330,11 +331,12 @@ TEST(GraphedStep, ASmallerBatchRunsEagerlyAndTheGraphStays_CUDA) {
   Deterministic same_bits;
   StepSetup s;
   s.device = cuda_device(0);
-  s.small_batch_at = 9;
+  s.steps = std::max(s.steps, 5);  // 2 warm-up steps, the capture, a replay, the small batch
+  s.small_batch_at = std::min(9, s.steps - 1);
   const auto [graphed, eager] = graphed_and_eager(s);
   ASSERT_EQ(graphed.lines.size(), 1u);
   EXPECT_NE(graphed.lines[0].find("[8,3,16,16]"), std::string::npos) << graphed.lines[0];
-  EXPECT_EQ(graphed.replays, 17);
+  EXPECT_EQ(graphed.replays, s.steps - 3);
   EXPECT_EQ(graphed.eager_calls, 3);
   expect_same(graphed, eager, 1e-6);
 }
@@ -384,6 +386,7 @@ TEST(GraphedStep, MlpMatchesEager_CUDA) {
 // copy to replicas: the capture must not try).
 void dp_graphed_matches_eager(const std::vector<Device>& devs) {
   Deterministic same_bits;
+  const int steps = test::test_steps(20, 3);  // CHORUS_TEST_STEPS under a sanitizer
   auto run = [&](bool graphed, StepRun* out) {
     auto net = cnn();
     net->to(devs[0]);
@@ -405,7 +408,7 @@ void dp_graphed_matches_eager(const std::vector<Device>& devs) {
         },
         o);
     manual_seed(77);
-    for (int i = 0; i < 20; ++i) {
+    for (int i = 0; i < steps; ++i) {
       opt.set_lr(0.05 * (1.0 - 0.03 * i));
       out->losses.push_back(step({randn({32, 3, 16, 16}).to(devs[0]), randint(0, 10, {32}, {kInt64}).to(devs[0])})[0].item());
     }
@@ -416,7 +419,7 @@ void dp_graphed_matches_eager(const std::vector<Device>& devs) {
   run(true, &graphed);
   run(false, &eager);
   for (const std::string& line : graphed.lines) ADD_FAILURE() << "fell back: " << line;
-  EXPECT_EQ(graphed.replays, 18);
+  EXPECT_EQ(graphed.replays, steps - 2);
   expect_same(graphed, eager, 1e-6);
 }
 

@@ -309,9 +309,8 @@ class CudaBackend final : public DeviceBackend {
       CHORUS_THROW(CaptureError, "cuda:", i, ": ", what, ": ", cudaGetErrorString(e));
     };
     if (err != cudaSuccess || !graph) fail("the graph capture failed", err);
-    // Note [Memset nodes in a graph]: cuDNN's small memsets become kernels,
-    // in graphs of one device only.
-    if (!cuda::keep_graph_memsets() && pools.size() == 1) {
+    // Note [Memset nodes in a graph]: cuDNN's small memsets become kernels.
+    if (cuda::rewrite_graph_memsets()) {
       try {
         cuda::rewrite_memset_nodes(graph);
       } catch (const Error& e) {

@@ -64,9 +64,9 @@ int owner_of(const void* p) {
 
 }  // namespace
 
-bool keep_graph_memsets() {
+bool rewrite_graph_memsets() {
   const char* v = std::getenv("CHORUS_GRAPH_MEMSETS");
-  return v && std::strcmp(v, "keep") == 0;
+  return !(v && std::strcmp(v, "keep") == 0);
 }
 
 size_t rewrite_memset_nodes(cudaGraph_t graph) {

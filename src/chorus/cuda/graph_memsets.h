@@ -14,21 +14,15 @@
 // dependencies and dependants; larger memsets, and any node joined by an edge
 // that is not a plain full dependency (a programmatic launch edge), are left
 // as they are. CHORUS_GRAPH_MEMSETS=keep turns the rewrite off (to measure
-// it). Only graphs of one device are rewritten (one GPU, DDP's one device per
-// process), as measured most: `chorus bench --strategy dp --device-counts 1,2`
-// (WRN-28-10) crashed in three of five runs with the rewrite on every graph
-// (SIGSEGV in ncclGroupEnd -> cuGraphAddDependencies while capturing the
-// 2-GPU step, after the 1-GPU graph) and in none of three without it. The
-// cause is not understood (the crash comes before the 2-GPU graph is
-// rewritten), so DataParallel's graphs over several GPUs, which gained least
-// (0.81 -> 0.83 scaling), keep their memsets until it is; with that, three
-// more runs passed. A likely culprit, from NCCL's source: with graph mixing
-// on (NCCL_GRAPH_MIXING_SUPPORT, default), each captured collective adds an
-// event-record node and its edges straight into the capturing graph
-// (cudaGraphAddEventRecordNode, cudaGraphAddDependencies) from the calling
-// thread, while DataParallel's other device threads are capturing into the
-// same graph: graph objects are not safe against concurrent mutation. Where the 1 µs kernel is not on the critical path nothing changes; the
+// it). Where the 1 µs kernel is not on the critical path nothing changes; the
 // graph's meaning does not (the same bytes, in the same order).
+//
+// For one session (15) the rewrite was limited to graphs of one device: `chorus
+// bench --strategy dp --device-counts 1,2` had crashed while capturing the
+// 2-GPU step in three of five runs with it. Session 16 found the crash without
+// the rewrite too (4 of 10 runs) and its cause in NCCL's graph mixing (Note
+// [NCCL graph mixing] in cuda/nccl.h); with the rewrite on every graph and
+// mixing still on, 0 of 10 — the rewrite only moved the timing.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -43,7 +37,7 @@ inline constexpr size_t kMaxRewrittenMemsetBytes = size_t{1} << 20;
 // child graphs); returns how many. Throws chorus::Error on a CUDA failure.
 size_t rewrite_memset_nodes(cudaGraph_t graph);
 
-// Whether CHORUS_GRAPH_MEMSETS asks to keep the memset nodes.
-bool keep_graph_memsets();
+// Whether captured graphs get the rewrite (not when CHORUS_GRAPH_MEMSETS=keep).
+bool rewrite_graph_memsets();
 
 }  // namespace chorus::cuda

@@ -1,6 +1,8 @@
 // In-process NCCL collectives (Note [In-process NCCL] in nccl.h).
 #include "chorus/cuda/nccl.h"
 
+#include <cstdlib>
+
 #include <cuda_runtime.h>
 #ifdef CHORUS_WITH_NCCL
 #include <nccl.h>
@@ -110,6 +112,8 @@ PerDevice& per_device(State& st, int d) {
 std::vector<ncclComm_t>& comm_set(State& st, const std::vector<int>& devices) {
   auto it = st.comms.find(devices);
   if (it != st.comms.end()) return it->second;
+  // Note [NCCL graph mixing]: one graph captured from several threads.
+  ::setenv("NCCL_GRAPH_MIXING_SUPPORT", "0", /*overwrite=*/0);
   std::vector<ncclComm_t> comms(devices.size(), nullptr);
   int cur = 0;
   CHORUS_CUDA_CHECK(cudaGetDevice(&cur));

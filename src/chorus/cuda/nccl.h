@@ -45,6 +45,25 @@
 // Calls are serialised by one process-wide mutex: NCCL requires the
 // collectives of a communicator set to be enqueued in the same order on every
 // rank, which one group call from one thread at a time guarantees.
+//
+// Note [NCCL graph mixing]: with NCCL_GRAPH_MIXING_SUPPORT on (NCCL's
+// default), a collective issued into a stream capture edits the capturing
+// graph directly from the calling thread (an event-record node, then
+// cuGraphAddDependencies), so that captured and uncaptured NCCL work may be
+// outstanding together. A DataParallel step captures one graph from several
+// threads: the thread issuing a bucket's reduction for every device edits the
+// graph while the other devices' threads launch their backward kernels into
+// it, and CUDA graphs are not safe against that. On 2 H100s `chorus bench
+// --strategy dp --device-counts 1,2` (WRN-28-10 bf16) crashed in 4 of 10 runs
+// while capturing (SIGSEGV in cuGraphAddDependencies under ncclGroupEnd, or in
+// the other thread's cuLaunchKernel), in 0 of 11 with mixing off. So before
+// the first in-process communicator is made, NCCL_GRAPH_MIXING_SUPPORT is set
+// to 0 unless the user set it. What mixing would allow (a graph's NCCL work
+// and eager NCCL work in flight at once) never happens here: a capture and a
+// replay start after the callers' work on every device (Note [Graphed step]),
+// and eager work after a replay waits for it. NCCL reads the variable once
+// per process, so a process that made a process-group communicator first
+// (dist/nccl_group.h) keeps what it had then.
 #pragma once
 
 #include <cstddef>
