@@ -42,6 +42,9 @@ void add_bench_options(CLI::App* cmd, BenchConfig& c) {
   add_optional(cmd, "--last-bucket-mb", c.last_bucket_mb,
                "dp, ddp: the first layers' gradients in a bucket of their own of at most this many MiB, a short tail "
                "after the backward (0: none; default: ddp 1, dp 0)");
+  cmd->add_flag("--dp-broadcast", c.dp_broadcast,
+                "dp: the first device steps the weights and broadcasts them to the replicas after each step (PyTorch's "
+                "DataParallel) instead of every replica stepping its own copy with all-reduced gradients");
   add_optional(cmd, "--device-counts", c.counts, "Device counts to run, e.g. 1,2,4 (dp, ddp; default powers of two)");
   cmd->add_option("--precision", c.precision, "fp32|bf16")->capture_default_str();
   cmd->add_flag("--channels-last", c.channels_last, "NHWC activations (GPU)");
@@ -117,7 +120,9 @@ BenchRow bench_one(const BenchConfig& c, const std::vector<Device>& devs) {
   Tensor x = randn(in, {kFloat32, dev});
   if (c.channels_last && dev.is_cuda()) x = ops::to_channels_last(x);
   Tensor y = randint(0, 10, {batch}, {kInt64, dev});
-  TrainStep train_step{wrap_for_strategy(model, c.strategy, devs, c.bucket_mb, c.last_bucket_mb), &opt, std::nullopt, 0.0};
+  TrainStep train_step{
+      wrap_for_strategy(model, c.strategy, devs, c.bucket_mb, c.last_bucket_mb, c.dp_broadcast ? nullptr : &opt), &opt,
+      std::nullopt, 0.0};
   if (c.precision == "bf16") train_step.autocast = kBFloat16;
   // CUDA graphs where they apply (captured during the warm-up's last steps).
   parallel::GraphedStepOptions graph_options;
@@ -208,6 +213,8 @@ int run_bench(const BenchConfig& c) {
                                   {"last_bucket_mb", c.strategy != "single" && c.last_bucket_mb
                                                          ? nlohmann::ordered_json(*c.last_bucket_mb)
                                                          : nullptr},
+                                  {"dp_updates", c.strategy == "dp" ? nlohmann::ordered_json(c.dp_broadcast ? "broadcast" : "replicated")
+                                                                    : nullptr},
                                   {"comm_hook", c.strategy == "ddp" ? nlohmann::ordered_json(c.comm_hook) : nullptr},
                                   {"broadcast_buffers", c.strategy == "ddp" ? nlohmann::ordered_json(c.broadcast_buffers) : nullptr},
                                   {"img_per_s", r.img_per_s},

@@ -74,6 +74,7 @@ void TrainConfig::validate() const {
   }
   if (strategy == "ddp") ddp_launch_env();  // says how to launch when nothing did
   CHORUS_CHECK(!sync_bn || strategy == "ddp", "--sync-bn goes with --strategy ddp");
+  CHORUS_CHECK(!dp_broadcast || strategy == "dp", "--dp-broadcast goes with --strategy dp");
   CHORUS_CHECK(comm_hook != "noop",
                "--comm-hook noop communicates nothing (the ranks would train apart): it is for chorus bench's headroom "
                "analysis, not for training");
@@ -281,7 +282,8 @@ Training set_up(const TrainConfig& cfg) {
     default_generator().set_state(rng);
     net = t.pipeline;
   } else {
-    net = wrap_for_strategy(t.model, cfg.strategy, t.devices, cfg.bucket_mb);
+    net = wrap_for_strategy(t.model, cfg.strategy, t.devices, cfg.bucket_mb, std::nullopt,
+                            cfg.dp_broadcast ? nullptr : t.opt.get());
   }
   t.step = {net, t.opt.get(), std::nullopt, cfg.label_smoothing};
   t.step.pipeline = t.pipeline.get();

@@ -10,10 +10,14 @@ namespace chorus::app {
 
 nn::ModulePtr wrap_for_strategy(const nn::ModulePtr& model, const std::string& strategy,
                                 const std::vector<Device>& devices, double bucket_mb,
-                                std::optional<double> last_bucket_mb) {
-  if (strategy == "dp")
-    return std::make_shared<parallel::DataParallel>(model, devices, dp_options(bucket_mb, last_bucket_mb));
-  return model;
+                                std::optional<double> last_bucket_mb, optim::Optimizer* opt) {
+  if (strategy != "dp") return model;
+  auto dp = std::make_shared<parallel::DataParallel>(model, devices, dp_options(bucket_mb, last_bucket_mb));
+  if (opt && devices.size() > 1) {
+    parallel::ReplicatedUpdates u = dp->replicate_updates(opt->params());
+    opt->add_replicas(u.copies, u.after_step);
+  }
+  return dp;
 }
 
 bool cuda_graphs_apply(const std::string& strategy, const std::vector<Device>& devices) {

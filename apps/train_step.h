@@ -20,9 +20,13 @@ namespace chorus::app {
 // `model` as the step runs it for a strategy: the model itself ("single"), or
 // a DataParallel over `devices` with gradient buckets of `bucket_mb` MiB and
 // a last bucket of at most `last_bucket_mb` (unset: the default) ("dp").
+// Given `opt` (over model's parameters), the DataParallel's replicas step
+// their own weights with it (Note [Replicated updates]) instead of receiving
+// them from the first device after each step (--dp-broadcast).
 nn::ModulePtr wrap_for_strategy(const nn::ModulePtr& model, const std::string& strategy,
                                 const std::vector<Device>& devices, double bucket_mb,
-                                std::optional<double> last_bucket_mb = std::nullopt);
+                                std::optional<double> last_bucket_mb = std::nullopt,
+                                optim::Optimizer* opt = nullptr);
 
 struct TrainStep {
   nn::ModulePtr net;                     // what forward runs (the model or its wrapper)

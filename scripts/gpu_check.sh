@@ -65,6 +65,29 @@ if has dpcrash; then
     echo "dpcrash $name [$envs]: $crashes of ${DPCRASH_RUNS:-4} runs failed; img/s 1 GPU/2 GPUs:$rates"
   done
 fi
+if has dpupdates; then
+  # DataParallel on 2 GPUs, bf16 + channels-last, batch 128 per GPU, graphed:
+  # replicas stepping their own weights (the default, Note [Replicated updates])
+  # against --dp-broadcast, each at 1 and 2 GPUs in the same run
+  # (DPUPDATES_MODELS, DPUPDATES_REPEAT runs of each).
+  for m in ${DPUPDATES_MODELS:-wrn-16-4 wrn-28-10}; do
+    for i in $(seq ${DPUPDATES_REPEAT:-1}); do
+      for f in "" --dp-broadcast; do
+        timeout 200 $C bench --model $m --strategy dp --devices cuda:0,cuda:1 --device-counts 1,2 --precision bf16 \
+          --channels-last --batch-size 128 --steps ${DPUPDATES_STEPS:-40} --warmup 8 --json $f | tee -a "$OUT/dpupdates.jsonl" >/dev/null
+      done
+    done
+  done
+  python3 - "$OUT/dpupdates.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+print(f"{'model':10} {'updates':11} {'1 GPU':>9} {'2 GPUs':>9} {'efficiency':>10}")
+for i in range(0, len(rows) - 1, 2):
+    one, two = rows[i], rows[i + 1]
+    print(f"{one['model']:10} {one.get('dp_updates') or '-':11} {one['img_per_s']:9.0f} {two['img_per_s']:9.0f} "
+          f"{two['img_per_s'] / (2 * one['img_per_s']):10.3f}")
+PY
+fi
 if has microbatch; then
   # The one factor of a pipeline's bound that is not its schedule: how fast a
   # micro-batch runs per image against the whole batch, one GPU, per model

@@ -47,6 +47,7 @@ expect_error "--channels-last and --no-channels-last contradict" train --channel
 expect_error "empty device list" train --strategy dp --devices "" "${q[@]}"
 expect_error "empty device list" bench --strategy dp --devices ","
 expect_error "appears twice" train --strategy dp --devices cpu:0,cpu:0 "${q[@]}"
+expect_error "--dp-broadcast goes with --strategy dp" train --dp-broadcast "${q[@]}"
 expect_error "--bucket-mb must be a number >= 0" train --strategy dp --devices cpu:0,cpu:1 --bucket-mb -1 "${q[@]}"
 expect_error "comm-hook noop communicates nothing" train --comm-hook noop "${q[@]}"
 expect_error "--comm-hook must be allreduce, bf16 or noop, got 'bogus'" bench --strategy ddp --comm-hook bogus

@@ -67,7 +67,9 @@ struct TrainRun {
 };
 
 // gpus == 0: the plain module on cuda:0; else DataParallel over cuda:0..gpus-1.
-TrainRun train(int gpus, int steps, int64_t bucket_bytes = DataParallelOptions{}.bucket_bytes) {
+// replicated: the replicas step their own weights (Note [Replicated updates]).
+TrainRun train(int gpus, int steps, int64_t bucket_bytes = DataParallelOptions{}.bucket_bytes,
+               bool replicated = false) {
   const Device g0 = cuda_device(0);
   manual_seed(kSeed);
   ModulePtr net = small_cnn();
@@ -78,6 +80,10 @@ TrainRun train(int gpus, int steps, int64_t bucket_bytes = DataParallelOptions{}
       gpus > 0 ? ModulePtr(std::make_shared<DataParallel>(net, devs, DataParallelOptions{.bucket_bytes = bucket_bytes}))
                : net;
   optim::SGD opt(model->parameters(), optim::SGDOptions{.lr = 0.05, .momentum = 0.9});
+  if (replicated) {
+    ReplicatedUpdates u = std::static_pointer_cast<DataParallel>(model)->replicate_updates(opt.params());
+    opt.add_replicas(u.copies, u.after_step);
+  }
   manual_seed(77);
   Tensor x = randn({16, 3, 16, 16}).to(g0), y = randint(0, 10, {16}).to(g0);
   TrainRun run;
@@ -111,6 +117,18 @@ TEST(DataParallelCuda, TwoGpusTrainLikeOne_MultiCUDA) {
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
   NoTf32 no_tf32;
   expect_same_run(train(2, 3), train(0, 3));
+}
+
+// Note [Replicated updates]: all-reduced buckets (of any size) and the
+// optimizer stepping every replica train like one GPU.
+TEST(DataParallelCuda, ReplicatedUpdatesTrainLikeOneGpu_MultiCUDA) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  NoTf32 no_tf32;
+  const TrainRun ref = train(0, 3);
+  for (int64_t bytes : {int64_t{1}, int64_t{4096}, int64_t{0}}) {
+    SCOPED_TRACE("bucket_bytes " + std::to_string(bytes));
+    expect_same_run(train(2, 3, bytes, /*replicated=*/true), ref);
+  }
 }
 
 // Note [NCCL graph mixing] in cuda/nccl.h: once a DataParallel over two GPUs

@@ -384,7 +384,10 @@ TEST(GraphedStep, MlpMatchesEager_CUDA) {
 // inputs' chunk copied peer to peer, the gradient reduction over NCCL inside
 // the capture); over one GPU the replica is the plain module (nothing to
 // copy to replicas: the capture must not try).
-void dp_graphed_matches_eager(const std::vector<Device>& devs) {
+// `replicated`: the graphed run's replicas step their own weights (Note
+// [Replicated updates]: all-reduce, no broadcast); the eager run broadcasts.
+// On one device there is nothing to replicate.
+void dp_graphed_matches_eager(const std::vector<Device>& devs, bool replicated = false) {
   Deterministic same_bits;
   const int steps = test::test_steps(20, 3);  // CHORUS_TEST_STEPS under a sanitizer
   auto run = [&](bool graphed, StepRun* out) {
@@ -394,6 +397,10 @@ void dp_graphed_matches_eager(const std::vector<Device>& devs) {
     dpo.bucket_bytes = 4096;
     auto dp = std::make_shared<DataParallel>(net, devs, dpo);
     optim::SGD opt(net->parameters(), {0.05, 0.9, 0.0, 5e-4, true});
+    if (graphed && replicated) {
+      ReplicatedUpdates u = dp->replicate_updates(opt.params());
+      opt.add_replicas(u.copies, u.after_step);
+    }
     GraphedStepOptions o;
     o.enabled = graphed;
     o.devices = devs;
@@ -414,6 +421,13 @@ void dp_graphed_matches_eager(const std::vector<Device>& devs) {
     }
     out->state = net->state_dict();
     out->replays = step.replays();
+    // With replicated updates every replica holds the master's weights.
+    if (graphed && replicated)
+      for (size_t r = 1; r < devs.size(); ++r) {
+        const auto reps = dp->replica(r)->parameters(), masters = net->parameters();
+        for (size_t i = 0; i < masters.size(); ++i)
+          EXPECT_EQ(test::rel_err(reps[i], masters[i]), 0.0) << "replica " << r << ", parameter " << i;
+      }
   };
   StepRun graphed, eager;
   run(true, &graphed);
@@ -426,6 +440,11 @@ void dp_graphed_matches_eager(const std::vector<Device>& devs) {
 TEST(GraphedStep, DataParallelOverTwoGpusMatchesEager_MultiCUDA) {
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
   dp_graphed_matches_eager({cuda_device(0), cuda_device(1)});
+}
+
+TEST(GraphedStep, DataParallelWithReplicatedUpdatesOverTwoGpusMatchesEager_MultiCUDA) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
+  dp_graphed_matches_eager({cuda_device(0), cuda_device(1)}, /*replicated=*/true);
 }
 
 TEST(GraphedStep, DataParallelOverOneGpuMatchesEager_CUDA) {

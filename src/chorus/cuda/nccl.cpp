@@ -249,6 +249,20 @@ void nccl_reduce_sum_after(const std::vector<int>& devices, const std::vector<co
   reduce(devices, srcs, dst, count, dtype, &ready);
 }
 
+void nccl_all_reduce_sum_after(const std::vector<int>& devices, const std::vector<void*>& bufs, size_t count,
+                               DType dtype, const std::vector<void*>& ready) {
+  CHORUS_ASSERT(devices.size() == bufs.size() && ready.size() == devices.size() && !devices.empty());
+  if (count == 0) return;
+  const ncclDataType_t type = nccl_type(dtype);
+  run_collective(
+      "ncclAllReduce", devices,
+      [&](int rank, ncclComm_t comm, cudaStream_t stream) {
+        void* buf = bufs[static_cast<size_t>(rank)];
+        return ncclAllReduce(buf, buf, count, type, ncclSum, comm, stream);
+      },
+      &ready);
+}
+
 void nccl_join(int device) {
   State& st = state();
   std::lock_guard<std::mutex> lock(st.mu);
@@ -283,6 +297,10 @@ void nccl_reduce_sum(const std::vector<int>&, const std::vector<const void*>&, v
 void nccl_reduce_sum_after(const std::vector<int>&, const std::vector<const void*>&, void*, size_t, DType,
                            const std::vector<void*>&) {
   CHORUS_THROW(DeviceError, "ncclReduce: this build of Chorus has no NCCL");
+}
+void nccl_all_reduce_sum_after(const std::vector<int>&, const std::vector<void*>&, size_t, DType,
+                               const std::vector<void*>&) {
+  CHORUS_THROW(DeviceError, "ncclAllReduce: this build of Chorus has no NCCL");
 }
 void nccl_join(int) {}
 void* nccl_stream(int) { return nullptr; }

@@ -94,6 +94,11 @@ void nccl_reduce_sum(const std::vector<int>& devices, const std::vector<const vo
 // nccl_join.
 void nccl_reduce_sum_after(const std::vector<int>& devices, const std::vector<const void*>& srcs, void* dst,
                            size_t count, DType dtype, const std::vector<void*>& ready);
+// bufs[i] (count elements of `dtype` on devices[i]) = the elementwise sum of
+// all of them, in place, identical on every device; ordered by events as
+// nccl_reduce_sum_after (DataParallel's replicated updates).
+void nccl_all_reduce_sum_after(const std::vector<int>& devices, const std::vector<void*>& bufs, size_t count,
+                               DType dtype, const std::vector<void*>& ready);
 // The calling thread's current stream of `device` waits for every collective
 // issued to `device` so far. No-op for a device no collective has used.
 void nccl_join(int device);

@@ -66,6 +66,14 @@ Tensor InProcessSum::reduce(std::vector<Tensor>& srcs, const std::vector<Event>&
 
 void InProcessSum::join(const Device& device) { ops::comm_join(device); }
 
+Tensor InProcessAllReduce::reduce(std::vector<Tensor>& srcs, const std::vector<Event>& ready) {
+  // In place in every replica's buffer: each is fresh and nobody else holds it.
+  ops::all_reduce_sum_after(srcs, ready);
+  return srcs[0];
+}
+
+void InProcessAllReduce::join(const Device& device) { ops::comm_join(device); }
+
 namespace {
 
 // What one forward's gradient nodes share (Note [Gradient nodes]).
@@ -85,6 +93,16 @@ struct GradStep {
   // [k]: whether any replica sent parameter k; written and read on
   // devices[0]'s thread (bucket nodes, then the join node).
   std::vector<char> summed;
+  // With an all-reducing comm and replica_grads: [replica][k] the tensors
+  // whose .grad gets replica r's copy (r >= 1), and [bucket][group][replica]
+  // the reduced buffers, written by the bucket nodes, read by the join node
+  // (both on devices[0]'s thread).
+  std::vector<std::vector<Tensor>> replica_grads;
+  std::vector<std::vector<std::vector<Tensor>>> results;
+  // [replica]: the recording thread's current stream of each device, the one
+  // the caller's later work there (the optimizer's update of a replica) runs
+  // on: the join node, on devices[0]'s thread, makes it wait for the sums.
+  std::vector<Stream> caller_streams;
 };
 
 // Replica r's gradients of one bucket's parameters -> one flat buffer per
@@ -182,6 +200,7 @@ class BucketBackward final : public autograd::Node {
         }
       }
       out[g] = step_->comm->reduce(srcs, ready);
+      if (!step_->replica_grads.empty()) step_->results[bucket_][g] = srcs;
       for (size_t i = 0; i < bucket.ks.size(); ++i) {
         if (layout.segments[i].group != g) continue;
         bool got = false;
@@ -209,6 +228,7 @@ class JoinBackward final : public autograd::Node {
   TensorList apply(TensorList&& grads) override {
     step_->comm->join(step_->devices[0]);
     const GradBuckets& buckets = *step_->buckets;
+    if (!step_->replica_grads.empty()) set_replica_grads();
     TensorList out(step_->summed.size());
     for (size_t k = 0; k < out.size(); ++k) {
       if (!step_->summed[k]) continue;  // no replica produced one: none, as for a plain module
@@ -226,6 +246,35 @@ class JoinBackward final : public autograd::Node {
   }
 
  private:
+  // Each replica's copy of the sums, as views of its own reduced buckets
+  // (Note [Replicated updates] in parallel/data_parallel.h); its device's
+  // current stream waits for the collectives first.
+  void set_replica_grads() {
+    const GradBuckets& buckets = *step_->buckets;
+    for (size_t r = 1; r < step_->devices.size(); ++r) {
+      {
+        // This thread's current stream of devices[r] is not the caller's
+        // (DeviceThreadPool carries only a thread's own device's stream).
+        StreamGuard on_callers(step_->caller_streams[r]);
+        step_->comm->join(step_->devices[r]);
+      }
+      for (size_t k = 0; k < step_->summed.size(); ++k) {
+        const Tensor& target = step_->replica_grads[r][k];
+        if (!target.defined()) continue;
+        if (!step_->summed[k]) {
+          target.set_grad(Tensor());
+          continue;
+        }
+        const size_t b = buckets.bucket_of[k], i = buckets.index_in_bucket[k];
+        const FlatLayout& layout = buckets.buckets[b].layout;
+        const Tensor& buf = step_->results[b][layout.segments[i].group][r];
+        Tensor g = layout.view(buf, i);
+        g.impl()->exclusive_view = true;
+        target.set_grad(g);
+      }
+    }
+  }
+
   std::shared_ptr<GradStep> step_;
   std::vector<size_t> offsets_;  // [bucket]: its first input
 };
@@ -246,9 +295,11 @@ Reducer::Reducer(std::vector<Tensor> params, std::shared_ptr<BucketComm> comm, R
 }
 
 std::vector<std::vector<Tensor>> Reducer::record(const std::vector<Device>& devices,
-                                                 const std::vector<std::vector<Tensor>>& replica_params) const {
+                                                 const std::vector<std::vector<Tensor>>& replica_params,
+                                                 const std::vector<std::vector<Tensor>>& replica_grads) const {
   const size_t used = devices.size(), k_count = params_.size();
   CHORUS_ASSERT(replica_params.size() == used);
+  CHORUS_ASSERT(replica_grads.empty() || (replica_grads.size() == used && comm_->all_reduces()));
   const GradBuckets& buckets = *buckets_;
   const size_t n_buckets = buckets.buckets.size();
 
@@ -259,6 +310,12 @@ std::vector<std::vector<Tensor>> Reducer::record(const std::vector<Device>& devi
   step->got.assign(used, std::vector<char>(k_count, 0));
   step->ready.assign(n_buckets, std::vector<std::optional<Event>>(used));
   step->summed.assign(k_count, 0);
+  if (!replica_grads.empty()) {
+    step->replica_grads = replica_grads;
+    step->results.resize(buckets.buckets.size());
+    for (size_t b = 0; b < buckets.buckets.size(); ++b) step->results[b].resize(buckets.buckets[b].layout.groups());
+    for (const Device& d : devices) step->caller_streams.push_back(Stream::current(d));
+  }
 
   std::vector<size_t> offsets;
   size_t join_inputs = 0;

@@ -89,6 +89,10 @@ class BucketComm {
   virtual void join(const Device& device) = 0;
   // After a failure: waits for what was issued, swallowing its errors.
   virtual void join_quietly() {}
+  // Whether reduce() leaves the sum in every srcs[r] (an all-reduce), so that
+  // each replica can take its own copy of the gradients (Note [Replicated
+  // updates] in parallel/data_parallel.h).
+  virtual bool all_reduces() const { return false; }
 };
 
 // DataParallel's BucketComm: the sum over the devices of this process
@@ -98,6 +102,15 @@ class InProcessSum final : public BucketComm {
  public:
   Tensor reduce(std::vector<Tensor>& srcs, const std::vector<Event>& ready) override;
   void join(const Device& device) override;
+};
+
+// The same sum left on every device (ops::all_reduce_sum_after: one NCCL
+// all-reduce on GPUs), for DataParallel's replicated updates.
+class InProcessAllReduce final : public BucketComm {
+ public:
+  Tensor reduce(std::vector<Tensor>& srcs, const std::vector<Event>& ready) override;
+  void join(const Device& device) override;
+  bool all_reduces() const override { return true; }
 };
 
 struct ReducerOptions {
@@ -117,8 +130,16 @@ class Reducer {
   // is the tensor replica r holds for parameter k (replica 0: the master). Returns
   // the recorded aliases, same indexing, to put in the replicas' slots for this
   // forward. Call on the thread that runs the forward, before the replicas run.
+  //
+  // `replica_grads` (only with a BucketComm that all_reduces()): for replicas
+  // r >= 1, the tensors whose .grad receives replica r's copy of the reduced
+  // gradient of parameter k (a view of its bucket, as the masters' are), set
+  // by the join node once every device's current stream waits for the
+  // collectives (the current streams of the thread calling record(): issue
+  // the optimizer's step from it). Empty: the masters alone get the gradients.
   std::vector<std::vector<Tensor>> record(const std::vector<Device>& devices,
-                                          const std::vector<std::vector<Tensor>>& replica_params) const;
+                                          const std::vector<std::vector<Tensor>>& replica_params,
+                                          const std::vector<std::vector<Tensor>>& replica_grads = {}) const;
 
   const std::vector<Tensor>& params() const { return params_; }
   const GradBuckets& buckets() const { return *buckets_; }

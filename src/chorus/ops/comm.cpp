@@ -147,6 +147,38 @@ void reduce_sum_after(const std::vector<Tensor>& srcs, const Tensor& dst, const 
   reduce_fallback(srcs, dst, dst_is_first);
 }
 
+void all_reduce_sum_after(const std::vector<Tensor>& bufs, const std::vector<Event>& ready) {
+  const char* op = "all_reduce_sum_after";
+  CHORUS_CHECK(!bufs.empty(), op, ": no buffers");
+  (void)check_reduce(bufs, bufs[0], op);
+  CHORUS_CHECK(ready.size() == bufs.size(), op, ": ", ready.size(), " events for ", bufs.size(), " buffers");
+  for (size_t i = 0; i < bufs.size(); ++i)
+    CHORUS_CHECK(ready[i].device() == bufs[i].device(), op, ": the event of buffer ", i, " is on ",
+                 ready[i].device().str(), " but the buffer is on ", bufs[i].device().str());
+  if (bufs.size() < 2 || bufs[0].numel() == 0) return;
+#ifdef CHORUS_WITH_NCCL
+  if (nccl_reduces(bufs, bufs[0])) {
+    std::vector<int> devices;
+    std::vector<void*> ptrs, events;
+    for (size_t i = 0; i < bufs.size(); ++i) {
+      devices.push_back(bufs[i].device().index);
+      ptrs.push_back(bufs[i].raw_data());
+      events.push_back(ready[i].handle());
+    }
+    cuda::nccl_all_reduce_sum_after(devices, ptrs, static_cast<size_t>(bufs[0].numel()), bufs[0].dtype(), events);
+    // Named on the communication streams: a free waits for the collective.
+    for (const Tensor& t : bufs) {
+      backend(t.device()).record_use(t.storage()->data(), t.device(), t.device(),
+                                     cuda::nccl_stream(t.device().index));
+      t.bump_version();
+    }
+    return;
+  }
+#endif
+  reduce_fallback(bufs, bufs[0], /*dst_is_first=*/true);
+  for (size_t i = 1; i < bufs.size(); ++i) copy_(bufs[i], bufs[0]);
+}
+
 void comm_join(const Device& device) {
 #ifdef CHORUS_WITH_NCCL
   if (device.is_cuda()) cuda::nccl_join(device.index);

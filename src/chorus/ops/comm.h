@@ -38,8 +38,17 @@ void reduce_sum(const std::vector<Tensor>& srcs, const Tensor& dst);
 // no NCCL), this is reduce_sum.
 void reduce_sum_after(const std::vector<Tensor>& srcs, const Tensor& dst, const std::vector<Event>& ready);
 
-// The current stream of `device` waits for every reduce_sum_after issued to
-// it so far. No-op where there is nothing to wait for.
+// Every bufs[i] = bufs[0] + bufs[1] + ..., in place and identical on every
+// device (DataParallel's replicated updates: each replica steps its own copy
+// of the weights with the same gradient). Ordered like reduce_sum_after (the
+// events, then comm_join on each device before reading); bufs: contiguous,
+// the same sizes and dtype, on distinct devices. The fallback sums in order
+// into bufs[0] and copies the sum to the others.
+void all_reduce_sum_after(const std::vector<Tensor>& bufs, const std::vector<Event>& ready);
+
+// The current stream of `device` waits for every reduce_sum_after and
+// all_reduce_sum_after issued to it so far. No-op where there is nothing to
+// wait for.
 void comm_join(const Device& device);
 
 }  // namespace chorus::ops

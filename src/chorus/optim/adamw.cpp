@@ -88,8 +88,9 @@ void AdamW::step() {
   }
   std::vector<size_t> updated;
   for (size_t i = 0; i < params_.size(); ++i)
-    if (params_[i].grad().defined()) updated.push_back(i);
+    if (will_update(i)) updated.push_back(i);
   count_step(std::move(updated));
+  finish_replicas();
 }
 
 }  // namespace chorus::optim

@@ -36,6 +36,57 @@ Optimizer::Optimizer(std::vector<Tensor> params, double lr, std::string name)
                  " appears more than once in the parameter list");
   }
   state_.resize(params_.size());
+  user_params_ = params_;
+}
+
+void Optimizer::add_replicas(const std::vector<std::pair<size_t, Tensor>>& copies, std::function<void()> after_step) {
+  const size_t n = user_params_.size();
+  std::set<const TensorImpl*> seen;
+  for (const Tensor& p : params_) seen.insert(p.impl());
+  for (const auto& [i, t] : copies) {
+    CHORUS_CHECK(i < n, name_, ": add_replicas: parameter ", i, " is out of range (", n, " parameters)");
+    CHORUS_CHECK(t.defined(), name_, ": add_replicas: the replica of parameter ", i, " is undefined");
+    const Tensor& p = user_params_[i];
+    CHORUS_CHECK(t.sizes() == p.sizes() && t.dtype() == p.dtype(), name_, ": add_replicas: the replica of parameter ",
+                 i, " is ", t.describe(), " but the parameter is ", p.describe());
+    CHORUS_CHECK(seen.insert(t.impl()).second, name_, ": add_replicas: the replica of parameter ", i,
+                 " is already a parameter or a replica of this optimizer");
+  }
+  for (const auto& [i, t] : copies) {
+    params_.push_back(t);
+    master_of_.push_back(i);
+    // A replica starts where its parameter is: the same state, on its device.
+    ParamState s;
+    s.step = state_[i].step;
+    for (const auto& [name, buf] : state_[i].buffers) s.buffers[name] = ops::clone(ops::to_device(buf, t.device()));
+    state_.push_back(std::move(s));
+  }
+  if (after_step) after_step_.push_back(std::move(after_step));
+}
+
+bool Optimizer::will_update(size_t i) const {
+  if (!params_[i].grad().defined()) return false;
+  return i < user_params_.size() || params_[master_of_[i - user_params_.size()]].grad().defined();
+}
+
+void Optimizer::finish_replicas() {
+  NoGradGuard no_grad;
+  const size_t n = user_params_.size();
+  for (size_t i = n; i < params_.size(); ++i) {
+    const size_t m = master_of_[i - n];
+    if (params_[i].grad().defined() || !params_[m].grad().defined()) continue;
+    // Missed: its replica took no part in this step (a batch smaller than the
+    // device count), but must equal its parameter for the next.
+    check_not_capturing("a parameter replica without a gradient in the step");
+    ops::copy_(params_[i], params_[m]);
+    params_[i].bump_version();
+    ParamState s;
+    s.step = state_[m].step;
+    for (const auto& [name, buf] : state_[m].buffers)
+      s.buffers[name] = ops::clone(ops::to_device(buf, params_[i].device()));
+    state_[i] = std::move(s);
+  }
+  for (const auto& f : after_step_) f();
 }
 
 void Optimizer::check_param_dtype(size_t i, const char* verb) const {
@@ -130,8 +181,8 @@ Tensor Optimizer::flat(size_t i, const Tensor& t) const {
 
 Tensor Optimizer::grad_for_update(size_t i) const {
   const Tensor& p = params_[i];
+  if (!will_update(i)) return Tensor();
   Tensor g = p.grad();
-  if (!g.defined()) return g;
   // Module::to(dtype) may have cast the parameter after construction.
   check_param_dtype(i, "is now");
   CHORUS_CHECK(g.sizes() == p.sizes(), name_, ": gradient of parameter ", i, " is ", g.describe(),
@@ -207,7 +258,7 @@ NamedTensors Optimizer::state() const {
   NamedTensors out;
   out.emplace_back("step", int64_scalar(step_count_));
   out.emplace_back("lr", float64_scalar(lr_));
-  for (size_t i = 0; i < state_.size(); ++i) {
+  for (size_t i = 0; i < user_params_.size(); ++i) {
     const ParamState& s = state_[i];
     if (s.step == 0 && s.buffers.empty()) continue;  // never updated
     const std::string prefix = "param." + std::to_string(i) + ".";
@@ -221,8 +272,9 @@ NamedTensors Optimizer::state() const {
 void Optimizer::load_state(const NamedTensors& state) {
   const std::vector<std::string> names = buffer_names();
   std::vector<std::string> problems;
-  std::vector<ParamState> loaded(params_.size());
-  std::vector<bool> has_step(params_.size(), false);
+  const size_t n = user_params_.size();
+  std::vector<ParamState> loaded(n);
+  std::vector<bool> has_step(n, false);
   std::optional<int64_t> step_count;
   std::optional<double> lr;
   for (const auto& [key, t] : state) {
@@ -236,9 +288,9 @@ void Optimizer::load_state(const NamedTensors& state) {
       if (!(*lr >= 0)) problems.push_back("'lr' must be >= 0, got " + std::to_string(*lr));
     } else if (!parse_param_key(key, &i, &rest)) {
       problems.push_back("unexpected key '" + key + "'");
-    } else if (i >= params_.size()) {
+    } else if (i >= n) {
       problems.push_back("'" + key + "' names parameter " + std::to_string(i) + " but there are " +
-                         std::to_string(params_.size()));
+                         std::to_string(n));
     } else if (rest == "step") {
       loaded[i].step = read_count(name_, key, t);
       has_step[i] = true;
@@ -275,6 +327,14 @@ void Optimizer::load_state(const NamedTensors& state) {
     CHORUS_THROW(ValueError, name_, ": load_state: ", os.str());
   }
   // Validated as a whole before anything changes: a failed load leaves the optimizer as it was.
+  // Each replica gets its parameter's state (Note [Optimizer replicas]).
+  for (size_t i = n; i < params_.size(); ++i) {
+    const ParamState& from = loaded[master_of_[i - n]];
+    ParamState s;
+    s.step = from.step;
+    for (const auto& [name, buf] : from.buffers) s.buffers[name] = ops::clone(ops::to_device(buf, params_[i].device()));
+    loaded.push_back(std::move(s));
+  }
   state_ = std::move(loaded);
   if (step_count) step_count_ = *step_count;
   if (lr) {

@@ -47,7 +47,26 @@ class Optimizer {
   double lr() const { return lr_; }
   void set_lr(double lr);
   const std::string& name() const { return name_; }
-  const std::vector<Tensor>& params() const { return params_; }
+  // The parameters given to the constructor (not their replicas).
+  const std::vector<Tensor>& params() const { return user_params_; }
+
+  // Note [Optimizer replicas]: copies of parameters on other devices that
+  // every step() keeps equal to them -- DataParallel's replicas, which then
+  // need no broadcast of the new weights (Note [Replicated updates] in
+  // parallel/data_parallel.h). copies[j] = {i, t}: t is a copy of params()[i]
+  // (same sizes and dtype, its own tensor). Each replica is updated from its
+  // own .grad with its own state (momentum, moments), by the same fused kernel
+  // launch as the other parameters of its device, so with the same gradient
+  // it stays bit-equal to its parameter. A replica without a gradient whose
+  // parameter had one gets the parameter's new value and state copied instead;
+  // a replica whose parameter had none is left alone. state() and
+  // load_state() speak of params() only; load_state() copies the loaded state
+  // to the replicas. `after_step` runs on the host after every step() (once,
+  // at the capture, for a captured step). ValueError for an index out of
+  // range, a tensor that does not match its parameter, or one already here.
+  void add_replicas(const std::vector<std::pair<size_t, Tensor>>& copies, std::function<void()> after_step = {});
+  // How many replicas are registered.
+  size_t num_replicas() const { return params_.size() - user_params_.size(); }
   // Number of step() calls so far (restored by load_state()).
   int64_t step_count() const { return step_count_; }
 
@@ -109,9 +128,21 @@ class Optimizer {
   // Host bookkeeping of one step (on_each_replay: once per replay when the
   // step is captured): the updated parameters' counts and step_count().
   void count_step(std::vector<size_t> updated);
+  // Whether entry i of params_ gets an update this step: it has a gradient,
+  // and, for a replica, so does its parameter.
+  bool will_update(size_t i) const;
+  // The end of every step(), after count_step (Note [Optimizer replicas]):
+  // replicas that missed the update get their parameter's value and state;
+  // then the after_step callbacks.
+  void finish_replicas();
 
+  // The parameters, then their replicas (Note [Optimizer replicas]): the
+  // subclasses' step() walks them all.
   std::vector<Tensor> params_;
   std::vector<ParamState> state_;
+  std::vector<Tensor> user_params_;        // params_[0, user_params_.size())
+  std::vector<size_t> master_of_;           // [i - user_params_.size()]: a replica's parameter
+  std::vector<std::function<void()>> after_step_;
   double lr_;
   int64_t step_count_ = 0;
   std::string name_;

@@ -136,6 +136,8 @@ DataParallel::DataParallel(nn::ModulePtr module, std::vector<Device> devices, Da
     }
   }
   threads_ = std::make_unique<DeviceThreads>(devices_);
+  stepped_.assign(entries_.size(), 0);
+  self_ = std::make_shared<DataParallel*>(this);
   wire_sync_batch_norm();
   sync_replicas(n);  // every replica valid from the start, not only after a forward
 }
@@ -165,6 +167,46 @@ void DataParallel::wire_sync_batch_norm() {
 
 DataParallel::~DataParallel() = default;
 
+ReplicatedUpdates DataParallel::replicate_updates(const std::vector<Tensor>& params) {
+  std::unordered_map<const TensorImpl*, size_t> entry_of;
+  for (size_t e = 0; e < num_params_; ++e) entry_of.emplace(entries_[e].master.impl(), e);
+  ReplicatedUpdates u;
+  std::vector<char> stepped(entries_.size(), 0);
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto it = entry_of.find(params[i].impl());
+    CHORUS_CHECK(it != entry_of.end(), "DataParallel: replicate_updates: tensor ", i, " (", params[i].describe(),
+                 ") is not a parameter of the wrapped module");
+    stepped[it->second] = 1;
+    for (size_t r = 1; r < devices_.size(); ++r) u.copies.emplace_back(i, views_[r][it->second]);
+  }
+  stepped_ = std::move(stepped);
+  replicated_ = true;
+  reducer_.reset();  // the next forward records with an all-reducing comm
+  std::weak_ptr<DataParallel*> weak = self_;
+  u.after_step = [weak] {
+    if (auto self = weak.lock(); self && *self) (*self)->note_replicated_step();
+  };
+  return u;
+}
+
+void DataParallel::note_replicated_step() {
+  // Bookkeeping of values: never changed by a capture (a failed one must leave
+  // it as it was, Note [CUDA graphs]); the next eager forward re-checks.
+  if (capture_in_progress()) return;
+  for (size_t e = 0; e < num_params_; ++e) {
+    if (!stepped_[e]) continue;
+    const Tensor& m = entries_[e].master;
+    // In sync before the step, and the master changed by the step alone (one
+    // version bump when it had a gradient): the replicas took the same step.
+    const uint32_t bumps = m.grad().defined() ? 1 : 0;
+    for (size_t r = 1; r < devices_.size(); ++r) {
+      Entry::Synced& sy = entries_[e].synced[r];
+      if (sy.counter.get() != m.impl()->version.get() || sy.master_version + bumps != m.version()) continue;
+      sy = {m.impl()->version, m.version(), views_[r][e].version()};
+    }
+  }
+}
+
 std::shared_ptr<nn::Module> DataParallel::make_empty() const {
   CHORUS_THROW(ValueError, "DataParallel cannot be cloned; clone its module() instead");
 }
@@ -181,14 +223,27 @@ void DataParallel::sync_replicas(size_t used) {
   // (One replica in use: there is nothing to copy, and a DataParallel over
   // one device has no staging buffers.)
   const bool capturing = capture_in_progress() && used > 1;
-  std::vector<char> stale(groups, capturing ? 1 : 0);
-  for (size_t e = 0; e < entries_.size() && !capturing; ++e) {
+  // Note [Replicated updates]: the graph's optimizer step updates the
+  // replicas too, so a capture copies only what is stale now; and while every
+  // module trains, buffers are not copied at all.
+  const bool copy_all = capturing && !replicated_;
+  bool all_training = true;
+  if (replicated_)
+    for (const nn::ModulePtr& m : module_->modules()) all_training = all_training && m->is_training();
+  std::vector<char> stale(groups, copy_all ? 1 : 0);
+  for (size_t e = 0; e < entries_.size() && !copy_all; ++e) {
     const Entry& entry = entries_[e];
+    if (replicated_ && !entry.is_param && all_training) continue;
     const Tensor& m = entry.current();
+    // A replica's views share its flat buffer's version counter, which its
+    // own batch-norm updates move every training forward: with replicated
+    // updates a stepped parameter's copy is judged by its master alone (only
+    // this class and the optimizer write it).
+    const bool master_only = replicated_ && entry.is_param && stepped_[e];
     for (size_t r = 1; r < used; ++r) {
       const Entry::Synced& s = entry.synced[r];
       if (s.counter.get() != m.impl()->version.get() || s.master_version != m.version() ||
-          s.replica_version != views_[r][e].version())
+          (!master_only && s.replica_version != views_[r][e].version()))
         stale[layout_->segments[e].group] = 1;
     }
   }
@@ -247,7 +302,10 @@ void DataParallel::record_gradient_nodes(size_t used) {
   if (ge != grad_entries_ || !reducer_) {
     std::vector<Tensor> ms;
     for (size_t e : ge) ms.push_back(entries_[e].master);
-    reducer_ = std::make_unique<dist::Reducer>(ms, std::make_shared<dist::InProcessSum>(),
+    std::shared_ptr<dist::BucketComm> comm;
+    if (replicated_) comm = std::make_shared<dist::InProcessAllReduce>();
+    else comm = std::make_shared<dist::InProcessSum>();
+    reducer_ = std::make_unique<dist::Reducer>(ms, std::move(comm),
                                                dist::ReducerOptions{options_.bucket_bytes, 0, options_.last_bucket_bytes});
     grad_entries_ = ge;
   }
@@ -257,7 +315,15 @@ void DataParallel::record_gradient_nodes(size_t used) {
   for (size_t r = 0; r < used; ++r)
     for (size_t e : ge) replica_params[r].push_back(r == 0 ? entries_[e].master : views_[r][e]);
   std::vector<Device> devs(devices_.begin(), devices_.begin() + static_cast<std::ptrdiff_t>(used));
-  std::vector<std::vector<Tensor>> recorded = reducer_->record(devs, replica_params);
+  // Note [Replicated updates]: the stepped copies get their own gradients.
+  std::vector<std::vector<Tensor>> replica_grads;
+  if (replicated_) {
+    replica_grads.assign(used, std::vector<Tensor>(ge.size()));
+    for (size_t r = 1; r < used; ++r)
+      for (size_t k = 0; k < ge.size(); ++k)
+        if (stepped_[ge[k]]) replica_grads[r][k] = views_[r][ge[k]];
+  }
+  std::vector<std::vector<Tensor>> recorded = reducer_->record(devs, replica_params, replica_grads);
   for (size_t r = 0; r < used; ++r)
     for (size_t k = 0; k < ge.size(); ++k)
       for (Tensor* slot : entries_[ge[k]].slots[r]) *slot = recorded[r][k];
