@@ -215,6 +215,53 @@ TEST(DataParallelCuda, ReplicasRunUnderAutocast_MultiCUDA) {
   }
 }
 
+// Note [Autocast weight copies]: each replica's weights keep 16-bit copies
+// from step to step (the recorded aliases stand for their parameters), and a
+// kept copy is always the weights' current value -- after a broadcast (which
+// bumps the replica views' versions) as after the optimizer's replicated
+// update (which writes the copies). With replicated updates the weights of
+// every replica are kept.
+TEST(DataParallelCuda, AutocastCopiesOfTheReplicasFollowTheirWeights_MultiCUDA) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  const Device g0 = cuda_device(0);
+  for (bool replicated : {false, true}) {
+    SCOPED_TRACE(replicated ? "replicated updates" : "broadcasts");
+    manual_seed(kSeed);
+    auto net = small_cnn();
+    net->to(g0);
+    auto dp = std::make_shared<DataParallel>(net, std::vector<Device>{g0, cuda_device(1)});
+    optim::SGD opt(dp->parameters(), optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
+    if (replicated) {
+      ReplicatedUpdates u = dp->replicate_updates(opt.params());
+      opt.add_replicas(u.copies, u.after_step);
+    }
+    manual_seed(78);
+    Tensor x = randn({16, 3, 16, 16}).to(g0), y = randint(0, 10, {16}).to(g0);
+    for (int i = 0; i < 4; ++i) {
+      AutocastGuard cast(kBFloat16);
+      opt.zero_grad();
+      F::cross_entropy(dp->forward(x), y).backward();
+      opt.step();
+    }
+    {
+      AutocastGuard cast(kBFloat16);
+      (void)dp->forward(x);  // broadcasts (without replicated updates), then casts what is stale
+    }
+    size_t kept = 0, weights = 0;
+    for (size_t r = 0; r < 2; ++r) {
+      for (const Tensor& p : dp->replica(r)->parameters()) {
+        if (p.dim() < 2) continue;  // biases are not cast as weights
+        ++weights;
+        Tensor c = autocast_copy_for_update(p);
+        if (!c.defined()) continue;
+        ++kept;
+        EXPECT_EQ(rel_err(c.to(kFloat32), p.to(kBFloat16).to(kFloat32)), 0.0) << "replica " << r;
+      }
+    }
+    if (replicated) EXPECT_EQ(kept, weights);
+  }
+}
+
 }  // namespace
 }  // namespace chorus::parallel
 

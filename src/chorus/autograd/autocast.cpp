@@ -69,23 +69,29 @@ AutocastGuard::~AutocastGuard() { t_autocast = prev_; }
 
 Tensor autocast_weight(const Tensor& w, DType dt) {
   if (!w.defined() || w.dtype() == dt) return w;
-  const bool keep = w.is_leaf() && w.requires_grad() && grad_enabled() && w.dtype() == kFloat32 &&
-                    w.device().is_cuda() && (dt == kBFloat16 || dt == kFloat16);
+  // A stand-in for a parameter (DataParallel's recorded alias) keeps the
+  // parameter's copy: `p` is whose copy this is, `w` what the graph records.
+  std::shared_ptr<TensorImpl> stands_for;
+  if (const AutogradMeta* m = w.autograd_meta()) stands_for = m->stands_for.lock();
+  const Tensor p = stands_for ? Tensor(stands_for) : w;
+  const bool keep = (stands_for ? p.is_leaf() : w.is_leaf() && w.requires_grad()) && grad_enabled() &&
+                    p.dtype() == kFloat32 && p.device().is_cuda() && (dt == kBFloat16 || dt == kFloat16) &&
+                    p.sizes() == w.sizes() && p.strides() == w.strides();
   if (!keep) return to_dtype(w, dt);
   CopyRegistry& r = registry();
   Tensor copy;
   {
     std::lock_guard<std::mutex> lk(r.mu);
-    if (KeptCopy* k = r.find(w); k && k->current_for(w) && k->copy.dtype() == dt) copy = k->copy;
+    if (KeptCopy* k = r.find(p); k && k->current_for(p) && k->copy.dtype() == dt) copy = k->copy;
   }
   if (!copy.defined()) {
     copy = ops::to_dtype(w.detach(), dt);
     // Kept only where the optimizer can write it element for element: the
     // parameter's own layout, memory of no graph's.
-    if (!capture_in_progress() && copy.strides() == w.strides() && copy.is_contiguous() == w.is_contiguous()) {
+    if (!capture_in_progress() && copy.strides() == p.strides() && copy.is_contiguous() == p.is_contiguous()) {
       std::lock_guard<std::mutex> lk(r.mu);
       r.drop_dead();
-      r.copies[w.impl()] = KeptCopy{w.impl_ptr(), copy, w.version()};
+      r.copies[p.impl()] = KeptCopy{p.impl_ptr(), copy, p.version()};
     }
   }
   // A fresh handle on the copy for this step's graph: the kept tensor itself

@@ -42,6 +42,10 @@ struct AutogradMeta {
   std::vector<GradHook> post_accumulate_hooks;
   std::weak_ptr<autograd::Node> grad_accumulator;  // cached AccumulateGrad of a leaf
   std::string label;  // a module parameter's "<Module type>.<name>", for messages
+  // The parameter this tensor stands in for during one forward (DataParallel's
+  // recorded aliases, Note [Gradient nodes] in dist/reducer.h): autocast keeps
+  // and reuses that parameter's 16-bit copy (Note [Autocast weight copies]).
+  std::weak_ptr<TensorImpl> stands_for;
 };
 
 struct TensorImpl {

@@ -363,6 +363,9 @@ std::vector<std::vector<Tensor>> Reducer::record(const std::vector<Device>& devi
     for (size_t k = 0; k < k_count; ++k) {
       Tensor v = replica_params[r][k].detach();
       v.set_grad_fn(nodes[buckets.bucket_of[k]], static_cast<uint32_t>(buckets.index_in_bucket[k]));
+      // Autocast keeps the parameter's own 16-bit copy, which the optimizer
+      // writes (Note [Autocast weight copies]), instead of casting afresh.
+      v.autograd_meta()->stands_for = replica_params[r][k].impl_ptr();
       out[r][k] = std::move(v);
     }
   }

@@ -266,6 +266,12 @@ void DataParallel::sync_replicas(size_t used) {
     std::vector<Tensor> dsts;
     for (size_t r = 1; r < used; ++r) dsts.push_back(flat_[r][g]);
     ops::broadcast_coalesced(staging_[g], dsts);
+    // The broadcast wrote the flat buffers under the views, whose version
+    // counters are their own: what reads a view's version (autocast's kept
+    // 16-bit copies, saved tensors) must see the new values.
+    for (size_t e = 0; e < entries_.size(); ++e)
+      if (layout_->segments[e].group == g)
+        for (size_t r = 1; r < used; ++r) views_[r][e].bump_version();
     if (capturing) continue;  // the replicas are copied at every replay
     for (size_t e = 0; e < entries_.size(); ++e) {
       if (layout_->segments[e].group != g) continue;
