@@ -247,6 +247,12 @@ TEST(DataParallelCuda, AutocastCopiesOfTheReplicasFollowTheirWeights_MultiCUDA) 
       AutocastGuard cast(kBFloat16);
       (void)dp->forward(x);  // broadcasts (without replicated updates), then casts what is stale
     }
+    {
+      // A replica's slots hold this forward's recorded aliases until the next
+      // forward puts its own weights back (without recording, under no_grad).
+      NoGradGuard no_grad;
+      (void)dp->forward(x);
+    }
     size_t kept = 0, weights = 0;
     for (size_t r = 0; r < 2; ++r) {
       for (const Tensor& p : dp->replica(r)->parameters()) {
