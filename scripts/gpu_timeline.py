@@ -58,8 +58,11 @@ def main():
         dev = col(r, "Device")
         # Copies and memsets (the CUPTI trace records them) are counted, not
         # timed as kernels: a memset node between two kernels shows as gaps.
-        if "memcpy" in name.lower() or "memset" in name.lower():
-            per[dev]["memset" if "memset" in name.lower() else "memcpy"] += 1
+        # (CUPTI names them "memset N B" / "memcpy ..."; a kernel whose mangled
+        # name merely contains the word, graph_memsets.cu's fill kernel, is a kernel.)
+        low = name.lower().strip('"')
+        if low.startswith("memcpy") or low.startswith("memset"):
+            per[dev]["memset" if low.startswith("memset") else "memcpy"] += 1
             continue
         s = int(float(col(r, "Start")))
         d = int(float(col(r, "Duration")))
