@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "testing/devices.h"
 #include "testing/compare.h"
 #include "testing/expect_error.h"
 
@@ -31,11 +32,7 @@ using test::rel_err;
 
 constexpr double kTol = 1e-5;
 
-std::vector<Device> cpus(int n) {
-  std::vector<Device> out;
-  for (int i = 0; i < n; ++i) out.push_back(cpu_device(i));
-  return out;
-}
+using test::cpus;
 
 // Random, with a mean away from zero and unequal spreads per channel.
 Tensor random_input(const Shape& shape, uint64_t seed) {

@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "testing/devices.h"
 #include "testing/compare.h"
 
 namespace chorus::parallel {
@@ -40,11 +41,7 @@ using nn::Value;
 constexpr double kTol = 1e-5;
 constexpr uint64_t kSeed = 1234;
 
-std::vector<Device> cpus(int n) {
-  std::vector<Device> out;
-  for (int i = 0; i < n; ++i) out.push_back(cpu_device(i));
-  return out;
-}
+using test::cpus;
 
 using test::rel_err;
 

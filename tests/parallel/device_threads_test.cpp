@@ -13,14 +13,12 @@
 #include <thread>
 #include <vector>
 
+#include "testing/devices.h"
+
 namespace chorus::parallel {
 namespace {
 
-std::vector<Device> cpus(int n) {
-  std::vector<Device> out;
-  for (int i = 0; i < n; ++i) out.push_back(cpu_device(i));
-  return out;
-}
+using test::cpus;
 
 struct Seen {
   std::optional<DType> autocast;

@@ -14,6 +14,7 @@
 #include "chorus/chorus.h"
 #include "chorus/core/graph_capture.h"
 #include "chorus/parallel/pipeline.h"
+#include "testing/devices.h"
 #include "testing/expect_error.h"
 
 namespace chorus::parallel {
@@ -80,11 +81,7 @@ std::shared_ptr<nn::Sequential> mlp(int64_t seed) {
       std::make_shared<nn::Linear>(16, 12), std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(12, 5)});
 }
 
-std::vector<Device> cpus(int n) {
-  std::vector<Device> out;
-  for (int i = 0; i < n; ++i) out.push_back(cpu_device(i));
-  return out;
-}
+using test::cpus;
 
 double max_rel(const Tensor& a, const Tensor& b) {
   const auto x = a.to(cpu_device()).to(kFloat64).to_vector<double>();

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "testing/devices.h"
 #include "testing/compare.h"
 
 namespace chorus::parallel {
@@ -29,11 +30,7 @@ using test::rel_err;
 
 constexpr double kTol = 1e-5;
 
-std::vector<Device> cpus(int n) {
-  std::vector<Device> d;
-  for (int i = 0; i < n; ++i) d.push_back(cpu_device(i));
-  return d;
-}
+using test::cpus;
 
 // Batch norm's buffers share the float32 flat group with the parameters.
 std::shared_ptr<nn::Sequential> make_net() {
