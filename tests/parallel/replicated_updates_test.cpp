@@ -244,6 +244,36 @@ TEST(ReplicatedUpdates, AResumedOptimizerGivesItsReplicasTheState) {
   }
 }
 
+// Two optimizers over two halves of the parameters, each with its replicas:
+// the same training as one optimizer over all of them.
+TEST(ReplicatedUpdates, TwoOptimizersEachStepTheirOwnReplicas) {
+  auto run = [](bool split) {
+    auto net = make_net();
+    auto dp = std::make_shared<DataParallel>(net, cpus(2));
+    const std::vector<Tensor> all = dp->parameters();
+    const std::vector<Tensor> a(all.begin(), all.begin() + 2), b(all.begin() + 2, all.end());
+    std::vector<std::unique_ptr<optim::Optimizer>> opts;
+    for (const auto& part : split ? std::vector<std::vector<Tensor>>{a, b} : std::vector<std::vector<Tensor>>{all}) {
+      opts.push_back(make_opt(part, false));
+      ReplicatedUpdates u = dp->replicate_updates(opts.back()->params());
+      opts.back()->add_replicas(u.copies, u.after_step);
+    }
+    manual_seed(4);
+    Tensor x = randn({8, 2, 8, 8}), y = randint(0, 5, {8});
+    for (int i = 0; i < 3; ++i) {
+      for (auto& o : opts) o->zero_grad();
+      F::cross_entropy(dp->forward(x), y).backward();
+      for (auto& o : opts) o->step();
+    }
+    EXPECT_EQ(largest_replica_diff(*dp), 0.0);
+    nn::NamedTensors out;
+    for (const auto& [n, t] : net->state_dict()) out.emplace_back(n, t.clone());
+    return out;
+  };
+  const nn::NamedTensors one = run(false), two = run(true);
+  for (size_t i = 0; i < one.size(); ++i) EXPECT_LE(rel_err(two[i].second, one[i].second), kTol) << one[i].first;
+}
+
 TEST(ReplicatedUpdates, BadArgumentsAreValueErrors) {
   auto net = make_net();
   auto dp = std::make_shared<DataParallel>(net, cpus(2));

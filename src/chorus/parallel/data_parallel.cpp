@@ -171,7 +171,8 @@ ReplicatedUpdates DataParallel::replicate_updates(const std::vector<Tensor>& par
   std::unordered_map<const TensorImpl*, size_t> entry_of;
   for (size_t e = 0; e < num_params_; ++e) entry_of.emplace(entries_[e].master.impl(), e);
   ReplicatedUpdates u;
-  std::vector<char> stepped(entries_.size(), 0);
+  // Several optimizers (parameter groups of their own) may each step theirs.
+  std::vector<char> stepped = stepped_;
   for (size_t i = 0; i < params.size(); ++i) {
     auto it = entry_of.find(params[i].impl());
     CHORUS_CHECK(it != entry_of.end(), "DataParallel: replicate_updates: tensor ", i, " (", params[i].describe(),
