@@ -12,7 +12,7 @@ CHORUS=${1:?chorus}; PROBE=${2:?chorus_dist_probe}
 REPS=${DEAD_RANK_REPS:-20}
 [ "${CHORUS_TEST_QUICK:-0}" = 1 ] && REPS=${DEAD_RANK_REPS:-6}
 TIMEOUT_MS=2000
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+source "$(dirname "$0")/../testing/free_port.sh"  # free_port: a master port no other job can take
 # The runs mostly wait (for the timeout, for the launcher): DEAD_RANK_JOBS of
 # them (default 4) go at once, each its own job on its own port.
 JOBS=${DEAD_RANK_JOBS:-4}

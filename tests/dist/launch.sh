@@ -5,7 +5,7 @@
 # input. Every run leaves no process behind (a unique marker is checked).
 set -uo pipefail
 CHORUS=${1:?chorus}
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+source "$(dirname "$0")/../testing/free_port.sh"  # free_port: a master port no other job can take
 M="launch-test-$$"; fail=0
 check() { if eval "$2"; then echo "ok: $1"; else echo "FAIL: $1"; fail=1; fi; }
 left() { pgrep -f "$M" | wc -l; }

@@ -7,7 +7,7 @@
 set -uo pipefail
 CHORUS=${1:?chorus}; PROBE=${5:?chorus_syncbn_probe}
 "$CHORUS" --version | grep -q "^Gloo: no" && { echo "SKIPPED: this build has no Gloo"; exit 0; }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+source "$(dirname "$0")/../testing/free_port.sh"  # free_port: a master port no other job can take
 fail=0
 run_world() {  # N [DP]: N ranks, each with DataParallel over DP devices when given
   local n=$1 dp=${2:-0} port pids=() out rc=0
