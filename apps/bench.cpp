@@ -42,6 +42,9 @@ void add_bench_options(CLI::App* cmd, BenchConfig& c) {
   add_optional(cmd, "--last-bucket-mb", c.last_bucket_mb,
                "dp, ddp: the first layers' gradients in a bucket of their own of at most this many MiB, a short tail "
                "after the backward (0: none; default: ddp 1, dp 0)");
+  cmd->add_flag("--dp-gather-output", c.dp_gather_output,
+                "dp: gather the outputs on the first device and compute the loss there (PyTorch's DataParallel) instead "
+                "of each replica computing its chunk's loss");
   cmd->add_flag("--dp-broadcast", c.dp_broadcast,
                 "dp: the first device steps the weights and broadcasts them to the replicas after each step (PyTorch's "
                 "DataParallel) instead of every replica stepping its own copy with all-reduced gradients");
@@ -124,6 +127,7 @@ BenchRow bench_one(const BenchConfig& c, const std::vector<Device>& devs) {
       wrap_for_strategy(model, c.strategy, devs, c.bucket_mb, c.last_bucket_mb, c.dp_broadcast ? nullptr : &opt), &opt,
       std::nullopt, 0.0};
   if (c.precision == "bf16") train_step.autocast = kBFloat16;
+  train_step.dp_gather_output = c.dp_gather_output;
   // CUDA graphs where they apply (captured during the warm-up's last steps).
   parallel::GraphedStepOptions graph_options;
   graph_options.devices = devs;
@@ -178,6 +182,8 @@ int run_bench(const BenchConfig& c) {
   CHORUS_CHECK(!c.last_bucket_mb || (std::isfinite(*c.last_bucket_mb) && *c.last_bucket_mb >= 0),
                "--last-bucket-mb must be a number >= 0, got ", c.last_bucket_mb.value_or(0));
   CHORUS_CHECK(c.steps > 0 && c.warmup >= 0, "--steps must be positive and --warmup >= 0");
+  CHORUS_CHECK(!c.dp_broadcast || c.strategy == "dp", "--dp-broadcast goes with --strategy dp");
+  CHORUS_CHECK(!c.dp_gather_output || c.strategy == "dp", "--dp-gather-output goes with --strategy dp");
   std::vector<Device> all = c.devices.empty()
                                 ? std::vector<Device>{cuda_is_available() ? cuda_device(0) : cpu_device(0)}
                                 : parse_devices(c.devices);
@@ -215,6 +221,8 @@ int run_bench(const BenchConfig& c) {
                                                          : nullptr},
                                   {"dp_updates", c.strategy == "dp" ? nlohmann::ordered_json(c.dp_broadcast ? "broadcast" : "replicated")
                                                                     : nullptr},
+                                  {"dp_loss", c.strategy == "dp" ? nlohmann::ordered_json(c.dp_gather_output ? "gathered" : "per_replica")
+                                                                 : nullptr},
                                   {"comm_hook", c.strategy == "ddp" ? nlohmann::ordered_json(c.comm_hook) : nullptr},
                                   {"broadcast_buffers", c.strategy == "ddp" ? nlohmann::ordered_json(c.broadcast_buffers) : nullptr},
                                   {"img_per_s", r.img_per_s},

@@ -75,6 +75,7 @@ void TrainConfig::validate() const {
   if (strategy == "ddp") ddp_launch_env();  // says how to launch when nothing did
   CHORUS_CHECK(!sync_bn || strategy == "ddp", "--sync-bn goes with --strategy ddp");
   CHORUS_CHECK(!dp_broadcast || strategy == "dp", "--dp-broadcast goes with --strategy dp");
+  CHORUS_CHECK(!dp_gather_output || strategy == "dp", "--dp-gather-output goes with --strategy dp");
   CHORUS_CHECK(comm_hook != "noop",
                "--comm-hook noop communicates nothing (the ranks would train apart): it is for chorus bench's headroom "
                "analysis, not for training");
@@ -287,6 +288,7 @@ Training set_up(const TrainConfig& cfg) {
   }
   t.step = {net, t.opt.get(), std::nullopt, cfg.label_smoothing};
   t.step.pipeline = t.pipeline.get();
+  t.step.dp_gather_output = cfg.dp_gather_output;
   if (cfg.precision == "bf16") t.step.autocast = kBFloat16;
   // Note [Graphed step]: captured after two eager steps, replayed from then on.
   // (DataParallel keeps the batch in host memory, so its steps stay eager;

@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "chorus/autograd/autocast.h"
+#include "chorus/autograd/grad_mode.h"
 #include "chorus/nn/functional.h"
 #include "commands.h"
 
@@ -73,6 +74,33 @@ TrainStep::Result TrainStep::run_eager(const Tensor& x, const Tensor& y, Phases*
     }
     lap(phases ? &phases->backward_ms : nullptr);  // forward and backward interleave: one phase
     opt->step();
+    lap(phases ? &phases->optim_ms : nullptr);
+    return r;
+  }
+  // Note [Per-replica losses] in parallel/data_parallel.h: each replica's loss
+  // on its own device, and one backward from all of them.
+  auto* dp = dp_gather_output ? nullptr : dynamic_cast<parallel::DataParallel*>(net.get());
+  if (dp && dp->devices().size() > 1) {
+    parallel::ReplicaLosses losses;
+    {
+      AutocastGuard guard(autocast);
+      const double smoothing = label_smoothing;
+      losses = dp->forward_loss(x, y, [smoothing](const nn::Value& out, const nn::Value& t) {
+        return nn::functional::cross_entropy(out.tensor(), t.tensor(), smoothing);
+      });
+    }
+    lap(phases ? &phases->forward_ms : nullptr);
+    opt->zero_grad();
+    losses.backward();
+    lap(phases ? &phases->backward_ms : nullptr);
+    opt->step();
+    // Gathered after the step: at the end of the first device's queue, long
+    // after the other replicas computed them.
+    {
+      NoGradGuard no_grad;
+      r.loss = losses.loss();
+      r.logits = losses.output().tensor();
+    }
     lap(phases ? &phases->optim_ms : nullptr);
     return r;
   }

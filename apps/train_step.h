@@ -12,6 +12,7 @@
 #include "chorus/core/tensor.h"
 #include "chorus/nn/module.h"
 #include "chorus/optim/optimizer.h"
+#include "chorus/parallel/data_parallel.h"
 #include "chorus/parallel/graphed_step.h"
 #include "chorus/parallel/pipeline.h"
 
@@ -36,6 +37,11 @@ struct TrainStep {
   // --strategy pipeline: forward and backward by the pipeline's schedule
   // (Pipeline::train_step) instead of net->forward + backward.
   parallel::Pipeline* pipeline = nullptr;
+  // A DataParallel `net`: each replica computes the loss of its chunk and one
+  // backward starts from all of them (Note [Per-replica losses]); true: the
+  // outputs gathered on the first device and the loss computed there
+  // (--dp-gather-output).
+  bool dp_gather_output = false;
 
   struct Result {
     Tensor logits, loss;

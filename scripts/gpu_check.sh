@@ -27,6 +27,13 @@ BUILD=build-gpu
 rows="$OUT/rows.jsonl"
 : > "$rows"
 has() { [[ " $STAGES " == *" $1 "* ]]; }
+# The kernels a racecheck log reports hazards in, with counts.
+race_kernels() {
+  echo "race hazards $(basename "$1"): $(grep -cE "Potential [A-Z]+ hazard|Race reported" "$1")"
+  grep -oE "at 0x[0-9a-f]+ in [^(]+" "$1" | sed -E 's/^at 0x[0-9a-f]+ in (.*:)?//' | cut -c1-120 | sort | uniq -c | sort -rn | head -8 |
+    sed "s/^/race kernels $(basename "$1"): /"
+  grep -m1 -A4 -E "Potential [A-Z]+ hazard|Race reported" "$1" | cut -c1-240
+}
 
 nvidia-smi -L
 if has build; then
@@ -48,7 +55,17 @@ if has sanitize; then
   [[ " ${SANITIZE_TOOLS:-memcheck racecheck} " == *" racecheck "* ]] && {
   timeout ${SANITIZE_TIMEOUT:-420} compute-sanitizer --tool racecheck --racecheck-report hazard ${RACECHECK_ARGS:-} --error-exitcode 9 ./$BUILD/chorus_tests --gtest_filter="${SANITIZE_FILTER:-*_CUDA}" >"$OUT/racecheck.log" 2>&1
   echo "racecheck exit $? ($(grep -c 'Race reported\|Hazard' "$OUT/racecheck.log") hazard lines)"
-  grep -E "^\[ +(OK|FAILED|PASSED) " "$OUT/racecheck.log" | tail -40; tail -3 "$OUT/racecheck.log"; }
+  grep -E "^\[ +(OK|FAILED|PASSED) " "$OUT/racecheck.log" | tail -40; tail -3 "$OUT/racecheck.log"
+  race_kernels "$OUT/racecheck.log"; }
+fi
+if has racetorch; then
+  # PyTorch's own convolutions (scripts/torch_racecheck.py) under racecheck: which
+  # kernels it reports hazards in when PyTorch, not Chorus, calls cuDNN.
+  timeout ${SANITIZE_TIMEOUT:-420} compute-sanitizer --tool racecheck --racecheck-report hazard --error-exitcode 9 \
+    python3 scripts/torch_racecheck.py ${RACETORCH_CASES:-} >"$OUT/racetorch.log" 2>&1
+  echo "racetorch exit $?"; python3 -c 'import torch; print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version())'
+  grep "torch_racecheck" "$OUT/racetorch.log" | tail -10; tail -3 "$OUT/racetorch.log"
+  race_kernels "$OUT/racetorch.log"
 fi
 if has dpcrash; then
   # The DataParallel capture crash (Note [NCCL graph mixing] in cuda/nccl.h): DPCRASH_RUNS
@@ -69,22 +86,23 @@ if has dpupdates; then
   # DataParallel on 2 GPUs, bf16 + channels-last, batch 128 per GPU, graphed:
   # replicas stepping their own weights (the default, Note [Replicated updates])
   # against --dp-broadcast, each at 1 and 2 GPUs in the same run
-  # (DPUPDATES_MODELS, DPUPDATES_REPEAT runs of each).
+  # (DPUPDATES_MODELS, DPUPDATES_REPEAT runs of each; DPUPDATES_VARIANTS: the
+  # flags of each row, "default" for none, e.g. "default --dp-gather-output").
   for m in ${DPUPDATES_MODELS:-wrn-16-4 wrn-28-10}; do
     for i in $(seq ${DPUPDATES_REPEAT:-1}); do
-      for f in "" --dp-broadcast; do
+      for f in ${DPUPDATES_VARIANTS:-default --dp-broadcast}; do
         timeout 200 $C bench --model $m --strategy dp --devices cuda:0,cuda:1 --device-counts 1,2 --precision bf16 \
-          --channels-last --batch-size 128 --steps ${DPUPDATES_STEPS:-40} --warmup 8 --json $f | tee -a "$OUT/dpupdates.jsonl" >/dev/null
+          --channels-last --batch-size 128 --steps ${DPUPDATES_STEPS:-40} --warmup 8 --json ${f#default} | tee -a "$OUT/dpupdates.jsonl" >/dev/null
       done
     done
   done
   python3 - "$OUT/dpupdates.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-print(f"{'model':10} {'updates':11} {'1 GPU':>9} {'2 GPUs':>9} {'efficiency':>10}")
+print(f"{'model':10} {'updates':11} {'loss':11} {'1 GPU':>9} {'2 GPUs':>9} {'efficiency':>10}")
 for i in range(0, len(rows) - 1, 2):
     one, two = rows[i], rows[i + 1]
-    print(f"{one['model']:10} {one.get('dp_updates') or '-':11} {one['img_per_s']:9.0f} {two['img_per_s']:9.0f} "
+    print(f"{one['model']:10} {one.get('dp_updates') or '-':11} {one.get('dp_loss') or '-':11} {one['img_per_s']:9.0f} {two['img_per_s']:9.0f} "
           f"{two['img_per_s'] / (2 * one['img_per_s']):10.3f}")
 PY
 fi

@@ -3,21 +3,24 @@
 # in host memory and are scattered chunk by chunk to each device, trains like
 # one device on the same global batch: same final train and test loss (an MLP:
 # no batch norm, whose statistics DataParallel keeps per replica) -- with the
-# replicas stepping their own weights (the default) and with --dp-broadcast.
+# replicas stepping their own weights (the default) and with --dp-broadcast,
+# with each replica's loss on its device (the default) and with the outputs
+# gathered for the loss on the first device (--dp-gather-output).
 set -uo pipefail
 CHORUS=${1:?usage: dp_matches_single.sh path/to/chorus}
 common=(--model mlp --data synthetic --synthetic-size 1024 --epochs 1 --seed 5 --json --quiet --workers 2)
 dp=$("$CHORUS" train "${common[@]}" --strategy dp --devices cpu:0,cpu:1 --batch-size 32) || { echo "FAIL: dp run"; exit 1; }
 bc=$("$CHORUS" train "${common[@]}" --strategy dp --devices cpu:0,cpu:1 --batch-size 32 --dp-broadcast) || { echo "FAIL: dp --dp-broadcast run"; exit 1; }
+ga=$("$CHORUS" train "${common[@]}" --strategy dp --devices cpu:0,cpu:1 --batch-size 32 --dp-gather-output) || { echo "FAIL: dp --dp-gather-output run"; exit 1; }
 one=$("$CHORUS" train "${common[@]}" --strategy single --devices cpu:0 --batch-size 64) || { echo "FAIL: single run"; exit 1; }
-python3 - "$dp" "$bc" "$one" <<'PY'
+python3 - "$dp" "$bc" "$ga" "$one" <<'PY'
 import json, sys
-dp, bc, one = (json.loads(a) for a in sys.argv[1:4])
-for name, run in (("dp", dp), ("dp --dp-broadcast", bc)):
+dp, bc, ga, one = (json.loads(a) for a in sys.argv[1:5])
+for name, run in (("dp", dp), ("dp --dp-broadcast", bc), ("dp --dp-gather-output", ga)):
     assert run["steps"] == one["steps"], (name, run["steps"], one["steps"])
     for k in ("train_loss", "test_loss"):
         rel = abs(run[k] - one[k]) / max(abs(one[k]), 1e-12)
         print(f"{k}: {name} {run[k]:.7f} single {one[k]:.7f} rel {rel:.2e}")
         assert rel <= 1e-4, f"{name}: {k} differs: {rel}"
-print("ok: DataParallel over cpu:0,cpu:1 from host batches matches one device, replicated updates and broadcasts")
+print("ok: DataParallel over cpu:0,cpu:1 from host batches matches one device, replicated updates and broadcasts, per-replica and gathered losses")
 PY

@@ -387,7 +387,10 @@ TEST(GraphedStep, MlpMatchesEager_CUDA) {
 // `replicated`: the graphed run's replicas step their own weights (Note
 // [Replicated updates]: all-reduce, no broadcast); the eager run broadcasts.
 // On one device there is nothing to replicate.
-void dp_graphed_matches_eager(const std::vector<Device>& devs, bool replicated = false) {
+// `per_replica_loss`: the graphed run computes each replica's loss on its
+// device and starts one backward from all of them (Note [Per-replica losses]);
+// the eager run gathers the outputs and computes the loss on the first GPU.
+void dp_graphed_matches_eager(const std::vector<Device>& devs, bool replicated = false, bool per_replica_loss = false) {
   Deterministic same_bits;
   const int steps = test::test_steps(20, 3);  // CHORUS_TEST_STEPS under a sanitizer
   auto run = [&](bool graphed, StepRun* out) {
@@ -407,6 +410,15 @@ void dp_graphed_matches_eager(const std::vector<Device>& devs, bool replicated =
     o.on_fallback = [&](const std::string& line) { out->lines.push_back(line); };
     GraphedStep step(
         [&](const std::vector<Tensor>& in) {
+          if (graphed && per_replica_loss) {
+            ReplicaLosses r = dp->forward_loss(in[0], in[1], [](const nn::Value& out, const nn::Value& t) {
+              return F::cross_entropy(out.tensor(), t.tensor());
+            });
+            opt.zero_grad();
+            r.backward();
+            opt.step();
+            return std::vector<Tensor>{r.loss()};
+          }
           Tensor loss = F::cross_entropy(dp->forward(in[0]), in[1]);
           opt.zero_grad();
           loss.backward();
@@ -434,7 +446,9 @@ void dp_graphed_matches_eager(const std::vector<Device>& devs, bool replicated =
   run(false, &eager);
   for (const std::string& line : graphed.lines) ADD_FAILURE() << "fell back: " << line;
   EXPECT_EQ(graphed.replays, steps - 2);
-  expect_same(graphed, eager, 1e-6);
+  // Per-replica losses: the chunks' means weighted by their shares instead of
+  // one mean, equal up to rounding.
+  expect_same(graphed, eager, per_replica_loss ? 1e-5 : 1e-6);
 }
 
 TEST(GraphedStep, DataParallelOverTwoGpusMatchesEager_MultiCUDA) {
@@ -445,6 +459,11 @@ TEST(GraphedStep, DataParallelOverTwoGpusMatchesEager_MultiCUDA) {
 TEST(GraphedStep, DataParallelWithReplicatedUpdatesOverTwoGpusMatchesEager_MultiCUDA) {
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
   dp_graphed_matches_eager({cuda_device(0), cuda_device(1)}, /*replicated=*/true);
+}
+
+TEST(GraphedStep, DataParallelWithPerReplicaLossesOverTwoGpusMatchesEager_MultiCUDA) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
+  dp_graphed_matches_eager({cuda_device(0), cuda_device(1)}, /*replicated=*/true, /*per_replica_loss=*/true);
 }
 
 TEST(GraphedStep, DataParallelOverOneGpuMatchesEager_CUDA) {

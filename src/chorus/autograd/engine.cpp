@@ -125,11 +125,12 @@ class OfferScope {
 class GraphTask {
  public:
   // collect_leaves: also gather the reached leaves (Note [Backward observers]).
-  GraphTask(const Edge& root, const Tensor& seed, bool retain, bool collect_leaves)
+  // Several roots (Note [Several roots]): each seeded with its own gradient.
+  GraphTask(const std::vector<Edge>& roots, const TensorList& seeds, bool retain, bool collect_leaves)
       : retain_(retain), collect_leaves_(collect_leaves) {
-    root_ = root.fn.get();
-    add(root.fn);
-    std::vector<Node*> stack{root_};
+    std::vector<Node*> stack;
+    for (const Edge& root : roots)
+      if (add(root.fn).second) stack.push_back(root.fn.get());
     while (!stack.empty()) {
       Node* n = stack.back();
       stack.pop_back();
@@ -142,10 +143,18 @@ class GraphTask {
         if (fresh) stack.push_back(e.fn.get());
       }
     }
-    states_.at(root_).slot(root.input_nr).add(0, seed);
+    // A root that another root's graph reaches waits for that gradient too;
+    // the others start at once, each on its own device's queue.
+    for (size_t i = 0; i < roots.size(); ++i) {
+      Node* r = roots[i].fn.get();
+      states_.at(r).slot(roots[i].input_nr).add(0, seeds[i]);
+      if (states_.at(r).deps.load(std::memory_order_relaxed) == 0 &&
+          std::find(starts_.begin(), starts_.end(), r) == starts_.end())
+        starts_.push_back(r);
+    }
   }
 
-  Node* root() const { return root_; }
+  const std::vector<Node*>& starts() const { return starts_; }
   const std::set<Device>& devices() const { return devices_; }
   const std::unordered_set<const TensorImpl*>& leaves() const { return leaves_; }
 
@@ -238,7 +247,7 @@ class GraphTask {
   bool retain_;
   bool collect_leaves_;
   std::unordered_set<const TensorImpl*> leaves_;
-  Node* root_ = nullptr;
+  std::vector<Node*> starts_;  // the roots no other root reaches
   std::unordered_map<Node*, NodeState> states_;
   std::set<Device> devices_;
 };
@@ -246,7 +255,7 @@ class GraphTask {
 void run_single_thread(GraphTask& task) {
   std::priority_queue<Node*, std::vector<Node*>, ByLatest> ready;
   std::vector<Node*> made_ready;
-  ready.push(task.root());
+  for (Node* n : task.starts()) ready.push(n);
   while (!ready.empty()) {
     Node* n = ready.top();
     ready.pop();
@@ -265,11 +274,11 @@ struct ReadyQueue {
 void run_multi_device(GraphTask& task) {
   std::map<Device, std::unique_ptr<ReadyQueue>> queues;  // fixed before the workers start
   for (const Device& d : task.devices()) queues[d] = std::make_unique<ReadyQueue>();
-  std::atomic<int> outstanding{1};  // nodes queued or running
+  std::atomic<int> outstanding{static_cast<int>(task.starts().size())};  // nodes queued or running
   std::atomic<bool> stop{false};
   std::mutex error_mu;
   std::exception_ptr error;
-  queues.at(task.root()->device)->nodes.push(task.root());
+  for (Node* n : task.starts()) queues.at(n->device)->nodes.push(n);
 
   auto stop_all = [&] {
     stop.store(true);
@@ -333,22 +342,37 @@ Tensor take_gradient_addend(size_t input) {
 }
 
 void run_backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
-  chorus::detail::check_defined(root, "backward", "self");
-  CHORUS_CHECK(root.requires_grad(),
-               "backward: the tensor does not require grad and has no grad_fn (did you run the "
-               "forward pass under NoGradGuard, or forget requires_grad on the parameters?)");
-  Tensor seed = grad;
-  if (!seed.defined()) {
-    CHORUS_CHECK(root.numel() == 1, "backward: the gradient can be implied only for a tensor with one element, got ",
-                 root.describe(), "; pass a gradient of the same shape");
-    seed = ones(root.sizes(), {root.dtype(), root.device()});
-  } else {
-    CHORUS_CHECK(seed.sizes() == root.sizes(), "backward: gradient ", seed.describe(),
-                 " does not match the tensor ", root.describe());
+  run_backward(TensorList{root}, grad.defined() ? TensorList{grad} : TensorList{}, retain_graph);
+}
+
+void run_backward(const TensorList& roots, const TensorList& grads, bool retain_graph) {
+  CHORUS_CHECK(!roots.empty(), "backward: no tensors given");
+  CHORUS_CHECK(grads.empty() || grads.size() == roots.size(), "backward: ", roots.size(), " tensors but ", grads.size(),
+               " gradients; pass one gradient per tensor, or none for tensors of one element");
+  std::vector<Edge> edges;
+  TensorList seeds;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    const Tensor& root = roots[i];
+    const std::string which = roots.size() == 1 ? std::string("self") : "tensors[" + std::to_string(i) + "]";
+    chorus::detail::check_defined(root, "backward", which.c_str());
+    CHORUS_CHECK(root.requires_grad(), "backward: ", roots.size() == 1 ? "the tensor" : which,
+                 " does not require grad and has no grad_fn (did you run the "
+                 "forward pass under NoGradGuard, or forget requires_grad on the parameters?)");
+    Tensor seed = grads.empty() ? Tensor() : grads[i];
+    if (!seed.defined()) {
+      CHORUS_CHECK(root.numel() == 1, "backward: the gradient can be implied only for a tensor with one element, got ",
+                   root.describe(), "; pass a gradient of the same shape");
+      seed = ones(root.sizes(), {root.dtype(), root.device()});
+    } else {
+      CHORUS_CHECK(seed.sizes() == root.sizes(), "backward: gradient ", seed.describe(),
+                   " does not match the tensor ", root.describe());
+    }
+    edges.push_back(gradient_edge(root));
+    seeds.push_back(std::move(seed));
   }
   NoGradGuard no_grad;  // backward formulas are not themselves recorded
   const std::vector<std::shared_ptr<BackwardObserver>> observers = detail::live_backward_observers();
-  GraphTask task(gradient_edge(root), seed, retain_graph, !observers.empty());
+  GraphTask task(edges, seeds, retain_graph, !observers.empty());
   for (const auto& o : observers) o->begin(task.leaves());
   try {
     if (task.devices().size() <= 1) {

@@ -326,4 +326,8 @@ void backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
   autograd::run_backward(root, grad, retain_graph);
 }
 
+void backward(const TensorList& roots, const TensorList& grads, bool retain_graph) {
+  autograd::run_backward(roots, grads, retain_graph);
+}
+
 }  // namespace chorus

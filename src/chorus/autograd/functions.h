@@ -48,5 +48,8 @@ Tensor to_device(const Tensor& t, const Device& d);
 Tensor to_dtype(const Tensor& t, DType dt);
 
 void backward(const Tensor& root, const Tensor& grad = Tensor(), bool retain_graph = false);
+// One pass from several roots (Note [Several roots] in autograd/engine.h):
+// grads empty, or one per root.
+void backward(const TensorList& roots, const TensorList& grads = {}, bool retain_graph = false);
 
 }  // namespace chorus

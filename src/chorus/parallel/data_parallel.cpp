@@ -341,25 +341,31 @@ void DataParallel::restore_masters() {
     for (Tensor* slot : entries_[e].slots[0]) *slot = entries_[e].master;
 }
 
-nn::Value DataParallel::forward_value(const nn::Value& x) {
-  const int64_t batch = batch_size(x, options_.dim);
-  CHORUS_CHECK(batch > 0, "DataParallel: the batch is empty");
-  const size_t used = std::min<size_t>(devices_.size(), static_cast<size_t>(batch));
-  grad_enabled_outside_ = grad_enabled();
+DataParallel::Split DataParallel::split_batch(const nn::Value& x) const {
+  Split sp;
+  sp.batch = batch_size(x, options_.dim);
+  CHORUS_CHECK(sp.batch > 0, "DataParallel: the batch is empty");
+  const auto used = static_cast<int64_t>(std::min<size_t>(devices_.size(), static_cast<size_t>(sp.batch)));
   // As-equal-as-possible chunks: 7 over 3 devices gives 3, 2, 2.
-  std::vector<int64_t> starts(used), lens(used);
   int64_t pos = 0;
-  for (size_t r = 0; r < used; ++r) {
-    lens[r] = batch / static_cast<int64_t>(used) + (static_cast<int64_t>(r) < batch % static_cast<int64_t>(used) ? 1 : 0);
-    starts[r] = pos;
-    pos += lens[r];
+  for (int64_t r = 0; r < used; ++r) {
+    sp.lens.push_back(sp.batch / used + (r < sp.batch % used ? 1 : 0));
+    sp.starts.push_back(pos);
+    pos += sp.lens.back();
   }
+  return sp;
+}
+
+std::vector<nn::Value> DataParallel::run_replicas(const nn::Value& x, const Split& split,
+                                                  const std::function<void(size_t, const nn::Value&)>& then) {
+  const size_t used = split.lens.size();
+  grad_enabled_outside_ = grad_enabled();
   // The inputs go to their replicas before the weights do: each replica's
   // copy of its chunk then runs beside the weights' broadcast instead of after
   // it (issued from this thread to each device's current stream, which the
   // replica's thread continues).
   std::vector<nn::Value> ins(used);
-  for (size_t r = 0; r < used; ++r) ins[r] = scatter(x, options_.dim, starts[r], lens[r], devices_[r]);
+  for (size_t r = 0; r < used; ++r) ins[r] = scatter(x, options_.dim, split.starts[r], split.lens[r], devices_[r]);
   sync_replicas(used);
   // One replica (one device, or a batch of one) is the plain module on its
   // masters: nothing to sum. Otherwise replica 0 runs on recorded aliases of
@@ -395,12 +401,70 @@ nn::Value DataParallel::forward_value(const nn::Value& x) {
         for (auto& g : stats_groups_) g->abort("replica on " + devices_[r].str() + " failed: " + e.what());
         throw;
       }
+      if (then) then(r, outs[r]);
     });
   }
   threads_->run(tasks);
+  return outs;
+}
+
+nn::Value DataParallel::forward_value(const nn::Value& x) {
+  std::vector<nn::Value> outs = run_replicas(x, split_batch(x), nullptr);
   if (!options_.gather_output) return nn::Value(nn::Value::List(outs.begin(), outs.end()));
   return gather(outs, options_.dim, options_.output_device.value_or(devices_[0]));
 }
+
+ReplicaLosses DataParallel::forward_loss(const nn::Value& x, const nn::Value& target, const ReplicaLossFn& loss_fn,
+                                         LossReduction reduction) {
+  CHORUS_CHECK(static_cast<bool>(loss_fn), "DataParallel::forward_loss: no loss function given");
+  const Split split = split_batch(x);
+  const int64_t target_batch = batch_size(target, options_.dim);
+  CHORUS_CHECK(target_batch == split.batch, "DataParallel::forward_loss: the target's batch (", target_batch,
+               " along dim ", options_.dim, ") differs from the input's (", split.batch, ")");
+  const size_t used = split.lens.size();
+  std::vector<nn::Value> targets(used);  // issued before the replicas start, like the inputs
+  for (size_t r = 0; r < used; ++r)
+    targets[r] = scatter(target, options_.dim, split.starts[r], split.lens[r], devices_[r]);
+  ReplicaLosses res;
+  res.losses.resize(used);
+  res.dim = options_.dim;
+  res.output_device = options_.output_device.value_or(devices_[0]);
+  // A loss that is not what it must be is not weighted (and is then named
+  // here, on the caller's thread, not as a replica's failure).
+  auto fits = [&](const Tensor& l, size_t r) { return l.defined() && l.numel() == 1 && l.device() == devices_[r]; };
+  res.outputs = run_replicas(x, split, [&](size_t r, const nn::Value& out) {
+    Tensor l = loss_fn(out, targets[r]);
+    if (fits(l, r) && reduction == LossReduction::Mean && used > 1)
+      l = l * (static_cast<double>(split.lens[r]) / static_cast<double>(split.batch));
+    res.losses[r] = std::move(l);
+  });
+  for (size_t r = 0; r < used; ++r) {
+    const Tensor& l = res.losses[r];
+    CHORUS_CHECK(l.defined() && l.numel() == 1, "DataParallel::forward_loss: the loss function must return a tensor of "
+                 "one element, got ", l.defined() ? l.describe() : std::string("an undefined tensor"),
+                 " from the replica on ", devices_[r].str());
+    CHORUS_CHECK(fits(l, r), "DataParallel::forward_loss: the loss of the replica on ", devices_[r].str(), " is on ",
+                 l.device().str(), "; compute it from the output and target it is given");
+  }
+  return res;
+}
+
+void ReplicaLosses::backward(bool retain_graph) const {
+  CHORUS_CHECK(!losses.empty(), "ReplicaLosses::backward: no losses (use what DataParallel::forward_loss returns)");
+  chorus::backward(losses, {}, retain_graph);
+}
+
+Tensor ReplicaLosses::loss() const {
+  CHORUS_CHECK(!losses.empty(), "ReplicaLosses::loss: no losses (use what DataParallel::forward_loss returns)");
+  Tensor total;
+  for (const Tensor& l : losses) {
+    Tensor here = chorus::to_device(l, output_device);
+    total = total.defined() ? total + here : here;
+  }
+  return total;
+}
+
+nn::Value ReplicaLosses::output() const { return gather(outputs, dim, output_device); }
 
 Tensor DataParallel::forward(const Tensor& x) {
   CHORUS_CHECK(options_.gather_output, "DataParallel: forward(Tensor) needs gather_output; use forward_value()");

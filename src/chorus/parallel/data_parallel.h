@@ -39,6 +39,32 @@ struct DataParallelOptions {
   int64_t last_bucket_bytes = 0;
 };
 
+// The loss of one replica's chunk: its output and its share of the targets,
+// on the replica's device, to a tensor of one element.
+using ReplicaLossFn = std::function<Tensor(const nn::Value& output, const nn::Value& target)>;
+
+// How a ReplicaLossFn reduces its chunk: Mean (e.g. cross_entropy's default)
+// weights each replica's loss by its share of the batch, so that the losses
+// sum to the loss of the whole batch; Sum adds them as they are.
+enum class LossReduction { Mean, Sum };
+
+// What DataParallel::forward_loss returns (Note [Per-replica losses]).
+struct ReplicaLosses {
+  std::vector<Tensor> losses;       // [replica], on its device, already weighted
+  std::vector<nn::Value> outputs;   // [replica], on its device
+  int64_t dim = 0;                  // the batch dimension, for output()
+  Device output_device = cpu_device(0);
+
+  // One backward pass from every replica's loss at once: each replica's
+  // backward starts on its own device as soon as its loss is computed.
+  void backward(bool retain_graph = false) const;
+  // The loss of the whole batch on the output device (differentiable: its
+  // backward is correct too, but waits for every replica's forward).
+  Tensor loss() const;
+  // The outputs gathered on the output device, as DataParallel::forward does.
+  nn::Value output() const;
+};
+
 // What an optimizer needs to keep the replicas updated itself (Note
 // [Replicated updates]): pass both to optim::Optimizer::add_replicas.
 struct ReplicatedUpdates {
@@ -58,6 +84,18 @@ class DataParallel : public nn::Module {
   // Nested inputs; with gather_output=false the result is a list with one
   // output per replica used.
   nn::Value forward_value(const nn::Value& x) override;
+
+  // Note [Per-replica losses]: forward, then `loss_fn` on each replica's output
+  // and its chunk of `target` (split like the input), in the replica's own
+  // thread and on its device. Nothing is gathered: `backward()` on the result
+  // starts every replica's backward at once.
+  //   auto r = dp->forward_loss(x, y, [](const nn::Value& out, const nn::Value& t) {
+  //     return nn::functional::cross_entropy(out.tensor(), t.tensor()); });
+  //   opt.zero_grad(); r.backward(); opt.step();   // r.loss(): the batch's loss
+  // ValueError: a target whose batch differs from the input's, a loss that is
+  // not one element or not on its replica's device.
+  ReplicaLosses forward_loss(const nn::Value& x, const nn::Value& target, const ReplicaLossFn& loss_fn,
+                             LossReduction reduction = LossReduction::Mean);
 
   const nn::ModulePtr& module() const { return module_; }
   const std::vector<Device>& devices() const { return devices_; }
@@ -79,6 +117,16 @@ class DataParallel : public nn::Module {
 
  private:
   struct Entry;  // one master parameter or buffer and its slots in each replica
+  // The batch's split over the replicas: as-equal-as-possible chunks.
+  struct Split {
+    int64_t batch = 0;
+    std::vector<int64_t> starts, lens;  // [replica used]
+  };
+  Split split_batch(const nn::Value& x) const;
+  // Steps 1-3 of Note [DataParallel replicas]; `then(r, out)`, if given, runs
+  // in replica r's thread after its forward.
+  std::vector<nn::Value> run_replicas(const nn::Value& x, const Split& split,
+                                      const std::function<void(size_t, const nn::Value&)>& then);
   void sync_replicas(size_t used);
   // Records the gradient nodes of replicas [0, used) and puts their recorded
   // parameter views in the replicas' slots (replica 0's until restore_masters).
@@ -125,6 +173,21 @@ class DataParallel : public nn::Module {
 //  3. each replica runs forward on its own host thread (DeviceThreads), under
 //     the caller's grad mode and autocast;
 //  4. outputs are concatenated on the output device, or returned per replica.
+//
+// Note [Per-replica losses]: with forward()'s gathered output the loss is
+// computed on the first device, so every step has two joins on the critical
+// path: the first device waits for every replica's output (copied to it), and
+// every replica's backward waits for the loss's gradient scattered back. On 2
+// H100s (WRN-28-10 bf16) those were 20-100 µs gaps on each GPU, a step.
+// forward_loss computes each replica's loss beside its forward, in its own
+// thread and on its device, weighted by its share of the batch (Mean), and
+// ReplicaLosses::backward seeds them all in one pass (Note [Several roots] in
+// autograd/engine.h): each device's backward starts when its own forward ends.
+// The batch's loss and outputs are gathered only when asked for (loss(),
+// output()), and asked for after backward() they are copies at the end of the
+// first device's queue, no longer between the forward and the backward. Like
+// the gradients, the losses are the whole batch's up to rounding: the chunks'
+// means weighted by their shares instead of one mean.
 //
 // Note [DataParallel flat buffers]: the per-tensor host work is what limits
 // scaling (a ResNet has ~100 parameters; one cross-device copy, event and

@@ -1,0 +1,158 @@
+// DataParallel's per-replica losses (Note [Per-replica losses] in
+// parallel/data_parallel.h) on logical CPU devices: forward_loss + one
+// backward from every replica's loss trains exactly like the gathered output
+// with the loss on the first device (losses, weights, batch-norm buffers), with
+// broadcast and replicated updates, over 2 and 3 devices and batches that leave
+// chunks uneven or replicas out; the batch's loss and outputs; a summed loss;
+// bad arguments.
+#include <gtest/gtest.h>
+
+#include <chorus/chorus.h>
+#include <chorus/optim/sgd.h>
+#include <chorus/parallel/data_parallel.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "testing/compare.h"
+#include "testing/devices.h"
+#include "testing/expect_error.h"
+
+namespace chorus::parallel {
+namespace replica_losses_test {  // names of its own in the unity build
+namespace {
+
+namespace F = nn::functional;
+using test::cpus;
+using test::rel_err;
+
+constexpr double kTol = 1e-5;
+
+std::shared_ptr<nn::Sequential> make_net() {
+  manual_seed(41);
+  auto s = std::make_shared<nn::Sequential>();
+  s->push_back(std::make_shared<nn::Conv2d>(nn::Conv2dOptions{2, 6, 3, 1, 1, 1, 1, false}));
+  s->push_back(std::make_shared<nn::BatchNorm2d>(6));
+  s->push_back(std::make_shared<nn::ReLU>());
+  s->push_back(std::make_shared<nn::MaxPool2d>(nn::Pool2dOptions{2}));
+  s->push_back(std::make_shared<nn::Flatten>());
+  s->push_back(std::make_shared<nn::Linear>(6 * 4 * 4, 5));
+  return s;
+}
+
+Tensor chunk_loss(const nn::Value& out, const nn::Value& t) { return F::cross_entropy(out.tensor(), t.tensor()); }
+
+struct TrainRun {
+  std::vector<double> losses;
+  std::vector<Tensor> outputs;   // each step's output on the first device
+  nn::NamedTensors state;
+};
+
+TrainRun train(bool per_replica, bool replicated, int devices, const std::vector<int64_t>& batches) {
+  auto net = make_net();
+  auto dp = std::make_shared<DataParallel>(net, cpus(devices));
+  optim::SGD opt(dp->parameters(), {.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-3, .nesterov = true});
+  if (replicated) {
+    ReplicatedUpdates u = dp->replicate_updates(opt.params());
+    opt.add_replicas(u.copies, u.after_step);
+  }
+  manual_seed(5);
+  Tensor x = randn({12, 2, 8, 8}), y = randint(0, 5, {12});
+  TrainRun run;
+  for (int64_t b : batches) {
+    Tensor xb = x.narrow(0, 0, b), yb = y.narrow(0, 0, b);
+    opt.zero_grad();
+    if (per_replica) {
+      ReplicaLosses r = dp->forward_loss(xb, yb, chunk_loss);
+      r.backward();
+      run.losses.push_back(r.loss().item());
+      run.outputs.push_back(r.output().tensor().detach().clone());
+      EXPECT_EQ(r.output().tensor().device(), cpu_device(0));
+    } else {
+      Tensor out = dp->forward(xb);
+      Tensor loss = F::cross_entropy(out, yb);
+      loss.backward();
+      run.losses.push_back(loss.item());
+      run.outputs.push_back(out.detach().clone());
+    }
+    opt.step();
+  }
+  for (const auto& [n, t] : net->state_dict()) run.state.emplace_back(n, t.clone());
+  return run;
+}
+
+TEST(ReplicaLosses, TrainLikeTheGatheredLoss) {
+  // 7 over 3 devices: chunks of 3, 2, 2 (unequal weights); 1 and 2: replicas left out.
+  const std::vector<int64_t> batches{12, 7, 1, 12, 2, 12, 5};
+  for (bool replicated : {false, true}) {
+    for (int devices : {2, 3}) {
+      SCOPED_TRACE(std::string(replicated ? "replicated" : "broadcast") + ", " + std::to_string(devices) + " devices");
+      const TrainRun ref = train(false, replicated, devices, batches);
+      const TrainRun got = train(true, replicated, devices, batches);
+      ASSERT_EQ(got.losses.size(), ref.losses.size());
+      for (size_t i = 0; i < ref.losses.size(); ++i) {
+        EXPECT_NEAR(got.losses[i], ref.losses[i], kTol * std::abs(ref.losses[i])) << "step " << i;
+        EXPECT_LE(rel_err(got.outputs[i], ref.outputs[i]), kTol) << "step " << i;
+      }
+      ASSERT_EQ(got.state.size(), ref.state.size());
+      for (size_t i = 0; i < ref.state.size(); ++i)
+        EXPECT_LE(rel_err(got.state[i].second, ref.state[i].second), kTol) << ref.state[i].first;
+      EXPECT_LT(ref.losses.back(), ref.losses.front());
+    }
+  }
+}
+
+// The losses stay on their replicas' devices, weighted by their shares; with
+// LossReduction::Sum they are added as they are.
+TEST(ReplicaLosses, EachLossIsItsChunksOnItsDevice) {
+  auto net = make_net();
+  auto dp = std::make_shared<DataParallel>(net, cpus(3));
+  manual_seed(8);
+  Tensor x = randn({7, 2, 8, 8}), y = randint(0, 5, {7});
+  ReplicaLosses r = dp->forward_loss(x, y, chunk_loss);
+  ASSERT_EQ(r.losses.size(), 3u);
+  const int64_t starts[] = {0, 3, 5}, lens[] = {3, 2, 2};
+  Tensor full_out = dp->forward(x).detach();
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(r.losses[i].device(), cpu_device(i));
+    const double chunk = F::cross_entropy(full_out.narrow(0, starts[i], lens[i]), y.narrow(0, starts[i], lens[i])).item();
+    EXPECT_NEAR(r.losses[i].item(), chunk * lens[i] / 7.0, 1e-5 * std::abs(chunk));
+  }
+  EXPECT_NEAR(r.loss().item(), F::cross_entropy(full_out, y).item(), 1e-5);
+
+  // A summed loss: the squares of the outputs, over the whole batch.
+  auto squares = [](const nn::Value& out, const nn::Value&) { return mul(out.tensor(), out.tensor()).sum(); };
+  ReplicaLosses s = dp->forward_loss(x, y, squares, LossReduction::Sum);
+  EXPECT_NEAR(s.loss().item(), mul(full_out, full_out).sum().item(), 1e-4 * mul(full_out, full_out).sum().item());
+  s.backward();
+  const Tensor g_sum = net->parameters()[0].grad().clone();
+  for (Tensor p : net->parameters()) p.zero_grad();
+  ReplicaLosses again = dp->forward_loss(x, y, squares, LossReduction::Sum);
+  again.loss().backward();  // through the gathered sum: slower, the same gradients
+  EXPECT_LE(rel_err(net->parameters()[0].grad(), g_sum), kTol);
+}
+
+TEST(ReplicaLosses, BadArgumentsAreNamed) {
+  auto dp = std::make_shared<DataParallel>(make_net(), cpus(2));
+  manual_seed(9);
+  Tensor x = randn({6, 2, 8, 8}), y = randint(0, 5, {6});
+  EXPECT_TRUE(test::throws_naming([&] { dp->forward_loss(x, y.narrow(0, 0, 4), chunk_loss); },
+                                  {"forward_loss", "target's batch (4", "input's (6)"}));
+  EXPECT_TRUE(test::throws_naming(
+      [&] { dp->forward_loss(x, y, [](const nn::Value& out, const nn::Value&) { return out.tensor(); }); },
+      {"forward_loss", "one element", "cpu:"}));
+  EXPECT_TRUE(test::throws_naming(
+      [&] {
+        dp->forward_loss(x, y, [](const nn::Value& out, const nn::Value& t) {
+          return to_device(chunk_loss(out, t), cpu_device(0));
+        });
+      },
+      {"forward_loss", "replica on cpu:1", "is on cpu:0"}));
+  EXPECT_TRUE(test::throws_naming([&] { dp->forward_loss(x, y, nullptr); }, {"no loss function"}));
+  EXPECT_TRUE(test::throws_naming([&] { ReplicaLosses{}.backward(); }, {"ReplicaLosses::backward", "no losses"}));
+}
+
+}  // namespace
+}  // namespace replica_losses_test
+}  // namespace chorus::parallel
