@@ -61,7 +61,7 @@ fi
 if has racetorch; then
   # PyTorch's own convolutions (scripts/torch_racecheck.py) under racecheck: which
   # kernels it reports hazards in when PyTorch, not Chorus, calls cuDNN.
-  timeout ${SANITIZE_TIMEOUT:-420} compute-sanitizer --tool racecheck --racecheck-report hazard --error-exitcode 9 \
+  timeout ${RACETORCH_TIMEOUT:-420} compute-sanitizer --tool racecheck --racecheck-report hazard --error-exitcode 9 \
     python3 scripts/torch_racecheck.py ${RACETORCH_CASES:-} >"$OUT/racetorch.log" 2>&1
   echo "racetorch exit $?"; python3 -c 'import torch; print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version())'
   grep "torch_racecheck" "$OUT/racetorch.log" | tail -10; tail -3 "$OUT/racetorch.log"

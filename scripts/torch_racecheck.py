@@ -1,11 +1,12 @@
 """PyTorch's own convolutions under compute-sanitizer racecheck.
 
 Run as `compute-sanitizer --tool racecheck --racecheck-report hazard python3
-scripts/torch_racecheck.py`: the backward-data convolutions of the shapes
-Chorus's graph tests and Wide ResNet use, fp32 and bf16 channels-last, with
-cuDNN's benchmark mode on (so the candidate kernels run too). If racecheck
-names the same cuDNN kernel here as under Chorus's tests, the hazard is in
-cuDNN's kernel, whoever calls it.
+scripts/torch_racecheck.py [CASES]`: the backward-data convolutions of the
+shapes Chorus's graph tests and Wide ResNet use, fp32 and bf16, NCHW and
+channels-last, with cuDNN's benchmark mode on (so the candidate kernels run
+too). If racecheck names the same cuDNN kernel here as under Chorus's tests,
+the hazard is in cuDNN's kernel, whoever calls it. CASES: comma-separated
+indices into the list printed first (racecheck is slow); default all.
 """
 import sys
 
@@ -14,15 +15,17 @@ import torch
 torch.backends.cudnn.benchmark = True
 # (batch, in channels, out channels, size, stride)
 shapes = [(16, 8, 8, 16, 1), (8, 160, 320, 32, 2), (8, 320, 640, 16, 2), (8, 64, 64, 32, 1)]
-# argv[1]: how many of the (dtype, shape) cases to run (racecheck is slow).
-cases = [(dtype, shape) for shape in shapes for dtype in (torch.float32, torch.bfloat16)]
-for dtype, (n, ci, co, s, stride) in cases[: int(sys.argv[1]) if len(sys.argv) > 1 else None]:
-    x = torch.randn(n, ci, s, s, device="cuda", dtype=dtype).to(memory_format=torch.channels_last).requires_grad_()
-    conv = torch.nn.Conv2d(ci, co, 3, stride=stride, padding=1, bias=False).cuda().to(dtype)
-    conv = conv.to(memory_format=torch.channels_last)
+cases = [(dtype, cl, shape) for shape in shapes for cl in (False, True) for dtype in (torch.float32, torch.bfloat16)]
+for i, (dtype, cl, (n, ci, co, s, stride)) in enumerate(cases):
+    print(f"torch_racecheck case {i}: {dtype} {'channels-last' if cl else 'NCHW'} n={n} {ci}->{co} {s}x{s} stride {stride}")
+chosen = [int(c) for c in sys.argv[1].split(",")] if len(sys.argv) > 1 else range(len(cases))
+fmt = lambda cl: torch.channels_last if cl else torch.contiguous_format
+for i in chosen:
+    dtype, cl, (n, ci, co, s, stride) = cases[i]
+    x = torch.randn(n, ci, s, s, device="cuda", dtype=dtype).to(memory_format=fmt(cl)).requires_grad_()
+    conv = torch.nn.Conv2d(ci, co, 3, stride=stride, padding=1, bias=False).cuda().to(dtype).to(memory_format=fmt(cl))
     y = conv(x)
     y.backward(torch.randn_like(y))
     torch.cuda.synchronize()
-    print(f"torch_racecheck: {dtype} n={n} {ci}->{co} {s}x{s} stride {stride}: grad norm "
-          f"{x.grad.float().norm().item():.3f}", flush=True)
+    print(f"torch_racecheck: ran case {i}: grad norm {x.grad.float().norm().item():.3f}", flush=True)
 print("torch_racecheck: done", file=sys.stderr)

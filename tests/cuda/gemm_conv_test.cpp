@@ -33,6 +33,9 @@
 #include "chorus/cpu/kernels.h"
 #include "chorus/cuda/blas.h"
 #include "chorus/cuda/kernels.h"
+#ifdef CHORUS_WITH_CUDNN
+#include "chorus/cuda/conv_plan.h"
+#endif
 
 namespace chorus {
 namespace {
@@ -353,6 +356,26 @@ TEST(CudaConv, BFloat16MatchesCpu_CUDA) {
   for (const ConvCase& cc : conv_cases())
     for (bool cl : {false, true}) check_conv(cc, kBFloat16, cl, 1e-4);
 }
+
+#ifdef CHORUS_WITH_CUDNN
+// Note [Heuristic plans]: cuDNN's first-ranked plans, untimed, compute the
+// same convolutions (plans of both kinds are cached apart).
+TEST(CudaConv, HeuristicPlansMatchCpu_CUDA) {
+  if (chorus::cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
+  NoTf32 no_tf32;
+  struct Restore {
+    bool prev = cuda::heuristic_plans();
+    ~Restore() { cuda::set_heuristic_plans(prev); }
+  } restore;
+  cuda::set_heuristic_plans(true);
+  for (const ConvCase& cc : conv_cases()) {
+    for (bool cl : {false, true}) {
+      check_conv(cc, kFloat32, cl, 1e-4);
+      check_conv(cc, kBFloat16, cl, 1e-4);
+    }
+  }
+}
+#endif
 
 TEST(CudaConv, Tf32MatchesCpuLoosely_CUDA) {
   if (chorus::cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";

@@ -20,6 +20,10 @@
 #include <vector>
 
 #include "chorus/cuda/blas.h"
+#include "chorus/cuda/context.h"
+#ifdef CHORUS_WITH_CUDNN
+#include "chorus/cuda/conv_plan.h"
+#endif
 
 #include "testing/compare.h"
 
@@ -267,6 +271,40 @@ TEST(DataParallelCuda, AutocastCopiesOfTheReplicasFollowTheirWeights_MultiCUDA) 
     if (replicated) EXPECT_EQ(kept, weights);
   }
 }
+
+#ifdef CHORUS_WITH_CUDNN
+// Note [One plan choice per kind of GPU]: the replica on cuda:1 runs the
+// convolution plans cuda:0 searched (rebuilt on its own handle), so both run
+// the same kernels. Geometries no other test uses (5 and 7 channels, 13x13),
+// so every one is new here: each searched once, and reused once.
+TEST(DataParallelCuda, ReplicasRunThePlansTheFirstGpuChose_MultiCUDA) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
+  const cudaDeviceProp &a = cuda::device_properties(0), &b = cuda::device_properties(1);
+  if (std::string(a.name) != b.name || a.multiProcessorCount != b.multiProcessorCount)
+    GTEST_SKIP() << "cuda:0 and cuda:1 are GPUs of different kinds";
+  if (!cuda::conv_graph_enabled()) GTEST_SKIP() << "CHORUS_CUDNN_LEGACY: the legacy path has no shared choices";
+  manual_seed(kSeed);
+  auto s = std::make_shared<nn::Sequential>();
+  s->push_back(std::make_shared<nn::Conv2d>(nn::Conv2dOptions{5, 7, 3, 1, 1}));
+  s->push_back(std::make_shared<nn::ReLU>());
+  s->push_back(std::make_shared<nn::Conv2d>(nn::Conv2dOptions{7, 7, 3, 1, 1}));
+  s->push_back(std::make_shared<nn::Flatten>());
+  s->push_back(std::make_shared<nn::Linear>(7 * 13 * 13, 3));
+  s->to(cuda_device(0));
+  auto dp = std::make_shared<DataParallel>(s, std::vector<Device>{cuda_device(0), cuda_device(1)});
+  const cuda::ConvSearchCounts before = cuda::conv_search_counts();
+  Tensor x = randn({6, 5, 13, 13}).to(cuda_device(0));
+  Tensor y = randint(0, 3, {6}, {kInt64}).to(cuda_device(0));
+  F::cross_entropy(dp->forward(x), y).backward();
+  synchronize(cuda_device(0));
+  const cuda::ConvSearchCounts after = cuda::conv_search_counts();
+  const int64_t searched = after.searched - before.searched, reused = after.reused - before.reused;
+  // Forward of both convolutions, their weight gradients, the second one's
+  // input gradient: five geometries, searched on one GPU, reused on the other.
+  EXPECT_EQ(searched, 5);
+  EXPECT_EQ(reused, 5);
+}
+#endif
 
 }  // namespace
 }  // namespace chorus::parallel

@@ -166,6 +166,12 @@ std::vector<Perf> find_algorithms(const ConvCall& c, void* ws, size_t ws_bytes) 
   switch (c.dir) {
     case Direction::Forward: {
       cudnnConvolutionFwdAlgoPerf_t r[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+      if (heuristic_plans()) {  // Note [Heuristic plans] in conv_plan.h: ranked, not run
+        CHORUS_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(c.handle, c.x_desc.get(), c.w_desc.get(), c.conv.get(),
+                                                                  c.y_desc.get(), CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, r));
+        collect(r, n, &perfs);
+        break;
+      }
       CHORUS_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(
           c.handle, c.x_desc.get(), c.x, c.w_desc.get(), c.w, c.conv.get(), c.y_desc.get(), c.y,
           CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, r, ws, ws_bytes));
@@ -174,6 +180,13 @@ std::vector<Perf> find_algorithms(const ConvCall& c, void* ws, size_t ws_bytes) 
     }
     case Direction::BackwardData: {
       cudnnConvolutionBwdDataAlgoPerf_t r[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+      if (heuristic_plans()) {
+        CHORUS_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(c.handle, c.w_desc.get(), c.y_desc.get(), c.conv.get(),
+                                                                       c.x_desc.get(), CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+                                                                       &n, r));
+        collect(r, n, &perfs);
+        break;
+      }
       CHORUS_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
           c.handle, c.w_desc.get(), c.w, c.y_desc.get(), c.y, c.conv.get(), c.x_desc.get(), c.x,
           CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, r, ws, ws_bytes));
@@ -182,6 +195,13 @@ std::vector<Perf> find_algorithms(const ConvCall& c, void* ws, size_t ws_bytes) 
     }
     case Direction::BackwardFilter: {
       cudnnConvolutionBwdFilterAlgoPerf_t r[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+      if (heuristic_plans()) {
+        CHORUS_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(c.handle, c.x_desc.get(), c.y_desc.get(),
+                                                                         c.conv.get(), c.w_desc.get(),
+                                                                         CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, r));
+        collect(r, n, &perfs);
+        break;
+      }
       CHORUS_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
           c.handle, c.x_desc.get(), c.x, c.y_desc.get(), c.y, c.conv.get(), c.w_desc.get(), c.w,
           CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, r, ws, ws_bytes));
@@ -232,7 +252,8 @@ AlgoCache& algo_cache() {
 
 ConvKey make_key(const ConvCall& c, const Conv2dGeometry& g, Layout layout) {
   return conv_key(c.dir, g, c.dtype, layout, c.device,
-                  static_cast<int64_t>(math_type(c.dtype)) | (deterministic() ? 256 : 0), ConvOperands{c.x, c.w, c.y});
+                  static_cast<int64_t>(math_type(c.dtype)) | (deterministic() ? 256 : 0) | (heuristic_plans() ? 512 : 0),
+                  ConvOperands{c.x, c.w, c.y});
 }
 
 Tensor workspace_tensor(size_t bytes, int device) {

@@ -4,13 +4,16 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "chorus/core/error.h"
@@ -27,6 +30,34 @@
 CHORUS_CUDNN_LEGACY_BEGIN
 
 namespace chorus::cuda {
+
+// Note [Heuristic plans]: CHORUS_CONV_SEARCH=heuristic takes, per geometry,
+// the first plan of cuDNN's heuristics that finalises within the limits, as
+// PyTorch does with cudnn.benchmark off: no candidate is run to time it. For
+// a faster start where the timed choice does not matter (short jobs, many
+// shapes) and for tools that make every kernel run slow (compute-sanitizer:
+// the search runs up to kMaxCandidates kernels per geometry, each under its
+// instrumentation). "timed" (the default) searches.
+namespace {
+std::atomic<int> heuristic_state{-1};  // -1: the environment not read yet
+}  // namespace
+
+bool heuristic_plans() {
+  int v = heuristic_state.load(std::memory_order_relaxed);
+  if (v < 0) {
+    const char* e = std::getenv("CHORUS_CONV_SEARCH");
+    const bool timed = !e || !*e || std::strcmp(e, "timed") == 0;
+    CHORUS_CHECK(timed || std::strcmp(e, "heuristic") == 0, "CHORUS_CONV_SEARCH must be timed or heuristic, got '", e,
+                 "'");
+    v = timed ? 0 : 1;
+    int expected = -1;
+    heuristic_state.compare_exchange_strong(expected, v);  // a set_heuristic_plans meanwhile wins
+    v = heuristic_state.load(std::memory_order_relaxed);
+  }
+  return v == 1;
+}
+
+void set_heuristic_plans(bool on) { heuristic_state.store(on ? 1 : 0); }
 
 namespace {
 
@@ -216,6 +247,7 @@ bool numerics_allowed(const BackendDesc& cfg, DType dtype) {
 struct Plan {
   BackendDesc desc;
   int64_t workspace = 0;
+  std::string engine;  // describe() of its engine configuration
 };
 
 // CHORUS_CONV_SEARCH_LOG=1: one stderr line per plan timed (engine, knobs,
@@ -277,6 +309,7 @@ std::shared_ptr<Plan> make_plan(const BackendDesc& cfg, cudnnHandle_t handle) {
                                CUDNN_TYPE_INT64, 1, &got,
                                &plan->workspace) != CUDNN_STATUS_SUCCESS)
     return nullptr;
+  plan->engine = describe(cfg);
   return plan;
 }
 
@@ -404,6 +437,11 @@ std::shared_ptr<Plan> search(ConvDirection dir, const Conv2dGeometry& g, DType d
       std::shared_ptr<Plan> plan = make_plan(cfg, handle);
       if (!plan || plan->workspace > kMaxWorkspaceBytes) continue;
       ++tried;
+      if (heuristic_plans()) {  // Note [Heuristic plans]
+        if (log) best_name = describe(cfg);
+        best = plan;
+        break;
+      }
       const float ms = time_plan(*plan, handle, ops, device);
       if (log)
         std::fprintf(stderr, "conv search: %s n%lld c%lld %lldx%lld k%lld r%lld s%lld: %s %s ws %lld: %.4f ms\n",
@@ -418,11 +456,147 @@ std::shared_ptr<Plan> search(ConvDirection dir, const Conv2dGeometry& g, DType d
       }
     }
   }
-  if (log && best)
+  if (log && best && heuristic_plans())
+    std::fprintf(stderr, "conv search: %s n%lld c%lld %lldx%lld k%lld r%lld s%lld: took %s (heuristic, untimed)\n",
+                 direction_name(dir), (long long)g.n, (long long)g.c_in, (long long)g.h, (long long)g.w,
+                 (long long)g.c_out, (long long)g.kh, (long long)g.stride_h, best_name.c_str());
+  else if (log && best)
     std::fprintf(stderr, "conv search: %s n%lld c%lld %lldx%lld k%lld r%lld s%lld: chose %s (%.4f ms of %zu)\n",
                  direction_name(dir), (long long)g.n, (long long)g.c_in, (long long)g.h, (long long)g.w,
                  (long long)g.c_out, (long long)g.kh, (long long)g.stride_h, best_name.c_str(), best_ms, tried);
   return best;
+}
+
+// ---- one choice per kind of GPU -----------------------------------------------------------
+
+// Note [One plan choice per kind of GPU]: the search times candidates a few
+// runs each, and near-ties fall either way from run to run. Searched on each
+// GPU, DataParallel's replicas then ran different kernels for one layer (2
+// H100s, WRN-28-10 bf16: cuda:0 took a slower plan for 7 backward-data
+// convolutions, cuda:1 one for 7 forward ones, each ~0.2 ms a step slower),
+// and in a synchronous step the slowest replica sets the pace: each GPU
+// waited for the other's slow layers inside the all-reduce. So the first
+// device of a kind (same name, compute capability and SM count) to meet a
+// geometry searches, the others of its kind wait for that search and rebuild
+// the same engine configuration on their own handle (no timing); where it
+// does not build there, they search themselves.
+int kind_of(int device) {
+  const cudaDeviceProp& p = device_properties(device);
+  for (int d = 0; d < device; ++d) {
+    const cudaDeviceProp& q = device_properties(d);
+    if (std::strcmp(p.name, q.name) == 0 && p.major == q.major && p.minor == q.minor &&
+        p.multiProcessorCount == q.multiProcessorCount)
+      return d;
+  }
+  return device;
+}
+
+// The chosen engine configuration (describe(); "" for none) per geometry and
+// kind of GPU, searched once: a thread that finds the search under way waits
+// for it.
+class ChoiceCache {
+ public:
+  // `search` runs on the first caller's thread; the others get its result,
+  // or nullopt where it threw (the first caller rethrows).
+  template <typename Search>
+  std::optional<std::string> get_or_search(const ConvKey& k, Search&& search) {
+    std::shared_future<std::string> result;
+    std::optional<std::promise<std::string>> mine;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = map_.find(k);
+      if (it != map_.end()) {
+        result = it->second;
+      } else {
+        mine.emplace();
+        result = mine->get_future().share();
+        map_.emplace(k, result);
+      }
+    }
+    if (!mine) {
+      try {
+        return result.get();
+      } catch (...) {
+        return std::nullopt;
+      }
+    }
+    try {
+      std::string v = search();
+      mine->set_value(v);
+      return v;
+    } catch (...) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        map_.erase(k);  // a later caller searches again
+      }
+      mine->set_exception(std::current_exception());
+      throw;
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<ConvKey, std::shared_future<std::string>, IntKeyHash> map_;
+};
+
+std::atomic<int64_t> searches_run{0}, choices_reused{0};
+
+ChoiceCache& choice_cache() {
+  static auto* cache = new ChoiceCache;  // leaked: used from threads that may outlive statics
+  return *cache;
+}
+
+// The plan of engine configuration `engine` for this geometry on `device`, or
+// null where it does not build there.
+std::shared_ptr<Plan> rebuild(const std::string& engine, ConvDirection dir, const Conv2dGeometry& g, DType dtype,
+                              Layout layout, int64_t alignment, int device) {
+  cudnnHandle_t handle = cudnn_handle(device);
+  BackendDesc graph;
+  try {
+    graph = operation_graph(dir, g, dtype, layout, alignment, handle);
+  } catch (const DeviceError&) {
+    return nullptr;
+  }
+  for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK})
+    for (const BackendDesc& cfg : engine_configs(graph, mode)) {
+      if (describe(cfg) != engine) continue;
+      std::shared_ptr<Plan> plan = make_plan(cfg, handle);
+      if (plan && plan->workspace <= kMaxWorkspaceBytes) return plan;
+      return nullptr;
+    }
+  return nullptr;
+}
+
+// search(), once per kind of GPU (Note [One plan choice per kind of GPU]).
+std::shared_ptr<Plan> shared_search(const ConvKey& key, ConvDirection dir, const Conv2dGeometry& g, DType dtype,
+                                    Layout layout, int64_t alignment, int device, const ConvOperands& ops) {
+  ConvKey by_kind = key;
+  by_kind[1] = kind_of(device);
+  std::shared_ptr<Plan> here;
+  bool searched = false;
+  const std::optional<std::string> chosen = choice_cache().get_or_search(by_kind, [&] {
+    here = search(dir, g, dtype, layout, alignment, device, ops);
+    searched = true;
+    searches_run.fetch_add(1);
+    return here ? here->engine : std::string();
+  });
+  if (searched) return here;
+  if (chosen && chosen->empty()) {  // no plan on this kind of GPU: the legacy path
+    choices_reused.fetch_add(1);
+    return nullptr;
+  }
+  if (chosen)
+    if (std::shared_ptr<Plan> plan = rebuild(*chosen, dir, g, dtype, layout, alignment, device)) {
+      if (search_log())
+        std::fprintf(stderr, "conv search: %s n%lld c%lld %lldx%lld k%lld r%lld s%lld on cuda:%d: took %s, chosen on cuda:%lld\n",
+                     direction_name(dir), (long long)g.n, (long long)g.c_in, (long long)g.h, (long long)g.w,
+                     (long long)g.c_out, (long long)g.kh, (long long)g.stride_h, device, chosen->c_str(),
+                     (long long)by_kind[1]);
+      choices_reused.fetch_add(1);
+      return plan;
+    }
+  searches_run.fetch_add(1);
+  return search(dir, g, dtype, layout, alignment, device, ops);
 }
 
 // ---- the plan cache ---------------------------------------------------------------------
@@ -450,6 +624,8 @@ int64_t common_alignment(const ConvOperands& ops) {
   return static_cast<int64_t>(bits & (~bits + 1));
 }
 
+ConvSearchCounts conv_search_counts() { return {searches_run.load(), choices_reused.load()}; }
+
 bool conv_graph_enabled() {
   static const bool enabled = [] {
     const char* e = std::getenv("CHORUS_CUDNN_LEGACY");
@@ -462,10 +638,11 @@ bool run_conv_graph(ConvDirection dir, const Conv2dGeometry& g, DType dtype, Lay
                     int device, const ConvOperands& ops) {
   if (!conv_graph_enabled()) return false;
   const ConvKey key =
-      conv_key(dir, g, dtype, layout, device, (dtype == kFloat32 && allow_tf32_conv() ? 1 : 0) | (deterministic() ? 2 : 0),
+      conv_key(dir, g, dtype, layout, device,
+               (dtype == kFloat32 && allow_tf32_conv() ? 1 : 0) | (deterministic() ? 2 : 0) | (heuristic_plans() ? 4 : 0),
                ops);
   const std::shared_ptr<Plan> plan = plan_cache().get_or_search(
-      key, [&] { return search(dir, g, dtype, layout, common_alignment(ops), device, ops); });
+      key, [&] { return shared_search(key, dir, g, dtype, layout, common_alignment(ops), device, ops); });
   if (!plan) return false;
   Tensor ws = workspace_tensor(plan->workspace, device);
   const cudnnStatus_t st =

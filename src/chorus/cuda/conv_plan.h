@@ -17,9 +17,11 @@
 // (no TF32 for float32 when it is off; never engines that down-convert float32
 // inputs), times each on the real operands and keeps the fastest, as PyTorch's
 // cudnn.benchmark does. The search blocks the host once per geometry; later
-// calls only build a variant pack and execute. Plans are shared by the
+// calls only build a variant pack and execute (CHORUS_CONV_SEARCH=heuristic:
+// cuDNN's first plan, untimed). Plans are shared by the
 // threads of a device (each executes with its own handle).
-// CHORUS_CONV_SEARCH_LOG=1 prints each plan timed and the one kept.
+// CHORUS_CONV_SEARCH_LOG=1 prints each plan timed and the one kept. Devices
+// of one kind share the choice (Note [One plan choice per kind of GPU]).
 #pragma once
 
 #include <array>
@@ -53,6 +55,23 @@ ConvKey conv_key(ConvDirection dir, const Conv2dGeometry& g, DType dtype, Layout
 // need 16-byte aligned rows, so a choice made on aligned pointers does not
 // carry over to a misaligned view.
 int64_t common_alignment(const ConvOperands& ops);
+
+// Note [Heuristic plans] (conv_plan.cpp): CHORUS_CONV_SEARCH=heuristic takes
+// cuDNN's first-ranked plan or algorithm per geometry without timing any
+// (PyTorch's cudnn.benchmark = False); "timed" or unset: the search above.
+// set_heuristic_plans overrides the environment (plans of both kinds are
+// cached apart).
+bool heuristic_plans();
+void set_heuristic_plans(bool on);
+
+// Note [One plan choice per kind of GPU] (conv_plan.cpp): GPUs of one kind
+// run the plan the first of them chose. Counts since the start: geometries
+// searched (timed, or taken from the heuristics), and plans rebuilt from
+// another device's choice instead.
+struct ConvSearchCounts {
+  int64_t searched = 0, reused = 0;
+};
+ConvSearchCounts conv_search_counts();
 
 // Whether the graph path is enabled (CHORUS_CUDNN_LEGACY unset or 0).
 bool conv_graph_enabled();
