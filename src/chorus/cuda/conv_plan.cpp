@@ -480,6 +480,7 @@ std::shared_ptr<Plan> search(ConvDirection dir, const Conv2dGeometry& g, DType d
 // geometry searches, the others of its kind wait for that search and rebuild
 // the same engine configuration on their own handle (no timing); where it
 // does not build there, they search themselves.
+// CHORUS_CONV_SEARCH_PER_DEVICE=1 searches on every device, as before.
 int kind_of(int device) {
   const cudaDeviceProp& p = device_properties(device);
   for (int d = 0; d < device; ++d) {
@@ -570,6 +571,15 @@ std::shared_ptr<Plan> rebuild(const std::string& engine, ConvDirection dir, cons
 // search(), once per kind of GPU (Note [One plan choice per kind of GPU]).
 std::shared_ptr<Plan> shared_search(const ConvKey& key, ConvDirection dir, const Conv2dGeometry& g, DType dtype,
                                     Layout layout, int64_t alignment, int device, const ConvOperands& ops) {
+  // CHORUS_CONV_SEARCH_PER_DEVICE=1: every device searches (for comparisons).
+  static const bool per_device = [] {
+    const char* e = std::getenv("CHORUS_CONV_SEARCH_PER_DEVICE");
+    return e && *e && std::strcmp(e, "0") != 0;
+  }();
+  if (per_device) {
+    searches_run.fetch_add(1);
+    return search(dir, g, dtype, layout, alignment, device, ops);
+  }
   ConvKey by_kind = key;
   by_kind[1] = kind_of(device);
   std::shared_ptr<Plan> here;
