@@ -4,15 +4,17 @@ Run as `compute-sanitizer --tool racecheck --racecheck-report hazard python3
 scripts/torch_racecheck.py [CASES]`: the backward-data convolutions of the
 shapes Chorus's graph tests and Wide ResNet use, fp32 and bf16, NCHW and
 channels-last, with cuDNN's benchmark mode on (so the candidate kernels run
-too). If racecheck names the same cuDNN kernel here as under Chorus's tests,
+too) unless TORCH_RACE_BENCHMARK=0. If racecheck names the same cuDNN kernel here as under Chorus's tests,
 the hazard is in cuDNN's kernel, whoever calls it. CASES: comma-separated
 indices into the list printed first (racecheck is slow); default all.
 """
+import os
 import sys
 
 import torch
 
-torch.backends.cudnn.benchmark = True
+# TORCH_RACE_BENCHMARK=0: cuDNN's heuristics' first choice only (PyTorch's default).
+torch.backends.cudnn.benchmark = os.environ.get("TORCH_RACE_BENCHMARK", "1") != "0"
 # (batch, in channels, out channels, size, stride)
 shapes = [(16, 8, 8, 16, 1), (8, 160, 320, 32, 2), (8, 320, 640, 16, 2), (8, 64, 64, 32, 1)]
 cases = [(dtype, cl, shape) for shape in shapes for cl in (False, True) for dtype in (torch.float32, torch.bfloat16)]
