@@ -116,8 +116,17 @@ if has microbatch; then
         | tee -a "$OUT/microbatch.jsonl"
     done
   done
-  python3 - "$OUT/microbatch.jsonl" <<'PY'
-import json, sys
+  # MICRO_TORCH="eager reduce-overhead ...": PyTorch's per-image ratio too, same batches, same run.
+  for mode in ${MICRO_TORCH:-}; do
+    for m in ${MICRO_MODELS:-wrn-28-10 wrn-40-10 wrn-28-20}; do
+      for b in ${MICRO_BATCHES:-32 256}; do
+        timeout 300 python3 .bench/torch_baseline.py --model $m --batch $b --precision bf16 --channels-last --steps 20 --warmup 5 \
+          $([ $mode = eager ] || echo --compile $mode) 2>/dev/null | grep "^{" | sed "s/^{/{\"torch_mode\": \"$mode\", /" | tee -a "$OUT/microbatch_torch.jsonl"
+      done
+    done
+  done
+  python3 - "$OUT/microbatch.jsonl" "$OUT/microbatch_torch.jsonl" <<'PY'
+import json, os, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 by = {}
 for r in rows: by.setdefault(r["model"], []).append(r)
@@ -125,6 +134,14 @@ for m, rs in by.items():
     first, last = rs[0], rs[-1]
     print(f"microbatch {m:10} " + "  ".join(f"batch {r['batch_per_device']} {r['img_per_s']:.0f} img/s" for r in rs) +
           f"  per image {first['img_per_s'] / last['img_per_s']:.2f} of the whole batch's")
+if os.path.exists(sys.argv[2]):
+    by = {}
+    for r in (json.loads(l) for l in open(sys.argv[2]) if l.startswith("{")):
+        by.setdefault((r["torch_mode"], r["model"]), []).append(r)
+    for (mode, m), rs in by.items():
+        first, last = rs[0], rs[-1]
+        print(f"microbatch torch {mode:15} {m:10} " + "  ".join(f"batch {r['batch_per_gpu']} {r['img_per_s']:.0f} img/s" for r in rs) +
+              f"  per image {first['img_per_s'] / last['img_per_s']:.2f} of the whole batch's")
 PY
 fi
 if has memrun; then
