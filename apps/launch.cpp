@@ -28,11 +28,13 @@
 #include <deque>
 #include <filesystem>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 
 #include "chorus/core/backend.h"
 #include "chorus/core/error.h"
+#include "chorus/dist/launch_env.h"
 #include "chorus/dist/tcp_store.h"
 
 namespace chorus::app {
@@ -82,6 +84,12 @@ class Launcher {
     world_ = nproc_ * c_.nnodes;
     if (!c_.log_dir.empty()) std::filesystem::create_directories(c_.log_dir);
     if (c_.node_rank == 0) server_ = std::make_unique<dist::TCPStoreServer>(c_.master_port);
+    if (c_.nnodes == 1 && dist::job_id_of_environment().empty()) {
+      std::random_device rd;
+      char buf[40];
+      std::snprintf(buf, sizeof buf, "%d-%08x%08x", static_cast<int>(::getpid()), rd(), rd());
+      run_id_ = buf;
+    }
     if (c_.nnodes > 1)
       store_ = std::make_unique<dist::TCPStore>(c_.node_rank == 0 ? "127.0.0.1" : c_.master_addr, c_.master_port,
                                                 std::chrono::seconds(300));
@@ -132,6 +140,7 @@ class Launcher {
       set("TORCHELASTIC_USE_AGENT_STORE", "True");
       set("CHORUS_LAUNCHER", "1");
       set("CHORUS_RESTART_COUNT", std::to_string(attempt));
+      if (!run_id_.empty()) set("CHORUS_RUN_ID", run_id_);
       std::vector<char*> argv;
       for (const auto& a : c_.command) argv.push_back(const_cast<char*>(a.c_str()));
       argv.push_back(nullptr);
@@ -353,6 +362,10 @@ class Launcher {
   const LaunchConfig& c_;
   int nproc_ = 1, world_ = 1;
   std::unique_ptr<dist::TCPStoreServer> server_;
+  // Note [Job ids] in dist/launch_env.h: on one node, a fresh id per launch
+  // unless the environment has one (across nodes the launchers could not
+  // agree on a random one: CHORUS_RUN_ID, or the scheduler's, is used).
+  std::string run_id_;
   std::unique_ptr<dist::TCPStore> store_;
 };
 

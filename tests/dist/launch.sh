@@ -2,7 +2,8 @@
 # chorus launch as a user sees it: output passed through (rank 0 untouched,
 # others prefixed), --log-dir, a failing worker named with its exit code and
 # last lines and the others stopped, SIGTERM forwarded, --max-restarts, bad
-# input. Every run leaves no process behind (a unique marker is checked).
+# input; a process of another job given the same port. Every run leaves no
+# process behind (a unique marker is checked).
 set -uo pipefail
 CHORUS=${1:?chorus}
 source "$(dirname "$0")/../testing/free_port.sh"  # free_port: a master port no other job can take
@@ -54,6 +55,25 @@ check "no process left after SIGTERM" "[ \$(left) = 0 ]"
   > "$tmp/out" 2> "$tmp/err"
 rc=$?
 check "restarted once, then exit 0 (got $rc)" "[ $rc = 0 ] && grep -q 'restarting the job (1 of 2 restarts)' '$tmp/err' && grep -q 'attempt 1 ok' '$tmp/out'"
+
+# 7. Two jobs given one port (Note [Job ids] in dist/launch_env.h): a process of
+# the second, started by hand with its own CHORUS_RUN_ID, is stopped at once
+# with one line naming that; the first job, whose store it is, finishes.
+PROBE=${2:-}
+if [ -n "$PROBE" ] && ! "$CHORUS" --version | grep -q "^Gloo: no"; then
+  port=$(free_port)
+  "$CHORUS" launch --nproc-per-node 2 --master-port "$port" -- bash -c '"$1" sum && sleep 4' "$M" "$PROBE" \
+    > "$tmp/a_out" 2> "$tmp/a_err" & a=$!
+  for _ in $(seq 200); do grep -q "sum" "$tmp/a_out" && break; sleep 0.1; done
+  start=$(date +%s)
+  out=$(RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+        TORCHELASTIC_USE_AGENT_STORE=True CHORUS_RUN_ID=other PROBE_TIMEOUT_MS=20000 timeout 60 "$PROBE" sum 2>&1)
+  rc=$?; took=$(( $(date +%s) - start ))
+  check "another job's process on the port -> exit $rc in ${took} s: $(grep -o "the store there is another job's.*" <<<"$out" | head -1)" \
+    "[ $rc != 0 ] && [ $took -lt 10 ] && grep -q \"another job's (job id 'chorus:[0-9]*-[0-9a-f]*', this process's 'chorus:other')\" <<<\"\$out\""
+  wait $a; rc=$?
+  check "the first job finished (exit $rc)" "[ $rc = 0 ] && grep -q 'rank 0 of 2: sum 3.0 6.0 9.0' '$tmp/a_out'"
+fi
 
 # 6. Bad input: one line, non-zero.
 bad() { local out; out=$("$CHORUS" launch "$@" 2>&1); local rc=$?

@@ -235,6 +235,55 @@ TEST(Rendezvous, RankThatJoinsTwiceAndRanksThatNeverCome) {
                                              {"rank(s) 1, 2 of 3 had not joined"}));
 }
 
+// Note [Job ids]: a process of another job given the same port is stopped at
+// once with one line, and the job whose store it is goes on unharmed.
+TEST(Rendezvous, AProcessOfAnotherJobOnTheSamePortIsNamed) {
+  TCPStoreServer server(0, "127.0.0.1");
+  auto of_job = [&](int rank, const std::string& id) {
+    LaunchEnv e = env_of(rank, 2, server.port());
+    e.job_id = id;
+    return e;
+  };
+  bool first_ok = false;
+  std::thread first([&] {
+    rendezvous(of_job(0, "chorus:A"), 5s);
+    first_ok = true;
+  });
+  std::this_thread::sleep_for(100ms);
+  EXPECT_TRUE(test::throws_naming<DistError>([&] { rendezvous(of_job(1, "chorus:B"), 2s); },
+                                             {"another job's (job id 'chorus:A', this process's 'chorus:B')",
+                                              "two jobs were given MASTER_PORT=" + std::to_string(server.port())}));
+  EXPECT_TRUE(test::throws_naming<DistError>([&] { rendezvous(of_job(1, ""), 2s); },
+                                             {"job id 'chorus:A', this process's none"}));
+  EXPECT_NO_THROW(rendezvous(of_job(1, "chorus:A"), 5s));  // job A's own rank 1: not "joined twice"
+  first.join();
+  EXPECT_TRUE(first_ok);
+}
+
+TEST(LaunchEnv, JobIdsFromEachLauncher) {
+  EnvGuard g;
+  for (const char* v : {"CHORUS_RUN_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_STEP_ID", "PMIX_NAMESPACE",
+                        "OMPI_MCA_ess_base_jobid"})
+    g.set(v, ""), ::unsetenv(v);  // unset now, and after the test
+  EXPECT_EQ(job_id_of_environment(), "");
+  g.set("OMPI_MCA_ess_base_jobid", "771");
+  EXPECT_EQ(job_id_of_environment(), "ompi:771");
+  g.set("PMIX_NAMESPACE", "prterun-h-5@1");
+  EXPECT_EQ(job_id_of_environment(), "pmix:prterun-h-5@1");
+  g.set("SLURM_JOB_ID", "42");
+  EXPECT_EQ(job_id_of_environment(), "slurm:42");
+  g.set("SLURM_STEP_ID", "3");
+  EXPECT_EQ(job_id_of_environment(), "slurm:42.3");
+  g.set("TORCHELASTIC_RUN_ID", "none");
+  EXPECT_EQ(job_id_of_environment(), "slurm:42.3");  // torchrun's default says nothing
+  g.set("TORCHELASTIC_RUN_ID", "exp7");
+  EXPECT_EQ(job_id_of_environment(), "torchrun:exp7");
+  g.set("CHORUS_RUN_ID", "r1");
+  EXPECT_EQ(job_id_of_environment(), "chorus:r1");
+  g.set("RANK", "0"), g.set("WORLD_SIZE", "1"), g.set("MASTER_ADDR", "127.0.0.1");
+  EXPECT_EQ(read_launch_env()->job_id, "chorus:r1");
+}
+
 }  // namespace
 }  // namespace chorus::dist
 

@@ -22,12 +22,21 @@ struct LaunchEnv {
   std::string master_addr;    // host name or address of rank 0's store
   int master_port = 29500;
   bool use_agent_store = false;  // torchrun serves the store itself
+  // Note [Job ids]: what tells this job from another given the same
+  // MASTER_PORT: CHORUS_RUN_ID (chorus launch sets one on a single node; set
+  // it yourself elsewhere), else torchrun's TORCHELASTIC_RUN_ID (not its
+  // default "none"), else Slurm's SLURM_JOB_ID.SLURM_STEP_ID, else OpenMPI's
+  // PMIX_NAMESPACE or OMPI_MCA_ess_base_jobid; empty when none is set.
+  std::string job_id;
 };
 
 // The environment of the current process; nullopt when no launcher set one.
 // Throws ValueError for malformed or inconsistent variables (a rank out of
 // range, a non-numeric size), naming the variable.
 std::optional<LaunchEnv> read_launch_env();
+
+// The job id the environment gives (Note [Job ids]); empty when none.
+std::string job_id_of_environment();
 
 // The first host of a Slurm host list ("node[01-03,07],gpu5" -> "node01").
 std::string first_slurm_host(const std::string& list);
