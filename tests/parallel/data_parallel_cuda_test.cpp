@@ -273,10 +273,11 @@ TEST(DataParallelCuda, AutocastCopiesOfTheReplicasFollowTheirWeights_MultiCUDA) 
 }
 
 #ifdef CHORUS_WITH_CUDNN
-// Note [One plan choice per kind of GPU]: the replica on cuda:1 runs the
-// convolution plans cuda:0 searched (rebuilt on its own handle), so both run
-// the same kernels. Geometries no other test uses (5 and 7 channels, 13x13),
-// so every one is new here: each searched once, and reused once.
+// Note [One plan choice per kind of GPU]: with shared choices the replica on
+// cuda:1 runs the convolution plans cuda:0 searched (rebuilt on its own
+// handle), so both run the same kernels. Geometries no other test uses (5 and
+// 7 channels, 13x13), so every one is new here: each searched once, and
+// reused once.
 TEST(DataParallelCuda, ReplicasRunThePlansTheFirstGpuChose_MultiCUDA) {
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
   const cudaDeviceProp &a = cuda::device_properties(0), &b = cuda::device_properties(1);
@@ -292,6 +293,11 @@ TEST(DataParallelCuda, ReplicasRunThePlansTheFirstGpuChose_MultiCUDA) {
   s->push_back(std::make_shared<nn::Linear>(7 * 13 * 13, 3));
   s->to(cuda_device(0));
   auto dp = std::make_shared<DataParallel>(s, std::vector<Device>{cuda_device(0), cuda_device(1)});
+  struct Restore {
+    bool prev = cuda::shared_plan_choices();
+    ~Restore() { cuda::set_shared_plan_choices(prev); }
+  } restore;
+  cuda::set_shared_plan_choices(true);
   const cuda::ConvSearchCounts before = cuda::conv_search_counts();
   Tensor x = randn({6, 5, 13, 13}).to(cuda_device(0));
   Tensor y = randint(0, 3, {6}, {kInt64}).to(cuda_device(0));

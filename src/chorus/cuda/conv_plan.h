@@ -21,7 +21,7 @@
 // cuDNN's first plan, untimed). Plans are shared by the
 // threads of a device (each executes with its own handle).
 // CHORUS_CONV_SEARCH_LOG=1 prints each plan timed and the one kept. Devices
-// of one kind share the choice (Note [One plan choice per kind of GPU]).
+// of one kind may share the choice (Note [One plan choice per kind of GPU]).
 #pragma once
 
 #include <array>
@@ -64,10 +64,13 @@ int64_t common_alignment(const ConvOperands& ops);
 bool heuristic_plans();
 void set_heuristic_plans(bool on);
 
-// Note [One plan choice per kind of GPU] (conv_plan.cpp): GPUs of one kind
-// run the plan the first of them chose. Counts since the start: geometries
-// searched (timed, or taken from the heuristics), and plans rebuilt from
-// another device's choice instead.
+// Note [One plan choice per kind of GPU] (conv_plan.cpp): with
+// CHORUS_CONV_SEARCH_SHARED=1 (or set_shared_plan_choices(true)), GPUs of one
+// kind run the plan the first of them chose; off by default (every GPU
+// searches). Counts since the start: geometries searched (timed, or taken
+// from the heuristics), and plans rebuilt from another device's choice.
+bool shared_plan_choices();
+void set_shared_plan_choices(bool on);
 struct ConvSearchCounts {
   int64_t searched = 0, reused = 0;
 };
