@@ -17,6 +17,7 @@
 
 #include "testing/compare.h"
 #include "testing/devices.h"
+#include "testing/nets.h"
 #include "testing/expect_error.h"
 
 namespace chorus::parallel {
@@ -29,17 +30,7 @@ using test::rel_err;
 
 constexpr double kTol = 1e-5;
 
-std::shared_ptr<nn::Sequential> make_net() {
-  manual_seed(41);
-  auto s = std::make_shared<nn::Sequential>();
-  s->push_back(std::make_shared<nn::Conv2d>(nn::Conv2dOptions{2, 6, 3, 1, 1, 1, 1, false}));
-  s->push_back(std::make_shared<nn::BatchNorm2d>(6));
-  s->push_back(std::make_shared<nn::ReLU>());
-  s->push_back(std::make_shared<nn::MaxPool2d>(nn::Pool2dOptions{2}));
-  s->push_back(std::make_shared<nn::Flatten>());
-  s->push_back(std::make_shared<nn::Linear>(6 * 4 * 4, 5));
-  return s;
-}
+std::shared_ptr<nn::Sequential> make_net() { return test::conv_bn_net(41); }
 
 Tensor chunk_loss(const nn::Value& out, const nn::Value& t) { return F::cross_entropy(out.tensor(), t.tensor()); }
 

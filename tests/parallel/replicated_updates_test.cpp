@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "testing/devices.h"
+#include "testing/nets.h"
 #include "testing/compare.h"
 
 namespace chorus::parallel {
@@ -32,18 +33,7 @@ constexpr double kTol = 1e-5;
 
 using test::cpus;
 
-// Batch norm's buffers share the float32 flat group with the parameters.
-std::shared_ptr<nn::Sequential> make_net() {
-  manual_seed(31);
-  auto s = std::make_shared<nn::Sequential>();
-  s->push_back(std::make_shared<nn::Conv2d>(nn::Conv2dOptions{2, 6, 3, 1, 1, 1, 1, false}));
-  s->push_back(std::make_shared<nn::BatchNorm2d>(6));
-  s->push_back(std::make_shared<nn::ReLU>());
-  s->push_back(std::make_shared<nn::MaxPool2d>(nn::Pool2dOptions{2}));
-  s->push_back(std::make_shared<nn::Flatten>());
-  s->push_back(std::make_shared<nn::Linear>(6 * 4 * 4, 5));
-  return s;
-}
+std::shared_ptr<nn::Sequential> make_net() { return test::conv_bn_net(31); }
 
 enum class Updates { Broadcast, Replicated };
 

@@ -31,6 +31,22 @@ CHORUS_CUDNN_LEGACY_BEGIN
 
 namespace chorus::cuda {
 
+namespace {
+
+// A switch of the search read from the environment on first use, which a
+// setter (tests) overrides: -1 until read.
+bool read_switch(std::atomic<int>& state, bool (*from_env)()) {
+  int v = state.load(std::memory_order_relaxed);
+  if (v >= 0) return v == 1;
+  int expected = -1;
+  state.compare_exchange_strong(expected, from_env() ? 1 : 0);  // a setter meanwhile wins
+  return state.load(std::memory_order_relaxed) == 1;
+}
+
+std::atomic<int> heuristic_state{-1}, shared_state{-1};
+
+}  // namespace
+
 // Note [Heuristic plans]: CHORUS_CONV_SEARCH=heuristic takes, per geometry,
 // the first plan of cuDNN's heuristics that finalises within the limits, as
 // PyTorch does with cudnn.benchmark off: no candidate is run to time it. For
@@ -38,40 +54,24 @@ namespace chorus::cuda {
 // shapes) and for tools that make every kernel run slow (compute-sanitizer:
 // the search runs up to kMaxCandidates kernels per geometry, each under its
 // instrumentation). "timed" (the default) searches.
-namespace {
-std::atomic<int> heuristic_state{-1};  // -1: the environment not read yet
-}  // namespace
-
 bool heuristic_plans() {
-  int v = heuristic_state.load(std::memory_order_relaxed);
-  if (v < 0) {
+  return read_switch(heuristic_state, [] {
     const char* e = std::getenv("CHORUS_CONV_SEARCH");
     const bool timed = !e || !*e || std::strcmp(e, "timed") == 0;
     CHORUS_CHECK(timed || std::strcmp(e, "heuristic") == 0, "CHORUS_CONV_SEARCH must be timed or heuristic, got '", e,
                  "'");
-    v = timed ? 0 : 1;
-    int expected = -1;
-    heuristic_state.compare_exchange_strong(expected, v);  // a set_heuristic_plans meanwhile wins
-    v = heuristic_state.load(std::memory_order_relaxed);
-  }
-  return v == 1;
+    return !timed;
+  });
 }
 
 void set_heuristic_plans(bool on) { heuristic_state.store(on ? 1 : 0); }
 
-namespace {
-std::atomic<int> shared_state{-1};  // -1: the environment not read yet
-}  // namespace
-
+// Note [One plan choice per kind of GPU], below.
 bool shared_plan_choices() {
-  int v = shared_state.load(std::memory_order_relaxed);
-  if (v < 0) {
+  return read_switch(shared_state, [] {
     const char* e = std::getenv("CHORUS_CONV_SEARCH_SHARED");
-    int expected = -1;
-    shared_state.compare_exchange_strong(expected, e && *e && std::strcmp(e, "0") != 0 ? 1 : 0);
-    v = shared_state.load(std::memory_order_relaxed);
-  }
-  return v == 1;
+    return e && *e && std::strcmp(e, "0") != 0;
+  });
 }
 
 void set_shared_plan_choices(bool on) { shared_state.store(on ? 1 : 0); }
