@@ -84,7 +84,7 @@ class Launcher {
     world_ = nproc_ * c_.nnodes;
     if (!c_.log_dir.empty()) std::filesystem::create_directories(c_.log_dir);
     if (c_.node_rank == 0) server_ = std::make_unique<dist::TCPStoreServer>(c_.master_port);
-    if (c_.nnodes == 1 && dist::job_id_of_environment().empty()) {
+    if (c_.nnodes == 1 && dist::job_id_of_environment("chorus").empty()) {
       std::random_device rd;
       char buf[40];
       std::snprintf(buf, sizeof buf, "%d-%08x%08x", static_cast<int>(::getpid()), rd(), rd());

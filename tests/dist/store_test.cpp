@@ -2,6 +2,8 @@
 // 127.0.0.1), the launcher environments and the rendezvous failures.
 #include <gtest/gtest.h>
 
+#include <optional>
+
 #include <atomic>
 #include <cstdlib>
 #include <string>
@@ -117,14 +119,28 @@ TEST(Store, UnreachableMasterAndTakenPort) {
 
 // ---- launcher environments --------------------------------------------------------
 
+// Sets variables for one test and puts back what the process had before.
 struct EnvGuard {
-  std::vector<std::string> names;
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved;
+  void remember(const std::string& k) {
+    for (const auto& [name, value] : saved)
+      if (name == k) return;
+    const char* v = std::getenv(k.c_str());
+    saved.emplace_back(k, v ? std::optional<std::string>(v) : std::nullopt);
+  }
   void set(const std::string& k, const std::string& v) {
-    names.push_back(k);
+    remember(k);
     ::setenv(k.c_str(), v.c_str(), 1);
   }
+  void unset(const std::string& k) {
+    remember(k);
+    ::unsetenv(k.c_str());
+  }
   ~EnvGuard() {
-    for (auto& n : names) ::unsetenv(n.c_str());
+    for (auto it = saved.rbegin(); it != saved.rend(); ++it) {
+      if (it->second) ::setenv(it->first.c_str(), it->second->c_str(), 1);
+      else ::unsetenv(it->first.c_str());
+    }
   }
 };
 
@@ -244,44 +260,54 @@ TEST(Rendezvous, AProcessOfAnotherJobOnTheSamePortIsNamed) {
     e.job_id = id;
     return e;
   };
-  bool first_ok = false;
+  std::string first_error = "did not finish";
   std::thread first([&] {
-    rendezvous(of_job(0, "chorus:A"), 5s);
-    first_ok = true;
+    try {
+      rendezvous(of_job(0, "chorus:A"), 20s);
+      first_error.clear();
+    } catch (const std::exception& e) {
+      first_error = e.what();
+    }
   });
-  std::this_thread::sleep_for(100ms);
-  EXPECT_TRUE(test::throws_naming<DistError>([&] { rendezvous(of_job(1, "chorus:B"), 2s); },
+  // Job A's id is in the store before job B's process comes.
+  TCPStore look("127.0.0.1", server.port(), 20s);
+  look.wait({"chorus/0/job"});
+  EXPECT_TRUE(test::throws_naming<DistError>([&] { rendezvous(of_job(1, "chorus:B"), 20s); },
                                              {"another job's (job id 'chorus:A', this process's 'chorus:B')",
                                               "two jobs were given MASTER_PORT=" + std::to_string(server.port())}));
-  EXPECT_TRUE(test::throws_naming<DistError>([&] { rendezvous(of_job(1, ""), 2s); },
-                                             {"job id 'chorus:A', this process's none"}));
-  EXPECT_NO_THROW(rendezvous(of_job(1, "chorus:A"), 5s));  // job A's own rank 1: not "joined twice"
+  EXPECT_NO_THROW(rendezvous(of_job(1, "chorus:A"), 20s));  // job A's own rank 1: not "joined twice"
   first.join();
-  EXPECT_TRUE(first_ok);
+  EXPECT_EQ(first_error, "");
 }
 
 TEST(LaunchEnv, JobIdsFromEachLauncher) {
   EnvGuard g;
   for (const char* v : {"CHORUS_RUN_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_STEP_ID", "PMIX_NAMESPACE",
-                        "OMPI_MCA_ess_base_jobid"})
-    g.set(v, ""), ::unsetenv(v);  // unset now, and after the test
-  EXPECT_EQ(job_id_of_environment(), "");
+                        "OMPI_MCA_ess_base_jobid", "CHORUS_LAUNCHER", "RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
+                        "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"})
+    g.unset(v);
+  for (const char* l : {"env", "chorus", "torchrun", "mpirun", "slurm"}) EXPECT_EQ(job_id_of_environment(l), "") << l;
+  // Each launcher's own variable, and only its own: mpirun inside a Slurm job
+  // sees Slurm's too, which may differ between its ranks.
   g.set("OMPI_MCA_ess_base_jobid", "771");
-  EXPECT_EQ(job_id_of_environment(), "ompi:771");
-  g.set("PMIX_NAMESPACE", "prterun-h-5@1");
-  EXPECT_EQ(job_id_of_environment(), "pmix:prterun-h-5@1");
   g.set("SLURM_JOB_ID", "42");
-  EXPECT_EQ(job_id_of_environment(), "slurm:42");
-  g.set("SLURM_STEP_ID", "3");
-  EXPECT_EQ(job_id_of_environment(), "slurm:42.3");
   g.set("TORCHELASTIC_RUN_ID", "none");
-  EXPECT_EQ(job_id_of_environment(), "slurm:42.3");  // torchrun's default says nothing
+  EXPECT_EQ(job_id_of_environment("mpirun"), "ompi:771");
+  g.set("PMIX_NAMESPACE", "prterun-h-5@1");
+  EXPECT_EQ(job_id_of_environment("mpirun"), "pmix:prterun-h-5@1");
+  EXPECT_EQ(job_id_of_environment("slurm"), "slurm:42");
+  g.set("SLURM_STEP_ID", "3");
+  EXPECT_EQ(job_id_of_environment("slurm"), "slurm:42.3");
+  EXPECT_EQ(job_id_of_environment("torchrun"), "");  // torchrun's default, "none", says nothing
+  EXPECT_EQ(job_id_of_environment("env"), "");
   g.set("TORCHELASTIC_RUN_ID", "exp7");
-  EXPECT_EQ(job_id_of_environment(), "torchrun:exp7");
-  g.set("CHORUS_RUN_ID", "r1");
-  EXPECT_EQ(job_id_of_environment(), "chorus:r1");
+  EXPECT_EQ(job_id_of_environment("torchrun"), "torchrun:exp7");
+  g.set("CHORUS_RUN_ID", "r1");  // set by hand or by chorus launch: every launcher's
+  for (const char* l : {"env", "chorus", "torchrun", "mpirun", "slurm"}) EXPECT_EQ(job_id_of_environment(l), "chorus:r1") << l;
   g.set("RANK", "0"), g.set("WORLD_SIZE", "1"), g.set("MASTER_ADDR", "127.0.0.1");
   EXPECT_EQ(read_launch_env()->job_id, "chorus:r1");
+  g.unset("CHORUS_RUN_ID");
+  EXPECT_EQ(read_launch_env()->job_id, "torchrun:exp7");  // TORCHELASTIC_RUN_ID set: torchrun
 }
 
 }  // namespace

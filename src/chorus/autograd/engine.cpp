@@ -147,7 +147,11 @@ class GraphTask {
     // the others start at once, each on its own device's queue.
     for (size_t i = 0; i < roots.size(); ++i) {
       Node* r = roots[i].fn.get();
-      states_.at(r).slot(roots[i].input_nr).add(0, seeds[i]);
+      Slot& seeded = states_.at(r).slot(roots[i].input_nr);
+      seeded.add(0, seeds[i]);
+      // Never offered as an addend (Note [Gradient addends]): a node would
+      // accumulate into it in place, and it may be the caller's tensor.
+      seeded.expected = UINT16_MAX;
       if (states_.at(r).deps.load(std::memory_order_relaxed) == 0 &&
           std::find(starts_.begin(), starts_.end(), r) == starts_.end())
         starts_.push_back(r);

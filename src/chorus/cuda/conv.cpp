@@ -270,8 +270,10 @@ Choice search(ConvCall& c, const Conv2dGeometry& g) {
     if (ok && bytes <= kMaxFindWorkspaceBytes) want = std::max(want, bytes);
   }
   // Search with the most workspace the device can give now; algorithms that
-  // need more are skipped by cuDNN.
+  // need more are skipped by cuDNN. (Heuristic plans run nothing here: no
+  // workspace, and the ranked algorithms are held to the same limit below.)
   Tensor ws;
+  if (heuristic_plans()) want = 0;
   for (;;) {
     try {
       ws = workspace_tensor(want, c.device);
@@ -283,6 +285,7 @@ Choice search(ConvCall& c, const Conv2dGeometry& g) {
   const std::vector<Perf> perfs = find_algorithms(c, ws.defined() ? ws.raw_data() : nullptr, want);
   for (const Perf& p : perfs) {  // sorted fastest first
     if (p.status != CUDNN_STATUS_SUCCESS) continue;
+    if (heuristic_plans() && p.memory > kMaxFindWorkspaceBytes) continue;
     if (deterministic() && p.determinism == CUDNN_NON_DETERMINISTIC) continue;
     if (c.dtype == kFloat32 && !allow_tf32_conv() &&
         (p.math == CUDNN_TENSOR_OP_MATH || p.math == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION))

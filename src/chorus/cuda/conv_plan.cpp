@@ -393,6 +393,20 @@ float time_plan(const Plan& plan, cudnnHandle_t handle, const ConvOperands& ops,
   return ok ? ms / kTimedRuns : -1;
 }
 
+// Whether `plan` runs on these operands (its workspace allocated): one
+// untimed run, for heuristic plans (Note [Heuristic plans]).
+bool runs_once(const Plan& plan, cudnnHandle_t handle, const ConvOperands& ops, int device) {
+  Tensor ws;
+  try {
+    ws = workspace_tensor(plan.workspace, device);
+  } catch (const OutOfMemoryError&) {
+    return false;
+  }
+  if (execute(plan, handle, ops, ws.defined() ? ws.raw_data() : nullptr) == CUDNN_STATUS_SUCCESS) return true;
+  cudaGetLastError();  // a refused launch must not poison later error checks
+  return false;
+}
+
 // Note [Plan search in a capture]: a geometry first seen while a CUDA graph is
 // captured (Note [CUDA graphs]) is timed on a stream of its own that is not
 // captured, since timing waits on the host; the chosen plan then runs on the
@@ -454,7 +468,8 @@ std::shared_ptr<Plan> search(ConvDirection dir, const Conv2dGeometry& g, DType d
       std::shared_ptr<Plan> plan = make_plan(cfg, handle);
       if (!plan || plan->workspace > kMaxWorkspaceBytes) continue;
       ++tried;
-      if (heuristic_plans()) {  // Note [Heuristic plans]
+      if (heuristic_plans()) {  // Note [Heuristic plans]: the first that runs, once, untimed
+        if (!runs_once(*plan, handle, ops, device)) continue;
         if (log) best_name = describe(cfg);
         best = plan;
         break;
@@ -582,7 +597,7 @@ std::shared_ptr<Plan> rebuild(const std::string& engine, ConvDirection dir, cons
   }
   for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK})
     for (const BackendDesc& cfg : engine_configs(graph, mode)) {
-      if (describe(cfg) != engine) continue;
+      if (engine.find('?') != std::string::npos || describe(cfg) != engine) continue;  // "engine ?": no identity
       std::shared_ptr<Plan> plan = make_plan(cfg, handle);
       if (plan && plan->workspace <= kMaxWorkspaceBytes) return plan;
       return nullptr;

@@ -44,17 +44,17 @@ std::string first_slurm_host(const std::string& list) {
   return first;
 }
 
-// Note [Job ids] in launch_env.h. Every process of one job sees the same
-// variables, so takes the same one.
-std::string job_id_of_environment() {
-  auto set = [](const char* k) { return env(k) && *env(k); };
+// Note [Job ids] in launch_env.h.
+std::string job_id_of_environment(const std::string& launcher) {
+  auto set = [](const char* k) { return env(k) != nullptr; };
   if (set("CHORUS_RUN_ID")) return std::string("chorus:") + env("CHORUS_RUN_ID");
-  if (set("TORCHELASTIC_RUN_ID") && std::string(env("TORCHELASTIC_RUN_ID")) != "none")
+  if (launcher == "torchrun" && set("TORCHELASTIC_RUN_ID") && std::string(env("TORCHELASTIC_RUN_ID")) != "none")
     return std::string("torchrun:") + env("TORCHELASTIC_RUN_ID");
-  if (set("SLURM_JOB_ID"))
+  if (launcher == "mpirun" && set("PMIX_NAMESPACE")) return std::string("pmix:") + env("PMIX_NAMESPACE");
+  if (launcher == "mpirun" && set("OMPI_MCA_ess_base_jobid"))
+    return std::string("ompi:") + env("OMPI_MCA_ess_base_jobid");
+  if (launcher == "slurm" && set("SLURM_JOB_ID"))
     return std::string("slurm:") + env("SLURM_JOB_ID") + (set("SLURM_STEP_ID") ? std::string(".") + env("SLURM_STEP_ID") : "");
-  if (set("PMIX_NAMESPACE")) return std::string("pmix:") + env("PMIX_NAMESPACE");
-  if (set("OMPI_MCA_ess_base_jobid")) return std::string("ompi:") + env("OMPI_MCA_ess_base_jobid");
   return "";
 }
 
@@ -92,7 +92,7 @@ std::optional<LaunchEnv> read_launch_env() {
   } else {
     return std::nullopt;
   }
-  e.job_id = job_id_of_environment();
+  e.job_id = job_id_of_environment(e.launcher);
   if (env("MASTER_ADDR")) e.master_addr = env("MASTER_ADDR");
   if (env("MASTER_PORT")) e.master_port = env_int("MASTER_PORT", 1, 65535);
   const char* agent = env("TORCHELASTIC_USE_AGENT_STORE");

@@ -23,10 +23,14 @@ struct LaunchEnv {
   int master_port = 29500;
   bool use_agent_store = false;  // torchrun serves the store itself
   // Note [Job ids]: what tells this job from another given the same
-  // MASTER_PORT: CHORUS_RUN_ID (chorus launch sets one on a single node; set
-  // it yourself elsewhere), else torchrun's TORCHELASTIC_RUN_ID (not its
-  // default "none"), else Slurm's SLURM_JOB_ID.SLURM_STEP_ID, else OpenMPI's
-  // PMIX_NAMESPACE or OMPI_MCA_ess_base_jobid; empty when none is set.
+  // MASTER_PORT: CHORUS_RUN_ID where set (chorus launch sets one on a single
+  // node; set it yourself elsewhere), else the id of the launcher that
+  // started this process, and only that one: torchrun's TORCHELASTIC_RUN_ID
+  // (not its default "none"), mpirun's PMIX_NAMESPACE or
+  // OMPI_MCA_ess_base_jobid, Slurm's SLURM_JOB_ID.SLURM_STEP_ID. (mpirun
+  // inside a Slurm job starts ranks in different Slurm steps: a variable of
+  // another launcher could differ between ranks of one job.) Empty: unknown,
+  // and not checked.
   std::string job_id;
 };
 
@@ -35,8 +39,9 @@ struct LaunchEnv {
 // range, a non-numeric size), naming the variable.
 std::optional<LaunchEnv> read_launch_env();
 
-// The job id the environment gives (Note [Job ids]); empty when none.
-std::string job_id_of_environment();
+// The job id the environment gives a process started by `launcher` (as in
+// LaunchEnv::launcher; Note [Job ids]); empty when none.
+std::string job_id_of_environment(const std::string& launcher);
 
 // The first host of a Slurm host list ("node[01-03,07],gpu5" -> "node01").
 std::string first_slurm_host(const std::string& list);

@@ -30,14 +30,16 @@ Rendezvous rendezvous(const LaunchEnv& env, std::chrono::milliseconds timeout) {
 
   // Note [Job ids]: a process of another job given the same MASTER_PORT
   // stops here, before it touches this job's keys (it would otherwise count
-  // as one of its ranks, or make one of them "join twice").
-  std::string owner;
-  if (!env.job_id.empty()) owner = str(s.compare_set("job", {}, Bytes(env.job_id.begin(), env.job_id.end())));
-  else if (s.check({"job"})) owner = str(s.get("job"));
-  CHORUS_CHECK_T(DistError, owner.empty() || owner == env.job_id, "rendezvous at ",
-                 endpoint(env.master_addr, env.master_port), ": the store there is another job's (job id '", owner,
-                 "', this process's ", env.job_id.empty() ? std::string("none") : "'" + env.job_id + "'",
-                 "): two jobs were given MASTER_PORT=", env.master_port, "; give each job its own port");
+  // as one of its ranks, or make one of them "join twice"). A process whose
+  // id is unknown is not checked.
+  if (!env.job_id.empty()) {
+    const std::string owner = str(s.compare_set("job", {}, Bytes(env.job_id.begin(), env.job_id.end())));
+    CHORUS_CHECK_T(DistError, owner == env.job_id, "rendezvous at ", endpoint(env.master_addr, env.master_port),
+                   ": the store there is another job's (job id '", owner, "', this process's '", env.job_id,
+                   "'): two jobs were given MASTER_PORT=", env.master_port,
+                   "; give each job its own port (if these processes are one job, set CHORUS_RUN_ID to one value "
+                   "for all of them)");
+  }
   // Every rank must agree on the world size: the first to arrive sets it.
   const std::string w = std::to_string(env.world_size);
   const std::string agreed = str(s.compare_set("world_size", {}, Bytes(w.begin(), w.end())));

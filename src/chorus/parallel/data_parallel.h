@@ -92,8 +92,11 @@ class DataParallel : public nn::Module {
   //   auto r = dp->forward_loss(x, y, [](const nn::Value& out, const nn::Value& t) {
   //     return nn::functional::cross_entropy(out.tensor(), t.tensor()); });
   //   opt.zero_grad(); r.backward(); opt.step();   // r.loss(): the batch's loss
-  // ValueError: a target whose batch differs from the input's, a loss that is
-  // not one element or not on its replica's device.
+  // `loss_fn` runs on every replica's thread at once: it must be safe to call
+  // concurrently (a lambda over its arguments is). ValueError: a target whose
+  // batch differs from the input's, a loss that is not one element or not on
+  // its replica's device; what loss_fn throws comes back as an Error naming
+  // the replica's device.
   ReplicaLosses forward_loss(const nn::Value& x, const nn::Value& target, const ReplicaLossFn& loss_fn,
                              LossReduction reduction = LossReduction::Mean);
 
