@@ -45,6 +45,9 @@ void add_bench_options(CLI::App* cmd, BenchConfig& c) {
   cmd->add_flag("--dp-gather-output", c.dp_gather_output,
                 "dp: gather the outputs on the first device and compute the loss there (PyTorch's DataParallel) instead "
                 "of each replica computing its chunk's loss");
+  add_optional(cmd, "--dp-all-reduce", c.dp_all_reduce,
+               "dp: how the replicas' gradients are summed: nccl or copy-engine (the GPUs' copy engines over peer "
+               "access; default: CHORUS_DP_ALLREDUCE, else nccl)");
   cmd->add_flag("--dp-broadcast", c.dp_broadcast,
                 "dp: the first device steps the weights and broadcasts them to the replicas after each step (PyTorch's "
                 "DataParallel) instead of every replica stepping its own copy with all-reduced gradients");
@@ -184,6 +187,7 @@ int run_bench(const BenchConfig& c) {
   CHORUS_CHECK(c.steps > 0 && c.warmup >= 0, "--steps must be positive and --warmup >= 0");
   CHORUS_CHECK(!c.dp_broadcast || c.strategy == "dp", "--dp-broadcast goes with --strategy dp");
   CHORUS_CHECK(!c.dp_gather_output || c.strategy == "dp", "--dp-gather-output goes with --strategy dp");
+  apply_dp_all_reduce(c.dp_all_reduce, c.strategy, c.dp_broadcast);
   std::vector<Device> all = c.devices.empty()
                                 ? std::vector<Device>{cuda_is_available() ? cuda_device(0) : cpu_device(0)}
                                 : parse_devices(c.devices);
@@ -223,6 +227,9 @@ int run_bench(const BenchConfig& c) {
                                                                     : nullptr},
                                   {"dp_loss", c.strategy == "dp" ? nlohmann::ordered_json(c.dp_gather_output ? "gathered" : "per_replica")
                                                                  : nullptr},
+                                  {"dp_all_reduce", c.strategy == "dp" && !c.dp_broadcast
+                                                        ? nlohmann::ordered_json(dp_all_reduce_name())
+                                                        : nullptr},
                                   {"comm_hook", c.strategy == "ddp" ? nlohmann::ordered_json(c.comm_hook) : nullptr},
                                   {"broadcast_buffers", c.strategy == "ddp" ? nlohmann::ordered_json(c.broadcast_buffers) : nullptr},
                                   {"img_per_s", r.img_per_s},

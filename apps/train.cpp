@@ -76,6 +76,7 @@ void TrainConfig::validate() const {
   CHORUS_CHECK(!sync_bn || strategy == "ddp", "--sync-bn goes with --strategy ddp");
   CHORUS_CHECK(!dp_broadcast || strategy == "dp", "--dp-broadcast goes with --strategy dp");
   CHORUS_CHECK(!dp_gather_output || strategy == "dp", "--dp-gather-output goes with --strategy dp");
+  check_dp_all_reduce(dp_all_reduce, strategy, dp_broadcast);
   CHORUS_CHECK(comm_hook != "noop",
                "--comm-hook noop communicates nothing (the ranks would train apart): it is for chorus bench's headroom "
                "analysis, not for training");
@@ -283,6 +284,7 @@ Training set_up(const TrainConfig& cfg) {
     default_generator().set_state(rng);
     net = t.pipeline;
   } else {
+    apply_dp_all_reduce(cfg.dp_all_reduce, cfg.strategy, cfg.dp_broadcast);
     net = wrap_for_strategy(t.model, cfg.strategy, t.devices, cfg.bucket_mb, std::nullopt,
                             cfg.dp_broadcast ? nullptr : t.opt.get());
   }

@@ -5,9 +5,29 @@
 #include "chorus/autograd/autocast.h"
 #include "chorus/autograd/grad_mode.h"
 #include "chorus/nn/functional.h"
+#include "chorus/ops/comm.h"
 #include "commands.h"
 
 namespace chorus::app {
+
+void check_dp_all_reduce(const std::optional<std::string>& method, const std::string& strategy, bool dp_broadcast) {
+  if (!method) {
+    if (strategy == "dp") (void)ops::copy_engine_all_reduce();  // a bad CHORUS_DP_ALLREDUCE fails here, not mid-step
+    return;
+  }
+  CHORUS_CHECK(*method == "nccl" || *method == "copy-engine", "--dp-all-reduce must be nccl or copy-engine, got '",
+               *method, "'");
+  CHORUS_CHECK(strategy == "dp", "--dp-all-reduce goes with --strategy dp");
+  CHORUS_CHECK(!dp_broadcast, "--dp-all-reduce goes with replicated updates, not --dp-broadcast (which sums the "
+                              "gradients on the first device and broadcasts the weights)");
+}
+
+void apply_dp_all_reduce(const std::optional<std::string>& method, const std::string& strategy, bool dp_broadcast) {
+  check_dp_all_reduce(method, strategy, dp_broadcast);
+  if (method) ops::set_copy_engine_all_reduce(*method == "copy-engine");
+}
+
+std::string dp_all_reduce_name() { return ops::copy_engine_all_reduce() ? "copy-engine" : "nccl"; }
 
 nn::ModulePtr wrap_for_strategy(const nn::ModulePtr& model, const std::string& strategy,
                                 const std::vector<Device>& devices, double bucket_mb,

@@ -29,6 +29,17 @@ nn::ModulePtr wrap_for_strategy(const nn::ModulePtr& model, const std::string& s
                                 std::optional<double> last_bucket_mb = std::nullopt,
                                 optim::Optimizer* opt = nullptr);
 
+// --dp-all-reduce: how a DataParallel with replicated updates sums the
+// gradients, "nccl" or "copy-engine" (ops::set_copy_engine_all_reduce; Note
+// [Copy-engine all-reduce] in cuda/peer_all_reduce.h). Unset: as
+// CHORUS_DP_ALLREDUCE says (default nccl). ValueError for another value, or
+// with a strategy other than dp or with --dp-broadcast (which sums with a
+// reduce, not an all-reduce).
+void check_dp_all_reduce(const std::optional<std::string>& method, const std::string& strategy, bool dp_broadcast);
+void apply_dp_all_reduce(const std::optional<std::string>& method, const std::string& strategy, bool dp_broadcast);
+// The method in effect for a row of `chorus bench --json` (null outside dp).
+std::string dp_all_reduce_name();
+
 struct TrainStep {
   nn::ModulePtr net;                     // what forward runs (the model or its wrapper)
   optim::Optimizer* opt = nullptr;       // over the model's parameters

@@ -201,7 +201,120 @@ TEST(Comm, ReduceAfterEventsKeepsBuffersAndJoins_MultiCUDA) {
     EXPECT_EQ(dst.neg().max().item(), -2 * want);
   }
 }
+
+// Turns the copy-engine all-reduce on for a scope and restores the setting.
+struct CopyEngineAllReduce {
+  bool before = copy_engine_all_reduce();
+  explicit CopyEngineAllReduce(bool on) { set_copy_engine_all_reduce(on); }
+  ~CopyEngineAllReduce() { set_copy_engine_all_reduce(before); }
+};
+
+// Note [Copy-engine all-reduce] in cuda/peer_all_reduce.h: every buffer ends
+// up bit for bit equal to the sum in rank order accumulated in float and
+// rounded once, computed here on the host; sizes that do not split evenly
+// into 16-byte chunks, one element, and devices in both orders.
+void check_all_reduce(const std::vector<Device>& devices, int64_t n, DType dtype) {
+  SCOPED_TRACE(std::string(dtype_name(dtype)) + ", " + std::to_string(n) + " elements, first " + devices[0].str());
+  std::vector<Tensor> bufs;
+  std::vector<std::vector<float>> vals;
+  std::vector<Event> ready;
+  for (size_t i = 0; i < devices.size(); ++i) {
+    Tensor t = on(random_vector(n, 300 + static_cast<uint32_t>(i)), devices[i], dtype);
+    t.mul_(static_cast<double>(i + 1));  // written by a kernel just before the event
+    vals.push_back(t.to(kFloat32).to_vector<float>());
+    bufs.push_back(t);
+    ready.emplace_back(devices[i], /*timing=*/false);
+    ready.back().record();
+  }
+  std::vector<float> sum(static_cast<size_t>(n), 0.f);
+  for (const auto& v : vals)
+    for (size_t k = 0; k < sum.size(); ++k) sum[k] += v[k];
+  const std::vector<float> want = on(sum, cpu_device(0)).to(dtype).to(kFloat32).to_vector<float>();
+  all_reduce_sum_after(bufs, ready);
+  for (size_t i = 0; i < devices.size(); ++i) {
+    comm_join(devices[i]);
+    const std::vector<float> got = bufs[i].to(kFloat32).to_vector<float>();
+    size_t wrong = 0;
+    for (size_t k = 0; k < got.size(); ++k) wrong += got[k] != want[k];
+    EXPECT_EQ(wrong, 0u) << "buffer on " << devices[i].str();
+  }
+}
+
+TEST(Comm, CopyEngineAllReduceEqualsTheSumInRankOrder_MultiCUDA) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  CopyEngineAllReduce on_(true);
+  const std::vector<Device> gpus = all_gpus();
+  for (int64_t n : {(int64_t{1} << 22) + 3, int64_t{4097}, int64_t{7}, int64_t{1}}) {
+    check_all_reduce(gpus, n, kFloat32);
+    check_all_reduce({gpus[1], gpus[0]}, n, kFloat32);
+  }
+  check_all_reduce(gpus, (int64_t{1} << 20) + 5, kBFloat16);
+  check_all_reduce(gpus, 1001, kFloat16);
+  synchronize();
+}
+
+// The copy engines' sum waits only for the events, and buffers dropped right
+// after the call are not reused while the copies still read or write them.
+TEST(Comm, CopyEngineAllReduceKeepsBuffersUntilJoined_MultiCUDA) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  CopyEngineAllReduce on_(true);
+  const std::vector<Device> gpus = all_gpus();
+  const int64_t n = (int64_t{1} << 24) + 9;
+  for (int iter = 0; iter < 3; ++iter) {
+    std::vector<Tensor> bufs;
+    std::vector<Event> ready;
+    double want = 0;
+    for (size_t i = 0; i < gpus.size(); ++i) {
+      bufs.push_back(full({n}, 1.0, TensorOptions(kFloat32, gpus[i])));
+      bufs.back().mul_(static_cast<double>(i + 2));
+      want += static_cast<double>(i + 2);
+      ready.emplace_back(gpus[i], /*timing=*/false);
+      ready.back().record();
+    }
+    all_reduce_sum_after(bufs, ready);
+    Tensor kept = bufs[0];
+    for (size_t i = 1; i < bufs.size(); ++i) bufs[i] = Tensor();
+    std::vector<Tensor> scribble;
+    for (size_t i = 0; i < gpus.size(); ++i) scribble.push_back(full({n}, -1000.0, TensorOptions(kFloat32, gpus[i])));
+    comm_join(gpus[0]);
+    kept.add_(kept, 1.0);
+    EXPECT_EQ(kept.max().item(), 2 * want);
+    EXPECT_EQ(kept.neg().max().item(), -2 * want);
+  }
+}
 #endif  // CHORUS_WITH_CUDA
+
+// CHORUS_DP_ALLREDUCE's values; set_copy_engine_all_reduce wins over it.
+TEST(Comm, CopyEngineAllReduceSetting) {
+  const bool before = copy_engine_all_reduce();
+  set_copy_engine_all_reduce(true);
+  EXPECT_TRUE(copy_engine_all_reduce());
+  set_copy_engine_all_reduce(false);
+  EXPECT_FALSE(copy_engine_all_reduce());
+  set_copy_engine_all_reduce(before);
+}
+
+// On CPU devices the setting changes nothing: the fallback sums in order.
+TEST(Comm, AllReduceOnCpuDevicesIgnoresTheCopyEngineSetting) {
+  const bool before = copy_engine_all_reduce();
+  set_copy_engine_all_reduce(true);
+  std::vector<Tensor> bufs;
+  std::vector<Event> ready;
+  std::vector<float> want(37, 0.f);
+  for (int i = 0; i < 3; ++i) {
+    const auto v = random_vector(37, 500 + static_cast<uint32_t>(i));
+    for (size_t k = 0; k < v.size(); ++k) want[k] += v[k];
+    bufs.push_back(on(v, cpu_device(i)));
+    ready.emplace_back(cpu_device(i), /*timing=*/false);
+    ready.back().record();
+  }
+  all_reduce_sum_after(bufs, ready);
+  for (int i = 0; i < 3; ++i) {
+    comm_join(cpu_device(i));
+    EXPECT_EQ(bufs[static_cast<size_t>(i)].to_vector<float>(), want) << "cpu:" << i;
+  }
+  set_copy_engine_all_reduce(before);
+}
 
 }  // namespace
 }  // namespace chorus::ops

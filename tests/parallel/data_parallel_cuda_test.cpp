@@ -9,6 +9,7 @@
 
 #include <chorus/autograd/autocast.h>
 #include <chorus/chorus.h>
+#include <chorus/ops/comm.h>
 #include <chorus/models/models.h>
 #include <chorus/optim/sgd.h>
 #include <chorus/parallel/data_parallel.h>
@@ -133,6 +134,21 @@ TEST(DataParallelCuda, ReplicatedUpdatesTrainLikeOneGpu_MultiCUDA) {
     SCOPED_TRACE("bucket_bytes " + std::to_string(bytes));
     expect_same_run(train(2, 3, bytes, /*replicated=*/true), ref);
   }
+}
+
+// The same with the all-reduce done by the copy engines (Note [Copy-engine
+// all-reduce] in cuda/peer_all_reduce.h).
+TEST(DataParallelCuda, CopyEngineAllReduceTrainsLikeOneGpu_MultiCUDA) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  NoTf32 no_tf32;
+  const TrainRun ref = train(0, 3);
+  const bool before = ops::copy_engine_all_reduce();
+  ops::set_copy_engine_all_reduce(true);
+  for (int64_t bytes : {int64_t{1}, int64_t{4096}, int64_t{0}}) {
+    SCOPED_TRACE("bucket_bytes " + std::to_string(bytes));
+    expect_same_run(train(2, 3, bytes, /*replicated=*/true), ref);
+  }
+  ops::set_copy_engine_all_reduce(before);
 }
 
 // Note [NCCL graph mixing] in cuda/nccl.h: once a DataParallel over two GPUs

@@ -10,6 +10,7 @@
 
 #include <chorus/autograd/autocast.h>
 #include <chorus/chorus.h>
+#include <chorus/ops/comm.h>
 #include <chorus/core/graph_capture.h>
 #include <chorus/optim/adamw.h>
 #include <chorus/optim/sgd.h>
@@ -464,6 +465,17 @@ TEST(GraphedStep, DataParallelWithReplicatedUpdatesOverTwoGpusMatchesEager_Multi
 TEST(GraphedStep, DataParallelWithPerReplicaLossesOverTwoGpusMatchesEager_MultiCUDA) {
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
   dp_graphed_matches_eager({cuda_device(0), cuda_device(1)}, /*replicated=*/true, /*per_replica_loss=*/true);
+}
+
+// The same with the gradients summed by the copy engines (Note [Copy-engine
+// all-reduce] in cuda/peer_all_reduce.h): memcpy nodes between the GPUs and
+// the sum kernels inside the one graph.
+TEST(GraphedStep, DataParallelWithCopyEngineAllReduceMatchesEager_MultiCUDA) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
+  const bool before = ops::copy_engine_all_reduce();
+  ops::set_copy_engine_all_reduce(true);
+  dp_graphed_matches_eager({cuda_device(0), cuda_device(1)}, /*replicated=*/true, /*per_replica_loss=*/true);
+  ops::set_copy_engine_all_reduce(before);
 }
 
 TEST(GraphedStep, DataParallelOverOneGpuMatchesEager_CUDA) {

@@ -1,13 +1,17 @@
 #include "chorus/ops/comm.h"
 
+#include <atomic>
+#include <cstdlib>
 #include <string>
 
 #include "chorus/core/backend.h"
 #include "chorus/core/error.h"
 #include "chorus/ops/copy.h"
 #include "chorus/ops/elementwise.h"
+#include "chorus/ops/factory.h"
 #ifdef CHORUS_WITH_CUDA
 #include "chorus/cuda/nccl.h"
+#include "chorus/cuda/peer_all_reduce.h"
 #endif
 
 namespace chorus::ops {
@@ -29,12 +33,15 @@ void check_distinct(const std::vector<Tensor>& ts, const char* op) {
                    "; each device may appear once");
 }
 
-#ifdef CHORUS_WITH_NCCL
+#ifdef CHORUS_WITH_CUDA
 bool all_cuda(const std::vector<Tensor>& ts) {
   for (const Tensor& t : ts)
     if (!t.device().is_cuda()) return false;
   return true;
 }
+#endif
+
+#ifdef CHORUS_WITH_NCCL
 
 // The caller's current stream of each device now waits for the collective
 // (Note [In-process NCCL]); naming it keeps the buffers alive until then even
@@ -147,6 +154,59 @@ void reduce_sum_after(const std::vector<Tensor>& srcs, const Tensor& dst, const 
   reduce_fallback(srcs, dst, dst_is_first);
 }
 
+namespace {
+
+std::atomic<int> copy_engine_setting{-1};  // -1: CHORUS_DP_ALLREDUCE decides at first use
+
+#ifdef CHORUS_WITH_CUDA
+// The copy-engine path of all_reduce_sum_after (Note [Copy-engine
+// all-reduce] in cuda/peer_all_reduce.h); false when it does not apply (not
+// all on CUDA, no peer access between some pair, a dtype it does not sum).
+bool copy_engine_all_reduce_over(const std::vector<Tensor>& bufs, const std::vector<Event>& ready) {
+  if (!all_cuda(bufs)) return false;
+  std::vector<int> devices;
+  for (const Tensor& t : bufs) devices.push_back(t.device().index);
+  if (!cuda::peer_all_reduce_supported(devices, bufs[0].dtype())) return false;
+  const size_t count = static_cast<size_t>(bufs[0].numel());
+  const int64_t scratch_elems =
+      static_cast<int64_t>(cuda::peer_all_reduce_scratch(count, bufs.size(), bufs[0].dtype()));
+  std::vector<Tensor> scratch;
+  std::vector<void*> ptrs, scratch_ptrs, events;
+  for (size_t i = 0; i < bufs.size(); ++i) {
+    scratch.push_back(empty({scratch_elems}, TensorOptions(bufs[i].dtype(), bufs[i].device())));
+    ptrs.push_back(bufs[i].raw_data());
+    scratch_ptrs.push_back(scratch.back().raw_data());
+    events.push_back(ready[i].handle());
+  }
+  cuda::peer_all_reduce_sum_after(devices, ptrs, scratch_ptrs, count, bufs[0].dtype(), events);
+  // Every device's copy stream writes into every buffer; each scratch is
+  // its own device's. Named there, a free waits for them.
+  for (size_t i = 0; i < bufs.size(); ++i) {
+    const Device d = bufs[i].device();
+    for (size_t j = 0; j < bufs.size(); ++j)
+      backend(d).record_use(bufs[i].storage()->data(), d, bufs[j].device(), cuda::peer_stream(devices[j]));
+    backend(d).record_use(scratch[i].storage()->data(), d, d, cuda::peer_stream(devices[i]));
+    bufs[i].bump_version();
+  }
+  return true;
+}
+#endif
+
+}  // namespace
+
+bool copy_engine_all_reduce() {
+  if (copy_engine_setting < 0) {
+    const char* e = std::getenv("CHORUS_DP_ALLREDUCE");
+    const std::string v = e ? e : "";
+    CHORUS_CHECK(v.empty() || v == "nccl" || v == "copy-engine", "CHORUS_DP_ALLREDUCE='", v,
+                 "' is not a way to sum gradients (expected nccl or copy-engine)");
+    copy_engine_setting = v == "copy-engine" ? 1 : 0;
+  }
+  return copy_engine_setting == 1;
+}
+
+void set_copy_engine_all_reduce(bool on) { copy_engine_setting = on ? 1 : 0; }
+
 void all_reduce_sum_after(const std::vector<Tensor>& bufs, const std::vector<Event>& ready) {
   const char* op = "all_reduce_sum_after";
   CHORUS_CHECK(!bufs.empty(), op, ": no buffers");
@@ -156,6 +216,9 @@ void all_reduce_sum_after(const std::vector<Tensor>& bufs, const std::vector<Eve
     CHORUS_CHECK(ready[i].device() == bufs[i].device(), op, ": the event of buffer ", i, " is on ",
                  ready[i].device().str(), " but the buffer is on ", bufs[i].device().str());
   if (bufs.size() < 2 || bufs[0].numel() == 0) return;
+#ifdef CHORUS_WITH_CUDA
+  if (copy_engine_all_reduce() && copy_engine_all_reduce_over(bufs, ready)) return;
+#endif
 #ifdef CHORUS_WITH_NCCL
   if (nccl_reduces(bufs, bufs[0])) {
     std::vector<int> devices;
@@ -182,6 +245,9 @@ void all_reduce_sum_after(const std::vector<Tensor>& bufs, const std::vector<Eve
 void comm_join(const Device& device) {
 #ifdef CHORUS_WITH_NCCL
   if (device.is_cuda()) cuda::nccl_join(device.index);
+#endif
+#ifdef CHORUS_WITH_CUDA
+  if (device.is_cuda()) cuda::peer_join(device.index);
 #else
   (void)device;
 #endif

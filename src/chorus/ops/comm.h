@@ -46,6 +46,14 @@ void reduce_sum_after(const std::vector<Tensor>& srcs, const Tensor& dst, const 
 // into bufs[0] and copies the sum to the others.
 void all_reduce_sum_after(const std::vector<Tensor>& bufs, const std::vector<Event>& ready);
 
+// How all_reduce_sum_after sums CUDA buffers: NCCL (the default) or, when
+// on, the GPUs' copy engines where every pair has peer access (Note
+// [Copy-engine all-reduce] in cuda/peer_all_reduce.h: no SM is held for the
+// transfer). Starts as CHORUS_DP_ALLREDUCE says (nccl | copy-engine;
+// ValueError for anything else); `chorus train|bench --dp-all-reduce`.
+bool copy_engine_all_reduce();
+void set_copy_engine_all_reduce(bool on);
+
 // The current stream of `device` waits for every reduce_sum_after and
 // all_reduce_sum_after issued to it so far. No-op where there is nothing to
 // wait for.

@@ -1,0 +1,58 @@
+// An all-reduce over the GPUs of this process done by their copy engines, for
+// DataParallel's replicated updates (ops::all_reduce_sum_after). Include only
+// from src/chorus/cuda and src/chorus/ops.
+//
+// Note [Copy-engine all-reduce]: NCCL's all-reduce runs as kernels that hold
+// SMs for as long as the transfer lasts; in a DataParallel step it overlaps
+// the backward's convolutions, which then run slower (WRN-28-10 bf16 on two
+// H100s: +0.4-0.5 ms of convolution time per step per GPU beside NCCL, the
+// largest part of what the second GPU loses, benchmarks.md session 17). Over
+// N GPUs with peer access the same sum needs no SM for the transfer:
+//  1. reduce-scatter: device i owns chunk i of the buffer (count / N elements,
+//     16-byte aligned); its stream copies chunk i of every other device's
+//     buffer into its scratch (cudaMemcpyAsync between devices: a DMA on the
+//     copy engines, over NVLink), then one small kernel sums the N chunks in
+//     rank order into its own buffer (accumulating in float);
+//  2. all-gather: device i's stream copies its summed chunk into chunk i of
+//     every other device's buffer.
+// Every chunk is summed once, by its owner, and copied bit for bit, so the
+// result is identical on every device. Device i's stream starts after every
+// ready event (it reads every buffer); a buffer's chunk i is written only by
+// device i's stream, after that stream read it, and no other stream touches
+// chunk i of any buffer, so nothing else orders the streams. Issued from the
+// calling thread, in any order relative to other calls (no kernel waits for a
+// peer's: no deadlock is possible). peer_join(d) makes the calling thread's
+// current stream of d wait for the streams of every device the last call
+// with d involved (they all wrote into d's buffer). Chosen with
+// CHORUS_DP_ALLREDUCE=copy-engine (ops::all_reduce_sum_after).
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "chorus/core/dtype.h"
+
+namespace chorus::cuda {
+
+// Whether peer_all_reduce_sum_after can sum `dtype` over `devices` (every
+// pair with peer access; float32, float16 or bfloat16).
+bool peer_all_reduce_supported(const std::vector<int>& devices, DType dtype);
+
+// Elements of scratch each device needs for `count` elements over n devices.
+size_t peer_all_reduce_scratch(size_t count, size_t n, DType dtype);
+
+// bufs[i] (count elements on devices[i]) = the sum of all of them, in place;
+// scratch[i]: peer_all_reduce_scratch(...) elements on devices[i]; ready[i]:
+// a cudaEvent_t recorded on devices[i] after bufs[i] was written.
+void peer_all_reduce_sum_after(const std::vector<int>& devices, const std::vector<void*>& bufs,
+                               const std::vector<void*>& scratch, size_t count, DType dtype,
+                               const std::vector<void*>& ready);
+
+// The calling thread's current stream of `device` waits for every
+// peer_all_reduce_sum_after issued with it so far. No-op if none was.
+void peer_join(int device);
+
+// The copy stream of `device` (a cudaStream_t), for record_use.
+void* peer_stream(int device);
+
+}  // namespace chorus::cuda
