@@ -3,6 +3,7 @@
 // before and after, as ../shared/bench/torch_baseline.py times PyTorch.
 #include "bench.h"
 #include "train_step.h"
+#include "chorus/ops/comm.h"
 #include "bench_ddp.h"
 #include "bench_pipeline.h"
 #include "cli_numbers.h"
@@ -198,6 +199,7 @@ int run_bench(const BenchConfig& c) {
   for (int64_t n : counts) {
     std::vector<Device> devs(all.begin(), all.begin() + n);
     BenchRow r{};
+    const uint64_t copy_engine_calls = ops::copy_engine_all_reduce_calls();
     if (c.strategy == "ddp") {
       const nlohmann::ordered_json got = bench_ddp_row(c, all, n);
       r.img_per_s = got["img_per_s"].get<double>();
@@ -227,8 +229,8 @@ int run_bench(const BenchConfig& c) {
                                                                     : nullptr},
                                   {"dp_loss", c.strategy == "dp" ? nlohmann::ordered_json(c.dp_gather_output ? "gathered" : "per_replica")
                                                                  : nullptr},
-                                  {"dp_all_reduce", c.strategy == "dp" && !c.dp_broadcast
-                                                        ? nlohmann::ordered_json(dp_all_reduce_name())
+                                  {"dp_all_reduce", c.strategy == "dp" && !c.dp_broadcast && n > 1
+                                                        ? nlohmann::ordered_json(dp_all_reduce_name(copy_engine_calls, devs[0]))
                                                         : nullptr},
                                   {"comm_hook", c.strategy == "ddp" ? nlohmann::ordered_json(c.comm_hook) : nullptr},
                                   {"broadcast_buffers", c.strategy == "ddp" ? nlohmann::ordered_json(c.broadcast_buffers) : nullptr},

@@ -27,7 +27,11 @@ void apply_dp_all_reduce(const std::optional<std::string>& method, const std::st
   if (method) ops::set_copy_engine_all_reduce(*method == "copy-engine");
 }
 
-std::string dp_all_reduce_name() { return ops::copy_engine_all_reduce() ? "copy-engine" : "nccl"; }
+std::string dp_all_reduce_name(uint64_t calls_before, const Device& device) {
+  if (!device.is_cuda()) return "adds";
+  if (ops::copy_engine_all_reduce_calls() > calls_before) return "copy-engine";
+  return ops::copy_engine_all_reduce() ? "nccl (copy engines unavailable)" : "nccl";
+}
 
 nn::ModulePtr wrap_for_strategy(const nn::ModulePtr& model, const std::string& strategy,
                                 const std::vector<Device>& devices, double bucket_mb,

@@ -37,8 +37,12 @@ nn::ModulePtr wrap_for_strategy(const nn::ModulePtr& model, const std::string& s
 // reduce, not an all-reduce).
 void check_dp_all_reduce(const std::optional<std::string>& method, const std::string& strategy, bool dp_broadcast);
 void apply_dp_all_reduce(const std::optional<std::string>& method, const std::string& strategy, bool dp_broadcast);
-// The method in effect for a row of `chorus bench --json` (null outside dp).
-std::string dp_all_reduce_name();
+// What summed a `chorus bench --json` row's gradients: "copy-engine" when
+// the copy engines summed any since `calls_before`
+// (ops::copy_engine_all_reduce_calls()), else "nccl" (with "copy engines
+// unavailable" when they were asked for: no peer access); "adds" on CPU
+// devices.
+std::string dp_all_reduce_name(uint64_t calls_before, const Device& device);
 
 struct TrainStep {
   nn::ModulePtr net;                     // what forward runs (the model or its wrapper)

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "testing/copy_engine.h"
 #include "testing/random.h"
 #include "testing/expect_error.h"
 
@@ -202,12 +203,7 @@ TEST(Comm, ReduceAfterEventsKeepsBuffersAndJoins_MultiCUDA) {
   }
 }
 
-// Turns the copy-engine all-reduce on for a scope and restores the setting.
-struct CopyEngineAllReduce {
-  bool before = copy_engine_all_reduce();
-  explicit CopyEngineAllReduce(bool on) { set_copy_engine_all_reduce(on); }
-  ~CopyEngineAllReduce() { set_copy_engine_all_reduce(before); }
-};
+using test::CopyEngineAllReduce;
 
 // Note [Copy-engine all-reduce] in cuda/peer_all_reduce.h: every buffer ends
 // up bit for bit equal to the sum in rank order accumulated in float and
@@ -286,18 +282,15 @@ TEST(Comm, CopyEngineAllReduceKeepsBuffersUntilJoined_MultiCUDA) {
 
 // CHORUS_DP_ALLREDUCE's values; set_copy_engine_all_reduce wins over it.
 TEST(Comm, CopyEngineAllReduceSetting) {
-  const bool before = copy_engine_all_reduce();
-  set_copy_engine_all_reduce(true);
+  test::CopyEngineAllReduce restore(true);
   EXPECT_TRUE(copy_engine_all_reduce());
   set_copy_engine_all_reduce(false);
   EXPECT_FALSE(copy_engine_all_reduce());
-  set_copy_engine_all_reduce(before);
 }
 
 // On CPU devices the setting changes nothing: the fallback sums in order.
 TEST(Comm, AllReduceOnCpuDevicesIgnoresTheCopyEngineSetting) {
-  const bool before = copy_engine_all_reduce();
-  set_copy_engine_all_reduce(true);
+  test::CopyEngineAllReduce on_(true);
   std::vector<Tensor> bufs;
   std::vector<Event> ready;
   std::vector<float> want(37, 0.f);
@@ -313,7 +306,6 @@ TEST(Comm, AllReduceOnCpuDevicesIgnoresTheCopyEngineSetting) {
     comm_join(cpu_device(i));
     EXPECT_EQ(bufs[static_cast<size_t>(i)].to_vector<float>(), want) << "cpu:" << i;
   }
-  set_copy_engine_all_reduce(before);
 }
 
 }  // namespace

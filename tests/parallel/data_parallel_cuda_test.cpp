@@ -9,7 +9,6 @@
 
 #include <chorus/autograd/autocast.h>
 #include <chorus/chorus.h>
-#include <chorus/ops/comm.h>
 #include <chorus/models/models.h>
 #include <chorus/optim/sgd.h>
 #include <chorus/parallel/data_parallel.h>
@@ -27,6 +26,7 @@
 #endif
 
 #include "testing/compare.h"
+#include "testing/copy_engine.h"
 
 namespace chorus::parallel {
 namespace {
@@ -142,13 +142,11 @@ TEST(DataParallelCuda, CopyEngineAllReduceTrainsLikeOneGpu_MultiCUDA) {
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
   NoTf32 no_tf32;
   const TrainRun ref = train(0, 3);
-  const bool before = ops::copy_engine_all_reduce();
-  ops::set_copy_engine_all_reduce(true);
+  test::CopyEngineAllReduce on(true);
   for (int64_t bytes : {int64_t{1}, int64_t{4096}, int64_t{0}}) {
     SCOPED_TRACE("bucket_bytes " + std::to_string(bytes));
     expect_same_run(train(2, 3, bytes, /*replicated=*/true), ref);
   }
-  ops::set_copy_engine_all_reduce(before);
 }
 
 // Note [NCCL graph mixing] in cuda/nccl.h: once a DataParallel over two GPUs

@@ -10,7 +10,6 @@
 
 #include <chorus/autograd/autocast.h>
 #include <chorus/chorus.h>
-#include <chorus/ops/comm.h>
 #include <chorus/core/graph_capture.h>
 #include <chorus/optim/adamw.h>
 #include <chorus/optim/sgd.h>
@@ -25,6 +24,7 @@
 #include <vector>
 
 #include "testing/compare.h"
+#include "testing/copy_engine.h"
 #include "testing/deterministic.h"
 #include "testing/steps.h"
 
@@ -472,10 +472,8 @@ TEST(GraphedStep, DataParallelWithPerReplicaLossesOverTwoGpusMatchesEager_MultiC
 // the sum kernels inside the one graph.
 TEST(GraphedStep, DataParallelWithCopyEngineAllReduceMatchesEager_MultiCUDA) {
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
-  const bool before = ops::copy_engine_all_reduce();
-  ops::set_copy_engine_all_reduce(true);
+  test::CopyEngineAllReduce on(true);
   dp_graphed_matches_eager({cuda_device(0), cuda_device(1)}, /*replicated=*/true, /*per_replica_loss=*/true);
-  ops::set_copy_engine_all_reduce(before);
 }
 
 TEST(GraphedStep, DataParallelOverOneGpuMatchesEager_CUDA) {

@@ -163,6 +163,20 @@ bool is_capturing(cudaStream_t s) {
   return status != cudaStreamCaptureStatusNone;
 }
 
+bool same_capture(cudaStream_t waiter, cudaStream_t other) {
+  if (!capture_in_progress()) return true;
+  auto info = [](cudaStream_t s) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    unsigned long long id = 0;
+    if (cudaStreamGetCaptureInfo(s, &status, &id) != cudaSuccess) {
+      (void)cudaGetLastError();
+      status = cudaStreamCaptureStatusNone;
+    }
+    return status == cudaStreamCaptureStatusActive ? id + 1 : 0;  // 0: not captured
+  };
+  return info(waiter) == info(other);
+}
+
 const cudaDeviceProp& device_properties(int index) {
   check_index(index);
   // Read once for every device: kernels ask on every launch (grid sizes), from

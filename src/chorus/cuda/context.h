@@ -53,6 +53,12 @@ void set_current_stream(int index, cudaStream_t s);
 // Whether `s` is being captured into a CUDA graph (Note [CUDA graphs]); makes
 // no CUDA call unless a capture is in progress somewhere in the process.
 bool is_capturing(cudaStream_t s);
+// Whether work on `waiter` may wait for work on `other`: neither is being
+// captured, or both are, into the same graph. A capturing stream may not wait
+// for work outside its capture (cudaErrorStreamCaptureIsolation), nor an
+// eager stream for a capturing one. Used by the communication joins, whose
+// side streams may have had no work in the capture being recorded.
+bool same_capture(cudaStream_t waiter, cudaStream_t other);
 
 // Device properties, cached.
 const cudaDeviceProp& device_properties(int index);

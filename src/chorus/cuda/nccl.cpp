@@ -270,6 +270,10 @@ void nccl_join(int device) {
   if (it == st.devices.end()) return;
   const PerDevice& pd = it->second;
   cudaStream_t cur = current_stream(device);
+  // A capture in which this device's collectives took no part (a step whose
+  // gradients the copy engines summed, after an eager broadcast) has nothing
+  // of theirs to wait for, and may not wait for work outside it.
+  if (!same_capture(cur, pd.stream)) return;
   CudaDeviceGuard guard(device);
   // `done` may be re-recorded by the next call: the wait has captured it.
   CHORUS_CUDA_CHECK(cudaEventRecord(pd.done, pd.stream));

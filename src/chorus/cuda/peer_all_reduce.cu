@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "chorus/core/error.h"
 #include "chorus/cuda/context.h"
@@ -28,8 +29,9 @@ struct Sources {
 // dst[k] = src[0][k] + src[1][k] + ... in that order, accumulated in float
 // and rounded once. V elements at a time (V * sizeof(T) == 16, every pointer
 // 16-byte aligned), or one at a time (V == 1).
+// (dst is one of the sources: no __restrict__.)
 template <typename T, int V>
-__global__ void sum_chunks(Sources s, T* __restrict__ dst, int64_t n) {
+__global__ void sum_chunks(Sources s, T* dst, int64_t n) {
   struct alignas(sizeof(T) * V) Vec { T e[V]; };
   const int64_t nv = n / V;
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
@@ -57,7 +59,7 @@ __global__ void sum_chunks(Sources s, T* __restrict__ dst, int64_t n) {
 struct PerDevice {
   cudaStream_t stream = nullptr;
   cudaEvent_t done = nullptr;     // stream -> a current stream, recorded at each join
-  std::vector<int> partners;      // the devices of the last call with this one
+  std::set<int> partners;         // the devices of every call with this one
 };
 
 struct State {
@@ -122,11 +124,26 @@ size_t peer_all_reduce_scratch(size_t count, size_t n, DType dtype) {
   return n < 2 ? 0 : (n - 1) * chunk_elems(count, n, dtype_size(dtype));
 }
 
-void peer_all_reduce_sum_after(const std::vector<int>& devices, const std::vector<void*>& bufs,
-                               const std::vector<void*>& scratch, size_t count, DType dtype,
-                               const std::vector<void*>& ready) {
+void peer_all_reduce_wait(const std::vector<int>& devices, const std::vector<void*>& ready) {
+  CHORUS_ASSERT(ready.size() == devices.size());
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  int cur_dev = 0;
+  CHORUS_CUDA_CHECK(cudaGetDevice(&cur_dev));
+  CudaDeviceGuard restore(cur_dev);
+  for (int d : devices) {
+    PerDevice& pd = per_device(st, d);
+    CHORUS_CUDA_CHECK(cudaSetDevice(d));
+    // Device d reads every buffer's chunk d: it starts once all are written.
+    for (void* e : ready) CHORUS_CUDA_CHECK(cudaStreamWaitEvent(pd.stream, static_cast<cudaEvent_t>(e), 0));
+    pd.partners.insert(devices.begin(), devices.end());
+  }
+}
+
+void peer_all_reduce_sum(const std::vector<int>& devices, const std::vector<void*>& bufs,
+                         const std::vector<void*>& scratch, size_t count, DType dtype) {
   const size_t n = devices.size();
-  CHORUS_ASSERT(bufs.size() == n && scratch.size() == n && ready.size() == n && n <= kMaxDevices);
+  CHORUS_ASSERT(bufs.size() == n && scratch.size() == n && n <= kMaxDevices);
   if (n < 2 || count == 0) return;
   const size_t elem = dtype_size(dtype), c = chunk_elems(count, n, elem);
   auto chunk_len = [&](size_t i) { return i * c >= count ? size_t{0} : std::min(c, count - i * c); };
@@ -134,18 +151,14 @@ void peer_all_reduce_sum_after(const std::vector<int>& devices, const std::vecto
 
   State& st = state();
   std::lock_guard<std::mutex> lock(st.mu);
-  std::vector<PerDevice*> pds;
-  for (int d : devices) pds.push_back(&per_device(st, d));
   int cur_dev = 0;
   CHORUS_CUDA_CHECK(cudaGetDevice(&cur_dev));
   CudaDeviceGuard restore(cur_dev);
   for (size_t i = 0; i < n; ++i) {
-    CHORUS_CUDA_CHECK(cudaSetDevice(devices[i]));
-    cudaStream_t s = pds[i]->stream;
-    // Device i reads every buffer's chunk i: it starts once all are written.
-    for (size_t j = 0; j < n; ++j) CHORUS_CUDA_CHECK(cudaStreamWaitEvent(s, static_cast<cudaEvent_t>(ready[j]), 0));
     const size_t len = chunk_len(i);
     if (len == 0) continue;
+    CHORUS_CUDA_CHECK(cudaSetDevice(devices[i]));
+    cudaStream_t s = per_device(st, devices[i]).stream;
     // 1. reduce-scatter: the other devices' chunk i, by the copy engines.
     Sources src{};
     src.n = static_cast<int>(n);
@@ -167,7 +180,6 @@ void peer_all_reduce_sum_after(const std::vector<int>& devices, const std::vecto
       if (j != i) CHORUS_CUDA_CHECK(cudaMemcpyAsync(at(bufs[j], i * c), at(bufs[i], i * c), len * elem,
                                                     cudaMemcpyDefault, s));
   }
-  for (size_t i = 0; i < n; ++i) pds[i]->partners = devices;
 }
 
 void peer_join(int device) {
@@ -179,10 +191,11 @@ void peer_join(int device) {
   int cur_dev = 0;
   CHORUS_CUDA_CHECK(cudaGetDevice(&cur_dev));
   CudaDeviceGuard restore(cur_dev);
-  // Every partner's stream wrote into this device's buffer. `done` may be
+  // Every partner's stream wrote into this device's buffers. `done` may be
   // re-recorded by the next join: a wait captures the event's state.
   for (int p : it->second.partners) {
     PerDevice& pd = st.devices.at(p);
+    if (!same_capture(cur, pd.stream)) continue;  // nothing of it in this capture (or it is in one)
     CHORUS_CUDA_CHECK(cudaSetDevice(p));
     CHORUS_CUDA_CHECK(cudaEventRecord(pd.done, pd.stream));
     CHORUS_CUDA_CHECK(cudaSetDevice(device));

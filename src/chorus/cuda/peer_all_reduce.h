@@ -22,8 +22,17 @@
 // chunk i of any buffer, so nothing else orders the streams. Issued from the
 // calling thread, in any order relative to other calls (no kernel waits for a
 // peer's: no deadlock is possible). peer_join(d) makes the calling thread's
-// current stream of d wait for the streams of every device the last call
-// with d involved (they all wrote into d's buffer). Chosen with
+// current stream of d wait for the copy streams of every device that a call
+// with d involved (they all wrote into d's buffer), those of them in the same
+// capture as that stream (cuda::same_capture).
+//
+// Scratch memory is allocated by the caller with each device's copy stream as
+// its current stream, after that stream waits for the ready events
+// (peer_all_reduce_wait): taken and freed in the copy stream's order, it
+// cannot be memory that the backward's kernels still use, and freeing it ties
+// no compute stream to the transfer (as a free on the compute stream would,
+// Note [Freeing across streams]); inside a capture the copy stream is
+// captured by then, so the scratch comes from the graph's pool. Chosen with
 // CHORUS_DP_ALLREDUCE=copy-engine (ops::all_reduce_sum_after).
 #pragma once
 
@@ -41,12 +50,15 @@ bool peer_all_reduce_supported(const std::vector<int>& devices, DType dtype);
 // Elements of scratch each device needs for `count` elements over n devices.
 size_t peer_all_reduce_scratch(size_t count, size_t n, DType dtype);
 
-// bufs[i] (count elements on devices[i]) = the sum of all of them, in place;
-// scratch[i]: peer_all_reduce_scratch(...) elements on devices[i]; ready[i]:
-// a cudaEvent_t recorded on devices[i] after bufs[i] was written.
-void peer_all_reduce_sum_after(const std::vector<int>& devices, const std::vector<void*>& bufs,
-                               const std::vector<void*>& scratch, size_t count, DType dtype,
-                               const std::vector<void*>& ready);
+// The copy stream of every device in `devices` waits for every ready[i] (a
+// cudaEvent_t recorded on devices[i] after its buffer was written).
+void peer_all_reduce_wait(const std::vector<int>& devices, const std::vector<void*>& ready);
+
+// Then: bufs[i] (count elements on devices[i]) = the sum of all of them, in
+// place; scratch[i]: peer_all_reduce_scratch(...) elements on devices[i],
+// allocated on its copy stream.
+void peer_all_reduce_sum(const std::vector<int>& devices, const std::vector<void*>& bufs,
+                         const std::vector<void*>& scratch, size_t count, DType dtype);
 
 // The calling thread's current stream of `device` waits for every
 // peer_all_reduce_sum_after issued with it so far. No-op if none was.

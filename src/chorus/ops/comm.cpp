@@ -157,8 +157,24 @@ void reduce_sum_after(const std::vector<Tensor>& srcs, const Tensor& dst, const 
 namespace {
 
 std::atomic<int> copy_engine_setting{-1};  // -1: CHORUS_DP_ALLREDUCE decides at first use
+std::atomic<uint64_t> copy_engine_calls{0};
 
 #ifdef CHORUS_WITH_CUDA
+// This thread's current stream of `device` is `stream` for the scope.
+class OnStream {
+ public:
+  OnStream(const Device& device, StreamHandle stream) : device_(device), prev_(backend(device).current_stream(device)) {
+    backend(device_).set_current_stream(device_, stream);
+  }
+  ~OnStream() { backend(device_).set_current_stream(device_, prev_); }
+  OnStream(const OnStream&) = delete;
+  OnStream& operator=(const OnStream&) = delete;
+
+ private:
+  Device device_;
+  StreamHandle prev_;
+};
+
 // The copy-engine path of all_reduce_sum_after (Note [Copy-engine
 // all-reduce] in cuda/peer_all_reduce.h); false when it does not apply (not
 // all on CUDA, no peer access between some pair, a dtype it does not sum).
@@ -170,24 +186,34 @@ bool copy_engine_all_reduce_over(const std::vector<Tensor>& bufs, const std::vec
   const size_t count = static_cast<size_t>(bufs[0].numel());
   const int64_t scratch_elems =
       static_cast<int64_t>(cuda::peer_all_reduce_scratch(count, bufs.size(), bufs[0].dtype()));
-  std::vector<Tensor> scratch;
-  std::vector<void*> ptrs, scratch_ptrs, events;
+  std::vector<void*> ptrs, scratch_ptrs, events, streams;
   for (size_t i = 0; i < bufs.size(); ++i) {
-    scratch.push_back(empty({scratch_elems}, TensorOptions(bufs[i].dtype(), bufs[i].device())));
     ptrs.push_back(bufs[i].raw_data());
-    scratch_ptrs.push_back(scratch.back().raw_data());
     events.push_back(ready[i].handle());
+    streams.push_back(cuda::peer_stream(devices[i]));
   }
-  cuda::peer_all_reduce_sum_after(devices, ptrs, scratch_ptrs, count, bufs[0].dtype(), events);
-  // Every device's copy stream writes into every buffer; each scratch is
-  // its own device's. Named there, a free waits for them.
+  cuda::peer_all_reduce_wait(devices, events);
+  // Scratch taken and freed on each device's copy stream, after its waits.
+  std::vector<Tensor> scratch;
+  for (size_t i = 0; i < bufs.size(); ++i) {
+    OnStream on(bufs[i].device(), streams[i]);
+    scratch.push_back(empty({scratch_elems}, TensorOptions(bufs[i].dtype(), bufs[i].device())));
+    scratch_ptrs.push_back(scratch.back().raw_data());
+  }
+  cuda::peer_all_reduce_sum(devices, ptrs, scratch_ptrs, count, bufs[0].dtype());
+  for (size_t i = 0; i < bufs.size(); ++i) {
+    OnStream on(bufs[i].device(), streams[i]);
+    scratch[i] = Tensor();
+  }
+  // Every device's copy stream reads or writes every buffer: named there, a
+  // free waits for them.
   for (size_t i = 0; i < bufs.size(); ++i) {
     const Device d = bufs[i].device();
     for (size_t j = 0; j < bufs.size(); ++j)
-      backend(d).record_use(bufs[i].storage()->data(), d, bufs[j].device(), cuda::peer_stream(devices[j]));
-    backend(d).record_use(scratch[i].storage()->data(), d, d, cuda::peer_stream(devices[i]));
+      backend(d).record_use(bufs[i].storage()->data(), d, bufs[j].device(), streams[j]);
     bufs[i].bump_version();
   }
+  copy_engine_calls.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
 #endif
@@ -206,6 +232,8 @@ bool copy_engine_all_reduce() {
 }
 
 void set_copy_engine_all_reduce(bool on) { copy_engine_setting = on ? 1 : 0; }
+
+uint64_t copy_engine_all_reduce_calls() { return copy_engine_calls.load(std::memory_order_relaxed); }
 
 void all_reduce_sum_after(const std::vector<Tensor>& bufs, const std::vector<Event>& ready) {
   const char* op = "all_reduce_sum_after";

@@ -11,6 +11,7 @@
 // there later; it returns without waiting for the devices.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "chorus/core/stream.h"
@@ -53,6 +54,10 @@ void all_reduce_sum_after(const std::vector<Tensor>& bufs, const std::vector<Eve
 // ValueError for anything else); `chorus train|bench --dp-all-reduce`.
 bool copy_engine_all_reduce();
 void set_copy_engine_all_reduce(bool on);
+// How many all_reduce_sum_after calls the copy engines have summed so far in
+// this process (the setting is on, yet a call falls back to NCCL where some
+// pair of GPUs has no peer access or the dtype is not a float type).
+uint64_t copy_engine_all_reduce_calls();
 
 // The current stream of `device` waits for every reduce_sum_after and
 // all_reduce_sum_after issued to it so far. No-op where there is nothing to
