@@ -63,6 +63,7 @@ struct Worker {
   FILE* log = nullptr;
   bool exited = false;
   bool stopped = false;  // by SIGSTOP/SIGTSTP: alive but will never answer
+  bool was_stopped = false;  // stopped at some point (named in the report)
   int status = 0;
 };
 
@@ -217,6 +218,10 @@ class Launcher {
       if (!w.exited && w.pid > 0) {
         ::kill(-w.pid, sig);
         ::kill(-w.pid, SIGCONT);  // a stopped process acts on nothing until continued
+        // Continued now: drain waits for it to act on `sig` (before, it
+        // returned at once while a stopped worker was still being killed,
+        // and the launcher could exit before reaping it).
+        w.stopped = false;
       }
   }
 
@@ -259,6 +264,7 @@ class Launcher {
       if (r != w.pid) continue;
       if (WIFSTOPPED(status) || WIFCONTINUED(status)) {
         w.stopped = WIFSTOPPED(status);
+        w.was_stopped = w.was_stopped || w.stopped;
         continue;
       }
       // Collect what it wrote last before judging it.
@@ -335,7 +341,7 @@ class Launcher {
     drain(ws, std::chrono::steady_clock::now() + std::chrono::seconds(5));
     std::string stopped;
     for (const auto& w : ws)
-      if (w.stopped) stopped += (stopped.empty() ? "" : ", ") + std::to_string(w.rank);
+      if (w.was_stopped) stopped += (stopped.empty() ? "" : ", ") + std::to_string(w.rank);
     if (!stopped.empty()) report += " (rank " + stopped + " had been stopped by a signal)";
     std::fprintf(stderr, "chorus launch: %s; the job is stopped\n", report.c_str());
     if (failed && !failed->tail.empty()) {
