@@ -87,22 +87,31 @@ if has dpupdates; then
   # replicas stepping their own weights (the default, Note [Replicated updates])
   # against --dp-broadcast, each at 1 and 2 GPUs in the same run
   # (DPUPDATES_MODELS, DPUPDATES_REPEAT runs of each; DPUPDATES_VARIANTS: the
-  # flags of each row, "default" for none, e.g. "default --dp-all-reduce=copy-engine").
+  # flags of each row, "default" for none, e.g. "default --dp-all-reduce=copy-engine
+  # NCCL_CTA_POLICY=1": a variant with "=" and no leading "-" is environment).
   for m in ${DPUPDATES_MODELS:-wrn-16-4 wrn-28-10}; do
     for i in $(seq ${DPUPDATES_REPEAT:-1}); do
       for f in ${DPUPDATES_VARIANTS:-default --dp-broadcast}; do
-        timeout 200 $C bench --model $m --strategy dp --devices cuda:0,cuda:1 --device-counts 1,2 --precision bf16 \
-          --channels-last --batch-size 128 --steps ${DPUPDATES_STEPS:-40} --warmup 8 --json ${f#default} | tee -a "$OUT/dpupdates.jsonl" >/dev/null
+        # A variant is flags ("--dp-all-reduce=copy-engine"), or environment
+        # settings joined by commas ("NCCL_CTA_POLICY=1"), named in the table.
+        envs=(); flags=${f#default}
+        [[ $f == *=* && $f != -* ]] && { envs=(${f//,/ }); flags=""; }
+        env "${envs[@]}" timeout 200 $C bench --model $m --strategy dp --devices cuda:0,cuda:1 --device-counts 1,2 --precision bf16 \
+          --channels-last --batch-size 128 --steps ${DPUPDATES_STEPS:-40} --warmup 8 --json $flags |
+          CHORUS_VARIANT="$f" python3 -c 'import json,os,sys
+for l in sys.stdin:
+    if l.startswith("{"): r = json.loads(l); r["variant"] = os.environ.get("CHORUS_VARIANT", ""); print(json.dumps(r))' |
+          tee -a "$OUT/dpupdates.jsonl" >/dev/null
       done
     done
   done
   python3 - "$OUT/dpupdates.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-print(f"{'model':10} {'updates':11} {'loss':11} {'all-reduce':11} {'1 GPU':>9} {'2 GPUs':>9} {'efficiency':>10}")
+print(f"{'model':10} {'variant':28} {'updates':11} {'loss':11} {'all-reduce':11} {'1 GPU':>9} {'2 GPUs':>9} {'efficiency':>10}")
 for i in range(0, len(rows) - 1, 2):
     one, two = rows[i], rows[i + 1]
-    print(f"{one['model']:10} {one.get('dp_updates') or '-':11} {one.get('dp_loss') or '-':11} {two.get('dp_all_reduce') or '-':11} {one['img_per_s']:9.0f} {two['img_per_s']:9.0f} "
+    print(f"{one['model']:10} {one.get('variant', ''):28} {one.get('dp_updates') or '-':11} {one.get('dp_loss') or '-':11} {two.get('dp_all_reduce') or '-':11} {one['img_per_s']:9.0f} {two['img_per_s']:9.0f} "
           f"{two['img_per_s'] / (2 * one['img_per_s']):10.3f}")
 PY
 fi
