@@ -27,6 +27,7 @@
 
 #include "chorus/core/error.h"
 #include "chorus/dist/roll_call.h"
+#include "chorus/dist/store_barrier.h"
 #include "chorus/ops/copy.h"
 
 namespace chorus::dist {
@@ -144,37 +145,9 @@ class GlooWork final : public Work {
 // joins, or fails right after) closes the socket under a peer still
 // connecting, and that peer fails with "Connection closed by peer" (seen in
 // CI under load, about one job in 40). So nobody leaves the constructor until
-// every rank has connected, counted through the store; a rank that never
-// does is named. Rank 0 (which hosts the store unless a launcher does) leaves
-// last: the others report through ADD, which the server answers, so none is
-// still waiting on a server that rank 0's exit has taken away.
-void wait_until_all_connected(Store& store, const std::string& group, int rank, int size,
-                              std::chrono::milliseconds timeout) {
-  if (size == 1) return;
-  const std::string base = "chorus/connected/" + group + "/";
-  std::vector<std::string> keys;
-  for (int r = 0; r < size; ++r) keys.push_back(base + std::to_string(r));
-  try {
-    store.set(keys[static_cast<size_t>(rank)], std::string("1"));
-    store.wait(keys, timeout);
-    if (rank != 0) {
-      if (store.add(base + "left", 1) == size - 1) store.set(base + "all_left", std::string("1"));
-    } else {
-      store.wait({base + "all_left"}, timeout);
-    }
-  } catch (const std::exception& e) {
-    std::string missing;
-    for (int r = 0; r < size; ++r) {
-      bool here = false;
-      try { here = store.check({keys[static_cast<size_t>(r)]}); } catch (const std::exception&) {}
-      if (!here) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-    }
-    CHORUS_THROW(DistError, "gloo: rank ", rank, " of ", size, " connected, but rank(s) ",
-                 missing.empty() ? std::string("?") : missing, " did not within ",
-                 static_cast<double>(timeout.count()) / 1000.0,
-                 " s (dead, or failed to connect: their own output says why); cause: ", e.what());
-  }
-}
+// every rank has connected: a store_barrier (dist/store_barrier.h), which
+// names a rank that never connects and lets rank 0, the store's usual host,
+// leave last.
 
 }  // namespace
 
@@ -206,7 +179,8 @@ ProcessGroupGloo::ProcessGroupGloo(int rank, int size, StorePtr store, ProcessGr
   } catch (const ::gloo::Exception& e) {
     CHORUS_THROW(DistError, "gloo: rank ", rank, " of ", size, " could not connect to the other ranks: ", e.what());
   }
-  wait_until_all_connected(*store_, options.name, rank, size, options.timeout);
+  store_barrier(*store_, "gloo-connected/" + options.name, rank, size, options.timeout,
+                detail::str_cat("gloo: rank ", rank, " of ", size, " (waiting for every rank to connect)"));
   impl_->worker = std::thread([this] { run(); });
 }
 
