@@ -232,6 +232,9 @@ int run_bench(const BenchConfig& c) {
                                   {"dp_all_reduce", c.strategy == "dp" && !c.dp_broadcast && n > 1
                                                         ? nlohmann::ordered_json(dp_all_reduce_name(copy_engine_calls, devs[0]))
                                                         : nullptr},
+                                  {"dp_grads", c.strategy == "dp" && !c.dp_broadcast && n > 1
+                                                   ? nlohmann::ordered_json(dp_grads_name(copy_engine_calls, devs[0]))
+                                                   : nullptr},
                                   {"comm_hook", c.strategy == "ddp" ? nlohmann::ordered_json(c.comm_hook) : nullptr},
                                   {"broadcast_buffers", c.strategy == "ddp" ? nlohmann::ordered_json(c.broadcast_buffers) : nullptr},
                                   {"img_per_s", r.img_per_s},

@@ -4,6 +4,7 @@
 
 #include "chorus/autograd/autocast.h"
 #include "chorus/autograd/grad_mode.h"
+#include "chorus/dist/reducer.h"
 #include "chorus/nn/functional.h"
 #include "chorus/ops/comm.h"
 #include "commands.h"
@@ -11,8 +12,10 @@
 namespace chorus::app {
 
 void check_dp_all_reduce(const std::optional<std::string>& method, const std::string& strategy, bool dp_broadcast) {
+  // A bad CHORUS_DP_ALLREDUCE or CHORUS_DP_GRADS fails here, not mid-step.
+  if (strategy == "dp") (void)dist::in_place_gradient_sums();
   if (!method) {
-    if (strategy == "dp") (void)ops::copy_engine_all_reduce();  // a bad CHORUS_DP_ALLREDUCE fails here, not mid-step
+    if (strategy == "dp") (void)ops::copy_engine_all_reduce();
     return;
   }
   CHORUS_CHECK(*method == "nccl" || *method == "copy-engine", "--dp-all-reduce must be nccl or copy-engine, got '",
@@ -31,6 +34,12 @@ std::string dp_all_reduce_name(uint64_t calls_before, const Device& device) {
   if (!device.is_cuda()) return "adds";
   if (ops::copy_engine_all_reduce_calls() > calls_before) return "copy-engine";
   return ops::copy_engine_all_reduce() ? "nccl (copy engines unavailable)" : "nccl";
+}
+
+std::string dp_grads_name(uint64_t copy_engine_calls_before, const Device& device) {
+  // The copy engines sum flat buffers: packed whatever the setting.
+  if (device.is_cuda() && ops::copy_engine_all_reduce_calls() > copy_engine_calls_before) return "packed";
+  return dist::in_place_gradient_sums() ? "in-place" : "packed";
 }
 
 nn::ModulePtr wrap_for_strategy(const nn::ModulePtr& model, const std::string& strategy,

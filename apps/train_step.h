@@ -43,6 +43,11 @@ void apply_dp_all_reduce(const std::optional<std::string>& method, const std::st
 // unavailable" when they were asked for: no peer access); "adds" on CPU
 // devices.
 std::string dp_all_reduce_name(uint64_t calls_before, const Device& device);
+// How a DataParallel run with replicated updates handed its gradients to the
+// all-reduce (bench JSON "dp_grads"): "in-place" (Note [Gradients summed where
+// they are] in dist/reducer.h) or "packed" (CHORUS_DP_GRADS=packed, or the
+// copy engines summed).
+std::string dp_grads_name(uint64_t copy_engine_calls_before, const Device& device);
 
 struct TrainStep {
   nn::ModulePtr net;                     // what forward runs (the model or its wrapper)

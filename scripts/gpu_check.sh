@@ -8,7 +8,8 @@
 # ddpprof profiles 2-GPU DDP against 1 GPU (nsys); ddpgraphs checks graphed DDP against eager and a rank dying mid-replay; ddptrain trains
 # Fashion-MNIST with DDP on 2 GPUs; layout trains channels-last (the
 # default) and --no-channels-last and resumes across them; dp runs DataParallel WRN-28-10 fp32 and bf16 at 1 and 2 GPUs;
-# graphs runs the CUDA-graph tests and one GPU against torch.compile;
+# graphs runs the CUDA-graph tests and one GPU against torch.compile; graphlaunch times
+# CUDA graph replays of several shapes (bench/graph_launch);
 # bnbench times the batch-norm kernels per layer shape; hostprof samples an eager step's host time (gperftools); profile sums GPU time per kernel class (nsys); dpgraphs runs DataParallel
 # with and without CUDA graphs on 2 GPUs;
 # pipeline runs WRN-28-10 and WRN-40-10 in 2 stages (naive, GPipe, 1F1B,
@@ -67,6 +68,12 @@ if has racetorch; then
   grep "torch_racecheck" "$OUT/racetorch.log" | tail -10; tail -3 "$OUT/racetorch.log"
   race_kernels "$OUT/racetorch.log"
 fi
+if has graphlaunch; then
+  # What a CUDA graph's replay costs beyond its kernels (bench/graph_launch):
+  # one device, through a caller's stream, one graph over two devices, a graph
+  # per device; per device, the gap between replays and the time inside one.
+  timeout 300 ./$BUILD/bench_graph_launch ${GRAPHLAUNCH_ARGS:-400 20 200} | tee "$OUT/graph_launch.txt"
+fi
 if has dpcrash; then
   # The DataParallel capture crash (Note [NCCL graph mixing] in cuda/nccl.h): DPCRASH_RUNS
   # runs of the 1,2-GPU DataParallel bench per variant, "name:VAR=value,VAR=value"
@@ -108,10 +115,10 @@ for l in sys.stdin:
   python3 - "$OUT/dpupdates.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-print(f"{'model':10} {'variant':28} {'updates':11} {'loss':11} {'all-reduce':11} {'1 GPU':>9} {'2 GPUs':>9} {'efficiency':>10}")
+print(f"{'model':10} {'variant':28} {'updates':11} {'loss':11} {'all-reduce':11} {'grads':9} {'1 GPU':>9} {'2 GPUs':>9} {'efficiency':>10}")
 for i in range(0, len(rows) - 1, 2):
     one, two = rows[i], rows[i + 1]
-    print(f"{one['model']:10} {one.get('variant', ''):28} {one.get('dp_updates') or '-':11} {one.get('dp_loss') or '-':11} {two.get('dp_all_reduce') or '-':11} {one['img_per_s']:9.0f} {two['img_per_s']:9.0f} "
+    print(f"{one['model']:10} {one.get('variant', ''):28} {one.get('dp_updates') or '-':11} {one.get('dp_loss') or '-':11} {two.get('dp_all_reduce') or '-':11} {two.get('dp_grads') or '-':9} {one['img_per_s']:9.0f} {two['img_per_s']:9.0f} "
           f"{two['img_per_s'] / (2 * one['img_per_s']):10.3f}")
 PY
 fi

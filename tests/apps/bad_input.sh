@@ -52,6 +52,8 @@ expect_error "--dp-all-reduce goes with --strategy dp" train --dp-all-reduce cop
 expect_error "--dp-all-reduce must be nccl or copy-engine, got 'ring'" train --strategy dp --devices cpu:0,cpu:1 --dp-all-reduce ring "${q[@]}"
 expect_error "not --dp-broadcast" train --strategy dp --devices cpu:0,cpu:1 --dp-broadcast --dp-all-reduce nccl "${q[@]}"
 CHORUS_DP_ALLREDUCE=nvls expect_error "CHORUS_DP_ALLREDUCE='nvls' is not a way" bench --strategy dp --devices cpu:0,cpu:1 --model mlp --steps 1 --warmup 0
+CHORUS_DP_GRADS=flat expect_error "CHORUS_DP_GRADS='flat' is not a way to hand gradients to the all-reduce (expected in-place or packed)" train --strategy dp --devices cpu:0,cpu:1 "${q[@]}"
+CHORUS_DP_GRADS_MIN_BYTES=1MB expect_error "CHORUS_DP_GRADS_MIN_BYTES='1MB' is not a number of bytes" bench --strategy dp --devices cpu:0,cpu:1 --model mlp --steps 1 --warmup 0
 expect_error "--bucket-mb must be a number >= 0" train --strategy dp --devices cpu:0,cpu:1 --bucket-mb -1 "${q[@]}"
 expect_error "comm-hook noop communicates nothing" train --comm-hook noop "${q[@]}"
 expect_error "--comm-hook must be allreduce, bf16 or noop, got 'bogus'" bench --strategy ddp --comm-hook bogus

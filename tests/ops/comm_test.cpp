@@ -308,5 +308,129 @@ TEST(Comm, AllReduceOnCpuDevicesIgnoresTheCopyEngineSetting) {
   }
 }
 
+
+// all_reduce_sum_each_after (Note [Gradients summed where they are] in
+// dist/reducer.h): every buffer of every tensor becomes the sum of that
+// tensor's buffers, checked against the host (in device order: exact on CPU
+// devices; NCCL rounds each element's sum once per rank for two GPUs and
+// within float rounding otherwise); a channels-last tensor keeps its layout.
+void check_each(const std::vector<Device>& devices, double tol) {
+  SCOPED_TRACE(std::to_string(devices.size()) + " devices, first " + devices[0].str());
+  struct Spec {
+    Shape sizes;
+    DType dtype;
+    bool channels_last;
+  };
+  const std::vector<Spec> specs{{{(int64_t{1} << 16) + 3}, kFloat32, false},
+                                {{3, 5, 4, 2}, kFloat32, true},
+                                {{1}, kFloat32, false},
+                                {{129}, kBFloat16, false},
+                                {{0}, kFloat32, false}};
+  std::vector<std::vector<Tensor>> bufs(specs.size());
+  std::vector<std::vector<float>> want(specs.size());
+  for (size_t t = 0; t < specs.size(); ++t) {
+    const int64_t n = numel_of(specs[t].sizes);
+    want[t].assign(static_cast<size_t>(n), 0.f);
+    for (size_t i = 0; i < devices.size(); ++i) {
+      Tensor b = on(random_vector(n, 700 + static_cast<uint32_t>(10 * t + i)), devices[i], specs[t].dtype)
+                     .reshape(specs[t].sizes);
+      if (specs[t].channels_last) b = to_channels_last(b);
+      b.mul_(static_cast<double>(i + 1));  // written by a kernel just before the event
+      const std::vector<float> v = b.contiguous().to(kFloat32).to_vector<float>();
+      for (size_t k = 0; k < v.size(); ++k) want[t][k] += v[k];
+      bufs[t].push_back(b);
+    }
+  }
+  std::vector<Event> ready;
+  for (const Device& d : devices) {
+    ready.emplace_back(d, /*timing=*/false);
+    ready.back().record();
+  }
+  all_reduce_sum_each_after(bufs, ready);
+  for (const Device& d : devices) comm_join(d);
+  for (size_t t = 0; t < specs.size(); ++t) {
+    SCOPED_TRACE("tensor " + std::to_string(t) + " (" + dtype_name(specs[t].dtype) + ")");
+    double scale = 1e-12;
+    for (float w : want[t]) scale = std::max(scale, static_cast<double>(std::abs(w)));
+    const double tol_t = specs[t].dtype == kBFloat16 ? 1e-2 : tol;
+    for (size_t i = 0; i < devices.size(); ++i) {
+      EXPECT_EQ(is_channels_last(bufs[t][i]), specs[t].channels_last) << devices[i].str();
+      const std::vector<float> got = bufs[t][i].contiguous().to(kFloat32).to_vector<float>();
+      ASSERT_EQ(got.size(), want[t].size());
+      double err = 0;
+      for (size_t k = 0; k < got.size(); ++k) err = std::max(err, std::abs(static_cast<double>(got[k]) - want[t][k]));
+      EXPECT_LE(err / scale, tol_t) << devices[i].str();
+    }
+  }
+}
+
+TEST(Comm, AllReduceEachSumsEveryTensorOnCpuDevices) {
+  check_each({cpu_device(0), cpu_device(1), cpu_device(2)}, 1e-6);
+  check_each({cpu_device(2), cpu_device(0)}, 1e-6);
+  check_each({cpu_device(1)}, 0);  // one device: nothing to add
+}
+
+TEST(Comm, AllReduceEachBadArgumentsAreValueErrors) {
+  Tensor a = zeros({4, 4}, cpu_device(0)), b = zeros({4, 4}, cpu_device(1));
+  Event e0(cpu_device(0)), e1(cpu_device(1));
+  EXPECT_TRUE(test::throws_naming([&] { all_reduce_sum_each_after({{a, b}}, {e0}); },
+                                    {"all_reduce_sum_each_after", "1 events", "2 devices"}));
+  EXPECT_TRUE(test::throws_naming([&] { all_reduce_sum_each_after({{a, b}, {a}}, {e0, e1}); },
+                                    {"all_reduce_sum_each_after", "tensor 1 has 1 buffers"}));
+  EXPECT_TRUE(test::throws_naming([&] { all_reduce_sum_each_after({{a, b}, {b, a}}, {e0, e1}); },
+                                    {"all_reduce_sum_each_after", "tensor 1", "cpu:1", "cpu:0"}));
+  EXPECT_TRUE(test::throws_naming([&] { all_reduce_sum_each_after({{a.narrow(1, 0, 2), b.narrow(1, 0, 2)}}, {e0, e1}); },
+                                    {"all_reduce_sum_each_after", "not dense"}));
+  EXPECT_TRUE(test::throws_naming([&] { all_reduce_sum_each_after({{a, b.t().contiguous().t()}}, {e0, e1}); },
+                                    {"all_reduce_sum_each_after", "strides"}));
+  EXPECT_TRUE(test::throws_naming([&] { all_reduce_sum_each_after({{a, b}}, {e1, e0}); },
+                                    {"all_reduce_sum_each_after", "event of device 0", "cpu:1"}));
+  EXPECT_TRUE(test::throws_naming([&] { all_reduce_sum_each_after({{a, zeros({4, 4}, cpu_device(0))}}, {e0, e0}); },
+                                    {"all_reduce_sum_each_after", "once"}));
+}
+
+#ifdef CHORUS_WITH_CUDA
+TEST(Comm, AllReduceEachSumsEveryTensorOnGpus_MultiCUDA) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  test::CopyEngineAllReduce off(false);
+  const std::vector<Device> gpus = all_gpus();
+  check_each(gpus, 1e-6);
+  check_each({gpus[1], gpus[0]}, 1e-6);
+  synchronize();
+}
+
+// Buffers dropped right after the call are not reused while NCCL still
+// reads or writes them (they are named on the communication streams).
+TEST(Comm, AllReduceEachKeepsBuffersUntilJoined_MultiCUDA) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  const std::vector<Device> gpus = all_gpus();
+  const int64_t n = (int64_t{1} << 23) + 5;
+  for (int iter = 0; iter < 3; ++iter) {
+    std::vector<std::vector<Tensor>> bufs(2);
+    std::vector<Event> ready;
+    double want = 0;
+    for (size_t i = 0; i < gpus.size(); ++i) {
+      for (auto& b : bufs) {
+        b.push_back(full({n}, 1.0, TensorOptions(kFloat32, gpus[i])));
+        b.back().mul_(static_cast<double>(i + 2));
+      }
+      want += static_cast<double>(i + 2);
+      ready.emplace_back(gpus[i], /*timing=*/false);
+      ready.back().record();
+    }
+    all_reduce_sum_each_after(bufs, ready);
+    Tensor kept = bufs[1][0];
+    bufs.clear();
+    std::vector<Tensor> scribble;
+    for (size_t i = 0; i < gpus.size(); ++i)
+      for (int k = 0; k < 2; ++k) scribble.push_back(full({n}, -1000.0, TensorOptions(kFloat32, gpus[i])));
+    comm_join(gpus[0]);
+    kept.add_(kept, 1.0);
+    EXPECT_EQ(kept.max().item(), 2 * want);
+    EXPECT_EQ(kept.neg().max().item(), -2 * want);
+  }
+}
+#endif  // CHORUS_WITH_CUDA
+
 }  // namespace
 }  // namespace chorus::ops

@@ -263,6 +263,33 @@ void nccl_all_reduce_sum_after(const std::vector<int>& devices, const std::vecto
       &ready);
 }
 
+void nccl_all_reduce_each_after(const std::vector<int>& devices, const std::vector<std::vector<void*>>& bufs,
+                                const std::vector<size_t>& counts, const std::vector<DType>& dtypes,
+                                const std::vector<void*>& ready) {
+  CHORUS_ASSERT(bufs.size() == counts.size() && dtypes.size() == counts.size());
+  CHORUS_ASSERT(ready.size() == devices.size() && !devices.empty());
+  size_t total = 0;
+  for (size_t t = 0; t < bufs.size(); ++t) {
+    CHORUS_ASSERT(bufs[t].size() == devices.size());
+    total += counts[t];
+  }
+  if (total == 0) return;
+  std::vector<ncclDataType_t> types;
+  for (DType d : dtypes) types.push_back(nccl_type(d));
+  run_collective(
+      "ncclAllReduce", devices,
+      [&](int rank, ncclComm_t comm, cudaStream_t stream) {
+        for (size_t t = 0; t < bufs.size(); ++t) {
+          if (counts[t] == 0) continue;
+          void* buf = bufs[t][static_cast<size_t>(rank)];
+          const ncclResult_t r = ncclAllReduce(buf, buf, counts[t], types[t], ncclSum, comm, stream);
+          if (r != ncclSuccess) return r;
+        }
+        return ncclSuccess;
+      },
+      &ready);
+}
+
 void nccl_join(int device) {
   State& st = state();
   std::lock_guard<std::mutex> lock(st.mu);
@@ -297,6 +324,11 @@ void nccl_broadcast(const std::vector<int>&, const std::vector<void*>&, size_t) 
 
 void nccl_reduce_sum(const std::vector<int>&, const std::vector<const void*>&, void*, size_t, DType) {
   CHORUS_THROW(DeviceError, "ncclReduce: this build of Chorus has no NCCL");
+}
+
+void nccl_all_reduce_each_after(const std::vector<int>&, const std::vector<std::vector<void*>>&,
+                                const std::vector<size_t>&, const std::vector<DType>&, const std::vector<void*>&) {
+  CHORUS_THROW(DeviceError, "ncclAllReduce: this build of Chorus has no NCCL");
 }
 void nccl_reduce_sum_after(const std::vector<int>&, const std::vector<const void*>&, void*, size_t, DType,
                            const std::vector<void*>&) {

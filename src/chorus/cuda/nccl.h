@@ -99,6 +99,13 @@ void nccl_reduce_sum_after(const std::vector<int>& devices, const std::vector<co
 // nccl_reduce_sum_after (DataParallel's replicated updates).
 void nccl_all_reduce_sum_after(const std::vector<int>& devices, const std::vector<void*>& bufs, size_t count,
                                DType dtype, const std::vector<void*>& ready);
+// Several all-reduces of nccl_all_reduce_sum_after's kind in one NCCL group
+// (Note [Gradients summed where they are] in dist/reducer.h): for each
+// tensor t, bufs[t][i] (counts[t] elements of dtypes[t] on devices[i]) = the
+// sum over i, in place. One event per device orders them all.
+void nccl_all_reduce_each_after(const std::vector<int>& devices, const std::vector<std::vector<void*>>& bufs,
+                                const std::vector<size_t>& counts, const std::vector<DType>& dtypes,
+                                const std::vector<void*>& ready);
 // The calling thread's current stream of `device` waits for every collective
 // issued to `device` so far. No-op for a device no collective has used.
 void nccl_join(int device);

@@ -1,5 +1,7 @@
 #include "chorus/dist/reducer.h"
 
+#include <atomic>
+#include <cstdlib>
 #include <string>
 
 #include "chorus/autograd/node.h"
@@ -58,6 +60,25 @@ GradBuckets::GradBuckets(const std::vector<Tensor>& params, int64_t bucket_bytes
   if (!ks.empty()) close();
 }
 
+BucketSplit::BucketSplit(const GradBuckets::Bucket& bucket, const std::vector<Tensor>& params, int64_t min_bytes)
+    : slot(bucket.ks.size()), small_index(bucket.ks.size(), 0), direct_of(bucket.ks.size(), 0) {
+  std::vector<Tensor> small_params;
+  for (size_t i = 0; i < bucket.ks.size(); ++i) {
+    const Tensor& p = params[bucket.ks[i]];
+    if (static_cast<int64_t>(p.nbytes()) >= min_bytes) {
+      direct_of[i] = 1;
+      slot[i] = direct.size();
+      direct.push_back(i);
+    } else {
+      small_index[i] = packed.size();
+      packed.push_back(i);
+      small_params.push_back(p);
+    }
+  }
+  small = FlatLayout(small_params);
+  for (size_t j = 0; j < packed.size(); ++j) slot[packed[j]] = direct.size() + small.segments[j].group;
+}
+
 Tensor InProcessSum::reduce(std::vector<Tensor>& srcs, const std::vector<Event>& ready) {
   // In place into replica 0's buffer: it is fresh and nobody else holds it.
   ops::reduce_sum_after(srcs, srcs[0], ready);
@@ -73,6 +94,37 @@ Tensor InProcessAllReduce::reduce(std::vector<Tensor>& srcs, const std::vector<E
 }
 
 void InProcessAllReduce::join(const Device& device) { ops::comm_join(device); }
+
+void BucketComm::sum_each(std::vector<std::vector<Tensor>>&, const std::vector<Event>&) {
+  CHORUS_THROW(ValueError, "this BucketComm does not sum gradients in place");
+}
+
+bool InProcessAllReduce::sums_each() const { return in_place_gradient_sums() && !ops::copy_engine_all_reduce(); }
+
+void InProcessAllReduce::sum_each(std::vector<std::vector<Tensor>>& grads, const std::vector<Event>& ready) {
+  ops::all_reduce_sum_each_after(grads, ready);
+}
+
+namespace {
+// -1: not read yet; then 0 (packed) or 1 (in place).
+std::atomic<int> g_in_place{-1};
+}  // namespace
+
+bool in_place_gradient_sums() {
+  int v = g_in_place.load();
+  if (v < 0) {
+    const char* e = std::getenv("CHORUS_DP_GRADS");
+    const std::string s = e ? e : "";
+    CHORUS_CHECK(s.empty() || s == "in-place" || s == "packed", "CHORUS_DP_GRADS='", s,
+                 "' is not a way to hand gradients to the all-reduce (expected in-place or packed)");
+    int expected = -1;
+    g_in_place.compare_exchange_strong(expected, s == "packed" ? 0 : 1);
+    v = g_in_place.load();
+  }
+  return v == 1;
+}
+
+void set_in_place_gradient_sums(bool on) { g_in_place.store(on ? 1 : 0); }
 
 namespace {
 
@@ -99,6 +151,13 @@ struct GradStep {
   // (both on devices[0]'s thread).
   std::vector<std::vector<Tensor>> replica_grads;
   std::vector<std::vector<std::vector<Tensor>>> results;
+  // Note [Gradients summed where they are]: the replica nodes pass the large
+  // gradients on as they are and pack the small ones (one input of the bucket
+  // node per replica and slot: BucketSplit), the bucket node sums them all in
+  // place, and results[bucket][slot][replica] holds the sums (all_reduces
+  // only). Null: every gradient packed.
+  std::shared_ptr<const std::vector<BucketSplit>> split;
+  bool each = false;
   // [replica]: the recording thread's current stream of each device, the one
   // the caller's later work there (the optimizer's update of a replica) runs
   // on: the join node, on devices[0]'s thread, makes it wait for the sums.
@@ -114,6 +173,7 @@ class ReplicaBackward final : public autograd::Node {
   std::string name() const override { return "ReducerReplicaBackward"; }
 
   TensorList apply(TensorList&& grads) override {
+    if (step_->each) return pass_on(std::move(grads));
     const GradBuckets::Bucket& bucket = step_->buckets->buckets[bucket_];
     const FlatLayout& layout = bucket.layout;
     const size_t groups = layout.groups();
@@ -136,12 +196,87 @@ class ReplicaBackward final : public autograd::Node {
       out[g] = present[g] == total[g] ? empty({layout.numels[g]}, opts) : zeros({layout.numels[g]}, opts);
       any = true;
     }
-    // One multi-tensor copy for the gradients of the parameter's own shape and
-    // dtype (Note [Multi-tensor copy] in ops/copy.h); anything else converts.
-    TensorList srcs, dsts;
-    for (size_t i = 0; i < bucket.ks.size(); ++i) {
+    std::vector<size_t> all(bucket.ks.size());
+    for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+    pack(grads, all, layout, out);
+    if (any) ready_here();
+    return out;
+  }
+
+ private:
+  // The point the bucket's reduction waits for on this device (Note
+  // [Overlapped collectives] in cuda/nccl.h), not the end of the backward.
+  void ready_here() {
+    Event done(step_->devices[replica_], /*timing=*/false);
+    done.record();
+    step_->ready[bucket_][replica_] = std::move(done);
+  }
+
+  // Note [Gradients summed where they are]: a large gradient goes on as it
+  // is when nothing else can see it (the engine handed over the only handle
+  // to a buffer of the parameter's own shape, layout and dtype); one that
+  // something else can see (a view of a buffer another gradient shares), or
+  // of another layout or dtype, is copied into a fresh buffer, which the sum
+  // may then write. The small ones are packed, one flat buffer per dtype.
+  TensorList pass_on(TensorList&& grads) {
+    const GradBuckets::Bucket& bucket = step_->buckets->buckets[bucket_];
+    const BucketSplit& split = (*step_->split)[bucket_];
+    const FlatLayout& layout = bucket.layout;
+    std::vector<char>& got = step_->got[replica_];
+    const Device dev = step_->devices[replica_];
+    TensorList out(split.slots());
+    bool any = false;
+    for (size_t i = 0; i < bucket.ks.size(); ++i) got[bucket.ks[i]] = i < grads.size() && grads[i].defined();
+    for (size_t d = 0; d < split.direct.size(); ++d) {
+      const size_t i = split.direct[d];
       if (!got[bucket.ks[i]]) continue;
-      Tensor dst = layout.view(out[layout.segments[i].group], i);
+      Tensor g = std::move(grads[i]);
+      const FlatLayout::Segment& seg = layout.segments[i];
+      const bool own = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 && g.device() == dev &&
+                       g.sizes() == seg.sizes && g.strides() == seg.strides &&
+                       g.dtype() == layout.dtypes[seg.group];
+      if (!own) {
+        Tensor fresh = chorus::detail::make_view(empty({g.numel()}, TensorOptions(layout.dtypes[seg.group], dev)),
+                                                 seg.sizes, seg.strides, 0);
+        ops::copy_(fresh, g);
+        g = std::move(fresh);
+      }
+      out[d] = std::move(g);
+      any = true;
+    }
+    // The small ones as the packed path packs them, zeros for a gradient this
+    // replica did not produce when it produced others of the dtype.
+    const FlatLayout& small = split.small;
+    std::vector<size_t> present(small.groups(), 0), total(small.groups(), 0);
+    for (size_t j = 0; j < split.packed.size(); ++j) {
+      const size_t g = small.segments[j].group;
+      ++total[g];
+      if (got[bucket.ks[split.packed[j]]]) ++present[g];
+    }
+    for (size_t g = 0; g < small.groups(); ++g) {
+      if (present[g] == 0) continue;
+      const TensorOptions opts(small.dtypes[g], dev);
+      out[split.direct.size() + g] = present[g] == total[g] ? empty({small.numels[g]}, opts) : zeros({small.numels[g]}, opts);
+      any = true;
+    }
+    pack(grads, split.packed, small, TensorList(out.begin() + static_cast<std::ptrdiff_t>(split.direct.size()), out.end()));
+    if (any) ready_here();
+    return out;
+  }
+
+  // Gradient which[j] (a bucket index) -> segment j of `layout` in flats[its
+  // group], for those this replica produced: one multi-tensor copy for the
+  // gradients of the parameter's own shape and dtype (Note [Multi-tensor
+  // copy] in ops/copy.h); anything else converts.
+  void pack(const TensorList& grads, const std::vector<size_t>& which, const FlatLayout& layout,
+            const TensorList& flats) const {
+    const GradBuckets::Bucket& bucket = step_->buckets->buckets[bucket_];
+    const std::vector<char>& got = step_->got[replica_];
+    TensorList srcs, dsts;
+    for (size_t j = 0; j < which.size(); ++j) {
+      const size_t i = which[j];
+      if (!got[bucket.ks[i]]) continue;
+      Tensor dst = layout.view(flats[layout.segments[j].group], j);
       if (grads[i].sizes() == dst.sizes() && grads[i].dtype() == dst.dtype()) {
         srcs.push_back(grads[i]);
         dsts.push_back(std::move(dst));
@@ -150,17 +285,9 @@ class ReplicaBackward final : public autograd::Node {
       }
     }
     ops::copy_multi(srcs, dsts);
-    if (any) {
-      // The point the bucket's reduction waits for on this device (Note
-      // [Overlapped collectives] in cuda/nccl.h), not the end of the backward.
-      Event done(dev, /*timing=*/false);
-      done.record();
-      step_->ready[bucket_][replica_] = std::move(done);
-    }
-    return out;
   }
 
- private:
+
   std::shared_ptr<GradStep> step_;
   size_t replica_, bucket_;
 };
@@ -174,6 +301,7 @@ class BucketBackward final : public autograd::Node {
   std::string name() const override { return "ReducerBucketBackward"; }
 
   TensorList apply(TensorList&& grads) override {
+    if (step_->each) return sum_each(std::move(grads));
     const GradBuckets::Bucket& bucket = step_->buckets->buckets[bucket_];
     const FlatLayout& layout = bucket.layout;
     const size_t groups = layout.groups(), replicas = step_->devices.size();
@@ -212,6 +340,74 @@ class BucketBackward final : public autograd::Node {
   }
 
  private:
+  // Note [Gradients summed where they are]: input r * S + s is replica r's
+  // slot s (S slots: BucketSplit); every slot of the bucket is summed in
+  // place by one grouped all-reduce, and output s is replica 0's sum of slot s.
+  TensorList sum_each(TensorList&& grads) {
+    const GradBuckets::Bucket& bucket = step_->buckets->buckets[bucket_];
+    const BucketSplit& split = (*step_->split)[bucket_];
+    const FlatLayout& layout = bucket.layout;
+    const size_t slots = split.slots(), replicas = step_->devices.size();
+    auto sent = [&](size_t r, size_t s) { return r * slots + s < grads.size() && grads[r * slots + s].defined(); };
+    std::vector<char> sent_any(replicas, 0);
+    std::vector<std::vector<Tensor>> bufs;  // [summed slot][replica]
+    std::vector<size_t> which;              // [summed slot]: the slot
+    for (size_t s = 0; s < slots; ++s) {
+      bool any = false;
+      for (size_t r = 0; r < replicas; ++r) any = any || sent(r, s);
+      if (!any) continue;  // no replica produced one
+      std::vector<Tensor> per;
+      for (size_t r = 0; r < replicas; ++r) {
+        const Device dev = step_->devices[r];
+        if (sent(r, s)) {
+          per.push_back(std::move(grads[r * slots + s]));
+          sent_any[r] = 1;
+        } else if (s < split.direct.size()) {
+          // A replica the backward did not reach for this parameter adds zeros.
+          const FlatLayout::Segment& seg = layout.segments[split.direct[s]];
+          per.push_back(chorus::detail::make_view(
+              zeros({numel_of(seg.sizes)}, TensorOptions(layout.dtypes[seg.group], dev)), seg.sizes, seg.strides, 0));
+        } else {
+          const size_t g = s - split.direct.size();
+          per.push_back(zeros({split.small.numels[g]}, TensorOptions(split.small.dtypes[g], dev)));
+        }
+      }
+      bufs.push_back(std::move(per));
+      which.push_back(s);
+    }
+    // Which parameters got a sum: those any replica produced (noted by the
+    // replica nodes; the handover of their outputs orders those writes
+    // before these reads).
+    for (size_t k : bucket.ks) {
+      bool got = false;
+      for (size_t r = 0; r < replicas && !got; ++r) got = step_->got[r][k] != 0;
+      step_->summed[k] = got;
+    }
+    TensorList out(slots);
+    if (bufs.empty()) return out;
+    std::vector<Event> ready;
+    for (size_t r = 0; r < replicas; ++r) {
+      if (sent_any[r]) {
+        ready.push_back(*step_->ready[bucket_][r]);
+      } else {
+        // Only zeros of its own, made on this thread's stream of its device.
+        ready.emplace_back(step_->devices[r], /*timing=*/false);
+        ready.back().record();
+      }
+    }
+    step_->comm->sum_each(bufs, ready);
+    for (size_t j = 0; j < which.size(); ++j) {
+      out[which[j]] = bufs[j][0];
+      if (!step_->replica_grads.empty()) {
+        step_->results[bucket_][which[j]] = std::move(bufs[j]);
+        // A large gradient's sum goes on as the output alone (a second handle
+        // would make its AccumulateGrad copy it); a flat buffer is viewed.
+        if (which[j] < split.direct.size()) step_->results[bucket_][which[j]][0] = Tensor();
+      }
+    }
+    return out;
+  }
+
   std::shared_ptr<GradStep> step_;
   size_t bucket_;
 };
@@ -234,6 +430,17 @@ class JoinBackward final : public autograd::Node {
       if (!step_->summed[k]) continue;  // no replica produced one: none, as for a plain module
       const size_t b = buckets.bucket_of[k], i = buckets.index_in_bucket[k];
       const FlatLayout& layout = buckets.buckets[b].layout;
+      if (step_->each) {
+        // Note [Gradients summed where they are]: a large gradient's sum
+        // itself, which only this handle refers to now; a small one's view of
+        // its flat sum.
+        const BucketSplit& split = (*step_->split)[b];
+        const size_t in = offsets_[b] + split.slot[i];
+        if (in >= grads.size() || !grads[in].defined()) continue;
+        out[k] = split.is_direct(i) ? std::move(grads[in]) : split.small.view(grads[in], split.small_index[i]);
+        out[k].impl()->exclusive_view = true;
+        continue;
+      }
       const size_t in = offsets_[b] + layout.segments[i].group;
       if (in < grads.size() && grads[in].defined()) {
         // Disjoint views of a fresh result that only they refer to once this
@@ -267,6 +474,18 @@ class JoinBackward final : public autograd::Node {
         }
         const size_t b = buckets.bucket_of[k], i = buckets.index_in_bucket[k];
         const FlatLayout& layout = buckets.buckets[b].layout;
+        if (step_->each) {
+          const BucketSplit& split = (*step_->split)[b];
+          const Tensor& sum = step_->results[b][split.slot[i]][r];
+          if (split.is_direct(i)) {
+            target.set_grad(sum);
+          } else {
+            Tensor g = split.small.view(sum, split.small_index[i]);
+            g.impl()->exclusive_view = true;
+            target.set_grad(g);
+          }
+          continue;
+        }
         const Tensor& buf = step_->results[b][layout.segments[i].group][r];
         Tensor g = layout.view(buf, i);
         g.impl()->exclusive_view = true;
@@ -292,6 +511,18 @@ Reducer::Reducer(std::vector<Tensor> params, std::shared_ptr<BucketComm> comm, R
   CHORUS_CHECK(comm_ != nullptr, "Reducer: no BucketComm");
   buckets_ = std::make_shared<const GradBuckets>(params_, options.bucket_bytes, options.first_bucket_bytes,
                                                  std::vector<size_t>{}, options.last_bucket_bytes);
+  int64_t min_bytes = options.in_place_min_bytes;
+  if (const char* e = std::getenv("CHORUS_DP_GRADS_MIN_BYTES"); e && *e) {
+    char* end = nullptr;
+    const long long v = std::strtoll(e, &end, 10);
+    CHORUS_CHECK(end && *end == '\0' && v >= 0, "CHORUS_DP_GRADS_MIN_BYTES='", e,
+                 "' is not a number of bytes (the smallest gradient summed where it is)");
+    min_bytes = v;
+  }
+  CHORUS_CHECK(min_bytes >= 0, "Reducer: in_place_min_bytes must be >= 0, got ", min_bytes);
+  auto split = std::make_shared<std::vector<BucketSplit>>();
+  for (const GradBuckets::Bucket& b : buckets_->buckets) split->emplace_back(b, params_, min_bytes);
+  split_ = std::move(split);
 }
 
 std::vector<std::vector<Tensor>> Reducer::record(const std::vector<Device>& devices,
@@ -310,18 +541,38 @@ std::vector<std::vector<Tensor>> Reducer::record(const std::vector<Device>& devi
   step->got.assign(used, std::vector<char>(k_count, 0));
   step->ready.assign(n_buckets, std::vector<std::optional<Event>>(used));
   step->summed.assign(k_count, 0);
+  // Note [Gradients summed where they are]: with more than one replica and a
+  // comm that sums each gradient in place (one value per step: a capture and
+  // its replays agree).
+  step->each = used > 1 && comm_->sums_each();
+  if (step->each) step->split = split_;
+  // What flows per replica and bucket: one flat buffer per dtype, or the
+  // large gradients as they are and a flat buffer per dtype of the rest.
+  auto slots = [&](size_t b) { return step->each ? (*split_)[b].slots() : buckets.buckets[b].layout.groups(); };
+  // The device, dtype and shape of what flows in slot j of bucket b.
+  auto slot_meta = [&](size_t b, size_t j, const Device& dev) -> autograd::InputMeta {
+    const FlatLayout& layout = buckets.buckets[b].layout;
+    if (!step->each) return {dev, layout.dtypes[j], {layout.numels[j]}};
+    const BucketSplit& split = (*split_)[b];
+    if (j < split.direct.size()) {
+      const size_t k = buckets.buckets[b].ks[split.direct[j]];
+      return {dev, params_[k].dtype(), params_[k].sizes()};
+    }
+    const size_t g = j - split.direct.size();
+    return {dev, split.small.dtypes[g], {split.small.numels[g]}};
+  };
   if (!replica_grads.empty()) {
     step->replica_grads = replica_grads;
     step->results.resize(buckets.buckets.size());
-    for (size_t b = 0; b < buckets.buckets.size(); ++b) step->results[b].resize(buckets.buckets[b].layout.groups());
+    for (size_t b = 0; b < buckets.buckets.size(); ++b) step->results[b].resize(slots(b));
     for (const Device& d : devices) step->caller_streams.push_back(Stream::current(d));
   }
 
   std::vector<size_t> offsets;
   size_t join_inputs = 0;
-  for (const GradBuckets::Bucket& bucket : buckets.buckets) {
+  for (size_t b = 0; b < n_buckets; ++b) {
     offsets.push_back(join_inputs);
-    join_inputs += bucket.layout.groups();
+    join_inputs += slots(b);
   }
   auto join = std::make_shared<JoinBackward>(step, offsets);
   join->seq = autograd::next_urgent_sequence_nr();
@@ -337,10 +588,11 @@ std::vector<std::vector<Tensor>> Reducer::record(const std::vector<Device>& devi
     auto node = std::make_shared<BucketBackward>(step, b);
     node->seq = autograd::next_urgent_sequence_nr();
     node->device = devices[0];
-    node->num_outputs = static_cast<uint32_t>(used * layout.groups());
-    for (size_t g = 0; g < layout.groups(); ++g) {
-      node->next.push_back(autograd::Edge{join, static_cast<uint32_t>(offsets[b] + g)});
-      node->input_meta.push_back({devices[0], layout.dtypes[g], {layout.numels[g]}});
+    const size_t n = slots(b);
+    node->num_outputs = static_cast<uint32_t>(used * n);
+    for (size_t j = 0; j < n; ++j) {
+      node->next.push_back(autograd::Edge{join, static_cast<uint32_t>(offsets[b] + j)});
+      node->input_meta.push_back(slot_meta(b, j, devices[0]));
     }
     bucket_nodes.push_back(std::move(node));
   }
@@ -353,9 +605,10 @@ std::vector<std::vector<Tensor>> Reducer::record(const std::vector<Device>& devi
       node->seq = autograd::next_urgent_sequence_nr();
       node->device = devices[r];  // the engine runs it on this device's thread
       node->num_outputs = static_cast<uint32_t>(buckets.buckets[b].ks.size());
-      for (size_t g = 0; g < layout.groups(); ++g) {
-        node->next.push_back(autograd::Edge{bucket_nodes[b], static_cast<uint32_t>(r * layout.groups() + g)});
-        node->input_meta.push_back({devices[r], layout.dtypes[g], {layout.numels[g]}});
+      const size_t n = slots(b);
+      for (size_t j = 0; j < n; ++j) {
+        node->next.push_back(autograd::Edge{bucket_nodes[b], static_cast<uint32_t>(r * n + j)});
+        node->input_meta.push_back(slot_meta(b, j, devices[r]));
       }
       nodes.push_back(std::move(node));
     }

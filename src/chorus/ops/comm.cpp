@@ -1,5 +1,6 @@
 #include "chorus/ops/comm.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <string>
@@ -268,6 +269,89 @@ void all_reduce_sum_after(const std::vector<Tensor>& bufs, const std::vector<Eve
 #endif
   reduce_fallback(bufs, bufs[0], /*dst_is_first=*/true);
   for (size_t i = 1; i < bufs.size(); ++i) copy_(bufs[i], bufs[0]);
+}
+
+namespace {
+
+// Whether t's elements fill [raw_data, raw_data + numel) exactly once in some
+// order of its dimensions (contiguous, channels-last, ...).
+bool dense(const Tensor& t) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of dims longer than 1
+  for (int64_t d = 0; d < t.dim(); ++d)
+    if (t.size(d) != 1) dims.emplace_back(t.stride(d), t.size(d));
+  std::sort(dims.begin(), dims.end());
+  int64_t expected = 1;
+  for (const auto& [stride, size] : dims) {
+    if (stride != expected) return false;
+    expected *= size;
+  }
+  return true;
+}
+
+}  // namespace
+
+void all_reduce_sum_each_after(const std::vector<std::vector<Tensor>>& bufs, const std::vector<Event>& ready) {
+  const char* op = "all_reduce_sum_each_after";
+  if (bufs.empty()) return;
+  const size_t n = bufs[0].size();
+  CHORUS_CHECK(n > 0, op, ": tensor 0 has no buffers");
+  CHORUS_CHECK(ready.size() == n, op, ": ", ready.size(), " events for ", n, " devices");
+  for (size_t t = 0; t < bufs.size(); ++t) {
+    const std::vector<Tensor>& g = bufs[t];
+    CHORUS_CHECK(g.size() == n, op, ": tensor ", t, " has ", g.size(), " buffers, tensor 0 has ", n);
+    for (size_t i = 0; i < n; ++i) {
+      CHORUS_CHECK(g[i].defined(), op, ": buffer ", i, " of tensor ", t, " is an undefined tensor");
+      CHORUS_CHECK(g[i].device() == bufs[0][i].device(), op, ": buffer ", i, " of tensor ", t, " is on ",
+                   g[i].device().str(), " but buffer ", i, " of tensor 0 is on ", bufs[0][i].device().str());
+      CHORUS_CHECK(dense(g[i]), op, ": buffer ", i, " of tensor ", t, " (", g[i].describe(), ", strides ",
+                   shape_str(g[i].strides()), ") is not dense");
+      CHORUS_CHECK(g[i].sizes() == g[0].sizes() && g[i].strides() == g[0].strides() && g[i].dtype() == g[0].dtype(),
+                   op, ": buffer ", i, " of tensor ", t, " is ", g[i].describe(), " with strides ",
+                   shape_str(g[i].strides()), " but buffer 0 is ", g[0].describe(), " with strides ",
+                   shape_str(g[0].strides()));
+    }
+    check_distinct(g, op);
+  }
+  for (size_t i = 0; i < n; ++i)
+    CHORUS_CHECK(ready[i].device() == bufs[0][i].device(), op, ": the event of device ", i, " is on ",
+                 ready[i].device().str(), " but the buffers are on ", bufs[0][i].device().str());
+  if (n < 2) return;
+#ifdef CHORUS_WITH_NCCL
+  bool nccl = all_cuda(bufs[0]);
+  for (const std::vector<Tensor>& g : bufs) nccl = nccl && cuda::nccl_can_reduce(g[0].dtype());
+  if (nccl) {
+    std::vector<int> devices;
+    std::vector<void*> events;
+    for (size_t i = 0; i < n; ++i) {
+      devices.push_back(bufs[0][i].device().index);
+      events.push_back(ready[i].handle());
+    }
+    std::vector<std::vector<void*>> ptrs;
+    std::vector<size_t> counts;
+    std::vector<DType> dtypes;
+    for (const std::vector<Tensor>& g : bufs) {
+      ptrs.emplace_back();
+      for (const Tensor& b : g) ptrs.back().push_back(b.raw_data());
+      counts.push_back(static_cast<size_t>(g[0].numel()));
+      dtypes.push_back(g[0].dtype());
+    }
+    cuda::nccl_all_reduce_each_after(devices, ptrs, counts, dtypes, events);
+    // Named on the communication streams: a free waits for the collective.
+    for (const std::vector<Tensor>& g : bufs)
+      for (const Tensor& t : g) {
+        backend(t.device()).record_use(t.storage()->data(), t.device(), t.device(),
+                                       cuda::nccl_stream(t.device().index));
+        t.bump_version();
+      }
+    return;
+  }
+#endif
+  // In order, one tensor at a time, as all_reduce_sum_after's fallback.
+  for (const std::vector<Tensor>& g : bufs) {
+    if (g[0].numel() == 0) continue;
+    reduce_fallback(g, g[0], /*dst_is_first=*/true);
+    for (size_t i = 1; i < g.size(); ++i) copy_(g[i], g[0]);
+  }
 }
 
 void comm_join(const Device& device) {

@@ -47,6 +47,16 @@ void reduce_sum_after(const std::vector<Tensor>& srcs, const Tensor& dst, const 
 // into bufs[0] and copies the sum to the others.
 void all_reduce_sum_after(const std::vector<Tensor>& bufs, const std::vector<Event>& ready);
 
+// all_reduce_sum_after over several tensors at once (DataParallel's gradients
+// summed where the backward wrote them, Note [Gradients summed where they
+// are] in dist/reducer.h): for every t, each bufs[t][i] = bufs[t][0] +
+// bufs[t][1] + ..., in place; on GPUs one NCCL group for them all. bufs[t]:
+// the same sizes, strides and dtype, dense (any memory format: channels-last
+// weights' gradients too), bufs[t][i] on the i-th device of one list of
+// distinct devices shared by every t; ready[i]: the event of the i-th device.
+// Always NCCL or the fallback, never the copy engines (which sum flat buffers).
+void all_reduce_sum_each_after(const std::vector<std::vector<Tensor>>& bufs, const std::vector<Event>& ready);
+
 // How all_reduce_sum_after sums CUDA buffers: NCCL (the default) or, when
 // on, the GPUs' copy engines where every pair has peer access (Note
 // [Copy-engine all-reduce] in cuda/peer_all_reduce.h: no SM is held for the

@@ -73,6 +73,8 @@ DataParallel::DataParallel(nn::ModulePtr module, std::vector<Device> devices, Da
                options_.bucket_bytes);
   CHORUS_CHECK(options_.last_bucket_bytes >= 0, "DataParallel: last_bucket_bytes must be >= 0 (0: none), got ",
                options_.last_bucket_bytes);
+  CHORUS_CHECK(options_.in_place_min_bytes >= 0, "DataParallel: in_place_min_bytes must be >= 0, got ",
+               options_.in_place_min_bytes);
   for (size_t i = 0; i < devices_.size(); ++i) {
     check_device(devices_[i]);
     for (size_t j = 0; j < i; ++j)
@@ -313,7 +315,8 @@ void DataParallel::record_gradient_nodes(size_t used) {
     if (replicated_) comm = std::make_shared<dist::InProcessAllReduce>();
     else comm = std::make_shared<dist::InProcessSum>();
     reducer_ = std::make_unique<dist::Reducer>(ms, std::move(comm),
-                                               dist::ReducerOptions{options_.bucket_bytes, 0, options_.last_bucket_bytes});
+                                               dist::ReducerOptions{options_.bucket_bytes, 0, options_.last_bucket_bytes,
+                                                                    options_.in_place_min_bytes});
     grad_entries_ = ge;
   }
   // Replica 0 computes with aliases of the masters, so that its gradients too

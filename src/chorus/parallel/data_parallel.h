@@ -37,6 +37,10 @@ struct DataParallelOptions {
   // The first layers' gradients in a bucket of their own of at most this many
   // bytes (dist::ReducerOptions::last_bucket_bytes); 0: none.
   int64_t last_bucket_bytes = 0;
+  // With replicated updates: gradients of at least this many bytes are summed
+  // where the backward wrote them, smaller ones packed first (Note [Gradients
+  // summed where they are] in dist/reducer.h). Negative: ValueError.
+  int64_t in_place_min_bytes = int64_t{1} << 20;
 };
 
 // The loss of one replica's chunk: its output and its share of the targets,

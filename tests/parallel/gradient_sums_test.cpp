@@ -1,0 +1,194 @@
+// DataParallel's replicated updates with each gradient summed where the
+// backward wrote it (Note [Gradients summed where they are] in
+// dist/reducer.h), on logical CPU devices: the same training as with the
+// gradients packed into flat buckets first (losses, weights, batch-norm
+// buffers) over 2 and 3 devices and batches that leave replicas out; two
+// parameters whose gradients are one buffer (the backward of a + b hands the
+// same tensor to both) trained like one device, where summing in place
+// without copying would count the shared buffer twice; the setting and its
+// environment variable.
+
+#include <gtest/gtest.h>
+
+#include <chorus/chorus.h>
+#include <chorus/dist/reducer.h>
+#include <chorus/optim/sgd.h>
+#include <chorus/parallel/data_parallel.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "testing/compare.h"
+#include "testing/devices.h"
+#include "testing/nets.h"
+
+namespace chorus::parallel {
+namespace gradient_sums_test {  // names of its own in the unity build
+namespace {
+
+namespace F = nn::functional;
+using test::rel_err;
+
+// The setting for a scope, restored however the test ends.
+class GradientSums {
+ public:
+  explicit GradientSums(bool in_place) : before_(dist::in_place_gradient_sums()) {
+    dist::set_in_place_gradient_sums(in_place);
+  }
+  ~GradientSums() { dist::set_in_place_gradient_sums(before_); }
+  GradientSums(const GradientSums&) = delete;
+  GradientSums& operator=(const GradientSums&) = delete;
+
+ private:
+  bool before_;
+};
+
+// x * (a + b), then a linear head: a's and b's gradients are the one tensor
+// the sum's backward passes to both.
+class AddedScales : public nn::Module {
+ public:
+  explicit AddedScales(nn::NoOptions = {}) : Module("AddedScales") {
+    register_parameter("a", randn({18}));
+    register_parameter("b", randn({18}));
+    head_ = register_module("head", std::make_shared<nn::Linear>(18, 5));
+  }
+  // Through the module's own slots, which DataParallel points at a replica's copies.
+  Tensor forward(const Tensor& x) override {
+    return head_->forward(x.flatten(1) * (own_parameters()[0].second + own_parameters()[1].second));
+  }
+  nn::NoOptions options_for_clone() const { return {}; }
+  CHORUS_MODULE_CLONEABLE(AddedScales)
+ private:
+  std::shared_ptr<nn::Linear> head_;
+};
+
+struct TrainRun {
+  std::vector<double> losses;
+  nn::NamedTensors state;
+};
+
+// `devices` empty: the plain module on cpu:0 (the reference); otherwise
+// DataParallel with replicated updates over them (the data on the first).
+TrainRun train(const std::shared_ptr<nn::Module>& net, const std::vector<Device>& devices, const Shape& input,
+               const std::vector<int64_t>& batches, int64_t in_place_min_bytes = 0) {
+  std::shared_ptr<nn::Module> model = net;
+  std::shared_ptr<DataParallel> dp;
+  const Device first = devices.empty() ? cpu_device(0) : devices[0];
+  net->to(first);
+  if (!devices.empty())
+    model = dp = std::make_shared<DataParallel>(net, devices,
+                                                DataParallelOptions{.in_place_min_bytes = in_place_min_bytes});
+  optim::SGD opt(model->parameters(),
+                 optim::SGDOptions{.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-3, .nesterov = true});
+  if (dp) {
+    ReplicatedUpdates u = dp->replicate_updates(opt.params());
+    opt.add_replicas(u.copies, u.after_step);
+  }
+  manual_seed(5);
+  Shape xs{12};
+  xs.insert(xs.end(), input.begin(), input.end());
+  Tensor x = randn(xs).to(first), y = randint(0, 5, {12}).to(first);
+  TrainRun run;
+  for (int64_t b : batches) {
+    opt.zero_grad();
+    Tensor loss = F::cross_entropy(model->forward(x.narrow(0, 0, b)), y.narrow(0, 0, b));
+    loss.backward();
+    opt.step();
+    run.losses.push_back(loss.item());
+  }
+  for (const auto& [n, t] : net->state_dict()) run.state.emplace_back(n, t.clone());
+  return run;
+}
+
+void expect_same(const TrainRun& got, const TrainRun& ref, double tol) {
+  ASSERT_EQ(got.losses.size(), ref.losses.size());
+  for (size_t i = 0; i < ref.losses.size(); ++i)
+    EXPECT_NEAR(got.losses[i], ref.losses[i], tol * std::abs(ref.losses[i])) << "step " << i;
+  ASSERT_EQ(got.state.size(), ref.state.size());
+  for (size_t i = 0; i < ref.state.size(); ++i)
+    EXPECT_LE(rel_err(got.state[i].second, ref.state[i].second), tol) << ref.state[i].first;
+}
+
+// conv_bn_net's gradients: the convolution's weight 432 bytes, the linear
+// layer's 1920, the others 20-24: a threshold of 0 sums every one where it
+// is, 400 those two (the rest packed), 1 MiB (the default) none.
+TEST(GradientSums, InPlaceTrainsLikePackedBuckets) {
+  // Batches of 1 and 2 leave replicas out of a step.
+  const std::vector<int64_t> batches{12, 12, 1, 12, 2, 12, 7};
+  TrainRun packed2, packed3;
+  {
+    GradientSums s(false);
+    packed2 = train(test::conv_bn_net(31), test::cpus(2), {2, 8, 8}, batches);
+    packed3 = train(test::conv_bn_net(31), test::cpus(3), {2, 8, 8}, batches);
+  }
+  GradientSums s(true);
+  for (int devices : {2, 3}) {
+    for (int64_t min_bytes : {int64_t{0}, int64_t{400}, int64_t{1} << 20}) {
+      SCOPED_TRACE(std::to_string(devices) + " devices, in place from " + std::to_string(min_bytes) + " bytes");
+      const TrainRun in_place = train(test::conv_bn_net(31), test::cpus(devices), {2, 8, 8}, batches, min_bytes);
+      // The same additions in the same order, only not all through a flat buffer.
+      expect_same(in_place, devices == 2 ? packed2 : packed3, 1e-6);
+      EXPECT_LT(in_place.losses.back(), in_place.losses.front());
+    }
+  }
+}
+
+TEST(GradientSums, ParametersSharingOneGradientBufferTrainLikeOneDevice) {
+  GradientSums s(true);
+  const std::vector<int64_t> batches{12, 12, 12, 5, 12};
+  manual_seed(17);
+  auto ref_net = std::make_shared<AddedScales>();
+  const TrainRun ref = train(ref_net, {}, {2, 3, 3}, batches);
+  // a and b (72 bytes each) summed where they are, then packed.
+  for (int64_t min_bytes : {int64_t{0}, int64_t{100}}) {
+    SCOPED_TRACE("in place from " + std::to_string(min_bytes) + " bytes");
+    manual_seed(17);
+    auto dp_net = std::make_shared<AddedScales>();
+    expect_same(train(dp_net, test::cpus(2), {2, 3, 3}, batches, min_bytes), ref, 1e-5);
+  }
+  EXPECT_LT(ref.losses.back(), ref.losses.front());
+}
+
+TEST(GradientSums, BadThresholdIsAValueError) {
+  EXPECT_THROW(DataParallel(test::conv_bn_net(1), test::cpus(2), DataParallelOptions{.in_place_min_bytes = -1}),
+               ValueError);
+}
+
+#ifdef CHORUS_WITH_CUDA
+// On two GPUs: NCCL's grouped all-reduce of the gradients where they are
+// against its one all-reduce per flat bucket (two ranks: each element's sum
+// is rounded once either way), and the shared-buffer parameters.
+TEST(GradientSums, InPlaceTrainsLikePackedBucketsOnTwoGpus_MultiCUDA) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  const std::vector<Device> gpus{cuda_device(0), cuda_device(1)};
+  const std::vector<int64_t> batches{12, 12, 1, 12, 7};
+  TrainRun packed;
+  {
+    GradientSums s(false);
+    packed = train(test::conv_bn_net(31), gpus, {2, 8, 8}, batches);
+  }
+  GradientSums s(true);
+  for (int64_t min_bytes : {int64_t{0}, int64_t{400}}) {
+    SCOPED_TRACE("in place from " + std::to_string(min_bytes) + " bytes");
+    expect_same(train(test::conv_bn_net(31), gpus, {2, 8, 8}, batches, min_bytes), packed, 1e-6);
+  }
+  manual_seed(17);
+  auto ref_net = std::make_shared<AddedScales>();
+  manual_seed(17);
+  auto dp_net = std::make_shared<AddedScales>();
+  expect_same(train(dp_net, gpus, {2, 3, 3}, {12, 12, 5}), train(ref_net, {}, {2, 3, 3}, {12, 12, 5}), 1e-4);
+}
+#endif
+
+TEST(GradientSums, TheSettingOverridesTheEnvironment) {
+  GradientSums restore(dist::in_place_gradient_sums());
+  dist::set_in_place_gradient_sums(false);
+  EXPECT_FALSE(dist::in_place_gradient_sums());
+  dist::set_in_place_gradient_sums(true);
+  EXPECT_TRUE(dist::in_place_gradient_sums());
+}
+
+}  // namespace
+}  // namespace gradient_sums_test
+}  // namespace chorus::parallel
