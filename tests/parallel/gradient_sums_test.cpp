@@ -15,6 +15,7 @@
 #include <chorus/optim/sgd.h>
 #include <chorus/parallel/data_parallel.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -63,22 +64,45 @@ class AddedScales : public nn::Module {
   std::shared_ptr<nn::Linear> head_;
 };
 
+// `extra` is used only by the replica on device index 1: the other replicas
+// send zeros for it (in its bucket, or the whole bucket with one bucket per
+// parameter).
+class UsedOnOneDevice : public nn::Module {
+ public:
+  explicit UsedOnOneDevice(nn::NoOptions = {}) : Module("UsedOnOneDevice") {
+    lin = register_module("lin", std::make_shared<nn::Linear>(18, 5));
+    extra = register_module("extra", std::make_shared<nn::Linear>(18, 5));
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor h = x.flatten(1);
+    Tensor y = lin->forward(h);
+    if (x.device().index == 1) y = y + extra->forward(h);
+    return y;
+  }
+  nn::NoOptions options_for_clone() const { return {}; }
+  CHORUS_MODULE_CLONEABLE(UsedOnOneDevice)
+  std::shared_ptr<nn::Linear> lin, extra;
+};
+
 struct TrainRun {
   std::vector<double> losses;
   nn::NamedTensors state;
+  double replica_diff = 0;  // the largest relative difference of a replica's parameter from its master
 };
 
 // `devices` empty: the plain module on cpu:0 (the reference); otherwise
 // DataParallel with replicated updates over them (the data on the first).
 TrainRun train(const std::shared_ptr<nn::Module>& net, const std::vector<Device>& devices, const Shape& input,
-               const std::vector<int64_t>& batches, int64_t in_place_min_bytes = 0) {
+               const std::vector<int64_t>& batches, int64_t in_place_min_bytes = 0,
+               int64_t bucket_bytes = int64_t{25} << 20) {
   std::shared_ptr<nn::Module> model = net;
   std::shared_ptr<DataParallel> dp;
   const Device first = devices.empty() ? cpu_device(0) : devices[0];
   net->to(first);
   if (!devices.empty())
     model = dp = std::make_shared<DataParallel>(net, devices,
-                                                DataParallelOptions{.in_place_min_bytes = in_place_min_bytes});
+                                                DataParallelOptions{.bucket_bytes = bucket_bytes,
+                                                                    .in_place_min_bytes = in_place_min_bytes});
   optim::SGD opt(model->parameters(),
                  optim::SGDOptions{.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-3, .nesterov = true});
   if (dp) {
@@ -96,6 +120,13 @@ TrainRun train(const std::shared_ptr<nn::Module>& net, const std::vector<Device>
     loss.backward();
     opt.step();
     run.losses.push_back(loss.item());
+    if (!dp) continue;
+    const auto masters = dp->module()->parameters();
+    for (size_t r = 1; r < devices.size(); ++r) {
+      const auto reps = dp->replica(r)->parameters();
+      for (size_t i = 0; i < masters.size(); ++i)
+        run.replica_diff = std::max(run.replica_diff, rel_err(reps[i].to(first), masters[i]));
+    }
   }
   for (const auto& [n, t] : net->state_dict()) run.state.emplace_back(n, t.clone());
   return run;
@@ -150,6 +181,51 @@ TEST(GradientSums, ParametersSharingOneGradientBufferTrainLikeOneDevice) {
   EXPECT_LT(ref.losses.back(), ref.losses.front());
 }
 
+// Zeros for a parameter a replica did not use, in place and packed, in a
+// bucket it sent others of and in a bucket of its own (one bucket per
+// parameter): the same training as packed, the replicas equal to the masters.
+void check_partly_used(const std::vector<Device>& devices) {
+  const std::vector<int64_t> batches{12, 12, 9, 12};
+  for (int64_t bucket_bytes : {int64_t{25} << 20, int64_t{1}}) {
+    TrainRun packed;
+    {
+      GradientSums s(false);
+      manual_seed(23);
+      packed = train(std::make_shared<UsedOnOneDevice>(), devices, {2, 3, 3}, batches, 0, bucket_bytes);
+    }
+    GradientSums s(true);
+    for (int64_t min_bytes : {int64_t{0}, int64_t{100}}) {
+      SCOPED_TRACE("bucket_bytes " + std::to_string(bucket_bytes) + ", in place from " + std::to_string(min_bytes));
+      manual_seed(23);
+      const TrainRun got =
+          train(std::make_shared<UsedOnOneDevice>(), devices, {2, 3, 3}, batches, min_bytes, bucket_bytes);
+      expect_same(got, packed, 1e-6);
+      EXPECT_EQ(got.replica_diff, 0.0);
+    }
+  }
+}
+
+TEST(GradientSums, AParameterOneReplicaDidNotUseGetsItsZeros) { check_partly_used(test::cpus(3)); }
+
+// The common case takes no copy: a convolution's weight gradient (and batch
+// norm's) is summed where the backward wrote it; the shared buffer of a + b,
+// and a linear layer's weight gradient (which the matrix product writes
+// transposed), are copied.
+TEST(GradientSums, FreshGradientsAreNotCopied) {
+  GradientSums s(true);
+  auto conv = std::make_shared<nn::Sequential>();
+  conv->push_back(std::make_shared<nn::Conv2d>(nn::Conv2dOptions{2, 5, 3, 1, 0, 1, 1, false}));
+  conv->push_back(std::make_shared<nn::BatchNorm2d>(5));
+  conv->push_back(std::make_shared<nn::Flatten>());
+  uint64_t before = dist::in_place_gradient_copies();
+  (void)train(conv, test::cpus(2), {2, 3, 3}, {12, 12});
+  EXPECT_EQ(dist::in_place_gradient_copies(), before);
+  before = dist::in_place_gradient_copies();
+  (void)train(std::make_shared<AddedScales>(), test::cpus(2), {2, 3, 3}, {12, 12});
+  // Per replica and step: one of a and b, and the head's weight.
+  EXPECT_GE(dist::in_place_gradient_copies(), before + 2 * 2 * 2);
+}
+
 TEST(GradientSums, BadThresholdIsAValueError) {
   EXPECT_THROW(DataParallel(test::conv_bn_net(1), test::cpus(2), DataParallelOptions{.in_place_min_bytes = -1}),
                ValueError);
@@ -178,10 +254,13 @@ TEST(GradientSums, InPlaceTrainsLikePackedBucketsOnTwoGpus_MultiCUDA) {
   manual_seed(17);
   auto dp_net = std::make_shared<AddedScales>();
   expect_same(train(dp_net, gpus, {2, 3, 3}, {12, 12, 5}), train(ref_net, {}, {2, 3, 3}, {12, 12, 5}), 1e-4);
+  // Zeros made for what a replica did not use are summed after they are
+  // written (on GPUs the sum would otherwise read the buffer first).
+  check_partly_used(gpus);
 }
 #endif
 
-TEST(GradientSums, TheSettingOverridesTheEnvironment) {
+TEST(GradientSums, TheSettingSwitchesBothWays) {
   GradientSums restore(dist::in_place_gradient_sums());
   dist::set_in_place_gradient_sums(false);
   EXPECT_FALSE(dist::in_place_gradient_sums());

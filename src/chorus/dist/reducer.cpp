@@ -127,6 +127,25 @@ bool in_place_gradient_sums() {
 void set_in_place_gradient_sums(bool on) { g_in_place.store(on ? 1 : 0); }
 
 namespace {
+std::atomic<uint64_t>& gradients_copied() {
+  static std::atomic<uint64_t> n{0};
+  return n;
+}
+}  // namespace
+
+uint64_t in_place_gradient_copies() { return gradients_copied().load(); }
+
+int64_t default_in_place_min_bytes() {
+  const char* e = std::getenv("CHORUS_DP_GRADS_MIN_BYTES");
+  if (!e || !*e) return int64_t{1} << 20;
+  char* end = nullptr;
+  const long long v = std::strtoll(e, &end, 10);
+  CHORUS_CHECK(end && *end == '\0' && v >= 0, "CHORUS_DP_GRADS_MIN_BYTES='", e,
+               "' is not a number of bytes (the smallest gradient summed where it is)");
+  return v;
+}
+
+namespace {
 
 // What one forward's gradient nodes share (Note [Gradient nodes]).
 struct GradStep {
@@ -226,26 +245,40 @@ class ReplicaBackward final : public autograd::Node {
     const Device dev = step_->devices[replica_];
     TensorList out(split.slots());
     bool any = false;
-    for (size_t i = 0; i < bucket.ks.size(); ++i) got[bucket.ks[i]] = i < grads.size() && grads[i].defined();
+    for (size_t i = 0; i < bucket.ks.size(); ++i) {
+      got[bucket.ks[i]] = i < grads.size() && grads[i].defined();
+      any = any || got[bucket.ks[i]];
+    }
+    // A replica that sends anything fills every slot (zeros for what it did
+    // not produce) before its event: the bucket node's one grouped sum waits
+    // for that event alone, so zeros it made itself would not be ordered
+    // before the sum. (A replica that sends nothing gets zeros and an event of
+    // their own from the bucket node.)
+    if (!any) return out;
     for (size_t d = 0; d < split.direct.size(); ++d) {
       const size_t i = split.direct[d];
-      if (!got[bucket.ks[i]]) continue;
-      Tensor g = std::move(grads[i]);
       const FlatLayout::Segment& seg = layout.segments[i];
-      const bool own = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 && g.device() == dev &&
-                       g.sizes() == seg.sizes && g.strides() == seg.strides &&
-                       g.dtype() == layout.dtypes[seg.group];
+      const TensorOptions opts(layout.dtypes[seg.group], dev);
+      if (!got[bucket.ks[i]]) {
+        out[d] = chorus::detail::make_view(zeros({numel_of(seg.sizes)}, opts), seg.sizes, seg.strides, 0);
+        continue;
+      }
+      Tensor g = std::move(grads[i]);
+      // The whole of a storage nothing else refers to (a view of part of one
+      // would pin the rest as .grad).
+      const bool own = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 && g.storage_offset() == 0 &&
+                       g.nbytes() == g.storage()->nbytes() && g.device() == dev && g.sizes() == seg.sizes &&
+                       g.strides() == seg.strides && g.dtype() == layout.dtypes[seg.group];
       if (!own) {
-        Tensor fresh = chorus::detail::make_view(empty({g.numel()}, TensorOptions(layout.dtypes[seg.group], dev)),
-                                                 seg.sizes, seg.strides, 0);
+        Tensor fresh = chorus::detail::make_view(empty({numel_of(seg.sizes)}, opts), seg.sizes, seg.strides, 0);
         ops::copy_(fresh, g);
         g = std::move(fresh);
+        gradients_copied().fetch_add(1);
       }
       out[d] = std::move(g);
-      any = true;
     }
-    // The small ones as the packed path packs them, zeros for a gradient this
-    // replica did not produce when it produced others of the dtype.
+    // The small ones as the packed path packs them, zeros for those this
+    // replica did not produce.
     const FlatLayout& small = split.small;
     std::vector<size_t> present(small.groups(), 0), total(small.groups(), 0);
     for (size_t j = 0; j < split.packed.size(); ++j) {
@@ -254,13 +287,11 @@ class ReplicaBackward final : public autograd::Node {
       if (got[bucket.ks[split.packed[j]]]) ++present[g];
     }
     for (size_t g = 0; g < small.groups(); ++g) {
-      if (present[g] == 0) continue;
       const TensorOptions opts(small.dtypes[g], dev);
       out[split.direct.size() + g] = present[g] == total[g] ? empty({small.numels[g]}, opts) : zeros({small.numels[g]}, opts);
-      any = true;
     }
     pack(grads, split.packed, small, TensorList(out.begin() + static_cast<std::ptrdiff_t>(split.direct.size()), out.end()));
-    if (any) ready_here();
+    ready_here();
     return out;
   }
 
@@ -348,61 +379,57 @@ class BucketBackward final : public autograd::Node {
     const BucketSplit& split = (*step_->split)[bucket_];
     const FlatLayout& layout = bucket.layout;
     const size_t slots = split.slots(), replicas = step_->devices.size();
-    auto sent = [&](size_t r, size_t s) { return r * slots + s < grads.size() && grads[r * slots + s].defined(); };
-    std::vector<char> sent_any(replicas, 0);
-    std::vector<std::vector<Tensor>> bufs;  // [summed slot][replica]
-    std::vector<size_t> which;              // [summed slot]: the slot
-    for (size_t s = 0; s < slots; ++s) {
-      bool any = false;
-      for (size_t r = 0; r < replicas; ++r) any = any || sent(r, s);
-      if (!any) continue;  // no replica produced one
-      std::vector<Tensor> per;
-      for (size_t r = 0; r < replicas; ++r) {
-        const Device dev = step_->devices[r];
-        if (sent(r, s)) {
-          per.push_back(std::move(grads[r * slots + s]));
-          sent_any[r] = 1;
-        } else if (s < split.direct.size()) {
-          // A replica the backward did not reach for this parameter adds zeros.
+    // A replica sends every slot or none (ReplicaBackward::pass_on).
+    std::vector<char> sent(replicas, 0);
+    for (size_t r = 0; r < replicas; ++r)
+      for (size_t s = 0; s < slots; ++s) sent[r] = sent[r] || (r * slots + s < grads.size() && grads[r * slots + s].defined());
+    // Which parameters got a sum: those produced by a replica that sent its
+    // buffers in this pass (noted by the replica nodes; the handover of their
+    // outputs orders those writes before these reads).
+    bool any = false;
+    for (size_t k : bucket.ks) {
+      bool got = false;
+      for (size_t r = 0; r < replicas && !got; ++r) got = sent[r] && step_->got[r][k];
+      step_->summed[k] = got;
+      any = any || got;
+    }
+    TensorList out(slots);
+    if (!any) return out;  // no replica produced one: none, as for a plain module
+    std::vector<std::vector<Tensor>> bufs(slots);  // [slot][replica]
+    std::vector<Event> ready;
+    for (size_t r = 0; r < replicas; ++r) {
+      const Device dev = step_->devices[r];
+      if (sent[r]) {
+        for (size_t s = 0; s < slots; ++s) {
+          CHORUS_ASSERT(grads[r * slots + s].defined());
+          bufs[s].push_back(std::move(grads[r * slots + s]));
+        }
+        ready.push_back(*step_->ready[bucket_][r]);
+        continue;
+      }
+      // A replica the backward did not reach for this bucket adds zeros, made
+      // on this thread's stream of its device and ordered by an event after them.
+      for (size_t s = 0; s < slots; ++s) {
+        if (s < split.direct.size()) {
           const FlatLayout::Segment& seg = layout.segments[split.direct[s]];
-          per.push_back(chorus::detail::make_view(
+          bufs[s].push_back(chorus::detail::make_view(
               zeros({numel_of(seg.sizes)}, TensorOptions(layout.dtypes[seg.group], dev)), seg.sizes, seg.strides, 0));
         } else {
           const size_t g = s - split.direct.size();
-          per.push_back(zeros({split.small.numels[g]}, TensorOptions(split.small.dtypes[g], dev)));
+          bufs[s].push_back(zeros({split.small.numels[g]}, TensorOptions(split.small.dtypes[g], dev)));
         }
       }
-      bufs.push_back(std::move(per));
-      which.push_back(s);
-    }
-    // Which parameters got a sum: those any replica produced (noted by the
-    // replica nodes; the handover of their outputs orders those writes
-    // before these reads).
-    for (size_t k : bucket.ks) {
-      bool got = false;
-      for (size_t r = 0; r < replicas && !got; ++r) got = step_->got[r][k] != 0;
-      step_->summed[k] = got;
-    }
-    TensorList out(slots);
-    if (bufs.empty()) return out;
-    std::vector<Event> ready;
-    for (size_t r = 0; r < replicas; ++r) {
-      if (sent_any[r]) {
-        ready.push_back(*step_->ready[bucket_][r]);
-      } else {
-        // Only zeros of its own, made on this thread's stream of its device.
-        ready.emplace_back(step_->devices[r], /*timing=*/false);
-        ready.back().record();
-      }
+      ready.emplace_back(dev, /*timing=*/false);
+      ready.back().record();
     }
     step_->comm->sum_each(bufs, ready);
-    for (size_t j = 0; j < which.size(); ++j) {
-      out[which[j]] = bufs[j][0];
+    for (size_t s = 0; s < slots; ++s) {
+      out[s] = bufs[s][0];
       if (!step_->replica_grads.empty()) {
-        step_->results[bucket_][which[j]] = std::move(bufs[j]);
+        step_->results[bucket_][s] = std::move(bufs[s]);
         // A large gradient's sum goes on as the output alone (a second handle
         // would make its AccumulateGrad copy it); a flat buffer is viewed.
-        if (which[j] < split.direct.size()) step_->results[bucket_][which[j]][0] = Tensor();
+        if (s < split.direct.size()) step_->results[bucket_][s][0] = Tensor();
       }
     }
     return out;
@@ -511,14 +538,7 @@ Reducer::Reducer(std::vector<Tensor> params, std::shared_ptr<BucketComm> comm, R
   CHORUS_CHECK(comm_ != nullptr, "Reducer: no BucketComm");
   buckets_ = std::make_shared<const GradBuckets>(params_, options.bucket_bytes, options.first_bucket_bytes,
                                                  std::vector<size_t>{}, options.last_bucket_bytes);
-  int64_t min_bytes = options.in_place_min_bytes;
-  if (const char* e = std::getenv("CHORUS_DP_GRADS_MIN_BYTES"); e && *e) {
-    char* end = nullptr;
-    const long long v = std::strtoll(e, &end, 10);
-    CHORUS_CHECK(end && *end == '\0' && v >= 0, "CHORUS_DP_GRADS_MIN_BYTES='", e,
-                 "' is not a number of bytes (the smallest gradient summed where it is)");
-    min_bytes = v;
-  }
+  const int64_t min_bytes = options.in_place_min_bytes;
   CHORUS_CHECK(min_bytes >= 0, "Reducer: in_place_min_bytes must be >= 0, got ", min_bytes);
   auto split = std::make_shared<std::vector<BucketSplit>>();
   for (const GradBuckets::Bucket& b : buckets_->buckets) split->emplace_back(b, params_, min_bytes);

@@ -43,8 +43,12 @@
 // replica node passes each gradient of at least in_place_min_bytes on as it
 // is (copying it into a fresh buffer only when something else can see its
 // buffer -- two parameters whose gradients are one tensor -- or its layout or
-// dtype is not the parameter's) and packs the rest, one flat buffer per
-// dtype (BucketSplit); the bucket node sums all of them in place with one
+// dtype is not the parameter's: a linear layer's weight gradient, which the
+// matrix product writes transposed) and packs the rest, one flat buffer per
+// dtype (BucketSplit). A replica that produced any of a bucket's gradients
+// fills every slot before the event the sum waits for (zeros for parameters
+// it did not use); one that produced none gets zeros and an event of their
+// own from the bucket node. The bucket node sums all of them in place with one
 // grouped all-reduce (one NCCL group on GPUs), and the sums are the .grad of
 // the masters and of the replicas' parameters (views for the packed ones).
 // Against packing everything: two passes over every large gradient's bytes
@@ -64,6 +68,7 @@
 // unused parameters are found with no extra pass over the graph.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -169,6 +174,14 @@ class InProcessAllReduce final : public BucketComm {
 // with the setting of its time.
 bool in_place_gradient_sums();
 void set_in_place_gradient_sums(bool on);
+// How many large gradients the replica nodes copied so far in this process
+// because something else could see their buffer (or their layout or dtype was
+// not the parameter's) instead of summing them where they were.
+uint64_t in_place_gradient_copies();
+// The default of ReducerOptions / DataParallelOptions::in_place_min_bytes:
+// CHORUS_DP_GRADS_MIN_BYTES where set (ValueError if it is not a number of
+// bytes), else 1 MiB. An explicit value in the options wins.
+int64_t default_in_place_min_bytes();
 
 struct ReducerOptions {
   int64_t bucket_bytes = int64_t{25} << 20;  // 0: one bucket, reduced at the end
@@ -176,8 +189,8 @@ struct ReducerOptions {
   int64_t last_bucket_bytes = 0;             // 0: no tail bucket of its own
   // With a comm that sums_each(): gradients of at least this many bytes are
   // summed where they are, smaller ones packed (Note [Gradients summed where
-  // they are]); CHORUS_DP_GRADS_MIN_BYTES overrides it.
-  int64_t in_place_min_bytes = int64_t{1} << 20;
+  // they are]).
+  int64_t in_place_min_bytes = default_in_place_min_bytes();
 };
 
 class Reducer {

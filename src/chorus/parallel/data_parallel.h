@@ -39,8 +39,9 @@ struct DataParallelOptions {
   int64_t last_bucket_bytes = 0;
   // With replicated updates: gradients of at least this many bytes are summed
   // where the backward wrote them, smaller ones packed first (Note [Gradients
-  // summed where they are] in dist/reducer.h). Negative: ValueError.
-  int64_t in_place_min_bytes = int64_t{1} << 20;
+  // summed where they are] in dist/reducer.h); the default is 1 MiB, or
+  // CHORUS_DP_GRADS_MIN_BYTES where set. Negative: ValueError.
+  int64_t in_place_min_bytes = dist::default_in_place_min_bytes();
 };
 
 // The loss of one replica's chunk: its output and its share of the targets,
