@@ -5,7 +5,7 @@
 # (default: build tests bench); memrun trains WRN-16-4 for nine minutes and
 # prints the peak memory per epoch; dist runs the NCCL process group; ddp runs
 # DistributedDataParallel (graphed and eager) beside DataParallel and PyTorch DDP;
-# ddpprof profiles 2-GPU DDP against 1 GPU (nsys); ddpgraphs checks graphed DDP against eager and a rank dying mid-replay; ddptrain trains
+# ddpprof profiles 2-GPU DDP against 1 GPU (nsys, or a CUPTI trace; for dp also each GPU's step kernel by kernel against 1 GPU's); ddpgraphs checks graphed DDP against eager and a rank dying mid-replay; ddptrain trains
 # Fashion-MNIST with DDP on 2 GPUs; layout trains channels-last (the
 # default) and --no-channels-last and resumes across them; dp runs DataParallel WRN-28-10 fp32 and bf16 at 1 and 2 GPUs;
 # graphs runs the CUDA-graph tests and one GPU against torch.compile; graphlaunch times
@@ -300,6 +300,15 @@ if has ddpprof; then
       [ -s "$t" ] && python3 scripts/gpu_timeline.py "$t" 20 "$tag $(basename "$t" .csv)"
     done
   done
+    # Each GPU of the 2-GPU step against the 1-GPU step, kernel by kernel
+    # (scripts/gpu_step_diff.py): which kernels lose time, and beside NCCL or not.
+    one=$(ls "$OUT"/trace_$S-$M-1/*.csv 2>/dev/null | head -1) two=$(ls "$OUT"/trace_$S-$M-2/*.csv 2>/dev/null | head -1)
+    if [ -n "$one" ] && [ -n "$two" ] && [ "$S" = dp ]; then
+      for g in 0 1; do
+        echo "== $S $M: 2-GPU step's cuda:$g against the 1-GPU step, by position"
+        python3 scripts/gpu_step_diff.py 20 "$one@0" "$two@$g" ${DDPPROF_TOP:-8}
+      done
+    fi
   done
   # The device tool returns a bounded number of files: the traces travel as one archive.
   ls "$OUT"/trace_* >/dev/null 2>&1 && tar -czf "$OUT/traces.tgz" -C "$OUT" $(cd "$OUT" && ls -d trace_*) && rm -rf "$OUT"/trace_*

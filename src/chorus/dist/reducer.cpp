@@ -604,7 +604,6 @@ std::vector<std::vector<Tensor>> Reducer::record(const std::vector<Device>& devi
   }
   std::vector<std::shared_ptr<BucketBackward>> bucket_nodes;
   for (size_t b = 0; b < n_buckets; ++b) {
-    const FlatLayout& layout = buckets.buckets[b].layout;
     auto node = std::make_shared<BucketBackward>(step, b);
     node->seq = autograd::next_urgent_sequence_nr();
     node->device = devices[0];
@@ -620,7 +619,6 @@ std::vector<std::vector<Tensor>> Reducer::record(const std::vector<Device>& devi
   for (size_t r = 0; r < used; ++r) {
     std::vector<std::shared_ptr<ReplicaBackward>> nodes;
     for (size_t b = 0; b < n_buckets; ++b) {
-      const FlatLayout& layout = buckets.buckets[b].layout;
       auto node = std::make_shared<ReplicaBackward>(step, r, b);
       node->seq = autograd::next_urgent_sequence_nr();
       node->device = devices[r];  // the engine runs it on this device's thread
