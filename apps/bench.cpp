@@ -47,8 +47,9 @@ void add_bench_options(CLI::App* cmd, BenchConfig& c) {
                 "dp: gather the outputs on the first device and compute the loss there (PyTorch's DataParallel) instead "
                 "of each replica computing its chunk's loss");
   add_optional(cmd, "--dp-all-reduce", c.dp_all_reduce,
-               "dp: how the replicas' gradients are summed: nccl or copy-engine (the GPUs' copy engines over peer "
-               "access; default: CHORUS_DP_ALLREDUCE, else nccl)");
+               "dp: how the replicas' gradients are summed: auto, nccl, copy-engine or in-update (two GPUs' copy "
+               "engines exchange the gradients, the optimizer's update adds them; auto: in-update on two GPUs with "
+               "peer access, else nccl; default: CHORUS_DP_ALLREDUCE, else auto)");
   cmd->add_flag("--dp-broadcast", c.dp_broadcast,
                 "dp: the first device steps the weights and broadcasts them to the replicas after each step (PyTorch's "
                 "DataParallel) instead of every replica stepping its own copy with all-reduced gradients");
@@ -199,7 +200,7 @@ int run_bench(const BenchConfig& c) {
   for (int64_t n : counts) {
     std::vector<Device> devs(all.begin(), all.begin() + n);
     BenchRow r{};
-    const uint64_t copy_engine_calls = ops::copy_engine_all_reduce_calls();
+    const CommCounts comm_before = comm_counts();
     if (c.strategy == "ddp") {
       const nlohmann::ordered_json got = bench_ddp_row(c, all, n);
       r.img_per_s = got["img_per_s"].get<double>();
@@ -230,10 +231,10 @@ int run_bench(const BenchConfig& c) {
                                   {"dp_loss", c.strategy == "dp" ? nlohmann::ordered_json(c.dp_gather_output ? "gathered" : "per_replica")
                                                                  : nullptr},
                                   {"dp_all_reduce", c.strategy == "dp" && !c.dp_broadcast && n > 1
-                                                        ? nlohmann::ordered_json(dp_all_reduce_name(copy_engine_calls, devs[0]))
+                                                        ? nlohmann::ordered_json(dp_all_reduce_name(comm_before, devs[0]))
                                                         : nullptr},
                                   {"dp_grads", c.strategy == "dp" && !c.dp_broadcast && n > 1
-                                                   ? nlohmann::ordered_json(dp_grads_name(copy_engine_calls, devs[0]))
+                                                   ? nlohmann::ordered_json(dp_grads_name(comm_before, devs[0]))
                                                    : nullptr},
                                   {"comm_hook", c.strategy == "ddp" ? nlohmann::ordered_json(c.comm_hook) : nullptr},
                                   {"broadcast_buffers", c.strategy == "ddp" ? nlohmann::ordered_json(c.broadcast_buffers) : nullptr},

@@ -27,7 +27,7 @@ struct BenchConfig {
   std::optional<double> last_bucket_mb;  // dp, ddp: the first layers' own bucket (unset: the library's default)
   bool dp_broadcast = false;  // dp: weights broadcast after each step instead of replicated updates
   bool dp_gather_output = false;  // dp: outputs gathered and the loss computed on the first device
-  std::optional<std::string> dp_all_reduce;  // dp: nccl | copy-engine (unset: CHORUS_DP_ALLREDUCE, else nccl)
+  std::optional<std::string> dp_all_reduce;  // dp: auto | nccl | copy-engine | in-update (unset: CHORUS_DP_ALLREDUCE, else auto)
   std::optional<std::string> counts;  // device counts to run, e.g. "1,2,4" (unset: 1, 2, 4, ... up to the list)
   bool json = false;
   std::string comm_hook = "allreduce";  // ddp: allreduce | bf16

@@ -38,7 +38,7 @@ int chorus_main(int argc, char** argv, bool parse_only) {
   train->add_option("--strategy", tc.strategy, "single|dp|ddp|pipeline")->capture_default_str();
   train->add_option("--bucket-mb", tc.bucket_mb, "dp: sum gradients in buckets of this many MiB while the backward runs (0: one sum at the end)")->capture_default_str()->check(app::real_number(1e12));
   train->add_flag("--dp-gather-output", tc.dp_gather_output, "dp: gather the outputs on the first device and compute the loss there (PyTorch's DataParallel) instead of each replica computing its chunk's loss");
-  app::add_optional(train, "--dp-all-reduce", tc.dp_all_reduce, "dp: how the replicas' gradients are summed: nccl (NCCL's kernels) or copy-engine (the GPUs' copy engines over peer access, and one small sum kernel: no SMs held while the gradients travel) (default: CHORUS_DP_ALLREDUCE, else nccl)");
+  app::add_optional(train, "--dp-all-reduce", tc.dp_all_reduce, "dp: how the replicas' gradients are summed: auto, nccl (NCCL's kernels), copy-engine (the GPUs' copy engines over peer access, and one small sum kernel) or in-update (two GPUs' copy engines exchange the gradients and the optimizer's update adds them: no SM held, no sum kernel); auto: in-update on two GPUs with peer access, else nccl (default: CHORUS_DP_ALLREDUCE, else auto)");
   train->add_flag("--dp-broadcast", tc.dp_broadcast, "dp: the first device steps the weights and broadcasts them to the replicas after each step (PyTorch's DataParallel) instead of every replica stepping its own copy");
   train->add_option("--epochs", tc.epochs, "Epochs")->capture_default_str()->transform(app::integer_up_to(app::kMaxEpochs));
   // Options without a natural default are std::optional (app::add_optional):

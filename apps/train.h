@@ -20,7 +20,7 @@ struct TrainConfig {
   double bucket_mb = 25;  // dp: gradients summed in buckets of this many MiB (0: one bucket)
   bool dp_broadcast = false;  // dp: weights broadcast after each step instead of replicated updates
   bool dp_gather_output = false;  // dp: outputs gathered and the loss computed on the first device
-  std::optional<std::string> dp_all_reduce;  // dp: nccl | copy-engine (unset: CHORUS_DP_ALLREDUCE, else nccl)
+  std::optional<std::string> dp_all_reduce;  // dp: auto | nccl | copy-engine | in-update (unset: CHORUS_DP_ALLREDUCE, else auto)
   int64_t epochs = 1;
   std::optional<int64_t> steps;  // unset: no limit besides epochs
   int64_t batch_size = 64;  // per device

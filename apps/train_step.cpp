@@ -15,11 +15,10 @@ void check_dp_all_reduce(const std::optional<std::string>& method, const std::st
   // A bad CHORUS_DP_ALLREDUCE or CHORUS_DP_GRADS fails here, not mid-step.
   if (strategy == "dp") (void)dist::in_place_gradient_sums();
   if (!method) {
-    if (strategy == "dp") (void)ops::copy_engine_all_reduce();
+    if (strategy == "dp") (void)ops::grad_sum_method();
     return;
   }
-  CHORUS_CHECK(*method == "nccl" || *method == "copy-engine", "--dp-all-reduce must be nccl or copy-engine, got '",
-               *method, "'");
+  (void)ops::parse_grad_sum_method(*method, "--dp-all-reduce");
   CHORUS_CHECK(strategy == "dp", "--dp-all-reduce goes with --strategy dp");
   CHORUS_CHECK(!dp_broadcast, "--dp-all-reduce goes with replicated updates, not --dp-broadcast (which sums the "
                               "gradients on the first device and broadcasts the weights)");
@@ -27,18 +26,21 @@ void check_dp_all_reduce(const std::optional<std::string>& method, const std::st
 
 void apply_dp_all_reduce(const std::optional<std::string>& method, const std::string& strategy, bool dp_broadcast) {
   check_dp_all_reduce(method, strategy, dp_broadcast);
-  if (method) ops::set_copy_engine_all_reduce(*method == "copy-engine");
+  if (method) ops::set_grad_sum_method(ops::parse_grad_sum_method(*method, "--dp-all-reduce"));
 }
 
-std::string dp_all_reduce_name(uint64_t calls_before, const Device& device) {
+std::string dp_all_reduce_name(const CommCounts& before, const Device& device) {
+  if (ops::exchange_calls() > before.exchanges) return "in-update";
   if (!device.is_cuda()) return "adds";
-  if (ops::copy_engine_all_reduce_calls() > calls_before) return "copy-engine";
+  if (ops::copy_engine_all_reduce_calls() > before.copy_engine) return "copy-engine";
   return ops::copy_engine_all_reduce() ? "nccl (copy engines unavailable)" : "nccl";
 }
 
-std::string dp_grads_name(uint64_t copy_engine_calls_before, const Device& device) {
+CommCounts comm_counts() { return {ops::copy_engine_all_reduce_calls(), ops::exchange_calls()}; }
+
+std::string dp_grads_name(const CommCounts& before, const Device& device) {
   // The copy engines sum flat buffers: packed whatever the setting.
-  if (device.is_cuda() && ops::copy_engine_all_reduce_calls() > copy_engine_calls_before) return "packed";
+  if (device.is_cuda() && ops::copy_engine_all_reduce_calls() > before.copy_engine) return "packed";
   return dist::in_place_gradient_sums() ? "in-place" : "packed";
 }
 

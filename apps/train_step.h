@@ -30,24 +30,25 @@ nn::ModulePtr wrap_for_strategy(const nn::ModulePtr& model, const std::string& s
                                 optim::Optimizer* opt = nullptr);
 
 // --dp-all-reduce: how a DataParallel with replicated updates sums the
-// gradients, "nccl" or "copy-engine" (ops::set_copy_engine_all_reduce; Note
-// [Copy-engine all-reduce] in cuda/peer_all_reduce.h). Unset: as
-// CHORUS_DP_ALLREDUCE says (default nccl). ValueError for another value, or
+// gradients: auto, nccl, copy-engine or in-update (ops::GradSumMethod; Note
+// [Gradient sums in the update] in dist/reducer.h). Unset: as
+// CHORUS_DP_ALLREDUCE says (default auto). ValueError for another value, or
 // with a strategy other than dp or with --dp-broadcast (which sums with a
 // reduce, not an all-reduce).
 void check_dp_all_reduce(const std::optional<std::string>& method, const std::string& strategy, bool dp_broadcast);
 void apply_dp_all_reduce(const std::optional<std::string>& method, const std::string& strategy, bool dp_broadcast);
-// What summed a `chorus bench --json` row's gradients: "copy-engine" when
-// the copy engines summed any since `calls_before`
-// (ops::copy_engine_all_reduce_calls()), else "nccl" (with "copy engines
-// unavailable" when they were asked for: no peer access); "adds" on CPU
-// devices.
-std::string dp_all_reduce_name(uint64_t calls_before, const Device& device);
-// How a DataParallel run with replicated updates handed its gradients to the
-// all-reduce (bench JSON "dp_grads"): "in-place" (Note [Gradients summed where
-// they are] in dist/reducer.h) or "packed" (CHORUS_DP_GRADS=packed, or the
-// copy engines summed).
-std::string dp_grads_name(uint64_t copy_engine_calls_before, const Device& device);
+// The process's counts of copy-engine all-reduces and gradient exchanges, to
+// tell afterwards which of them a run used.
+struct CommCounts {
+  uint64_t copy_engine = 0, exchanges = 0;
+};
+CommCounts comm_counts();
+// What summed a `chorus bench --json` row's gradients since `before`:
+// "in-update" (gradients exchanged, the sum in the optimizer's update),
+// "copy-engine", else "nccl" (with "copy engines unavailable" when they were
+// asked for: no peer access); "adds" on CPU devices.
+std::string dp_all_reduce_name(const CommCounts& before, const Device& device);
+std::string dp_grads_name(const CommCounts& before, const Device& device);
 
 struct TrainStep {
   nn::ModulePtr net;                     // what forward runs (the model or its wrapper)

@@ -95,14 +95,19 @@ if has dpupdates; then
   # against --dp-broadcast, each at 1 and 2 GPUs in the same run
   # (DPUPDATES_MODELS, DPUPDATES_REPEAT runs of each; DPUPDATES_VARIANTS: the
   # flags of each row, "default" for none, e.g. "default --dp-all-reduce=copy-engine
-  # NCCL_CTA_POLICY=1": a variant with "=" and no leading "-" is environment).
+  # NCCL_CTA_POLICY=1": a variant with "=" and no leading "-" is environment,
+  # with any flags among it: "NCCL_CTA_POLICY=1,--bucket-mb=8").
   for m in ${DPUPDATES_MODELS:-wrn-16-4 wrn-28-10}; do
     for i in $(seq ${DPUPDATES_REPEAT:-1}); do
       for f in ${DPUPDATES_VARIANTS:-default --dp-broadcast}; do
         # A variant is flags ("--dp-all-reduce=copy-engine"), or environment
         # settings joined by commas ("NCCL_CTA_POLICY=1"), named in the table.
         envs=(); flags=${f#default}
-        [[ $f == *=* && $f != -* ]] && { envs=(${f//,/ }); flags=""; }
+        if [[ $f == *=* && $f != -* ]]; then
+          # Environment settings and flags may be mixed: "A=1,--bucket-mb=8".
+          flags=""
+          for part in ${f//,/ }; do [[ $part == -* ]] && flags+=" $part" || envs+=("$part"); done
+        fi
         env "${envs[@]}" timeout 200 $C bench --model $m --strategy dp --devices cuda:0,cuda:1 --device-counts 1,2 --precision bf16 \
           --channels-last --batch-size 128 --steps ${DPUPDATES_STEPS:-40} --warmup 8 --json $flags |
           CHORUS_VARIANT="$f" python3 -c 'import json,os,sys

@@ -691,8 +691,8 @@ TEST(CudaKernels, SgdUpdateMultiMatchesCpu_CUDA) {
     }
     // Not the first step: the learning rate comes from the device scalars
     // (the argument is a decoy that would fail the comparison).
-    if (first) cuda::sgd_update_multi(gp, gg, gb, 0.05, 0.9, 0.0, 5e-4, true, first, Tensor(), copies);
-    else cuda::sgd_update_multi(gp, gg, gb, 7.5, 0.9, 0.0, 5e-4, true, first, gpu_scalars(0.05, 3), copies);
+    if (first) cuda::sgd_update_multi(gp, gg, gb, 0.05, 0.9, 0.0, 5e-4, true, first, Tensor(), copies, {});
+    else cuda::sgd_update_multi(gp, gg, gb, 7.5, 0.9, 0.0, 5e-4, true, first, gpu_scalars(0.05, 3), copies, {});
     for (size_t i = 0; i < sizes.size(); ++i) {
       cpu::sgd_update(params[i].cpu, grads[i].cpu, bufs[i].cpu, 0.05, 0.9, 0.0, 5e-4, true, first);
       const std::string what = "sgd_update_multi tensor " + std::to_string(i) + " of " +
@@ -755,8 +755,8 @@ TEST(CudaKernels, AdamWUpdateMultiMatchesCpu_CUDA) {
       gv.push_back(vs.back().gpu);
     }
     // Step 9 reads lr and step from the device scalars (decoy arguments).
-    if (step == 1) cuda::adamw_update_multi(gp, gg, gm, gv, 1e-3, 0.9, 0.999, 1e-8, 0.01, step, Tensor());
-    else cuda::adamw_update_multi(gp, gg, gm, gv, 0.5, 0.9, 0.999, 1e-8, 0.01, 2, gpu_scalars(1e-3, double(step)));
+    if (step == 1) cuda::adamw_update_multi(gp, gg, gm, gv, 1e-3, 0.9, 0.999, 1e-8, 0.01, step, Tensor(), {});
+    else cuda::adamw_update_multi(gp, gg, gm, gv, 0.5, 0.9, 0.999, 1e-8, 0.01, 2, gpu_scalars(1e-3, double(step)), {});
     for (size_t i = 0; i < sizes.size(); ++i) {
       // The device scalars hold lr as float32.
       const double lr = step == 1 ? 1e-3 : double(float(1e-3));

@@ -280,12 +280,15 @@ TEST(Comm, CopyEngineAllReduceKeepsBuffersUntilJoined_MultiCUDA) {
 }
 #endif  // CHORUS_WITH_CUDA
 
-// CHORUS_DP_ALLREDUCE's values; set_copy_engine_all_reduce wins over it.
+// CHORUS_DP_ALLREDUCE's values; set_grad_sum_method wins over it.
 TEST(Comm, CopyEngineAllReduceSetting) {
   test::CopyEngineAllReduce restore(true);
   EXPECT_TRUE(copy_engine_all_reduce());
-  set_copy_engine_all_reduce(false);
+  set_grad_sum_method(GradSumMethod::Nccl);
   EXPECT_FALSE(copy_engine_all_reduce());
+  for (GradSumMethod m : {GradSumMethod::Auto, GradSumMethod::Nccl, GradSumMethod::CopyEngine, GradSumMethod::InUpdate})
+    EXPECT_EQ(parse_grad_sum_method(grad_sum_method_name(m), "x"), m);
+  EXPECT_THROW(parse_grad_sum_method("ring", "--dp-all-reduce"), ValueError);
 }
 
 // On CPU devices the setting changes nothing: the fallback sums in order.

@@ -1,5 +1,6 @@
-// The copy-engine all-reduce (Note [Copy-engine all-reduce] in
-// cuda/peer_all_reduce.h) on or off for a scope; the setting before is
+// How DataParallel sums gradients (ops::GradSumMethod: the copy-engine
+// all-reduce, Note [Copy-engine all-reduce] in cuda/peer_all_reduce.h, or
+// another) for a scope; the setting before is
 // restored even when a test returns early on a failed ASSERT.
 #pragma once
 
@@ -9,15 +10,17 @@ namespace chorus::test {
 
 class CopyEngineAllReduce {
  public:
-  explicit CopyEngineAllReduce(bool on) : before_(ops::copy_engine_all_reduce()) {
-    ops::set_copy_engine_all_reduce(on);
+  explicit CopyEngineAllReduce(bool on)
+      : CopyEngineAllReduce(on ? ops::GradSumMethod::CopyEngine : ops::GradSumMethod::Nccl) {}
+  explicit CopyEngineAllReduce(ops::GradSumMethod method) : before_(ops::grad_sum_method()) {
+    ops::set_grad_sum_method(method);
   }
-  ~CopyEngineAllReduce() { ops::set_copy_engine_all_reduce(before_); }
+  ~CopyEngineAllReduce() { ops::set_grad_sum_method(before_); }
   CopyEngineAllReduce(const CopyEngineAllReduce&) = delete;
   CopyEngineAllReduce& operator=(const CopyEngineAllReduce&) = delete;
 
  private:
-  bool before_;
+  ops::GradSumMethod before_;
 };
 
 }  // namespace chorus::test

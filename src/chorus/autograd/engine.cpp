@@ -27,6 +27,7 @@
 #include "chorus/autograd/backward_observer.h"
 #include "chorus/autograd/grad_mode.h"
 #include "chorus/autograd/node.h"
+#include "chorus/autograd/pending_sum.h"
 #include "chorus/core/device_threads.h"
 #include "chorus/core/error.h"
 #include "chorus/ops/copy.h"
@@ -85,7 +86,10 @@ struct Slot {
     parts.push_back({seq, std::move(grad)});
     std::sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
     Tensor total;
-    for (auto& [producer, g] : parts) total = total.defined() ? ops::binary(BinaryOp::Add, total, g, 1.0) : g;
+    for (auto& [producer, g] : parts) {
+      settle_sum(g);  // Note [Gradient sums in the update]: its whole value
+      total = total.defined() ? ops::binary(BinaryOp::Add, total, g, 1.0) : g;
+    }
     return total;
   }
 };

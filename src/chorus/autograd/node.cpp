@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "chorus/autograd/grad_mode.h"
+#include "chorus/autograd/pending_sum.h"
 #include "chorus/core/error.h"
 #include "chorus/ops/copy.h"
 #include "chorus/ops/elementwise.h"
@@ -33,8 +34,12 @@ TensorList AccumulateGrad::apply(TensorList&& grads) {
   Tensor leaf(leaf_);
   Tensor g = std::move(grads[0]);
   if (!g.defined()) return {};
-  g = ops::to_dtype(ops::to_device(g, leaf.device()), leaf.dtype());
   AutogradMeta* meta = leaf_->autograd.get();
+  // Note [Gradient sums in the update]: a gradient with a pending part is
+  // kept as it is, part and all, when it becomes .grad as it came; anything
+  // that computes with it adds the part first.
+  if (meta->grad || g.device() != leaf.device() || g.dtype() != leaf.dtype()) settle_sum(g);
+  g = ops::to_dtype(ops::to_device(g, leaf.device()), leaf.dtype());
   if (!meta->grad) {
     // Own the buffer: the incoming gradient may alias a tensor someone else
     // holds (an add's backward passes one gradient to both inputs), so it is
@@ -46,9 +51,12 @@ TensorList AccumulateGrad::apply(TensorList&& grads) {
                        g.nbytes() == g.storage()->nbytes();
     const bool sole_owner = g.impl_ptr().use_count() == 1 && !g.impl_ptr()->autograd &&
                             (whole || g.impl_ptr()->exclusive_view);
+    if (!sole_owner) settle_sum(g);
     meta->grad = sole_owner ? g.impl_ptr() : ops::clone(g).impl_ptr();
   } else {
-    ops::binary_(BinaryOp::Add, Tensor(meta->grad), g, 1.0);
+    Tensor old(meta->grad);
+    settle_sum(old);
+    ops::binary_(BinaryOp::Add, old, g, 1.0);
   }
   for (auto& hook : meta->post_accumulate_hooks) hook(leaf);
   return {};

@@ -3,6 +3,7 @@
 #include "chorus/autograd/engine.h"
 #include "chorus/autograd/functions.h"
 #include "chorus/autograd/node.h"
+#include "chorus/autograd/pending_sum.h"
 #include "chorus/core/error.h"
 #include "chorus/ops/copy.h"
 #include "chorus/ops/elementwise.h"
@@ -50,7 +51,10 @@ bool Tensor::is_leaf() const { return !autograd_meta() || !autograd_meta()->grad
 
 Tensor Tensor::grad() const {
   AutogradMeta* m = autograd_meta();
-  return m && m->grad ? Tensor(m->grad) : Tensor();
+  if (!m || !m->grad) return Tensor();
+  Tensor g(m->grad);
+  autograd::settle_sum(g);  // Note [Gradient sums in the update]: the whole value
+  return g;
 }
 
 void Tensor::set_grad(const Tensor& g) const {

@@ -117,11 +117,14 @@
   /* `scalars` (float32 [lr, step] on the device) overrides lr: Note [Optimizer scalars on the   */ \
   /* device] in optim/optimizer.h; likewise lr and step for adamw_update_multi. `copies` (empty,  */ \
   /* or one per parameter, undefined where none): the updated parameter is also written, rounded, */ \
-  /* into that bfloat16/float16 tensor of its size (Note [Autocast weight copies]).              */ \
+  /* into that bfloat16/float16 tensor of its size (Note [Autocast weight copies]). `addends`     */ \
+  /* (empty, or one per parameter, undefined where none; float32, the gradient's size): the      */ \
+  /* gradient used is grads[i] + addends[i], one float addition (Note [Gradient sums in the      */ \
+  /* update] in dist/reducer.h); likewise for adamw_update_multi.                                */ \
   void sgd_update_multi(const TensorList& params, const TensorList& grads,                        \
                         const TensorList& momentum_bufs, double lr, double momentum,              \
                         double dampening, double weight_decay, bool nesterov, bool first_step,    \
-                        const Tensor& scalars, const TensorList& copies);                         \
+                        const Tensor& scalars, const TensorList& copies, const TensorList& addends); \
   void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,               \
                     const Tensor& exp_avg_sq, double lr, double beta1, double beta2, double eps,  \
                     double weight_decay, int64_t step);                                           \
@@ -129,4 +132,4 @@
   void adamw_update_multi(const TensorList& params, const TensorList& grads,                      \
                           const TensorList& exp_avgs, const TensorList& exp_avg_sqs, double lr,   \
                           double beta1, double beta2, double eps, double weight_decay,            \
-                          int64_t step, const Tensor& scalars);
+                          int64_t step, const Tensor& scalars, const TensorList& addends);

@@ -67,6 +67,12 @@ struct TensorImpl {
   // (DataParallel's summed gradient buckets): AccumulateGrad may keep this
   // handle as the leaf's .grad without copying it out of the shared buffer.
   bool exclusive_view = false;
+  // A gradient whose value is its elements plus this tensor's (same sizes,
+  // strides, dtype and device): the other GPU's gradient, which the
+  // optimizer's fused update adds as it reads both (Note [Gradient sums in
+  // the update] in dist/reducer.h). Anything else that reads the values
+  // settles it first (autograd::settle_sum: Tensor::grad() does).
+  std::shared_ptr<TensorImpl> sum_pending;
 };
 
 class Tensor {

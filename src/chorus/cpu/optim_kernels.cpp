@@ -75,6 +75,32 @@ void adamw_loop(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, 
   }
 }
 
+// addends: empty, or one per parameter (undefined where none), each of its
+// gradient's dtype and shape, contiguous.
+void check_addends(const char* op, const TensorList& params, const TensorList& grads, const TensorList& addends) {
+  CHORUS_CHECK(addends.empty() || addends.size() == params.size(), op, ": ", params.size(), " parameters but ",
+               addends.size(), " addends");
+  for (size_t i = 0; i < addends.size(); ++i)
+    if (addends[i].defined()) check_state(op, "addend", addends[i], grads[i]);
+}
+
+// grads[i] + addends[i] in the gradient's dtype (one addition per element, as
+// the CUDA kernels do it), or grads[i] where there is no addend.
+Tensor with_addend(const TensorList& grads, const TensorList& addends, size_t i) {
+  if (addends.empty() || !addends[i].defined()) return grads[i];
+  Tensor sum = detail::empty_tensor(grads[i].sizes(), grads[i].dtype(), grads[i].device());
+  const int64_t n = sum.numel();
+  auto add = [&]<typename T>() {
+    const T* a = grads[i].data<T>();
+    const T* b = addends[i].data<T>();
+    T* out = sum.data<T>();
+    for (int64_t k = 0; k < n; ++k) out[k] = a[k] + b[k];
+  };
+  if (sum.dtype() == kFloat64) add.template operator()<double>();
+  else add.template operator()<float>();
+  return sum;
+}
+
 }  // namespace
 
 void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, double lr,
@@ -93,16 +119,17 @@ void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& momentum_
 void sgd_update_multi(const TensorList& params, const TensorList& grads,
                       const TensorList& momentum_bufs, double lr, double momentum,
                       double dampening, double weight_decay, bool nesterov, bool first_step,
-                      const Tensor& scalars, const TensorList& copies) {
+                      const Tensor& scalars, const TensorList& copies, const TensorList& addends) {
   if (scalars.defined()) lr = scalars.data<float>()[0];
+  check_addends("sgd_update_multi", params, grads, addends);
   CHORUS_CHECK(grads.size() == params.size() && momentum_bufs.size() == params.size(),
                "sgd_update_multi: ", params.size(), " parameters but ", grads.size(),
                " gradients and ", momentum_bufs.size(), " momentum buffers");
   CHORUS_CHECK(copies.empty() || copies.size() == params.size(), "sgd_update_multi: ", params.size(),
                " parameters but ", copies.size(), " copies");
   for (size_t i = 0; i < params.size(); ++i) {
-    sgd_update(params[i], grads[i], momentum_bufs[i], lr, momentum, dampening, weight_decay,
-               nesterov, first_step);
+    sgd_update(params[i], with_addend(grads, addends, i), momentum_bufs[i], lr, momentum, dampening,
+               weight_decay, nesterov, first_step);
     if (!copies.empty() && copies[i].defined()) copy(params[i], copies[i]);
   }
 }
@@ -124,7 +151,8 @@ void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg
 
 void adamw_update_multi(const TensorList& params, const TensorList& grads, const TensorList& exp_avgs,
                         const TensorList& exp_avg_sqs, double lr, double beta1, double beta2, double eps,
-                        double weight_decay, int64_t step, const Tensor& scalars) {
+                        double weight_decay, int64_t step, const Tensor& scalars, const TensorList& addends) {
+  check_addends("adamw_update_multi", params, grads, addends);
   if (scalars.defined()) {
     lr = scalars.data<float>()[0];
     step = static_cast<int64_t>(scalars.data<float>()[1]);
@@ -134,7 +162,8 @@ void adamw_update_multi(const TensorList& params, const TensorList& grads, const
                "adamw_update_multi: ", params.size(), " parameters but ", grads.size(), " gradients, ",
                exp_avgs.size(), " exp_avg and ", exp_avg_sqs.size(), " exp_avg_sq");
   for (size_t i = 0; i < params.size(); ++i)
-    adamw_update(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], lr, beta1, beta2, eps, weight_decay, step);
+    adamw_update(params[i], with_addend(grads, addends, i), exp_avgs[i], exp_avg_sqs[i], lr, beta1, beta2, eps,
+                 weight_decay, step);
 }
 
 }  // namespace chorus::cpu

@@ -145,6 +145,18 @@ const float* device_scalars(const Tensor& scalars, const Tensor& param, const ch
   return scalars.data<float>();
 }
 
+// addends: empty, or one per parameter (undefined where none), float32 and
+// contiguous like the parameter (Note [Gradient sums in the update]).
+void check_addend(const TensorList& addends, const TensorList& params, size_t i, const char* op) {
+  CHORUS_CHECK(addends.empty() || addends.size() == params.size(), op, ": ", params.size(), " parameters but ",
+               addends.size(), " addends");
+  if (!addends.empty() && addends[i].defined()) check_state(params[i], addends[i], op, "the addend");
+}
+
+const float* addend_ptr(const TensorList& addends, size_t i) {
+  return addends.empty() || !addends[i].defined() ? nullptr : addends[i].data<float>();
+}
+
 }  // namespace
 
 void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& momentum_buf, double lr,
@@ -174,7 +186,7 @@ namespace {
 // Multi-tensor SGD: one launch updates many parameters. The tensor table and
 // the block -> (tensor, chunk) map travel as a kernel argument (under CUDA's
 // 4 KiB parameter limit); longer lists are split into several launches.
-constexpr int kMultiTensors = 48;
+constexpr int kMultiTensors = 40;
 constexpr int kMultiBlocks = 320;
 constexpr int64_t kChunk = 32768;  // elements per block
 
@@ -184,6 +196,7 @@ enum CopyKind : uint8_t { kNoCopy = 0, kBf16Copy = 1, kF16Copy = 2 };
 struct SgdTable {
   float* param[kMultiTensors];
   const float* grad[kMultiTensors];
+  const float* addend[kMultiTensors];  // or nullptr (Note [Gradient sums in the update])
   float* buf[kMultiTensors];
   void* copy[kMultiTensors];
   int64_t n[kMultiTensors];
@@ -212,6 +225,19 @@ __device__ __forceinline__ void write_copy4(void* copy, uint8_t kind, int64_t i,
 }
 static_assert(sizeof(SgdTable) + sizeof(SgdParams) < 4000, "kernel parameters too large");
 
+// A gradient pack plus its addend's, when there is one (one float addition
+// per lane: Note [Gradient sums in the update]).
+__device__ __forceinline__ float4 add4(float4 g, const float* addend, int64_t begin, int64_t v) {
+  if (addend) {
+    const float4 a = reinterpret_cast<const float4*>(addend + begin)[v];
+    g.x += a.x;
+    g.y += a.y;
+    g.z += a.z;
+    g.w += a.w;
+  }
+  return g;
+}
+
 __global__ void sgd_multi_kernel(SgdTable t, SgdParams params) {
   const SgdParams p = resolve(params);
   const int k = t.tensor[blockIdx.x];
@@ -219,6 +245,7 @@ __global__ void sgd_multi_kernel(SgdTable t, SgdParams params) {
   const int64_t end = min(t.n[k], begin + kChunk);
   float* param = t.param[k];
   const float* grad = t.grad[k];
+  const float* addend = t.addend[k];
   float* buf = t.buf[k];
   void* copy = t.copy[k];
   const uint8_t kind = t.copy_kind[k];
@@ -230,7 +257,7 @@ __global__ void sgd_multi_kernel(SgdTable t, SgdParams params) {
     auto* b4 = reinterpret_cast<float4*>(buf + begin);
     for (int64_t v = threadIdx.x; v < packs; v += blockDim.x) {
       float4 pv = p4[v];
-      const float4 gv = g4[v];
+      const float4 gv = add4(g4[v], addend, begin, v);
       float4 bv = p.has_momentum ? b4[v] : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
       for (int j = 0; j < 4; ++j) sgd_value(lane(pv, j), (&gv.x)[j], lane(bv, j), p);
@@ -241,7 +268,9 @@ __global__ void sgd_multi_kernel(SgdTable t, SgdParams params) {
     tail = begin + packs * 4;
   }
   for (int64_t i = tail + threadIdx.x; i < end; i += blockDim.x) {
-    sgd_element(param, grad, buf, i, p);
+    float b = p.has_momentum ? buf[i] : 0.f;
+    sgd_value(param[i], addend ? grad[i] + addend[i] : grad[i], b, p);
+    if (p.has_momentum) buf[i] = b;
     write_copy(copy, kind, i, param[i]);
   }
 }
@@ -251,7 +280,7 @@ __global__ void sgd_multi_kernel(SgdTable t, SgdParams params) {
 void sgd_update_multi(const TensorList& params, const TensorList& grads,
                       const TensorList& momentum_bufs, double lr, double momentum,
                       double dampening, double weight_decay, bool nesterov, bool first_step,
-                      const Tensor& scalars, const TensorList& copies) {
+                      const Tensor& scalars, const TensorList& copies, const TensorList& addends) {
   CHORUS_CHECK(grads.size() == params.size() && momentum_bufs.size() == params.size(),
                "sgd_update_multi: ", params.size(), " parameters but ", grads.size(),
                " gradients and ", momentum_bufs.size(), " momentum buffers");
@@ -266,6 +295,7 @@ void sgd_update_multi(const TensorList& params, const TensorList& grads,
                  params[0].device().str());
     check_state(params[i], params[i], "sgd_update_multi", "the parameter");
     check_state(params[i], grads[i], "sgd_update_multi", "the gradient");
+    check_addend(addends, params, i, "sgd_update_multi");
     if (has_momentum) check_state(params[i], momentum_bufs[i], "sgd_update_multi", "the momentum buffer");
     if (!copies.empty() && copies[i].defined())
       CHORUS_CHECK((copies[i].dtype() == kBFloat16 || copies[i].dtype() == kFloat16) && copies[i].is_contiguous() &&
@@ -294,12 +324,13 @@ void sgd_update_multi(const TensorList& params, const TensorList& grads,
     const int k = tensors++;
     table.param[k] = params[i].data<float>();
     table.grad[k] = grads[i].data<float>();
+    table.addend[k] = addend_ptr(addends, i);
     table.buf[k] = has_momentum ? momentum_bufs[i].data<float>() : nullptr;
     table.n[k] = n;
     const bool has_copy = !copies.empty() && copies[i].defined();
     table.copy[k] = has_copy ? copies[i].raw_data() : nullptr;
     table.copy_kind[k] = !has_copy ? kNoCopy : copies[i].dtype() == kBFloat16 ? kBf16Copy : kF16Copy;
-    table.packed[k] = aligned16(table.param[k]) && aligned16(table.grad[k]) &&
+    table.packed[k] = aligned16(table.param[k]) && aligned16(table.grad[k]) && aligned16(table.addend[k]) &&
                       (!has_momentum || aligned16(table.buf[k])) &&
                       (!has_copy || (reinterpret_cast<uintptr_t>(table.copy[k]) & 7) == 0);
     for (int64_t c = 0; c * kChunk < n; ++c) {
@@ -308,6 +339,7 @@ void sgd_update_multi(const TensorList& params, const TensorList& grads,
         // The tensor continues in the next launch, as its first entry.
         table.param[0] = table.param[k];
         table.grad[0] = table.grad[k];
+        table.addend[0] = table.addend[k];
         table.buf[0] = table.buf[k];
         table.n[0] = n;
         table.packed[0] = table.packed[k];
@@ -352,6 +384,7 @@ constexpr int kAdamTensors = 36;
 struct AdamTable {
   float* param[kAdamTensors];
   const float* grad[kAdamTensors];
+  const float* addend[kAdamTensors];  // or nullptr
   float* exp_avg[kAdamTensors];
   float* exp_avg_sq[kAdamTensors];
   int64_t n[kAdamTensors];
@@ -375,7 +408,7 @@ __global__ void adamw_multi_kernel(AdamTable t, AdamWParams params) {
     auto* v4 = reinterpret_cast<float4*>(t.exp_avg_sq[k] + begin);
     for (int64_t v = threadIdx.x; v < packs; v += blockDim.x) {
       float4 pv = p4[v], mv = m4[v], vv = v4[v];
-      const float4 gv = g4[v];
+      const float4 gv = add4(g4[v], t.addend[k], begin, v);
 #pragma unroll
       for (int j = 0; j < 4; ++j) adamw_value(lane(pv, j), (&gv.x)[j], lane(mv, j), lane(vv, j), p);
       p4[v] = pv;
@@ -384,15 +417,16 @@ __global__ void adamw_multi_kernel(AdamTable t, AdamWParams params) {
     }
     tail = begin + packs * 4;
   }
+  const float* addend = t.addend[k];
   for (int64_t i = tail + threadIdx.x; i < end; i += blockDim.x)
-    adamw_element(t.param[k], t.grad[k], t.exp_avg[k], t.exp_avg_sq[k], i, p);
+    adamw_value(t.param[k][i], addend ? t.grad[k][i] + addend[i] : t.grad[k][i], t.exp_avg[k][i], t.exp_avg_sq[k][i], p);
 }
 
 }  // namespace
 
 void adamw_update_multi(const TensorList& params, const TensorList& grads, const TensorList& exp_avgs,
                         const TensorList& exp_avg_sqs, double lr, double beta1, double beta2, double eps,
-                        double weight_decay, int64_t step, const Tensor& scalars) {
+                        double weight_decay, int64_t step, const Tensor& scalars, const TensorList& addends) {
   CHORUS_CHECK(grads.size() == params.size() && exp_avgs.size() == params.size() &&
                    exp_avg_sqs.size() == params.size(),
                "adamw_update_multi: ", params.size(), " parameters but ", grads.size(), " gradients, ",
@@ -405,6 +439,7 @@ void adamw_update_multi(const TensorList& params, const TensorList& grads, const
                  params[i].device().str(), ", parameter 0 on ", params[0].device().str());
     check_state(params[i], params[i], "adamw_update_multi", "the parameter");
     check_state(params[i], grads[i], "adamw_update_multi", "the gradient");
+    check_addend(addends, params, i, "adamw_update_multi");
     check_state(params[i], exp_avgs[i], "adamw_update_multi", "exp_avg");
     check_state(params[i], exp_avg_sqs[i], "adamw_update_multi", "exp_avg_sq");
   }
@@ -426,10 +461,12 @@ void adamw_update_multi(const TensorList& params, const TensorList& grads, const
   auto put = [&](int k, size_t i) {
     table.param[k] = params[i].data<float>();
     table.grad[k] = grads[i].data<float>();
+    table.addend[k] = addend_ptr(addends, i);
     table.exp_avg[k] = exp_avgs[i].data<float>();
     table.exp_avg_sq[k] = exp_avg_sqs[i].data<float>();
     table.n[k] = params[i].numel();
-    table.packed[k] = aligned16(table.param[k]) && aligned16(table.grad[k]) && aligned16(table.exp_avg[k]) &&
+    table.packed[k] = aligned16(table.param[k]) && aligned16(table.grad[k]) && aligned16(table.addend[k]) &&
+                      aligned16(table.exp_avg[k]) &&
                       aligned16(table.exp_avg_sq[k]);
   };
   for (size_t i = 0; i < params.size(); ++i) {

@@ -4,10 +4,13 @@
 #include <cstdlib>
 #include <string>
 
+#include "chorus/autograd/grad_mode.h"
 #include "chorus/autograd/node.h"
+#include "chorus/autograd/pending_sum.h"
 #include "chorus/core/error.h"
 #include "chorus/ops/comm.h"
 #include "chorus/ops/copy.h"
+#include "chorus/ops/elementwise.h"
 #include "chorus/ops/factory.h"
 
 namespace chorus::dist {
@@ -99,6 +102,20 @@ void BucketComm::sum_each(std::vector<std::vector<Tensor>>&, const std::vector<E
   CHORUS_THROW(ValueError, "this BucketComm does not sum gradients in place");
 }
 
+bool InProcessAllReduce::exchanges(const std::vector<Device>& devices) const {
+  return ops::exchange_applies(devices);
+}
+
+std::vector<std::vector<Tensor>> InProcessAllReduce::exchange_each(const std::vector<std::vector<Tensor>>& grads,
+                                                                   const std::vector<Event>& ready) {
+  return ops::exchange_each_after(grads, ready);
+}
+
+std::vector<std::vector<Tensor>> BucketComm::exchange_each(const std::vector<std::vector<Tensor>>&,
+                                                           const std::vector<Event>&) {
+  CHORUS_THROW(ValueError, "this BucketComm does not exchange gradients");
+}
+
 bool InProcessAllReduce::sums_each() const { return in_place_gradient_sums() && !ops::copy_engine_all_reduce(); }
 
 void InProcessAllReduce::sum_each(std::vector<std::vector<Tensor>>& grads, const std::vector<Event>& ready) {
@@ -177,6 +194,9 @@ struct GradStep {
   // only). Null: every gradient packed.
   std::shared_ptr<const std::vector<BucketSplit>> split;
   bool each = false;
+  // Note [Gradient sums in the update]: with `each`, over two devices whose
+  // comm exchanges the gradients instead of summing them.
+  bool exchange = false;
   // [replica]: the recording thread's current stream of each device, the one
   // the caller's later work there (the optimizer's update of a replica) runs
   // on: the join node, on devices[0]'s thread, makes it wait for the sums.
@@ -422,7 +442,15 @@ class BucketBackward final : public autograd::Node {
       ready.emplace_back(dev, /*timing=*/false);
       ready.back().record();
     }
-    step_->comm->sum_each(bufs, ready);
+    if (step_->exchange) {
+      // Note [Gradient sums in the update]: each side gets the other's
+      // gradients beside its own, as their pending part.
+      std::vector<std::vector<Tensor>> parts = step_->comm->exchange_each(bufs, ready);
+      for (size_t s = 0; s < slots; ++s)
+        for (size_t r = 0; r < replicas; ++r) autograd::set_pending_sum(bufs[s][r], parts[s][r]);
+    } else {
+      step_->comm->sum_each(bufs, ready);
+    }
     for (size_t s = 0; s < slots; ++s) {
       out[s] = bufs[s][0];
       if (!step_->replica_grads.empty()) {
@@ -438,6 +466,16 @@ class BucketBackward final : public autograd::Node {
   std::shared_ptr<GradStep> step_;
   size_t bucket_;
 };
+
+// The view of packed parameter i of a bucket in its flat buffer, with the
+// same view of the buffer's pending part, if it has one (Note [Gradient sums
+// in the update]).
+Tensor small_view(const BucketSplit& split, const Tensor& flat, size_t i) {
+  Tensor v = split.small.view(flat, split.small_index[i]);
+  if (Tensor part = autograd::pending_sum(flat); part.defined())
+    autograd::set_pending_sum(v, split.small.view(part, split.small_index[i]));
+  return v;
+}
 
 // Every bucket's result -> one gradient per master parameter, after joining
 // the current stream of devices[0] to the collectives (one wait, once the last
@@ -464,7 +502,7 @@ class JoinBackward final : public autograd::Node {
         const BucketSplit& split = (*step_->split)[b];
         const size_t in = offsets_[b] + split.slot[i];
         if (in >= grads.size() || !grads[in].defined()) continue;
-        out[k] = split.is_direct(i) ? std::move(grads[in]) : split.small.view(grads[in], split.small_index[i]);
+        out[k] = split.is_direct(i) ? std::move(grads[in]) : small_view(split, grads[in], i);
         out[k].impl()->exclusive_view = true;
         continue;
       }
@@ -486,17 +524,18 @@ class JoinBackward final : public autograd::Node {
   void set_replica_grads() {
     const GradBuckets& buckets = *step_->buckets;
     for (size_t r = 1; r < step_->devices.size(); ++r) {
-      {
-        // This thread's current stream of devices[r] is not the caller's
-        // (DeviceThreadPool carries only a thread's own device's stream).
-        StreamGuard on_callers(step_->caller_streams[r]);
-        step_->comm->join(step_->devices[r]);
-      }
+      // This thread's current stream of devices[r] is not the caller's
+      // (DeviceThreadPool carries only a thread's own device's stream): the
+      // join, and any accumulation below, go to the caller's.
+      StreamGuard on_callers(step_->caller_streams[r]);
+      step_->comm->join(step_->devices[r]);
       for (size_t k = 0; k < step_->summed.size(); ++k) {
         const Tensor& target = step_->replica_grads[r][k];
         if (!target.defined()) continue;
         if (!step_->summed[k]) {
-          target.set_grad(Tensor());
+          // Nothing new: a gradient kept from an earlier backward stays, as
+          // its master's does.
+          if (!autograd::unsettled_grad(target).defined()) target.set_grad(Tensor());
           continue;
         }
         const size_t b = buckets.bucket_of[k], i = buckets.index_in_bucket[k];
@@ -505,20 +544,36 @@ class JoinBackward final : public autograd::Node {
           const BucketSplit& split = (*step_->split)[b];
           const Tensor& sum = step_->results[b][split.slot[i]][r];
           if (split.is_direct(i)) {
-            target.set_grad(sum);
+            give(target, sum);
           } else {
-            Tensor g = split.small.view(sum, split.small_index[i]);
+            Tensor g = small_view(split, sum, i);
             g.impl()->exclusive_view = true;
-            target.set_grad(g);
+            give(target, g);
           }
           continue;
         }
         const Tensor& buf = step_->results[b][layout.segments[i].group][r];
         Tensor g = layout.view(buf, i);
         g.impl()->exclusive_view = true;
-        target.set_grad(g);
+        give(target, g);
       }
     }
+  }
+
+  // A replica's parameter gets its share of this backward's sum as .grad,
+  // or, after an earlier backward without zero_grad, adds it to the one it
+  // has (as its master's AccumulateGrad does, in the same order: the replica
+  // stays bit-equal to its master).
+  static void give(const Tensor& target, const Tensor& g) {
+    Tensor old = autograd::unsettled_grad(target);
+    if (!old.defined()) {
+      target.set_grad(g);
+      return;
+    }
+    NoGradGuard no_grad;
+    autograd::settle_sum(old);
+    autograd::settle_sum(g);
+    ops::binary_(BinaryOp::Add, old, g, 1.0);
   }
 
   std::shared_ptr<GradStep> step_;
@@ -566,6 +621,7 @@ std::vector<std::vector<Tensor>> Reducer::record(const std::vector<Device>& devi
   // its replays agree).
   step->each = used > 1 && comm_->sums_each();
   if (step->each) step->split = split_;
+  step->exchange = step->each && comm_->exchanges(devices);
   // What flows per replica and bucket: one flat buffer per dtype, or the
   // large gradients as they are and a flat buffer per dtype of the rest.
   auto slots = [&](size_t b) { return step->each ? (*split_)[b].slots() : buckets.buckets[b].layout.groups(); };

@@ -60,6 +60,28 @@
 // rose from 0.936-0.952 to 0.946-0.960 (2 H100s, bf16, graphed; 1 MiB: both
 // kept their best). CHORUS_DP_GRADS=packed packs them all; the copy engines,
 // which sum flat buffers, always do.
+//
+// Note [Gradient sums in the update]: over two GPUs the sum need not be made
+// where the gradients are. The bucket node hands a bucket's gradients to the
+// comm's exchange_each (ops::exchange_each_after): each GPU's copy stream
+// copies the other GPU's gradients beside its own (DMAs by the copy engines
+// over NVLink, once the other's ready event has passed: no kernel, no SM
+// held while they travel), and each gradient keeps the copy as its pending
+// part (TensorImpl::sum_pending). Its value is own + part; the optimizer's
+// fused update (SGD, AdamW) adds the part as it reads the gradient, one
+// float addition per element -- g0 + g1 on one GPU, g1 + g0 on the other,
+// the same bits, so the replicas stay bit-equal -- and anything else that
+// reads the gradient adds it first (Tensor::grad(), AccumulateGrad
+// accumulating into an earlier gradient, the engine summing two gradients of
+// one input: autograd::settle_sum), so no reader sees half a sum. Against
+// NCCL's all-reduce beside the backward, whose kernels hold 24 of 132 SMs
+// and slow the convolutions beside them by up to 60%, the cost is the copy
+// engines' traffic and one more read of the gradients in the update (WRN-28-10
+// bf16, 2 H100s: 2-GPU efficiency 0.948-0.952 with NCCL, 0.960-0.961 this
+// way; docs/benchmarks.md, session 21). Two devices only: over n devices each
+// would copy n - 1 gradients (NCCL's ring moves two). CHORUS_DP_ALLREDUCE /
+// --dp-all-reduce: auto (the default) does this on two GPUs with peer access,
+// in-update also on two CPU devices (a plain copy; tests), nccl never.
 // All get urgent creation numbers (autograd::next_urgent_sequence_nr), so the
 // engine runs them as soon as a bucket's gradients are in. The engine's
 // dependency count makes a node wait for exactly the inputs this backward
@@ -143,6 +165,14 @@ class BucketComm {
   // passed; each is replaced by the sum over the replicas, in place, issued
   // without waiting (join() orders later work after it).
   virtual void sum_each(std::vector<std::vector<Tensor>>& grads, const std::vector<Event>& ready);
+  // Note [Gradient sums in the update]: whether, over `devices`, the sum is
+  // left to the optimizer: exchange_each() instead of sum_each().
+  virtual bool exchanges(const std::vector<Device>& devices) const { (void)devices; return false; }
+  // As sum_each, but each grads[i][r] is left as it is and the result's
+  // [i][r] is a copy of the other replica's grads[i][1 - r] on replica r's
+  // device (ops::exchange_each_after), to be its pending part.
+  virtual std::vector<std::vector<Tensor>> exchange_each(const std::vector<std::vector<Tensor>>& grads,
+                                                         const std::vector<Event>& ready);
 };
 
 // DataParallel's BucketComm: the sum over the devices of this process
@@ -165,6 +195,10 @@ class InProcessAllReduce final : public BucketComm {
   // or the copy engines sum (they need the flat buffers).
   bool sums_each() const override;
   void sum_each(std::vector<std::vector<Tensor>>& grads, const std::vector<Event>& ready) override;
+  // ops::exchange_applies (CHORUS_DP_ALLREDUCE: in-update, or auto on two GPUs).
+  bool exchanges(const std::vector<Device>& devices) const override;
+  std::vector<std::vector<Tensor>> exchange_each(const std::vector<std::vector<Tensor>>& grads,
+                                                 const std::vector<Event>& ready) override;
 };
 
 // Whether DataParallel's replicated updates sum each gradient where the

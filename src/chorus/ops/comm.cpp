@@ -10,6 +10,7 @@
 #include "chorus/ops/copy.h"
 #include "chorus/ops/elementwise.h"
 #include "chorus/ops/factory.h"
+#include "chorus/ops/on_stream.h"
 #ifdef CHORUS_WITH_CUDA
 #include "chorus/cuda/nccl.h"
 #include "chorus/cuda/peer_all_reduce.h"
@@ -157,24 +158,10 @@ void reduce_sum_after(const std::vector<Tensor>& srcs, const Tensor& dst, const 
 
 namespace {
 
-std::atomic<int> copy_engine_setting{-1};  // -1: CHORUS_DP_ALLREDUCE decides at first use
+std::atomic<int> method_setting{-1};  // -1: CHORUS_DP_ALLREDUCE decides at first use
 std::atomic<uint64_t> copy_engine_calls{0};
 
 #ifdef CHORUS_WITH_CUDA
-// This thread's current stream of `device` is `stream` for the scope.
-class OnStream {
- public:
-  OnStream(const Device& device, StreamHandle stream) : device_(device), prev_(backend(device).current_stream(device)) {
-    backend(device_).set_current_stream(device_, stream);
-  }
-  ~OnStream() { backend(device_).set_current_stream(device_, prev_); }
-  OnStream(const OnStream&) = delete;
-  OnStream& operator=(const OnStream&) = delete;
-
- private:
-  Device device_;
-  StreamHandle prev_;
-};
 
 // The copy-engine path of all_reduce_sum_after (Note [Copy-engine
 // all-reduce] in cuda/peer_all_reduce.h); false when it does not apply (not
@@ -221,18 +208,35 @@ bool copy_engine_all_reduce_over(const std::vector<Tensor>& bufs, const std::vec
 
 }  // namespace
 
-bool copy_engine_all_reduce() {
-  if (copy_engine_setting < 0) {
+GradSumMethod grad_sum_method() {
+  if (method_setting < 0) {
     const char* e = std::getenv("CHORUS_DP_ALLREDUCE");
-    const std::string v = e ? e : "";
-    CHORUS_CHECK(v.empty() || v == "nccl" || v == "copy-engine", "CHORUS_DP_ALLREDUCE='", v,
-                 "' is not a way to sum gradients (expected nccl or copy-engine)");
-    copy_engine_setting = v == "copy-engine" ? 1 : 0;
+    int expected = -1;
+    method_setting.compare_exchange_strong(
+        expected, static_cast<int>(e && *e ? parse_grad_sum_method(e, "CHORUS_DP_ALLREDUCE") : GradSumMethod::Auto));
   }
-  return copy_engine_setting == 1;
+  return static_cast<GradSumMethod>(method_setting.load());
 }
 
-void set_copy_engine_all_reduce(bool on) { copy_engine_setting = on ? 1 : 0; }
+void set_grad_sum_method(GradSumMethod m) { method_setting = static_cast<int>(m); }
+
+GradSumMethod parse_grad_sum_method(const std::string& name, const std::string& what) {
+  for (GradSumMethod m : {GradSumMethod::Auto, GradSumMethod::Nccl, GradSumMethod::CopyEngine, GradSumMethod::InUpdate})
+    if (name == grad_sum_method_name(m)) return m;
+  CHORUS_THROW(ValueError, what, " must be auto, nccl, copy-engine or in-update, got '", name, "'");
+}
+
+const char* grad_sum_method_name(GradSumMethod m) {
+  switch (m) {
+    case GradSumMethod::Auto: return "auto";
+    case GradSumMethod::Nccl: return "nccl";
+    case GradSumMethod::CopyEngine: return "copy-engine";
+    case GradSumMethod::InUpdate: return "in-update";
+  }
+  return "?";
+}
+
+bool copy_engine_all_reduce() { return grad_sum_method() == GradSumMethod::CopyEngine; }
 
 uint64_t copy_engine_all_reduce_calls() { return copy_engine_calls.load(std::memory_order_relaxed); }
 

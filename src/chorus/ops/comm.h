@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "chorus/core/stream.h"
@@ -57,17 +58,49 @@ void all_reduce_sum_after(const std::vector<Tensor>& bufs, const std::vector<Eve
 // Always NCCL or the fallback, never the copy engines (which sum flat buffers).
 void all_reduce_sum_each_after(const std::vector<std::vector<Tensor>>& bufs, const std::vector<Event>& ready);
 
-// How all_reduce_sum_after sums CUDA buffers: NCCL (the default) or, when
-// on, the GPUs' copy engines where every pair has peer access (Note
-// [Copy-engine all-reduce] in cuda/peer_all_reduce.h: no SM is held for the
-// transfer). Starts as CHORUS_DP_ALLREDUCE says (nccl | copy-engine;
-// ValueError for anything else); `chorus train|bench --dp-all-reduce`.
+// How DataParallel's replicated updates sum the replicas' gradients
+// (CHORUS_DP_ALLREDUCE, `chorus train|bench --dp-all-reduce`; read at first
+// use, ValueError for another value; the setter wins over it):
+//  - Auto (the default): InUpdate where exchange_applies() over two GPUs,
+//    else Nccl;
+//  - Nccl: one NCCL all-reduce per bucket (all_reduce_sum_each_after), the
+//    fallback's adds on CPU devices;
+//  - CopyEngine: all_reduce_sum_after by the GPUs' copy engines where every
+//    pair has peer access (Note [Copy-engine all-reduce] in
+//    cuda/peer_all_reduce.h), on packed buffers;
+//  - InUpdate: exchange_each_after, the sum left to the optimizer's update
+//    (Note [Gradient sums in the update] in dist/reducer.h); also on two CPU
+//    devices, where it is a plain copy (for tests).
+enum class GradSumMethod { Auto, Nccl, CopyEngine, InUpdate };
+GradSumMethod grad_sum_method();
+void set_grad_sum_method(GradSumMethod method);
+const char* grad_sum_method_name(GradSumMethod method);
+// "auto", "nccl", "copy-engine" or "in-update"; ValueError naming `what` else.
+GradSumMethod parse_grad_sum_method(const std::string& name, const std::string& what);
+// grad_sum_method() == CopyEngine.
 bool copy_engine_all_reduce();
-void set_copy_engine_all_reduce(bool on);
 // How many all_reduce_sum_after calls the copy engines have summed so far in
 // this process (the setting is on, yet a call falls back to NCCL where some
 // pair of GPUs has no peer access or the dtype is not a float type).
 uint64_t copy_engine_all_reduce_calls();
+
+// Whether exchange_each_after takes gradients over `devices` under the
+// current method: InUpdate, or Auto on GPUs; exactly two devices, both CPU
+// or both CUDA with peer access both ways (which this enables).
+bool exchange_applies(const std::vector<Device>& devices);
+
+// Note [Gradient sums in the update] (dist/reducer.h): over exactly two
+// devices, parts[t][i] is a copy of the other device's bufs[t][1 - i], on
+// bufs[t][i]'s device with its sizes and strides, so bufs[t][i] + parts[t][i]
+// is the sum on either device (one float addition: the same bits on both).
+// bufs as for all_reduce_sum_each_after. On GPUs each device's copy stream
+// copies once the other device's ready event has passed (DMAs by the copy
+// engines, no kernel, no SM held); call comm_join on both devices before
+// reading a part or writing a buffer. On CPU devices, ops::copy_.
+std::vector<std::vector<Tensor>> exchange_each_after(const std::vector<std::vector<Tensor>>& bufs,
+                                                     const std::vector<Event>& ready);
+// How many exchange_each_after calls this process has made.
+uint64_t exchange_calls();
 
 // The current stream of `device` waits for every reduce_sum_after and
 // all_reduce_sum_after issued to it so far. No-op where there is nothing to

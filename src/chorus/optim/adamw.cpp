@@ -26,13 +26,17 @@ void AdamW::step() {
   // (device, step count) group -- one launch for a whole model on a GPU;
   // strided ones one at a time through a copy.
   struct Group {
-    TensorList params, grads, ms, vs;
+    TensorList params, grads, ms, vs, addends;
     std::vector<size_t> index;
+    bool any_addend = false;
   };
   std::map<std::pair<Device, int64_t>, Group> groups;
   std::vector<std::pair<size_t, std::pair<Tensor, Tensor>>> new_state;
   for (size_t i = 0; i < params_.size(); ++i) {
-    Tensor g = grad_for_update(i);
+    // Note [Gradient sums in the update]: a dense parameter's pending part is
+    // added by the fused kernel as it reads the gradient.
+    Tensor addend;
+    Tensor g = grad_for_update(i, is_dense_param(i) ? &addend : nullptr);
     if (!g.defined()) continue;
     ParamState& s = state_[i];
     const bool first = s.buffers.empty();
@@ -59,6 +63,8 @@ void AdamW::step() {
     Group& group = groups[{params_[i].device(), t}];
     group.params.push_back(ops::flat_view(params_[i]));
     group.grads.push_back(ops::flat_view(g));
+    group.addends.push_back(addend.defined() ? ops::flat_view(addend) : addend);
+    group.any_addend = group.any_addend || addend.defined();
     group.ms.push_back(ops::flat_view(m));
     group.vs.push_back(ops::flat_view(v));
     group.index.push_back(i);
@@ -77,7 +83,8 @@ void AdamW::step() {
         check_not_capturing("AdamW parameters of one device at different step counts");
       }
       CHORUS_KERNEL(key.first, adamw_update_multi, group.params, group.grads, group.ms, group.vs, lr_, o.beta1,
-                    o.beta2, o.eps, o.weight_decay, key.second, scalars);
+                    o.beta2, o.eps, o.weight_decay, key.second, scalars,
+                    group.any_addend ? group.addends : TensorList());
       for (size_t i : group.index) params_[i].bump_version();  // saved tensors see a changed parameter
     }
   }

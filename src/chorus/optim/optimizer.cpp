@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "chorus/autograd/grad_mode.h"
+#include "chorus/autograd/pending_sum.h"
 #include "chorus/core/error.h"
 #include "chorus/core/graph_capture.h"
 #include "chorus/ops/copy.h"
@@ -64,9 +65,15 @@ void Optimizer::add_replicas(const std::vector<std::pair<size_t, Tensor>>& copie
   if (after_step) after_step_.push_back(std::move(after_step));
 }
 
+namespace {
+bool has_grad(const Tensor& t) { return autograd::unsettled_grad(t).defined(); }
+}  // namespace
+
 bool Optimizer::will_update(size_t i) const {
-  if (!params_[i].grad().defined()) return false;
-  return i < user_params_.size() || params_[master_of_[i - user_params_.size()]].grad().defined();
+  // Whether there is a gradient, without settling a pending sum (Note
+  // [Gradient sums in the update] in dist/reducer.h).
+  if (!has_grad(params_[i])) return false;
+  return i < user_params_.size() || has_grad(params_[master_of_[i - user_params_.size()]]);
 }
 
 void Optimizer::finish_replicas() {
@@ -74,7 +81,7 @@ void Optimizer::finish_replicas() {
   const size_t n = user_params_.size();
   for (size_t i = n; i < params_.size(); ++i) {
     const size_t m = master_of_[i - n];
-    if (params_[i].grad().defined() || !params_[m].grad().defined()) continue;
+    if (has_grad(params_[i]) || !has_grad(params_[m])) continue;
     // Missed: its replica took no part in this step (a batch smaller than the
     // device count), but must equal its parameter for the next.
     check_not_capturing("a parameter replica without a gradient in the step");
@@ -179,14 +186,26 @@ Tensor Optimizer::flat(size_t i, const Tensor& t) const {
   return is_dense_param(i) ? ops::flat_view(t) : t;
 }
 
-Tensor Optimizer::grad_for_update(size_t i) const {
+Tensor Optimizer::grad_for_update(size_t i, Tensor* addend) const {
   const Tensor& p = params_[i];
   if (!will_update(i)) return Tensor();
-  Tensor g = p.grad();
+  Tensor g = autograd::unsettled_grad(p);
   // Module::to(dtype) may have cast the parameter after construction.
   check_param_dtype(i, "is now");
   CHORUS_CHECK(g.sizes() == p.sizes(), name_, ": gradient of parameter ", i, " is ", g.describe(),
                " but the parameter is ", p.describe());
+  // Note [Gradient sums in the update]: the fused update adds a pending part
+  // as it reads the gradient, when it reads the gradient's own memory (dtype,
+  // device and layout the parameter's); any other way, it is added first.
+  if (addend) {
+    Tensor part = autograd::pending_sum(g);
+    if (part.defined() && g.dtype() == p.dtype() && g.device() == p.device() && is_dense_param(i) &&
+        in_param_layout(i, g).impl() == g.impl()) {
+      *addend = part;
+      return g;
+    }
+  }
+  autograd::settle_sum(g);
   return in_param_layout(i, ops::to_dtype(ops::to_device(g, p.device()), p.dtype()));
 }
 

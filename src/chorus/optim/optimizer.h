@@ -97,8 +97,12 @@ class Optimizer {
   void check_param_dtype(size_t i, const char* verb) const;
   // Checks that `p` can be updated now (dtype, grad matching) and returns
   // its gradient in p's dtype on p's device in p's layout (see
-  // flat()); undefined when p has no gradient (skip it).
-  Tensor grad_for_update(size_t i) const;
+  // flat()); undefined when p has no gradient (skip it). With `addend`: a
+  // gradient with a pending part (Note [Gradient sums in the update] in
+  // dist/reducer.h) comes back as it is, the part in *addend, for a fused
+  // kernel to add (its `addends`); without, or where the kernel could not
+  // read it as it is, the part is added first.
+  Tensor grad_for_update(size_t i, Tensor* addend = nullptr) const;
   // A zero-filled buffer for parameter i (lazy state creation), in its layout.
   Tensor new_buffer(size_t i) const;
   // `t` (parameter i's shape) in parameter i's layout: `t` itself when it

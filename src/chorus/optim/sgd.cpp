@@ -28,14 +28,17 @@ void SGD::step() {
   // first step) group -- one launch for a whole model on a GPU instead of one
   // per parameter; strided ones (rare) one at a time through a copy.
   struct Group {
-    TensorList params, grads, bufs, copies;
+    TensorList params, grads, bufs, copies, addends;
     std::vector<size_t> index;
-    bool any_copy = false;
+    bool any_copy = false, any_addend = false;
   };
   std::map<std::pair<Device, bool>, Group> groups;
   std::vector<std::pair<size_t, Tensor>> new_buffers;
   for (size_t i = 0; i < params_.size(); ++i) {
-    Tensor g = grad_for_update(i);
+    // Note [Gradient sums in the update]: a dense parameter's pending part is
+    // added by the fused kernel as it reads the gradient.
+    Tensor addend;
+    Tensor g = grad_for_update(i, is_dense_param(i) ? &addend : nullptr);
     if (!g.defined()) continue;
     ParamState& s = state_[i];
     Tensor buf;
@@ -67,6 +70,8 @@ void SGD::step() {
     // Dense: param, grad and buffer share one layout (Note [Optimizer layouts]).
     group.params.push_back(ops::flat_view(p));
     group.grads.push_back(ops::flat_view(g));
+    group.addends.push_back(addend.defined() ? ops::flat_view(addend) : addend);
+    group.any_addend = group.any_addend || addend.defined();
     group.bufs.push_back(buf.defined() ? ops::flat_view(buf) : buf);
     // Note [Autocast weight copies]: the 16-bit copy the next forward will use,
     // written by the same kernel.
@@ -80,7 +85,8 @@ void SGD::step() {
     for (auto& [key, group] : groups) {
       CHORUS_KERNEL(key.first, sgd_update_multi, group.params, group.grads, group.bufs, lr_,
                     o.momentum, o.dampening, o.weight_decay, o.nesterov, key.second,
-                    device_scalars(key.first, -1), group.any_copy ? group.copies : TensorList());
+                    device_scalars(key.first, -1), group.any_copy ? group.copies : TensorList(),
+                    group.any_addend ? group.addends : TensorList());
       // Saved tensors of an earlier forward now see a changed parameter.
       for (size_t i : group.index) params_[i].bump_version();
       for (size_t j = 0; j < group.index.size(); ++j)

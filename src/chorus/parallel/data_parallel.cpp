@@ -8,6 +8,7 @@
 #include "chorus/autograd/functions.h"
 #include "chorus/autograd/grad_mode.h"
 #include "chorus/autograd/node.h"
+#include "chorus/autograd/pending_sum.h"
 #include "chorus/core/error.h"
 #include "chorus/core/graph_capture.h"
 #include "chorus/core/stream.h"
@@ -201,7 +202,9 @@ void DataParallel::note_replicated_step() {
     const Tensor& m = entries_[e].master;
     // In sync before the step, and the master changed by the step alone (one
     // version bump when it had a gradient): the replicas took the same step.
-    const uint32_t bumps = m.grad().defined() ? 1 : 0;
+    // (Not m.grad(), which would add a pending part: Note [Gradient sums in
+    // the update] in dist/reducer.h.)
+    const uint32_t bumps = autograd::unsettled_grad(m).defined() ? 1 : 0;
     for (size_t r = 1; r < devices_.size(); ++r) {
       Entry::Synced& sy = entries_[e].synced[r];
       if (sy.counter.get() != m.impl()->version.get() || sy.master_version + bumps != m.version()) continue;

@@ -1,0 +1,56 @@
+#include "chorus/autograd/pending_sum.h"
+
+#include <mutex>
+
+#include "chorus/autograd/grad_mode.h"
+#include "chorus/core/error.h"
+#include "chorus/ops/elementwise.h"
+
+namespace chorus::autograd {
+
+namespace {
+// One lock for every pending sum: they are taken once a step, per parameter.
+std::mutex& pending_mutex() {
+  static auto* mu = new std::mutex;  // leaked: gradients may be settled at exit
+  return *mu;
+}
+}  // namespace
+
+void settle_sum(const Tensor& t) {
+  if (!t.defined()) return;
+  std::shared_ptr<TensorImpl> part;
+  {
+    std::lock_guard<std::mutex> lock(pending_mutex());
+    part = std::move(t.impl()->sum_pending);
+    t.impl()->sum_pending = nullptr;
+  }
+  if (!part) return;
+  NoGradGuard no_grad;
+  // own + part: one float addition, as the fused update's, so a settled
+  // gradient and an update that read both parts see the same bits.
+  ops::binary_(BinaryOp::Add, t, Tensor(part), 1.0);
+}
+
+Tensor pending_sum(const Tensor& t) {
+  if (!t.defined()) return Tensor();
+  std::lock_guard<std::mutex> lock(pending_mutex());
+  return t.impl()->sum_pending ? Tensor(t.impl()->sum_pending) : Tensor();
+}
+
+Tensor unsettled_grad(const Tensor& leaf) {
+  AutogradMeta* m = leaf.autograd_meta();
+  return m && m->grad ? Tensor(m->grad) : Tensor();
+}
+
+void set_pending_sum(const Tensor& t, const Tensor& part) {
+  CHORUS_CHECK(t.defined() && part.defined(), "set_pending_sum: undefined tensor");
+  CHORUS_CHECK(part.sizes() == t.sizes() && part.strides() == t.strides() && part.dtype() == t.dtype() &&
+                   part.device() == t.device(),
+               "set_pending_sum: the part ", part.describe(), " (strides ", shape_str(part.strides()),
+               ") does not match the gradient ", t.describe(), " (strides ", shape_str(t.strides()), ")");
+  std::lock_guard<std::mutex> lock(pending_mutex());
+  CHORUS_CHECK(!t.impl()->sum_pending, "set_pending_sum: ", t.describe(), " already has a pending part");
+  t.impl()->sum_pending = part.impl_ptr();
+}
+
+}  // namespace chorus::autograd
