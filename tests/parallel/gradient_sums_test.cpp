@@ -29,6 +29,8 @@ namespace gradient_sums_test {  // names of its own in the unity build
 namespace {
 
 namespace F = nn::functional;
+using test::AddedScales;
+using test::UsedOnOneDevice;
 using test::rel_err;
 
 // The setting for a scope, restored however the test ends.
@@ -43,45 +45,6 @@ class GradientSums {
 
  private:
   bool before_;
-};
-
-// x * (a + b), then a linear head: a's and b's gradients are the one tensor
-// the sum's backward passes to both.
-class AddedScales : public nn::Module {
- public:
-  explicit AddedScales(nn::NoOptions = {}) : Module("AddedScales") {
-    register_parameter("a", randn({18}));
-    register_parameter("b", randn({18}));
-    head_ = register_module("head", std::make_shared<nn::Linear>(18, 5));
-  }
-  // Through the module's own slots, which DataParallel points at a replica's copies.
-  Tensor forward(const Tensor& x) override {
-    return head_->forward(x.flatten(1) * (own_parameters()[0].second + own_parameters()[1].second));
-  }
-  nn::NoOptions options_for_clone() const { return {}; }
-  CHORUS_MODULE_CLONEABLE(AddedScales)
- private:
-  std::shared_ptr<nn::Linear> head_;
-};
-
-// `extra` is used only by the replica on device index 1: the other replicas
-// send zeros for it (in its bucket, or the whole bucket with one bucket per
-// parameter).
-class UsedOnOneDevice : public nn::Module {
- public:
-  explicit UsedOnOneDevice(nn::NoOptions = {}) : Module("UsedOnOneDevice") {
-    lin = register_module("lin", std::make_shared<nn::Linear>(18, 5));
-    extra = register_module("extra", std::make_shared<nn::Linear>(18, 5));
-  }
-  Tensor forward(const Tensor& x) override {
-    Tensor h = x.flatten(1);
-    Tensor y = lin->forward(h);
-    if (x.device().index == 1) y = y + extra->forward(h);
-    return y;
-  }
-  nn::NoOptions options_for_clone() const { return {}; }
-  CHORUS_MODULE_CLONEABLE(UsedOnOneDevice)
-  std::shared_ptr<nn::Linear> lin, extra;
 };
 
 struct TrainRun {
@@ -133,12 +96,7 @@ TrainRun train(const std::shared_ptr<nn::Module>& net, const std::vector<Device>
 }
 
 void expect_same(const TrainRun& got, const TrainRun& ref, double tol) {
-  ASSERT_EQ(got.losses.size(), ref.losses.size());
-  for (size_t i = 0; i < ref.losses.size(); ++i)
-    EXPECT_NEAR(got.losses[i], ref.losses[i], tol * std::abs(ref.losses[i])) << "step " << i;
-  ASSERT_EQ(got.state.size(), ref.state.size());
-  for (size_t i = 0; i < ref.state.size(); ++i)
-    EXPECT_LE(rel_err(got.state[i].second, ref.state[i].second), tol) << ref.state[i].first;
+  test::expect_same_training(got.losses, got.state, ref.losses, ref.state, tol);
 }
 
 // conv_bn_net's gradients: the convolution's weight 432 bytes, the linear

@@ -25,4 +25,17 @@ inline double rel_err(const Tensor& a, const Tensor& b) {
   return diff / std::max(scale, 1e-12);
 }
 
+// The same training run within `tol` (0: bit for bit): each loss relative to
+// the reference's, each named tensor (a state dict) by rel_err.
+inline void expect_same_training(const std::vector<double>& losses, const nn::NamedTensors& state,
+                                 const std::vector<double>& ref_losses, const nn::NamedTensors& ref_state,
+                                 double tol) {
+  ASSERT_EQ(losses.size(), ref_losses.size());
+  for (size_t i = 0; i < ref_losses.size(); ++i)
+    EXPECT_NEAR(losses[i], ref_losses[i], tol * std::abs(ref_losses[i])) << "step " << i;
+  ASSERT_EQ(state.size(), ref_state.size());
+  for (size_t i = 0; i < ref_state.size(); ++i)
+    EXPECT_LE(rel_err(state[i].second, ref_state[i].second), tol) << ref_state[i].first;
+}
+
 }  // namespace chorus::test

@@ -23,4 +23,42 @@ inline std::shared_ptr<nn::Sequential> conv_bn_net(uint64_t seed) {
   return s;
 }
 
+// x * (a + b), then a linear head to 5 classes, for inputs of 18 elements:
+// a's and b's gradients are the one tensor the sum's backward passes to both.
+class AddedScales : public nn::Module {
+ public:
+  explicit AddedScales(nn::NoOptions = {}) : Module("AddedScales") {
+    register_parameter("a", randn({18}));
+    register_parameter("b", randn({18}));
+    head_ = register_module("head", std::make_shared<nn::Linear>(18, 5));
+  }
+  // Through the module's own slots, which DataParallel points at a replica's copies.
+  Tensor forward(const Tensor& x) override {
+    return head_->forward(x.flatten(1) * (own_parameters()[0].second + own_parameters()[1].second));
+  }
+  nn::NoOptions options_for_clone() const { return {}; }
+  CHORUS_MODULE_CLONEABLE(AddedScales)
+ private:
+  std::shared_ptr<nn::Linear> head_;
+};
+
+// Two linear layers from 18 inputs to 5 classes; `extra` is used only by the
+// replica on device index 1: the other replicas send zeros for it.
+class UsedOnOneDevice : public nn::Module {
+ public:
+  explicit UsedOnOneDevice(nn::NoOptions = {}) : Module("UsedOnOneDevice") {
+    lin = register_module("lin", std::make_shared<nn::Linear>(18, 5));
+    extra = register_module("extra", std::make_shared<nn::Linear>(18, 5));
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor h = x.flatten(1);
+    Tensor y = lin->forward(h);
+    if (x.device().index == 1) y = y + extra->forward(h);
+    return y;
+  }
+  nn::NoOptions options_for_clone() const { return {}; }
+  CHORUS_MODULE_CLONEABLE(UsedOnOneDevice)
+  std::shared_ptr<nn::Linear> lin, extra;
+};
+
 }  // namespace chorus::test
