@@ -655,7 +655,7 @@ Twin offset_twin(int64_t n, int64_t offset, uint32_t seed, double lo = -1.0, dou
   return Twin{whole.cpu.narrow(0, offset, n), whole.gpu.narrow(0, offset, n)};
 }
 
-// The multi-tensor SGD: more tensors than one launch's table holds (48), one
+// The multi-tensor SGD: more tensors than one launch's table holds (40), one
 // tensor spread over more blocks than a launch has (320 chunks of 32768), an
 // empty tensor, sizes that are not multiples of anything, and state that is
 // not 16-byte aligned (one of param, gradient, buffer at a time, so packed and
@@ -691,10 +691,20 @@ TEST(CudaKernels, SgdUpdateMultiMatchesCpu_CUDA) {
     }
     // Not the first step: the learning rate comes from the device scalars
     // (the argument is a decoy that would fail the comparison).
-    if (first) cuda::sgd_update_multi(gp, gg, gb, 0.05, 0.9, 0.0, 5e-4, true, first, Tensor(), copies, {});
-    else cuda::sgd_update_multi(gp, gg, gb, 7.5, 0.9, 0.0, 5e-4, true, first, gpu_scalars(0.05, 3), copies, {});
+    // Addends (Note [Gradient sums in the update]) for every other tensor, some
+    // not 16-byte aligned: the gradient used is grad + addend.
+    std::vector<Twin> addends;
+    TensorList ga(sizes.size());
     for (size_t i = 0; i < sizes.size(); ++i) {
-      cpu::sgd_update(params[i].cpu, grads[i].cpu, bufs[i].cpu, 0.05, 0.9, 0.0, 5e-4, true, first);
+      if (i % 2) continue;
+      addends.push_back(i % 6 == 4 ? offset_twin(sizes[i], 1, ++seed) : random_twin({sizes[i]}, kFloat32, ++seed));
+      ga[i] = addends.back().gpu;
+    }
+    if (first) cuda::sgd_update_multi(gp, gg, gb, 0.05, 0.9, 0.0, 5e-4, true, first, Tensor(), copies, ga);
+    else cuda::sgd_update_multi(gp, gg, gb, 7.5, 0.9, 0.0, 5e-4, true, first, gpu_scalars(0.05, 3), copies, ga);
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      const Tensor g = i % 2 ? grads[i].cpu : (grads[i].cpu + addends[i / 2].cpu).contiguous();
+      cpu::sgd_update(params[i].cpu, g, bufs[i].cpu, 0.05, 0.9, 0.0, 5e-4, true, first);
       const std::string what = "sgd_update_multi tensor " + std::to_string(i) + " of " +
                                std::to_string(sizes[i]) + (first ? " first step" : "");
       expect_near(params[i].gpu, params[i].cpu, 1e-6, 1e-7, what + " param");
@@ -727,7 +737,7 @@ TEST(CudaKernels, AdamWUpdateMatchesCpu_CUDA) {
 }
 
 // The multi-tensor AdamW, as the SGD one: more tensors than a launch's table
-// holds (36), a tensor over more blocks than a launch has, an empty tensor,
+// holds (36), gradients with addends, a tensor over more blocks than a launch has, an empty tensor,
 // state not 16-byte aligned.
 TEST(CudaKernels, AdamWUpdateMultiMatchesCpu_CUDA) {
   if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
@@ -755,12 +765,20 @@ TEST(CudaKernels, AdamWUpdateMultiMatchesCpu_CUDA) {
       gv.push_back(vs.back().gpu);
     }
     // Step 9 reads lr and step from the device scalars (decoy arguments).
-    if (step == 1) cuda::adamw_update_multi(gp, gg, gm, gv, 1e-3, 0.9, 0.999, 1e-8, 0.01, step, Tensor(), {});
-    else cuda::adamw_update_multi(gp, gg, gm, gv, 0.5, 0.9, 0.999, 1e-8, 0.01, 2, gpu_scalars(1e-3, double(step)), {});
+    // Addends for every third tensor, some not 16-byte aligned.
+    std::vector<Twin> addends;
+    TensorList ga(sizes.size());
+    for (size_t i = 0; i < sizes.size(); i += 3) {
+      addends.push_back(i % 6 == 3 ? offset_twin(sizes[i], 2, ++seed) : random_twin({sizes[i]}, kFloat32, ++seed));
+      ga[i] = addends.back().gpu;
+    }
+    if (step == 1) cuda::adamw_update_multi(gp, gg, gm, gv, 1e-3, 0.9, 0.999, 1e-8, 0.01, step, Tensor(), ga);
+    else cuda::adamw_update_multi(gp, gg, gm, gv, 0.5, 0.9, 0.999, 1e-8, 0.01, 2, gpu_scalars(1e-3, double(step)), ga);
     for (size_t i = 0; i < sizes.size(); ++i) {
       // The device scalars hold lr as float32.
       const double lr = step == 1 ? 1e-3 : double(float(1e-3));
-      cpu::adamw_update(params[i].cpu, grads[i].cpu, ms[i].cpu, vs[i].cpu, lr, 0.9, 0.999, 1e-8, 0.01, step);
+      const Tensor g = i % 3 ? grads[i].cpu : (grads[i].cpu + addends[i / 3].cpu).contiguous();
+      cpu::adamw_update(params[i].cpu, g, ms[i].cpu, vs[i].cpu, lr, 0.9, 0.999, 1e-8, 0.01, step);
       const std::string what = "adamw_update_multi tensor " + std::to_string(i) + " of " + std::to_string(sizes[i]) +
                                " step " + std::to_string(step);
       expect_near(params[i].gpu, params[i].cpu, 1e-6, 1e-7, what + " param");
