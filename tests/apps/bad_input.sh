@@ -51,7 +51,7 @@ expect_error "--dp-broadcast goes with --strategy dp" train --dp-broadcast "${q[
 expect_error "--dp-all-reduce goes with --strategy dp" train --dp-all-reduce copy-engine "${q[@]}"
 expect_error "--dp-all-reduce must be auto, nccl, copy-engine or in-update, got 'ring'" train --strategy dp --devices cpu:0,cpu:1 --dp-all-reduce ring "${q[@]}"
 expect_error "not --dp-broadcast" train --strategy dp --devices cpu:0,cpu:1 --dp-broadcast --dp-all-reduce nccl "${q[@]}"
-CHORUS_DP_ALLREDUCE=nvls expect_error "CHORUS_DP_ALLREDUCE='nvls' is not a way" bench --strategy dp --devices cpu:0,cpu:1 --model mlp --steps 1 --warmup 0
+CHORUS_DP_ALLREDUCE=nvls expect_error "CHORUS_DP_ALLREDUCE must be auto, nccl, copy-engine or in-update, got 'nvls'" bench --strategy dp --devices cpu:0,cpu:1 --model mlp --steps 1 --warmup 0
 CHORUS_DP_GRADS=flat expect_error "CHORUS_DP_GRADS='flat' is not a way to hand gradients to the all-reduce (expected in-place or packed)" train --strategy dp --devices cpu:0,cpu:1 "${q[@]}"
 CHORUS_DP_GRADS_MIN_BYTES=1MB expect_error "CHORUS_DP_GRADS_MIN_BYTES='1MB' is not a number of bytes" bench --strategy dp --devices cpu:0,cpu:1 --model mlp --steps 1 --warmup 0
 expect_error "--bucket-mb must be a number >= 0" train --strategy dp --devices cpu:0,cpu:1 --bucket-mb -1 "${q[@]}"

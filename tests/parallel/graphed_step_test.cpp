@@ -62,6 +62,7 @@ struct StepRun {
   int64_t replays = 0, eager_calls = 0, step_count = 0;
   std::string reason;
   std::vector<std::string> lines;  // what on_fallback was told
+  std::vector<std::vector<Tensor>> grads;  // per step, the masters' .grad() (read_grads)
 };
 
 struct StepSetup {
@@ -391,7 +392,11 @@ TEST(GraphedStep, MlpMatchesEager_CUDA) {
 // `per_replica_loss`: the graphed run computes each replica's loss on its
 // device and starts one backward from all of them (Note [Per-replica losses]);
 // the eager run gathers the outputs and computes the loss on the first GPU.
-void dp_graphed_matches_eager(const std::vector<Device>& devs, bool replicated = false, bool per_replica_loss = false) {
+// `read_grads`: after each step both runs read every master's .grad() (out of
+// the graph, between replays): the whole sums each time (Note [Pending sums
+// in a captured step] in autograd/pending_sum.cpp).
+void dp_graphed_matches_eager(const std::vector<Device>& devs, bool replicated = false, bool per_replica_loss = false,
+                              bool read_grads = false) {
   Deterministic same_bits;
   const int steps = test::test_steps(20, 3);  // CHORUS_TEST_STEPS under a sanitizer
   auto run = [&](bool graphed, StepRun* out) {
@@ -431,6 +436,10 @@ void dp_graphed_matches_eager(const std::vector<Device>& devs, bool replicated =
     for (int i = 0; i < steps; ++i) {
       opt.set_lr(0.05 * (1.0 - 0.03 * i));
       out->losses.push_back(step({randn({32, 3, 16, 16}).to(devs[0]), randint(0, 10, {32}, {kInt64}).to(devs[0])})[0].item());
+      if (read_grads) {
+        out->grads.emplace_back();
+        for (const Tensor& p : net->parameters()) out->grads.back().push_back(p.grad().clone());
+      }
     }
     out->state = net->state_dict();
     out->replays = step.replays();
@@ -450,6 +459,11 @@ void dp_graphed_matches_eager(const std::vector<Device>& devs, bool replicated =
   // Per-replica losses: the chunks' means weighted by their shares instead of
   // one mean, equal up to rounding.
   expect_same(graphed, eager, per_replica_loss ? 1e-5 : 1e-6);
+  ASSERT_EQ(graphed.grads.size(), eager.grads.size());
+  for (size_t i = 0; i < eager.grads.size(); ++i)
+    for (size_t k = 0; k < eager.grads[i].size(); ++k)
+      EXPECT_LE(test::rel_err(graphed.grads[i][k], eager.grads[i][k]), per_replica_loss ? 1e-5 : 1e-6)
+          << "step " << i << ", parameter " << k;
 }
 
 TEST(GraphedStep, DataParallelOverTwoGpusMatchesEager_MultiCUDA) {
@@ -474,6 +488,18 @@ TEST(GraphedStep, DataParallelWithCopyEngineAllReduceMatchesEager_MultiCUDA) {
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
   test::CopyEngineAllReduce on(true);
   dp_graphed_matches_eager({cuda_device(0), cuda_device(1)}, /*replicated=*/true, /*per_replica_loss=*/true);
+}
+
+// The gradients exchanged and summed by the optimizer's update (Note
+// [Gradient sums in the update] in dist/reducer.h): memcpy nodes between the
+// GPUs, the sum in the update's kernel; a gradient read between replays is
+// the whole sum after every replay, not only after the first.
+TEST(GraphedStep, DataParallelWithSumsInUpdateMatchesEager_MultiCUDA) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
+  test::CopyEngineAllReduce in_update(ops::GradSumMethod::InUpdate);
+  if (!ops::exchange_applies({cuda_device(0), cuda_device(1)})) GTEST_SKIP() << "no peer access";
+  dp_graphed_matches_eager({cuda_device(0), cuda_device(1)}, /*replicated=*/true, /*per_replica_loss=*/true,
+                           /*read_grads=*/true);
 }
 
 TEST(GraphedStep, DataParallelOverOneGpuMatchesEager_CUDA) {

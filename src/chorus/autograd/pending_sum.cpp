@@ -1,9 +1,12 @@
 #include "chorus/autograd/pending_sum.h"
 
 #include <mutex>
+#include <set>
+#include <utility>
 
 #include "chorus/autograd/grad_mode.h"
 #include "chorus/core/error.h"
+#include "chorus/core/graph_capture.h"
 #include "chorus/ops/elementwise.h"
 
 namespace chorus::autograd {
@@ -14,6 +17,20 @@ std::mutex& pending_mutex() {
   static auto* mu = new std::mutex;  // leaked: gradients may be settled at exit
   return *mu;
 }
+// Note [Pending sums in a captured step]: a replay of a captured step
+// rewrites every gradient and its part in device memory, but none of the host
+// state, so a part that a reader outside the graph settled (added in place and
+// forgot) after one replay would be forgotten for the next, whose gradient
+// again holds only its own half. So each part given during a capture is given
+// again after each replay (an on_each_replay action) -- unless the capture
+// itself settled it: then the graph adds it at every replay, and giving it
+// again would add it twice. This set names the gradients settled during a
+// capture (with the capture's generation).
+std::set<std::pair<const TensorImpl*, uint64_t>>& settled_in_capture() {
+  static auto* s = new std::set<std::pair<const TensorImpl*, uint64_t>>;
+  return *s;
+}
+
 }  // namespace
 
 void settle_sum(const Tensor& t) {
@@ -23,6 +40,7 @@ void settle_sum(const Tensor& t) {
     std::lock_guard<std::mutex> lock(pending_mutex());
     part = std::move(t.impl()->sum_pending);
     t.impl()->sum_pending = nullptr;
+    if (part && capture_in_progress()) settled_in_capture().insert({t.impl(), capture_generation()});
   }
   if (!part) return;
   NoGradGuard no_grad;
@@ -48,9 +66,22 @@ void set_pending_sum(const Tensor& t, const Tensor& part) {
                    part.device() == t.device(),
                "set_pending_sum: the part ", part.describe(), " (strides ", shape_str(part.strides()),
                ") does not match the gradient ", t.describe(), " (strides ", shape_str(t.strides()), ")");
-  std::lock_guard<std::mutex> lock(pending_mutex());
-  CHORUS_CHECK(!t.impl()->sum_pending, "set_pending_sum: ", t.describe(), " already has a pending part");
-  t.impl()->sum_pending = part.impl_ptr();
+  {
+    std::lock_guard<std::mutex> lock(pending_mutex());
+    CHORUS_CHECK(!t.impl()->sum_pending, "set_pending_sum: ", t.describe(), " already has a pending part");
+    t.impl()->sum_pending = part.impl_ptr();
+  }
+  if (!capture_in_progress()) return;
+  // Note [Pending sums in a captured step].
+  const std::weak_ptr<TensorImpl> grad = t.impl_ptr();
+  const std::shared_ptr<TensorImpl> kept = part.impl_ptr();
+  const std::pair<const TensorImpl*, uint64_t> key{t.impl(), capture_generation()};
+  on_each_replay([grad, kept, key] {
+    std::shared_ptr<TensorImpl> g = grad.lock();
+    if (!g) return;
+    std::lock_guard<std::mutex> lock(pending_mutex());
+    if (!settled_in_capture().count(key)) g->sum_pending = kept;
+  });
 }
 
 }  // namespace chorus::autograd

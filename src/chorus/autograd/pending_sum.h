@@ -21,7 +21,8 @@ Tensor pending_sum(const Tensor& t);
 Tensor unsettled_grad(const Tensor& leaf);
 
 // Gives `part` (same sizes, strides, dtype and device as t) to t as pending.
-// ValueError if it does not match or t already has one.
+// ValueError if it does not match or t already has one. During a graph
+// capture, also after each replay (Note [Pending sums in a captured step]).
 void set_pending_sum(const Tensor& t, const Tensor& part);
 
 }  // namespace chorus::autograd
