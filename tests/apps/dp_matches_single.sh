@@ -15,6 +15,15 @@ dp=$("$CHORUS" train "${common[@]}" --strategy dp --devices cpu:0,cpu:1 --batch-
 bc=$("$CHORUS" train "${common[@]}" --strategy dp --devices cpu:0,cpu:1 --batch-size 32 --dp-broadcast) || { echo "FAIL: dp --dp-broadcast run"; exit 1; }
 ga=$("$CHORUS" train "${common[@]}" --strategy dp --devices cpu:0,cpu:1 --batch-size 32 --dp-gather-output) || { echo "FAIL: dp --dp-gather-output run"; exit 1; }
 iu=$("$CHORUS" train "${common[@]}" --strategy dp --devices cpu:0,cpu:1 --batch-size 32 --dp-all-reduce in-update) || { echo "FAIL: dp --dp-all-reduce in-update run"; exit 1; }
+# chorus bench names what summed the gradients: in-update when asked, the
+# fallback's adds on CPU devices by default (auto exchanges on two GPUs only).
+for m in in-update auto; do
+  name=$("$CHORUS" bench --strategy dp --devices cpu:0,cpu:1 --device-counts 2 --model mlp --steps 2 --warmup 1 --json \
+         --dp-all-reduce $m | python3 -c 'import json, sys; print([json.loads(l) for l in sys.stdin if l.startswith("{")][-1]["dp_all_reduce"])')
+  want=$([ $m = in-update ] && echo in-update || echo adds)
+  [ "$name" = "$want" ] || { echo "FAIL: bench --dp-all-reduce $m says dp_all_reduce '$name', expected '$want'"; exit 1; }
+  echo "ok: bench --dp-all-reduce $m on cpu:0,cpu:1: dp_all_reduce $name"
+done
 one=$("$CHORUS" train "${common[@]}" --strategy single --devices cpu:0 --batch-size 64) || { echo "FAIL: single run"; exit 1; }
 python3 - "$dp" "$bc" "$ga" "$one" "$iu" <<'PY'
 import json, sys
