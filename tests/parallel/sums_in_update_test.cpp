@@ -61,6 +61,7 @@ struct Config {
   bool adamw = false;
   int backwards = 1;              // backward passes per step (more than one: accumulated)
   bool read_grads = false;        // read every master's .grad() before step()
+  bool module_zero_grad = false;  // zero the wrapped module's gradients (the masters' only), not the optimizer's
   int64_t in_place_min_bytes = 0;
 };
 
@@ -81,7 +82,8 @@ TrainRun train(const std::shared_ptr<nn::Module>& net, const std::vector<Device>
   TrainRun run;
   const uint64_t before = ops::exchange_calls();
   for (int64_t b : batches) {
-    opt->zero_grad();
+    if (c.module_zero_grad) dp->module()->zero_grad();
+    else opt->zero_grad();
     Tensor loss;
     for (int k = 0; k < c.backwards; ++k) {
       loss = F::cross_entropy(dp->forward(x.narrow(0, 0, b)), y.narrow(0, 0, b));
@@ -150,6 +152,19 @@ void check_read_and_accumulated(const std::vector<Device>& devices, double tol) 
 }
 
 TEST(SumsInUpdate, GradientsReadOrAccumulatedAreTheSums) { check_read_and_accumulated(test::cpus(2), 0.0); }
+
+// Module::zero_grad on the wrapped module drops the masters' gradients only:
+// the replicas' gradients of the step before are replaced, not added to.
+TEST(SumsInUpdate, ReplicasFollowTheirMastersWhenOnlyTheMastersAreZeroed) {
+  for (GradSumMethod m : {GradSumMethod::Nccl, GradSumMethod::InUpdate})
+    for (int backwards : {1, 2}) {
+      SCOPED_TRACE(std::string(ops::grad_sum_method_name(m)) + ", " + std::to_string(backwards) + " backward passes");
+      const Config c{.backwards = backwards, .module_zero_grad = true};
+      const TrainRun run = train(test::conv_bn_net(31), test::cpus(2), m, kBatches, {2, 8, 8}, c);
+      EXPECT_EQ(run.replica_diff, 0.0);
+      EXPECT_LT(run.losses.back(), run.losses.front());
+    }
+}
 
 void check_awkward_parameters(const std::vector<Device>& devices, double tol) {
   for (int64_t min_bytes : {int64_t{0}, int64_t{100}}) {

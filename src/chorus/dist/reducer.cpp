@@ -187,6 +187,10 @@ struct GradStep {
   // (both on devices[0]'s thread).
   std::vector<std::vector<Tensor>> replica_grads;
   std::vector<std::vector<std::vector<Tensor>>> results;
+  // [k]: the masters (with replica_grads): whether a master already has a
+  // gradient when the join node runs (before its AccumulateGrad) says whether
+  // the replicas accumulate too.
+  std::vector<Tensor> masters;
   // Note [Gradients summed where they are]: the replica nodes pass the large
   // gradients on as they are and pack the small ones (one input of the bucket
   // node per replica and slot: BucketSplit), the bucket node sums them all in
@@ -532,10 +536,13 @@ class JoinBackward final : public autograd::Node {
       for (size_t k = 0; k < step_->summed.size(); ++k) {
         const Tensor& target = step_->replica_grads[r][k];
         if (!target.defined()) continue;
+        // A second backward without zero_grad: the master's AccumulateGrad
+        // adds to the gradient it has, and the replica does the same.
+        const bool accumulate = autograd::unsettled_grad(step_->masters[k]).defined();
         if (!step_->summed[k]) {
           // Nothing new: a gradient kept from an earlier backward stays, as
           // its master's does.
-          if (!autograd::unsettled_grad(target).defined()) target.set_grad(Tensor());
+          if (!accumulate) target.set_grad(Tensor());
           continue;
         }
         const size_t b = buckets.bucket_of[k], i = buckets.index_in_bucket[k];
@@ -544,29 +551,31 @@ class JoinBackward final : public autograd::Node {
           const BucketSplit& split = (*step_->split)[b];
           const Tensor& sum = step_->results[b][split.slot[i]][r];
           if (split.is_direct(i)) {
-            give(target, sum);
+            give(target, sum, accumulate);
           } else {
             Tensor g = small_view(split, sum, i);
             g.impl()->exclusive_view = true;
-            give(target, g);
+            give(target, g, accumulate);
           }
           continue;
         }
         const Tensor& buf = step_->results[b][layout.segments[i].group][r];
         Tensor g = layout.view(buf, i);
         g.impl()->exclusive_view = true;
-        give(target, g);
+        give(target, g, accumulate);
       }
     }
   }
 
   // A replica's parameter gets its share of this backward's sum as .grad,
-  // or, after an earlier backward without zero_grad, adds it to the one it
-  // has (as its master's AccumulateGrad does, in the same order: the replica
-  // stays bit-equal to its master).
-  static void give(const Tensor& target, const Tensor& g) {
+  // or, when its master accumulates (an earlier backward without zero_grad),
+  // adds it to the one it has, as the master's AccumulateGrad does and in the
+  // same order: the replica stays bit-equal to its master. (A replica's stale
+  // gradient whose master was zeroed some other way, Module::zero_grad on the
+  // wrapped module, is replaced.)
+  static void give(const Tensor& target, const Tensor& g, bool accumulate) {
     Tensor old = autograd::unsettled_grad(target);
-    if (!old.defined()) {
+    if (!accumulate || !old.defined()) {
       target.set_grad(g);
       return;
     }
@@ -639,6 +648,7 @@ std::vector<std::vector<Tensor>> Reducer::record(const std::vector<Device>& devi
   };
   if (!replica_grads.empty()) {
     step->replica_grads = replica_grads;
+    step->masters = params_;
     step->results.resize(buckets.buckets.size());
     for (size_t b = 0; b < buckets.buckets.size(); ++b) step->results[b].resize(slots(b));
     for (const Device& d : devices) step->caller_streams.push_back(Stream::current(d));

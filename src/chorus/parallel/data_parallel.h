@@ -140,6 +140,13 @@ class DataParallel : public nn::Module {
   // parameter views in the replicas' slots (replica 0's until restore_masters).
   void record_gradient_nodes(size_t used);
   void restore_masters();
+  // Note [Replicated updates]: a replica's stepped parameter has a gradient
+  // only while its master has one. A master zeroed other than through the
+  // optimizer (Module::zero_grad on the wrapped module) leaves its replicas'
+  // gradients of the step before: dropped here, at the next forward, so that
+  // neither a replica this forward leaves out nor one that takes part steps
+  // with a stale gradient.
+  void drop_stale_replica_grads();
   void wire_sync_batch_norm();
   // The optimizer's after_step (Note [Replicated updates]).
   void note_replicated_step();
