@@ -237,7 +237,10 @@ class DataParallel : public nn::Module {
 //    all-reduce per bucket and dtype, overlapping the backward), so each
 //    replica holds the same sums; the join node makes every device's current
 //    stream wait for them and gives each replica's copy of a stepped
-//    parameter its .grad as a view of its own bucket (no copy);
+//    parameter its .grad as a view of its own bucket (no copy); over two GPUs
+//    (by default) the buckets are exchanged instead, and the optimizer's
+//    update adds the two halves (Note [Gradient sums in the update] in
+//    dist/reducer.h);
 //  - the optimizer, given the replicas' copies (optim::Optimizer::add_replicas,
 //    Note [Optimizer replicas]), updates them in the same step() with their own
 //    state -- one fused launch per device -- so with identical sums (an
