@@ -10,7 +10,8 @@
 //  - a gradient read between backward and step (Tensor::grad()) is the sum;
 //    two backward passes without zero_grad accumulate the sums;
 //  - parameters sharing one gradient buffer, a parameter one replica did not
-//    use, a strided parameter the kernels cannot read in place;
+//    use; replicas left out of an accumulated pass, or whose masters alone
+//    were zeroed (Module::zero_grad), equal to their masters after the step;
 //  - ops::exchange_each_after itself and its bad arguments; the pending-part
 //    primitives (autograd/pending_sum.h).
 
@@ -60,6 +61,7 @@ struct TrainRun {
 struct Config {
   bool adamw = false;
   int backwards = 1;              // backward passes per step (more than one: accumulated)
+  int64_t later_batch = 0;        // the batch of the backward passes after the first (0: the step's)
   bool read_grads = false;        // read every master's .grad() before step()
   bool module_zero_grad = false;  // zero the wrapped module's gradients (the masters' only), not the optimizer's
   int64_t in_place_min_bytes = 0;
@@ -86,7 +88,8 @@ TrainRun train(const std::shared_ptr<nn::Module>& net, const std::vector<Device>
     else opt->zero_grad();
     Tensor loss;
     for (int k = 0; k < c.backwards; ++k) {
-      loss = F::cross_entropy(dp->forward(x.narrow(0, 0, b)), y.narrow(0, 0, b));
+      const int64_t n = k > 0 && c.later_batch > 0 ? c.later_batch : b;
+      loss = F::cross_entropy(dp->forward(x.narrow(0, 0, n)), y.narrow(0, 0, n));
       loss.backward();
     }
     if (c.read_grads) {
@@ -152,6 +155,20 @@ void check_read_and_accumulated(const std::vector<Device>& devices, double tol) 
 }
 
 TEST(SumsInUpdate, GradientsReadOrAccumulatedAreTheSums) { check_read_and_accumulated(test::cpus(2), 0.0); }
+
+// An accumulated step whose passes use different numbers of replicas (a batch
+// of 12 then of 1, and of 1 then of 12): a replica that missed a pass takes
+// its master's new weights instead of stepping with part of the gradient.
+TEST(SumsInUpdate, ReplicasLeftOutOfAnAccumulatedPassTakeTheirMastersWeights) {
+  for (GradSumMethod m : {GradSumMethod::Nccl, GradSumMethod::InUpdate})
+    for (int64_t later : {int64_t{1}, int64_t{12}}) {
+      SCOPED_TRACE(std::string(ops::grad_sum_method_name(m)) + ", later passes of batch " + std::to_string(later));
+      const Config c{.backwards = 2, .later_batch = later};
+      const TrainRun run = train(test::conv_bn_net(31), test::cpus(2), m, kBatches, {2, 8, 8}, c);
+      EXPECT_EQ(run.replica_diff, 0.0);
+      EXPECT_LT(run.losses.back(), run.losses.front());
+    }
+}
 
 // Module::zero_grad on the wrapped module drops the masters' gradients only:
 // the replicas' gradients of the step before are replaced, not added to.

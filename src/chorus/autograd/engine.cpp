@@ -43,6 +43,9 @@ struct ByLatest {
 };
 
 Tensor conform(const Tensor& g, const InputMeta& m) {
+  // A copy to another device or dtype is of the whole value (Note [Gradient
+  // sums in the update] in dist/reducer.h).
+  if (g.device() != m.device || g.dtype() != m.dtype) settle_sum(g);
   return ops::to_dtype(ops::to_device(g, m.device), m.dtype);
 }
 
@@ -221,6 +224,8 @@ class GraphTask {
       std::lock_guard<std::mutex> lk(nx.mu);
       Slot& slot = nx.slot(e.input_nr);
       if (slot.expected != 2 || !slot.has || !slot.more.empty()) continue;
+      // A gradient with a pending part is not accumulated into in place.
+      if (slot.grad.defined() && pending_sum(slot.grad).defined()) continue;
       if (offer.grads.empty()) {
         offer.grads.resize(n->next.size());
         offer.seqs.resize(n->next.size());

@@ -24,8 +24,12 @@ std::mutex& pending_mutex() {
 // again holds only its own half. So each part given during a capture is given
 // again after each replay (an on_each_replay action) -- unless the capture
 // itself settled it: then the graph adds it at every replay, and giving it
-// again would add it twice. This set names the gradients settled during a
-// capture (with the capture's generation).
+// again would add it twice. This set names the parts settled during a
+// capture, with the capture's generation: a part, not its gradient, whose
+// address a short-lived view may hand on to another (the part stays alive
+// with the replay action that names it). A reader that keeps a gradient's
+// handle across replays and reads it directly (not through .grad()) sees the
+// pending part again after each replay, as it would after a backward.
 std::set<std::pair<const TensorImpl*, uint64_t>>& settled_in_capture() {
   static auto* s = new std::set<std::pair<const TensorImpl*, uint64_t>>;
   return *s;
@@ -40,7 +44,7 @@ void settle_sum(const Tensor& t) {
     std::lock_guard<std::mutex> lock(pending_mutex());
     part = std::move(t.impl()->sum_pending);
     t.impl()->sum_pending = nullptr;
-    if (part && capture_in_progress()) settled_in_capture().insert({t.impl(), capture_generation()});
+    if (part && capture_in_progress()) settled_in_capture().insert({part.get(), capture_generation()});
   }
   if (!part) return;
   NoGradGuard no_grad;
@@ -75,7 +79,7 @@ void set_pending_sum(const Tensor& t, const Tensor& part) {
   // Note [Pending sums in a captured step].
   const std::weak_ptr<TensorImpl> grad = t.impl_ptr();
   const std::shared_ptr<TensorImpl> kept = part.impl_ptr();
-  const std::pair<const TensorImpl*, uint64_t> key{t.impl(), capture_generation()};
+  const std::pair<const TensorImpl*, uint64_t> key{kept.get(), capture_generation()};
   on_each_replay([grad, kept, key] {
     std::shared_ptr<TensorImpl> g = grad.lock();
     if (!g) return;

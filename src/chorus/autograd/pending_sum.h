@@ -9,7 +9,9 @@ namespace chorus::autograd {
 
 // Makes t hold its whole value: adds its pending part in place (one kernel on
 // t's device, on the current stream) and forgets it. No-op for an undefined
-// tensor or one with nothing pending. Safe to call from several threads.
+// tensor or one with nothing pending. Calls from several threads add the part
+// once, but a second caller may return before the first has issued the add:
+// settle a tensor from the thread (and stream) that goes on to read it.
 void settle_sum(const Tensor& t);
 
 // What settle_sum would add to t (undefined if nothing), left pending: for a

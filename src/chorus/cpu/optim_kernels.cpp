@@ -121,10 +121,10 @@ void sgd_update_multi(const TensorList& params, const TensorList& grads,
                       double dampening, double weight_decay, bool nesterov, bool first_step,
                       const Tensor& scalars, const TensorList& copies, const TensorList& addends) {
   if (scalars.defined()) lr = scalars.data<float>()[0];
-  check_addends("sgd_update_multi", params, grads, addends);
   CHORUS_CHECK(grads.size() == params.size() && momentum_bufs.size() == params.size(),
                "sgd_update_multi: ", params.size(), " parameters but ", grads.size(),
                " gradients and ", momentum_bufs.size(), " momentum buffers");
+  check_addends("sgd_update_multi", params, grads, addends);
   CHORUS_CHECK(copies.empty() || copies.size() == params.size(), "sgd_update_multi: ", params.size(),
                " parameters but ", copies.size(), " copies");
   for (size_t i = 0; i < params.size(); ++i) {
@@ -152,7 +152,6 @@ void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg
 void adamw_update_multi(const TensorList& params, const TensorList& grads, const TensorList& exp_avgs,
                         const TensorList& exp_avg_sqs, double lr, double beta1, double beta2, double eps,
                         double weight_decay, int64_t step, const Tensor& scalars, const TensorList& addends) {
-  check_addends("adamw_update_multi", params, grads, addends);
   if (scalars.defined()) {
     lr = scalars.data<float>()[0];
     step = static_cast<int64_t>(scalars.data<float>()[1]);
@@ -161,6 +160,7 @@ void adamw_update_multi(const TensorList& params, const TensorList& grads, const
                    exp_avg_sqs.size() == params.size(),
                "adamw_update_multi: ", params.size(), " parameters but ", grads.size(), " gradients, ",
                exp_avgs.size(), " exp_avg and ", exp_avg_sqs.size(), " exp_avg_sq");
+  check_addends("adamw_update_multi", params, grads, addends);
   for (size_t i = 0; i < params.size(); ++i)
     adamw_update(params[i], with_addend(grads, addends, i), exp_avgs[i], exp_avg_sqs[i], lr, beta1, beta2, eps,
                  weight_decay, step);

@@ -182,11 +182,7 @@ void peer_all_reduce_sum(const std::vector<int>& devices, const std::vector<void
   }
 }
 
-void peer_exchange(int a, int b, void* ready_a, void* ready_b, const std::vector<void*>& srcs_a,
-                   const std::vector<void*>& srcs_b, const std::vector<void*>& dsts_a,
-                   const std::vector<void*>& dsts_b, const std::vector<size_t>& bytes) {
-  const size_t n = bytes.size();
-  CHORUS_ASSERT(srcs_a.size() == n && srcs_b.size() == n && dsts_a.size() == n && dsts_b.size() == n);
+void peer_exchange_wait(int a, int b, void* ready_a, void* ready_b) {
   State& st = state();
   std::lock_guard<std::mutex> lock(st.mu);
   int cur_dev = 0;
@@ -194,17 +190,34 @@ void peer_exchange(int a, int b, void* ready_a, void* ready_b, const std::vector
   CudaDeviceGuard restore(cur_dev);
   // Each side waits only for the other's gradients: the copy into its own
   // fresh buffers reads nothing of its own device.
-  auto pull = [&](int dev, int from, void* from_ready, const std::vector<void*>& dsts,
-                  const std::vector<void*>& srcs) {
+  auto wait = [&](int dev, void* other_ready) {
     PerDevice& pd = per_device(st, dev);
     CHORUS_CUDA_CHECK(cudaSetDevice(dev));
-    CHORUS_CUDA_CHECK(cudaStreamWaitEvent(pd.stream, static_cast<cudaEvent_t>(from_ready), 0));
-    for (size_t t = 0; t < n; ++t)
-      if (bytes[t] > 0) CHORUS_CUDA_CHECK(cudaMemcpyAsync(dsts[t], srcs[t], bytes[t], cudaMemcpyDefault, pd.stream));
+    CHORUS_CUDA_CHECK(cudaStreamWaitEvent(pd.stream, static_cast<cudaEvent_t>(other_ready), 0));
     pd.partners.insert({a, b});
   };
-  pull(a, b, ready_b, dsts_a, srcs_b);
-  pull(b, a, ready_a, dsts_b, srcs_a);
+  wait(a, ready_b);
+  wait(b, ready_a);
+}
+
+void peer_exchange_copy(int a, int b, const std::vector<void*>& srcs_a, const std::vector<void*>& srcs_b,
+                        const std::vector<void*>& dsts_a, const std::vector<void*>& dsts_b,
+                        const std::vector<size_t>& bytes) {
+  const size_t n = bytes.size();
+  CHORUS_ASSERT(srcs_a.size() == n && srcs_b.size() == n && dsts_a.size() == n && dsts_b.size() == n);
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  int cur_dev = 0;
+  CHORUS_CUDA_CHECK(cudaGetDevice(&cur_dev));
+  CudaDeviceGuard restore(cur_dev);
+  auto pull = [&](int dev, const std::vector<void*>& dsts, const std::vector<void*>& srcs) {
+    PerDevice& pd = per_device(st, dev);
+    CHORUS_CUDA_CHECK(cudaSetDevice(dev));
+    for (size_t t = 0; t < n; ++t)
+      if (bytes[t] > 0) CHORUS_CUDA_CHECK(cudaMemcpyAsync(dsts[t], srcs[t], bytes[t], cudaMemcpyDefault, pd.stream));
+  };
+  pull(a, dsts_a, srcs_b);
+  pull(b, dsts_b, srcs_a);
 }
 
 void peer_join(int device) {

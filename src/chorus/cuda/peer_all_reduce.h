@@ -60,16 +60,19 @@ void peer_all_reduce_wait(const std::vector<int>& devices, const std::vector<voi
 void peer_all_reduce_sum(const std::vector<int>& devices, const std::vector<void*>& bufs,
                          const std::vector<void*>& scratch, size_t count, DType dtype);
 
-// Note [Gradient sums in the update] (dist/reducer.h): over two devices a
-// and b, a's copy stream copies each srcs_b[t] (on b) into dsts_a[t] (on a)
-// once b's ready event has passed, and b's copy stream each srcs_a[t] into
-// dsts_b[t] once a's has: DMAs by the copy engines over peer access, no
-// kernel. bytes[t]: the length of pair t. peer_join orders later work on
-// either device after both streams (each read the other's buffers).
-// Destinations are allocated by the caller on their device's copy stream.
-void peer_exchange(int a, int b, void* ready_a, void* ready_b, const std::vector<void*>& srcs_a,
-                   const std::vector<void*>& srcs_b, const std::vector<void*>& dsts_a,
-                   const std::vector<void*>& dsts_b, const std::vector<size_t>& bytes);
+// Note [Gradient sums in the update] (dist/reducer.h), over two devices a
+// and b: peer_exchange_wait makes a's copy stream wait for b's ready event and
+// b's for a's (each reads only the other's buffers); the caller then
+// allocates the destinations on each device's copy stream (after the wait:
+// inside a capture the stream is captured by then, and the memory comes from
+// the graph's pool), and peer_exchange_copy has a's copy stream copy each
+// srcs_b[t] (on b) into dsts_a[t] (on a) and b's each srcs_a[t] into dsts_b[t]:
+// DMAs by the copy engines over peer access, no kernel. bytes[t]: the length
+// of pair t. peer_join orders later work on either device after both streams.
+void peer_exchange_wait(int a, int b, void* ready_a, void* ready_b);
+void peer_exchange_copy(int a, int b, const std::vector<void*>& srcs_a, const std::vector<void*>& srcs_b,
+                        const std::vector<void*>& dsts_a, const std::vector<void*>& dsts_b,
+                        const std::vector<size_t>& bytes);
 
 // The calling thread's current stream of `device` waits for every
 // peer_all_reduce_sum_after issued with it so far. No-op if none was.

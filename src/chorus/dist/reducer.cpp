@@ -8,6 +8,7 @@
 #include "chorus/autograd/node.h"
 #include "chorus/autograd/pending_sum.h"
 #include "chorus/core/error.h"
+#include "chorus/core/warn.h"
 #include "chorus/ops/comm.h"
 #include "chorus/ops/copy.h"
 #include "chorus/ops/elementwise.h"
@@ -103,7 +104,14 @@ void BucketComm::sum_each(std::vector<std::vector<Tensor>>&, const std::vector<E
 }
 
 bool InProcessAllReduce::exchanges(const std::vector<Device>& devices) const {
-  return ops::exchange_applies(devices);
+  const bool applies = ops::exchange_applies(devices);
+  if (!applies && ops::grad_sum_method() == ops::GradSumMethod::InUpdate) {
+    std::string list;
+    for (const Device& d : devices) list += (list.empty() ? "" : ",") + d.str();
+    warn_once("in-update " + list, "--dp-all-reduce in-update exchanges between two devices (both CPU, or two GPUs "
+                                   "with peer access both ways); over " + list + " the gradients are all-reduced");
+  }
+  return applies;
 }
 
 std::vector<std::vector<Tensor>> InProcessAllReduce::exchange_each(const std::vector<std::vector<Tensor>>& grads,
@@ -575,8 +583,16 @@ class JoinBackward final : public autograd::Node {
   // wrapped module, is replaced.)
   static void give(const Tensor& target, const Tensor& g, bool accumulate) {
     Tensor old = autograd::unsettled_grad(target);
-    if (!accumulate || !old.defined()) {
+    if (!accumulate) {
       target.set_grad(g);
+      return;
+    }
+    if (!old.defined()) {
+      // Its master holds an earlier backward's gradient that this replica
+      // missed (that forward left it out): it cannot step alike, so it steps
+      // not at all and the optimizer copies its master's new value and state
+      // (Note [Optimizer replicas]).
+      target.set_grad(Tensor());
       return;
     }
     NoGradGuard no_grad;
@@ -631,6 +647,9 @@ std::vector<std::vector<Tensor>> Reducer::record(const std::vector<Device>& devi
   step->each = used > 1 && comm_->sums_each();
   if (step->each) step->split = split_;
   step->exchange = step->each && comm_->exchanges(devices);
+  if (used > 1 && comm_->all_reduces() && !step->each && ops::grad_sum_method() == ops::GradSumMethod::InUpdate)
+    warn_once("in-update packed", "--dp-all-reduce in-update needs the gradients summed where they are "
+                                  "(CHORUS_DP_GRADS=in-place, the default); with them packed they are all-reduced");
   // What flows per replica and bucket: one flat buffer per dtype, or the
   // large gradients as they are and a flat buffer per dtype of the rest.
   auto slots = [&](size_t b) { return step->each ? (*split_)[b].slots() : buckets.buckets[b].layout.groups(); };

@@ -67,11 +67,12 @@ std::vector<std::vector<Tensor>> exchange_each_after(const std::vector<std::vect
     CHORUS_CHECK(cuda::peer_access_enabled(d0.index, d1.index) && cuda::peer_access_enabled(d1.index, d0.index), op,
                  ": ", d0.str(), " and ", d1.str(), " have no peer access both ways");
     void* streams[2] = {cuda::peer_stream(d0.index), cuda::peer_stream(d1.index)};
+    cuda::peer_exchange_wait(d0.index, d1.index, ready[0].handle(), ready[1].handle());
     std::vector<void*> srcs[2], dsts[2];
     std::vector<size_t> bytes;
     for (size_t t = 0; t < bufs.size(); ++t) {
       for (size_t i = 0; i < 2; ++i) {
-        // Taken (and later freed) in the copy stream's order: it cannot be
+        // Taken in the copy stream's order, after its wait: it cannot be
         // memory the backward's kernels still use (Note [Copy-engine
         // all-reduce]); inside a capture it comes from the graph's pool.
         OnStream on(bufs[t][i].device(), streams[i]);
@@ -81,8 +82,7 @@ std::vector<std::vector<Tensor>> exchange_each_after(const std::vector<std::vect
       }
       bytes.push_back(static_cast<size_t>(bufs[t][0].nbytes()));
     }
-    cuda::peer_exchange(d0.index, d1.index, ready[0].handle(), ready[1].handle(), srcs[0], srcs[1], dsts[0],
-                        dsts[1], bytes);
+    cuda::peer_exchange_copy(d0.index, d1.index, srcs[0], srcs[1], dsts[0], dsts[1], bytes);
     for (size_t t = 0; t < bufs.size(); ++t)
       for (size_t i = 0; i < 2; ++i) {
         // The other device's copy stream reads this buffer: a free waits for it.

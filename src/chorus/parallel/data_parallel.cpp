@@ -342,10 +342,13 @@ void DataParallel::record_gradient_nodes(size_t used) {
       for (Tensor* slot : entries_[ge[k]].slots[r]) *slot = recorded[r][k];
 }
 
-void DataParallel::drop_stale_replica_grads() {
+void DataParallel::drop_stale_replica_grads(size_t used) {
   for (size_t e = 0; e < num_params_; ++e) {
-    if (!stepped_[e] || autograd::unsettled_grad(entries_[e].master).defined()) continue;
-    for (size_t r = 1; r < devices_.size(); ++r) views_[r][e].set_grad(Tensor());
+    if (!stepped_[e]) continue;
+    const bool master_has = autograd::unsettled_grad(entries_[e].master).defined();
+    // A replica this forward leaves out misses its share of the master's
+    // gradient: it steps not at all, and gets the master's new value.
+    for (size_t r = master_has ? used : 1; r < devices_.size(); ++r) views_[r][e].set_grad(Tensor());
   }
 }
 
@@ -385,7 +388,7 @@ std::vector<nn::Value> DataParallel::run_replicas(const nn::Value& x, const Spli
   // the masters, which go back into its slots however the forward ends, so
   // that parameters() and the optimizer only ever see the masters.
   const bool record = used > 1 && grad_enabled_outside_;
-  if (replicated_ && grad_enabled_outside_) drop_stale_replica_grads();
+  if (replicated_ && grad_enabled_outside_) drop_stale_replica_grads(used);
   struct Restore {
     DataParallel* dp;
     bool on;

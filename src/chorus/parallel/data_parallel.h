@@ -144,9 +144,10 @@ class DataParallel : public nn::Module {
   // only while its master has one. A master zeroed other than through the
   // optimizer (Module::zero_grad on the wrapped module) leaves its replicas'
   // gradients of the step before: dropped here, at the next forward, so that
-  // neither a replica this forward leaves out nor one that takes part steps
-  // with a stale gradient.
-  void drop_stale_replica_grads();
+  // no replica steps with a stale gradient; so are those of the replicas this
+  // forward (over `used` replicas) leaves out, which would miss its share of
+  // an accumulated gradient (the optimizer then copies the master to them).
+  void drop_stale_replica_grads(size_t used);
   void wire_sync_batch_norm();
   // The optimizer's after_step (Note [Replicated updates]).
   void note_replicated_step();
