@@ -10,7 +10,7 @@
 # default) and --no-channels-last and resumes across them; dp runs DataParallel WRN-28-10 fp32 and bf16 at 1 and 2 GPUs;
 # graphs runs the CUDA-graph tests and one GPU against torch.compile; graphlaunch times
 # CUDA graph replays of several shapes (bench/graph_launch);
-# bnbench times the batch-norm kernels per layer shape; hostprof samples an eager step's host time (gperftools); profile sums GPU time per kernel class (nsys); dpgraphs runs DataParallel
+# bnbench times the batch-norm kernels per layer shape; convadd times the residual add in the convolution's epilogue; hostprof samples an eager step's host time (gperftools); profile sums GPU time per kernel class (nsys); dpgraphs runs DataParallel
 # with and without CUDA graphs on 2 GPUs;
 # pipeline runs WRN-28-10 and WRN-40-10 in 2 stages (naive, GPipe, 1F1B,
 # interleaved) and a pipeline of 2 processes over NCCL send/recv; pipetrain trains Fashion-MNIST
@@ -199,6 +199,21 @@ if has bnbench; then
   ./$BUILD/bench_batch_norm_gpu | tee "$OUT/bnbench.txt"
   ./$BUILD/bench_batch_norm_gpu --fp32 | tee -a "$OUT/bnbench.txt"
   timeout 300 ./$BUILD/chorus_tests --gtest_filter='CudaBatchNorm*:SyncBatchNorm.Alone*' 2>&1 | grep -E "^\[  (FAILED|PASSED) |Failure"
+fi
+if has convadd; then
+  # Issue 14: the residual add in the convolution's epilogue (Note [Residual
+  # add in the epilogue], cuda/conv.cpp): per layer shape against conv + add,
+  # then whole graphed steps with it (default) and without
+  # (CHORUS_CONV_ADD_EPILOGUE=0), alternated CONVADD_REPEAT times.
+  timeout 200 ./$BUILD/bench_conv_add_gpu | tee "$OUT/convadd.txt"
+  for r in $(seq ${CONVADD_REPEAT:-2}); do
+    for e in 1 0; do
+      for m in ${CONVADD_MODELS:-wrn-28-10 wrn-16-4}; do
+        CHORUS_CONV_ADD_EPILOGUE=$e timeout 300 $C bench --model $m --precision bf16 --channels-last --devices cuda:0 \
+          --batch-size 128 --steps 40 --warmup 8 --json | python3 -c "import json,sys; r=json.loads(sys.stdin.read()); print(f'convadd epilogue=$e $m {r[\"img_per_s\"]:.0f} img/s')"
+      done
+    done
+  done
 fi
 if has train; then
   timeout 300 $C train --model cnn --data fashion-mnist --data-dir ${FMNIST_DIR:-.bench/fashion-mnist} --devices cuda:0 --epochs 5 --seed 1 --json | tee "$OUT/train_gpu.json"

@@ -426,6 +426,25 @@ TEST(GradcheckNN, Conv2d) {
   }, {xt, wdw}));
 }
 
+// conv2d + residual in one op (a residual block's last convolution): the
+// residual's gradient is the output's, the others the convolution's; with a
+// bias it is the two ops.
+TEST(GradcheckNN, Conv2dAdd) {
+  Tensor x = random_leaf({2, 4, 6, 5}, 140), w = random_leaf({4, 2, 3, 3}, 141);
+  Tensor r = random_leaf({2, 4, 2, 7}, 142), b = random_leaf({4}, 143);
+  EXPECT_TRUE(gradcheck([](L v) {
+    return F::conv2d_add(v[0], v[1], Tensor(), v[2], Conv2dParams{2, 1, 1, 2, 2, 1, 2});
+  }, {x, w, r}));
+  EXPECT_TRUE(gradcheck([](L v) {
+    return F::conv2d_add(v[0], v[1], v[3], v[2], Conv2dParams{2, 1, 1, 2, 2, 1, 2});
+  }, {x, w, r, b}));
+  // A residual that is a strided view (transposed), as a shortcut may be.
+  Tensor w2 = random_leaf({3, 4, 3, 3}, 144), rt = random_leaf({2, 3, 5, 6}, 145);
+  EXPECT_TRUE(gradcheck([](L v) {
+    return F::conv2d_add(v[0], v[1], Tensor(), v[2].transpose(2, 3), Conv2dParams{1, 1, 1, 1, 1, 1, 1});
+  }, {x, w2, rt}));
+}
+
 TEST(GradcheckNN, MaxPool2d) {
   // Values 0.05 apart (step 1e-6): the winner of every window never changes.
   Tensor x = distinct_leaf({2, 2, 6, 5}, 140);

@@ -5,6 +5,7 @@
 
 #include <chorus/chorus.h>
 #include <chorus/ops/comm.h>
+#include <chorus/ops/copy.h>
 
 #include <cmath>
 #include <random>

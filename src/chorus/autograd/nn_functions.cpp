@@ -33,6 +33,19 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const o
   });
 }
 
+Tensor conv2d_add(const Tensor& x, const Tensor& weight, const Tensor& residual, const ops::Conv2dParams& p) {
+  Tensor y = ops::conv2d_add(x, weight, residual, p);
+  Tensor xd = x.detach(), wd = weight.detach();
+  bool nx = x.requires_grad(), nw = weight.requires_grad(), nr = residual.requires_grad();
+  return record("Conv2dAddBackward", y, {x, weight, residual}, [xd, wd, p, nx, nw, nr](const TensorList& g) {
+    TensorList out(3);
+    if (nx) out[0] = ops::conv2d_backward_input(g[0], xd, wd, p);
+    if (nw) out[1] = ops::conv2d_backward_weight(g[0], xd, wd, p, false).first;
+    if (nr) out[2] = g[0];  // as an add's backward: the output's gradient itself
+    return out;
+  });
+}
+
 Tensor max_pool2d(const Tensor& x, const ops::Pool2dParams& p) {
   auto [y, idx] = ops::max_pool2d(x, p);
   Tensor xd = x.detach();

@@ -9,6 +9,9 @@
 namespace chorus::autograd {
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const ops::Conv2dParams& p);
+// conv2d(x, weight) + residual, the add fused into the convolution where the
+// device can (ops::conv2d_add); the residual's gradient is the output's.
+Tensor conv2d_add(const Tensor& x, const Tensor& weight, const Tensor& residual, const ops::Conv2dParams& p);
 Tensor max_pool2d(const Tensor& x, const ops::Pool2dParams& p);
 Tensor avg_pool2d(const Tensor& x, const ops::Pool2dParams& p);
 Tensor adaptive_avg_pool2d(const Tensor& x, int64_t out_h, int64_t out_w);

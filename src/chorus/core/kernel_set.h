@@ -48,6 +48,10 @@
      contiguous NCHW. Backward kernels overwrite their outputs. */                                \
   void conv2d_forward(const Conv2dGeometry& g, const Tensor& x, const Tensor& weight,             \
                       const Tensor& bias, const Tensor& y);                                       \
+  /* y = conv(x, weight) + residual, no bias: residual [N,K,P,Q] of y's dtype and layout, not    \
+     overlapping y (CUDA adds it in the convolution's epilogue where cuDNN can). */               \
+  void conv2d_forward_add(const Conv2dGeometry& g, const Tensor& x, const Tensor& weight,         \
+                          const Tensor& residual, const Tensor& y);                               \
   void conv2d_backward_input(const Conv2dGeometry& g, const Tensor& dy, const Tensor& weight,     \
                              const Tensor& dx);                                                   \
   void conv2d_backward_weight(const Conv2dGeometry& g, const Tensor& dy, const Tensor& x,         \

@@ -189,6 +189,13 @@ void conv2d_forward(const Conv2dGeometry& g, const Tensor& x, const Tensor& weig
   write_back(yc, y);
 }
 
+void conv2d_forward_add(const Conv2dGeometry& g, const Tensor& x, const Tensor& weight, const Tensor& residual,
+                        const Tensor& y) {
+  check_arg("conv2d_forward_add", "residual", residual, y.sizes());
+  conv2d_forward(g, x, weight, Tensor(), y);
+  binary(BinaryOp::Add, y, residual, y, 1.0);
+}
+
 void conv2d_backward_input(const Conv2dGeometry& g, const Tensor& dy, const Tensor& weight,
                            const Tensor& dx) {
   const char* op = "conv2d_backward_input";

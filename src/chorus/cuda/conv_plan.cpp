@@ -86,7 +86,7 @@ constexpr size_t kMaxCandidates = 32;
 // Timed runs per candidate (after one untimed run that loads its kernels).
 constexpr int kTimedRuns = 3;
 
-constexpr int64_t kUidX = 1, kUidW = 2, kUidY = 3;
+constexpr int64_t kUidX = 1, kUidW = 2, kUidY = 3, kUidR = 4, kUidConvOut = 5;
 
 // A cuDNN backend descriptor (Owned: cuda/caches.h).
 class BackendDesc {
@@ -116,7 +116,7 @@ class BackendDesc {
 // A packed 4-d tensor: dims are always [N,C,H,W] (filters [K,C/g,R,S]), the
 // strides carry the layout.
 BackendDesc tensor_desc(int64_t uid, cudnnDataType_t dtype, Layout layout,
-                        const std::array<int64_t, 4>& dims, int64_t alignment) {
+                        const std::array<int64_t, 4>& dims, int64_t alignment, bool is_virtual = false) {
   const int64_t n = dims[0], c = dims[1], h = dims[2], w = dims[3];
   (void)n;
   const std::array<int64_t, 4> strides =
@@ -128,6 +128,7 @@ BackendDesc tensor_desc(int64_t uid, cudnnDataType_t dtype, Layout layout,
   t.set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides.data());
   t.set(CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
   t.set(CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &alignment);
+  if (is_virtual) t.set(CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &is_virtual);
   t.finalize();
   return t;
 }
@@ -150,15 +151,19 @@ BackendDesc conv_desc(const Conv2dGeometry& g) {
   return c;
 }
 
-// The one-operation graph of a convolution in direction `dir`.
+// The graph of a convolution in direction `dir`: one operation, or for a
+// forward convolution with `add_residual` two (Note [Residual add in the
+// epilogue]): the convolution into a virtual float tensor, then a pointwise
+// add of the residual R into Y.
 BackendDesc operation_graph(ConvDirection dir, const Conv2dGeometry& g, DType dtype, Layout layout,
-                            int64_t alignment, cudnnHandle_t handle) {
+                            int64_t alignment, cudnnHandle_t handle, bool add_residual = false) {
   const cudnnDataType_t dt = cudnn_dtype(dtype, "conv2d");
   const BackendDesc x = tensor_desc(kUidX, dt, layout, {g.n, g.c_in, g.h, g.w}, alignment);
   const BackendDesc w =
       tensor_desc(kUidW, dt, layout, {g.c_out, g.c_in / g.groups, g.kh, g.kw}, alignment);
-  const BackendDesc y =
-      tensor_desc(kUidY, dt, layout, {g.n, g.c_out, g.out_h(), g.out_w()}, alignment);
+  const std::array<int64_t, 4> ydims{g.n, g.c_out, g.out_h(), g.out_w()};
+  const BackendDesc y = add_residual ? tensor_desc(kUidConvOut, CUDNN_DATA_FLOAT, layout, ydims, alignment, true)
+                                     : tensor_desc(kUidY, dt, layout, ydims, alignment);
   const BackendDesc conv = conv_desc(g);
   const float alpha = 1.0f, beta = 0.0f;
   BackendDesc op;
@@ -193,8 +198,27 @@ BackendDesc operation_graph(ConvDirection dir, const Conv2dGeometry& g, DType dt
   }
   op.finalize();
   BackendDesc graph(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
-  cudnnBackendDescriptor_t ops[1] = {op.get()};
-  graph.set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, ops);
+  BackendDesc add;
+  std::vector<cudnnBackendDescriptor_t> ops{op.get()};
+  if (add_residual) {
+    CHORUS_CHECK(dir == ConvDirection::Forward, "conv2d: a residual add is fused into forward convolutions only");
+    const BackendDesc r = tensor_desc(kUidR, dt, layout, ydims, alignment);
+    const BackendDesc out = tensor_desc(kUidY, dt, layout, ydims, alignment);
+    BackendDesc pw(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+    const cudnnPointwiseMode_t mode = CUDNN_POINTWISE_ADD;
+    const cudnnDataType_t prec = CUDNN_DATA_FLOAT;
+    pw.set(CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
+    pw.set(CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec);
+    pw.finalize();
+    add = BackendDesc(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+    add.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw);
+    add.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_XDESC, y);
+    add.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_BDESC, r);
+    add.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, out);
+    add.finalize();
+    ops.push_back(add.get());
+  }
+  graph.set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, static_cast<int64_t>(ops.size()), ops.data());
   graph.set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
   graph.finalize();
   return graph;
@@ -338,10 +362,11 @@ Tensor workspace_tensor(int64_t bytes, int device) {
 cudnnStatus_t execute(const Plan& plan, cudnnHandle_t handle, const ConvOperands& ops,
                       void* workspace) {
   BackendDesc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
-  const int64_t uids[3] = {kUidX, kUidW, kUidY};
-  void* ptrs[3] = {ops.x, ops.w, ops.y};
-  pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, uids);
-  pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, ptrs);
+  const int64_t uids[4] = {kUidX, kUidW, kUidY, kUidR};
+  void* ptrs[4] = {ops.x, ops.w, ops.y, ops.r};
+  const int64_t n = ops.r ? 4 : 3;
+  pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids);
+  pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, ptrs);
   pack.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
   const cudnnStatus_t st = pack.try_finalize();
   if (st != CUDNN_STATUS_SUCCESS) return st;
@@ -450,7 +475,7 @@ std::shared_ptr<Plan> search(ConvDirection dir, const Conv2dGeometry& g, DType d
   cudnnHandle_t handle = cudnn_handle(device);
   BackendDesc graph;
   try {
-    graph = operation_graph(dir, g, dtype, layout, alignment, handle);
+    graph = operation_graph(dir, g, dtype, layout, alignment, handle, ops.r != nullptr);
   } catch (const DeviceError&) {
     return nullptr;  // a geometry the graph API does not describe: legacy path
   }
@@ -587,11 +612,11 @@ ChoiceCache& choice_cache() {
 // The plan of engine configuration `engine` for this geometry on `device`, or
 // null where it does not build there.
 std::shared_ptr<Plan> rebuild(const std::string& engine, ConvDirection dir, const Conv2dGeometry& g, DType dtype,
-                              Layout layout, int64_t alignment, int device) {
+                              Layout layout, int64_t alignment, int device, bool add_residual) {
   cudnnHandle_t handle = cudnn_handle(device);
   BackendDesc graph;
   try {
-    graph = operation_graph(dir, g, dtype, layout, alignment, handle);
+    graph = operation_graph(dir, g, dtype, layout, alignment, handle, add_residual);
   } catch (const DeviceError&) {
     return nullptr;
   }
@@ -628,7 +653,7 @@ std::shared_ptr<Plan> shared_search(const ConvKey& key, ConvDirection dir, const
     return nullptr;
   }
   if (chosen)
-    if (std::shared_ptr<Plan> plan = rebuild(*chosen, dir, g, dtype, layout, alignment, device)) {
+    if (std::shared_ptr<Plan> plan = rebuild(*chosen, dir, g, dtype, layout, alignment, device, ops.r != nullptr)) {
       if (search_log())
         std::fprintf(stderr, "conv search: %s n%lld c%lld %lldx%lld k%lld r%lld s%lld on cuda:%d: took %s, chosen on cuda:%lld\n",
                      direction_name(dir), (long long)g.n, (long long)g.c_in, (long long)g.h, (long long)g.w,
@@ -662,7 +687,7 @@ ConvKey conv_key(ConvDirection dir, const Conv2dGeometry& g, DType dtype, Layout
 
 int64_t common_alignment(const ConvOperands& ops) {
   const uint64_t bits = reinterpret_cast<uint64_t>(ops.x) | reinterpret_cast<uint64_t>(ops.w) |
-                        reinterpret_cast<uint64_t>(ops.y) | 16u;
+                        reinterpret_cast<uint64_t>(ops.y) | reinterpret_cast<uint64_t>(ops.r) | 16u;
   return static_cast<int64_t>(bits & (~bits + 1));
 }
 
@@ -681,7 +706,8 @@ bool run_conv_graph(ConvDirection dir, const Conv2dGeometry& g, DType dtype, Lay
   if (!conv_graph_enabled()) return false;
   const ConvKey key =
       conv_key(dir, g, dtype, layout, device,
-               (dtype == kFloat32 && allow_tf32_conv() ? 1 : 0) | (deterministic() ? 2 : 0) | (heuristic_plans() ? 4 : 0),
+               (dtype == kFloat32 && allow_tf32_conv() ? 1 : 0) | (deterministic() ? 2 : 0) | (heuristic_plans() ? 4 : 0) |
+                   (ops.r ? 8 : 0),
                ops);
   const std::shared_ptr<Plan> plan = plan_cache().get_or_search(
       key, [&] { return shared_search(key, dir, g, dtype, layout, common_alignment(ops), device, ops); });

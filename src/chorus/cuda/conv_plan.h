@@ -41,6 +41,9 @@ struct ConvOperands {
   void* x;
   void* w;
   void* y;
+  // Forward only: a tensor shaped like y added in the convolution's epilogue
+  // (y = conv(x, w) + r; Note [Residual add in the epilogue]), or null.
+  void* r = nullptr;
 };
 
 // The identity of a convolution for the plan cache here and the legacy
@@ -78,6 +81,10 @@ ConvSearchCounts conv_search_counts();
 
 // Whether the graph path is enabled (CHORUS_CUDNN_LEGACY unset or 0).
 bool conv_graph_enabled();
+
+// Forward convolutions run with the residual add in cuDNN's epilogue (Note
+// [Residual add in the epilogue] in cuda/conv.cpp), since the process began.
+int64_t conv_add_epilogue_runs();
 
 // Runs the convolution on the current stream of `device` with a cached plan
 // (searching on first use). Returns false, having done nothing, when cuDNN

@@ -76,9 +76,9 @@ PreActBlock::PreActBlock(PreActBlockOptions o) : Module("PreActBlock"), opts_(o)
 Tensor PreActBlock::forward(const Tensor& x) {
   Tensor o = bn_relu(child(*this, 0), x);
   Tensor y = child(*this, 1)->forward(o);
-  y = child(*this, 3)->forward(bn_relu(child(*this, 2), y));
   Tensor shortcut = named_children().size() > 4 ? child(*this, 4)->forward(o) : x;
-  return chorus::add(y, shortcut);
+  // conv2(relu(bn2(y))) + shortcut, the add in conv2's epilogue on a GPU.
+  return std::static_pointer_cast<nn::Conv2d>(child(*this, 3))->forward_add(bn_relu(child(*this, 2), y), shortcut);
 }
 
 WideResNet::WideResNet(WideResNetOptions o) : Module("WideResNet"), opts_(o) {

@@ -46,6 +46,25 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
   return autograd::conv2d(x, weight, bias, p);
 }
 
+Tensor conv2d_add(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& residual,
+                  const Conv2dParams& p) {
+  detail::check_defined(x, "conv2d_add", "input");
+  detail::check_defined(weight, "conv2d_add", "weight");
+  detail::check_defined(residual, "conv2d_add", "residual");
+  if (auto dt = autocast_dtype(x)) {
+    if (!bias.defined() && (x.dtype() != *dt || weight.dtype() != *dt || residual.dtype() != *dt)) {
+      AutocastGuard off(std::nullopt);
+      // Weights: Note [Autocast weight copies].
+      return functional::conv2d_add(chorus::to_dtype(x, *dt), autocast_weight(weight, *dt), bias,
+                                    chorus::to_dtype(residual, *dt), p);
+    }
+  }
+  if (bias.defined() || residual.dtype() != x.dtype() || weight.dtype() != x.dtype() ||
+      residual.device() != x.device())
+    return chorus::add(functional::conv2d(x, weight, bias, p), residual);
+  return autograd::conv2d_add(x, weight, residual, p);
+}
+
 Tensor max_pool2d(const Tensor& x, const Pool2dParams& p) { return autograd::max_pool2d(x, p); }
 
 Tensor avg_pool2d(const Tensor& x, const Pool2dParams& p) { return autograd::avg_pool2d(x, p); }

@@ -12,6 +12,12 @@ using ops::Pool2dParams;
 // y = x @ weight^T + bias; x [..., in], weight [out, in], bias [out] or undefined.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dParams& p);
+// conv2d(x, weight, bias, p) + residual (a residual block's last convolution
+// and its shortcut): on a GPU the add runs in the convolution's epilogue
+// (Note [Residual add in the epilogue] in cuda/conv.cpp); with a bias, or a
+// residual of another dtype or device, the two ops.
+Tensor conv2d_add(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& residual,
+                  const Conv2dParams& p);
 Tensor max_pool2d(const Tensor& x, const Pool2dParams& p);
 Tensor avg_pool2d(const Tensor& x, const Pool2dParams& p);
 Tensor adaptive_avg_pool2d(const Tensor& x, int64_t out_h, int64_t out_w);

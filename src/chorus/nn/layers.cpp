@@ -58,6 +58,11 @@ Tensor Conv2d::forward(const Tensor& x) {
                              opts_.dilation, opts_.dilation, opts_.groups};
   return functional::conv2d(on_own_device(x), weight(), bias(), p);
 }
+Tensor Conv2d::forward_add(const Tensor& x, const Tensor& residual) {
+  functional::Conv2dParams p{opts_.stride, opts_.stride, opts_.padding, opts_.padding,
+                             opts_.dilation, opts_.dilation, opts_.groups};
+  return functional::conv2d_add(on_own_device(x), weight(), bias(), on_own_device(residual), p);
+}
 std::string Conv2d::extra_repr() const {
   return cat_repr({{"in", double(opts_.in)}, {"out", double(opts_.out)}, {"kernel", double(opts_.kernel)},
                    {"stride", double(opts_.stride)}, {"padding", double(opts_.padding)}}) +

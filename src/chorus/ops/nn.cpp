@@ -64,6 +64,25 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2d
   return y;
 }
 
+Tensor conv2d_add(const Tensor& x, const Tensor& w, const Tensor& residual, const Conv2dParams& p) {
+  detail::check_defined(x, "conv2d_add", "input");
+  detail::check_defined(w, "conv2d_add", "weight");
+  detail::check_defined(residual, "conv2d_add", "residual");
+  Conv2dGeometry g = conv2d_geometry(x, w, p);
+  const Shape ys{g.n, g.c_out, g.out_h(), g.out_w()};
+  CHORUS_CHECK(residual.sizes() == ys, "conv2d_add: residual ", residual.describe(), " must have the output's shape ",
+               shape_str(ys));
+  CHORUS_CHECK(residual.dtype() == x.dtype(), "conv2d_add: residual ", residual.describe(), " must have the input's dtype ",
+               dtype_name(x.dtype()));
+  Device dev = x.device();
+  Tensor xx = prepare(x, dev), ww = prepare(w, dev);
+  // The residual in the output's layout (a copy only when it is not).
+  Tensor rr = grad_in_layout(residual, dev, cl(xx));
+  Tensor y = empty_with_layout(ys, x.dtype(), dev, cl(xx));
+  CHORUS_KERNEL(dev, conv2d_forward_add, g, xx, ww, rr, y);
+  return y;
+}
+
 Tensor conv2d_backward_input(const Tensor& dy, const Tensor& x, const Tensor& w, const Conv2dParams& p) {
   Conv2dGeometry g = conv2d_geometry(x, w, p);
   Device dev = dy.device();

@@ -14,6 +14,10 @@ struct Conv2dParams {
 };
 Conv2dGeometry conv2d_geometry(const Tensor& x, const Tensor& w, const Conv2dParams& p);
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p);
+// conv2d(x, w) + residual in one pass where the device can (a residual
+// block's last convolution; Note [Residual add in the epilogue] in
+// cuda/conv.cpp). residual: the output's shape and x's dtype.
+Tensor conv2d_add(const Tensor& x, const Tensor& w, const Tensor& residual, const Conv2dParams& p);
 Tensor conv2d_backward_input(const Tensor& dy, const Tensor& x, const Tensor& w, const Conv2dParams& p);
 // Returns (dweight, dbias); dbias undefined unless with_bias.
 std::pair<Tensor, Tensor> conv2d_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& w,
