@@ -45,10 +45,19 @@ TEST(ConvAddCuda, MatchesCpuConvThenAdd_CUDA) {
   const Device gpu = cuda_device(0);
   const std::vector<Case> cases = {{8, 64, 64, 16, 3, 1}, {4, 160, 160, 8, 3, 1}, {6, 32, 48, 9, 3, 2},
                                    {5, 24, 40, 8, 1, 2}};
-  const int64_t fused_before = cuda::conv_add_epilogue_runs();
+  const bool heuristic = cuda::heuristic_plans();
+  struct Restore {
+    bool prev;
+    ~Restore() { cuda::set_heuristic_plans(prev); }
+  } restore{heuristic};
+  // Untimed (heuristic plans), a geometry with a fused plan always takes it;
+  // timed, each takes the faster of the fused plan and conv + add.
+  for (bool untimed : {true, false})
   for (const Case& c : cases)
     for (DType dt : {kFloat32, kBFloat16})
       for (bool cl : {true, false}) {
+        cuda::set_heuristic_plans(untimed);
+        const int64_t fused_before = cuda::conv_add_epilogue_runs();
         manual_seed(static_cast<uint64_t>(c.c * 7 + c.stride));
         const F::Conv2dParams p{c.stride, c.stride, c.kernel / 2, c.kernel / 2, 1, 1, 1};
         // Values exact in the dtype, so both sides see the same inputs.
@@ -69,11 +78,12 @@ TEST(ConvAddCuda, MatchesCpuConvThenAdd_CUDA) {
                                  std::to_string(c.stride) + " " + dtype_name(dt) + (cl ? " NHWC" : " NCHW");
         EXPECT_EQ(ops::is_channels_last(y), cl) << what;
         // bf16: one rounding of the output (2^-8 relative); float32: accumulation order.
-        EXPECT_LT(test::rel_err(y, ref), dt == kBFloat16 ? 1e-2 : 1e-5) << what;
+        EXPECT_LT(test::rel_err(y, ref), dt == kBFloat16 ? 1e-2 : 1e-5) << what << (untimed ? " untimed" : " timed");
+        // The NHWC bf16 3x3 convolutions have a fused plan on every GPU cuDNN
+        // 9 supports; without one this test would only check the fallback.
+        if (untimed && cl && dt == kBFloat16 && c.kernel == 3)
+          EXPECT_GT(cuda::conv_add_epilogue_runs(), fused_before) << what << ": not fused";
       }
-  // The NHWC bf16 3x3 convolutions have a fused plan on every GPU cuDNN 9
-  // supports; without one this test would only check the fallback.
-  EXPECT_GT(cuda::conv_add_epilogue_runs(), fused_before) << "no convolution ran with the add in its epilogue";
 }
 
 TEST(ConvAddCuda, WideResNetMatchesCpu_CUDA) {

@@ -39,6 +39,9 @@
 #include "chorus/cuda/conv_plan.h"
 #include "chorus/cuda/cudnn_handle.h"
 #include "chorus/cuda/kernels.h"
+#include "chorus/cuda/timing_gate.h"
+#include "chorus/core/graph_capture.h"
+#include "chorus/core/stream.h"
 
 CHORUS_CUDNN_LEGACY_BEGIN
 
@@ -406,8 +409,13 @@ void conv2d_forward(const Conv2dGeometry& g, const Tensor& x, const Tensor& weig
 // slower main loop: H100, bf16 NHWC, batch 128, µs for conv + add against fused
 // (bench_conv_add_gpu): 50.3 -> 33.2 at 32x32x64, 25.8 -> 18.9 at 16x16x128,
 // 21.8 -> 14.9 at 8x8x256 (WRN-16-4), 161.8 -> 158.6 at 32x32x160, 116.9 ->
-// 116.4 at 16x16x320, 99.2 -> 98.1 at 8x8x640 (WRN-28-10). Where no graph plan
-// exists (or CHORUS_CONV_ADD_EPILOGUE=0) the two kernels run.
+// 116.4 at 16x16x320, 99.2 -> 98.1 at 8x8x640 (WRN-28-10); in another run
+// 116.9 -> 122.9 at 16x16x320: slower. So, as the plan search does for plans,
+// each geometry is timed once both ways (fused, and the plain convolution then
+// the add over flat views), behind a gate, and runs the faster from then on.
+// Untimed (CHORUS_CONV_SEARCH=heuristic, or first met inside a capture) it
+// takes the fused plan. Where no graph plan exists (or with
+// CHORUS_CONV_ADD_EPILOGUE=0) the two kernels run.
 namespace {
 std::atomic<int64_t> epilogue_runs{0};
 bool add_in_epilogue() {
@@ -420,6 +428,47 @@ bool add_in_epilogue() {
 }  // namespace
 
 int64_t conv_add_epilogue_runs() { return epilogue_runs.load(std::memory_order_relaxed); }
+
+namespace {
+
+// y = conv(x, w), then y += residual over flat views: both are dense in one
+// layout, so element i of one is element i of the other in memory (the 4-d
+// strided path of a channels-last tensor is several times slower).
+void conv_then_add(const Conv2dGeometry& g, const Tensor& x, const Tensor& weight, const Tensor& residual,
+                   const Tensor& y) {
+  conv2d_forward(g, x, weight, Tensor(), y);
+  const Tensor flat_y = detail::make_view(y, {y.numel()}, {1}, y.storage_offset());
+  const Tensor flat_r = detail::make_view(residual, {residual.numel()}, {1}, residual.storage_offset());
+  binary(BinaryOp::Add, flat_y, flat_r, flat_y, 1.0);
+}
+
+// Milliseconds per call of `run` on `device`'s current stream: one untimed
+// call (plan search, module loads), then kTimedRuns behind a gate (Note
+// [Timing behind a gate]).
+template <typename Run>
+float time_calls(int device, Run&& run) {
+  constexpr int kTimedRuns = 3;
+  run();
+  const Device dev(DeviceType::CUDA, device);
+  Event start(dev), stop(dev);
+  {
+    StreamGate gate(current_stream(device));
+    start.record();
+    for (int i = 0; i < kTimedRuns; ++i) run();
+    stop.record();
+    gate.open();
+  }
+  stop.synchronize();
+  return start.elapsed(stop) / kTimedRuns;
+}
+
+// Per geometry: whether the fused graph beats the convolution then the add.
+LockedCache<ConvKey, bool>& fuse_choices() {
+  static auto* cache = new LockedCache<ConvKey, bool>;  // leaked: used from threads that may outlive statics
+  return *cache;
+}
+
+}  // namespace
 
 void conv2d_forward_add(const Conv2dGeometry& g, const Tensor& x, const Tensor& weight, const Tensor& residual,
                         const Tensor& y) {
@@ -436,19 +485,25 @@ void conv2d_forward_add(const Conv2dGeometry& g, const Tensor& x, const Tensor& 
                residual.describe(), " with strides ", shape_str(residual.strides()));
   if (x.numel() > 0 && add_in_epilogue()) {
     const Tensor w = filter_in(weight, layout);
-    if (run_conv_graph(Direction::Forward, g, x.dtype(), layout, device,
-                       ConvOperands{x.raw_data(), w.raw_data(), y.raw_data(), residual.raw_data()})) {
+    const ConvOperands ops{x.raw_data(), w.raw_data(), y.raw_data(), residual.raw_data()};
+    auto fused = [&] { return run_conv_graph(Direction::Forward, g, x.dtype(), layout, device, ops); };
+    const ConvKey key = conv_key(Direction::Forward, g, x.dtype(), layout, device,
+                                 static_cast<int64_t>(math_type(x.dtype())) | (deterministic() ? 256 : 0) |
+                                     (heuristic_plans() ? 512 : 0) | (allow_tf32_conv() ? 1024 : 0),
+                                 ops);
+    const bool fuse = fuse_choices().get_or_search(key, [&] {
+      if (!fused()) return false;  // no graph plan for the fused graph
+      if (heuristic_plans() || capture_in_progress()) return true;
+      const float fused_ms = time_calls(device, fused);
+      const float split_ms = time_calls(device, [&] { conv_then_add(g, x, weight, residual, y); });
+      return fused_ms <= split_ms;
+    });
+    if (fuse && fused()) {
       epilogue_runs.fetch_add(1, std::memory_order_relaxed);
       return;
     }
   }
-  conv2d_forward(g, x, weight, Tensor(), y);
-  // Both dense in one layout: element i of one is element i of the other in
-  // memory, so the add runs over flat views (the 4-d strided path of a
-  // channels-last tensor is several times slower).
-  const Tensor flat_y = detail::make_view(y, {y.numel()}, {1}, y.storage_offset());
-  const Tensor flat_r = detail::make_view(residual, {residual.numel()}, {1}, residual.storage_offset());
-  binary(BinaryOp::Add, flat_y, flat_r, flat_y, 1.0);
+  conv_then_add(g, x, weight, residual, y);
 }
 
 void conv2d_backward_input(const Conv2dGeometry& g, const Tensor& dy, const Tensor& weight,
