@@ -10,7 +10,7 @@
 # default) and --no-channels-last and resumes across them; dp runs DataParallel WRN-28-10 fp32 and bf16 at 1 and 2 GPUs;
 # graphs runs the CUDA-graph tests and one GPU against torch.compile; graphlaunch times
 # CUDA graph replays of several shapes (bench/graph_launch);
-# bnbench times the batch-norm kernels per layer shape; convadd times the residual add in the convolution's epilogue; hostprof samples an eager step's host time (gperftools); profile sums GPU time per kernel class (nsys); dpgraphs runs DataParallel
+# bnbench times the batch-norm kernels per layer shape; convadd times the residual add in the convolution's epilogue; tracecmp sets Chorus's step beside torch.compile's kernel by kernel; hostprof samples an eager step's host time (gperftools); profile sums GPU time per kernel class (nsys); dpgraphs runs DataParallel
 # with and without CUDA graphs on 2 GPUs;
 # pipeline runs WRN-28-10 and WRN-40-10 in 2 stages (naive, GPipe, 1F1B,
 # interleaved) and a pipeline of 2 processes over NCCL send/recv; pipetrain trains Fashion-MNIST
@@ -214,6 +214,11 @@ if has convadd; then
       done
     done
   done
+fi
+if has tracecmp; then
+  # Issue 14: Chorus's graphed WRN-28-10 bf16 step beside torch.compile's
+  # (TMODE, default max-autotune), kernel by kernel through CUPTI.
+  OUT=$OUT bash scripts/trace_compare.sh
 fi
 if has train; then
   timeout 300 $C train --model cnn --data fashion-mnist --data-dir ${FMNIST_DIR:-.bench/fashion-mnist} --devices cuda:0 --epochs 5 --seed 1 --json | tee "$OUT/train_gpu.json"
