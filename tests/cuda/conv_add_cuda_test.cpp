@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include <chorus/autograd/autocast.h>
 #include <chorus/chorus.h>
 #include <chorus/cuda/blas.h>
 #include <chorus/cuda/conv_plan.h>
@@ -48,15 +49,22 @@ TEST(ConvAddCuda, MatchesCpuConvThenAdd_CUDA) {
   const bool heuristic = cuda::heuristic_plans();
   struct Restore {
     bool prev;
-    ~Restore() { cuda::set_heuristic_plans(prev); }
+    ~Restore() {
+      cuda::set_heuristic_plans(prev);
+      cuda::set_conv_add_epilogue(true);
+    }
   } restore{heuristic};
   // Untimed (heuristic plans), a geometry with a fused plan always takes it;
-  // timed, each takes the faster of the fused plan and conv + add.
-  for (bool untimed : {true, false})
+  // timed, each takes the faster of the fused plan and conv + add; with the
+  // epilogue off, every one runs the convolution then the add (flat views).
+  enum Mode { kUntimed, kTimed, kSplit };
+  for (Mode mode : {kUntimed, kTimed, kSplit})
   for (const Case& c : cases)
     for (DType dt : {kFloat32, kBFloat16})
       for (bool cl : {true, false}) {
+        const bool untimed = mode == kUntimed;
         cuda::set_heuristic_plans(untimed);
+        cuda::set_conv_add_epilogue(mode != kSplit);
         const int64_t fused_before = cuda::conv_add_epilogue_runs();
         manual_seed(static_cast<uint64_t>(c.c * 7 + c.stride));
         const F::Conv2dParams p{c.stride, c.stride, c.kernel / 2, c.kernel / 2, 1, 1, 1};
@@ -78,12 +86,34 @@ TEST(ConvAddCuda, MatchesCpuConvThenAdd_CUDA) {
                                  std::to_string(c.stride) + " " + dtype_name(dt) + (cl ? " NHWC" : " NCHW");
         EXPECT_EQ(ops::is_channels_last(y), cl) << what;
         // bf16: one rounding of the output (2^-8 relative); float32: accumulation order.
-        EXPECT_LT(test::rel_err(y, ref), dt == kBFloat16 ? 1e-2 : 1e-5) << what << (untimed ? " untimed" : " timed");
+        const char* mode_name = mode == kUntimed ? " untimed" : mode == kTimed ? " timed" : " split";
+        EXPECT_LT(test::rel_err(y, ref), dt == kBFloat16 ? 1e-2 : 1e-5) << what << mode_name;
+        if (mode == kSplit) EXPECT_EQ(cuda::conv_add_epilogue_runs(), fused_before) << what << ": fused while off";
         // The NHWC bf16 3x3 convolutions have a fused plan on every GPU cuDNN
         // 9 supports; without one this test would only check the fallback.
         if (untimed && cl && dt == kBFloat16 && c.kernel == 3)
           EXPECT_GT(cuda::conv_add_epilogue_runs(), fused_before) << what << ": not fused";
       }
+}
+
+TEST(ConvAddCuda, AutocastKeepsAWiderResidual_CUDA) {
+  // Under bf16 autocast a float32 residual is not narrowed: the convolution
+  // runs in bf16 and the add promotes, as conv2d followed by add would.
+  if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
+  const Device gpu = cuda_device(0);
+  manual_seed(12);
+  const Tensor x = ops::to_channels_last(randn({4, 16, 8, 8}).to(gpu));
+  const Tensor w = randn({16, 16, 3, 3}).mul(0.1).to(gpu);
+  const Tensor r = ops::to_channels_last(randn({4, 16, 8, 8}).to(gpu));
+  const F::Conv2dParams p{1, 1, 1, 1, 1, 1, 1};
+  AutocastGuard amp(kBFloat16);
+  const Tensor y = F::conv2d_add(x, w, Tensor(), r, p);
+  const Tensor ref = add(F::conv2d(x, w, Tensor(), p), r);
+  EXPECT_EQ(y.dtype(), kFloat32);
+  EXPECT_EQ(ref.dtype(), kFloat32);
+  EXPECT_EQ(test::rel_err(y, ref), 0.0);
+  // A bf16 residual is fused and the output is bf16.
+  EXPECT_EQ(F::conv2d_add(x, w, Tensor(), r.to(kBFloat16), p).dtype(), kBFloat16);
 }
 
 TEST(ConvAddCuda, WideResNetMatchesCpu_CUDA) {

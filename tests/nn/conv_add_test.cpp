@@ -8,6 +8,8 @@
 #include <chorus/chorus.h>
 #include <chorus/models/models.h>
 
+#include "chorus/cpu/kernels.h"
+
 #include "testing/compare.h"
 #include "testing/expect_error.h"
 
@@ -16,11 +18,11 @@ namespace {
 
 namespace F = nn::functional;
 
-struct Grads {
+struct ConvAddGrads {
   Tensor y, dx, dw, dr;
 };
 
-Grads run(bool fused, const Tensor& x0, const Tensor& w0, const Tensor& r0, const F::Conv2dParams& p) {
+ConvAddGrads run_conv_add(bool fused, const Tensor& x0, const Tensor& w0, const Tensor& r0, const F::Conv2dParams& p) {
   Tensor x = x0.detach(), w = w0.detach(), r = r0.detach();
   x.set_requires_grad(true);
   w.set_requires_grad(true);
@@ -36,7 +38,7 @@ TEST(ConvAddCpu, SameBitsAsConvThenAdd) {
   manual_seed(5);
   const F::Conv2dParams p{2, 1, 1, 1, 1, 1, 1};
   const Tensor x = randn({3, 4, 7, 6}), w = randn({5, 4, 3, 3}), r = randn({3, 5, 4, 6});
-  const Grads a = run(true, x, w, r, p), b = run(false, x, w, r, p);
+  const ConvAddGrads a = run_conv_add(true, x, w, r, p), b = run_conv_add(false, x, w, r, p);
   EXPECT_EQ(test::rel_err(a.y, b.y), 0.0);
   EXPECT_EQ(test::rel_err(a.dx, b.dx), 0.0);
   EXPECT_EQ(test::rel_err(a.dw, b.dw), 0.0);
@@ -84,6 +86,16 @@ TEST(ConvAddCpu, BadResidualsNameWhatIsWrong) {
   EXPECT_TRUE(test::throws_naming([&] { F::conv2d_add(x, w, Tensor(), randn({2, 4, 5, 4}), p); },
                                   {"conv2d_add: residual", "[2, 4, 5, 4]", "must have the output's shape [2, 4, 5, 5]"}));
   EXPECT_TRUE(test::throws_naming([&] { F::conv2d_add(x, w, Tensor(), Tensor(), p); }, {"conv2d_add", "residual"}));
+}
+
+TEST(ConvAddCpu, KernelRefusesAResidualInTheOutput) {
+  // The convolution writes y before the add reads the residual: one buffer
+  // for both would add the convolution to itself.
+  const Tensor x = randn({1, 2, 4, 4}), w = randn({2, 2, 3, 3});
+  const Conv2dGeometry g{1, 2, 4, 4, 2, 3, 3, 1, 1, 1, 1};
+  Tensor y = randn({1, 2, 4, 4});
+  EXPECT_TRUE(test::throws_naming([&] { cpu::conv2d_forward_add(g, x, w, y, y); },
+                                  {"conv2d_forward_add: residual", "overlaps the output"}));
 }
 
 }  // namespace

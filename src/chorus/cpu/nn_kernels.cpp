@@ -192,6 +192,10 @@ void conv2d_forward(const Conv2dGeometry& g, const Tensor& x, const Tensor& weig
 void conv2d_forward_add(const Conv2dGeometry& g, const Tensor& x, const Tensor& weight, const Tensor& residual,
                         const Tensor& y) {
   check_arg("conv2d_forward_add", "residual", residual, y.sizes());
+  const auto* r0 = static_cast<const char*>(residual.raw_data());
+  const auto* y0 = static_cast<const char*>(y.raw_data());
+  CHORUS_CHECK(r0 >= y0 + y.nbytes() || y0 >= r0 + residual.nbytes(), "conv2d_forward_add: residual ", residual.describe(),
+               " overlaps the output ", y.describe(), " (the convolution would overwrite it before the add)");
   conv2d_forward(g, x, weight, Tensor(), y);
   binary(BinaryOp::Add, y, residual, y, 1.0);
 }

@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "chorus/core/error.h"
@@ -413,19 +414,23 @@ void conv2d_forward(const Conv2dGeometry& g, const Tensor& x, const Tensor& weig
 // 116.9 -> 122.9 at 16x16x320: slower. So, as the plan search does for plans,
 // each geometry is timed once both ways (fused, and the plain convolution then
 // the add over flat views), behind a gate, and runs the faster from then on.
-// Untimed (CHORUS_CONV_SEARCH=heuristic, or first met inside a capture) it
-// takes the fused plan. Where no graph plan exists (or with
-// CHORUS_CONV_ADD_EPILOGUE=0) the two kernels run.
+// Untimed (CHORUS_CONV_SEARCH=heuristic, or first met inside a capture, where
+// the choice is not kept and the next eager call times it) it takes the fused
+// plan. Where no graph plan exists (or with CHORUS_CONV_ADD_EPILOGUE=0, or
+// set_conv_add_epilogue(false)) the two kernels run.
 namespace {
 std::atomic<int64_t> epilogue_runs{0};
-bool add_in_epilogue() {
-  static const bool on = [] {
+std::atomic<int>& epilogue_flag() {
+  static std::atomic<int> flag{[] {
     const char* e = std::getenv("CHORUS_CONV_ADD_EPILOGUE");
-    return !(e && std::strcmp(e, "0") == 0);
-  }();
-  return on;
+    return e && std::strcmp(e, "0") == 0 ? 0 : 1;
+  }()};
+  return flag;
 }
+bool add_in_epilogue() { return epilogue_flag().load(std::memory_order_relaxed) != 0; }
 }  // namespace
+
+void set_conv_add_epilogue(bool on) { epilogue_flag().store(on ? 1 : 0, std::memory_order_relaxed); }
 
 int64_t conv_add_epilogue_runs() { return epilogue_runs.load(std::memory_order_relaxed); }
 
@@ -450,16 +455,24 @@ float time_calls(int device, Run&& run) {
   constexpr int kTimedRuns = 3;
   run();
   const Device dev(DeviceType::CUDA, device);
-  Event start(dev), stop(dev);
-  {
-    StreamGate gate(current_stream(device));
-    start.record();
-    for (int i = 0; i < kTimedRuns; ++i) run();
-    stop.record();
-    gate.open();
+  float ms = 0;
+  // A gate that gave up before the runs were issued timed the host too: once more.
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    Event start(dev), stop(dev);
+    bool expired = false;
+    {
+      StreamGate gate(current_stream(device));
+      start.record();
+      for (int i = 0; i < kTimedRuns; ++i) run();
+      stop.record();
+      gate.open();
+      stop.synchronize();
+      expired = gate.expired();
+    }
+    ms = start.elapsed(stop) / kTimedRuns;
+    if (!expired) break;
   }
-  stop.synchronize();
-  return start.elapsed(stop) / kTimedRuns;
+  return ms;
 }
 
 // The fused plan is kept only when it is timed at least 3% faster than the
@@ -490,6 +503,10 @@ void conv2d_forward_add(const Conv2dGeometry& g, const Tensor& x, const Tensor& 
   const Layout layout = data_layout(op, x, "x", y, "y");
   CHORUS_CHECK(is_dense_in(residual, layout), op, ": residual must share y's memory layout, got ",
                residual.describe(), " with strides ", shape_str(residual.strides()));
+  const auto* r0 = static_cast<const char*>(residual.raw_data());
+  const auto* y0 = static_cast<const char*>(y.raw_data());
+  CHORUS_CHECK(r0 >= y0 + y.nbytes() || y0 >= r0 + residual.nbytes(), op, ": residual ", residual.describe(),
+               " overlaps the output ", y.describe(), " (the convolution would overwrite it before the add)");
   if (x.numel() > 0 && add_in_epilogue()) {
     const Tensor w = filter_in(weight, layout);
     const ConvOperands ops{x.raw_data(), w.raw_data(), y.raw_data(), residual.raw_data()};
@@ -498,14 +515,29 @@ void conv2d_forward_add(const Conv2dGeometry& g, const Tensor& x, const Tensor& 
                                  static_cast<int64_t>(math_type(x.dtype())) | (deterministic() ? 256 : 0) |
                                      (heuristic_plans() ? 512 : 0) | (allow_tf32_conv() ? 1024 : 0),
                                  ops);
-    const bool fuse = fuse_choices().get_or_search(key, [&] {
-      if (!fused()) return false;  // no graph plan for the fused graph
-      if (heuristic_plans() || capture_in_progress()) return true;
-      const float fused_ms = time_calls(device, fused);
-      const float split_ms = time_calls(device, [&] { conv_then_add(g, x, weight, residual, y); });
-      return fused_ms < kFuseMargin * split_ms;
-    });
-    if (fuse && fused()) {
+    std::optional<bool> fuse = fuse_choices().find(key);
+    if (!fuse && (heuristic_plans() || capture_in_progress())) {
+      // Untimed: the fused plan where there is one. A choice met inside a
+      // capture is not kept: the next eager call times it.
+      if (fused()) {
+        if (!capture_in_progress()) fuse_choices().insert(key, true);
+        epilogue_runs.fetch_add(1, std::memory_order_relaxed);
+        return;
+      }
+      fuse = false;
+      if (!capture_in_progress()) fuse_choices().insert(key, false);
+    }
+    if (!fuse) {
+      bool plan = fused();  // searches the fused graph's plans (y is then written)
+      if (plan) {
+        const float fused_ms = time_calls(device, fused);
+        const float split_ms = time_calls(device, [&] { conv_then_add(g, x, weight, residual, y); });
+        plan = fused_ms < kFuseMargin * split_ms;
+      }
+      fuse = plan;
+      fuse_choices().insert(key, plan);
+    }
+    if (*fuse && fused()) {
       epilogue_runs.fetch_add(1, std::memory_order_relaxed);
       return;
     }

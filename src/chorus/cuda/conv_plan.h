@@ -85,6 +85,9 @@ bool conv_graph_enabled();
 // Forward convolutions run with the residual add in cuDNN's epilogue (Note
 // [Residual add in the epilogue] in cuda/conv.cpp), since the process began.
 int64_t conv_add_epilogue_runs();
+// Whether conv2d_forward_add may use the fused graph (default: unless
+// CHORUS_CONV_ADD_EPILOGUE=0); tests turn it off to check the split path.
+void set_conv_add_epilogue(bool on);
 
 // Runs the convolution on the current stream of `device` with a cached plan
 // (searching on first use). Returns false, having done nothing, when cuDNN

@@ -52,6 +52,9 @@ Tensor conv2d_add(const Tensor& x, const Tensor& weight, const Tensor& bias, con
   detail::check_defined(weight, "conv2d_add", "weight");
   detail::check_defined(residual, "conv2d_add", "residual");
   if (auto dt = autocast_dtype(x)) {
+    // A residual wider than the autocast dtype stays as wide, as add() keeps
+    // it outside autocast: the convolution, then the add promotes.
+    if (dtype_size(residual.dtype()) > dtype_size(*dt)) return chorus::add(functional::conv2d(x, weight, bias, p), residual);
     if (!bias.defined() && (x.dtype() != *dt || weight.dtype() != *dt || residual.dtype() != *dt)) {
       AutocastGuard off(std::nullopt);
       // Weights: Note [Autocast weight copies].

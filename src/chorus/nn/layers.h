@@ -19,9 +19,6 @@ class Linear : public Module {
   explicit Linear(LinearOptions o);
   Linear(int64_t in, int64_t out, bool bias = true) : Linear(LinearOptions{in, out, bias}) {}
   Tensor forward(const Tensor& x) override;
-  // forward(x) + residual, the add in the convolution's epilogue on a GPU
-  // (functional::conv2d_add): a residual block's last convolution.
-  Tensor forward_add(const Tensor& x, const Tensor& residual);
   Tensor& weight() { return own_parameters()[0].second; }
   Tensor bias() { return opts_.bias ? own_parameters()[1].second : Tensor(); }
   std::string extra_repr() const override;
