@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "chorus/core/stream.h"
+#include "gpu_timing.h"
 #include "chorus/cuda/conv_plan.h"
 #include "chorus/ops/copy.h"
 #include "chorus/ops/nn.h"
@@ -18,22 +19,7 @@ namespace {
 
 using namespace chorus;
 
-void occupy(const Tensor& a) {
-  Tensor x = a;
-  for (int i = 0; i < 8; ++i) x = matmul(x, a);
-}
-
-template <typename F>
-double time_calls(const Device& dev, const Tensor& busy, int iters, F&& call) {
-  for (int i = 0; i < 3; ++i) call();
-  occupy(busy);
-  Event start(dev), stop(dev);
-  start.record();
-  for (int i = 0; i < iters; ++i) call();
-  stop.record();
-  stop.synchronize();
-  return 1e3 * start.elapsed(stop) / iters;
-}
+using bench::time_calls;
 
 }  // namespace
 
