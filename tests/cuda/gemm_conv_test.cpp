@@ -504,6 +504,7 @@ TEST(CudaPool, AdaptiveAvgPoolMatchesCpu_CUDA) {
       check_adaptive_avg_pool({2, 5, 9, 7}, 4, 3, dtype, cl);   // overlapping windows
       check_adaptive_avg_pool({3, 16, 8, 8}, 1, 1, dtype, cl);  // the WRN head
       check_adaptive_avg_pool({2, 24, 7, 5}, 1, 1, dtype, cl);  // global, plane of 35
+      check_adaptive_avg_pool({3, 20, 4, 4}, 1, 1, dtype, cl);  // global, 20 channels: packs of 4, not 8
     }
 }
 

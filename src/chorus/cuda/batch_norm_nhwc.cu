@@ -73,7 +73,12 @@ Grid tile_grid(int64_t m, int64_t c, int vec, int device, int per_sm) {
 // rows: many 16-byte loads in flight is what makes them run at memory speed.
 // (1, 3, 4 and 6 blocks per SM were all slower for WRN-28-10 and WRN-16-4 bf16
 // on an H200: 11160-11526 and 56217-66485 img/s against 11572 and 67077 with
-// 2, one run; 4 again slower on an H100 with the loads in flight, issue 14.)
+// 2, one run; 4 again slower on an H100 with the loads in flight, issue 14.
+// Once the tree's bank conflicts were gone, a probe of the kernels alone
+// favoured 4 per SM for the backward's sums at 32x32x160 and 16x16x320 (34.3
+// and 15.4 us against 37.8 and 17.2) and 1 for the statistics at 8x8x640; in
+// the graphed WRN-28-10 bf16 step on an H100 that grid was slower, 11700 and
+// 11679 img/s against 11767 and 11760, so 2 stays.)
 Grid column_grid(int64_t m, int64_t c, int vec, int device) { return tile_grid(m, c, vec, device, 2); }
 
 // The largest power of two below n (0 for n <= 1): the first stride of a
@@ -161,7 +166,7 @@ __device__ __forceinline__ void sum_partials(const float* __restrict__ pa, const
   a = 0;
   b = 0;
   if (col < c) {
-#pragma unroll 4
+#pragma unroll 8
     for (int64_t i = threadIdx.y; i < blocks; i += kFinalRows) {
       a += pa[i * c + col];
       b += pb[i * c + col];
@@ -234,23 +239,36 @@ __global__ void stats_finalize_kernel(const T* __restrict__ x, const float* __re
   // The module's batch counter, here rather than in a launch of its own (25
   // launches a step in WRN-28-10).
   if (num_batches_tracked && blockIdx.x == 0 && threadIdx.x == 0 && threadIdx.y == 0) ++*num_batches_tracked;
+  // The per-channel operands are loaded before the partials are summed, so
+  // their latency overlaps the sum's instead of following it.
+  const bool writer = threadIdx.y == 0 && col < c;
+  float x0 = 0, g = 0, b = 0, rm = 0, rv = 0;
+  if (writer) {
+    x0 = static_cast<float>(to_acc(x[col]));
+    g = gamma[col];
+    b = beta[col];
+    if (running_mean) {
+      rm = running_mean[col];
+      rv = running_var[col];
+    }
+  }
   float s1, s2;
   sum_partials(ps1, ps2, blocks, c, col, s1, s2);
-  if (threadIdx.y != 0 || col >= c) return;
+  if (!writer) return;
   const float n = static_cast<float>(m);
   const float d = s1 / n;
   const float var = fmaxf(0.0f, s2 / n - d * d);  // biased: what normalises
-  const float mean = static_cast<float>(to_acc(x[col])) + d;
+  const float mean = x0 + d;
   const float invstd = rsqrtf(var + eps);
   save_mean[col] = mean;
   save_invstd[col] = invstd;
   if (running_mean) {
     const float unbiased = m > 1 ? var * n / (n - 1) : var;
-    running_mean[col] = (1 - momentum) * running_mean[col] + momentum * mean;
-    running_var[col] = (1 - momentum) * running_var[col] + momentum * unbiased;
+    running_mean[col] = (1 - momentum) * rm + momentum * mean;
+    running_var[col] = (1 - momentum) * rv + momentum * unbiased;
   }
   float s, t;
-  affine_coefficients(gamma[col], beta[col], mean, invstd, s, t);
+  affine_coefficients(g, b, mean, invstd, s, t);
   scale[col] = s;
   shift[col] = t;
 }
@@ -396,19 +414,26 @@ __global__ void backward_finalize_kernel(const float* __restrict__ psum_dy,
                                          float* __restrict__ cd, const float* __restrict__ beta,
                                          float* __restrict__ cs, float* __restrict__ ct) {
   const int64_t col = int64_t{blockIdx.x} * kFinalCols + threadIdx.x;
+  const bool writer = threadIdx.y == 0 && col < c;
+  float is = 0, mu = 0, gm = 0, bt = 0;  // loaded ahead of the sum, as in stats_finalize_kernel
+  if (writer) {
+    is = invstd[col];
+    mu = mean[col];
+    gm = gamma[col];
+    if (cs) bt = beta[col];
+  }
   float s, sx;
   sum_partials(psum_dy, psum_dy_xmu, blocks, c, col, s, sx);
-  if (threadIdx.y != 0 || col >= c) return;
-  const float is = invstd[col], mu = mean[col];
+  if (!writer) return;
   dgamma[col] = sx * is;
   dbeta[col] = s;
   // dx = gamma*is * (dy - s/M - (x - mu) * is^2 * sx/M)
-  const float a = gamma[col] * is;
+  const float a = gm * is;
   const float k = sx * is * is / static_cast<float>(m);
   ca[col] = a;
   cb[col] = -a * k;
   cd[col] = a * (k * mu - s / static_cast<float>(m));
-  if (cs) affine_coefficients(gamma[col], beta[col], mu, is, cs[col], ct[col]);  // the ReLU's mask
+  if (cs) affine_coefficients(gm, bt, mu, is, cs[col], ct[col]);  // the ReLU's mask
 }
 
 // The coefficients of dx = a * dy' + b * x + d for one pack of channels,

@@ -241,6 +241,27 @@ __global__ void global_avg_backward_kernel(const T* dy, int64_t dy_n, int64_t dy
   }
 }
 
+// The channels-last case of global_avg_backward_kernel, kVec channels (one
+// 16-byte store) a thread: one 2-byte store a thread ran at 0.4 TB/s, 25 us of
+// a WRN-28-10 bf16 step on an H100 for 10.5 MB (issue 14). c % kVec == 0 and
+// dx 16-byte aligned.
+template <typename T, int kVec>
+__global__ void global_avg_backward_nhwc_kernel(const T* dy, int64_t dy_n, int64_t dy_c, T* dx, int64_t c,
+                                                int64_t hw, int64_t packs, float hw_f) {
+  struct alignas(sizeof(T) * kVec) Pack {
+    T v[kVec];
+  };
+  const int64_t row_packs = c / kVec;
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < packs;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t ch = (i % row_packs) * kVec, n = i / (row_packs * hw);
+    Pack out;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) out.v[j] = convert<T>(to_acc(dy[n * dy_n + (ch + j) * dy_c]) / hw_f);
+    reinterpret_cast<Pack*>(dx)[i] = out;
+  }
+}
+
 // ---- host side ------------------------------------------------------------------------------
 
 Dims4 sizes_of(const Tensor& t) { return {t.size(0), t.size(1), t.size(2), t.size(3)}; }
@@ -400,7 +421,14 @@ void adaptive_avg_pool2d_backward(const Tensor& dy, const Tensor& dx) {
     dispatch_float(dx.dtype(), op, [&]<typename T>() {
       const T* dyp = static_cast<const T*>(dy.raw_data());
       T* dxp = static_cast<T*>(dx.raw_data());
-      if (l.total < (int64_t{1} << 31)) {
+      constexpr int kVec = 16 / sizeof(T);
+      if (nhwc && c % kVec == 0 && reinterpret_cast<uintptr_t>(dxp) % 16 == 0) {
+        const int64_t packs = l.total / kVec;
+        const unsigned blocks =
+            static_cast<unsigned>(std::clamp<int64_t>((packs + kBlockThreads - 1) / kBlockThreads, 1, int64_t{1} << 20));
+        global_avg_backward_nhwc_kernel<T, kVec><<<blocks, kBlockThreads, 0, l.stream>>>(
+            dyp, dy.stride(0), dy.stride(1), dxp, c, hw, packs, hw_f);
+      } else if (l.total < (int64_t{1} << 31)) {
         global_avg_backward_kernel<T, int32_t><<<l.blocks, kBlockThreads, 0, l.stream>>>(
             dyp, dy.stride(0), dy.stride(1), dxp, static_cast<int32_t>(c), static_cast<int32_t>(hw), nhwc,
             static_cast<int32_t>(l.total), hw_f);
