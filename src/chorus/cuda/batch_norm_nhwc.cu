@@ -24,7 +24,7 @@ namespace {
 // thread-major (sh[thread][j], 8 floats a thread) made every access an 8-way
 // bank conflict, ~2 us a call: on an H100, WRN-28-10's statistics at 16x16x320
 // took 11.3 us against 9.0 now, the backward's sums at 8x8x640 12.4 against
-// 10.3 (.bench probe, one run, issue 14). The blocks' partials
+// 10.3 (scripts/probes/bn_reduce_probe.cu, one run, issue 14). The blocks' partials
 // are summed in a finalize kernel where 32 lanes per channel read them and a
 // tree sums the lanes (Note [Statistics by a common shift]). The first
 // version (one bf16 per thread, a Welford update with a division per element,
