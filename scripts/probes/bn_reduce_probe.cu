@@ -4,10 +4,11 @@
 // warm) and GB/s, beside a plain read and copy of the same bytes. "in1" is
 // the statistics (sum d, sum d^2), "in2" the backward's sums (two inputs).
 // Variants: rows as a contiguous slice per block or a stride over all blocks
-// ("inter"), 4 or 8 loads in flight a thread ("L"), blocks per SM; red2
-// (predicated tail) and red3 (software pipelined) are kept for reference,
-// red4 is the shared-memory layout that shipped (Note [NHWC column
-// reductions] in src/chorus/cuda/batch_norm_nhwc.cu). Standalone:
+// ("inter"), 4 or 8 loads in flight a thread ("L"), blocks per SM, and the
+// block tree's shared memory thread-major or channel-major (the layout that
+// shipped: Note [NHWC column reductions] in src/chorus/cuda/batch_norm_nhwc.cu).
+// (Predicated tails and software-pipelined loads were tried here too, and
+// were slower.) Standalone:
 //   nvcc -O3 -std=c++17 -arch=sm_90 --extended-lambda -o bn_reduce_probe scripts/probes/bn_reduce_probe.cu
 //   ./bn_reduce_probe        # the table;  ./bn_reduce_probe 1   # one launch each, for ncu
 #include <cuda_bf16.h>
@@ -18,7 +19,7 @@
 typedef __nv_bfloat16 bf;
 struct alignas(16) P8 { bf v[8]; };
 
-template <int kLoads, bool kInter, int kIn>
+template <int kLoads, bool kInter, int kIn, bool kChannelMajor = false>
 __global__ void __launch_bounds__(256) red(const bf* __restrict__ x, const bf* __restrict__ x2, long m, long c, long rows_per_block, float* __restrict__ pa, float* __restrict__ pb) {
   const long col0 = ((long)blockIdx.x * blockDim.x + threadIdx.x) * 8;
   float k[8], s1[8], s2[8];
@@ -48,156 +49,20 @@ __global__ void __launch_bounds__(256) red(const bf* __restrict__ x, const bf* _
     }
     for (; r < r1; r += step) { P8 a = *(const P8*)(x + r * c + col0); P8 b = a; if (kIn == 2) b = *(const P8*)(x2 + r * c + col0); add(a, b); }
   }
+  // Thread-major (t * 8 + j: 8-way bank conflicts) or channel-major (j * 256 + t).
+  auto at = [](int t, int j) { return kChannelMajor ? j * 256 + t : t * 8 + j; };
   __shared__ float sa[256 * 8], sb[256 * 8];
   const int t = threadIdx.y * blockDim.x + threadIdx.x;
-  for (int j = 0; j < 8; ++j) { sa[t * 8 + j] = s1[j]; sb[t * 8 + j] = s2[j]; }
+  for (int j = 0; j < 8; ++j) { sa[at(t, j)] = s1[j]; sb[at(t, j)] = s2[j]; }
   unsigned h = 1; while (h * 2 < blockDim.y) h *= 2; if (blockDim.y <= 1) h = 0;
   for (unsigned half = h; half > 0; half /= 2) {
     __syncthreads();
-    if (threadIdx.y < half && threadIdx.y + half < blockDim.y) { int u = t + half * blockDim.x; for (int j = 0; j < 8; ++j) { sa[t*8+j] += sa[u*8+j]; sb[t*8+j] += sb[u*8+j]; } }
+    if (threadIdx.y < half && threadIdx.y + half < blockDim.y) { int u = t + half * blockDim.x; for (int j = 0; j < 8; ++j) { sa[at(t, j)] += sa[at(u, j)]; sb[at(t, j)] += sb[at(u, j)]; } }
   }
   if (threadIdx.y != 0 || !active) return;
-  for (int j = 0; j < 8; ++j) { pa[(long)blockIdx.y * c + col0 + j] = sa[t*8+j]; pb[(long)blockIdx.y * c + col0 + j] = sb[t*8+j]; }
+  for (int j = 0; j < 8; ++j) { pa[(long)blockIdx.y * c + col0 + j] = sa[at(t, j)]; pb[(long)blockIdx.y * c + col0 + j] = sb[at(t, j)]; }
 }
 
-
-template <int kLoads, bool kInter, int kIn>
-__global__ void __launch_bounds__(256) red4(const bf* __restrict__ x, const bf* __restrict__ x2, long m, long c, long rows_per_block, float* __restrict__ pa, float* __restrict__ pb) {
-  const long col0 = ((long)blockIdx.x * blockDim.x + threadIdx.x) * 8;
-  float k[8], s1[8], s2[8];
-  for (int j = 0; j < 8; ++j) k[j] = s1[j] = s2[j] = 0;
-  const bool active = col0 < c;
-  if (active) {
-    P8 f = *(const P8*)(x + col0);
-    for (int j = 0; j < 8; ++j) k[j] = __bfloat162float(f.v[j]);
-    auto add = [&](const P8& a, const P8& b) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float d = __bfloat162float(a.v[j]) - k[j];
-        if (kIn == 1) { s1[j] += d; s2[j] = fmaf(d, d, s2[j]); }
-        else { const float g = __bfloat162float(b.v[j]); s1[j] += g; s2[j] = fmaf(g, d, s2[j]); }
-      }
-    };
-    long r, r1, step;
-    if (kInter) { r = (long)blockIdx.y * blockDim.y + threadIdx.y; step = (long)gridDim.y * blockDim.y; r1 = m; }
-    else { long r0 = (long)blockIdx.y * rows_per_block; r1 = min(m, r0 + rows_per_block); r = r0 + threadIdx.y; step = blockDim.y; }
-    constexpr int R = kLoads / kIn;
-    for (; r + (R - 1) * step < r1; r += R * step) {
-      P8 a[R], b[R];
-#pragma unroll
-      for (int u = 0; u < R; ++u) { a[u] = *(const P8*)(x + (r + u * step) * c + col0); if (kIn == 2) b[u] = *(const P8*)(x2 + (r + u * step) * c + col0); }
-#pragma unroll
-      for (int u = 0; u < R; ++u) add(a[u], b[u]);
-    }
-    for (; r < r1; r += step) { P8 a = *(const P8*)(x + r * c + col0); P8 b = a; if (kIn == 2) b = *(const P8*)(x2 + r * c + col0); add(a, b); }
-  }
-  __shared__ float sa[256 * 8], sb[256 * 8];
-  const int t = threadIdx.y * blockDim.x + threadIdx.x;
-  for (int j = 0; j < 8; ++j) { sa[j * 256 + t] = s1[j]; sb[j * 256 + t] = s2[j]; }
-  unsigned h = 1; while (h * 2 < blockDim.y) h *= 2; if (blockDim.y <= 1) h = 0;
-  for (unsigned half = h; half > 0; half /= 2) {
-    __syncthreads();
-    if (threadIdx.y < half && threadIdx.y + half < blockDim.y) { int u = t + half * blockDim.x; for (int j = 0; j < 8; ++j) { sa[j*256+t] += sa[j*256+u]; sb[j*256+t] += sb[j*256+u]; } }
-  }
-  if (threadIdx.y != 0 || !active) return;
-  for (int j = 0; j < 8; ++j) { pa[(long)blockIdx.y * c + col0 + j] = sa[j*256+t]; pb[(long)blockIdx.y * c + col0 + j] = sb[j*256+t]; }
-}
-
-
-// Variant 2: predicated batches (no serial tail), shift load not waited for before the loop.
-template <int kLoads, int kIn>
-__global__ void __launch_bounds__(256) red2(const bf* __restrict__ x, const bf* __restrict__ x2, long m, long c, long rows_per_block, float* __restrict__ pa, float* __restrict__ pb) {
-  const long col0 = ((long)blockIdx.x * blockDim.x + threadIdx.x) * 8;
-  float s1[8], s2[8];
-  for (int j = 0; j < 8; ++j) s1[j] = s2[j] = 0;
-  const bool active = col0 < c;
-  if (active) {
-    const P8 f = *(const P8*)(x + col0);
-    const long r0 = (long)blockIdx.y * rows_per_block; const long r1 = min(m, r0 + rows_per_block);
-    const long step = blockDim.y;
-    constexpr int R = kLoads / kIn;
-    for (long r = r0 + threadIdx.y; r < r1; r += R * step) {
-      P8 a[R], b[R];
-#pragma unroll
-      for (int u = 0; u < R; ++u) {
-        const long row = r + u * step;
-        if (row < r1) { a[u] = *(const P8*)(x + row * c + col0); if (kIn == 2) b[u] = *(const P8*)(x2 + row * c + col0); }
-        else { a[u] = f; b[u] = f; }
-      }
-#pragma unroll
-      for (int u = 0; u < R; ++u) {
-        const bool valid = r + u * step < r1;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const float d = __bfloat162float(a[u].v[j]) - __bfloat162float(f.v[j]);
-          if (kIn == 1) { s1[j] += d; s2[j] = fmaf(d, d, s2[j]); }
-          else { const float g = valid ? __bfloat162float(b[u].v[j]) : 0.f; s1[j] += g; s2[j] = fmaf(g, d, s2[j]); }
-        }
-      }
-    }
-  }
-  __shared__ float sa[256 * 8], sb[256 * 8];
-  const int t = threadIdx.y * blockDim.x + threadIdx.x;
-  for (int j = 0; j < 8; ++j) { sa[t * 8 + j] = s1[j]; sb[t * 8 + j] = s2[j]; }
-  unsigned h = 1; while (h * 2 < blockDim.y) h *= 2; if (blockDim.y <= 1) h = 0;
-  for (unsigned half = h; half > 0; half /= 2) {
-    __syncthreads();
-    if (threadIdx.y < half && threadIdx.y + half < blockDim.y) { int u = t + half * blockDim.x; for (int j = 0; j < 8; ++j) { sa[t*8+j] += sa[u*8+j]; sb[t*8+j] += sb[u*8+j]; } }
-  }
-  if (threadIdx.y != 0 || !active) return;
-  for (int j = 0; j < 8; ++j) { pa[(long)blockIdx.y * c + col0 + j] = sa[t*8+j]; pb[(long)blockIdx.y * c + col0 + j] = sb[t*8+j]; }
-}
-
-
-// Variant 3: software-pipelined: the next batch's loads are issued before the current batch is summed.
-template <int R, int kIn>
-__global__ void __launch_bounds__(256) red3(const bf* __restrict__ x, const bf* __restrict__ x2, long m, long c, long rows_per_block, float* __restrict__ pa, float* __restrict__ pb) {
-  const long col0 = ((long)blockIdx.x * blockDim.x + threadIdx.x) * 8;
-  float s1[8], s2[8];
-  for (int j = 0; j < 8; ++j) s1[j] = s2[j] = 0;
-  const bool active = col0 < c;
-  if (active) {
-    const P8 f = *(const P8*)(x + col0);
-    const long r0 = (long)blockIdx.y * rows_per_block; const long r1 = min(m, r0 + rows_per_block);
-    const long step = blockDim.y;
-    P8 a[R], b[R];
-    auto load = [&](long r, P8 (&aa)[R], P8 (&bb)[R]) {
-#pragma unroll
-      for (int u = 0; u < R; ++u) {
-        const long row = r + u * step;
-        if (row < r1) { aa[u] = *(const P8*)(x + row * c + col0); if (kIn == 2) bb[u] = *(const P8*)(x2 + row * c + col0); }
-      }
-    };
-    long r = r0 + threadIdx.y;
-    if (r < r1) load(r, a, b);
-    for (; r < r1; r += R * step) {
-      P8 na[R], nb[R];
-      if (r + R * step < r1) load(r + R * step, na, nb);
-#pragma unroll
-      for (int u = 0; u < R; ++u) {
-        if (r + u * step >= r1) continue;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const float d = __bfloat162float(a[u].v[j]) - __bfloat162float(f.v[j]);
-          if (kIn == 1) { s1[j] += d; s2[j] = fmaf(d, d, s2[j]); }
-          else { const float g = __bfloat162float(b[u].v[j]); s1[j] += g; s2[j] = fmaf(g, d, s2[j]); }
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < R; ++u) { a[u] = na[u]; b[u] = nb[u]; }
-    }
-  }
-  __shared__ float sa[256 * 8], sb[256 * 8];
-  const int t = threadIdx.y * blockDim.x + threadIdx.x;
-  for (int j = 0; j < 8; ++j) { sa[t * 8 + j] = s1[j]; sb[t * 8 + j] = s2[j]; }
-  unsigned h = 1; while (h * 2 < blockDim.y) h *= 2; if (blockDim.y <= 1) h = 0;
-  for (unsigned half = h; half > 0; half /= 2) {
-    __syncthreads();
-    if (threadIdx.y < half && threadIdx.y + half < blockDim.y) { int u = t + half * blockDim.x; for (int j = 0; j < 8; ++j) { sa[t*8+j] += sa[u*8+j]; sb[t*8+j] += sb[u*8+j]; } }
-  }
-  if (threadIdx.y != 0 || !active) return;
-  for (int j = 0; j < 8; ++j) { pa[(long)blockIdx.y * c + col0 + j] = sa[t*8+j]; pb[(long)blockIdx.y * c + col0 + j] = sb[t*8+j]; }
-}
 
 // elementwise reference: read x (and x2), write y (copy-like) for bandwidth ceiling
 __global__ void copyk(const P8* __restrict__ a, P8* __restrict__ b, long n) { for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) b[i] = a[i]; }
@@ -259,8 +124,8 @@ int main(int argc, char** argv) {
       float i4 = in == 1 ? run(red<4, true, 1>) : run(red<8, true, 2>);
       float i8 = in == 1 ? run(red<8, true, 1>) : run(red<16, true, 2>);
       auto gb = [&](float us) { return in * mb * 1e3 / us; };
-      float p4 = in == 1 ? run(red4<8, false, 1>) : run(red4<8, false, 2>);
-      float p8 = in == 1 ? run(red4<8, true, 1>) : run(red4<8, true, 2>);
+      float p4 = in == 1 ? run(red<8, false, 1, true>) : run(red<16, false, 2, true>);
+      float p8 = in == 1 ? run(red<8, true, 1, true>) : run(red<16, true, 2, true>);
       printf("  in%d per_sm %d blocks %ld: slice L%d %.1f (%.0f) L%d %.1f (%.0f) | inter L%d %.1f (%.0f) L%d %.1f (%.0f) | channel-major tree: slice L%d %.1f (%.0f) inter L%d %.1f (%.0f)\n", in, per_sm, rb,
              4 * in, a4, gb(a4), 8 * in, a8, gb(a8), 4 * in, i4, gb(i4), 8 * in, i8, gb(i8), 8 * in, p4, gb(p4), 8 * in, p8, gb(p8));
     }
