@@ -521,6 +521,20 @@ TEST(GradcheckNN, BatchNormReluResidualJoin) {
   EXPECT_TRUE(gradcheck(thrice, {x, w, b}));
 }
 
+// The batch norm over a sum left unsummed (Note [Residual add left to the
+// batch norm] in ops/nn.h): both outputs, s = a + b and relu(bn(s)), weighed
+// into the loss, and s used once more as a residual block's identity path.
+TEST(GradcheckNN, BatchNormReluOfASum) {
+  Tensor a = random_leaf({4, 3, 2, 3}, 176), b = random_leaf({4, 3, 2, 3}, 177);
+  Tensor w = random_leaf_in({3}, 178, 0.5, 1.5), bias = random_leaf({3}, 179);
+  Tensor rm = zeros({3}), rv = ones({3});
+  auto f = [rm, rv](L v) {
+    auto [s, y] = F::batch_norm_relu_sum(v[0], v[1], rm, rv, v[2], v[3], true, 0.1, 1e-5);
+    return add(y, mul(s, s));
+  };
+  EXPECT_TRUE(gradcheck(f, {a, b, w, bias}));
+}
+
 // The engine's side of Note [Gradient addends], with nodes of the test's own:
 // an addend is offered only where a slot expects two gradients and holds one,
 // a node that takes it returns the sum, and one a node leaves goes back to its

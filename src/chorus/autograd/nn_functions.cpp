@@ -88,11 +88,10 @@ Tensor batch_norm_train(const Tensor& x, const Tensor& running_mean, const Tenso
   });
 }
 
-Tensor batch_norm_relu_train(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
-                             const Tensor& weight, const Tensor& bias, double momentum, double eps,
-                             const Tensor& num_batches_tracked) {
-  auto [y, save_mean, save_invstd] =
-      ops::batch_norm_relu(x, weight, bias, running_mean, running_var, momentum, eps, num_batches_tracked);
+namespace {
+// Records relu(batch_norm(x)) = y, computed with the saved statistics.
+Tensor record_batch_norm_relu(const Tensor& x, const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd,
+                              const Tensor& weight, const Tensor& bias) {
   // The output is saved for the ReLU mask; the next layer saves it anyway.
   Tensor xd = x.detach(), yd = y.detach();
   Tensor wd = weight.defined() ? weight.detach() : Tensor();
@@ -114,6 +113,26 @@ Tensor batch_norm_relu_train(const Tensor& x, const Tensor& running_mean, const 
                       });
   if (out.grad_fn()) out.grad_fn()->takes_addends = true;
   return out;
+}
+}  // namespace
+
+Tensor batch_norm_relu_train(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                             const Tensor& weight, const Tensor& bias, double momentum, double eps,
+                             const Tensor& num_batches_tracked) {
+  auto [y, save_mean, save_invstd] =
+      ops::batch_norm_relu(x, weight, bias, running_mean, running_var, momentum, eps, num_batches_tracked);
+  return record_batch_norm_relu(x, y, save_mean, save_invstd, weight, bias);
+}
+
+std::pair<Tensor, Tensor> batch_norm_relu_sum_train(const Tensor& a, const Tensor& b, const Tensor& running_mean,
+                                                    const Tensor& running_var, const Tensor& weight,
+                                                    const Tensor& bias, double momentum, double eps,
+                                                    const Tensor& num_batches_tracked) {
+  auto [s, y, save_mean, save_invstd] =
+      ops::batch_norm_relu_sum(a, b, weight, bias, running_mean, running_var, momentum, eps, num_batches_tracked);
+  // s as an add's output (its gradient is both addends'), then the batch norm over s.
+  Tensor sum = record("AddBackward", s, {a, b}, [](const TensorList& g) { return TensorList{g[0], g[0]}; });
+  return {sum, record_batch_norm_relu(sum, y, save_mean, save_invstd, weight, bias)};
 }
 
 Tensor cross_entropy_mean(const Tensor& logits, const Tensor& target, double label_smoothing) {

@@ -24,6 +24,13 @@ Tensor batch_norm_train(const Tensor& x, const Tensor& running_mean, const Tenso
 Tensor batch_norm_relu_train(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                              const Tensor& weight, const Tensor& bias, double momentum, double eps,
                              const Tensor& num_batches_tracked = Tensor());
+// The same over s = a + b: (s, relu(batch_norm(s))), the add done by the
+// statistics pass where the device can (Note [Residual add left to the batch
+// norm] in ops/nn.h); s's gradient reaches a and b as an add's.
+std::pair<Tensor, Tensor> batch_norm_relu_sum_train(const Tensor& a, const Tensor& b, const Tensor& running_mean,
+                                                    const Tensor& running_var, const Tensor& weight,
+                                                    const Tensor& bias, double momentum, double eps,
+                                                    const Tensor& num_batches_tracked = Tensor());
 // Mean over the batch of the per-example cross entropy of `logits` [B, C].
 Tensor cross_entropy_mean(const Tensor& logits, const Tensor& target, double label_smoothing);
 

@@ -52,6 +52,11 @@
      overlapping y (CUDA adds it in the convolution's epilogue where cuDNN can). */               \
   void conv2d_forward_add(const Conv2dGeometry& g, const Tensor& x, const Tensor& weight,         \
                           const Tensor& residual, const Tensor& y);                               \
+  /* Whether conv(x, weight) + residual costs less left unsummed, the add done by the batch norm \
+     that reads the sum next (batch_norm_relu_sum_forward), than as conv2d_forward_add (CUDA     \
+     times both per geometry; the CPU always leaves it: the add is one pass either way). */      \
+  bool conv2d_add_defers(const Conv2dGeometry& g, const Tensor& x, const Tensor& weight,          \
+                         const Tensor& residual);                                                 \
   void conv2d_backward_input(const Conv2dGeometry& g, const Tensor& dy, const Tensor& weight,     \
                              const Tensor& dx);                                                   \
   void conv2d_backward_weight(const Conv2dGeometry& g, const Tensor& dy, const Tensor& x,         \
@@ -87,6 +92,15 @@
                                double momentum, double eps, const Tensor& y,                      \
                                const Tensor& save_mean, const Tensor& save_invstd,                \
                                const Tensor& num_batches_tracked = Tensor());                     \
+  /* s = a + b (one dtype, s's sizes), then batch_norm_relu_forward over s (Note [Residual add  \
+     left to the batch norm], ops/nn.h): one pass reads a and b, writes s and takes the          \
+     statistics on channels-last GPUs. */                                                         \
+  void batch_norm_relu_sum_forward(const Tensor& a, const Tensor& b, const Tensor& s,             \
+                                   const Tensor& gamma, const Tensor& beta,                       \
+                                   const Tensor& running_mean, const Tensor& running_var,         \
+                                   double momentum, double eps, const Tensor& y,                  \
+                                   const Tensor& save_mean, const Tensor& save_invstd,            \
+                                   const Tensor& num_batches_tracked);                            \
   /* Its backward: dy masked by y > 0, then batch_norm_backward (beta: the forward's, for       \
      backends that recompute the mask from x; may be undefined, 0). dx_addend, when defined (x's  \
      sizes, dtype and layout), is added to dx (Note [Gradient addends], autograd/node.h). */      \

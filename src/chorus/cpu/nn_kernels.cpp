@@ -200,6 +200,8 @@ void conv2d_forward_add(const Conv2dGeometry& g, const Tensor& x, const Tensor& 
   binary(BinaryOp::Add, y, residual, y, 1.0);
 }
 
+bool conv2d_add_defers(const Conv2dGeometry&, const Tensor&, const Tensor&, const Tensor&) { return true; }
+
 void conv2d_backward_input(const Conv2dGeometry& g, const Tensor& dy, const Tensor& weight,
                            const Tensor& dx) {
   const char* op = "conv2d_backward_input";
@@ -494,6 +496,15 @@ void batch_norm_relu_forward(const Tensor& x, const Tensor& gamma, const Tensor&
   batch_norm_forward(x, gamma, beta, running_mean, running_var, true, momentum, eps, y, save_mean,
                      save_invstd, num_batches_tracked);
   unary(UnaryOp::Relu, y, y, 0.0);
+}
+
+void batch_norm_relu_sum_forward(const Tensor& a, const Tensor& b, const Tensor& s, const Tensor& gamma,
+                                 const Tensor& beta, const Tensor& running_mean, const Tensor& running_var,
+                                 double momentum, double eps, const Tensor& y, const Tensor& save_mean,
+                                 const Tensor& save_invstd, const Tensor& num_batches_tracked) {
+  binary(BinaryOp::Add, a, b, s, 1.0);
+  batch_norm_relu_forward(s, gamma, beta, running_mean, running_var, momentum, eps, y, save_mean, save_invstd,
+                          num_batches_tracked);
 }
 
 void batch_norm_relu_backward(const Tensor& dy, const Tensor& y, const Tensor& x,

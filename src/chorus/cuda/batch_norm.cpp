@@ -105,7 +105,8 @@ namespace {
 void forward_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                   const Tensor& running_mean, const Tensor& running_var, bool training,
                   double momentum, double eps, const Tensor& y, const Tensor& save_mean,
-                  const Tensor& save_invstd, bool relu, const Tensor& num_batches_tracked) {
+                  const Tensor& save_invstd, bool relu, const Tensor& num_batches_tracked,
+                  const Tensor& sum_a = Tensor(), const Tensor& sum_b = Tensor()) {
   const char* op = relu ? "batch_norm_relu_forward" : "batch_norm_forward";
   check_same(op, x, "x", y, "y");
   if (num_batches_tracked.defined())
@@ -153,9 +154,15 @@ void forward_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
   const Tensor rv = float_input(op, running_var, "running_var", c, 1.0, device);
   const Tensor sm = float_output(op, save_mean, "save_mean", c, device);
   const Tensor si = float_output(op, save_invstd, "save_invstd", c, device);
+  if (sum_b.defined() && !nhwc) binary(BinaryOp::Add, sum_a, sum_b, x, 1.0);
   if (nhwc) {
     // The counter is incremented by the statistics' finalize kernel.
-    batch_norm_nhwc_forward_train(x, g, b, rm, rv, momentum, eps, y, sm, si, relu, num_batches_tracked);
+    if (sum_b.defined()) {
+      batch_norm_nhwc_forward_train_sum(sum_a, sum_b, x, g, b, rm, rv, momentum, eps, y, sm, si, relu,
+                                        num_batches_tracked);
+    } else {
+      batch_norm_nhwc_forward_train(x, g, b, rm, rv, momentum, eps, y, sm, si, relu, num_batches_tracked);
+    }
   } else {
     if (num_batches_tracked.defined()) unary(UnaryOp::AddScalar, num_batches_tracked, num_batches_tracked, 1.0);
     const TensorDesc x_desc = desc_of(xs, x.dtype(), op), y_desc = desc_of(ys, y.dtype(), op);
@@ -255,6 +262,29 @@ void batch_norm_relu_forward(const Tensor& x, const Tensor& gamma, const Tensor&
                              const Tensor& num_batches_tracked) {
   forward_impl(x, gamma, beta, running_mean, running_var, true, momentum, eps, y, save_mean,
                save_invstd, true, num_batches_tracked);
+}
+
+void batch_norm_relu_sum_forward(const Tensor& a, const Tensor& b, const Tensor& s, const Tensor& gamma,
+                                 const Tensor& beta, const Tensor& running_mean, const Tensor& running_var,
+                                 double momentum, double eps, const Tensor& y, const Tensor& save_mean,
+                                 const Tensor& save_invstd, const Tensor& num_batches_tracked) {
+  const char* op = "batch_norm_relu_sum_forward";
+  check_same(op, a, "a", s, "s");
+  check_same(op, b, "b", s, "s");
+  check_same(op, s, "s", y, "y");
+  CHORUS_CHECK(a.device() == s.device() && b.device() == s.device(), op, ": a ", a.describe(), " and b ",
+               b.describe(), " must be on ", s.device().str());
+  // One pass for the sum and the statistics where all four are channels-last
+  // (the NHWC kernels); elsewhere the add, then the batch norm.
+  // (forward_impl adds first where x and y take cuDNN's path after all.)
+  if (a.dim() == 4 && is_dense_in(a, Layout::NHWC) && is_dense_in(b, Layout::NHWC)) {
+    forward_impl(s, gamma, beta, running_mean, running_var, true, momentum, eps, y, save_mean, save_invstd, true,
+                 num_batches_tracked, a, b);
+    return;
+  }
+  binary(BinaryOp::Add, a, b, s, 1.0);
+  forward_impl(s, gamma, beta, running_mean, running_var, true, momentum, eps, y, save_mean, save_invstd, true,
+               num_batches_tracked);
 }
 
 void batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,

@@ -186,11 +186,23 @@ __device__ __forceinline__ void sum_partials(const float* __restrict__ pa, const
   }
 }
 
-// partial[b, c] = (sum d, sum d^2) of column c over row block b, d = x - x[0, c]
-// (Note [Statistics by a common shift]), kVec channels per thread.
+// The pack a + b, rounded to T as a separate add would round it
+// (Note [Residual add left to the batch norm]).
 template <typename T, int kVec>
+__device__ __forceinline__ Pack<T, kVec> sum_pack(const Pack<T, kVec>& a, const Pack<T, kVec>& b) {
+  Pack<T, kVec> out;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) out.v[j] = convert<T>(to_acc(a.v[j]) + to_acc(b.v[j]));
+  return out;
+}
+
+// partial[b, c] = (sum d, sum d^2) of column c over row block b, d = x - x[0, c]
+// (Note [Statistics by a common shift]), kVec channels per thread. With kSum,
+// x is a + b, written to x as it is summed (Note [Residual add left to the
+// batch norm]): two loads a row, so half the rows in flight.
+template <typename T, int kVec, bool kSum>
 __global__ void __launch_bounds__(kBlockThreads)
-    stats_partial_kernel(const T* __restrict__ x, int64_t m, int64_t c,
+    stats_partial_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ x, int64_t m, int64_t c,
                          float* __restrict__ ps1, float* __restrict__ ps2) {
   const int64_t col0 = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) * kVec;
   float k[kVec], s1[kVec], s2[kVec];
@@ -198,7 +210,12 @@ __global__ void __launch_bounds__(kBlockThreads)
   for (int j = 0; j < kVec; ++j) k[j] = s1[j] = s2[j] = 0.0f;
   const bool active = col0 < c;
   if (active) {
-    const Pack<T, kVec> first = *reinterpret_cast<const Pack<T, kVec>*>(x + col0);
+    auto row_pack = [&](int64_t r) {
+      const Pack<T, kVec> pa = *reinterpret_cast<const Pack<T, kVec>*>(a + r * c + col0);
+      if constexpr (!kSum) return pa;
+      else return sum_pack(pa, *reinterpret_cast<const Pack<T, kVec>*>(b + r * c + col0));
+    };
+    const Pack<T, kVec> first = row_pack(0);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) k[j] = to_acc(first.v[j]);
     auto add = [&](const Pack<T, kVec>& in) {
@@ -209,17 +226,30 @@ __global__ void __launch_bounds__(kBlockThreads)
         s2[j] = fmaf(d, d, s2[j]);
       }
     };
-    constexpr int kPartialRows = kPartialLoads;
+    constexpr int kPartialRows = kSum ? kPartialLoads / 2 : kPartialLoads;
     const int64_t step = int64_t{gridDim.y} * blockDim.y, r1 = m;  // Note [NHWC column reductions]
     int64_t r = int64_t{blockIdx.y} * blockDim.y + threadIdx.y;
     for (; r + (kPartialRows - 1) * step < r1; r += kPartialRows * step) {
-      Pack<T, kVec> in[kPartialRows];
+      Pack<T, kVec> in[kPartialRows], in_b[kSum ? kPartialRows : 1];
 #pragma unroll
-      for (int u = 0; u < kPartialRows; ++u) in[u] = *reinterpret_cast<const Pack<T, kVec>*>(x + (r + u * step) * c + col0);
+      for (int u = 0; u < kPartialRows; ++u) {
+        in[u] = *reinterpret_cast<const Pack<T, kVec>*>(a + (r + u * step) * c + col0);
+        if constexpr (kSum) in_b[u] = *reinterpret_cast<const Pack<T, kVec>*>(b + (r + u * step) * c + col0);
+      }
 #pragma unroll
-      for (int u = 0; u < kPartialRows; ++u) add(in[u]);
+      for (int u = 0; u < kPartialRows; ++u) {
+        if constexpr (kSum) {
+          in[u] = sum_pack(in[u], in_b[u]);
+          *reinterpret_cast<Pack<T, kVec>*>(x + (r + u * step) * c + col0) = in[u];
+        }
+        add(in[u]);
+      }
     }
-    for (; r < r1; r += step) add(*reinterpret_cast<const Pack<T, kVec>*>(x + r * c + col0));
+    for (; r < r1; r += step) {
+      const Pack<T, kVec> in = row_pack(r);
+      if constexpr (kSum) *reinterpret_cast<Pack<T, kVec>*>(x + r * c + col0) = in;
+      add(in);
+    }
   }
   write_block_column_sums<kVec>(s1, s2, active, c, col0, ps1, ps2);
 }
@@ -558,17 +588,22 @@ unsigned final_blocks(int64_t c) { return static_cast<unsigned>((c + kFinalCols 
 
 }  // namespace
 
-void batch_norm_nhwc_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                   const Tensor& running_mean, const Tensor& running_var,
-                                   double momentum, double eps, const Tensor& y,
-                                   const Tensor& save_mean, const Tensor& save_invstd, bool relu,
-                                   const Tensor& num_batches_tracked) {
+namespace {
+
+// The training forward over x, or over x = a + b written as the statistics
+// are taken when `b` is defined (Note [Residual add left to the batch norm]).
+void forward_train(const Tensor& a, const Tensor& b, const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                   const Tensor& running_mean, const Tensor& running_var, double momentum, double eps,
+                   const Tensor& y, const Tensor& save_mean, const Tensor& save_invstd, bool relu,
+                   const Tensor& num_batches_tracked) {
   const int device = x.device().index;
   const int64_t c = channels(x), m = x.numel() / c;
   cudaStream_t stream = current_stream(device);
   dispatch_float(x.dtype(), "batch_norm_forward", [&]<typename T>() {
-    const T* xp = static_cast<const T*>(x.raw_data());
-    const int vec = pack_width<T>(c, {xp});
+    const T* ap = static_cast<const T*>(a.raw_data());
+    const T* bp = b.defined() ? static_cast<const T*>(b.raw_data()) : nullptr;
+    T* xp = static_cast<T*>(x.raw_data());
+    const int vec = bp ? pack_width<T>(c, {ap, bp, xp}) : pack_width<T>(c, {xp});
     const Grid g = column_grid(m, c, vec, device);
     const int64_t blocks = g.grid.y;
     Tensor partial = scratch(2 * blocks * c, x.device()), coef = scratch(2 * c, x.device());
@@ -577,7 +612,11 @@ void batch_norm_nhwc_forward_train(const Tensor& x, const Tensor& gamma, const T
     float* scale = f32(coef);
     float* shift = scale + c;
     with_pack_width<T>(vec, [&]<int kVec>() {
-      stats_partial_kernel<T, kVec><<<g.grid, g.block, 0, stream>>>(xp, m, c, ps1, ps2);
+      if (bp) {
+        stats_partial_kernel<T, kVec, true><<<g.grid, g.block, 0, stream>>>(ap, bp, xp, m, c, ps1, ps2);
+      } else {
+        stats_partial_kernel<T, kVec, false><<<g.grid, g.block, 0, stream>>>(xp, nullptr, nullptr, m, c, ps1, ps2);
+      }
     });
     CHORUS_CUDA_LAUNCH_CHECK();
     stats_finalize_kernel<T><<<final_blocks(c), dim3(kFinalCols, kFinalRows), 0, stream>>>(
@@ -588,6 +627,25 @@ void batch_norm_nhwc_forward_train(const Tensor& x, const Tensor& gamma, const T
     CHORUS_CUDA_LAUNCH_CHECK();
     launch_affine<T>(x, y, c, scale, shift, device, relu);
   });
+}
+
+}  // namespace
+
+void batch_norm_nhwc_forward_train(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                   const Tensor& running_mean, const Tensor& running_var,
+                                   double momentum, double eps, const Tensor& y,
+                                   const Tensor& save_mean, const Tensor& save_invstd, bool relu,
+                                   const Tensor& num_batches_tracked) {
+  forward_train(x, Tensor(), x, gamma, beta, running_mean, running_var, momentum, eps, y, save_mean, save_invstd,
+                relu, num_batches_tracked);
+}
+
+void batch_norm_nhwc_forward_train_sum(const Tensor& a, const Tensor& b, const Tensor& x, const Tensor& gamma,
+                                       const Tensor& beta, const Tensor& running_mean, const Tensor& running_var,
+                                       double momentum, double eps, const Tensor& y, const Tensor& save_mean,
+                                       const Tensor& save_invstd, bool relu, const Tensor& num_batches_tracked) {
+  forward_train(a, b, x, gamma, beta, running_mean, running_var, momentum, eps, y, save_mean, save_invstd, relu,
+                num_batches_tracked);
 }
 
 void batch_norm_nhwc_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,

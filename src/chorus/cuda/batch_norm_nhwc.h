@@ -27,6 +27,15 @@ void batch_norm_nhwc_forward_train(const Tensor& x, const Tensor& gamma, const T
                                    const Tensor& save_mean, const Tensor& save_invstd,
                                    bool relu = false, const Tensor& num_batches_tracked = Tensor());
 
+// The same over x = a + b (a, b dense channels-last like x), x written by the
+// statistics pass as it reads a and b (Note [Residual add left to the batch
+// norm] in ops/nn.h): one pass fewer than the add and then the statistics.
+void batch_norm_nhwc_forward_train_sum(const Tensor& a, const Tensor& b, const Tensor& x, const Tensor& gamma,
+                                       const Tensor& beta, const Tensor& running_mean, const Tensor& running_var,
+                                       double momentum, double eps, const Tensor& y, const Tensor& save_mean,
+                                       const Tensor& save_invstd, bool relu,
+                                       const Tensor& num_batches_tracked = Tensor());
+
 void batch_norm_nhwc_forward_eval(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                   const Tensor& running_mean, const Tensor& running_var,
                                   double eps, const Tensor& y);

@@ -701,6 +701,8 @@ bool conv_graph_enabled() {
   return enabled;
 }
 
+bool conv_search_log() { return search_log(); }
+
 bool run_conv_graph(ConvDirection dir, const Conv2dGeometry& g, DType dtype, Layout layout,
                     int device, const ConvOperands& ops) {
   if (!conv_graph_enabled()) return false;

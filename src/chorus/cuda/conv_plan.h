@@ -79,6 +79,9 @@ struct ConvSearchCounts {
 };
 ConvSearchCounts conv_search_counts();
 
+// CHORUS_CONV_SEARCH_LOG set (not 0): the searches print what they time.
+bool conv_search_log();
+
 // Whether the graph path is enabled (CHORUS_CUDNN_LEGACY unset or 0).
 bool conv_graph_enabled();
 

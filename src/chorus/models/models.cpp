@@ -81,6 +81,14 @@ Tensor PreActBlock::forward(const Tensor& x) {
   return std::static_pointer_cast<nn::Conv2d>(child(*this, 3))->forward_add(bn_relu(child(*this, 2), y), shortcut);
 }
 
+std::pair<Tensor, Tensor> PreActBlock::forward_unsummed(const Tensor& a, const Tensor& b) {
+  auto [x, o] = std::static_pointer_cast<nn::BatchNorm2d>(child(*this, 0))->forward_relu_sum(a, b);
+  Tensor y = child(*this, 1)->forward(o);
+  Tensor shortcut = named_children().size() > 4 ? child(*this, 4)->forward(o) : x;
+  return std::static_pointer_cast<nn::Conv2d>(child(*this, 3))->forward_add_unsummed(bn_relu(child(*this, 2), y),
+                                                                                    shortcut);
+}
+
 WideResNet::WideResNet(WideResNetOptions o) : Module("WideResNet"), opts_(o) {
   check_spec(o.spec, "WideResNet");
   CHORUS_CHECK(o.depth >= 10 && (o.depth - 4) % 6 == 0, "WideResNet: depth must be 6n+4 (e.g. 16, 28), got ", o.depth);
@@ -102,7 +110,20 @@ WideResNet::WideResNet(WideResNetOptions o) : Module("WideResNet"), opts_(o) {
   register_module("fc", std::make_shared<nn::Linear>(cin, o.spec.classes));
 }
 Tensor WideResNet::forward(const Tensor& x) {
-  Tensor h = bn_relu(child(*this, 1), child(*this, 0)->forward(x));
+  // The blocks pass their outputs on unsummed, each add done by the next
+  // batch norm where that is cheaper (Note [Residual add left to the batch
+  // norm] in ops/nn.h); as_sequential's layers sum them as they go.
+  const auto& layers = child(*this, 0)->named_children();
+  Tensor a = layers[0].second->forward(x), b;
+  for (size_t i = 1; i < layers.size(); ++i) {
+    if (auto block = std::dynamic_pointer_cast<PreActBlock>(layers[i].second)) {
+      std::tie(a, b) = block->forward_unsummed(a, b);
+    } else {  // a layer put in place of a block: it takes the sum
+      a = layers[i].second->forward(b.defined() ? chorus::add(a, b) : a);
+      b = Tensor();
+    }
+  }
+  Tensor h = std::static_pointer_cast<nn::BatchNorm2d>(child(*this, 1))->forward_relu_sum(a, b).second;
   h = nn::functional::adaptive_avg_pool2d(h, 1, 1).flatten(1);
   return child(*this, 2)->forward(h);
 }

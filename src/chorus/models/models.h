@@ -51,6 +51,11 @@ class PreActBlock : public nn::Module {
  public:
   explicit PreActBlock(PreActBlockOptions o);
   Tensor forward(const Tensor& x) override;
+  // forward(a + b) left unsummed: the block's input as two addends (b may be
+  // undefined), its output as conv2's result and the shortcut, or the sum
+  // and undefined (Note [Residual add left to the batch norm] in ops/nn.h).
+  // WideResNet chains its blocks this way; forward() is the summed form.
+  std::pair<Tensor, Tensor> forward_unsummed(const Tensor& a, const Tensor& b);
   PreActBlockOptions options_for_clone() const { return opts_; }
   CHORUS_MODULE_CLONEABLE(PreActBlock)
  private:

@@ -68,6 +68,27 @@ Tensor conv2d_add(const Tensor& x, const Tensor& weight, const Tensor& bias, con
   return autograd::conv2d_add(x, weight, residual, p);
 }
 
+std::pair<Tensor, Tensor> conv2d_add_unsummed(const Tensor& x, const Tensor& weight, const Tensor& residual,
+                                              const Conv2dParams& p) {
+  detail::check_defined(x, "conv2d_add_unsummed", "input");
+  detail::check_defined(weight, "conv2d_add_unsummed", "weight");
+  detail::check_defined(residual, "conv2d_add_unsummed", "residual");
+  if (auto dt = autocast_dtype(x)) {
+    if (dtype_size(residual.dtype()) > dtype_size(*dt)) return {functional::conv2d_add(x, weight, Tensor(), residual, p), Tensor()};
+    if (x.dtype() != *dt || weight.dtype() != *dt || residual.dtype() != *dt) {
+      AutocastGuard off(std::nullopt);
+      // Weights: Note [Autocast weight copies].
+      return functional::conv2d_add_unsummed(chorus::to_dtype(x, *dt), autocast_weight(weight, *dt),
+                                             chorus::to_dtype(residual, *dt), p);
+    }
+  }
+  if (residual.dtype() != x.dtype() || weight.dtype() != x.dtype() || residual.device() != x.device())
+    return {functional::conv2d_add(x, weight, Tensor(), residual, p), Tensor()};
+  if (ops::conv2d_add_defers(x.detach(), weight.detach(), residual.detach(), p))
+    return {autograd::conv2d(x, weight, Tensor(), p), residual};
+  return {autograd::conv2d_add(x, weight, residual, p), Tensor()};
+}
+
 Tensor max_pool2d(const Tensor& x, const Pool2dParams& p) { return autograd::max_pool2d(x, p); }
 
 Tensor avg_pool2d(const Tensor& x, const Pool2dParams& p) { return autograd::avg_pool2d(x, p); }
@@ -106,6 +127,22 @@ Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor
   if (!training) return chorus::relu(batch_norm(x, running_mean, running_var, weight, bias, false, momentum, eps));
   return autograd::batch_norm_relu_train(x, running_mean, running_var, weight, bias, momentum, eps,
                                          num_batches_tracked);
+}
+
+std::pair<Tensor, Tensor> batch_norm_relu_sum(const Tensor& a, const Tensor& b, const Tensor& running_mean,
+                                              const Tensor& running_var, const Tensor& weight, const Tensor& bias,
+                                              bool training, double momentum, double eps,
+                                              const Tensor& num_batches_tracked) {
+  detail::check_defined(a, "batch_norm_relu_sum", "a");
+  const bool fusable = b.defined() && training && b.sizes() == a.sizes() && b.dtype() == a.dtype() &&
+                       b.device() == a.device();
+  if (!fusable) {
+    const Tensor s = b.defined() ? chorus::add(a, b) : a;
+    return {s, batch_norm_relu(s, running_mean, running_var, weight, bias, training, momentum, eps,
+                               num_batches_tracked)};
+  }
+  return autograd::batch_norm_relu_sum_train(a, b, running_mean, running_var, weight, bias, momentum, eps,
+                                             num_batches_tracked);
 }
 
 Tensor dropout(const Tensor& x, double p, bool training) {

@@ -18,6 +18,12 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
 // residual of another dtype or device, the two ops.
 Tensor conv2d_add(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& residual,
                   const Conv2dParams& p);
+// conv2d(x, weight) + residual as conv2d_add computes it, or left unsummed
+// where the device finds that cheaper (Note [Residual add left to the batch
+// norm] in ops/nn.h): {sum, undefined} or {conv2d(x, weight), residual}, for
+// batch_norm_relu_sum to add. No bias.
+std::pair<Tensor, Tensor> conv2d_add_unsummed(const Tensor& x, const Tensor& weight, const Tensor& residual,
+                                              const Conv2dParams& p);
 Tensor max_pool2d(const Tensor& x, const Pool2dParams& p);
 Tensor avg_pool2d(const Tensor& x, const Pool2dParams& p);
 Tensor adaptive_avg_pool2d(const Tensor& x, int64_t out_h, int64_t out_w);
@@ -32,6 +38,12 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
 Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                        const Tensor& weight, const Tensor& bias, bool training, double momentum = 0.1,
                        double eps = 1e-5, const Tensor& num_batches_tracked = Tensor());
+// {s, relu(batch_norm(s))} for s = a + b (b may be undefined: s = a): in
+// training on a channels-last GPU the add is done by the statistics pass.
+std::pair<Tensor, Tensor> batch_norm_relu_sum(const Tensor& a, const Tensor& b, const Tensor& running_mean,
+                                              const Tensor& running_var, const Tensor& weight, const Tensor& bias,
+                                              bool training, double momentum = 0.1, double eps = 1e-5,
+                                              const Tensor& num_batches_tracked = Tensor());
 Tensor dropout(const Tensor& x, double p, bool training);
 // Mean cross entropy of logits [B, C] against int64 targets [B].
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_smoothing = 0.0);

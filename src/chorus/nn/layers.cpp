@@ -1,6 +1,7 @@
 #include "chorus/nn/layers.h"
 
 #include <cmath>
+#include <typeinfo>
 
 #include "chorus/autograd/functions.h"
 #include "chorus/autograd/grad_mode.h"
@@ -63,6 +64,12 @@ Tensor Conv2d::forward_add(const Tensor& x, const Tensor& residual) {
                              opts_.dilation, opts_.dilation, opts_.groups};
   return functional::conv2d_add(on_own_device(x), weight(), bias(), on_own_device(residual), p);
 }
+std::pair<Tensor, Tensor> Conv2d::forward_add_unsummed(const Tensor& x, const Tensor& residual) {
+  CHORUS_CHECK(!opts_.bias, "Conv2d::forward_add_unsummed: the convolution has a bias");
+  functional::Conv2dParams p{opts_.stride, opts_.stride, opts_.padding, opts_.padding,
+                             opts_.dilation, opts_.dilation, opts_.groups};
+  return functional::conv2d_add_unsummed(on_own_device(x), weight(), on_own_device(residual), p);
+}
 std::string Conv2d::extra_repr() const {
   return cat_repr({{"in", double(opts_.in)}, {"out", double(opts_.out)}, {"kernel", double(opts_.kernel)},
                    {"stride", double(opts_.stride)}, {"padding", double(opts_.padding)}}) +
@@ -82,6 +89,24 @@ BatchNorm2d::BatchNorm2d(BatchNorm2dOptions o, std::string type_name) : Module(s
 }
 Tensor BatchNorm2d::forward(const Tensor& x) { return run(x, false); }
 Tensor BatchNorm2d::forward_relu(const Tensor& x) { return run(x, true); }
+std::pair<Tensor, Tensor> BatchNorm2d::forward_relu_sum(const Tensor& a, const Tensor& b) {
+  if (!b.defined()) return {a, forward_relu(a)};
+  if (typeid(*this) != typeid(BatchNorm2d)) {  // a subclass's own forward (SyncBatchNorm's)
+    const Tensor s = chorus::add(a, b);
+    return {s, forward_relu(s)};
+  }
+  const Tensor x = on_own_device(a);
+  CHORUS_CHECK(x.dim() == 4 || x.dim() == 2, "BatchNorm2d: expected [N, C, H, W], got ", x.describe());
+  CHORUS_CHECK(x.size(1) == opts_.features, "BatchNorm2d: input has ", x.size(1), " channels, expected ",
+               opts_.features);
+  auto& bufs = own_buffers();
+  Tensor w = opts_.affine ? own_parameters()[0].second : Tensor();
+  Tensor bias = opts_.affine ? own_parameters()[1].second : Tensor();
+  const bool count = is_training() && !recomputing();  // as run()
+  return functional::batch_norm_relu_sum(x, on_own_device(b), bufs[0].second, bufs[1].second, w, bias,
+                                         is_training(), count ? opts_.momentum : 0.0, opts_.eps,
+                                         count ? bufs[2].second : Tensor());
+}
 Tensor BatchNorm2d::run(const Tensor& input, bool relu) {
   const Tensor x = on_own_device(input);
   CHORUS_CHECK(x.dim() == 4 || x.dim() == 2, "BatchNorm2d: expected [N, C, H, W], got ", x.describe());

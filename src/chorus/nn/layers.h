@@ -40,6 +40,10 @@ class Conv2d : public Module {
   // forward(x) + residual, the add in the convolution's epilogue on a GPU
   // (functional::conv2d_add): a residual block's last convolution.
   Tensor forward_add(const Tensor& x, const Tensor& residual);
+  // The same left unsummed where the device finds that cheaper: {sum,
+  // undefined} or {forward(x), residual}, for the next batch norm's
+  // forward_relu_sum to add (functional::conv2d_add_unsummed). No bias.
+  std::pair<Tensor, Tensor> forward_add_unsummed(const Tensor& x, const Tensor& residual);
   Tensor& weight() { return own_parameters()[0].second; }
   Tensor bias() { return opts_.bias ? own_parameters()[1].second : Tensor(); }
   std::string extra_repr() const override;
@@ -66,6 +70,10 @@ class BatchNorm2d : public Module {
   Tensor forward(const Tensor& x) override;
   // relu(forward(x)) in one fused pass when training (functional::batch_norm_relu).
   Tensor forward_relu(const Tensor& x);
+  // {s, forward_relu(s)} for s = a + b (b undefined: s = a), the add done by
+  // the statistics pass where it can (functional::batch_norm_relu_sum). A
+  // subclass (SyncBatchNorm) adds first and runs its own forward_relu.
+  std::pair<Tensor, Tensor> forward_relu_sum(const Tensor& a, const Tensor& b);
   std::string extra_repr() const override;
   BatchNorm2dOptions options_for_clone() const { return opts_; }
   CHORUS_MODULE_CLONEABLE(BatchNorm2d)

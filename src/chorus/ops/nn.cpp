@@ -83,6 +83,16 @@ Tensor conv2d_add(const Tensor& x, const Tensor& w, const Tensor& residual, cons
   return y;
 }
 
+bool conv2d_add_defers(const Tensor& x, const Tensor& w, const Tensor& residual, const Conv2dParams& p) {
+  const Conv2dGeometry g = conv2d_geometry(x, w, p);
+  if (residual.sizes() != Shape{g.n, g.c_out, g.out_h(), g.out_w()} || residual.dtype() != x.dtype() ||
+      w.dtype() != x.dtype() || residual.device() != x.device() || w.device() != x.device())
+    return true;  // conv2d_add would not fuse these either
+  const Device dev = x.device();
+  Tensor xx = prepare(x, dev);
+  return CHORUS_KERNEL(dev, conv2d_add_defers, g, xx, prepare(w, dev), grad_in_layout(residual, dev, cl(xx)));
+}
+
 Tensor conv2d_backward_input(const Tensor& dy, const Tensor& x, const Tensor& w, const Conv2dParams& p) {
   Conv2dGeometry g = conv2d_geometry(x, w, p);
   Device dev = dy.device();
@@ -175,10 +185,14 @@ Tensor adaptive_avg_pool2d_backward(const Tensor& dy, const Tensor& x) {
 }
 
 namespace {
-std::tuple<Tensor, Tensor, Tensor> batch_norm_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
-                                                   const Tensor& running_mean, const Tensor& running_var,
-                                                   bool training, double momentum, double eps, bool relu,
-                                                   const Tensor& num_batches_tracked) {
+// (x or x + addend, y, save_mean, save_invstd); with an addend (training, relu)
+// the batch norm runs over the sum, which the kernel writes (Note [Residual
+// add left to the batch norm] in ops/nn.h).
+std::tuple<Tensor, Tensor, Tensor, Tensor> batch_norm_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta,
+                                                           const Tensor& running_mean, const Tensor& running_var,
+                                                           bool training, double momentum, double eps, bool relu,
+                                                           const Tensor& num_batches_tracked,
+                                                           const Tensor& addend = Tensor()) {
   CHORUS_CHECK(x.dim() == 2 || x.dim() == 4, "batch_norm: expected input [N, C] or [N, C, H, W], got ",
                x.describe());
   const int64_t c = x.size(1);
@@ -208,7 +222,12 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_impl(const Tensor& x, const Tensor
   Tensor g = gamma.defined() ? prepare(gamma, dev) : Tensor();
   Tensor b = beta.defined() ? prepare(beta, dev) : Tensor();
   const Tensor counter = training ? num_batches_tracked : Tensor();
-  if (relu) {
+  Tensor sum = xx;
+  if (addend.defined()) {
+    sum = empty_with_layout(x.sizes(), x.dtype(), dev, cl(xx));
+    CHORUS_KERNEL(dev, batch_norm_relu_sum_forward, xx, grad_in_layout(addend, dev, cl(xx)), sum, g, b,
+                  running_mean, running_var, momentum, eps, y, sm, si, counter);
+  } else if (relu) {
     CHORUS_KERNEL(dev, batch_norm_relu_forward, xx, g, b, running_mean, running_var, momentum, eps, y, sm, si,
                   counter);
   } else {
@@ -220,7 +239,7 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm_impl(const Tensor& x, const Tensor
     running_var.bump_version();
   }
   if (counter.defined()) counter.bump_version();
-  return {y, sm, si};
+  return {sum, y, sm, si};
 }
 
 std::tuple<Tensor, Tensor, Tensor> batch_norm_backward_impl(const Tensor& dy, const Tensor& y, const Tensor& x,
@@ -249,16 +268,31 @@ std::tuple<Tensor, Tensor, Tensor> batch_norm(const Tensor& x, const Tensor& gam
                                               const Tensor& running_mean, const Tensor& running_var,
                                               bool training, double momentum, double eps,
                                               const Tensor& num_batches_tracked) {
-  return batch_norm_impl(x, gamma, beta, running_mean, running_var, training, momentum, eps, false,
-                         num_batches_tracked);
+  auto [s, y, sm, si] = batch_norm_impl(x, gamma, beta, running_mean, running_var, training, momentum, eps, false,
+                                        num_batches_tracked);
+  return {y, sm, si};
 }
 
 std::tuple<Tensor, Tensor, Tensor> batch_norm_relu(const Tensor& x, const Tensor& gamma, const Tensor& beta,
                                                    const Tensor& running_mean, const Tensor& running_var,
                                                    double momentum, double eps,
                                                    const Tensor& num_batches_tracked) {
-  return batch_norm_impl(x, gamma, beta, running_mean, running_var, true, momentum, eps, true,
-                         num_batches_tracked);
+  auto [s, y, sm, si] = batch_norm_impl(x, gamma, beta, running_mean, running_var, true, momentum, eps, true,
+                                        num_batches_tracked);
+  return {y, sm, si};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> batch_norm_relu_sum(const Tensor& a, const Tensor& b, const Tensor& gamma,
+                                                               const Tensor& beta, const Tensor& running_mean,
+                                                               const Tensor& running_var, double momentum,
+                                                               double eps, const Tensor& num_batches_tracked) {
+  detail::check_defined(a, "batch_norm_relu_sum", "a");
+  detail::check_defined(b, "batch_norm_relu_sum", "b");
+  CHORUS_CHECK(a.sizes() == b.sizes() && a.dtype() == b.dtype() && a.device() == b.device(),
+               "batch_norm_relu_sum: the addends ", a.describe(), " and ", b.describe(),
+               " must share shape, dtype and device");
+  return batch_norm_impl(a, gamma, beta, running_mean, running_var, true, momentum, eps, true, num_batches_tracked,
+                         b);
 }
 
 std::tuple<Tensor, Tensor, Tensor> batch_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
