@@ -24,6 +24,7 @@
 
 #include "testing/compare.h"
 #include "testing/deterministic.h"
+#include "testing/model_grads.h"
 
 namespace chorus {
 namespace {
@@ -90,17 +91,11 @@ void expect_wrn_chain_matches_layers(DType dtype) {
   const Tensor x = ops::to_channels_last(randn({8, 3, 16, 16}).to(gpu));
   const Tensor target = randint(0, 10, {8}).to(gpu);
   auto grads = [&](const nn::ModulePtr& m) {
-    model->zero_grad();
-    Tensor loss;
-    {
+    return test::loss_and_grads(*model, [&] {
       std::optional<AutocastGuard> autocast;
       if (dtype != kFloat32) autocast.emplace(dtype);
-      loss = F::cross_entropy(m->forward(x), target);
-    }
-    loss.backward();
-    std::vector<Tensor> g{loss.detach()};
-    for (const auto& [name, p] : model->named_parameters()) g.push_back(p.grad().clone());
-    return g;
+      return F::cross_entropy(m->forward(x), target);
+    });
   };
   const std::vector<Tensor> chained = grads(model), one_by_one = grads(layers);
   ASSERT_EQ(chained.size(), one_by_one.size());

@@ -13,6 +13,7 @@
 
 #include "testing/compare.h"
 #include "testing/expect_error.h"
+#include "testing/model_grads.h"
 
 namespace chorus {
 namespace {
@@ -89,12 +90,7 @@ TEST(BatchNormReluSum, WideResNetChainMatchesItsLayers) {
   const Tensor x = randn({4, 3, 8, 8});
   const Tensor target = randint(0, 5, {4});
   auto grads = [&](const nn::ModulePtr& m) {
-    model->zero_grad();
-    Tensor loss = F::cross_entropy(m->forward(x), target);
-    loss.backward();
-    std::vector<Tensor> g{loss.detach()};
-    for (const auto& [name, p] : model->named_parameters()) g.push_back(p.grad().clone());
-    return g;
+    return test::loss_and_grads(*model, [&] { return F::cross_entropy(m->forward(x), target); });
   };
   const std::vector<Tensor> chained = grads(model), one_by_one = grads(layers);
   ASSERT_EQ(chained.size(), one_by_one.size());

@@ -89,41 +89,44 @@ BatchNorm2d::BatchNorm2d(BatchNorm2dOptions o, std::string type_name) : Module(s
 }
 Tensor BatchNorm2d::forward(const Tensor& x) { return run(x, false); }
 Tensor BatchNorm2d::forward_relu(const Tensor& x) { return run(x, true); }
+struct BatchNorm2d::Step {
+  Tensor x, weight, bias, running_mean, running_var, counter;
+  double momentum;
+};
+BatchNorm2d::Step BatchNorm2d::step_for(const Tensor& input) {
+  const Tensor x = on_own_device(input);
+  CHORUS_CHECK(x.dim() == 4 || x.dim() == 2, "BatchNorm2d: expected [N, C, H, W], got ", x.describe());
+  CHORUS_CHECK(x.size(1) == opts_.features, "BatchNorm2d: input has ", x.size(1), " channels, expected ",
+               opts_.features);
+  auto& bufs = own_buffers();
+  // A recomputed forward (activation checkpointing) sees a batch already
+  // counted: momentum 0 leaves the running statistics as they are.
+  const bool count = is_training() && !recomputing();
+  // Counted on the device (reading it on the host would stall an asynchronous
+  // step), by the kernel that updates the running statistics.
+  return {x,
+          opts_.affine ? own_parameters()[0].second : Tensor(),
+          opts_.affine ? own_parameters()[1].second : Tensor(),
+          bufs[0].second,
+          bufs[1].second,
+          count ? bufs[2].second : Tensor(),
+          count ? opts_.momentum : 0.0};
+}
 std::pair<Tensor, Tensor> BatchNorm2d::forward_relu_sum(const Tensor& a, const Tensor& b) {
   if (!b.defined()) return {a, forward_relu(a)};
   if (typeid(*this) != typeid(BatchNorm2d)) {  // a subclass's own forward (SyncBatchNorm's)
     const Tensor s = chorus::add(a, b);
     return {s, forward_relu(s)};
   }
-  const Tensor x = on_own_device(a);
-  CHORUS_CHECK(x.dim() == 4 || x.dim() == 2, "BatchNorm2d: expected [N, C, H, W], got ", x.describe());
-  CHORUS_CHECK(x.size(1) == opts_.features, "BatchNorm2d: input has ", x.size(1), " channels, expected ",
-               opts_.features);
-  auto& bufs = own_buffers();
-  Tensor w = opts_.affine ? own_parameters()[0].second : Tensor();
-  Tensor bias = opts_.affine ? own_parameters()[1].second : Tensor();
-  const bool count = is_training() && !recomputing();  // as run()
-  return functional::batch_norm_relu_sum(x, on_own_device(b), bufs[0].second, bufs[1].second, w, bias,
-                                         is_training(), count ? opts_.momentum : 0.0, opts_.eps,
-                                         count ? bufs[2].second : Tensor());
+  const Step st = step_for(a);
+  return functional::batch_norm_relu_sum(st.x, on_own_device(b), st.running_mean, st.running_var, st.weight, st.bias,
+                                         is_training(), st.momentum, opts_.eps, st.counter);
 }
 Tensor BatchNorm2d::run(const Tensor& input, bool relu) {
-  const Tensor x = on_own_device(input);
-  CHORUS_CHECK(x.dim() == 4 || x.dim() == 2, "BatchNorm2d: expected [N, C, H, W], got ", x.describe());
-  CHORUS_CHECK(x.size(1) == opts_.features, "BatchNorm2d: input has ", x.size(1), " channels, expected ",
-               opts_.features);
-  auto& bufs = own_buffers();
-  Tensor w = opts_.affine ? own_parameters()[0].second : Tensor();
-  Tensor b = opts_.affine ? own_parameters()[1].second : Tensor();
-  // A recomputed forward (activation checkpointing) sees a batch already
-  // counted: momentum 0 leaves the running statistics as they are.
-  const bool count = is_training() && !recomputing();
-  // Counted on the device (reading it on the host would stall an asynchronous
-  // step), by the kernel that updates the running statistics.
-  const Tensor counter = count ? bufs[2].second : Tensor();
+  const Step st = step_for(input);
   auto f = relu ? functional::batch_norm_relu : functional::batch_norm;
-  return f(x, bufs[0].second, bufs[1].second, w, b, is_training(), count ? opts_.momentum : 0.0, opts_.eps,
-           counter);
+  return f(st.x, st.running_mean, st.running_var, st.weight, st.bias, is_training(), st.momentum, opts_.eps,
+           st.counter);
 }
 std::string BatchNorm2d::extra_repr() const {
   return std::to_string(opts_.features) + ", eps=" + std::to_string(opts_.eps) +

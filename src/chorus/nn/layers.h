@@ -82,6 +82,8 @@ class BatchNorm2d : public Module {
   // forward (relu false) and forward_relu (true); a subclass changes both here.
   virtual Tensor run(const Tensor& x, bool relu);
  private:
+  struct Step;  // the checked input and what both paths pass the functional ops
+  Step step_for(const Tensor& input);
   BatchNorm2dOptions opts_;
 };
 
