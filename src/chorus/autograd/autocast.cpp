@@ -67,8 +67,8 @@ std::optional<DType> current_autocast() { return t_autocast; }
 AutocastGuard::AutocastGuard(std::optional<DType> dtype) : prev_(t_autocast) { t_autocast = dtype; }
 AutocastGuard::~AutocastGuard() { t_autocast = prev_; }
 
-Tensor autocast_weight(const Tensor& w, DType dt) {
-  if (!w.defined() || w.dtype() == dt) return w;
+Tensor autocast_weight_data(const Tensor& w, DType dt) {
+  if (!w.defined() || w.dtype() == dt) return w.detach();
   // A stand-in for a parameter (DataParallel's recorded alias) keeps the
   // parameter's copy: `p` is whose copy this is, `w` what the graph records.
   std::shared_ptr<TensorImpl> stands_for;
@@ -77,7 +77,7 @@ Tensor autocast_weight(const Tensor& w, DType dt) {
   const bool keep = (stands_for ? p.is_leaf() : w.is_leaf() && w.requires_grad()) && grad_enabled() &&
                     p.dtype() == kFloat32 && p.device().is_cuda() && (dt == kBFloat16 || dt == kFloat16) &&
                     p.sizes() == w.sizes() && p.strides() == w.strides();
-  if (!keep) return to_dtype(w, dt);
+  if (!keep) return ops::to_dtype(w.detach(), dt);
   CopyRegistry& r = registry();
   Tensor copy;
   {
@@ -96,9 +96,13 @@ Tensor autocast_weight(const Tensor& w, DType dt) {
   }
   // A fresh handle on the copy for this step's graph: the kept tensor itself
   // never becomes a node's output.
-  Tensor out = detail::make_view(copy, copy.sizes(), copy.strides(), copy.storage_offset());
+  return detail::make_view(copy, copy.sizes(), copy.strides(), copy.storage_offset());
+}
+
+Tensor autocast_weight(const Tensor& w, DType dt) {
+  if (!w.defined() || w.dtype() == dt) return w;
   const DType src = w.dtype();
-  return autograd::record("ToDtypeBackward", out, {w},
+  return autograd::record("ToDtypeBackward", autocast_weight_data(w, dt), {w},
                           [src](const TensorList& g) { return TensorList{ops::to_dtype(g[0], src)}; });
 }
 

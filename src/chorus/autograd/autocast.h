@@ -36,6 +36,9 @@ std::optional<DType> current_autocast();
 // The autocast copy of weight `w` in `dt`, as a differentiable cast (the
 // gradient comes back to w in w's dtype).
 Tensor autocast_weight(const Tensor& w, DType dt);
+// The same copy, not recorded: for an op that records `w` itself as its input
+// and returns w's gradient in w's dtype (autograd::conv2d's weight_data).
+Tensor autocast_weight_data(const Tensor& w, DType dt);
 // For an optimizer about to update `param` in place: its kept copy when that
 // copy is current (undefined otherwise). Write the update into it too, then
 // call autocast_copy_written(param) after bumping param's version.

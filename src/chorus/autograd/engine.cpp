@@ -28,6 +28,7 @@
 #include "chorus/autograd/grad_mode.h"
 #include "chorus/autograd/node.h"
 #include "chorus/autograd/pending_sum.h"
+#include "chorus/autograd/side_work.h"
 #include "chorus/core/device_threads.h"
 #include "chorus/core/error.h"
 #include "chorus/ops/copy.h"
@@ -45,7 +46,9 @@ struct ByLatest {
 Tensor conform(const Tensor& g, const InputMeta& m) {
   // A copy to another device or dtype is of the whole value (Note [Gradient
   // sums in the update] in dist/reducer.h).
-  if (g.device() != m.device || g.dtype() != m.dtype) settle_sum(g);
+  if (g.device() == m.device && g.dtype() == m.dtype) return g;
+  join_beside_for(g);  // Note [Weight gradients beside the data gradient]
+  settle_sum(g);
   return ops::to_dtype(ops::to_device(g, m.device), m.dtype);
 }
 
@@ -90,6 +93,7 @@ struct Slot {
     std::sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
     Tensor total;
     for (auto& [producer, g] : parts) {
+      join_beside_for(g);  // Note [Weight gradients beside the data gradient]
       settle_sum(g);  // Note [Gradient sums in the update]: its whole value
       total = total.defined() ? ops::binary(BinaryOp::Add, total, g, 1.0) : g;
     }
@@ -177,6 +181,11 @@ class GraphTask {
     NodeState& self = states_.at(n);
     std::shared_ptr<Node> keep = std::move(self.node);
     TensorList in = take_inputs(self, n->num_outputs);
+    // Note [Weight gradients beside the data gradient]: a node computes with
+    // its inputs on the current stream (AccumulateGrad decides for itself:
+    // taking a gradient as .grad reads nothing).
+    if (!n->is_accumulate_grad())
+      for (const Tensor& g : in) join_beside_for(g);
     TensorList out;
     AddendOffer offer;
     if (n->takes_addends) offer_addends(n, offer);
@@ -231,6 +240,7 @@ class GraphTask {
         offer.seqs.resize(n->next.size());
         offer.taken.assign(n->next.size(), false);
       }
+      join_beside_before_write(slot.grad);  // the node adds into it on the current stream
       offer.seqs[i] = slot.seq;
       offer.grads[i] = std::move(slot.grad);
       slot.grad = Tensor();
@@ -302,6 +312,7 @@ void run_multi_device(GraphTask& task) {
   };
   auto worker = [&](Device dev) {
     NoGradGuard no_grad;
+    BesideScope beside(dev);  // Note [Weight gradients beside the data gradient]
     ReadyQueue& mine = *queues.at(dev);
     std::vector<Node*> ready;  // the nodes each run makes ready
     for (;;) {
@@ -389,9 +400,11 @@ void run_backward(const TensorList& roots, const TensorList& grads, bool retain_
   for (const auto& o : observers) o->begin(task.leaves());
   try {
     if (task.devices().size() <= 1) {
+      BesideScope beside;  // joins every side stream when the pass ends, or throws
       run_single_thread(task);
     } else {
       run_multi_device(task);
+      join_all_beside();  // what a failed worker left (each joins its own device)
     }
   } catch (...) {
     for (const auto& o : observers) o->end(false);

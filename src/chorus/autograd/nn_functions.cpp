@@ -6,8 +6,10 @@
 #include "chorus/autograd/nn_functions.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "chorus/autograd/node.h"
+#include "chorus/autograd/side_work.h"
 #include "chorus/ops/copy.h"
 #include "chorus/ops/elementwise.h"
 #include "chorus/ops/reduce.h"
@@ -15,32 +17,68 @@
 
 namespace chorus::autograd {
 
-Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const ops::Conv2dParams& p) {
-  Tensor y = ops::conv2d(x, weight, bias, p);
-  Tensor xd = x.detach(), wd = weight.detach();
+namespace {
+// The filter gradient's dtype when the convolution computes with a copy of
+// its weight (nullopt: the weight's own, as computed).
+std::optional<DType> weight_grad_dtype(const Tensor& weight, const Tensor& weight_data) {
+  if (!weight_data.defined() || weight_data.dtype() == weight.dtype()) return std::nullopt;
+  return weight.dtype();
+}
+
+// A convolution's backward: dx (if nx) on the current stream; dw and db (if
+// nw, nb) beside it where the device allows (Note [Weight gradients beside
+// the data gradient]: whatever reads them joins first), else on it too.
+TensorList conv_backward(const Tensor& dy, const Tensor& xd, const Tensor& wd, const ops::Conv2dParams& p, bool nx,
+                         bool nw, bool nb, std::optional<DType> dw_dtype, size_t n_out) {
+  TensorList out(n_out);
+  auto data_grad = [&] {
+    if (nx) out[0] = ops::conv2d_backward_input(dy, xd, wd, p);
+  };
+  auto weight_grads = [&] {
+    TensorList w(2);
+    if (nw || nb) {
+      auto [dw, db] = ops::conv2d_backward_weight(dy, xd, wd, p, nb, dw_dtype);
+      if (nw) w[0] = dw;
+      if (nb) w[1] = db;
+    }
+    return w;
+  };
+  TensorList w;
+  if ((nw || nb) && beside_allowed(dy.device())) {
+    w = run_beside(dy.device(), {dy, xd, wd}, data_grad, weight_grads);
+  } else {
+    data_grad();
+    w = weight_grads();
+  }
+  if (nw) out[1] = w[0];
+  if (nb && n_out > 2) out[2] = w[1];
+  return out;
+}
+}  // namespace
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const ops::Conv2dParams& p,
+              const Tensor& weight_data) {
+  const Tensor& wc = weight_data.defined() ? weight_data : weight;
+  Tensor y = ops::conv2d(x, wc, bias, p);
+  Tensor xd = x.detach(), wd = wc.detach();
+  const std::optional<DType> dw_dtype = weight_grad_dtype(weight, weight_data);
   bool nx = x.requires_grad(), nw = weight.requires_grad(), nb = bias.defined() && bias.requires_grad();
   TensorList inputs{x, weight};
   if (bias.defined()) inputs.push_back(bias);
-  return record("Conv2dBackward", y, inputs, [xd, wd, p, nx, nw, nb](const TensorList& g) {
-    TensorList out(nb ? 3 : 2);
-    if (nx) out[0] = ops::conv2d_backward_input(g[0], xd, wd, p);
-    if (nw || nb) {
-      auto [dw, db] = ops::conv2d_backward_weight(g[0], xd, wd, p, nb);
-      if (nw) out[1] = dw;
-      if (nb) out[2] = db;
-    }
-    return out;
+  return record("Conv2dBackward", y, inputs, [xd, wd, p, nx, nw, nb, dw_dtype](const TensorList& g) {
+    return conv_backward(g[0], xd, wd, p, nx, nw, nb, dw_dtype, nb ? 3 : 2);
   });
 }
 
-Tensor conv2d_add(const Tensor& x, const Tensor& weight, const Tensor& residual, const ops::Conv2dParams& p) {
-  Tensor y = ops::conv2d_add(x, weight, residual, p);
-  Tensor xd = x.detach(), wd = weight.detach();
+Tensor conv2d_add(const Tensor& x, const Tensor& weight, const Tensor& residual, const ops::Conv2dParams& p,
+                  const Tensor& weight_data) {
+  const Tensor& wc = weight_data.defined() ? weight_data : weight;
+  Tensor y = ops::conv2d_add(x, wc, residual, p);
+  Tensor xd = x.detach(), wd = wc.detach();
+  const std::optional<DType> dw_dtype = weight_grad_dtype(weight, weight_data);
   bool nx = x.requires_grad(), nw = weight.requires_grad(), nr = residual.requires_grad();
-  return record("Conv2dAddBackward", y, {x, weight, residual}, [xd, wd, p, nx, nw, nr](const TensorList& g) {
-    TensorList out(3);
-    if (nx) out[0] = ops::conv2d_backward_input(g[0], xd, wd, p);
-    if (nw) out[1] = ops::conv2d_backward_weight(g[0], xd, wd, p, false).first;
+  return record("Conv2dAddBackward", y, {x, weight, residual}, [xd, wd, p, nx, nw, nr, dw_dtype](const TensorList& g) {
+    TensorList out = conv_backward(g[0], xd, wd, p, nx, nw, false, dw_dtype, 3);
     if (nr) out[2] = g[0];  // as an add's backward: the output's gradient itself
     return out;
   });

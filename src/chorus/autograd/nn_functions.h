@@ -8,10 +8,17 @@
 
 namespace chorus::autograd {
 
-Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const ops::Conv2dParams& p);
+// `weight_data`, when defined, is what the convolution computes with in
+// weight's place: autocast's 16-bit copy of a float32 `weight` (Note [Autocast
+// weight copies]). The filter gradient then reaches `weight` in its own dtype
+// straight from the convolution (Note [Float filter gradients from 16-bit
+// data] in cuda/conv.cpp) instead of through a recorded cast's backward.
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const ops::Conv2dParams& p,
+              const Tensor& weight_data = Tensor());
 // conv2d(x, weight) + residual, the add fused into the convolution where the
 // device can (ops::conv2d_add); the residual's gradient is the output's.
-Tensor conv2d_add(const Tensor& x, const Tensor& weight, const Tensor& residual, const ops::Conv2dParams& p);
+Tensor conv2d_add(const Tensor& x, const Tensor& weight, const Tensor& residual, const ops::Conv2dParams& p,
+                  const Tensor& weight_data = Tensor());
 Tensor max_pool2d(const Tensor& x, const ops::Pool2dParams& p);
 Tensor avg_pool2d(const Tensor& x, const ops::Pool2dParams& p);
 Tensor adaptive_avg_pool2d(const Tensor& x, int64_t out_h, int64_t out_w);

@@ -5,6 +5,7 @@
 
 #include "chorus/autograd/grad_mode.h"
 #include "chorus/autograd/pending_sum.h"
+#include "chorus/autograd/side_work.h"
 #include "chorus/core/error.h"
 #include "chorus/ops/copy.h"
 #include "chorus/ops/elementwise.h"
@@ -35,6 +36,11 @@ TensorList AccumulateGrad::apply(TensorList&& grads) {
   Tensor g = std::move(grads[0]);
   if (!g.defined()) return {};
   AutogradMeta* meta = leaf_->autograd.get();
+  // Note [Weight gradients beside the data gradient]: taking a gradient
+  // computed beside as .grad reads nothing; anything else here may, and so do
+  // the hooks (DDP's bucket copies).
+  if (meta->grad || g.device() != leaf.device() || g.dtype() != leaf.dtype() || !meta->post_accumulate_hooks.empty())
+    join_beside_for(g);
   // Note [Gradient sums in the update]: a gradient with a pending part is
   // kept as it is, part and all, when it becomes .grad as it came; anything
   // that computes with it adds the part first.
@@ -51,7 +57,10 @@ TensorList AccumulateGrad::apply(TensorList&& grads) {
                        g.nbytes() == g.storage()->nbytes();
     const bool sole_owner = g.impl_ptr().use_count() == 1 && !g.impl_ptr()->autograd &&
                             (whole || g.impl_ptr()->exclusive_view);
-    if (!sole_owner) settle_sum(g);
+    if (!sole_owner) {
+      join_beside_for(g);  // cloned below
+      settle_sum(g);
+    }
     meta->grad = sole_owner ? g.impl_ptr() : ops::clone(g).impl_ptr();
   } else {
     Tensor old(meta->grad);

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "chorus/autograd/grad_mode.h"
+#include "chorus/autograd/side_work.h"
 #include "chorus/core/error.h"
 #include "chorus/core/graph_capture.h"
 #include "chorus/ops/elementwise.h"
@@ -47,6 +48,7 @@ void settle_sum(const Tensor& t) {
     if (part && capture_in_progress()) settled_in_capture().insert({part.get(), capture_generation()});
   }
   if (!part) return;
+  join_beside_before_write(t);  // Note [Weight gradients beside the data gradient]
   NoGradGuard no_grad;
   // own + part: one float addition, as the fused update's, so a settled
   // gradient and an update that read both parts see the same bits.

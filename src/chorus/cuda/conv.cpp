@@ -351,8 +351,11 @@ Tensor filter_in(const Tensor& weight, Layout layout) {
   return w;
 }
 
+// `w_may_be_float`: w may be float32 beside 16-bit x and y (a filter gradient,
+// see conv2d_backward_weight).
 void check_conv(const char* op, const Conv2dGeometry& g, const Tensor& x, const char* x_name,
-                const Tensor& w, const char* w_name, const Tensor& y, const char* y_name) {
+                const Tensor& w, const char* w_name, const Tensor& y, const char* y_name,
+                bool w_may_be_float = false) {
   CHORUS_CHECK(g.kh > 0 && g.kw > 0 && g.stride_h > 0 && g.stride_w > 0 && g.dil_h > 0 &&
                    g.dil_w > 0 && g.pad_h >= 0 && g.pad_w >= 0 && g.out_h() > 0 && g.out_w() > 0,
                op, ": bad geometry: input ", g.h, "x", g.w, ", kernel ", g.kh, "x", g.kw,
@@ -365,9 +368,10 @@ void check_conv(const char* op, const Conv2dGeometry& g, const Tensor& x, const 
   CHORUS_CHECK(x.sizes() == xs && w.sizes() == ws && y.sizes() == ys, op, ": expected ", x_name,
                " ", shape_str(xs), ", ", w_name, " ", shape_str(ws), ", ", y_name, " ",
                shape_str(ys), "; got ", x.describe(), ", ", w.describe(), ", ", y.describe());
-  CHORUS_CHECK(x.dtype() == w.dtype() && x.dtype() == y.dtype(), op, ": ", x_name, ", ", w_name,
-               " and ", y_name, " must share one dtype, got ", x.describe(), ", ", w.describe(),
-               ", ", y.describe());
+  const bool float_w = w_may_be_float && w.dtype() == kFloat32 && (x.dtype() == kBFloat16 || x.dtype() == kFloat16);
+  CHORUS_CHECK((x.dtype() == w.dtype() || float_w) && x.dtype() == y.dtype(), op, ": ", x_name, ", ", w_name,
+               " and ", y_name, " must share one dtype", w_may_be_float ? " (or a float32 filter gradient of 16-bit data)" : "",
+               ", got ", x.describe(), ", ", w.describe(), ", ", y.describe());
   cudnn_dtype(x.dtype(), op);
 }
 
@@ -627,10 +631,22 @@ void conv2d_backward_input(const Conv2dGeometry& g, const Tensor& dy, const Tens
            dy.raw_data());
 }
 
+// Note [Float filter gradients from 16-bit data]: under autocast a float32
+// parameter's convolution records the parameter itself (autograd::conv2d's
+// weight_data), so its filter gradient is asked for in float32 beside 16-bit x
+// and dy, and converted here, in the same node, from the 16-bit gradient cuDNN
+// writes. cuDNN's graph API does take a float32 dw beside bf16 data, but only
+// through a generic runtime-fusion engine, 2-3x slower than its sm90 wgrad
+// kernels (H100, WRN-28-10 at 32x32x160: 0.66 against 0.20 ms), so the 16-bit
+// kernel and a conversion it stays. What the float request buys is that the
+// whole weight gradient is one node's work, which can run beside the data
+// gradient (Note [Weight gradients beside the data gradient] in
+// autograd/side_work.h).
 void conv2d_backward_weight(const Conv2dGeometry& g, const Tensor& dy, const Tensor& x,
                             const Tensor& dweight, const Tensor& dbias) {
   const char* op = "conv2d_backward_weight";
-  check_conv(op, g, x, "x", dweight, "dweight", dy, "dy");
+  const bool float_dw = dweight.dtype() == kFloat32 && (x.dtype() == kBFloat16 || x.dtype() == kFloat16);
+  check_conv(op, g, x, "x", dweight, "dweight", dy, "dy", /*w_may_be_float=*/true);
   const int device = x.device().index;
   CudaDeviceGuard guard(device);
   if (dbias.defined()) {
@@ -643,9 +659,9 @@ void conv2d_backward_weight(const Conv2dGeometry& g, const Tensor& dy, const Ten
     } else {
       const Layout layout = data_layout(op, x, "x", dy, "dy");
       // cuDNN writes the filter gradient in the activations' layout.
-      const Tensor dw = is_dense_in(dweight, layout)
+      const Tensor dw = is_dense_in(dweight, layout) && !float_dw
                             ? dweight
-                            : empty_in(layout, dweight.sizes(), dweight.dtype(), dweight.device());
+                            : empty_in(layout, dweight.sizes(), x.dtype(), dweight.device());
       run_conv(Direction::BackwardFilter, g, x.dtype(), layout, device, x.raw_data(),
                dw.raw_data(), dy.raw_data());
       if (!dw.is_same(dweight)) copy(dw, dweight);

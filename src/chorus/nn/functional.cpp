@@ -32,6 +32,27 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   return bias.defined() ? chorus::add(y, bias) : y;
 }
 
+namespace {
+// Under autocast, the 16-bit copy a float32 CUDA weight's convolution computes
+// with while recording the weight itself (Note [Float filter gradients from
+// 16-bit data] in cuda/conv.cpp); undefined for other weights, which keep the
+// recorded cast.
+Tensor conv_weight_data(const Tensor& weight, DType dt) {
+  if (weight.dtype() != kFloat32 || !weight.device().is_cuda()) return Tensor();
+  return autocast_weight_data(weight, dt);
+}
+
+// conv2d_add_unsummed once x, the weight's data and the residual share a dtype
+// and device.
+std::pair<Tensor, Tensor> add_unsummed(const Tensor& x, const Tensor& weight, const Tensor& weight_data,
+                                       const Tensor& residual, const Conv2dParams& p) {
+  const Tensor& wc = weight_data.defined() ? weight_data : weight;
+  if (ops::conv2d_add_defers(x.detach(), wc.detach(), residual.detach(), p))
+    return {autograd::conv2d(x, weight, Tensor(), p, weight_data), residual};
+  return {autograd::conv2d_add(x, weight, residual, p, weight_data), Tensor()};
+}
+}  // namespace
+
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dParams& p) {
   detail::check_defined(x, "conv2d", "input");
   detail::check_defined(weight, "conv2d", "weight");
@@ -39,8 +60,9 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
     if (x.dtype() != *dt || weight.dtype() != *dt) {
       AutocastGuard off(std::nullopt);
       // Weights: Note [Autocast weight copies].
-      return functional::conv2d(chorus::to_dtype(x, *dt), autocast_weight(weight, *dt),
-                                bias.defined() ? autocast_weight(bias, *dt) : bias, p);
+      const Tensor xc = chorus::to_dtype(x, *dt), bc = bias.defined() ? autocast_weight(bias, *dt) : bias;
+      if (const Tensor wd = conv_weight_data(weight, *dt); wd.defined()) return autograd::conv2d(xc, weight, bc, p, wd);
+      return functional::conv2d(xc, autocast_weight(weight, *dt), bc, p);
     }
   }
   return autograd::conv2d(x, weight, bias, p);
@@ -58,8 +80,10 @@ Tensor conv2d_add(const Tensor& x, const Tensor& weight, const Tensor& bias, con
     if (!bias.defined() && (x.dtype() != *dt || weight.dtype() != *dt || residual.dtype() != *dt)) {
       AutocastGuard off(std::nullopt);
       // Weights: Note [Autocast weight copies].
-      return functional::conv2d_add(chorus::to_dtype(x, *dt), autocast_weight(weight, *dt), bias,
-                                    chorus::to_dtype(residual, *dt), p);
+      const Tensor xc = chorus::to_dtype(x, *dt), rc = chorus::to_dtype(residual, *dt);
+      if (const Tensor wd = conv_weight_data(weight, *dt); wd.defined() && rc.device() == xc.device())
+        return autograd::conv2d_add(xc, weight, rc, p, wd);
+      return functional::conv2d_add(xc, autocast_weight(weight, *dt), bias, rc, p);
     }
   }
   if (bias.defined() || residual.dtype() != x.dtype() || weight.dtype() != x.dtype() ||
@@ -78,15 +102,15 @@ std::pair<Tensor, Tensor> conv2d_add_unsummed(const Tensor& x, const Tensor& wei
     if (x.dtype() != *dt || weight.dtype() != *dt || residual.dtype() != *dt) {
       AutocastGuard off(std::nullopt);
       // Weights: Note [Autocast weight copies].
-      return functional::conv2d_add_unsummed(chorus::to_dtype(x, *dt), autocast_weight(weight, *dt),
-                                             chorus::to_dtype(residual, *dt), p);
+      const Tensor xc = chorus::to_dtype(x, *dt), rc = chorus::to_dtype(residual, *dt);
+      if (const Tensor wd = conv_weight_data(weight, *dt); wd.defined() && rc.device() == xc.device())
+        return add_unsummed(xc, weight, wd, rc, p);
+      return functional::conv2d_add_unsummed(xc, autocast_weight(weight, *dt), rc, p);
     }
   }
   if (residual.dtype() != x.dtype() || weight.dtype() != x.dtype() || residual.device() != x.device())
     return {functional::conv2d_add(x, weight, Tensor(), residual, p), Tensor()};
-  if (ops::conv2d_add_defers(x.detach(), weight.detach(), residual.detach(), p))
-    return {autograd::conv2d(x, weight, Tensor(), p), residual};
-  return {autograd::conv2d_add(x, weight, residual, p), Tensor()};
+  return add_unsummed(x, weight, Tensor(), residual, p);
 }
 
 Tensor max_pool2d(const Tensor& x, const Pool2dParams& p) { return autograd::max_pool2d(x, p); }

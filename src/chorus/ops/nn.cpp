@@ -104,12 +104,13 @@ Tensor conv2d_backward_input(const Tensor& dy, const Tensor& x, const Tensor& w,
 }
 
 std::pair<Tensor, Tensor> conv2d_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& w,
-                                                 const Conv2dParams& p, bool with_bias) {
+                                                 const Conv2dParams& p, bool with_bias,
+                                                 std::optional<DType> dw_dtype) {
   Conv2dGeometry g = conv2d_geometry(x, w, p);
   Device dev = dy.device();
   Tensor xx = prepare(x, dev);
   Tensor ddy = grad_in_layout(dy, dev, cl(xx));
-  Tensor dw = empty_with_layout(w.sizes(), w.dtype(), dev, cl(w));
+  Tensor dw = empty_with_layout(w.sizes(), dw_dtype.value_or(w.dtype()), dev, cl(w));
   Tensor db = with_bias ? detail::empty_tensor({g.c_out}, w.dtype(), dev) : Tensor();
   CHORUS_KERNEL(dev, conv2d_backward_weight, g, ddy, xx, dw, db);
   return {dw, db};

@@ -2,6 +2,7 @@
 // differentiable versions are in nn/functional.h.
 #pragma once
 
+#include <optional>
 #include <tuple>
 
 #include "chorus/core/op_kinds.h"
@@ -29,9 +30,13 @@ Tensor conv2d_add(const Tensor& x, const Tensor& w, const Tensor& residual, cons
 // conv2d_add_defers (CUDA times both; the CPU always leaves it).
 bool conv2d_add_defers(const Tensor& x, const Tensor& w, const Tensor& residual, const Conv2dParams& p);
 Tensor conv2d_backward_input(const Tensor& dy, const Tensor& x, const Tensor& w, const Conv2dParams& p);
-// Returns (dweight, dbias); dbias undefined unless with_bias.
+// Returns (dweight, dbias); dbias undefined unless with_bias. dweight is in
+// `dw_dtype` (default: w's): float32 for 16-bit data is the float sum itself,
+// not a rounded 16-bit one (Note [Float filter gradients from 16-bit data] in
+// cuda/conv.cpp).
 std::pair<Tensor, Tensor> conv2d_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& w,
-                                                 const Conv2dParams& p, bool with_bias);
+                                                 const Conv2dParams& p, bool with_bias,
+                                                 std::optional<DType> dw_dtype = std::nullopt);
 
 struct Pool2dParams {
   int64_t kh, kw, stride_h, stride_w, pad_h = 0, pad_w = 0;
