@@ -182,9 +182,9 @@ class GraphTask {
     std::shared_ptr<Node> keep = std::move(self.node);
     TensorList in = take_inputs(self, n->num_outputs);
     // Note [Weight gradients beside the data gradient]: a node computes with
-    // its inputs on the current stream (AccumulateGrad decides for itself:
-    // taking a gradient as .grad reads nothing).
-    if (!n->is_accumulate_grad())
+    // its inputs on the current stream (AccumulateGrad and the reducer's
+    // nodes decide for themselves: taking a gradient as .grad reads nothing).
+    if (!n->is_accumulate_grad() && !n->orders_beside_reads())
       for (const Tensor& g : in) join_beside_for(g);
     TensorList out;
     AddendOffer offer;

@@ -37,9 +37,9 @@ TensorList AccumulateGrad::apply(TensorList&& grads) {
   if (!g.defined()) return {};
   AutogradMeta* meta = leaf_->autograd.get();
   // Note [Weight gradients beside the data gradient]: taking a gradient
-  // computed beside as .grad reads nothing; anything else here may, and so do
-  // the hooks (DDP's bucket copies).
-  if (meta->grad || g.device() != leaf.device() || g.dtype() != leaf.dtype() || !meta->post_accumulate_hooks.empty())
+  // computed beside as .grad reads nothing; anything else here may, and so may
+  // hooks, unless they say they read it later (DDP's buckets).
+  if (meta->grad || g.device() != leaf.device() || g.dtype() != leaf.dtype() || meta->reading_hooks > 0)
     join_beside_for(g);
   // Note [Gradient sums in the update]: a gradient with a pending part is
   // kept as it is, part and all, when it becomes .grad as it came; anything

@@ -38,6 +38,10 @@ class Node {
   virtual std::string name() const = 0;
   virtual void release_saved() {}
   virtual bool is_accumulate_grad() const { return false; }
+  // Whether apply() orders its own reads of gradients computed beside the data
+  // gradient (Note [Weight gradients beside the data gradient]); otherwise the
+  // engine makes the current stream wait for them before apply().
+  virtual bool orders_beside_reads() const { return false; }
   // The leaf an AccumulateGrad node adds into (nullptr for other nodes).
   virtual const TensorImpl* accumulated_leaf() const { return nullptr; }
 

@@ -159,6 +159,22 @@ void join_all_beside() {
   }
 }
 
+std::optional<Stream> beside_merge(const Device& d) {
+  if (pending_count.load() == 0 || !d.is_cuda()) return std::nullopt;
+  SideState& s = state_of(d);
+  std::lock_guard<std::mutex> lk(s.mu);
+  if (!s.pending) return std::nullopt;
+  DeviceBackend& be = backend(d);
+  const StreamHandle cur = be.current_stream(d);
+  be.record_event(d, s.fork, cur);
+  be.stream_wait_event(d, s.side, s.fork);
+  // A handle on the side stream (not owned): Stream::current of it.
+  be.set_current_stream(d, s.side);
+  Stream side = Stream::current(d);
+  be.set_current_stream(d, cur);
+  return side;
+}
+
 BesideScope::BesideScope(std::optional<Device> only) : prev_(t_allowed), only_(only) { t_allowed = true; }
 
 BesideScope::~BesideScope() {

@@ -32,6 +32,7 @@
 #include <functional>
 #include <optional>
 
+#include "chorus/core/stream.h"
 #include "chorus/core/tensor.h"
 
 namespace chorus::autograd {
@@ -58,6 +59,12 @@ void join_beside_for(const Tensor& g);
 void join_beside_before_write(const Tensor& g);
 // join_beside on every device with pending side work.
 void join_all_beside();
+// A stream whose work follows both the current stream's work so far and d's
+// pending side work, without making the current stream wait: d's side stream,
+// after it waits for the current stream (nullopt: nothing pending on d; the
+// current stream will do). For an event that something else waits for
+// (DataParallel's bucket reductions).
+std::optional<Stream> beside_merge(const Device& d);
 
 // How many times run_beside has run work beside (tests, diagnostics).
 int64_t beside_runs();

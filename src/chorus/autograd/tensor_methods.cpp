@@ -90,9 +90,10 @@ Tensor Tensor::detach() const {
   return detail::make_view(*this, sizes(), strides(), storage_offset());
 }
 
-void Tensor::register_post_accumulate_hook(GradHook hook) const {
+void Tensor::register_post_accumulate_hook(GradHook hook, bool reads_grad) const {
   CHORUS_CHECK(is_leaf() && requires_grad(), "register_post_accumulate_hook: only leaf tensors that require grad have hooks");
   meta(*this).post_accumulate_hooks.push_back(std::move(hook));
+  if (reads_grad) ++meta(*this).reading_hooks;
 }
 
 // ---- conversions ------------------------------------------------------------------

@@ -40,6 +40,10 @@ struct AutogradMeta {
   uint32_t output_nr = 0;                   // which output of grad_fn this is
   std::shared_ptr<struct TensorImpl> grad;  // accumulated gradient of a leaf
   std::vector<GradHook> post_accumulate_hooks;
+  // How many of them read the gradient (the others only note that it is final:
+  // DDP's buckets, which read it later; Note [Weight gradients beside the data
+  // gradient] in autograd/side_work.h).
+  size_t reading_hooks = 0;
   std::weak_ptr<autograd::Node> grad_accumulator;  // cached AccumulateGrad of a leaf
   std::string label;  // a module parameter's "<Module type>.<name>", for messages
   // The parameter this tensor stands in for during one forward (DataParallel's
@@ -121,7 +125,9 @@ class Tensor {
   void set_grad_fn(std::shared_ptr<autograd::Node> fn, uint32_t output_nr) const;
   void backward(const Tensor& grad = Tensor(), bool retain_graph = false) const;
   Tensor detach() const;               // shares storage, no autograd history
-  void register_post_accumulate_hook(GradHook hook) const;
+  // reads_grad = false: the hook only notes that the gradient is final and
+  // reads it later, after autograd::join_beside_for(grad()).
+  void register_post_accumulate_hook(GradHook hook, bool reads_grad = true) const;
   AutogradMeta* autograd_meta() const { return impl_ ? impl_->autograd.get() : nullptr; }
 
   // ---- conversions and copies (ops/) -----------------------------------------

@@ -1,8 +1,11 @@
 #include "chorus/dist/grad_hooks.h"
 
+#include "chorus/autograd/side_work.h"
+
 #include <algorithm>
 #include <mutex>
 
+#include "chorus/autograd/side_work.h"
 #include "chorus/core/error.h"
 #include "chorus/ops/copy.h"
 #include "chorus/ops/factory.h"
@@ -51,6 +54,9 @@ struct HookReducer::State {
     for (size_t k : buckets->buckets[b].ks) {
       if (unused[k]) continue;  // mark_unused wrote its segment
       const Tensor g = params[k].grad();
+      // Computed beside the data gradient, it is read from here on (Note
+      // [Weight gradients beside the data gradient]).
+      autograd::join_beside_for(g);
       const Tensor& dst = views[k];
       if (g.storage() == dst.storage() && g.storage_offset() == dst.storage_offset() && g.strides() == dst.strides())
         continue;
@@ -151,9 +157,11 @@ HookReducer::HookReducer(std::vector<Tensor> params, std::shared_ptr<BucketComm>
   s.plan({});
   std::weak_ptr<State> weak = state_;
   for (size_t k = 0; k < s.params.size(); ++k)
-    s.params[k].register_post_accumulate_hook([weak, k](Tensor&) {
-      if (auto st = weak.lock()) st->on_grad_ready(k);
-    });
+    s.params[k].register_post_accumulate_hook(
+        [weak, k](Tensor&) {
+          if (auto st = weak.lock()) st->on_grad_ready(k);
+        },
+        /*reads_grad=*/false);  // gather_into_bucket reads it
 }
 
 HookReducer::~HookReducer() = default;

@@ -6,6 +6,7 @@
 
 #include "chorus/autograd/grad_mode.h"
 #include "chorus/autograd/node.h"
+#include "chorus/autograd/side_work.h"
 #include "chorus/autograd/pending_sum.h"
 #include "chorus/core/error.h"
 #include "chorus/core/warn.h"
@@ -222,6 +223,10 @@ class ReplicaBackward final : public autograd::Node {
   ReplicaBackward(std::shared_ptr<GradStep> step, size_t replica, size_t bucket)
       : step_(std::move(step)), replica_(replica), bucket_(bucket) {}
   std::string name() const override { return "ReducerReplicaBackward"; }
+  // Note [Weight gradients beside the data gradient]: what it copies waits
+  // for the side stream (a join); what it passes on as it is, only through
+  // the bucket's ready event, so the replica's stream goes on meanwhile.
+  bool orders_beside_reads() const override { return true; }
 
   TensorList apply(TensorList&& grads) override {
     if (step_->each) return pass_on(std::move(grads));
@@ -259,7 +264,8 @@ class ReplicaBackward final : public autograd::Node {
   // [Overlapped collectives] in cuda/nccl.h), not the end of the backward.
   void ready_here() {
     Event done(step_->devices[replica_], /*timing=*/false);
-    done.record();
+    if (std::optional<Stream> both = autograd::beside_merge(step_->devices[replica_])) done.record(*both);
+    else done.record();
     step_->ready[bucket_][replica_] = std::move(done);
   }
 
@@ -302,6 +308,7 @@ class ReplicaBackward final : public autograd::Node {
                        g.nbytes() == g.storage()->nbytes() && g.device() == dev && g.sizes() == seg.sizes &&
                        g.strides() == seg.strides && g.dtype() == layout.dtypes[seg.group];
       if (!own) {
+        autograd::join_beside_for(g);
         Tensor fresh = chorus::detail::make_view(empty({numel_of(seg.sizes)}, opts), seg.sizes, seg.strides, 0);
         ops::copy_(fresh, g);
         g = std::move(fresh);
@@ -339,6 +346,7 @@ class ReplicaBackward final : public autograd::Node {
     for (size_t j = 0; j < which.size(); ++j) {
       const size_t i = which[j];
       if (!got[bucket.ks[i]]) continue;
+      autograd::join_beside_for(grads[i]);  // read here, on the replica's stream
       Tensor dst = layout.view(flats[layout.segments[j].group], j);
       if (grads[i].sizes() == dst.sizes() && grads[i].dtype() == dst.dtype()) {
         srcs.push_back(grads[i]);
@@ -362,6 +370,9 @@ class BucketBackward final : public autograd::Node {
  public:
   BucketBackward(std::shared_ptr<GradStep> step, size_t bucket) : step_(std::move(step)), bucket_(bucket) {}
   std::string name() const override { return "ReducerBucketBackward"; }
+  // Its reductions wait for the replicas' ready events, which follow their
+  // side streams too (ReplicaBackward::ready_here).
+  bool orders_beside_reads() const override { return true; }
 
   TensorList apply(TensorList&& grads) override {
     if (step_->each) return sum_each(std::move(grads));
