@@ -6,8 +6,8 @@
 // for it); the weight gradient is not (only the optimizer reads it, after the
 // whole backward). On one stream the GPU runs them in turn, and the memory-bound
 // kernels between two convolutions (batch norm's backward, ReLU's mask) run
-// alone on a GPU whose arithmetic units are idle. So a convolution whose weight
-// is a leaf issues its weight gradient (and its conversion to the parameter's
+// alone on a GPU whose arithmetic units are idle. So a convolution issues its
+// weight gradient (and its conversion to the parameter's
 // dtype: Note [Float filter gradients from 16-bit data] in cuda/conv.cpp) on a
 // side stream of the device, forked from the current stream before its data
 // gradient, and the current stream waits for it ("joins") only where something
@@ -17,15 +17,24 @@
 //     reads are held (not freed) until then, one layer's worth of memory;
 //   - where a node of the engine would compute with the result (a sum of
 //     several gradients, a conversion, AccumulateGrad adding into an existing
-//     .grad or running hooks: join_beside_for);
+//     .grad or running hooks that read it: join_beside_for; a write in place
+//     into what the side work reads: join_beside_before_write);
 //   - at the end of the backward pass (the engine joins every device), so the
 //     optimizer, and a CUDA graph's capture, see one stream again.
 // Under capture the fork and the joins become edges of the graph. The engine
 // allows side work on its threads (BesideScope): the caller's for a backward of
-// one device, each device's worker under DataParallel, whose per-replica
-// bucket nodes join when they gather a bucket's gradients. A weight whose
-// gradient goes elsewhere than a leaf is joined by the node that reads it.
-// CHORUS_WGRAD_STREAM=0 turns it off (to compare).
+// one device, each device's worker under DataParallel. A node that reads such a
+// gradient joins first, unless it orders its reads itself
+// (Node::orders_beside_reads): DataParallel's replica nodes record their
+// bucket's ready event on the side stream after it waits for the main one
+// (beside_merge), so the reduction follows both and the replica goes on; DDP's
+// hooks only note that a gradient is final (reads_grad = false) and its bucket
+// gather joins before it copies. DataParallel WRN-28-10 on 2 H100s: 0.947
+// scaling with the replica nodes joining, 0.967 with the merge (and DDP +5.7%
+// against nothing), docs/benchmarks.md session 25.
+// Graphed bf16 steps, same binary with and without: WRN-28-10 +5.0% on an
+// H100, +3.5% on an H200; WRN-16-4 +9.3% (H100). CHORUS_WGRAD_STREAM=0 turns
+// it off (to compare).
 #pragma once
 
 #include <cstdint>
