@@ -31,6 +31,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -38,6 +39,7 @@
 #include "chorus/cuda/blas.h"
 #include "chorus/cuda/caches.h"
 #include "chorus/cuda/context.h"
+#include "chorus/cuda/conv_gemm.h"
 #include "chorus/cuda/conv_plan.h"
 #include "chorus/cuda/cudnn_handle.h"
 #include "chorus/cuda/kernels.h"
@@ -375,6 +377,12 @@ void check_conv(const char* op, const Conv2dGeometry& g, const Tensor& x, const 
   cudnn_dtype(x.dtype(), op);
 }
 
+// Note [Convolutions of few input channels as GEMMs] (conv_gemm.h): whether
+// this call takes the GEMM path (timed against cuDNN once per geometry).
+bool gemm_path_wins(Direction dir, const Conv2dGeometry& g, DType dtype, Layout layout, int device,
+                    const ConvOperands& ops, const std::function<void()>& cudnn_run,
+                    const std::function<void()>& gemm_run);
+
 }  // namespace
 
 void conv2d_forward(const Conv2dGeometry& g, const Tensor& x, const Tensor& weight,
@@ -394,8 +402,15 @@ void conv2d_forward(const Conv2dGeometry& g, const Tensor& x, const Tensor& weig
     fill(y, 0.0);
   } else {
     const Tensor w = filter_in(weight, layout);
-    run_conv(Direction::Forward, g, x.dtype(), layout, device, x.raw_data(), w.raw_data(),
-             y.raw_data());
+    auto cudnn_run = [&] {
+      run_conv(Direction::Forward, g, x.dtype(), layout, device, x.raw_data(), w.raw_data(), y.raw_data());
+    };
+    auto gemm_run = [&] { conv_gemm_forward(g, x, w, y); };
+    if (gemm_path_wins(Direction::Forward, g, x.dtype(), layout, device,
+                       ConvOperands{x.raw_data(), w.raw_data(), y.raw_data()}, cudnn_run, gemm_run))
+      gemm_run();
+    else
+      cudnn_run();
   }
   if (bias.defined()) {
     // y += bias, broadcast over N, H, W by a stride-0 view.
@@ -486,6 +501,33 @@ float time_calls(int device, Run&& run) {
 // against 158 us alone, where the convolution and the add take 117 + 44), so
 // near-ties went the wrong way; WRN-16-4's layers gain 30% and stay fused.
 constexpr float kFuseMargin = 0.97f;
+
+// Per geometry and direction: whether the GEMM path beat cuDNN's plan.
+LockedCache<ConvKey, bool>& gemm_choices() {
+  static auto* cache = new LockedCache<ConvKey, bool>;  // leaked, as fuse_choices()
+  return *cache;
+}
+
+bool gemm_path_wins(Direction dir, const Conv2dGeometry& g, DType dtype, Layout layout, int device,
+                    const ConvOperands& ops, const std::function<void()>& cudnn_run,
+                    const std::function<void()>& gemm_run) {
+  if (!conv_gemm_enabled() || !conv_gemm_applies(g, layout, dtype)) return false;
+  const ConvKey key = conv_key(dir, g, dtype, layout, device,
+                               4096 | (deterministic() ? 256 : 0) | (heuristic_plans() ? 512 : 0), ops);
+  if (std::optional<bool> c = gemm_choices().find(key)) return *c;
+  // Untimed (heuristic plans, or first met inside a capture: not kept, the
+  // next eager call times it): cuDNN's plan, as without the GEMM path.
+  if (heuristic_plans() || capture_in_progress()) return false;
+  const float cudnn_ms = time_calls(device, cudnn_run), gemm_ms = time_calls(device, gemm_run);
+  const bool wins = gemm_ms < kFuseMargin * cudnn_ms;
+  if (conv_search_log())
+    std::fprintf(stderr, "conv gemm: %s n%lld c%lld %lldx%lld k%lld r%lld s%lld on cuda:%d: cuDNN %.4f ms, GEMM %.4f ms: %s\n",
+                 dir == Direction::Forward ? "forward" : dir == Direction::BackwardData ? "data gradient" : "weight gradient",
+                 (long long)g.n, (long long)g.c_in, (long long)g.h, (long long)g.w, (long long)g.c_out,
+                 (long long)g.kh, (long long)g.stride_h, device, cudnn_ms, gemm_ms, wins ? "GEMM" : "cuDNN");
+  gemm_choices().insert(key, wins);
+  return wins;
+}
 
 // Per geometry: whether the fused graph beats the convolution then the add.
 LockedCache<ConvKey, bool>& fuse_choices() {
@@ -627,8 +669,15 @@ void conv2d_backward_input(const Conv2dGeometry& g, const Tensor& dy, const Tens
     return;
   }
   const Tensor w = filter_in(weight, layout);
-  run_conv(Direction::BackwardData, g, dx.dtype(), layout, device, dx.raw_data(), w.raw_data(),
-           dy.raw_data());
+  auto cudnn_run = [&] {
+    run_conv(Direction::BackwardData, g, dx.dtype(), layout, device, dx.raw_data(), w.raw_data(), dy.raw_data());
+  };
+  auto gemm_run = [&] { conv_gemm_backward_input(g, dy, w, dx); };
+  if (gemm_path_wins(Direction::BackwardData, g, dx.dtype(), layout, device,
+                     ConvOperands{dx.raw_data(), w.raw_data(), dy.raw_data()}, cudnn_run, gemm_run))
+    gemm_run();
+  else
+    cudnn_run();
 }
 
 // Note [Float filter gradients from 16-bit data]: under autocast a float32
@@ -662,8 +711,16 @@ void conv2d_backward_weight(const Conv2dGeometry& g, const Tensor& dy, const Ten
       const Tensor dw = is_dense_in(dweight, layout) && !float_dw
                             ? dweight
                             : empty_in(layout, dweight.sizes(), x.dtype(), dweight.device());
-      run_conv(Direction::BackwardFilter, g, x.dtype(), layout, device, x.raw_data(),
-               dw.raw_data(), dy.raw_data());
+      auto cudnn_run = [&] {
+        run_conv(Direction::BackwardFilter, g, x.dtype(), layout, device, x.raw_data(), dw.raw_data(),
+                 dy.raw_data());
+      };
+      auto gemm_run = [&] { conv_gemm_backward_weight(g, dy, x, dw); };
+      if (gemm_path_wins(Direction::BackwardFilter, g, x.dtype(), layout, device,
+                         ConvOperands{x.raw_data(), dw.raw_data(), dy.raw_data()}, cudnn_run, gemm_run))
+        gemm_run();
+      else
+        cudnn_run();
       if (!dw.is_same(dweight)) copy(dw, dweight);
     }
   }
