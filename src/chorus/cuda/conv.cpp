@@ -39,6 +39,7 @@
 #include "chorus/cuda/blas.h"
 #include "chorus/cuda/caches.h"
 #include "chorus/cuda/context.h"
+#include "chorus/cuda/conv_direct.h"
 #include "chorus/cuda/conv_gemm.h"
 #include "chorus/cuda/conv_plan.h"
 #include "chorus/cuda/cudnn_handle.h"
@@ -382,6 +383,11 @@ void check_conv(const char* op, const Conv2dGeometry& g, const Tensor& x, const 
 bool gemm_path_wins(Direction dir, const Conv2dGeometry& g, DType dtype, Layout layout, int device,
                     const ConvOperands& ops, const std::function<void()>& cudnn_run,
                     const std::function<void()>& gemm_run);
+// Note [Direct convolutions of a few input channels] (conv_direct.h): the same
+// for the direct kernels.
+bool direct_path_wins(Direction dir, const Conv2dGeometry& g, DType dtype, Layout layout, int device,
+                      const ConvOperands& ops, const std::function<void()>& cudnn_run,
+                      const std::function<void()>& direct_run);
 
 }  // namespace
 
@@ -406,8 +412,11 @@ void conv2d_forward(const Conv2dGeometry& g, const Tensor& x, const Tensor& weig
       run_conv(Direction::Forward, g, x.dtype(), layout, device, x.raw_data(), w.raw_data(), y.raw_data());
     };
     auto gemm_run = [&] { conv_gemm_forward(g, x, w, y); };
-    if (gemm_path_wins(Direction::Forward, g, x.dtype(), layout, device,
-                       ConvOperands{x.raw_data(), w.raw_data(), y.raw_data()}, cudnn_run, gemm_run))
+    auto direct_run = [&] { conv_direct_forward(g, x, w, y); };
+    const ConvOperands ops{x.raw_data(), w.raw_data(), y.raw_data()};
+    if (direct_path_wins(Direction::Forward, g, x.dtype(), layout, device, ops, cudnn_run, direct_run))
+      direct_run();
+    else if (gemm_path_wins(Direction::Forward, g, x.dtype(), layout, device, ops, cudnn_run, gemm_run))
       gemm_run();
     else
       cudnn_run();
@@ -502,31 +511,47 @@ float time_calls(int device, Run&& run) {
 // near-ties went the wrong way; WRN-16-4's layers gain 30% and stay fused.
 constexpr float kFuseMargin = 0.97f;
 
-// Per geometry and direction: whether the GEMM path beat cuDNN's plan.
-LockedCache<ConvKey, bool>& gemm_choices() {
+// Per geometry, direction and path (the key's tag): whether the path beat
+// cuDNN's plan.
+LockedCache<ConvKey, bool>& path_choices() {
   static auto* cache = new LockedCache<ConvKey, bool>;  // leaked, as fuse_choices()
   return *cache;
+}
+
+// Whether the alternative to cuDNN (`name`, told apart in the key by `tag`)
+// takes this call: timed once per geometry and direction, kept when 3% ahead.
+bool alternative_wins(const char* name, int64_t tag, Direction dir, const Conv2dGeometry& g, DType dtype,
+                      Layout layout, int device, const ConvOperands& ops, const std::function<void()>& cudnn_run,
+                      const std::function<void()>& alt_run) {
+  const ConvKey key = conv_key(dir, g, dtype, layout, device,
+                               tag | (deterministic() ? 256 : 0) | (heuristic_plans() ? 512 : 0), ops);
+  if (std::optional<bool> c = path_choices().find(key)) return *c;
+  // Untimed (heuristic plans, or first met inside a capture: not kept, the
+  // next eager call times it): cuDNN's plan, as without the path.
+  if (heuristic_plans() || capture_in_progress()) return false;
+  const float cudnn_ms = time_calls(device, cudnn_run), alt_ms = time_calls(device, alt_run);
+  const bool wins = alt_ms < kFuseMargin * cudnn_ms;
+  if (conv_search_log())
+    std::fprintf(stderr, "conv %s: %s n%lld c%lld %lldx%lld k%lld r%lld s%lld on cuda:%d: cuDNN %.4f ms, %s %.4f ms: %s\n",
+                 name, dir == Direction::Forward ? "forward" : dir == Direction::BackwardData ? "data gradient" : "weight gradient",
+                 (long long)g.n, (long long)g.c_in, (long long)g.h, (long long)g.w, (long long)g.c_out,
+                 (long long)g.kh, (long long)g.stride_h, device, cudnn_ms, name, alt_ms, wins ? name : "cuDNN");
+  path_choices().insert(key, wins);
+  return wins;
 }
 
 bool gemm_path_wins(Direction dir, const Conv2dGeometry& g, DType dtype, Layout layout, int device,
                     const ConvOperands& ops, const std::function<void()>& cudnn_run,
                     const std::function<void()>& gemm_run) {
   if (!conv_gemm_enabled() || !conv_gemm_applies(g, layout, dtype)) return false;
-  const ConvKey key = conv_key(dir, g, dtype, layout, device,
-                               4096 | (deterministic() ? 256 : 0) | (heuristic_plans() ? 512 : 0), ops);
-  if (std::optional<bool> c = gemm_choices().find(key)) return *c;
-  // Untimed (heuristic plans, or first met inside a capture: not kept, the
-  // next eager call times it): cuDNN's plan, as without the GEMM path.
-  if (heuristic_plans() || capture_in_progress()) return false;
-  const float cudnn_ms = time_calls(device, cudnn_run), gemm_ms = time_calls(device, gemm_run);
-  const bool wins = gemm_ms < kFuseMargin * cudnn_ms;
-  if (conv_search_log())
-    std::fprintf(stderr, "conv gemm: %s n%lld c%lld %lldx%lld k%lld r%lld s%lld on cuda:%d: cuDNN %.4f ms, GEMM %.4f ms: %s\n",
-                 dir == Direction::Forward ? "forward" : dir == Direction::BackwardData ? "data gradient" : "weight gradient",
-                 (long long)g.n, (long long)g.c_in, (long long)g.h, (long long)g.w, (long long)g.c_out,
-                 (long long)g.kh, (long long)g.stride_h, device, cudnn_ms, gemm_ms, wins ? "GEMM" : "cuDNN");
-  gemm_choices().insert(key, wins);
-  return wins;
+  return alternative_wins("gemm", 4096, dir, g, dtype, layout, device, ops, cudnn_run, gemm_run);
+}
+
+bool direct_path_wins(Direction dir, const Conv2dGeometry& g, DType dtype, Layout layout, int device,
+                      const ConvOperands& ops, const std::function<void()>& cudnn_run,
+                      const std::function<void()>& direct_run) {
+  if (!conv_direct_enabled() || !conv_direct_applies(g, layout, dtype)) return false;
+  return alternative_wins("direct", 8192, dir, g, dtype, layout, device, ops, cudnn_run, direct_run);
 }
 
 // Per geometry: whether the fused graph beats the convolution then the add.
@@ -716,12 +741,24 @@ void conv2d_backward_weight(const Conv2dGeometry& g, const Tensor& dy, const Ten
                  dy.raw_data());
       };
       auto gemm_run = [&] { conv_gemm_backward_weight(g, dy, x, dw); };
-      if (gemm_path_wins(Direction::BackwardFilter, g, x.dtype(), layout, device,
-                         ConvOperands{x.raw_data(), dw.raw_data(), dy.raw_data()}, cudnn_run, gemm_run))
-        gemm_run();
-      else
+      const ConvOperands ops{x.raw_data(), dw.raw_data(), dy.raw_data()};
+      // The direct kernels write dweight in its own dtype and strides: timed
+      // against cuDNN with its conversion.
+      auto direct_run = [&] { conv_direct_backward_weight(g, dy, x, dweight); };
+      auto cudnn_and_copy = [&] {
         cudnn_run();
-      if (!dw.is_same(dweight)) copy(dw, dweight);
+        if (!dw.is_same(dweight)) copy(dw, dweight);
+      };
+      if (direct_path_wins(Direction::BackwardFilter, g, x.dtype(), layout, device, ops, cudnn_and_copy,
+                           direct_run)) {
+        direct_run();
+      } else {
+        if (gemm_path_wins(Direction::BackwardFilter, g, x.dtype(), layout, device, ops, cudnn_run, gemm_run))
+          gemm_run();
+        else
+          cudnn_run();
+        if (!dw.is_same(dweight)) copy(dw, dweight);
+      }
     }
   }
   if (dbias.defined() && dbias.numel() > 0) {

@@ -1,0 +1,361 @@
+// Note [Direct convolutions of a few input channels] (conv_direct.h): the
+// forward and weight-gradient kernels.
+#include "chorus/cuda/conv_direct.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "chorus/core/error.h"
+#include "chorus/cuda/context.h"
+#include "chorus/cuda/dtype_dispatch.cuh"
+#include "chorus/cuda/kernels.h"
+
+namespace chorus::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxInputChannels = 4;
+constexpr int kMaxTaps = 64;       // kh * kw * C_in
+constexpr int kMaxOutChannels = 64;
+// Shared memory a weight-gradient block stages its pixel tile in (floats):
+// under the 48 KB a block gets without opting in.
+constexpr int kStageFloats = 10 * 1024;
+// Output pixels a block stages at a time (at most).
+constexpr int kMaxTile = 256;
+
+// The geometry as the kernels index it (NHWC, one group).
+struct Geom {
+  int64_t n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, k;
+  __host__ __device__ int taps() const { return static_cast<int>(kh * kw * c); }
+  __host__ __device__ int64_t pixels() const { return n * oh * ow; }
+};
+
+Geom geom_of(const Conv2dGeometry& g) {
+  return {g.n,  g.c_in,     g.h,        g.w,     g.out_h(), g.out_w(), g.kh,   g.kw,
+          g.stride_h, g.stride_w, g.pad_h, g.pad_w, g.dil_h, g.dil_w, g.c_out};
+}
+
+// The taps t = (r * kw + s) * C + c of a block's convolution as offsets: row
+// and column from the window's corner, and channel. Filled once per block.
+struct TapTable {
+  int dh[kMaxTaps], dw[kMaxTaps], c[kMaxTaps];
+};
+
+__device__ __forceinline__ void fill_taps(TapTable& tt, const Geom& g) {
+  const int taps = g.taps(), c_in = static_cast<int>(g.c), kw = static_cast<int>(g.kw);
+  for (int t = threadIdx.x; t < taps; t += blockDim.x) {
+    const int rs = t / c_in;
+    tt.dh[t] = (rs / kw) * static_cast<int>(g.dh);
+    tt.dw[t] = (rs % kw) * static_cast<int>(g.dw);
+    tt.c[t] = t % c_in;
+  }
+}
+
+// Per pixel of a tile: its image, and its window's top-left corner (n = -1
+// past the last pixel).
+struct PixelTable {
+  int n[kMaxTile], h0[kMaxTile], w0[kMaxTile];
+};
+
+// Stages the tile of output pixels m0 .. m0 + p_tile - 1 as
+// xs[p * taps4 + t] = the input under tap t of pixel m0 + p (0 outside the
+// image, past the last pixel, and for the padding taps t >= taps): the pixels'
+// coordinates once, then one independent load per element, consecutive
+// threads on consecutive taps. Ends with the block synchronised.
+template <typename T>
+__device__ __forceinline__ void stage_taps(const T* __restrict__ x, const Geom& g, const TapTable& tt, PixelTable& pt,
+                                           int64_t m0, int p_tile, int taps4, float* __restrict__ xs) {
+  const int64_t pixels = g.pixels();
+  for (int p = threadIdx.x; p < p_tile; p += blockDim.x) {
+    const int64_t m = m0 + p;
+    if (m < pixels) {
+      const int64_t ow = m % g.ow, oh = (m / g.ow) % g.oh;
+      pt.n[p] = static_cast<int>(m / (g.ow * g.oh));
+      pt.h0[p] = static_cast<int>(oh * g.sh - g.ph);
+      pt.w0[p] = static_cast<int>(ow * g.sw - g.pw);
+    } else {
+      pt.n[p] = -1;
+    }
+  }
+  __syncthreads();
+  const int taps = g.taps(), h = static_cast<int>(g.h), w = static_cast<int>(g.w);
+#pragma unroll 4
+  for (int i = threadIdx.x; i < p_tile * taps4; i += blockDim.x) {
+    const int p = i / taps4, t = i - p * taps4;
+    float v = 0.0f;
+    if (t < taps && pt.n[p] >= 0) {
+      const int hi = pt.h0[p] + tt.dh[t], wi = pt.w0[p] + tt.dw[t];
+      if (hi >= 0 && hi < h && wi >= 0 && wi < w)
+        v = static_cast<float>(to_acc(x[((int64_t{pt.n[p]} * h + hi) * w + wi) * g.c + tt.c[t]]));
+    }
+    xs[i] = v;
+  }
+  __syncthreads();
+}
+
+// y[m, chunk * KC + j] for output pixels m of a tile (staged by stage_taps)
+// and KC output channels a thread: the filter in shared memory laid out
+// [chunk][tap][KC] so a tap's KC weights are KC / 4 vector loads shared by
+// every thread of the chunk, the tile's taps four at a time.
+template <typename T, int KC>
+__global__ void __launch_bounds__(kThreads) direct_forward_kernel(const T* __restrict__ x, const T* __restrict__ w,
+                                                                   T* __restrict__ y, Geom g, int p_tile,
+                                                                   int64_t tiles, bool aligned) {
+  extern __shared__ float4 smem4[];
+  __shared__ TapTable tt;
+  __shared__ PixelTable pt;
+  const int taps = g.taps(), taps4 = (taps + 3) / 4 * 4, k = static_cast<int>(g.k), chunks = k / KC;
+  float* sw = reinterpret_cast<float*>(smem4);  // [chunk][taps4][KC]
+  float* xs = sw + chunks * taps4 * KC;           // [p_tile][taps4]
+  // w is [K][taps]; the padding taps get weight 0.
+  for (int i = threadIdx.x; i < chunks * taps4 * KC; i += blockDim.x) {
+    const int j = i % KC, t = (i / KC) % taps4, chunk = i / (KC * taps4);
+    sw[i] = t < taps ? static_cast<float>(to_acc(w[(chunk * KC + j) * taps + t])) : 0.0f;
+  }
+  fill_taps(tt, g);
+  const int64_t pixels = g.pixels();
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int64_t m0 = tile * p_tile;
+    __syncthreads();  // the previous tile's reads are done (and the tables filled)
+    stage_taps(x, g, tt, pt, m0, p_tile, taps4, xs);
+    for (int i = threadIdx.x; i < p_tile * chunks; i += blockDim.x) {
+      const int p = i / chunks, chunk = i - p * chunks;
+      const int64_t m = m0 + p;
+      if (m >= pixels) continue;
+      float acc[KC];
+#pragma unroll
+      for (int j = 0; j < KC; ++j) acc[j] = 0.0f;
+      const float4* wc = reinterpret_cast<const float4*>(sw + chunk * taps4 * KC);
+      const float4* xp = reinterpret_cast<const float4*>(xs + p * taps4);
+      for (int t4 = 0; t4 < taps4 / 4; ++t4) {
+        const float4 v4 = xp[t4];
+        const float vv[4] = {v4.x, v4.y, v4.z, v4.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+#pragma unroll
+          for (int q = 0; q < KC / 4; ++q) {
+            const float4 wv = wc[(4 * t4 + e) * (KC / 4) + q];
+            acc[4 * q + 0] = fmaf(vv[e], wv.x, acc[4 * q + 0]);
+            acc[4 * q + 1] = fmaf(vv[e], wv.y, acc[4 * q + 1]);
+            acc[4 * q + 2] = fmaf(vv[e], wv.z, acc[4 * q + 2]);
+            acc[4 * q + 3] = fmaf(vv[e], wv.w, acc[4 * q + 3]);
+          }
+        }
+      }
+      T* out = y + m * g.k + chunk * KC;
+      if (aligned) {
+        struct alignas(16) Pack8 {
+          T v[8];
+        };
+#pragma unroll
+        for (int hh = 0; hh < KC / 8; ++hh) {
+          Pack8 pk;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) pk.v[j] = convert<T>(acc[8 * hh + j]);
+          reinterpret_cast<Pack8*>(out)[hh] = pk;
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < KC; ++j) out[j] = convert<T>(acc[j]);
+      }
+    }
+  }
+}
+
+// The weight gradient's partial sums: block b sums, over its tiles of P output
+// pixels, dW[o] for every output o = k * taps + t (k an output channel, t a
+// tap), and writes them to partial[b, o]. A tile's dy rows [P][K] and tap
+// values [P][taps4] (taps padded to a multiple of 4 with zeros) are staged in
+// shared memory as floats; thread (u, grp) owns the 4x4 outputs of micro-tile
+// u (output channels 4 * (u / MT) .. +3, taps 4 * (u % MT) .. +3, MT = taps4 /
+// 4) over the tile's pixels p = grp, grp + groups, ...; at the end the groups'
+// sums are added in shared memory in group order. Every sum is in a fixed
+// order: the result does not depend on timing.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) direct_wgrad_partial_kernel(const T* __restrict__ dy,
+                                                                         const T* __restrict__ x,
+                                                                         float* __restrict__ partial, Geom g, int p_tile,
+                                                                         int64_t tiles) {
+  extern __shared__ float4 smem4[];
+  __shared__ TapTable tt;
+  __shared__ PixelTable pt;
+  float* sm = reinterpret_cast<float*>(smem4);
+  const int taps = g.taps(), taps4 = (taps + 3) / 4 * 4, k = static_cast<int>(g.k);
+  fill_taps(tt, g);
+  const int mt = taps4 / 4, units = (k / 4) * mt, groups = kThreads / units;
+  float* dys = sm;                  // [P][K]
+  float* xs = sm + p_tile * k;      // [P][taps4]
+  const int u = threadIdx.x % units, grp = threadIdx.x / units;
+  const int k0 = 4 * (u / mt), t0 = 4 * (u % mt);
+  float acc[4][4];
+#pragma unroll
+  for (int a = 0; a < 4; ++a)
+#pragma unroll
+    for (int b = 0; b < 4; ++b) acc[a][b] = 0.0f;
+  const int64_t pixels = g.pixels();
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int64_t m0 = tile * p_tile;
+    __syncthreads();  // the previous tile's reads are done
+    for (int i = threadIdx.x; i < p_tile * k; i += blockDim.x) {
+      const int64_t m = m0 + i / k;
+      dys[i] = m < pixels ? static_cast<float>(to_acc(dy[m0 * k + i])) : 0.0f;
+    }
+    stage_taps(x, g, tt, pt, m0, p_tile, taps4, xs);
+    if (grp < groups) {
+      for (int p = grp; p < p_tile; p += groups) {
+        const float4 d = *reinterpret_cast<const float4*>(dys + p * k + k0);
+        const float4 v = *reinterpret_cast<const float4*>(xs + p * taps4 + t0);
+        const float dv[4] = {d.x, d.y, d.z, d.w}, xv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int a = 0; a < 4; ++a)
+#pragma unroll
+          for (int b = 0; b < 4; ++b) acc[a][b] = fmaf(dv[a], xv[b], acc[a][b]);
+      }
+    }
+  }
+  // The groups' sums, in group order: red[grp][u][16] reuses the stage.
+  __syncthreads();
+  float* red = sm;
+  if (grp < groups) {
+#pragma unroll
+    for (int a = 0; a < 4; ++a)
+#pragma unroll
+      for (int b = 0; b < 4; ++b) red[(grp * units + u) * 16 + a * 4 + b] = acc[a][b];
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < units * 16; i += blockDim.x) {
+    const int uu = i / 16, ab = i % 16, a = ab / 4, b = ab % 4;
+    float s = 0.0f;
+    for (int q = 0; q < groups; ++q) s += red[(q * units + uu) * 16 + ab];
+    const int kk = 4 * (uu / mt) + a, t = 4 * (uu % mt) + b;
+    if (t < taps) partial[int64_t{blockIdx.x} * k * taps + kk * taps + t] = s;
+  }
+}
+
+// dweight[k, c, r, s] (at the given strides) = sum over the blocks of
+// partial[b, k * taps + (r * kw + s) * C + c], in block order; 32 lanes per
+// output, each adding every 32nd block, then a tree (as the batch norm's
+// finalize).
+template <typename O>
+__global__ void direct_wgrad_finalize_kernel(const float* __restrict__ partial, int64_t blocks, Geom g,
+                                             O* __restrict__ dw, int64_t sk, int64_t sc, int64_t sr, int64_t ss) {
+  constexpr int kCols = 32, kLanes = 32;
+  const int taps = g.taps();
+  const int64_t outs = g.k * taps;
+  const int64_t o = int64_t{blockIdx.x} * kCols + threadIdx.x;
+  float s = 0.0f;
+  if (o < outs)
+    for (int64_t b = threadIdx.y; b < blocks; b += kLanes) s += partial[b * outs + o];
+  __shared__ float sh[kLanes][kCols];
+  sh[threadIdx.y][threadIdx.x] = s;
+  for (int half = kLanes / 2; half > 0; half /= 2) {
+    __syncthreads();
+    if (threadIdx.y < half) {
+      s += sh[threadIdx.y + half][threadIdx.x];
+      sh[threadIdx.y][threadIdx.x] = s;
+    }
+  }
+  if (threadIdx.y != 0 || o >= outs) return;
+  const int64_t kk = o / taps, t = o % taps;
+  const int64_t c = t % g.c, rs = t / g.c, ssi = rs % g.kw, r = rs / g.kw;
+  dw[kk * sk + c * sc + r * sr + ssi * ss] = convert<O>(s);
+}
+
+std::atomic<int>& enabled_flag() {
+  static std::atomic<int> flag{[] {
+    const char* e = std::getenv("CHORUS_CONV_DIRECT");
+    return e && *e && std::strcmp(e, "0") == 0 ? 0 : 1;
+  }()};
+  return flag;
+}
+
+}  // namespace
+
+bool conv_direct_enabled() { return enabled_flag().load(std::memory_order_relaxed) != 0; }
+void set_conv_direct_enabled(bool on) { enabled_flag().store(on ? 1 : 0, std::memory_order_relaxed); }
+
+bool conv_direct_applies(const Conv2dGeometry& g, Layout layout, DType dtype) {
+  return layout == Layout::NHWC && (dtype == kBFloat16 || dtype == kFloat16) && g.groups == 1 && g.c_in >= 1 &&
+         g.c_in <= kMaxInputChannels && g.kh * g.kw * g.c_in <= kMaxTaps && g.c_out % 8 == 0 &&
+         g.c_out <= kMaxOutChannels && g.n > 0 && g.out_h() > 0 && g.out_w() > 0;
+}
+
+// The pixels a block stages at a time: what the stage holds beside `fixed`
+// floats, a multiple of 32, at most kMaxTile.
+int tile_pixels(int fixed, int per_pixel) {
+  return std::clamp((kStageFloats - fixed) / per_pixel / 32 * 32, 32, kMaxTile);
+}
+
+int64_t tile_blocks(int64_t tiles, int device, int per_sm) {
+  return std::clamp<int64_t>(tiles, 1, int64_t{per_sm} * device_properties(device).multiProcessorCount);
+}
+
+void conv_direct_forward(const Conv2dGeometry& g, const Tensor& x, const Tensor& w, const Tensor& y) {
+  const Geom q = geom_of(g);
+  const int device = x.device().index;
+  const bool aligned = reinterpret_cast<uintptr_t>(y.raw_data()) % 16 == 0;
+  const int taps4 = (q.taps() + 3) / 4 * 4, k = static_cast<int>(q.k);
+  const int p_tile = tile_pixels(k * taps4, taps4);
+  const size_t smem = sizeof(float) * static_cast<size_t>(k * taps4 + p_tile * taps4);
+  const int64_t tiles = (q.pixels() + p_tile - 1) / p_tile;
+  const unsigned blocks = static_cast<unsigned>(tile_blocks(tiles, device, 4));
+  dispatch_float(x.dtype(), "conv_direct", [&]<typename T>() {
+    if constexpr (sizeof(T) == 2) {
+      const T* xp = static_cast<const T*>(x.raw_data());
+      const T* wp = static_cast<const T*>(w.raw_data());
+      T* yp = static_cast<T*>(y.raw_data());
+      cudaStream_t stream = current_stream(device);
+      if (k % 16 == 0)
+        direct_forward_kernel<T, 16><<<blocks, kThreads, smem, stream>>>(xp, wp, yp, q, p_tile, tiles, aligned);
+      else
+        direct_forward_kernel<T, 8><<<blocks, kThreads, smem, stream>>>(xp, wp, yp, q, p_tile, tiles, aligned);
+      CHORUS_CUDA_LAUNCH_CHECK();
+    }
+  });
+}
+
+void conv_direct_backward_weight(const Conv2dGeometry& g, const Tensor& dy, const Tensor& x, const Tensor& dweight) {
+  const Geom q = geom_of(g);
+  const int device = x.device().index;
+  const int taps = q.taps(), taps4 = (taps + 3) / 4 * 4;
+  const int p_tile = tile_pixels(0, static_cast<int>(q.k) + taps4);
+  const int units = static_cast<int>(q.k / 4) * (taps4 / 4);
+  CHORUS_CHECK(units <= kThreads, "conv_direct_backward_weight: ", units, " micro-tiles exceed a block");
+  const size_t smem =
+      sizeof(float) * std::max<size_t>(static_cast<size_t>(p_tile) * (q.k + taps4),
+                                       static_cast<size_t>(kThreads / units) * units * 16);
+  const int64_t tiles = (q.pixels() + p_tile - 1) / p_tile;
+  const int64_t blocks = tile_blocks(tiles, device, 2);
+  const int64_t outs = q.k * taps;
+  Tensor partial = detail::empty_tensor({blocks * outs}, kFloat32, x.device());
+  cudaStream_t stream = current_stream(device);
+  dispatch_float(x.dtype(), "conv_direct", [&]<typename T>() {
+    if constexpr (sizeof(T) == 2) {
+      direct_wgrad_partial_kernel<T><<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(
+          static_cast<const T*>(dy.raw_data()), static_cast<const T*>(x.raw_data()),
+          static_cast<float*>(partial.raw_data()), q, p_tile, tiles);
+      CHORUS_CUDA_LAUNCH_CHECK();
+      const dim3 fin_grid(static_cast<unsigned>((outs + 31) / 32)), fin_block(32, 32);
+      // dweight is [K, C, R, S] (its own strides, whatever its layout).
+      const int64_t sk = dweight.stride(0), sc = dweight.stride(1), sr = dweight.stride(2), ss = dweight.stride(3);
+      if (dweight.dtype() == kFloat32) {
+        direct_wgrad_finalize_kernel<float><<<fin_grid, fin_block, 0, stream>>>(
+            static_cast<const float*>(partial.raw_data()), blocks, q, static_cast<float*>(dweight.raw_data()), sk, sc,
+            sr, ss);
+      } else {
+        CHORUS_CHECK(dweight.dtype() == x.dtype(), "conv_direct_backward_weight: dweight must be float32 or ",
+                     dtype_name(x.dtype()), ", got ", dtype_name(dweight.dtype()));
+        direct_wgrad_finalize_kernel<T><<<fin_grid, fin_block, 0, stream>>>(
+            static_cast<const float*>(partial.raw_data()), blocks, q, static_cast<T*>(dweight.raw_data()), sk, sc,
+            sr, ss);
+      }
+      CHORUS_CUDA_LAUNCH_CHECK();
+    }
+  });
+}
+
+}  // namespace chorus::cuda
