@@ -19,24 +19,15 @@
 #include <chorus/ops/nn.h>
 
 #include "testing/compare.h"
+#include "testing/conv_cases.h"
 
 namespace chorus {
 namespace {
 
 namespace F = nn::functional;
 
-struct DirectCase {
-  int64_t n, c, h, w, k, kernel, stride, pad, dil;
-};
-
-std::string direct_case_name(const DirectCase& c, DType dt) {
-  return std::to_string(c.n) + "x" + std::to_string(c.c) + "x" + std::to_string(c.h) + "x" + std::to_string(c.w) +
-         " -> " + std::to_string(c.k) + " k" + std::to_string(c.kernel) + " s" + std::to_string(c.stride) + " p" +
-         std::to_string(c.pad) + " d" + std::to_string(c.dil) + " " + dtype_name(dt);
-}
-
-const std::vector<DirectCase>& direct_cases() {
-  static const std::vector<DirectCase> cases{
+const std::vector<test::ConvCase>& direct_cases() {
+  static const std::vector<test::ConvCase> cases{
       {4, 3, 16, 16, 16, 3, 1, 1, 1},   // Wide ResNet's stem, small
       {3, 3, 11, 9, 24, 3, 2, 1, 1},    // strided, odd sizes, 8 outputs a chunk
       {2, 1, 10, 10, 8, 1, 1, 0, 1},    // one channel, 1x1
@@ -47,18 +38,16 @@ const std::vector<DirectCase>& direct_cases() {
   return cases;
 }
 
-Tensor direct_cl_on(const Tensor& t, const Device& d, DType dt) { return ops::to_channels_last(t.to(d).to(dt)); }
 
 TEST(ConvDirect, MatchesTheCpuConvolution_CUDA) {
   if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
   const Device gpu = cuda_device(0);
   for (DType dt : {kBFloat16, kFloat16})
-    for (const DirectCase& c : direct_cases()) {
-      const std::string what = direct_case_name(c, dt);
+    for (const test::ConvCase& c : direct_cases()) {
+      const std::string what = c.name(dt);
       manual_seed(static_cast<uint64_t>(c.c * 13 + c.kernel * 5 + c.stride + c.k));
-      const F::Conv2dParams p{c.stride, c.stride, c.pad, c.pad, c.dil, c.dil, 1};
-      const Conv2dGeometry g{c.n, c.c, c.h, c.w, c.k, c.kernel, c.kernel, c.stride, c.stride,
-                             c.pad, c.pad, c.dil, c.dil, 1};
+      const F::Conv2dParams p = c.params();
+      const Conv2dGeometry g = c.geometry();
       ASSERT_TRUE(cuda::conv_direct_applies(g, cuda::Layout::NHWC, dt)) << what;
       // Values exact in the dtype, so both sides see the same inputs.
       const Tensor x = randn({c.n, c.c, c.h, c.w}).to(dt).to(kFloat32);
@@ -67,9 +56,10 @@ TEST(ConvDirect, MatchesTheCpuConvolution_CUDA) {
       const Tensor dy = randn(ref_y.sizes()).to(dt).to(kFloat32);
       const Tensor ref_dw = ops::conv2d_backward_weight(dy, x, w, p, false).first;
 
-      const Tensor gx = direct_cl_on(x, gpu, dt), gw = direct_cl_on(w, gpu, dt), gdy = direct_cl_on(dy, gpu, dt);
+      const Tensor gx = test::channels_last_on(x, gpu, dt), gw = test::channels_last_on(w, gpu, dt);
+      const Tensor gdy = test::channels_last_on(dy, gpu, dt);
       // Outputs start as noise: every element must be written.
-      const Tensor y = direct_cl_on(randn(ref_y.sizes()), gpu, dt);
+      const Tensor y = test::channels_last_on(randn(ref_y.sizes()), gpu, dt);
       cuda::conv_direct_forward(g, gx, gw, y);
       // One rounding of y (2^-8 relative for bf16); the sums are in float.
       const double tol = dt == kBFloat16 ? 1e-2 : 2e-3;
@@ -77,7 +67,7 @@ TEST(ConvDirect, MatchesTheCpuConvolution_CUDA) {
       // The weight gradient: float32 at a contiguous (OIHW) filter's strides,
       // and the data's dtype at channels-last strides.
       const Tensor dw32 = randn(w.sizes()).to(gpu);
-      const Tensor dw16 = direct_cl_on(randn(w.sizes()), gpu, dt);
+      const Tensor dw16 = test::channels_last_on(randn(w.sizes()), gpu, dt);
       cuda::conv_direct_backward_weight(g, gdy, gx, dw32);
       cuda::conv_direct_backward_weight(g, gdy, gx, dw16);
       EXPECT_LT(test::rel_err(dw32, ref_dw), 1e-5) << what << " weight gradient, float32";
@@ -98,12 +88,12 @@ TEST(ConvDirect, OpsWithThePathAgreeWithCudnn_CUDA) {
   struct Restore {
     ~Restore() { cuda::set_conv_direct_enabled(true); }
   } restore;
-  const DirectCase c{32, 3, 32, 32, 16, 3, 1, 1, 1};
+  const test::ConvCase c{32, 3, 32, 32, 16, 3, 1, 1, 1};
   const F::Conv2dParams p{1, 1, 1, 1, 1, 1, 1};
   manual_seed(5);
-  const Tensor x = direct_cl_on(randn({c.n, c.c, c.h, c.w}), gpu, kBFloat16);
-  const Tensor w = direct_cl_on(randn({c.k, c.c, 3, 3}).mul(0.2), gpu, kBFloat16);
-  const Tensor dy = direct_cl_on(randn({c.n, c.k, c.h, c.w}), gpu, kBFloat16);
+  const Tensor x = test::channels_last_on(randn({c.n, c.c, c.h, c.w}), gpu, kBFloat16);
+  const Tensor w = test::channels_last_on(randn({c.k, c.c, 3, 3}).mul(0.2), gpu, kBFloat16);
+  const Tensor dy = test::channels_last_on(randn({c.n, c.k, c.h, c.w}), gpu, kBFloat16);
   std::vector<Tensor> got[2];
   for (int on = 0; on < 2; ++on) {
     cuda::set_conv_direct_enabled(on == 1);

@@ -16,24 +16,15 @@
 #include <chorus/ops/nn.h>
 
 #include "testing/compare.h"
+#include "testing/conv_cases.h"
 
 namespace chorus {
 namespace {
 
 namespace F = nn::functional;
 
-struct GemmCase {
-  int64_t n, c, h, w, k, kernel, stride, pad, dil;
-};
-
-std::string gemm_case_name(const GemmCase& c, DType dt) {
-  return std::to_string(c.n) + "x" + std::to_string(c.c) + "x" + std::to_string(c.h) + "x" + std::to_string(c.w) +
-         " -> " + std::to_string(c.k) + " k" + std::to_string(c.kernel) + " s" + std::to_string(c.stride) + " p" +
-         std::to_string(c.pad) + " d" + std::to_string(c.dil) + " " + dtype_name(dt);
-}
-
-const std::vector<GemmCase>& gemm_cases() {
-  static const std::vector<GemmCase> cases{
+const std::vector<test::ConvCase>& gemm_cases() {
+  static const std::vector<test::ConvCase> cases{
       {4, 16, 12, 12, 40, 3, 1, 1, 1},  // Wide ResNet's first block, small
       {3, 16, 11, 9, 24, 3, 2, 1, 1},   // strided, odd sizes: windows skip pixels in col2im
       {2, 8, 10, 10, 16, 1, 1, 0, 1},   // 1x1
@@ -44,18 +35,16 @@ const std::vector<GemmCase>& gemm_cases() {
   return cases;
 }
 
-Tensor cl_on(const Tensor& t, const Device& d, DType dt) { return ops::to_channels_last(t.to(d).to(dt)); }
 
 TEST(ConvGemm, MatchesTheCpuConvolution_CUDA) {
   if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
   const Device gpu = cuda_device(0);
   for (DType dt : {kBFloat16, kFloat16})
-    for (const GemmCase& c : gemm_cases()) {
-      const std::string what = gemm_case_name(c, dt);
+    for (const test::ConvCase& c : gemm_cases()) {
+      const std::string what = c.name(dt);
       manual_seed(static_cast<uint64_t>(c.c * 13 + c.kernel * 5 + c.stride));
-      const F::Conv2dParams p{c.stride, c.stride, c.pad, c.pad, c.dil, c.dil, 1};
-      const Conv2dGeometry g{c.n, c.c, c.h, c.w, c.k, c.kernel, c.kernel, c.stride, c.stride,
-                             c.pad, c.pad, c.dil, c.dil, 1};
+      const F::Conv2dParams p = c.params();
+      const Conv2dGeometry g = c.geometry();
       ASSERT_TRUE(cuda::conv_gemm_applies(g, cuda::Layout::NHWC, dt)) << what;
       // Values exact in the dtype, so both sides see the same inputs.
       const Tensor x = randn({c.n, c.c, c.h, c.w}).to(dt).to(kFloat32);
@@ -65,11 +54,12 @@ TEST(ConvGemm, MatchesTheCpuConvolution_CUDA) {
       const Tensor ref_dx = ops::conv2d_backward_input(dy, x, w, p);
       const Tensor ref_dw = ops::conv2d_backward_weight(dy, x, w, p, false).first;
 
-      const Tensor gx = cl_on(x, gpu, dt), gw = cl_on(w, gpu, dt), gdy = cl_on(dy, gpu, dt);
+      const Tensor gx = test::channels_last_on(x, gpu, dt), gw = test::channels_last_on(w, gpu, dt);
+      const Tensor gdy = test::channels_last_on(dy, gpu, dt);
       // Outputs start as noise: every element must be written.
-      const Tensor y = cl_on(randn(ref_y.sizes()), gpu, dt);
-      const Tensor dx = cl_on(randn(x.sizes()), gpu, dt);
-      const Tensor dw = cl_on(randn(w.sizes()), gpu, dt);
+      const Tensor y = test::channels_last_on(randn(ref_y.sizes()), gpu, dt);
+      const Tensor dx = test::channels_last_on(randn(x.sizes()), gpu, dt);
+      const Tensor dw = test::channels_last_on(randn(w.sizes()), gpu, dt);
       cuda::conv_gemm_forward(g, gx, gw, y);
       cuda::conv_gemm_backward_input(g, gdy, gw, dx);
       cuda::conv_gemm_backward_weight(g, gdy, gx, dw);
@@ -91,12 +81,12 @@ TEST(ConvGemm, OpsWithThePathAgreeWithCudnn_CUDA) {
   struct Restore {
     ~Restore() { cuda::set_conv_gemm_enabled(true); }
   } restore;
-  const GemmCase c{8, 16, 16, 16, 64, 3, 1, 1, 1};
+  const test::ConvCase c{8, 16, 16, 16, 64, 3, 1, 1, 1};
   const F::Conv2dParams p{1, 1, 1, 1, 1, 1, 1};
   manual_seed(5);
-  const Tensor x = cl_on(randn({c.n, c.c, c.h, c.w}), gpu, kBFloat16);
-  const Tensor w = cl_on(randn({c.k, c.c, 3, 3}).mul(0.1), gpu, kBFloat16);
-  const Tensor dy = cl_on(randn({c.n, c.k, c.h, c.w}), gpu, kBFloat16);
+  const Tensor x = test::channels_last_on(randn({c.n, c.c, c.h, c.w}), gpu, kBFloat16);
+  const Tensor w = test::channels_last_on(randn({c.k, c.c, 3, 3}).mul(0.1), gpu, kBFloat16);
+  const Tensor dy = test::channels_last_on(randn({c.n, c.k, c.h, c.w}), gpu, kBFloat16);
   std::vector<Tensor> got[2];
   for (int on = 0; on < 2; ++on) {
     cuda::set_conv_gemm_enabled(on == 1);
