@@ -86,7 +86,7 @@ constexpr size_t kMaxCandidates = 32;
 // Timed runs per candidate (after one untimed run that loads its kernels).
 constexpr int kTimedRuns = 3;
 
-constexpr int64_t kUidX = 1, kUidW = 2, kUidY = 3, kUidR = 4, kUidConvOut = 5;
+constexpr int64_t kUidX = 1, kUidW = 2, kUidY = 3, kUidR = 4, kUidConvOut = 5, kUidSum = 6, kUidSqSum = 7;
 
 // A cuDNN backend descriptor (Owned: cuda/caches.h).
 class BackendDesc {
@@ -156,7 +156,8 @@ BackendDesc conv_desc(const Conv2dGeometry& g) {
 // epilogue]): the convolution into a virtual float tensor, then a pointwise
 // add of the residual R into Y.
 BackendDesc operation_graph(ConvDirection dir, const Conv2dGeometry& g, DType dtype, Layout layout,
-                            int64_t alignment, cudnnHandle_t handle, bool add_residual = false) {
+                            int64_t alignment, cudnnHandle_t handle, bool add_residual = false,
+                            bool gen_stats = false) {
   const cudnnDataType_t dt = cudnn_dtype(dtype, "conv2d");
   const BackendDesc x = tensor_desc(kUidX, dt, layout, {g.n, g.c_in, g.h, g.w}, alignment);
   const BackendDesc w =
@@ -217,6 +218,23 @@ BackendDesc operation_graph(ConvDirection dir, const Conv2dGeometry& g, DType dt
     add.set_desc(CUDNN_ATTR_OPERATION_POINTWISE_YDESC, out);
     add.finalize();
     ops.push_back(add.get());
+  }
+  // probe_conv_genstats: the per-channel sum and sum of squares of y.
+  BackendDesc stats;
+  if (gen_stats) {
+    CHORUS_CHECK(dir == ConvDirection::Forward && !add_residual, "conv2d: statistics of a plain forward only");
+    const BackendDesc sum = tensor_desc(kUidSum, CUDNN_DATA_FLOAT, layout, {1, g.c_out, 1, 1}, alignment);
+    const BackendDesc sqsum = tensor_desc(kUidSqSum, CUDNN_DATA_FLOAT, layout, {1, g.c_out, 1, 1}, alignment);
+    const cudnnGenStatsMode_t mode = CUDNN_GENSTATS_SUM_SQSUM;
+    const cudnnDataType_t prec = CUDNN_DATA_FLOAT;
+    stats = BackendDesc(CUDNN_BACKEND_OPERATION_GEN_STATS_DESCRIPTOR);
+    stats.set(CUDNN_ATTR_OPERATION_GENSTATS_MODE, CUDNN_TYPE_GENSTATS_MODE, 1, &mode);
+    stats.set(CUDNN_ATTR_OPERATION_GENSTATS_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec);
+    stats.set_desc(CUDNN_ATTR_OPERATION_GENSTATS_XDESC, y);
+    stats.set_desc(CUDNN_ATTR_OPERATION_GENSTATS_SUMDESC, sum);
+    stats.set_desc(CUDNN_ATTR_OPERATION_GENSTATS_SQSUMDESC, sqsum);
+    stats.finalize();
+    ops.push_back(stats.get());
   }
   graph.set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, static_cast<int64_t>(ops.size()), ops.data());
   graph.set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
@@ -362,9 +380,16 @@ Tensor workspace_tensor(int64_t bytes, int device) {
 cudnnStatus_t execute(const Plan& plan, cudnnHandle_t handle, const ConvOperands& ops,
                       void* workspace) {
   BackendDesc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
-  const int64_t uids[4] = {kUidX, kUidW, kUidY, kUidR};
-  void* ptrs[4] = {ops.x, ops.w, ops.y, ops.r};
-  const int64_t n = ops.r ? 4 : 3;
+  int64_t uids[5] = {kUidX, kUidW, kUidY, kUidR, 0};
+  void* ptrs[5] = {ops.x, ops.w, ops.y, ops.r, nullptr};
+  int64_t n = ops.r ? 4 : 3;
+  if (ops.sum) {  // probe_conv_genstats (no residual then)
+    uids[3] = kUidSum;
+    ptrs[3] = ops.sum;
+    uids[4] = kUidSqSum;
+    ptrs[4] = ops.sqsum;
+    n = 5;
+  }
   pack.set(CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids);
   pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, ptrs);
   pack.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &workspace);
@@ -702,6 +727,35 @@ bool conv_graph_enabled() {
 }
 
 bool conv_search_log() { return search_log(); }
+
+GenStatsProbe probe_conv_genstats(const Conv2dGeometry& g, DType dtype, Layout layout, int device,
+                                  const ConvOperands& ops) {
+  GenStatsProbe out;
+  CHORUS_CHECK(ops.sum && ops.sqsum && !ops.r, "probe_conv_genstats: needs sum and sqsum, and no residual");
+  const cudnnHandle_t handle = cudnn_handle(device);
+  BackendDesc graph;
+  try {
+    graph = operation_graph(ConvDirection::Forward, g, dtype, layout, common_alignment(ops), handle, false, true);
+  } catch (const Error& e) {
+    out.error = e.what();
+    return out;
+  }
+  for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+    for (const BackendDesc& cfg : engine_configs(graph, mode)) {
+      ++out.configs;
+      const std::shared_ptr<Plan> plan = make_plan(cfg, handle);
+      if (!plan || plan->workspace > kMaxWorkspaceBytes) continue;
+      const float ms = time_plan(*plan, handle, ops, device);
+      if (ms < 0) continue;
+      ++out.plans;
+      if (out.best_ms < 0 || ms < out.best_ms) {
+        out.best_ms = ms;
+        out.engine = plan->engine;
+      }
+    }
+  }
+  return out;
+}
 
 bool run_conv_graph(ConvDirection dir, const Conv2dGeometry& g, DType dtype, Layout layout,
                     int device, const ConvOperands& ops) {

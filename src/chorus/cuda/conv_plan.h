@@ -26,6 +26,7 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
 
 #include "chorus/core/dtype.h"
 #include "chorus/core/op_kinds.h"
@@ -44,6 +45,10 @@ struct ConvOperands {
   // Forward only: a tensor shaped like y added in the convolution's epilogue
   // (y = conv(x, w) + r; Note [Residual add in the epilogue]), or null.
   void* r = nullptr;
+  // Forward only, probe_conv_genstats: float [C] per-channel sum and sum of
+  // squares of y generated in the epilogue, or null.
+  float* sum = nullptr;
+  float* sqsum = nullptr;
 };
 
 // The identity of a convolution for the plan cache here and the legacy
@@ -97,5 +102,22 @@ void set_conv_add_epilogue(bool on);
 // offers no plan for this geometry; throws DeviceError on execution failures.
 bool run_conv_graph(ConvDirection dir, const Conv2dGeometry& g, DType dtype, Layout layout,
                     int device, const ConvOperands& ops);
+
+// Issue 14's probe of batch-norm statistics in the convolution's epilogue
+// (bench/conv_genstats_gpu.cpp): the forward convolution as a cuDNN graph with
+// a GEN_STATS node (SUM_SQSUM of y into ops.sum, ops.sqsum), every engine
+// configuration cuDNN's heuristics offer (mode A, then the fallback list)
+// finalised and timed on these operands as the plan search times plans. Not
+// used by the library: it measures whether the runtime-fusion engines that
+// run such graphs beat the plain convolution plus Chorus's statistics pass.
+struct GenStatsProbe {
+  int configs = 0;      // engine configurations offered
+  int plans = 0;        // of those, plans that ran
+  float best_ms = -1;   // the fastest plan's milliseconds per call (-1: none ran)
+  std::string engine;   // its engine and knobs
+  std::string error;    // why the graph was refused, if it was
+};
+GenStatsProbe probe_conv_genstats(const Conv2dGeometry& g, DType dtype, Layout layout, int device,
+                                  const ConvOperands& ops);
 
 }  // namespace chorus::cuda
