@@ -8,7 +8,8 @@
 # ddpprof profiles 2-GPU DDP against 1 GPU (nsys, or a CUPTI trace; for dp also each GPU's step kernel by kernel against 1 GPU's); ddpgraphs checks graphed DDP against eager and a rank dying mid-replay; ddptrain trains
 # Fashion-MNIST with DDP on 2 GPUs; layout trains channels-last (the
 # default) and --no-channels-last and resumes across them; dp runs DataParallel WRN-28-10 fp32 and bf16 at 1 and 2 GPUs;
-# graphs runs the CUDA-graph tests and one GPU against torch.compile; graphlaunch times
+# graphs runs the CUDA-graph tests and one GPU against torch.compile; direct checks and times the stem's direct
+# convolution kernels and cuDNN's GEN_STATS fusion probe; graphlaunch times
 # CUDA graph replays of several shapes (bench/graph_launch);
 # bnbench times the batch-norm kernels per layer shape; convadd times the residual add in the convolution's epilogue; tracecmp sets Chorus's step beside torch.compile's kernel by kernel; hostprof samples an eager step's host time (gperftools); profile sums GPU time per kernel class (nsys); dpgraphs runs DataParallel
 # with and without CUDA graphs on 2 GPUs;
@@ -199,6 +200,23 @@ if has bnbench; then
   ./$BUILD/bench_batch_norm_gpu | tee "$OUT/bnbench.txt"
   ./$BUILD/bench_batch_norm_gpu --fp32 | tee -a "$OUT/bnbench.txt"
   timeout 300 ./$BUILD/chorus_tests --gtest_filter='CudaBatchNorm*:SyncBatchNorm.Alone*' 2>&1 | grep -E "^\[  (FAILED|PASSED) |Failure"
+fi
+if has direct; then
+  # Issue 14: the stem's direct kernels (Note [Direct convolutions of a few
+  # input channels], cuda/conv_direct.h): their tests, the choices against
+  # cuDNN, cuDNN's GEN_STATS fusion probe (bench/conv_genstats_gpu.cpp), then
+  # whole graphed WRN-28-10 steps with the path (default) and without
+  # (CHORUS_CONV_DIRECT=0), alternated DIRECT_REPEAT times.
+  timeout 300 ./$BUILD/chorus_tests --gtest_filter='ConvDirect.*:ConvGemm.*' 2>&1 | grep -E "^\[  (FAILED|PASSED) |Failure|Expected|weight gradient|forward" | head -30
+  CHORUS_CONV_SEARCH_LOG=1 timeout 200 $C bench --model wrn-28-10 --precision bf16 --channels-last --devices cuda:0 \
+    --batch-size 128 --steps 10 --warmup 3 2>&1 | grep -E "conv (direct|gemm):"
+  timeout 200 ./$BUILD/bench_conv_genstats_gpu | tee "$OUT/genstats.txt"
+  for r in $(seq ${DIRECT_REPEAT:-3}); do
+    for e in 1 0; do
+      CHORUS_CONV_DIRECT=$e timeout 300 $C bench --model wrn-28-10 --precision bf16 --channels-last --devices cuda:0 \
+        --batch-size 128 --steps 40 --warmup 8 --json | python3 -c "import json,sys; r=json.loads(sys.stdin.read()); print(f'direct=$e wrn-28-10 {r[\"img_per_s\"]:.1f} img/s')"
+    done
+  done
 fi
 if has convadd; then
   # Issue 14: the residual add in the convolution's epilogue (Note [Residual
