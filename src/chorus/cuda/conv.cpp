@@ -385,9 +385,11 @@ bool gemm_path_wins(Direction dir, const Conv2dGeometry& g, DType dtype, Layout 
                     const std::function<void()>& gemm_run);
 // Note [Direct convolutions of a few input channels] (conv_direct.h): the same
 // for the direct kernels.
+// `tag` tells apart calls whose cuDNN side differs (a weight gradient that
+// cuDNN writes to a temporary and converts).
 bool direct_path_wins(Direction dir, const Conv2dGeometry& g, DType dtype, Layout layout, int device,
                       const ConvOperands& ops, const std::function<void()>& cudnn_run,
-                      const std::function<void()>& direct_run);
+                      const std::function<void()>& direct_run, int64_t tag = 0);
 
 }  // namespace
 
@@ -549,9 +551,9 @@ bool gemm_path_wins(Direction dir, const Conv2dGeometry& g, DType dtype, Layout 
 
 bool direct_path_wins(Direction dir, const Conv2dGeometry& g, DType dtype, Layout layout, int device,
                       const ConvOperands& ops, const std::function<void()>& cudnn_run,
-                      const std::function<void()>& direct_run) {
+                      const std::function<void()>& direct_run, int64_t tag) {
   if (!conv_direct_enabled() || !conv_direct_applies(g, layout, dtype)) return false;
-  return alternative_wins("direct", 8192, dir, g, dtype, layout, device, ops, cudnn_run, direct_run);
+  return alternative_wins("direct", 8192 | tag, dir, g, dtype, layout, device, ops, cudnn_run, direct_run);
 }
 
 // Per geometry: whether the fused graph beats the convolution then the add.
@@ -749,8 +751,8 @@ void conv2d_backward_weight(const Conv2dGeometry& g, const Tensor& dy, const Ten
         cudnn_run();
         if (!dw.is_same(dweight)) copy(dw, dweight);
       };
-      if (direct_path_wins(Direction::BackwardFilter, g, x.dtype(), layout, device, ops, cudnn_and_copy,
-                           direct_run)) {
+      if (direct_path_wins(Direction::BackwardFilter, g, x.dtype(), layout, device, ops, cudnn_and_copy, direct_run,
+                           dw.is_same(dweight) ? 0 : 16384)) {
         direct_run();
       } else {
         if (gemm_path_wins(Direction::BackwardFilter, g, x.dtype(), layout, device, ops, cudnn_run, gemm_run))

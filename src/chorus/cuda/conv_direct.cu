@@ -31,6 +31,12 @@ constexpr int kMaxTile = 256;
 struct Geom {
   int64_t n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, k;
   __host__ __device__ int taps() const { return static_cast<int>(kh * kw * c); }
+  // The taps padded to a multiple of 4 (zeros after the last).
+  __host__ __device__ int taps4() const { return (taps() + 3) / 4 * 4; }
+  // A staged pixel's row in shared memory (floats): taps4, or 4 more when
+  // taps4 / 4 is even, so that a warp's 16-byte reads of consecutive rows
+  // fall in different banks.
+  __host__ __device__ int row() const { return (taps4() / 4) % 2 == 0 ? taps4() + 4 : taps4(); }
   __host__ __device__ int64_t pixels() const { return n * oh * ow; }
 };
 
@@ -62,13 +68,13 @@ struct PixelTable {
 };
 
 // Stages the tile of output pixels m0 .. m0 + p_tile - 1 as
-// xs[p * taps4 + t] = the input under tap t of pixel m0 + p (0 outside the
-// image, past the last pixel, and for the padding taps t >= taps): the pixels'
+// xs[p * row + t] = the input under tap t of pixel m0 + p (0 outside the
+// image, past the last pixel, and for the padding t >= taps): the pixels'
 // coordinates once, then one independent load per element, consecutive
 // threads on consecutive taps. Ends with the block synchronised.
 template <typename T>
 __device__ __forceinline__ void stage_taps(const T* __restrict__ x, const Geom& g, const TapTable& tt, PixelTable& pt,
-                                           int64_t m0, int p_tile, int taps4, float* __restrict__ xs) {
+                                           int64_t m0, int p_tile, float* __restrict__ xs) {
   const int64_t pixels = g.pixels();
   for (int p = threadIdx.x; p < p_tile; p += blockDim.x) {
     const int64_t m = m0 + p;
@@ -82,10 +88,10 @@ __device__ __forceinline__ void stage_taps(const T* __restrict__ x, const Geom& 
     }
   }
   __syncthreads();
-  const int taps = g.taps(), h = static_cast<int>(g.h), w = static_cast<int>(g.w);
+  const int taps = g.taps(), row = g.row(), h = static_cast<int>(g.h), w = static_cast<int>(g.w);
 #pragma unroll 4
-  for (int i = threadIdx.x; i < p_tile * taps4; i += blockDim.x) {
-    const int p = i / taps4, t = i - p * taps4;
+  for (int i = threadIdx.x; i < p_tile * row; i += blockDim.x) {
+    const int p = i / row, t = i - p * row;
     float v = 0.0f;
     if (t < taps && pt.n[p] >= 0) {
       const int hi = pt.h0[p] + tt.dh[t], wi = pt.w0[p] + tt.dw[t];
@@ -98,9 +104,10 @@ __device__ __forceinline__ void stage_taps(const T* __restrict__ x, const Geom& 
 }
 
 // y[m, chunk * KC + j] for output pixels m of a tile (staged by stage_taps)
-// and KC output channels a thread: the filter in shared memory laid out
-// [chunk][tap][KC] so a tap's KC weights are KC / 4 vector loads shared by
-// every thread of the chunk, the tile's taps four at a time.
+// and KC output channels a thread, the threads of a warp on consecutive pixels
+// of one chunk: the filter in shared memory laid out [chunk][tap][KC] so a
+// tap's KC weights are KC / 4 vector loads the warp shares, the tile's taps
+// four at a time.
 template <typename T, int KC>
 __global__ void __launch_bounds__(kThreads) direct_forward_kernel(const T* __restrict__ x, const T* __restrict__ w,
                                                                    T* __restrict__ y, Geom g, int p_tile,
@@ -108,9 +115,9 @@ __global__ void __launch_bounds__(kThreads) direct_forward_kernel(const T* __res
   extern __shared__ float4 smem4[];
   __shared__ TapTable tt;
   __shared__ PixelTable pt;
-  const int taps = g.taps(), taps4 = (taps + 3) / 4 * 4, k = static_cast<int>(g.k), chunks = k / KC;
+  const int taps = g.taps(), taps4 = g.taps4(), row = g.row(), k = static_cast<int>(g.k), chunks = k / KC;
   float* sw = reinterpret_cast<float*>(smem4);  // [chunk][taps4][KC]
-  float* xs = sw + chunks * taps4 * KC;           // [p_tile][taps4]
+  float* xs = sw + chunks * taps4 * KC;           // [p_tile][row]
   // w is [K][taps]; the padding taps get weight 0.
   for (int i = threadIdx.x; i < chunks * taps4 * KC; i += blockDim.x) {
     const int j = i % KC, t = (i / KC) % taps4, chunk = i / (KC * taps4);
@@ -121,16 +128,16 @@ __global__ void __launch_bounds__(kThreads) direct_forward_kernel(const T* __res
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int64_t m0 = tile * p_tile;
     __syncthreads();  // the previous tile's reads are done (and the tables filled)
-    stage_taps(x, g, tt, pt, m0, p_tile, taps4, xs);
+    stage_taps(x, g, tt, pt, m0, p_tile, xs);
     for (int i = threadIdx.x; i < p_tile * chunks; i += blockDim.x) {
-      const int p = i / chunks, chunk = i - p * chunks;
+      const int chunk = i / p_tile, p = i - chunk * p_tile;
       const int64_t m = m0 + p;
       if (m >= pixels) continue;
       float acc[KC];
 #pragma unroll
       for (int j = 0; j < KC; ++j) acc[j] = 0.0f;
       const float4* wc = reinterpret_cast<const float4*>(sw + chunk * taps4 * KC);
-      const float4* xp = reinterpret_cast<const float4*>(xs + p * taps4);
+      const float4* xp = reinterpret_cast<const float4*>(xs + p * row);
       for (int t4 = 0; t4 < taps4 / 4; ++t4) {
         const float4 v4 = xp[t4];
         const float vv[4] = {v4.x, v4.y, v4.z, v4.w};
@@ -169,7 +176,7 @@ __global__ void __launch_bounds__(kThreads) direct_forward_kernel(const T* __res
 // The weight gradient's partial sums: block b sums, over its tiles of P output
 // pixels, dW[o] for every output o = k * taps + t (k an output channel, t a
 // tap), and writes them to partial[b, o]. A tile's dy rows [P][K] and tap
-// values [P][taps4] (taps padded to a multiple of 4 with zeros) are staged in
+// values [P][row] (taps padded to a multiple of 4 with zeros) are staged in
 // shared memory as floats; thread (u, grp) owns the 4x4 outputs of micro-tile
 // u (output channels 4 * (u / MT) .. +3, taps 4 * (u % MT) .. +3, MT = taps4 /
 // 4) over the tile's pixels p = grp, grp + groups, ...; at the end the groups'
@@ -184,11 +191,11 @@ __global__ void __launch_bounds__(kThreads) direct_wgrad_partial_kernel(const T*
   __shared__ TapTable tt;
   __shared__ PixelTable pt;
   float* sm = reinterpret_cast<float*>(smem4);
-  const int taps = g.taps(), taps4 = (taps + 3) / 4 * 4, k = static_cast<int>(g.k);
+  const int taps = g.taps(), taps4 = g.taps4(), row = g.row(), k = static_cast<int>(g.k);
   fill_taps(tt, g);
   const int mt = taps4 / 4, units = (k / 4) * mt, groups = kThreads / units;
   float* dys = sm;                  // [P][K]
-  float* xs = sm + p_tile * k;      // [P][taps4]
+  float* xs = sm + p_tile * k;      // [P][row]
   const int u = threadIdx.x % units, grp = threadIdx.x / units;
   const int k0 = 4 * (u / mt), t0 = 4 * (u % mt);
   float acc[4][4];
@@ -204,11 +211,11 @@ __global__ void __launch_bounds__(kThreads) direct_wgrad_partial_kernel(const T*
       const int64_t m = m0 + i / k;
       dys[i] = m < pixels ? static_cast<float>(to_acc(dy[m0 * k + i])) : 0.0f;
     }
-    stage_taps(x, g, tt, pt, m0, p_tile, taps4, xs);
+    stage_taps(x, g, tt, pt, m0, p_tile, xs);
     if (grp < groups) {
       for (int p = grp; p < p_tile; p += groups) {
         const float4 d = *reinterpret_cast<const float4*>(dys + p * k + k0);
-        const float4 v = *reinterpret_cast<const float4*>(xs + p * taps4 + t0);
+        const float4 v = *reinterpret_cast<const float4*>(xs + p * row + t0);
         const float dv[4] = {d.x, d.y, d.z, d.w}, xv[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
         for (int a = 0; a < 4; ++a)
@@ -265,25 +272,6 @@ __global__ void direct_wgrad_finalize_kernel(const float* __restrict__ partial, 
   dw[kk * sk + c * sc + r * sr + ssi * ss] = convert<O>(s);
 }
 
-std::atomic<int>& enabled_flag() {
-  static std::atomic<int> flag{[] {
-    const char* e = std::getenv("CHORUS_CONV_DIRECT");
-    return e && *e && std::strcmp(e, "0") == 0 ? 0 : 1;
-  }()};
-  return flag;
-}
-
-}  // namespace
-
-bool conv_direct_enabled() { return enabled_flag().load(std::memory_order_relaxed) != 0; }
-void set_conv_direct_enabled(bool on) { enabled_flag().store(on ? 1 : 0, std::memory_order_relaxed); }
-
-bool conv_direct_applies(const Conv2dGeometry& g, Layout layout, DType dtype) {
-  return layout == Layout::NHWC && (dtype == kBFloat16 || dtype == kFloat16) && g.groups == 1 && g.c_in >= 1 &&
-         g.c_in <= kMaxInputChannels && g.kh * g.kw * g.c_in <= kMaxTaps && g.c_out % 8 == 0 &&
-         g.c_out <= kMaxOutChannels && g.n > 0 && g.out_h() > 0 && g.out_w() > 0;
-}
-
 // The pixels a block stages at a time: what the stage holds beside `fixed`
 // floats, a multiple of 32, at most kMaxTile.
 int tile_pixels(int fixed, int per_pixel) {
@@ -294,13 +282,39 @@ int64_t tile_blocks(int64_t tiles, int device, int per_sm) {
   return std::clamp<int64_t>(tiles, 1, int64_t{per_sm} * device_properties(device).multiProcessorCount);
 }
 
+std::atomic<int>& enabled_flag() {
+  static std::atomic<int> flag{[] {
+    const char* e = std::getenv("CHORUS_CONV_DIRECT");
+    return e && *e && std::strcmp(e, "0") == 0 ? 0 : 1;
+  }()};
+  return flag;
+}
+
+}  // namespace
+
+static std::atomic<int64_t> direct_runs{0};  // conv_direct_runs()
+
+bool conv_direct_enabled() { return enabled_flag().load(std::memory_order_relaxed) != 0; }
+int64_t conv_direct_runs() { return direct_runs.load(std::memory_order_relaxed); }
+void set_conv_direct_enabled(bool on) { enabled_flag().store(on ? 1 : 0, std::memory_order_relaxed); }
+
+bool conv_direct_applies(const Conv2dGeometry& g, Layout layout, DType dtype) {
+  return layout == Layout::NHWC && (dtype == kBFloat16 || dtype == kFloat16) && g.groups == 1 && g.c_in >= 1 &&
+         g.c_in <= kMaxInputChannels && g.kh * g.kw * g.c_in <= kMaxTaps && g.c_out % 8 == 0 &&
+         g.c_out <= kMaxOutChannels && g.n > 0 && g.out_h() > 0 && g.out_w() > 0;
+}
+
 void conv_direct_forward(const Conv2dGeometry& g, const Tensor& x, const Tensor& w, const Tensor& y) {
+  CHORUS_CHECK(conv_direct_applies(g, Layout::NHWC, x.dtype()) && w.dtype() == x.dtype() && y.dtype() == x.dtype(),
+               "conv_direct_forward: not a convolution the direct kernels compute: ", x.describe(), ", ",
+               w.describe(), ", ", y.describe());
+  direct_runs.fetch_add(1, std::memory_order_relaxed);
   const Geom q = geom_of(g);
   const int device = x.device().index;
   const bool aligned = reinterpret_cast<uintptr_t>(y.raw_data()) % 16 == 0;
-  const int taps4 = (q.taps() + 3) / 4 * 4, k = static_cast<int>(q.k);
-  const int p_tile = tile_pixels(k * taps4, taps4);
-  const size_t smem = sizeof(float) * static_cast<size_t>(k * taps4 + p_tile * taps4);
+  const int taps4 = q.taps4(), row = q.row(), k = static_cast<int>(q.k);
+  const int p_tile = tile_pixels(k * taps4, row);
+  const size_t smem = sizeof(float) * static_cast<size_t>(k * taps4 + p_tile * row);
   const int64_t tiles = (q.pixels() + p_tile - 1) / p_tile;
   const unsigned blocks = static_cast<unsigned>(tile_blocks(tiles, device, 4));
   dispatch_float(x.dtype(), "conv_direct", [&]<typename T>() {
@@ -319,14 +333,21 @@ void conv_direct_forward(const Conv2dGeometry& g, const Tensor& x, const Tensor&
 }
 
 void conv_direct_backward_weight(const Conv2dGeometry& g, const Tensor& dy, const Tensor& x, const Tensor& dweight) {
+  CHORUS_CHECK(conv_direct_applies(g, Layout::NHWC, x.dtype()) && dy.dtype() == x.dtype(),
+               "conv_direct_backward_weight: not a convolution the direct kernels compute: ", x.describe(), ", ",
+               dy.describe());
+  CHORUS_CHECK(dweight.dim() == 4 && (dweight.dtype() == kFloat32 || dweight.dtype() == x.dtype()),
+               "conv_direct_backward_weight: dweight must be a 4-d float32 or ", dtype_name(x.dtype()),
+               " tensor, got ", dweight.describe());
+  direct_runs.fetch_add(1, std::memory_order_relaxed);
   const Geom q = geom_of(g);
   const int device = x.device().index;
-  const int taps = q.taps(), taps4 = (taps + 3) / 4 * 4;
-  const int p_tile = tile_pixels(0, static_cast<int>(q.k) + taps4);
+  const int taps = q.taps(), taps4 = q.taps4(), row = q.row();
+  const int p_tile = tile_pixels(0, static_cast<int>(q.k) + row);
   const int units = static_cast<int>(q.k / 4) * (taps4 / 4);
   CHORUS_CHECK(units <= kThreads, "conv_direct_backward_weight: ", units, " micro-tiles exceed a block");
   const size_t smem =
-      sizeof(float) * std::max<size_t>(static_cast<size_t>(p_tile) * (q.k + taps4),
+      sizeof(float) * std::max<size_t>(static_cast<size_t>(p_tile) * (q.k + row),
                                        static_cast<size_t>(kThreads / units) * units * 16);
   const int64_t tiles = (q.pixels() + p_tile - 1) / p_tile;
   const int64_t blocks = tile_blocks(tiles, device, 2);
@@ -347,8 +368,6 @@ void conv_direct_backward_weight(const Conv2dGeometry& g, const Tensor& dy, cons
             static_cast<const float*>(partial.raw_data()), blocks, q, static_cast<float*>(dweight.raw_data()), sk, sc,
             sr, ss);
       } else {
-        CHORUS_CHECK(dweight.dtype() == x.dtype(), "conv_direct_backward_weight: dweight must be float32 or ",
-                     dtype_name(x.dtype()), ", got ", dtype_name(dweight.dtype()));
         direct_wgrad_finalize_kernel<T><<<fin_grid, fin_block, 0, stream>>>(
             static_cast<const float*>(partial.raw_data()), blocks, q, static_cast<T*>(dweight.raw_data()), sk, sc,
             sr, ss);

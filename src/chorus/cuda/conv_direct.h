@@ -16,8 +16,8 @@ namespace chorus::cuda {
 // its best weight gradient 0.0448 ms (plus padding and conversion kernels
 // around it), where memory alone allows a few microseconds; the forward opens
 // the step and the weight gradient closes the backward, both with nothing
-// beside them. Here, with one thread per output pixel and 8 output channels
-// (the filter in shared memory), and the weight gradient as per-block partial
+// beside them. Here, with one thread per output pixel and 8 or 16 output
+// channels (the tile's inputs and the filter in shared memory), and the weight gradient as per-block partial
 // sums over pixel tiles staged in shared memory, summed in a fixed order by a
 // second kernel (deterministic) that writes the gradient in the filter's own
 // dtype and strides (a float32 parameter's gradient directly, no conversion
@@ -43,5 +43,9 @@ void conv_direct_backward_weight(const Conv2dGeometry& g, const Tensor& dy, cons
 // and off.
 bool conv_direct_enabled();
 void set_conv_direct_enabled(bool on);
+
+// Calls of the two functions above since the process began (timed runs
+// included): tests see that the ops reached the path.
+int64_t conv_direct_runs();
 
 }  // namespace chorus::cuda
