@@ -61,95 +61,72 @@ __device__ __forceinline__ void fill_taps(TapTable& tt, const Geom& g) {
   }
 }
 
-// Per pixel of a tile: its image, and its window's top-left corner (n = -1
-// past the last pixel).
-struct PixelTable {
-  int n[kMaxTile], h0[kMaxTile], w0[kMaxTile];
-};
-
-// Stages the tile of output pixels m0 .. m0 + p_tile - 1 as
-// xs[p * row + t] = the input under tap t of pixel m0 + p (0 outside the
-// image, past the last pixel, and for the padding t >= taps): the pixels'
-// coordinates once, then one independent load per element, consecutive
-// threads on consecutive taps. Ends with the block synchronised.
-template <typename T>
-__device__ __forceinline__ void stage_taps(const T* __restrict__ x, const Geom& g, const TapTable& tt, PixelTable& pt,
-                                           int64_t m0, int p_tile, float* __restrict__ xs) {
-  const int64_t pixels = g.pixels();
-  for (int p = threadIdx.x; p < p_tile; p += blockDim.x) {
-    const int64_t m = m0 + p;
-    if (m < pixels) {
-      const int64_t ow = m % g.ow, oh = (m / g.ow) % g.oh;
-      pt.n[p] = static_cast<int>(m / (g.ow * g.oh));
-      pt.h0[p] = static_cast<int>(oh * g.sh - g.ph);
-      pt.w0[p] = static_cast<int>(ow * g.sw - g.pw);
-    } else {
-      pt.n[p] = -1;
+// Taps first .. first + kCount - 1 of output pixel m into v: v[i] = the
+// input under tap first + i (0 outside the image, past the last tap, and for
+// m past the last pixel).
+// Every load is independent of the others and issued before any is used, so
+// a thread waits for memory once per pixel, not once per tap; a warp's
+// threads are on consecutive pixels, so each tap's loads are coalesced.
+template <int kCount, typename T>
+__device__ __forceinline__ void load_taps(const T* __restrict__ x, const Geom& g, const TapTable& tt, int64_t m,
+                                          int first, float (&v)[kCount]) {
+  const int taps = g.taps(), h = static_cast<int>(g.h), w = static_cast<int>(g.w), c = static_cast<int>(g.c);
+  const bool live = m < g.pixels();
+  const int64_t ow = live ? m % g.ow : 0, rest = live ? m / g.ow : 0;
+  const int h0 = static_cast<int>((rest % g.oh) * g.sh - g.ph), w0 = static_cast<int>(ow * g.sw - g.pw);
+  const T* xn = x + (rest / g.oh) * g.h * g.w * g.c;
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) {
+    const int t = first + i;
+    float val = 0.0f;
+    if (t < taps && live) {
+      const int hi = h0 + tt.dh[t], wi = w0 + tt.dw[t];
+      if (hi >= 0 && hi < h && wi >= 0 && wi < w) val = static_cast<float>(to_acc(xn[(hi * w + wi) * c + tt.c[t]]));
     }
+    v[i] = val;
   }
-  __syncthreads();
-  const int taps = g.taps(), row = g.row(), h = static_cast<int>(g.h), w = static_cast<int>(g.w);
-#pragma unroll 4
-  for (int i = threadIdx.x; i < p_tile * row; i += blockDim.x) {
-    const int p = i / row, t = i - p * row;
-    float v = 0.0f;
-    if (t < taps && pt.n[p] >= 0) {
-      const int hi = pt.h0[p] + tt.dh[t], wi = pt.w0[p] + tt.dw[t];
-      if (hi >= 0 && hi < h && wi >= 0 && wi < w)
-        v = static_cast<float>(to_acc(x[((int64_t{pt.n[p]} * h + hi) * w + wi) * g.c + tt.c[t]]));
-    }
-    xs[i] = v;
-  }
-  __syncthreads();
 }
 
-// y[m, chunk * KC + j] for output pixels m of a tile (staged by stage_taps)
-// and KC output channels a thread, the threads of a warp on consecutive pixels
-// of one chunk: the filter in shared memory laid out [chunk][tap][KC] so a
-// tap's KC weights are KC / 4 vector loads the warp shares, the tile's taps
-// four at a time.
+// y[m, :] for output pixels m, one a thread (consecutive threads on
+// consecutive pixels): its taps in registers (load_taps), then KC output
+// channels at a time against the filter in shared memory, laid out
+// [chunk][tap][KC] so a tap's KC weights are KC / 4 vector loads every thread
+// of the block shares.
 template <typename T, int KC>
 __global__ void __launch_bounds__(kThreads) direct_forward_kernel(const T* __restrict__ x, const T* __restrict__ w,
-                                                                   T* __restrict__ y, Geom g, int p_tile,
-                                                                   int64_t tiles, bool aligned) {
+                                                                   T* __restrict__ y, Geom g, bool aligned) {
   extern __shared__ float4 smem4[];
   __shared__ TapTable tt;
-  __shared__ PixelTable pt;
-  const int taps = g.taps(), taps4 = g.taps4(), row = g.row(), k = static_cast<int>(g.k), chunks = k / KC;
-  float* sw = reinterpret_cast<float*>(smem4);  // [chunk][taps4][KC]
-  float* xs = sw + chunks * taps4 * KC;           // [p_tile][row]
-  // w is [K][taps]; the padding taps get weight 0.
-  for (int i = threadIdx.x; i < chunks * taps4 * KC; i += blockDim.x) {
-    const int j = i % KC, t = (i / KC) % taps4, chunk = i / (KC * taps4);
-    sw[i] = t < taps ? static_cast<float>(to_acc(w[(chunk * KC + j) * taps + t])) : 0.0f;
+  const int taps = g.taps(), k = static_cast<int>(g.k), chunks = k / KC;
+  float* sw = reinterpret_cast<float*>(smem4);  // [chunk][taps][KC]
+  // w is [K][taps].
+  for (int i = threadIdx.x; i < chunks * taps * KC; i += blockDim.x) {
+    const int j = i % KC, t = (i / KC) % taps, chunk = i / (KC * taps);
+    sw[i] = static_cast<float>(to_acc(w[(chunk * KC + j) * taps + t]));
   }
   fill_taps(tt, g);
+  __syncthreads();
   const int64_t pixels = g.pixels();
-  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const int64_t m0 = tile * p_tile;
-    __syncthreads();  // the previous tile's reads are done (and the tables filled)
-    stage_taps(x, g, tt, pt, m0, p_tile, xs);
-    for (int i = threadIdx.x; i < p_tile * chunks; i += blockDim.x) {
-      const int chunk = i / p_tile, p = i - chunk * p_tile;
-      const int64_t m = m0 + p;
-      if (m >= pixels) continue;
+  for (int64_t m0 = int64_t{blockIdx.x} * blockDim.x; m0 < pixels; m0 += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t m = m0 + threadIdx.x;
+    float v[kMaxTaps];
+    load_taps(x, g, tt, m, 0, v);
+    if (m >= pixels) continue;
+    for (int chunk = 0; chunk < chunks; ++chunk) {
       float acc[KC];
 #pragma unroll
       for (int j = 0; j < KC; ++j) acc[j] = 0.0f;
-      const float4* wc = reinterpret_cast<const float4*>(sw + chunk * taps4 * KC);
-      const float4* xp = reinterpret_cast<const float4*>(xs + p * row);
-      for (int t4 = 0; t4 < taps4 / 4; ++t4) {
-        const float4 v4 = xp[t4];
-        const float vv[4] = {v4.x, v4.y, v4.z, v4.w};
+      const float4* wc = reinterpret_cast<const float4*>(sw + chunk * taps * KC);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
+      for (int t = 0; t < kMaxTaps; ++t) {
+        if (t < taps) {
 #pragma unroll
           for (int q = 0; q < KC / 4; ++q) {
-            const float4 wv = wc[(4 * t4 + e) * (KC / 4) + q];
-            acc[4 * q + 0] = fmaf(vv[e], wv.x, acc[4 * q + 0]);
-            acc[4 * q + 1] = fmaf(vv[e], wv.y, acc[4 * q + 1]);
-            acc[4 * q + 2] = fmaf(vv[e], wv.z, acc[4 * q + 2]);
-            acc[4 * q + 3] = fmaf(vv[e], wv.w, acc[4 * q + 3]);
+            const float4 wv = wc[t * (KC / 4) + q];
+            acc[4 * q + 0] = fmaf(v[t], wv.x, acc[4 * q + 0]);
+            acc[4 * q + 1] = fmaf(v[t], wv.y, acc[4 * q + 1]);
+            acc[4 * q + 2] = fmaf(v[t], wv.z, acc[4 * q + 2]);
+            acc[4 * q + 3] = fmaf(v[t], wv.w, acc[4 * q + 3]);
           }
         }
       }
@@ -175,10 +152,11 @@ __global__ void __launch_bounds__(kThreads) direct_forward_kernel(const T* __res
 
 // The weight gradient's partial sums: block b sums, over its tiles of P output
 // pixels, dW[o] for every output o = k * taps + t (k an output channel, t a
-// tap), and writes them to partial[b, o]. A tile's dy rows [P][K] and tap
-// values [P][row] (taps padded to a multiple of 4 with zeros) are staged in
-// shared memory as floats; thread (u, grp) owns the 4x4 outputs of micro-tile
-// u (output channels 4 * (u / MT) .. +3, taps 4 * (u % MT) .. +3, MT = taps4 /
+// tap), and writes them to partial[b, o]. A tile's dy rows [P][K] (16-byte
+// loads when dy is aligned) and tap values [P][row] (load_taps, a thread a
+// pixel; taps padded to a multiple of 4 with zeros) are staged in shared
+// memory as floats; thread (u, grp) owns the 4x4 outputs of micro-tile u
+// (output channels 4 * (u / MT) .. +3, taps 4 * (u % MT) .. +3, MT = taps4 /
 // 4) over the tile's pixels p = grp, grp + groups, ...; at the end the groups'
 // sums are added in shared memory in group order. Every sum is in a fixed
 // order: the result does not depend on timing.
@@ -186,10 +164,9 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads) direct_wgrad_partial_kernel(const T* __restrict__ dy,
                                                                          const T* __restrict__ x,
                                                                          float* __restrict__ partial, Geom g, int p_tile,
-                                                                         int64_t tiles) {
+                                                                         int64_t tiles, bool dy_vectors) {
   extern __shared__ float4 smem4[];
   __shared__ TapTable tt;
-  __shared__ PixelTable pt;
   float* sm = reinterpret_cast<float*>(smem4);
   const int taps = g.taps(), taps4 = g.taps4(), row = g.row(), k = static_cast<int>(g.k);
   fill_taps(tt, g);
@@ -206,12 +183,48 @@ __global__ void __launch_bounds__(kThreads) direct_wgrad_partial_kernel(const T*
   const int64_t pixels = g.pixels();
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int64_t m0 = tile * p_tile;
-    __syncthreads();  // the previous tile's reads are done
-    for (int i = threadIdx.x; i < p_tile * k; i += blockDim.x) {
-      const int64_t m = m0 + i / k;
-      dys[i] = m < pixels ? static_cast<float>(to_acc(dy[m0 * k + i])) : 0.0f;
+    __syncthreads();  // the previous tile's reads are done (and the tap table filled)
+    const int64_t live = std::min<int64_t>(p_tile, pixels - m0) * k;  // dy elements of this tile
+    if (dy_vectors) {  // 8 elements a load; k is a multiple of 8
+      struct alignas(16) Pack8 {
+        T v[8];
+      };
+      const Pack8* src = reinterpret_cast<const Pack8*>(dy + m0 * k);
+#pragma unroll 4
+      for (int i = threadIdx.x; i < p_tile * k / 8; i += blockDim.x) {
+        Pack8 pk{};
+        if (8 * int64_t{i} < live) pk = src[i];
+        float4 lo, hi;
+        lo.x = static_cast<float>(to_acc(pk.v[0]));
+        lo.y = static_cast<float>(to_acc(pk.v[1]));
+        lo.z = static_cast<float>(to_acc(pk.v[2]));
+        lo.w = static_cast<float>(to_acc(pk.v[3]));
+        hi.x = static_cast<float>(to_acc(pk.v[4]));
+        hi.y = static_cast<float>(to_acc(pk.v[5]));
+        hi.z = static_cast<float>(to_acc(pk.v[6]));
+        hi.w = static_cast<float>(to_acc(pk.v[7]));
+        reinterpret_cast<float4*>(dys)[2 * i] = lo;
+        reinterpret_cast<float4*>(dys)[2 * i + 1] = hi;
+      }
+    } else {
+#pragma unroll 4
+      for (int i = threadIdx.x; i < p_tile * k; i += blockDim.x)
+        dys[i] = i < live ? static_cast<float>(to_acc(dy[m0 * k + i])) : 0.0f;
     }
-    stage_taps(x, g, tt, pt, m0, p_tile, xs);
+    for (int p = threadIdx.x; p < p_tile; p += blockDim.x) {
+      // Half the taps at a time (not unrolled): all 64 in flight cost more
+      // registers than a block of 256 threads has.
+      float4* dst = reinterpret_cast<float4*>(xs + p * row);
+#pragma unroll 1
+      for (int first = 0; first < taps; first += kMaxTaps / 2) {
+        float v[kMaxTaps / 2];
+        load_taps(x, g, tt, m0 + p, first, v);
+#pragma unroll
+        for (int i = 0; i < kMaxTaps / 8; ++i)
+          if (first / 4 + i < mt) dst[first / 4 + i] = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
+      }
+    }
+    __syncthreads();
     if (grp < groups) {
       for (int p = grp; p < p_tile; p += groups) {
         const float4 d = *reinterpret_cast<const float4*>(dys + p * k + k0);
@@ -272,8 +285,8 @@ __global__ void direct_wgrad_finalize_kernel(const float* __restrict__ partial, 
   dw[kk * sk + c * sc + r * sr + ssi * ss] = convert<O>(s);
 }
 
-// The pixels a block stages at a time: what the stage holds beside `fixed`
-// floats, a multiple of 32, at most kMaxTile.
+// The pixels a weight-gradient block stages at a time: what the stage holds
+// beside `fixed` floats, a multiple of 32, at most kMaxTile (a thread a pixel).
 int tile_pixels(int fixed, int per_pixel) {
   return std::clamp((kStageFloats - fixed) / per_pixel / 32 * 32, 32, kMaxTile);
 }
@@ -312,21 +325,19 @@ void conv_direct_forward(const Conv2dGeometry& g, const Tensor& x, const Tensor&
   const Geom q = geom_of(g);
   const int device = x.device().index;
   const bool aligned = reinterpret_cast<uintptr_t>(y.raw_data()) % 16 == 0;
-  const int taps4 = q.taps4(), row = q.row(), k = static_cast<int>(q.k);
-  const int p_tile = tile_pixels(k * taps4, row);
-  const size_t smem = sizeof(float) * static_cast<size_t>(k * taps4 + p_tile * row);
-  const int64_t tiles = (q.pixels() + p_tile - 1) / p_tile;
-  const unsigned blocks = static_cast<unsigned>(tile_blocks(tiles, device, 4));
+  const size_t smem = sizeof(float) * static_cast<size_t>(q.k * q.taps());
+  const int64_t tiles = (q.pixels() + kThreads - 1) / kThreads;
+  const unsigned blocks = static_cast<unsigned>(tile_blocks(tiles, device, 8));
   dispatch_float(x.dtype(), "conv_direct", [&]<typename T>() {
     if constexpr (sizeof(T) == 2) {
       const T* xp = static_cast<const T*>(x.raw_data());
       const T* wp = static_cast<const T*>(w.raw_data());
       T* yp = static_cast<T*>(y.raw_data());
       cudaStream_t stream = current_stream(device);
-      if (k % 16 == 0)
-        direct_forward_kernel<T, 16><<<blocks, kThreads, smem, stream>>>(xp, wp, yp, q, p_tile, tiles, aligned);
+      if (q.k % 16 == 0)
+        direct_forward_kernel<T, 16><<<blocks, kThreads, smem, stream>>>(xp, wp, yp, q, aligned);
       else
-        direct_forward_kernel<T, 8><<<blocks, kThreads, smem, stream>>>(xp, wp, yp, q, p_tile, tiles, aligned);
+        direct_forward_kernel<T, 8><<<blocks, kThreads, smem, stream>>>(xp, wp, yp, q, aligned);
       CHORUS_CUDA_LAUNCH_CHECK();
     }
   });
@@ -358,7 +369,8 @@ void conv_direct_backward_weight(const Conv2dGeometry& g, const Tensor& dy, cons
     if constexpr (sizeof(T) == 2) {
       direct_wgrad_partial_kernel<T><<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(
           static_cast<const T*>(dy.raw_data()), static_cast<const T*>(x.raw_data()),
-          static_cast<float*>(partial.raw_data()), q, p_tile, tiles);
+          static_cast<float*>(partial.raw_data()), q, p_tile, tiles,
+          reinterpret_cast<uintptr_t>(dy.raw_data()) % 16 == 0);
       CHORUS_CUDA_LAUNCH_CHECK();
       const dim3 fin_grid(static_cast<unsigned>((outs + 31) / 32)), fin_block(32, 32);
       // dweight is [K, C, R, S] (its own strides, whatever its layout).

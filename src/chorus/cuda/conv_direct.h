@@ -16,11 +16,14 @@ namespace chorus::cuda {
 // its best weight gradient 0.0448 ms (plus padding and conversion kernels
 // around it), where memory alone allows a few microseconds; the forward opens
 // the step and the weight gradient closes the backward, both with nothing
-// beside them. Here, with one thread per output pixel and 8 or 16 output
-// channels (the tile's inputs and the filter in shared memory), and the weight gradient as per-block partial
-// sums over pixel tiles staged in shared memory, summed in a fixed order by a
-// second kernel (deterministic) that writes the gradient in the filter's own
-// dtype and strides (a float32 parameter's gradient directly, no conversion
+// beside them. Here the forward runs a thread per output pixel, its taps
+// loaded straight into registers (every load in flight at once, so a thread
+// waits for memory once) against the filter in shared memory, 8 or 16 output
+// channels at a time; the weight gradient sums per-block partials over pixel
+// tiles staged in shared memory (dy with 16-byte loads, the taps a thread a
+// pixel as in the forward), added in a fixed order by a second kernel
+// (deterministic) that writes the gradient in the filter's own dtype and
+// strides (a float32 parameter's gradient directly, no conversion
 // after). The data gradient stays with cuDNN (an image needs none). Each
 // geometry and direction is timed once against cuDNN (conv.cpp) and runs the
 // faster from then on, this only when 3% ahead; CHORUS_CONV_DIRECT=0 turns it
