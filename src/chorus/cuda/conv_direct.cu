@@ -91,8 +91,9 @@ __device__ __forceinline__ void load_taps(const T* __restrict__ x, const Geom& g
 // consecutive pixels): its taps in registers (load_taps), then KC output
 // channels at a time against the filter in shared memory, laid out
 // [chunk][tap][KC] so a tap's KC weights are KC / 4 vector loads every thread
-// of the block shares.
-template <typename T, int KC>
+// of the block shares. kTaps bounds the taps (the registers they take): 28
+// for a 3x3 filter over 3 channels, else kMaxTaps.
+template <typename T, int KC, int kTaps>
 __global__ void __launch_bounds__(kThreads) direct_forward_kernel(const T* __restrict__ x, const T* __restrict__ w,
                                                                    T* __restrict__ y, Geom g, bool aligned) {
   extern __shared__ float4 smem4[];
@@ -109,7 +110,7 @@ __global__ void __launch_bounds__(kThreads) direct_forward_kernel(const T* __res
   const int64_t pixels = g.pixels();
   for (int64_t m0 = int64_t{blockIdx.x} * blockDim.x; m0 < pixels; m0 += int64_t{gridDim.x} * blockDim.x) {
     const int64_t m = m0 + threadIdx.x;
-    float v[kMaxTaps];
+    float v[kTaps];
     load_taps(x, g, tt, m, 0, v);
     if (m >= pixels) continue;
     for (int chunk = 0; chunk < chunks; ++chunk) {
@@ -118,7 +119,7 @@ __global__ void __launch_bounds__(kThreads) direct_forward_kernel(const T* __res
       for (int j = 0; j < KC; ++j) acc[j] = 0.0f;
       const float4* wc = reinterpret_cast<const float4*>(sw + chunk * taps * KC);
 #pragma unroll
-      for (int t = 0; t < kMaxTaps; ++t) {
+      for (int t = 0; t < kTaps; ++t) {
         if (t < taps) {
 #pragma unroll
           for (int q = 0; q < KC / 4; ++q) {
@@ -334,10 +335,16 @@ void conv_direct_forward(const Conv2dGeometry& g, const Tensor& x, const Tensor&
       const T* wp = static_cast<const T*>(w.raw_data());
       T* yp = static_cast<T*>(y.raw_data());
       cudaStream_t stream = current_stream(device);
+      auto launch = [&]<int KC>() {
+        if (q.taps() <= 28)
+          direct_forward_kernel<T, KC, 28><<<blocks, kThreads, smem, stream>>>(xp, wp, yp, q, aligned);
+        else
+          direct_forward_kernel<T, KC, kMaxTaps><<<blocks, kThreads, smem, stream>>>(xp, wp, yp, q, aligned);
+      };
       if (q.k % 16 == 0)
-        direct_forward_kernel<T, 16><<<blocks, kThreads, smem, stream>>>(xp, wp, yp, q, aligned);
+        launch.template operator()<16>();
       else
-        direct_forward_kernel<T, 8><<<blocks, kThreads, smem, stream>>>(xp, wp, yp, q, aligned);
+        launch.template operator()<8>();
       CHORUS_CUDA_LAUNCH_CHECK();
     }
   });
