@@ -202,19 +202,22 @@ if has bnbench; then
   timeout 300 ./$BUILD/chorus_tests --gtest_filter='CudaBatchNorm*:SyncBatchNorm.Alone*' 2>&1 | grep -E "^\[  (FAILED|PASSED) |Failure"
 fi
 if has direct; then
-  # Issue 14: the stem's direct kernels (Note [Direct convolutions of a few
-  # input channels], cuda/conv_direct.h): their tests, the choices against
-  # cuDNN, cuDNN's GEN_STATS fusion probe (bench/conv_genstats_gpu.cpp), then
-  # whole graphed WRN-28-10 steps with the path (default) and without
-  # (CHORUS_CONV_DIRECT=0), alternated DIRECT_REPEAT times.
-  timeout 300 ./$BUILD/chorus_tests --gtest_filter='ConvDirect.*:ConvGemm.*' 2>&1 | grep -E "^\[  (FAILED|PASSED) |Failure|Expected|weight gradient|forward" | head -30
+  # Issue 14: the few-channel convolution kernels (Note [Direct convolutions of
+  # a few input channels], cuda/conv_direct.h, for the stem; Note [Tensor-core
+  # convolutions of few channels], cuda/conv_mma.h, for the first block):
+  # their tests, the choices against cuDNN, cuDNN's GEN_STATS fusion probe
+  # (bench/conv_genstats_gpu.cpp), then whole graphed WRN-28-10 steps with
+  # both (default), without the tensor-core one (CHORUS_CONV_MMA=0) and
+  # without either, alternated DIRECT_REPEAT times.
+  timeout 300 ./$BUILD/chorus_tests --gtest_filter='ConvDirect.*:ConvGemm.*:ConvMma.*' 2>&1 | grep -E "^\[  (FAILED|PASSED) |Failure|Expected|Which is|forward|gradient" | head -40
   CHORUS_CONV_SEARCH_LOG=1 timeout 200 $C bench --model wrn-28-10 --precision bf16 --channels-last --devices cuda:0 \
-    --batch-size 128 --steps 10 --warmup 3 2>&1 | grep -E "conv (direct|gemm):"
-  timeout 200 ./$BUILD/bench_conv_genstats_gpu | tee "$OUT/genstats.txt"
+    --batch-size 128 --steps 10 --warmup 3 2>&1 | grep -E "conv (direct|gemm|mma):"
+  [ "${GENSTATS:-1}" = 1 ] && timeout 200 ./$BUILD/bench_conv_genstats_gpu | tee "$OUT/genstats.txt"
   for r in $(seq ${DIRECT_REPEAT:-3}); do
-    for e in 1 0; do
-      CHORUS_CONV_DIRECT=$e timeout 300 $C bench --model wrn-28-10 --precision bf16 --channels-last --devices cuda:0 \
-        --batch-size 128 --steps 40 --warmup 8 --json | python3 -c "import json,sys; r=json.loads(sys.stdin.read()); print(f'direct=$e wrn-28-10 {r[\"img_per_s\"]:.1f} img/s')"
+    for v in "1 1" "1 0" "0 0"; do
+      set -- $v
+      CHORUS_CONV_DIRECT=$1 CHORUS_CONV_MMA=$2 timeout 300 $C bench --model wrn-28-10 --precision bf16 --channels-last --devices cuda:0 \
+        --batch-size 128 --steps 40 --warmup 8 --json | python3 -c "import json,sys; r=json.loads(sys.stdin.read()); print(f'direct=$1 mma=$2 wrn-28-10 {r[\"img_per_s\"]:.1f} img/s')"
     done
   done
 fi

@@ -40,6 +40,7 @@
 #include "chorus/cuda/caches.h"
 #include "chorus/cuda/context.h"
 #include "chorus/cuda/conv_direct.h"
+#include "chorus/cuda/conv_mma.h"
 #include "chorus/cuda/conv_gemm.h"
 #include "chorus/cuda/conv_plan.h"
 #include "chorus/cuda/cudnn_handle.h"
@@ -390,6 +391,11 @@ bool gemm_path_wins(Direction dir, const Conv2dGeometry& g, DType dtype, Layout 
 bool direct_path_wins(Direction dir, const Conv2dGeometry& g, DType dtype, Layout layout, int device,
                       const ConvOperands& ops, const std::function<void()>& cudnn_run,
                       const std::function<void()>& direct_run, int64_t tag = 0);
+// Note [Tensor-core convolutions of few channels] (conv_mma.h): the same for
+// the tensor-core kernel (forward and data gradient).
+bool mma_path_wins(Direction dir, const Conv2dGeometry& g, DType dtype, Layout layout, int device,
+                   const ConvOperands& ops, const std::function<void()>& cudnn_run,
+                   const std::function<void()>& mma_run);
 
 }  // namespace
 
@@ -415,9 +421,13 @@ void conv2d_forward(const Conv2dGeometry& g, const Tensor& x, const Tensor& weig
     };
     auto gemm_run = [&] { conv_gemm_forward(g, x, w, y); };
     auto direct_run = [&] { conv_direct_forward(g, x, w, y); };
+    auto mma_run = [&] { conv_mma_forward(g, x, w, y); };
     const ConvOperands ops{x.raw_data(), w.raw_data(), y.raw_data()};
     if (direct_path_wins(Direction::Forward, g, x.dtype(), layout, device, ops, cudnn_run, direct_run))
       direct_run();
+    else if (conv_mma_aligned(x, w, y) &&
+             mma_path_wins(Direction::Forward, g, x.dtype(), layout, device, ops, cudnn_run, mma_run))
+      mma_run();
     else if (gemm_path_wins(Direction::Forward, g, x.dtype(), layout, device, ops, cudnn_run, gemm_run))
       gemm_run();
     else
@@ -547,6 +557,13 @@ bool gemm_path_wins(Direction dir, const Conv2dGeometry& g, DType dtype, Layout 
                     const std::function<void()>& gemm_run) {
   if (!conv_gemm_enabled() || !conv_gemm_applies(g, layout, dtype)) return false;
   return alternative_wins("gemm", 4096, dir, g, dtype, layout, device, ops, cudnn_run, gemm_run);
+}
+
+bool mma_path_wins(Direction dir, const Conv2dGeometry& g, DType dtype, Layout layout, int device,
+                   const ConvOperands& ops, const std::function<void()>& cudnn_run,
+                   const std::function<void()>& mma_run) {
+  if (!conv_mma_enabled() || !conv_mma_applies(g, layout, dtype, dir == Direction::BackwardData)) return false;
+  return alternative_wins("mma", 32768, dir, g, dtype, layout, device, ops, cudnn_run, mma_run);
 }
 
 bool direct_path_wins(Direction dir, const Conv2dGeometry& g, DType dtype, Layout layout, int device,
@@ -700,8 +717,12 @@ void conv2d_backward_input(const Conv2dGeometry& g, const Tensor& dy, const Tens
     run_conv(Direction::BackwardData, g, dx.dtype(), layout, device, dx.raw_data(), w.raw_data(), dy.raw_data());
   };
   auto gemm_run = [&] { conv_gemm_backward_input(g, dy, w, dx); };
-  if (gemm_path_wins(Direction::BackwardData, g, dx.dtype(), layout, device,
-                     ConvOperands{dx.raw_data(), w.raw_data(), dy.raw_data()}, cudnn_run, gemm_run))
+  auto mma_run = [&] { conv_mma_backward_input(g, dy, w, dx); };
+  const ConvOperands ops{dx.raw_data(), w.raw_data(), dy.raw_data()};
+  if (conv_mma_aligned(dy, w, dx) &&
+      mma_path_wins(Direction::BackwardData, g, dx.dtype(), layout, device, ops, cudnn_run, mma_run))
+    mma_run();
+  else if (gemm_path_wins(Direction::BackwardData, g, dx.dtype(), layout, device, ops, cudnn_run, gemm_run))
     gemm_run();
   else
     cudnn_run();

@@ -1,0 +1,304 @@
+// Note [Tensor-core convolutions of few channels] (conv_mma.h): the
+// implicit-GEMM kernel, and the filter flipped for the data gradient.
+#include "chorus/cuda/conv_mma.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "chorus/core/error.h"
+#include "chorus/cuda/context.h"
+#include "chorus/cuda/dtype_dispatch.cuh"
+#include "chorus/cuda/kernels.h"
+
+namespace chorus::cuda {
+
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr size_t kMaxFilterBytes = 100 * 1024;
+constexpr int kMaxDevices = 64;
+
+// The convolution as the kernel computes it: out[p, o] = sum over taps (r, s)
+// and input channels c of in[n, oh - ph + r, ow - pw + s, c] * f[o, r, s, c]
+// (stride and dilation 1; NHWC; f dense [cout][r][s][cin]).
+struct MGeom {
+  int64_t n, h, w, oh, ow;  // the input's height and width, the output's
+  int cin, cout, r, s, ph, pw;
+  int srow;  // elements between the filter's rows in shared memory
+  __host__ __device__ int64_t pixels() const { return n * oh * ow; }
+};
+
+// A filter row in shared memory: r*s*cin elements, padded so that its 4-byte
+// words number 8 mod 32. A warp's B loads then touch 4 consecutive rows per
+// half-warp at word offsets 0, 8, 16, 24 (mod 32) plus 0..7: every bank once.
+int filter_row(int kdim) {
+  const int words = kdim / 2;  // kdim is a multiple of 16
+  return 2 * (words + (8 - words % 32 + 32) % 32);
+}
+
+// The output channel that logical column l of the GEMM holds: inside each 16,
+// the D fragment gives a thread columns 2t, 2t+1 of one n8 tile and the same
+// of the next; those four are channels 4t .. 4t+3, so its stores are 8 bytes.
+__host__ __device__ __forceinline__ int phys_channel(int l) {
+  const int ll = l & 15, q = ll & 7;
+  return (l & ~15) + 4 * (q >> 1) + 2 * (ll >> 3) + (q & 1);
+}
+
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+}
+
+// A thread's A operands for reduction step `it` (tap it / slices, input
+// channels 16 * (it % slices) + 4t .. +3) of its four pixels (rows g and g+8
+// of the warp's two m16 tiles): one 8-byte load each, zero outside the image.
+template <typename T>
+__device__ __forceinline__ void load_a(const T* __restrict__ x, const MGeom& g, const int (&pn)[4],
+                                       const int (&poh)[4], const int (&pcol)[4], int it, int slices, int tq,
+                                       uint2 (&a)[4]) {
+  const int tap = it / slices, kc = 16 * (it - tap * slices);
+  const int r = tap / g.s, s = tap - r * g.s;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const int ih = poh[q] - g.ph + r, iw = pcol[q] - g.pw + s;
+    a[q] = make_uint2(0, 0);
+    if (pn[q] >= 0 && ih >= 0 && ih < g.h && iw >= 0 && iw < g.w)
+      a[q] = *reinterpret_cast<const uint2*>(x + ((int64_t{pn[q]} * g.h + ih) * g.w + iw) * g.cin + kc + 4 * tq);
+  }
+}
+
+// Block: BM = 32 * WM output pixels, all cout channels; warp (wm, wn): 32
+// pixels (two m16 tiles) by NT n8 tiles. The filter is copied once into
+// shared memory (row l = output channel phys_channel(l)); blocks then walk
+// the pixel tiles.
+template <typename T, int WM, int WN, int NT>
+__global__ void __launch_bounds__(kThreads) mma_conv_kernel(const T* __restrict__ x, const T* __restrict__ f,
+                                                             T* __restrict__ y, MGeom g) {
+  static_assert(WM * WN == kWarps && NT % 2 == 0, "a block is 4 warps; a warp's channels are whole 16s");
+  constexpr int BM = 32 * WM;
+  extern __shared__ uint4 smem_u4[];
+  T* sf = reinterpret_cast<T*>(smem_u4);
+  const int taps = g.r * g.s, kdim = taps * g.cin, row_vecs = kdim / 8;
+  // The filter, 16 bytes a copy, all in flight at once (cp.async).
+  for (int i = threadIdx.x; i < g.cout * row_vecs; i += kThreads) {
+    const int l = i / row_vecs, v = i - l * row_vecs;
+    const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(sf + l * g.srow + 8 * v));
+    const T* src = f + int64_t{phys_channel(l)} * kdim + 8 * v;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+  }
+  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::);
+  __syncthreads();
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tq = lane & 3;
+  const int wm = warp % WM, wn = warp / WM;
+  const int nb = wn * NT * 8;  // the warp's first logical output column
+  const int slices = g.cin / 16, iters = taps * slices;
+  const T* fb = sf + (nb + gr) * g.srow + 4 * tq;  // this thread's B row in tile 0
+  const int64_t pixels = g.pixels(), tiles = (pixels + BM - 1) / BM;
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int64_t mw = tile * BM + 32 * wm;
+    int pn[4], poh[4], pcol[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int64_t m = mw + 16 * (q >> 1) + gr + 8 * (q & 1);
+      const int64_t mm = m < pixels ? m : 0;
+      pcol[q] = static_cast<int>(mm % g.ow);
+      const int64_t rest = mm / g.ow;
+      poh[q] = static_cast<int>(rest % g.oh);
+      pn[q] = m < pixels ? static_cast<int>(rest / g.oh) : -1;
+    }
+    float acc[2][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.0f;
+    uint2 a[4], next[4];
+    load_a(x, g, pn, poh, pcol, 0, slices, tq, a);
+    for (int it = 0; it < iters; ++it) {
+      // The next step's loads go out before this step's products.
+      if (it + 1 < iters) load_a(x, g, pn, poh, pcol, it + 1, slices, tq, next);
+      const int tap = it / slices, kc = 16 * (it - tap * slices);
+      const T* fk = fb + tap * g.cin + kc;
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const uint2 b = *reinterpret_cast<const uint2*>(fk + 8 * j * g.srow);
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+          mma16816<T>(acc[mt][j], a[2 * mt].x, a[2 * mt + 1].x, a[2 * mt].y, a[2 * mt + 1].y, b.x, b.y);
+      }
+#pragma unroll
+      for (int q = 0; q < 4; ++q) a[q] = next[q];
+    }
+    struct alignas(8) Pack4 {
+      T v[4];
+    };
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      if (pn[q] < 0) continue;
+      const int mt = q >> 1, hh = q & 1;
+      const int64_t m = mw + 16 * mt + gr + 8 * hh;
+      T* out = y + m * g.cout + nb + 4 * tq;
+#pragma unroll
+      for (int jj = 0; jj < NT / 2; ++jj) {
+        Pack4 pk;
+        pk.v[0] = convert<T>(acc[mt][2 * jj][2 * hh]);
+        pk.v[1] = convert<T>(acc[mt][2 * jj][2 * hh + 1]);
+        pk.v[2] = convert<T>(acc[mt][2 * jj + 1][2 * hh]);
+        pk.v[3] = convert<T>(acc[mt][2 * jj + 1][2 * hh + 1]);
+        reinterpret_cast<Pack4*>(out + 16 * jj)[0] = pk;
+      }
+    }
+  }
+}
+
+// ft[c, r', s', k] = f[k, R-1-r', S-1-s', c]: the data gradient's filter.
+template <typename T>
+__global__ void flip_filter_kernel(const T* __restrict__ f, T* __restrict__ ft, int k, int r, int s, int c) {
+  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (i >= int64_t{k} * r * s * c) return;
+  const int kk = static_cast<int>(i % k);
+  int64_t rest = i / k;
+  const int ss = static_cast<int>(rest % s);
+  rest /= s;
+  const int rr = static_cast<int>(rest % r), cc = static_cast<int>(rest / r);
+  ft[i] = f[((int64_t{kk} * r + (r - 1 - rr)) * s + (s - 1 - ss)) * c + cc];
+}
+
+bool output_channels_ok(int64_t c) { return c == 16 || c == 32 || c == 64 || c == 96 || c == 128 || c == 160; }
+
+// Whether the kernel computes `reduce` input channels into `out` output
+// channels over `taps` taps.
+bool shape_ok(int64_t reduce, int64_t out, int64_t taps) {
+  if (reduce % 16 != 0 || reduce <= 0 || !output_channels_ok(out) || std::min(reduce, out) > 32) return false;
+  if (taps * reduce > 16 * 1024) return false;
+  return static_cast<size_t>(out) * filter_row(static_cast<int>(taps * reduce)) * 2 <= kMaxFilterBytes;
+}
+
+template <typename T, int WM, int WN, int NT>
+void launch_config(const T* x, const T* f, T* y, const MGeom& g, int device, cudaStream_t stream) {
+  auto kernel = mma_conv_kernel<T, WM, WN, NT>;
+  const size_t smem = static_cast<size_t>(g.cout) * g.srow * sizeof(T);
+  // Per instantiation and device: the larger shared memory asked for once.
+  static std::atomic<bool> opted_in[kMaxDevices];
+  if (device >= kMaxDevices || !opted_in[device].load(std::memory_order_acquire)) {
+    CHORUS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(kMaxFilterBytes)));
+    if (device < kMaxDevices) opted_in[device].store(true, std::memory_order_release);
+  }
+  int per_sm = 0;
+  CHORUS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
+  const int64_t tiles = (g.pixels() + 32 * WM - 1) / (32 * WM);
+  const int64_t blocks =
+      std::clamp<int64_t>(tiles, 1, int64_t{std::max(per_sm, 1)} * device_properties(device).multiProcessorCount);
+  kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(x, f, y, g);
+  CHORUS_CUDA_LAUNCH_CHECK();
+}
+
+template <typename T>
+void launch(const T* x, const T* f, T* y, const MGeom& g, int device) {
+  cudaStream_t stream = current_stream(device);
+  switch (g.cout) {
+    case 16: return launch_config<T, 4, 1, 2>(x, f, y, g, device, stream);
+    case 32: return launch_config<T, 4, 1, 4>(x, f, y, g, device, stream);
+    case 64: return launch_config<T, 2, 2, 4>(x, f, y, g, device, stream);
+    case 96: return launch_config<T, 2, 2, 6>(x, f, y, g, device, stream);
+    case 128: return launch_config<T, 2, 2, 8>(x, f, y, g, device, stream);
+    case 160: return launch_config<T, 2, 2, 10>(x, f, y, g, device, stream);
+    default: CHORUS_CHECK(false, "conv_mma: ", g.cout, " output channels");
+  }
+}
+
+void run(const Tensor& in, const Tensor& filter, const Tensor& out, const MGeom& g) {
+  dispatch_float(in.dtype(), "conv_mma", [&]<typename T>() {
+    if constexpr (sizeof(T) == 2)
+      launch(static_cast<const T*>(in.raw_data()), static_cast<const T*>(filter.raw_data()),
+             static_cast<T*>(out.raw_data()), g, in.device().index);
+  });
+}
+
+bool aligned(const Tensor& t, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(t.raw_data()) % bytes == 0; }
+
+std::atomic<int>& enabled_flag() {
+  static std::atomic<int> flag{[] {
+    const char* e = std::getenv("CHORUS_CONV_MMA");
+    return e && *e && std::strcmp(e, "0") == 0 ? 0 : 1;
+  }()};
+  return flag;
+}
+
+std::atomic<int64_t> mma_runs{0};
+
+}  // namespace
+
+bool conv_mma_enabled() { return enabled_flag().load(std::memory_order_relaxed) != 0; }
+int64_t conv_mma_runs() { return mma_runs.load(std::memory_order_relaxed); }
+void set_conv_mma_enabled(bool on) { enabled_flag().store(on ? 1 : 0, std::memory_order_relaxed); }
+
+bool conv_mma_applies(const Conv2dGeometry& g, Layout layout, DType dtype, bool data_gradient) {
+  if (layout != Layout::NHWC || (dtype != kBFloat16 && dtype != kFloat16) || g.groups != 1 || g.stride_h != 1 ||
+      g.stride_w != 1 || g.dil_h != 1 || g.dil_w != 1 || g.n <= 0 || g.out_h() <= 0 || g.out_w() <= 0)
+    return false;
+  if (data_gradient && (g.pad_h > g.kh - 1 || g.pad_w > g.kw - 1)) return false;
+  return data_gradient ? shape_ok(g.c_out, g.c_in, g.kh * g.kw) : shape_ok(g.c_in, g.c_out, g.kh * g.kw);
+}
+
+bool conv_mma_aligned(const Tensor& in, const Tensor& w, const Tensor& out) {
+  return aligned(in, 8) && aligned(w, 16) && aligned(out, 8);
+}
+
+void conv_mma_forward(const Conv2dGeometry& g, const Tensor& x, const Tensor& w, const Tensor& y) {
+  CHORUS_CHECK(conv_mma_applies(g, Layout::NHWC, x.dtype(), false) && w.dtype() == x.dtype() &&
+                   y.dtype() == x.dtype() && conv_mma_aligned(x, w, y),
+               "conv_mma_forward: not a convolution the tensor-core kernel computes: ", x.describe(), ", ",
+               w.describe(), ", ", y.describe());
+  mma_runs.fetch_add(1, std::memory_order_relaxed);
+  const MGeom m{g.n, g.h, g.w, g.out_h(), g.out_w(), static_cast<int>(g.c_in), static_cast<int>(g.c_out),
+                static_cast<int>(g.kh), static_cast<int>(g.kw), static_cast<int>(g.pad_h), static_cast<int>(g.pad_w),
+                filter_row(static_cast<int>(g.kh * g.kw * g.c_in))};
+  run(x, w, y, m);
+}
+
+void conv_mma_backward_input(const Conv2dGeometry& g, const Tensor& dy, const Tensor& w, const Tensor& dx) {
+  CHORUS_CHECK(conv_mma_applies(g, Layout::NHWC, dx.dtype(), true) && w.dtype() == dx.dtype() &&
+                   dy.dtype() == dx.dtype() && conv_mma_aligned(dy, w, dx),
+               "conv_mma_backward_input: not a convolution the tensor-core kernel computes: ", dy.describe(), ", ",
+               w.describe(), ", ", dx.describe());
+  mma_runs.fetch_add(1, std::memory_order_relaxed);
+  const int device = dx.device().index;
+  // The filter flipped and transposed: [C_in][R][S][C_out].
+  const Tensor ft = detail::empty_tensor({g.c_in * g.kh * g.kw * g.c_out}, dx.dtype(), dx.device());
+  const int64_t total = ft.numel();
+  dispatch_float(dx.dtype(), "conv_mma", [&]<typename T>() {
+    if constexpr (sizeof(T) == 2) {
+      flip_filter_kernel<T><<<static_cast<unsigned>((total + 255) / 256), 256, 0, current_stream(device)>>>(
+          static_cast<const T*>(w.raw_data()), static_cast<T*>(ft.raw_data()), static_cast<int>(g.c_out),
+          static_cast<int>(g.kh), static_cast<int>(g.kw), static_cast<int>(g.c_in));
+      CHORUS_CUDA_LAUNCH_CHECK();
+    }
+  });
+  const MGeom m{g.n, g.out_h(), g.out_w(), g.h, g.w, static_cast<int>(g.c_out), static_cast<int>(g.c_in),
+                static_cast<int>(g.kh), static_cast<int>(g.kw), static_cast<int>(g.kh - 1 - g.pad_h),
+                static_cast<int>(g.kw - 1 - g.pad_w), filter_row(static_cast<int>(g.kh * g.kw * g.c_out))};
+  run(dy, ft, dx, m);
+}
+
+}  // namespace chorus::cuda

@@ -1,0 +1,61 @@
+// Tensor-core convolutions where one side has few channels. Include only from
+// src/chorus/cuda.
+#pragma once
+
+#include "chorus/core/op_kinds.h"
+#include "chorus/core/tensor.h"
+#include "chorus/cuda/cudnn_handle.h"
+
+namespace chorus::cuda {
+
+// Note [Tensor-core convolutions of few channels]
+// Wide ResNet's first block turns 16 channels into 160 (3x3 and the 1x1
+// shortcut, at 32x32): as a GEMM its reduction is only 144 (or 16) long, and
+// cuDNN's kernels, tiled for wide reductions, ran its forward at ~110 TFLOP/s
+// (H100, batch 128: 0.055 ms) where writing the 42 MB output alone takes
+// ~0.015; the data gradient, the same shapes the other way (160 channels in, 16
+// out), took 0.061-0.065 ms. torch.compile's max-autotune has a Triton kernel
+// for that forward at ~0.040. Here one kernel computes both as an implicit GEMM
+// on mma.sync (m16n8k16, float accumulators): a block takes BM output pixels
+// and every output channel; the filter, the whole of it, sits in shared
+// memory; each warp loads its pixels' taps straight from global memory (a
+// pixel's 16 channels of a tap are one 32-byte sector, read by the 4 threads
+// that share a fragment row), zeros where the window leaves the image. The
+// reduction index is permuted inside each 16-wide slice so that a thread's
+// A and B registers are 4 consecutive channels (one 8-byte load each), and the
+// output channels inside each 16 so that a thread's 4 results per pixel are
+// consecutive (8-byte stores, 32 bytes per pixel row). The data gradient is the
+// forward convolution of dy with the filter flipped and transposed
+// ([C][R][S][K], a small kernel first) at padding R-1-pad, so stride 1 and
+// dilation 1 only. Each geometry and direction is timed once against cuDNN
+// (conv.cpp) and runs the faster from then on, this only when 3% ahead;
+// CHORUS_CONV_MMA=0 turns it off.
+
+// Whether the kernel can compute this convolution's forward, or with
+// data_gradient its data gradient: channels-last 16-bit data, one group, stride and
+// dilation 1, the reduction side's channels (C_in forward, C_out for the data
+// gradient) a multiple of 16, the output side's 16, 32, 64, 96, 128 or 160,
+// one of the two at most 32, and the filter within 100 KB of shared memory.
+bool conv_mma_applies(const Conv2dGeometry& g, Layout layout, DType dtype, bool data_gradient);
+
+// Whether the data are aligned as the kernel loads them: the input and the
+// output at 8 bytes, the filter at 16.
+bool conv_mma_aligned(const Tensor& in, const Tensor& w, const Tensor& out);
+
+// y = conv(x, w): x, y dense channels-last of one 16-bit dtype; w the filter
+// in the channels-last layout ([K][R][S][C], dense); conv_mma_aligned.
+void conv_mma_forward(const Conv2dGeometry& g, const Tensor& x, const Tensor& w, const Tensor& y);
+
+// dx = the data gradient from dy and w (as conv_mma_forward's).
+void conv_mma_backward_input(const Conv2dGeometry& g, const Tensor& dy, const Tensor& w, const Tensor& dx);
+
+// Whether CHORUS_CONV_MMA (default on) allows the path; tests turn it on and
+// off.
+bool conv_mma_enabled();
+void set_conv_mma_enabled(bool on);
+
+// Calls of the two functions above since the process began (timed runs
+// included): tests see that the ops reached the path.
+int64_t conv_mma_runs();
+
+}  // namespace chorus::cuda
