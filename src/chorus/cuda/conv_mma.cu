@@ -19,7 +19,10 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
+constexpr int kStages = 4;  // the A operand's pipeline depth
 constexpr size_t kMaxFilterBytes = 100 * 1024;
+// The filter and the A stages (at most 4 x 128 pixels x 32 bytes).
+constexpr size_t kMaxSmemBytes = kMaxFilterBytes + kStages * 128 * 32;
 constexpr int kMaxDevices = 64;
 
 // The convolution as the kernel computes it: out[p, o] = sum over taps (r, s)
@@ -66,97 +69,111 @@ __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1
   }
 }
 
-// A thread's A operands for reduction step `it` (tap it / slices, input
-// channels 16 * (it % slices) + 4t .. +3) of its four pixels (rows g and g+8
-// of the warp's two m16 tiles): one 8-byte load each, zero outside the image.
-template <typename T>
-__device__ __forceinline__ void load_a(const T* __restrict__ x, const MGeom& g, const int (&pn)[4],
-                                       const int (&poh)[4], const int (&pcol)[4], int it, int slices, int tq,
-                                       uint2 (&a)[4]) {
-  const int tap = it / slices, kc = 16 * (it - tap * slices);
-  const int r = tap / g.s, s = tap - r * g.s;
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    const int ih = poh[q] - g.ph + r, iw = pcol[q] - g.pw + s;
-    a[q] = make_uint2(0, 0);
-    if (pn[q] >= 0 && ih >= 0 && ih < g.h && iw >= 0 && iw < g.w)
-      a[q] = *reinterpret_cast<const uint2*>(x + ((int64_t{pn[q]} * g.h + ih) * g.w + iw) * g.cin + kc + 4 * tq);
-  }
-}
-
 // Block: BM = 32 * WM output pixels, all cout channels; warp (wm, wn): 32
 // pixels (two m16 tiles) by NT n8 tiles. The filter is copied once into
 // shared memory (row l = output channel phys_channel(l)); blocks then walk
-// the pixel tiles.
+// their pixel tiles. A tile's reduction runs in steps of one tap and 16 input
+// channels; each step's A operand, the BM pixels' 32 bytes there, is staged by
+// cp.async (zero-filled outside the image) kStages - 1 steps ahead, through
+// the block's tiles without a break, so the loads' latency hides behind the
+// products of the steps before.
 template <typename T, int WM, int WN, int NT>
 __global__ void __launch_bounds__(kThreads) mma_conv_kernel(const T* __restrict__ x, const T* __restrict__ f,
                                                              T* __restrict__ y, MGeom g) {
   static_assert(WM * WN == kWarps && NT % 2 == 0, "a block is 4 warps; a warp's channels are whole 16s");
-  constexpr int BM = 32 * WM;
+  constexpr int BM = 32 * WM, kCopies = 2 * BM / kThreads;
   extern __shared__ uint4 smem_u4[];
   T* sf = reinterpret_cast<T*>(smem_u4);
+  T* sa = sf + g.cout * g.srow;  // [kStages][BM][16]
   const int taps = g.r * g.s, kdim = taps * g.cin, row_vecs = kdim / 8;
-  // The filter, 16 bytes a copy, all in flight at once (cp.async).
+  // The filter, 16 bytes a copy, all in flight at once: the first group.
   for (int i = threadIdx.x; i < g.cout * row_vecs; i += kThreads) {
     const int l = i / row_vecs, v = i - l * row_vecs;
     const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(sf + l * g.srow + 8 * v));
     const T* src = f + int64_t{phys_channel(l)} * kdim + 8 * v;
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
   }
-  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::);
-  __syncthreads();
+  asm volatile("cp.async.commit_group;\n" ::);
+
+  const int slices = g.cin / 16, iters = taps * slices;
+  const int pixels = static_cast<int>(g.pixels()), tiles = (pixels + BM - 1) / BM;
+  const int mine = static_cast<int>(blockIdx.x) < tiles ? (tiles - 1 - static_cast<int>(blockIdx.x)) / gridDim.x + 1 : 0;
+  const int total = mine * iters;  // this block's steps, over all its tiles
+  // Stages step `st`'s A operand (one group, empty past the end): thread i
+  // copies half i % 2 of pixel i / 2 (and of pixel i / 2 + 64 when BM is 128).
+  auto issue = [&](int st) {
+    if (st < total) {
+      const int tile = static_cast<int>(blockIdx.x) + (st / iters) * static_cast<int>(gridDim.x), it = st % iters;
+      const int tap = it / slices, kc = 16 * (it - tap * slices), r = tap / g.s, s = tap - r * g.s;
+      T* stage = sa + (st % kStages) * BM * 16;
+#pragma unroll
+      for (int c = 0; c < kCopies; ++c) {
+        const int idx = threadIdx.x + c * kThreads, p = idx >> 1, half = idx & 1;
+        const int m = tile * BM + p;
+        const T* src = x;
+        uint32_t bytes = 0;
+        if (m < pixels) {
+          const int ow = m % static_cast<int>(g.ow), rest = m / static_cast<int>(g.ow);
+          const int oh = rest % static_cast<int>(g.oh), n = rest / static_cast<int>(g.oh);
+          const int ih = oh - g.ph + r, iw = ow - g.pw + s;
+          if (ih >= 0 && ih < g.h && iw >= 0 && iw < g.w) {
+            src = x + ((int64_t{n} * g.h + ih) * g.w + iw) * g.cin + kc + 8 * half;
+            bytes = 16;
+          }
+        }
+        const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(stage + p * 16 + 8 * half));
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+      }
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+  };
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) issue(st);
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tq = lane & 3;
   const int wm = warp % WM, wn = warp / WM;
   const int nb = wn * NT * 8;  // the warp's first logical output column
-  const int slices = g.cin / 16, iters = taps * slices;
-  const T* fb = sf + (nb + gr) * g.srow + 4 * tq;  // this thread's B row in tile 0
-  const int64_t pixels = g.pixels(), tiles = (pixels + BM - 1) / BM;
-  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const int64_t mw = tile * BM + 32 * wm;
-    int pn[4], poh[4], pcol[4];
+  const T* fb = sf + (nb + gr) * g.srow + 4 * tq;  // this thread's B row in n8 tile 0
+  float acc[2][NT][4];
+  for (int st = 0; st < total; ++st) {
+    // Step st's stage has landed (at most kStages - 2 younger groups still in
+    // flight), and every warp is done with step st - 1's, which issue() refills.
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2));
+    __syncthreads();
+    issue(st + kStages - 1);
+    const int it = st % iters;
+    if (it == 0) {
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int64_t m = mw + 16 * (q >> 1) + gr + 8 * (q & 1);
-      const int64_t mm = m < pixels ? m : 0;
-      pcol[q] = static_cast<int>(mm % g.ow);
-      const int64_t rest = mm / g.ow;
-      poh[q] = static_cast<int>(rest % g.oh);
-      pn[q] = m < pixels ? static_cast<int>(rest / g.oh) : -1;
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.0f;
     }
-    float acc[2][NT][4];
+    const T* stage = sa + (st % kStages) * BM * 16 + (32 * wm + gr) * 16 + 4 * tq;
+    uint2 a[4];  // rows g, g + 8 of m16 tiles 0 and 1
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+    for (int q = 0; q < 4; ++q) a[q] = *reinterpret_cast<const uint2*>(stage + (16 * (q >> 1) + 8 * (q & 1)) * 16);
+    const int tap = it / slices, kc = 16 * (it - tap * slices);
+    const T* fk = fb + tap * g.cin + kc;
 #pragma unroll
-      for (int j = 0; j < NT; ++j)
+    for (int j = 0; j < NT; ++j) {
+      const uint2 b = *reinterpret_cast<const uint2*>(fk + 8 * j * g.srow);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.0f;
-    uint2 a[4], next[4];
-    load_a(x, g, pn, poh, pcol, 0, slices, tq, a);
-    for (int it = 0; it < iters; ++it) {
-      // The next step's loads go out before this step's products.
-      if (it + 1 < iters) load_a(x, g, pn, poh, pcol, it + 1, slices, tq, next);
-      const int tap = it / slices, kc = 16 * (it - tap * slices);
-      const T* fk = fb + tap * g.cin + kc;
-#pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        const uint2 b = *reinterpret_cast<const uint2*>(fk + 8 * j * g.srow);
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
-          mma16816<T>(acc[mt][j], a[2 * mt].x, a[2 * mt + 1].x, a[2 * mt].y, a[2 * mt + 1].y, b.x, b.y);
-      }
-#pragma unroll
-      for (int q = 0; q < 4; ++q) a[q] = next[q];
+      for (int mt = 0; mt < 2; ++mt)
+        mma16816<T>(acc[mt][j], a[2 * mt].x, a[2 * mt + 1].x, a[2 * mt].y, a[2 * mt + 1].y, b.x, b.y);
     }
+    if (it != iters - 1) continue;
     struct alignas(8) Pack4 {
       T v[4];
     };
+    const int tile = static_cast<int>(blockIdx.x) + (st / iters) * static_cast<int>(gridDim.x);
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      if (pn[q] < 0) continue;
       const int mt = q >> 1, hh = q & 1;
-      const int64_t m = mw + 16 * mt + gr + 8 * hh;
-      T* out = y + m * g.cout + nb + 4 * tq;
+      const int m = tile * BM + 32 * wm + 16 * mt + gr + 8 * hh;
+      if (m >= pixels) continue;
+      T* out = y + int64_t{m} * g.cout + nb + 4 * tq;
 #pragma unroll
       for (int jj = 0; jj < NT / 2; ++jj) {
         Pack4 pk;
@@ -168,6 +185,7 @@ __global__ void __launch_bounds__(kThreads) mma_conv_kernel(const T* __restrict_
       }
     }
   }
+  asm volatile("cp.async.wait_group 0;\n" ::);
 }
 
 // ft[c, r', s', k] = f[k, R-1-r', S-1-s', c]: the data gradient's filter.
@@ -196,12 +214,12 @@ bool shape_ok(int64_t reduce, int64_t out, int64_t taps) {
 template <typename T, int WM, int WN, int NT>
 void launch_config(const T* x, const T* f, T* y, const MGeom& g, int device, cudaStream_t stream) {
   auto kernel = mma_conv_kernel<T, WM, WN, NT>;
-  const size_t smem = static_cast<size_t>(g.cout) * g.srow * sizeof(T);
+  const size_t smem = (static_cast<size_t>(g.cout) * g.srow + kStages * 32 * WM * 16) * sizeof(T);
   // Per instantiation and device: the larger shared memory asked for once.
   static std::atomic<bool> opted_in[kMaxDevices];
   if (device >= kMaxDevices || !opted_in[device].load(std::memory_order_acquire)) {
     CHORUS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(kMaxFilterBytes)));
+                                           static_cast<int>(kMaxSmemBytes)));
     if (device < kMaxDevices) opted_in[device].store(true, std::memory_order_release);
   }
   int per_sm = 0;
@@ -257,6 +275,8 @@ bool conv_mma_applies(const Conv2dGeometry& g, Layout layout, DType dtype, bool 
   if (layout != Layout::NHWC || (dtype != kBFloat16 && dtype != kFloat16) || g.groups != 1 || g.stride_h != 1 ||
       g.stride_w != 1 || g.dil_h != 1 || g.dil_w != 1 || g.n <= 0 || g.out_h() <= 0 || g.out_w() <= 0)
     return false;
+  // Pixels (either side's) and elements index as int inside the kernel.
+  if (g.n * std::max(g.h * g.w, g.out_h() * g.out_w()) * std::max(g.c_in, g.c_out) >= (int64_t{1} << 31)) return false;
   if (data_gradient && (g.pad_h > g.kh - 1 || g.pad_w > g.kw - 1)) return false;
   return data_gradient ? shape_ok(g.c_out, g.c_in, g.kh * g.kw) : shape_ok(g.c_in, g.c_out, g.kh * g.kw);
 }
