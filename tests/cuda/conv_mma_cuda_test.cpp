@@ -2,8 +2,8 @@
 // tensor-core forward and data gradient against the CPU's convolution on the
 // same 16-bit-exact values -- every output-channel count the kernel takes
 // (16 to 160, both as the forward's outputs and as the data gradient's), 1x1,
-// 3x3 and 5x5 filters, paddings down to none, odd sizes and pixel counts that
-// leave a partial tile, the whole first block of WRN-28-10 at batch 16 -- into
+// 3x3 and 5x5 filters, paddings down to none, rows 16 to 64 wide, the whole
+// first block of WRN-28-10 at batch 16 -- into
 // outputs that start as noise and at an 8-byte but not 16-byte aligned
 // address; then the ops with the path allowed (timed against cuDNN) against
 // it turned off, and what the path refuses.
@@ -29,13 +29,15 @@ namespace F = nn::functional;
 
 const std::vector<test::ConvCase>& mma_cases() {
   static const std::vector<test::ConvCase> cases{
-      {4, 16, 12, 10, 160, 3, 1, 1, 1},  // Wide ResNet's first block, small: 480 pixels, a partial tile
-      {3, 16, 9, 9, 64, 3, 1, 1, 1},     // WRN-16-4's
-      {2, 32, 7, 11, 96, 1, 1, 0, 1},    // 1x1, 32 channels
-      {2, 16, 8, 8, 128, 5, 1, 2, 1},    // 5x5
-      {5, 16, 6, 7, 32, 3, 1, 0, 1},     // no padding (the data gradient's is 2)
-      {2, 160, 8, 8, 16, 3, 1, 1, 1},    // 160 -> 16: the forward reduces over 160
-      {3, 64, 10, 9, 16, 1, 1, 0, 1},    // 64 -> 16, 1x1
+      {4, 16, 12, 16, 160, 3, 1, 1, 1},  // Wide ResNet's first block, small (forward only: 12 rows in 8-row tiles)
+      {3, 16, 16, 32, 64, 3, 1, 1, 1},   // WRN-16-4's
+      {2, 32, 8, 16, 96, 1, 1, 0, 1},    // 1x1, 32 channels
+      {2, 16, 8, 16, 128, 5, 1, 2, 1},   // 5x5 (the filter fills 100 KB)
+      {5, 16, 10, 18, 32, 3, 1, 0, 1},   // no padding: the forward (8x16 out)
+      {5, 16, 8, 16, 32, 3, 1, 0, 1},    // no padding: the data gradient (its padding is 2)
+      {2, 160, 8, 16, 16, 3, 1, 1, 1},   // 160 -> 16: the forward reduces over 160
+      {3, 64, 8, 16, 16, 1, 1, 0, 1},    // 64 -> 16, 1x1
+      {2, 16, 4, 64, 160, 3, 1, 1, 1},   // 64 wide: one row a tile
       {16, 16, 32, 32, 160, 3, 1, 1, 1}, // Wide ResNet's first block itself at batch 16
       {16, 16, 32, 32, 160, 1, 1, 0, 1}, // and its 1x1 shortcut
   };
@@ -122,13 +124,15 @@ TEST(ConvMma, OpsWithThePathAgreeWithCudnn_CUDA) {
   EXPECT_LT(test::rel_err(got[1][1], got[0][1]), 1e-2);
   // What the path leaves to cuDNN: NCHW, float32, grouped, strided, dilated,
   // input channels not a multiple of 16, outputs it has no tile for, both
-  // sides wide, and (for the data gradient) padding beyond the filter.
+  // sides wide, rows it cannot tile, and (for the data gradient) padding
+  // beyond the filter.
   const Conv2dGeometry g = c.geometry();
   EXPECT_TRUE(cuda::conv_mma_applies(g, cuda::Layout::NHWC, kBFloat16, false));
   EXPECT_TRUE(cuda::conv_mma_applies(g, cuda::Layout::NHWC, kFloat16, true));
   EXPECT_FALSE(cuda::conv_mma_applies(g, cuda::Layout::NCHW, kBFloat16, false));
   EXPECT_FALSE(cuda::conv_mma_applies(g, cuda::Layout::NHWC, kFloat32, false));
-  Conv2dGeometry grouped = g, strided = g, dilated = g, eight = g, odd_out = g, wide = g, padded = g;
+  Conv2dGeometry grouped = g, strided = g, dilated = g, eight = g, odd_out = g, wide = g, padded = g, narrow = g;
+  narrow.w = 20;  // rows not a multiple of 16 pixels
   grouped.groups = 2;
   strided.stride_h = 2;
   dilated.dil_w = 2;
@@ -143,6 +147,7 @@ TEST(ConvMma, OpsWithThePathAgreeWithCudnn_CUDA) {
     EXPECT_FALSE(cuda::conv_mma_applies(dilated, cuda::Layout::NHWC, kBFloat16, dgrad));
     EXPECT_FALSE(cuda::conv_mma_applies(odd_out, cuda::Layout::NHWC, kBFloat16, dgrad));
     EXPECT_FALSE(cuda::conv_mma_applies(wide, cuda::Layout::NHWC, kBFloat16, dgrad));
+    EXPECT_FALSE(cuda::conv_mma_applies(narrow, cuda::Layout::NHWC, kBFloat16, dgrad));
   }
   EXPECT_FALSE(cuda::conv_mma_applies(eight, cuda::Layout::NHWC, kBFloat16, false));
   EXPECT_FALSE(cuda::conv_mma_applies(padded, cuda::Layout::NHWC, kBFloat16, true));

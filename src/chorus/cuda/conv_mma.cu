@@ -19,10 +19,10 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
-constexpr int kStages = 4;  // the A operand's pipeline depth
+constexpr int kStages = 3;  // the halo's pipeline depth
 constexpr size_t kMaxFilterBytes = 100 * 1024;
-// The filter and the A stages (at most 4 x 128 pixels x 32 bytes).
-constexpr size_t kMaxSmemBytes = kMaxFilterBytes + kStages * 128 * 32;
+constexpr size_t kMaxStageBytes = 24 * 1024;
+constexpr size_t kMaxSmemBytes = kMaxFilterBytes + kStages * kMaxStageBytes;
 constexpr int kMaxDevices = 64;
 
 // The convolution as the kernel computes it: out[p, o] = sum over taps (r, s)
@@ -31,8 +31,9 @@ constexpr int kMaxDevices = 64;
 struct MGeom {
   int64_t n, h, w, oh, ow;  // the input's height and width, the output's
   int cin, cout, r, s, ph, pw;
-  int srow;  // elements between the filter's rows in shared memory
-  __host__ __device__ int64_t pixels() const { return n * oh * ow; }
+  int srow;    // elements between the filter's rows in shared memory
+  int tr;      // output rows a tile
+  int hr, hc;  // a tile's halo: tr + r - 1 input rows, ow + s - 1 columns
 };
 
 // A filter row in shared memory: r*s*cin elements, padded so that its 4-byte
@@ -69,22 +70,24 @@ __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1
   }
 }
 
-// Block: BM = 32 * WM output pixels, all cout channels; warp (wm, wn): 32
-// pixels (two m16 tiles) by NT n8 tiles. The filter is copied once into
-// shared memory (row l = output channel phys_channel(l)); blocks then walk
-// their pixel tiles. A tile's reduction runs in steps of one tap and 16 input
-// channels; each step's A operand, the BM pixels' 32 bytes there, is staged by
-// cp.async (zero-filled outside the image) kStages - 1 steps ahead, through
-// the block's tiles without a break, so the loads' latency hides behind the
-// products of the steps before.
+// Block: a tile of BM = 32 * WM output pixels -- tr whole output rows of one
+// image -- and all cout channels; warp (wm, wn): 32 pixels (two m16 tiles,
+// each inside one row) by NT n8 tiles. The filter is copied once into shared
+// memory (row l = output channel phys_channel(l)); blocks then walk their
+// tiles. A tile's reduction runs in steps of 16 input channels: each step's
+// input, the tile's halo (tr + r - 1 rows by ow + s - 1 columns, 32 bytes a
+// pixel, zeros outside the image), is staged by cp.async kStages - 1 steps
+// ahead, through the block's tiles without a break, so the loads' latency
+// hides behind the products of the steps before; every tap then reads its A
+// operands from the halo, each input pixel coming from memory about once.
 template <typename T, int WM, int WN, int NT>
 __global__ void __launch_bounds__(kThreads) mma_conv_kernel(const T* __restrict__ x, const T* __restrict__ f,
                                                              T* __restrict__ y, MGeom g) {
   static_assert(WM * WN == kWarps && NT % 2 == 0, "a block is 4 warps; a warp's channels are whole 16s");
-  constexpr int BM = 32 * WM, kCopies = 2 * BM / kThreads;
+  constexpr int BM = 32 * WM;
   extern __shared__ uint4 smem_u4[];
   T* sf = reinterpret_cast<T*>(smem_u4);
-  T* sa = sf + g.cout * g.srow;  // [kStages][BM][16]
+  T* sa = sf + g.cout * g.srow;  // [kStages][hr][hc][16]
   const int taps = g.r * g.s, kdim = taps * g.cin, row_vecs = kdim / 8;
   // The filter, 16 bytes a copy, all in flight at once: the first group.
   for (int i = threadIdx.x; i < g.cout * row_vecs; i += kThreads) {
@@ -95,33 +98,26 @@ __global__ void __launch_bounds__(kThreads) mma_conv_kernel(const T* __restrict_
   }
   asm volatile("cp.async.commit_group;\n" ::);
 
-  const int slices = g.cin / 16, iters = taps * slices;
-  const int pixels = static_cast<int>(g.pixels()), tiles = (pixels + BM - 1) / BM;
+  const int slices = g.cin / 16, stage_elems = g.hr * g.hc * 16;
+  const int row_tiles = static_cast<int>(g.oh) / g.tr, tiles = static_cast<int>(g.n) * row_tiles;
   const int mine = static_cast<int>(blockIdx.x) < tiles ? (tiles - 1 - static_cast<int>(blockIdx.x)) / gridDim.x + 1 : 0;
-  const int total = mine * iters;  // this block's steps, over all its tiles
-  // Stages step `st`'s A operand (one group, empty past the end): thread i
-  // copies half i % 2 of pixel i / 2 (and of pixel i / 2 + 64 when BM is 128).
+  const int total = mine * slices;  // this block's steps, over all its tiles
+  // Stages step `st`'s halo (one group, empty past the end), 16 bytes a copy.
   auto issue = [&](int st) {
     if (st < total) {
-      const int tile = static_cast<int>(blockIdx.x) + (st / iters) * static_cast<int>(gridDim.x), it = st % iters;
-      const int tap = it / slices, kc = 16 * (it - tap * slices), r = tap / g.s, s = tap - r * g.s;
-      T* stage = sa + (st % kStages) * BM * 16;
-#pragma unroll
-      for (int c = 0; c < kCopies; ++c) {
-        const int idx = threadIdx.x + c * kThreads, p = idx >> 1, half = idx & 1;
-        const int m = tile * BM + p;
+      const int tile = static_cast<int>(blockIdx.x) + (st / slices) * static_cast<int>(gridDim.x);
+      const int kc = 16 * (st % slices), n = tile / row_tiles, ih0 = (tile - n * row_tiles) * g.tr - g.ph;
+      T* stage = sa + (st % kStages) * stage_elems;
+      for (int i = threadIdx.x; i < 2 * g.hr * g.hc; i += kThreads) {
+        const int hp = i >> 1, half = i & 1, hrow = hp / g.hc, hcol = hp - hrow * g.hc;
+        const int ih = ih0 + hrow, iw = hcol - g.pw;
         const T* src = x;
         uint32_t bytes = 0;
-        if (m < pixels) {
-          const int ow = m % static_cast<int>(g.ow), rest = m / static_cast<int>(g.ow);
-          const int oh = rest % static_cast<int>(g.oh), n = rest / static_cast<int>(g.oh);
-          const int ih = oh - g.ph + r, iw = ow - g.pw + s;
-          if (ih >= 0 && ih < g.h && iw >= 0 && iw < g.w) {
-            src = x + ((int64_t{n} * g.h + ih) * g.w + iw) * g.cin + kc + 8 * half;
-            bytes = 16;
-          }
+        if (ih >= 0 && ih < g.h && iw >= 0 && iw < g.w) {
+          src = x + ((int64_t{n} * g.h + ih) * g.w + iw) * g.cin + kc + 8 * half;
+          bytes = 16;
         }
-        const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(stage + p * 16 + 8 * half));
+        const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(stage + hp * 16 + 8 * half));
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
       }
     }
@@ -134,15 +130,23 @@ __global__ void __launch_bounds__(kThreads) mma_conv_kernel(const T* __restrict_
   const int wm = warp % WM, wn = warp / WM;
   const int nb = wn * NT * 8;  // the warp's first logical output column
   const T* fb = sf + (nb + gr) * g.srow + 4 * tq;  // this thread's B row in n8 tile 0
+  // The thread's four pixels (rows g, g + 8 of m16 tiles 0 and 1) as halo
+  // positions of tap (0, 0).
+  int hbase[4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const int p = 32 * wm + 16 * (q >> 1) + gr + 8 * (q & 1), ow = static_cast<int>(g.ow);
+    hbase[q] = (p / ow) * g.hc + p % ow;
+  }
   float acc[2][NT][4];
   for (int st = 0; st < total; ++st) {
-    // Step st's stage has landed (at most kStages - 2 younger groups still in
+    // Step st's halo has landed (at most kStages - 2 younger groups still in
     // flight), and every warp is done with step st - 1's, which issue() refills.
     asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2));
     __syncthreads();
     issue(st + kStages - 1);
-    const int it = st % iters;
-    if (it == 0) {
+    const int slice = st % slices;
+    if (slice == 0) {
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -150,30 +154,33 @@ __global__ void __launch_bounds__(kThreads) mma_conv_kernel(const T* __restrict_
 #pragma unroll
           for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.0f;
     }
-    const T* stage = sa + (st % kStages) * BM * 16 + (32 * wm + gr) * 16 + 4 * tq;
-    uint2 a[4];  // rows g, g + 8 of m16 tiles 0 and 1
+    const T* stage = sa + (st % kStages) * stage_elems + 4 * tq;
+    const T* fs = fb + 16 * slice;
+    for (int r = 0; r < g.r; ++r)
+      for (int s = 0; s < g.s; ++s) {
+        const int off = r * g.hc + s;
+        uint2 a[4];
 #pragma unroll
-    for (int q = 0; q < 4; ++q) a[q] = *reinterpret_cast<const uint2*>(stage + (16 * (q >> 1) + 8 * (q & 1)) * 16);
-    const int tap = it / slices, kc = 16 * (it - tap * slices);
-    const T* fk = fb + tap * g.cin + kc;
+        for (int q = 0; q < 4; ++q) a[q] = *reinterpret_cast<const uint2*>(stage + (hbase[q] + off) * 16);
+        const T* fk = fs + (r * g.s + s) * g.cin;
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      const uint2 b = *reinterpret_cast<const uint2*>(fk + 8 * j * g.srow);
+        for (int j = 0; j < NT; ++j) {
+          const uint2 b = *reinterpret_cast<const uint2*>(fk + 8 * j * g.srow);
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
-        mma16816<T>(acc[mt][j], a[2 * mt].x, a[2 * mt + 1].x, a[2 * mt].y, a[2 * mt + 1].y, b.x, b.y);
-    }
-    if (it != iters - 1) continue;
+          for (int mt = 0; mt < 2; ++mt)
+            mma16816<T>(acc[mt][j], a[2 * mt].x, a[2 * mt + 1].x, a[2 * mt].y, a[2 * mt + 1].y, b.x, b.y);
+        }
+      }
+    if (slice != slices - 1) continue;
     struct alignas(8) Pack4 {
       T v[4];
     };
-    const int tile = static_cast<int>(blockIdx.x) + (st / iters) * static_cast<int>(gridDim.x);
+    // The tile is tr whole rows: its pixels are BM consecutive ones.
+    const int64_t m0 = int64_t{static_cast<int>(blockIdx.x) + (st / slices) * static_cast<int>(gridDim.x)} * BM;
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const int mt = q >> 1, hh = q & 1;
-      const int m = tile * BM + 32 * wm + 16 * mt + gr + 8 * hh;
-      if (m >= pixels) continue;
-      T* out = y + int64_t{m} * g.cout + nb + 4 * tq;
+      T* out = y + (m0 + 32 * wm + 16 * mt + gr + 8 * hh) * g.cout + nb + 4 * tq;
 #pragma unroll
       for (int jj = 0; jj < NT / 2; ++jj) {
         Pack4 pk;
@@ -203,18 +210,26 @@ __global__ void flip_filter_kernel(const T* __restrict__ f, T* __restrict__ ft, 
 
 bool output_channels_ok(int64_t c) { return c == 16 || c == 32 || c == 64 || c == 96 || c == 128 || c == 160; }
 
+// Pixels a tile: 32 per warp along M (4 warps for 16 or 32 output channels,
+// else 2).
+int tile_pixels(int64_t out_channels) { return out_channels <= 32 ? 128 : 64; }
+
 // Whether the kernel computes `reduce` input channels into `out` output
-// channels over `taps` taps.
-bool shape_ok(int64_t reduce, int64_t out, int64_t taps) {
+// channels over an r x s filter, at an output of oh x ow pixels an image.
+bool shape_ok(int64_t reduce, int64_t out, int64_t r, int64_t s, int64_t oh, int64_t ow) {
   if (reduce % 16 != 0 || reduce <= 0 || !output_channels_ok(out) || std::min(reduce, out) > 32) return false;
-  if (taps * reduce > 16 * 1024) return false;
-  return static_cast<size_t>(out) * filter_row(static_cast<int>(taps * reduce)) * 2 <= kMaxFilterBytes;
+  if (r * s * reduce > 16 * 1024) return false;
+  if (static_cast<size_t>(out) * filter_row(static_cast<int>(r * s * reduce)) * 2 > kMaxFilterBytes) return false;
+  // Tiles of whole rows, m16 tiles inside a row.
+  const int64_t bm = tile_pixels(out);
+  if (ow % 16 != 0 || bm % ow != 0 || oh % (bm / ow) != 0) return false;
+  return static_cast<size_t>((bm / ow + r - 1) * (ow + s - 1)) * 32 <= kMaxStageBytes;
 }
 
 template <typename T, int WM, int WN, int NT>
 void launch_config(const T* x, const T* f, T* y, const MGeom& g, int device, cudaStream_t stream) {
   auto kernel = mma_conv_kernel<T, WM, WN, NT>;
-  const size_t smem = (static_cast<size_t>(g.cout) * g.srow + kStages * 32 * WM * 16) * sizeof(T);
+  const size_t smem = (static_cast<size_t>(g.cout) * g.srow + static_cast<size_t>(kStages) * g.hr * g.hc * 16) * sizeof(T);
   // Per instantiation and device: the larger shared memory asked for once.
   static std::atomic<bool> opted_in[kMaxDevices];
   if (device >= kMaxDevices || !opted_in[device].load(std::memory_order_acquire)) {
@@ -224,7 +239,7 @@ void launch_config(const T* x, const T* f, T* y, const MGeom& g, int device, cud
   }
   int per_sm = 0;
   CHORUS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
-  const int64_t tiles = (g.pixels() + 32 * WM - 1) / (32 * WM);
+  const int64_t tiles = g.n * (g.oh / g.tr);
   const int64_t blocks =
       std::clamp<int64_t>(tiles, 1, int64_t{std::max(per_sm, 1)} * device_properties(device).multiProcessorCount);
   kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(x, f, y, g);
@@ -253,6 +268,14 @@ void run(const Tensor& in, const Tensor& filter, const Tensor& out, const MGeom&
   });
 }
 
+// m with its tiles' rows and halo filled in.
+MGeom with_tiles(MGeom m) {
+  m.tr = tile_pixels(m.cout) / static_cast<int>(m.ow);
+  m.hr = m.tr + m.r - 1;
+  m.hc = static_cast<int>(m.ow) + m.s - 1;
+  return m;
+}
+
 bool aligned(const Tensor& t, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(t.raw_data()) % bytes == 0; }
 
 std::atomic<int>& enabled_flag() {
@@ -278,7 +301,8 @@ bool conv_mma_applies(const Conv2dGeometry& g, Layout layout, DType dtype, bool 
   // Pixels (either side's) and elements index as int inside the kernel.
   if (g.n * std::max(g.h * g.w, g.out_h() * g.out_w()) * std::max(g.c_in, g.c_out) >= (int64_t{1} << 31)) return false;
   if (data_gradient && (g.pad_h > g.kh - 1 || g.pad_w > g.kw - 1)) return false;
-  return data_gradient ? shape_ok(g.c_out, g.c_in, g.kh * g.kw) : shape_ok(g.c_in, g.c_out, g.kh * g.kw);
+  return data_gradient ? shape_ok(g.c_out, g.c_in, g.kh, g.kw, g.h, g.w)
+                       : shape_ok(g.c_in, g.c_out, g.kh, g.kw, g.out_h(), g.out_w());
 }
 
 bool conv_mma_aligned(const Tensor& in, const Tensor& w, const Tensor& out) {
@@ -294,7 +318,7 @@ void conv_mma_forward(const Conv2dGeometry& g, const Tensor& x, const Tensor& w,
   const MGeom m{g.n, g.h, g.w, g.out_h(), g.out_w(), static_cast<int>(g.c_in), static_cast<int>(g.c_out),
                 static_cast<int>(g.kh), static_cast<int>(g.kw), static_cast<int>(g.pad_h), static_cast<int>(g.pad_w),
                 filter_row(static_cast<int>(g.kh * g.kw * g.c_in))};
-  run(x, w, y, m);
+  run(x, w, y, with_tiles(m));
 }
 
 void conv_mma_backward_input(const Conv2dGeometry& g, const Tensor& dy, const Tensor& w, const Tensor& dx) {
@@ -318,7 +342,7 @@ void conv_mma_backward_input(const Conv2dGeometry& g, const Tensor& dy, const Te
   const MGeom m{g.n, g.out_h(), g.out_w(), g.h, g.w, static_cast<int>(g.c_out), static_cast<int>(g.c_in),
                 static_cast<int>(g.kh), static_cast<int>(g.kw), static_cast<int>(g.kh - 1 - g.pad_h),
                 static_cast<int>(g.kw - 1 - g.pad_w), filter_row(static_cast<int>(g.kh * g.kw * g.c_out))};
-  run(dy, ft, dx, m);
+  run(dy, ft, dx, with_tiles(m));
 }
 
 }  // namespace chorus::cuda

@@ -16,26 +16,29 @@ namespace chorus::cuda {
 // ~0.015; the data gradient, the same shapes the other way (160 channels in, 16
 // out), took 0.061-0.065 ms. torch.compile's max-autotune has a Triton kernel
 // for that forward at ~0.040. Here one kernel computes both as an implicit GEMM
-// on mma.sync (m16n8k16, float accumulators): a block takes BM output pixels
-// and every output channel; the filter, the whole of it, sits in shared
-// memory; each warp loads its pixels' taps straight from global memory (a
-// pixel's 16 channels of a tap are one 32-byte sector, read by the 4 threads
-// that share a fragment row), zeros where the window leaves the image. The
-// reduction index is permuted inside each 16-wide slice so that a thread's
-// A and B registers are 4 consecutive channels (one 8-byte load each), and the
-// output channels inside each 16 so that a thread's 4 results per pixel are
-// consecutive (8-byte stores, 32 bytes per pixel row). The data gradient is the
-// forward convolution of dy with the filter flipped and transposed
-// ([C][R][S][K], a small kernel first) at padding R-1-pad, so stride 1 and
-// dilation 1 only. Each geometry and direction is timed once against cuDNN
-// (conv.cpp) and runs the faster from then on, this only when 3% ahead;
-// CHORUS_CONV_MMA=0 turns it off.
+// on mma.sync (m16n8k16, float accumulators): a block takes a tile of whole
+// output rows (64 or 128 pixels) and every output channel; the filter, the
+// whole of it, sits in shared memory; the tile's input halo (its rows and
+// the filter's reach around them, 16 channels at a time) is staged by
+// cp.async a few steps ahead, zeros where the window leaves the image, so each
+// input pixel comes from memory about once and every tap reads its operands
+// from shared memory. The reduction index is permuted inside each 16-wide
+// slice so that a thread's A and B registers are 4 consecutive channels (one
+// 8-byte load each), and the output channels inside each 16 so that a
+// thread's 4 results per pixel are consecutive (8-byte stores, 32 bytes per
+// pixel row). The data gradient is the forward convolution of dy with the
+// filter flipped and transposed ([C][R][S][K], a small kernel first) at
+// padding R-1-pad, so stride 1 and dilation 1 only. Each geometry and
+// direction is timed once against cuDNN (conv.cpp) and runs the faster from
+// then on, this only when 3% ahead; CHORUS_CONV_MMA=0 turns it off.
 
 // Whether the kernel can compute this convolution's forward, or with
 // data_gradient its data gradient: channels-last 16-bit data, one group, stride and
 // dilation 1, the reduction side's channels (C_in forward, C_out for the data
 // gradient) a multiple of 16, the output side's 16, 32, 64, 96, 128 or 160,
-// one of the two at most 32, and the filter within 100 KB of shared memory.
+// one of the two at most 32, the filter within 100 KB of shared memory, and
+// output rows (the data gradient's: the input's) a multiple of 16 pixels wide
+// that tile 64 pixels (128 for 16 or 32 output channels) in whole rows.
 bool conv_mma_applies(const Conv2dGeometry& g, Layout layout, DType dtype, bool data_gradient);
 
 // Whether the data are aligned as the kernel loads them: the input and the
