@@ -204,7 +204,8 @@ fi
 if has direct; then
   # Issue 14: the few-channel convolution kernels (Note [Direct convolutions of
   # a few input channels], cuda/conv_direct.h, for the stem; Note [Tensor-core
-  # convolutions of few channels], cuda/conv_mma.h, for the first block):
+  # convolutions of few channels], cuda/conv_mma.h, for the first block's
+  # forward):
   # their tests, the choices against cuDNN, cuDNN's GEN_STATS fusion probe
   # (bench/conv_genstats_gpu.cpp), then whole graphed WRN-28-10 steps with
   # both (default), without the tensor-core one (CHORUS_CONV_MMA=0) and

@@ -1,5 +1,5 @@
 // Note [Tensor-core convolutions of few channels] (conv_mma.h): the
-// implicit-GEMM kernel, and the filter flipped for the data gradient.
+// implicit-GEMM kernel.
 #include "chorus/cuda/conv_mma.h"
 
 #include <algorithm>
@@ -195,19 +195,6 @@ __global__ void __launch_bounds__(kThreads) mma_conv_kernel(const T* __restrict_
   asm volatile("cp.async.wait_group 0;\n" ::);
 }
 
-// ft[c, r', s', k] = f[k, R-1-r', S-1-s', c]: the data gradient's filter.
-template <typename T>
-__global__ void flip_filter_kernel(const T* __restrict__ f, T* __restrict__ ft, int k, int r, int s, int c) {
-  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (i >= int64_t{k} * r * s * c) return;
-  const int kk = static_cast<int>(i % k);
-  int64_t rest = i / k;
-  const int ss = static_cast<int>(rest % s);
-  rest /= s;
-  const int rr = static_cast<int>(rest % r), cc = static_cast<int>(rest / r);
-  ft[i] = f[((int64_t{kk} * r + (r - 1 - rr)) * s + (s - 1 - ss)) * c + cc];
-}
-
 bool output_channels_ok(int64_t c) { return c == 16 || c == 32 || c == 64 || c == 96 || c == 128 || c == 160; }
 
 // Pixels a tile: 32 per warp along M (4 warps for 16 or 32 output channels,
@@ -294,15 +281,13 @@ bool conv_mma_enabled() { return enabled_flag().load(std::memory_order_relaxed) 
 int64_t conv_mma_runs() { return mma_runs.load(std::memory_order_relaxed); }
 void set_conv_mma_enabled(bool on) { enabled_flag().store(on ? 1 : 0, std::memory_order_relaxed); }
 
-bool conv_mma_applies(const Conv2dGeometry& g, Layout layout, DType dtype, bool data_gradient) {
+bool conv_mma_applies(const Conv2dGeometry& g, Layout layout, DType dtype) {
   if (layout != Layout::NHWC || (dtype != kBFloat16 && dtype != kFloat16) || g.groups != 1 || g.stride_h != 1 ||
       g.stride_w != 1 || g.dil_h != 1 || g.dil_w != 1 || g.n <= 0 || g.out_h() <= 0 || g.out_w() <= 0)
     return false;
-  // Pixels (either side's) and elements index as int inside the kernel.
+  // Pixels and elements index as int inside the kernel.
   if (g.n * std::max(g.h * g.w, g.out_h() * g.out_w()) * std::max(g.c_in, g.c_out) >= (int64_t{1} << 31)) return false;
-  if (data_gradient && (g.pad_h > g.kh - 1 || g.pad_w > g.kw - 1)) return false;
-  return data_gradient ? shape_ok(g.c_out, g.c_in, g.kh, g.kw, g.h, g.w)
-                       : shape_ok(g.c_in, g.c_out, g.kh, g.kw, g.out_h(), g.out_w());
+  return shape_ok(g.c_in, g.c_out, g.kh, g.kw, g.out_h(), g.out_w());
 }
 
 bool conv_mma_aligned(const Tensor& in, const Tensor& w, const Tensor& out) {
@@ -310,7 +295,7 @@ bool conv_mma_aligned(const Tensor& in, const Tensor& w, const Tensor& out) {
 }
 
 void conv_mma_forward(const Conv2dGeometry& g, const Tensor& x, const Tensor& w, const Tensor& y) {
-  CHORUS_CHECK(conv_mma_applies(g, Layout::NHWC, x.dtype(), false) && w.dtype() == x.dtype() &&
+  CHORUS_CHECK(conv_mma_applies(g, Layout::NHWC, x.dtype()) && w.dtype() == x.dtype() &&
                    y.dtype() == x.dtype() && conv_mma_aligned(x, w, y),
                "conv_mma_forward: not a convolution the tensor-core kernel computes: ", x.describe(), ", ",
                w.describe(), ", ", y.describe());
@@ -319,30 +304,6 @@ void conv_mma_forward(const Conv2dGeometry& g, const Tensor& x, const Tensor& w,
                 static_cast<int>(g.kh), static_cast<int>(g.kw), static_cast<int>(g.pad_h), static_cast<int>(g.pad_w),
                 filter_row(static_cast<int>(g.kh * g.kw * g.c_in))};
   run(x, w, y, with_tiles(m));
-}
-
-void conv_mma_backward_input(const Conv2dGeometry& g, const Tensor& dy, const Tensor& w, const Tensor& dx) {
-  CHORUS_CHECK(conv_mma_applies(g, Layout::NHWC, dx.dtype(), true) && w.dtype() == dx.dtype() &&
-                   dy.dtype() == dx.dtype() && conv_mma_aligned(dy, w, dx),
-               "conv_mma_backward_input: not a convolution the tensor-core kernel computes: ", dy.describe(), ", ",
-               w.describe(), ", ", dx.describe());
-  mma_runs.fetch_add(1, std::memory_order_relaxed);
-  const int device = dx.device().index;
-  // The filter flipped and transposed: [C_in][R][S][C_out].
-  const Tensor ft = detail::empty_tensor({g.c_in * g.kh * g.kw * g.c_out}, dx.dtype(), dx.device());
-  const int64_t total = ft.numel();
-  dispatch_float(dx.dtype(), "conv_mma", [&]<typename T>() {
-    if constexpr (sizeof(T) == 2) {
-      flip_filter_kernel<T><<<static_cast<unsigned>((total + 255) / 256), 256, 0, current_stream(device)>>>(
-          static_cast<const T*>(w.raw_data()), static_cast<T*>(ft.raw_data()), static_cast<int>(g.c_out),
-          static_cast<int>(g.kh), static_cast<int>(g.kw), static_cast<int>(g.c_in));
-      CHORUS_CUDA_LAUNCH_CHECK();
-    }
-  });
-  const MGeom m{g.n, g.out_h(), g.out_w(), g.h, g.w, static_cast<int>(g.c_out), static_cast<int>(g.c_in),
-                static_cast<int>(g.kh), static_cast<int>(g.kw), static_cast<int>(g.kh - 1 - g.pad_h),
-                static_cast<int>(g.kw - 1 - g.pad_w), filter_row(static_cast<int>(g.kh * g.kw * g.c_out))};
-  run(dy, ft, dx, with_tiles(m));
 }
 
 }  // namespace chorus::cuda
