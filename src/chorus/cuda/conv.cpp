@@ -392,7 +392,7 @@ bool direct_path_wins(Direction dir, const Conv2dGeometry& g, DType dtype, Layou
                       const ConvOperands& ops, const std::function<void()>& cudnn_run,
                       const std::function<void()>& direct_run, int64_t tag = 0);
 // Note [Tensor-core convolutions of few channels] (conv_mma.h): the same for
-// the tensor-core kernel (forward and data gradient).
+// the tensor-core forward kernel.
 bool mma_path_wins(Direction dir, const Conv2dGeometry& g, DType dtype, Layout layout, int device,
                    const ConvOperands& ops, const std::function<void()>& cudnn_run,
                    const std::function<void()>& mma_run);
@@ -562,7 +562,7 @@ bool gemm_path_wins(Direction dir, const Conv2dGeometry& g, DType dtype, Layout 
 bool mma_path_wins(Direction dir, const Conv2dGeometry& g, DType dtype, Layout layout, int device,
                    const ConvOperands& ops, const std::function<void()>& cudnn_run,
                    const std::function<void()>& mma_run) {
-  if (!conv_mma_enabled() || !conv_mma_applies(g, layout, dtype, dir == Direction::BackwardData)) return false;
+  if (dir != Direction::Forward || !conv_mma_enabled() || !conv_mma_applies(g, layout, dtype)) return false;
   return alternative_wins("mma", 32768, dir, g, dtype, layout, device, ops, cudnn_run, mma_run);
 }
 
@@ -717,12 +717,8 @@ void conv2d_backward_input(const Conv2dGeometry& g, const Tensor& dy, const Tens
     run_conv(Direction::BackwardData, g, dx.dtype(), layout, device, dx.raw_data(), w.raw_data(), dy.raw_data());
   };
   auto gemm_run = [&] { conv_gemm_backward_input(g, dy, w, dx); };
-  auto mma_run = [&] { conv_mma_backward_input(g, dy, w, dx); };
-  const ConvOperands ops{dx.raw_data(), w.raw_data(), dy.raw_data()};
-  if (conv_mma_aligned(dy, w, dx) &&
-      mma_path_wins(Direction::BackwardData, g, dx.dtype(), layout, device, ops, cudnn_run, mma_run))
-    mma_run();
-  else if (gemm_path_wins(Direction::BackwardData, g, dx.dtype(), layout, device, ops, cudnn_run, gemm_run))
+  if (gemm_path_wins(Direction::BackwardData, g, dx.dtype(), layout, device,
+                     ConvOperands{dx.raw_data(), w.raw_data(), dy.raw_data()}, cudnn_run, gemm_run))
     gemm_run();
   else
     cudnn_run();

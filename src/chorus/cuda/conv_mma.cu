@@ -1,5 +1,5 @@
 // Note [Tensor-core convolutions of few channels] (conv_mma.h): the
-// implicit-GEMM kernel, and the filter flipped for the data gradient.
+// implicit-GEMM kernel.
 #include "chorus/cuda/conv_mma.h"
 
 #include <algorithm>
@@ -19,14 +19,10 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
-// The halo's pipeline depth: 3 steps where a step is all of a tile (16 input
-// channels, 20 products a warp a tap), 8 where it is a sliver (16 or 32
-// output channels: 4 products a warp a tap, so 2 steps ahead did not cover the
-// loads' latency).
-constexpr int stages_for(int wm) { return wm == 4 ? 8 : 3; }
+constexpr int kStages = 3;  // the halo's pipeline depth
 constexpr size_t kMaxFilterBytes = 100 * 1024;
 constexpr size_t kMaxStageBytes = 24 * 1024;
-constexpr size_t kMaxSmemBytes = 200 * 1024;
+constexpr size_t kMaxSmemBytes = kMaxFilterBytes + kStages * kMaxStageBytes;
 constexpr int kMaxDevices = 64;
 
 // The convolution as the kernel computes it: out[p, o] = sum over taps (r, s)
@@ -88,7 +84,7 @@ template <typename T, int WM, int WN, int NT>
 __global__ void __launch_bounds__(kThreads) mma_conv_kernel(const T* __restrict__ x, const T* __restrict__ f,
                                                              T* __restrict__ y, MGeom g) {
   static_assert(WM * WN == kWarps && NT % 2 == 0, "a block is 4 warps; a warp's channels are whole 16s");
-  constexpr int BM = 32 * WM, kStages = stages_for(WM);
+  constexpr int BM = 32 * WM;
   extern __shared__ uint4 smem_u4[];
   T* sf = reinterpret_cast<T*>(smem_u4);
   T* sa = sf + g.cout * g.srow;  // [kStages][hr][hc][16]
@@ -199,19 +195,6 @@ __global__ void __launch_bounds__(kThreads) mma_conv_kernel(const T* __restrict_
   asm volatile("cp.async.wait_group 0;\n" ::);
 }
 
-// ft[c, r', s', k] = f[k, R-1-r', S-1-s', c]: the data gradient's filter.
-template <typename T>
-__global__ void flip_filter_kernel(const T* __restrict__ f, T* __restrict__ ft, int k, int r, int s, int c) {
-  const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  if (i >= int64_t{k} * r * s * c) return;
-  const int kk = static_cast<int>(i % k);
-  int64_t rest = i / k;
-  const int ss = static_cast<int>(rest % s);
-  rest /= s;
-  const int rr = static_cast<int>(rest % r), cc = static_cast<int>(rest / r);
-  ft[i] = f[((int64_t{kk} * r + (r - 1 - rr)) * s + (s - 1 - ss)) * c + cc];
-}
-
 bool output_channels_ok(int64_t c) { return c == 16 || c == 32 || c == 64 || c == 96 || c == 128 || c == 160; }
 
 // Pixels a tile: 32 per warp along M (4 warps for 16 or 32 output channels,
@@ -227,16 +210,13 @@ bool shape_ok(int64_t reduce, int64_t out, int64_t r, int64_t s, int64_t oh, int
   // Tiles of whole rows, m16 tiles inside a row.
   const int64_t bm = tile_pixels(out);
   if (ow % 16 != 0 || bm % ow != 0 || oh % (bm / ow) != 0) return false;
-  const size_t stage = static_cast<size_t>((bm / ow + r - 1) * (ow + s - 1)) * 32;
-  const size_t filter = static_cast<size_t>(out) * filter_row(static_cast<int>(r * s * reduce)) * 2;
-  return stage <= kMaxStageBytes && filter + stages_for(bm == 128 ? 4 : 2) * stage <= kMaxSmemBytes;
+  return static_cast<size_t>((bm / ow + r - 1) * (ow + s - 1)) * 32 <= kMaxStageBytes;
 }
 
 template <typename T, int WM, int WN, int NT>
 void launch_config(const T* x, const T* f, T* y, const MGeom& g, int device, cudaStream_t stream) {
   auto kernel = mma_conv_kernel<T, WM, WN, NT>;
-  const size_t smem =
-      (static_cast<size_t>(g.cout) * g.srow + static_cast<size_t>(stages_for(WM)) * g.hr * g.hc * 16) * sizeof(T);
+  const size_t smem = (static_cast<size_t>(g.cout) * g.srow + static_cast<size_t>(kStages) * g.hr * g.hc * 16) * sizeof(T);
   // Per instantiation and device: the larger shared memory asked for once.
   static std::atomic<bool> opted_in[kMaxDevices];
   if (device >= kMaxDevices || !opted_in[device].load(std::memory_order_acquire)) {
@@ -301,15 +281,13 @@ bool conv_mma_enabled() { return enabled_flag().load(std::memory_order_relaxed) 
 int64_t conv_mma_runs() { return mma_runs.load(std::memory_order_relaxed); }
 void set_conv_mma_enabled(bool on) { enabled_flag().store(on ? 1 : 0, std::memory_order_relaxed); }
 
-bool conv_mma_applies(const Conv2dGeometry& g, Layout layout, DType dtype, bool data_gradient) {
+bool conv_mma_applies(const Conv2dGeometry& g, Layout layout, DType dtype) {
   if (layout != Layout::NHWC || (dtype != kBFloat16 && dtype != kFloat16) || g.groups != 1 || g.stride_h != 1 ||
       g.stride_w != 1 || g.dil_h != 1 || g.dil_w != 1 || g.n <= 0 || g.out_h() <= 0 || g.out_w() <= 0)
     return false;
-  // Pixels (either side's) and elements index as int inside the kernel.
+  // Pixels and elements index as int inside the kernel.
   if (g.n * std::max(g.h * g.w, g.out_h() * g.out_w()) * std::max(g.c_in, g.c_out) >= (int64_t{1} << 31)) return false;
-  if (data_gradient && (g.pad_h > g.kh - 1 || g.pad_w > g.kw - 1)) return false;
-  return data_gradient ? shape_ok(g.c_out, g.c_in, g.kh, g.kw, g.h, g.w)
-                       : shape_ok(g.c_in, g.c_out, g.kh, g.kw, g.out_h(), g.out_w());
+  return shape_ok(g.c_in, g.c_out, g.kh, g.kw, g.out_h(), g.out_w());
 }
 
 bool conv_mma_aligned(const Tensor& in, const Tensor& w, const Tensor& out) {
@@ -317,7 +295,7 @@ bool conv_mma_aligned(const Tensor& in, const Tensor& w, const Tensor& out) {
 }
 
 void conv_mma_forward(const Conv2dGeometry& g, const Tensor& x, const Tensor& w, const Tensor& y) {
-  CHORUS_CHECK(conv_mma_applies(g, Layout::NHWC, x.dtype(), false) && w.dtype() == x.dtype() &&
+  CHORUS_CHECK(conv_mma_applies(g, Layout::NHWC, x.dtype()) && w.dtype() == x.dtype() &&
                    y.dtype() == x.dtype() && conv_mma_aligned(x, w, y),
                "conv_mma_forward: not a convolution the tensor-core kernel computes: ", x.describe(), ", ",
                w.describe(), ", ", y.describe());
@@ -326,30 +304,6 @@ void conv_mma_forward(const Conv2dGeometry& g, const Tensor& x, const Tensor& w,
                 static_cast<int>(g.kh), static_cast<int>(g.kw), static_cast<int>(g.pad_h), static_cast<int>(g.pad_w),
                 filter_row(static_cast<int>(g.kh * g.kw * g.c_in))};
   run(x, w, y, with_tiles(m));
-}
-
-void conv_mma_backward_input(const Conv2dGeometry& g, const Tensor& dy, const Tensor& w, const Tensor& dx) {
-  CHORUS_CHECK(conv_mma_applies(g, Layout::NHWC, dx.dtype(), true) && w.dtype() == dx.dtype() &&
-                   dy.dtype() == dx.dtype() && conv_mma_aligned(dy, w, dx),
-               "conv_mma_backward_input: not a convolution the tensor-core kernel computes: ", dy.describe(), ", ",
-               w.describe(), ", ", dx.describe());
-  mma_runs.fetch_add(1, std::memory_order_relaxed);
-  const int device = dx.device().index;
-  // The filter flipped and transposed: [C_in][R][S][C_out].
-  const Tensor ft = detail::empty_tensor({g.c_in * g.kh * g.kw * g.c_out}, dx.dtype(), dx.device());
-  const int64_t total = ft.numel();
-  dispatch_float(dx.dtype(), "conv_mma", [&]<typename T>() {
-    if constexpr (sizeof(T) == 2) {
-      flip_filter_kernel<T><<<static_cast<unsigned>((total + 255) / 256), 256, 0, current_stream(device)>>>(
-          static_cast<const T*>(w.raw_data()), static_cast<T*>(ft.raw_data()), static_cast<int>(g.c_out),
-          static_cast<int>(g.kh), static_cast<int>(g.kw), static_cast<int>(g.c_in));
-      CHORUS_CUDA_LAUNCH_CHECK();
-    }
-  });
-  const MGeom m{g.n, g.out_h(), g.out_w(), g.h, g.w, static_cast<int>(g.c_out), static_cast<int>(g.c_in),
-                static_cast<int>(g.kh), static_cast<int>(g.kw), static_cast<int>(g.kh - 1 - g.pad_h),
-                static_cast<int>(g.kw - 1 - g.pad_w), filter_row(static_cast<int>(g.kh * g.kw * g.c_out))};
-  run(dy, ft, dx, with_tiles(m));
 }
 
 }  // namespace chorus::cuda
