@@ -27,7 +27,10 @@ namespace chorus::cuda {
 // after). The data gradient stays with cuDNN (an image needs none). Each
 // geometry and direction is timed once against cuDNN (conv.cpp) and runs the
 // faster from then on, this only when 3% ahead; CHORUS_CONV_DIRECT=0 turns it
-// off.
+// off. WRN-28-10's stem on an H100: forward 0.0126 ms, weight gradient 0.0244
+// (docs/benchmarks.md, session 28); a first version that staged each tile's
+// taps in shared memory, a global load's latency per few taps, took 0.0206 and
+// 0.0494.
 
 // Whether the direct kernels can compute this convolution: channels-last
 // 16-bit data, one group, at most 4 input channels, at most 64 taps
