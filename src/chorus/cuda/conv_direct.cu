@@ -12,6 +12,7 @@
 #include "chorus/cuda/context.h"
 #include "chorus/cuda/dtype_dispatch.cuh"
 #include "chorus/cuda/kernels.h"
+#include "chorus/cuda/path_switch.h"
 
 namespace chorus::cuda {
 
@@ -296,21 +297,18 @@ int64_t tile_blocks(int64_t tiles, int device, int per_sm) {
   return std::clamp<int64_t>(tiles, 1, int64_t{per_sm} * device_properties(device).multiProcessorCount);
 }
 
-std::atomic<int>& enabled_flag() {
-  static std::atomic<int> flag{[] {
-    const char* e = std::getenv("CHORUS_CONV_DIRECT");
-    return e && *e && std::strcmp(e, "0") == 0 ? 0 : 1;
-  }()};
-  return flag;
+PathSwitch& path_switch() {
+  static PathSwitch* sw = new PathSwitch("CHORUS_CONV_DIRECT");  // leaked: read from any thread until exit
+  return *sw;
 }
 
 }  // namespace
 
 static std::atomic<int64_t> direct_runs{0};  // conv_direct_runs()
 
-bool conv_direct_enabled() { return enabled_flag().load(std::memory_order_relaxed) != 0; }
+bool conv_direct_enabled() { return path_switch().on(); }
 int64_t conv_direct_runs() { return direct_runs.load(std::memory_order_relaxed); }
-void set_conv_direct_enabled(bool on) { enabled_flag().store(on ? 1 : 0, std::memory_order_relaxed); }
+void set_conv_direct_enabled(bool on) { path_switch().set(on); }
 
 bool conv_direct_applies(const Conv2dGeometry& g, Layout layout, DType dtype) {
   return layout == Layout::NHWC && (dtype == kBFloat16 || dtype == kFloat16) && g.groups == 1 && g.c_in >= 1 &&

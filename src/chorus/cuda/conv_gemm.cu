@@ -12,6 +12,7 @@
 #include "chorus/cuda/context.h"
 #include "chorus/cuda/dtype_dispatch.cuh"
 #include "chorus/cuda/kernels.h"
+#include "chorus/cuda/path_switch.h"
 
 namespace chorus::cuda {
 
@@ -127,18 +128,15 @@ Tensor as_matrix(const Tensor& t, int64_t rows, int64_t cols) {
   return detail::make_view(t, {1, rows, cols}, {rows * cols, cols, 1}, t.storage_offset());
 }
 
-std::atomic<int>& enabled_flag() {
-  static std::atomic<int> flag{[] {
-    const char* e = std::getenv("CHORUS_CONV_GEMM");
-    return e && *e && std::strcmp(e, "0") == 0 ? 0 : 1;
-  }()};
-  return flag;
+PathSwitch& path_switch() {
+  static PathSwitch* sw = new PathSwitch("CHORUS_CONV_GEMM");  // leaked: read from any thread until exit
+  return *sw;
 }
 
 }  // namespace
 
-bool conv_gemm_enabled() { return enabled_flag().load(std::memory_order_relaxed) != 0; }
-void set_conv_gemm_enabled(bool on) { enabled_flag().store(on ? 1 : 0, std::memory_order_relaxed); }
+bool conv_gemm_enabled() { return path_switch().on(); }
+void set_conv_gemm_enabled(bool on) { path_switch().set(on); }
 
 bool conv_gemm_applies(const Conv2dGeometry& g, Layout layout, DType dtype) {
   return layout == Layout::NHWC && (dtype == kBFloat16 || dtype == kFloat16) && g.groups == 1 &&

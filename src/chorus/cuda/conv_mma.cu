@@ -12,6 +12,7 @@
 #include "chorus/cuda/context.h"
 #include "chorus/cuda/dtype_dispatch.cuh"
 #include "chorus/cuda/kernels.h"
+#include "chorus/cuda/path_switch.h"
 
 namespace chorus::cuda {
 
@@ -265,21 +266,18 @@ MGeom with_tiles(MGeom m) {
 
 bool aligned(const Tensor& t, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(t.raw_data()) % bytes == 0; }
 
-std::atomic<int>& enabled_flag() {
-  static std::atomic<int> flag{[] {
-    const char* e = std::getenv("CHORUS_CONV_MMA");
-    return e && *e && std::strcmp(e, "0") == 0 ? 0 : 1;
-  }()};
-  return flag;
+PathSwitch& path_switch() {
+  static PathSwitch* sw = new PathSwitch("CHORUS_CONV_MMA");  // leaked: read from any thread until exit
+  return *sw;
 }
 
 std::atomic<int64_t> mma_runs{0};
 
 }  // namespace
 
-bool conv_mma_enabled() { return enabled_flag().load(std::memory_order_relaxed) != 0; }
+bool conv_mma_enabled() { return path_switch().on(); }
 int64_t conv_mma_runs() { return mma_runs.load(std::memory_order_relaxed); }
-void set_conv_mma_enabled(bool on) { enabled_flag().store(on ? 1 : 0, std::memory_order_relaxed); }
+void set_conv_mma_enabled(bool on) { path_switch().set(on); }
 
 bool conv_mma_applies(const Conv2dGeometry& g, Layout layout, DType dtype) {
   if (layout != Layout::NHWC || (dtype != kBFloat16 && dtype != kFloat16) || g.groups != 1 || g.stride_h != 1 ||
