@@ -124,18 +124,17 @@ TrainStep::Result TrainStep::run_eager(const Tensor& x, const Tensor& y, Phases*
         return nn::functional::cross_entropy(out.tensor(), t.tensor(), smoothing);
       });
     }
+    // Gathered beside the backward, joined after the step (Note [Losses
+    // gathered beside the backward] in parallel/data_parallel.cpp).
+    const parallel::ReplicaLosses::Gathered gathered = losses.gather_beside();
+    r.loss = gathered.loss;
+    r.logits = gathered.output.tensor();
     lap(phases ? &phases->forward_ms : nullptr);
     opt->zero_grad();
     losses.backward();
     lap(phases ? &phases->backward_ms : nullptr);
     opt->step();
-    // Gathered after the step: at the end of the first device's queue, long
-    // after the other replicas computed them.
-    {
-      NoGradGuard no_grad;
-      r.loss = losses.loss();
-      r.logits = losses.output().tensor();
-    }
+    gathered.join();
     lap(phases ? &phases->optim_ms : nullptr);
     return r;
   }

@@ -123,7 +123,9 @@ TEST(OpsCopyMulti, BadArgumentsNameThePairAndCopyNothing) {
 // pairs than one launch's table (64), a pair longer than one launch's blocks
 // (440 x 256 KiB), views at offsets that are 4-byte but not 16-byte aligned
 // (word copies) and odd byte offsets (byte copies), every size around a vector
-// or chunk boundary.
+// or chunk boundary. With every pair (256 KiB chunks), and with the first 12
+// (2 MB: 16 KiB chunks) and 26 (8.7 MB: 64 KiB chunks), where the chunk size
+// follows the call's bytes and the larger pairs span many chunks.
 TEST(OpsCopyMulti, GpuMatchesCpu_CUDA) {
   if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
   const Device gpu = cuda_device(0);
@@ -149,9 +151,9 @@ TEST(OpsCopyMulti, GpuMatchesCpu_CUDA) {
   lens.push_back(big);
   types.push_back(kFloat32);
 
-  auto run = [&](const Device& dev) {
+  auto run = [&](const Device& dev, size_t pairs) {
     TensorList srcs, dsts, bases;
-    for (size_t i = 0; i < host_srcs.size(); ++i) {
+    for (size_t i = 0; i < pairs; ++i) {
       Tensor s = ops::to_device(host_srcs[i], dev);
       Tensor base = zeros({lens[i] + offsets[i].second}, TensorOptions(types[i], dev));
       srcs.push_back(s.narrow(0, offsets[i].first, lens[i]));
@@ -163,13 +165,16 @@ TEST(OpsCopyMulti, GpuMatchesCpu_CUDA) {
     for (const Tensor& b : bases) out.push_back(bytes_of(b));  // offsets' padding included
     return out;
   };
-  const auto want = run(kCpu0);
-  const auto got = run(gpu);
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    SCOPED_TRACE("pair " + std::to_string(i) + ": " + std::to_string(lens[i]) + " x " + dtype_name(types[i]));
-    ASSERT_EQ(got[i].size(), want[i].size());
-    EXPECT_TRUE(got[i] == want[i]);
+  for (size_t pairs : {host_srcs.size(), size_t{12}, size_t{26}}) {
+    SCOPED_TRACE(std::to_string(pairs) + " pairs");
+    const auto want = run(kCpu0, pairs);
+    const auto got = run(gpu, pairs);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      SCOPED_TRACE("pair " + std::to_string(i) + ": " + std::to_string(lens[i]) + " x " + dtype_name(types[i]));
+      ASSERT_EQ(got[i].size(), want[i].size());
+      EXPECT_TRUE(got[i] == want[i]);
+    }
   }
 }
 #endif  // CHORUS_WITH_CUDA

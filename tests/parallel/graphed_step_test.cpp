@@ -420,10 +420,16 @@ void dp_graphed_matches_eager(const std::vector<Device>& devs, bool replicated =
             ReplicaLosses r = dp->forward_loss(in[0], in[1], [](const nn::Value& out, const nn::Value& t) {
               return F::cross_entropy(out.tensor(), t.tensor());
             });
+            // Gathered beside the backward (Note [Losses gathered beside the
+            // backward]), and again after the step on the current stream:
+            // the same adds and copies, so the same bits.
+            const ReplicaLosses::Gathered g = r.gather_beside();
             opt.zero_grad();
             r.backward();
             opt.step();
-            return std::vector<Tensor>{r.loss()};
+            g.join();
+            NoGradGuard no_grad;
+            return std::vector<Tensor>{g.loss, r.loss(), g.output.tensor(), r.output().tensor()};
           }
           Tensor loss = F::cross_entropy(dp->forward(in[0]), in[1]);
           opt.zero_grad();
@@ -435,7 +441,14 @@ void dp_graphed_matches_eager(const std::vector<Device>& devs, bool replicated =
     manual_seed(77);
     for (int i = 0; i < steps; ++i) {
       opt.set_lr(0.05 * (1.0 - 0.03 * i));
-      out->losses.push_back(step({randn({32, 3, 16, 16}).to(devs[0]), randint(0, 10, {32}, {kInt64}).to(devs[0])})[0].item());
+      const std::vector<Tensor> o =
+          step({randn({32, 3, 16, 16}).to(devs[0]), randint(0, 10, {32}, {kInt64}).to(devs[0])});
+      out->losses.push_back(o[0].item());
+      if (o.size() == 4) {  // the loss and output gathered beside the backward, and after the step
+        EXPECT_EQ(o[0].item(), o[1].item()) << "step " << i;
+        EXPECT_EQ(o[2].device(), devs[0]);
+        EXPECT_EQ(test::rel_err(o[2], o[3]), 0.0) << "step " << i;
+      }
       if (read_grads) {
         out->grads.emplace_back();
         for (const Tensor& p : net->parameters()) out->grads.back().push_back(p.grad().clone());

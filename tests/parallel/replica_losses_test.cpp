@@ -3,8 +3,9 @@
 // backward from every replica's loss trains exactly like the gathered output
 // with the loss on the first device (losses, weights, batch-norm buffers), with
 // broadcast and replicated updates, over 2 and 3 devices and batches that leave
-// chunks uneven or replicas out; the batch's loss and outputs; a summed loss;
-// bad arguments.
+// chunks uneven or replicas out; the batch's loss and outputs, also gathered
+// beside the backward (on two GPUs: the same bits); a summed loss; bad
+// arguments.
 #include <gtest/gtest.h>
 
 #include <chorus/chorus.h>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "testing/compare.h"
+#include "testing/deterministic.h"
 #include "testing/devices.h"
 #include "testing/nets.h"
 #include "testing/expect_error.h"
@@ -40,26 +42,44 @@ struct TrainRun {
   nn::NamedTensors state;
 };
 
-TrainRun train(bool per_replica, bool replicated, int devices, const std::vector<int64_t>& batches) {
+// How a run takes the batch's loss: the gathered output's, loss() after the
+// backward, or gather_beside() before it (Note [Losses gathered beside the
+// backward]), joined after the step.
+enum class LossMode { Gathered, PerReplica, Beside };
+
+TrainRun train(LossMode mode, bool replicated, const std::vector<Device>& devices, const std::vector<int64_t>& batches) {
   auto net = make_net();
-  auto dp = std::make_shared<DataParallel>(net, cpus(devices));
+  net->to(devices[0]);
+  auto dp = std::make_shared<DataParallel>(net, devices);
   optim::SGD opt(dp->parameters(), {.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-3, .nesterov = true});
   if (replicated) {
     ReplicatedUpdates u = dp->replicate_updates(opt.params());
     opt.add_replicas(u.copies, u.after_step);
   }
   manual_seed(5);
-  Tensor x = randn({12, 2, 8, 8}), y = randint(0, 5, {12});
+  Tensor x = randn({12, 2, 8, 8}).to(devices[0]), y = randint(0, 5, {12}).to(devices[0]);
   TrainRun run;
   for (int64_t b : batches) {
     Tensor xb = x.narrow(0, 0, b), yb = y.narrow(0, 0, b);
     opt.zero_grad();
-    if (per_replica) {
+    if (mode == LossMode::Beside) {
+      ReplicaLosses r = dp->forward_loss(xb, yb, chunk_loss);
+      const ReplicaLosses::Gathered g = r.gather_beside();
+      r.backward();
+      opt.step();  // the gathered values are the forward's, read after the step
+      g.join();
+      EXPECT_FALSE(g.loss.requires_grad());
+      EXPECT_EQ(g.output.tensor().device(), devices[0]);
+      run.losses.push_back(g.loss.item());
+      run.outputs.push_back(g.output.tensor().clone());
+      continue;
+    }
+    if (mode == LossMode::PerReplica) {
       ReplicaLosses r = dp->forward_loss(xb, yb, chunk_loss);
       r.backward();
       run.losses.push_back(r.loss().item());
       run.outputs.push_back(r.output().tensor().detach().clone());
-      EXPECT_EQ(r.output().tensor().device(), cpu_device(0));
+      EXPECT_EQ(r.output().tensor().device(), devices[0]);
     } else {
       Tensor out = dp->forward(xb);
       Tensor loss = F::cross_entropy(out, yb);
@@ -73,26 +93,52 @@ TrainRun train(bool per_replica, bool replicated, int devices, const std::vector
   return run;
 }
 
+void expect_same_run(const TrainRun& got, const TrainRun& ref, double tol) {
+  ASSERT_EQ(got.losses.size(), ref.losses.size());
+  for (size_t i = 0; i < ref.losses.size(); ++i) {
+    EXPECT_NEAR(got.losses[i], ref.losses[i], tol * std::abs(ref.losses[i])) << "step " << i;
+    EXPECT_LE(rel_err(got.outputs[i], ref.outputs[i]), tol) << "step " << i;
+  }
+  ASSERT_EQ(got.state.size(), ref.state.size());
+  for (size_t i = 0; i < ref.state.size(); ++i)
+    EXPECT_LE(rel_err(got.state[i].second, ref.state[i].second), tol) << ref.state[i].first;
+}
+
 TEST(ReplicaLosses, TrainLikeTheGatheredLoss) {
   // 7 over 3 devices: chunks of 3, 2, 2 (unequal weights); 1 and 2: replicas left out.
   const std::vector<int64_t> batches{12, 7, 1, 12, 2, 12, 5};
   for (bool replicated : {false, true}) {
     for (int devices : {2, 3}) {
       SCOPED_TRACE(std::string(replicated ? "replicated" : "broadcast") + ", " + std::to_string(devices) + " devices");
-      const TrainRun ref = train(false, replicated, devices, batches);
-      const TrainRun got = train(true, replicated, devices, batches);
-      ASSERT_EQ(got.losses.size(), ref.losses.size());
-      for (size_t i = 0; i < ref.losses.size(); ++i) {
-        EXPECT_NEAR(got.losses[i], ref.losses[i], kTol * std::abs(ref.losses[i])) << "step " << i;
-        EXPECT_LE(rel_err(got.outputs[i], ref.outputs[i]), kTol) << "step " << i;
+      const TrainRun ref = train(LossMode::Gathered, replicated, cpus(devices), batches);
+      for (LossMode mode : {LossMode::PerReplica, LossMode::Beside}) {
+        const TrainRun got = train(mode, replicated, cpus(devices), batches);
+        expect_same_run(got, ref, kTol);
       }
-      ASSERT_EQ(got.state.size(), ref.state.size());
-      for (size_t i = 0; i < ref.state.size(); ++i)
-        EXPECT_LE(rel_err(got.state[i].second, ref.state[i].second), kTol) << ref.state[i].first;
       EXPECT_LT(ref.losses.back(), ref.losses.front());
     }
   }
 }
+
+#ifdef CHORUS_WITH_CUDA
+// On two GPUs the gather goes on a stream of its own beside the backward:
+// the same losses and outputs, bit for bit, as loss() and output() after the
+// backward, and the same training (eager; the graphed step:
+// GraphedStep.DataParallelWithPerReplicaLosses*).
+TEST(ReplicaLosses, GatheredBesideTheBackwardOnTwoGpus_MultiCUDA) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
+  const std::vector<Device> gpus{cuda_device(0), cuda_device(1)};
+  const std::vector<int64_t> batches{12, 7, 1, 12, 12, 12, 5};
+  for (bool replicated : {false, true}) {
+    SCOPED_TRACE(replicated ? "replicated" : "broadcast");
+    test::DeterministicConvolutions same_bits;
+    const TrainRun ref = train(LossMode::PerReplica, replicated, gpus, batches);
+    const TrainRun got = train(LossMode::Beside, replicated, gpus, batches);
+    expect_same_run(got, ref, 0.0);
+    EXPECT_LT(ref.losses.back(), ref.losses.front());
+  }
+}
+#endif  // CHORUS_WITH_CUDA
 
 // The losses stay on their replicas' devices, weighted by their shares; with
 // LossReduction::Sum they are added as they are.

@@ -22,4 +22,14 @@ const Value& Value::operator[](const std::string& k) const {
   return it->second;
 }
 
+void for_each_tensor(const Value& v, const std::function<void(const Tensor&)>& fn) {
+  if (v.is_tensor()) {
+    fn(v.tensor());
+  } else if (v.is_list()) {
+    for (const Value& e : v.list()) for_each_tensor(e, fn);
+  } else {
+    for (const auto& [k, e] : v.map()) for_each_tensor(e, fn);
+  }
+}
+
 }  // namespace chorus::nn

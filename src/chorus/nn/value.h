@@ -3,6 +3,7 @@
 // Tuples are lists. DataParallel splits and gathers every tensor inside.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 #include <variant>
@@ -32,5 +33,8 @@ struct Value {
   const Value& operator[](size_t i) const { return list().at(i); }
   const Value& operator[](const std::string& k) const;
 };
+
+// Calls fn on every tensor inside v (lists in order, maps by key).
+void for_each_tensor(const Value& v, const std::function<void(const Tensor&)>& fn);
 
 }  // namespace chorus::nn

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "chorus/core/stream.h"
 #include "chorus/dist/flat_layout.h"
 #include "chorus/dist/reducer.h"
 #include "chorus/nn/module.h"
@@ -68,6 +69,24 @@ struct ReplicaLosses {
   Tensor loss() const;
   // The outputs gathered on the output device, as DataParallel::forward does.
   nn::Value output() const;
+
+  // Note [Losses gathered beside the backward]: loss() and output() for
+  // reporting (no gradient), issued right after the forward on a second
+  // stream of the output device (gather_stream, set by forward_loss for a
+  // GPU), so that the backward goes on while they travel.
+  struct Gathered {
+    Tensor loss;
+    nn::Value output;
+    // Makes the output device's current stream wait for the gather; call it
+    // before reading loss or output there (after the step: it then costs
+    // nothing).
+    void join() const;
+
+    Device device = cpu_device(0);
+    std::optional<Event> done;  // on the gather stream; none when gathered in place
+  };
+  Gathered gather_beside() const;
+  std::optional<Stream> gather_stream;
 };
 
 // What an optimizer needs to keep the replicas updated itself (Note
@@ -169,6 +188,7 @@ class DataParallel : public nn::Module {
   // One per SyncBatchNorm layer, its replicas as members (Note [DataParallel
   // and SyncBatchNorm]).
   std::vector<std::shared_ptr<dist::ReplicaStatsGroup>> stats_groups_;
+  std::optional<Stream> gather_stream_;  // Note [Losses gathered beside the backward], made on first use
   bool grad_enabled_outside_ = true;
   // Note [Replicated updates]: whether the replicas get their own gradients
   // and are stepped by the optimizer, and which parameter entries it steps.
@@ -200,8 +220,9 @@ class DataParallel : public nn::Module {
 // ReplicaLosses::backward seeds them all in one pass (Note [Several roots] in
 // autograd/engine.h): each device's backward starts when its own forward ends.
 // The batch's loss and outputs are gathered only when asked for (loss(),
-// output()), and asked for after backward() they are copies at the end of the
-// first device's queue, no longer between the forward and the backward. Like
+// output()), or beside the backward (gather_beside: Note [Losses gathered
+// beside the backward] in data_parallel.cpp), no longer between the forward
+// and the backward. Like
 // the gradients, the losses are the whole batch's up to rounding: the chunks'
 // means weighted by their shares instead of one mean.
 //
