@@ -341,6 +341,55 @@ TEST(CudaKernels, CopyIntoStridedDestination_CUDA) {
   expect_equal(dst.gpu, dst.cpu, "contiguous copy");
 }
 
+// Note [Elementwise dims in the output's memory order]: operands of one dense
+// layout other than row-major (channels-last, a permuted 3-d tensor) walk
+// memory in order; a channels-last output with a row-major input, a
+// broadcast (stride 0) input, and odd sizes (the vectorised kernel's tail).
+TEST(CudaKernels, PermutedLayoutsMatchCpu_CUDA) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
+  const int64_t n = 3, c = 37, h = 5, w = 7;
+  const Shape sizes{n, c, h, w}, cl_strides{h * w * c, 1, w * c, c};
+  for (DType from : {kFloat32, kBFloat16}) {
+    for (DType to : {kFloat32, kBFloat16, kFloat16}) {
+      const std::string what = name(from) + " -> " + name(to);
+      // Both channels-last: a conversion in memory order.
+      const Twin src = view(random_twin({n * c * h * w}, from, 70, -10, 10), sizes, cl_strides);
+      const Twin dst_base = output_twin({n * c * h * w}, to);
+      const Twin dst = view(dst_base, sizes, cl_strides);
+      cpu::copy(src.cpu, dst.cpu);
+      cuda::copy(src.gpu, dst.gpu);
+      expect_equal(dst_base.gpu, dst_base.cpu, "channels-last copy " + what);
+      // Row-major into channels-last, and back.
+      const Twin rm = random_twin(sizes, from, 71, -10, 10);
+      const Twin cl_base = output_twin({n * c * h * w}, to);
+      cpu::copy(rm.cpu, view(cl_base, sizes, cl_strides).cpu);
+      cuda::copy(rm.gpu, view(cl_base, sizes, cl_strides).gpu);
+      expect_equal(cl_base.gpu, cl_base.cpu, "row-major -> channels-last " + what);
+      const Twin back = output_twin(sizes, to);
+      cpu::copy(src.cpu, back.cpu);
+      cuda::copy(src.gpu, back.gpu);
+      expect_equal(back.gpu, back.cpu, "channels-last -> row-major " + what);
+    }
+  }
+  // A binary op: channels-last a, a per-channel b broadcast over N, H, W, and a
+  // permuted 3-d pair ([4, 9, 6] stored as [6][4][9]).
+  const Twin a = view(random_twin({n * c * h * w}, kFloat32, 72), sizes, cl_strides);
+  const Twin b = view(random_twin({c}, kFloat32, 73), sizes, {0, 1, 0, 0});
+  const Twin out_base = output_twin({n * c * h * w}, kFloat32);
+  const Twin out = view(out_base, sizes, cl_strides);
+  cpu::binary(BinaryOp::Mul, a.cpu, b.cpu, out.cpu, 1.0);
+  cuda::binary(BinaryOp::Mul, a.gpu, b.gpu, out.gpu, 1.0);
+  expect_near(out_base.gpu, out_base.cpu, 0.0, 0.0, "channels-last times a broadcast channel vector");
+  const Shape p_sizes{4, 9, 6}, p_strides{9, 1, 36};
+  const Twin x = view(random_twin({216}, kBFloat16, 74), p_sizes, p_strides);
+  const Twin y = view(random_twin({216}, kBFloat16, 75), p_sizes, p_strides);
+  const Twin z_base = output_twin({216}, kBFloat16);
+  const Twin z = view(z_base, p_sizes, p_strides);
+  cpu::binary(BinaryOp::Add, x.cpu, y.cpu, z.cpu, 1.0);
+  cuda::binary(BinaryOp::Add, x.gpu, y.gpu, z.gpu, 1.0);
+  expect_near(z_base.gpu, z_base.cpu, 1e-2, 0.0, "permuted 3-d add");
+}
+
 TEST(CudaKernels, FillWritesOnlyTheView_CUDA) {
   if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
   for (DType dtype : kAllDtypes) {
