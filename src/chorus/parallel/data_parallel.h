@@ -78,8 +78,8 @@ struct ReplicaLosses {
     Tensor loss;
     nn::Value output;
     // Makes the output device's current stream wait for the gather; call it
-    // before reading loss or output there (after the step: it then costs
-    // nothing).
+    // before reading loss or output there, and before a CUDA graph's capture
+    // ends (after the step: it then costs nothing).
     void join() const;
 
     Device device = cpu_device(0);
