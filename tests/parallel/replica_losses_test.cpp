@@ -170,6 +170,53 @@ TEST(ReplicaLosses, EachLossIsItsChunksOnItsDevice) {
   EXPECT_LE(rel_err(net->parameters()[0].grad(), g_sum), kTol);
 }
 
+// x [B, 4] -> [fa(x), {"m": tanh(fb(x))}]: a nested output (nn::Value).
+class NestedOut : public nn::Module {
+ public:
+  explicit NestedOut(nn::NoOptions = {}) : Module("NestedOut") {
+    fa_ = register_module("fa", std::make_shared<nn::Linear>(4, 3));
+    fb_ = register_module("fb", std::make_shared<nn::Linear>(4, 2));
+  }
+  nn::Value forward_value(const nn::Value& x) override {
+    return nn::Value{fa_->forward(x.tensor()), nn::Value(nn::Value::Map{{"m", fb_->forward(x.tensor()).tanh()}})};
+  }
+  nn::NoOptions options_for_clone() const { return {}; }
+  CHORUS_MODULE_CLONEABLE(NestedOut)
+ private:
+  std::shared_ptr<nn::Linear> fa_, fb_;
+};
+
+// gather_beside on a nested output: the same structure as output(), every
+// tensor detached, with the same values; the loss too.
+TEST(ReplicaLosses, GatheredBesideKeepsANestedOutputsStructure) {
+  manual_seed(9);
+  auto dp = std::make_shared<DataParallel>(std::make_shared<NestedOut>(), cpus(3));
+  Tensor x = randn({7, 4}), y = randn({7, 3});
+  auto mse = [](const nn::Value& out, const nn::Value& t) {
+    return (out[0].tensor() - t.tensor()).pow(2.0).mean() + out[1]["m"].tensor().sum();
+  };
+  ReplicaLosses r = dp->forward_loss(x, y, mse);
+  const ReplicaLosses::Gathered g = r.gather_beside();
+  r.backward();
+  g.join();
+  const nn::Value want = r.output();
+  ASSERT_TRUE(g.output.is_list());
+  ASSERT_EQ(g.output.list().size(), 2u);
+  ASSERT_TRUE(g.output[1].is_map());
+  int tensors = 0;
+  nn::for_each_tensor(g.output, [&](const Tensor& t) {
+    EXPECT_FALSE(t.requires_grad());
+    EXPECT_EQ(t.device(), cpu_device(0));
+    ++tensors;
+  });
+  EXPECT_EQ(tensors, 2);
+  EXPECT_EQ(g.output[0].tensor().sizes(), (Shape{7, 3}));
+  EXPECT_EQ(rel_err(g.output[0].tensor(), want[0].tensor()), 0.0);
+  EXPECT_EQ(rel_err(g.output[1]["m"].tensor(), want[1]["m"].tensor()), 0.0);
+  EXPECT_EQ(g.loss.item(), r.loss().item());
+  EXPECT_FALSE(g.loss.requires_grad());
+}
+
 TEST(ReplicaLosses, BadArgumentsAreNamed) {
   auto dp = std::make_shared<DataParallel>(make_net(), cpus(2));
   manual_seed(9);
