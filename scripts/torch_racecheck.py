@@ -15,17 +15,22 @@ import torch
 
 # TORCH_RACE_BENCHMARK=0: cuDNN's heuristics' first choice only (PyTorch's default).
 torch.backends.cudnn.benchmark = os.environ.get("TORCH_RACE_BENCHMARK", "1") != "0"
-# (batch, in channels, out channels, size, stride)
-shapes = [(16, 8, 8, 16, 1), (8, 160, 320, 32, 2), (8, 320, 640, 16, 2), (8, 64, 64, 32, 1)]
+# (batch, in channels, out channels, size, stride[, kernel size, default 3]); the last four are the
+# stride-2 convolutions (3x3 and the 1x1 shortcut) of the wrn-10-2 the batch-norm chain test runs.
+shapes = [(16, 8, 8, 16, 1), (8, 160, 320, 32, 2), (8, 320, 640, 16, 2), (8, 64, 64, 32, 1),
+          (8, 32, 64, 16, 2), (8, 32, 64, 16, 2, 1), (8, 64, 128, 8, 2), (8, 64, 128, 8, 2, 1)]
 cases = [(dtype, cl, shape) for shape in shapes for cl in (False, True) for dtype in (torch.float32, torch.bfloat16)]
-for i, (dtype, cl, (n, ci, co, s, stride)) in enumerate(cases):
-    print(f"torch_racecheck case {i}: {dtype} {'channels-last' if cl else 'NCHW'} n={n} {ci}->{co} {s}x{s} stride {stride}")
+shape_of = lambda shape: (*shape, 3) if len(shape) == 5 else shape
+for i, (dtype, cl, shape) in enumerate(cases):
+    n, ci, co, s, stride, k = shape_of(shape)
+    print(f"torch_racecheck case {i}: {dtype} {'channels-last' if cl else 'NCHW'} n={n} {ci}->{co} {s}x{s} {k}x{k} stride {stride}")
 chosen = [int(c) for c in sys.argv[1].split(",")] if len(sys.argv) > 1 else range(len(cases))
 fmt = lambda cl: torch.channels_last if cl else torch.contiguous_format
 for i in chosen:
-    dtype, cl, (n, ci, co, s, stride) = cases[i]
+    dtype, cl, shape = cases[i]
+    n, ci, co, s, stride, k = shape_of(shape)
     x = torch.randn(n, ci, s, s, device="cuda", dtype=dtype).to(memory_format=fmt(cl)).requires_grad_()
-    conv = torch.nn.Conv2d(ci, co, 3, stride=stride, padding=1, bias=False).cuda().to(dtype).to(memory_format=fmt(cl))
+    conv = torch.nn.Conv2d(ci, co, k, stride=stride, padding=k // 2, bias=False).cuda().to(dtype).to(memory_format=fmt(cl))
     y = conv(x)
     y.backward(torch.randn_like(y))
     torch.cuda.synchronize()
