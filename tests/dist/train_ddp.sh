@@ -4,8 +4,10 @@
 # and on one process, and a one-process checkpoint resumes under DDP; bad
 # input (no launcher, --devices cuda without a GPU, a rank whose data set is
 # missing: every rank stops, no hang); the two DDP example programs; and real
-# convergence on Fashion-MNIST (5 epochs, 2 processes) from chorus launch and
-# from mpirun (skipped with CHORUS_TEST_QUICK=1, as the sanitizer stage does).
+# convergence on Fashion-MNIST, 2 processes: 5 epochs from chorus launch, and
+# 2 epochs from mpirun (the same training; on CI's 2 cores the two 5-epoch runs
+# were the suite's long pole, 512 of its 955 s), skipped with
+# CHORUS_TEST_QUICK=1, as the sanitizer stage does.
 set -uo pipefail
 CHORUS=${1:?chorus}; BIN=${4:?binary dir}
 "$CHORUS" --version | grep -q "^Gloo: no" && { echo "SKIPPED: this build has no Gloo"; exit 0; }
@@ -52,7 +54,8 @@ check "a rank without its data set: the job stops (exit $rc) in ${took} s, namin
 check "example: one process per device" "launch 2 '$BIN/example_ddp_one_process_per_gpu' | grep -c 'weights identical' | grep -qx 2"
 check "example: two devices per process" "CHORUS_CPU_DEVICES=2 launch 2 '$BIN/example_ddp_two_devices_per_process' | grep -c 'devices cpu:0 + cpu:1' | grep -qx 2"
 
-# 5. Convergence: Fashion-MNIST, 5 epochs, 2 processes, >= 0.91 test accuracy.
+# 5. Convergence: Fashion-MNIST, 2 processes: 5 epochs >= 0.91 test accuracy;
+# through mpirun 2 epochs >= 0.90 (seed 1 reached 0.899 after one, 0.914 after two).
 if [ "${CHORUS_TEST_QUICK:-0}" = 1 ]; then
   echo "SKIPPED: convergence runs (CHORUS_TEST_QUICK=1)"
 else
@@ -60,8 +63,8 @@ else
   check "chorus launch, 5 epochs on 2 processes: test accuracy $acc >= 0.91" "python3 -c 'import sys; sys.exit(0 if float(\"$acc\" or 0) >= 0.91 else 1)'"
   if command -v mpirun > /dev/null; then
     acc=$(MASTER_PORT=$(free_port) timeout 900 mpirun --allow-run-as-root --oversubscribe -np 2 -x MASTER_PORT \
-          "$CHORUS" "${T[@]}" --epochs 5 --seed 1 --quiet --json | python3 -c 'import sys, json; print(json.loads(sys.stdin.read())["test_accuracy"])')
-    check "mpirun, 5 epochs on 2 processes: test accuracy $acc >= 0.91" "python3 -c 'import sys; sys.exit(0 if float(\"$acc\" or 0) >= 0.91 else 1)'"
+          "$CHORUS" "${T[@]}" --epochs 2 --seed 1 --quiet --json | python3 -c 'import sys, json; print(json.loads(sys.stdin.read())["test_accuracy"])')
+    check "mpirun, 2 epochs on 2 processes: test accuracy $acc >= 0.90" "python3 -c 'import sys; sys.exit(0 if float(\"$acc\" or 0) >= 0.90 else 1)'"
   fi
 fi
 exit $fail
