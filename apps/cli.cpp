@@ -16,7 +16,9 @@
 #include "commands.h"
 #include "crash_report.h"
 #include "launch.h"
+#include "lm_commands.h"
 #include "train.h"
+#include "train_gpt.h"
 
 using namespace chorus;
 
@@ -31,8 +33,8 @@ int chorus_main(int argc, char** argv, bool parse_only) {
 
   app::TrainConfig tc;
   CLI::App* train = app.add_subcommand("train", "Train and evaluate a model");
-  train->add_option("--model", tc.model, "mlp|cnn|resnet20|wrn-16-4|wrn-28-10")->capture_default_str();
-  train->add_option("--data", tc.data, "fashion-mnist|mnist|cifar10|synthetic")->capture_default_str();
+  train->add_option("--model", tc.model, "mlp|cnn|resnet20|wrn-16-4|wrn-28-10 | gpt2|gpt2-medium|gpt2-large|gpt2-xl|d6..d84")->capture_default_str();
+  train->add_option("--data", tc.data, "fashion-mnist|mnist|cifar10|synthetic | GPT: tokens:GLOB|text:FILE")->capture_default_str();
   app::add_optional(train, "--data-dir", tc.data_dir, "Folder with the data set's files (default: /usr/share/datasets/<data>)");
   train->add_option("--devices", tc.devices, "cpu | cpu:0,cpu:1 | cuda:0,cuda:1 | all (default: cuda:0 if present, else cpu)")->check(app::non_empty_devices, "DEVICES");
   train->add_option("--strategy", tc.strategy, "single|dp|ddp|pipeline")->capture_default_str();
@@ -79,6 +81,13 @@ int chorus_main(int argc, char** argv, bool parse_only) {
   train->add_flag("--no-cuda-graphs", tc.no_cuda_graphs,
                   "Run every step eagerly (default on CUDA devices: the step is captured as a CUDA graph and replayed; single, ddp and pipeline)");
 
+  app::GptOptions gpt;
+  app::add_gpt_train_options(train, gpt);
+  app::TokenizeConfig tokc;
+  CLI::App* tokenize = app::add_tokenize_command(app, tokc);
+  app::GenerateConfig genc;
+  CLI::App* generate = app::add_generate_command(app, genc);
+
   app::BenchConfig bc;
   CLI::App* bench = app.add_subcommand("bench", "Training throughput on synthetic data");
   app::add_bench_options(bench, bc);
@@ -102,8 +111,15 @@ int chorus_main(int argc, char** argv, bool parse_only) {
     return 2;
   }
   try {
+    const bool gpt_run = *train && app::is_gpt_model(tc.model);
+    if (gpt_run) {
+      gpt.batch_given = train->count("--batch-size") > 0;
+      gpt.weight_decay_given = train->count("--weight-decay") > 0;
+      gpt.optimizer_given = train->count("--optimizer") > 0;
+      if (train->count("--data") == 0) tc.data = "";  // the image default means nothing here
+    }
     if (parse_only) {
-      if (*train) tc.validate();
+      if (*train) gpt_run ? app::validate_gpt(tc, gpt) : tc.validate();
       return 0;
     }
     if (show_version) {
@@ -114,6 +130,23 @@ int chorus_main(int argc, char** argv, bool parse_only) {
     if (*launch) return app::run_launch(lc);
     if (*bench_comm) return app::run_bench_comm(cc);
     if (*bench) return app::run_bench(bc);
+    if (*tokenize) return app::run_tokenize(tokc);
+    if (*generate) return app::run_generate(genc);
+    if (gpt_run) {
+      CHORUS_CHECK(!tc.data.empty(), "--data is needed for ", tc.model, ": tokens:GLOB (llm.c token files) or text:FILE");
+      auto summary = app::run_train_gpt(tc, gpt);
+      if (summary.is_null()) return 0;
+      if (tc.json) {
+        std::printf("%s\n", summary.dump().c_str());
+      } else {
+        std::printf("%s: train loss %.4f, val loss %s, %lld steps in %.1f s (%.0f tok/s)\n", tc.model.c_str(),
+                    summary["train_loss"].get<double>(),
+                    summary["val_loss"].is_null() ? "-" : std::to_string(summary["val_loss"].get<double>()).c_str(),
+                    (long long)summary["steps"].get<int64_t>(), summary["seconds"].get<double>(),
+                    summary["tok_per_s"].get<double>());
+      }
+      return 0;
+    }
     if (*train) {
       auto summary = app::run_train(tc);
       if (summary.is_null()) return 0;  // a DDP rank other than 0: rank 0 reports

@@ -150,4 +150,30 @@
   void adamw_update_multi(const TensorList& params, const TensorList& grads,                      \
                           const TensorList& exp_avgs, const TensorList& exp_avg_sqs, double lr,   \
                           double beta1, double beta2, double eps, double weight_decay,            \
-                          int64_t step, const Tensor& scalars, const TensorList& addends);
+                          int64_t step, const Tensor& scalars, const TensorList& addends); \
+  /* Layer norm over the last dim of contiguous x [rows, cols]: y = (x - mean) * rstd * gamma +  \
+     beta, y of x's dtype; mean and rstd [rows] float32 (float64 for a float64 x). gamma, beta   \
+     [cols] of x's dtype or float32 (float32 master weights beside 16-bit activations), each may \
+     be undefined (1, 0). */                                                                      \
+  void layer_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps,   \
+                          const Tensor& y, const Tensor& mean, const Tensor& rstd);               \
+  /* Its backward: dx (x's dtype) overwritten; dgamma, dbeta (gamma's dtype, [cols]) overwritten \
+     when defined. */                                                                             \
+  void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,                \
+                           const Tensor& mean, const Tensor& rstd, const Tensor& dx,              \
+                           const Tensor& dgamma, const Tensor& dbeta);                            \
+  /* Attention's softmax over the last dim of contiguous scores [batch, T, S] (one dtype with y): \
+     y = softmax(scale * x), with column j of row i masked (y = 0) when causal and j > i + S - T. \
+     Every row keeps at least one column when causal (S >= T). */                                 \
+  void attention_softmax_forward(const Tensor& x, double scale, bool causal, const Tensor& y);     \
+  /* dx = scale * y * (dy - sum(dy * y)) per row (masked columns: 0). */                          \
+  void attention_softmax_backward(const Tensor& dy, const Tensor& y, double scale,                \
+                                  const Tensor& dx);                                              \
+  /* The classifier's loss and gradient in one pass (llm.c's fused classifier): logits [N, V]     \
+     contiguous, columns >= valid_cols left out (padding of the vocabulary: probability 0,       \
+     gradient 0); int64 targets [N], rows whose target is ignore_index get loss 0 and gradient   \
+     0. losses [N] float32 (float64 for float64 logits); dlogits [N, V] of the logits' dtype =    \
+     softmax - one_hot(target), the gradient of each row's loss (may alias logits). A target     \
+     outside [0, valid_cols) that is not ignore_index is an error (CPU) or a NaN loss (CUDA). */  \
+  void cross_entropy_fused(const Tensor& logits, const Tensor& target, int64_t valid_cols,        \
+                           int64_t ignore_index, const Tensor& losses, const Tensor& dlogits);

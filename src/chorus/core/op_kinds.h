@@ -14,6 +14,8 @@ enum class UnaryOp : int8_t {
   MulScalar,  // x * scalar
   RSubScalar, // scalar - x
   GtScalar,   // x > scalar  (output dtype bool)
+  Gelu,       // x * Phi(x), Phi the normal CDF (exact, erf)
+  GeluTanh,   // GPT-2's tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 };
 
 enum class BinaryOp : int8_t {
@@ -24,6 +26,8 @@ enum class BinaryOp : int8_t {
   ReluGrad,     // a * (b > 0)       (b: relu input)
   TanhGrad,     // a * (1 - b * b)   (b: tanh output)
   SigmoidGrad,  // a * b * (1 - b)   (b: sigmoid output)
+  GeluGrad,     // a * gelu'(b)      (b: gelu input)
+  GeluTanhGrad, // a * gelu_tanh'(b) (b: gelu input)
 };
 
 enum class ReduceOp : int8_t { Sum, Mean, Max, Min, Argmax, Argmin };

@@ -33,6 +33,11 @@ inline C apply_unary(UnaryOp op, C x, C s) {
     case UnaryOp::MulScalar: return x * s;
     case UnaryOp::RSubScalar: return s - x;
     case UnaryOp::GtScalar: return C(x > s);
+    case UnaryOp::Gelu: return C(0.5) * x * (C(1) + std::erf(x * C(M_SQRT1_2)));
+    case UnaryOp::GeluTanh: {
+      const C k = C(0.7978845608028654);  // sqrt(2 / pi)
+      return C(0.5) * x * (C(1) + std::tanh(k * (x + C(0.044715) * x * x * x)));
+    }
   }
   return x;
 }
@@ -55,6 +60,16 @@ inline C apply_binary(BinaryOp op, C a, C b, C alpha) {
     case BinaryOp::ReluGrad: return b > C(0) ? a : C(0);
     case BinaryOp::TanhGrad: return a * (C(1) - b * b);
     case BinaryOp::SigmoidGrad: return a * b * (C(1) - b);
+    case BinaryOp::GeluGrad: {
+      const C cdf = C(0.5) * (C(1) + std::erf(b * C(M_SQRT1_2)));
+      const C pdf = std::exp(C(-0.5) * b * b) * C(0.3989422804014327);  // 1 / sqrt(2 pi)
+      return a * (cdf + b * pdf);
+    }
+    case BinaryOp::GeluTanhGrad: {
+      const C k = C(0.7978845608028654);
+      const C t = std::tanh(k * (b + C(0.044715) * b * b * b));
+      return a * (C(0.5) * (C(1) + t) + C(0.5) * b * (C(1) - t * t) * k * (C(1) + C(3 * 0.044715) * b * b));
+    }
   }
   return a;
 }
@@ -73,7 +88,7 @@ inline void with_unary_op(UnaryOp op, F&& fn) {
     CHORUS_UNARY_CASE(Rsqrt) CHORUS_UNARY_CASE(Tanh) CHORUS_UNARY_CASE(Sigmoid) CHORUS_UNARY_CASE(Relu)
     CHORUS_UNARY_CASE(Abs) CHORUS_UNARY_CASE(Square) CHORUS_UNARY_CASE(Reciprocal) CHORUS_UNARY_CASE(Sign)
     CHORUS_UNARY_CASE(Pow) CHORUS_UNARY_CASE(AddScalar) CHORUS_UNARY_CASE(MulScalar)
-    CHORUS_UNARY_CASE(RSubScalar) CHORUS_UNARY_CASE(GtScalar)
+    CHORUS_UNARY_CASE(RSubScalar) CHORUS_UNARY_CASE(GtScalar) CHORUS_UNARY_CASE(Gelu) CHORUS_UNARY_CASE(GeluTanh)
 #undef CHORUS_UNARY_CASE
   }
 }
@@ -88,6 +103,7 @@ inline void with_binary_op(BinaryOp op, F&& fn) {
     CHORUS_BINARY_CASE(Max) CHORUS_BINARY_CASE(Min) CHORUS_BINARY_CASE(Eq) CHORUS_BINARY_CASE(Ne)
     CHORUS_BINARY_CASE(Lt) CHORUS_BINARY_CASE(Le) CHORUS_BINARY_CASE(Gt) CHORUS_BINARY_CASE(Ge)
     CHORUS_BINARY_CASE(ReluGrad) CHORUS_BINARY_CASE(TanhGrad) CHORUS_BINARY_CASE(SigmoidGrad)
+    CHORUS_BINARY_CASE(GeluGrad) CHORUS_BINARY_CASE(GeluTanhGrad)
 #undef CHORUS_BINARY_CASE
   }
 }

@@ -165,6 +165,14 @@ __device__ __forceinline__ C unary_math(UnaryOp op, C x, C s) {
     case UnaryOp::AddScalar: return x + s;
     case UnaryOp::MulScalar: return x * s;
     case UnaryOp::RSubScalar: return s - x;
+    case UnaryOp::Gelu:
+      if constexpr (f) return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+      else return 0.5 * x * (1.0 + erf(x * 0.70710678118654752));
+    case UnaryOp::GeluTanh: {
+      const C k = C(0.7978845608028654);
+      if constexpr (f) return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+      else return 0.5 * x * (1.0 + tanh(k * (x + 0.044715 * x * x * x)));
+    }
     default: return x;
   }
 }
@@ -204,6 +212,18 @@ struct BinaryFn {
       case BinaryOp::ReluGrad: r = y > C(0) ? x : C(0); break;
       case BinaryOp::TanhGrad: r = x * (C(1) - y * y); break;
       case BinaryOp::SigmoidGrad: r = x * y * (C(1) - y); break;
+      case BinaryOp::GeluGrad: {
+        const C cdf = C(0.5) * (C(1) + erf(y * C(0.70710678118654752)));
+        const C pdf = exp(C(-0.5) * y * y) * C(0.3989422804014327);
+        r = x * (cdf + y * pdf);
+        break;
+      }
+      case BinaryOp::GeluTanhGrad: {
+        const C k = C(0.7978845608028654);
+        const C t = tanh(k * (y + C(0.044715) * y * y * y));
+        r = x * (C(0.5) * (C(1) + t) + C(0.5) * y * (C(1) - t * t) * k * (C(1) + C(3 * 0.044715) * y * y));
+        break;
+      }
       default: r = x; break;
     }
     return convert<T>(r);

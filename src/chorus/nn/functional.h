@@ -1,6 +1,8 @@
 // Differentiable neural-network functions (PyTorch's torch.nn.functional).
 #pragma once
 
+#include <optional>
+
 #include "chorus/core/tensor.h"
 #include "chorus/ops/nn.h"
 
@@ -48,5 +50,27 @@ Tensor dropout(const Tensor& x, double p, bool training);
 // Mean cross entropy of logits [B, C] against int64 targets [B].
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, double label_smoothing = 0.0);
 Tensor mse_loss(const Tensor& input, const Tensor& target);
+
+// ---- transformers (nn/functional_transformer.cpp) ----------------------------
+// Rows of `weight` [num, dim] picked by integer `index` (any shape): [..., dim].
+// The gradient reaches `weight` summed over repeated indices, in weight's
+// dtype; under autocast the rows are then cast (a float32 table's gradient is
+// summed in float32).
+Tensor embedding(const Tensor& weight, const Tensor& index);
+// Layer norm over the last dim; weight and bias [dim] (may be undefined). Under
+// autocast the input is the autocast dtype and the float32 parameters are read
+// as they are (the statistics are float32 in the kernel).
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+// GELU: exact (erf), or GPT-2's tanh approximation.
+Tensor gelu(const Tensor& x, bool tanh_approximation = false);
+// softmax(q k^T / sqrt(head_dim)) v over q [B, H, T, D], k and v [B, H, S, D];
+// causal: query i attends to keys up to i + S - T. Dropout on the attention
+// probabilities is not offered (GPT-2 trains without it; llm.c too).
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal);
+// Mean cross entropy of logits [..., V] against integer targets [...] through
+// the fused classifier: columns from `vocab` on are padding (0: none), rows
+// whose target is `ignore_index` are left out of the mean.
+Tensor cross_entropy_fused(const Tensor& logits, const Tensor& target, int64_t vocab = 0,
+                           std::optional<int64_t> ignore_index = std::nullopt);
 
 }  // namespace chorus::nn::functional

@@ -45,6 +45,8 @@ const char* binary_name(BinaryOp op) {
     case BinaryOp::ReluGrad: return "relu_backward";
     case BinaryOp::TanhGrad: return "tanh_backward";
     case BinaryOp::SigmoidGrad: return "sigmoid_backward";
+    case BinaryOp::GeluGrad: return "gelu_backward";
+    case BinaryOp::GeluTanhGrad: return "gelu_tanh_backward";
   }
   return "elementwise op";
 }

@@ -1,6 +1,7 @@
 #include "chorus/optim/adamw.h"
 
 #include <map>
+#include <tuple>
 #include <set>
 
 #include "chorus/autograd/grad_mode.h"
@@ -18,6 +19,15 @@ AdamW::AdamW(std::vector<Tensor> params, AdamWOptions options)
   // eps keeps the denominator away from 0 when a coordinate's gradient stays 0.
   detail::check_hyper(options.eps > 0, name_, "eps", "> 0", options.eps);
   detail::check_hyper(options.weight_decay >= 0, name_, "weight decay", ">= 0", options.weight_decay);
+  CHORUS_CHECK(options.param_weight_decay.empty() || options.param_weight_decay.size() == params_.size(), name_,
+               ": ", options.param_weight_decay.size(), " weight decays given for ", params_.size(), " parameters");
+  for (double wd : options.param_weight_decay) detail::check_hyper(wd >= 0, name_, "weight decay", ">= 0", wd);
+}
+
+double AdamW::weight_decay_of(size_t i) const {
+  // Replicas (Note [Optimizer replicas]) decay as their parameter does.
+  if (options_.param_weight_decay.empty()) return options_.weight_decay;
+  return options_.param_weight_decay[i < user_params_.size() ? i : master_of_[i - user_params_.size()]];
 }
 
 void AdamW::step() {
@@ -30,7 +40,8 @@ void AdamW::step() {
     std::vector<size_t> index;
     bool any_addend = false;
   };
-  std::map<std::pair<Device, int64_t>, Group> groups;
+  // One launch per (device, step count, weight decay).
+  std::map<std::tuple<Device, int64_t, double>, Group> groups;
   std::vector<std::pair<size_t, std::pair<Tensor, Tensor>>> new_state;
   for (size_t i = 0; i < params_.size(); ++i) {
     // Note [Gradient sums in the update]: a dense parameter's pending part is
@@ -56,11 +67,11 @@ void AdamW::step() {
       if (params_[i].device().is_cuda()) check_not_capturing("updating a strided (non-dense) parameter");
       update_param(i, [&](const Tensor& p) {
         CHORUS_KERNEL(p.device(), adamw_update, p, flat(i, g), flat(i, m), flat(i, v), lr_, o.beta1, o.beta2,
-                      o.eps, o.weight_decay, t);
+                      o.eps, weight_decay_of(i), t);
       });
       continue;
     }
-    Group& group = groups[{params_[i].device(), t}];
+    Group& group = groups[{params_[i].device(), t, weight_decay_of(i)}];
     group.params.push_back(ops::flat_view(params_[i]));
     group.grads.push_back(ops::flat_view(g));
     group.addends.push_back(addend.defined() ? ops::flat_view(addend) : addend);
@@ -71,19 +82,24 @@ void AdamW::step() {
   }
   {
     NoGradGuard no_grad;
-    std::set<Device> with_scalars;
+    std::map<Device, std::pair<int64_t, Tensor>> with_scalars;
     for (auto& [key, group] : groups) {
+      const auto& [device, t, wd] = key;
       // Note [Optimizer scalars on the device]: one [lr, step] per device, so
-      // only the device's first step-count group reads it (all of them but
-      // for parameters that missed updates).
+      // only the device's first step count reads it (every group's but for
+      // parameters that missed updates); groups of that count share it.
       Tensor scalars;
-      if (with_scalars.insert(key.first).second) {
-        scalars = device_scalars(key.first, key.second);
-      } else if (key.first.is_cuda()) {
+      auto it = with_scalars.find(device);
+      if (it == with_scalars.end()) {
+        scalars = device_scalars(device, t);
+        with_scalars[device] = {t, scalars};
+      } else if (it->second.first == t) {
+        scalars = it->second.second;
+      } else if (device.is_cuda()) {
         check_not_capturing("AdamW parameters of one device at different step counts");
       }
-      CHORUS_KERNEL(key.first, adamw_update_multi, group.params, group.grads, group.ms, group.vs, lr_, o.beta1,
-                    o.beta2, o.eps, o.weight_decay, key.second, scalars,
+      CHORUS_KERNEL(device, adamw_update_multi, group.params, group.grads, group.ms, group.vs, lr_, o.beta1,
+                    o.beta2, o.eps, wd, t, scalars,
                     group.any_addend ? group.addends : TensorList());
       for (size_t i : group.index) params_[i].bump_version();  // saved tensors see a changed parameter
     }

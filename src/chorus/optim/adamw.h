@@ -16,6 +16,10 @@ struct AdamWOptions {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.01;
+  // Parameter groups by weight decay (PyTorch's param_groups for the one
+  // setting that differs between them in practice): empty, or one decay per
+  // parameter given to the constructor (GPTs decay their matrices only).
+  std::vector<double> param_weight_decay;
 };
 
 class AdamW : public Optimizer {
@@ -27,6 +31,8 @@ class AdamW : public Optimizer {
 
  protected:
   std::vector<std::string> buffer_names() const override { return {"exp_avg", "exp_avg_sq"}; }
+  // Parameter i's weight decay (i over params_, replicas included).
+  double weight_decay_of(size_t i) const;
 
  private:
   AdamWOptions options_;

@@ -1,0 +1,426 @@
+// The GPT training driver (train_gpt.h): set up (data windows, model, AdamW
+// with parameter groups, DDP), resume, the loop (gradient accumulation,
+// clipping, a cosine schedule with linear warm-up, periodic reads of the loss,
+// validation, checkpoints, metrics) and the closing summary.
+//
+// Note [GPT schedule]: the learning rate of step i (0-based) over a run of N
+// steps with W warm-up steps is lr * (i + 1) / W during the warm-up, then a
+// cosine from lr to lr * min_lr_ratio over the remaining N - W steps --
+// ../shared/bench/torch_gpt.py's lr_at, so the convergence runs compare like
+// for like.
+#include "train_gpt.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+
+#include "chorus/autograd/autocast.h"
+#include "chorus/autograd/grad_mode.h"
+#include "chorus/core/backend.h"
+#include "chorus/core/error.h"
+#include "chorus/core/rng.h"
+#include "chorus/data/tokens.h"
+#include "chorus/dist/ddp.h"
+#include "chorus/io/checkpoint.h"
+#include "chorus/io/metrics.h"
+#include "chorus/io/safetensors.h"
+#include "chorus/models/gpt.h"
+#include "chorus/ops/copy.h"
+#include "chorus/ops/elementwise.h"
+#include "chorus/ops/factory.h"
+#include "chorus/optim/adamw.h"
+#include "chorus/optim/clip_grad.h"
+#include "progress.h"
+#include "stop_signal.h"
+#include "train_dist.h"
+
+namespace chorus::app {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+bool text_spec(const std::string& spec) { return spec.rfind("text:", 0) == 0; }
+
+// text:FILE without a range: its first 90% to train on, the rest to validate.
+std::string train_spec(const std::string& data) {
+  if (!text_spec(data)) return data;
+  const std::string rest = data.substr(5);
+  const size_t colon = rest.rfind(':');
+  if (colon != std::string::npos && rest.find('-', colon) != std::string::npos) return data;
+  return data + ":0-0.9";
+}
+std::string val_spec(const std::string& data, const std::optional<std::string>& val) {
+  if (val) return *val;
+  if (!text_spec(data)) return "";
+  const std::string t = train_spec(data);
+  return t == data ? "" : data + ":0.9-1";
+}
+
+int64_t seq_len_of(const TrainConfig& tc, const GptOptions& g) {
+  return g.seq_len ? g.seq_len : (text_spec(tc.data) ? 256 : 1024);
+}
+
+double lr_at(int64_t i, int64_t total, int64_t warmup, double lr, double min_ratio) {
+  if (i < warmup) return lr * static_cast<double>(i + 1) / static_cast<double>(warmup);
+  const double span = static_cast<double>(std::max<int64_t>(1, total - warmup));
+  const double c = 0.5 * (1.0 + std::cos(M_PI * static_cast<double>(i - warmup) / span));
+  return lr * (min_ratio + (1.0 - min_ratio) * c);
+}
+
+std::vector<Device> gpt_devices(const TrainConfig& tc) {
+  if (tc.strategy == "ddp") return ddp_devices(tc.devices, ddp_launch_env());
+  if (tc.devices.empty()) return {cuda_is_available() ? cuda_device(0) : cpu_device(0)};
+  std::vector<Device> devs = parse_devices(tc.devices);
+  CHORUS_CHECK(devs.size() == 1, "--strategy single trains on one device, got --devices ", tc.devices);
+  return devs;
+}
+
+std::string fmt_count(double v) {
+  char buf[32];
+  if (v >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", v / 1e6);
+  else if (v >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", v / 1e3);
+  else std::snprintf(buf, sizeof buf, "%.0f", v);
+  return buf;
+}
+
+struct Run {
+  std::vector<Device> devices;
+  std::optional<RankContext> ranks;
+  std::shared_ptr<models::GPT> model;
+  nn::ModulePtr net;  // the model, or its DDP wrapper
+  std::shared_ptr<dist::DistributedDataParallel> ddp;
+  std::unique_ptr<optim::AdamW> opt;
+  std::unique_ptr<data::TokenWindows> train, val;
+  int64_t seq = 0, batch = 0, accum = 1, total_steps = 0, warmup = 1;
+  double lr = 6e-4;
+  std::optional<DType> autocast;
+  int world() const { return ranks ? ranks->env.world_size : 1; }
+  bool leader() const { return !ranks || ranks->leader(); }
+  int64_t tokens_per_step() const { return batch * seq * accum * world(); }
+};
+
+nlohmann::json config_json(const TrainConfig& tc, const GptOptions& g, const Run& r) {
+  return {{"model", tc.model}, {"data", tc.data}, {"seq_len", r.seq}, {"batch_size", r.batch},
+          {"grad_accum", r.accum}, {"lr", r.lr}, {"precision", tc.precision}, {"seed", tc.seed},
+          {"vocab", r.model->config().vocab}, {"context", r.model->config().context}, {"dropout", g.dropout}};
+}
+
+}  // namespace
+
+bool is_gpt_model(const std::string& model) { return models::GPTConfig::is_gpt_name(model); }
+
+double bf16_peak_flops(const std::string& name) {
+  if (name.find("H100") != std::string::npos || name.find("H200") != std::string::npos) return 989.4e12;
+  if (name.find("A100") != std::string::npos) return 312e12;
+  return 0.0;
+}
+
+void validate_gpt(const TrainConfig& tc, const GptOptions& g) {
+  CHORUS_CHECK(is_gpt_model(tc.model), "unknown GPT model '", tc.model, "'");
+  CHORUS_CHECK(tc.data.rfind("tokens:", 0) == 0 || text_spec(tc.data), "--data for a GPT must be tokens:GLOB (llm.c ",
+               "token files) or text:FILE (a text file's bytes), got '", tc.data, "'");
+  CHORUS_CHECK(tc.strategy == "single" || tc.strategy == "ddp", "--strategy ", tc.strategy,
+               " is not available for GPT models yet (single or ddp)");
+  CHORUS_CHECK(tc.precision == "fp32" || tc.precision == "bf16", "unknown precision '", tc.precision,
+               "' (expected fp32 or bf16)");
+  CHORUS_CHECK(!g.optimizer_given || tc.optimizer == "adamw", "GPT models train with AdamW (--optimizer ",
+               tc.optimizer, " is not offered for them)");
+  CHORUS_CHECK(g.seq_len >= 0, "--seq-len must be positive, got ", g.seq_len);
+  CHORUS_CHECK(g.grad_accum >= 1, "--grad-accum must be at least 1, got ", g.grad_accum);
+  CHORUS_CHECK(g.val_every >= 0, "--val-every must be >= 0, got ", g.val_every);
+  CHORUS_CHECK(g.val_windows >= 1, "--val-windows must be at least 1, got ", g.val_windows);
+  CHORUS_CHECK(std::isfinite(g.clip) && g.clip >= 0, "--clip must be a number >= 0, got ", g.clip);
+  CHORUS_CHECK(std::isfinite(g.min_lr_ratio) && g.min_lr_ratio >= 0 && g.min_lr_ratio <= 1,
+               "--min-lr-ratio must be in [0, 1], got ", g.min_lr_ratio);
+  CHORUS_CHECK(!g.warmup_steps || *g.warmup_steps >= 0, "--warmup-steps must be >= 0, got ", g.warmup_steps.value_or(0));
+  CHORUS_CHECK(g.windows == "sequential" || g.windows == "random", "--windows must be sequential or random, got '",
+               g.windows, "'");
+  CHORUS_CHECK(g.dropout >= 0 && g.dropout < 1, "--dropout must be in [0, 1), got ", g.dropout);
+  CHORUS_CHECK(tc.batch_size > 0, "--batch-size must be positive, got ", tc.batch_size);
+  CHORUS_CHECK(!tc.steps || *tc.steps > 0, "--steps must be positive, got ", tc.steps.value_or(0));
+  CHORUS_CHECK(!tc.lr || (std::isfinite(*tc.lr) && *tc.lr >= 0), "--lr must be a non-negative number");
+  CHORUS_CHECK(!tc.resume || tc.checkpoint_dir, "--resume needs --checkpoint-dir");
+  CHORUS_CHECK(tc.log_every > 0, "--log-every must be positive, got ", tc.log_every);
+  if (tc.strategy == "ddp") ddp_launch_env();
+}
+
+nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g) {
+  validate_gpt(tc, g);
+  const auto t_start = Clock::now();
+  Run r;
+  r.devices = gpt_devices(tc);
+  const Device device = r.devices[0];
+  CHORUS_CHECK(tc.precision == "fp32" || device.is_cuda(), "--precision bf16 needs a CUDA device (got ", device.str(),
+               ")");
+  if (tc.strategy == "ddp") r.ranks = join_job(ddp_launch_env(), device, tc.dist_timeout_s);
+  const int rank = r.ranks ? r.ranks->env.rank : 0;
+  if (tc.precision == "bf16") r.autocast = kBFloat16;
+  r.seq = seq_len_of(tc, g);
+  r.batch = g.batch_given ? tc.batch_size : 8;
+  r.accum = g.grad_accum;
+  r.lr = tc.lr.value_or(6e-4);
+
+  // Data (Note [Token windows] in data/tokens.h).
+  auto train_stream = data::TokenStream::open(train_spec(tc.data));
+  const std::string vspec = val_spec(tc.data, g.val_data);
+  const int64_t vocab = train_stream->natural_vocab() ? train_stream->natural_vocab() : 50257;
+  const int64_t max_id = train_stream->max_token();
+  CHORUS_CHECK(max_id < vocab, "token data ", train_stream->spec(), " holds token id ", max_id,
+               ", past the model's vocabulary of ", vocab, " tokens");
+  const data::WindowOrder order = g.windows == "random" ? data::WindowOrder::Random : data::WindowOrder::Sequential;
+  r.train = std::make_unique<data::TokenWindows>(train_stream, r.seq, rank, r.world(), tc.seed, order);
+  if (!vspec.empty()) {
+    auto vs = data::TokenStream::open(vspec);
+    CHORUS_CHECK(vs->max_token() < vocab, "validation data ", vs->spec(), " holds token id ", vs->max_token(),
+                 ", past the model's vocabulary of ", vocab, " tokens");
+    r.val = std::make_unique<data::TokenWindows>(vs, r.seq, 0, 1, tc.seed, data::WindowOrder::Sequential);
+  }
+
+  // The model: text trains with a context of its sequence length (torch_gpt.py's block), token files with GPT-2's 1024.
+  const int64_t context = text_spec(tc.data) ? r.seq : 1024;
+  CHORUS_CHECK(r.seq <= context, "--seq-len ", r.seq, " is above ", tc.model, "'s context of ", context, " positions");
+  models::GPTConfig cfg = models::GPTConfig::named(tc.model, vocab, context);
+  cfg.dropout = g.dropout;
+  manual_seed(tc.seed);
+  r.model = std::make_shared<models::GPT>(cfg);
+  if (g.init_from) {
+    r.model->load_state_dict(models::gpt_from_hf(io::load_safetensors(*g.init_from), cfg));
+  }
+  r.model->to(device);
+
+  // AdamW with two groups: matrices decay, the rest (biases, norms, and the
+  // embeddings unless --decay-embeddings) do not.
+  const double wd = g.weight_decay_given ? tc.weight_decay : 0.1;
+  optim::AdamWOptions ao{r.lr, 0.9, 0.95, 1e-8, wd};
+  std::vector<Tensor> params;
+  for (auto& [name, p] : r.model->named_parameters()) {
+    params.push_back(p);
+    const bool embedding = name.find(".wte.") != std::string::npos || name.find(".wpe.") != std::string::npos;
+    ao.param_weight_decay.push_back(p.dim() >= 2 && (!embedding || g.decay_embeddings) ? wd : 0.0);
+  }
+  r.opt = std::make_unique<optim::AdamW>(params, ao);
+  r.net = r.model;
+  if (r.ranks) {
+    dist::DDPOptions o;
+    o.bucket_bytes = static_cast<int64_t>(tc.bucket_mb * (1 << 20));
+    o.comm_hook = dist::parse_comm_hook(tc.comm_hook);
+    r.ddp = std::make_shared<dist::DistributedDataParallel>(r.model, r.ranks->group, o);
+    r.net = r.ddp;
+  }
+
+  // Steps: --steps, else --epochs over this rank's windows.
+  const int64_t per_epoch = std::max<int64_t>(1, r.train->windows_per_rank() / (r.batch * r.accum));
+  r.total_steps = tc.steps ? *tc.steps : per_epoch * tc.epochs;
+  r.warmup = g.warmup_steps ? std::max<int64_t>(*g.warmup_steps, 0) : std::max<int64_t>(1, r.total_steps / 20);
+
+  // Resume.
+  int64_t start = 0;
+  if (tc.resume) {
+    const nlohmann::json mine = config_json(tc, g, r);
+    auto check = [&](const io::TrainingState& st, const std::string& path) {
+      for (const char* k : {"model", "seq_len", "vocab", "context"}) {
+        CHORUS_CHECK(st.config.contains(k) && st.config[k] == mine[k], "checkpoint ", path, " was written with ", k,
+                     " = ", st.config.contains(k) ? st.config[k].dump() : "(none)", ", this run has ", mine[k].dump());
+      }
+    };
+    io::Resumed res = io::resume_checkpoint(*tc.checkpoint_dir, *r.model, *r.opt, tc.start_fresh, check);
+    if (res.path) {
+      // Note [GPT progress in tokens]: the position is the tokens consumed, so
+      // a run resumed with another world size or batch continues the curve.
+      const int64_t tokens = res.state.extra.value("tokens", res.state.step * r.tokens_per_step());
+      start = tokens / r.tokens_per_step();
+      default_generator().set_state(res.state.rng);
+      if (r.leader()) std::fprintf(stderr, "resumed from %s at step %lld\n", res.path->c_str(), (long long)start);
+    }
+  }
+
+  const int64_t n_params = cfg.num_parameters();
+  const double peak = device.is_cuda() ? bf16_peak_flops(backend(device).device_name(device)) : 0.0;
+  const double flops_per_step = cfg.flops_per_token(r.seq) * static_cast<double>(r.tokens_per_step());
+  if (r.leader() && !tc.quiet) {
+    std::fprintf(stderr, "%s: %.1fM parameters, %lld layers x %lld heads x %lld wide, vocabulary %lld (%lld rows), "
+                 "seq %lld, batch %lld x %lld accum x %d ranks = %s tokens/step, %lld steps (warm-up %lld), %s on %s\n",
+                 tc.model.c_str(), static_cast<double>(n_params) / 1e6, (long long)cfg.layers, (long long)cfg.heads,
+                 (long long)cfg.width, (long long)cfg.vocab, (long long)cfg.padded_vocab, (long long)r.seq,
+                 (long long)r.batch, (long long)r.accum, r.world(), fmt_count(static_cast<double>(r.tokens_per_step())).c_str(),
+                 (long long)r.total_steps, (long long)r.warmup, tc.precision.c_str(), device.str().c_str());
+  }
+  std::unique_ptr<io::MetricsWriter> metrics;
+  if (tc.metrics && r.leader()) metrics = std::make_unique<io::MetricsWriter>(*tc.metrics, tc.resume && start > 0);
+
+  auto val_loss = [&]() -> double {
+    if (!r.val) return std::nan("");
+    r.model->eval();
+    NoGradGuard no_grad;
+    AutocastGuard cast(r.autocast);
+    auto [ids, tg] = r.val->spaced(g.val_windows);
+    double total = 0;
+    int64_t n = 0;
+    for (int64_t b = 0; b < ids.size(0); b += r.batch) {
+      const int64_t m = std::min(r.batch, ids.size(0) - b);
+      Tensor x = ids.narrow(0, b, m).to(device), y = tg.narrow(0, b, m).to(device);
+      total += r.model->loss(x, y).item() * static_cast<double>(m);
+      n += m;
+    }
+    r.model->train();
+    return total / static_cast<double>(n);
+  };
+
+  Progress progress(r.leader() && !tc.quiet);
+  std::vector<Tensor> window_losses;  // this log window's per-step losses, on the device
+  Tensor last_norm;
+  double last_loss = std::nan(""), last_val = std::nan(""), tok_s = 0, mfu = 0;
+  auto window_start = Clock::now();
+  int64_t window_first = start;
+  if (device.is_cuda()) backend(device).reset_peak_bytes(device);
+  StopSignal stop_signal;  // Note [Stopping on a signal]
+  int64_t step = start;
+  std::string ckpt;
+  auto save = [&](int64_t s) {
+    if (!tc.checkpoint_dir) return;
+    if (r.leader()) {
+      io::TrainingState st;
+      st.step = s;
+      st.rng = default_generator().state();
+      st.config = config_json(tc, g, r);
+      st.extra = {{"tokens", s * r.tokens_per_step()}, {"world_size", r.world()}};
+      ckpt = io::save_checkpoint(*tc.checkpoint_dir, *r.model, *r.opt, st);
+    }
+    if (r.ranks) r.ranks->group->barrier()->wait();
+  };
+
+  for (; step < r.total_steps; ++step) {
+    r.opt->set_lr(lr_at(step, r.total_steps, r.warmup, r.lr, g.min_lr_ratio));
+    Tensor step_loss;
+    for (int64_t micro = 0; micro < r.accum; ++micro) {
+      auto [ids, tg] = r.train->batch(r.batch, step * r.accum + micro);
+      Tensor x = ids.to(device), y = tg.to(device);
+      std::optional<dist::DistributedDataParallel::NoSync> quiet;
+      if (r.ddp && micro + 1 < r.accum) quiet.emplace(r.ddp->no_sync());
+      Tensor loss;
+      {
+        AutocastGuard cast(r.autocast);
+        loss = r.model->loss_of_logits(r.net->forward(x), y);
+      }
+      (r.accum > 1 ? loss.mul(1.0 / static_cast<double>(r.accum)) : loss).backward();
+      Tensor l = loss.detach();
+      step_loss = step_loss.defined() ? ops::binary(BinaryOp::Add, step_loss, l) : l;
+    }
+    if (r.accum > 1) step_loss = ops::unary(UnaryOp::MulScalar, step_loss, 1.0 / static_cast<double>(r.accum));
+    if (g.skip_nan && std::isnan(step_loss.item())) {
+      if (r.leader()) std::fprintf(stderr, "step %lld: the loss is NaN, step skipped (--skip-nan)\n", (long long)step);
+      r.opt->zero_grad();
+      continue;
+    }
+    last_norm = optim::clip_grad_norm_(params, g.clip);
+    r.opt->step();
+    r.opt->zero_grad();
+    window_losses.push_back(step_loss);
+    const bool last = step + 1 == r.total_steps;
+    const bool read = (step + 1) % tc.log_every == 0 || last;
+    bool stop = false;
+    if (read) {
+      // One host wait per window: every step's loss of the window at once.
+      std::vector<double> ls;
+      for (const Tensor& l : window_losses) ls.push_back(l.item());
+      double sum = 0;
+      for (size_t i = 0; i < ls.size(); ++i) {
+        CHORUS_CHECK(!std::isnan(ls[i]), "the loss is NaN at step ", window_first + static_cast<int64_t>(i) + 1,
+                     " (nothing was saved after it; lower --lr, or pass --skip-nan to skip such steps)");
+        sum += ls[i];
+      }
+      double mean = sum / static_cast<double>(ls.size());
+      stop = StopSignal::pending() != 0;
+      if (r.ranks) {
+        auto s = sum_over_ranks(*r.ranks, {mean, stop ? 1.0 : 0.0});
+        mean = s[0] / r.world();
+        stop = s[1] > 0;
+      }
+      last_loss = mean;
+      const double secs = seconds_since(window_start);
+      const int64_t steps_done = step + 1 - window_first;
+      tok_s = static_cast<double>(steps_done * r.tokens_per_step()) / std::max(secs, 1e-9);
+      mfu = peak > 0 ? flops_per_step * static_cast<double>(steps_done) / secs / (peak * r.world()) : 0.0;
+      const double norm = last_norm.item();
+      if (r.val && g.val_every && ((step + 1) % g.val_every == 0)) last_val = val_loss();
+      if (r.leader() && !tc.quiet) {
+        char line[512];
+        std::snprintf(line, sizeof line, "step %lld/%lld | loss %.4f | ppl %.2f | lr %.2e | norm %.3f | %s tok/s",
+                      (long long)(step + 1), (long long)r.total_steps, mean, std::exp(mean), r.opt->lr(), norm,
+                      fmt_count(tok_s).c_str());
+        std::string s = line;
+        if (peak > 0) {
+          std::snprintf(line, sizeof line, " | MFU %.1f%%", 100 * mfu);
+          s += line;
+        }
+        if (!std::isnan(last_val)) {
+          std::snprintf(line, sizeof line, " | val %.4f", last_val);
+          s += line;
+        }
+        const double eta = secs / static_cast<double>(steps_done) * static_cast<double>(r.total_steps - step - 1);
+        s += " | ETA " + Progress::format_duration(eta);
+        std::fprintf(stderr, "%s\n", s.c_str());
+      }
+      if (metrics) {
+        nlohmann::ordered_json rec = {{"step", step + 1}, {"loss", mean}, {"lr", r.opt->lr()}, {"grad_norm", norm},
+                                      {"tok_per_s", tok_s}};
+        if (peak > 0) rec["mfu"] = mfu;
+        if (!std::isnan(last_val)) rec["val_loss"] = last_val;
+        metrics->write(rec);
+      }
+      window_losses.clear();
+      window_start = Clock::now();
+      window_first = step + 1;
+    }
+    if (tc.checkpoint_every > 0 && (step + 1) % tc.checkpoint_every == 0 && !last) save(step + 1);
+    if (stop) {
+      ++step;
+      if (r.leader()) std::fprintf(stderr, "stopping after step %lld on a signal\n", (long long)step);
+      break;
+    }
+  }
+  save(step);
+  if (const int sig = StopSignal::pending(); sig != 0 && step < r.total_steps) {
+    if (r.leader())
+      std::fprintf(stderr, "%s", ckpt.empty() ? "no --checkpoint-dir: nothing was saved\n"
+                                                : ("checkpoint written: " + ckpt + "\n").c_str());
+    throw Interrupted(sig);
+  }
+  if (r.val) last_val = val_loss();
+  if (g.save_hf && r.leader()) io::save_safetensors(*g.save_hf, models::gpt_to_hf(r.model->state_dict(), cfg));
+  const double peak_mem = device.is_cuda() ? static_cast<double>(backend(device).peak_bytes(device)) : 0.0;
+
+  nlohmann::ordered_json out = {{"model", tc.model},
+                                {"strategy", tc.strategy},
+                                {"devices", r.world() > 1 ? std::to_string(r.world()) + " ranks" : device.str()},
+                                {"precision", tc.precision},
+                                {"params", n_params},
+                                {"seq_len", r.seq},
+                                {"batch_per_device", r.batch},
+                                {"grad_accum", r.accum},
+                                {"steps", step},
+                                {"tokens", step * r.tokens_per_step()},
+                                {"train_loss", last_loss},
+                                {"val_loss", std::isnan(last_val) ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(last_val)},
+                                {"val_ppl", std::isnan(last_val) ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(std::exp(last_val))},
+                                {"tok_per_s", tok_s},
+                                {"mfu", peak > 0 ? nlohmann::ordered_json(mfu) : nlohmann::ordered_json(nullptr)},
+                                {"peak_mem_bytes", peak_mem},
+                                {"seconds", seconds_since(t_start)}};
+  if (!ckpt.empty()) out["checkpoint"] = ckpt;
+  if (metrics) metrics->write({{"summary", out}});
+  if (r.leader() && !tc.quiet) {
+    std::fprintf(stderr, "done: %lld steps, train loss %.4f", (long long)step, last_loss);
+    if (!std::isnan(last_val)) std::fprintf(stderr, ", val loss %.4f (ppl %.2f)", last_val, std::exp(last_val));
+    std::fprintf(stderr, ", %s tok/s, %.1f s\n", fmt_count(tok_s).c_str(), seconds_since(t_start));
+  }
+  if (!r.leader()) return nullptr;
+  return out;
+}
+
+}  // namespace chorus::app

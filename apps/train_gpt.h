@@ -1,0 +1,52 @@
+// `chorus train --model gpt2|...|dN`: the language-model driver. It shares
+// the command line of `chorus train` (devices, strategy single|ddp, steps,
+// batch size per device, lr, precision, seed, checkpoints, metrics, json) and
+// adds the options of GptOptions. Data: llm.c token files (tokens:GLOB) or a
+// text file's bytes (text:FILE, the last 10% held out for validation).
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace CLI {
+class App;
+}
+
+#include "train.h"
+
+namespace chorus::app {
+
+struct GptOptions {
+  int64_t seq_len = 0;                    // 0: 1024 for token files, 256 for text
+  std::optional<std::string> val_data;    // tokens:GLOB | text:FILE (text:FILE: its last 10% by default)
+  int64_t val_every = 0;                  // steps between validations (0: at the end only)
+  int64_t val_windows = 32;               // evenly spaced windows of seq_len tokens
+  int64_t grad_accum = 1;                 // micro-batches per optimizer step (no_sync under DDP)
+  double clip = 1.0;                      // global gradient norm (0: no clipping)
+  std::optional<int64_t> warmup_steps;    // unset: 5% of the steps, at least 1
+  double min_lr_ratio = 0.1;              // the cosine ends at lr * this
+  std::string windows = "sequential";     // sequential (epochs of disjoint windows) | random (any start)
+  bool decay_embeddings = false;          // weight decay on wte/wpe too (torch_gpt.py and nanoGPT decay them)
+  std::optional<std::string> init_from;   // a Hugging Face GPT-2 model.safetensors to start from
+  std::optional<std::string> save_hf;     // write the trained weights in Hugging Face's layout here
+  bool skip_nan = false;                  // a NaN loss skips its step instead of stopping the run
+  double dropout = 0.0;
+  // What the user gave explicitly among the shared options whose image
+  // defaults do not suit a GPT (batch 64, SGD, weight decay 5e-4).
+  bool batch_given = false, weight_decay_given = false, optimizer_given = false;
+};
+
+bool is_gpt_model(const std::string& model);
+// Defines GptOptions' command-line options on `chorus train` (train_gpt_options.cpp).
+void add_gpt_train_options(CLI::App* train, GptOptions& g);
+// Throws ValueError naming the first bad option.
+void validate_gpt(const TrainConfig& tc, const GptOptions& g);
+nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g);
+
+// The GPU's dense bf16 peak in FLOP/s, from its name (H100, H200, A100), or 0
+// when unknown (then no MFU is reported).
+double bf16_peak_flops(const std::string& device_name);
+
+}  // namespace chorus::app

@@ -1,0 +1,37 @@
+// The GPT options of `chorus train` (train_gpt.h), beside cli.cpp's shared ones.
+#include "cli_numbers.h"
+#include "cli_options.h"
+#include "train_gpt.h"
+
+namespace chorus::app {
+
+void add_gpt_train_options(CLI::App* train, GptOptions& g) {
+  const std::string grp = "GPT models (gpt2 ... gpt2-xl, d6 ... d84)";
+  train->add_option("--seq-len", g.seq_len, "GPT: tokens per sequence (default 1024; 256 for --data text:FILE)")
+      ->transform(integer_up_to(1 << 20))->group(grp);
+  add_optional(train, "--val-data", g.val_data, "GPT: validation tokens:GLOB or text:FILE (default for text:FILE: its last 10%)")
+      ->group(grp);
+  train->add_option("--val-every", g.val_every, "GPT: validate every N steps (0: at the end only)")
+      ->transform(integer_up_to(kMaxSteps))->group(grp);
+  train->add_option("--val-windows", g.val_windows, "GPT: evenly spaced validation windows")
+      ->capture_default_str()->transform(integer_up_to(1 << 20))->group(grp);
+  train->add_option("--grad-accum", g.grad_accum, "GPT: micro-batches per optimizer step")
+      ->capture_default_str()->transform(integer_up_to(1 << 20))->group(grp);
+  train->add_option("--clip", g.clip, "GPT: clip gradients to this global norm (0: off)")
+      ->capture_default_str()->check(real_number(1e12))->group(grp);
+  add_optional(train, "--warmup-steps", g.warmup_steps, "GPT: linear warm-up steps (default 5% of the steps)")
+      ->transform(integer_up_to(kMaxSteps))->group(grp);
+  train->add_option("--min-lr-ratio", g.min_lr_ratio, "GPT: the cosine schedule ends at lr times this")
+      ->capture_default_str()->check(real_number(1))->group(grp);
+  train->add_option("--windows", g.windows, "GPT: sequential (epochs of disjoint windows) | random (any start)")
+      ->capture_default_str()->group(grp);
+  train->add_flag("--decay-embeddings", g.decay_embeddings, "GPT: weight decay on the embeddings too")->group(grp);
+  add_optional(train, "--init-from", g.init_from, "GPT: start from a Hugging Face GPT-2 model.safetensors")->group(grp);
+  add_optional(train, "--save-hf", g.save_hf, "GPT: write the trained weights as a Hugging Face model.safetensors")
+      ->group(grp);
+  train->add_flag("--skip-nan", g.skip_nan, "GPT: skip a step whose loss is NaN instead of stopping")->group(grp);
+  train->add_option("--dropout", g.dropout, "GPT: dropout on embeddings and residual branches")
+      ->capture_default_str()->check(real_number(1, true, 0))->group(grp);
+}
+
+}  // namespace chorus::app

@@ -1,0 +1,26 @@
+// Differentiable transformer ops: the forward through ops/transformer.h, the
+// backward recorded on the graph. No autocast here: nn/functional.h, the
+// user-facing API, decides dtypes and calls these.
+#pragma once
+
+#include <optional>
+
+#include "chorus/core/tensor.h"
+
+namespace chorus::autograd {
+
+// GELU, exact (erf) or with GPT-2's tanh approximation.
+Tensor gelu(const Tensor& x, bool tanh_approximation);
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
+// softmax(scale * q k^T) v over [batch, heads, seq, head_dim] (Note [Attention
+// through two products] in ops/transformer.h).
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale);
+// Mean cross entropy of logits [N, V] against int64 targets [N] through the
+// fused classifier: columns from valid_cols on are vocabulary padding, rows
+// whose target is ignore_index are left out of the mean (0 when every row
+// is). The forward computes each row's gradient too, so nothing of the
+// softmax is kept but that gradient (the logits' size, in their dtype).
+Tensor cross_entropy_fused_mean(const Tensor& logits, const Tensor& target, int64_t valid_cols,
+                                std::optional<int64_t> ignore_index);
+
+}  // namespace chorus::autograd

@@ -1,0 +1,336 @@
+// The transformer's row-wise kernels on CUDA: layer norm, attention's (causal)
+// softmax and the fused classifier + cross entropy (as cpu/transformer.cpp,
+// float math throughout). Rows are laid out over warps or blocks as
+// cuda/row_reduce.cuh says.
+//
+// Layer norm's parameter gradients are column sums over every row: each block
+// sums its share of rows for 32 columns per warp lane in float and adds the
+// result to float32 outputs with atomics (the op layer hands float32 dgamma
+// and dbeta and converts them afterwards where gamma is 16-bit).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "chorus/cuda/context.h"
+#include "chorus/cuda/dtype_dispatch.cuh"
+#include "chorus/cuda/kernels.h"
+#include "chorus/cuda/row_reduce.cuh"
+#include "chorus/cuda/tensor_iter.cuh"
+
+namespace chorus::cuda {
+
+namespace {
+
+// The parameter pointer of dtype G, or null for an undefined tensor.
+template <typename G>
+const G* param_ptr(const Tensor& t) {
+  return t.defined() ? t.data<G>() : nullptr;
+}
+
+template <typename T, typename G>
+__global__ void layer_norm_forward_kernel(const T* x, const G* gamma, const G* beta, float eps, T* y, float* mean,
+                                          float* rstd, int64_t rows, int64_t cols) {
+  const int64_t row = row_index();
+  if (row >= rows) return;
+  const T* xr = x + row * cols;
+  SumV s{0.0f};
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s.s += to_acc(xr[c]);
+  s = row_allreduce(s);
+  const float m = s.s / static_cast<float>(cols);
+  SumV v{0.0f};  // the variance of centred values (a second read, from cache)
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float d = to_acc(xr[c]) - m;
+    v.s += d * d;
+  }
+  v = row_allreduce(v);
+  const float rs = rsqrtf(v.s / static_cast<float>(cols) + eps);
+  T* yr = y + row * cols;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float g = gamma ? to_acc(gamma[c]) : 1.0f, b = beta ? to_acc(beta[c]) : 0.0f;
+    yr[c] = convert<T>((to_acc(xr[c]) - m) * rs * g + b);
+  }
+  if (threadIdx.x == 0) {
+    mean[row] = m;
+    rstd[row] = rs;
+  }
+}
+
+// Two sums of a row at once.
+struct SumPairV {
+  float a, b;
+  __device__ static SumPairV merge(SumPairV p, SumPairV q) { return {p.a + q.a, p.b + q.b}; }
+  __device__ SumPairV shfl(int mask) const { return {shfl_xor(a, mask), shfl_xor(b, mask)}; }
+};
+
+// dx = rs * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = dy * gamma.
+template <typename T, typename G>
+__global__ void layer_norm_dx_kernel(const T* dy, const T* x, const G* gamma, const float* mean, const float* rstd,
+                                     T* dx, int64_t rows, int64_t cols) {
+  const int64_t row = row_index();
+  if (row >= rows) return;
+  const int64_t base = row * cols;
+  const float m = mean[row], rs = rstd[row];
+  SumPairV s{0.0f, 0.0f};
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float g = to_acc(dy[base + c]) * (gamma ? to_acc(gamma[c]) : 1.0f);
+    s.a += g;
+    s.b += g * (to_acc(x[base + c]) - m) * rs;
+  }
+  s = row_allreduce(s);
+  const float inv = 1.0f / static_cast<float>(cols);
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float g = to_acc(dy[base + c]) * (gamma ? to_acc(gamma[c]) : 1.0f);
+    const float xhat = (to_acc(x[base + c]) - m) * rs;
+    dx[base + c] = convert<T>(rs * (g - s.a * inv - xhat * s.b * inv));
+  }
+}
+
+constexpr int kParamCols = 32;     // columns per block (one per lane)
+constexpr int kParamRowWarps = 8;  // warps per block, each over its own rows
+
+// dgamma[c] += sum over this block's rows of dy * xhat; dbeta[c] += sum of dy.
+template <typename T>
+__global__ void layer_norm_param_grad_kernel(const T* dy, const T* x, const float* mean, const float* rstd,
+                                             float* dgamma, float* dbeta, int64_t rows, int64_t cols,
+                                             int64_t rows_per_block) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kParamCols + threadIdx.x;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_block;
+  const int64_t r1 = r0 + rows_per_block < rows ? r0 + rows_per_block : rows;
+  float g = 0.0f, b = 0.0f;
+  if (c < cols) {
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += blockDim.y) {
+      const float d = to_acc(dy[r * cols + c]);
+      g += d * (to_acc(x[r * cols + c]) - mean[r]) * rstd[r];
+      b += d;
+    }
+  }
+  __shared__ float sg[kParamRowWarps][kParamCols], sb[kParamRowWarps][kParamCols];
+  sg[threadIdx.y][threadIdx.x] = g;
+  sb[threadIdx.y][threadIdx.x] = b;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    for (int w = 1; w < kParamRowWarps; ++w) {
+      g += sg[w][threadIdx.x];
+      b += sb[w][threadIdx.x];
+    }
+    if (dgamma) atomicAdd(dgamma + c, g);
+    if (dbeta) atomicAdd(dbeta + c, b);
+  }
+}
+
+// Query i of a [T, S] block sees keys 0 .. i + (S - T).
+__device__ __forceinline__ int64_t visible_cols(int64_t row, int64_t t, int64_t s, bool causal) {
+  return causal ? (row % t) + (s - t) + 1 : s;
+}
+
+template <typename T>
+__global__ void attention_softmax_forward_kernel(const T* x, T* y, int64_t rows, int64_t t, int64_t s, float scale,
+                                                 bool causal) {
+  const int64_t row = row_index();
+  if (row >= rows) return;
+  const int64_t vis = visible_cols(row, t, s, causal);
+  const T* xr = x + row * s;
+  T* yr = y + row * s;
+  MaxSumV ms{-INFINITY, 0.0f};
+  for (int64_t c = threadIdx.x; c < vis; c += blockDim.x) ms = ms.add(to_acc(xr[c]) * scale);
+  ms = row_allreduce(ms);
+  const float inv = 1.0f / ms.s;
+  for (int64_t c = threadIdx.x; c < s; c += blockDim.x) {
+    yr[c] = convert<T>(c < vis ? expf(to_acc(xr[c]) * scale - ms.m) * inv : 0.0f);
+  }
+}
+
+template <typename T>
+__global__ void attention_softmax_backward_kernel(const T* dy, const T* y, T* dx, int64_t rows, int64_t s,
+                                                  float scale) {
+  const int64_t row = row_index();
+  if (row >= rows) return;
+  const int64_t base = row * s;
+  SumV dot{0.0f};
+  for (int64_t c = threadIdx.x; c < s; c += blockDim.x) dot.s += to_acc(dy[base + c]) * to_acc(y[base + c]);
+  dot = row_allreduce(dot);
+  for (int64_t c = threadIdx.x; c < s; c += blockDim.x) {
+    const float p = to_acc(y[base + c]);
+    dx[base + c] = convert<T>(scale * p * (to_acc(dy[base + c]) - dot.s));
+  }
+}
+
+// One row of the fused classifier: loss = lse - x[t], dlogits = softmax - onehot
+// over the first `valid` columns, 0 past them and on ignored rows.
+template <typename T, typename L>
+__global__ void cross_entropy_fused_kernel(const T* logits, const int64_t* target, int64_t rows, int64_t cols,
+                                           int64_t valid, int64_t ignore_index, L* losses, T* dlogits) {
+  const int64_t row = row_index();
+  if (row >= rows) return;
+  const int64_t tg = target[row];
+  const T* xr = logits + row * cols;
+  T* dr = dlogits + row * cols;
+  if (tg == ignore_index) {
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) dr[c] = convert<T>(0.0f);
+    if (threadIdx.x == 0) losses[row] = L(0);
+    return;
+  }
+  MaxSumV ms{-INFINITY, 0.0f};
+  for (int64_t c = threadIdx.x; c < valid; c += blockDim.x) ms = ms.add(to_acc(xr[c]));
+  ms = row_allreduce(ms);
+  const float log_sum = logf(ms.s);
+  // The target's logit is read before any thread overwrites the row (dlogits may alias logits).
+  const float x_t = (tg >= 0 && tg < valid) ? to_acc(xr[tg]) : NAN;
+  __syncwarp();
+  if (blockDim.x > 32) __syncthreads();
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    float g = 0.0f;
+    if (c < valid) g = expf((to_acc(xr[c]) - ms.m) - log_sum) - (c == tg ? 1.0f : 0.0f);
+    dr[c] = convert<T>(g);
+  }
+  // An out-of-range target gives a NaN loss rather than a read out of bounds.
+  if (threadIdx.x == 0) losses[row] = L(-((x_t - ms.m) - log_sum));
+}
+
+int64_t rows_of(const Tensor& t) { return t.size(-1) ? t.numel() / t.size(-1) : 0; }
+
+void check_cuda_contiguous(const Tensor& t, const char* op, const char* arg) {
+  CHORUS_CHECK(t.device().is_cuda() && t.is_contiguous(), op, ": ", arg, " must be a contiguous CUDA tensor, got ",
+               t.describe());
+}
+
+// Runs f.template operator()<G>() with G the element type of the layer norm's
+// parameters: x's own, or float for float32 master weights.
+template <typename T, typename F>
+void with_param_type(const Tensor& gamma, const Tensor& beta, DType x_dtype, const char* op, F&& f) {
+  DType g = gamma.defined() ? gamma.dtype() : beta.defined() ? beta.dtype() : x_dtype;
+  CHORUS_CHECK((!gamma.defined() || gamma.dtype() == g) && (!beta.defined() || beta.dtype() == g), op,
+               ": gamma and beta must share a dtype");
+  if (g == kFloat32) return f.template operator()<float>();
+  CHORUS_CHECK(g == x_dtype, op, ": gamma must be float32 or x's dtype ", dtype_name(x_dtype), ", got ",
+               dtype_name(g));
+  f.template operator()<T>();
+}
+
+}  // namespace
+
+void layer_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps, const Tensor& y,
+                        const Tensor& mean, const Tensor& rstd) {
+  const char* op = "layer_norm_forward";
+  check_cuda_contiguous(x, op, "x");
+  check_cuda_contiguous(y, op, "y");
+  CHORUS_CHECK(mean.dtype() == kFloat32 && rstd.dtype() == kFloat32, op, ": mean and rstd must be float32");
+  const int64_t rows = rows_of(x), cols = x.size(-1);
+  if (rows == 0) return;
+  const int dev = x.device().index;
+  CudaDeviceGuard guard(dev);
+  const RowLaunch l = row_launch(rows, cols);
+  dispatch_float(x.dtype(), op, [&]<typename T>() {
+    with_param_type<T>(gamma, beta, x.dtype(), op, [&]<typename G>() {
+      layer_norm_forward_kernel<T, G><<<l.grid, l.block, 0, current_stream(dev)>>>(
+          x.data<T>(), param_ptr<G>(gamma), param_ptr<G>(beta), static_cast<float>(eps), y.data<T>(),
+          mean.data<float>(), rstd.data<float>(), rows, cols);
+    });
+  });
+  CHORUS_CUDA_LAUNCH_CHECK();
+}
+
+void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                         const Tensor& rstd, const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) {
+  const char* op = "layer_norm_backward";
+  check_cuda_contiguous(x, op, "x");
+  check_cuda_contiguous(dy, op, "dy");
+  check_cuda_contiguous(dx, op, "dx");
+  CHORUS_CHECK(dy.dtype() == x.dtype() && dx.dtype() == x.dtype(), op, ": dy, x and dx must share a dtype");
+  CHORUS_CHECK((!dgamma.defined() || dgamma.dtype() == kFloat32) && (!dbeta.defined() || dbeta.dtype() == kFloat32),
+               op, ": dgamma and dbeta must be float32 on CUDA");
+  const int64_t rows = rows_of(x), cols = x.size(-1);
+  const int dev = x.device().index;
+  CudaDeviceGuard guard(dev);
+  cudaStream_t stream = current_stream(dev);
+  if (dgamma.defined()) CHORUS_CUDA_CHECK(cudaMemsetAsync(dgamma.raw_data(), 0, cols * sizeof(float), stream));
+  if (dbeta.defined()) CHORUS_CUDA_CHECK(cudaMemsetAsync(dbeta.raw_data(), 0, cols * sizeof(float), stream));
+  if (rows == 0) return;
+  const RowLaunch l = row_launch(rows, cols);
+  dispatch_float(x.dtype(), op, [&]<typename T>() {
+    with_param_type<T>(gamma, Tensor(), x.dtype(), op, [&]<typename G>() {
+      layer_norm_dx_kernel<T, G><<<l.grid, l.block, 0, stream>>>(dy.data<T>(), x.data<T>(), param_ptr<G>(gamma),
+                                                                mean.data<float>(), rstd.data<float>(),
+                                                                dx.data<T>(), rows, cols);
+    });
+    if (dgamma.defined() || dbeta.defined()) {
+      // Enough row blocks to fill the GPU (about 4 blocks an SM over the column tiles).
+      const int64_t col_blocks = (cols + kParamCols - 1) / kParamCols;
+      const int64_t want = std::max<int64_t>(1, 528 / col_blocks);
+      const int64_t rows_per_block = std::max<int64_t>(kParamRowWarps, (rows + want - 1) / want);
+      const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block));
+      layer_norm_param_grad_kernel<T><<<grid, dim3(kParamCols, kParamRowWarps), 0, stream>>>(
+          dy.data<T>(), x.data<T>(), mean.data<float>(), rstd.data<float>(),
+          dgamma.defined() ? dgamma.data<float>() : nullptr, dbeta.defined() ? dbeta.data<float>() : nullptr, rows,
+          cols, rows_per_block);
+    }
+  });
+  CHORUS_CUDA_LAUNCH_CHECK();
+}
+
+void attention_softmax_forward(const Tensor& x, double scale, bool causal, const Tensor& y) {
+  const char* op = "attention_softmax_forward";
+  check_cuda_contiguous(x, op, "x");
+  check_cuda_contiguous(y, op, "y");
+  CHORUS_CHECK(x.dim() == 3 && x.sizes() == y.sizes() && x.dtype() == y.dtype(), op,
+               ": x and y must be one [batch, T, S] shape and dtype, got ", x.describe(), ", ", y.describe());
+  const int64_t t = x.size(1), s = x.size(2), rows = x.size(0) * t;
+  CHORUS_CHECK(!causal || s >= t, op, ": a causal mask needs S >= T, got ", x.describe());
+  if (rows == 0 || s == 0) return;
+  const int dev = x.device().index;
+  CudaDeviceGuard guard(dev);
+  const RowLaunch l = row_launch(rows, s);
+  dispatch_float(x.dtype(), op, [&]<typename T>() {
+    attention_softmax_forward_kernel<T><<<l.grid, l.block, 0, current_stream(dev)>>>(
+        x.data<T>(), y.data<T>(), rows, t, s, static_cast<float>(scale), causal);
+  });
+  CHORUS_CUDA_LAUNCH_CHECK();
+}
+
+void attention_softmax_backward(const Tensor& dy, const Tensor& y, double scale, const Tensor& dx) {
+  const char* op = "attention_softmax_backward";
+  check_cuda_contiguous(y, op, "y");
+  check_cuda_contiguous(dy, op, "dy");
+  check_cuda_contiguous(dx, op, "dx");
+  CHORUS_CHECK(y.dim() == 3 && dy.sizes() == y.sizes() && dx.sizes() == y.sizes() && dy.dtype() == y.dtype() &&
+                   dx.dtype() == y.dtype(),
+               op, ": dy, y and dx must be one [batch, T, S] shape and dtype");
+  const int64_t s = y.size(2), rows = y.size(0) * y.size(1);
+  if (rows == 0 || s == 0) return;
+  const int dev = y.device().index;
+  CudaDeviceGuard guard(dev);
+  const RowLaunch l = row_launch(rows, s);
+  dispatch_float(y.dtype(), op, [&]<typename T>() {
+    attention_softmax_backward_kernel<T><<<l.grid, l.block, 0, current_stream(dev)>>>(
+        dy.data<T>(), y.data<T>(), dx.data<T>(), rows, s, static_cast<float>(scale));
+  });
+  CHORUS_CUDA_LAUNCH_CHECK();
+}
+
+void cross_entropy_fused(const Tensor& logits, const Tensor& target, int64_t valid_cols, int64_t ignore_index,
+                         const Tensor& losses, const Tensor& dlogits) {
+  const char* op = "cross_entropy_fused";
+  check_cuda_contiguous(logits, op, "logits");
+  check_cuda_contiguous(dlogits, op, "dlogits");
+  check_cuda_contiguous(target, op, "target");
+  CHORUS_CHECK(logits.dim() == 2 && dlogits.sizes() == logits.sizes() && dlogits.dtype() == logits.dtype(), op,
+               ": logits and dlogits must be one [rows, vocabulary] shape and dtype");
+  const int64_t rows = logits.size(0), cols = logits.size(1);
+  CHORUS_CHECK(target.dtype() == kInt64 && target.sizes() == Shape{rows}, op, ": target must be int64 [", rows,
+               "], got ", target.describe());
+  CHORUS_CHECK(losses.dtype() == kFloat32 && losses.sizes() == Shape{rows}, op, ": losses must be float32 [", rows,
+               "]");
+  CHORUS_CHECK(valid_cols >= 1 && valid_cols <= cols, op, ": valid_cols ", valid_cols, " must be in [1, ", cols, "]");
+  if (rows == 0) return;
+  const int dev = logits.device().index;
+  CudaDeviceGuard guard(dev);
+  const RowLaunch l = row_launch(rows, cols);
+  dispatch_float(logits.dtype(), op, [&]<typename T>() {
+    cross_entropy_fused_kernel<T, float><<<l.grid, l.block, 0, current_stream(dev)>>>(
+        logits.data<T>(), target.data<int64_t>(), rows, cols, valid_cols, ignore_index, losses.data<float>(),
+        dlogits.data<T>());
+  });
+  CHORUS_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace chorus::cuda

@@ -1,0 +1,245 @@
+#include "chorus/models/gpt.h"
+
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "chorus/autograd/functions.h"
+#include "chorus/autograd/grad_mode.h"
+#include "chorus/core/error.h"
+#include "chorus/nn/functional.h"
+#include "chorus/nn/init.h"
+#include "chorus/ops/factory.h"
+
+namespace chorus::models {
+
+namespace {
+
+// layers, heads, width (../shared/bench/torch_gpt.py's table; dN as llm.c's descriptors).
+struct Size {
+  int64_t layers, heads, width;
+};
+const std::map<std::string, Size>& sizes() {
+  static const std::map<std::string, Size> s = {
+      {"gpt2", {12, 12, 768}},  {"gpt2-medium", {24, 16, 1024}}, {"gpt2-large", {36, 20, 1280}},
+      {"gpt2-xl", {48, 25, 1600}}, {"d6", {6, 6, 384}},           {"d12", {12, 12, 768}},
+      {"d24", {24, 16, 1024}},  {"d36", {36, 20, 1280}},          {"d48", {48, 25, 1600}},
+      {"d60", {60, 30, 1920}},  {"d72", {72, 30, 2880}},          {"d84", {84, 32, 3072}}};
+  return s;
+}
+
+template <typename M>
+std::shared_ptr<M> child_as(const nn::Module& m, const std::string& name) {
+  for (const auto& [n, c] : m.named_children()) {
+    if (n == name) {
+      auto typed = std::dynamic_pointer_cast<M>(c);
+      CHORUS_ASSERT(typed != nullptr);
+      return typed;
+    }
+  }
+  CHORUS_THROW(ValueError, m.type_name(), ": has no child '", name, "'");
+}
+
+nn::ModulePtr child_named(const nn::Module& m, const std::string& name) { return child_as<nn::Module>(m, name); }
+
+Tensor residual_dropout(const Tensor& x, double p, bool training) {
+  return p > 0 ? nn::functional::dropout(x, p, training) : x;
+}
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// The Linear weights that Hugging Face stores as Conv1D ([in, out]).
+bool is_conv1d_weight(const std::string& name) {
+  return ends_with(name, "attn.c_attn.weight") || ends_with(name, "attn.c_proj.weight") ||
+         ends_with(name, "mlp.c_fc.weight") || ends_with(name, "mlp.c_proj.weight");
+}
+
+}  // namespace
+
+GPTConfig GPTConfig::named(const std::string& name, int64_t vocab, int64_t context) {
+  auto it = sizes().find(name);
+  if (it == sizes().end()) {
+    std::string known;
+    for (const auto& n : names()) known += (known.empty() ? "" : ", ") + n;
+    CHORUS_THROW(ValueError, "unknown GPT model '", name, "' (known: ", known, ")");
+  }
+  GPTConfig c;
+  c.layers = it->second.layers;
+  c.heads = it->second.heads;
+  c.width = it->second.width;
+  c.vocab = vocab;
+  c.padded_vocab = (vocab + 127) / 128 * 128;
+  c.context = context;
+  return c;
+}
+
+std::vector<std::string> GPTConfig::names() {
+  return {"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "d6", "d12", "d24", "d36", "d48", "d60", "d72", "d84"};
+}
+
+bool GPTConfig::is_gpt_name(const std::string& name) { return sizes().count(name) != 0; }
+
+void GPTConfig::validate() const {
+  CHORUS_CHECK(layers >= 1 && heads >= 1 && width >= 1, "GPT: layers, heads and width must be positive, got ",
+               layers, ", ", heads, ", ", width);
+  CHORUS_CHECK(width % heads == 0, "GPT: ", heads, " heads do not divide the width ", width);
+  CHORUS_CHECK(vocab >= 1 && padded_vocab >= vocab, "GPT: vocabulary ", vocab, " (padded ", padded_vocab,
+               ") is not valid");
+  CHORUS_CHECK(context >= 1, "GPT: the context must be at least one position, got ", context);
+  CHORUS_CHECK(dropout >= 0 && dropout < 1, "GPT: dropout must be in [0, 1), got ", dropout);
+}
+
+int64_t GPTConfig::num_parameters() const {
+  const int64_t c = width;
+  const int64_t block = 2 * 2 * c + (c * 3 * c + 3 * c) + (c * c + c) + (c * 4 * c + 4 * c) + (4 * c * c + c);
+  return padded_vocab * c + context * c + layers * block + 2 * c;
+}
+
+double GPTConfig::flops_per_token(int64_t seq) const {
+  return 6.0 * static_cast<double>(num_parameters()) + 6.0 * static_cast<double>(layers * width * seq);
+}
+
+CausalSelfAttention::CausalSelfAttention(GPTConfig c) : Module("CausalSelfAttention"), cfg_(c) {
+  register_module("c_attn", std::make_shared<nn::Linear>(c.width, 3 * c.width));
+  register_module("c_proj", std::make_shared<nn::Linear>(c.width, c.width));
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x) {
+  CHORUS_CHECK(x.dim() == 3 && x.size(2) == cfg_.width, "CausalSelfAttention: expected [batch, seq, ", cfg_.width,
+               "], got ", x.describe());
+  const int64_t b = x.size(0), t = x.size(1), h = cfg_.heads, d = cfg_.head_dim();
+  TensorList qkv = chorus::split(child_named(*this, "c_attn")->forward(x), cfg_.width, 2);
+  for (Tensor& p : qkv) p = p.reshape({b, t, h, d}).permute({0, 2, 1, 3});  // [B, H, T, D]
+  Tensor y = nn::functional::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], /*causal=*/true);
+  y = y.permute({0, 2, 1, 3}).reshape({b, t, cfg_.width});
+  return residual_dropout(child_named(*this, "c_proj")->forward(y), cfg_.dropout, is_training());
+}
+
+GPTMLP::GPTMLP(GPTConfig c) : Module("GPTMLP"), cfg_(c) {
+  register_module("c_fc", std::make_shared<nn::Linear>(c.width, 4 * c.width));
+  register_module("c_proj", std::make_shared<nn::Linear>(4 * c.width, c.width));
+}
+
+Tensor GPTMLP::forward(const Tensor& x) {
+  Tensor h = nn::functional::gelu(child_named(*this, "c_fc")->forward(x), /*tanh_approximation=*/true);
+  return residual_dropout(child_named(*this, "c_proj")->forward(h), cfg_.dropout, is_training());
+}
+
+GPTBlock::GPTBlock(GPTConfig c) : Module("GPTBlock"), cfg_(c) {
+  register_module("ln_1", std::make_shared<nn::LayerNorm>(nn::LayerNormOptions{c.width}));
+  register_module("attn", std::make_shared<CausalSelfAttention>(c));
+  register_module("ln_2", std::make_shared<nn::LayerNorm>(nn::LayerNormOptions{c.width}));
+  register_module("mlp", std::make_shared<GPTMLP>(c));
+}
+
+Tensor GPTBlock::forward(const Tensor& x) {
+  Tensor h = chorus::add(x, child_named(*this, "attn")->forward(child_named(*this, "ln_1")->forward(x)));
+  return chorus::add(h, child_named(*this, "mlp")->forward(child_named(*this, "ln_2")->forward(h)));
+}
+
+GPTTrunk::GPTTrunk(GPTConfig c) : Module("GPTTrunk"), cfg_(c) {
+  c.validate();
+  register_module("wte", std::make_shared<nn::Embedding>(nn::EmbeddingOptions{c.padded_vocab, c.width}));
+  register_module("wpe", std::make_shared<nn::Embedding>(nn::EmbeddingOptions{c.context, c.width}));
+  auto h = std::make_shared<nn::Sequential>();
+  for (int64_t i = 0; i < c.layers; ++i) h->push_back(std::make_shared<GPTBlock>(c));
+  register_module("h", h);
+  register_module("ln_f", std::make_shared<nn::LayerNorm>(nn::LayerNormOptions{c.width}));
+}
+
+Tensor GPTTrunk::forward(const Tensor& ids) {
+  CHORUS_CHECK(ids.dim() == 2 && (ids.dtype() == kInt64 || ids.dtype() == kInt32),
+               "GPT: expected token ids [batch, seq] of int64, got ", ids.describe());
+  const int64_t t = ids.size(1);
+  CHORUS_CHECK(t >= 1 && t <= cfg_.context, "GPT: a sequence of ", t, " tokens does not fit the model's context of ",
+               cfg_.context, " positions");
+  auto wte = child_as<nn::Embedding>(*this, "wte");
+  Tensor tok = wte->forward(ids.to(wte->weight().device()));
+  Tensor pos = arange(t, {kInt64, tok.device()});
+  Tensor x = chorus::add(tok, child_named(*this, "wpe")->forward(pos));
+  x = residual_dropout(x, cfg_.dropout, is_training());
+  for (const auto& [n, block] : child_named(*this, "h")->named_children()) x = block->forward(x);
+  return child_named(*this, "ln_f")->forward(x);
+}
+
+GPT::GPT(GPTConfig c) : Module("GPT"), cfg_(c) {
+  c.validate();
+  register_module("transformer", std::make_shared<GPTTrunk>(c));
+  // GPT-2's initialisation (as llm.c and torch_gpt.py).
+  const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.layers));
+  NoGradGuard no_grad;
+  for (auto& [name, p] : named_parameters()) {
+    if (p.dim() == 2) {
+      nn::init::normal_(p, 0.0, ends_with(name, "c_proj.weight") ? proj_std : 0.02);
+    } else if (ends_with(name, ".bias")) {
+      nn::init::constant_(p, 0.0);
+    }
+  }
+  // The padding rows of the vocabulary are never looked up and get no
+  // gradient from the classifier: zero, so exports and imports agree.
+  if (c.padded_vocab > c.vocab) wte().narrow(0, c.vocab, c.padded_vocab - c.vocab).zero_();
+}
+
+Tensor& GPT::wte() {
+  auto trunk = child_as<GPTTrunk>(*this, "transformer");
+  return child_as<nn::Embedding>(*trunk, "wte")->weight();
+}
+
+Tensor GPT::forward(const Tensor& ids) {
+  Tensor h = child_named(*this, "transformer")->forward(ids);
+  return nn::functional::linear(h, wte(), Tensor());  // tied: the output projection is the token embedding
+}
+
+Tensor GPT::loss_of_logits(const Tensor& logits, const Tensor& targets, std::optional<int64_t> ignore_index) const {
+  return nn::functional::cross_entropy_fused(logits, targets, cfg_.vocab, ignore_index);
+}
+
+Tensor GPT::loss(const Tensor& ids, const Tensor& targets, std::optional<int64_t> ignore_index) {
+  return loss_of_logits(forward(ids), targets, ignore_index);
+}
+
+NamedTensors gpt_to_hf(const NamedTensors& state, const GPTConfig& cfg) {
+  NamedTensors out;
+  for (const auto& [name, t] : state) {
+    Tensor v = t.detach();
+    if (name == "transformer.wte.weight") v = v.narrow(0, 0, cfg.vocab);
+    if (is_conv1d_weight(name)) v = v.t();
+    out.emplace_back(name, v.contiguous());
+  }
+  return out;
+}
+
+NamedTensors gpt_from_hf(const NamedTensors& hf, const GPTConfig& cfg) {
+  GPT shape_model(cfg);  // names and shapes to expect (small for the configs tests import)
+  std::map<std::string, Tensor> given;
+  for (const auto& [name, t] : hf) {
+    if (name == "lm_head.weight") continue;  // tied: the same values as the token embedding
+    if (ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias")) continue;  // causal-mask buffers
+    given[name] = t;
+  }
+  NamedTensors out;
+  std::set<std::string> used;
+  for (const auto& [name, mine] : shape_model.state_dict()) {
+    auto it = given.find(name);
+    CHORUS_CHECK(it != given.end(), "GPT import: the file has no tensor '", name, "'");
+    Tensor v = it->second.detach().to(mine.dtype());
+    if (is_conv1d_weight(name)) v = v.t();
+    if (name == "transformer.wte.weight" && v.size(0) < mine.size(0) && v.dim() == 2 && v.size(1) == mine.size(1)) {
+      Tensor padded = zeros(mine.sizes(), {mine.dtype(), v.device()});
+      padded.narrow(0, 0, v.size(0)).copy_(v);
+      v = padded;
+    }
+    CHORUS_CHECK(v.sizes() == mine.sizes(), "GPT import: '", name, "' is ", shape_str(it->second.sizes()),
+                 " in the file, the model needs ", shape_str(is_conv1d_weight(name) ? mine.t().sizes() : mine.sizes()));
+    out.emplace_back(name, v.contiguous());
+    used.insert(name);
+  }
+  for (const auto& [name, t] : given) {
+    CHORUS_CHECK(used.count(name), "GPT import: unexpected tensor '", name, "' in the file (another model?)");
+  }
+  return out;
+}
+
+}  // namespace chorus::models

@@ -1,0 +1,114 @@
+// GPT-2 (Radford et al. 2019) as karpathy/llm.c and nanoGPT train it:
+// pre-LayerNorm blocks (attention, then a GELU-tanh MLP of 4x the width),
+// learned positions, the output projection tied to the token embedding, the
+// vocabulary padded to a multiple of 128 (50257 -> 50304) for the matrix
+// products, GPT-2's initialisation (N(0, 0.02); the residual projections
+// scaled by 1/sqrt(2 * layers); biases 0).
+//
+// Note [GPT parameter names]: the module tree is Hugging Face's
+// (transformer.wte, transformer.h.0.attn.c_attn, ...), so state_dict names are
+// the names of a Hugging Face GPT-2 `model.safetensors`. The layouts differ
+// in one way: Linear weights are [out, in] here and Conv1D's [in, out] there;
+// gpt_to_hf / gpt_from_hf transpose them (and cut or pad the vocabulary).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "chorus/nn/layers.h"
+#include "chorus/nn/transformer_layers.h"
+
+namespace chorus::models {
+
+struct GPTConfig {
+  int64_t layers = 12, heads = 12, width = 768;
+  int64_t vocab = 50257;         // tokens the data can hold
+  int64_t padded_vocab = 50304;  // rows of the embedding (vocab rounded up to 128)
+  int64_t context = 1024;        // positions
+  double dropout = 0.0;          // on the residual branches and the embeddings
+  // gpt2, gpt2-medium, gpt2-large, gpt2-xl, or llm.c's dN (d6, d12, ..., d84).
+  // vocab and context as given. Throws ValueError naming the known names.
+  static GPTConfig named(const std::string& name, int64_t vocab = 50257, int64_t context = 1024);
+  static std::vector<std::string> names();
+  static bool is_gpt_name(const std::string& name);
+  // Throws ValueError for a configuration that cannot be built (heads not dividing the width, ...).
+  void validate() const;
+  int64_t head_dim() const { return width / heads; }
+  // Parameters, the tied embedding counted once.
+  int64_t num_parameters() const;
+  // Training FLOPs per token, llm.c's count: 6 * parameters + 6 * layers * width * seq.
+  double flops_per_token(int64_t seq) const;
+};
+
+class CausalSelfAttention : public nn::Module {
+ public:
+  explicit CausalSelfAttention(GPTConfig c);
+  Tensor forward(const Tensor& x) override;  // [B, T, C] -> [B, T, C]
+  GPTConfig options_for_clone() const { return cfg_; }
+  CHORUS_MODULE_CLONEABLE(CausalSelfAttention)
+ private:
+  GPTConfig cfg_;
+};
+
+class GPTMLP : public nn::Module {
+ public:
+  explicit GPTMLP(GPTConfig c);
+  Tensor forward(const Tensor& x) override;
+  GPTConfig options_for_clone() const { return cfg_; }
+  CHORUS_MODULE_CLONEABLE(GPTMLP)
+ private:
+  GPTConfig cfg_;
+};
+
+class GPTBlock : public nn::Module {
+ public:
+  explicit GPTBlock(GPTConfig c);
+  Tensor forward(const Tensor& x) override;
+  GPTConfig options_for_clone() const { return cfg_; }
+  CHORUS_MODULE_CLONEABLE(GPTBlock)
+ private:
+  GPTConfig cfg_;
+};
+
+// The embeddings, the blocks and the final norm ("transformer."): ids [B, T]
+// -> hidden states [B, T, C].
+class GPTTrunk : public nn::Module {
+ public:
+  explicit GPTTrunk(GPTConfig c);
+  Tensor forward(const Tensor& ids) override;
+  GPTConfig options_for_clone() const { return cfg_; }
+  CHORUS_MODULE_CLONEABLE(GPTTrunk)
+ private:
+  GPTConfig cfg_;
+};
+
+class GPT : public nn::Module {
+ public:
+  explicit GPT(GPTConfig c);
+  // ids [B, T] (int64, T <= context) -> logits [B, T, padded_vocab].
+  Tensor forward(const Tensor& ids) override;
+  // Mean cross entropy (nats per token) of the next tokens `targets` [B, T]
+  // through the fused classifier (padding columns left out; targets equal to
+  // ignore_index, when given, left out of the mean).
+  Tensor loss(const Tensor& ids, const Tensor& targets, std::optional<int64_t> ignore_index = std::nullopt);
+  // The loss of logits that forward() returned.
+  Tensor loss_of_logits(const Tensor& logits, const Tensor& targets,
+                        std::optional<int64_t> ignore_index = std::nullopt) const;
+  const GPTConfig& config() const { return cfg_; }
+  // The token embedding, which is also the output projection.
+  Tensor& wte();
+  GPTConfig options_for_clone() const { return cfg_; }
+  CHORUS_MODULE_CLONEABLE(GPT)
+ private:
+  GPTConfig cfg_;
+};
+
+// Note [GPT parameter names]: Chorus's state dict of a GPT -> Hugging Face's
+// layout (Conv1D weights transposed, the vocabulary cut to cfg.vocab), and back
+// (vocabulary rows past the file's padded with zeros; the causal-mask buffers
+// old checkpoints carry, "*.attn.bias" of [1, 1, n, n], skipped). gpt_from_hf
+// throws ValueError naming a missing, unexpected or mis-shaped tensor.
+NamedTensors gpt_to_hf(const NamedTensors& state, const GPTConfig& cfg);
+NamedTensors gpt_from_hf(const NamedTensors& hf, const GPTConfig& cfg);
+
+}  // namespace chorus::models

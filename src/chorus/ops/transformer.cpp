@@ -1,0 +1,130 @@
+#include "chorus/ops/transformer.h"
+
+#include "chorus/core/error.h"
+#include "chorus/ops/copy.h"
+#include "chorus/ops/dispatch.h"
+#include "chorus/ops/views.h"
+
+namespace chorus::ops {
+
+namespace {
+
+// The layer norm's parameter on x's device, contiguous; its dtype x's or float32.
+Tensor norm_param(const Tensor& p, const Tensor& x, const char* arg) {
+  if (!p.defined()) return p;
+  CHORUS_CHECK(p.dim() == 1 && p.size(0) == x.size(-1), "layer_norm: ", arg, " ", p.describe(), " must be [",
+               x.size(-1), "] for input ", shape_str(x.sizes()));
+  CHORUS_CHECK(p.dtype() == x.dtype() || p.dtype() == kFloat32, "layer_norm: ", arg, " ", p.describe(),
+               " must be float32 or the input's dtype ", dtype_name(x.dtype()));
+  return contiguous(to_device(p, x.device()));
+}
+
+DType stats_dtype(const Tensor& x) { return x.dtype() == kFloat64 ? kFloat64 : kFloat32; }
+
+// [B, H, T, D] as a contiguous [B*H, T, D].
+Tensor heads_batch(const Tensor& t) {
+  return view(contiguous(t), {t.size(0) * t.size(1), t.size(2), t.size(3)});
+}
+
+Tensor gemm3(const Tensor& a, const Tensor& b, bool ta, bool tb) {
+  const int64_t rows = ta ? a.size(2) : a.size(1), cols = tb ? b.size(1) : b.size(2);
+  Tensor out = detail::empty_tensor({a.size(0), rows, cols}, a.dtype(), a.device());
+  if (out.numel()) CHORUS_KERNEL(a.device(), gemm, a, b, out, ta, tb, 1.0, 0.0);
+  return out;
+}
+
+}  // namespace
+
+std::tuple<Tensor, Tensor, Tensor> layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps) {
+  detail::check_defined(x, "layer_norm", "input");
+  CHORUS_CHECK(is_floating(x.dtype()) && x.dim() >= 1, "layer_norm: expected a floating tensor of at least one dim, got ",
+               x.describe());
+  CHORUS_CHECK(eps > 0, "layer_norm: eps must be positive, got ", eps);
+  Tensor xc = contiguous(x);
+  Tensor g = norm_param(gamma, xc, "weight"), b = norm_param(beta, xc, "bias");
+  const int64_t rows = xc.size(-1) ? xc.numel() / xc.size(-1) : 0;
+  Tensor y = detail::empty_tensor(xc.sizes(), xc.dtype(), xc.device());
+  Tensor mean = detail::empty_tensor({rows}, stats_dtype(xc), xc.device());
+  Tensor rstd = detail::empty_tensor({rows}, stats_dtype(xc), xc.device());
+  if (y.numel()) CHORUS_KERNEL(xc.device(), layer_norm_forward, xc, g, b, eps, y, mean, rstd);
+  return {y, mean, rstd};
+}
+
+std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
+                                                       const Tensor& mean, const Tensor& rstd, bool need_dgamma,
+                                                       bool need_dbeta) {
+  Tensor xc = contiguous(x);
+  Tensor dyc = contiguous(to_dtype(to_device(dy, xc.device()), xc.dtype()));
+  Tensor g = norm_param(gamma, xc, "weight");
+  const Device dev = xc.device();
+  const int64_t cols = xc.size(-1);
+  // CUDA sums the parameter gradients in float32 (cuda/transformer.cu); the CPU
+  // writes them in the parameter's dtype.
+  const DType pdt = gamma.defined() ? gamma.dtype() : xc.dtype();
+  const DType sum_dt = dev.is_cuda() ? kFloat32 : pdt;
+  Tensor dx = detail::empty_tensor(xc.sizes(), xc.dtype(), dev);
+  Tensor dg = need_dgamma ? detail::empty_tensor({cols}, sum_dt, dev) : Tensor();
+  Tensor db = need_dbeta ? detail::empty_tensor({cols}, sum_dt, dev) : Tensor();
+  CHORUS_KERNEL(dev, layer_norm_backward, dyc, xc, g, mean, rstd, dx, dg, db);
+  if (dg.defined() && dg.dtype() != pdt) dg = to_dtype(dg, pdt);
+  if (db.defined() && db.dtype() != pdt) db = to_dtype(db, pdt);
+  return {dx, dg, db};
+}
+
+std::pair<Tensor, Tensor> attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {
+  for (const Tensor* t : {&q, &k, &v}) detail::check_defined(*t, "attention", "q/k/v");
+  CHORUS_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "attention: q, k, v must be [batch, heads, seq, head_dim], got ",
+               q.describe(), ", ", k.describe(), ", ", v.describe());
+  CHORUS_CHECK(k.sizes() == v.sizes() && q.size(0) == k.size(0) && q.size(1) == k.size(1) && q.size(3) == k.size(3),
+               "attention: k and v ", shape_str(k.sizes()), ", ", shape_str(v.sizes()), " do not match q ",
+               shape_str(q.sizes()));
+  CHORUS_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype() && is_floating(q.dtype()),
+               "attention: q, k, v must share one floating dtype, got ", q.describe(), ", ", k.describe(), ", ",
+               v.describe());
+  CHORUS_CHECK(q.device() == k.device() && q.device() == v.device(), "attention: q, k, v must be on one device, got ",
+               q.describe(), ", ", k.describe(), ", ", v.describe());
+  CHORUS_CHECK(!causal || k.size(2) >= q.size(2), "attention: a causal mask needs at least as many keys (",
+               k.size(2), ") as queries (", q.size(2), ")");
+  Tensor q3 = heads_batch(q), k3 = heads_batch(k), v3 = heads_batch(v);
+  Tensor scores = gemm3(q3, k3, false, true);  // [BH, T, S]
+  Tensor probs = detail::empty_tensor(scores.sizes(), scores.dtype(), scores.device());
+  if (probs.numel()) CHORUS_KERNEL(q.device(), attention_softmax_forward, scores, scale, causal, probs);
+  Tensor out = gemm3(probs, v3, false, false);  // [BH, T, D]
+  return {view(out, q.sizes()), probs};
+}
+
+std::tuple<Tensor, Tensor, Tensor> attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                                      const Tensor& v, const Tensor& probs, double scale) {
+  Tensor q3 = heads_batch(q), k3 = heads_batch(k), v3 = heads_batch(v);
+  Tensor do3 = heads_batch(to_dtype(to_device(dout, q.device()), q.dtype()));
+  Tensor dv = gemm3(probs, do3, true, false);     // P^T dO   [BH, S, D]
+  Tensor dp = gemm3(do3, v3, false, true);        // dO V^T   [BH, T, S]
+  Tensor ds = detail::empty_tensor(dp.sizes(), dp.dtype(), dp.device());
+  if (ds.numel()) CHORUS_KERNEL(q.device(), attention_softmax_backward, dp, probs, scale, ds);
+  Tensor dq = gemm3(ds, k3, false, false);        // dS K     [BH, T, D]
+  Tensor dk = gemm3(ds, q3, true, false);         // dS^T Q   [BH, S, D]
+  return {view(dq, q.sizes()), view(dk, k.sizes()), view(dv, v.sizes())};
+}
+
+std::pair<Tensor, Tensor> cross_entropy_fused(const Tensor& logits, const Tensor& target, int64_t valid_cols,
+                                              int64_t ignore_index) {
+  detail::check_defined(logits, "cross_entropy", "logits");
+  detail::check_defined(target, "cross_entropy", "target");
+  CHORUS_CHECK(logits.dim() == 2 && is_floating(logits.dtype()),
+               "cross_entropy: logits must be floating [rows, vocabulary], got ", logits.describe());
+  CHORUS_CHECK(target.dim() == 1 && target.size(0) == logits.size(0), "cross_entropy: targets ", target.describe(),
+               " must be [", logits.size(0), "] for logits ", shape_str(logits.sizes()));
+  CHORUS_CHECK(target.dtype() == kInt64 || target.dtype() == kInt32, "cross_entropy: targets must be integers, got ",
+               target.describe());
+  CHORUS_CHECK(valid_cols >= 1 && valid_cols <= logits.size(1), "cross_entropy: vocabulary size ", valid_cols,
+               " must be in [1, ", logits.size(1), "] for logits ", shape_str(logits.sizes()));
+  const Device dev = logits.device();
+  Tensor lg = contiguous(logits);
+  Tensor tg = contiguous(to_dtype(to_device(target, dev), kInt64));
+  Tensor losses = detail::empty_tensor({lg.size(0)}, lg.dtype() == kFloat64 ? kFloat64 : kFloat32, dev);
+  Tensor dlogits = detail::empty_tensor(lg.sizes(), lg.dtype(), dev);
+  if (lg.numel()) CHORUS_KERNEL(dev, cross_entropy_fused, lg, tg, valid_cols, ignore_index, losses, dlogits);
+  return {losses, dlogits};
+}
+
+}  // namespace chorus::ops

@@ -1,0 +1,45 @@
+#include "chorus/optim/clip_grad.h"
+
+#include <cmath>
+
+#include "chorus/autograd/grad_mode.h"
+#include "chorus/core/error.h"
+#include "chorus/ops/copy.h"
+#include "chorus/ops/elementwise.h"
+#include "chorus/ops/factory.h"
+#include "chorus/ops/reduce.h"
+
+namespace chorus::optim {
+
+Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
+  NoGradGuard no_grad;
+  std::vector<Tensor> grads;
+  for (const Tensor& p : params) {
+    Tensor g = p.grad();
+    if (g.defined()) grads.push_back(g);
+  }
+  CHORUS_CHECK(!grads.empty(), "clip_grad_norm_: no parameter has a gradient");
+  const Device home = grads[0].device();
+  const DType acc = grads[0].dtype() == kFloat64 ? kFloat64 : kFloat32;
+  // Sum of squares per gradient on its own device, then together on the first.
+  Tensor total;
+  for (const Tensor& g : grads) {
+    Tensor gf = ops::to_dtype(g, acc);
+    Tensor sq = ops::reduce(ReduceOp::Sum, ops::binary(BinaryOp::Mul, gf, gf), {}, false);
+    sq = ops::to_device(sq, home);
+    total = total.defined() ? ops::binary(BinaryOp::Add, total, sq) : sq;
+  }
+  Tensor norm = ops::unary(UnaryOp::Sqrt, total);
+  if (!(max_norm > 0) || !std::isfinite(max_norm)) return norm;
+  // coef = min(1, max_norm / (norm + 1e-6)), as PyTorch.
+  Tensor coef = ops::unary(UnaryOp::MulScalar, ops::unary(UnaryOp::Reciprocal, ops::unary(UnaryOp::AddScalar, norm, 1e-6)),
+                           max_norm);
+  coef = ops::binary(BinaryOp::Min, coef, full({}, 1.0, {acc, home}));
+  for (Tensor& g : grads) {
+    Tensor c = ops::to_dtype(ops::to_device(coef, g.device()), g.dtype());
+    ops::binary_(BinaryOp::Mul, g, c);
+  }
+  return norm;
+}
+
+}  // namespace chorus::optim

@@ -1,0 +1,235 @@
+// models::GPT: the configurations, the gradient of the whole model against
+// central differences in float64, Hugging Face's names and layout both ways,
+// and the logits against a GPT-2 written in PyTorch (gpt2_reference.py, run
+// with Debian's python3-torch) reading the same safetensors file.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+
+#include <chorus/chorus.h>
+
+#include "io/io_test_util.h"
+#include "testing/expect_error.h"
+
+namespace chorus {
+namespace {
+
+using models::GPT;
+using models::GPTConfig;
+
+GPTConfig tiny(int64_t layers = 2, int64_t heads = 2, int64_t width = 8, int64_t vocab = 11, int64_t context = 6) {
+  GPTConfig c;
+  c.layers = layers;
+  c.heads = heads;
+  c.width = width;
+  c.vocab = vocab;
+  c.padded_vocab = vocab + 5;  // padding rows, as 50257 -> 50304
+  c.context = context;
+  return c;
+}
+
+// Every parameter drawn at random (biases and norms too, which GPT-2's
+// initialisation leaves at 0 and 1), the padding rows of the embedding 0.
+void randomize(GPT& m, uint64_t seed) {
+  manual_seed(seed);
+  NoGradGuard g;
+  for (auto& [name, p] : m.named_parameters()) p.copy_(randn(p.sizes(), {p.dtype()}).mul(0.3));
+  const auto& c = m.config();
+  m.wte().narrow(0, c.vocab, c.padded_vocab - c.vocab).zero_();
+}
+
+Tensor random_ids(const Shape& s, int64_t vocab, uint64_t seed) {
+  manual_seed(seed);
+  return randint(0, vocab, s);
+}
+
+TEST(GPTModel, KnownConfigurationsAndParameterCounts) {
+  GPTConfig g = GPTConfig::named("gpt2");
+  EXPECT_EQ(g.layers, 12);
+  EXPECT_EQ(g.padded_vocab, 50304);
+  // llm.c's count for gpt2 with the padded vocabulary: 124,475,904.
+  EXPECT_EQ(g.num_parameters(), 124475904);
+  EXPECT_EQ(GPTConfig::named("gpt2-xl").width, 1600);
+  GPTConfig d84 = GPTConfig::named("d84");
+  EXPECT_NEAR(static_cast<double>(d84.num_parameters()), 9.7e9, 0.1e9);
+  // The count agrees with the built model's.
+  GPT m(tiny());
+  EXPECT_EQ(m.num_parameters(), tiny().num_parameters());
+  EXPECT_TRUE(test::throws_naming([] { GPTConfig::named("gpt5"); }, {"gpt5", "gpt2-xl", "d84"}));
+  GPTConfig bad = tiny(1, 3, 8);
+  EXPECT_TRUE(test::throws_naming([&] { GPT m2(bad); }, {"3 heads", "width 8"}));
+}
+
+TEST(GPTModel, InitialisationFollowsGpt2) {
+  manual_seed(1);
+  GPTConfig c = tiny(4, 2, 64, 11, 6);
+  GPT m(c);
+  for (auto& [name, p] : m.named_parameters()) {
+    auto v = p.to(kFloat64).to_vector<double>();
+    if (name.find(".bias") != std::string::npos) {
+      for (double x : v) EXPECT_EQ(x, 0.0) << name;
+    }
+  }
+  // c_proj weights have std 0.02 / sqrt(2 * layers); the others 0.02.
+  auto std_of = [](const Tensor& t) {
+    auto v = t.to(kFloat64).to_vector<double>();
+    double s = 0;
+    for (double x : v) s += x * x;
+    return std::sqrt(s / static_cast<double>(v.size()));
+  };
+  for (auto& [name, p] : m.named_parameters()) {
+    if (name.find("mlp.c_proj.weight") != std::string::npos) EXPECT_NEAR(std_of(p), 0.02 / std::sqrt(8.0), 0.0015) << name;
+    if (name.find("mlp.c_fc.weight") != std::string::npos) EXPECT_NEAR(std_of(p), 0.02, 0.0015) << name;
+  }
+  EXPECT_EQ(m.state_dict().front().first, "transformer.wte.weight");
+  // Tied: one tensor, listed once.
+  int wte = 0;
+  for (auto& [name, p] : m.named_parameters()) wte += name.find("wte") != std::string::npos;
+  EXPECT_EQ(wte, 1);
+}
+
+// The whole model's loss gradient against central differences in float64,
+// for a few elements of every parameter.
+TEST(GPTModel, LossGradientMatchesFiniteDifferences) {
+  GPT m(tiny());
+  m.to(kFloat64);
+  randomize(m, 3);
+  Tensor ids = random_ids({2, 5}, 11, 4), tg = random_ids({2, 5}, 11, 5);
+  m.zero_grad();
+  m.loss(ids, tg).backward();
+  std::mt19937 gen(7);
+  for (auto& [name, p] : m.named_parameters()) {
+    Tensor grad = p.grad();
+    ASSERT_TRUE(grad.defined()) << name;
+    auto g = grad.to_vector<double>();
+    double* data = p.data<double>();
+    for (int k = 0; k < 3; ++k) {
+      int64_t j = static_cast<int64_t>(gen() % static_cast<uint32_t>(p.numel()));
+      if (name == "transformer.wte.weight") j %= 11 * 8;  // a real row (padding rows get no gradient)
+      const double keep = data[j], eps = 1e-6;
+      double lp, lm;
+      {
+        NoGradGuard ng;
+        data[j] = keep + eps;
+        lp = m.loss(ids, tg).item();
+        data[j] = keep - eps;
+        lm = m.loss(ids, tg).item();
+        data[j] = keep;
+      }
+      const double numeric = (lp - lm) / (2 * eps);
+      EXPECT_NEAR(g[j], numeric, 1e-7 + 1e-6 * std::abs(numeric)) << name << " element " << j;
+    }
+  }
+}
+
+TEST(GPTModel, RejectsASequenceLongerThanTheContext) {
+  GPT m(tiny());
+  Tensor ids = random_ids({1, 7}, 11, 1);
+  EXPECT_TRUE(test::throws_naming([&] { m.forward(ids); }, {"7 tokens", "context of 6"}));
+}
+
+TEST(GPTModel, HuggingFaceLayoutRoundTrips) {
+  GPTConfig c = tiny();
+  GPT m(c);
+  randomize(m, 8);
+  NamedTensors hf = models::gpt_to_hf(m.state_dict(), c);
+  for (auto& [name, t] : hf) {
+    if (name == "transformer.h.0.attn.c_attn.weight") EXPECT_EQ(t.sizes(), (Shape{8, 24}));  // Conv1D: [in, out]
+    if (name == "transformer.wte.weight") EXPECT_EQ(t.sizes(), (Shape{11, 8}));               // vocabulary cut
+  }
+  GPT back(c);
+  back.load_state_dict(models::gpt_from_hf(hf, c));
+  auto a = m.state_dict(), b = back.state_dict();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].first, b[i].first);
+    EXPECT_EQ(a[i].second.to_vector<float>(), b[i].second.to_vector<float>()) << a[i].first;
+  }
+  // A tensor of another shape is named.
+  hf[3].second = zeros({3, 3});
+  EXPECT_TRUE(test::throws_naming([&] { models::gpt_from_hf(hf, c); }, {hf[3].first}));
+}
+
+TEST(GPTModel, LogitsEqualAPyTorchGpt2ReadingTheSameFile) {
+  // Debian's python3 (python3-torch), which a python3 earlier on PATH (pyenv, a venv) may hide.
+  std::string python;
+  for (const char* p : {"/usr/bin/python3", "python3"}) {
+    if (std::system((std::string(p) + " -c 'import torch' >/dev/null 2>&1").c_str()) == 0) {
+      python = p;
+      break;
+    }
+  }
+  if (python.empty()) GTEST_SKIP() << "python3-torch is not installed (scripts/setup.sh installs it)";
+  GPTConfig c = tiny(2, 4, 32, 300, 16);
+  c.padded_vocab = 384;
+  GPT m(c);
+  randomize(m, 9);
+  io::testing::ScratchDir dir;
+  io::save_safetensors(dir.file("model.safetensors"), models::gpt_to_hf(m.state_dict(), c));
+  Tensor ids = random_ids({2, 16}, 300, 10);
+  {
+    std::ofstream f(dir.file("ids.txt"));
+    auto v = ids.to_vector<int64_t>();
+    for (int64_t b = 0; b < 2; ++b) {
+      for (int64_t t = 0; t < 16; ++t) f << v[b * 16 + t] << (t + 1 < 16 ? " " : "\n");
+    }
+  }
+  const std::string cmd = python + " " + CHORUS_TESTS_DIR + "/models/gpt2_reference.py " +
+                          dir.file("model.safetensors") + " " + dir.file("ids.txt") + " 4 " + dir.file("ref.bin");
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::string raw = io::testing::read_bytes(dir.file("ref.bin"));
+  ASSERT_EQ(raw.size(), sizeof(double) * 2 * 16 * 300);
+  const double* ref = reinterpret_cast<const double*>(raw.data());
+  auto got = m.forward(ids).to_vector<float>();  // [2, 16, 384]
+  double worst = 0;
+  for (int64_t r = 0; r < 32; ++r)
+    for (int64_t v = 0; v < 300; ++v) worst = std::max(worst, std::abs(got[r * 384 + v] - ref[r * 300 + v]));
+  EXPECT_LT(worst, 1e-5) << "largest difference from PyTorch's logits";
+  // The loss of the same logits, against PyTorch's cross entropy over the
+  // real vocabulary (computed here from its logits in double).
+  Tensor tg = random_ids({2, 16}, 300, 11);
+  auto t = tg.to_vector<int64_t>();
+  double want = 0;
+  for (int64_t r = 0; r < 32; ++r) {
+    double mx = -1e300, s = 0;
+    for (int64_t v = 0; v < 300; ++v) mx = std::max(mx, ref[r * 300 + v]);
+    for (int64_t v = 0; v < 300; ++v) s += std::exp(ref[r * 300 + v] - mx);
+    want += mx + std::log(s) - ref[r * 300 + t[r]];
+  }
+  EXPECT_NEAR(m.loss(ids, tg).item(), want / 32, 1e-5);
+}
+
+TEST(GPTModel, ForwardOnGpuMatchesCpu_CUDA) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
+  GPTConfig c = tiny(2, 2, 128, 300, 70);
+  GPT cpu_model(c);
+  randomize(cpu_model, 12);
+  auto gpu_model = std::dynamic_pointer_cast<GPT>(cpu_model.clone(Device("cuda:0")));
+  ASSERT_TRUE(gpu_model);
+  Tensor ids = random_ids({3, 70}, 300, 13), tg = random_ids({3, 70}, 300, 14);
+  Tensor lc = cpu_model.loss(ids, tg);
+  Tensor lg = gpu_model->loss(ids.to(Device("cuda:0")), tg.to(Device("cuda:0")));
+  EXPECT_NEAR(lc.item(), lg.item(), 1e-4);
+  lc.backward();
+  lg.backward();
+  auto a = cpu_model.named_parameters(), b = gpu_model->named_parameters();
+  for (size_t i = 0; i < a.size(); ++i) {
+    auto x = a[i].second.grad().to_vector<float>(), y = b[i].second.grad().to(kFloat32).to(cpu_device(0)).to_vector<float>();
+    double worst = 0, scale = 1e-6;
+    for (size_t j = 0; j < x.size(); ++j) {
+      worst = std::max(worst, double(std::abs(x[j] - y[j])));
+      scale = std::max(scale, double(std::abs(x[j])));
+    }
+    EXPECT_LT(worst, 1e-3 * scale + 1e-6) << a[i].first;
+  }
+  // bf16 autocast: the loss within bf16's precision of float32's.
+  AutocastGuard cast(kBFloat16);
+  Tensor lb = gpu_model->loss(ids.to(Device("cuda:0")), tg.to(Device("cuda:0")));
+  EXPECT_NEAR(lb.item(), lc.item(), 0.05);
+}
+
+}  // namespace
+}  // namespace chorus

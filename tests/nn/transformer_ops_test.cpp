@@ -1,0 +1,279 @@
+// The transformer's ops (GELU, layer norm, attention, the fused classifier,
+// embedding): gradients against central differences in float64, forward
+// values against closed forms computed here in double, and on a GPU the CUDA
+// kernels against the CPU in float32 and bfloat16.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include <chorus/chorus.h>
+#include <chorus/ops/elementwise.h>
+
+#include "testing/expect_error.h"
+#include "testing/gradcheck.h"
+
+namespace chorus {
+namespace {
+
+using test::gradcheck;
+using test::random_leaf;
+using L = const TensorList&;
+namespace F = nn::functional;
+
+Tensor ids(const std::vector<int64_t>& v, const Shape& s) { return from_vector(v, s, {kInt64}); }
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  auto x = a.to(cpu_device(0), kFloat64).contiguous().to_vector<double>();
+  auto y = b.to(cpu_device(0), kFloat64).contiguous().to_vector<double>();
+  EXPECT_EQ(x.size(), y.size());
+  double m = 0;
+  for (size_t i = 0; i < x.size(); ++i) m = std::max(m, std::abs(x[i] - y[i]));
+  return m;
+}
+
+// ---- GELU --------------------------------------------------------------------------
+
+TEST(TransformerOps, GeluMatchesClosedForms) {
+  Tensor x = random_leaf({5, 7}, 3).mul(3.0).detach();
+  auto xs = x.to_vector<double>();
+  auto exact = F::gelu(x, false).to_vector<double>(), approx = F::gelu(x, true).to_vector<double>();
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const double v = xs[i];
+    EXPECT_NEAR(exact[i], 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))), 1e-14);
+    EXPECT_NEAR(approx[i], 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v))), 1e-14);
+  }
+}
+
+TEST(TransformerOps, GeluGradients) {
+  Tensor x = random_leaf({4, 6}, 4);
+  EXPECT_TRUE(gradcheck([](L in) { return F::gelu(in[0].mul(2.5), false); }, {x}));
+  EXPECT_TRUE(gradcheck([](L in) { return F::gelu(in[0].mul(2.5), true); }, {x}));
+}
+
+// ---- layer norm ------------------------------------------------------------------------
+
+TEST(TransformerOps, LayerNormMatchesItsDefinition) {
+  const int64_t rows = 6, cols = 10;
+  Tensor x = random_leaf({rows, cols}, 5).mul(4.0).add(1.5).detach();
+  Tensor w = random_leaf({cols}, 6).detach(), b = random_leaf({cols}, 7).detach();
+  auto y = F::layer_norm(x, w, b, 1e-5).to_vector<double>();
+  auto xs = x.to_vector<double>(), ws = w.to_vector<double>(), bs = b.to_vector<double>();
+  for (int64_t r = 0; r < rows; ++r) {
+    double m = 0, v = 0;
+    for (int64_t c = 0; c < cols; ++c) m += xs[r * cols + c] / cols;
+    for (int64_t c = 0; c < cols; ++c) v += (xs[r * cols + c] - m) * (xs[r * cols + c] - m) / cols;
+    for (int64_t c = 0; c < cols; ++c) {
+      const double want = (xs[r * cols + c] - m) / std::sqrt(v + 1e-5) * ws[c] + bs[c];
+      EXPECT_NEAR(y[r * cols + c], want, 1e-12) << "row " << r << " col " << c;
+    }
+  }
+}
+
+TEST(TransformerOps, LayerNormGradients) {
+  Tensor x = random_leaf({2, 3, 8}, 8), w = random_leaf({8}, 9), b = random_leaf({8}, 10);
+  EXPECT_TRUE(gradcheck([](L in) { return F::layer_norm(in[0], in[1], in[2], 1e-5); }, {x, w, b}));
+  EXPECT_TRUE(gradcheck([](L in) { return F::layer_norm(in[0], Tensor(), Tensor(), 1e-5); }, {x}));
+}
+
+TEST(TransformerOps, LayerNormRejectsAWrongWeight) {
+  Tensor x = random_leaf({2, 8}, 1).detach();
+  EXPECT_TRUE(test::throws_naming([&] { F::layer_norm(x, ones({7}, {kFloat64}), Tensor()); }, {"layer_norm", "[8]"}));
+}
+
+// ---- attention -------------------------------------------------------------------------
+
+// softmax(q k^T / sqrt(d) + mask) v in double, loop by loop.
+std::vector<double> attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
+  const int64_t bh = q.size(0) * q.size(1), t = q.size(2), s = k.size(2), d = q.size(3);
+  auto qs = q.contiguous().to_vector<double>(), ks = k.contiguous().to_vector<double>(),
+       vs = v.contiguous().to_vector<double>();
+  std::vector<double> out(bh * t * d, 0.0);
+  for (int64_t h = 0; h < bh; ++h) {
+    for (int64_t i = 0; i < t; ++i) {
+      const int64_t visible = causal ? i + (s - t) + 1 : s;
+      std::vector<double> p(visible);
+      double m = -1e300, sum = 0;
+      for (int64_t j = 0; j < visible; ++j) {
+        double dot = 0;
+        for (int64_t e = 0; e < d; ++e) dot += qs[(h * t + i) * d + e] * ks[(h * s + j) * d + e];
+        p[j] = dot / std::sqrt(static_cast<double>(d));
+        m = std::max(m, p[j]);
+      }
+      for (int64_t j = 0; j < visible; ++j) sum += (p[j] = std::exp(p[j] - m));
+      for (int64_t j = 0; j < visible; ++j) {
+        for (int64_t e = 0; e < d; ++e) out[(h * t + i) * d + e] += p[j] / sum * vs[(h * s + j) * d + e];
+      }
+    }
+  }
+  return out;
+}
+
+TEST(TransformerOps, AttentionMatchesItsDefinition) {
+  for (bool causal : {true, false}) {
+    for (int64_t s : {5, 7}) {  // S > T: the last T keys line up with the queries
+      Tensor q = random_leaf({2, 3, 5, 4}, 11).detach(), k = random_leaf({2, 3, s, 4}, 12).mul(2.0).detach(),
+             v = random_leaf({2, 3, s, 4}, 13).detach();
+      auto got = F::scaled_dot_product_attention(q, k, v, causal).to_vector<double>();
+      auto want = attention_reference(q, k, v, causal);
+      for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-13) << "causal " << causal << " at " << i;
+    }
+  }
+}
+
+TEST(TransformerOps, AttentionGradients) {
+  Tensor q = random_leaf({1, 2, 5, 3}, 14), k = random_leaf({1, 2, 5, 3}, 15), v = random_leaf({1, 2, 5, 3}, 16);
+  EXPECT_TRUE(gradcheck([](L in) { return F::scaled_dot_product_attention(in[0], in[1], in[2], true); }, {q, k, v}));
+  Tensor k2 = random_leaf({1, 2, 7, 3}, 17), v2 = random_leaf({1, 2, 7, 3}, 18);
+  EXPECT_TRUE(gradcheck([](L in) { return F::scaled_dot_product_attention(in[0], in[1], in[2], false); }, {q, k2, v2}));
+  EXPECT_TRUE(gradcheck([](L in) { return F::scaled_dot_product_attention(in[0], in[1], in[2], true); }, {q, k2, v2}));
+}
+
+TEST(TransformerOps, AttentionRejectsMismatchedShapes) {
+  Tensor q = random_leaf({1, 2, 5, 3}, 1).detach(), k = random_leaf({1, 2, 4, 3}, 2).detach();
+  EXPECT_TRUE(test::throws_naming([&] { F::scaled_dot_product_attention(q, k, k, true); }, {"causal", "keys"}));
+  Tensor k3 = random_leaf({1, 3, 5, 3}, 2).detach();
+  EXPECT_TRUE(test::throws_naming([&] { F::scaled_dot_product_attention(q, k3, k3, false); }, {"attention"}));
+}
+
+// ---- the fused classifier -------------------------------------------------------------------
+
+// Mean over counted rows of logsumexp(x[:valid]) - x[target], in double.
+double cross_entropy_reference(const Tensor& logits, const std::vector<int64_t>& target, int64_t valid,
+                               int64_t ignore) {
+  const int64_t v = logits.size(-1);
+  auto xs = logits.contiguous().to_vector<double>();
+  double total = 0;
+  int64_t count = 0;
+  for (size_t r = 0; r < target.size(); ++r) {
+    if (target[r] == ignore) continue;
+    double m = -1e300, sum = 0;
+    for (int64_t c = 0; c < valid; ++c) m = std::max(m, xs[r * v + c]);
+    for (int64_t c = 0; c < valid; ++c) sum += std::exp(xs[r * v + c] - m);
+    total += m + std::log(sum) - xs[r * v + target[r]];
+    ++count;
+  }
+  return count ? total / count : 0.0;
+}
+
+TEST(TransformerOps, FusedCrossEntropyMatchesItsDefinition) {
+  Tensor x = random_leaf({2, 3, 9}, 20).mul(5.0).detach();
+  std::vector<int64_t> t{0, 6, 3, 6, 1, 2};
+  EXPECT_NEAR(F::cross_entropy_fused(x, ids(t, {2, 3})).item(), cross_entropy_reference(x, t, 9, -100), 1e-13);
+  EXPECT_NEAR(F::cross_entropy_fused(x, ids(t, {2, 3}), 7).item(), cross_entropy_reference(x, t, 7, -100), 1e-13);
+  std::vector<int64_t> ti{0, -1, 3, 6, -1, 2};
+  EXPECT_NEAR(F::cross_entropy_fused(x, ids(ti, {2, 3}), 7, -1).item(), cross_entropy_reference(x, ti, 7, -1), 1e-13);
+  // Every row ignored: 0, not NaN.
+  std::vector<int64_t> all(6, -1);
+  EXPECT_EQ(F::cross_entropy_fused(x, ids(all, {2, 3}), 7, -1).item(), 0.0);
+  // The same as the plain cross entropy where nothing is padded or ignored.
+  EXPECT_NEAR(F::cross_entropy_fused(x, ids(t, {2, 3})).item(),
+              F::cross_entropy(x.reshape({6, 9}), ids(t, {6})).item(), 1e-13);
+}
+
+TEST(TransformerOps, FusedCrossEntropyGradients) {
+  Tensor x = random_leaf({6, 9}, 21);
+  Tensor t = ids({0, 6, 3, 6, 1, 2}, {6});
+  EXPECT_TRUE(gradcheck([t](L in) { return F::cross_entropy_fused(in[0].mul(3.0), t); }, {x}));
+  Tensor ti = ids({0, -1, 3, 6, -1, 2}, {6});
+  EXPECT_TRUE(gradcheck([ti](L in) { return F::cross_entropy_fused(in[0].mul(3.0), ti, 7, -1).mul(1.7); }, {x}));
+  // Padding columns get no gradient.
+  Tensor xg = x.detach().clone().set_requires_grad(true);
+  F::cross_entropy_fused(xg, ti, 7, -1).backward();
+  auto g = xg.grad().to_vector<double>();
+  for (int64_t r = 0; r < 6; ++r) {
+    EXPECT_EQ(g[r * 9 + 7], 0.0);
+    EXPECT_EQ(g[r * 9 + 8], 0.0);
+  }
+}
+
+TEST(TransformerOps, FusedCrossEntropyRejectsATargetOutsideTheVocabulary) {
+  Tensor x = random_leaf({2, 9}, 22).detach();
+  EXPECT_TRUE(test::throws_naming([&] { F::cross_entropy_fused(x, ids({1, 8}, {2}), 7); }, {"target 8", "row 1", "7"}));
+}
+
+// ---- embedding -----------------------------------------------------------------------------
+
+TEST(TransformerOps, EmbeddingSumsTheGradientsOfRepeatedIndices) {
+  Tensor w = random_leaf({5, 3}, 23);
+  Tensor index = ids({4, 1, 4, 4, 0, 1}, {2, 3});
+  EXPECT_TRUE(gradcheck([index](L in) { return F::embedding(in[0], index); }, {w}));
+  w.zero_grad();
+  Tensor out = F::embedding(w, index);
+  EXPECT_EQ(out.sizes(), (Shape{2, 3, 3}));
+  out.sum().backward();
+  auto g = w.grad().to_vector<double>();
+  const std::vector<double> count{1, 2, 0, 0, 3};
+  for (int64_t r = 0; r < 5; ++r)
+    for (int64_t c = 0; c < 3; ++c) EXPECT_EQ(g[r * 3 + c], count[r]);
+}
+
+// ---- CUDA against the CPU -----------------------------------------------------------------
+
+struct DeviceCase {
+  DType dtype;
+  double tol;
+};
+
+TEST(TransformerOps, KernelsMatchTheCpu_CUDA) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
+  const Device gpu("cuda:0");
+  for (DeviceCase dc : {DeviceCase{kFloat32, 2e-5}, DeviceCase{kBFloat16, 3e-2}}) {
+    SCOPED_TRACE(dtype_name(dc.dtype));
+    // Rows short (warp per row) and long (block per row).
+    for (int64_t cols : {64, 1600}) {
+      Tensor x = random_leaf({37, cols}, 30).mul(2.0).detach().to(kFloat32);
+      Tensor w = random_leaf({cols}, 31).detach().to(kFloat32), b = random_leaf({cols}, 32).detach().to(kFloat32);
+      Tensor xc = x.to(dc.dtype).to(kFloat32).set_requires_grad(true), wc = w.clone().set_requires_grad(true),
+             bc = b.clone().set_requires_grad(true);
+      Tensor xg = x.to(gpu, dc.dtype).set_requires_grad(true), wg = w.to(gpu).set_requires_grad(true),
+             bg = b.to(gpu).set_requires_grad(true);
+      Tensor gy = random_leaf({37, cols}, 33).detach().to(kFloat32);
+      Tensor yc = F::layer_norm(xc, wc, bc), yg = F::layer_norm(xg, wg, bg);
+      EXPECT_LT(max_abs_diff(yc, yg), dc.tol * 4) << "layer norm forward, cols " << cols;
+      yc.backward(gy.to(dc.dtype).to(kFloat32));
+      yg.backward(gy.to(gpu, dc.dtype));
+      EXPECT_LT(max_abs_diff(xc.grad(), xg.grad()), dc.tol * 8) << "layer norm dx, cols " << cols;
+      EXPECT_LT(max_abs_diff(wc.grad(), wg.grad()), dc.tol * 40) << "layer norm dgamma, cols " << cols;
+      EXPECT_LT(max_abs_diff(bc.grad(), bg.grad()), dc.tol * 40) << "layer norm dbeta, cols " << cols;
+      EXPECT_EQ(wg.grad().dtype(), kFloat32);
+      // GELU, both forms.
+      for (bool approx : {false, true}) {
+        EXPECT_LT(max_abs_diff(F::gelu(xc.detach(), approx), F::gelu(xg.detach(), approx)), dc.tol * 4);
+      }
+    }
+    // Attention, causal and not, T = 70 (not a multiple of 64), head_dim 64 and 128.
+    for (int64_t d : {64, 128}) {
+      for (bool causal : {true, false}) {
+        Tensor q = random_leaf({2, 3, 70, d}, 40).detach().to(kFloat32), k = random_leaf({2, 3, 70, d}, 41).detach().to(kFloat32),
+               v = random_leaf({2, 3, 70, d}, 42).detach().to(kFloat32), go = random_leaf({2, 3, 70, d}, 43).detach().to(kFloat32);
+        TensorList cpu_in, gpu_in;
+        for (const Tensor& t : {q, k, v}) {
+          cpu_in.push_back(t.to(dc.dtype).to(kFloat32).set_requires_grad(true));
+          gpu_in.push_back(t.to(gpu, dc.dtype).set_requires_grad(true));
+        }
+        Tensor oc = F::scaled_dot_product_attention(cpu_in[0], cpu_in[1], cpu_in[2], causal);
+        Tensor og = F::scaled_dot_product_attention(gpu_in[0], gpu_in[1], gpu_in[2], causal);
+        EXPECT_LT(max_abs_diff(oc, og), dc.tol * 2) << "attention forward d " << d << " causal " << causal;
+        oc.backward(go.to(dc.dtype).to(kFloat32));
+        og.backward(go.to(gpu, dc.dtype));
+        for (int i = 0; i < 3; ++i)
+          EXPECT_LT(max_abs_diff(cpu_in[i].grad(), gpu_in[i].grad()), dc.tol * 8) << "attention grad " << i;
+      }
+    }
+    // The fused classifier over a padded vocabulary, with ignored rows.
+    Tensor logits = random_leaf({29, 300}, 50).mul(4.0).detach().to(kFloat32);
+    std::vector<int64_t> tv;
+    for (int64_t r = 0; r < 29; ++r) tv.push_back(r % 5 == 0 ? -1 : (r * 37) % 257);
+    Tensor t = ids(tv, {29});
+    Tensor lc = logits.to(dc.dtype).to(kFloat32).set_requires_grad(true), lg = logits.to(gpu, dc.dtype).set_requires_grad(true);
+    Tensor cc = F::cross_entropy_fused(lc, t, 257, -1), cg = F::cross_entropy_fused(lg, t.to(gpu), 257, -1);
+    EXPECT_NEAR(cc.item(), cg.item(), 1e-4);
+    cc.backward();
+    cg.backward();
+    EXPECT_LT(max_abs_diff(lc.grad(), lg.grad()), dc.dtype == kFloat32 ? 1e-6 : 2e-4);
+  }
+}
+
+}  // namespace
+}  // namespace chorus
