@@ -15,14 +15,15 @@ namespace chorus::models {
 
 namespace {
 
-// layers, heads, width (../shared/bench/torch_gpt.py's table; dN as llm.c's descriptors).
+// layers, heads, width (../shared/bench/torch_gpt.py's table; dN as llm.c's descriptors; d2 and d4,
+// not llm.c's, are small models for tests and CPU runs).
 struct Size {
   int64_t layers, heads, width;
 };
 const std::map<std::string, Size>& sizes() {
   static const std::map<std::string, Size> s = {
       {"gpt2", {12, 12, 768}},  {"gpt2-medium", {24, 16, 1024}}, {"gpt2-large", {36, 20, 1280}},
-      {"gpt2-xl", {48, 25, 1600}}, {"d6", {6, 6, 384}},           {"d12", {12, 12, 768}},
+      {"gpt2-xl", {48, 25, 1600}}, {"d2", {2, 2, 128}},           {"d4", {4, 4, 256}}, {"d6", {6, 6, 384}},           {"d12", {12, 12, 768}},
       {"d24", {24, 16, 1024}},  {"d36", {36, 20, 1280}},          {"d48", {48, 25, 1600}},
       {"d60", {60, 30, 1920}},  {"d72", {72, 30, 2880}},          {"d84", {84, 32, 3072}}};
   return s;
@@ -76,7 +77,8 @@ GPTConfig GPTConfig::named(const std::string& name, int64_t vocab, int64_t conte
 }
 
 std::vector<std::string> GPTConfig::names() {
-  return {"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "d6", "d12", "d24", "d36", "d48", "d60", "d72", "d84"};
+  return {"gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl", "d2",  "d4",  "d6",
+          "d12",  "d24",         "d36",        "d48",     "d60", "d72", "d84"};
 }
 
 bool GPTConfig::is_gpt_name(const std::string& name) { return sizes().count(name) != 0; }
