@@ -210,6 +210,14 @@ TEST(TransformerOps, EmbeddingSumsTheGradientsOfRepeatedIndices) {
 
 // ---- CUDA against the CPU -----------------------------------------------------------------
 
+// A fresh leaf holding t's values rounded to `dt`, on `d`; on the CPU kept in
+// float32 (the reference computes in float on the same rounded inputs).
+Tensor leaf(const Tensor& t, Device d, DType dt, bool as_float = true) {
+  Tensor v = t.detach().to(dt);
+  if (as_float) v = v.to(kFloat32);
+  return v.to(d).detach().clone().set_requires_grad(true);
+}
+
 struct DeviceCase {
   DType dtype;
   double tol;
@@ -224,10 +232,9 @@ TEST(TransformerOps, KernelsMatchTheCpu_CUDA) {
     for (int64_t cols : {64, 1600}) {
       Tensor x = random_leaf({37, cols}, 30).mul(2.0).detach().to(kFloat32);
       Tensor w = random_leaf({cols}, 31).detach().to(kFloat32), b = random_leaf({cols}, 32).detach().to(kFloat32);
-      Tensor xc = x.to(dc.dtype).to(kFloat32).set_requires_grad(true), wc = w.clone().set_requires_grad(true),
-             bc = b.clone().set_requires_grad(true);
-      Tensor xg = x.to(gpu, dc.dtype).set_requires_grad(true), wg = w.to(gpu).set_requires_grad(true),
-             bg = b.to(gpu).set_requires_grad(true);
+      Tensor xc = leaf(x, cpu_device(0), dc.dtype), wc = leaf(w, cpu_device(0), kFloat32),
+             bc = leaf(b, cpu_device(0), kFloat32);
+      Tensor xg = leaf(x, gpu, dc.dtype, false), wg = leaf(w, gpu, kFloat32, false), bg = leaf(b, gpu, kFloat32, false);
       Tensor gy = random_leaf({37, cols}, 33).detach().to(kFloat32);
       Tensor yc = F::layer_norm(xc, wc, bc), yg = F::layer_norm(xg, wg, bg);
       EXPECT_LT(max_abs_diff(yc, yg), dc.tol * 4) << "layer norm forward, cols " << cols;
@@ -249,8 +256,8 @@ TEST(TransformerOps, KernelsMatchTheCpu_CUDA) {
                v = random_leaf({2, 3, 70, d}, 42).detach().to(kFloat32), go = random_leaf({2, 3, 70, d}, 43).detach().to(kFloat32);
         TensorList cpu_in, gpu_in;
         for (const Tensor& t : {q, k, v}) {
-          cpu_in.push_back(t.to(dc.dtype).to(kFloat32).set_requires_grad(true));
-          gpu_in.push_back(t.to(gpu, dc.dtype).set_requires_grad(true));
+          cpu_in.push_back(leaf(t, cpu_device(0), dc.dtype));
+          gpu_in.push_back(leaf(t, gpu, dc.dtype, false));
         }
         Tensor oc = F::scaled_dot_product_attention(cpu_in[0], cpu_in[1], cpu_in[2], causal);
         Tensor og = F::scaled_dot_product_attention(gpu_in[0], gpu_in[1], gpu_in[2], causal);
@@ -266,7 +273,7 @@ TEST(TransformerOps, KernelsMatchTheCpu_CUDA) {
     std::vector<int64_t> tv;
     for (int64_t r = 0; r < 29; ++r) tv.push_back(r % 5 == 0 ? -1 : (r * 37) % 257);
     Tensor t = ids(tv, {29});
-    Tensor lc = logits.to(dc.dtype).to(kFloat32).set_requires_grad(true), lg = logits.to(gpu, dc.dtype).set_requires_grad(true);
+    Tensor lc = leaf(logits, cpu_device(0), dc.dtype), lg = leaf(logits, gpu, dc.dtype, false);
     Tensor cc = F::cross_entropy_fused(lc, t, 257, -1), cg = F::cross_entropy_fused(lg, t.to(gpu), 257, -1);
     EXPECT_NEAR(cc.item(), cg.item(), 1e-4);
     cc.backward();

@@ -43,8 +43,8 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {
   auto [out, probs] = ops::attention(q, k, v, causal, scale);
   Tensor qd = q.detach(), kd = k.detach(), vd = v.detach(), p = probs;
-  return record("AttentionBackward", out, {q, k, v}, [qd, kd, vd, p, scale](const TensorList& g) {
-    auto [dq, dk, dv] = ops::attention_backward(g[0], qd, kd, vd, p, scale);
+  return record("AttentionBackward", out, {q, k, v}, [qd, kd, vd, p, causal, scale](const TensorList& g) {
+    auto [dq, dk, dv] = ops::attention_backward(g[0], qd, kd, vd, p, causal, scale);
     return TensorList{dq, dk, dv};
   });
 }

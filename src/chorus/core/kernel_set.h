@@ -166,8 +166,9 @@
      y = softmax(scale * x), with column j of row i masked (y = 0) when causal and j > i + S - T. \
      Every row keeps at least one column when causal (S >= T). */                                 \
   void attention_softmax_forward(const Tensor& x, double scale, bool causal, const Tensor& y);     \
-  /* dx = scale * y * (dy - sum(dy * y)) per row (masked columns: 0). */                          \
-  void attention_softmax_backward(const Tensor& dy, const Tensor& y, double scale,                \
+  /* dx = scale * y * (dy - sum(dy * y)) per row (masked columns: 0, unread where causal says    \
+     they are masked). */                                                                         \
+  void attention_softmax_backward(const Tensor& dy, const Tensor& y, double scale, bool causal,   \
                                   const Tensor& dx);                                              \
   /* The classifier's loss and gradient in one pass (llm.c's fused classifier): logits [N, V]     \
      contiguous, columns >= valid_cols left out (padding of the vocabulary: probability 0,       \

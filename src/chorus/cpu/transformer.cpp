@@ -157,7 +157,8 @@ void attention_softmax_forward(const Tensor& x, double scale, bool causal, const
   });
 }
 
-void attention_softmax_backward(const Tensor& dy, const Tensor& y, double scale, const Tensor& dx) {
+void attention_softmax_backward(const Tensor& dy, const Tensor& y, double scale, bool /*causal: y is 0 there*/,
+                                const Tensor& dx) {
   const char* op = "attention_softmax_backward";
   detail::check_defined(y, op, "y");
   CHORUS_CHECK(y.dim() == 3, op, ": probabilities must be [batch, T, S], got ", y.describe());

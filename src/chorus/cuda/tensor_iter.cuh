@@ -20,6 +20,12 @@
 namespace chorus::cuda {
 
 constexpr int kMaxDims = 12;
+
+// V elements of T as one aligned unit: one 16-byte load or store for V * sizeof(T) = 16.
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Vec {
+  T v[V];
+};
 constexpr int kThreads = 256;
 
 template <int N>

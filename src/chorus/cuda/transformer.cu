@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 
 #include "chorus/cuda/context.h"
 #include "chorus/cuda/dtype_dispatch.cuh"
@@ -123,35 +124,86 @@ __device__ __forceinline__ int64_t visible_cols(int64_t row, int64_t t, int64_t 
   return causal ? (row % t) + (s - t) + 1 : s;
 }
 
-template <typename T>
+// Attention's softmax a row at a time, V elements per 16-byte access (a row of
+// S = 1024 bf16 scores is 128 vectors: 4 per lane of its warp). Causal rows
+// read only the vectors that hold visible columns and write zeros past them
+// without reading: half of the scores of a square mask are never read.
+template <typename T, int V>
 __global__ void attention_softmax_forward_kernel(const T* x, T* y, int64_t rows, int64_t t, int64_t s, float scale,
                                                  bool causal) {
   const int64_t row = row_index();
   if (row >= rows) return;
   const int64_t vis = visible_cols(row, t, s, causal);
-  const T* xr = x + row * s;
-  T* yr = y + row * s;
+  const int64_t nv = s / V, vis_v = (vis + V - 1) / V;
+  const Vec<T, V>* xr = reinterpret_cast<const Vec<T, V>*>(x + row * s);
+  Vec<T, V>* yr = reinterpret_cast<Vec<T, V>*>(y + row * s);
   MaxSumV ms{-INFINITY, 0.0f};
-  for (int64_t c = threadIdx.x; c < vis; c += blockDim.x) ms = ms.add(to_acc(xr[c]) * scale);
+  for (int64_t c = threadIdx.x; c < vis_v; c += blockDim.x) {
+    const Vec<T, V> v = xr[c];
+#pragma unroll
+    for (int j = 0; j < V; ++j)
+      if (c * V + j < vis) ms = ms.add(to_acc(v.v[j]) * scale);
+  }
   ms = row_allreduce(ms);
   const float inv = 1.0f / ms.s;
-  for (int64_t c = threadIdx.x; c < s; c += blockDim.x) {
-    yr[c] = convert<T>(c < vis ? expf(to_acc(xr[c]) * scale - ms.m) * inv : 0.0f);
+  for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
+    Vec<T, V> out;
+    if (c < vis_v) {
+      const Vec<T, V> v = xr[c];
+#pragma unroll
+      for (int j = 0; j < V; ++j)
+        out.v[j] = convert<T>(c * V + j < vis ? expf(to_acc(v.v[j]) * scale - ms.m) * inv : 0.0f);
+    } else {
+#pragma unroll
+      for (int j = 0; j < V; ++j) out.v[j] = convert<T>(0.0f);
+    }
+    yr[c] = out;
   }
 }
 
-template <typename T>
-__global__ void attention_softmax_backward_kernel(const T* dy, const T* y, T* dx, int64_t rows, int64_t s,
-                                                  float scale) {
+// dx = scale * y * (dy - sum(dy * y)); past the visible columns y = 0, so dx = 0 unread.
+template <typename T, int V>
+__global__ void attention_softmax_backward_kernel(const T* dy, const T* y, T* dx, int64_t rows, int64_t t, int64_t s,
+                                                  float scale, bool causal) {
   const int64_t row = row_index();
   if (row >= rows) return;
-  const int64_t base = row * s;
+  const int64_t vis = visible_cols(row, t, s, causal);
+  const int64_t nv = s / V, vis_v = (vis + V - 1) / V;
+  const Vec<T, V>* gr = reinterpret_cast<const Vec<T, V>*>(dy + row * s);
+  const Vec<T, V>* pr = reinterpret_cast<const Vec<T, V>*>(y + row * s);
+  Vec<T, V>* dr = reinterpret_cast<Vec<T, V>*>(dx + row * s);
   SumV dot{0.0f};
-  for (int64_t c = threadIdx.x; c < s; c += blockDim.x) dot.s += to_acc(dy[base + c]) * to_acc(y[base + c]);
+  for (int64_t c = threadIdx.x; c < vis_v; c += blockDim.x) {
+    const Vec<T, V> g = gr[c], p = pr[c];
+#pragma unroll
+    for (int j = 0; j < V; ++j) dot.s += to_acc(g.v[j]) * to_acc(p.v[j]);
+  }
   dot = row_allreduce(dot);
-  for (int64_t c = threadIdx.x; c < s; c += blockDim.x) {
-    const float p = to_acc(y[base + c]);
-    dx[base + c] = convert<T>(scale * p * (to_acc(dy[base + c]) - dot.s));
+  for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
+    Vec<T, V> out;
+    if (c < vis_v) {
+      const Vec<T, V> g = gr[c], p = pr[c];
+#pragma unroll
+      for (int j = 0; j < V; ++j) out.v[j] = convert<T>(scale * to_acc(p.v[j]) * (to_acc(g.v[j]) - dot.s));
+    } else {
+#pragma unroll
+      for (int j = 0; j < V; ++j) out.v[j] = convert<T>(0.0f);
+    }
+    dr[c] = out;
+  }
+}
+
+// Launches kern<T, V> with the widest V (16 bytes) that divides the rows and
+// the pointers' alignment, else V = 1.
+template <typename T, typename F>
+void with_row_vector(int64_t s, std::initializer_list<const void*> ptrs, F&& f) {
+  constexpr int kV = 16 / sizeof(T);
+  bool vec = s % kV == 0;
+  for (const void* p : ptrs) vec = vec && reinterpret_cast<uintptr_t>(p) % 16 == 0;
+  if (vec) {
+    f.template operator()<kV>();
+  } else {
+    f.template operator()<1>();
   }
 }
 
@@ -281,13 +333,15 @@ void attention_softmax_forward(const Tensor& x, double scale, bool causal, const
   CudaDeviceGuard guard(dev);
   const RowLaunch l = row_launch(rows, s);
   dispatch_float(x.dtype(), op, [&]<typename T>() {
-    attention_softmax_forward_kernel<T><<<l.grid, l.block, 0, current_stream(dev)>>>(
-        x.data<T>(), y.data<T>(), rows, t, s, static_cast<float>(scale), causal);
+    with_row_vector<T>(s, {x.raw_data(), y.raw_data()}, [&]<int V>() {
+      attention_softmax_forward_kernel<T, V><<<l.grid, l.block, 0, current_stream(dev)>>>(
+          x.data<T>(), y.data<T>(), rows, t, s, static_cast<float>(scale), causal);
+    });
   });
   CHORUS_CUDA_LAUNCH_CHECK();
 }
 
-void attention_softmax_backward(const Tensor& dy, const Tensor& y, double scale, const Tensor& dx) {
+void attention_softmax_backward(const Tensor& dy, const Tensor& y, double scale, bool causal, const Tensor& dx) {
   const char* op = "attention_softmax_backward";
   check_cuda_contiguous(y, op, "y");
   check_cuda_contiguous(dy, op, "dy");
@@ -295,14 +349,16 @@ void attention_softmax_backward(const Tensor& dy, const Tensor& y, double scale,
   CHORUS_CHECK(y.dim() == 3 && dy.sizes() == y.sizes() && dx.sizes() == y.sizes() && dy.dtype() == y.dtype() &&
                    dx.dtype() == y.dtype(),
                op, ": dy, y and dx must be one [batch, T, S] shape and dtype");
-  const int64_t s = y.size(2), rows = y.size(0) * y.size(1);
+  const int64_t t = y.size(1), s = y.size(2), rows = y.size(0) * t;
   if (rows == 0 || s == 0) return;
   const int dev = y.device().index;
   CudaDeviceGuard guard(dev);
   const RowLaunch l = row_launch(rows, s);
   dispatch_float(y.dtype(), op, [&]<typename T>() {
-    attention_softmax_backward_kernel<T><<<l.grid, l.block, 0, current_stream(dev)>>>(
-        dy.data<T>(), y.data<T>(), dx.data<T>(), rows, s, static_cast<float>(scale));
+    with_row_vector<T>(s, {dy.raw_data(), y.raw_data(), dx.raw_data()}, [&]<int V>() {
+      attention_softmax_backward_kernel<T, V><<<l.grid, l.block, 0, current_stream(dev)>>>(
+          dy.data<T>(), y.data<T>(), dx.data<T>(), rows, t, s, static_cast<float>(scale), causal);
+    });
   });
   CHORUS_CUDA_LAUNCH_CHECK();
 }

@@ -94,13 +94,13 @@ std::pair<Tensor, Tensor> attention(const Tensor& q, const Tensor& k, const Tens
 }
 
 std::tuple<Tensor, Tensor, Tensor> attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
-                                                      const Tensor& v, const Tensor& probs, double scale) {
+                                                      const Tensor& v, const Tensor& probs, bool causal, double scale) {
   Tensor q3 = heads_batch(q), k3 = heads_batch(k), v3 = heads_batch(v);
   Tensor do3 = heads_batch(to_dtype(to_device(dout, q.device()), q.dtype()));
   Tensor dv = gemm3(probs, do3, true, false);     // P^T dO   [BH, S, D]
   Tensor dp = gemm3(do3, v3, false, true);        // dO V^T   [BH, T, S]
   Tensor ds = detail::empty_tensor(dp.sizes(), dp.dtype(), dp.device());
-  if (ds.numel()) CHORUS_KERNEL(q.device(), attention_softmax_backward, dp, probs, scale, ds);
+  if (ds.numel()) CHORUS_KERNEL(q.device(), attention_softmax_backward, dp, probs, scale, causal, ds);
   Tensor dq = gemm3(ds, k3, false, false);        // dS K     [BH, T, D]
   Tensor dk = gemm3(ds, q3, true, false);         // dS^T Q   [BH, S, D]
   return {view(dq, q.sizes()), view(dk, k.sizes()), view(dv, v.sizes())};

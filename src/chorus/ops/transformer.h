@@ -28,7 +28,7 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& dy, const T
 std::pair<Tensor, Tensor> attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale);
 // (dq, dk, dv) from the output's gradient and the forward's probabilities.
 std::tuple<Tensor, Tensor, Tensor> attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
-                                                      const Tensor& v, const Tensor& probs, double scale);
+                                                      const Tensor& v, const Tensor& probs, bool causal, double scale);
 
 // The fused classifier over logits [N, V] and int64 targets [N] (cpu/cuda
 // cross_entropy_fused): (losses [N] float32 -- float64 for float64 logits --,

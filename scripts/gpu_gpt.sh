@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# GPT-2 on a GPU machine, in the calls of one lease: build Chorus (cmake + ninja,
+# the two targets needed), run the transformer CUDA tests, train gpt2 (124M) on
+# random tokens beside PyTorch (../shared/bench/torch_gpt.py, carried as .bench/)
+# and karpathy/llm.c (carried as .anchors/llm.c with cudnn-frontend's headers in
+# .anchors/cudnn-frontend), and print a table last.
+#
+# Usage: scripts/gpu_gpt.sh STAGE...   stages: build tests chorus torch compile llmc table
+#   GPT_MODEL (gpt2), GPT_BATCH (16), GPT_SEQ (1024), GPT_STEPS (30)
+# Rows land in $OUT/gpt_rows.jsonl (one JSON object per run) for the table.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpt_out}; mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
+BUILD=build-gpu
+MODEL=${GPT_MODEL:-gpt2}; B=${GPT_BATCH:-16}; T=${GPT_SEQ:-1024}; STEPS=${GPT_STEPS:-30}
+ROWS="$OUT/gpt_rows.jsonl"
+DATA=/tmp/gpt_tokens
+
+tokens() {  # random GPT-2 token ids in llm.c's format: a train and a val shard
+  [ -f $DATA/rand_train_000.bin ] && return
+  mkdir -p $DATA
+  python3 - $DATA <<'PY'
+import sys, numpy as np
+rng = np.random.default_rng(0)
+for name, n in (("rand_train_000.bin", 4_000_000), ("rand_val_000.bin", 300_000)):
+    h = np.zeros(256, np.int32); h[0], h[1], h[2] = 20240520, 1, n
+    with open(f"{sys.argv[1]}/{name}", "wb") as f:
+        f.write(h.tobytes()); f.write(rng.integers(0, 50257, n, dtype=np.uint16).tobytes())
+PY
+}
+
+for stage in "$@"; do
+  case $stage in
+  build)
+    t0=$(date +%s)
+    cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release -DCHORUS_BUILD_BENCH=OFF >"$OUT/cmake.log" 2>&1 \
+      || { tail -30 "$OUT/cmake.log"; exit 1; }
+    ninja -C $BUILD chorus_cli chorus_tests >"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -40; exit 1; }
+    echo "build: $(( $(date +%s) - t0 )) s"
+    ;;
+  tests)
+    $BUILD/chorus_tests --gtest_filter='TransformerOps.*:GPTModel.*:TokenFiles.*:Bpe.*:CudaKernels.*:GradcheckElementwise.*' \
+      2>&1 | tee "$OUT/tests.log" | grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED  \]|Failure|error" | head -40
+    ;;
+  chorus)
+    tokens
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+    for prec in bf16; do
+      $BUILD/chorus train --model $MODEL --data "tokens:$DATA/rand_train_*.bin" --seq-len $T --batch-size $B \
+        --precision $prec --steps $STEPS --log-every 10 --val-windows 16 --json 2>"$OUT/chorus_$prec.err" \
+        | tail -1 > "$OUT/chorus_$prec.json"
+      tail -4 "$OUT/chorus_$prec.err"
+      python3 - "$OUT/chorus_$prec.json" "$ROWS" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+row = {"who": "chorus", "mode": "single " + r["precision"], "tok_per_s": r["tok_per_s"], "mfu": r["mfu"],
+       "peak_gib": r["peak_mem_bytes"] / 2**30, "loss": r["train_loss"]}
+open(sys.argv[2], "a").write(json.dumps(row) + "\n")
+PY
+    done
+    ;;
+  torch|compile)
+    args=(--model $MODEL --batch $B --seq $T --steps 20 --warmup 5)
+    [ $stage = compile ] && args+=(--compile default)
+    python3 .bench/torch_gpt.py "${args[@]}" 2>"$OUT/torch_$stage.err" | tail -1 > "$OUT/torch_$stage.json" \
+      || tail -5 "$OUT/torch_$stage.err"
+    cat "$OUT/torch_$stage.json"
+    python3 - "$OUT/torch_$stage.json" "$ROWS" "$stage" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+row = {"who": "pytorch", "mode": "eager" if sys.argv[3] == "torch" else "torch.compile", "tok_per_s": r["tok_per_s"],
+       "mfu": r["tflops_per_gpu"] * 1e12 / 989.4e12, "peak_gib": r["peak_mem_gib"], "loss": r["loss"]}
+open(sys.argv[2], "a").write(json.dumps(row) + "\n")
+PY
+    ;;
+  llmc)
+    tokens
+    L=.anchors/llm.c
+    if [ ! -x /tmp/train_gpt2cu ]; then
+      t0=$(date +%s)
+      NV=(nvcc -O3 -t=0 --use_fast_math -std=c++17 --generate-code arch=compute_90,code=[compute_90,sm_90]
+          -DENABLE_BF16 -DENABLE_CUDNN -I../cudnn-frontend/include)
+      (cd $L && "${NV[@]}" -c llmc/cudnn_att.cpp -o /tmp/cudnn_att.o && "${NV[@]}" train_gpt2.cu /tmp/cudnn_att.o \
+        -lcublas -lcublasLt -lcudnn -lnvidia-ml -lnvrtc -lcuda -o /tmp/train_gpt2cu) >"$OUT/llmc_build.log" 2>&1 \
+        || { tail -20 "$OUT/llmc_build.log"; continue; }
+      echo "llm.c build: $(( $(date +%s) - t0 )) s"
+    fi
+    depth=$(python3 -c "print({'gpt2':12,'gpt2-medium':24,'gpt2-large':36,'gpt2-xl':48}.get('$MODEL','$MODEL'.lstrip('d')))")
+    (cd /tmp && ./train_gpt2cu -i "$DATA/rand_train_*.bin" -j "$DATA/rand_val_*.bin" -e "d$depth" -b $B -t $T \
+      -x $STEPS -v 100000 -s 0 -h 0 -y 0) >"$OUT/llmc.log" 2>&1 || tail -20 "$OUT/llmc.log"
+    grep -E "^step" "$OUT/llmc.log" | tail -3
+    python3 - "$OUT/llmc.log" "$ROWS" <<'PY'
+import re, sys, json
+steps = [l for l in open(sys.argv[1]) if l.startswith("step")]
+# "step   30/30 | loss ... | norm ... | lr ... | 33.31 ms | 40.2% bf16 MFU | 491844 tok/s"
+tail = steps[len(steps) // 2:]  # the second half: past the warm-up
+toks = [float(re.search(r"\|\s*([\d.]+) tok/s", l).group(1)) for l in tail]
+mfu = [float(re.search(r"([\d.]+)% bf16 MFU", l).group(1)) for l in tail]
+mem = re.findall(r"device memory usage: (\d+) MiB", open(sys.argv[1]).read())
+row = {"who": "llm.c", "mode": "single bf16 cudnn", "tok_per_s": sum(toks) / len(toks), "mfu": sum(mfu) / len(mfu) / 100,
+       "peak_gib": int(mem[-1]) / 1024 if mem else None, "loss": None}
+open(sys.argv[2], "a").write(json.dumps(row) + "\n")
+PY
+    ;;
+  profile)  # GPU time by kernel over a few steps (CUPTI injection library, bench/kernel_trace)
+    tokens
+    cmake -S . -B $BUILD -DCHORUS_BUILD_BENCH=ON >/dev/null 2>&1 && ninja -C $BUILD chorus_kernel_trace >/dev/null 2>&1 \
+      || { echo "profile: no CUPTI trace library"; continue; }
+    rm -rf "$OUT/trace"; mkdir -p "$OUT/trace"
+    CHORUS_KERNEL_TRACE_ALL=1 CUDA_INJECTION64_PATH=$PWD/$BUILD/libchorus_kernel_trace.so CHORUS_KERNEL_TRACE="$OUT/trace/k" \
+      $BUILD/chorus train --model $MODEL --data "tokens:$DATA/rand_train_*.bin" --seq-len $T --batch-size $B \
+      --precision bf16 --steps 6 --log-every 3 --val-windows 1 --quiet --json >/dev/null 2>"$OUT/profile.err" || tail -3 "$OUT/profile.err"
+    python3 - "$OUT"/trace/k.*.csv <<'PY'
+import csv, sys, collections
+rows = list(csv.DictReader(open(sys.argv[1])))
+t = collections.Counter(); n = collections.Counter()
+for r in rows:
+    k = r["Name"][:90]; t[k] += int(r["Duration (ns)"]); n[k] += 1
+total = sum(t.values())
+print(f"GPU busy over 6 steps: {total/1e6:.1f} ms ({total/6e6:.1f} ms a step)")
+for k, v in t.most_common(28):
+    print(f"{v/6e6:8.2f} ms/step {100*v/total:5.1f}% {n[k]//6:5d}x  {k}")
+PY
+    ;;
+  converge)  # d6 byte-level on the King James Bible (carried as .bench/kjv.txt), Chorus and PyTorch, same schedule
+    CS=${CONV_STEPS:-1500}
+    [ -f .bench/kjv.txt ] || { echo "converge: .bench/kjv.txt missing (bible -f 'Gen1:1-Rev22:21' > .bench/kjv.txt)"; continue; }
+    t0=$(date +%s)
+    $BUILD/chorus train --model d6 --data text:.bench/kjv.txt --seq-len 256 --batch-size 64 --steps $CS --lr 1e-3 \
+      --windows random --decay-embeddings --val-windows 32 --precision bf16 --log-every 250 --seed 1 --json \
+      2>"$OUT/conv_chorus.err" | tail -1 > "$OUT/conv_chorus.json"
+    grep -E "^step" "$OUT/conv_chorus.err" | tail -2; echo "chorus: $(( $(date +%s) - t0 )) s"
+    t0=$(date +%s)
+    python3 .bench/torch_gpt.py --model d6 --text .bench/kjv.txt --seq 256 --batch 64 --warmup 0 --steps $CS --lr 1e-3 \
+      2>"$OUT/conv_torch.err" | tail -1 > "$OUT/conv_torch.json" || tail -3 "$OUT/conv_torch.err"
+    echo "pytorch: $(( $(date +%s) - t0 )) s"
+    python3 - "$OUT/conv_chorus.json" "$OUT/conv_torch.json" $CS <<'PY'
+import json, sys
+c, t = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+print(f"d6 on the KJV Bible, {sys.argv[3]} steps of 64 x 256 bytes, bf16:")
+print(f"  chorus  train {c['train_loss']:.4f}  val {c['val_loss']:.4f}  ({c['tok_per_s']:.0f} tok/s)")
+print(f"  pytorch train {t['loss']:.4f}  val {t['val_loss']:.4f}  ({t['tok_per_s']:.0f} tok/s)")
+print(f"  val loss chorus / pytorch: {c['val_loss'] / t['val_loss']:.4f}")
+PY
+    ;;
+  table)
+    python3 - "$ROWS" "$MODEL" "$B" "$T" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+print(f"{sys.argv[2]} batch {sys.argv[3]} seq {sys.argv[4]}, one GPU")
+print(f"{'who':10} {'mode':20} {'tok/s':>10} {'MFU':>7} {'peak GiB':>9}")
+for r in rows:
+    mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") else "-"
+    pk = f"{r['peak_gib']:.2f}" if r.get("peak_gib") else "-"
+    print(f"{r['who']:10} {r['mode']:20} {r['tok_per_s']:>10.0f} {mfu:>7} {pk:>9}")
+ch = [r for r in rows if r["who"] == "chorus"]
+for r in rows:
+    if ch and r["who"] != "chorus":
+        print(f"chorus / {r['who']} {r['mode']}: {ch[-1]['tok_per_s'] / r['tok_per_s']:.3f}")
+PY
+    ;;
+  *) echo "unknown stage $stage"; exit 2 ;;
+  esac
+done
