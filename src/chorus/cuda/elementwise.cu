@@ -63,9 +63,10 @@ __global__ void contiguous_kernel(int64_t n, Out* out, Inputs<In, NIN> in, Op op
 // Note [Rows of contiguous elements]: a strided walk whose innermost dim is
 // contiguous in every operand (a permuted copy such as attention's heads
 // [B, T, H, D] -> [B, H, T, D], a bias broadcast over rows) moves V elements
-// per offset computation and per 16-byte access instead of one. The generic
-// strided kernel took 28 ms of a 97 ms GPT-2 (124M) bf16 step on an H100 in
-// exactly these two shapes (docs/benchmarks_journal.md, session 31).
+// per offset computation and per 16-byte access instead of one: the generic
+// strided kernel, an offset per element and 2-byte accesses, was the largest
+// cost of a GPT-2 step in exactly these two shapes (docs/benchmarks.md,
+// session 31's GPT profile).
 // Inputs whose bit is set in `repeat` are broadcast along the innermost dim
 // (stride 0 there): one element stands for all V.
 template <int V, typename Out, typename In, int NIN, typename Op>
