@@ -2,6 +2,7 @@
 // on synthetic CIFAR-shaped data, timed after warm-up with the device drained
 // before and after, as ../shared/bench/torch_baseline.py times PyTorch.
 #include "bench.h"
+#include "train_gpt.h"
 #include "train_step.h"
 #include "chorus/ops/comm.h"
 #include "bench_ddp.h"
@@ -31,7 +32,7 @@
 namespace chorus::app {
 
 void add_bench_options(CLI::App* cmd, BenchConfig& c) {
-  cmd->add_option("--model", c.model, "mlp|cnn|resnet20|wrn-16-4|wrn-28-10")->capture_default_str();
+  cmd->add_option("--model", c.model, "mlp|cnn|resnet20|wrn-16-4|wrn-28-10 | gpt2 ... gpt2-xl, d2 ... d84")->capture_default_str();
   cmd->add_option("--devices", c.devices, "Device list (default: cuda:0 if present, else cpu)")->check(non_empty_devices, "DEVICES");
   cmd->add_option("--strategy", c.strategy, "single|dp|ddp|pipeline (ddp: one process per device, launched by the bench)")->capture_default_str();
   cmd->add_option("--comm-hook", c.comm_hook,
@@ -71,6 +72,8 @@ void add_bench_options(CLI::App* cmd, BenchConfig& c) {
                 "each row's best possible speed-up over naive (two GPUs each busy 1 - ideal bubble of the time at the "
                 "micro-batch's speed)");
   cmd->add_flag("--json", c.json, "One JSON object per row");
+  cmd->add_option("--seq-len", c.seq_len, "GPT models (gpt2 ... d84): tokens per sequence (default 1024)")
+      ->transform(integer_up_to(1 << 20));
 }
 
 namespace {
@@ -175,6 +178,7 @@ double plain_step_rate(const BenchConfig& c, const Device& device, int64_t batch
 }
 
 int run_bench(const BenchConfig& c) {
+  if (is_gpt_model(c.model)) return run_bench_gpt(c);
   if (c.ddp_worker) return run_bench_ddp_worker(c);
   CHORUS_CHECK(c.strategy == "single" || c.strategy == "dp" || c.strategy == "ddp" || c.strategy == "pipeline",
                "chorus bench: unknown strategy '", c.strategy, "' (expected single, dp, ddp or pipeline)");

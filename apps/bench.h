@@ -43,10 +43,13 @@ struct BenchConfig {
   // the whole batch on the first device, and give each row the most its
   // schedule could reach over naive at that micro-batch's speed.
   bool bound = false;
+  int64_t seq_len = 0;  // GPT models: tokens per sequence (0: 1024)
 };
 
 void add_bench_options(CLI::App* cmd, BenchConfig& c);
 int run_bench(const BenchConfig& c);
+// A GPT model's row (apps/bench_gpt.cpp): tokens/s, MFU and peak memory.
+int run_bench_gpt(const BenchConfig& c);
 // img/s of plain training steps (strategy single) of `batch` samples on
 // `device`, with c's model, precision, layout, graphs, steps and warm-up.
 double plain_step_rate(const BenchConfig& c, const Device& device, int64_t batch);

@@ -114,6 +114,25 @@ nlohmann::json config_json(const TrainConfig& tc, const GptOptions& g, const Run
 
 bool is_gpt_model(const std::string& model) { return models::GPTConfig::is_gpt_name(model); }
 
+Tensor gpt_forward_backward(models::GPT& model, nn::Module& net, dist::DistributedDataParallel* ddp,
+                            const std::vector<std::pair<Tensor, Tensor>>& micro, std::optional<DType> autocast) {
+  const int64_t n = static_cast<int64_t>(micro.size());
+  Tensor total;
+  for (int64_t m = 0; m < n; ++m) {
+    std::optional<dist::DistributedDataParallel::NoSync> quiet;
+    if (ddp && m + 1 < n) quiet.emplace(ddp->no_sync());
+    Tensor loss;
+    {
+      AutocastGuard cast(autocast);
+      loss = model.loss_of_logits(net.forward(micro[m].first), micro[m].second);
+    }
+    (n > 1 ? loss.mul(1.0 / static_cast<double>(n)) : loss).backward();
+    Tensor l = loss.detach();
+    total = total.defined() ? ops::binary(BinaryOp::Add, total, l) : l;
+  }
+  return n > 1 ? ops::unary(UnaryOp::MulScalar, total, 1.0 / static_cast<double>(n)) : total;
+}
+
 double bf16_peak_flops(const std::string& name) {
   if (name.find("H100") != std::string::npos || name.find("H200") != std::string::npos) return 989.4e12;
   if (name.find("A100") != std::string::npos) return 312e12;
@@ -296,22 +315,12 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
 
   for (; step < r.total_steps; ++step) {
     r.opt->set_lr(lr_at(step, r.total_steps, r.warmup, r.lr, g.min_lr_ratio));
-    Tensor step_loss;
-    for (int64_t micro = 0; micro < r.accum; ++micro) {
-      auto [ids, tg] = r.train->batch(r.batch, step * r.accum + micro);
-      Tensor x = ids.to(device), y = tg.to(device);
-      std::optional<dist::DistributedDataParallel::NoSync> quiet;
-      if (r.ddp && micro + 1 < r.accum) quiet.emplace(r.ddp->no_sync());
-      Tensor loss;
-      {
-        AutocastGuard cast(r.autocast);
-        loss = r.model->loss_of_logits(r.net->forward(x), y);
-      }
-      (r.accum > 1 ? loss.mul(1.0 / static_cast<double>(r.accum)) : loss).backward();
-      Tensor l = loss.detach();
-      step_loss = step_loss.defined() ? ops::binary(BinaryOp::Add, step_loss, l) : l;
+    std::vector<std::pair<Tensor, Tensor>> micro;
+    for (int64_t m = 0; m < r.accum; ++m) {
+      auto [ids, tg] = r.train->batch(r.batch, step * r.accum + m);
+      micro.emplace_back(ids.to(device), tg.to(device));
     }
-    if (r.accum > 1) step_loss = ops::unary(UnaryOp::MulScalar, step_loss, 1.0 / static_cast<double>(r.accum));
+    Tensor step_loss = gpt_forward_backward(*r.model, *r.net, r.ddp.get(), micro, r.autocast);
     if (g.skip_nan && std::isnan(step_loss.item())) {
       if (r.leader()) std::fprintf(stderr, "step %lld: the loss is NaN, step skipped (--skip-nan)\n", (long long)step);
       r.opt->zero_grad();

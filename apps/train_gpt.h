@@ -7,6 +7,8 @@
 
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -14,7 +16,19 @@ namespace CLI {
 class App;
 }
 
+#include "chorus/core/dtype.h"
+#include "chorus/core/tensor.h"
 #include "train.h"
+
+namespace chorus::models {
+class GPT;
+}
+namespace chorus::nn {
+class Module;
+}
+namespace chorus::dist {
+class DistributedDataParallel;
+}
 
 namespace chorus::app {
 
@@ -44,6 +58,13 @@ void add_gpt_train_options(CLI::App* train, GptOptions& g);
 // Throws ValueError naming the first bad option.
 void validate_gpt(const TrainConfig& tc, const GptOptions& g);
 nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g);
+
+// Forward and backward of one optimizer step's micro-batches (ids, targets on
+// the model's device), under `autocast` when set; gradients accumulate, DDP
+// communicating on the last micro-batch only (no_sync before). Returns the
+// step's mean loss, on the device (no host wait).
+Tensor gpt_forward_backward(models::GPT& model, nn::Module& net, dist::DistributedDataParallel* ddp,
+                            const std::vector<std::pair<Tensor, Tensor>>& micro, std::optional<DType> autocast);
 
 // The GPU's dense bf16 peak in FLOP/s, from its name (H100, H200, A100), or 0
 // when unknown (then no MFU is reported).
