@@ -15,6 +15,7 @@
 #include "chorus/ops/factory.h"
 #include "chorus/optim/adamw.h"
 #include "chorus/optim/clip_grad.h"
+#include "chorus/parallel/graphed_step.h"
 #include "train_gpt.h"
 
 namespace chorus::app {
@@ -45,13 +46,21 @@ int run_bench_gpt(const BenchConfig& c) {
   const std::optional<DType> cast = c.precision == "bf16" ? std::optional<DType>(kBFloat16) : std::nullopt;
   std::vector<std::pair<Tensor, Tensor>> batch{
       {randint(0, cfg.vocab, {c.batch_size, seq}, {kInt64, dev}), randint(0, cfg.vocab, {c.batch_size, seq}, {kInt64, dev})}};
+  // The step as chorus train runs it: one CUDA graph on a GPU unless --no-cuda-graphs.
+  parallel::GraphedStepOptions go;
+  go.enabled = dev.is_cuda() && !c.no_cuda_graphs;
+  go.on_fallback = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
+  parallel::GraphedStep graphed(
+      [&](const std::vector<Tensor>& in) {
+        Tensor l = gpt_forward_backward(model, model, nullptr, {{in[0], in[1]}}, cast);
+        optim::clip_grad_norm_(params, 1.0);
+        opt.step();
+        opt.zero_grad();
+        return std::vector<Tensor>{l};
+      },
+      go);
   Tensor loss;
-  auto step = [&] {
-    loss = gpt_forward_backward(model, model, nullptr, batch, cast);
-    optim::clip_grad_norm_(params, 1.0);
-    opt.step();
-    opt.zero_grad();
-  };
+  auto step = [&] { loss = graphed({batch[0].first, batch[0].second})[0]; };
   for (int64_t i = 0; i < c.warmup; ++i) step();
   synchronize(dev);
   backend(dev).reset_peak_bytes(dev);
@@ -75,7 +84,8 @@ int run_bench_gpt(const BenchConfig& c) {
                                 {"step_ms", 1000.0 * dt / static_cast<double>(c.steps)},
                                 {"mfu", peak_flops > 0 ? nlohmann::ordered_json(mfu) : nlohmann::ordered_json(nullptr)},
                                 {"peak_mem_bytes", peak},
-                                {"loss", loss.item()}};
+                                {"loss", loss.item()},
+                                {"cuda_graph", graphed.replays() >= c.steps}};
   if (c.json) {
     std::printf("%s\n", row.dump().c_str());
   } else {

@@ -32,6 +32,7 @@
 #include "chorus/ops/factory.h"
 #include "chorus/optim/adamw.h"
 #include "chorus/optim/clip_grad.h"
+#include "chorus/parallel/graphed_step.h"
 #include "progress.h"
 #include "stop_signal.h"
 #include "train_dist.h"
@@ -63,6 +64,12 @@ std::string val_spec(const std::string& data, const std::optional<std::string>& 
 
 int64_t seq_len_of(const TrainConfig& tc, const GptOptions& g) {
   return g.seq_len ? g.seq_len : (text_spec(tc.data) ? 256 : 1024);
+}
+
+std::vector<std::pair<Tensor, Tensor>> pairs_of(const std::vector<Tensor>& in) {
+  std::vector<std::pair<Tensor, Tensor>> out;
+  for (size_t i = 0; i + 1 < in.size(); i += 2) out.emplace_back(in[i], in[i + 1]);
+  return out;
 }
 
 double lr_at(int64_t i, int64_t total, int64_t warmup, double lr, double min_ratio) {
@@ -290,6 +297,23 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
     return total / static_cast<double>(n);
   };
 
+  // The whole step (forward, backward, clipping, AdamW) as one CUDA graph on a
+  // GPU (Note [Graphed step] in parallel/graphed_step.h; DDP's all-reduces
+  // inside it), eager on CPUs or with --no-cuda-graphs.
+  parallel::GraphedStepOptions go;
+  go.enabled = device.is_cuda() && !tc.no_cuda_graphs;
+  go.on_fallback = [&r](const std::string& line) {
+    if (r.leader()) std::fprintf(stderr, "%s\n", line.c_str());
+  };
+  auto graphed = std::make_unique<parallel::GraphedStep>(
+      [&](const std::vector<Tensor>& in) {
+        Tensor loss = gpt_forward_backward(*r.model, *r.net, r.ddp.get(), pairs_of(in), r.autocast);
+        Tensor norm = optim::clip_grad_norm_(params, g.clip);
+        r.opt->step();
+        r.opt->zero_grad();
+        return std::vector<Tensor>{loss, norm};
+      },
+      go);
   Progress progress(r.leader() && !tc.quiet);
   std::vector<Tensor> window_losses;  // this log window's per-step losses, on the device
   Tensor last_norm;
@@ -315,20 +339,29 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
 
   for (; step < r.total_steps; ++step) {
     r.opt->set_lr(lr_at(step, r.total_steps, r.warmup, r.lr, g.min_lr_ratio));
-    std::vector<std::pair<Tensor, Tensor>> micro;
+    std::vector<Tensor> inputs;  // ids, targets of each micro-batch
     for (int64_t m = 0; m < r.accum; ++m) {
       auto [ids, tg] = r.train->batch(r.batch, step * r.accum + m);
-      micro.emplace_back(ids.to(device), tg.to(device));
+      inputs.push_back(ids.to(device));
+      inputs.push_back(tg.to(device));
     }
-    Tensor step_loss = gpt_forward_backward(*r.model, *r.net, r.ddp.get(), micro, r.autocast);
-    if (g.skip_nan && std::isnan(step_loss.item())) {
-      if (r.leader()) std::fprintf(stderr, "step %lld: the loss is NaN, step skipped (--skip-nan)\n", (long long)step);
+    Tensor step_loss;
+    if (g.skip_nan) {
+      // The loss is read before the update, which may then be skipped: eager steps.
+      step_loss = gpt_forward_backward(*r.model, *r.net, r.ddp.get(), pairs_of(inputs), r.autocast);
+      if (std::isnan(step_loss.item())) {
+        if (r.leader()) std::fprintf(stderr, "step %lld: the loss is NaN, step skipped (--skip-nan)\n", (long long)step);
+        r.opt->zero_grad();
+        continue;
+      }
+      last_norm = optim::clip_grad_norm_(params, g.clip);
+      r.opt->step();
       r.opt->zero_grad();
-      continue;
+    } else {
+      std::vector<Tensor> out = (*graphed)(inputs);  // Note [Graphed step]: replayed after its warm-up
+      step_loss = out[0];
+      last_norm = out[1];
     }
-    last_norm = optim::clip_grad_norm_(params, g.clip);
-    r.opt->step();
-    r.opt->zero_grad();
     window_losses.push_back(step_loss);
     const bool last = step + 1 == r.total_steps;
     const bool read = (step + 1) % tc.log_every == 0 || last;

@@ -103,6 +103,34 @@ row = {"who": "llm.c", "mode": "single bf16 cudnn", "tok_per_s": sum(toks) / len
 open(sys.argv[2], "a").write(json.dumps(row) + "\n")
 PY
     ;;
+  ddp)  # DDP over the GPUs (chorus launch, NCCL) beside PyTorch DDP; GPT_GPUS (all)
+    tokens
+    NG=${GPT_GPUS:-$(nvidia-smi -L | wc -l)}
+    for n in 1 $NG; do
+      timeout 500 $BUILD/chorus launch --nproc-per-node $n -- $BUILD/chorus train --model $MODEL --strategy ddp \
+        --devices cuda --data "tokens:$DATA/rand_train_*.bin" --seq-len $T --batch-size $B --precision bf16 \
+        --steps $STEPS --log-every 10 --val-windows 4 --json 2>"$OUT/ddp$n.err" | grep '{' | sed 's/^\[rank 0\] //' | tail -1 \
+        > "$OUT/ddp$n.json" || tail -5 "$OUT/ddp$n.err"
+      grep -E "step $STEPS/" "$OUT/ddp$n.err" | tail -1
+      python3 - "$OUT/ddp$n.json" "$ROWS" $n <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+row = {"who": "chorus", "mode": f"ddp {sys.argv[3]} GPUs", "tok_per_s": r["tok_per_s"], "mfu": r["mfu"],
+       "peak_gib": r["peak_mem_bytes"] / 2**30, "loss": r["train_loss"]}
+open(sys.argv[2], "a").write(json.dumps(row) + "\n")
+PY
+    done
+    python3 .bench/torch_gpt.py --model $MODEL --mode ddp --gpus $NG --batch $B --seq $T --steps 20 --warmup 5 \
+      2>"$OUT/torch_ddp.err" | tail -1 > "$OUT/torch_ddp.json" || tail -5 "$OUT/torch_ddp.err"
+    cat "$OUT/torch_ddp.json"
+    python3 - "$OUT/torch_ddp.json" "$ROWS" $NG <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+row = {"who": "pytorch", "mode": f"ddp {sys.argv[3]} GPUs", "tok_per_s": r["tok_per_s"],
+       "mfu": r["tflops_per_gpu"] * 1e12 / 989.4e12, "peak_gib": r["peak_mem_gib"], "loss": r["loss"]}
+open(sys.argv[2], "a").write(json.dumps(row) + "\n")
+PY
+    ;;
   profile)  # GPU time by kernel over a few steps (CUPTI injection library, bench/kernel_trace)
     tokens
     cmake -S . -B $BUILD -DCHORUS_BUILD_BENCH=ON >/dev/null 2>&1 && ninja -C $BUILD chorus_kernel_trace >/dev/null 2>&1 \
@@ -154,10 +182,18 @@ for r in rows:
     mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") else "-"
     pk = f"{r['peak_gib']:.2f}" if r.get("peak_gib") else "-"
     print(f"{r['who']:10} {r['mode']:20} {r['tok_per_s']:>10.0f} {mfu:>7} {pk:>9}")
-ch = [r for r in rows if r["who"] == "chorus"]
+single = [r for r in rows if r["who"] == "chorus" and r["mode"].startswith("single")]
 for r in rows:
-    if ch and r["who"] != "chorus":
-        print(f"chorus / {r['who']} {r['mode']}: {ch[-1]['tok_per_s'] / r['tok_per_s']:.3f}")
+    if single and r["who"] != "chorus" and not r["mode"].startswith("ddp"):
+        print(f"chorus single / {r['who']} {r['mode']}: {single[-1]['tok_per_s'] / r['tok_per_s']:.3f}")
+ddp = {r["mode"]: r for r in rows if r["who"] == "chorus" and r["mode"].startswith("ddp")}
+for mode, r in ddp.items():
+    n = int(mode.split()[1])
+    if n > 1 and "ddp 1 GPUs" in ddp:
+        print(f"chorus {mode}: scaling efficiency {r['tok_per_s'] / (n * ddp['ddp 1 GPUs']['tok_per_s']):.3f}")
+    for t in rows:
+        if t["who"] == "pytorch" and t["mode"] == mode:
+            print(f"chorus / pytorch {mode}: {r['tok_per_s'] / t['tok_per_s']:.3f}")
 PY
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
