@@ -159,7 +159,11 @@ Tensor GPTTrunk::forward(const Tensor& ids) {
                cfg_.context, " positions");
   auto wte = child_as<nn::Embedding>(*this, "wte");
   Tensor tok = wte->forward(ids.to(wte->weight().device()));
-  Tensor pos = arange(t, {kInt64, tok.device()});
+  // The positions 0..T-1, made once per device and length: arange builds them
+  // on the host, which a captured step (Note [Graphed step]) cannot replay.
+  if (!positions_.defined() || positions_.device() != tok.device() || positions_.numel() != t)
+    positions_ = arange(t, {kInt64, tok.device()});
+  const Tensor& pos = positions_;
   Tensor x = chorus::add(tok, child_named(*this, "wpe")->forward(pos));
   x = residual_dropout(x, cfg_.dropout, is_training());
   for (const auto& [n, block] : child_named(*this, "h")->named_children()) x = block->forward(x);

@@ -80,6 +80,7 @@ class GPTTrunk : public nn::Module {
   CHORUS_MODULE_CLONEABLE(GPTTrunk)
  private:
   GPTConfig cfg_;
+  Tensor positions_;  // 0..T-1 on the embedding's device (not state: made from T)
 };
 
 class GPT : public nn::Module {
