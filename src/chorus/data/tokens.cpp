@@ -139,7 +139,7 @@ std::shared_ptr<TokenStream> TokenStream::text_bytes(const std::string& path, do
   const int64_t n = static_cast<int64_t>(m.size);
   const int64_t a = static_cast<int64_t>(std::floor(from * static_cast<double>(n)));
   const int64_t b = static_cast<int64_t>(std::floor(to * static_cast<double>(n)));
-  sh.bytes = static_cast<const uint8_t*>(m.addr) + a;
+  sh.bytes = m.addr ? static_cast<const uint8_t*>(m.addr) + a : nullptr;  // an empty file maps to nothing
   sh.count = b - a;
   s->shards_.push_back(sh);
   return s;
@@ -218,23 +218,18 @@ std::pair<Tensor, Tensor> TokenWindows::batch(int64_t batch_size, int64_t index)
     return {ids, tg};
   }
   // Note [Token windows]: position p of this rank's sequence over epochs.
-  static std::mutex mu;
-  static thread_local std::vector<int64_t> order;
-  static thread_local int64_t order_epoch = -1;
-  static thread_local const TokenWindows* order_owner = nullptr;
+  std::lock_guard<std::mutex> lock(order_mu_);
   for (int64_t r = 0; r < batch_size; ++r) {
     const int64_t p = index * batch_size + r;
     const int64_t epoch = p / per_rank_, k = p % per_rank_;
-    if (order_owner != this || order_epoch != epoch) {
-      std::lock_guard<std::mutex> lock(mu);
-      order.resize(static_cast<size_t>(total_));
-      std::iota(order.begin(), order.end(), int64_t{0});
+    if (order_epoch_ != epoch) {  // this epoch's order of all windows, the same on every rank
+      epoch_order_.resize(static_cast<size_t>(total_));
+      std::iota(epoch_order_.begin(), epoch_order_.end(), int64_t{0});
       std::mt19937_64 gen(mix(seed_, static_cast<uint64_t>(epoch)));
-      std::shuffle(order.begin(), order.end(), gen);
-      order_epoch = epoch;
-      order_owner = this;
+      std::shuffle(epoch_order_.begin(), epoch_order_.end(), gen);
+      order_epoch_ = epoch;
     }
-    const auto [shard, first] = locate(order[static_cast<size_t>(k * world_ + rank_)]);
+    const auto [shard, first] = locate(epoch_order_[static_cast<size_t>(k * world_ + rank_)]);
     fill(shard, first, pi + r * seq_, pt + r * seq_);
   }
   return {ids, tg};

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -97,6 +98,11 @@ class TokenWindows {
   WindowOrder order_;
   std::vector<int64_t> first_window_;  // per shard: index of its first window
   int64_t total_ = 0, per_rank_ = 0;
+  // The current epoch's order of the windows (sequential order), made when
+  // a batch of another epoch is asked for.
+  mutable std::mutex order_mu_;
+  mutable std::vector<int64_t> epoch_order_;
+  mutable int64_t order_epoch_ = -1;
 };
 
 }  // namespace chorus::data
