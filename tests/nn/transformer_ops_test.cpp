@@ -129,6 +129,24 @@ TEST(TransformerOps, AttentionGradients) {
   EXPECT_TRUE(gradcheck([](L in) { return F::scaled_dot_product_attention(in[0], in[1], in[2], true); }, {q, k2, v2}));
 }
 
+TEST(TransformerOps, AttentionDropoutIsDeterministicUnderASeedAndDifferentiable) {
+  Tensor q = random_leaf({1, 2, 5, 3}, 24), k = random_leaf({1, 2, 5, 3}, 25), v = random_leaf({1, 2, 5, 3}, 26);
+  // The same mask at every evaluation: reseeded inside f.
+  EXPECT_TRUE(gradcheck(
+      [](L in) {
+        manual_seed(5);
+        return F::scaled_dot_product_attention(in[0], in[1], in[2], true, 0.3);
+      },
+      {q, k, v}));
+  manual_seed(7);
+  auto a = F::scaled_dot_product_attention(q, k, v, true, 0.3).to_vector<double>();
+  manual_seed(7);
+  auto b = F::scaled_dot_product_attention(q, k, v, true, 0.3).to_vector<double>();
+  auto plain = F::scaled_dot_product_attention(q, k, v, true).to_vector<double>();
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, plain);
+}
+
 TEST(TransformerOps, AttentionRejectsMismatchedShapes) {
   Tensor q = random_leaf({1, 2, 5, 3}, 1).detach(), k = random_leaf({1, 2, 4, 3}, 2).detach();
   EXPECT_TRUE(test::throws_naming([&] { F::scaled_dot_product_attention(q, k, k, true); }, {"causal", "keys"}));

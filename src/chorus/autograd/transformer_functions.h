@@ -13,8 +13,9 @@ namespace chorus::autograd {
 Tensor gelu(const Tensor& x, bool tanh_approximation);
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
 // softmax(scale * q k^T) v over [batch, heads, seq, head_dim] (Note [Attention
-// through two products] in ops/transformer.h).
-Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale);
+// through two products] in ops/transformer.h); dropout on the probabilities
+// when p > 0.
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale, double dropout = 0.0);
 // Mean cross entropy of logits [N, V] against int64 targets [N] through the
 // fused classifier: columns from valid_cols on are vocabulary padding, rows
 // whose target is ignore_index are left out of the mean (0 when every row

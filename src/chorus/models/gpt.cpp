@@ -114,7 +114,8 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   const int64_t b = x.size(0), t = x.size(1), h = cfg_.heads, d = cfg_.head_dim();
   TensorList qkv = chorus::split(child_named(*this, "c_attn")->forward(x), cfg_.width, 2);
   for (Tensor& p : qkv) p = p.reshape({b, t, h, d}).permute({0, 2, 1, 3});  // [B, H, T, D]
-  Tensor y = nn::functional::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], /*causal=*/true);
+  Tensor y = nn::functional::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], /*causal=*/true,
+                                                          is_training() ? cfg_.dropout : 0.0);
   y = y.permute({0, 2, 1, 3}).reshape({b, t, cfg_.width});
   return residual_dropout(child_named(*this, "c_proj")->forward(y), cfg_.dropout, is_training());
 }

@@ -64,9 +64,10 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 // GELU: exact (erf), or GPT-2's tanh approximation.
 Tensor gelu(const Tensor& x, bool tanh_approximation = false);
 // softmax(q k^T / sqrt(head_dim)) v over q [B, H, T, D], k and v [B, H, S, D];
-// causal: query i attends to keys up to i + S - T. Dropout on the attention
-// probabilities is not offered (GPT-2 trains without it; llm.c too).
-Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal);
+// causal: query i attends to keys up to i + S - T; dropout (in training) on
+// the attention probabilities, deterministic under manual_seed.
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                                    double dropout = 0.0);
 // Mean cross entropy of logits [..., V] against integer targets [...] through
 // the fused classifier: columns from `vocab` on are padding (0: none), rows
 // whose target is `ignore_index` are left out of the mean.

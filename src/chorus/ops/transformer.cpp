@@ -3,6 +3,8 @@
 #include "chorus/core/error.h"
 #include "chorus/ops/copy.h"
 #include "chorus/ops/dispatch.h"
+#include "chorus/ops/elementwise.h"
+#include "chorus/ops/nn.h"
 #include "chorus/ops/views.h"
 
 namespace chorus::ops {
@@ -71,7 +73,8 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& dy, const T
   return {dx, dg, db};
 }
 
-std::pair<Tensor, Tensor> attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {
+std::tuple<Tensor, Tensor, Tensor> attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                                             double scale, double dropout) {
   for (const Tensor* t : {&q, &k, &v}) detail::check_defined(*t, "attention", "q/k/v");
   CHORUS_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "attention: q, k, v must be [batch, heads, seq, head_dim], got ",
                q.describe(), ", ", k.describe(), ", ", v.describe());
@@ -83,22 +86,31 @@ std::pair<Tensor, Tensor> attention(const Tensor& q, const Tensor& k, const Tens
                v.describe());
   CHORUS_CHECK(q.device() == k.device() && q.device() == v.device(), "attention: q, k, v must be on one device, got ",
                q.describe(), ", ", k.describe(), ", ", v.describe());
+  CHORUS_CHECK(dropout >= 0 && dropout < 1, "attention: dropout must be in [0, 1), got ", dropout);
   CHORUS_CHECK(!causal || k.size(2) >= q.size(2), "attention: a causal mask needs at least as many keys (",
                k.size(2), ") as queries (", q.size(2), ")");
   Tensor q3 = heads_batch(q), k3 = heads_batch(k), v3 = heads_batch(v);
   Tensor scores = gemm3(q3, k3, false, true);  // [BH, T, S]
   Tensor probs = detail::empty_tensor(scores.sizes(), scores.dtype(), scores.device());
   if (probs.numel()) CHORUS_KERNEL(q.device(), attention_softmax_forward, scores, scale, causal, probs);
-  Tensor out = gemm3(probs, v3, false, false);  // [BH, T, D]
-  return {view(out, q.sizes()), probs};
+  Tensor mask, used = probs;
+  if (dropout > 0) {
+    mask = dropout_mask(probs.sizes(), probs.dtype(), probs.device(), dropout);
+    used = binary(BinaryOp::Mul, probs, mask);
+  }
+  Tensor out = gemm3(used, v3, false, false);  // [BH, T, D]
+  return {view(out, q.sizes()), probs, mask};
 }
 
 std::tuple<Tensor, Tensor, Tensor> attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
-                                                      const Tensor& v, const Tensor& probs, bool causal, double scale) {
+                                                      const Tensor& v, const Tensor& probs, const Tensor& mask,
+                                                      bool causal, double scale) {
   Tensor q3 = heads_batch(q), k3 = heads_batch(k), v3 = heads_batch(v);
   Tensor do3 = heads_batch(to_dtype(to_device(dout, q.device()), q.dtype()));
-  Tensor dv = gemm3(probs, do3, true, false);     // P^T dO   [BH, S, D]
+  const Tensor used = mask.defined() ? binary(BinaryOp::Mul, probs, mask) : probs;
+  Tensor dv = gemm3(used, do3, true, false);      // P^T dO   [BH, S, D]
   Tensor dp = gemm3(do3, v3, false, true);        // dO V^T   [BH, T, S]
+  if (mask.defined()) dp = binary(BinaryOp::Mul, dp, mask);
   Tensor ds = detail::empty_tensor(dp.sizes(), dp.dtype(), dp.device());
   if (ds.numel()) CHORUS_KERNEL(q.device(), attention_softmax_backward, dp, probs, scale, causal, ds);
   Tensor dq = gemm3(ds, k3, false, false);        // dS K     [BH, T, D]

@@ -23,12 +23,17 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& dy, const T
 // q [B, H, T, D] and k, v [B, H, S, D] (one dtype and device), computed as a
 // batched GEMM, attention's softmax (causal: query i sees keys up to
 // i + S - T) and a second GEMM, as llm.c's path without cuDNN does. The
-// probabilities [B*H, T, S] are kept for the backward. Returns (out
-// [B, H, T, D], probs).
-std::pair<Tensor, Tensor> attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale);
-// (dq, dk, dv) from the output's gradient and the forward's probabilities.
+// probabilities [B*H, T, S] are kept for the backward. With dropout p > 0
+// the probabilities are multiplied by a mask of 0 and 1/(1-p) drawn from the
+// default generator before the second product. Returns (out [B, H, T, D],
+// probs, mask -- undefined without dropout).
+std::tuple<Tensor, Tensor, Tensor> attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                                             double scale, double dropout = 0.0);
+// (dq, dk, dv) from the output's gradient, the forward's probabilities and its
+// dropout mask (undefined: none).
 std::tuple<Tensor, Tensor, Tensor> attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
-                                                      const Tensor& v, const Tensor& probs, bool causal, double scale);
+                                                      const Tensor& v, const Tensor& probs, const Tensor& mask,
+                                                      bool causal, double scale);
 
 // The fused classifier over logits [N, V] and int64 targets [N] (cpu/cuda
 // cross_entropy_fused): (losses [N] float32 -- float64 for float64 logits --,
