@@ -32,7 +32,9 @@
 #include "chorus/ops/factory.h"
 #include "chorus/optim/adamw.h"
 #include "chorus/optim/clip_grad.h"
+#include "chorus/parallel/data_parallel.h"
 #include "chorus/parallel/graphed_step.h"
+#include "commands.h"
 #include "progress.h"
 #include "stop_signal.h"
 #include "train_dist.h"
@@ -80,10 +82,17 @@ double lr_at(int64_t i, int64_t total, int64_t warmup, double lr, double min_rat
 }
 
 std::vector<Device> gpt_devices(const TrainConfig& tc) {
-  if (tc.strategy == "ddp") return ddp_devices(tc.devices, ddp_launch_env());
+  if (tc.strategy == "ddp") {
+    std::vector<Device> devs = ddp_devices(tc.devices, ddp_launch_env());
+    CHORUS_CHECK(devs.size() == 1, "GPT models under --strategy ddp take one device per process, got --devices ",
+                 tc.devices);
+    return devs;
+  }
+  if (tc.strategy == "dp") return parse_devices(tc.devices.empty() ? "all" : tc.devices);
   if (tc.devices.empty()) return {cuda_is_available() ? cuda_device(0) : cpu_device(0)};
   std::vector<Device> devs = parse_devices(tc.devices);
-  CHORUS_CHECK(devs.size() == 1, "--strategy single trains on one device, got --devices ", tc.devices);
+  CHORUS_CHECK(devs.size() == 1, "--strategy single trains on one device, got --devices ", tc.devices,
+               " (use --strategy dp for several)");
   return devs;
 }
 
@@ -107,8 +116,10 @@ struct Run {
   double lr = 6e-4;
   std::optional<DType> autocast;
   int world() const { return ranks ? ranks->env.world_size : 1; }
+  // Replicas of one process (DataParallel): each takes `batch` sequences.
+  int64_t replicas() const { return static_cast<int64_t>(devices.size()); }
   bool leader() const { return !ranks || ranks->leader(); }
-  int64_t tokens_per_step() const { return batch * seq * accum * world(); }
+  int64_t tokens_per_step() const { return batch * replicas() * seq * accum * world(); }
 };
 
 nlohmann::json config_json(const TrainConfig& tc, const GptOptions& g, const Run& r) {
@@ -150,8 +161,8 @@ void validate_gpt(const TrainConfig& tc, const GptOptions& g) {
   CHORUS_CHECK(is_gpt_model(tc.model), "unknown GPT model '", tc.model, "'");
   CHORUS_CHECK(tc.data.rfind("tokens:", 0) == 0 || text_spec(tc.data), "--data for a GPT must be tokens:GLOB (llm.c ",
                "token files) or text:FILE (a text file's bytes), got '", tc.data, "'");
-  CHORUS_CHECK(tc.strategy == "single" || tc.strategy == "ddp", "--strategy ", tc.strategy,
-               " is not available for GPT models yet (single or ddp)");
+  CHORUS_CHECK(tc.strategy == "single" || tc.strategy == "ddp" || tc.strategy == "dp", "--strategy ", tc.strategy,
+               " is not available for GPT models yet (single, dp or ddp)");
   CHORUS_CHECK(tc.precision == "fp32" || tc.precision == "bf16", "unknown precision '", tc.precision,
                "' (expected fp32 or bf16)");
   CHORUS_CHECK(!g.optimizer_given || tc.optimizer == "adamw", "GPT models train with AdamW (--optimizer ",
@@ -231,6 +242,13 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
   }
   r.opt = std::make_unique<optim::AdamW>(params, ao);
   r.net = r.model;
+  if (tc.strategy == "dp" && r.replicas() > 1) {
+    // Note [GPT under DataParallel]: the first device steps the weights and
+    // broadcasts them (no replicated updates), so the global clipping of the
+    // master gradients is the whole step's; the logits are gathered on the
+    // first device, where the fused classifier takes the loss.
+    r.net = std::make_shared<parallel::DataParallel>(r.model, r.devices, dp_options(tc.bucket_mb));
+  }
   if (r.ranks) {
     dist::DDPOptions o;
     o.bucket_bytes = static_cast<int64_t>(tc.bucket_mb * (1 << 20));
@@ -240,7 +258,7 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
   }
 
   // Steps: --steps, else --epochs over this rank's windows.
-  const int64_t per_epoch = std::max<int64_t>(1, r.train->windows_per_rank() / (r.batch * r.accum));
+  const int64_t per_epoch = std::max<int64_t>(1, r.train->windows_per_rank() / (r.batch * r.replicas() * r.accum));
   r.total_steps = tc.steps ? *tc.steps : per_epoch * tc.epochs;
   r.warmup = g.warmup_steps ? std::max<int64_t>(*g.warmup_steps, 0) : std::max<int64_t>(1, r.total_steps / 20);
 
@@ -270,10 +288,10 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
   const double flops_per_step = cfg.flops_per_token(r.seq) * static_cast<double>(r.tokens_per_step());
   if (r.leader() && !tc.quiet) {
     std::fprintf(stderr, "%s: %.1fM parameters, %lld layers x %lld heads x %lld wide, vocabulary %lld (%lld rows), "
-                 "seq %lld, batch %lld x %lld accum x %d ranks = %s tokens/step, %lld steps (warm-up %lld), %s on %s\n",
+                 "seq %lld, batch %lld x %lld devices x %lld accum x %d ranks = %s tokens/step, %lld steps (warm-up %lld), %s on %s\n",
                  tc.model.c_str(), static_cast<double>(n_params) / 1e6, (long long)cfg.layers, (long long)cfg.heads,
                  (long long)cfg.width, (long long)cfg.vocab, (long long)cfg.padded_vocab, (long long)r.seq,
-                 (long long)r.batch, (long long)r.accum, r.world(), fmt_count(static_cast<double>(r.tokens_per_step())).c_str(),
+                 (long long)r.batch, (long long)r.replicas(), (long long)r.accum, r.world(), fmt_count(static_cast<double>(r.tokens_per_step())).c_str(),
                  (long long)r.total_steps, (long long)r.warmup, tc.precision.c_str(), device.str().c_str());
   }
   std::unique_ptr<io::MetricsWriter> metrics;
@@ -302,6 +320,7 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
   // inside it), eager on CPUs or with --no-cuda-graphs.
   parallel::GraphedStepOptions go;
   go.enabled = device.is_cuda() && !tc.no_cuda_graphs;
+  go.devices = r.devices;  // DataParallel: one graph over its devices
   go.on_fallback = [&r](const std::string& line) {
     if (r.leader()) std::fprintf(stderr, "%s\n", line.c_str());
   };
@@ -341,7 +360,7 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
     r.opt->set_lr(lr_at(step, r.total_steps, r.warmup, r.lr, g.min_lr_ratio));
     std::vector<Tensor> inputs;  // ids, targets of each micro-batch
     for (int64_t m = 0; m < r.accum; ++m) {
-      auto [ids, tg] = r.train->batch(r.batch, step * r.accum + m);
+      auto [ids, tg] = r.train->batch(r.batch * r.replicas(), step * r.accum + m);
       inputs.push_back(ids.to(device));
       inputs.push_back(tg.to(device));
     }
@@ -439,7 +458,9 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
 
   nlohmann::ordered_json out = {{"model", tc.model},
                                 {"strategy", tc.strategy},
-                                {"devices", r.world() > 1 ? std::to_string(r.world()) + " ranks" : device.str()},
+                                {"devices", r.world() > 1 ? std::to_string(r.world()) + " ranks"
+                                            : r.replicas() > 1 ? std::to_string(r.replicas()) + " devices"
+                                                                : device.str()},
                                 {"precision", tc.precision},
                                 {"params", n_params},
                                 {"seq_len", r.seq},

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # chorus train --model dN (GPT) as a user runs it, on the CPU:
-#   - DDP over 2 processes (Gloo, batch 4 each) equals one process with batch 8 and one
-#     with batch 4 x --grad-accum 2 (the same windows: Note [Token windows]), clipping included
+#   - DDP over 2 processes (Gloo, batch 4 each), DataParallel over cpu:0,cpu:1 (4 each) and
+#     batch 4 x --grad-accum 2 equal one process with batch 8 (the same windows: Note [Token
+#     windows]), clipping included
 #   - a checkpoint resumes to the uninterrupted run's losses; chorus generate samples from it
 #   - chorus tokenize writes llm.c's token file, which trains (tokens:GLOB)
 #   - bad input: one clear line and a non-zero exit each
@@ -31,8 +32,10 @@ one=$("$CHORUS" "${T[@]}" --batch-size 8) || { echo "FAIL: single run"; exit 1; 
 acc=$("$CHORUS" "${T[@]}" --batch-size 4 --grad-accum 2) || { echo "FAIL: --grad-accum run"; fail=1; }
 ddp=$(timeout 300 "$CHORUS" launch --nproc-per-node 2 --master-port "$(free_port)" --grace-period 2 -- \
       "$CHORUS" "${T[@]}" --strategy ddp --devices cpu --batch-size 4 2>/dev/null | grep '^{\|^\[rank 0\] {' | sed 's/^\[rank 0\] //')
-echo "single: $one"; echo "accum:  $acc"; echo "ddp:    $ddp"
+dp=$("$CHORUS" "${T[@]}" --batch-size 4 --strategy dp --devices cpu:0,cpu:1) || { echo "FAIL: DataParallel run"; fail=1; }
+echo "single: $one"; echo "accum:  $acc"; echo "ddp:    $ddp"; echo "dp:     $dp"
 for k in train_loss val_loss; do
+  check "DataParallel 2 x 4 equals batch 8 ($k)" "close $(loss "$dp" $k) $(loss "$one" $k)"
   check "--grad-accum 2 equals batch 8 ($k)" "close $(loss "$acc" $k) $(loss "$one" $k)"
   check "DDP 2 x 4 equals batch 8 ($k)" "close $(loss "$ddp" $k) $(loss "$one" $k)"
 done
