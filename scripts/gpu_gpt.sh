@@ -103,6 +103,22 @@ row = {"who": "llm.c", "mode": "single bf16 cudnn", "tok_per_s": sum(toks) / len
 open(sys.argv[2], "a").write(json.dumps(row) + "\n")
 PY
     ;;
+  dp)  # DataParallel over the GPUs of this process (GPT_GPUS, default all)
+    tokens
+    NG=${GPT_GPUS:-$(nvidia-smi -L | wc -l)}
+    devs=$(python3 -c "print(','.join(f'cuda:{i}' for i in range($NG)))")
+    $BUILD/chorus train --model $MODEL --strategy dp --devices $devs --data "tokens:$DATA/rand_train_*.bin" \
+      --seq-len $T --batch-size $B --precision bf16 --steps $STEPS --log-every 10 --val-windows 4 --json \
+      2>"$OUT/dp$NG.err" | tail -1 > "$OUT/dp$NG.json" || tail -5 "$OUT/dp$NG.err"
+    grep -E "CUDA graphs|step $STEPS/" "$OUT/dp$NG.err" | tail -2
+    python3 - "$OUT/dp$NG.json" "$ROWS" $NG <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+row = {"who": "chorus", "mode": f"dp {sys.argv[3]} GPUs", "tok_per_s": r["tok_per_s"], "mfu": r["mfu"],
+       "peak_gib": r["peak_mem_bytes"] / 2**30, "loss": r["train_loss"]}
+open(sys.argv[2], "a").write(json.dumps(row) + "\n")
+PY
+    ;;
   ddp)  # DDP over the GPUs (chorus launch, NCCL) beside PyTorch DDP; GPT_GPUS (all)
     tokens
     NG=${GPT_GPUS:-$(nvidia-smi -L | wc -l)}
