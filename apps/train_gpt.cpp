@@ -406,7 +406,7 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
       const double secs = seconds_since(window_start);
       const int64_t steps_done = step + 1 - window_first;
       tok_s = static_cast<double>(steps_done * r.tokens_per_step()) / std::max(secs, 1e-9);
-      mfu = peak > 0 ? flops_per_step * static_cast<double>(steps_done) / secs / (peak * r.world()) : 0.0;
+      mfu = peak > 0 ? flops_per_step * static_cast<double>(steps_done) / secs / (peak * static_cast<double>(r.world() * r.replicas())) : 0.0;
       const double norm = last_norm.item();
       if (r.val && g.val_every && ((step + 1) % g.val_every == 0)) last_val = val_loss();
       if (r.leader() && !tc.quiet) {
