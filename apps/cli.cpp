@@ -61,6 +61,8 @@ int chorus_main(int argc, char** argv, bool parse_only) {
   train->add_flag("--start-fresh", tc.start_fresh, "With --resume: when no checkpoint can be read, start over (they are kept, renamed *.unreadable)");
   train->add_option("--allow-change", tc.allow_change, "With --resume: let these saved settings change (epochs, steps, data_dir, devices, strategy)")->delimiter(',');
   app::add_optional(train, "--metrics", tc.metrics, "Write metrics as JSON lines (or CSV for a .csv file)");
+  app::add_optional(train, "--tensorboard", tc.tensorboard, "Write TensorBoard event files (scalars) into a run directory under this folder");
+  train->add_flag("--tensorboard-all-ranks", tc.tensorboard_all_ranks, "ddp: every rank writes event files (into rank<N> under the run directory), not rank 0 alone");
   train->add_option("--log-every", tc.log_every, "Read the loss every N steps")->capture_default_str()->transform(app::integer_up_to(app::kMaxSteps));
   train->add_flag("--sync-bn", tc.sync_bn, "ddp: batch-norm statistics over all ranks (SyncBatchNorm)");
   train->add_option("--comm-hook", tc.comm_hook, "ddp: allreduce | bf16 (gradients travel as bfloat16)")->capture_default_str();

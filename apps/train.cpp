@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <memory>
 
@@ -28,7 +29,6 @@
 #include "chorus/data/synthetic.h"
 #include "chorus/data/transforms.h"
 #include "chorus/io/checkpoint.h"
-#include "chorus/io/metrics.h"
 #include "chorus/models/models.h"
 #include "chorus/nn/functional.h"
 #include "chorus/ops/copy.h"
@@ -40,6 +40,7 @@
 #include "chorus/optim/sgd.h"
 #include "progress.h"
 #include "resume_checks.h"
+#include "run_log.h"
 #include "stop_signal.h"
 #include "train_dist.h"
 #include "train_pipeline.h"
@@ -97,6 +98,9 @@ void TrainConfig::validate() const {
   CHORUS_CHECK(!checkpoint_dir || !checkpoint_dir->empty(),
                "--checkpoint-dir is empty: name a folder, or leave --checkpoint-dir out for no checkpoints");
   CHORUS_CHECK(!metrics || !metrics->empty(), "--metrics is empty: name a file, or leave --metrics out for no metrics");
+  CHORUS_CHECK(!tensorboard || !tensorboard->empty(),
+               "--tensorboard is empty: name a folder, or leave --tensorboard out for no event files");
+  CHORUS_CHECK(!tensorboard_all_ranks || tensorboard, "--tensorboard-all-ranks goes with --tensorboard DIR");
   CHORUS_CHECK(!resume || checkpoint_dir, "--resume needs --checkpoint-dir");
   CHORUS_CHECK(!start_fresh || resume, "--start-fresh goes with --resume");
   CHORUS_CHECK(allow_change.empty() || resume, "--allow-change goes with --resume");
@@ -437,9 +441,10 @@ class StepStats {
     loss_ = loss_.defined() ? ops::binary(BinaryOp::Add, loss_, l) : l;
     correct_ = correct_.defined() ? ops::binary(BinaryOp::Add, correct_, c) : c;
     count_ += labels.size(0);
+    ++steps_;
   }
   struct Window {
-    double loss, accuracy, img_per_s;
+    double loss, accuracy, img_per_s, step_ms;
   };
   // Reads the window (one host wait) and starts the next one. Under DDP the
   // figures are over all ranks, and *stop says whether any rank was asked to
@@ -451,7 +456,8 @@ class StepStats {
                                 StopSignal::pending() ? 1.0 : 0.0};
     if (ranks) sums = sum_over_ranks(*ranks, sums);
     if (stop) *stop = sums[3] > 0;
-    Window w{sums[0] / sums[2], sums[1] / sums[2], secs > 0 ? sums[2] / secs : 0};
+    Window w{sums[0] / sums[2], sums[1] / sums[2], secs > 0 ? sums[2] / secs : 0,
+             steps_ > 0 ? 1000.0 * secs / static_cast<double>(steps_) : 0};
     *this = StepStats();
     start_ = now;
     return w;
@@ -459,7 +465,7 @@ class StepStats {
 
  private:
   Tensor loss_, correct_;
-  int64_t count_ = 0;
+  int64_t count_ = 0, steps_ = 0;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
@@ -469,8 +475,7 @@ struct LoopResult {
 };
 
 // End of an epoch: checkpoint, then test-set evaluation when anyone reads it.
-void finish_epoch(const TrainConfig& cfg, Training& t, const Position& pos, io::MetricsWriter* metrics,
-                  Progress& progress) {
+void finish_epoch(const TrainConfig& cfg, Training& t, const Position& pos, RunLog* log, Progress& progress) {
   save(cfg, t, pos);
   if (!t.evaluate_epochs) return;
   if (t.ddp) t.ddp->broadcast_buffers();  // rank 0's batch-norm statistics, as its checkpoint has
@@ -482,22 +487,49 @@ void finish_epoch(const TrainConfig& cfg, Training& t, const Position& pos, io::
   // Memory at the epoch's end and its peak during the epoch (the largest over
   // this process's devices): a steady run shows the same peak epoch after epoch.
   size_t in_use = 0, peak = 0;
+  nlohmann::ordered_json per_device = nlohmann::ordered_json::object();
   for (const Device& d : t.devices) {
     in_use = std::max(in_use, backend(d).bytes_in_use(d));
     peak = std::max(peak, backend(d).peak_bytes(d));
+    per_device[d.str()] = backend(d).peak_bytes(d);
     backend(d).reset_peak_bytes(d);
   }
-  if (metrics)
-    metrics->write({{"epoch", pos.epoch}, {"test_loss", ev.loss}, {"test_accuracy", ev.accuracy},
-                    {"mem_in_use_bytes", in_use}, {"peak_mem_bytes", peak}});
+  if (log)
+    log->epoch({{"step", pos.step}, {"epoch", pos.epoch}, {"test_loss", ev.loss}, {"test_accuracy", ev.accuracy},
+                {"mem_in_use_bytes", in_use}, {"peak_mem_bytes", peak}, {"peak_mem_bytes_per_device", per_device}});
 }
 
 // Whether to stop after this step: at once on a signal for one process; under
 // DDP only where the ranks agreed (at a window's close).
 bool should_stop(const Training& t, bool agreed) { return t.ranks ? agreed : StopSignal::pending() != 0; }
 
+// The L2 norm of the model's gradients after the last step (what its update
+// used: averaged over the ranks under DDP, summed over the replicas under
+// DataParallel); unset when no parameter has one. Read at log windows only:
+// one host wait.
+std::optional<double> grad_norm(const Training& t) {
+  NoGradGuard ng;
+  Tensor sum;
+  for (const Tensor& p : t.model->parameters()) {
+    if (!p.grad().defined()) continue;
+    Tensor g = p.grad();
+    Tensor s = ops::reduce(ReduceOp::Sum, ops::binary(BinaryOp::Mul, g, g), {}, false);
+    if (s.dtype() != kFloat32) s = s.to(kFloat32);
+    sum = sum.defined() ? ops::binary(BinaryOp::Add, sum, s) : s;  // cross-device operands move to `sum`'s device
+  }
+  if (!sum.defined()) return std::nullopt;
+  return std::sqrt(sum.item());
+}
+
+// The largest peak of this process's devices since the epoch began.
+size_t peak_bytes(const std::vector<Device>& devices) {
+  size_t peak = 0;
+  for (const Device& d : devices) peak = std::max(peak, backend(d).peak_bytes(d));
+  return peak;
+}
+
 // The epoch loop from `pos` on, until the epochs or --steps run out.
-LoopResult train_loop(const TrainConfig& cfg, Training& t, Position& pos, io::MetricsWriter* metrics) {
+LoopResult train_loop(const TrainConfig& cfg, Training& t, Position& pos, RunLog* log) {
   LoopResult out;
   Progress progress(!cfg.quiet);
   StepStats stats;
@@ -525,15 +557,20 @@ LoopResult train_loop(const TrainConfig& cfg, Training& t, Position& pos, io::Me
         CHORUS_CHECK_T(Error, std::isfinite(w.loss), "training diverged: the loss is ", w.loss, " at step ", pos.step,
                        " (try a smaller --lr)");
         progress.update({pos.step, t.total_steps, epoch + 1, cfg.epochs, w.loss, w.accuracy, w.img_per_s});
-        if (metrics)
-          metrics->write({{"step", pos.step}, {"epoch", epoch + 1}, {"loss", w.loss}, {"accuracy", w.accuracy},
-                          {"lr", t.opt->lr()}, {"img_per_s", w.img_per_s}, {"world_size", t.world()}});
+        if (log) {
+          nlohmann::ordered_json rec = {{"step", pos.step}, {"epoch", epoch + 1}, {"loss", w.loss},
+                                        {"accuracy", w.accuracy}, {"lr", t.opt->lr()}, {"img_per_s", w.img_per_s},
+                                        {"step_ms", w.step_ms}, {"world_size", t.world()}};
+          if (auto norm = grad_norm(t)) rec["grad_norm"] = *norm;
+          rec["peak_mem_bytes"] = peak_bytes(t.devices);
+          log->step(rec);
+        }
       }
       if (cfg.checkpoint_every > 0 && pos.step % cfg.checkpoint_every == 0) save(cfg, t, pos);
       if (should_stop(t, agreed_stop)) stop_for_signal(cfg, t, pos, progress);
     }
     if (pos.batch_in_epoch >= t.per_epoch) {
-      finish_epoch(cfg, t, {pos.step, epoch + 1, 0}, metrics, progress);
+      finish_epoch(cfg, t, {pos.step, epoch + 1, 0}, log, progress);
     } else {
       save(cfg, t, pos);  // stopped inside the epoch (--steps): resumable from here
     }
@@ -571,6 +608,25 @@ nlohmann::ordered_json summarize(const TrainConfig& cfg, Training& t, const Posi
           {"cuda_graph_replays", t.step.graph ? J(t.step.graph->replays()) : J(nullptr)}};
 }
 
+// --tensorboard DIR: the job's run directory, DIR/<rank 0's start time>-<model>-<strategy>
+// (TensorBoard lists each directory as a run), and with --tensorboard-all-ranks
+// a rank<N> directory in it per rank. Every rank calls it: the ranks agree on
+// rank 0's time.
+std::optional<std::string> tensorboard_run_dir(const TrainConfig& cfg, const Training& t) {
+  if (!cfg.tensorboard) return std::nullopt;  // also on ranks other than 0 without --tensorboard-all-ranks
+  const bool all_ranks = t.ranks && cfg.tensorboard_all_ranks;
+  double now = static_cast<double>(std::time(nullptr));
+  if (all_ranks) now = sum_over_ranks(*t.ranks, {t.ranks->leader() ? now : 0.0})[0];
+  const std::time_t when = static_cast<std::time_t>(now);
+  std::tm tm{};
+  gmtime_r(&when, &tm);
+  char stamp[32];
+  std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", &tm);
+  std::string dir = *cfg.tensorboard + "/" + stamp + "-" + cfg.model + "-" + cfg.strategy;
+  if (all_ranks) dir += "/rank" + std::to_string(t.ranks->env.rank);
+  return dir;
+}
+
 void announce(const TrainConfig& cfg, const Training& t) {
   if (cfg.quiet) return;
   std::string where;
@@ -594,23 +650,28 @@ nlohmann::ordered_json run_train(const TrainConfig& given) {
   Training t = set_up(given);
   // Note [Training ranks]: only rank 0 speaks and writes metrics.
   TrainConfig cfg = given;
-  t.evaluate_epochs = given.metrics || !given.quiet;
+  t.evaluate_epochs = given.metrics || given.tensorboard || !given.quiet;
   const bool leader = !t.ranks || t.ranks->leader();
   if (!leader) {
     cfg.quiet = true;
     cfg.metrics.reset();
+    if (!cfg.tensorboard_all_ranks) cfg.tensorboard.reset();
   }
   const Position start = resume(cfg, t);
-  std::unique_ptr<io::MetricsWriter> metrics;
-  if (cfg.metrics) metrics = std::make_unique<io::MetricsWriter>(*cfg.metrics, cfg.resume);
+  RunLogOptions lo;
+  lo.metrics = cfg.metrics;
+  lo.append = cfg.resume;
+  lo.tensorboard = tensorboard_run_dir(cfg, t);
+  RunLog log(lo);
   announce(cfg, t);
+  if (log.tensorboard() && !cfg.quiet) std::fprintf(stderr, "tensorboard: %s\n", log.tensorboard()->path().c_str());
   const auto t0 = std::chrono::steady_clock::now();
   Position pos = start;
-  LoopResult loop = train_loop(cfg, t, pos, metrics.get());
+  LoopResult loop = train_loop(cfg, t, pos, log.any() ? &log : nullptr);
   synchronize();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   nlohmann::ordered_json summary = summarize(cfg, t, start, pos, loop, seconds);
-  if (metrics) metrics->write({{"summary", summary}});
+  log.summary(summary);
   return leader ? summary : nlohmann::ordered_json();
 }
 

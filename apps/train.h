@@ -39,6 +39,8 @@ struct TrainConfig {
   bool start_fresh = false;               // --resume: start over when no checkpoint can be read
   std::vector<std::string> allow_change;  // --resume: config fields that may differ (kResumeChangeable)
   std::optional<std::string> metrics;     // unset: no metrics file
+  std::optional<std::string> tensorboard; // TensorBoard event files under this folder (apps/run_log.h)
+  bool tensorboard_all_ranks = false;     // ddp: every rank writes its own (default: rank 0 only)
   bool json = false;
   int64_t log_every = 20;
   bool quiet = false;

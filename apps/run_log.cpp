@@ -1,0 +1,59 @@
+#include "run_log.h"
+
+
+namespace chorus::app {
+
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+void add_if_number(std::vector<std::pair<std::string, double>>& out, const ojson& record, const char* key,
+                   const std::string& tag) {
+  auto it = record.find(key);
+  if (it != record.end() && it->is_number()) out.emplace_back(tag, it->get<double>());
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, double>> tensorboard_scalars(const ojson& record, const std::string& kind) {
+  std::vector<std::pair<std::string, double>> out;
+  if (kind == "step") {
+    add_if_number(out, record, "loss", "train/loss");
+    add_if_number(out, record, "accuracy", "train/accuracy");
+    add_if_number(out, record, "lr", "train/lr");
+    add_if_number(out, record, "img_per_s", "train/img_per_s");
+    add_if_number(out, record, "step_ms", "train/step_ms");
+    add_if_number(out, record, "grad_norm", "train/grad_norm");
+    add_if_number(out, record, "peak_mem_bytes", "memory/peak_bytes");
+  } else {
+    add_if_number(out, record, "test_loss", "val/loss");
+    add_if_number(out, record, "test_accuracy", "val/accuracy");
+    add_if_number(out, record, "mem_in_use_bytes", "memory/in_use_bytes");
+    auto per = record.find("peak_mem_bytes_per_device");
+    if (per != record.end() && per->is_object())
+      for (auto it = per->begin(); it != per->end(); ++it)
+        if (it.value().is_number()) out.emplace_back("memory/peak_bytes/" + it.key(), it.value().get<double>());
+  }
+  return out;
+}
+
+RunLog::RunLog(RunLogOptions o) : opts_(std::move(o)) {
+  if (opts_.metrics) metrics_ = std::make_unique<io::MetricsWriter>(*opts_.metrics, opts_.append);
+  if (opts_.tensorboard) tensorboard_ = std::make_unique<io::TensorBoardWriter>(*opts_.tensorboard);
+}
+
+void RunLog::step(const ojson& record) {
+  if (metrics_) metrics_->write(record);
+  if (tensorboard_) tensorboard_->add_scalars(record.value("step", int64_t{0}), tensorboard_scalars(record, "step"));
+}
+
+void RunLog::epoch(const ojson& record) {
+  if (metrics_) metrics_->write(record);
+  if (tensorboard_) tensorboard_->add_scalars(record.value("step", int64_t{0}), tensorboard_scalars(record, "epoch"));
+}
+
+void RunLog::summary(const ojson& summary) {
+  if (metrics_) metrics_->write({{"summary", summary}});
+}
+
+}  // namespace chorus::app
