@@ -16,6 +16,7 @@
 #include "commands.h"
 #include "crash_report.h"
 #include "launch.h"
+#include "plot.h"
 #include "train.h"
 
 using namespace chorus;
@@ -63,6 +64,7 @@ int chorus_main(int argc, char** argv, bool parse_only) {
   app::add_optional(train, "--metrics", tc.metrics, "Write metrics as JSON lines (or CSV for a .csv file)");
   app::add_optional(train, "--tensorboard", tc.tensorboard, "Write TensorBoard event files (scalars) into a run directory under this folder");
   train->add_flag("--tensorboard-all-ranks", tc.tensorboard_all_ranks, "ddp: every rank writes event files (into rank<N> under the run directory), not rank 0 alone");
+  app::add_optional(train, "--plot", tc.plot, "Draw the loss, accuracy, throughput and memory curves into this .svg or .png at each epoch end (as chorus plot does)");
   train->add_option("--log-every", tc.log_every, "Read the loss every N steps")->capture_default_str()->transform(app::integer_up_to(app::kMaxSteps));
   train->add_flag("--sync-bn", tc.sync_bn, "ddp: batch-norm statistics over all ranks (SyncBatchNorm)");
   train->add_option("--comm-hook", tc.comm_hook, "ddp: allreduce | bf16 (gradients travel as bfloat16)")->capture_default_str();
@@ -91,6 +93,10 @@ int chorus_main(int argc, char** argv, bool parse_only) {
   CLI::App* bench_comm = app.add_subcommand("bench-comm", "All-reduce bus bandwidth through the process group (run under a launcher)");
   app::add_bench_comm_options(bench_comm, cc);
 
+  app::PlotConfig pc;
+  CLI::App* plot = app.add_subcommand("plot", "Draw training curves from metrics files: chorus plot METRICS... --out curves.svg|.png");
+  app::add_plot_options(plot, pc);
+
   app::LaunchConfig lc;
   CLI::App* launch = app.add_subcommand("launch", "Start the processes of a distributed job: chorus launch [options] -- PROGRAM ARGS...");
   app::add_launch_options(launch, lc);
@@ -116,6 +122,7 @@ int chorus_main(int argc, char** argv, bool parse_only) {
     if (*launch) return app::run_launch(lc);
     if (*bench_comm) return app::run_bench_comm(cc);
     if (*bench) return app::run_bench(bc);
+    if (*plot) return app::run_plot(pc);
     if (*train) {
       auto summary = app::run_train(tc);
       if (summary.is_null()) return 0;  // a DDP rank other than 0: rank 0 reports

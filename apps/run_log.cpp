@@ -1,5 +1,8 @@
 #include "run_log.h"
 
+#include <filesystem>
+
+#include "plot.h"
 
 namespace chorus::app {
 
@@ -40,20 +43,41 @@ std::vector<std::pair<std::string, double>> tensorboard_scalars(const ojson& rec
 RunLog::RunLog(RunLogOptions o) : opts_(std::move(o)) {
   if (opts_.metrics) metrics_ = std::make_unique<io::MetricsWriter>(*opts_.metrics, opts_.append);
   if (opts_.tensorboard) tensorboard_ = std::make_unique<io::TensorBoardWriter>(*opts_.tensorboard);
+  // Drawn at once (empty panels, or a resumed run's curves so far): a bad
+  // --plot path fails before any training.
+  if (opts_.plot) refresh_plot();
 }
 
 void RunLog::step(const ojson& record) {
   if (metrics_) metrics_->write(record);
   if (tensorboard_) tensorboard_->add_scalars(record.value("step", int64_t{0}), tensorboard_scalars(record, "step"));
+  if (opts_.plot) history_.push_back(record);
 }
 
 void RunLog::epoch(const ojson& record) {
   if (metrics_) metrics_->write(record);
   if (tensorboard_) tensorboard_->add_scalars(record.value("step", int64_t{0}), tensorboard_scalars(record, "epoch"));
+  if (opts_.plot) {
+    history_.push_back(record);
+    refresh_plot();
+  }
 }
 
 void RunLog::summary(const ojson& summary) {
   if (metrics_) metrics_->write({{"summary", summary}});
+  if (opts_.plot) refresh_plot();
+}
+
+// From the metrics file when there is one (a resumed run's file holds its
+// earlier jobs' records too), else from the records of this job.
+void RunLog::refresh_plot() {
+  PlotRun run{opts_.run_name, history_};
+  std::error_code ec;
+  if (metrics_ && std::filesystem::file_size(metrics_->path(), ec) > 0 && !ec) {
+    run = read_metrics_run(metrics_->path());
+    run.name = opts_.run_name;
+  }
+  write_plot(*opts_.plot, {run});
 }
 
 }  // namespace chorus::app

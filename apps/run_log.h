@@ -1,6 +1,6 @@
 // RunLog: where `chorus train` sends the figures it reads at each log window
 // and epoch end -- the --metrics file (JSON lines or CSV), TensorBoard event
-// files (--tensorboard).
+// files (--tensorboard) and the --plot picture, refreshed at each epoch end.
 //
 // The records are the --metrics file's (docs/observability.md lists them);
 // TensorBoard gets the same numbers under fixed tags (tensorboard_scalars), so
@@ -31,6 +31,8 @@ struct RunLogOptions {
   std::optional<std::string> metrics;      // --metrics FILE
   bool append = false;                     // --resume: extend the metrics file
   std::optional<std::string> tensorboard;  // the run directory for event files
+  std::optional<std::string> plot;         // --plot FILE (.svg or .png)
+  std::string run_name = "run";            // the plot's legend
 };
 
 class RunLog {
@@ -38,18 +40,21 @@ class RunLog {
   explicit RunLog(RunLogOptions o);
   // A log window's record (it has "step").
   void step(const nlohmann::ordered_json& record);
-  // An epoch end's record (it has "step").
+  // An epoch end's record (it has "step"); refreshes the plot.
   void epoch(const nlohmann::ordered_json& record);
-  // The closing summary (metrics file only).
+  // The closing summary (metrics file only); refreshes the plot.
   void summary(const nlohmann::ordered_json& summary);
 
-  bool any() const { return metrics_ || tensorboard_; }
+  bool any() const { return metrics_ || tensorboard_ || opts_.plot; }
   const io::TensorBoardWriter* tensorboard() const { return tensorboard_.get(); }
 
  private:
+  void refresh_plot();
+
   RunLogOptions opts_;
   std::unique_ptr<io::MetricsWriter> metrics_;
   std::unique_ptr<io::TensorBoardWriter> tensorboard_;
+  std::vector<nlohmann::ordered_json> history_;  // for --plot without a JSON-lines metrics file
 };
 
 }  // namespace chorus::app

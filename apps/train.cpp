@@ -101,6 +101,8 @@ void TrainConfig::validate() const {
   CHORUS_CHECK(!tensorboard || !tensorboard->empty(),
                "--tensorboard is empty: name a folder, or leave --tensorboard out for no event files");
   CHORUS_CHECK(!tensorboard_all_ranks || tensorboard, "--tensorboard-all-ranks goes with --tensorboard DIR");
+  CHORUS_CHECK(!plot || (plot->size() > 4 && (plot->substr(plot->size() - 4) == ".svg" || plot->substr(plot->size() - 4) == ".png")),
+               "--plot must name a .svg or .png file, got '", plot.value_or(""), "'");
   CHORUS_CHECK(!resume || checkpoint_dir, "--resume needs --checkpoint-dir");
   CHORUS_CHECK(!start_fresh || resume, "--start-fresh goes with --resume");
   CHORUS_CHECK(allow_change.empty() || resume, "--allow-change goes with --resume");
@@ -650,18 +652,21 @@ nlohmann::ordered_json run_train(const TrainConfig& given) {
   Training t = set_up(given);
   // Note [Training ranks]: only rank 0 speaks and writes metrics.
   TrainConfig cfg = given;
-  t.evaluate_epochs = given.metrics || given.tensorboard || !given.quiet;
+  t.evaluate_epochs = given.metrics || given.tensorboard || given.plot || !given.quiet;
   const bool leader = !t.ranks || t.ranks->leader();
   if (!leader) {
     cfg.quiet = true;
     cfg.metrics.reset();
     if (!cfg.tensorboard_all_ranks) cfg.tensorboard.reset();
+    cfg.plot.reset();
   }
   const Position start = resume(cfg, t);
   RunLogOptions lo;
   lo.metrics = cfg.metrics;
   lo.append = cfg.resume;
   lo.tensorboard = tensorboard_run_dir(cfg, t);
+  lo.plot = cfg.plot;
+  lo.run_name = cfg.metrics ? fs::path(*cfg.metrics).stem().string() : cfg.model + " " + cfg.strategy;
   RunLog log(lo);
   announce(cfg, t);
   if (log.tensorboard() && !cfg.quiet) std::fprintf(stderr, "tensorboard: %s\n", log.tensorboard()->path().c_str());

@@ -2,7 +2,8 @@
 # What a user looks at (docs/observability.md), from one short CPU run:
 # TensorBoard event files decoded in Python (tests/apps/tfevents.py, no
 # TensorFlow, no protobuf) and every scalar checked against the --metrics line
-# it came from.
+# it came from; chorus plot's SVG (two runs, JSON lines and CSV) and
+# chorus train --plot.
 set -euo pipefail
 CHORUS=$1
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -10,7 +11,20 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 "$CHORUS" train --model mlp --data synthetic --synthetic-size 384 --batch-size 64 --epochs 2 --log-every 2 \
-  --devices cpu --workers 0 --quiet --metrics "$work/m.jsonl" --tensorboard "$work/tb" >/dev/null
+  --devices cpu --workers 0 --quiet --metrics "$work/m.jsonl" --tensorboard "$work/tb" --plot "$work/live.svg" >/dev/null
+
+"$CHORUS" train --model mlp --data synthetic --synthetic-size 384 --batch-size 64 --epochs 2 --log-every 2 \
+  --devices cpu --workers 0 --quiet --lr 0.01 --metrics "$work/slow.csv" >/dev/null
+"$CHORUS" plot "$work/m.jsonl" "$work/slow.csv" --out "$work/curves.svg"
+if "$CHORUS" plot "$work/m.jsonl" --out "$work/curves.pdf" 2>"$work/err"; then echo "a .pdf was accepted"; exit 1; fi
+grep -q "must end in .svg or .png" "$work/err"
+if command -v rsvg-convert >/dev/null; then
+  "$CHORUS" plot "$work/m.jsonl" --out "$work/curves.png"
+  head -c 8 "$work/curves.png" | od -c | grep -q "P   N   G"
+else
+  if "$CHORUS" plot "$work/m.jsonl" --out "$work/curves.png" 2>"$work/err"; then echo "png without rsvg-convert"; exit 1; fi
+  grep -q "needs rsvg-convert" "$work/err"
+fi
 
 python3 - "$work" "$HERE" <<'PY'
 import glob, json, os, struct, sys
@@ -55,3 +69,20 @@ for tag in ["train/loss", "train/accuracy", "train/lr", "train/img_per_s", "trai
 print(f"tensorboard: {len(got)} events, {sum(len(t) for _, t in got)} scalars match the metrics file")
 PY
 
+python3 - "$work" <<'PY'
+import os, sys, xml.etree.ElementTree as ET
+work = sys.argv[1]
+ns = "{http://www.w3.org/2000/svg}"
+for name, runs in [("curves.svg", ["m", "slow"]), ("live.svg", ["m"])]:
+    root = ET.parse(os.path.join(work, name)).getroot()
+    texts = [t.text for t in root.iter(ns + "text")]
+    for title in ["Loss", "Accuracy", "Throughput (img/s)", "Peak memory (MiB)"]:
+        assert title in texts, (name, title)
+    for r in runs:
+        assert r in texts, (name, r, "legend")
+    lines = root.findall(ns + "polyline")
+    # per run: train loss, val loss, train and val accuracy, throughput, memory
+    assert len(lines) == 6 * len(runs), (name, len(lines))
+    assert "no data" not in texts, name
+print("plot: curves.svg and live.svg hold every panel and run")
+PY
