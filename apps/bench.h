@@ -30,6 +30,8 @@ struct BenchConfig {
   std::optional<std::string> dp_all_reduce;  // dp: auto | nccl | copy-engine | in-update (unset: CHORUS_DP_ALLREDUCE, else auto)
   std::optional<std::string> counts;  // device counts to run, e.g. "1,2,4" (unset: 1, 2, 4, ... up to the list)
   bool json = false;
+  std::optional<std::string> trace;     // a Chrome/Perfetto trace of --trace-steps timed steps (last row)
+  std::string trace_steps = "3-5";
   std::string comm_hook = "allreduce";  // ddp: allreduce | bf16
   bool broadcast_buffers = false;       // ddp: rank 0's buffers before every forward (PyTorch's default)
   bool ddp_worker = false;              // internal: one rank of a ddp row (apps/bench_ddp.h)

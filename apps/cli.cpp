@@ -65,6 +65,8 @@ int chorus_main(int argc, char** argv, bool parse_only) {
   app::add_optional(train, "--tensorboard", tc.tensorboard, "Write TensorBoard event files (scalars) into a run directory under this folder");
   train->add_flag("--tensorboard-all-ranks", tc.tensorboard_all_ranks, "ddp: every rank writes event files (into rank<N> under the run directory), not rank 0 alone");
   app::add_optional(train, "--plot", tc.plot, "Draw the loss, accuracy, throughput and memory curves into this .svg or .png at each epoch end (as chorus plot does)");
+  app::add_optional(train, "--trace", tc.trace, "Write a Chrome/Perfetto trace (JSON) of the --trace-steps steps: host phases and kernels, every rank in one file");
+  train->add_option("--trace-steps", tc.trace_steps, "The steps --trace records, e.g. 5-7 (from 1)")->capture_default_str();
   train->add_option("--log-every", tc.log_every, "Read the loss every N steps")->capture_default_str()->transform(app::integer_up_to(app::kMaxSteps));
   train->add_flag("--sync-bn", tc.sync_bn, "ddp: batch-norm statistics over all ranks (SyncBatchNorm)");
   train->add_option("--comm-hook", tc.comm_hook, "ddp: allreduce | bf16 (gradients travel as bfloat16)")->capture_default_str();

@@ -35,12 +35,14 @@
 #include "chorus/ops/elementwise.h"
 #include "chorus/ops/factory.h"
 #include "chorus/ops/reduce.h"
+#include "chorus/ops/profile.h"
 #include "chorus/optim/adamw.h"
 #include "chorus/optim/lr_scheduler.h"
 #include "chorus/optim/sgd.h"
 #include "progress.h"
 #include "resume_checks.h"
 #include "run_log.h"
+#include "step_trace.h"
 #include "stop_signal.h"
 #include "train_dist.h"
 #include "train_pipeline.h"
@@ -103,6 +105,8 @@ void TrainConfig::validate() const {
   CHORUS_CHECK(!tensorboard_all_ranks || tensorboard, "--tensorboard-all-ranks goes with --tensorboard DIR");
   CHORUS_CHECK(!plot || (plot->size() > 4 && (plot->substr(plot->size() - 4) == ".svg" || plot->substr(plot->size() - 4) == ".png")),
                "--plot must name a .svg or .png file, got '", plot.value_or(""), "'");
+  CHORUS_CHECK(!trace || !trace->empty(), "--trace is empty: name a .json file, or leave --trace out");
+  (void)parse_trace_steps(trace_steps);
   CHORUS_CHECK(!resume || checkpoint_dir, "--resume needs --checkpoint-dir");
   CHORUS_CHECK(!start_fresh || resume, "--start-fresh goes with --resume");
   CHORUS_CHECK(allow_change.empty() || resume, "--allow-change goes with --resume");
@@ -531,7 +535,7 @@ size_t peak_bytes(const std::vector<Device>& devices) {
 }
 
 // The epoch loop from `pos` on, until the epochs or --steps run out.
-LoopResult train_loop(const TrainConfig& cfg, Training& t, Position& pos, RunLog* log) {
+LoopResult train_loop(const TrainConfig& cfg, Training& t, Position& pos, RunLog* log, StepTracer& tracer) {
   LoopResult out;
   Progress progress(!cfg.quiet);
   StepStats stats;
@@ -542,7 +546,14 @@ LoopResult train_loop(const TrainConfig& cfg, Training& t, Position& pos, RunLog
     if (epoch != start_epoch) pos.batch_in_epoch = 0;
     t.train_loader->start_epoch(epoch, pos.batch_in_epoch);
     data::Batch b;
-    while (pos.step < t.total_steps && t.train_loader->next(&b)) {
+    while (pos.step < t.total_steps) {
+      tracer.begin_step(pos.step + 1);  // --trace: the chosen steps, their data loading included
+      bool got = false;
+      {
+        ops::TraceScope data("data");
+        got = t.train_loader->next(&b);
+      }
+      if (!got) break;
       t.schedule->apply(*t.opt, pos.step);
       // Labels go where the loss is computed (the output device); the images
       // stay where the loader put them (host memory under DataParallel).
@@ -551,6 +562,7 @@ LoopResult train_loop(const TrainConfig& cfg, Training& t, Position& pos, RunLog
       ++pos.step;
       ++pos.batch_in_epoch;
       out.images += b.labels.size(0);
+      tracer.end_step(pos.step);
       bool agreed_stop = false;
       if (pos.step % cfg.log_every == 0 || pos.step == t.total_steps) {
         StepStats::Window w = stats.close(t.rank_context(), &agreed_stop);
@@ -672,7 +684,11 @@ nlohmann::ordered_json run_train(const TrainConfig& given) {
   if (log.tensorboard() && !cfg.quiet) std::fprintf(stderr, "tensorboard: %s\n", log.tensorboard()->path().c_str());
   const auto t0 = std::chrono::steady_clock::now();
   Position pos = start;
-  LoopResult loop = train_loop(cfg, t, pos, log.any() ? &log : nullptr);
+  // Note [Traces of several ranks]: every rank records; rank 0 writes the file.
+  StepTracer tracer(cfg.trace, cfg.trace_steps, t.ranks ? t.ranks->group->store() : nullptr,
+                    t.ranks ? t.ranks->env.rank : 0, t.world(), !cfg.quiet);
+  LoopResult loop = train_loop(cfg, t, pos, log.any() ? &log : nullptr, tracer);
+  tracer.finish();
   synchronize();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   nlohmann::ordered_json summary = summarize(cfg, t, start, pos, loop, seconds);

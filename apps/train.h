@@ -41,6 +41,8 @@ struct TrainConfig {
   std::optional<std::string> metrics;     // unset: no metrics file
   std::optional<std::string> tensorboard; // TensorBoard event files under this folder (apps/run_log.h)
   bool tensorboard_all_ranks = false;     // ddp: every rank writes its own (default: rank 0 only)
+  std::optional<std::string> trace;       // a Chrome/Perfetto trace of --trace-steps (apps/step_trace.h)
+  std::string trace_steps = "3-5";        // first-last, 1-based
   std::optional<std::string> plot;        // curves redrawn at each epoch end (.svg or .png; apps/plot.h)
   bool json = false;
   int64_t log_every = 20;

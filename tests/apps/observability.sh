@@ -3,7 +3,9 @@
 # TensorBoard event files decoded in Python (tests/apps/tfevents.py, no
 # TensorFlow, no protobuf) and every scalar checked against the --metrics line
 # it came from; chorus plot's SVG (two runs, JSON lines and CSV) and
-# chorus train --plot.
+# chorus train --plot; chorus train|bench --trace (tests/apps/check_trace.py:
+# phases, one pid per rank, device tracks, timestamps in order). The
+# distributed trace (every rank in one file) is tests/dist/observability_ddp.sh.
 set -euo pipefail
 CHORUS=$1
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -86,3 +88,15 @@ for name, runs in [("curves.svg", ["m", "slow"]), ("live.svg", ["m"])]:
     assert "no data" not in texts, name
 print("plot: curves.svg and live.svg hold every panel and run")
 PY
+
+"$CHORUS" train --model mlp --data synthetic --synthetic-size 384 --batch-size 64 --epochs 1 --devices cpu \
+  --workers 0 --quiet --trace "$work/t.json" --trace-steps 2-4 >/dev/null
+python3 "$HERE/check_trace.py" "$work/t.json" --steps 2-4 --phases data,forward,backward,optimizer
+"$CHORUS" train --model mlp --data synthetic --synthetic-size 384 --batch-size 32 --epochs 1 --strategy dp \
+  --devices cpu:0,cpu:1 --workers 0 --quiet --trace "$work/dp.json" --trace-steps 1-2 >/dev/null
+python3 "$HERE/check_trace.py" "$work/dp.json" --steps 1-2 --phases data,forward,backward,optimizer --devices cpu:0,cpu:1
+"$CHORUS" bench --model mlp --devices cpu --batch-size 32 --steps 4 --warmup 1 --trace "$work/b.json" \
+  --trace-steps 2-3 >/dev/null
+python3 "$HERE/check_trace.py" "$work/b.json" --steps 2-3 --phases forward,backward,optimizer
+if "$CHORUS" train --steps 1 --trace "$work/x.json" --trace-steps 3-1 2>"$work/err"; then echo "3-1 accepted"; exit 1; fi
+grep -q "ends before it begins" "$work/err"

@@ -14,6 +14,7 @@
 #include "chorus/dist/grad_hooks.h"
 #include "chorus/ops/copy.h"
 #include "chorus/ops/factory.h"
+#include "chorus/ops/profile.h"
 
 namespace chorus::dist {
 
@@ -229,9 +230,13 @@ struct DistributedDataParallel::Impl final : autograd::BackwardObserver {
       reducer->abandon();
       return;
     }
-    reducer->flush();
-    CHORUS_ASSERT(reducer->finished());
-    exchange_used_flags();
+    {
+      // The host's wait for the last buckets' all-reduces (Note [Step traces]).
+      ops::TraceScope wait("wait_gradients");
+      reducer->flush();
+      CHORUS_ASSERT(reducer->finished());
+      exchange_used_flags();
+    }
     ++reduced_steps;
     unused_names.clear();
     std::vector<size_t> without_grad;

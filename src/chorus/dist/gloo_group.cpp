@@ -17,6 +17,7 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -29,6 +30,7 @@
 #include "chorus/dist/roll_call.h"
 #include "chorus/dist/store_barrier.h"
 #include "chorus/ops/copy.h"
+#include "chorus/ops/profile.h"
 
 namespace chorus::dist {
 
@@ -231,7 +233,10 @@ WorkPtr ProcessGroupGloo::enqueue(const char* op, std::function<void(std::shared
   impl_->queue.emplace_back(
       [this, op, seq, ctx, body = std::move(body)] {
         try {
+          const auto begin = std::chrono::steady_clock::now();
           body(ctx, static_cast<uint32_t>(seq));
+          // Note [Step traces]: the worker's collectives as a track of their own.
+          ops::trace_span("gloo", op, "comm", begin, std::chrono::steady_clock::now());
         } catch (const ::gloo::Exception& e) {
           fail(op, seq, e.what());
         }
