@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 
 #include <nlohmann/json.hpp>
 
@@ -176,6 +177,25 @@ BenchRow bench_one(const BenchConfig& c, const std::vector<Device>& devs, StepTr
 
 }  // namespace
 
+namespace {
+// The processor's model ("AMD EPYC 9654 96-Core Processor"), from /proc/cpuinfo where there is one.
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
+      std::string m = line.substr(line.find(':') + 1);
+      return m.substr(std::min(m.find_first_not_of(' '), m.size()));
+    }
+  return "";
+}
+}  // namespace
+
+void add_provenance(nlohmann::ordered_json& row, const Device& device) {
+  const std::string model = device.is_cuda() ? "" : cpu_model();
+  row["device_name"] = model.empty() ? backend(device).device_name(device) : model + " (" + device.str() + ")";
+  row["commit"] = git_commit();
+}
+
 double plain_step_rate(const BenchConfig& c, const Device& device, int64_t batch) {
   BenchConfig one = c;
   one.strategy = "single";
@@ -262,6 +282,7 @@ int run_bench(const BenchConfig& c) {
                                   {"host_optim_ms", r.optim_ms},
                                   {"scaling_efficiency", base > 0 ? nlohmann::ordered_json(eff) : nullptr},
                                   {"loss", r.loss}};
+    add_provenance(row, devs[0]);
     if (c.json) {
       std::printf("%s\n", row.dump().c_str());
     } else {

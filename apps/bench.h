@@ -5,6 +5,8 @@
 #include <optional>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "chorus/core/device.h"
 
 namespace CLI {
@@ -49,6 +51,10 @@ struct BenchConfig {
 
 void add_bench_options(CLI::App* cmd, BenchConfig& c);
 int run_bench(const BenchConfig& c);
+// Where a row's numbers come from, added to every --json row: "device_name"
+// (the first device's: the GPU's name, or the processor's model) and "commit"
+// (git_commit()).
+void add_provenance(nlohmann::ordered_json& row, const Device& device);
 // img/s of plain training steps (strategy single) of `batch` samples on
 // `device`, with c's model, precision, layout, graphs, steps and warm-up.
 double plain_step_rate(const BenchConfig& c, const Device& device, int64_t batch);

@@ -5,7 +5,8 @@
 # it came from; chorus plot's SVG (two runs, JSON lines and CSV) and
 # chorus train --plot; chorus train|bench --trace (tests/apps/check_trace.py:
 # phases, one pid per rank, device tracks, timestamps in order). The
-# distributed trace (every rank in one file) is tests/dist/observability_ddp.sh.
+# distributed trace (every rank in one file) is tests/dist/observability_ddp.sh;
+# chorus bench --json rows carry the device name and the commit.
 set -euo pipefail
 CHORUS=$1
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -100,3 +101,18 @@ python3 "$HERE/check_trace.py" "$work/dp.json" --steps 1-2 --phases data,forward
 python3 "$HERE/check_trace.py" "$work/b.json" --steps 2-3 --phases forward,backward,optimizer
 if "$CHORUS" train --steps 1 --trace "$work/x.json" --trace-steps 3-1 2>"$work/err"; then echo "3-1 accepted"; exit 1; fi
 grep -q "ends before it begins" "$work/err"
+
+# chorus bench: --json rows name the device and the commit; the table has a memory column.
+"$CHORUS" bench --model mlp --devices cpu --batch-size 16 --steps 2 --warmup 1 --json > "$work/bench.jsonl"
+"$CHORUS" bench --model mlp --devices cpu --batch-size 16 --steps 2 --warmup 1 | grep -q "peak .* MiB"
+"$CHORUS" --version | grep -Eq "^commit: ([0-9a-f]{7,}(-dirty)?|unknown)$"
+python3 - "$work/bench.jsonl" <<'PY'
+import json, re, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert rows
+for r in rows:
+    assert r["device_name"] and "cpu:0" in r["device_name"], r["device_name"]
+    assert re.fullmatch(r"[0-9a-f]{7,}(-dirty)?|unknown", r["commit"]), r["commit"]
+    assert r["peak_mem_bytes"] > 0
+print(f"bench: device_name {rows[0]['device_name']!r}, commit {rows[0]['commit']}")
+PY
