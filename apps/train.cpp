@@ -449,6 +449,9 @@ class StepStats {
     count_ += labels.size(0);
     ++steps_;
   }
+  // Time inside the window that was not training (an epoch's evaluation and
+  // checkpoint): left out of its img/s and step time.
+  void exclude(double seconds) { excluded_s_ += seconds; }
   struct Window {
     double loss, accuracy, img_per_s, step_ms;
   };
@@ -457,7 +460,7 @@ class StepStats {
   // stop (Note [Training ranks]).
   Window close(const RankContext* ranks = nullptr, bool* stop = nullptr) {
     auto now = std::chrono::steady_clock::now();
-    const double secs = std::chrono::duration<double>(now - start_).count();
+    const double secs = std::chrono::duration<double>(now - start_).count() - excluded_s_;
     std::vector<double> sums = {loss_.item(), correct_.item(), static_cast<double>(count_),
                                 StopSignal::pending() ? 1.0 : 0.0};
     if (ranks) sums = sum_over_ranks(*ranks, sums);
@@ -472,6 +475,7 @@ class StepStats {
  private:
   Tensor loss_, correct_;
   int64_t count_ = 0, steps_ = 0;
+  double excluded_s_ = 0;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
@@ -584,7 +588,9 @@ LoopResult train_loop(const TrainConfig& cfg, Training& t, Position& pos, RunLog
       if (should_stop(t, agreed_stop)) stop_for_signal(cfg, t, pos, progress);
     }
     if (pos.batch_in_epoch >= t.per_epoch) {
+      const auto eval_start = std::chrono::steady_clock::now();
       finish_epoch(cfg, t, {pos.step, epoch + 1, 0}, log, progress);
+      stats.exclude(std::chrono::duration<double>(std::chrono::steady_clock::now() - eval_start).count());
     } else {
       save(cfg, t, pos);  // stopped inside the epoch (--steps): resumable from here
     }
