@@ -71,6 +71,7 @@ int chorus_main(int argc, char** argv, bool parse_only) {
   train->add_flag("--sync-bn", tc.sync_bn, "ddp: batch-norm statistics over all ranks (SyncBatchNorm)");
   train->add_option("--comm-hook", tc.comm_hook, "ddp: allreduce | bf16 (gradients travel as bfloat16)")->capture_default_str();
   train->add_option("--dist-timeout", tc.dist_timeout_s, "ddp: seconds the rendezvous and each collective may take")->capture_default_str()->check(app::real_number(1e7));
+  train->add_option("--stats-every", tc.stats_every_s, "ddp: every this many seconds, one line with the ranks' median step time and the slowest rank (0: never)")->capture_default_str()->check(app::real_number(1e7));
   app::add_optional(train, "--micro-batches", tc.micro_batches, "pipeline: micro-batches per batch (default 4)")->transform(app::integer_up_to(app::kMaxBatchSize));
   app::add_optional(train, "--schedule", tc.schedule, "pipeline: gpipe | 1f1b (default) | interleaved");
   app::add_optional(train, "--balance", tc.balance, "pipeline: layers per stage, e.g. 14,15, or time | memory: split by measured time (default) or memory");

@@ -86,6 +86,7 @@ void TrainConfig::validate() const {
   CHORUS_CHECK(comm_hook == "allreduce" || comm_hook == "bf16", "--comm-hook must be allreduce or bf16, got '",
                comm_hook, "'");
   CHORUS_CHECK(dist_timeout_s > 0, "--dist-timeout must be positive, got ", dist_timeout_s);
+  CHORUS_CHECK(std::isfinite(stats_every_s) && stats_every_s >= 0, "--stats-every must be a number of seconds >= 0, got ", stats_every_s);
   CHORUS_CHECK(precision == "fp32" || precision == "bf16", "unknown precision '", precision, "' (expected fp32 or bf16)");
   CHORUS_CHECK(optimizer == "sgd" || optimizer == "adamw", "unknown optimizer '", optimizer, "' (expected sgd or adamw)");
   CHORUS_CHECK(batch_size > 0, "--batch-size must be positive, got ", batch_size);
@@ -454,7 +455,10 @@ class StepStats {
   void exclude(double seconds) { excluded_s_ += seconds; }
   struct Window {
     double loss, accuracy, img_per_s, step_ms;
+    bool report = false;  // rank 0 asked for the ranks' step times (Note [Slow ranks named])
   };
+  // Rank 0: ask every rank, through this window's all-reduce, for a RankTimes report.
+  void ask_for_report() { report_due_ = true; }
   // Reads the window (one host wait) and starts the next one. Under DDP the
   // figures are over all ranks, and *stop says whether any rank was asked to
   // stop (Note [Training ranks]).
@@ -462,11 +466,11 @@ class StepStats {
     auto now = std::chrono::steady_clock::now();
     const double secs = std::chrono::duration<double>(now - start_).count() - excluded_s_;
     std::vector<double> sums = {loss_.item(), correct_.item(), static_cast<double>(count_),
-                                StopSignal::pending() ? 1.0 : 0.0};
+                                StopSignal::pending() ? 1.0 : 0.0, report_due_ ? 1.0 : 0.0};
     if (ranks) sums = sum_over_ranks(*ranks, sums);
     if (stop) *stop = sums[3] > 0;
     Window w{sums[0] / sums[2], sums[1] / sums[2], secs > 0 ? sums[2] / secs : 0,
-             steps_ > 0 ? 1000.0 * secs / static_cast<double>(steps_) : 0};
+             steps_ > 0 ? 1000.0 * secs / static_cast<double>(steps_) : 0, sums[4] > 0};
     *this = StepStats();
     start_ = now;
     return w;
@@ -476,6 +480,7 @@ class StepStats {
   Tensor loss_, correct_;
   int64_t count_ = 0, steps_ = 0;
   double excluded_s_ = 0;
+  bool report_due_ = false;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
@@ -543,6 +548,8 @@ LoopResult train_loop(const TrainConfig& cfg, Training& t, Position& pos, RunLog
   LoopResult out;
   Progress progress(!cfg.quiet);
   StepStats stats;
+  RankTimes rank_times;  // Note [Slow ranks named]
+  auto last_report = std::chrono::steady_clock::now();
   const int64_t start_epoch = pos.epoch;
   t.model->train();
   for (int64_t epoch = start_epoch; epoch < cfg.epochs && pos.step < t.total_steps; ++epoch) {
@@ -552,11 +559,13 @@ LoopResult train_loop(const TrainConfig& cfg, Training& t, Position& pos, RunLog
     data::Batch b;
     while (pos.step < t.total_steps) {
       tracer.begin_step(pos.step + 1);  // --trace: the chosen steps, their data loading included
+      const auto step_begin = std::chrono::steady_clock::now();
       bool got = false;
       {
         ops::TraceScope data("data");
         got = t.train_loader->next(&b);
       }
+      const auto data_end = std::chrono::steady_clock::now();
       if (!got) break;
       t.schedule->apply(*t.opt, pos.step);
       // Labels go where the loss is computed (the output device); the images
@@ -567,9 +576,26 @@ LoopResult train_loop(const TrainConfig& cfg, Training& t, Position& pos, RunLog
       ++pos.batch_in_epoch;
       out.images += b.labels.size(0);
       tracer.end_step(pos.step);
+      if (t.ranks) {
+        const auto now = std::chrono::steady_clock::now();
+        rank_times.add_step(std::chrono::duration<double>(now - step_begin).count(),
+                            std::chrono::duration<double>(data_end - step_begin).count());
+      }
       bool agreed_stop = false;
       if (pos.step % cfg.log_every == 0 || pos.step == t.total_steps) {
+        const auto now = std::chrono::steady_clock::now();
+        if (t.ranks && t.ranks->leader() && cfg.stats_every_s > 0 &&
+            std::chrono::duration<double>(now - last_report).count() >= cfg.stats_every_s)
+          stats.ask_for_report();
         StepStats::Window w = stats.close(t.rank_context(), &agreed_stop);
+        if (w.report) {  // every rank, at the same step
+          const std::string line = rank_times.report(*t.ranks, pos.step, t.ddp->gradient_wait_seconds());
+          last_report = now;
+          if (!line.empty() && !cfg.quiet) {
+            progress.finish();
+            std::fprintf(stderr, "%s\n", line.c_str());
+          }
+        }
         out.last_loss = w.loss;
         out.last_acc = w.accuracy;
         CHORUS_CHECK_T(Error, std::isfinite(w.loss), "training diverged: the loss is ", w.loss, " at step ", pos.step,

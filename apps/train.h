@@ -54,6 +54,7 @@ struct TrainConfig {
   bool sync_bn = false;          // batch-norm statistics over all ranks
   std::string comm_hook = "allreduce";  // allreduce | bf16 (gradients travel as bfloat16)
   double dist_timeout_s = 300;   // rendezvous and every collective
+  double stats_every_s = 60;     // rank 0's line on the ranks' step times (Note [Slow ranks named]); 0: never
   // --strategy pipeline (unset: the defaults below; set with another strategy: an error)
   std::optional<int64_t> micro_batches;    // default 4
   std::optional<std::string> schedule;     // gpipe | 1f1b (default) | interleaved
