@@ -7,6 +7,7 @@
 #include "chorus/ops/comm.h"
 #include "bench_ddp.h"
 #include "bench_pipeline.h"
+#include "step_trace.h"
 #include "cli_numbers.h"
 #include "cli_options.h"
 #include "commands.h"
@@ -17,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 
 #include <nlohmann/json.hpp>
 
@@ -74,6 +76,9 @@ void add_bench_options(CLI::App* cmd, BenchConfig& c) {
   cmd->add_flag("--json", c.json, "One JSON object per row");
   cmd->add_option("--seq-len", c.seq_len, "GPT models (gpt2 ... d84): tokens per sequence (default 1024)")
       ->transform(integer_up_to(1 << 20));
+  add_optional(cmd, "--trace", c.trace,
+               "Write a Chrome/Perfetto trace (JSON) of --trace-steps timed steps of the last row (single, dp)");
+  cmd->add_option("--trace-steps", c.trace_steps, "The timed steps --trace records, e.g. 5-7 (from 1)")->capture_default_str();
 }
 
 namespace {
@@ -116,7 +121,7 @@ struct BenchRow {
   bool graphed;  // every timed step replayed a CUDA graph
 };
 
-BenchRow bench_one(const BenchConfig& c, const std::vector<Device>& devs) {
+BenchRow bench_one(const BenchConfig& c, const std::vector<Device>& devs, StepTracer* tracer = nullptr) {
   Device dev = devs[0];
   manual_seed(0);
   bool small = c.model == "mlp" || c.model == "cnn";
@@ -153,12 +158,17 @@ BenchRow bench_one(const BenchConfig& c, const std::vector<Device>& devs) {
   const bool range = range_env && std::strcmp(range_env, "1") == 0 && dev.is_cuda();
   if (range) backend(dev).profiler_range(true);
   auto t0 = std::chrono::steady_clock::now();
-  for (int64_t i = 0; i < c.steps; ++i) step();
+  for (int64_t i = 1; i <= c.steps; ++i) {
+    if (tracer) tracer->begin_step(i);
+    step();
+    if (tracer) tracer->end_step(i);
+  }
   // Evidence of asynchrony: the host has issued every step long before the
   // GPU has finished them (nothing in a step waits for the device).
   double issue = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (const Device& d : devs) synchronize(d);
   if (range) backend(dev).profiler_range(false);
+  if (tracer) tracer->finish();
   double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   size_t peak = 0;
   for (const Device& d : devs) peak = std::max(peak, backend(d).peak_bytes(d));
@@ -170,6 +180,25 @@ BenchRow bench_one(const BenchConfig& c, const std::vector<Device>& devs) {
 
 }  // namespace
 
+namespace {
+// The processor's model ("AMD EPYC 9654 96-Core Processor"), from /proc/cpuinfo where there is one.
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
+      std::string m = line.substr(line.find(':') + 1);
+      return m.substr(std::min(m.find_first_not_of(' '), m.size()));
+    }
+  return "";
+}
+}  // namespace
+
+void add_provenance(nlohmann::ordered_json& row, const Device& device) {
+  const std::string model = device.is_cuda() ? "" : cpu_model();
+  row["device_name"] = model.empty() ? backend(device).device_name(device) : model + " (" + device.str() + ")";
+  row["commit"] = git_commit();
+}
+
 double plain_step_rate(const BenchConfig& c, const Device& device, int64_t batch) {
   BenchConfig one = c;
   one.strategy = "single";
@@ -180,6 +209,9 @@ double plain_step_rate(const BenchConfig& c, const Device& device, int64_t batch
 int run_bench(const BenchConfig& c) {
   if (is_gpt_model(c.model)) return run_bench_gpt(c);
   if (c.ddp_worker) return run_bench_ddp_worker(c);
+  CHORUS_CHECK(!c.trace || c.strategy == "single" || c.strategy == "dp",
+               "chorus bench --trace goes with --strategy single or dp (a distributed job: chorus train --strategy ddp --trace)");
+  if (c.trace) (void)parse_trace_steps(c.trace_steps);
   CHORUS_CHECK(c.strategy == "single" || c.strategy == "dp" || c.strategy == "ddp" || c.strategy == "pipeline",
                "chorus bench: unknown strategy '", c.strategy, "' (expected single, dp, ddp or pipeline)");
   if (c.strategy == "pipeline") return run_bench_pipeline(c);
@@ -214,7 +246,9 @@ int run_bench(const BenchConfig& c) {
       r.host_issue_ms = got.value("host_issue_ms", 0.0);
       r.graphed = got.value("cuda_graphs", false);
     } else {
-      r = bench_one(c, devs);
+      // --trace: the last row's timed steps.
+      StepTracer tracer(n == counts.back() ? c.trace : std::nullopt, c.trace_steps);
+      r = bench_one(c, devs, &tracer);
     }
     if (n == 1) base = r.img_per_s;
     double eff = base > 0 ? r.img_per_s / (static_cast<double>(n) * base) : 0;
@@ -252,6 +286,7 @@ int run_bench(const BenchConfig& c) {
                                   {"host_optim_ms", r.optim_ms},
                                   {"scaling_efficiency", base > 0 ? nlohmann::ordered_json(eff) : nullptr},
                                   {"loss", r.loss}};
+    add_provenance(row, devs[0]);
     if (c.json) {
       std::printf("%s\n", row.dump().c_str());
     } else {

@@ -5,6 +5,8 @@
 #include <optional>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "chorus/core/device.h"
 
 namespace CLI {
@@ -30,6 +32,8 @@ struct BenchConfig {
   std::optional<std::string> dp_all_reduce;  // dp: auto | nccl | copy-engine | in-update (unset: CHORUS_DP_ALLREDUCE, else auto)
   std::optional<std::string> counts;  // device counts to run, e.g. "1,2,4" (unset: 1, 2, 4, ... up to the list)
   bool json = false;
+  std::optional<std::string> trace;     // a Chrome/Perfetto trace of --trace-steps timed steps (last row)
+  std::string trace_steps = "3-5";
   std::string comm_hook = "allreduce";  // ddp: allreduce | bf16
   bool broadcast_buffers = false;       // ddp: rank 0's buffers before every forward (PyTorch's default)
   bool ddp_worker = false;              // internal: one rank of a ddp row (apps/bench_ddp.h)
@@ -50,6 +54,10 @@ void add_bench_options(CLI::App* cmd, BenchConfig& c);
 int run_bench(const BenchConfig& c);
 // A GPT model's row (apps/bench_gpt.cpp): tokens/s, MFU and peak memory.
 int run_bench_gpt(const BenchConfig& c);
+// Where a row's numbers come from, added to every --json row: "device_name"
+// (the first device's: the GPU's name, or the processor's model) and "commit"
+// (git_commit()).
+void add_provenance(nlohmann::ordered_json& row, const Device& device);
 // img/s of plain training steps (strategy single) of `batch` samples on
 // `device`, with c's model, precision, layout, graphs, steps and warm-up.
 double plain_step_rate(const BenchConfig& c, const Device& device, int64_t batch);

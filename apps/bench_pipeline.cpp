@@ -176,6 +176,7 @@ int run_bench_pipeline(const BenchConfig& c) {
       nlohmann::ordered_json row = {{"model", c.model}, {"strategy", "plain"}, {"device_list", devs[0].str()},
                                     {"precision", c.precision}, {"micro_batch", micro}, {"micro_batch_img_per_s", micro_rate},
                                     {"batch", c.batch_size}, {"batch_img_per_s", whole_rate}};
+      add_provenance(row, devs[0]);
       std::printf("%s\n", row.dump().c_str());
     } else {
       std::printf("%-10s plain steps on %s: batch %lld %.1f img/s, batch %lld %.1f img/s (%.2f per sample)\n",
@@ -217,6 +218,7 @@ int run_bench_pipeline(const BenchConfig& c) {
         {"speedup_vs_naive", naive_rate > 0 ? nlohmann::ordered_json(speedup) : nullptr},
         {"bound_vs_naive", bound >= 0 ? nlohmann::ordered_json(bound) : nullptr},
         {"loss", r.loss}};
+    add_provenance(row, devs[0]);
     if (c.json) {
       std::printf("%s\n", row.dump().c_str());
     } else {

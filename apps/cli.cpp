@@ -17,6 +17,7 @@
 #include "crash_report.h"
 #include "launch.h"
 #include "lm_commands.h"
+#include "plot.h"
 #include "train.h"
 #include "train_gpt.h"
 
@@ -63,10 +64,16 @@ int chorus_main(int argc, char** argv, bool parse_only) {
   train->add_flag("--start-fresh", tc.start_fresh, "With --resume: when no checkpoint can be read, start over (they are kept, renamed *.unreadable)");
   train->add_option("--allow-change", tc.allow_change, "With --resume: let these saved settings change (epochs, steps, data_dir, devices, strategy)")->delimiter(',');
   app::add_optional(train, "--metrics", tc.metrics, "Write metrics as JSON lines (or CSV for a .csv file)");
+  app::add_optional(train, "--tensorboard", tc.tensorboard, "Write TensorBoard event files (scalars) into a run directory under this folder");
+  train->add_flag("--tensorboard-all-ranks", tc.tensorboard_all_ranks, "ddp: every rank writes event files (into rank<N> under the run directory), not rank 0 alone");
+  app::add_optional(train, "--plot", tc.plot, "Draw the loss, accuracy, throughput and memory curves into this .svg or .png at each epoch end (as chorus plot does)");
+  app::add_optional(train, "--trace", tc.trace, "Write a Chrome/Perfetto trace (JSON) of the --trace-steps steps: host phases and kernels, every rank in one file");
+  train->add_option("--trace-steps", tc.trace_steps, "The steps --trace records, e.g. 5-7 (from 1)")->capture_default_str();
   train->add_option("--log-every", tc.log_every, "Read the loss every N steps")->capture_default_str()->transform(app::integer_up_to(app::kMaxSteps));
   train->add_flag("--sync-bn", tc.sync_bn, "ddp: batch-norm statistics over all ranks (SyncBatchNorm)");
   train->add_option("--comm-hook", tc.comm_hook, "ddp: allreduce | bf16 (gradients travel as bfloat16)")->capture_default_str();
   train->add_option("--dist-timeout", tc.dist_timeout_s, "ddp: seconds the rendezvous and each collective may take")->capture_default_str()->check(app::real_number(1e7));
+  train->add_option("--stats-every", tc.stats_every_s, "ddp: every this many seconds, one line with the ranks' median step time and the slowest rank (0: never)")->capture_default_str()->check(app::real_number(1e7));
   app::add_optional(train, "--micro-batches", tc.micro_batches, "pipeline: micro-batches per batch (default 4)")->transform(app::integer_up_to(app::kMaxBatchSize));
   app::add_optional(train, "--schedule", tc.schedule, "pipeline: gpipe | 1f1b (default) | interleaved");
   app::add_optional(train, "--balance", tc.balance, "pipeline: layers per stage, e.g. 14,15, or time | memory: split by measured time (default) or memory");
@@ -97,6 +104,10 @@ int chorus_main(int argc, char** argv, bool parse_only) {
   app::BenchCommConfig cc;
   CLI::App* bench_comm = app.add_subcommand("bench-comm", "All-reduce bus bandwidth through the process group (run under a launcher)");
   app::add_bench_comm_options(bench_comm, cc);
+
+  app::PlotConfig pc;
+  CLI::App* plot = app.add_subcommand("plot", "Draw training curves from metrics files: chorus plot METRICS... --out curves.svg|.png");
+  app::add_plot_options(plot, pc);
 
   app::LaunchConfig lc;
   CLI::App* launch = app.add_subcommand("launch", "Start the processes of a distributed job: chorus launch [options] -- PROGRAM ARGS...");
@@ -147,6 +158,7 @@ int chorus_main(int argc, char** argv, bool parse_only) {
       }
       return 0;
     }
+    if (*plot) return app::run_plot(pc);
     if (*train) {
       auto summary = app::run_train(tc);
       if (summary.is_null()) return 0;  // a DDP rank other than 0: rank 0 reports

@@ -11,6 +11,9 @@
 namespace chorus::app {
 
 std::string version_text();
+// `git describe --always --dirty` of the source tree at build time ("unknown"
+// outside a git checkout): chorus --version, chorus bench --json's rows.
+std::string git_commit();
 int run_devices();
 
 // MiB from the command line as bytes (validated by the caller: >= 0), capped

@@ -35,6 +35,7 @@ std::string version_text() {
   s += "MPI: no (mpirun launches still work when its environment is set)\n";
 #endif
   s += "BLAS: OpenBLAS\n";
+  s += "commit: " + git_commit() + "\n";
   return s;
 }
 

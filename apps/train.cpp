@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <memory>
 
@@ -28,18 +29,20 @@
 #include "chorus/data/synthetic.h"
 #include "chorus/data/transforms.h"
 #include "chorus/io/checkpoint.h"
-#include "chorus/io/metrics.h"
 #include "chorus/models/models.h"
 #include "chorus/nn/functional.h"
 #include "chorus/ops/copy.h"
 #include "chorus/ops/elementwise.h"
 #include "chorus/ops/factory.h"
 #include "chorus/ops/reduce.h"
+#include "chorus/ops/profile.h"
 #include "chorus/optim/adamw.h"
 #include "chorus/optim/lr_scheduler.h"
 #include "chorus/optim/sgd.h"
 #include "progress.h"
 #include "resume_checks.h"
+#include "run_log.h"
+#include "step_trace.h"
 #include "stop_signal.h"
 #include "train_dist.h"
 #include "train_pipeline.h"
@@ -83,6 +86,7 @@ void TrainConfig::validate() const {
   CHORUS_CHECK(comm_hook == "allreduce" || comm_hook == "bf16", "--comm-hook must be allreduce or bf16, got '",
                comm_hook, "'");
   CHORUS_CHECK(dist_timeout_s > 0, "--dist-timeout must be positive, got ", dist_timeout_s);
+  CHORUS_CHECK(std::isfinite(stats_every_s) && stats_every_s >= 0, "--stats-every must be a number of seconds >= 0, got ", stats_every_s);
   CHORUS_CHECK(precision == "fp32" || precision == "bf16", "unknown precision '", precision, "' (expected fp32 or bf16)");
   CHORUS_CHECK(optimizer == "sgd" || optimizer == "adamw", "unknown optimizer '", optimizer, "' (expected sgd or adamw)");
   CHORUS_CHECK(batch_size > 0, "--batch-size must be positive, got ", batch_size);
@@ -97,6 +101,13 @@ void TrainConfig::validate() const {
   CHORUS_CHECK(!checkpoint_dir || !checkpoint_dir->empty(),
                "--checkpoint-dir is empty: name a folder, or leave --checkpoint-dir out for no checkpoints");
   CHORUS_CHECK(!metrics || !metrics->empty(), "--metrics is empty: name a file, or leave --metrics out for no metrics");
+  CHORUS_CHECK(!tensorboard || !tensorboard->empty(),
+               "--tensorboard is empty: name a folder, or leave --tensorboard out for no event files");
+  CHORUS_CHECK(!tensorboard_all_ranks || tensorboard, "--tensorboard-all-ranks goes with --tensorboard DIR");
+  CHORUS_CHECK(!plot || (plot->size() > 4 && (plot->substr(plot->size() - 4) == ".svg" || plot->substr(plot->size() - 4) == ".png")),
+               "--plot must name a .svg or .png file, got '", plot.value_or(""), "'");
+  CHORUS_CHECK(!trace || !trace->empty(), "--trace is empty: name a .json file, or leave --trace out");
+  (void)parse_trace_steps(trace_steps);
   CHORUS_CHECK(!resume || checkpoint_dir, "--resume needs --checkpoint-dir");
   CHORUS_CHECK(!start_fresh || resume, "--start-fresh goes with --resume");
   CHORUS_CHECK(allow_change.empty() || resume, "--allow-change goes with --resume");
@@ -437,21 +448,29 @@ class StepStats {
     loss_ = loss_.defined() ? ops::binary(BinaryOp::Add, loss_, l) : l;
     correct_ = correct_.defined() ? ops::binary(BinaryOp::Add, correct_, c) : c;
     count_ += labels.size(0);
+    ++steps_;
   }
+  // Time inside the window that was not training (an epoch's evaluation and
+  // checkpoint): left out of its img/s and step time.
+  void exclude(double seconds) { excluded_s_ += seconds; }
   struct Window {
-    double loss, accuracy, img_per_s;
+    double loss, accuracy, img_per_s, step_ms;
+    bool report = false;  // rank 0 asked for the ranks' step times (Note [Slow ranks named])
   };
+  // Rank 0: ask every rank, through this window's all-reduce, for a RankTimes report.
+  void ask_for_report() { report_due_ = true; }
   // Reads the window (one host wait) and starts the next one. Under DDP the
   // figures are over all ranks, and *stop says whether any rank was asked to
   // stop (Note [Training ranks]).
   Window close(const RankContext* ranks = nullptr, bool* stop = nullptr) {
     auto now = std::chrono::steady_clock::now();
-    const double secs = std::chrono::duration<double>(now - start_).count();
+    const double secs = std::chrono::duration<double>(now - start_).count() - excluded_s_;
     std::vector<double> sums = {loss_.item(), correct_.item(), static_cast<double>(count_),
-                                StopSignal::pending() ? 1.0 : 0.0};
+                                StopSignal::pending() ? 1.0 : 0.0, report_due_ ? 1.0 : 0.0};
     if (ranks) sums = sum_over_ranks(*ranks, sums);
     if (stop) *stop = sums[3] > 0;
-    Window w{sums[0] / sums[2], sums[1] / sums[2], secs > 0 ? sums[2] / secs : 0};
+    Window w{sums[0] / sums[2], sums[1] / sums[2], secs > 0 ? sums[2] / secs : 0,
+             steps_ > 0 ? 1000.0 * secs / static_cast<double>(steps_) : 0, sums[4] > 0};
     *this = StepStats();
     start_ = now;
     return w;
@@ -459,7 +478,9 @@ class StepStats {
 
  private:
   Tensor loss_, correct_;
-  int64_t count_ = 0;
+  int64_t count_ = 0, steps_ = 0;
+  double excluded_s_ = 0;
+  bool report_due_ = false;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
@@ -469,8 +490,7 @@ struct LoopResult {
 };
 
 // End of an epoch: checkpoint, then test-set evaluation when anyone reads it.
-void finish_epoch(const TrainConfig& cfg, Training& t, const Position& pos, io::MetricsWriter* metrics,
-                  Progress& progress) {
+void finish_epoch(const TrainConfig& cfg, Training& t, const Position& pos, RunLog* log, Progress& progress) {
   save(cfg, t, pos);
   if (!t.evaluate_epochs) return;
   if (t.ddp) t.ddp->broadcast_buffers();  // rank 0's batch-norm statistics, as its checkpoint has
@@ -482,25 +502,54 @@ void finish_epoch(const TrainConfig& cfg, Training& t, const Position& pos, io::
   // Memory at the epoch's end and its peak during the epoch (the largest over
   // this process's devices): a steady run shows the same peak epoch after epoch.
   size_t in_use = 0, peak = 0;
+  nlohmann::ordered_json per_device = nlohmann::ordered_json::object();
   for (const Device& d : t.devices) {
     in_use = std::max(in_use, backend(d).bytes_in_use(d));
     peak = std::max(peak, backend(d).peak_bytes(d));
+    per_device[d.str()] = backend(d).peak_bytes(d);
     backend(d).reset_peak_bytes(d);
   }
-  if (metrics)
-    metrics->write({{"epoch", pos.epoch}, {"test_loss", ev.loss}, {"test_accuracy", ev.accuracy},
-                    {"mem_in_use_bytes", in_use}, {"peak_mem_bytes", peak}});
+  if (log)
+    log->epoch({{"step", pos.step}, {"epoch", pos.epoch}, {"test_loss", ev.loss}, {"test_accuracy", ev.accuracy},
+                {"mem_in_use_bytes", in_use}, {"peak_mem_bytes", peak}, {"peak_mem_bytes_per_device", per_device}});
 }
 
 // Whether to stop after this step: at once on a signal for one process; under
 // DDP only where the ranks agreed (at a window's close).
 bool should_stop(const Training& t, bool agreed) { return t.ranks ? agreed : StopSignal::pending() != 0; }
 
+// The L2 norm of the model's gradients after the last step (what its update
+// used: averaged over the ranks under DDP, summed over the replicas under
+// DataParallel); unset when no parameter has one. Read at log windows only:
+// one host wait.
+std::optional<double> grad_norm(const Training& t) {
+  NoGradGuard ng;
+  Tensor sum;
+  for (const Tensor& p : t.model->parameters()) {
+    if (!p.grad().defined()) continue;
+    Tensor g = p.grad();
+    Tensor s = ops::reduce(ReduceOp::Sum, ops::binary(BinaryOp::Mul, g, g), {}, false);
+    if (s.dtype() != kFloat32) s = s.to(kFloat32);
+    sum = sum.defined() ? ops::binary(BinaryOp::Add, sum, s) : s;  // cross-device operands move to `sum`'s device
+  }
+  if (!sum.defined()) return std::nullopt;
+  return std::sqrt(sum.item());
+}
+
+// The largest peak of this process's devices since the epoch began.
+size_t peak_bytes(const std::vector<Device>& devices) {
+  size_t peak = 0;
+  for (const Device& d : devices) peak = std::max(peak, backend(d).peak_bytes(d));
+  return peak;
+}
+
 // The epoch loop from `pos` on, until the epochs or --steps run out.
-LoopResult train_loop(const TrainConfig& cfg, Training& t, Position& pos, io::MetricsWriter* metrics) {
+LoopResult train_loop(const TrainConfig& cfg, Training& t, Position& pos, RunLog* log, StepTracer& tracer) {
   LoopResult out;
   Progress progress(!cfg.quiet);
   StepStats stats;
+  RankTimes rank_times;  // Note [Slow ranks named]
+  auto last_report = std::chrono::steady_clock::now();
   const int64_t start_epoch = pos.epoch;
   t.model->train();
   for (int64_t epoch = start_epoch; epoch < cfg.epochs && pos.step < t.total_steps; ++epoch) {
@@ -508,7 +557,16 @@ LoopResult train_loop(const TrainConfig& cfg, Training& t, Position& pos, io::Me
     if (epoch != start_epoch) pos.batch_in_epoch = 0;
     t.train_loader->start_epoch(epoch, pos.batch_in_epoch);
     data::Batch b;
-    while (pos.step < t.total_steps && t.train_loader->next(&b)) {
+    while (pos.step < t.total_steps) {
+      tracer.begin_step(pos.step + 1);  // --trace: the chosen steps, their data loading included
+      const auto step_begin = std::chrono::steady_clock::now();
+      bool got = false;
+      {
+        ops::TraceScope data("data");
+        got = t.train_loader->next(&b);
+      }
+      const auto data_end = std::chrono::steady_clock::now();
+      if (!got) break;
       t.schedule->apply(*t.opt, pos.step);
       // Labels go where the loss is computed (the output device); the images
       // stay where the loader put them (host memory under DataParallel).
@@ -517,23 +575,48 @@ LoopResult train_loop(const TrainConfig& cfg, Training& t, Position& pos, io::Me
       ++pos.step;
       ++pos.batch_in_epoch;
       out.images += b.labels.size(0);
+      tracer.end_step(pos.step);
+      if (t.ranks) {
+        const auto now = std::chrono::steady_clock::now();
+        rank_times.add_step(std::chrono::duration<double>(now - step_begin).count(),
+                            std::chrono::duration<double>(data_end - step_begin).count());
+      }
       bool agreed_stop = false;
       if (pos.step % cfg.log_every == 0 || pos.step == t.total_steps) {
+        const auto now = std::chrono::steady_clock::now();
+        if (t.ranks && t.ranks->leader() && cfg.stats_every_s > 0 &&
+            std::chrono::duration<double>(now - last_report).count() >= cfg.stats_every_s)
+          stats.ask_for_report();
         StepStats::Window w = stats.close(t.rank_context(), &agreed_stop);
+        if (w.report) {  // every rank, at the same step
+          const std::string line = rank_times.report(*t.ranks, pos.step, t.ddp->gradient_wait_seconds());
+          last_report = now;
+          if (!line.empty() && !cfg.quiet) {
+            progress.finish();
+            std::fprintf(stderr, "%s\n", line.c_str());
+          }
+        }
         out.last_loss = w.loss;
         out.last_acc = w.accuracy;
         CHORUS_CHECK_T(Error, std::isfinite(w.loss), "training diverged: the loss is ", w.loss, " at step ", pos.step,
                        " (try a smaller --lr)");
         progress.update({pos.step, t.total_steps, epoch + 1, cfg.epochs, w.loss, w.accuracy, w.img_per_s});
-        if (metrics)
-          metrics->write({{"step", pos.step}, {"epoch", epoch + 1}, {"loss", w.loss}, {"accuracy", w.accuracy},
-                          {"lr", t.opt->lr()}, {"img_per_s", w.img_per_s}, {"world_size", t.world()}});
+        if (log) {
+          nlohmann::ordered_json rec = {{"step", pos.step}, {"epoch", epoch + 1}, {"loss", w.loss},
+                                        {"accuracy", w.accuracy}, {"lr", t.opt->lr()}, {"img_per_s", w.img_per_s},
+                                        {"step_ms", w.step_ms}, {"world_size", t.world()}};
+          if (auto norm = grad_norm(t)) rec["grad_norm"] = *norm;
+          rec["peak_mem_bytes"] = peak_bytes(t.devices);
+          log->step(rec);
+        }
       }
       if (cfg.checkpoint_every > 0 && pos.step % cfg.checkpoint_every == 0) save(cfg, t, pos);
       if (should_stop(t, agreed_stop)) stop_for_signal(cfg, t, pos, progress);
     }
     if (pos.batch_in_epoch >= t.per_epoch) {
-      finish_epoch(cfg, t, {pos.step, epoch + 1, 0}, metrics, progress);
+      const auto eval_start = std::chrono::steady_clock::now();
+      finish_epoch(cfg, t, {pos.step, epoch + 1, 0}, log, progress);
+      stats.exclude(std::chrono::duration<double>(std::chrono::steady_clock::now() - eval_start).count());
     } else {
       save(cfg, t, pos);  // stopped inside the epoch (--steps): resumable from here
     }
@@ -594,23 +677,36 @@ nlohmann::ordered_json run_train(const TrainConfig& given) {
   Training t = set_up(given);
   // Note [Training ranks]: only rank 0 speaks and writes metrics.
   TrainConfig cfg = given;
-  t.evaluate_epochs = given.metrics || !given.quiet;
+  t.evaluate_epochs = given.metrics || given.tensorboard || given.plot || !given.quiet;
   const bool leader = !t.ranks || t.ranks->leader();
   if (!leader) {
     cfg.quiet = true;
     cfg.metrics.reset();
+    if (!cfg.tensorboard_all_ranks) cfg.tensorboard.reset();
+    cfg.plot.reset();
   }
   const Position start = resume(cfg, t);
-  std::unique_ptr<io::MetricsWriter> metrics;
-  if (cfg.metrics) metrics = std::make_unique<io::MetricsWriter>(*cfg.metrics, cfg.resume);
+  RunLogOptions lo;
+  lo.metrics = cfg.metrics;
+  lo.append = cfg.resume;
+  lo.tensorboard = tensorboard_run_dir(cfg.tensorboard, cfg.model, cfg.strategy, t.ranks ? &*t.ranks : nullptr,
+                                      cfg.tensorboard_all_ranks);
+  lo.plot = cfg.plot;
+  lo.run_name = cfg.metrics ? fs::path(*cfg.metrics).stem().string() : cfg.model + " " + cfg.strategy;
+  RunLog log(lo);
   announce(cfg, t);
+  if (log.tensorboard() && !cfg.quiet) std::fprintf(stderr, "tensorboard: %s\n", log.tensorboard()->path().c_str());
   const auto t0 = std::chrono::steady_clock::now();
   Position pos = start;
-  LoopResult loop = train_loop(cfg, t, pos, metrics.get());
+  // Note [Traces of several ranks]: every rank records; rank 0 writes the file.
+  StepTracer tracer(cfg.trace, cfg.trace_steps, t.ranks ? t.ranks->group->store() : nullptr,
+                    t.ranks ? t.ranks->env.rank : 0, t.world(), !cfg.quiet);
+  LoopResult loop = train_loop(cfg, t, pos, log.any() ? &log : nullptr, tracer);
+  tracer.finish();
   synchronize();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   nlohmann::ordered_json summary = summarize(cfg, t, start, pos, loop, seconds);
-  if (metrics) metrics->write({{"summary", summary}});
+  log.summary(summary);
   return leader ? summary : nlohmann::ordered_json();
 }
 

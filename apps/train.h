@@ -39,6 +39,11 @@ struct TrainConfig {
   bool start_fresh = false;               // --resume: start over when no checkpoint can be read
   std::vector<std::string> allow_change;  // --resume: config fields that may differ (kResumeChangeable)
   std::optional<std::string> metrics;     // unset: no metrics file
+  std::optional<std::string> tensorboard; // TensorBoard event files under this folder (apps/run_log.h)
+  bool tensorboard_all_ranks = false;     // ddp: every rank writes its own (default: rank 0 only)
+  std::optional<std::string> trace;       // a Chrome/Perfetto trace of --trace-steps (apps/step_trace.h)
+  std::string trace_steps = "3-5";        // first-last, 1-based
+  std::optional<std::string> plot;        // curves redrawn at each epoch end (.svg or .png; apps/plot.h)
   bool json = false;
   int64_t log_every = 20;
   bool quiet = false;
@@ -49,6 +54,7 @@ struct TrainConfig {
   bool sync_bn = false;          // batch-norm statistics over all ranks
   std::string comm_hook = "allreduce";  // allreduce | bf16 (gradients travel as bfloat16)
   double dist_timeout_s = 300;   // rendezvous and every collective
+  double stats_every_s = 60;     // rank 0's line on the ranks' step times (Note [Slow ranks named]); 0: never
   // --strategy pipeline (unset: the defaults below; set with another strategy: an error)
   std::optional<int64_t> micro_batches;    // default 4
   std::optional<std::string> schedule;     // gpipe | 1f1b (default) | interleaved

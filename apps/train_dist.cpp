@@ -1,5 +1,8 @@
 #include "train_dist.h"
 
+#include <algorithm>
+#include <cstdio>
+
 #include "chorus/core/backend.h"
 #include "chorus/core/error.h"
 #include "chorus/dist/init.h"
@@ -44,6 +47,49 @@ std::vector<double> sum_over_ranks(const RankContext& rc, const std::vector<doub
   Tensor t = ops::to_device(from_vector(values, {static_cast<int64_t>(values.size())}, {kFloat64}), rc.group->device());
   rc.group->all_reduce(t, dist::ReduceOp::Sum)->wait();
   return t.to_vector<double>();
+}
+
+std::string RankTimes::report(const RankContext& rc, int64_t step, double wait_s) {
+  const int world = rc.group->size();
+  const double n = static_cast<double>(std::max<int64_t>(steps_, 1));
+  std::vector<double> mine(3 * static_cast<size_t>(world), 0.0);
+  const size_t r = static_cast<size_t>(rc.env.rank);
+  mine[3 * r] = 1000.0 * std::max(0.0, step_s_ - (wait_s - wait_at_start_)) / n;  // busy ms per step
+  mine[3 * r + 1] = 1000.0 * data_s_ / n;
+  mine[3 * r + 2] = steps_ > 0 ? 1.0 : 0.0;
+  const std::vector<double> all = sum_over_ranks(rc, mine);
+  *this = RankTimes();
+  wait_at_start_ = wait_s;
+  if (!rc.leader()) return "";
+  std::vector<double> busy, data;
+  for (int k = 0; k < world; ++k) {
+    if (all[3 * k + 2] == 0) return "";  // a rank timed no step in this period
+    busy.push_back(all[3 * k]);
+    data.push_back(all[3 * k + 1]);
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const size_t m = v.size() / 2;
+    return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+  };
+  // The medians are over the other ranks: with two ranks, the slow one's
+  // excess over the other (a median over both would halve it).
+  const size_t slow = static_cast<size_t>(std::max_element(busy.begin(), busy.end()) - busy.begin());
+  std::vector<double> compute(busy.size());
+  for (size_t k = 0; k < busy.size(); ++k) compute[k] = busy[k] - data[k];
+  auto others = [slow](const std::vector<double>& v) {
+    std::vector<double> o;
+    for (size_t k = 0; k < v.size(); ++k)
+      if (k != slow) o.push_back(v[k]);
+    return o;
+  };
+  const double med_busy = median(others(busy)), med_data = median(others(data)), med_compute = median(others(compute));
+  const char* why = data[slow] - med_data > compute[slow] - med_compute ? "data loading" : "compute";
+  char line[200];
+  std::snprintf(line, sizeof line, "step %lld: %.1f ms median, slowest rank %zu at %.1f ms (%+.0f%%, %s)",
+                static_cast<long long>(step), med_busy, slow, busy[slow],
+                med_busy > 0 ? 100.0 * (busy[slow] - med_busy) / med_busy : 0.0, why);
+  return line;
 }
 
 std::string agree_on_checkpoint(const RankContext& rc, const std::optional<std::string>& leader_choice) {

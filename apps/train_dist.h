@@ -49,6 +49,35 @@ RankContext join_job(const dist::LaunchEnv& env, const Device& device, double ti
 // Sums `values` (host numbers) over the ranks (one all-reduce).
 std::vector<double> sum_over_ranks(const RankContext& rc, const std::vector<double>& values);
 
+// Note [Slow ranks named]: under DDP every rank's step takes as long as the
+// slowest one's, since all meet at the gradients' all-reduce. What tells the
+// ranks apart is the time each spends outside that wait: the host time of its
+// steps (data loading included) less DistributedDataParallel's
+// gradient_wait_seconds. Every --stats-every seconds (decided by rank 0 and
+// agreed on through the all-reduce a log window does anyway) the ranks add
+// their per-step figures into one vector (each rank its own slots: one more
+// all-reduce, only then) and rank 0 prints one line:
+//   step 1200: 31.2 ms median, slowest rank 3 at 38.9 ms (+25%, data loading)
+// -- the median over the other ranks of that busy time per step, the slowest
+// rank and its excess over that median, and whether the excess is in data
+// loading or in compute (the rest of the step: forward, backward, optimizer).
+class RankTimes {
+ public:
+  void add_step(double step_s, double data_s) {
+    ++steps_;
+    step_s_ += step_s;
+    data_s_ += data_s;
+  }
+  // Every rank calls it at the same step; `wait_s`: the DDP's
+  // gradient_wait_seconds() now. Returns rank 0's line ("" elsewhere, or when
+  // no step was timed) and starts the next period.
+  std::string report(const RankContext& rc, int64_t step, double wait_s);
+
+ private:
+  int64_t steps_ = 0;
+  double step_s_ = 0, data_s_ = 0, wait_at_start_ = 0;
+};
+
 // Rank 0's choice of checkpoint (its path, or "" for none) to every rank.
 std::string agree_on_checkpoint(const RankContext& rc, const std::optional<std::string>& leader_choice);
 

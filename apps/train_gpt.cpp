@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 
 #include "chorus/autograd/autocast.h"
@@ -24,7 +25,6 @@
 #include "chorus/data/tokens.h"
 #include "chorus/dist/ddp.h"
 #include "chorus/io/checkpoint.h"
-#include "chorus/io/metrics.h"
 #include "chorus/io/safetensors.h"
 #include "chorus/models/gpt.h"
 #include "chorus/ops/copy.h"
@@ -36,6 +36,7 @@
 #include "chorus/parallel/graphed_step.h"
 #include "commands.h"
 #include "progress.h"
+#include "run_log.h"
 #include "stop_signal.h"
 #include "train_dist.h"
 
@@ -183,6 +184,7 @@ void validate_gpt(const TrainConfig& tc, const GptOptions& g) {
   CHORUS_CHECK(!tc.lr || (std::isfinite(*tc.lr) && *tc.lr >= 0), "--lr must be a non-negative number");
   CHORUS_CHECK(!tc.resume || tc.checkpoint_dir, "--resume needs --checkpoint-dir");
   CHORUS_CHECK(tc.log_every > 0, "--log-every must be positive, got ", tc.log_every);
+  CHORUS_CHECK(!tc.trace, "--trace is not offered for GPT models yet (chorus train --model cnn|mlp|... has it)");
   if (tc.strategy == "ddp") ddp_launch_env();
 }
 
@@ -294,8 +296,19 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
                  (long long)r.batch, (long long)r.replicas(), (long long)r.accum, r.world(), fmt_count(static_cast<double>(r.tokens_per_step())).c_str(),
                  (long long)r.total_steps, (long long)r.warmup, tc.precision.c_str(), device.str().c_str());
   }
-  std::unique_ptr<io::MetricsWriter> metrics;
-  if (tc.metrics && r.leader()) metrics = std::make_unique<io::MetricsWriter>(*tc.metrics, tc.resume && start > 0);
+  // --metrics, --tensorboard and --plot (apps/run_log.h): rank 0's, or every
+  // rank's TensorBoard files with --tensorboard-all-ranks.
+  RunLogOptions lo;
+  if (r.leader()) {
+    lo.metrics = tc.metrics;
+    lo.plot = tc.plot;
+  }
+  lo.append = tc.resume && start > 0;
+  lo.tensorboard = tensorboard_run_dir(r.leader() || tc.tensorboard_all_ranks ? tc.tensorboard : std::nullopt,
+                                       tc.model, tc.strategy, r.ranks ? &*r.ranks : nullptr, tc.tensorboard_all_ranks);
+  lo.run_name = tc.metrics ? std::filesystem::path(*tc.metrics).stem().string() : tc.model + " " + tc.strategy;
+  RunLog log(lo);
+  if (log.tensorboard() && !tc.quiet) std::fprintf(stderr, "tensorboard: %s\n", log.tensorboard()->path().c_str());
 
   auto val_loss = [&]() -> double {
     if (!r.val) return std::nan("");
@@ -427,12 +440,15 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
         s += " | ETA " + Progress::format_duration(eta);
         std::fprintf(stderr, "%s\n", s.c_str());
       }
-      if (metrics) {
+      if (log.any()) {
         nlohmann::ordered_json rec = {{"step", step + 1}, {"loss", mean}, {"lr", r.opt->lr()}, {"grad_norm", norm},
                                       {"tok_per_s", tok_s}};
         if (peak > 0) rec["mfu"] = mfu;
         if (!std::isnan(last_val)) rec["val_loss"] = last_val;
-        metrics->write(rec);
+        rec["ppl"] = std::exp(mean);
+        if (device.is_cuda()) rec["peak_mem_bytes"] = backend(device).peak_bytes(device);
+        log.step(rec);
+        if (!std::isnan(last_val) && g.val_every && (step + 1) % g.val_every == 0) log.epoch({{"step", step + 1}, {"test_loss", last_val}});
       }
       window_losses.clear();
       window_start = Clock::now();
@@ -476,7 +492,8 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
                                 {"peak_mem_bytes", peak_mem},
                                 {"seconds", seconds_since(t_start)}};
   if (!ckpt.empty()) out["checkpoint"] = ckpt;
-  if (metrics) metrics->write({{"summary", out}});
+  if (!std::isnan(last_val)) log.epoch({{"step", step}, {"test_loss", last_val}});
+  log.summary(out);
   if (r.leader() && !tc.quiet) {
     std::fprintf(stderr, "done: %lld steps, train loss %.4f", (long long)step, last_loss);
     if (!std::isnan(last_val)) std::fprintf(stderr, ", val loss %.4f (ppl %.2f)", last_val, std::exp(last_val));

@@ -6,6 +6,7 @@
 #include "chorus/autograd/grad_mode.h"
 #include "chorus/dist/reducer.h"
 #include "chorus/nn/functional.h"
+#include "chorus/ops/profile.h"
 #include "chorus/ops/comm.h"
 #include "commands.h"
 
@@ -89,10 +90,13 @@ TrainStep::Result TrainStep::run(const Tensor& x, const Tensor& y, Phases* phase
 TrainStep::Result TrainStep::run_eager(const Tensor& x, const Tensor& y, Phases* phases) const {
   using Clock = std::chrono::steady_clock;
   auto t = Clock::now();
-  auto lap = [&](double* into) {
-    if (!phases) return;
+  // Each phase's host time, into `phases` when asked for, and as a span of
+  // the step's trace when one is recorded (Note [Step traces]).
+  auto lap = [&](const char* phase, double* into) {
+    if (!phases && !ops::tracing()) return;
     auto now = Clock::now();
-    *into += std::chrono::duration<double, std::milli>(now - t).count();
+    if (into) *into += std::chrono::duration<double, std::milli>(now - t).count();
+    ops::trace_host_span(phase, "phase", t, now);
     t = now;
   };
   Result r;
@@ -107,9 +111,9 @@ TrainStep::Result TrainStep::run_eager(const Tensor& x, const Tensor& y, Phases*
       r.logits = res.output;
       r.loss = res.loss;
     }
-    lap(phases ? &phases->backward_ms : nullptr);  // forward and backward interleave: one phase
+    lap("forward+backward", phases ? &phases->backward_ms : nullptr);  // they interleave: one phase
     opt->step();
-    lap(phases ? &phases->optim_ms : nullptr);
+    lap("optimizer", phases ? &phases->optim_ms : nullptr);
     return r;
   }
   // Note [Per-replica losses] in parallel/data_parallel.h: each replica's loss
@@ -129,13 +133,13 @@ TrainStep::Result TrainStep::run_eager(const Tensor& x, const Tensor& y, Phases*
     const parallel::ReplicaLosses::Gathered gathered = losses.gather_beside();
     r.loss = gathered.loss;
     r.logits = gathered.output.tensor();
-    lap(phases ? &phases->forward_ms : nullptr);
+    lap("forward", phases ? &phases->forward_ms : nullptr);
     opt->zero_grad();
     losses.backward();
-    lap(phases ? &phases->backward_ms : nullptr);
+    lap("backward", phases ? &phases->backward_ms : nullptr);
     opt->step();
     gathered.join();
-    lap(phases ? &phases->optim_ms : nullptr);
+    lap("optimizer", phases ? &phases->optim_ms : nullptr);
     return r;
   }
   {
@@ -143,12 +147,12 @@ TrainStep::Result TrainStep::run_eager(const Tensor& x, const Tensor& y, Phases*
     r.logits = net->forward(x);
     r.loss = nn::functional::cross_entropy(r.logits, y, label_smoothing);
   }
-  lap(phases ? &phases->forward_ms : nullptr);
+  lap("forward", phases ? &phases->forward_ms : nullptr);
   opt->zero_grad();
   r.loss.backward();
-  lap(phases ? &phases->backward_ms : nullptr);
+  lap("backward", phases ? &phases->backward_ms : nullptr);
   opt->step();
-  lap(phases ? &phases->optim_ms : nullptr);
+  lap("optimizer", phases ? &phases->optim_ms : nullptr);
   return r;
 }
 

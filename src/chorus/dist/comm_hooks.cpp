@@ -2,6 +2,9 @@
 
 #include "chorus/core/error.h"
 #include "chorus/ops/copy.h"
+#include "chorus/ops/profile.h"
+
+#include <chrono>
 
 namespace chorus::dist {
 
@@ -56,10 +59,16 @@ void GroupAllReduce::join(const Device& device) {
       }
     }
   }
+  // Note [Step traces]: on CPU (Gloo) this is where the host waits for the
+  // other ranks' gradients.
+  ops::TraceScope trace("wait_gradients");
+  const auto begin = std::chrono::steady_clock::now();
   for (InFlight& f : mine) {
     f.work->wait();  // CUDA: orders the group device's current stream after the collective
     if (f.wire.impl() != f.dst.impl()) ops::copy_(f.dst, f.wire);
   }
+  wait_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - begin).count(),
+                     std::memory_order_relaxed);
 }
 
 void GroupAllReduce::join_quietly() {

@@ -13,6 +13,8 @@
 // travels through a copy on the group's device.
 #pragma once
 
+#include <atomic>
+
 #include <memory>
 #include <mutex>
 #include <string>
@@ -34,6 +36,9 @@ class GroupAllReduce final : public BucketComm {
   Tensor reduce(std::vector<Tensor>& srcs, const std::vector<Event>& ready) override;
   void join(const Device& device) override;
   void join_quietly() override;
+  // Host seconds spent in join() waiting for the collectives (the time this
+  // rank waited for the others' gradients; Note [Slow ranks named]).
+  double wait_seconds() const { return wait_ns_.load(std::memory_order_relaxed) * 1e-9; }
 
  private:
   struct InFlight {
@@ -46,6 +51,7 @@ class GroupAllReduce final : public BucketComm {
   CommHook hook_;
   std::mutex mu_;
   std::vector<InFlight> in_flight_;
+  std::atomic<int64_t> wait_ns_{0};
 };
 
 }  // namespace chorus::dist

@@ -1,6 +1,7 @@
 #include "chorus/dist/ddp.h"
 
 #include <algorithm>
+#include <chrono>
 #include <atomic>
 #include <map>
 #include <mutex>
@@ -14,6 +15,7 @@
 #include "chorus/dist/grad_hooks.h"
 #include "chorus/ops/copy.h"
 #include "chorus/ops/factory.h"
+#include "chorus/ops/profile.h"
 
 namespace chorus::dist {
 
@@ -155,6 +157,8 @@ struct DistributedDataParallel::Impl final : autograd::BackwardObserver {
   bool in_backward = false;  // an armed backward is running
   bool order_synced = false;  // the buckets were re-planned from rank 0's order
   int64_t reduced_steps = 0;
+  double wait_seconds = 0;  // in end(); with comm->wait_seconds(), gradient_wait_seconds()
+  std::shared_ptr<GroupAllReduce> comm;
   Tensor used_flags;         // [k] on the group's device: the ranks' used-flags, summed
   Tensor all_used;           // [k] ones on the group's device: the flags of a step that used everything
   WorkPtr used_work;
@@ -229,9 +233,15 @@ struct DistributedDataParallel::Impl final : autograd::BackwardObserver {
       reducer->abandon();
       return;
     }
-    reducer->flush();
-    CHORUS_ASSERT(reducer->finished());
-    exchange_used_flags();
+    {
+      // The host's wait for the last buckets' all-reduces (Note [Step traces]).
+      ops::TraceScope wait("wait_gradients");
+      const auto begin = std::chrono::steady_clock::now();
+      reducer->flush();
+      CHORUS_ASSERT(reducer->finished());
+      exchange_used_flags();
+      wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+    }
     ++reduced_steps;
     unused_names.clear();
     std::vector<size_t> without_grad;
@@ -308,8 +318,9 @@ DistributedDataParallel::DistributedDataParallel(nn::ModulePtr module, ProcessGr
       for (const Tensor& v : views) v.bump_version();
     }
   }
+  s.comm = std::make_shared<GroupAllReduce>(s.group, options.average, options.comm_hook);
   s.reducer = std::make_unique<HookReducer>(
-      s.params, std::make_shared<GroupAllReduce>(s.group, options.average, options.comm_hook),
+      s.params, s.comm,
       ReducerOptions{options.bucket_bytes, options.first_bucket_bytes, options.last_bucket_bytes});
   observer_handle_ = autograd::add_backward_observer(impl_);
 }
@@ -360,6 +371,11 @@ DistributedDataParallel::NoSync DistributedDataParallel::no_sync() { return NoSy
 const ProcessGroupPtr& DistributedDataParallel::process_group() const { return impl_->group; }
 const DDPOptions& DistributedDataParallel::options() const { return impl_->options; }
 const GradBuckets& DistributedDataParallel::buckets() const { return impl_->reducer->buckets(); }
+
+double DistributedDataParallel::gradient_wait_seconds() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  return impl_->wait_seconds + (impl_->comm ? impl_->comm->wait_seconds() : 0.0);
+}
 
 std::vector<std::string> DistributedDataParallel::unused_parameters() const {
   std::lock_guard<std::mutex> lk(impl_->mu);

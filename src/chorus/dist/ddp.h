@@ -82,6 +82,10 @@ class DistributedDataParallel : public nn::Module {
   // Parameters that took no part in the last reduced step on any rank (their
   // .grad was left as it was); empty when every parameter was used somewhere.
   std::vector<std::string> unused_parameters() const;
+  // Host seconds this process has spent, over all backwards so far, waiting
+  // for the last buckets' all-reduces after its own backward was done: time
+  // spent waiting for slower ranks (chorus train's --stats-every line).
+  double gradient_wait_seconds() const;
 
  protected:
   std::shared_ptr<nn::Module> make_empty() const override;

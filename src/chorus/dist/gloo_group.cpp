@@ -17,7 +17,9 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
+#include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -26,9 +28,11 @@
 #include <thread>
 
 #include "chorus/core/error.h"
+#include "chorus/dist/collective_watch.h"
 #include "chorus/dist/roll_call.h"
 #include "chorus/dist/store_barrier.h"
 #include "chorus/ops/copy.h"
+#include "chorus/ops/profile.h"
 
 namespace chorus::dist {
 
@@ -159,6 +163,7 @@ struct ProcessGroupGloo::Impl {
   bool stop = false;
   std::exception_ptr broken;  // the failure that ended the group, rethrown by later calls
   uint64_t seq = 0;           // operations issued so far
+  std::unique_ptr<CollectiveWatch> watch;  // Note [Stuck collectives named early]
   std::thread worker;
 };
 
@@ -181,6 +186,7 @@ ProcessGroupGloo::ProcessGroupGloo(int rank, int size, StorePtr store, ProcessGr
   }
   store_barrier(*store_, "gloo-connected/" + options.name, rank, size, options.timeout,
                 detail::str_cat("gloo: rank ", rank, " of ", size, " (waiting for every rank to connect)"));
+  impl_->watch = std::make_unique<CollectiveWatch>(store_, options.name, "gloo", rank, size, options.timeout);
   impl_->worker = std::thread([this] { run(); });
 }
 
@@ -222,18 +228,27 @@ void ProcessGroupGloo::run() {
   }
 }
 
-WorkPtr ProcessGroupGloo::enqueue(const char* op, std::function<void(std::shared_ptr<::gloo::Context>, uint32_t)> body) {
+WorkPtr ProcessGroupGloo::enqueue(const char* op, int64_t bytes,
+                                  std::function<void(std::shared_ptr<::gloo::Context>, uint32_t)> body) {
   auto work = std::make_shared<GlooWork>();
   std::lock_guard<std::mutex> lk(impl_->mu);
   if (impl_->broken) std::rethrow_exception(impl_->broken);
   const uint64_t seq = ++impl_->seq;
   std::shared_ptr<::gloo::Context> ctx = impl_->context;
   impl_->queue.emplace_back(
-      [this, op, seq, ctx, body = std::move(body)] {
+      [this, op, seq, bytes, ctx, body = std::move(body)] {
         try {
+          const auto begin = std::chrono::steady_clock::now();
+          impl_->watch->begin(op, seq, bytes);
           body(ctx, static_cast<uint32_t>(seq));
+          impl_->watch->end(seq);
+          // Note [Step traces]: the worker's collectives as a track of their own.
+          ops::trace_span("gloo", op, "comm", begin, std::chrono::steady_clock::now());
         } catch (const ::gloo::Exception& e) {
           fail(op, seq, e.what());
+        } catch (...) {
+          impl_->watch->end(seq);  // over, if not done: no warning about it later
+          throw;
         }
       },
       work);
@@ -242,6 +257,10 @@ WorkPtr ProcessGroupGloo::enqueue(const char* op, std::function<void(std::shared
 }
 
 void ProcessGroupGloo::fail(const char* op, uint64_t seq, const std::string& why) {
+  // What this rank was doing, in its log before the error ends the job.
+  std::fprintf(stderr, "chorus: rank %d: gloo %s #%llu failed; the last collectives of group '%s' (sequence number, op, size, time):\n%s",
+               rank_, op, static_cast<unsigned long long>(seq), options_.name.c_str(), impl_->watch->recent().c_str());
+  impl_->watch->end(seq);
   std::vector<int> missing = roll_call(*store_, options_.name, rank_, size_, seq, options_.timeout);
   throw_collective_failure(backend(), op, seq, rank_, missing, why, options_.timeout, store_);
 }
@@ -252,7 +271,7 @@ WorkPtr ProcessGroupGloo::all_reduce(const Tensor& t, ReduceOp op) {
   CHORUS_CHECK(op != ReduceOp::Avg || is_floating(t.dtype()), "all_reduce: avg needs a floating tensor, got ",
                t.describe());
   const int size = size_;
-  return enqueue("all_reduce", [t, op, size, timeout = options_.timeout](std::shared_ptr<::gloo::Context> ctx,
+  return enqueue("all_reduce", t.nbytes(), [t, op, size, timeout = options_.timeout](std::shared_ptr<::gloo::Context> ctx,
                                                                          uint32_t tag) {
     if (t.numel() > 0 && size > 1) {
       ::gloo::AllreduceOptions o(ctx);
@@ -279,7 +298,7 @@ WorkPtr ProcessGroupGloo::all_reduce(const Tensor& t, ReduceOp op) {
 WorkPtr ProcessGroupGloo::broadcast(const Tensor& t, int root) {
   check_tensor("broadcast", t);
   CHORUS_CHECK(root >= 0 && root < size_, "broadcast: root ", root, " is not a rank of this group (", size_, " ranks)");
-  return enqueue("broadcast", [t, root, timeout = options_.timeout](std::shared_ptr<::gloo::Context> ctx, uint32_t tag) {
+  return enqueue("broadcast", t.nbytes(), [t, root, timeout = options_.timeout](std::shared_ptr<::gloo::Context> ctx, uint32_t tag) {
     if (t.numel() == 0 || ctx->size == 1) return;
     ::gloo::BroadcastOptions o(ctx);
     const size_t bytes = t.numel() * dtype_size(t.dtype());
@@ -298,7 +317,7 @@ WorkPtr ProcessGroupGloo::all_gather(const Tensor& in, const Tensor& out) {
   check_tensor("all_gather", out);
   CHORUS_CHECK(out.dtype() == in.dtype() && out.numel() == in.numel() * size_, "all_gather: out must hold ", size_,
                " x ", in.numel(), " elements of ", dtype_name(in.dtype()), ", got ", out.describe());
-  return enqueue("all_gather", [in, out, timeout = options_.timeout](std::shared_ptr<::gloo::Context> ctx, uint32_t tag) {
+  return enqueue("all_gather", out.nbytes(), [in, out, timeout = options_.timeout](std::shared_ptr<::gloo::Context> ctx, uint32_t tag) {
     const size_t bytes = in.numel() * dtype_size(in.dtype());
     if (bytes == 0) return;
     if (ctx->size == 1) {
@@ -324,7 +343,7 @@ WorkPtr ProcessGroupGloo::reduce_scatter(const Tensor& in, const Tensor& out, Re
   Tensor tmp = in.clone();
   WorkPtr w = all_reduce(tmp, op);
   const int rank = rank_;
-  return enqueue("reduce_scatter", [w, tmp, out, rank](std::shared_ptr<::gloo::Context>, uint32_t) {
+  return enqueue("reduce_scatter", in.nbytes(), [w, tmp, out, rank](std::shared_ptr<::gloo::Context>, uint32_t) {
     w->wait();
     const size_t bytes = out.numel() * dtype_size(out.dtype());
     std::memcpy(out.raw_data(), static_cast<const char*>(tmp.raw_data()) + bytes * rank, bytes);
@@ -332,7 +351,7 @@ WorkPtr ProcessGroupGloo::reduce_scatter(const Tensor& in, const Tensor& out, Re
 }
 
 WorkPtr ProcessGroupGloo::barrier() {
-  return enqueue("barrier", [timeout = options_.timeout](std::shared_ptr<::gloo::Context> ctx, uint32_t tag) {
+  return enqueue("barrier", 0, [timeout = options_.timeout](std::shared_ptr<::gloo::Context> ctx, uint32_t tag) {
     if (ctx->size == 1) return;
     ::gloo::BarrierOptions o(ctx);
     o.setTag(tag);

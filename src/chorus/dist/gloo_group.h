@@ -35,7 +35,8 @@ class ProcessGroupGloo final : public ProcessGroup {
   class P2PWork;
   void run();
   WorkPtr post(const char* op, const Tensor& t, int peer, int tag, bool is_send);
-  WorkPtr enqueue(const char* op, std::function<void(std::shared_ptr<::gloo::Context>, uint32_t)> body);
+  // `bytes`: the payload, for the flight recorder (collective_watch.h).
+  WorkPtr enqueue(const char* op, int64_t bytes, std::function<void(std::shared_ptr<::gloo::Context>, uint32_t)> body);
   [[noreturn]] void fail(const char* op, uint64_t seq, const std::string& why);
   std::unique_ptr<Impl> impl_;
 };

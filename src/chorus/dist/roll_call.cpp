@@ -7,12 +7,34 @@
 
 namespace chorus::dist {
 
+namespace {
+std::string presence_base(const std::string& group, uint64_t seq) {
+  return "chorus/failed/" + group + "/" + std::to_string(seq) + "/";
+}
+}  // namespace
+
+void mark_arrived(Store& store, const std::string& group, int rank, uint64_t seq) {
+  try {
+    store.set(presence_base(group, seq) + std::to_string(rank), std::string("1"));
+  } catch (const std::exception&) {
+    // not_arrived will say that the store cannot be reached
+  }
+}
+
 std::vector<int> roll_call(Store& store, const std::string& group, int rank, int size, uint64_t seq,
                            std::chrono::milliseconds timeout) {
-  const std::string base = "chorus/failed/" + group + "/" + std::to_string(seq) + "/";
   try {
-    store.set(base + std::to_string(rank), std::string("1"));
-    const auto grace = std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(5));
+    store.set(presence_base(group, seq) + std::to_string(rank), std::string("1"));
+  } catch (const std::exception&) {
+    return {-1};
+  }
+  return not_arrived(store, group, rank, size, seq, std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(5)));
+}
+
+std::vector<int> not_arrived(Store& store, const std::string& group, int rank, int size, uint64_t seq,
+                             std::chrono::milliseconds grace) {
+  const std::string base = presence_base(group, seq);
+  try {
     const auto deadline = std::chrono::steady_clock::now() + grace;
     std::vector<int> missing;
     for (;;) {

@@ -17,6 +17,15 @@ namespace chorus::dist {
 std::vector<int> roll_call(Store& store, const std::string& group, int rank, int size, uint64_t seq,
                            std::chrono::milliseconds timeout);
 
+// The two halves of a roll call, for the watchdog that names a missing rank
+// before the timeout (Note [Stuck collectives named early] in
+// collective_watch.h): this rank's presence at (group, seq), and the ranks
+// whose presence has not appeared within `grace` ({-1}: the store cannot be
+// reached).
+void mark_arrived(Store& store, const std::string& group, int rank, uint64_t seq);
+std::vector<int> not_arrived(Store& store, const std::string& group, int rank, int size, uint64_t seq,
+                             std::chrono::milliseconds grace);
+
 // DistError: "<backend> <op> #<seq> failed on rank R after T s: ranks A, B did
 // not arrive (dead, stopped, or on another code path) [cause]".
 [[noreturn]] void throw_collective_failure(const std::string& backend, const std::string& op, uint64_t seq, int rank,

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# chorus train --strategy ddp over 2 ranks (logical CPU devices, Gloo):
+# --trace puts every rank's spans in one file (pid = rank; rank 0 gathers them
+# through the store), with the wait for the gradients' all-reduce as a phase;
+# --tensorboard-all-ranks writes one event file per rank under one run
+# directory, and without it rank 0 alone writes; a rank slowed on purpose
+# (SIGSTOP/SIGCONT) is named by --stats-every; a rank stopped for good
+# (chorus_dist_probe hang) is named before the collective's timeout, and the
+# survivors log their last collectives.
+set -euo pipefail
+CHORUS=${1:?chorus}
+HERE=$(cd "$(dirname "$0")" && pwd)
+"$CHORUS" --version | grep -q "^Gloo: no" && { echo "SKIPPED: this build has no Gloo"; exit 0; }
+source "$HERE/../testing/free_port.sh"
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+launch() { timeout 300 "$CHORUS" launch --nproc-per-node 2 --master-port "$(free_port)" --grace-period 2 -- "$@"; }
+T=(train --strategy ddp --model mlp --data synthetic --synthetic-size 512 --batch-size 32 --epochs 1 --workers 0
+   --log-every 2 --quiet)
+
+launch "$CHORUS" "${T[@]}" --trace "$tmp/t.json" --trace-steps 2-3 --tensorboard "$tmp/tb" --tensorboard-all-ranks \
+  > "$tmp/out" 2> "$tmp/err" || { cat "$tmp/err"; exit 1; }
+python3 "$HERE/../apps/check_trace.py" "$tmp/t.json" --ranks 2 --steps 2-3 \
+  --phases data,forward,backward,optimizer,wait_gradients --comm all_reduce
+ls "$tmp"/tb/*-mlp-ddp/rank0/events.out.tfevents.* "$tmp"/tb/*-mlp-ddp/rank1/events.out.tfevents.*
+[ "$(ls -d "$tmp"/tb/* | wc -l)" = 1 ] || { echo "FAIL: the ranks wrote $(ls "$tmp/tb") (one run directory wanted)"; exit 1; }
+
+launch "$CHORUS" "${T[@]}" --steps 4 --tensorboard "$tmp/tb0" > /dev/null 2>&1
+[ "$(find "$tmp/tb0" -name 'events.out.tfevents.*' | wc -l)" = 1 ] || { echo "FAIL: rank 0 alone should write"; exit 1; }
+echo "ok: ddp trace and tensorboard"
+
+# The slow rank named while the job runs (Note [Slow ranks named]): rank 1 is
+# stopped 80 ms of every 100 ms until the job ends; rank 0's --stats-every
+# lines must name it.
+marker="observability-ddp-$$"
+CHORUS_TEST_MARKER=$marker launch "$CHORUS" train --strategy ddp --model mlp --data synthetic --synthetic-size 24000 \
+  --batch-size 32 --epochs 1 --workers 0 --log-every 10 --stats-every 0.5 > "$tmp/slow.out" 2> "$tmp/slow.err" &
+job=$!
+victim=""
+for _ in $(seq 100); do  # this job's rank 1 (the marker is in its environment), once it trains
+  for f in $(grep -l "CHORUS_TEST_MARKER=$marker" /proc/[0-9]*/environ 2>/dev/null); do
+    tr '\0' '\n' < "$f" 2>/dev/null | grep -qx RANK=1 && victim=$(cut -d/ -f3 <<<"$f")
+  done
+  [ -n "$victim" ] && grep -q "training mlp" "$tmp/slow.err" && break
+  sleep 0.1
+done
+[ -n "$victim" ] || { echo "FAIL: rank 1 not found"; kill $job; exit 1; }
+for _ in $(seq 100); do kill -STOP "$victim" 2>/dev/null || break; sleep 0.08; kill -CONT "$victim" 2>/dev/null || true; sleep 0.02; done
+wait $job || { cat "$tmp/slow.err"; echo "FAIL: the slowed job failed"; exit 1; }
+grep "ms median, slowest rank" "$tmp/slow.err" || true
+python3 - "$tmp/slow.err" <<'PY'
+import re, sys
+lines = re.findall(r"step (\d+): ([\d.]+) ms median, slowest rank (\d+) at ([\d.]+) ms \(([+-]\d+)%, (data loading|compute)\)",
+                   open(sys.argv[1]).read())
+assert lines, "no --stats-every line"
+# A stop that lands while rank 1 waits for the others is not its own time, so
+# not every line names it; but it must be named, far slower, and rank 0 never be.
+named = [l for l in lines if l[2] == "1" and int(l[4]) >= 100]
+assert len(named) >= 2, f"rank 1 (stopped 80% of the time) named +100% slower in fewer than 2 lines: {lines}"
+assert not [l for l in lines if l[2] == "0" and int(l[4]) >= 100], f"rank 0 named far slower: {lines}"
+print(f"ok: slow rank 1 named in {len(named)} of {len(lines)} lines")
+PY
+
+# A stopped rank named before the timeout ends the job (Note [Stuck collectives
+# named early]), and each survivor's last collectives in its log.
+PROBE=${2:-}
+if [ -n "$PROBE" ]; then
+  out=$(PROBE_TIMEOUT_MS=3000 timeout 60 "$CHORUS" launch --nproc-per-node 3 --master-port "$(free_port)" \
+        -- "$PROBE" hang 2 STOP 2>&1) && { echo "FAIL: a stopped rank went unnoticed"; exit 1; }
+  grep -E "has waited|last collectives|#[0-9]+ all_reduce|DistError" <<<"$out" | head -12
+  for r in 0 1; do
+    grep -Eq "^\[rank $r\] chorus: rank $r: gloo all_reduce #[0-9]+ \(4\.0 kB\) has waited [0-9.]+ s of its 3 s timeout: rank 2 has not arrived" <<<"$out" ||
+      { echo "FAIL: rank $r gave no early warning naming rank 2"; echo "$out" | head -30; exit 1; }
+    grep -Eq "^\[rank $r\] +#[0-9]+ all_reduce 4\.0 kB (running for|[0-9.]+ s)" <<<"$out" ||
+      { echo "FAIL: rank $r logged no recent collectives"; exit 1; }
+  done
+  echo "ok: stopped rank 2 named early, recent collectives logged"
+fi
