@@ -229,8 +229,13 @@ PlotRun read_metrics_run(const std::string& path) {
 std::string render_plot_svg(const std::vector<PlotRun>& runs) {
   std::vector<Panel> panels(4);
   panels[0].title = "Loss";
-  panels[1].title = "Accuracy";
-  panels[2].title = "Throughput (img/s)";
+  // Language models (chorus train --model gpt2...) log perplexity and tokens/s
+  // instead of accuracy and images/s: those panels show whichever the runs have.
+  bool lm = false;
+  for (const PlotRun& r : runs)
+    for (const auto& rec : r.records) lm = lm || rec.contains("tok_per_s");
+  panels[1].title = lm ? "Perplexity" : "Accuracy";
+  panels[2].title = lm ? "Throughput (tok/s)" : "Throughput (img/s)";
   panels[2].from_zero = true;
   panels[3].title = "Peak memory (MiB)";
   panels[3].from_zero = true;
@@ -240,9 +245,9 @@ std::string render_plot_svg(const std::vector<PlotRun>& runs) {
     const int k = static_cast<int>(i);
     panels[0].series.push_back(series_of(runs[i], k, "loss", false, false));
     panels[0].series.push_back(series_of(runs[i], k, "test_loss", true, true));
-    panels[1].series.push_back(series_of(runs[i], k, "accuracy", false, false));
-    panels[1].series.push_back(series_of(runs[i], k, "test_accuracy", true, true));
-    panels[2].series.push_back(series_of(runs[i], k, "img_per_s", false, false));
+    panels[1].series.push_back(series_of(runs[i], k, lm ? "ppl" : "accuracy", false, false));
+    if (!lm) panels[1].series.push_back(series_of(runs[i], k, "test_accuracy", true, true));
+    panels[2].series.push_back(series_of(runs[i], k, lm ? "tok_per_s" : "img_per_s", false, false));
     panels[3].series.push_back(series_of(runs[i], k, "peak_mem_bytes", false, false));
   }
   for (const Panel& p : panels)

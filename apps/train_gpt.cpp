@@ -350,9 +350,10 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
   std::vector<Tensor> window_losses;  // this log window's per-step losses, on the device
   Tensor last_norm;
   double last_loss = std::nan(""), last_val = std::nan(""), tok_s = 0, mfu = 0;
+  int64_t val_step = -1;  // the step last_val was measured at
   auto window_start = Clock::now();
   int64_t window_first = start;
-  if (device.is_cuda()) backend(device).reset_peak_bytes(device);
+  backend(device).reset_peak_bytes(device);
   StopSignal stop_signal;  // Note [Stopping on a signal]
   int64_t step = start;
   std::string ckpt;
@@ -421,7 +422,10 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
       tok_s = static_cast<double>(steps_done * r.tokens_per_step()) / std::max(secs, 1e-9);
       mfu = peak > 0 ? flops_per_step * static_cast<double>(steps_done) / secs / (peak * static_cast<double>(r.world() * r.replicas())) : 0.0;
       const double norm = last_norm.item();
-      if (r.val && g.val_every && ((step + 1) % g.val_every == 0)) last_val = val_loss();
+      if (r.val && g.val_every && ((step + 1) % g.val_every == 0)) {
+        last_val = val_loss();
+        val_step = step + 1;
+      }
       if (r.leader() && !tc.quiet) {
         char line[512];
         std::snprintf(line, sizeof line, "step %lld/%lld | loss %.4f | ppl %.2f | lr %.2e | norm %.3f | %s tok/s",
@@ -444,11 +448,10 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
         nlohmann::ordered_json rec = {{"step", step + 1}, {"loss", mean}, {"lr", r.opt->lr()}, {"grad_norm", norm},
                                       {"tok_per_s", tok_s}};
         if (peak > 0) rec["mfu"] = mfu;
-        if (!std::isnan(last_val)) rec["val_loss"] = last_val;
         rec["ppl"] = std::exp(mean);
-        if (device.is_cuda()) rec["peak_mem_bytes"] = backend(device).peak_bytes(device);
+        rec["peak_mem_bytes"] = backend(device).peak_bytes(device);
         log.step(rec);
-        if (!std::isnan(last_val) && g.val_every && (step + 1) % g.val_every == 0) log.epoch({{"step", step + 1}, {"test_loss", last_val}});
+        if (val_step == step + 1) log.epoch({{"step", step + 1}, {"test_loss", last_val}});
       }
       window_losses.clear();
       window_start = Clock::now();
@@ -468,9 +471,13 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
                                                 : ("checkpoint written: " + ckpt + "\n").c_str());
     throw Interrupted(sig);
   }
-  if (r.val) last_val = val_loss();
+  if (r.val && val_step != step) {
+    last_val = val_loss();
+    val_step = step;
+    log.epoch({{"step", step}, {"test_loss", last_val}});
+  }
   if (g.save_hf && r.leader()) io::save_safetensors(*g.save_hf, models::gpt_to_hf(r.model->state_dict(), cfg));
-  const double peak_mem = device.is_cuda() ? static_cast<double>(backend(device).peak_bytes(device)) : 0.0;
+  const double peak_mem = static_cast<double>(backend(device).peak_bytes(device));
 
   nlohmann::ordered_json out = {{"model", tc.model},
                                 {"strategy", tc.strategy},
@@ -492,7 +499,6 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
                                 {"peak_mem_bytes", peak_mem},
                                 {"seconds", seconds_since(t_start)}};
   if (!ckpt.empty()) out["checkpoint"] = ckpt;
-  if (!std::isnan(last_val)) log.epoch({{"step", step}, {"test_loss", last_val}});
   log.summary(out);
   if (r.leader() && !tc.quiet) {
     std::fprintf(stderr, "done: %lld steps, train loss %.4f", (long long)step, last_loss);

@@ -62,6 +62,24 @@ sys.exit(0 if h==(20240520,1,200000) and len(b)==1024+400000 else 1)\""
 tok=$("$CHORUS" train --model d2 --data "tokens:$tmp/part_*.bin" --seq-len 32 --batch-size 2 --steps 2 --json --quiet) \
   && check "a token-file run reports" "[ \"$(loss "$tok" steps)\" = 2 ]" || { echo "FAIL: training on token files"; fail=1; }
 
+# 3a. --metrics, --tensorboard (decoded independently by tfevents.py) and --plot for a GPT run.
+"$CHORUS" "${T[@]}" --batch-size 8 --val-every 8 --metrics "$tmp/g.jsonl" --tensorboard "$tmp/tb" --plot "$tmp/g.svg" > /dev/null \
+  || { echo "FAIL: run with --tensorboard"; fail=1; }
+check "TensorBoard scalars equal the metrics (loss, tok/s, val loss)" "python3 - '$tmp' '$(dirname "$0")' <<'PY'
+import glob, json, sys
+sys.path.insert(0, sys.argv[2]); import tfevents
+ev = [e for f in glob.glob(sys.argv[1] + '/tb/*/events.out.tfevents.*') for e in tfevents.events(f)]
+tb = {(e['step'], k): v for e in ev for k, v in e['scalars'].items()}
+recs = [json.loads(l) for l in open(sys.argv[1] + '/g.jsonl')]
+n = 0
+for r in recs:
+    for key, tag in (('loss', 'train/loss'), ('tok_per_s', 'train/tok_per_s'), ('test_loss', 'val/loss')):
+        if key in r:
+            assert abs(tb[(r['step'], tag)] - r[key]) <= 1e-5 * max(1, abs(r[key])), (r, tag); n += 1
+assert n >= 8, n
+PY"
+check "--plot draws an SVG" "grep -q '<svg' '$tmp/g.svg'"
+
 # 3b. chorus bench --model: one row with tokens/s and peak memory.
 row=$("$CHORUS" bench --model d2 --seq-len 32 --batch-size 2 --steps 2 --warmup 1 --json) || { echo "FAIL: bench d2"; fail=1; }
 check "bench row has tokens/s, seq_len and memory" "python3 -c \"import json,sys; r=json.loads(sys.argv[1]); sys.exit(0 if r['tok_per_s']>0 and r['seq_len']==32 and r['peak_mem_bytes']>=0 and r['params']>0 else 1)\" '$row'"
