@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Issue 47, item 1: `chorus train --strategy ddp --sync-bn` with a
+# Issue 47, items 1 and 3: `chorus train --strategy ddp --sync-bn` with a
 # DataParallel inside each rank (--devices cpu:0,cpu:1) trains (its replicas
 # are clones of the converted model: SyncBatchNorm, not the BatchNorm2d that
-# the model's constructor builds).
+# the model's constructor builds), and --resume checks --sync-bn both ways
+# with a reason that names it.
 set -uo pipefail
 CHORUS=${1:?chorus}
 "$CHORUS" --version | grep -q "^Gloo: no" && { echo "SKIPPED: this build has no Gloo"; exit 0; }
@@ -18,4 +19,17 @@ launch 2 "$CHORUS" "${T[@]}" --sync-bn --devices cpu:0,cpu:1 --steps 3 > "$tmp/o
 check "--sync-bn over 2 ranks x 2 devices trains (exit $rc)" "[ $rc = 0 ] && ! grep -q 'assertion failed' '$tmp/err'"
 [ $rc = 0 ] || cat "$tmp/err"
 
+# 3. --resume and --sync-bn: refused both ways, naming --sync-bn.
+launch 1 "$CHORUS" "${T[@]}" --sync-bn --devices cpu:0 --steps 2 --checkpoint-dir "$tmp/with" > /dev/null 2>&1
+launch 1 "$CHORUS" "${T[@]}" --devices cpu:0 --steps 2 --checkpoint-dir "$tmp/without" > /dev/null 2>&1
+check "two checkpoints written" "[ -d '$tmp/with/ckpt-00000002' ] && [ -d '$tmp/without/ckpt-00000002' ]"
+launch 1 "$CHORUS" "${T[@]}" --devices cpu:0 --steps 4 --allow-change steps --resume --checkpoint-dir "$tmp/with" > /dev/null 2> "$tmp/err"; rc=$?
+check "a --sync-bn checkpoint resumed without --sync-bn is refused (exit $rc): $(grep -m1 -- '--sync-bn' "$tmp/err")" \
+  "[ $rc != 0 ] && grep -q -- '--sync-bn is false but the checkpoint (.*) was trained with true' '$tmp/err'"
+launch 1 "$CHORUS" "${T[@]}" --sync-bn --devices cpu:0 --steps 4 --allow-change steps --resume --checkpoint-dir "$tmp/without" > /dev/null 2> "$tmp/err"; rc=$?
+check "a checkpoint without --sync-bn resumed with it is refused (exit $rc): $(grep -m1 -- '--sync-bn' "$tmp/err")" \
+  "[ $rc != 0 ] && grep -q -- '--sync-bn is true but the checkpoint (.*) was trained with false' '$tmp/err' && ! grep -q 'another version' '$tmp/err'"
+launch 1 "$CHORUS" "${T[@]}" --sync-bn --devices cpu:0 --steps 4 --allow-change steps --resume --checkpoint-dir "$tmp/with" > /dev/null 2> "$tmp/err"; rc=$?
+check "--sync-bn resumes its own checkpoint (exit $rc)" "[ $rc = 0 ]"
+[ $rc = 0 ] || cat "$tmp/err"
 exit $fail
