@@ -130,6 +130,7 @@ class Launcher {
       if (::getppid() != parent) ::_exit(127);  // the launcher died before prctl
       ::dup2(out[1], 1);
       ::dup2(err[1], 2);
+      ::signal(SIGXFSZ, SIG_DFL);  // chorus ignores it (Note [File size limit]); the program decides for itself
       auto set = [](const char* k, const std::string& v) { ::setenv(k, v.c_str(), 1); };
       set("RANK", std::to_string(w.rank));
       set("WORLD_SIZE", std::to_string(world_));
