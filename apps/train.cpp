@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
 
 #include "chorus/autograd/autocast.h"
 #include "chorus/autograd/grad_mode.h"
@@ -28,6 +29,7 @@
 #include "chorus/data/synthetic.h"
 #include "chorus/data/transforms.h"
 #include "chorus/io/checkpoint.h"
+#include "chorus/io/dir_lock.h"
 #include "chorus/io/metrics.h"
 #include "chorus/models/models.h"
 #include "chorus/nn/functional.h"
@@ -600,6 +602,9 @@ nlohmann::ordered_json run_train(const TrainConfig& given) {
     cfg.quiet = true;
     cfg.metrics.reset();
   }
+  // Note [Checkpoint directory lock]: the writer holds its directory until it ends.
+  std::optional<io::CheckpointDirLock> dir_lock;
+  if (leader && cfg.checkpoint_dir) dir_lock.emplace(*cfg.checkpoint_dir);
   const Position start = resume(cfg, t);
   std::unique_ptr<io::MetricsWriter> metrics;
   if (cfg.metrics) metrics = std::make_unique<io::MetricsWriter>(*cfg.metrics, cfg.resume);
