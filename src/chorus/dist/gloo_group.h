@@ -35,7 +35,13 @@ class ProcessGroupGloo final : public ProcessGroup {
   class P2PWork;
   void run();
   WorkPtr post(const char* op, const Tensor& t, int peer, int tag, bool is_send);
-  WorkPtr enqueue(const char* op, std::function<void(std::shared_ptr<::gloo::Context>, uint32_t)> body);
+  // `signature`: what this rank brings to the collective (Note [Collective
+  // signatures] in gloo_group.cpp), compared across ranks before it runs;
+  // empty: nothing to compare (work of this rank alone).
+  WorkPtr enqueue(const char* op, std::vector<int64_t> signature,
+                  std::function<void(std::shared_ptr<::gloo::Context>, uint32_t)> body);
+  void check_signature(const std::shared_ptr<::gloo::Context>& ctx, const char* op, uint64_t seq,
+                       const std::vector<int64_t>& signature);
   [[noreturn]] void fail(const char* op, uint64_t seq, const std::string& why);
   std::unique_ptr<Impl> impl_;
 };
