@@ -224,6 +224,44 @@ struct Training {
   int world() const { return ranks ? ranks->group->size() : 1; }
 };
 
+// What every rank of a job must agree on (Note [Options every rank shares] in
+// train_dist.h): the options that shape training, by their names in the
+// config, this rank's number of devices, and each split's size with a
+// checksum of its first and last examples (FNV-1a over their bytes).
+nlohmann::json rank_fingerprint(const TrainConfig& cfg, const Datasets& data, size_t devices) {
+  nlohmann::json j = cfg.to_json();
+  j.erase("data_dir");  // a path may differ between nodes; the contents may not
+  j.erase("devices");   // device names are per rank (cuda:LOCAL_RANK); their number is not
+  j["sync_bn"] = cfg.sync_bn;
+  j["lr"] = cfg.lr.value_or(default_lr(cfg));
+  j["log_every"] = cfg.log_every;  // where the ranks meet to sum the figures
+  j["bucket_mb"] = cfg.bucket_mb;
+  j["comm_hook"] = cfg.comm_hook;
+  j["devices_per_rank"] = devices;
+  auto checksum = [](const data::Dataset& d) {
+    uint64_t h = 1469598103934665603ull;
+    auto mix = [&h](const void* p, size_t n) {
+      for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const unsigned char*>(p)[i]) * 1099511628211ull;
+    };
+    std::vector<float> image(static_cast<size_t>(numel_of(d.image_shape())));
+    std::vector<int64_t> picks;
+    for (int64_t i = 0; i < std::min<int64_t>(d.size(), 4); ++i) picks.push_back(i);
+    if (d.size() > 4) picks.push_back(d.size() - 1);
+    for (int64_t i : picks) {
+      int64_t label = 0;
+      d.get(i, image.data(), &label);
+      mix(image.data(), image.size() * sizeof(float));
+      mix(&label, sizeof(label));
+    }
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+    return nlohmann::json{{"size", d.size()}, {"checksum", hex}};
+  };
+  j["train_data"] = checksum(*data.train);
+  j["test_data"] = checksum(*data.test);
+  return j;
+}
+
 Training set_up(const TrainConfig& cfg) {
   Training t;
   t.devices = pick_devices(cfg);
@@ -243,6 +281,7 @@ Training set_up(const TrainConfig& cfg) {
   if (cfg.strategy == "ddp") t.ranks = join_job(ddp_launch_env(), device, cfg.dist_timeout_s);
   manual_seed(cfg.seed);
   t.data = load_data(cfg);
+  if (t.ranks) check_same_options(*t.ranks, rank_fingerprint(cfg, t.data, t.devices.size()));
   models::ModelSpec spec{t.data.train->image_shape(), t.data.train->num_classes()};
   t.model = models::make_model(cfg.model, spec);
   t.model->to(device);

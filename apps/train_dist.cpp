@@ -1,5 +1,7 @@
 #include "train_dist.h"
 
+#include <algorithm>
+
 #include "chorus/core/backend.h"
 #include "chorus/core/error.h"
 #include "chorus/dist/init.h"
@@ -44,6 +46,47 @@ std::vector<double> sum_over_ranks(const RankContext& rc, const std::vector<doub
   Tensor t = ops::to_device(from_vector(values, {static_cast<int64_t>(values.size())}, {kFloat64}), rc.group->device());
   rc.group->all_reduce(t, dist::ReduceOp::Sum)->wait();
   return t.to_vector<double>();
+}
+
+namespace {
+// "--lr" for "lr"; the fingerprint's own fields in words.
+std::string option_name(const std::string& key) {
+  if (key == "devices_per_rank") return "the number of --devices";
+  if (key == "train_data" || key == "test_data") return "the data set (" + key.substr(0, key.find('_')) + " split: size and checksum of its first and last examples)";
+  std::string o = "--" + key;
+  std::replace(o.begin(), o.end(), '_', '-');
+  return o;
+}
+}  // namespace
+
+void check_same_options(const RankContext& rc, const nlohmann::json& mine) {
+  const int n = rc.group->size();
+  if (n == 1) return;
+  const dist::StorePtr& store = rc.group->store();
+  const std::string base = "chorus/train/options/";
+  store->set(base + std::to_string(rc.env.rank), mine.dump());
+  const std::string verdict_key = base + "verdict";
+  if (rc.leader()) {
+    std::string verdict = "=";  // '=' and nothing after: every rank agrees
+    for (int r = 1; r < n && verdict.size() == 1; ++r) {
+      nlohmann::json theirs = nlohmann::json::parse(store->get_string(base + std::to_string(r)), nullptr, false);
+      std::vector<std::string> keys;
+      for (const auto& item : mine.items()) keys.push_back(item.key());
+      for (const auto& item : theirs.items())
+        if (!mine.contains(item.key())) keys.push_back(item.key());
+      for (const std::string& k : keys) {
+        const nlohmann::json a = mine.value(k, nlohmann::json()), b = theirs.is_object() ? theirs.value(k, nlohmann::json()) : nlohmann::json();
+        if (a == b) continue;
+        verdict = detail::str_cat("=rank ", r, " was given ", option_name(k), " ", b.dump(), " but rank 0 ", a.dump(),
+                                  ": every rank of a job must train with the same options (ranks that differ drift "
+                                  "apart); start them all with one command line");
+        break;
+      }
+    }
+    store->set(verdict_key, verdict);
+  }
+  const std::string verdict = store->get_string(verdict_key);
+  CHORUS_CHECK(verdict.size() <= 1, verdict.substr(1));
 }
 
 std::string agree_on_checkpoint(const RankContext& rc, const std::optional<std::string>& leader_choice) {

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -48,6 +49,17 @@ RankContext join_job(const dist::LaunchEnv& env, const Device& device, double ti
 
 // Sums `values` (host numbers) over the ranks (one all-reduce).
 std::vector<double> sum_over_ranks(const RankContext& rc, const std::vector<double>& values);
+
+// Note [Options every rank shares]: ranks given different training options
+// (another --lr, --seed, --batch-size, data set, ...) used to train on
+// silently while their replicas drifted apart; only the model was compared.
+// At the start each rank writes a fingerprint of every setting that must
+// agree (a JSON object: the options by name, its number of devices, and the
+// data sets' sizes and a checksum of their first and last examples) to the
+// store; rank 0 compares each rank's with its own and writes one verdict that
+// every rank reads, so all of them stop with the same one line naming the
+// first rank and option that differ, before any collective runs.
+void check_same_options(const RankContext& rc, const nlohmann::json& fingerprint);
 
 // Rank 0's choice of checkpoint (its path, or "" for none) to every rank.
 std::string agree_on_checkpoint(const RankContext& rc, const std::optional<std::string>& leader_choice);
