@@ -371,12 +371,33 @@ class Launcher {
       }
     }
     if (g_signal) {
+      // Note [Stopping on a signal] (apps/stop_signal.h): the workers finish
+      // a step and write their stop checkpoint; they get --stop-timeout for
+      // it (it was a fixed 10 s, and the exit said nothing of a checkpoint).
       const int sig = g_signal;
-      std::fprintf(stderr, "chorus launch: got signal %d (%s); stopping the workers\n", sig, strsignal(sig));
+      std::fprintf(stderr, "chorus launch: got signal %d (%s); stopping the workers (--stop-timeout %g s)\n", sig,
+                   strsignal(sig), c_.stop_timeout_s);
       signal_all(ws, sig);
-      drain(ws, std::chrono::steady_clock::now() + std::chrono::seconds(10));
+      drain(ws, std::chrono::steady_clock::now() +
+                    std::chrono::milliseconds(static_cast<int64_t>(c_.stop_timeout_s * 1000)));
+      std::string killed;
+      for (const auto& w : ws)
+        if (!w.exited) killed += (killed.empty() ? "" : ", ") + std::to_string(w.rank);
       signal_all(ws, SIGKILL);
       drain(ws, std::chrono::steady_clock::now() + std::chrono::seconds(5));
+      if (!killed.empty()) {
+        std::fprintf(stderr, "chorus launch: rank %s did not stop within %g s (--stop-timeout) and was killed: a stop "
+                     "checkpoint it was writing is lost\n", killed.c_str(), c_.stop_timeout_s);
+      } else {
+        // What the workers said of their checkpoint (chorus train's last line), or nothing.
+        std::string said;
+        for (const auto& w : ws)
+          for (const auto& l : w.tail)
+            if (said.empty() && (l.find("checkpoint written to") != std::string::npos ||
+                                 l.find("nothing was saved") != std::string::npos))
+              said = "; rank " + std::to_string(w.rank) + ": " + l;
+        std::fprintf(stderr, "chorus launch: every worker stopped by itself%s\n", said.c_str());
+      }
       return 128 + sig;
     }
     if (!failed && remote_failure.empty()) {
@@ -448,6 +469,9 @@ void add_launch_options(CLI::App* cmd, LaunchConfig& c) {
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--log-dir", c.log_dir, "Also write each rank's output to DIR/rank_N.log");
   cmd->add_option("--grace-period", c.grace_s, "Seconds a failed job's other processes get to end by themselves")
+      ->capture_default_str()->check(real_number(kMaxGracePeriod, false, 0));
+  cmd->add_option("--stop-timeout", c.stop_timeout_s,
+                  "Seconds the workers get to stop (and write a stop checkpoint) after a forwarded signal")
       ->capture_default_str()->check(real_number(kMaxGracePeriod, false, 0));
   cmd->add_option("--restart-backoff", c.restart_backoff_s,
                   "Seconds before the first --max-restarts restart, doubled for each next one (at most 60)")

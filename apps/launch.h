@@ -24,6 +24,9 @@ struct LaunchConfig {
   // --max-restarts waits this long before the first restart, twice as long
   // before each next one, at most kMaxRestartBackoff (0: no wait).
   double restart_backoff_s = 1;
+  // After a forwarded SIGINT/SIGTERM/SIGHUP the workers get this long to
+  // finish their step and write their stop checkpoint before SIGKILL.
+  double stop_timeout_s = 60;
   std::vector<std::string> command;  // PROGRAM ARGS...
 };
 

@@ -483,15 +483,12 @@ class StepStats {
     double loss, accuracy, img_per_s;
   };
   // Reads the window (one host wait) and starts the next one. Under DDP the
-  // figures are over all ranks, and *stop says whether any rank was asked to
-  // stop (Note [Training ranks]).
-  Window close(const RankContext* ranks = nullptr, bool* stop = nullptr) {
+  // figures are over all ranks (Note [Training ranks]).
+  Window close(const RankContext* ranks = nullptr) {
     auto now = std::chrono::steady_clock::now();
     const double secs = std::chrono::duration<double>(now - start_).count();
-    std::vector<double> sums = {loss_.item(), correct_.item(), static_cast<double>(count_),
-                                StopSignal::pending() ? 1.0 : 0.0};
+    std::vector<double> sums = {loss_.item(), correct_.item(), static_cast<double>(count_)};
     if (ranks) sums = sum_over_ranks(*ranks, sums);
-    if (stop) *stop = sums[3] > 0;
     Window w{sums[0] / sums[2], sums[1] / sums[2], secs > 0 ? sums[2] / secs : 0};
     *this = StepStats();
     start_ = now;
@@ -534,14 +531,18 @@ void finish_epoch(const TrainConfig& cfg, Training& t, const Position& pos, io::
 }
 
 // Whether to stop after this step: at once on a signal for one process; under
-// DDP only where the ranks agreed (at a window's close).
-bool should_stop(const Training& t, bool agreed) { return t.ranks ? agreed : StopSignal::pending() != 0; }
+// DDP after the step the ranks agreed on (Note [Stopping ranks together]).
+bool should_stop(const Training& t, StopAgreement* agreement, int64_t step) {
+  return agreement ? agreement->stop_after(step, StopSignal::pending() != 0) : StopSignal::pending() != 0;
+}
 
 // The epoch loop from `pos` on, until the epochs or --steps run out.
 LoopResult train_loop(const TrainConfig& cfg, Training& t, Position& pos, io::MetricsWriter* metrics) {
   LoopResult out;
   Progress progress(!cfg.quiet);
   StepStats stats;
+  std::optional<StopAgreement> agreement;
+  if (t.ranks) agreement.emplace(*t.ranks);
   const int64_t start_epoch = pos.epoch;
   t.model->train();
   for (int64_t epoch = start_epoch; epoch < cfg.epochs && pos.step < t.total_steps; ++epoch) {
@@ -558,9 +559,8 @@ LoopResult train_loop(const TrainConfig& cfg, Training& t, Position& pos, io::Me
       ++pos.step;
       ++pos.batch_in_epoch;
       out.images += b.labels.size(0);
-      bool agreed_stop = false;
       if (pos.step % cfg.log_every == 0 || pos.step == t.total_steps) {
-        StepStats::Window w = stats.close(t.rank_context(), &agreed_stop);
+        StepStats::Window w = stats.close(t.rank_context());
         out.last_loss = w.loss;
         out.last_acc = w.accuracy;
         CHORUS_CHECK_T(Error, std::isfinite(w.loss), "training diverged: the loss is ", w.loss, " at step ", pos.step,
@@ -571,7 +571,7 @@ LoopResult train_loop(const TrainConfig& cfg, Training& t, Position& pos, io::Me
                           {"lr", t.opt->lr()}, {"img_per_s", w.img_per_s}, {"world_size", t.world()}});
       }
       if (cfg.checkpoint_every > 0 && pos.step % cfg.checkpoint_every == 0) save(cfg, t, pos);
-      if (should_stop(t, agreed_stop)) stop_for_signal(cfg, t, pos, progress);
+      if (should_stop(t, agreement ? &*agreement : nullptr, pos.step)) stop_for_signal(cfg, t, pos, progress);
     }
     if (pos.batch_in_epoch >= t.per_epoch) {
       finish_epoch(cfg, t, {pos.step, epoch + 1, 0}, metrics, progress);

@@ -89,6 +89,24 @@ void check_same_options(const RankContext& rc, const nlohmann::json& mine) {
   CHORUS_CHECK(verdict.size() <= 1, verdict.substr(1));
 }
 
+bool StopAgreement::stop_after(int64_t step, bool signalled) {
+  if (stop_at_ < 0) {
+    const dist::StorePtr& store = rc_.group->store();
+    const std::string key = "chorus/train/stop_at";
+    std::string value;
+    if (signalled && !proposed_) {
+      proposed_ = true;
+      const std::string mine = std::to_string(step + 2);
+      const dist::Bytes got = store->compare_set(key, {}, dist::Bytes(mine.begin(), mine.end()));
+      value.assign(got.begin(), got.end());
+    } else if (store->check({key})) {
+      value = store->get_string(key);
+    }
+    if (!value.empty()) stop_at_ = std::stoll(value);
+  }
+  return stop_at_ >= 0 && step >= stop_at_;
+}
+
 std::string agree_on_checkpoint(const RankContext& rc, const std::optional<std::string>& leader_choice) {
   const std::string key = "chorus/train/resume_from";
   if (rc.leader()) rc.group->store()->set(key, std::string("=") + leader_choice.value_or(""));

@@ -13,8 +13,8 @@
 // same one. The figures shown are over all ranks: the training window's loss
 // and accuracy and the test set's (each rank evaluates every world-size-th
 // test example) are summed with one all-reduce, issued where the host reads
-// the figures anyway, which is also where a stop signal is agreed on (so all
-// ranks stop after the same step, within --log-every steps of the signal).
+// the figures anyway. A stop signal is agreed on through the store, a step or
+// two after it came (Note [Stopping ranks together]).
 #pragma once
 
 #include <memory>
@@ -60,6 +60,29 @@ std::vector<double> sum_over_ranks(const RankContext& rc, const std::vector<doub
 // every rank reads, so all of them stop with the same one line naming the
 // first rank and option that differ, before any collective runs.
 void check_same_options(const RankContext& rc, const nlohmann::json& fingerprint);
+
+// Note [Stopping ranks together]: a signal reaches the ranks at slightly
+// different steps, and they must stop after the same one (each writes its
+// part of the stop checkpoint there, and a rank that went on would wait for
+// the others in its next collective). They agreed where they summed the
+// figures, every --log-every steps, which could be long after the signal:
+// the launcher killed them before that, with no stop checkpoint. Now a rank
+// that has a signal proposes, in the store, to stop after step s + 2 (s: the
+// step it just finished); the first proposal stands (compare-and-set), and
+// every rank looks for it after each step (one store round trip). The
+// gradient all-reduce of each step keeps the ranks within one step of each
+// other, so no rank has passed s + 2 when the proposal appears.
+class StopAgreement {
+ public:
+  explicit StopAgreement(const RankContext& rc) : rc_(rc) {}
+  // After step `step` (steps done): true when every rank stops here.
+  bool stop_after(int64_t step, bool signalled);
+
+ private:
+  const RankContext& rc_;
+  int64_t stop_at_ = -1;  // agreed; -1: not yet
+  bool proposed_ = false;
+};
 
 // Rank 0's choice of checkpoint (its path, or "" for none) to every rank.
 std::string agree_on_checkpoint(const RankContext& rc, const std::optional<std::string>& leader_choice);
