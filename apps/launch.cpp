@@ -88,7 +88,14 @@ class Launcher {
     nproc_ = resolve_nproc();
     world_ = nproc_ * c_.nnodes;
     if (!c_.log_dir.empty()) std::filesystem::create_directories(c_.log_dir);
-    if (c_.node_rank == 0) server_ = std::make_unique<dist::TCPStoreServer>(c_.master_port);
+    if (c_.node_rank == 0) {
+      // A job on one node whose master is this machine's loopback needs its
+      // store on loopback alone: nothing outside the machine can reach it
+      // (issue 47, item 6 in part; several nodes still listen on every
+      // interface, and the store has no secret yet).
+      const bool loopback = c_.nnodes == 1 && (c_.master_addr == "127.0.0.1" || c_.master_addr == "localhost");
+      server_ = std::make_unique<dist::TCPStoreServer>(c_.master_port, loopback ? "127.0.0.1" : "0.0.0.0");
+    }
     if (c_.nnodes == 1 && dist::job_id_of_environment("chorus").empty()) {
       std::random_device rd;
       char buf[40];

@@ -39,6 +39,17 @@ start=$(date +%s); kill -TERM $lp; wait $lp; rc=$?; took=$(( $(date +%s) - start
 check "node 1's launcher, node 0 unreachable, SIGTERM -> exit 143 in ${took} s (got $rc): $(cat "$tmp/err3")" \
   "[ $rc = 143 ] && [ $took -lt 5 ] && grep -q \"while waiting for node 0's store; no worker was started\" '$tmp/err3'"
 
+# 2c. Item 6 in part: a one-node job's store listens on loopback only (read from
+# /proc/net/tcp: no traffic leaves 127.0.0.1).
+port=$(free_port)
+"$CHORUS" launch --nproc-per-node 1 --master-port "$port" -- bash -c 'sleep 3' "$M" > /dev/null 2>&1 &
+lp=$!
+hex=$(printf '%04X' "$port")
+for _ in $(seq 100); do grep -q ":$hex 00000000:0000 0A" /proc/net/tcp && break; sleep 0.1; done
+bound=$(awk -v p=":$hex" '$2 ~ p"$" && $4 == "0A" {print $2}' /proc/net/tcp | head -1)
+wait $lp
+check "a one-node job's store listens on 127.0.0.1 only (local address $bound)" "[ '$bound' = '0100007F:$hex' ]"
+
 # 3. Numbers that are not numbers, or out of range: one line, exit 2.
 expect_error() {  # expect_error "what stderr must contain" args...
   local want=$1; shift
