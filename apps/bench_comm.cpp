@@ -15,6 +15,7 @@
 #include "chorus/core/error.h"
 #include "chorus/dist/init.h"
 #include "chorus/ops/factory.h"
+#include "cli_numbers.h"
 
 namespace chorus::app {
 
@@ -24,7 +25,7 @@ void add_bench_comm_options(CLI::App* cmd, BenchCommConfig& c) {
   cmd->add_option("--iters", c.iters, "Timed all-reduces per size")->capture_default_str()->check(CLI::Range(1, 100000));
   cmd->add_option("--warmup", c.warmup, "Untimed all-reduces per size")->capture_default_str()->check(CLI::Range(0, 100000));
   cmd->add_option("--dist-timeout", c.timeout_s, "Seconds before a collective that does not finish is an error")
-      ->capture_default_str()->check(CLI::Range(0.1, 1e6));
+      ->capture_default_str()->check(real_number(1e6, false, 0.1));
   cmd->add_flag("--json", c.json, "One JSON object per size (rank 0)");
 }
 
@@ -45,6 +46,7 @@ int run_bench_comm(const BenchCommConfig& c) {
       }
     }
   }
+  CHORUS_CHECK(!sizes.empty(), "--sizes-mb is empty: give message sizes in MiB, e.g. --sizes-mb 1,16");
   dist::InitOptions io;
   io.backend = c.backend;
   io.timeout = std::chrono::milliseconds(static_cast<int64_t>(c.timeout_s * 1000));

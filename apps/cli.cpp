@@ -3,6 +3,7 @@
 // it; the command-line fuzz harness calls it with parse_only.
 #include <CLI/CLI.hpp>
 
+#include <csignal>
 #include <cstdio>
 #include <iostream>
 
@@ -26,7 +27,13 @@ using namespace chorus;
 // The whole program; with parse_only it stops once the command line is
 // parsed and checked (the command-line fuzz harness, tests/fuzz/fuzz_cli.cpp).
 int chorus_main(int argc, char** argv, bool parse_only) {
-  if (!parse_only) app::install_crash_report();
+  if (!parse_only) {
+    app::install_crash_report();
+    // Note [File size limit]: past `ulimit -f` a write fails with EFBIG, which
+    // io:: turns into an IOError naming the file (the checkpoint before stays
+    // as it was); SIGXFSZ's default action would kill the program with no word.
+    ::signal(SIGXFSZ, SIG_IGN);
+  }
   CLI::App app{"Chorus: train one neural network on many devices", "chorus"};
   app.require_subcommand(0, 1);
   bool show_version = false;

@@ -36,6 +36,7 @@
 #include "chorus/core/error.h"
 #include "chorus/dist/launch_env.h"
 #include "chorus/dist/tcp_store.h"
+#include "cli_numbers.h"
 
 namespace chorus::app {
 
@@ -68,6 +69,9 @@ struct Worker {
 };
 
 constexpr size_t kTailLines = 12;
+constexpr std::chrono::seconds kStoreWait{300};  // for node 0's store, from another node
+constexpr size_t kTailLineBytes = 4096;
+constexpr size_t kMaxLine = size_t{1} << 20;  // longer output lines are passed on in pieces
 
 std::string describe_status(int status) {
   if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
@@ -84,24 +88,83 @@ class Launcher {
     nproc_ = resolve_nproc();
     world_ = nproc_ * c_.nnodes;
     if (!c_.log_dir.empty()) std::filesystem::create_directories(c_.log_dir);
-    if (c_.node_rank == 0) server_ = std::make_unique<dist::TCPStoreServer>(c_.master_port);
+    if (c_.node_rank == 0) {
+      // A job on one node whose master is this machine's loopback needs its
+      // store on loopback alone: nothing outside the machine can reach it
+      // (issue 47, item 6 in part; several nodes still listen on every
+      // interface, and the store has no secret yet).
+      const bool loopback = c_.nnodes == 1 && (c_.master_addr == "127.0.0.1" || c_.master_addr == "localhost");
+      server_ = std::make_unique<dist::TCPStoreServer>(c_.master_port, loopback ? "127.0.0.1" : "0.0.0.0");
+    }
     if (c_.nnodes == 1 && dist::job_id_of_environment("chorus").empty()) {
       std::random_device rd;
       char buf[40];
       std::snprintf(buf, sizeof buf, "%d-%08x%08x", static_cast<int>(::getpid()), rd(), rd());
       run_id_ = buf;
     }
-    if (c_.nnodes > 1)
-      store_ = std::make_unique<dist::TCPStore>(c_.node_rank == 0 ? "127.0.0.1" : c_.master_addr, c_.master_port,
-                                                std::chrono::seconds(300));
+    if (c_.nnodes > 1) {
+      store_ = connect_to_store();
+      if (!store_) {
+        std::fprintf(stderr, "chorus launch: got signal %d (%s) while waiting for node 0's store; no worker was started\n",
+                     static_cast<int>(g_signal), strsignal(g_signal));
+        return 128 + g_signal;
+      }
+    }
+    double backoff = c_.restart_backoff_s;
     for (int attempt = 0;; ++attempt) {
       const int rc = run_once(attempt);
       if (rc == 0 || g_signal || attempt >= c_.max_restarts) return rc;
-      std::fprintf(stderr, "chorus launch: restarting the job (%d of %d restarts)\n", attempt + 1, c_.max_restarts);
+      // A failure that repeats at once (a port still taken, a file system
+      // still full) gets a growing pause rather than a tight loop of restarts.
+      std::fprintf(stderr, "chorus launch: restarting the job in %.1f s (%d of %d restarts)\n", backoff, attempt + 1,
+                   c_.max_restarts);
+      if (!pause_unless_signalled(backoff)) {
+        std::fprintf(stderr, "chorus launch: got signal %d (%s) while waiting to restart; not restarting\n",
+                     static_cast<int>(g_signal), strsignal(g_signal));
+        return 128 + g_signal;
+      }
+      backoff = std::min(backoff * 2, kMaxRestartBackoff);
     }
   }
 
  private:
+  // The job's store on node 0, which may start after this node: tried for
+  // kStoreWait, a short try at a time, so that SIGINT or SIGTERM ends the wait
+  // within a try (a node-rank >= 1 launcher ignored them for up to 300 s while
+  // node 0 was unreachable). Null when a signal came.
+  std::unique_ptr<dist::TCPStore> connect_to_store() {
+    const std::string host = c_.node_rank == 0 ? "127.0.0.1" : c_.master_addr;
+    const auto deadline = std::chrono::steady_clock::now() + kStoreWait;
+    for (;;) {
+      try {
+        auto store = std::make_unique<dist::TCPStore>(host, c_.master_port, std::chrono::seconds(1));
+        store->set_timeout(kStoreWait);
+        return store;
+      } catch (const Error& e) {
+        if (g_signal) return nullptr;
+        if (std::chrono::steady_clock::now() >= deadline)
+          CHORUS_THROW(DistError, "node 0's store at ", host, ":", c_.master_port, " did not answer for ",
+                       kStoreWait.count(), " s (last try: ", e.message(), ")");
+      }
+      if (!pause_unless_signalled(0.2)) return nullptr;
+    }
+  }
+
+  // Sleeps `seconds`; false as soon as a signal arrives (the self-pipe wakes the poll).
+  static bool pause_unless_signalled(double seconds) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (!g_signal) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return true;
+      pollfd p{g_wake[0], POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1000))) > 0) {
+        char b[64];
+        (void)!::read(g_wake[0], b, sizeof(b));
+      }
+    }
+    return false;
+  }
+
   int resolve_nproc() const {
     if (c_.nproc_per_node == "gpu") {
       const int n = cuda_device_count();
@@ -130,6 +193,7 @@ class Launcher {
       if (::getppid() != parent) ::_exit(127);  // the launcher died before prctl
       ::dup2(out[1], 1);
       ::dup2(err[1], 2);
+      ::signal(SIGXFSZ, SIG_DFL);  // chorus ignores it (Note [File size limit]); the program decides for itself
       auto set = [](const char* k, const std::string& v) { ::setenv(k, v.c_str(), 1); };
       set("RANK", std::to_string(w.rank));
       set("WORLD_SIZE", std::to_string(world_));
@@ -176,33 +240,36 @@ class Launcher {
       return false;
     }
     if (w.log) std::fwrite(buf, 1, static_cast<size_t>(n), w.log), std::fflush(w.log);
-    if (w.rank == 0 && is_stdout) {
-      // Rank 0's stdout untouched (byte for byte), and its lines remembered.
-      (void)!::write(1, buf, static_cast<size_t>(n));
-      remember(w, s, buf, n);
-      return true;
-    }
-    s.partial.append(buf, static_cast<size_t>(n));
-    size_t pos;
-    while ((pos = s.partial.find('\n')) != std::string::npos) {
-      emit(w, s.partial.substr(0, pos + 1), is_stdout);
-      s.partial.erase(0, pos + 1);
-    }
+    if (w.rank == 0 && is_stdout) (void)!::write(1, buf, static_cast<size_t>(n));  // untouched, byte for byte
+    split_lines(s, buf, static_cast<size_t>(n), [&](const std::string& line) { emit(w, line, is_stdout); });
     return true;
   }
 
-  void remember(Worker& w, Stream& s, const char* buf, ssize_t n) {
-    s.partial.append(buf, static_cast<size_t>(n));
-    size_t pos;
-    while ((pos = s.partial.find('\n')) != std::string::npos) {
-      keep(w, s.partial.substr(0, pos));
-      s.partial.erase(0, pos + 1);
+  // Appends what arrived to the stream's unfinished line and hands on every
+  // line it completes (with its '\n'). Linear in what arrives: the search for
+  // '\n' starts where the last one stopped, and the lines are cut out in one
+  // erase (a search from the start on every read made one long line cost
+  // quadratic time). A line longer than kMaxLine goes on in pieces of that
+  // size, so a worker that prints without newlines cannot fill our memory.
+  template <typename OnLine>
+  static void split_lines(Stream& s, const char* buf, size_t n, OnLine&& on_line) {
+    size_t from = s.partial.size();  // nothing before this holds a '\n'
+    s.partial.append(buf, n);
+    size_t start = 0, pos;
+    while ((pos = s.partial.find('\n', from)) != std::string::npos) {
+      on_line(s.partial.substr(start, pos + 1 - start));
+      start = from = pos + 1;
     }
-    s.partial.clear();
+    s.partial.erase(0, start);
+    while (s.partial.size() >= kMaxLine) {
+      on_line(s.partial.substr(0, kMaxLine) + "\n");
+      s.partial.erase(0, kMaxLine);
+    }
   }
 
   void keep(Worker& w, const std::string& line) {
-    w.tail.push_back(line);
+    // The failure report shows a line's start; a megabyte of it helps nobody.
+    w.tail.push_back(line.size() > kTailLineBytes ? line.substr(0, kTailLineBytes) + " [...]" : line);
     if (w.tail.size() > kTailLines) w.tail.pop_front();
   }
 
@@ -311,12 +378,33 @@ class Launcher {
       }
     }
     if (g_signal) {
+      // Note [Stopping on a signal] (apps/stop_signal.h): the workers finish
+      // a step and write their stop checkpoint; they get --stop-timeout for
+      // it (it was a fixed 10 s, and the exit said nothing of a checkpoint).
       const int sig = g_signal;
-      std::fprintf(stderr, "chorus launch: got signal %d (%s); stopping the workers\n", sig, strsignal(sig));
+      std::fprintf(stderr, "chorus launch: got signal %d (%s); stopping the workers (--stop-timeout %g s)\n", sig,
+                   strsignal(sig), c_.stop_timeout_s);
       signal_all(ws, sig);
-      drain(ws, std::chrono::steady_clock::now() + std::chrono::seconds(10));
+      drain(ws, std::chrono::steady_clock::now() +
+                    std::chrono::milliseconds(static_cast<int64_t>(c_.stop_timeout_s * 1000)));
+      std::string killed;
+      for (const auto& w : ws)
+        if (!w.exited) killed += (killed.empty() ? "" : ", ") + std::to_string(w.rank);
       signal_all(ws, SIGKILL);
       drain(ws, std::chrono::steady_clock::now() + std::chrono::seconds(5));
+      if (!killed.empty()) {
+        std::fprintf(stderr, "chorus launch: rank %s did not stop within %g s (--stop-timeout) and was killed: a stop "
+                     "checkpoint it was writing is lost\n", killed.c_str(), c_.stop_timeout_s);
+      } else {
+        // What the workers said of their checkpoint (chorus train's last line), or nothing.
+        std::string said;
+        for (const auto& w : ws)
+          for (const auto& l : w.tail)
+            if (said.empty() && (l.find("checkpoint written to") != std::string::npos ||
+                                 l.find("nothing was saved") != std::string::npos))
+              said = "; rank " + std::to_string(w.rank) + ": " + l;
+        std::fprintf(stderr, "chorus launch: every worker stopped by itself%s\n", said.c_str());
+      }
       return 128 + sig;
     }
     if (!failed && remote_failure.empty()) {
@@ -388,7 +476,13 @@ void add_launch_options(CLI::App* cmd, LaunchConfig& c) {
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--log-dir", c.log_dir, "Also write each rank's output to DIR/rank_N.log");
   cmd->add_option("--grace-period", c.grace_s, "Seconds a failed job's other processes get to end by themselves")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()->check(real_number(kMaxGracePeriod, false, 0));
+  cmd->add_option("--stop-timeout", c.stop_timeout_s,
+                  "Seconds the workers get to stop (and write a stop checkpoint) after a forwarded signal")
+      ->capture_default_str()->check(real_number(kMaxGracePeriod, false, 0));
+  cmd->add_option("--restart-backoff", c.restart_backoff_s,
+                  "Seconds before the first --max-restarts restart, doubled for each next one (at most 60)")
+      ->capture_default_str()->check(real_number(kMaxRestartBackoff, false, 0));
   cmd->add_option("command", c.command, "PROGRAM ARGS... (after --)")->required();
 }
 

@@ -21,8 +21,17 @@ struct LaunchConfig {
   int max_restarts = 0;
   std::string log_dir;
   double grace_s = 10;       // a failed job's other ranks get this long to end by themselves
+  // --max-restarts waits this long before the first restart, twice as long
+  // before each next one, at most kMaxRestartBackoff (0: no wait).
+  double restart_backoff_s = 1;
+  // After a forwarded SIGINT/SIGTERM/SIGHUP the workers get this long to
+  // finish their step and write their stop checkpoint before SIGKILL.
+  double stop_timeout_s = 60;
   std::vector<std::string> command;  // PROGRAM ARGS...
 };
+
+inline constexpr double kMaxRestartBackoff = 60;
+inline constexpr double kMaxGracePeriod = 86400;  // a day: past that, a typo
 
 void add_launch_options(CLI::App* cmd, LaunchConfig& c);
 // Returns the launcher's exit code: 0 when every process succeeded.

@@ -12,20 +12,29 @@ void check_resume_config(const nlohmann::json& saved, const nlohmann::json& now,
   if (!saved.is_object())
     CHORUS_THROW(ValueError, state_path, ": the saved \"config\" is ", io::detail::json_excerpt(saved),
                  ", not the settings of a chorus train run; cannot check that --resume continues it");
-  for (const auto& [key, value] : now.items()) {
+  // The run's settings, and the ones written only when set that the
+  // checkpoint has and this run leaves out (kResumeDefaults).
+  std::vector<std::string> keys;
+  for (const auto& item : now.items()) keys.push_back(item.key());
+  for (const auto& d : kResumeDefaults)
+    if (!now.contains(d.first) && saved.contains(d.first)) keys.push_back(d.first);
+  for (const std::string& key : keys) {
     if (std::find(allowed.begin(), allowed.end(), key) != allowed.end()) continue;
-    auto it = saved.find(key);
-    // (no lambda over `key`: clang 14, which builds the fuzzers, cannot capture a structured binding)
+    const nlohmann::json* fallback = nullptr;
+    for (const auto& d : kResumeDefaults)
+      if (d.first == key) fallback = &d.second;
+    const nlohmann::json& value = now.contains(key) ? now.at(key) : *fallback;
     std::string option = "--" + key;
     std::replace(option.begin(), option.end(), '_', '-');
-    if (it == saved.end())
+    if (!saved.contains(key) && !fallback)
       CHORUS_THROW(ValueError, state_path, ": the checkpoint's config has no \"", key,
                    "\", so --resume cannot check that ", option, " is the same (the checkpoint was written by another "
                    "version or edited)");
-    if (*it != value) {
+    const nlohmann::json& was = saved.contains(key) ? saved.at(key) : *fallback;
+    if (was != value) {
       const bool changeable = std::find(kResumeChangeable.begin(), kResumeChangeable.end(), key) != kResumeChangeable.end();
       CHORUS_THROW(ValueError, "--resume: ", option, " is ", io::detail::json_excerpt(value), " but the checkpoint (",
-                   state_path, ") was trained with ", io::detail::json_excerpt(*it),
+                   state_path, ") was trained with ", io::detail::json_excerpt(was),
                    changeable ? "; pass --allow-change " + key + " to continue it with the new value"
                               : "; a checkpoint continues the run that wrote it (use another --checkpoint-dir for a new run)");
     }

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "chorus/io/checkpoint.h"
@@ -22,6 +23,12 @@
 namespace chorus::app {
 
 inline const std::vector<std::string> kResumeChangeable = {"epochs", "steps", "data_dir", "devices", "strategy"};
+
+// Settings that TrainConfig::to_json writes only when they are set, so that
+// checkpoints from before they existed still compare: absent on either side
+// means this value. The check runs both ways over them (a --sync-bn checkpoint
+// resumed without --sync-bn is refused as much as the reverse).
+inline const std::vector<std::pair<std::string, nlohmann::json>> kResumeDefaults = {{"sync_bn", false}};
 
 // Throws ValueError naming `state_path` and the first field of `saved` that
 // differs from `now` and is not in `allowed`.

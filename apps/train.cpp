@@ -14,6 +14,7 @@
 #include <ctime>
 #include <filesystem>
 #include <memory>
+#include <optional>
 
 #include "chorus/autograd/autocast.h"
 #include "chorus/autograd/grad_mode.h"
@@ -29,6 +30,8 @@
 #include "chorus/data/synthetic.h"
 #include "chorus/data/transforms.h"
 #include "chorus/io/checkpoint.h"
+#include "chorus/io/dir_lock.h"
+#include "chorus/io/metrics.h"
 #include "chorus/models/models.h"
 #include "chorus/nn/functional.h"
 #include "chorus/ops/copy.h"
@@ -233,6 +236,44 @@ struct Training {
   int world() const { return ranks ? ranks->group->size() : 1; }
 };
 
+// What every rank of a job must agree on (Note [Options every rank shares] in
+// train_dist.h): the options that shape training, by their names in the
+// config, this rank's number of devices, and each split's size with a
+// checksum of its first and last examples (FNV-1a over their bytes).
+nlohmann::json rank_fingerprint(const TrainConfig& cfg, const Datasets& data, size_t devices) {
+  nlohmann::json j = cfg.to_json();
+  j.erase("data_dir");  // a path may differ between nodes; the contents may not
+  j.erase("devices");   // device names are per rank (cuda:LOCAL_RANK); their number is not
+  j["sync_bn"] = cfg.sync_bn;
+  j["lr"] = cfg.lr.value_or(default_lr(cfg));
+  j["log_every"] = cfg.log_every;  // where the ranks meet to sum the figures
+  j["bucket_mb"] = cfg.bucket_mb;
+  j["comm_hook"] = cfg.comm_hook;
+  j["devices_per_rank"] = devices;
+  auto checksum = [](const data::Dataset& d) {
+    uint64_t h = 1469598103934665603ull;
+    auto mix = [&h](const void* p, size_t n) {
+      for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const unsigned char*>(p)[i]) * 1099511628211ull;
+    };
+    std::vector<float> image(static_cast<size_t>(numel_of(d.image_shape())));
+    std::vector<int64_t> picks;
+    for (int64_t i = 0; i < std::min<int64_t>(d.size(), 4); ++i) picks.push_back(i);
+    if (d.size() > 4) picks.push_back(d.size() - 1);
+    for (int64_t i : picks) {
+      int64_t label = 0;
+      d.get(i, image.data(), &label);
+      mix(image.data(), image.size() * sizeof(float));
+      mix(&label, sizeof(label));
+    }
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+    return nlohmann::json{{"size", d.size()}, {"checksum", hex}};
+  };
+  j["train_data"] = checksum(*data.train);
+  j["test_data"] = checksum(*data.test);
+  return j;
+}
+
 Training set_up(const TrainConfig& cfg) {
   Training t;
   t.devices = pick_devices(cfg);
@@ -252,6 +293,7 @@ Training set_up(const TrainConfig& cfg) {
   if (cfg.strategy == "ddp") t.ranks = join_job(ddp_launch_env(), device, cfg.dist_timeout_s);
   manual_seed(cfg.seed);
   t.data = load_data(cfg);
+  if (t.ranks) check_same_options(*t.ranks, rank_fingerprint(cfg, t.data, t.devices.size()));
   models::ModelSpec spec{t.data.train->image_shape(), t.data.train->num_classes()};
   t.model = models::make_model(cfg.model, spec);
   t.model->to(device);
@@ -460,17 +502,14 @@ class StepStats {
   // Rank 0: ask every rank, through this window's all-reduce, for a RankTimes report.
   void ask_for_report() { report_due_ = true; }
   // Reads the window (one host wait) and starts the next one. Under DDP the
-  // figures are over all ranks, and *stop says whether any rank was asked to
-  // stop (Note [Training ranks]).
-  Window close(const RankContext* ranks = nullptr, bool* stop = nullptr) {
+  // figures are over all ranks (Note [Training ranks]).
+  Window close(const RankContext* ranks = nullptr) {
     auto now = std::chrono::steady_clock::now();
     const double secs = std::chrono::duration<double>(now - start_).count() - excluded_s_;
-    std::vector<double> sums = {loss_.item(), correct_.item(), static_cast<double>(count_),
-                                StopSignal::pending() ? 1.0 : 0.0, report_due_ ? 1.0 : 0.0};
+    std::vector<double> sums = {loss_.item(), correct_.item(), static_cast<double>(count_), report_due_ ? 1.0 : 0.0};
     if (ranks) sums = sum_over_ranks(*ranks, sums);
-    if (stop) *stop = sums[3] > 0;
     Window w{sums[0] / sums[2], sums[1] / sums[2], secs > 0 ? sums[2] / secs : 0,
-             steps_ > 0 ? 1000.0 * secs / static_cast<double>(steps_) : 0, sums[4] > 0};
+             steps_ > 0 ? 1000.0 * secs / static_cast<double>(steps_) : 0, sums[3] > 0};
     *this = StepStats();
     start_ = now;
     return w;
@@ -515,8 +554,10 @@ void finish_epoch(const TrainConfig& cfg, Training& t, const Position& pos, RunL
 }
 
 // Whether to stop after this step: at once on a signal for one process; under
-// DDP only where the ranks agreed (at a window's close).
-bool should_stop(const Training& t, bool agreed) { return t.ranks ? agreed : StopSignal::pending() != 0; }
+// DDP after the step the ranks agreed on (Note [Stopping ranks together]).
+bool should_stop(const Training& t, StopAgreement* agreement, int64_t step) {
+  return agreement ? agreement->stop_after(step, StopSignal::pending() != 0) : StopSignal::pending() != 0;
+}
 
 // The L2 norm of the model's gradients after the last step (what its update
 // used: averaged over the ranks under DDP, summed over the replicas under
@@ -550,6 +591,8 @@ LoopResult train_loop(const TrainConfig& cfg, Training& t, Position& pos, RunLog
   StepStats stats;
   RankTimes rank_times;  // Note [Slow ranks named]
   auto last_report = std::chrono::steady_clock::now();
+  std::optional<StopAgreement> agreement;
+  if (t.ranks) agreement.emplace(*t.ranks);
   const int64_t start_epoch = pos.epoch;
   t.model->train();
   for (int64_t epoch = start_epoch; epoch < cfg.epochs && pos.step < t.total_steps; ++epoch) {
@@ -581,13 +624,12 @@ LoopResult train_loop(const TrainConfig& cfg, Training& t, Position& pos, RunLog
         rank_times.add_step(std::chrono::duration<double>(now - step_begin).count(),
                             std::chrono::duration<double>(data_end - step_begin).count());
       }
-      bool agreed_stop = false;
       if (pos.step % cfg.log_every == 0 || pos.step == t.total_steps) {
         const auto now = std::chrono::steady_clock::now();
         if (t.ranks && t.ranks->leader() && cfg.stats_every_s > 0 &&
             std::chrono::duration<double>(now - last_report).count() >= cfg.stats_every_s)
           stats.ask_for_report();
-        StepStats::Window w = stats.close(t.rank_context(), &agreed_stop);
+        StepStats::Window w = stats.close(t.rank_context());
         if (w.report) {  // every rank, at the same step
           const std::string line = rank_times.report(*t.ranks, pos.step, t.ddp->gradient_wait_seconds());
           last_report = now;
@@ -611,7 +653,7 @@ LoopResult train_loop(const TrainConfig& cfg, Training& t, Position& pos, RunLog
         }
       }
       if (cfg.checkpoint_every > 0 && pos.step % cfg.checkpoint_every == 0) save(cfg, t, pos);
-      if (should_stop(t, agreed_stop)) stop_for_signal(cfg, t, pos, progress);
+      if (should_stop(t, agreement ? &*agreement : nullptr, pos.step)) stop_for_signal(cfg, t, pos, progress);
     }
     if (pos.batch_in_epoch >= t.per_epoch) {
       const auto eval_start = std::chrono::steady_clock::now();
@@ -685,6 +727,9 @@ nlohmann::ordered_json run_train(const TrainConfig& given) {
     if (!cfg.tensorboard_all_ranks) cfg.tensorboard.reset();
     cfg.plot.reset();
   }
+  // Note [Checkpoint directory lock]: the writer holds its directory until it ends.
+  std::optional<io::CheckpointDirLock> dir_lock;
+  if (leader && cfg.checkpoint_dir) dir_lock.emplace(*cfg.checkpoint_dir);
   const Position start = resume(cfg, t);
   RunLogOptions lo;
   lo.metrics = cfg.metrics;

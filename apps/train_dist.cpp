@@ -92,6 +92,65 @@ std::string RankTimes::report(const RankContext& rc, int64_t step, double wait_s
   return line;
 }
 
+namespace {
+// "--lr" for "lr"; the fingerprint's own fields in words.
+std::string option_name(const std::string& key) {
+  if (key == "devices_per_rank") return "the number of --devices";
+  if (key == "train_data" || key == "test_data") return "the data set (" + key.substr(0, key.find('_')) + " split: size and checksum of its first and last examples)";
+  std::string o = "--" + key;
+  std::replace(o.begin(), o.end(), '_', '-');
+  return o;
+}
+}  // namespace
+
+void check_same_options(const RankContext& rc, const nlohmann::json& mine) {
+  const int n = rc.group->size();
+  if (n == 1) return;
+  const dist::StorePtr& store = rc.group->store();
+  const std::string base = "chorus/train/options/";
+  store->set(base + std::to_string(rc.env.rank), mine.dump());
+  const std::string verdict_key = base + "verdict";
+  if (rc.leader()) {
+    std::string verdict = "=";  // '=' and nothing after: every rank agrees
+    for (int r = 1; r < n && verdict.size() == 1; ++r) {
+      nlohmann::json theirs = nlohmann::json::parse(store->get_string(base + std::to_string(r)), nullptr, false);
+      std::vector<std::string> keys;
+      for (const auto& item : mine.items()) keys.push_back(item.key());
+      for (const auto& item : theirs.items())
+        if (!mine.contains(item.key())) keys.push_back(item.key());
+      for (const std::string& k : keys) {
+        const nlohmann::json a = mine.value(k, nlohmann::json()), b = theirs.is_object() ? theirs.value(k, nlohmann::json()) : nlohmann::json();
+        if (a == b) continue;
+        verdict = detail::str_cat("=rank ", r, " was given ", option_name(k), " ", b.dump(), " but rank 0 ", a.dump(),
+                                  ": every rank of a job must train with the same options (ranks that differ drift "
+                                  "apart); start them all with one command line");
+        break;
+      }
+    }
+    store->set(verdict_key, verdict);
+  }
+  const std::string verdict = store->get_string(verdict_key);
+  CHORUS_CHECK(verdict.size() <= 1, verdict.substr(1));
+}
+
+bool StopAgreement::stop_after(int64_t step, bool signalled) {
+  if (stop_at_ < 0) {
+    const dist::StorePtr& store = rc_.group->store();
+    const std::string key = "chorus/train/stop_at";
+    std::string value;
+    if (signalled && !proposed_) {
+      proposed_ = true;
+      const std::string mine = std::to_string(step + 2);
+      const dist::Bytes got = store->compare_set(key, {}, dist::Bytes(mine.begin(), mine.end()));
+      value.assign(got.begin(), got.end());
+    } else if (store->check({key})) {
+      value = store->get_string(key);
+    }
+    if (!value.empty()) stop_at_ = std::stoll(value);
+  }
+  return stop_at_ >= 0 && step >= stop_at_;
+}
+
 std::string agree_on_checkpoint(const RankContext& rc, const std::optional<std::string>& leader_choice) {
   const std::string key = "chorus/train/resume_from";
   if (rc.leader()) rc.group->store()->set(key, std::string("=") + leader_choice.value_or(""));

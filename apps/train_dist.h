@@ -13,11 +13,12 @@
 // same one. The figures shown are over all ranks: the training window's loss
 // and accuracy and the test set's (each rank evaluates every world-size-th
 // test example) are summed with one all-reduce, issued where the host reads
-// the figures anyway, which is also where a stop signal is agreed on (so all
-// ranks stop after the same step, within --log-every steps of the signal).
+// the figures anyway. A stop signal is agreed on through the store, a step or
+// two after it came (Note [Stopping ranks together]).
 #pragma once
 
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -76,6 +77,40 @@ class RankTimes {
  private:
   int64_t steps_ = 0;
   double step_s_ = 0, data_s_ = 0, wait_at_start_ = 0;
+};
+
+// Note [Options every rank shares]: ranks given different training options
+// (another --lr, --seed, --batch-size, data set, ...) used to train on
+// silently while their replicas drifted apart; only the model was compared.
+// At the start each rank writes a fingerprint of every setting that must
+// agree (a JSON object: the options by name, its number of devices, and the
+// data sets' sizes and a checksum of their first and last examples) to the
+// store; rank 0 compares each rank's with its own and writes one verdict that
+// every rank reads, so all of them stop with the same one line naming the
+// first rank and option that differ, before any collective runs.
+void check_same_options(const RankContext& rc, const nlohmann::json& fingerprint);
+
+// Note [Stopping ranks together]: a signal reaches the ranks at slightly
+// different steps, and they must stop after the same one (each writes its
+// part of the stop checkpoint there, and a rank that went on would wait for
+// the others in its next collective). They agreed where they summed the
+// figures, every --log-every steps, which could be long after the signal:
+// the launcher killed them before that, with no stop checkpoint. Now a rank
+// that has a signal proposes, in the store, to stop after step s + 2 (s: the
+// step it just finished); the first proposal stands (compare-and-set), and
+// every rank looks for it after each step (one store round trip). The
+// gradient all-reduce of each step keeps the ranks within one step of each
+// other, so no rank has passed s + 2 when the proposal appears.
+class StopAgreement {
+ public:
+  explicit StopAgreement(const RankContext& rc) : rc_(rc) {}
+  // After step `step` (steps done): true when every rank stops here.
+  bool stop_after(int64_t step, bool signalled);
+
+ private:
+  const RankContext& rc_;
+  int64_t stop_at_ = -1;  // agreed; -1: not yet
+  bool proposed_ = false;
 };
 
 // Rank 0's choice of checkpoint (its path, or "" for none) to every rank.

@@ -54,7 +54,7 @@ check "no process left after SIGTERM" "[ \$(left) = 0 ]"
   bash -c 'if [ "$CHORUS_RESTART_COUNT" = 0 ] && [ "$RANK" = 0 ]; then exit 3; fi; echo "attempt $CHORUS_RESTART_COUNT ok"' "$M" \
   > "$tmp/out" 2> "$tmp/err"
 rc=$?
-check "restarted once, then exit 0 (got $rc)" "[ $rc = 0 ] && grep -q 'restarting the job (1 of 2 restarts)' '$tmp/err' && grep -q 'attempt 1 ok' '$tmp/out'"
+check "restarted once, then exit 0 (got $rc)" "[ $rc = 0 ] && grep -q 'restarting the job in 1.0 s (1 of 2 restarts)' '$tmp/err' && grep -q 'attempt 1 ok' '$tmp/out'"
 
 # 7. Two jobs given one port (Note [Job ids] in dist/launch_env.h): a process of
 # the second, started by hand with its own CHORUS_RUN_ID, is stopped at once

@@ -279,6 +279,44 @@ TEST(Pipeline, DeferredBatchNormKeepsFullBatchStatistics) {
   EXPECT_EQ(plain_bn.named_buffers()[2].second.item<int64_t>(), M);
 }
 
+// Issue 47, item 2: in float64 the deferred statistics are float64 all the
+// way (no round trip through float32, which left them ~1e-7 off): the
+// first batch norm sees conv(x) for the whole batch, micro-batch by
+// micro-batch, so its running statistics are the full batch's to rounding.
+TEST(Pipeline, DeferredBatchNormKeepsFloat64StatisticsInFloat64) {
+  manual_seed(14);
+  const Tensor x = randn({12, 2, 5, 5}).to(kFloat64);
+  const Tensor y = randint(0, 3, {12});
+  auto plain_model = cnn(7);
+  plain_model->to(kFloat64);
+  NamedTensors want;
+  {
+    NoGradGuard ng;
+    const Tensor h = (*plain_model)[0]->forward(x);  // what the first batch norm sees, [12, 4, 5, 5]
+    const double n = static_cast<double>(h.numel() / h.size(1));
+    const Tensor mean = h.mean({0, 2, 3});
+    const Tensor var = h.sub(mean.view({1, 4, 1, 1})).pow(2).sum({0, 2, 3}).mul(1.0 / (n - 1));
+    want.emplace_back("1.running_mean", mean.mul(0.1));
+    want.emplace_back("1.running_var", var.mul(0.1).add(0.9));
+  }
+  for (Schedule sch : {Schedule::GPipe, Schedule::OneFOneB}) {
+    auto model = cnn(7);
+    model->to(kFloat64);
+    PipelineOptions o;
+    o.micro_batches = 4;
+    o.schedule = sch;
+    o.deferred_batch_norm = true;
+    Pipeline pipe(model, {3, 5}, cpus(2), o);
+    pipe.train_step(x, y, ce);
+    std::map<std::string, Tensor> got;
+    for (auto& [n, b] : pipe.named_buffers()) got[n] = b;
+    for (const auto& [name, value] : want) {
+      EXPECT_EQ(got.at(name).dtype(), kFloat64) << name;
+      EXPECT_LE(max_rel(got.at(name), value), 1e-12) << name << " " << schedule_name(sch);
+    }
+  }
+}
+
 TEST(Pipeline, RecomputationGivesTheSameGradientsAndStatistics) {
   manual_seed(17);
   const Tensor x = randn({8, 2, 5, 5});

@@ -17,6 +17,7 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -228,7 +229,65 @@ void ProcessGroupGloo::run() {
   }
 }
 
-WorkPtr ProcessGroupGloo::enqueue(const char* op, int64_t bytes,
+// Note [Collective signatures]: Gloo takes a collective's sizes on trust. When
+// ranks bring different ones (other --steps, --log-every or data-set sizes,
+// another --sizes-mb), a message of the wrong size reaches Gloo's own network
+// thread, whose exception nobody can catch: the rank died by SIGABRT. So
+// before each collective the ranks all-gather what they bring (a few int64s,
+// the same size on every rank whatever they bring, under a tag of its own)
+// and every rank compares: any difference is a DistError on every rank naming
+// the collective, its sequence number and what each rank brought, and the
+// collective itself never runs. The cost is one small all-gather per
+// collective (tens of microseconds on one machine; Gloo is the CPU backend).
+namespace {
+enum SignatureField { kOp, kDType, kNumel, kRoot, kReduce, kFields };
+const char* const kOpNames[] = {"?", "all_reduce", "broadcast", "all_gather", "barrier"};
+std::vector<int64_t> signature(int op, const Tensor* t, int64_t root = -1, int64_t reduce = -1) {
+  std::vector<int64_t> s(kFields, -1);
+  s[kOp] = op;
+  if (t) {
+    s[kDType] = static_cast<int64_t>(t->dtype());
+    s[kNumel] = t->numel();
+  }
+  s[kRoot] = root;
+  s[kReduce] = reduce;
+  return s;
+}
+std::string describe_signature(const int64_t* s) {
+  std::string out = s[kOp] > 0 && s[kOp] < 5 ? kOpNames[s[kOp]] : "operation " + std::to_string(s[kOp]);
+  if (s[kDType] >= 0) out += " of " + std::to_string(s[kNumel]) + " x " + dtype_name(static_cast<DType>(s[kDType]));
+  if (s[kRoot] >= 0) out += " from root " + std::to_string(s[kRoot]);
+  if (s[kReduce] >= 0) out += std::string(" (") + reduce_op_name(static_cast<ReduceOp>(s[kReduce])) + ")";
+  return out;
+}
+// Tags of the signature all-gathers: apart from the collectives' (their sequence numbers).
+uint32_t signature_tag(uint64_t seq) { return 0x80000000u | static_cast<uint32_t>(seq & 0x7fffffffu); }
+}  // namespace
+
+void ProcessGroupGloo::check_signature(const std::shared_ptr<::gloo::Context>& ctx, const char* op, uint64_t seq,
+                                       const std::vector<int64_t>& mine) {
+  const size_t k = mine.size();
+  std::vector<int64_t> all(k * static_cast<size_t>(ctx->size));
+  ::gloo::AllgatherOptions o(ctx);
+  o.setInput(const_cast<int64_t*>(mine.data()), k);
+  o.setOutput(all.data(), all.size());
+  o.setTag(signature_tag(seq));
+  o.setTimeout(options_.timeout);
+  ::gloo::allgather(o);
+  bool same = true;
+  for (int r = 1; r < ctx->size && same; ++r) same = std::equal(all.begin(), all.begin() + k, all.begin() + r * k);
+  if (same) return;
+  std::string brought;
+  const int shown = std::min(ctx->size, 8);
+  for (int r = 0; r < shown; ++r) brought += (r ? "; rank " : "rank ") + std::to_string(r) + ": " + describe_signature(&all[r * k]);
+  if (shown < ctx->size) brought += "; ... (" + std::to_string(ctx->size) + " ranks)";
+  CHORUS_THROW(DistError, backend(), " ", op, " #", seq, " on rank ", rank_,
+               ": the ranks brought different collectives (", brought,
+               "); they were given different options or data (e.g. --steps, --log-every, a data set of another size, "
+               "--sizes-mb) or took different code paths. Nothing was exchanged");
+}
+
+WorkPtr ProcessGroupGloo::enqueue(const char* op, int64_t bytes, std::vector<int64_t> sig,
                                   std::function<void(std::shared_ptr<::gloo::Context>, uint32_t)> body) {
   auto work = std::make_shared<GlooWork>();
   std::lock_guard<std::mutex> lk(impl_->mu);
@@ -236,10 +295,11 @@ WorkPtr ProcessGroupGloo::enqueue(const char* op, int64_t bytes,
   const uint64_t seq = ++impl_->seq;
   std::shared_ptr<::gloo::Context> ctx = impl_->context;
   impl_->queue.emplace_back(
-      [this, op, seq, bytes, ctx, body = std::move(body)] {
+      [this, op, seq, bytes, ctx, sig = std::move(sig), body = std::move(body)] {
         try {
           const auto begin = std::chrono::steady_clock::now();
           impl_->watch->begin(op, seq, bytes);
+          if (!sig.empty() && ctx->size > 1) check_signature(ctx, op, seq, sig);
           body(ctx, static_cast<uint32_t>(seq));
           impl_->watch->end(seq);
           // Note [Step traces]: the worker's collectives as a track of their own.
@@ -271,7 +331,7 @@ WorkPtr ProcessGroupGloo::all_reduce(const Tensor& t, ReduceOp op) {
   CHORUS_CHECK(op != ReduceOp::Avg || is_floating(t.dtype()), "all_reduce: avg needs a floating tensor, got ",
                t.describe());
   const int size = size_;
-  return enqueue("all_reduce", t.nbytes(), [t, op, size, timeout = options_.timeout](std::shared_ptr<::gloo::Context> ctx,
+  return enqueue("all_reduce", t.nbytes(), signature(1, &t, -1, static_cast<int64_t>(op)), [t, op, size, timeout = options_.timeout](std::shared_ptr<::gloo::Context> ctx,
                                                                          uint32_t tag) {
     if (t.numel() > 0 && size > 1) {
       ::gloo::AllreduceOptions o(ctx);
@@ -298,7 +358,7 @@ WorkPtr ProcessGroupGloo::all_reduce(const Tensor& t, ReduceOp op) {
 WorkPtr ProcessGroupGloo::broadcast(const Tensor& t, int root) {
   check_tensor("broadcast", t);
   CHORUS_CHECK(root >= 0 && root < size_, "broadcast: root ", root, " is not a rank of this group (", size_, " ranks)");
-  return enqueue("broadcast", t.nbytes(), [t, root, timeout = options_.timeout](std::shared_ptr<::gloo::Context> ctx, uint32_t tag) {
+  return enqueue("broadcast", t.nbytes(), signature(2, &t, root), [t, root, timeout = options_.timeout](std::shared_ptr<::gloo::Context> ctx, uint32_t tag) {
     if (t.numel() == 0 || ctx->size == 1) return;
     ::gloo::BroadcastOptions o(ctx);
     const size_t bytes = t.numel() * dtype_size(t.dtype());
@@ -317,7 +377,7 @@ WorkPtr ProcessGroupGloo::all_gather(const Tensor& in, const Tensor& out) {
   check_tensor("all_gather", out);
   CHORUS_CHECK(out.dtype() == in.dtype() && out.numel() == in.numel() * size_, "all_gather: out must hold ", size_,
                " x ", in.numel(), " elements of ", dtype_name(in.dtype()), ", got ", out.describe());
-  return enqueue("all_gather", out.nbytes(), [in, out, timeout = options_.timeout](std::shared_ptr<::gloo::Context> ctx, uint32_t tag) {
+  return enqueue("all_gather", out.nbytes(), signature(3, &in), [in, out, timeout = options_.timeout](std::shared_ptr<::gloo::Context> ctx, uint32_t tag) {
     const size_t bytes = in.numel() * dtype_size(in.dtype());
     if (bytes == 0) return;
     if (ctx->size == 1) {
@@ -343,7 +403,7 @@ WorkPtr ProcessGroupGloo::reduce_scatter(const Tensor& in, const Tensor& out, Re
   Tensor tmp = in.clone();
   WorkPtr w = all_reduce(tmp, op);
   const int rank = rank_;
-  return enqueue("reduce_scatter", in.nbytes(), [w, tmp, out, rank](std::shared_ptr<::gloo::Context>, uint32_t) {
+  return enqueue("reduce_scatter", in.nbytes(), {}, [w, tmp, out, rank](std::shared_ptr<::gloo::Context>, uint32_t) {
     w->wait();
     const size_t bytes = out.numel() * dtype_size(out.dtype());
     std::memcpy(out.raw_data(), static_cast<const char*>(tmp.raw_data()) + bytes * rank, bytes);
@@ -351,7 +411,7 @@ WorkPtr ProcessGroupGloo::reduce_scatter(const Tensor& in, const Tensor& out, Re
 }
 
 WorkPtr ProcessGroupGloo::barrier() {
-  return enqueue("barrier", 0, [timeout = options_.timeout](std::shared_ptr<::gloo::Context> ctx, uint32_t tag) {
+  return enqueue("barrier", 0, signature(4, nullptr), [timeout = options_.timeout](std::shared_ptr<::gloo::Context> ctx, uint32_t tag) {
     if (ctx->size == 1) return;
     ::gloo::BarrierOptions o(ctx);
     o.setTag(tag);

@@ -36,7 +36,13 @@ class ProcessGroupGloo final : public ProcessGroup {
   void run();
   WorkPtr post(const char* op, const Tensor& t, int peer, int tag, bool is_send);
   // `bytes`: the payload, for the flight recorder (collective_watch.h).
-  WorkPtr enqueue(const char* op, int64_t bytes, std::function<void(std::shared_ptr<::gloo::Context>, uint32_t)> body);
+  // `signature`: what this rank brings to the collective (Note [Collective
+  // signatures] in gloo_group.cpp), compared across ranks before it runs;
+  // empty: nothing to compare (work of this rank alone).
+  WorkPtr enqueue(const char* op, int64_t bytes, std::vector<int64_t> signature,
+                  std::function<void(std::shared_ptr<::gloo::Context>, uint32_t)> body);
+  void check_signature(const std::shared_ptr<::gloo::Context>& ctx, const char* op, uint64_t seq,
+                       const std::vector<int64_t>& signature);
   [[noreturn]] void fail(const char* op, uint64_t seq, const std::string& why);
   std::unique_ptr<Impl> impl_;
 };

@@ -56,7 +56,12 @@ void throw_collective_failure(const std::string& backend, const std::string& op,
   if (missing.size() == 1 && missing[0] == -1) {
     who = "the store is unreachable too, so rank 0 (or the launcher hosting it) has probably died";
   } else if (missing.empty()) {
-    who = "every rank reached the failure point (a network or configuration error rather than a lost rank)";
+    // No rank is missing. Collectives of different sizes are caught before
+    // they run (Note [Collective signatures] in gloo_group.cpp), so here one
+    // rank ended the group for all (an error or a signal of its own, which its
+    // own message names) or the connection between them broke.
+    who = "every rank reached it, none is missing: one rank ended the group (stopped by an error or a signal: see "
+          "that rank's own message) or a connection between ranks broke";
   } else {
     who = missing.size() == 1 ? "rank " : "ranks ";
     for (size_t i = 0; i < missing.size(); ++i) who += (i ? ", " : "") + std::to_string(missing[i]);

@@ -3,7 +3,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
+#include <system_error>
 
 #include "chorus/core/error.h"
 
@@ -57,8 +59,15 @@ struct Reader {
   Bytes bytes(uint64_t cap = kMaxValueBytes) {
     const uint64_t n = value<uint64_t>();
     CHORUS_CHECK_T(DistError, n <= cap, "store: ", s.peer(), " announced ", n, " bytes (more than ", cap, ")");
-    Bytes b(n);
-    if (n) s.recv_all(b.data(), n, deadline);
+    // Read as it arrives, a MiB at a time: an announced length costs memory
+    // only once the bytes come (Note [Store connections are bounded]).
+    constexpr uint64_t kChunk = uint64_t{1} << 20;
+    Bytes b;
+    while (b.size() < n) {
+      const size_t old = b.size(), k = static_cast<size_t>(std::min<uint64_t>(n - old, kChunk));
+      b.resize(old + k);
+      s.recv_all(b.data() + old, k, deadline);
+    }
     return b;
   }
   std::string str() {
@@ -100,40 +109,73 @@ TCPStoreServer::~TCPStoreServer() {
   stop_.store(true);
   listener_.shutdown();
   if (acceptor_.joinable()) acceptor_.join();
-  std::vector<std::thread> threads;
+  std::vector<Client> clients;
   {
     std::lock_guard<std::mutex> lk(clients_mu_);
-    for (int fd : client_fds_) ::shutdown(fd, SHUT_RDWR);
-    threads.swap(clients_);
+    for (const Client& c : clients_)
+      if (!c.done->load()) ::shutdown(c.fd, SHUT_RDWR);
+    clients.swap(clients_);
   }
-  for (auto& t : threads) t.join();
+  for (auto& c : clients) c.thread.join();
+}
+
+void TCPStoreServer::reap_finished() {
+  for (size_t i = 0; i < clients_.size();) {
+    if (clients_[i].done->load()) {
+      clients_[i].thread.join();
+      clients_[i] = std::move(clients_.back());
+      clients_.pop_back();
+    } else {
+      ++i;
+    }
+  }
 }
 
 void TCPStoreServer::accept_loop() {
   while (!stop_.load()) {
     Socket c;
-    if (!listener_.accept(&c, std::chrono::milliseconds(100))) continue;
+    const bool got = listener_.accept(&c, std::chrono::milliseconds(100));
     std::lock_guard<std::mutex> lk(clients_mu_);
+    reap_finished();
+    if (!got) continue;
     if (stop_.load()) return;
-    client_fds_.push_back(c.fd());
-    clients_.emplace_back([this, s = std::move(c)]() mutable { serve(std::move(s)); });
+    if (clients_.size() >= kMaxStoreClients) continue;  // full: this one is closed (Socket's destructor)
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    const int fd = c.fd();
+    try {
+      std::thread t([this, done, s = std::move(c)]() mutable {
+        serve(std::move(s));  // closes the socket when it returns
+        done->store(true);
+      });
+      clients_.push_back({std::move(t), fd, done});
+    } catch (const std::system_error&) {
+      // No thread to be had (a process limit): this connection is closed, the
+      // store goes on (an uncaught exception here ended the launcher).
+    }
   }
 }
 
 void TCPStoreServer::serve(Socket c) {
   try {
     Reader in{c, Clock::now() + kForever};
+    bool hello = false;  // a store client says who it is first
+    const auto hello_by = Clock::now() + kStoreHelloTimeout;
     for (;;) {
       uint8_t type = 0;
-      in.deadline = Clock::now() + kForever;
       if (!c.readable(std::chrono::milliseconds(200))) {
         if (stop_.load()) return;
+        if (!hello && Clock::now() > hello_by) return;  // a silent connection: drop it
         continue;
       }
+      // A message begun is finished in time: a half-sent one does not hold
+      // its thread forever (Note [Store connections are bounded]).
+      in.deadline = Clock::now() + kStoreMessageTimeout;
       c.recv_all(&type, 1, in.deadline);
+      if (!hello && type != kValidate) return;  // not a store client: drop it
       switch (type) {
         case kValidate:
           if (in.value<uint32_t>() != kMagic) return;  // not a store client: drop it
+          hello = true;
           break;
         case kPing:
           { const uint32_t nonce = in.value<uint32_t>(); c.send_all(&nonce, sizeof(nonce)); }

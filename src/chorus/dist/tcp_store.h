@@ -34,6 +34,19 @@ namespace chorus::dist {
 
 // The server: one thread accepting, one per connected client. Stops (and
 // closes every connection) when destroyed.
+//
+// Note [Store connections are bounded] (issue 47, item 5): the store listens
+// on the network, so whatever reaches its port may connect. A finished
+// client's thread is joined at the next accept (it kept its stack mapped
+// until the server ended: ~33,000 connect-and-close calls aborted the
+// launcher); at most kMaxStoreClients connections are served at once (more
+// are closed at once, as is one whose thread cannot be started); a client must identify itself as a store client
+// within kStoreHelloTimeout and finish each message it starts within
+// kStoreMessageTimeout; and a value is read as it arrives, so a length
+// announced but never sent costs nothing.
+inline constexpr size_t kMaxStoreClients = 16384;  // 2 mappings each: far below vm.max_map_count (65530)
+inline constexpr std::chrono::seconds kStoreHelloTimeout{10}, kStoreMessageTimeout{60};
+
 class TCPStoreServer {
  public:
   // Listens on bind_addr:port (port 0: a free port, see port()). Throws
@@ -46,15 +59,20 @@ class TCPStoreServer {
 
  private:
   void accept_loop();
+  void reap_finished();  // joins the threads of clients that left (clients_mu_ held)
   void serve(Socket client);
+  struct Client {
+    std::thread thread;
+    int fd = -1;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
   HashStore table_;
   Socket listener_;
   int port_ = 0;
   std::atomic<bool> stop_{false};
   std::thread acceptor_;
   std::mutex clients_mu_;
-  std::vector<std::thread> clients_;
-  std::vector<int> client_fds_;
+  std::vector<Client> clients_;
 };
 
 class TCPStore final : public Store {

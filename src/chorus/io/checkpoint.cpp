@@ -211,6 +211,12 @@ std::string save_checkpoint(const std::string& dir, const nn::Module& module, co
     }
     detail::rename_path(tmp.string(), final_path.string());
     detail::fsync_directory(dir);
+  } catch (const IOError& e) {
+    // A full disk, a file size limit (Note [File size limit] in apps/cli.cpp):
+    // the half-written save goes, the checkpoints before it stay.
+    fs::remove_all(tmp, ec);
+    CHORUS_THROW(IOError, "cannot save checkpoint ", final_path.string(), ": ", e.message(),
+                 replaced.empty() ? "; the checkpoints before it are intact" : "");
   } catch (...) {
     fs::remove_all(tmp, ec);
     throw;

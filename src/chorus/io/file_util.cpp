@@ -1,6 +1,7 @@
 #include "chorus/io/file_util.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -45,9 +46,20 @@ void AtomicFile::write(const void* data, size_t nbytes) {
   while (nbytes > 0) {
     ssize_t n = ::write(fd_, p, nbytes);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) CHORUS_THROW(IOError, path_, ": write failed: ", n < 0 ? errno_text() : "no progress");
+    if (n < 0 && errno == EFBIG) {
+      // Past the process's file size limit (ulimit -f), with SIGXFSZ ignored
+      // as chorus does (Note [File size limit] in apps/cli.cpp).
+      rlimit lim{};
+      const bool limited = ::getrlimit(RLIMIT_FSIZE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY;
+      CHORUS_THROW(IOError, path_, ": write failed at byte ", written_, ": ", errno_text(),
+                   limited ? " (the file size limit, ulimit -f, is " + std::to_string(lim.rlim_cur) + " bytes)" : "",
+                   "; the file was not written and what was there before is unchanged");
+    }
+    if (n <= 0)
+      CHORUS_THROW(IOError, path_, ": write failed at byte ", written_, ": ", n < 0 ? errno_text() : "no progress");
     p += n;
     nbytes -= static_cast<size_t>(n);
+    written_ += static_cast<uint64_t>(n);
   }
 }
 

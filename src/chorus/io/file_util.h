@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace chorus::io::detail {
@@ -31,6 +32,7 @@ class AtomicFile {
   std::string path_;
   std::string tmp_path_;
   int fd_ = -1;
+  uint64_t written_ = 0;  // bytes so far, for messages
   bool committed_ = false;
 };
 

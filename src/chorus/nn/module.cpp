@@ -1,7 +1,9 @@
 #include "chorus/nn/module.h"
 
 #include <sstream>
+#include <typeinfo>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "chorus/autograd/grad_mode.h"
 #include "chorus/core/error.h"
@@ -143,45 +145,83 @@ Device Module::device() const {
   return bs.empty() ? cpu_device(0) : bs[0].second.device();
 }
 
+// Note [Clones copy the tree]: make_empty() builds what the constructor
+// builds, but a tree may have changed since (convert_sync_batchnorm's
+// SyncBatchNorm, a ReLU replaced by an Identity, layers pushed onto a
+// Sequential). So the copy takes every list from the source: its parameters,
+// its buffers and its children. A child the constructor built that matches the
+// source's (same class, same extra_repr()) is kept and filled in place, so a
+// module that holds its children in members (lin_ = register_module(...)) keeps
+// working; any other child is a clone of the source's own.
+struct Module::CloneMemo {
+  std::unordered_map<const TensorImpl*, Tensor> tensors;
+  std::unordered_map<const Module*, std::shared_ptr<Module>> modules;  // source -> copy
+  std::unordered_set<const Module*> used;                               // copies placed in the tree
+};
+
 std::shared_ptr<Module> Module::clone(const Device& device) const {
+  NoGradGuard ng;
+  CloneMemo memo;
+  return clone_tree(device, memo);
+}
+
+std::shared_ptr<Module> Module::clone_tree(const Device& device, CloneMemo& memo) const {
+  if (auto it = memo.modules.find(this); it != memo.modules.end()) return it->second;  // a shared module
   // Building the empty instance runs layer constructors, which draw initial
   // weights: keep the user's random stream untouched.
   RngState saved = default_generator().state();
   std::shared_ptr<Module> copy = make_empty();
   default_generator().set_state(saved);
-  copy->training_ = training_;
-  copy->type_name_ = type_name_;
-  // Children that the constructor did not create (e.g. Sequential's) are cloned here.
-  if (copy->children_.size() != children_.size()) {
-    copy->children_.clear();
-    for (auto& [n, c] : children_) copy->children_.emplace_back(n, c->clone(device));
-  }
-  NoGradGuard ng;
-  std::unordered_map<const TensorImpl*, Tensor> done;
-  std::function<void(const Module&, Module&)> fill = [&](const Module& src, Module& dst) {
-    CHORUS_CHECK(src.params_.size() == dst.params_.size() && src.buffers_.size() == dst.buffers_.size(),
-                 "clone: ", src.type_name_, " rebuilt with a different structure");
-    auto copy_list = [&](const auto& from, auto& to_list, bool is_param) {
-      for (size_t i = 0; i < from.size(); ++i) {
-        const Tensor& s = from[i].second;
-        if (!s.defined()) continue;
-        auto it = done.find(s.impl());
-        if (it != done.end()) {  // shared tensor: share it in the copy too
-          to_list[i].second = it->second;
-          continue;
-        }
+  CHORUS_CHECK_T(Error, copy != nullptr && typeid(*copy.get()) == typeid(*this), "clone: ", type_name_,
+                 "::make_empty() built another class");
+  memo.modules.emplace(this, copy);
+  memo.used.insert(copy.get());
+  clone_into(*copy, device, memo);
+  return copy;
+}
+
+void Module::clone_into(Module& dst, const Device& device, CloneMemo& memo) const {
+  dst.training_ = training_;
+  dst.type_name_ = type_name_;
+  auto copy_list = [&](const std::vector<std::pair<std::string, Tensor>>& from, bool is_param) {
+    std::vector<std::pair<std::string, Tensor>> out;
+    for (const auto& [name, s] : from) {
+      if (!s.defined()) {
+        out.emplace_back(name, Tensor());
+        continue;
+      }
+      auto it = memo.tensors.find(s.impl());
+      if (it == memo.tensors.end()) {  // else a shared tensor: shared in the copy too
         Tensor c = ops::clone(ops::to_device(s, device));
         if (is_param && s.requires_grad()) c.set_requires_grad(true);
-        to_list[i].second = c;
-        done.emplace(s.impl(), c);
+        if (c.autograd_meta() && s.autograd_meta()) c.autograd_meta()->label = s.autograd_meta()->label;
+        it = memo.tensors.emplace(s.impl(), c).first;
       }
-    };
-    copy_list(src.params_, dst.params_, true);
-    copy_list(src.buffers_, dst.buffers_, false);
-    for (size_t i = 0; i < src.children_.size(); ++i) fill(*src.children_[i].second, *dst.children_[i].second);
+      out.emplace_back(name, it->second);
+    }
+    return out;
   };
-  fill(*this, *copy);
-  return copy;
+  dst.params_ = copy_list(params_, true);
+  dst.buffers_ = copy_list(buffers_, false);
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children;
+  for (size_t i = 0; i < children_.size(); ++i) {
+    const auto& [name, src] = children_[i];
+    std::shared_ptr<Module> built = i < dst.children_.size() && dst.children_[i].first == name
+                                        ? dst.children_[i].second
+                                        : nullptr;
+    if (memo.modules.count(src.get())) {
+      children.emplace_back(name, memo.modules.at(src.get()));
+    } else if (built && !memo.used.count(built.get()) && typeid(*built.get()) == typeid(*src.get()) &&
+               built->extra_repr() == src->extra_repr()) {
+      memo.modules.emplace(src.get(), built);
+      memo.used.insert(built.get());
+      src->clone_into(*built, device, memo);
+      children.emplace_back(name, built);
+    } else {
+      children.emplace_back(name, src->clone_tree(device, memo));
+    }
+  }
+  dst.children_ = std::move(children);
 }
 
 NamedTensors Module::state_dict() const {

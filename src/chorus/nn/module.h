@@ -57,7 +57,8 @@ class Module : public std::enable_shared_from_this<Module> {
   void to_channels_last();
 
   // Deep copy with fresh storage: the replica of DataParallel. Shared
-  // parameters stay shared inside the copy.
+  // parameters (and modules) stay shared inside the copy. The copy has the
+  // tree as it is now, whatever built it: Note [Clones copy the tree].
   std::shared_ptr<Module> clone(const Device& device) const;
   std::shared_ptr<Module> clone() const { return clone(device()); }
 
@@ -104,6 +105,9 @@ class Module : public std::enable_shared_from_this<Module> {
  private:
   void collect(const std::string& prefix, bool params, NamedTensors* out, std::vector<const TensorImpl*>* seen,
                bool recurse) const;
+  struct CloneMemo;
+  std::shared_ptr<Module> clone_tree(const Device& device, CloneMemo& memo) const;
+  void clone_into(Module& dst, const Device& device, CloneMemo& memo) const;
   std::string type_name_;
   bool training_ = true;
   std::vector<std::pair<std::string, Tensor>> params_;

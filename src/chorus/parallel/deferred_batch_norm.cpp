@@ -58,8 +58,11 @@ void DeferredBatchNorm::commit() {
   if (count_ > 1) var = var.mul(n / (n - 1));              // running_var is unbiased, as PyTorch's
   Tensor& rm = bufs[0].second;
   Tensor& rv = bufs[1].second;
-  rm.copy_(rm.to(DType::Float32).mul(1.0 - m).add(mean.mul(m)));
-  rv.copy_(rv.to(DType::Float32).mul(1.0 - m).add(var.mul(m)));
+  // At least float32 (bf16 buffers are updated in float32), and float64
+  // buffers in float64: a float64 run's statistics must not be rounded.
+  const DType acc = rm.dtype() == DType::Float64 ? DType::Float64 : DType::Float32;
+  rm.copy_(rm.to(acc).mul(1.0 - m).add(mean.to(acc).mul(m)));
+  rv.copy_(rv.to(acc).mul(1.0 - m).add(var.to(acc).mul(m)));
   ops::unary_(UnaryOp::AddScalar, bufs[2].second, 1.0);  // num_batches_tracked, on the device
   sum_ = Tensor();
   sum_sq_ = Tensor();

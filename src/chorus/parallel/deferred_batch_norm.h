@@ -32,7 +32,7 @@ class DeferredBatchNorm : public nn::BatchNorm2d {
 
  private:
   nn::BatchNorm2dOptions opts_;
-  Tensor sum_, sum_sq_;  // float32 per channel, on the layer's device
+  Tensor sum_, sum_sq_;  // per channel, in the buffers' dtype, on the layer's device
   int64_t count_ = 0;    // values per channel accumulated
 };
 
