@@ -43,22 +43,22 @@ for stage in "$@"; do
     $BUILD/chorus_tests --gtest_filter='TransformerOps.*:GPTModel.*:TokenFiles.*:Bpe.*:CudaKernels.*:GradcheckElementwise.*' \
       2>&1 | tee "$OUT/tests.log" | grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED  \]|Failure|error" | head -40
     ;;
-  chorus)
+  chorus|chorus_eager)  # chorus_eager: --no-cuda-graphs, to compare with the graphed step on the same machine
     tokens
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-    for prec in bf16; do
-      $BUILD/chorus train --model $MODEL --data "tokens:$DATA/rand_train_*.bin" --seq-len $T --batch-size $B \
-        --precision $prec --steps $STEPS --log-every 10 --val-windows 16 --json 2>"$OUT/chorus_$prec.err" \
-        | tail -1 > "$OUT/chorus_$prec.json"
-      tail -4 "$OUT/chorus_$prec.err"
-      python3 - "$OUT/chorus_$prec.json" "$ROWS" <<'PY'
+    flags=(); tag=bf16
+    [ $stage = chorus_eager ] && { flags=(--no-cuda-graphs); tag=bf16_eager; }
+    $BUILD/chorus train --model $MODEL --data "tokens:$DATA/rand_train_*.bin" --seq-len $T --batch-size $B \
+      --precision bf16 --steps $STEPS --log-every 10 --val-windows 16 --json "${flags[@]}" 2>"$OUT/chorus_$tag.err" \
+      | tail -1 > "$OUT/chorus_$tag.json"
+    tail -3 "$OUT/chorus_$tag.err"
+    python3 - "$OUT/chorus_$tag.json" "$ROWS" $tag <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
-row = {"who": "chorus", "mode": "single " + r["precision"], "tok_per_s": r["tok_per_s"], "mfu": r["mfu"],
+row = {"who": "chorus", "mode": "single " + sys.argv[3], "tok_per_s": r["tok_per_s"], "mfu": r["mfu"],
        "peak_gib": r["peak_mem_bytes"] / 2**30, "loss": r["train_loss"]}
 open(sys.argv[2], "a").write(json.dumps(row) + "\n")
 PY
-    done
     ;;
   torch|compile)
     args=(--model $MODEL --batch $B --seq $T --steps 20 --warmup 5)
@@ -198,7 +198,7 @@ for r in rows:
     mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") else "-"
     pk = f"{r['peak_gib']:.2f}" if r.get("peak_gib") else "-"
     print(f"{r['who']:10} {r['mode']:20} {r['tok_per_s']:>10.0f} {mfu:>7} {pk:>9}")
-single = [r for r in rows if r["who"] == "chorus" and r["mode"].startswith("single")]
+single = [r for r in rows if r["who"] == "chorus" and r["mode"] == "single bf16"]
 for r in rows:
     if single and r["who"] != "chorus" and not r["mode"].startswith("ddp"):
         print(f"chorus single / {r['who']} {r['mode']}: {single[-1]['tok_per_s'] / r['tok_per_s']:.3f}")
