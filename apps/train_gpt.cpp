@@ -25,6 +25,7 @@
 #include "chorus/data/tokens.h"
 #include "chorus/dist/ddp.h"
 #include "chorus/io/checkpoint.h"
+#include "chorus/io/dir_lock.h"
 #include "chorus/io/safetensors.h"
 #include "chorus/models/gpt.h"
 #include "chorus/ops/copy.h"
@@ -252,6 +253,19 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
     r.net = std::make_shared<parallel::DataParallel>(r.model, r.devices, dp_options(tc.bucket_mb));
   }
   if (r.ranks) {
+    // Note [Options every rank shares] (train_dist.h): the settings every rank
+    // must train with, and the data each reads, compared before any collective.
+    nlohmann::json fp = config_json(tc, g, r);
+    fp["weight_decay"] = wd;
+    fp["clip"] = g.clip;
+    fp["warmup_steps"] = g.warmup_steps ? *g.warmup_steps : -1;
+    fp["min_lr_ratio"] = g.min_lr_ratio;
+    fp["decay_embeddings"] = g.decay_embeddings;
+    fp["train_data"] = {{"tokens", train_stream->size()}, {"max_id", max_id}};
+    fp["windows"] = g.windows;
+    fp["steps"] = tc.steps ? *tc.steps : -1;
+    fp["log_every"] = tc.log_every;
+    check_same_options(*r.ranks, fp);
     dist::DDPOptions o;
     o.bucket_bytes = static_cast<int64_t>(tc.bucket_mb * (1 << 20));
     o.comm_hook = dist::parse_comm_hook(tc.comm_hook);
@@ -263,6 +277,10 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
   const int64_t per_epoch = std::max<int64_t>(1, r.train->windows_per_rank() / (r.batch * r.replicas() * r.accum));
   r.total_steps = tc.steps ? *tc.steps : per_epoch * tc.epochs;
   r.warmup = g.warmup_steps ? std::max<int64_t>(*g.warmup_steps, 0) : std::max<int64_t>(1, r.total_steps / 20);
+
+  // Note [Checkpoint directory lock]: one job per checkpoint directory.
+  std::optional<io::CheckpointDirLock> dir_lock;
+  if (r.leader() && tc.checkpoint_dir) dir_lock.emplace(*tc.checkpoint_dir);
 
   // Resume.
   int64_t start = 0;

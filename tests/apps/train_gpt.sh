@@ -40,6 +40,13 @@ for k in train_loss val_loss; do
   check "DDP 2 x 4 equals batch 8 ($k)" "close $(loss "$ddp" $k) $(loss "$one" $k)"
 done
 
+# 1b. Ranks given different options are refused, naming the rank and the option (Note [Options every rank shares]).
+timeout 120 "$CHORUS" launch --nproc-per-node 2 --master-port "$(free_port)" --grace-period 2 -- \
+  bash -c 'exec "$0" "$@" --lr $((RANK + 1))e-3' "$CHORUS" "${T[@]}" --strategy ddp --devices cpu --batch-size 4 \
+  > "$tmp/lr.out" 2> "$tmp/lr.err"; rc=$?
+check "ranks with different --lr stop (exit $rc)" "[ $rc != 0 ]"
+check "the error names rank 1 and --lr" "grep -q 'rank 1 was given --lr' '$tmp/lr.err'"
+
 # 2. Checkpoints: drop the last one and resume; generate from it.
 ck="$tmp/ck"
 full=$("$CHORUS" "${T[@]}" --batch-size 8 --checkpoint-dir "$ck" --checkpoint-every 4) || { echo "FAIL: run with checkpoints"; fail=1; }
