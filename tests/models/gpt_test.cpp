@@ -12,6 +12,7 @@
 #include <chorus/chorus.h>
 
 #include "io/io_test_util.h"
+#include "testing/devices.h"
 #include "testing/expect_error.h"
 
 namespace chorus {
@@ -122,6 +123,34 @@ TEST(GPTModel, LossGradientMatchesFiniteDifferences) {
       const double numeric = (lp - lm) / (2 * eps);
       EXPECT_NEAR(g[j], numeric, 1e-7 + 1e-6 * std::abs(numeric)) << name << " element " << j;
     }
+  }
+}
+
+// DataParallel over two logical CPU devices (--strategy dp's layout: the
+// logits gathered on the first device, the loss taken there) against one
+// device, in float64: the loss and every parameter's gradient, the tied
+// embedding's included.
+TEST(GPTModel, DataParallelEqualsOneDeviceInFloat64) {
+  GPT one(tiny());
+  one.to(kFloat64);
+  randomize(one, 31);
+  auto copy = std::dynamic_pointer_cast<GPT>(one.clone());
+  ASSERT_TRUE(copy);
+  parallel::DataParallel dp(copy, test::cpus(2));
+  Tensor ids = random_ids({4, 5}, 11, 32), tg = random_ids({4, 5}, 11, 33);
+  Tensor l1 = one.loss(ids, tg);
+  Tensor l2 = copy->loss_of_logits(dp.forward(ids), tg);
+  EXPECT_NEAR(l1.item(), l2.item(), 1e-13);
+  l1.backward();
+  l2.backward();
+  auto a = one.named_parameters(), b = copy->named_parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    auto x = a[i].second.grad().to_vector<double>(), y = b[i].second.grad().to(cpu_device(0)).to_vector<double>();
+    ASSERT_EQ(x.size(), y.size());
+    double worst = 0;
+    for (size_t j = 0; j < x.size(); ++j) worst = std::max(worst, std::abs(x[j] - y[j]));
+    EXPECT_LT(worst, 1e-12) << a[i].first;
   }
 }
 
