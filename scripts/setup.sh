@@ -11,7 +11,7 @@ echo "== installing build dependencies (apt-get)"
 $SUDO apt-get update -q
 $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
   build-essential cmake ninja-build libopenblas-dev zlib1g-dev libcli11-dev nlohmann-json3-dev \
-  libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev dataset-fashion-mnist bible-kjv python3-torch \
+  libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev dataset-fashion-mnist bible-kjv python3-torch librsvg2-bin \
     libgloo-dev openmpi-bin libopenmpi-dev iproute2 python3 pkg-config
 
 scripts/build.sh

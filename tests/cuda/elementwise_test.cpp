@@ -390,6 +390,38 @@ TEST(CudaKernels, PermutedLayoutsMatchCpu_CUDA) {
   expect_near(z_base.gpu, z_base.cpu, 1e-2, 0.0, "permuted 3-d add");
 }
 
+// Note [Rows of contiguous elements] (cuda/elementwise.cu): strided walks whose
+// innermost dim is contiguous in every operand take 16-byte vectors --
+// attention's head permute [B, T, H, D] -> [B, H, T, D] (also converting), a
+// bias row broadcast over rows, and an input repeated along the rows.
+TEST(CudaKernels, RowsOfContiguousElementsMatchCpu_CUDA) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
+  const int64_t b = 2, t = 5, h = 3, d = 64;
+  const Shape perm_sizes{b, h, t, d}, perm_strides{t * h * d, d, h * d, 1};
+  for (DType from : {kFloat32, kBFloat16}) {
+    for (DType to : {kFloat32, kBFloat16}) {
+      const Twin src = view(random_twin({b * t * h * d}, from, 80, -10, 10), perm_sizes, perm_strides);
+      const Twin dst = output_twin(perm_sizes, to);
+      cpu::copy(src.cpu, dst.cpu);
+      cuda::copy(src.gpu, dst.gpu);
+      expect_equal(dst.gpu, dst.cpu, "head permute " + name(from) + " -> " + name(to));
+    }
+  }
+  for (DType dt : {kFloat32, kBFloat16}) {
+    const Twin x = random_twin({7, 96}, dt, 81);
+    const Twin bias = view(random_twin({96}, dt, 82), {7, 96}, {0, 1});
+    const Twin out = output_twin({7, 96}, dt);
+    cpu::binary(BinaryOp::Add, x.cpu, bias.cpu, out.cpu, 1.0);
+    cuda::binary(BinaryOp::Add, x.gpu, bias.gpu, out.gpu, 1.0);
+    expect_near(out.gpu, out.cpu, dt == kFloat32 ? 0.0 : 1e-2, 0.0, "bias broadcast over rows " + name(dt));
+    const Twin scale = view(random_twin({1}, dt, 83), {7, 96}, {0, 0});
+    const Twin prod = output_twin({7, 96}, dt);
+    cpu::binary(BinaryOp::Mul, x.cpu, scale.cpu, prod.cpu, 1.0);
+    cuda::binary(BinaryOp::Mul, x.gpu, scale.gpu, prod.gpu, 1.0);
+    expect_near(prod.gpu, prod.cpu, dt == kFloat32 ? 0.0 : 1e-2, 0.0, "a repeated scalar " + name(dt));
+  }
+}
+
 TEST(CudaKernels, FillWritesOnlyTheView_CUDA) {
   if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
   for (DType dtype : kAllDtypes) {

@@ -34,6 +34,20 @@ __device__ __forceinline__ auto apply(const Op& op, const In* x) {
   else return op(x[0], x[1]);
 }
 
+// op over V elements of each input at once (both vectorised kernels).
+template <int V, typename Out, int NIN, typename In, typename Op>
+__device__ __forceinline__ Vec<Out, V> apply_vec(const Op& op, const Vec<In, V>* x) {
+  Vec<Out, V> y;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    In e[NIN > 0 ? NIN : 1];
+#pragma unroll
+    for (int k = 0; k < NIN; ++k) e[k] = x[k].v[j];
+    y.v[j] = apply<NIN>(op, e);
+  }
+  return y;
+}
+
 template <int V, typename Out, typename In, int NIN, typename Op>
 __global__ void contiguous_kernel(int64_t n, Out* out, Inputs<In, NIN> in, Op op) {
   const int64_t tid = global_thread_id(), stride = grid_stride();
@@ -42,15 +56,7 @@ __global__ void contiguous_kernel(int64_t n, Out* out, Inputs<In, NIN> in, Op op
     Vec<In, V> x[NIN > 0 ? NIN : 1];
 #pragma unroll
     for (int k = 0; k < NIN; ++k) x[k] = reinterpret_cast<const Vec<In, V>*>(in.p[k])[i];
-    Vec<Out, V> y;
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      In e[NIN > 0 ? NIN : 1];
-#pragma unroll
-      for (int k = 0; k < NIN; ++k) e[k] = x[k].v[j];
-      y.v[j] = apply<NIN>(op, e);
-    }
-    reinterpret_cast<Vec<Out, V>*>(out)[i] = y;
+    reinterpret_cast<Vec<Out, V>*>(out)[i] = apply_vec<V, Out, NIN>(op, x);
   }
   for (int64_t i = nvec * V + tid; i < n; i += stride) {
     In e[NIN > 0 ? NIN : 1];
@@ -85,15 +91,7 @@ __global__ void inner_vector_kernel(int64_t nvec, Out* out, Inputs<In, NIN> in, 
         x[k] = *reinterpret_cast<const Vec<In, V>*>(in.p[k] + off.v[k + 1]);
       }
     }
-    Vec<Out, V> y;
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      In e[NIN > 0 ? NIN : 1];
-#pragma unroll
-      for (int k = 0; k < NIN; ++k) e[k] = x[k].v[j];
-      y.v[j] = apply<NIN>(op, e);
-    }
-    *reinterpret_cast<Vec<Out, V>*>(out + off.v[0]) = y;
+    *reinterpret_cast<Vec<Out, V>*>(out + off.v[0]) = apply_vec<V, Out, NIN>(op, x);
   }
 }
 
