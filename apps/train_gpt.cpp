@@ -180,6 +180,8 @@ void validate_gpt(const TrainConfig& tc, const GptOptions& g) {
   CHORUS_CHECK(g.windows == "sequential" || g.windows == "random", "--windows must be sequential or random, got '",
                g.windows, "'");
   CHORUS_CHECK(g.dropout >= 0 && g.dropout < 1, "--dropout must be in [0, 1), got ", g.dropout);
+  CHORUS_CHECK(g.attention == "auto" || g.attention == "fused" || g.attention == "composite",
+               "--attention must be auto, fused or composite, got '", g.attention, "'");
   CHORUS_CHECK(tc.batch_size > 0, "--batch-size must be positive, got ", tc.batch_size);
   CHORUS_CHECK(!tc.steps || *tc.steps > 0, "--steps must be positive, got ", tc.steps.value_or(0));
   CHORUS_CHECK(!tc.lr || (std::isfinite(*tc.lr) && *tc.lr >= 0), "--lr must be a non-negative number");
@@ -226,6 +228,7 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
   CHORUS_CHECK(r.seq <= context, "--seq-len ", r.seq, " is above ", tc.model, "'s context of ", context, " positions");
   models::GPTConfig cfg = models::GPTConfig::named(tc.model, vocab, context);
   cfg.dropout = g.dropout;
+  cfg.attention = ops::parse_attention_kernel(g.attention);
   manual_seed(tc.seed);
   r.model = std::make_shared<models::GPT>(cfg);
   if (g.init_from) {

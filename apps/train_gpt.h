@@ -47,6 +47,7 @@ struct GptOptions {
   std::optional<std::string> save_hf;     // write the trained weights in Hugging Face's layout here
   bool skip_nan = false;                  // a NaN loss skips its step instead of stopping the run
   double dropout = 0.0;
+  std::string attention = "auto";         // auto | fused | composite (ops::AttentionKernel)
   // What the user gave explicitly among the shared options whose image
   // defaults do not suit a GPT (batch 64, SGD, weight decay 5e-4).
   bool batch_given = false, weight_decay_given = false, optimizer_given = false;

@@ -5,7 +5,8 @@
 # and karpathy/llm.c (carried as .anchors/llm.c with cudnn-frontend's headers in
 # .anchors/cudnn-frontend), and print a table last.
 #
-# Usage: scripts/gpu_gpt.sh STAGE...   stages: build tests chorus torch compile llmc table
+# Usage: scripts/gpu_gpt.sh STAGE...
+#   stages: build tests chorus chorus_eager chorus_composite torch compile llmc converge profile dp ddp table
 #   GPT_MODEL (gpt2), GPT_BATCH (16), GPT_SEQ (1024), GPT_STEPS (30)
 # Rows land in $OUT/gpt_rows.jsonl (one JSON object per run) for the table.
 set -uo pipefail
@@ -43,11 +44,14 @@ for stage in "$@"; do
     $BUILD/chorus_tests --gtest_filter='TransformerOps.*:GPTModel.*:TokenFiles.*:Bpe.*:CudaKernels.*:GradcheckElementwise.*' \
       2>&1 | tee "$OUT/tests.log" | grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED  \]|Failure|error" | head -40
     ;;
-  chorus|chorus_eager)  # chorus_eager: --no-cuda-graphs, to compare with the graphed step on the same machine
+  chorus|chorus_eager|chorus_composite)
+    # chorus_eager: --no-cuda-graphs; chorus_composite: --attention composite (no
+    # fused flash attention): each against the default step on the same machine.
     tokens
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
     flags=(); tag=bf16
     [ $stage = chorus_eager ] && { flags=(--no-cuda-graphs); tag=bf16_eager; }
+    [ $stage = chorus_composite ] && { flags=(--attention composite); tag=bf16_composite; }
     $BUILD/chorus train --model $MODEL --data "tokens:$DATA/rand_train_*.bin" --seq-len $T --batch-size $B \
       --precision bf16 --steps $STEPS --log-every 10 --val-windows 16 --json "${flags[@]}" 2>"$OUT/chorus_$tag.err" \
       | tail -1 > "$OUT/chorus_$tag.json"

@@ -174,6 +174,20 @@ double cross_entropy_reference(const Tensor& logits, const std::vector<int64_t>&
   return count ? total / count : 0.0;
 }
 
+TEST(TransformerOps, AttentionKernelChoice) {
+  Tensor q = random_leaf({2, 2, 5, 8}, 60).detach(), k = random_leaf({2, 2, 5, 8}, 61).detach(),
+         v = random_leaf({2, 2, 5, 8}, 62).detach();
+  // The CPU has no fused kernel: auto is the composite, bit for bit; asking
+  // for the fused kernel is an error that says why.
+  auto a = F::scaled_dot_product_attention(q, k, v, true, 0.0, ops::AttentionKernel::Auto).to_vector<double>();
+  auto c = F::scaled_dot_product_attention(q, k, v, true, 0.0, ops::AttentionKernel::Composite).to_vector<double>();
+  EXPECT_EQ(a, c);
+  EXPECT_TRUE(test::throws_naming(
+      [&] { F::scaled_dot_product_attention(q, k, v, true, 0.0, ops::AttentionKernel::Fused); }, {"attention", "CUDA"}));
+  EXPECT_EQ(ops::parse_attention_kernel("fused"), ops::AttentionKernel::Fused);
+  EXPECT_TRUE(test::throws_naming([] { ops::parse_attention_kernel("flash2"); }, {"flash2", "auto", "composite"}));
+}
+
 TEST(TransformerOps, FusedCrossEntropyMatchesItsDefinition) {
   Tensor x = random_leaf({2, 3, 9}, 20).mul(5.0).detach();
   std::vector<int64_t> t{0, 6, 3, 6, 1, 2};
@@ -298,6 +312,71 @@ TEST(TransformerOps, KernelsMatchTheCpu_CUDA) {
     cg.backward();
     EXPECT_LT(max_abs_diff(lc.grad(), lg.grad()), dc.dtype == kFloat32 ? 1e-6 : 2e-4);
   }
+}
+
+}  // namespace
+}  // namespace chorus
+
+namespace chorus {
+namespace {
+
+// The fused (cuDNN flash) attention against the composite path on the GPU,
+// both in bfloat16, and both against the composite in float32 on the same
+// rounded inputs: q, k, v are the GPT's strided slices of one [B, T, 3C]
+// projection. Sequences of 1024 and 1000 (not a multiple of 64), head_dim 64
+// and 128, causal and not. The fused path must be at least as close to the
+// float32 reference as the bf16 composite (within 1.5x and a small floor),
+// and its memory must not grow with T x T.
+TEST(TransformerOps, FusedAttentionMatchesComposite_CUDA) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
+  const Device gpu("cuda:0");
+  for (int64_t d : {64, 128}) {
+    for (int64_t t : {1024, 1000}) {
+      for (bool causal : {true, false}) {
+        SCOPED_TRACE(::testing::Message() << "d " << d << " t " << t << " causal " << causal);
+        const int64_t b = 2, h = 3, c = h * d;
+        Tensor qkv32 = random_leaf({b, t, 3 * c}, 70 + d + t).detach().to(kFloat32).to(gpu);
+        Tensor go32 = random_leaf({b, t, c}, 71 + d + t).detach().to(kFloat32).to(gpu);
+        auto run = [&](DType dt, ops::AttentionKernel kern, TensorList* grads) {
+          Tensor qkv = qkv32.to(kBFloat16).to(dt).detach().clone().set_requires_grad(true);
+          TensorList parts = chorus::split(qkv, c, 2);
+          for (Tensor& p : parts) p = p.reshape({b, t, h, d}).permute({0, 2, 1, 3});
+          Tensor y = F::scaled_dot_product_attention(parts[0], parts[1], parts[2], causal, 0.0, kern);
+          Tensor out = y.permute({0, 2, 1, 3}).reshape({b, t, c});
+          out.backward(go32.to(kBFloat16).to(dt));
+          grads->push_back(qkv.grad());
+          return out;
+        };
+        TensorList g_ref, g_comp, g_fused;
+        Tensor ref = run(kFloat32, ops::AttentionKernel::Composite, &g_ref);
+        // Memory above what is held before each run, at its peak.
+        auto peak_of = [&](ops::AttentionKernel kern, TensorList* grads, Tensor* out) {
+          synchronize(gpu);
+          backend(gpu).reset_peak_bytes(gpu);
+          const size_t before = backend(gpu).bytes_in_use(gpu);
+          *out = run(kBFloat16, kern, grads);
+          synchronize(gpu);
+          return backend(gpu).peak_bytes(gpu) - before;
+        };
+        Tensor comp, fused;
+        const size_t comp_peak = peak_of(ops::AttentionKernel::Composite, &g_comp, &comp);
+        const size_t peak = peak_of(ops::AttentionKernel::Fused, &g_fused, &fused);
+        const double e_comp = max_abs_diff(ref, comp), e_fused = max_abs_diff(ref, fused);
+        EXPECT_LT(e_fused, std::max(1.5 * e_comp, 2e-3)) << "forward: fused " << e_fused << ", composite " << e_comp;
+        const double g_c = max_abs_diff(g_ref[0], g_comp[0]), g_f = max_abs_diff(g_ref[0], g_fused[0]);
+        EXPECT_LT(g_f, std::max(1.5 * g_c, 5e-3)) << "gradient: fused " << g_f << ", composite " << g_c;
+        // The fused step holds O(b*h*t*d) bytes (inputs, outputs, gradients,
+        // float accumulators; about 40 a head element), the composite its
+        // T x T scores and probabilities on top.
+        EXPECT_LT(peak, static_cast<size_t>(64 * b * h * t * d)) << "peak " << peak << " bytes";
+        EXPECT_LT(peak, comp_peak) << "fused peak " << peak << " bytes, composite " << comp_peak;
+      }
+    }
+  }
+  // Float32 has no fused kernel: asked for, it is refused by name.
+  Tensor q = random_leaf({1, 2, 64, 64}, 80).detach().to(kFloat32).to(gpu);
+  EXPECT_TRUE(test::throws_naming(
+      [&] { F::scaled_dot_product_attention(q, q, q, true, 0.0, ops::AttentionKernel::Fused); }, {"bfloat16"}));
 }
 
 }  // namespace

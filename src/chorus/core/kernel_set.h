@@ -170,6 +170,19 @@
      they are masked). */                                                                         \
   void attention_softmax_backward(const Tensor& dy, const Tensor& y, double scale, bool causal,   \
                                   const Tensor& dx);                                              \
+  /* Fused (flash) attention where the device has one (cuDNN's on CUDA; the CPU has none): q     \
+     [B, H, T, D], k and v [B, H, S, D], out [B, H, T, D] strided views of one 16-bit float dtype \
+     (last dim contiguous); stats [B, H, T] float32 contiguous, each row's log-sum-exp of its    \
+     scaled scores; causal masks key j > query i (top-left, T == S). Returns false and writes   \
+     nothing when no fused kernel takes the case (ops/ then takes the composite path). */       \
+  bool attention_fused_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,    \
+                               bool causal, const Tensor& out, const Tensor& stats);              \
+  /* Its backward from the forward's out and stats: dq, dk, dv (strided, q's dtype) overwritten.  \
+     Returns false, writing nothing, where the forward would. */                                  \
+  bool attention_fused_backward(const Tensor& dout, const Tensor& q, const Tensor& k,             \
+                                const Tensor& v, const Tensor& out, const Tensor& stats,          \
+                                double scale, bool causal, const Tensor& dq, const Tensor& dk,    \
+                                const Tensor& dv);                                                \
   /* The classifier's loss and gradient in one pass (llm.c's fused classifier): logits [N, V]     \
      contiguous, columns >= valid_cols left out (padding of the vocabulary: probability 0,       \
      gradient 0); int64 targets [N], rows whose target is ignore_index get loss 0 and gradient   \

@@ -21,6 +21,7 @@
 #include "chorus/core/stream.h"
 #include "chorus/cuda/caches.h"
 #include "chorus/cuda/context.h"
+#include "chorus/cuda/cudnn_backend.h"
 #include "chorus/cuda/kernels.h"
 #include "chorus/cuda/timing_gate.h"
 
@@ -87,31 +88,6 @@ constexpr size_t kMaxCandidates = 32;
 constexpr int kTimedRuns = 3;
 
 constexpr int64_t kUidX = 1, kUidW = 2, kUidY = 3, kUidR = 4, kUidConvOut = 5, kUidSum = 6, kUidSqSum = 7;
-
-// A cuDNN backend descriptor (Owned: cuda/caches.h).
-class BackendDesc {
- public:
-  BackendDesc() = default;
-  explicit BackendDesc(cudnnBackendDescriptorType_t type) {
-    CHORUS_CUDNN_CHECK(cudnnBackendCreateDescriptor(type, owned_.out()));
-  }
-
-  cudnnBackendDescriptor_t get() const { return owned_.get(); }
-  template <typename T>
-  void set(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, int64_t count,
-           const T* values) {
-    CHORUS_CUDNN_CHECK(cudnnBackendSetAttribute(owned_.get(), name, type, count, values));
-  }
-  void set_desc(cudnnBackendAttributeName_t name, const BackendDesc& other) {
-    cudnnBackendDescriptor_t o = other.get();
-    set(name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &o);
-  }
-  void finalize() { CHORUS_CUDNN_CHECK(cudnnBackendFinalize(owned_.get())); }
-  cudnnStatus_t try_finalize() { return cudnnBackendFinalize(owned_.get()); }
-
- private:
-  Owned<cudnnBackendDescriptor_t, cudnnBackendDestroyDescriptor> owned_;
-};
 
 // A packed 4-d tensor: dims are always [N,C,H,W] (filters [K,C/g,R,S]), the
 // strides carry the layout.
@@ -240,41 +216,6 @@ BackendDesc operation_graph(ConvDirection dir, const Conv2dGeometry& g, DType dt
   graph.set(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
   graph.finalize();
   return graph;
-}
-
-// The descriptors (of `type`, at most `max`) an attribute of `from` holds;
-// empty when cuDNN refuses the read.
-std::vector<BackendDesc> get_descriptors(const BackendDesc& from, cudnnBackendAttributeName_t name,
-                                         cudnnBackendDescriptorType_t type, int64_t max) {
-  std::vector<BackendDesc> descs;
-  std::vector<cudnnBackendDescriptor_t> raw;
-  for (int64_t i = 0; i < max; ++i) {
-    descs.emplace_back(type);
-    raw.push_back(descs.back().get());
-  }
-  int64_t got = 0;
-  if (cudnnBackendGetAttribute(from.get(), name, CUDNN_TYPE_BACKEND_DESCRIPTOR, max, &got, raw.data()) !=
-      CUDNN_STATUS_SUCCESS)
-    return {};
-  descs.resize(static_cast<size_t>(std::clamp<int64_t>(got, 0, max)));
-  return descs;
-}
-
-// Engine configurations for `graph` from one heuristics mode, best first.
-// An empty list when the mode has none (or cuDNN refuses the graph).
-std::vector<BackendDesc> engine_configs(const BackendDesc& graph, cudnnBackendHeurMode_t mode) {
-  std::vector<BackendDesc> out;
-  BackendDesc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
-  heur.set_desc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph);
-  heur.set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
-  if (heur.try_finalize() != CUDNN_STATUS_SUCCESS) return out;
-  int64_t count = 0;
-  if (cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                               CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count,
-                               nullptr) != CUDNN_STATUS_SUCCESS ||
-      count <= 0)
-    return out;
-  return get_descriptors(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, count);
 }
 
 // Whether the engine of `cfg` computes with numerics this call may use.

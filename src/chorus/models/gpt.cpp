@@ -115,7 +115,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   TensorList qkv = chorus::split(child_named(*this, "c_attn")->forward(x), cfg_.width, 2);
   for (Tensor& p : qkv) p = p.reshape({b, t, h, d}).permute({0, 2, 1, 3});  // [B, H, T, D]
   Tensor y = nn::functional::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], /*causal=*/true,
-                                                          is_training() ? cfg_.dropout : 0.0);
+                                                          is_training() ? cfg_.dropout : 0.0, cfg_.attention);
   y = y.permute({0, 2, 1, 3}).reshape({b, t, cfg_.width});
   return residual_dropout(child_named(*this, "c_proj")->forward(y), cfg_.dropout, is_training());
 }

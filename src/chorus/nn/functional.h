@@ -5,6 +5,7 @@
 
 #include "chorus/core/tensor.h"
 #include "chorus/ops/nn.h"
+#include "chorus/ops/transformer.h"
 
 namespace chorus::nn::functional {
 
@@ -65,9 +66,11 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 Tensor gelu(const Tensor& x, bool tanh_approximation = false);
 // softmax(q k^T / sqrt(head_dim)) v over q [B, H, T, D], k and v [B, H, S, D];
 // causal: query i attends to keys up to i + S - T; dropout (in training) on
-// the attention probabilities, deterministic under manual_seed.
+// the attention probabilities, deterministic under manual_seed. `kernel`:
+// the fused (flash) kernel where the device has one, or the composite
+// (ops::AttentionKernel in ops/transformer.h).
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                                    double dropout = 0.0);
+                                    double dropout = 0.0, ops::AttentionKernel kernel = ops::AttentionKernel::Auto);
 // Mean cross entropy of logits [..., V] against integer targets [...] through
 // the fused classifier: columns from `vocab` on are padding (0: none), rows
 // whose target is `ignore_index` are left out of the mean.
