@@ -311,6 +311,20 @@ TEST(TransformerOps, KernelsMatchTheCpu_CUDA) {
     cc.backward();
     cg.backward();
     EXPECT_LT(max_abs_diff(lc.grad(), lg.grad()), dc.dtype == kFloat32 ? 1e-6 : 2e-4);
+    // Rows of whole 16-byte vectors (the GPU reads them 8 bf16 at a time),
+    // padding columns inside the last vector.
+    Tensor logits2 = random_leaf({33, 512}, 51).mul(4.0).detach().to(kFloat32);
+    std::vector<int64_t> tv2;
+    for (int64_t r = 0; r < 33; ++r) tv2.push_back(r % 7 == 0 ? -1 : (r * 131) % 500);
+    Tensor t2 = ids(tv2, {33});
+    Tensor lc2 = leaf(logits2, cpu_device(0), dc.dtype), lg2 = leaf(logits2, gpu, dc.dtype, false);
+    Tensor cc2 = F::cross_entropy_fused(lc2, t2, 500, -1), cg2 = F::cross_entropy_fused(lg2, t2.to(gpu), 500, -1);
+    EXPECT_NEAR(cc2.item(), cg2.item(), 1e-4);
+    cc2.backward();
+    cg2.backward();
+    // bf16: the GPU's gradients are rounded to 8 bits (half an ulp of the
+    // largest, 1/rows, is 1.2e-4) before the mean's scale rounds them again.
+    EXPECT_LT(max_abs_diff(lc2.grad(), lg2.grad()), dc.dtype == kFloat32 ? 1e-6 : 4e-4);
   }
 }
 
@@ -377,6 +391,45 @@ TEST(TransformerOps, FusedAttentionMatchesComposite_CUDA) {
   Tensor q = random_leaf({1, 2, 64, 64}, 80).detach().to(kFloat32).to(gpu);
   EXPECT_TRUE(test::throws_naming(
       [&] { F::scaled_dot_product_attention(q, q, q, true, 0.0, ops::AttentionKernel::Fused); }, {"bfloat16"}));
+}
+
+// A linear layer with a bias (the product's epilogue adds it; the weight
+// gradient's product sums its gradient) on the GPU against the CPU in float32
+// on the same rounded inputs: 2-d and 3-d inputs, the GPT's QKV shape, and a
+// shape whose rows are not a multiple of anything.
+TEST(TransformerOps, LinearWithBiasMatchesTheCpu_CUDA) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
+  const Device gpu("cuda:0");
+  struct Case {
+    Shape x;
+    int64_t out;
+  };
+  for (DeviceCase dc : {DeviceCase{kFloat32, 2e-5}, DeviceCase{kBFloat16, 3e-2}}) {
+    for (Case c : {Case{{37, 64}, 96}, Case{{4, 129, 64}, 40}, Case{{2, 256, 768}, 2304}}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(dc.dtype) << " x " << shape_str(c.x) << " out " << c.out);
+      const int64_t in = c.x.back();
+      Tensor x = random_leaf(c.x, 90).detach().to(kFloat32), w = random_leaf({c.out, in}, 91).mul(0.1).detach().to(kFloat32),
+             b = random_leaf({c.out}, 92).detach().to(kFloat32);
+      Shape ys = c.x;
+      ys.back() = c.out;
+      Tensor gy = random_leaf(ys, 93).detach().to(kFloat32);
+      Tensor xc = leaf(x, cpu_device(0), dc.dtype), wc = leaf(w, cpu_device(0), dc.dtype), bc = leaf(b, cpu_device(0), dc.dtype);
+      Tensor xg = leaf(x, gpu, dc.dtype, false), wg = leaf(w, gpu, dc.dtype, false), bg = leaf(b, gpu, dc.dtype, false);
+      Tensor yc = F::linear(xc, wc, bc), yg = F::linear(xg, wg, bg);
+      // Differences relative to the reference's largest magnitude: float32
+      // products (no TF32) agree to rounding; bf16 outputs carry 8 bits.
+      const double tol = dc.dtype == kFloat32 ? 1e-5 : 1e-2;
+      auto rel = [](const Tensor& ref, const Tensor& got) {
+        return max_abs_diff(ref, got) / std::max(1e-30, ref.abs().max().item());
+      };
+      EXPECT_LT(rel(yc, yg), tol) << "forward";
+      yc.backward(gy.to(dc.dtype).to(kFloat32));
+      yg.backward(gy.to(gpu, dc.dtype));
+      EXPECT_LT(rel(xc.grad(), xg.grad()), tol) << "dx";
+      EXPECT_LT(rel(wc.grad(), wg.grad()), tol) << "dw";
+      EXPECT_LT(rel(bc.grad(), bg.grad()), tol) << "db";
+    }
+  }
 }
 
 }  // namespace

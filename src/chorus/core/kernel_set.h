@@ -44,6 +44,12 @@
      (batch, rows, cols) as stored; op transposes when the flag is set. */                        \
   void gemm(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_a, bool trans_b,     \
             double alpha, double beta);                                                           \
+  /* A linear layer's product: out = op(a) @ op(bm) for 2-d contiguous operands of one dtype,   \
+     with the bias epilogue -- bias [out cols] (out's dtype) added to every row when defined --  \
+     and the bias gradient -- bias_grad [out rows] (out's dtype) overwritten with the row sums   \
+     of op(a) when defined: dW = dY^T X gives db = column sums of dY from the same read. */      \
+  void gemm_bias(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_a, bool trans_b, \
+                 const Tensor& bias, const Tensor& bias_grad);                                    \
   /* Convolution: x [N,C,H,W], weight [K,C/g,R,S], bias [K] or undefined, y [N,K,P,Q]; all       \
      contiguous NCHW. Backward kernels overwrite their outputs. */                                \
   void conv2d_forward(const Conv2dGeometry& g, const Tensor& x, const Tensor& weight,             \

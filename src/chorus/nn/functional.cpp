@@ -24,10 +24,22 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   if (bias.defined())
     CHORUS_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), "linear: bias ", bias.describe(),
                  " must be [", weight.size(0), "]");
+  // With a bias, one op whose products carry it (Note [Linear layers'
+  // epilogues] in cuda/gemm.cpp); without, a matmul.
+  auto fused = [](const Tensor& xx, const Tensor& w, const Tensor& b) {
+    return xx.dim() >= 2 && xx.numel() > 0 && xx.dtype() == w.dtype() && xx.dtype() == b.dtype() &&
+           xx.device() == w.device() && xx.device() == b.device();
+  };
   if (auto dt = autocast_dtype(x)) {  // weights: Note [Autocast weight copies]
-    Tensor y = chorus::matmul(chorus::to_dtype(x, *dt), autocast_weight(weight, *dt).t());
-    return bias.defined() ? chorus::add(y, autocast_weight(bias, *dt)) : y;
+    Tensor xx = chorus::to_dtype(x, *dt), w = autocast_weight(weight, *dt);
+    if (bias.defined()) {
+      Tensor b = autocast_weight(bias, *dt);
+      if (fused(xx, w, b)) return autograd::linear_bias(xx, w, b);
+      return chorus::add(chorus::matmul(xx, w.t()), b);
+    }
+    return chorus::matmul(xx, w.t());
   }
+  if (bias.defined() && fused(x, weight, bias)) return autograd::linear_bias(x, weight, bias);
   Tensor y = chorus::matmul(x, weight.t());
   return bias.defined() ? chorus::add(y, bias) : y;
 }
