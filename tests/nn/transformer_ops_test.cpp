@@ -188,6 +188,19 @@ TEST(TransformerOps, AttentionKernelChoice) {
   EXPECT_TRUE(test::throws_naming([] { ops::parse_attention_kernel("flash2"); }, {"flash2", "auto", "composite"}));
 }
 
+TEST(TransformerOps, FusedMlpMatchesItsParts) {
+  // The one-op MLP against linear -> gelu(tanh) -> linear, and its gradients
+  // against central differences in float64.
+  Tensor x = random_leaf({2, 3, 6}, 63), w1 = random_leaf({10, 6}, 64), b1 = random_leaf({10}, 65),
+         w2 = random_leaf({6, 10}, 66), b2 = random_leaf({6}, 67);
+  auto fused = F::mlp_gelu(x, w1, b1, w2, b2).to_vector<double>();
+  auto parts = F::linear(F::gelu(F::linear(x, w1, b1), true), w2, b2).to_vector<double>();
+  ASSERT_EQ(fused.size(), parts.size());
+  for (size_t i = 0; i < fused.size(); ++i) EXPECT_NEAR(fused[i], parts[i], 1e-12);
+  EXPECT_TRUE(gradcheck([](L in) { return F::mlp_gelu(in[0], in[1], in[2], in[3], in[4]); }, {x, w1, b1, w2, b2}));
+  EXPECT_TRUE(test::throws_naming([&] { F::mlp_gelu(x, w1, b1, w1, b2); }, {"mlp_gelu", "w2"}));
+}
+
 TEST(TransformerOps, FusedCrossEntropyMatchesItsDefinition) {
   Tensor x = random_leaf({2, 3, 9}, 20).mul(5.0).detach();
   std::vector<int64_t> t{0, 6, 3, 6, 1, 2};
@@ -428,6 +441,39 @@ TEST(TransformerOps, LinearWithBiasMatchesTheCpu_CUDA) {
       EXPECT_LT(rel(xc.grad(), xg.grad()), tol) << "dx";
       EXPECT_LT(rel(wc.grad(), wg.grad()), tol) << "dw";
       EXPECT_LT(rel(bc.grad(), bg.grad()), tol) << "db";
+    }
+  }
+}
+
+// The one-op GPT MLP (GELU and its derivative in the products' epilogues)
+// on the GPU against the CPU's composite in float32 on the same rounded
+// inputs: the GPT's shape and a small odd one, float32 and bf16.
+TEST(TransformerOps, FusedMlpMatchesTheCpu_CUDA) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
+  const Device gpu("cuda:0");
+  for (DType dt : {kFloat32, kBFloat16}) {
+    for (Shape xs : {Shape{3, 37, 40}, Shape{2, 256, 768}}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " x " << shape_str(xs));
+      const int64_t c = xs.back(), hid = 4 * c;
+      Tensor x = random_leaf(xs, 100).detach().to(kFloat32), w1 = random_leaf({hid, c}, 101).mul(0.1).detach().to(kFloat32),
+             b1 = random_leaf({hid}, 102).detach().to(kFloat32), w2 = random_leaf({c, hid}, 103).mul(0.05).detach().to(kFloat32),
+             b2 = random_leaf({c}, 104).detach().to(kFloat32), gy = random_leaf(xs, 105).detach().to(kFloat32);
+      TensorList cpu, dev;
+      for (const Tensor& t : {x, w1, b1, w2, b2}) {
+        cpu.push_back(leaf(t, cpu_device(0), dt));
+        dev.push_back(leaf(t, gpu, dt, false));
+      }
+      Tensor yc = F::linear(F::gelu(F::linear(cpu[0], cpu[1], cpu[2]), true), cpu[3], cpu[4]);
+      Tensor yg = F::mlp_gelu(dev[0], dev[1], dev[2], dev[3], dev[4]);
+      const double tol = dt == kFloat32 ? 2e-5 : 2e-2;
+      auto rel = [](const Tensor& ref, const Tensor& got) {
+        return max_abs_diff(ref, got) / std::max(1e-30, ref.abs().max().item());
+      };
+      EXPECT_LT(rel(yc, yg), tol) << "forward";
+      yc.backward(gy.to(dt).to(kFloat32));
+      yg.backward(gy.to(gpu, dt));
+      const char* names[] = {"dx", "dw1", "db1", "dw2", "db2"};
+      for (int i = 0; i < 5; ++i) EXPECT_LT(rel(cpu[i].grad(), dev[i].grad()), tol) << names[i];
     }
   }
 }

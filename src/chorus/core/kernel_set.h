@@ -50,6 +50,16 @@
      of op(a) when defined: dW = dY^T X gives db = column sums of dY from the same read. */      \
   void gemm_bias(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_a, bool trans_b, \
                  const Tensor& bias, const Tensor& bias_grad);                                    \
+  /* A GPT MLP's first product with GELU (tanh form) in its epilogue: pre = a @ bm^T + bias    \
+     (kept for the backward) and out = gelu_tanh(pre); a [M, K], bm [N, K], bias [N], pre and    \
+     out [M, N], contiguous, one dtype. */                                                         \
+  void gemm_bias_gelu(const Tensor& a, const Tensor& bm, const Tensor& bias, const Tensor& pre,   \
+                      const Tensor& out);                                                         \
+  /* GELU's backward in the epilogue of the product that makes its input's gradient:            \
+     out = (a @ bm) * gelu_tanh'(pre) for a [M, K], bm [K, N], pre and out [M, N], and           \
+     bias_grad [N] (when defined) = the column sums of out: the first product's bias gradient. */ \
+  void gemm_dgelu(const Tensor& a, const Tensor& bm, const Tensor& pre, const Tensor& out,       \
+                  const Tensor& bias_grad);                                                       \
   /* Convolution: x [N,C,H,W], weight [K,C/g,R,S], bias [K] or undefined, y [N,K,P,Q]; all       \
      contiguous NCHW. Backward kernels overwrite their outputs. */                                \
   void conv2d_forward(const Conv2dGeometry& g, const Tensor& x, const Tensor& weight,             \

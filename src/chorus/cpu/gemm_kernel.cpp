@@ -67,4 +67,19 @@ void gemm_bias(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_
   }
 }
 
+void gemm_bias_gelu(const Tensor& a, const Tensor& bm, const Tensor& bias, const Tensor& pre, const Tensor& out) {
+  gemm_bias(a, bm, pre, false, true, bias, Tensor());
+  unary(UnaryOp::GeluTanh, pre, out, 0.0);
+}
+
+void gemm_dgelu(const Tensor& a, const Tensor& bm, const Tensor& pre, const Tensor& out, const Tensor& bias_grad) {
+  gemm(as_batch(a), as_batch(bm), as_batch(out), false, false, 1.0, 0.0);
+  binary(BinaryOp::GeluTanhGrad, out, pre, out, 1.0);
+  if (bias_grad.defined()) {
+    const int64_t n = out.size(1);
+    reduce(ReduceOp::Sum, detail::make_view(out, {n, out.size(0)}, {1, n}, out.storage_offset()),
+           detail::make_view(bias_grad, {n, 1}, {1, 1}, bias_grad.storage_offset()), {false, true});
+  }
+}
+
 }  // namespace chorus::cpu

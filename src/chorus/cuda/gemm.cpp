@@ -107,7 +107,7 @@ AlgoCache& algo_cache() {
 // BIAS with `epilogue_vector` the bias, BGRADB with it the bias gradient);
 // false, having run nothing, when cuBLASLt has no algorithm for the epilogue.
 bool run_gemm(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_a, bool trans_b, double alpha,
-              double beta, cublasLtEpilogue_t epilogue, void* epilogue_vector) {
+              double beta, cublasLtEpilogue_t epilogue, void* epilogue_vector, const Tensor& aux = Tensor()) {
   CHORUS_CHECK(a.dim() == 3 && bm.dim() == 3 && out.dim() == 3,
                "gemm: expected 3-d (batch, rows, cols) operands, got a ", a.describe(), ", b ",
                bm.describe(), ", out ", out.describe());
@@ -163,8 +163,17 @@ bool run_gemm(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_a
   MatmulDesc desc(compute, op_a, op_b);
   if (epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
     CHORUS_CUBLAS_CHECK(lt::MatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-    CHORUS_CUBLAS_CHECK(lt::MatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &epilogue_vector,
-                                                   sizeof(epilogue_vector)));
+    if (epilogue_vector)
+      CHORUS_CUBLAS_CHECK(lt::MatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &epilogue_vector,
+                                                     sizeof(epilogue_vector)));
+    if (aux.defined()) {  // GELU's input, laid out as out (column-major: n rows, leading dimension n)
+      void* aux_ptr = aux.raw_data();
+      const int64_t aux_ld = n;
+      CHORUS_CUBLAS_CHECK(
+          lt::MatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux_ptr, sizeof(aux_ptr)));
+      CHORUS_CUBLAS_CHECK(
+          lt::MatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
+    }
   }
   // Stored column-major shapes: A' is n x k (k x n when transposed), B' is k x m (m x k).
   LayoutDesc layout_a(dt, trans_b ? k : n, trans_b ? n : k, lda, static_cast<int32_t>(batch),
@@ -243,6 +252,44 @@ void gemm_bias(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_
     const Tensor opa =
         trans_a ? detail::make_view(a, {a.size(1), a.size(0)}, {a.stride(1), a.stride(0)}, a.storage_offset()) : a;
     reduce(ReduceOp::Sum, opa, detail::make_view(bias_grad, {m, 1}, {1, 1}, bias_grad.storage_offset()), {false, true});
+  }
+}
+
+// Note [GELU in the MLP's epilogues]: GELU_AUX_BIAS writes the MLP's hidden
+// activation and, beside it, its input (the aux, kept for the backward);
+// DGELU_BGRAD multiplies the hidden gradient (dy W2) by GELU's derivative at
+// that input and sums the result's columns into the first product's bias
+// gradient, in the same pass. cuBLASLt's GELU is the tanh form, GPT-2's.
+void gemm_bias_gelu(const Tensor& a, const Tensor& bm, const Tensor& bias, const Tensor& pre, const Tensor& out) {
+  CHORUS_CHECK(a.dim() == 2 && bm.dim() == 2 && out.dim() == 2 && pre.sizes() == out.sizes() &&
+                   pre.dtype() == out.dtype() && pre.is_contiguous() && bias.is_contiguous() &&
+                   bias.dtype() == out.dtype() && bias.numel() == out.size(1),
+               "gemm_bias_gelu: operands do not fit: a ", a.describe(), ", b ", bm.describe(), ", bias ",
+               bias.describe(), ", pre ", pre.describe(), ", out ", out.describe());
+  if (run_gemm(as_batch(a), as_batch(bm), as_batch(out), false, true, 1.0, 0.0, CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
+               bias.raw_data(), pre))
+    return;
+  gemm_bias(a, bm, pre, false, true, bias, Tensor());
+  unary(UnaryOp::GeluTanh, pre, out, 0.0);
+}
+
+void gemm_dgelu(const Tensor& a, const Tensor& bm, const Tensor& pre, const Tensor& out, const Tensor& bias_grad) {
+  CHORUS_CHECK(a.dim() == 2 && bm.dim() == 2 && out.dim() == 2 && pre.sizes() == out.sizes() &&
+                   pre.dtype() == out.dtype() && pre.is_contiguous() &&
+                   (!bias_grad.defined() || (bias_grad.is_contiguous() && bias_grad.dtype() == out.dtype() &&
+                                             bias_grad.numel() == out.size(1))),
+               "gemm_dgelu: operands do not fit: a ", a.describe(), ", b ", bm.describe(), ", pre ", pre.describe(),
+               ", out ", out.describe());
+  const cublasLtEpilogue_t epi = bias_grad.defined() ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
+  if (run_gemm(as_batch(a), as_batch(bm), as_batch(out), false, false, 1.0, 0.0, epi,
+               bias_grad.defined() ? bias_grad.raw_data() : nullptr, pre))
+    return;
+  run_gemm(as_batch(a), as_batch(bm), as_batch(out), false, false, 1.0, 0.0, CUBLASLT_EPILOGUE_DEFAULT, nullptr);
+  binary(BinaryOp::GeluTanhGrad, out, pre, out, 1.0);
+  if (bias_grad.defined()) {
+    const int64_t n = out.size(1);
+    reduce(ReduceOp::Sum, detail::make_view(out, {n, out.size(0)}, {1, n}, out.storage_offset()),
+           detail::make_view(bias_grad, {n, 1}, {1, 1}, bias_grad.storage_offset()), {false, true});
   }
 }
 

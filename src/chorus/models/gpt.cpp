@@ -126,8 +126,20 @@ GPTMLP::GPTMLP(GPTConfig c) : Module("GPTMLP"), cfg_(c) {
 }
 
 Tensor GPTMLP::forward(const Tensor& x) {
-  Tensor h = nn::functional::gelu(child_named(*this, "c_fc")->forward(x), /*tanh_approximation=*/true);
-  return residual_dropout(child_named(*this, "c_proj")->forward(h), cfg_.dropout, is_training());
+  // One op for the two products and GELU (their epilogues carry it: Note
+  // [GELU in the MLP's epilogues] in cuda/gemm.cpp), read through the
+  // Linear modules' parameters so names, placement and clones stay theirs.
+  auto* fc = dynamic_cast<nn::Linear*>(child_named(*this, "c_fc").get());
+  auto* proj = dynamic_cast<nn::Linear*>(child_named(*this, "c_proj").get());
+  Tensor y;
+  if (fc && proj && fc->bias().defined() && proj->bias().defined() && x.device() == fc->weight().device() &&
+      x.device() == proj->weight().device()) {
+    y = nn::functional::mlp_gelu(x, fc->weight(), fc->bias(), proj->weight(), proj->bias());
+  } else {
+    Tensor h = nn::functional::gelu(child_named(*this, "c_fc")->forward(x), /*tanh_approximation=*/true);
+    y = child_named(*this, "c_proj")->forward(h);
+  }
+  return residual_dropout(y, cfg_.dropout, is_training());
 }
 
 GPTBlock::GPTBlock(GPTConfig c) : Module("GPTBlock"), cfg_(c) {

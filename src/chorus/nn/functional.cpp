@@ -44,6 +44,27 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   return bias.defined() ? chorus::add(y, bias) : y;
 }
 
+Tensor mlp_gelu(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2) {
+  for (const Tensor* t : {&x, &w1, &b1, &w2, &b2}) detail::check_defined(*t, "mlp_gelu", "an operand");
+  CHORUS_CHECK(w1.dim() == 2 && w2.dim() == 2 && x.dim() >= 2 && x.size(-1) == w1.size(1) &&
+                   w2.size(1) == w1.size(0) && b1.dim() == 1 && b1.size(0) == w1.size(0) && b2.dim() == 1 &&
+                   b2.size(0) == w2.size(0),
+               "mlp_gelu: x ", x.describe(), ", w1 ", w1.describe(), ", b1 ", b1.describe(), ", w2 ", w2.describe(),
+               ", b2 ", b2.describe(), " do not fit");
+  Tensor xx = x, a = w1, ab = b1, c = w2, cb = b2;
+  if (auto dt = autocast_dtype(x)) {  // Note [Autocast weight copies]
+    xx = chorus::to_dtype(x, *dt);
+    a = autocast_weight(w1, *dt);
+    ab = autocast_weight(b1, *dt);
+    c = autocast_weight(w2, *dt);
+    cb = autocast_weight(b2, *dt);
+  }
+  bool one = xx.numel() > 0;
+  for (const Tensor* t : {&a, &ab, &c, &cb}) one = one && t->dtype() == xx.dtype() && t->device() == xx.device();
+  if (one) return autograd::mlp_gelu(xx, a, ab, c, cb);
+  return linear(gelu(linear(x, w1, b1), /*tanh_approximation=*/true), w2, b2);
+}
+
 namespace {
 // Under autocast, the 16-bit copy a float32 CUDA weight's convolution computes
 // with while recording the weight itself (Note [Float filter gradients from
