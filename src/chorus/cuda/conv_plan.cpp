@@ -345,7 +345,8 @@ cudnnStatus_t execute(const Plan& plan, cudnnHandle_t handle, const ConvOperands
 // are issued (Note [Timing behind a gate]), so an engine whose execute costs
 // the host more than its kernel takes the GPU is timed by its kernel. (Timing
 // each run from a flushed L2 instead of back to back chose plans no faster for
-// WRN-28-10 or WRN-16-4 on an H200, within one run's noise, issue 14: not kept.)
+// WRN-28-10 or WRN-16-4 on an H200, within one run's noise: benchmarks journal,
+// session 10; not kept.)
 float time_plan(const Plan& plan, cudnnHandle_t handle, const ConvOperands& ops, int device) {
   Tensor ws;
   try {
@@ -497,7 +498,7 @@ std::shared_ptr<Plan> search(ConvDirection dir, const Conv2dGeometry& g, DType d
 // runs each, and near-ties fall either way from run to run. Searched on each
 // GPU, DataParallel's replicas then ran different kernels for one layer (2
 // H100s, WRN-28-10 bf16: cuda:0 took a slower plan for 7 backward-data
-// convolutions, cuda:1 one for 7 forward ones, each ~0.2 ms a step slower),
+// convolutions, cuda:1 one for 7 forward ones; benchmarks journal, session 17),
 // and in a synchronous step the slowest replica sets the pace: each GPU
 // waited for the other's slow layers inside the all-reduce. So the first
 // device of a kind (same name, compute capability and SM count) to meet a
@@ -505,9 +506,8 @@ std::shared_ptr<Plan> search(ConvDirection dir, const Conv2dGeometry& g, DType d
 // the same engine configuration on their own handle (no timing); where it
 // does not build there, they search themselves.
 // Measured against a search on every device (2 H100s, WRN-28-10 and WRN-16-4
-// bf16 DataParallel, same machine, two runs each): 0.939/0.944 against
-// 0.945/0.945, 0.924/0.919 against 0.927/0.921 -- no faster, within noise,
-// so it is not the default: CHORUS_CONV_SEARCH_SHARED=1 (or
+// bf16 DataParallel, same machine, two runs each; benchmarks journal, session
+// 17): no faster, within noise, so it is not the default: CHORUS_CONV_SEARCH_SHARED=1 (or
 // set_shared_plan_choices) turns it on, for identical kernels on every
 // replica and one search per geometry instead of one per GPU.
 int kind_of(int device) {
