@@ -206,7 +206,7 @@ void match(dist::ProcessGroupPtr pg, const std::string& kind) {
   optim::SGD opt = make_sgd(mine), ref_opt = make_sgd(ref);
   // The noop hook communicates nothing: each rank then trains alone on its
   // own rows, and that is its reference.
-  const bool noop = opts.comm_hook == dist::CommHook::Noop;
+  const bool noop = opts.comm_hook == dist::CommHookKind::Noop;
   double worst_loss = 0;
   for (int step = 0; step < kSteps; ++step) {
     auto [x, y] = global_batch(step);
@@ -221,7 +221,7 @@ void match(dist::ProcessGroupPtr pg, const std::string& kind) {
     const double global = noop ? loss.item() : mean_over_ranks(*pg, loss.item());
     worst_loss = std::max(worst_loss, std::abs(global - ref_loss.item()) / std::abs(ref_loss.item()));
   }
-  const double tol = opts.comm_hook == dist::CommHook::Bf16Compress ? 2e-2 : 1e-5;
+  const double tol = opts.comm_hook == dist::CommHookKind::Bf16Compress ? 2e-2 : 1e-5;
   expect(worst_loss <= tol, "loss differs from the reference by " + std::to_string(worst_loss));
   compare_weights(mine, ref, tol, "rank " + std::to_string(r) + " " + kind);
   std::printf("rank %d: %zu buckets, max relative loss error %.3g\n", r, ddp->buckets().buckets.size(), worst_loss);

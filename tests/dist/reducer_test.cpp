@@ -1,6 +1,6 @@
 // dist::Reducer, the gradient reducer shared by DataParallel and (next)
 // DistributedDataParallel: bucket assignment (Note [Gradient buckets]), the
-// gradient nodes (Note [Gradient nodes]) with a pluggable BucketComm, checked
+// gradient nodes (Note [Gradient nodes]) with a pluggable CommHook, checked
 // against gradients computed by plain autograd on the same random inputs.
 #include <gtest/gtest.h>
 
@@ -71,10 +71,10 @@ TEST(GradBuckets, TheFirstLayersGetATailBucketOfTheirOwn) {
       {"last_bucket_bytes"}));
 }
 
-// A BucketComm standing in for DDP's all-reduce over a process group: the sum
+// A CommHook standing in for DDP's all-reduce over a process group: the sum
 // over this process's replicas, then a known transformation (here: times
 // `scale`, as an average over ranks would be), issued once per bucket.
-class ScaledSum final : public BucketComm {
+class ScaledSum final : public CommHook {
  public:
   explicit ScaledSum(double scale) : scale_(scale) {}
   Tensor reduce(std::vector<Tensor>& srcs, const std::vector<Event>& ready) override {

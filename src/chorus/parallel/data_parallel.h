@@ -17,6 +17,7 @@
 
 #include "chorus/core/stream.h"
 #include "chorus/dist/flat_layout.h"
+#include "chorus/dist/in_process_hooks.h"
 #include "chorus/dist/reducer.h"
 #include "chorus/nn/module.h"
 #include "chorus/parallel/device_threads.h"
@@ -32,17 +33,27 @@ struct DataParallelOptions {
   std::optional<Device> output_device;   // default: the first device
   bool gather_output = true;             // false: per-replica outputs, left on their devices
   // Gradients are summed across replicas in buckets of about this many bytes
-  // (Note [Gradient buckets] in dist/reducer.h); 0: one bucket, summed at the end.
-  // Negative: ValueError.
+  // (Note [Gradient buckets] in dist/grad_buckets.h); 0: one bucket, summed at
+  // the end. Negative: ValueError.
   int64_t bucket_bytes = int64_t{25} << 20;
   // The first layers' gradients in a bucket of their own of at most this many
   // bytes (dist::ReducerOptions::last_bucket_bytes); 0: none.
   int64_t last_bucket_bytes = 0;
-  // With replicated updates: gradients of at least this many bytes are summed
-  // where the backward wrote them, smaller ones packed first (Note [Gradients
-  // summed where they are] in dist/reducer.h); the default is 1 MiB, or
-  // CHORUS_DP_GRADS_MIN_BYTES where set. Negative: ValueError.
-  int64_t in_place_min_bytes = dist::default_in_place_min_bytes();
+  // With replicated updates (Note [Replicated updates]): how the replicas'
+  // gradients are summed (dist/in_process_hooks.h; Auto: exchanged and added
+  // in the optimizer's update over two GPUs with peer access, else NCCL's
+  // all-reduce) ...
+  dist::GradSumMethod grad_sum = dist::GradSumMethod::Auto;
+  // ... whether gradients of at least in_place_min_bytes are summed where the
+  // backward wrote them, smaller ones packed first (Note [Gradients summed
+  // where they are] in dist/reducer.h), or every one packed. Negative
+  // in_place_min_bytes: ValueError.
+  bool grads_in_place = true;
+  int64_t in_place_min_bytes = int64_t{1} << 20;
+  // A communication hook of the user's own (dist/comm_hook.h), which replaces
+  // the strategy above: srcs[r] is replica r's flat buffer. With replicated
+  // updates it must all_reduces() (ValueError otherwise).
+  std::shared_ptr<dist::CommHook> comm_hook;
 };
 
 // The loss of one replica's chunk: its output and its share of the targets,
@@ -238,7 +249,7 @@ class DataParallel : public nn::Module {
 //    broadcast_coalesced to every used replica: one collective per dtype.
 //  - Gradients are summed by the shared gradient reducer (dist/reducer.h,
 //    Note [Gradient buckets] and Note [Gradient nodes]) with an in-process
-//    BucketComm: one NCCL reduce per bucket and dtype on GPUs, overlapping the
+//    CommHook: one NCCL reduce per bucket and dtype on GPUs, overlapping the
 //    rest of the backward; the sums become the masters' .grad as views of
 //    their bucket (no copy per parameter).
 //  - A forward on one replica only (one device, or a batch of one) uses the
