@@ -285,9 +285,9 @@ Training set_up(const TrainConfig& cfg) {
     all_cuda = all_cuda && d.is_cuda();
   }
   // Channels-last by default on GPUs: cuDNN's fastest convolutions read NHWC
-  // (chorus train WRN-16-4 bf16 1.65x and 2.4x faster in two runs on an H100;
-  // the small Fashion-MNIST CNN, bound by its data, within noise;
-  // docs/benchmarks.md). The numbers do not depend on the layout.
+  // (a small CNN bound by its data gains nothing, and loses nothing;
+  // docs/benchmarks.md has the measurements). The numbers do not depend on
+  // the layout.
   t.channels_last = cfg.channels_last || (all_cuda && !cfg.no_channels_last);
   CHORUS_CHECK(cfg.precision == "fp32" || device.is_cuda(), "--precision bf16 needs a CUDA device (got ", device.str(), ")");
   if (cfg.strategy == "ddp") t.ranks = join_job(ddp_launch_env(), device, cfg.dist_timeout_s);

@@ -1,12 +1,12 @@
 // An all-reduce over the GPUs of this process done by their copy engines, for
-// DataParallel's replicated updates (ops::all_reduce_sum_after). Include only
+// DataParallel's replicated updates (ops::copy_engine_all_reduce_sum_after).
+// Include only
 // from src/chorus/cuda and src/chorus/ops.
 //
 // Note [Copy-engine all-reduce]: NCCL's all-reduce runs as kernels that hold
 // SMs for as long as the transfer lasts; in a DataParallel step it overlaps
-// the backward's convolutions, which then run slower (WRN-28-10 bf16 on two
-// H100s: +0.4-0.5 ms of convolution time per step per GPU beside NCCL, the
-// largest part of what the second GPU loses, benchmarks.md session 17). Over
+// the backward's convolutions, which then run slower (the largest part of
+// what the second GPU loses in a large model's step; docs/benchmarks.md). Over
 // N GPUs with peer access the same sum needs no SM for the transfer:
 //  1. reduce-scatter: device i owns chunk i of the buffer (count / N elements,
 //     16-byte aligned); its stream copies chunk i of every other device's
@@ -33,7 +33,7 @@
 // no compute stream to the transfer (as a free on the compute stream would,
 // Note [Freeing across streams]); inside a capture the copy stream is
 // captured by then, so the scratch comes from the graph's pool. Chosen with
-// CHORUS_DP_ALLREDUCE=copy-engine (ops::all_reduce_sum_after).
+// DataParallelOptions::grad_sum = CopyEngine (dist::CopyEngineAllReduce).
 #pragma once
 
 #include <cstddef>

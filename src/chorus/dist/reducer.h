@@ -1,11 +1,13 @@
-// The gradient reducer: the engine that turns the replicas' gradients into
-// their reduction, bucket by bucket, while the backward still runs. Its
-// parts: the bucket plan (GradBuckets, dist/grad_buckets.h, Note [Gradient
-// buckets]), the communication (one CommHook per strategy,
-// dist/comm_hook.h), and two thin front ends over one bucket state: the
-// graph form below, for replicas inside one process (DataParallel), and the
-// hook form (dist/grad_hooks.h, Note [Reducer hooks]), for one replica per
-// process (DistributedDataParallel).
+// The gradient reducer: what turns the replicas' gradients into their
+// reduction, bucket by bucket, while the backward still runs. Its parts: the
+// bucket plan (GradBuckets, dist/grad_buckets.h, Note [Gradient buckets]),
+// the communication (one CommHook class per strategy, dist/comm_hook.h,
+// chosen from the options), and two forms over them: the graph form below,
+// for replicas inside one process (DataParallel: the autograd engine's
+// dependency counts say when a bucket is complete, so unused parameters need
+// no pass of their own), and the hook form (dist/grad_hooks.h, Note [Reducer
+// hooks]), for one replica per process (DistributedDataParallel: persistent
+// buckets, launched in one order on every rank, no_sync accumulation).
 //
 // Note [Gradient nodes]: the graph form is part of the autograd graph, not a set
 // of hooks. Each forward that records, record() returns, for each replica r

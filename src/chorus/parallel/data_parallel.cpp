@@ -495,9 +495,9 @@ nn::Value ReplicaLosses::output() const { return gather(outputs, dim, output_dev
 // are copies from every replica to the output device. Issued after the step
 // on the output device's current stream (as before), their copies waited for
 // the other replicas' updates and the output device's queue waited for the
-// copies: on 2 H100s (DataParallel WRN-16-4 bf16, graphed, CUPTI trace) the
-// first GPU's step ended 30-50 us after its own update, behind the second
-// GPU's update and a loss and a logits copy. Issued after the forward on
+// copies: the first GPU's step ended well after its own update, behind the
+// second GPU's update and a loss and a logits copy (a CUPTI trace;
+// docs/benchmarks.md). Issued after the forward on
 // the current stream, they would make the output device's backward wait for
 // the slowest replica's forward. So they go on a stream of their own, which
 // waits for each replica's forward as issued so far (the copies from other

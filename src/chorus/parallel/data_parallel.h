@@ -224,8 +224,8 @@ class DataParallel : public nn::Module {
 // Note [Per-replica losses]: with forward()'s gathered output the loss is
 // computed on the first device, so every step has two joins on the critical
 // path: the first device waits for every replica's output (copied to it), and
-// every replica's backward waits for the loss's gradient scattered back. On 2
-// H100s (WRN-28-10 bf16) those were 20-100 µs gaps on each GPU, a step.
+// every replica's backward waits for the loss's gradient scattered back: gaps
+// on each GPU, every step (docs/benchmarks.md).
 // forward_loss computes each replica's loss beside its forward, in its own
 // thread and on its device, weighted by its share of the batch (Mean), and
 // ReplicaLosses::backward seeds them all in one pass (Note [Several roots] in
@@ -263,10 +263,11 @@ class DataParallel : public nn::Module {
 // Note [Replicated updates]: after each optimizer step the first device has
 // new weights, and broadcasting them (pack, one NCCL broadcast per dtype) is
 // on the critical path of the next step: every other device waits for the
-// optimizer on the first one, then for the broadcast (on 2 H100s, WRN-16-4:
-// ~90 µs of a 2.2 ms step). With replicate_updates(), every replica keeps its
-// weights and steps them itself, as each rank of DDP does:
-//  - the gradient buckets are all-reduced (dist::InProcessAllReduce: one NCCL
+// optimizer on the first one, then for the broadcast (a visible share of a
+// small model's step; docs/benchmarks.md). With replicate_updates(), every
+// replica keeps its weights and steps them itself, as each rank of DDP does:
+//  - the gradient buckets are all-reduced (a dist::CommHook that
+//    all_reduces(), chosen by DataParallelOptions::grad_sum: one NCCL
 //    all-reduce per bucket and dtype, overlapping the backward), so each
 //    replica holds the same sums; the join node makes every device's current
 //    stream wait for them and gives each replica's copy of a stepped
