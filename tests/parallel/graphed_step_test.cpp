@@ -11,6 +11,7 @@
 #include <chorus/autograd/autocast.h>
 #include <chorus/chorus.h>
 #include <chorus/core/graph_capture.h>
+#include <chorus/ops/comm.h>
 #include <chorus/optim/adamw.h>
 #include <chorus/optim/sgd.h>
 #include <chorus/parallel/data_parallel.h>
