@@ -22,7 +22,7 @@ run() {  # N ARGS...: one job of N ranks
   out=$(PROBE_TIMEOUT_MS=60000 timeout 240 "$CHORUS" launch --nproc-per-node "$n" --master-port "$(free_port)" -- \
         "$PROBE" "$@" 2>&1)
   local rc=$?
-  echo "$out" | grep -E "ok|FAIL|rror|mesh" | sed "s/^/  [$n ranks, $*] /"
+  echo "$out" | grep -E "ok|FAIL|rror|mesh" | sed "s|^|  [$n ranks, $*] |"
   if [ $rc -ne 0 ] || [ "$(grep -c ': ok ' <<<"$out")" != "$n" ]; then
     echo "FAIL: $n ranks: $*"; fail=1
   fi
