@@ -21,13 +21,13 @@
 #include "chorus/data/tokens.h"
 #include "chorus/dist/ddp.h"
 #include "chorus/dist/device_mesh.h"
-#include "chorus/dist/hash_store.h"
 #include "chorus/io/dir_lock.h"
 #include "chorus/io/safetensors.h"
 #include "chorus/ops/factory.h"
 #include "chorus/optim/adamw.h"
 #include "chorus/tensor_parallel/clip_grad.h"
 #include "chorus/tensor_parallel/gpt.h"
+#include "gpt_mesh.h"
 #include "gpt_mesh_checkpoint.h"
 #include "train_dist.h"
 #include "train_gpt.h"
@@ -38,22 +38,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-// The job's ranks: the launcher's, or a world of one when the mesh has one
-// rank and no launcher started this process.
-RankContext join_mesh_job(int mesh_ranks, const Device& device, double timeout_s) {
-  std::optional<dist::LaunchEnv> env = dist::read_launch_env();
-  const int world = env ? env->world_size : 1;
-  CHORUS_CHECK(world == mesh_ranks, "--mesh needs ", mesh_ranks, " processes, but the job has ", world,
-               " (the axis sizes must multiply to the world size; start it with chorus launch --nproc-per-node ",
-               mesh_ranks, " -- chorus train ...)");
-  if (env) return join_job(*env, device, timeout_s);
-  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
-  dist::ProcessGroupOptions o;
-  o.timeout = timeout;
-  return {dist::LaunchEnv{}, dist::make_process_group(device.is_cuda() ? "nccl" : "gloo", 0, 1,
-                                                      std::make_shared<dist::HashStore>(timeout), o)};
-}
 
 nlohmann::json mesh_config_json(const TrainConfig& tc, const GptOptions& g, const models::GPTConfig& cfg, int64_t seq,
                                  int64_t batch, int64_t accum, double lr) {
@@ -66,12 +50,9 @@ nlohmann::json mesh_config_json(const TrainConfig& tc, const GptOptions& g, cons
 }  // namespace
 
 void validate_gpt_mesh(const TrainConfig& tc, const GptOptions& g) {
-  const auto axes = dist::parse_mesh_spec(*g.mesh);
+  dist::parse_mesh_spec(*g.mesh);
   CHORUS_CHECK(tc.strategy == "single" || tc.strategy == "ddp", "--mesh sets the layout itself: --strategy ",
                tc.strategy, " cannot go with it (leave --strategy out)");
-  for (const auto& a : axes)
-    CHORUS_CHECK(a.name != "pp" || a.size == 1, "--mesh pp=", a.size,
-                 ": pipeline stages are not available with tensor parallelism for GPT models yet (use dp and tp)");
   CHORUS_CHECK(!g.skip_nan, "--skip-nan is not offered with --mesh yet");
   CHORUS_CHECK(!g.save_hf, "--save-hf is not offered with --mesh yet (convert the checkpoint without --mesh)");
   CHORUS_CHECK(tc.precision == "fp32" || tc.precision == "bf16", "unknown precision '", tc.precision, "'");
@@ -82,13 +63,14 @@ void validate_gpt_mesh(const TrainConfig& tc, const GptOptions& g) {
 
 nlohmann::ordered_json run_train_gpt_mesh(const TrainConfig& tc, const GptOptions& g) {
   const auto t_start = Clock::now();
-  const auto axes = dist::parse_mesh_spec(*g.mesh);
-  int mesh_ranks = 1, tp_size = 1;
-  for (const auto& a : axes) {
-    mesh_ranks *= a.size;
-    if (a.name == "tp") tp_size = a.size;
-  }
-  CHORUS_CHECK(!g.sequence_parallel || tp_size > 1, "--sequence-parallel needs --mesh with tp > 1");
+  MeshSettings ms;
+  ms.spec = *g.mesh;
+  ms.sequence_parallel = g.sequence_parallel;
+  ms.allow_tp_across_nodes = g.allow_tp_across_nodes;
+  ms.devices = tc.devices;
+  ms.timeout_s = tc.dist_timeout_s;
+  ms.seed = tc.seed;
+  ms.quiet = tc.quiet;
 
   // The model's shape first: a tp that does not fit it is refused before any
   // process group exists (every rank says the same one line).
@@ -101,24 +83,18 @@ nlohmann::ordered_json run_train_gpt_mesh(const TrainConfig& tc, const GptOption
   CHORUS_CHECK(seq <= context, "--seq-len ", seq, " is above ", tc.model, "'s context of ", context, " positions");
   models::GPTConfig cfg = models::GPTConfig::named(tc.model, vocab, context);
   cfg.dropout = g.dropout;
-  tp::check_gpt_tp(cfg, tp_size);
-  CHORUS_CHECK(!g.sequence_parallel || seq % tp_size == 0, "--sequence-parallel: --seq-len ", seq,
-               " does not divide over tp=", tp_size);
+  const auto axes = check_mesh_gpt(ms, cfg, seq);
+  const int tp_size = axes.back().size;  // parse_mesh_spec's order: dp, pp, tp
 
-  // Ranks, then the mesh (Note [Mesh rank order]: tp groups inside a node).
-  std::optional<dist::LaunchEnv> env0 = dist::read_launch_env();
-  std::vector<Device> devs = ddp_devices(tc.devices, env0 ? *env0 : dist::LaunchEnv{});
-  CHORUS_CHECK(devs.size() == 1, "--mesh takes one device per process, got --devices ", tc.devices);
-  const Device device = devs[0];
+  MeshGpt m = start_mesh_gpt(ms, cfg, seq);
+  const Device device = m.device;
   CHORUS_CHECK(tc.precision == "fp32" || device.is_cuda(), "--precision bf16 needs a CUDA device (got ", device.str(), ")");
-  RankContext rc = join_mesh_job(mesh_ranks, device, tc.dist_timeout_s);
-  dist::MeshOptions mo;
-  mo.local_world_size = rc.env.local_world_size;
-  mo.allow_tp_across_nodes = g.allow_tp_across_nodes;
-  dist::DeviceMesh mesh(rc.group, axes, mo);
+  RankContext& rc = m.rc;
   const bool leader = rc.leader();
-  if (leader && !tc.quiet) std::fprintf(stderr, "%s\n", mesh.describe().c_str());
-  const int dp = mesh.size("dp"), dp_rank = mesh.coord("dp");
+  const int dp = m.dp(), dp_rank = m.dp_rank();
+  auto& model = m.model;
+  tp::TPContext& ctx = m.ctx;
+  if (g.init_from) tp::load_full_state_dict(*model, models::gpt_from_hf(io::load_safetensors(*g.init_from), cfg), ctx.group);
 
   // Data: one stream of windows per data rank, read alike by its tensor ranks.
   const data::WindowOrder order = g.windows == "random" ? data::WindowOrder::Random : data::WindowOrder::Sequential;
@@ -130,17 +106,6 @@ nlohmann::ordered_json run_train_gpt_mesh(const TrainConfig& tc, const GptOption
                  stream->max_token(), ", past the model's vocabulary of ", vocab, " tokens");
     val = std::make_unique<data::TokenWindows>(stream, seq, 0, 1, tc.seed, data::WindowOrder::Sequential);
   }
-
-  // The model: the tp=1 initialisation of --seed, sliced (or --init-from's weights).
-  tp::TPContext ctx;
-  ctx.group = mesh.group("tp");
-  ctx.sequence_parallel = g.sequence_parallel;
-  ctx.sharded_rng = std::make_shared<Generator>();
-  manual_seed(tc.seed);
-  auto model = std::make_shared<tp::TensorParallelGPT>(cfg, ctx);
-  if (g.init_from) tp::load_full_state_dict(*model, models::gpt_from_hf(io::load_safetensors(*g.init_from), cfg), ctx.group);
-  model->to(device);
-  tp::seed_parallel_rng(ctx, tc.seed, dp_rank);  // Note [Dropout across the mesh]
 
   const int64_t batch = g.batch_given ? tc.batch_size : 8, accum = g.grad_accum;
   const double lr = tc.lr.value_or(6e-4);
@@ -169,7 +134,7 @@ nlohmann::ordered_json run_train_gpt_mesh(const TrainConfig& tc, const GptOption
     dist::DDPOptions o;
     o.bucket_bytes = static_cast<int64_t>(tc.bucket_mb * (1 << 20));
     o.comm_hook = dist::parse_comm_hook(tc.comm_hook);
-    net = ddp = std::make_shared<dist::DistributedDataParallel>(model, mesh.group("dp"), o);
+    net = ddp = std::make_shared<dist::DistributedDataParallel>(model, m.mesh->group("dp"), o);
   }
 
   const int64_t tokens_per_step = batch * seq * accum * dp;

@@ -6,6 +6,7 @@
 #   - a checkpoint written at tp=2 resumes without --mesh (one process) to the
 #     uninterrupted run's losses, and chorus generate reads it; a one-process
 #     checkpoint resumes at tp=2
+#   - chorus bench --mesh prints a row
 #   - bad input: one clear line and a non-zero exit each
 set -uo pipefail
 CHORUS=${1:?usage: train_gpt_mesh.sh path/to/chorus}
@@ -53,6 +54,10 @@ rm -rf "$ck1/ckpt-00000012" "$ck1/ckpt-00000008"
 res2=$(launch 2 "${T[@]}" --batch-size 8 --mesh tp=2 --checkpoint-dir "$ck1" --resume)
 check "tp=2 resumes a one-process checkpoint to the same losses" "grep -q 'resumed from .*ckpt-00000004 at step 4' '$tmp/launch.err' && close $(loss "$res2" train_loss) $(loss "$one" train_loss)"
 
+# 2b. chorus bench --mesh: one row from rank 0.
+row=$(launch 2 bench --model d2 --seq-len 32 --batch-size 2 --steps 2 --warmup 1 --json --mesh tp=2 --sequence-parallel)
+check "bench --mesh tp=2 reports tokens/s and the mesh" "python3 -c \"import json,sys; r=json.loads(sys.argv[1]); sys.exit(0 if r['tok_per_s']>0 and r['mesh']=='dp=1,pp=1,tp=2' and r['sequence_parallel'] else 1)\" '$row'"
+
 # 3. Bad input: one line naming the problem, a non-zero exit.
 bad() {  # name, expected text, ranks (0: no launcher), args...
   local name=$1 want=$2 n=$3; shift 3
@@ -75,5 +80,21 @@ bad "a size that is not a number" "needs a whole number" 0 "${T[@]}" --mesh tp=t
 bad "pipeline stages with tp" "pipeline stages are not available" 0 "${T[@]}" --mesh pp=2,tp=2
 bad "--sequence-parallel without tp" "needs --mesh with tp > 1" 0 "${T[@]}" --sequence-parallel
 bad "--mesh with --strategy dp" "cannot go with it" 0 "${T[@]}" --mesh tp=2 --strategy dp
+bad "bench --mesh for an image model" "offered for GPT models" 0 bench --model cnn --mesh tp=2 --steps 1
+# A tensor group across "nodes" (two launchers of 2 processes on this machine):
+# refused, unless --allow-tp-across-nodes.
+two_nodes() {  # ARGS...: both nodes' launchers; their output in $tmp/node0, $tmp/node1
+  local port; port=$(free_port)
+  for node in 0 1; do
+    CHORUS_RUN_ID="tp-span-$$" timeout 120 "$CHORUS" launch --nnodes 2 --node-rank $node --nproc-per-node 2 \
+      --master-addr 127.0.0.1 --master-port "$port" --grace-period 2 -- "$CHORUS" "$@" > "$tmp/node$node" 2>&1 &
+  done
+  wait
+}
+D4=(train --model d4 --data "text:$tmp/t.txt" --seq-len 32 --batch-size 2 --steps 2 --quiet --mesh tp=4)
+two_nodes "${D4[@]}"
+check "tp=4 over two nodes of 2 is refused" "grep -q 'tp=4 would span nodes of 2 processes' '$tmp/node0'"
+two_nodes "${D4[@]}" --allow-tp-across-nodes --json
+check "... and runs with --allow-tp-across-nodes" "grep -q '\"mesh\":\"dp=1,pp=1,tp=4\"' '$tmp/node0'"
 [ $fail -eq 0 ] && echo "ok: chorus train --mesh"
 exit $fail

@@ -50,25 +50,31 @@ std::string mesh_spec_str(const std::vector<MeshAxis>& axes) {
   return s;
 }
 
-DeviceMesh::DeviceMesh(ProcessGroupPtr world, std::vector<MeshAxis> axes, MeshOptions options)
-    : world_(std::move(world)), axes_(std::move(axes)) {
-  CHORUS_CHECK(world_ != nullptr, "DeviceMesh: no world process group");
-  CHORUS_CHECK(!axes_.empty(), "DeviceMesh: no axes");
+void check_mesh_fits(const std::vector<MeshAxis>& axes, int world_size, const MeshOptions& options) {
+  CHORUS_CHECK(!axes.empty(), "DeviceMesh: no axes");
   int64_t product = 1;
-  for (const auto& a : axes_) {
-    CHORUS_CHECK(a.size >= 1, "DeviceMesh: axis '", a.name, "' has size ", a.size);
-    CHORUS_CHECK(index_of(a.name) == static_cast<int>(&a - axes_.data()), "DeviceMesh: axis '", a.name,
-                 "' is given twice");
-    product *= a.size;
+  int tp = 1;
+  for (size_t i = 0; i < axes.size(); ++i) {
+    CHORUS_CHECK(axes[i].size >= 1, "DeviceMesh: axis '", axes[i].name, "' has size ", axes[i].size);
+    for (size_t j = 0; j < i; ++j)
+      CHORUS_CHECK(axes[j].name != axes[i].name, "DeviceMesh: axis '", axes[i].name, "' is given twice");
+    product *= axes[i].size;
+    if (axes[i].name == "tp") tp = axes[i].size;
   }
-  CHORUS_CHECK(product == world_->size(), "--mesh ", mesh_spec_str(axes_), " needs ", product,
-               " processes, but the job has ", world_->size(), " (the axis sizes must multiply to the world size)");
+  CHORUS_CHECK(product == world_size, "--mesh ", mesh_spec_str(axes), " needs ", product,
+               " processes, but the job has ", world_size, " (the axis sizes must multiply to the world size)");
   const int local = options.local_world_size;
-  if (has_axis("tp") && local > 0 && !options.allow_tp_across_nodes) {
-    CHORUS_CHECK(local % size("tp") == 0, "--mesh: tp=", size("tp"), " would span nodes of ", local,
+  if (local > 0 && local < world_size && !options.allow_tp_across_nodes) {
+    CHORUS_CHECK(local % tp == 0, "--mesh: tp=", tp, " would span nodes of ", local,
                  " processes each (tensor parallelism all-reduces every layer: keep tp within a node, "
                  "or pass --allow-tp-across-nodes)");
   }
+}
+
+DeviceMesh::DeviceMesh(ProcessGroupPtr world, std::vector<MeshAxis> axes, MeshOptions options)
+    : world_(std::move(world)), axes_(std::move(axes)) {
+  CHORUS_CHECK(world_ != nullptr, "DeviceMesh: no world process group");
+  check_mesh_fits(axes_, world_->size(), options);
   coords_ = coords_of(world_->rank());
   // Every rank creates every group in the same order (ProcessGroup::new_group's
   // contract); each rank is a member of exactly one group per axis.
@@ -111,21 +117,25 @@ const ProcessGroupPtr& DeviceMesh::group(const std::string& axis) const {
   return groups_[i];
 }
 
-int DeviceMesh::rank_at(const std::vector<int>& coords) const {
-  CHORUS_ASSERT(coords.size() == axes_.size());
-  int r = 0;
-  for (size_t i = 0; i < axes_.size(); ++i) r = r * axes_[i].size + coords[i];
-  return r;
-}
-
-std::vector<int> DeviceMesh::coords_of(int world_rank) const {
-  std::vector<int> c(axes_.size());
-  for (size_t i = axes_.size(); i-- > 0;) {
-    c[i] = world_rank % axes_[i].size;
-    world_rank /= axes_[i].size;
+std::vector<int> mesh_coords(const std::vector<MeshAxis>& axes, int rank) {
+  std::vector<int> c(axes.size());
+  for (size_t i = axes.size(); i-- > 0;) {
+    c[i] = rank % axes[i].size;
+    rank /= axes[i].size;
   }
   return c;
 }
+
+int mesh_rank(const std::vector<MeshAxis>& axes, const std::vector<int>& coords) {
+  CHORUS_ASSERT(coords.size() == axes.size());
+  int r = 0;
+  for (size_t i = 0; i < axes.size(); ++i) r = r * axes[i].size + coords[i];
+  return r;
+}
+
+int DeviceMesh::rank_at(const std::vector<int>& coords) const { return mesh_rank(axes_, coords); }
+
+std::vector<int> DeviceMesh::coords_of(int world_rank) const { return mesh_coords(axes_, world_rank); }
 
 std::string DeviceMesh::describe() const {
   std::ostringstream os;

@@ -38,6 +38,17 @@ struct MeshOptions {
   bool allow_tp_across_nodes = false;
 };
 
+// The checks DeviceMesh's constructor makes before any group exists: the
+// sizes multiply to `world_size`, and a "tp" axis fits inside a node of
+// options.local_world_size ranks unless allowed to span nodes. ValueError,
+// one line naming --mesh, otherwise.
+void check_mesh_fits(const std::vector<MeshAxis>& axes, int world_size, const MeshOptions& options = {});
+
+// Note [Mesh rank order] as arithmetic: the coordinates of `rank` (one per
+// axis) and back.
+std::vector<int> mesh_coords(const std::vector<MeshAxis>& axes, int rank);
+int mesh_rank(const std::vector<MeshAxis>& axes, const std::vector<int>& coords);
+
 class DeviceMesh {
  public:
   // Collective over `world`: every rank calls it with the same axes. Throws
