@@ -7,7 +7,8 @@
 #     <= 1e-12 relative
 #   - dp=2 x tp=2 (DDP over the mesh's dp groups) equals one process
 #   - dropout: masks agree across tensor ranks, differ across data ranks
-#   - a checkpoint gathered at tp=2 loads into a one-process GPT
+#   - a checkpoint gathered at tp=2 loads into a one-process GPT, and at tp=4
+#     and dp=2 x tp=2
 set -uo pipefail
 CHORUS=${1:?chorus}; BIN=${4:?binary folder}
 PROBE="$BIN/chorus_tp_probe"
@@ -36,5 +37,7 @@ run 1 match tp=1 nosp
 run 4 dropout dp=2,tp=2 nosp
 run 4 dropout dp=2,tp=2 sp
 run 2 checkpoint tp=2 "$TMP"
+run 4 reload tp=4 "$TMP"
+run 4 reload dp=2,tp=2 "$TMP"
 [ $fail -eq 0 ] && echo "ok: tensor parallel GPT (tp=1,2,4; dp=2 x tp=2; sequence parallel on and off) equals one process"
 exit $fail

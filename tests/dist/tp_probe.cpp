@@ -17,7 +17,9 @@
 //                        second run from the same seed repeats the first.
 //   checkpoint MESH DIR  3 steps, then the gathered state written by rank 0 as
 //                        DIR/model.safetensors; every rank checks that a
-//                        models::GPT loading it equals the reference.
+//                        models::GPT loading it equals the sharded model.
+//   reload MESH DIR      that file loaded at another layout (each rank its
+//                        slices) equals one process loading it.
 // Prints "rank R: ok ..." and exits 0, or FAIL lines and exits 1.
 #include <algorithm>
 #include <cmath>
@@ -285,6 +287,25 @@ int run_checkpoint(const std::string& spec, const std::string& dir) {
   return 0;
 }
 
+// The checkpoint written by run_checkpoint, loaded at another layout: the
+// sharded model's logits equal those of one process loading the same file.
+int run_reload(const std::string& spec, const std::string& dir) {
+  Job j = join(spec, false);
+  auto [ref, model] = build(j, 0.0);
+  (void)ref;
+  const NamedTensors full_state = io::load_safetensors(dir + "/model.safetensors");
+  tp::load_full_state_dict(*model, full_state, j.mesh->group("tp"));
+  models::GPT one(config(0.0));
+  one.to(kFloat64);
+  one.load_state_dict(full_state);
+  const Batch b = global_batch();
+  NoGradGuard no_grad;
+  expect_close(model->gather_logits(model->forward(b.ids)), one.forward(b.ids), "logits after loading at " + spec);
+  if (failures) return 1;
+  std::printf("rank %d: ok reload %s (max relative difference %.3g)\n", j.world->rank(), spec.c_str(), worst);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -293,7 +314,8 @@ int main(int argc, char** argv) {
     if (mode == "match" && argc == 4) return run_match(argv[2], std::string(argv[3]) == "sp");
     if (mode == "dropout" && argc == 4) return run_dropout(argv[2], std::string(argv[3]) == "sp");
     if (mode == "checkpoint" && argc == 4) return run_checkpoint(argv[2], argv[3]);
-    std::fprintf(stderr, "usage: chorus_tp_probe match|dropout MESH sp|nosp | checkpoint MESH DIR\n");
+    if (mode == "reload" && argc == 4) return run_reload(argv[2], argv[3]);
+    std::fprintf(stderr, "usage: chorus_tp_probe match|dropout MESH sp|nosp | checkpoint|reload MESH DIR\n");
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "FAIL: %s\n", e.what());
