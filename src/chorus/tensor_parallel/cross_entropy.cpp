@@ -66,8 +66,8 @@ Tensor vocab_parallel_cross_entropy(const Tensor& local_logits, const Tensor& ta
   // device: no host wait.
   Tensor count = kept.sum();
   Tensor count1 = count.lt(full({}, 1.0, {acc, dev})).to(acc).add(count);
+  // In `acc`, as the fused classifier's loss (float32 for bf16 logits).
   Tensor loss = sum_exp.log().sub(target_shifted).mul(kept).sum().div(count1);
-  if (local_logits.dtype() != acc) loss = loss.to(local_logits.dtype());
 
   no_grad.reset();
   const Shape logits_shape = local_logits.sizes();

@@ -20,7 +20,7 @@ namespace chorus::tp {
 // the whole vocabulary (the padding columns past it excluded, as
 // nn::functional::cross_entropy_fused). local_logits [..., V/tp] with
 // targets [...] (int64 or int32, global token ids, the same on every rank).
-// Computed in float64 for float64 logits, float32 otherwise.
+// Computed, and returned, in float64 for float64 logits, float32 otherwise.
 Tensor vocab_parallel_cross_entropy(const Tensor& local_logits, const Tensor& targets, int64_t vocab,
                                     const dist::ProcessGroupPtr& group,
                                     std::optional<int64_t> ignore_index = std::nullopt);

@@ -48,12 +48,10 @@ Tensor shard_of(const Tensor& full, const ShardSpec& spec, int rank, int ranks) 
 
 Tensor unshard(const Tensor& local, const ShardSpec& spec, const dist::ProcessGroupPtr& group) {
   if (spec.replicated() || !is_parallel(group)) return local;
-  const int64_t ranks = group->size();
   Tensor b = blocked_front(local, spec);  // [blocks, len, ...]
   Tensor all = all_gather_along(b.contiguous(), group, 1);  // [blocks, ranks * len, ...]
   Shape s(all.sizes().begin() + 1, all.sizes().end());
   s[0] *= spec.blocks;
-  (void)ranks;
   return all.reshape(s).transpose(0, spec.dim).contiguous();
 }
 
