@@ -6,6 +6,8 @@
 #     gradient and the weights after 3 AdamW steps with global-norm clipping
 #     <= 1e-12 relative
 #   - dp=2 x tp=2 (DDP over the mesh's dp groups) equals one process
+#   - pp=2 x tp=2 (1F1B pipeline, sequence parallelism off and on), pp=4, and
+#     dp=2 x pp=2 x tp=2 equal one process
 #   - dropout: masks agree across tensor ranks, differ across data ranks
 #   - a checkpoint gathered at tp=2 loads into a one-process GPT, and at tp=4
 #     and dp=2 x tp=2
@@ -34,10 +36,15 @@ for sp in nosp sp; do
   run 4 match dp=2,tp=2 $sp
 done
 run 1 match tp=1 nosp
+# Tensor x pipeline (x data) parallel: the model as a 1F1B pipeline over the pp groups.
+run 4 pipeline pp=2,tp=2 nosp
+run 4 pipeline pp=2,tp=2 sp
+run 4 pipeline pp=4 nosp
+run 8 pipeline dp=2,pp=2,tp=2 sp
 run 4 dropout dp=2,tp=2 nosp
 run 4 dropout dp=2,tp=2 sp
 run 2 checkpoint tp=2 "$TMP"
 run 4 reload tp=4 "$TMP"
 run 4 reload dp=2,tp=2 "$TMP"
-[ $fail -eq 0 ] && echo "ok: tensor parallel GPT (tp=1,2,4; dp=2 x tp=2; sequence parallel on and off) equals one process"
+[ $fail -eq 0 ] && echo "ok: tensor parallel GPT (tp=1,2,4; dp=2 x tp=2; pp=2 x tp=2; dp=2 x pp=2 x tp=2; sequence parallel on and off) equals one process"
 exit $fail

@@ -20,6 +20,10 @@
 //                        models::GPT loading it equals the sharded model.
 //   reload MESH DIR      that file loaded at another layout (each rank its
 //                        slices) equals one process loading it.
+//   pipeline MESH sp|nosp  (MESH with pp > 1) the model as a 1F1B pipeline over
+//                        the pp groups, tensor parallel inside each stage:
+//                        loss, the local stages' gradients, the global norm
+//                        and weights after 3 AdamW steps equal the reference.
 // Prints "rank R: ok ..." and exits 0, or FAIL lines and exits 1.
 #include <algorithm>
 #include <cmath>
@@ -36,8 +40,11 @@
 #include <chorus/models/gpt.h>
 #include <chorus/optim/adamw.h>
 #include <chorus/optim/clip_grad.h>
+#include <chorus/parallel/pipeline.h>
 #include <chorus/tensor_parallel/clip_grad.h>
+#include <chorus/tensor_parallel/cross_entropy.h>
 #include <chorus/tensor_parallel/gpt.h>
+#include <chorus/tensor_parallel/gpt_layers.h>
 #include <chorus/tensor_parallel/mappings.h>
 
 using namespace chorus;
@@ -287,6 +294,75 @@ int run_checkpoint(const std::string& spec, const std::string& dir) {
   return 0;
 }
 
+// Tensor x pipeline (x data) parallel: the model's layers as a 1F1B pipeline
+// over the mesh's pp groups, 2 micro-batches; loss, the local stages'
+// gradients (after the tied embedding's sync), the global norm and the local
+// weights after 3 AdamW steps equal the reference's.
+int run_pipeline(const std::string& spec, bool sp) {
+  Job j = join(spec, sp);
+  auto [ref, model] = build(j, 0.0);
+  const auto tpg = j.mesh->group("tp"), ppg = j.mesh->group("pp");
+  const int dp = j.mesh->size("dp"), dr = j.mesh->coord("dp"), pp = j.mesh->size("pp"), pr = j.mesh->coord("pp");
+  parallel::PipelineOptions o;
+  o.micro_batches = 2;
+  o.schedule = parallel::Schedule::OneFOneB;
+  o.stage_group = ppg;  // data parallelism: tp::average_gradients below (no data_group beside a stage group)
+  parallel::Pipeline pipe(tp::pipeline_layers(*model), {}, {cpu_device(0)}, o);
+  const std::vector<Tensor> mine = pipe.local_parameters();
+  auto is_local = [&](const Tensor& t) {
+    return std::any_of(mine.begin(), mine.end(), [&](const Tensor& m) { return m.is_same(t); });
+  };
+  std::vector<tp::ShardedParameter> local;
+  for (const auto& p : tp::sharded_parameters(*model))
+    if (is_local(p.tensor)) local.push_back(p);
+  expect(!local.empty(), "no parameters on this rank");
+  const bool uses_wte = is_local(tp::tied_embedding(*model));
+  const std::vector<Tensor> elsewhere =
+      pr > 0 && uses_wte ? std::vector<Tensor>{tp::tied_embedding(*model)} : std::vector<Tensor>{};
+  optim::AdamW ref_opt(ref->parameters(), adamw_options());
+  optim::AdamW opt(mine, adamw_options());
+  const Batch b = global_batch();
+  const int64_t rows = kBatch / dp;
+  Tensor ids = b.ids.narrow(0, dr * rows, rows).contiguous(), tg = b.targets.narrow(0, dr * rows, rows).contiguous();
+  const int64_t vocab = model->config().vocab;
+  auto loss_fn = [&](const Tensor& out, const Tensor& t) { return tp::vocab_parallel_cross_entropy(out, t, vocab, tpg); };
+  for (int step = 0; step < 3; ++step) {
+    Tensor ref_loss = ref->loss(b.ids, b.targets);
+    ref_loss.backward();
+    opt.zero_grad();
+    auto r = pipe.train_step(ids, tg, loss_fn);
+    tp::average_gradients(mine, j.mesh->group("dp"));
+    tp::sync_tied_embedding(*model, uses_wte, ppg);
+    if (r.loss.defined()) {
+      Tensor l = r.loss.detach().clone().reshape({1});
+      if (dp > 1) j.mesh->group("dp")->all_reduce(l, dist::ReduceOp::Avg)->wait();
+      expect_close(l.reshape({}), ref_loss.detach(), "loss at step " + std::to_string(step));
+    }
+    if (step == 0) {
+      auto want = by_name(ref->named_parameters());
+      for (const auto& p : local) {
+        expect(p.tensor.grad().defined(), "no gradient for " + p.name);
+        if (p.tensor.grad().defined())
+          expect_close(tp::unshard(p.tensor.grad().contiguous(), p.spec, tpg), want.at(p.name).grad(), "gradient of " + p.name);
+      }
+    }
+    Tensor ref_norm = optim::clip_grad_norm_(ref->parameters(), kClip);
+    Tensor norm = tp::clip_grad_norm_(local, kClip, tpg, ppg, elsewhere);
+    expect_close(norm, ref_norm, "global gradient norm at step " + std::to_string(step));
+    ref_opt.step();
+    opt.step();
+    ref->zero_grad();
+  }
+  auto want = by_name(ref->state_dict());
+  for (const auto& p : local)
+    expect_close(tp::unshard(p.tensor.detach().contiguous(), p.spec, tpg), want.at(p.name), "weight " + p.name + " after 3 steps");
+  j.world->barrier()->wait();
+  if (failures) return 1;
+  std::printf("rank %d: ok pipeline %s %s, stage %d of %d, %zu parameters (max relative difference %.3g)\n",
+              j.world->rank(), spec.c_str(), sp ? "sp" : "nosp", pr, pp, local.size(), worst);
+  return 0;
+}
+
 // The checkpoint written by run_checkpoint, loaded at another layout: the
 // sharded model's logits equal those of one process loading the same file.
 int run_reload(const std::string& spec, const std::string& dir) {
@@ -315,7 +391,8 @@ int main(int argc, char** argv) {
     if (mode == "dropout" && argc == 4) return run_dropout(argv[2], std::string(argv[3]) == "sp");
     if (mode == "checkpoint" && argc == 4) return run_checkpoint(argv[2], argv[3]);
     if (mode == "reload" && argc == 4) return run_reload(argv[2], argv[3]);
-    std::fprintf(stderr, "usage: chorus_tp_probe match|dropout MESH sp|nosp | checkpoint|reload MESH DIR\n");
+    if (mode == "pipeline" && argc == 4) return run_pipeline(argv[2], std::string(argv[3]) == "sp");
+    std::fprintf(stderr, "usage: chorus_tp_probe match|dropout|pipeline MESH sp|nosp | checkpoint|reload MESH DIR\n");
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "FAIL: %s\n", e.what());

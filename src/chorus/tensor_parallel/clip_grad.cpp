@@ -9,7 +9,8 @@
 namespace chorus::tp {
 
 Tensor clip_grad_norm_(const std::vector<ShardedParameter>& params, double max_norm,
-                       const dist::ProcessGroupPtr& tp_group) {
+                       const dist::ProcessGroupPtr& tp_group, const dist::ProcessGroupPtr& pp_group,
+                       const std::vector<Tensor>& counted_elsewhere) {
   NoGradGuard no_grad;
   const bool count_replicated = !is_parallel(tp_group) || tp_group->rank() == 0;
   DType acc = kFloat32;
@@ -25,10 +26,14 @@ Tensor clip_grad_norm_(const std::vector<ShardedParameter>& params, double max_n
   for (const auto& p : params) {
     const Tensor g = p.tensor.grad();
     if (!g.defined() || (p.spec.replicated() && !count_replicated)) continue;
+    bool elsewhere = false;
+    for (const Tensor& t : counted_elsewhere) elsewhere = elsewhere || t.is_same(p.tensor);
+    if (elsewhere) continue;
     Tensor x = g.to(dev, acc);
     squares.add_(x.mul(x).sum().reshape({1}));
   }
   all_reduce_sum(squares, tp_group);
+  all_reduce_sum(squares, pp_group);
   Tensor norm = squares.sqrt().reshape({});
   if (max_norm > 0 && std::isfinite(max_norm)) {
     // min(1, max_norm / (norm + 1e-6)), on the device: no host wait.

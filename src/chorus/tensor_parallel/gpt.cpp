@@ -7,25 +7,16 @@
 #include "chorus/nn/transformer_layers.h"
 #include "chorus/ops/factory.h"
 #include "chorus/tensor_parallel/cross_entropy.h"
+#include "chorus/tensor_parallel/children.h"
 #include "chorus/tensor_parallel/mappings.h"
 
 namespace chorus::tp {
 
+using detail::child;
+
 namespace F = nn::functional;
 
 namespace {
-
-template <typename M = nn::Module>
-std::shared_ptr<M> child(const nn::Module& m, const std::string& name) {
-  for (const auto& [n, c] : m.named_children()) {
-    if (n == name) {
-      auto typed = std::dynamic_pointer_cast<M>(c);
-      CHORUS_ASSERT(typed != nullptr);
-      return typed;
-    }
-  }
-  CHORUS_THROW(ValueError, m.type_name(), ": has no child '", name, "'");
-}
 
 // Modules built without drawing random numbers: TensorParallelGPT loads the
 // slices of a tp=1 model into them.
@@ -124,22 +115,32 @@ ParallelGPTTrunk::ParallelGPTTrunk(models::GPTConfig c, TPContext ctx)
   register_module("ln_f", std::make_shared<ParallelLayerNorm>(c.width, ctx_));
 }
 
-Tensor ParallelGPTTrunk::forward(const Tensor& ids) {
+Tensor embed_tokens(VocabParallelEmbedding& wte, nn::Embedding& wpe, const Tensor& ids, const models::GPTConfig& cfg,
+                    const TPContext& ctx, bool training) {
   CHORUS_CHECK(ids.dim() == 2 && (ids.dtype() == kInt64 || ids.dtype() == kInt32),
                "GPT: expected token ids [batch, seq] of int64, got ", ids.describe());
   const int64_t t = ids.size(1);
-  CHORUS_CHECK(t >= 1 && t <= cfg_.context, "GPT: a sequence of ", t, " tokens does not fit the model's context of ",
-               cfg_.context, " positions");
-  CHORUS_CHECK(!ctx_.sequence_parallel || t % ctx_.size() == 0, "GPT: sequence parallelism over tp=", ctx_.size(),
-               " needs a sequence length divisible by ", ctx_.size(), ", got ", t);
-  auto wte = child<VocabParallelEmbedding>(*this, "wte");
-  Tensor tok = wte->forward(ids);  // [B, T, C], or this rank's [B, T/tp, C]
+  CHORUS_CHECK(t >= 1 && t <= cfg.context, "GPT: a sequence of ", t, " tokens does not fit the model's context of ",
+               cfg.context, " positions");
+  CHORUS_CHECK(!ctx.sequence_parallel || t % ctx.size() == 0, "GPT: sequence parallelism over tp=", ctx.size(),
+               " needs a sequence length divisible by ", ctx.size(), ", got ", t);
+  Tensor tok = wte.forward(ids);  // [B, T, C], or this rank's [B, T/tp, C]
   // Positions of this rank's rows of the residual stream.
-  const int64_t rows = tok.size(1), first = ctx_.sequence_parallel ? ctx_.rank() * rows : 0;
+  const int64_t rows = tok.size(1), first = ctx.sequence_parallel ? ctx.rank() * rows : 0;
   Tensor pos = arange(static_cast<double>(first), static_cast<double>(first + rows), 1.0, {kInt64, tok.device()});
-  Tensor wpe = replicated_param(child<nn::Embedding>(*this, "wpe")->weight(), ctx_);
-  Tensor x = chorus::add(tok, F::embedding(wpe, pos));
-  x = parallel_dropout(x, cfg_.dropout, is_training(), ctx_.sequence_parallel, ctx_);
+  Tensor x = chorus::add(tok, F::embedding(replicated_param(wpe.weight(), ctx), pos));
+  return parallel_dropout(x, cfg.dropout, training, ctx.sequence_parallel, ctx);
+}
+
+Tensor logits_of_hidden(const Tensor& h, VocabParallelEmbedding& wte, const TPContext& ctx) {
+  // Every rank multiplies the whole sequence by its vocabulary rows.
+  Tensor full = ctx.sequence_parallel ? gather_from_sp(h, ctx.group, 1) : copy_to_tp(h, ctx.group);
+  return F::linear(full, wte.weight(), Tensor());  // tied: the token embedding is the output projection
+}
+
+Tensor ParallelGPTTrunk::forward(const Tensor& ids) {
+  Tensor x = embed_tokens(*child<VocabParallelEmbedding>(*this, "wte"), *child<nn::Embedding>(*this, "wpe"), ids, cfg_,
+                          ctx_, is_training());
   for (const auto& [n, block] : child(*this, "h")->named_children()) x = block->forward(x);
   return child(*this, "ln_f")->forward(x);
 }
@@ -170,11 +171,7 @@ TensorParallelGPT::TensorParallelGPT(models::GPTConfig c, TPContext ctx)
 
 Tensor TensorParallelGPT::forward(const Tensor& ids) {
   auto trunk = child(*this, "transformer");
-  Tensor h = trunk->forward(ids);
-  // Every rank multiplies the whole sequence by its vocabulary rows.
-  h = ctx_.sequence_parallel ? gather_from_sp(h, ctx_.group, 1) : copy_to_tp(h, ctx_.group);
-  Tensor& wte = child<VocabParallelEmbedding>(*trunk, "wte")->weight();  // tied: also the output projection
-  return F::linear(h, wte, Tensor());
+  return logits_of_hidden(trunk->forward(ids), *child<VocabParallelEmbedding>(*trunk, "wte"), ctx_);
 }
 
 Tensor TensorParallelGPT::gather_logits(const Tensor& local_logits) const {

@@ -17,6 +17,7 @@
 #include <optional>
 
 #include "chorus/models/gpt.h"
+#include "chorus/nn/transformer_layers.h"
 #include "chorus/tensor_parallel/layers.h"
 
 namespace chorus::tp {
@@ -79,6 +80,14 @@ class ParallelGPTTrunk : public nn::Module {
   models::GPTConfig cfg_;
   TPContext ctx_;
 };
+
+// The two ends of the trunk, shared with the pipeline's layers
+// (gpt_layers.h): token ids -> the residual stream (the embeddings, their
+// dropout), and the final hidden states (after ln_f) -> this rank's
+// vocabulary slice of the logits (the tied output projection).
+Tensor embed_tokens(VocabParallelEmbedding& wte, nn::Embedding& wpe, const Tensor& ids, const models::GPTConfig& cfg,
+                    const TPContext& ctx, bool training);
+Tensor logits_of_hidden(const Tensor& h, VocabParallelEmbedding& wte, const TPContext& ctx);
 
 class TensorParallelGPT : public nn::Module {
  public:
