@@ -79,6 +79,9 @@ void add_bench_options(CLI::App* cmd, BenchConfig& c) {
   cmd->add_flag("--sequence-parallel", c.sequence_parallel, "GPT models with --mesh tp>1: sequence parallelism");
   cmd->add_option("--seq-len", c.seq_len, "GPT models (gpt2 ... d84): tokens per sequence (default 1024)")
       ->transform(integer_up_to(1 << 20));
+  cmd->add_option("--attention", c.attention,
+                  "GPT models: auto (the fused flash kernel where the GPU has one) | fused | composite")
+      ->capture_default_str();
   add_optional(cmd, "--trace", c.trace,
                "Write a Chrome/Perfetto trace (JSON) of --trace-steps timed steps of the last row (single, dp)");
   cmd->add_option("--trace-steps", c.trace_steps, "The timed steps --trace records, e.g. 5-7 (from 1)")->capture_default_str();

@@ -48,6 +48,7 @@ struct BenchConfig {
   // schedule could reach over naive at that micro-batch's speed.
   bool bound = false;
   int64_t seq_len = 0;  // GPT models: tokens per sequence (0: 1024)
+  std::string attention = "auto";  // GPT models: auto | fused | composite (ops::AttentionKernel)
   // GPT models over a device mesh (apps/bench_gpt_mesh.cpp), one process per
   // rank under a launcher: --mesh dp=A,tp=B [--sequence-parallel].
   std::optional<std::string> mesh;

@@ -30,6 +30,7 @@ int run_bench_gpt(const BenchConfig& c) {
   CHORUS_CHECK(c.precision == "fp32" || dev.is_cuda(), "--precision bf16 needs a CUDA device (got ", dev.str(), ")");
   models::GPTConfig cfg = models::GPTConfig::named(c.model, 50257, std::max<int64_t>(seq, 1024));
   CHORUS_CHECK(seq <= cfg.context, "--seq-len ", seq, " is above the context");
+  cfg.attention = ops::parse_attention_kernel(c.attention);
   manual_seed(0);
   models::GPT model(cfg);
   model.to(dev);
@@ -79,6 +80,7 @@ int run_bench_gpt(const BenchConfig& c) {
                                 {"precision", c.precision},
                                 {"batch_per_device", c.batch_size},
                                 {"seq_len", seq},
+                                {"attention", c.attention},
                                 {"params", cfg.num_parameters()},
                                 {"tok_per_s", tok_s},
                                 {"step_ms", 1000.0 * dt / static_cast<double>(c.steps)},

@@ -30,6 +30,7 @@ int run_bench_gpt_mesh(const BenchConfig& c) {
   CHORUS_CHECK(c.batch_size > 0 && c.steps > 0 && c.warmup >= 0, "--batch-size and --steps must be positive");
   const int64_t seq = c.seq_len > 0 ? c.seq_len : 1024;
   models::GPTConfig cfg = models::GPTConfig::named(c.model, 50257, std::max<int64_t>(seq, 1024));
+  cfg.attention = ops::parse_attention_kernel(c.attention);
   MeshSettings ms;
   ms.spec = *c.mesh;
   ms.sequence_parallel = c.sequence_parallel;

@@ -118,7 +118,7 @@ Row bench_schedule(const BenchConfig& c, const std::vector<Device>& devs, const 
   // than the graph's (each of a micro-batch's small kernels waits a few
   // microseconds more behind the one before it in a stream than in a graph:
   // at micro-batches of 32 the eager busy time exceeded the whole graphed
-  // step, session 14), so such a "bubble" would be meaningless.
+  // step: benchmarks journal, session 14), so such a "bubble" would be meaningless.
   if (!r.graphed) {
     pipe->set_measure(true);
     std::vector<double> busy(devs.size(), 0.0);

@@ -53,7 +53,7 @@ int chorus_main(int argc, char** argv, bool parse_only) {
   train->add_option("--epochs", tc.epochs, "Epochs")->capture_default_str()->transform(app::integer_up_to(app::kMaxEpochs));
   // Options without a natural default are std::optional (app::add_optional):
   // an explicit value is always checked, never mistaken for "unset".
-  app::add_optional(train, "--steps", tc.steps, "Stop after this many steps (default: no limit besides --epochs)")->transform(app::integer_up_to(app::kMaxSteps));
+  app::add_optional(train, "--steps", tc.steps, "Stop after this many steps of the global batch the run started with, kept on --resume at another world size (default: no limit besides --epochs)")->transform(app::integer_up_to(app::kMaxSteps));
   train->add_option("--batch-size", tc.batch_size, "Batch size per device (pipeline: the pipeline's batch)")->capture_default_str()->transform(app::integer_up_to(app::kMaxBatchSize));
   app::add_optional(train, "--lr", tc.lr, "Peak learning rate (default: 0.05 for SGD, 1e-3 for AdamW)")->check(app::real_number(1e6));
   train->add_option("--optimizer", tc.optimizer, "sgd|adamw")->capture_default_str();

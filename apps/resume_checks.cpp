@@ -41,18 +41,26 @@ void check_resume_config(const nlohmann::json& saved, const nlohmann::json& now,
   }
 }
 
-void check_resume_position(const io::TrainingState& st, int64_t per_epoch, int64_t epochs, int64_t total_steps,
+void check_resume_position(const io::TrainingState& st, const SavedPosition& at, int64_t writer_batch,
+                           int64_t global_batch, int64_t per_epoch, int64_t epochs, std::optional<int64_t> steps,
                            const std::string& state_path) {
-  if (st.batch_in_epoch > per_epoch)
+  const bool same_batch = writer_batch == global_batch && at.per_step == global_batch;
+  if (same_batch && st.batch_in_epoch > per_epoch)
     CHORUS_THROW(IOError, state_path, ": batch_in_epoch ", st.batch_in_epoch, " is past the end of an epoch (",
                  per_epoch, " batches)");
   if (st.epoch > epochs || (st.epoch == epochs && st.batch_in_epoch > 0))
     CHORUS_THROW(IOError, state_path, ": epoch ", st.epoch, " (batch ", st.batch_in_epoch, ") is past the run's end (",
                  epochs, " epochs)");
-  if (st.step > total_steps)
-    CHORUS_THROW(IOError, state_path, ": step ", st.step, " is past the run's end (", total_steps, " steps)");
+  // The last step may pass the budget, by less than one of its batches.
+  int64_t budget = 0;
+  if (steps && !__builtin_mul_overflow(*steps, at.per_step, &budget) && at.consumed - writer_batch >= budget)
+    CHORUS_THROW(IOError, state_path, ": step ", st.step, " (", at.consumed, " examples) is past the run's end (",
+                 *steps, " steps of ", at.per_step, " examples)");
+  if (st.step != reference_step(at.consumed, at.per_step))
+    CHORUS_THROW(IOError, state_path, ": step ", st.step, " does not match the ", at.consumed, " examples consumed (",
+                 at.per_step, " to a step: step ", reference_step(at.consumed, at.per_step), ")");
   // Overflow-free: epoch <= epochs and per_epoch * epochs was computed without overflow by the caller.
-  if (st.step != st.epoch * per_epoch + st.batch_in_epoch)
+  if (same_batch && st.step != st.epoch * per_epoch + st.batch_in_epoch)
     CHORUS_THROW(IOError, state_path, ": step ", st.step, " does not match epoch ", st.epoch, " and batch ",
                  st.batch_in_epoch, " (", per_epoch, " batches per epoch: step ", st.epoch * per_epoch + st.batch_in_epoch,
                  ")");

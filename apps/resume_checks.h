@@ -14,11 +14,13 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "chorus/io/checkpoint.h"
+#include "run_position.h"
 
 namespace chorus::app {
 
@@ -36,9 +38,14 @@ void check_resume_config(const nlohmann::json& saved, const nlohmann::json& now,
                          const std::vector<std::string>& allowed, const std::string& state_path);
 
 // Throws IOError naming `state_path` when the saved position is not one
-// this run can reach: past `epochs` or `total_steps`, a batch past
-// `per_epoch`, or a step other than epoch * per_epoch + batch_in_epoch.
-void check_resume_position(const io::TrainingState& st, int64_t per_epoch, int64_t epochs, int64_t total_steps,
+// this run can reach (Note [Progress in samples]): past `epochs`, or past the
+// budget of `steps` reference steps by a whole step of the writer's batch
+// (`writer_batch` examples); a step other than the examples consumed in
+// reference steps; and, where neither the writer nor this run changed the
+// global batch (`global_batch` examples, `per_epoch` steps an epoch), a batch
+// past the epoch or a step other than epoch * per_epoch + batch_in_epoch.
+void check_resume_position(const io::TrainingState& st, const SavedPosition& at, int64_t writer_batch,
+                           int64_t global_batch, int64_t per_epoch, int64_t epochs, std::optional<int64_t> steps,
                            const std::string& state_path);
 
 }  // namespace chorus::app

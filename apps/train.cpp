@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <optional>
 
@@ -31,6 +32,7 @@
 #include "chorus/data/transforms.h"
 #include "chorus/io/checkpoint.h"
 #include "chorus/io/dir_lock.h"
+#include "chorus/io/json_util.h"
 #include "chorus/io/metrics.h"
 #include "chorus/models/models.h"
 #include "chorus/nn/functional.h"
@@ -44,6 +46,7 @@
 #include "chorus/optim/sgd.h"
 #include "progress.h"
 #include "resume_checks.h"
+#include "run_position.h"
 #include "run_log.h"
 #include "step_trace.h"
 #include "stop_signal.h"
@@ -223,9 +226,14 @@ struct Training {
   std::unique_ptr<optim::Optimizer> opt;
   TrainStep step;                          // runs the model or its parallel wrapper
   std::unique_ptr<data::DataLoader> train_loader, test_loader;
-  std::shared_ptr<optim::LRSchedule> schedule;
-  int64_t per_epoch = 0, total_steps = 0;
+  std::shared_ptr<optim::LRSchedule> schedule;  // over reference steps (Note [Progress in samples])
+  double lr = 0;                           // the schedule's peak
+  int64_t per_epoch = 0;                   // steps of this run's global batch in an epoch
+  int64_t total_steps = 0;                 // this run's own steps from 0 to its end (set by plan_run)
   int64_t global_batch = 0;                // examples per step, over all devices and ranks
+  int64_t step_samples = 0;                // the run's reference step: its first global batch
+  int64_t budget = 0;                      // examples to consume in all: --steps x step_samples (or no limit)
+  int64_t schedule_steps = 0;              // the schedule's length in reference steps
   std::optional<RankContext> ranks;        // --strategy ddp
   std::shared_ptr<dist::DistributedDataParallel> ddp;
   std::shared_ptr<parallel::Pipeline> pipeline;   // --strategy pipeline
@@ -285,9 +293,9 @@ Training set_up(const TrainConfig& cfg) {
     all_cuda = all_cuda && d.is_cuda();
   }
   // Channels-last by default on GPUs: cuDNN's fastest convolutions read NHWC
-  // (chorus train WRN-16-4 bf16 1.65x and 2.4x faster in two runs on an H100;
-  // the small Fashion-MNIST CNN, bound by its data, within noise;
-  // docs/benchmarks.md). The numbers do not depend on the layout.
+  // (chorus train WRN-16-4 bf16 faster in both runs on an H100; the small
+  // Fashion-MNIST CNN, bound by its data, within noise; benchmarks journal,
+  // session 11). The numbers do not depend on the layout.
   t.channels_last = cfg.channels_last || (all_cuda && !cfg.no_channels_last);
   CHORUS_CHECK(cfg.precision == "fp32" || device.is_cuda(), "--precision bf16 needs a CUDA device (got ", device.str(), ")");
   if (cfg.strategy == "ddp") t.ranks = join_job(ddp_launch_env(), device, cfg.dist_timeout_s);
@@ -385,32 +393,71 @@ Training set_up(const TrainConfig& cfg) {
   t.test_loader = std::make_unique<data::DataLoader>(t.data.test, eval_sampler, eo);
 
   t.per_epoch = t.train_loader->num_batches();
-  CHORUS_CHECK(!__builtin_mul_overflow(t.per_epoch, cfg.epochs, &t.total_steps), "--epochs ", cfg.epochs,
-               " of ", t.per_epoch, " steps each is more steps than can be counted");
-  if (cfg.steps) t.total_steps = std::min(t.total_steps, *cfg.steps);
-  t.schedule = std::make_shared<optim::LinearWarmup>(
-      std::min<int64_t>(100, t.total_steps / 10),
-      std::make_shared<optim::CosineAnnealingLR>(lr, std::max<int64_t>(t.total_steps, 1)));
+  int64_t epoch_examples = 0;
+  CHORUS_CHECK(!__builtin_mul_overflow(t.per_epoch, cfg.epochs, &t.total_steps) &&
+                   !__builtin_mul_overflow(t.total_steps, t.global_batch, &epoch_examples),
+               "--epochs ", cfg.epochs, " of ", t.per_epoch, " steps each is more steps than can be counted");
+  t.lr = lr;
+  t.step_samples = t.global_batch;  // a fresh run's; a resumed run takes its checkpoint's (plan_run)
   return t;
 }
 
 // Where the loop is: a fresh run starts at zero, a resumed one where its
-// checkpoint was written.
+// checkpoint was written. Steps and batches are this run's own (its global
+// batch); `samples` is the position of record (Note [Progress in samples]).
 struct Position {
   int64_t step = 0, epoch = 0, batch_in_epoch = 0;
+  int64_t samples = 0;  // examples consumed, over all devices and ranks
 };
+
+// What a resumed run takes from its checkpoint beyond the weights.
+struct Continued {
+  Position pos;
+  int64_t step_samples = 0;                   // the run's reference step
+  std::optional<int64_t> schedule_steps;      // the schedule's length, when the run's length is unchanged
+};
+
+// A checkpoint's position in this run's terms, once it is known to be
+// reachable (Note [Resume checks]). Its batches were of the writer's global
+// batch: the position within the epoch is the examples already seen,
+// rounded down to this run's batches (Note [Progress in samples]).
+Continued continue_from(const TrainConfig& cfg, const Training& t, const io::TrainingState& st,
+                        const std::string& state_path) {
+  int64_t writer = t.global_batch;
+  if (auto it = st.extra.find("global_batch"); it != st.extra.end()) {
+    if (!it->is_number_integer() || it->get<int64_t>() <= 0)
+      CHORUS_THROW(IOError, state_path, ": \"global_batch\" is ", io::detail::json_excerpt(*it),
+                   ", not an integer >= 1");
+    writer = it->get<int64_t>();
+  }
+  const SavedPosition at = read_position(st.extra, kSampleKeys, st.step, writer, state_path);
+  check_resume_position(st, at, writer, t.global_batch, t.per_epoch, cfg.epochs, cfg.steps, state_path);
+  Continued c;
+  c.step_samples = at.per_step;
+  c.pos.epoch = st.epoch;
+  c.pos.samples = at.consumed;
+  int64_t seen = 0;  // examples of the epoch already seen
+  if (__builtin_mul_overflow(st.batch_in_epoch, writer, &seen))
+    CHORUS_THROW(IOError, state_path, ": batch_in_epoch ", st.batch_in_epoch, " is past the end of an epoch");
+  c.pos.batch_in_epoch = std::min(seen / t.global_batch, t.per_epoch);
+  c.pos.step = c.pos.epoch * t.per_epoch + c.pos.batch_in_epoch;
+  // The schedule the checkpoint was on, as long as the run's length is the same.
+  const nlohmann::json now = cfg.to_json();
+  auto it = st.extra.find("schedule_steps");
+  if (it != st.extra.end() && it->is_number_integer() && it->get<int64_t>() >= 0 && st.config.is_object() &&
+      st.config.value("epochs", nlohmann::json()) == now["epochs"] && st.config.value("steps", nlohmann::json()) == now["steps"])
+    c.schedule_steps = it->get<int64_t>();
+  return c;
+}
 
 // --resume: weights, optimizer, RNG and position from the newest checkpoint
 // that can be read (Note [Unreadable checkpoints]), once it is known to
 // belong to this run (Note [Resume checks]).
-Position resume(const TrainConfig& cfg, Training& t) {
-  Position pos;
-  if (!cfg.resume) return pos;
-  auto check = [&](const io::TrainingState& saved, const std::string& state_path) {
-    io::TrainingState st = saved;
-    rescale_position(st, t.global_batch, t.per_epoch);  // Note [Resuming on another world size]
+std::optional<Continued> resume(const TrainConfig& cfg, Training& t) {
+  if (!cfg.resume) return std::nullopt;
+  auto check = [&](const io::TrainingState& st, const std::string& state_path) {
     check_resume_config(st.config, cfg.to_json(), cfg.allow_change, state_path);
-    check_resume_position(st, t.per_epoch, cfg.epochs, t.total_steps, state_path);
+    (void)continue_from(cfg, t, st, state_path);
   };
   io::Resumed r;
   if (!t.ranks || t.ranks->leader()) r = io::resume_checkpoint(*cfg.checkpoint_dir, *t.model, *t.opt, cfg.start_fresh, check);
@@ -421,7 +468,6 @@ Position resume(const TrainConfig& cfg, Training& t) {
       r.path = chosen;
     }
   }
-  if (r.path) rescale_position(r.state, t.global_batch, t.per_epoch);
   // Said even with --quiet: work is being skipped.
   for (const io::SkippedCheckpoint& s : r.skipped)
     std::fprintf(stderr, "chorus: warning: skipped %s: %s; %s\n", s.path.c_str(), s.reason.c_str(),
@@ -432,13 +478,34 @@ Position resume(const TrainConfig& cfg, Training& t) {
                    cfg.checkpoint_dir->c_str());
     else if (!cfg.quiet)
       std::fprintf(stderr, "no checkpoint in %s; starting from scratch\n", cfg.checkpoint_dir->c_str());
-    return pos;
+    return std::nullopt;
   }
-  pos = {r.state.step, r.state.epoch, r.state.batch_in_epoch};
+  Continued c = continue_from(cfg, t, r.state, *r.path + "/state.json");
   default_generator().set_state(r.state.rng);
   if (!cfg.quiet || !r.skipped.empty())
-    std::fprintf(stderr, "resuming from %s (epoch %lld, step %lld)\n", r.path->c_str(), (long long)pos.epoch + 1,
-                 (long long)pos.step);
+    std::fprintf(stderr, "resuming from %s (epoch %lld, step %lld, %lld examples seen)\n", r.path->c_str(),
+                 (long long)c.pos.epoch + 1, (long long)c.pos.step, (long long)c.pos.samples);
+  return c;
+}
+
+// Note [Progress in samples]: the budget, the schedule and this run's own
+// steps, from the reference step (the checkpoint's when resuming).
+Position plan_run(const TrainConfig& cfg, Training& t, const std::optional<Continued>& from) {
+  const Position pos = from ? from->pos : Position{};
+  if (from) t.step_samples = from->step_samples;
+  t.budget = std::numeric_limits<int64_t>::max();
+  if (cfg.steps)
+    CHORUS_CHECK(!__builtin_mul_overflow(*cfg.steps, t.step_samples, &t.budget), "--steps ", *cfg.steps, " of ",
+                 t.step_samples, " examples each is more examples than can be counted");
+  // The epochs in reference steps (set_up checked that per_epoch * epochs * global_batch fits).
+  const int64_t epoch_steps = t.per_epoch * cfg.epochs * t.global_batch / t.step_samples;
+  t.schedule_steps = cfg.steps ? std::min(epoch_steps, *cfg.steps) : epoch_steps;
+  if (from && from->schedule_steps) t.schedule_steps = *from->schedule_steps;
+  t.schedule = std::make_shared<optim::LinearWarmup>(
+      std::min<int64_t>(100, t.schedule_steps / 10),
+      std::make_shared<optim::CosineAnnealingLR>(t.lr, std::max<int64_t>(t.schedule_steps, 1)));
+  t.total_steps = t.per_epoch * cfg.epochs;
+  if (cfg.steps) t.total_steps = std::min(t.total_steps, pos.step + steps_left(pos.samples, t.budget, t.global_batch));
   return pos;
 }
 
@@ -446,15 +513,20 @@ std::string save(const TrainConfig& cfg, const Training& t, const Position& pos)
   if (!cfg.checkpoint_dir) return "";
   io::TrainingState st;
   st.epoch = pos.epoch;
-  st.step = pos.step;
-  st.batch_in_epoch = pos.batch_in_epoch;
+  // Named by reference steps (Note [Progress in samples]): pruning and the
+  // fallback to an older checkpoint follow the position on any world size.
+  st.step = reference_step(pos.samples, t.step_samples);
+  st.batch_in_epoch = pos.batch_in_epoch;  // of this run's batches (global_batch)
   st.rng = default_generator().state();
   st.config = cfg.to_json();
   st.extra["global_batch"] = t.global_batch;
   st.extra["world_size"] = t.world();
+  st.extra[kSampleKeys.consumed] = pos.samples;
+  st.extra[kSampleKeys.per_step] = t.step_samples;
+  st.extra["schedule_steps"] = t.schedule_steps;
   if (!t.ranks) return io::save_checkpoint(*cfg.checkpoint_dir, *t.model, *t.opt, st);
   // Note [Training ranks]: rank 0 writes; nobody goes on before it is complete.
-  std::string path = *cfg.checkpoint_dir + "/" + io::checkpoint_name(pos.step);
+  std::string path = *cfg.checkpoint_dir + "/" + io::checkpoint_name(st.step);
   if (t.ranks->leader()) path = io::save_checkpoint(*cfg.checkpoint_dir, *t.model, *t.opt, st);
   t.ranks->group->barrier()->wait();
   return path;
@@ -610,13 +682,15 @@ LoopResult train_loop(const TrainConfig& cfg, Training& t, Position& pos, RunLog
       }
       const auto data_end = std::chrono::steady_clock::now();
       if (!got) break;
-      t.schedule->apply(*t.opt, pos.step);
+      // Note [Progress in samples]: the schedule at the examples consumed.
+      t.opt->set_lr(lr_at_position([&](int64_t k) { return t.schedule->lr_at(k); }, pos.samples, t.step_samples));
       // Labels go where the loss is computed (the output device); the images
       // stay where the loader put them (host memory under DataParallel).
       if (b.labels.device() != t.devices[0]) b.labels = b.labels.to(t.devices[0]);
       stats.add(t.step.run(in_layout(b.images, t.channels_last), b.labels), b.labels);
       ++pos.step;
       ++pos.batch_in_epoch;
+      pos.samples += t.global_batch;  // a last, partial batch of an epoch counts whole, on every rank alike
       out.images += b.labels.size(0);
       tracer.end_step(pos.step);
       if (t.ranks) {
@@ -644,7 +718,7 @@ LoopResult train_loop(const TrainConfig& cfg, Training& t, Position& pos, RunLog
                        " (try a smaller --lr)");
         progress.update({pos.step, t.total_steps, epoch + 1, cfg.epochs, w.loss, w.accuracy, w.img_per_s});
         if (log) {
-          nlohmann::ordered_json rec = {{"step", pos.step}, {"epoch", epoch + 1}, {"loss", w.loss},
+          nlohmann::ordered_json rec = {{"step", pos.step}, {"samples", pos.samples}, {"epoch", epoch + 1}, {"loss", w.loss},
                                         {"accuracy", w.accuracy}, {"lr", t.opt->lr()}, {"img_per_s", w.img_per_s},
                                         {"step_ms", w.step_ms}, {"world_size", t.world()}};
           if (auto norm = grad_norm(t)) rec["grad_norm"] = *norm;
@@ -657,7 +731,7 @@ LoopResult train_loop(const TrainConfig& cfg, Training& t, Position& pos, RunLog
     }
     if (pos.batch_in_epoch >= t.per_epoch) {
       const auto eval_start = std::chrono::steady_clock::now();
-      finish_epoch(cfg, t, {pos.step, epoch + 1, 0}, log, progress);
+      finish_epoch(cfg, t, {pos.step, epoch + 1, 0, pos.samples}, log, progress);
       stats.exclude(std::chrono::duration<double>(std::chrono::steady_clock::now() - eval_start).count());
     } else {
       save(cfg, t, pos);  // stopped inside the epoch (--steps): resumable from here
@@ -684,6 +758,7 @@ nlohmann::ordered_json summarize(const TrainConfig& cfg, Training& t, const Posi
           {"channels_last", t.channels_last},
           {"epochs", cfg.epochs},
           {"steps", end.step},
+          {"samples", end.samples},
           {"batch_size", cfg.batch_size},
           {"train_loss", std::isnan(loop.last_loss) ? J(nullptr) : J(loop.last_loss)},
           {"train_accuracy", loop.last_acc},
@@ -730,7 +805,7 @@ nlohmann::ordered_json run_train(const TrainConfig& given) {
   // Note [Checkpoint directory lock]: the writer holds its directory until it ends.
   std::optional<io::CheckpointDirLock> dir_lock;
   if (leader && cfg.checkpoint_dir) dir_lock.emplace(*cfg.checkpoint_dir);
-  const Position start = resume(cfg, t);
+  const Position start = plan_run(cfg, t, resume(cfg, t));
   RunLogOptions lo;
   lo.metrics = cfg.metrics;
   lo.append = cfg.resume;

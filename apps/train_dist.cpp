@@ -159,15 +159,4 @@ std::string agree_on_checkpoint(const RankContext& rc, const std::optional<std::
   return v.substr(1);
 }
 
-void rescale_position(io::TrainingState& st, int64_t global_batch, int64_t per_epoch) {
-  auto it = st.extra.find("global_batch");
-  if (it == st.extra.end() || !it->is_number_integer()) return;
-  const int64_t saved = it->get<int64_t>();
-  if (saved <= 0 || saved == global_batch) return;
-  const int64_t seen = st.batch_in_epoch * saved;
-  st.batch_in_epoch = std::min(seen / global_batch, per_epoch);
-  st.step = st.epoch * per_epoch + st.batch_in_epoch;
-  st.extra["global_batch"] = global_batch;
-}
-
 }  // namespace chorus::app

@@ -116,11 +116,4 @@ class StopAgreement {
 // Rank 0's choice of checkpoint (its path, or "" for none) to every rank.
 std::string agree_on_checkpoint(const RankContext& rc, const std::optional<std::string>& leader_choice);
 
-// Note [Resuming on another world size]: a checkpoint's position counts
-// batches of its run's global batch (extra.global_batch: examples per
-// step). On a run whose global batch differs (another number of ranks or
-// devices), the position within the epoch is rescaled to the examples
-// already seen, rounded down, and the step recomputed from it.
-void rescale_position(io::TrainingState& st, int64_t global_batch, int64_t per_epoch);
-
 }  // namespace chorus::app

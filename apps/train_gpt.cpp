@@ -38,6 +38,7 @@
 #include "commands.h"
 #include "progress.h"
 #include "run_log.h"
+#include "run_position.h"
 #include "stop_signal.h"
 #include "train_dist.h"
 
@@ -124,7 +125,11 @@ struct Run {
   std::shared_ptr<dist::DistributedDataParallel> ddp;
   std::unique_ptr<optim::AdamW> opt;
   std::unique_ptr<data::TokenWindows> train, val;
-  int64_t seq = 0, batch = 0, accum = 1, total_steps = 0, warmup = 1;
+  int64_t seq = 0, batch = 0, accum = 1;
+  int64_t total_steps = 0;     // this run's own steps from 0 to its end
+  int64_t step_tokens = 0;     // the run's reference step (Note [Progress in samples] in run_position.h)
+  int64_t schedule_steps = 0;  // the schedule's length in reference steps
+  int64_t warmup = 1;          // its warm-up, in reference steps
   double lr = 6e-4;
   std::optional<DType> autocast;
   int world() const { return ranks ? ranks->env.world_size : 1; }
@@ -190,6 +195,8 @@ void validate_gpt(const TrainConfig& tc, const GptOptions& g) {
   CHORUS_CHECK(g.windows == "sequential" || g.windows == "random", "--windows must be sequential or random, got '",
                g.windows, "'");
   CHORUS_CHECK(g.dropout >= 0 && g.dropout < 1, "--dropout must be in [0, 1), got ", g.dropout);
+  CHORUS_CHECK(g.attention == "auto" || g.attention == "fused" || g.attention == "composite",
+               "--attention must be auto, fused or composite, got '", g.attention, "'");
   CHORUS_CHECK(tc.batch_size > 0, "--batch-size must be positive, got ", tc.batch_size);
   CHORUS_CHECK(!tc.steps || *tc.steps > 0, "--steps must be positive, got ", tc.steps.value_or(0));
   CHORUS_CHECK(!tc.lr || (std::isfinite(*tc.lr) && *tc.lr >= 0), "--lr must be a non-negative number");
@@ -242,6 +249,7 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
   CHORUS_CHECK(r.seq <= context, "--seq-len ", r.seq, " is above ", tc.model, "'s context of ", context, " positions");
   models::GPTConfig cfg = models::GPTConfig::named(tc.model, vocab, context);
   cfg.dropout = g.dropout;
+  cfg.attention = ops::parse_attention_kernel(g.attention);
   manual_seed(tc.seed);
   r.model = std::make_shared<models::GPT>(cfg);
   if (g.init_from) {
@@ -291,15 +299,14 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
 
   // Steps: --steps, else --epochs over this rank's windows.
   const int64_t per_epoch = std::max<int64_t>(1, r.train->windows_per_rank() / (r.batch * r.replicas() * r.accum));
-  r.total_steps = tc.steps ? *tc.steps : per_epoch * tc.epochs;
-  r.warmup = g.warmup_steps ? std::max<int64_t>(*g.warmup_steps, 0) : std::max<int64_t>(1, r.total_steps / 20);
+  r.step_tokens = r.tokens_per_step();  // a fresh run's; a resumed run takes its checkpoint's
 
   // Note [Checkpoint directory lock]: one job per checkpoint directory.
   std::optional<io::CheckpointDirLock> dir_lock;
   if (r.leader() && tc.checkpoint_dir) dir_lock.emplace(*tc.checkpoint_dir);
 
   // Resume.
-  int64_t start = 0;
+  int64_t start = 0, start_tokens = 0;
   if (tc.resume) {
     const nlohmann::json mine = config_json(tc, g, r);
     auto check = [&](const io::TrainingState& st, const std::string& path) {
@@ -310,14 +317,28 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
     };
     io::Resumed res = io::resume_checkpoint(*tc.checkpoint_dir, *r.model, *r.opt, tc.start_fresh, check);
     if (res.path) {
-      // Note [GPT progress in tokens]: the position is the tokens consumed, so
-      // a run resumed with another world size or batch continues the curve.
-      const int64_t tokens = res.state.extra.value("tokens", res.state.step * r.tokens_per_step());
-      start = tokens / r.tokens_per_step();
+      // Note [Progress in samples]: the position is the tokens consumed and the
+      // steps are the run's first (reference) ones, so a run resumed with
+      // another world size or batch continues the same curve to the same end.
+      const SavedPosition at = read_position(res.state.extra, kTokenKeys, res.state.step, r.tokens_per_step(),
+                                             *res.path + "/state.json");
+      start_tokens = at.consumed;
+      r.step_tokens = at.per_step;
+      start = start_tokens / r.tokens_per_step();
       default_generator().set_state(res.state.rng);
       if (r.leader()) std::fprintf(stderr, "resumed from %s at step %lld\n", res.path->c_str(), (long long)start);
     }
   }
+
+  // The budget (--steps reference steps, else --epochs of this run's steps),
+  // the schedule over reference steps, and this run's own last step.
+  int64_t budget = 0;
+  if (tc.steps)
+    CHORUS_CHECK(!__builtin_mul_overflow(*tc.steps, r.step_tokens, &budget), "--steps ", *tc.steps, " of ",
+                 r.step_tokens, " tokens each is more tokens than can be counted");
+  r.total_steps = tc.steps ? start + steps_left(start_tokens, budget, r.tokens_per_step()) : per_epoch * tc.epochs;
+  r.schedule_steps = tc.steps ? *tc.steps : per_epoch * tc.epochs * r.tokens_per_step() / r.step_tokens;
+  r.warmup = g.warmup_steps ? std::max<int64_t>(*g.warmup_steps, 0) : std::max<int64_t>(1, r.schedule_steps / 20);
 
   const int64_t n_params = cfg.num_parameters();
   const double peak = device.is_cuda() ? bf16_peak_flops(backend(device).device_name(device)) : 0.0;
@@ -390,22 +411,26 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
   backend(device).reset_peak_bytes(device);
   StopSignal stop_signal;  // Note [Stopping on a signal]
   int64_t step = start;
+  // Tokens consumed when this run's step `s` begins.
+  auto tokens_at = [&](int64_t s) { return start_tokens + (s - start) * r.tokens_per_step(); };
   std::string ckpt;
   auto save = [&](int64_t s) {
     if (!tc.checkpoint_dir) return;
     if (r.leader()) {
       io::TrainingState st;
-      st.step = s;
+      st.step = reference_step(tokens_at(s), r.step_tokens);  // the name, by position
       st.rng = default_generator().state();
       st.config = config_json(tc, g, r);
-      st.extra = {{"tokens", s * r.tokens_per_step()}, {"world_size", r.world()}};
+      st.extra = {{kTokenKeys.consumed, tokens_at(s)}, {kTokenKeys.per_step, r.step_tokens}, {"world_size", r.world()}};
       ckpt = io::save_checkpoint(*tc.checkpoint_dir, *r.model, *r.opt, st);
     }
     if (r.ranks) r.ranks->group->barrier()->wait();
   };
 
   for (; step < r.total_steps; ++step) {
-    r.opt->set_lr(lr_at(step, r.total_steps, r.warmup, r.lr, g.min_lr_ratio));
+    r.opt->set_lr(lr_at_position(
+        [&](int64_t k) { return lr_at(k, r.schedule_steps, r.warmup, r.lr, g.min_lr_ratio); }, tokens_at(step),
+        r.step_tokens));
     std::vector<Tensor> inputs;  // ids, targets of each micro-batch
     for (int64_t m = 0; m < r.accum; ++m) {
       auto [ids, tg] = r.train->batch(r.batch * r.replicas(), step * r.accum + m);
@@ -479,7 +504,7 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
         std::fprintf(stderr, "%s\n", s.c_str());
       }
       if (log.any()) {
-        nlohmann::ordered_json rec = {{"step", step + 1}, {"loss", mean}, {"lr", r.opt->lr()}, {"grad_norm", norm},
+        nlohmann::ordered_json rec = {{"step", step + 1}, {"tokens", tokens_at(step + 1)}, {"loss", mean}, {"lr", r.opt->lr()}, {"grad_norm", norm},
                                       {"tok_per_s", tok_s}};
         if (peak > 0) rec["mfu"] = mfu;
         rec["ppl"] = std::exp(mean);
@@ -524,7 +549,7 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
                                 {"batch_per_device", r.batch},
                                 {"grad_accum", r.accum},
                                 {"steps", step},
-                                {"tokens", step * r.tokens_per_step()},
+                                {"tokens", tokens_at(step)},
                                 {"train_loss", last_loss},
                                 {"val_loss", std::isnan(last_val) ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(last_val)},
                                 {"val_ppl", std::isnan(last_val) ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(std::exp(last_val))},

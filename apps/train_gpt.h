@@ -47,6 +47,7 @@ struct GptOptions {
   std::optional<std::string> save_hf;     // write the trained weights in Hugging Face's layout here
   bool skip_nan = false;                  // a NaN loss skips its step instead of stopping the run
   double dropout = 0.0;
+  std::string attention = "auto";         // auto | fused | composite (ops::AttentionKernel)
   // --mesh dp=A,tp=B (apps/train_gpt_mesh.cpp): tensor parallelism, with
   // data parallelism over the dp groups; --sequence-parallel shards the
   // activations between the parallel regions along the sequence.

@@ -29,6 +29,7 @@
 #include "chorus/tensor_parallel/gpt.h"
 #include "gpt_mesh.h"
 #include "gpt_mesh_checkpoint.h"
+#include "run_position.h"
 #include "train_dist.h"
 #include "train_gpt.h"
 
@@ -83,6 +84,7 @@ nlohmann::ordered_json run_train_gpt_mesh(const TrainConfig& tc, const GptOption
   CHORUS_CHECK(seq <= context, "--seq-len ", seq, " is above ", tc.model, "'s context of ", context, " positions");
   models::GPTConfig cfg = models::GPTConfig::named(tc.model, vocab, context);
   cfg.dropout = g.dropout;
+  cfg.attention = ops::parse_attention_kernel(g.attention);
   const auto axes = check_mesh_gpt(ms, cfg, seq);
   const int tp_size = axes.back().size;  // parse_mesh_spec's order: dp, pp, tp
 
@@ -155,7 +157,9 @@ nlohmann::ordered_json run_train_gpt_mesh(const TrainConfig& tc, const GptOption
           CHORUS_CHECK(s.config.contains(k) && s.config[k] == mine[k], "checkpoint ", p, " was written with ", k, " = ",
                        s.config.contains(k) ? s.config[k].dump() : "(none)", ", this run has ", mine[k].dump());
       });
-      start = st.extra.value("tokens", st.step * tokens_per_step) / tokens_per_step;
+      // Note [Progress in samples] (run_position.h): the position is the tokens consumed.
+      const SavedPosition at = read_position(st.extra, kTokenKeys, st.step, tokens_per_step, path + "/state.json");
+      start = at.consumed / tokens_per_step;
       tp::seed_parallel_rng(ctx, tc.seed + static_cast<uint64_t>(start), dp_rank);
       if (leader) std::fprintf(stderr, "resumed from %s at step %lld\n", path.c_str(), (long long)start);
     }
@@ -177,7 +181,8 @@ nlohmann::ordered_json run_train_gpt_mesh(const TrainConfig& tc, const GptOption
     st.step = s;
     st.rng = default_generator().state();
     st.config = mesh_config_json(tc, g, cfg, seq, batch, accum, lr);
-    st.extra = {{"tokens", s * tokens_per_step}, {"world_size", dp}, {"mesh", dist::mesh_spec_str(axes)}};
+    st.extra = {{kTokenKeys.consumed, s * tokens_per_step}, {kTokenKeys.per_step, tokens_per_step},
+                {"world_size", dp}, {"mesh", dist::mesh_spec_str(axes)}};
     // Every rank gathers; world rank 0 writes (it is tensor rank 0 of data rank 0).
     const std::string p = save_mesh_checkpoint(*tc.checkpoint_dir, *model, opt, st, leader);
     if (leader) ckpt = p;

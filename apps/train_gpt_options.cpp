@@ -32,6 +32,9 @@ void add_gpt_train_options(CLI::App* train, GptOptions& g) {
   train->add_flag("--skip-nan", g.skip_nan, "GPT: skip a step whose loss is NaN instead of stopping")->group(grp);
   train->add_option("--dropout", g.dropout, "GPT: dropout on embeddings and residual branches")
       ->capture_default_str()->check(real_number(1, true, 0))->group(grp);
+  train->add_option("--attention", g.attention,
+                    "GPT: auto (the fused flash kernel where the GPU has one) | fused | composite")
+      ->capture_default_str()->group(grp);
   add_optional(train, "--mesh", g.mesh,
                "GPT: process layout dp=A,tp=B (A x B processes from chorus launch; tensor parallel over tp)")
       ->group(grp);

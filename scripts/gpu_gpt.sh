@@ -5,7 +5,8 @@
 # and karpathy/llm.c (carried as .anchors/llm.c with cudnn-frontend's headers in
 # .anchors/cudnn-frontend), and print a table last.
 #
-# Usage: scripts/gpu_gpt.sh STAGE...   stages: build tests chorus torch compile llmc table
+# Usage: scripts/gpu_gpt.sh STAGE...
+#   stages: build tests chorus chorus_eager chorus_composite torch compile llmc llmc_mpi converge profile dp ddp table
 #   GPT_MODEL (gpt2), GPT_BATCH (16), GPT_SEQ (1024), GPT_STEPS (30)
 # Rows land in $OUT/gpt_rows.jsonl (one JSON object per run) for the table.
 set -uo pipefail
@@ -43,11 +44,14 @@ for stage in "$@"; do
     $BUILD/chorus_tests --gtest_filter='TransformerOps.*:GPTModel.*:TokenFiles.*:Bpe.*:CudaKernels.*:GradcheckElementwise.*' \
       2>&1 | tee "$OUT/tests.log" | grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED  \]|Failure|error" | head -40
     ;;
-  chorus|chorus_eager)  # chorus_eager: --no-cuda-graphs, to compare with the graphed step on the same machine
+  chorus|chorus_eager|chorus_composite)
+    # chorus_eager: --no-cuda-graphs; chorus_composite: --attention composite (no
+    # fused flash attention): each against the default step on the same machine.
     tokens
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
     flags=(); tag=bf16
     [ $stage = chorus_eager ] && { flags=(--no-cuda-graphs); tag=bf16_eager; }
+    [ $stage = chorus_composite ] && { flags=(--attention composite); tag=bf16_composite; }
     $BUILD/chorus train --model $MODEL --data "tokens:$DATA/rand_train_*.bin" --seq-len $T --batch-size $B \
       --precision bf16 --steps $STEPS --log-every 10 --val-windows 16 --json "${flags[@]}" 2>"$OUT/chorus_$tag.err" \
       | tail -1 > "$OUT/chorus_$tag.json"
@@ -100,6 +104,38 @@ mfu = [float(re.search(r"([\d.]+)% bf16 MFU", l).group(1)) for l in tail]
 mem = re.findall(r"device memory usage: (\d+) MiB", open(sys.argv[1]).read())
 row = {"who": "llm.c", "mode": "single bf16 cudnn", "tok_per_s": sum(toks) / len(toks), "mfu": sum(mfu) / len(mfu) / 100,
        "peak_gib": int(mem[-1]) / 1024 if mem else None, "loss": None}
+open(sys.argv[2], "a").write(json.dumps(row) + "\n")
+PY
+    ;;
+  llmc_mpi)  # llm.c over the GPUs (MPI + NCCL, -z LLMC_ZERO: 1 = ZeRO-1 as its README trains), GPT_GPUS (all)
+    tokens
+    L=.anchors/llm.c
+    NG=${GPT_GPUS:-$(nvidia-smi -L | wc -l)}
+    if [ ! -x /tmp/train_gpt2cu_mpi ]; then
+      t0=$(date +%s)
+      MPI_I=$(mpicxx --showme:compile | tr ' ' '\n' | grep '^-I' | tr '\n' ' ')
+      MPI_L=$(mpicxx --showme:link | tr ' ' '\n' | grep -E '^-[Ll]' | tr '\n' ' ')
+      NV=(nvcc -O3 -t=0 --use_fast_math -std=c++17 --generate-code arch=compute_90,code=[compute_90,sm_90]
+          -DENABLE_BF16 -DENABLE_CUDNN -DMULTI_GPU -DUSE_MPI -I../cudnn-frontend/include $MPI_I)
+      (cd $L && "${NV[@]}" -c llmc/cudnn_att.cpp -o /tmp/cudnn_att_mpi.o && "${NV[@]}" train_gpt2.cu /tmp/cudnn_att_mpi.o \
+        -lcublas -lcublasLt -lcudnn -lnvidia-ml -lnvrtc -lcuda -lnccl $MPI_L -o /tmp/train_gpt2cu_mpi) \
+        >"$OUT/llmc_mpi_build.log" 2>&1 || { tail -20 "$OUT/llmc_mpi_build.log"; continue; }
+      echo "llm.c (MPI) build: $(( $(date +%s) - t0 )) s"
+    fi
+    depth=$(python3 -c "print({'gpt2':12,'gpt2-medium':24,'gpt2-large':36,'gpt2-xl':48}.get('$MODEL','$MODEL'.lstrip('d')))")
+    (cd /tmp && timeout 500 mpirun --allow-run-as-root -np $NG ./train_gpt2cu_mpi -i "$DATA/rand_train_*.bin" \
+      -j "$DATA/rand_val_*.bin" -e "d$depth" -b $B -t $T -x $STEPS -v 100000 -s 0 -h 0 -y 0 -z ${LLMC_ZERO:-1}) \
+      >"$OUT/llmc_mpi.log" 2>&1 || tail -20 "$OUT/llmc_mpi.log"
+    grep -E "^step" "$OUT/llmc_mpi.log" | tail -2
+    python3 - "$OUT/llmc_mpi.log" "$ROWS" $NG ${LLMC_ZERO:-1} <<'PY'
+import re, sys, json
+steps = [l for l in open(sys.argv[1]) if l.startswith("step")]
+tail = steps[len(steps) // 2:]
+toks = [float(re.search(r"\|\s*([\d.]+) tok/s", l).group(1)) for l in tail]
+mfu = [float(re.search(r"([\d.]+)% bf16 MFU", l).group(1)) for l in tail]
+mem = re.findall(r"device memory usage: (\d+) MiB", open(sys.argv[1]).read())
+row = {"who": "llm.c", "mode": f"{sys.argv[3]} GPUs zero-{sys.argv[4]} cudnn", "tok_per_s": sum(toks) / len(toks),
+       "mfu": sum(mfu) / len(mfu) / 100, "peak_gib": int(mem[-1]) / 1024 if mem else None, "loss": None}
 open(sys.argv[2], "a").write(json.dumps(row) + "\n")
 PY
     ;;

@@ -4,7 +4,7 @@
 
 STEPS: the steps the profile covers (bench warm-up + timed steps), to give
 milliseconds and launches per step. Prints one line per class and the ten
-costliest kernels, so docs/benchmarks.md can show time per kernel class
+costliest kernels, so the benchmarks journal can show time per kernel class
 before and after a change (issue 14)."""
 import csv, re, sys
 

@@ -174,6 +174,33 @@ double cross_entropy_reference(const Tensor& logits, const std::vector<int64_t>&
   return count ? total / count : 0.0;
 }
 
+TEST(TransformerOps, AttentionKernelChoice) {
+  Tensor q = random_leaf({2, 2, 5, 8}, 60).detach(), k = random_leaf({2, 2, 5, 8}, 61).detach(),
+         v = random_leaf({2, 2, 5, 8}, 62).detach();
+  // The CPU has no fused kernel: auto is the composite, bit for bit; asking
+  // for the fused kernel is an error that says why.
+  auto a = F::scaled_dot_product_attention(q, k, v, true, 0.0, ops::AttentionKernel::Auto).to_vector<double>();
+  auto c = F::scaled_dot_product_attention(q, k, v, true, 0.0, ops::AttentionKernel::Composite).to_vector<double>();
+  EXPECT_EQ(a, c);
+  EXPECT_TRUE(test::throws_naming(
+      [&] { F::scaled_dot_product_attention(q, k, v, true, 0.0, ops::AttentionKernel::Fused); }, {"attention", "CUDA"}));
+  EXPECT_EQ(ops::parse_attention_kernel("fused"), ops::AttentionKernel::Fused);
+  EXPECT_TRUE(test::throws_naming([] { ops::parse_attention_kernel("flash2"); }, {"flash2", "auto", "composite"}));
+}
+
+TEST(TransformerOps, FusedMlpMatchesItsParts) {
+  // The one-op MLP against linear -> gelu(tanh) -> linear, and its gradients
+  // against central differences in float64.
+  Tensor x = random_leaf({2, 3, 6}, 63), w1 = random_leaf({10, 6}, 64), b1 = random_leaf({10}, 65),
+         w2 = random_leaf({6, 10}, 66), b2 = random_leaf({6}, 67);
+  auto fused = F::mlp_gelu(x, w1, b1, w2, b2).to_vector<double>();
+  auto parts = F::linear(F::gelu(F::linear(x, w1, b1), true), w2, b2).to_vector<double>();
+  ASSERT_EQ(fused.size(), parts.size());
+  for (size_t i = 0; i < fused.size(); ++i) EXPECT_NEAR(fused[i], parts[i], 1e-12);
+  EXPECT_TRUE(gradcheck([](L in) { return F::mlp_gelu(in[0], in[1], in[2], in[3], in[4]); }, {x, w1, b1, w2, b2}));
+  EXPECT_TRUE(test::throws_naming([&] { F::mlp_gelu(x, w1, b1, w1, b2); }, {"mlp_gelu", "w2"}));
+}
+
 TEST(TransformerOps, FusedCrossEntropyMatchesItsDefinition) {
   Tensor x = random_leaf({2, 3, 9}, 20).mul(5.0).detach();
   std::vector<int64_t> t{0, 6, 3, 6, 1, 2};
@@ -297,6 +324,157 @@ TEST(TransformerOps, KernelsMatchTheCpu_CUDA) {
     cc.backward();
     cg.backward();
     EXPECT_LT(max_abs_diff(lc.grad(), lg.grad()), dc.dtype == kFloat32 ? 1e-6 : 2e-4);
+    // Rows of whole 16-byte vectors (the GPU reads them 8 bf16 at a time),
+    // padding columns inside the last vector.
+    Tensor logits2 = random_leaf({33, 512}, 51).mul(4.0).detach().to(kFloat32);
+    std::vector<int64_t> tv2;
+    for (int64_t r = 0; r < 33; ++r) tv2.push_back(r % 7 == 0 ? -1 : (r * 131) % 500);
+    Tensor t2 = ids(tv2, {33});
+    Tensor lc2 = leaf(logits2, cpu_device(0), dc.dtype), lg2 = leaf(logits2, gpu, dc.dtype, false);
+    Tensor cc2 = F::cross_entropy_fused(lc2, t2, 500, -1), cg2 = F::cross_entropy_fused(lg2, t2.to(gpu), 500, -1);
+    EXPECT_NEAR(cc2.item(), cg2.item(), 1e-4);
+    cc2.backward();
+    cg2.backward();
+    // bf16: the GPU's gradients are rounded to 8 bits (half an ulp of the
+    // largest, 1/rows, is 1.2e-4) before the mean's scale rounds them again.
+    EXPECT_LT(max_abs_diff(lc2.grad(), lg2.grad()), dc.dtype == kFloat32 ? 1e-6 : 4e-4);
+  }
+}
+
+}  // namespace
+}  // namespace chorus
+
+namespace chorus {
+namespace {
+
+// The fused (cuDNN flash) attention against the composite path on the GPU,
+// both in bfloat16, and both against the composite in float32 on the same
+// rounded inputs: q, k, v are the GPT's strided slices of one [B, T, 3C]
+// projection. Sequences of 1024 and 1000 (not a multiple of 64), head_dim 64
+// and 128, causal and not. The fused path must be at least as close to the
+// float32 reference as the bf16 composite (within 1.5x and a small floor),
+// and its memory must not grow with T x T.
+TEST(TransformerOps, FusedAttentionMatchesComposite_CUDA) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
+  const Device gpu("cuda:0");
+  for (int64_t d : {64, 128}) {
+    for (int64_t t : {1024, 1000}) {
+      for (bool causal : {true, false}) {
+        SCOPED_TRACE(::testing::Message() << "d " << d << " t " << t << " causal " << causal);
+        const int64_t b = 2, h = 3, c = h * d;
+        Tensor qkv32 = random_leaf({b, t, 3 * c}, 70 + d + t).detach().to(kFloat32).to(gpu);
+        Tensor go32 = random_leaf({b, t, c}, 71 + d + t).detach().to(kFloat32).to(gpu);
+        auto run = [&](DType dt, ops::AttentionKernel kern, TensorList* grads) {
+          Tensor qkv = qkv32.to(kBFloat16).to(dt).detach().clone().set_requires_grad(true);
+          TensorList parts = chorus::split(qkv, c, 2);
+          for (Tensor& p : parts) p = p.reshape({b, t, h, d}).permute({0, 2, 1, 3});
+          Tensor y = F::scaled_dot_product_attention(parts[0], parts[1], parts[2], causal, 0.0, kern);
+          Tensor out = y.permute({0, 2, 1, 3}).reshape({b, t, c});
+          out.backward(go32.to(kBFloat16).to(dt));
+          grads->push_back(qkv.grad());
+          return out;
+        };
+        TensorList g_ref, g_comp, g_fused;
+        Tensor ref = run(kFloat32, ops::AttentionKernel::Composite, &g_ref);
+        // Memory above what is held before each run, at its peak.
+        auto peak_of = [&](ops::AttentionKernel kern, TensorList* grads, Tensor* out) {
+          synchronize(gpu);
+          backend(gpu).reset_peak_bytes(gpu);
+          const size_t before = backend(gpu).bytes_in_use(gpu);
+          *out = run(kBFloat16, kern, grads);
+          synchronize(gpu);
+          return backend(gpu).peak_bytes(gpu) - before;
+        };
+        Tensor comp, fused;
+        const size_t comp_peak = peak_of(ops::AttentionKernel::Composite, &g_comp, &comp);
+        const size_t peak = peak_of(ops::AttentionKernel::Fused, &g_fused, &fused);
+        const double e_comp = max_abs_diff(ref, comp), e_fused = max_abs_diff(ref, fused);
+        EXPECT_LT(e_fused, std::max(1.5 * e_comp, 2e-3)) << "forward: fused " << e_fused << ", composite " << e_comp;
+        const double g_c = max_abs_diff(g_ref[0], g_comp[0]), g_f = max_abs_diff(g_ref[0], g_fused[0]);
+        EXPECT_LT(g_f, std::max(1.5 * g_c, 5e-3)) << "gradient: fused " << g_f << ", composite " << g_c;
+        // The fused step holds O(b*h*t*d) bytes (inputs, outputs, gradients,
+        // float accumulators; about 40 a head element), the composite its
+        // T x T scores and probabilities on top.
+        EXPECT_LT(peak, static_cast<size_t>(64 * b * h * t * d)) << "peak " << peak << " bytes";
+        EXPECT_LT(peak, comp_peak) << "fused peak " << peak << " bytes, composite " << comp_peak;
+      }
+    }
+  }
+  // Float32 has no fused kernel: asked for, it is refused by name.
+  Tensor q = random_leaf({1, 2, 64, 64}, 80).detach().to(kFloat32).to(gpu);
+  EXPECT_TRUE(test::throws_naming(
+      [&] { F::scaled_dot_product_attention(q, q, q, true, 0.0, ops::AttentionKernel::Fused); }, {"bfloat16"}));
+}
+
+// A linear layer with a bias (the product's epilogue adds it; the weight
+// gradient's product sums its gradient) on the GPU against the CPU in float32
+// on the same rounded inputs: 2-d and 3-d inputs, the GPT's QKV shape, and a
+// shape whose rows are not a multiple of anything.
+TEST(TransformerOps, LinearWithBiasMatchesTheCpu_CUDA) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
+  const Device gpu("cuda:0");
+  struct Case {
+    Shape x;
+    int64_t out;
+  };
+  for (DeviceCase dc : {DeviceCase{kFloat32, 2e-5}, DeviceCase{kBFloat16, 3e-2}}) {
+    for (Case c : {Case{{37, 64}, 96}, Case{{4, 129, 64}, 40}, Case{{2, 256, 768}, 2304}}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(dc.dtype) << " x " << shape_str(c.x) << " out " << c.out);
+      const int64_t in = c.x.back();
+      Tensor x = random_leaf(c.x, 90).detach().to(kFloat32), w = random_leaf({c.out, in}, 91).mul(0.1).detach().to(kFloat32),
+             b = random_leaf({c.out}, 92).detach().to(kFloat32);
+      Shape ys = c.x;
+      ys.back() = c.out;
+      Tensor gy = random_leaf(ys, 93).detach().to(kFloat32);
+      Tensor xc = leaf(x, cpu_device(0), dc.dtype), wc = leaf(w, cpu_device(0), dc.dtype), bc = leaf(b, cpu_device(0), dc.dtype);
+      Tensor xg = leaf(x, gpu, dc.dtype, false), wg = leaf(w, gpu, dc.dtype, false), bg = leaf(b, gpu, dc.dtype, false);
+      Tensor yc = F::linear(xc, wc, bc), yg = F::linear(xg, wg, bg);
+      // Differences relative to the reference's largest magnitude: float32
+      // products (no TF32) agree to rounding; bf16 outputs carry 8 bits.
+      const double tol = dc.dtype == kFloat32 ? 1e-5 : 1e-2;
+      auto rel = [](const Tensor& ref, const Tensor& got) {
+        return max_abs_diff(ref, got) / std::max(1e-30, ref.abs().max().item());
+      };
+      EXPECT_LT(rel(yc, yg), tol) << "forward";
+      yc.backward(gy.to(dc.dtype).to(kFloat32));
+      yg.backward(gy.to(gpu, dc.dtype));
+      EXPECT_LT(rel(xc.grad(), xg.grad()), tol) << "dx";
+      EXPECT_LT(rel(wc.grad(), wg.grad()), tol) << "dw";
+      EXPECT_LT(rel(bc.grad(), bg.grad()), tol) << "db";
+    }
+  }
+}
+
+// The one-op GPT MLP (GELU and its derivative in the products' epilogues)
+// on the GPU against the CPU's composite in float32 on the same rounded
+// inputs: the GPT's shape and a small odd one, float32 and bf16.
+TEST(TransformerOps, FusedMlpMatchesTheCpu_CUDA) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
+  const Device gpu("cuda:0");
+  for (DType dt : {kFloat32, kBFloat16}) {
+    for (Shape xs : {Shape{3, 37, 40}, Shape{2, 256, 768}}) {
+      SCOPED_TRACE(::testing::Message() << dtype_name(dt) << " x " << shape_str(xs));
+      const int64_t c = xs.back(), hid = 4 * c;
+      Tensor x = random_leaf(xs, 100).detach().to(kFloat32), w1 = random_leaf({hid, c}, 101).mul(0.1).detach().to(kFloat32),
+             b1 = random_leaf({hid}, 102).detach().to(kFloat32), w2 = random_leaf({c, hid}, 103).mul(0.05).detach().to(kFloat32),
+             b2 = random_leaf({c}, 104).detach().to(kFloat32), gy = random_leaf(xs, 105).detach().to(kFloat32);
+      TensorList cpu, dev;
+      for (const Tensor& t : {x, w1, b1, w2, b2}) {
+        cpu.push_back(leaf(t, cpu_device(0), dt));
+        dev.push_back(leaf(t, gpu, dt, false));
+      }
+      Tensor yc = F::linear(F::gelu(F::linear(cpu[0], cpu[1], cpu[2]), true), cpu[3], cpu[4]);
+      Tensor yg = F::mlp_gelu(dev[0], dev[1], dev[2], dev[3], dev[4]);
+      const double tol = dt == kFloat32 ? 2e-5 : 2e-2;
+      auto rel = [](const Tensor& ref, const Tensor& got) {
+        return max_abs_diff(ref, got) / std::max(1e-30, ref.abs().max().item());
+      };
+      EXPECT_LT(rel(yc, yg), tol) << "forward";
+      yc.backward(gy.to(dt).to(kFloat32));
+      yg.backward(gy.to(gpu, dt));
+      const char* names[] = {"dx", "dw1", "db1", "dw2", "db2"};
+      for (int i = 0; i < 5; ++i) EXPECT_LT(rel(cpu[i].grad(), dev[i].grad()), tol) << names[i];
+    }
   }
 }
 

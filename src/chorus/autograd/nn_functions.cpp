@@ -12,10 +12,45 @@
 #include "chorus/autograd/side_work.h"
 #include "chorus/ops/copy.h"
 #include "chorus/ops/elementwise.h"
+#include "chorus/ops/linear.h"
 #include "chorus/ops/reduce.h"
 #include "chorus/ops/views.h"
 
 namespace chorus::autograd {
+
+Tensor mlp_gelu(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2) {
+  const int64_t c = x.size(-1), m = x.numel() / std::max<int64_t>(c, 1);
+  Shape out_shape = x.sizes();
+  out_shape.back() = w2.size(0);
+  Tensor x2 = ops::view(ops::contiguous(x), {m, c});
+  auto [y2, pre, h] = ops::mlp_gelu(x2, w1, b1, w2, b2);
+  Tensor y = ops::view(y2, out_shape);
+  Tensor xd = x2.detach(), w1d = w1.detach(), w2d = w2.detach();
+  const Shape x_shape = x.sizes();
+  const bool need_dx = x.requires_grad();
+  Tensor pre_d = pre, h_d = h;
+  return record("MlpGeluBackward", y, {x, w1, b1, w2, b2}, [xd, w1d, w2d, pre_d, h_d, x_shape, need_dx](const TensorList& g) {
+    Tensor g2 = ops::view(ops::contiguous(g[0]), {xd.size(0), w2d.size(0)});
+    std::vector<Tensor> d = ops::mlp_gelu_backward(g2, xd, w1d, w2d, pre_d, h_d, need_dx);
+    return TensorList{d[0].defined() ? ops::view(d[0], x_shape) : Tensor(), d[1], d[2], d[3], d[4]};
+  });
+}
+
+Tensor linear_bias(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  const int64_t k = x.size(-1), m = x.numel() / std::max<int64_t>(k, 1);
+  Shape out_shape = x.sizes();
+  out_shape.back() = weight.size(0);
+  Tensor x2 = ops::view(ops::contiguous(x), {m, k});
+  Tensor y = ops::view(ops::linear_bias(x2, weight, bias), out_shape);
+  Tensor xd = x2.detach(), wd = weight.detach();
+  const Shape x_shape = x.sizes();
+  const bool need_dx = x.requires_grad();
+  return record("LinearBackward", y, {x, weight, bias}, [xd, wd, x_shape, need_dx](const TensorList& g) {
+    Tensor g2 = ops::view(ops::contiguous(g[0]), {xd.size(0), wd.size(0)});
+    auto [dx, dw, db] = ops::linear_bias_backward(g2, xd, wd, need_dx);
+    return TensorList{dx.defined() ? ops::view(dx, x_shape) : Tensor(), dw, db};
+  });
+}
 
 namespace {
 // The filter gradient's dtype when the convolution computes with a copy of

@@ -8,6 +8,13 @@
 
 namespace chorus::autograd {
 
+// y = x w^T + b over x [..., K] (w [N, K], b [N], one dtype and device), the
+// bias added in the product's epilogue and its gradient summed by the weight
+// gradient's product (ops/linear.h).
+Tensor linear_bias(const Tensor& x, const Tensor& weight, const Tensor& bias);
+// A GPT MLP, gelu_tanh(x w1^T + b1) w2^T + b2 over x [..., C], as one node
+// whose products carry GELU and its derivative (ops::mlp_gelu).
+Tensor mlp_gelu(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2);
 // `weight_data`, when defined, is what the convolution computes with in
 // weight's place: autocast's 16-bit copy of a float32 `weight` (Note [Autocast
 // weight copies]). The filter gradient then reaches `weight` in its own dtype

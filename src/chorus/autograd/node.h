@@ -57,8 +57,8 @@ class Node {
 // Note [Gradient addends]: where a tensor feeds two ops (a residual block's
 // input: the identity path and the first batch norm), its gradient is the sum
 // of two, and the engine added them with a kernel of its own: in WRN-28-10 a
-// dozen adds of a whole activation's gradient per step (H100, bf16: ~0.29 ms of
-// an 11.3 ms step). A node with takes_addends set is offered, while its
+// dozen adds of a whole activation's gradient per step (H100, bf16; benchmarks
+// journal, session 12). A node with takes_addends set is offered, while its
 // apply() runs, the gradient already waiting where its input i's gradient goes
 // (only when that slot expects exactly two gradients, one of them pending, so
 // the sum is the same whichever arrives first: two addends commute exactly);

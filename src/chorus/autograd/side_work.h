@@ -29,12 +29,11 @@
 // bucket's ready event on the side stream after it waits for the main one
 // (beside_merge), so the reduction follows both and the replica goes on; DDP's
 // hooks only note that a gradient is final (reads_grad = false) and its bucket
-// gather joins before it copies. DataParallel WRN-28-10 on 2 H100s: 0.947
-// scaling with the replica nodes joining, 0.967 with the merge (and DDP +5.7%
-// against nothing), docs/benchmarks.md session 25.
-// Graphed bf16 steps, same binary with and without: WRN-28-10 +5.0% on an
-// H100, +3.5% on an H200; WRN-16-4 +9.3% (H100). CHORUS_WGRAD_STREAM=0 turns
-// it off (to compare).
+// gather joins before it copies: on 2 H100s DataParallel WRN-28-10 scaled
+// better with the merge than with the replica nodes joining, and DDP gained
+// from the side stream only then (benchmarks journal, session 25). Graphed
+// bf16 steps, same binary with and without, gained on one H100 and one H200,
+// WRN-16-4 most (session 25). CHORUS_WGRAD_STREAM=0 turns it off (to compare).
 #pragma once
 
 #include <cstdint>

@@ -40,11 +40,16 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
   });
 }
 
-Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale, double dropout) {
-  auto [out, probs, mask] = ops::attention(q, k, v, causal, scale, dropout);
-  Tensor qd = q.detach(), kd = k.detach(), vd = v.detach(), p = probs, m = mask;
-  return record("AttentionBackward", out, {q, k, v}, [qd, kd, vd, p, m, causal, scale](const TensorList& g) {
-    auto [dq, dk, dv] = ops::attention_backward(g[0], qd, kd, vd, p, m, causal, scale);
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale, double dropout,
+                 ops::AttentionKernel kernel) {
+  ops::AttentionSaved saved = ops::attention(q, k, v, causal, scale, dropout, kernel);
+  Tensor out = saved.out;
+  // The backward keeps the output detached (the fused path reads it), not the
+  // graph node that produced it.
+  saved.out = saved.out.detach();
+  Tensor qd = q.detach(), kd = k.detach(), vd = v.detach();
+  return record("AttentionBackward", out, {q, k, v}, [qd, kd, vd, saved, causal, scale](const TensorList& g) {
+    auto [dq, dk, dv] = ops::attention_backward(g[0], qd, kd, vd, saved, causal, scale);
     return TensorList{dq, dk, dv};
   });
 }

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "chorus/core/tensor.h"
+#include "chorus/ops/transformer.h"
 
 namespace chorus::autograd {
 
@@ -14,8 +15,9 @@ Tensor gelu(const Tensor& x, bool tanh_approximation);
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
 // softmax(scale * q k^T) v over [batch, heads, seq, head_dim] (Note [Attention
 // through two products] in ops/transformer.h); dropout on the probabilities
-// when p > 0.
-Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale, double dropout = 0.0);
+// when p > 0; `kernel` picks the fused or the composite path.
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale, double dropout = 0.0,
+                 ops::AttentionKernel kernel = ops::AttentionKernel::Auto);
 // Mean cross entropy of logits [N, V] against int64 targets [N] through the
 // fused classifier: columns from valid_cols on are vocabulary padding, rows
 // whose target is ignore_index are left out of the mean (0 when every row

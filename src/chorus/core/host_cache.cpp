@@ -3,9 +3,10 @@
 // mmap and returns them with munmap, and trims the heap's top as blocks are
 // freed: every large activation of a CPU training step or evaluation (a
 // batch of 500 Fashion-MNIST images through the CNN makes 50 MB ones) is
-// paged in and zeroed by the kernel again on every step. Measured on the
-// 2-core CI machine: evaluating the 10,000 test images took 12 s, 10 of them
-// system time, and 3 s once the pages were kept. So blocks of 1 MiB and more
+// paged in and zeroed by the kernel again on every step. On the 2-core CI
+// machine most of an evaluation of the 10,000 test images was that system
+// time, and keeping the pages made it several times faster (measured when
+// the cache was written; not in the benchmarks journal). So blocks of 1 MiB and more
 // are kept here when freed, keyed by size (rounded up to 256 KiB, so a
 // block serves requests up to a quarter smaller than itself), and reused as
 // the CUDA allocator reuses device blocks. The cache holds at most
@@ -27,7 +28,7 @@ namespace {
 // Under AddressSanitizer a cached block is poisoned while it waits: a use
 // after free of it is still reported (as use-after-poison), and reusing it
 // spares the sanitizer's allocator, which pages every large block in afresh
-// (a CPU training step ran 30x slower under ASan, a third of it in page faults).
+// (a CPU training step ran many times slower under ASan, much of it in page faults).
 #if defined(__SANITIZE_ADDRESS__)
 #define CHORUS_ASAN 1
 #elif defined(__has_feature)

@@ -44,6 +44,22 @@
      (batch, rows, cols) as stored; op transposes when the flag is set. */                        \
   void gemm(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_a, bool trans_b,     \
             double alpha, double beta);                                                           \
+  /* A linear layer's product: out = op(a) @ op(bm) for 2-d contiguous operands of one dtype,   \
+     with the bias epilogue -- bias [out cols] (out's dtype) added to every row when defined --  \
+     and the bias gradient -- bias_grad [out rows] (out's dtype) overwritten with the row sums   \
+     of op(a) when defined: dW = dY^T X gives db = column sums of dY from the same read. */      \
+  void gemm_bias(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_a, bool trans_b, \
+                 const Tensor& bias, const Tensor& bias_grad);                                    \
+  /* A GPT MLP's first product with GELU (tanh form) in its epilogue: pre = a @ bm^T + bias    \
+     (kept for the backward) and out = gelu_tanh(pre); a [M, K], bm [N, K], bias [N], pre and    \
+     out [M, N], contiguous, one dtype. */                                                         \
+  void gemm_bias_gelu(const Tensor& a, const Tensor& bm, const Tensor& bias, const Tensor& pre,   \
+                      const Tensor& out);                                                         \
+  /* GELU's backward in the epilogue of the product that makes its input's gradient:            \
+     out = (a @ bm) * gelu_tanh'(pre) for a [M, K], bm [K, N], pre and out [M, N], and           \
+     bias_grad [N] (when defined) = the column sums of out: the first product's bias gradient. */ \
+  void gemm_dgelu(const Tensor& a, const Tensor& bm, const Tensor& pre, const Tensor& out,       \
+                  const Tensor& bias_grad);                                                       \
   /* Convolution: x [N,C,H,W], weight [K,C/g,R,S], bias [K] or undefined, y [N,K,P,Q]; all       \
      contiguous NCHW. Backward kernels overwrite their outputs. */                                \
   void conv2d_forward(const Conv2dGeometry& g, const Tensor& x, const Tensor& weight,             \
@@ -170,6 +186,19 @@
      they are masked). */                                                                         \
   void attention_softmax_backward(const Tensor& dy, const Tensor& y, double scale, bool causal,   \
                                   const Tensor& dx);                                              \
+  /* Fused (flash) attention where the device has one (cuDNN's on CUDA; the CPU has none): q     \
+     [B, H, T, D], k and v [B, H, S, D], out [B, H, T, D] strided views of one 16-bit float dtype \
+     (last dim contiguous); stats [B, H, T] float32 contiguous, each row's log-sum-exp of its    \
+     scaled scores; causal masks key j > query i (top-left, T == S). Returns false and writes   \
+     nothing when no fused kernel takes the case (ops/ then takes the composite path). */       \
+  bool attention_fused_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,    \
+                               bool causal, const Tensor& out, const Tensor& stats);              \
+  /* Its backward from the forward's out and stats: dq, dk, dv (strided, q's dtype) overwritten.  \
+     Returns false, writing nothing, where the forward would. */                                  \
+  bool attention_fused_backward(const Tensor& dout, const Tensor& q, const Tensor& k,             \
+                                const Tensor& v, const Tensor& out, const Tensor& stats,          \
+                                double scale, bool causal, const Tensor& dq, const Tensor& dk,    \
+                                const Tensor& dv);                                                \
   /* The classifier's loss and gradient in one pass (llm.c's fused classifier): logits [N, V]     \
      contiguous, columns >= valid_cols left out (padding of the vocabulary: probability 0,       \
      gradient 0); int64 targets [N], rows whose target is ignore_index get loss 0 and gradient   \

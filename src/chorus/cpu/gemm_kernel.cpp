@@ -48,4 +48,38 @@ void gemm(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_a, bo
   if (!fo.is_same(out)) copy(fo, out);
 }
 
+namespace {
+Tensor as_batch(const Tensor& t) { return detail::make_view(t, {1, t.size(0), t.size(1)}, {t.numel(), t.stride(0), t.stride(1)}, t.storage_offset()); }
+}  // namespace
+
+// The product, then the bias (broadcast over rows) and the row sums of op(a)
+// through the kernel set's own add and sum: the CPU has no epilogue to fuse.
+void gemm_bias(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_a, bool trans_b, const Tensor& bias,
+               const Tensor& bias_grad) {
+  gemm(as_batch(a), as_batch(bm), as_batch(out), trans_a, trans_b, 1.0, 0.0);
+  const int64_t m = out.size(0), n = out.size(1);
+  if (bias.defined()) binary(BinaryOp::Add, out, detail::make_view(bias, {m, n}, {0, bias.stride(0)}, bias.storage_offset()), out, 1.0);
+  if (bias_grad.defined()) {
+    // op(a) is [m, k]: a itself, or a transposed view of a [k, m].
+    const Tensor opa = trans_a ? detail::make_view(a, {a.size(1), a.size(0)}, {a.stride(1), a.stride(0)}, a.storage_offset()) : a;
+    reduce(ReduceOp::Sum, opa, detail::make_view(bias_grad, {m, 1}, {bias_grad.stride(0), 1}, bias_grad.storage_offset()),
+           {false, true});
+  }
+}
+
+void gemm_bias_gelu(const Tensor& a, const Tensor& bm, const Tensor& bias, const Tensor& pre, const Tensor& out) {
+  gemm_bias(a, bm, pre, false, true, bias, Tensor());
+  unary(UnaryOp::GeluTanh, pre, out, 0.0);
+}
+
+void gemm_dgelu(const Tensor& a, const Tensor& bm, const Tensor& pre, const Tensor& out, const Tensor& bias_grad) {
+  gemm(as_batch(a), as_batch(bm), as_batch(out), false, false, 1.0, 0.0);
+  binary(BinaryOp::GeluTanhGrad, out, pre, out, 1.0);
+  if (bias_grad.defined()) {
+    const int64_t n = out.size(1);
+    reduce(ReduceOp::Sum, detail::make_view(out, {n, out.size(0)}, {1, n}, out.storage_offset()),
+           detail::make_view(bias_grad, {n, 1}, {1, 1}, bias_grad.storage_offset()), {false, true});
+  }
+}
+
 }  // namespace chorus::cpu

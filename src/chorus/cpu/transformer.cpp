@@ -229,4 +229,15 @@ void cross_entropy_fused(const Tensor& logits, const Tensor& target, int64_t val
   });
 }
 
+// The CPU has no fused attention: ops/ runs the composite (scores, softmax,
+// products), which is what a fused kernel computes without storing the scores.
+bool attention_fused_forward(const Tensor&, const Tensor&, const Tensor&, double, bool, const Tensor&,
+                             const Tensor&) {
+  return false;
+}
+bool attention_fused_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                              const Tensor&, double, bool, const Tensor&, const Tensor&, const Tensor&) {
+  return false;
+}
+
 }  // namespace chorus::cpu

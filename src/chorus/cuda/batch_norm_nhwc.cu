@@ -22,26 +22,22 @@ namespace {
 // A block's rows are summed by a tree in shared memory, laid out channel-major
 // (sh[j][thread]) so a warp's stores and loads fall in 32 different banks;
 // thread-major (sh[thread][j], 8 floats a thread) made every access an 8-way
-// bank conflict, ~2 us a call: on an H100, WRN-28-10's statistics at 16x16x320
-// took 11.3 us against 9.0 now, the backward's sums at 8x8x640 12.4 against
-// 10.3 (scripts/probes/bn_reduce_probe.cu, one run, issue 14). The blocks' partials
+// bank conflict, which the kernels at WRN-28-10's 16x16x320 and 8x8x640 paid
+// for (scripts/probes/bn_reduce_probe.cu; benchmarks journal, session 23). The blocks' partials
 // are summed in a finalize kernel where 32 lanes per channel read them and a
 // tree sums the lanes (Note [Statistics by a common shift]). The first
 // version (one bf16 per thread, a Welford update with a division per element,
 // one thread merging a block's rows, one thread per channel walking every
 // partial in a dependent chain of loads) spent most of its time in that last
-// chain: 290 us per WRN-16-4 layer on an H100 when the partials grew to 528,
-// 40 us before, against 10-50 us now for the whole forward
-// (docs/benchmarks.md, 2026-11-25).
+// chain, more as the partials grew (benchmarks journal, session 8).
 constexpr int kBlockThreads = 256;
 constexpr int kMaxVec = 8;
 // 16-byte loads a column-reduction thread issues before using any: with two
 // 256-thread blocks per SM, one load in flight per thread is 8 KB per SM,
 // short of what hides HBM's latency at full bandwidth. The statistics read one
-// pack per row (8 rows at a time), the backward two (dy and x: 4 rows). (An
-// H100, WRN-28-10 32x32x160 bf16: statistics 8 rows 25 us against 4 rows 33
-// us; the backward at 8 rows, 16 loads, 42 against 41 us; 4 blocks per SM
-// slower for both, issue 14.)
+// pack per row (8 rows at a time), the backward two (dy and x: 4 rows). (On
+// an H100 8 rows made the statistics faster and the backward no faster; 4
+// blocks per SM were slower for both: benchmarks journal, session 11.)
 constexpr int kPartialLoads = 8;
 // Finalize blocks: 32 channels by 32 lanes over the row blocks' partials
 // (264 of them for 2 blocks per SM on 132 SMs), ~8 independent loads a lane.
@@ -72,13 +68,11 @@ Grid tile_grid(int64_t m, int64_t c, int vec, int device, int per_sm) {
 // The column reductions: about two blocks per SM, each thread left a few
 // rows: many 16-byte loads in flight is what makes them run at memory speed.
 // (1, 3, 4 and 6 blocks per SM were all slower for WRN-28-10 and WRN-16-4 bf16
-// on an H200: 11160-11526 and 56217-66485 img/s against 11572 and 67077 with
-// 2, one run; 4 again slower on an H100 with the loads in flight, issue 14.
-// Once the tree's bank conflicts were gone, a probe of the kernels alone
-// favoured 4 per SM for the backward's sums at 32x32x160 and 16x16x320 (34.3
-// and 15.4 us against 37.8 and 17.2) and 1 for the statistics at 8x8x640; in
-// the graphed WRN-28-10 bf16 step on an H100 that grid was slower, 11700 and
-// 11679 img/s against 11767 and 11760, so 2 stays.)
+// on an H200, 4 again on an H100 with the loads in flight: benchmarks
+// journal, sessions 10 and 11. Once the tree's bank conflicts were gone, a
+// probe of the kernels alone favoured 4 per SM for the backward's sums at
+// 32x32x160 and 16x16x320 and 1 for the statistics at 8x8x640; in the graphed
+// WRN-28-10 bf16 step on an H100 that grid was slower, so 2 stays: session 23.)
 Grid column_grid(int64_t m, int64_t c, int vec, int device) { return tile_grid(m, c, vec, device, 2); }
 
 // The largest power of two below n (0 for n <= 1): the first stride of a
@@ -119,9 +113,9 @@ __device__ __forceinline__ float affine_value(float x, float s, float t) { retur
 // against the spread (the shift is one of the channel's own values), and
 // every merge (rows of a block, row blocks) is a plain sum. The first version
 // merged (count, mean, m2) Welford triples, a division per merge: its
-// finalize kernel, a chain of dependent merges, took 12 us per call on an
-// H100 whatever the layer (Nsight Compute, issue 14), as long as the pass
-// over the data.
+// finalize kernel, a chain of dependent merges, took nearly as long as the
+// pass over the data at the small layers (Nsight Compute, H100; benchmarks
+// journal, session 11).
 
 // The block's rows of a and b (kVec channels per thread, blockDim.x column
 // threads by blockDim.y rows) summed by a tree in shared memory; row 0's
@@ -322,8 +316,8 @@ __global__ void eval_coefficients_kernel(int64_t c, const float* __restrict__ ga
 // coefficients once into registers, and kRows rows' loads are issued before
 // any is used. The first version (a flat grid-stride loop over packs) paid a
 // 64-bit modulo per pack for its channel and reloaded two (forward) or five
-// (backward) 32-byte coefficient packs for every 16 bytes of data: 2x and
-// 1.3x the memory-bound time for WRN-28-10 (issue 14).
+// (backward) 32-byte coefficient packs for every 16 bytes of data: well above
+// the memory-bound time for WRN-28-10 (benchmarks journal, session 11).
 constexpr int kRows = 4;
 
 // The elementwise passes: enough blocks to fill every SM (8 of 256 threads).
@@ -492,8 +486,8 @@ __device__ __forceinline__ Pack<T, kVec> backward_pack(const Pack<T, kVec>& g, c
 // for x, Note [Gradient addends] in autograd/node.h), dy' = dy masked by the
 // forward's ReLU when kRelu (Note [Elementwise passes by column]).
 // kAdd is a template parameter: a run-time test left the kernel without an
-// addend 30% slower (H100, WRN-28-10's shapes), the unused packs still
-// taking registers.
+// addend slower (H100, WRN-28-10's shapes; benchmarks journal, session 12),
+// the unused packs still taking registers.
 template <typename T, int kVec, bool kRelu, bool kAdd>
 __global__ void __launch_bounds__(kBlockThreads)
     backward_elementwise_kernel(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ addend,

@@ -1,8 +1,9 @@
 // Batch norm on channels-last (NHWC) activations, with Chorus's own kernels.
 //
 // Note [NHWC batch norm]: cuDNN's batch norm on NHWC data (spatial or
-// spatial-persistent mode) ran 8-10x slower than on NCHW in a Wide ResNet on
-// H100, and took most of a bf16 channels-last training step. PyTorch uses its
+// spatial-persistent mode) ran several times slower than on NCHW in a Wide
+// ResNet on H100, and took most of a bf16 channels-last training step
+// (benchmarks journal, session 2). PyTorch uses its
 // own channels-last kernels for the same reason. An NHWC tensor is a row-major
 // [M, C] matrix (M = N*H*W), so: per-channel statistics are column reductions
 // (Welford partials per block of rows, combined per channel), and the

@@ -448,11 +448,9 @@ void conv2d_forward(const Conv2dGeometry& g, const Tensor& x, const Tensor& weig
 // shortcut), the convolution's epilogue reads the shortcut and writes y once,
 // rounding once. What cuDNN runs for that graph is a runtime-fusion kernel, not
 // its fastest plain sm90 convolution, so the gain is the add's passes less the
-// slower main loop: H100, bf16 NHWC, batch 128, µs for conv + add against fused
-// (bench_conv_add_gpu): 50.3 -> 33.2 at 32x32x64, 25.8 -> 18.9 at 16x16x128,
-// 21.8 -> 14.9 at 8x8x256 (WRN-16-4), 161.8 -> 158.6 at 32x32x160, 116.9 ->
-// 116.4 at 16x16x320, 99.2 -> 98.1 at 8x8x640 (WRN-28-10); in another run
-// 116.9 -> 122.9 at 16x16x320: slower. So, as the plan search does for plans,
+// slower main loop: on an H100 (bf16 NHWC, batch 128, bench_conv_add_gpu) a
+// clear gain at WRN-16-4's layers, a tie at WRN-28-10's that went either way
+// from run to run (benchmarks journal, session 22). So, as the plan search does for plans,
 // each geometry is timed once both ways (fused, and the plain convolution then
 // the add over flat views), behind a gate, and runs the faster from then on.
 // Untimed (CHORUS_CONV_SEARCH=heuristic, or first met inside a capture, where
@@ -518,9 +516,9 @@ float time_calls(int device, Run&& run) {
 
 // The fused plan is kept only when it is timed at least 3% faster than the
 // convolution then the add: inside a whole step it ran slower than timed alone
-// (H100, WRN-28-10 bf16, CUPTI trace of graphed steps: 32x32x160 fused 167 us
-// against 158 us alone, where the convolution and the add take 117 + 44), so
-// near-ties went the wrong way; WRN-16-4's layers gain 30% and stay fused.
+// (H100, WRN-28-10 bf16, CUPTI trace of graphed steps at 32x32x160), so
+// near-ties went the wrong way; WRN-16-4's layers gain by far more and stay
+// fused (benchmarks journal, session 22).
 constexpr float kFuseMargin = 0.97f;
 
 // Per geometry, direction and path (the key's tag): whether the path beat
@@ -643,9 +641,9 @@ void conv2d_forward_add(const Conv2dGeometry& g, const Tensor& x, const Tensor& 
 // residual) and a write (the sum): two of the three passes of an add kernel,
 // so the estimate is the plain convolution plus 2/3 of a timed add, against
 // the fused graph (or, without one, the convolution and the whole add). In
-// Wide ResNet-28-10's graphed bf16 step on an H100 the fused graph took 168 us
-// at 32x32x160 against 118 for the plain convolution (CUPTI, issue 14), while
-// WRN-16-4's layers run 30% faster fused and keep it.
+// Wide ResNet-28-10's graphed bf16 step on an H100 the fused graph took much
+// longer at 32x32x160 than the plain convolution (CUPTI), while WRN-16-4's
+// layers run faster fused and keep it (benchmarks journal, session 24).
 namespace {
 LockedCache<ConvKey, bool>& defer_choices() {
   static auto* cache = new LockedCache<ConvKey, bool>;  // leaked, as fuse_choices()
@@ -685,8 +683,8 @@ bool conv2d_add_defers(const Conv2dGeometry& g, const Tensor& x, const Tensor& w
   if (fused()) {
     fused_ms = time_calls(device, fused);
     // As conv2d_forward_add keeps the fused graph only 3% ahead (kFuseMargin):
-    // in a step it ran slower than alone (H100, WRN-28-10 8x8x640: 99.3 us in
-    // the step, 99.2 alone, where the plain convolution took 91 against 93).
+    // in a step it ran slower than alone (H100, WRN-28-10 at 8x8x640;
+    // benchmarks journal, session 22).
     defer = kFuseMargin * deferred_ms < fused_ms;
   }
   if (conv_search_log())
@@ -729,8 +727,8 @@ void conv2d_backward_input(const Conv2dGeometry& g, const Tensor& dy, const Tens
 // weight_data), so its filter gradient is asked for in float32 beside 16-bit x
 // and dy, and converted here, in the same node, from the 16-bit gradient cuDNN
 // writes. cuDNN's graph API does take a float32 dw beside bf16 data, but only
-// through a generic runtime-fusion engine, 2-3x slower than its sm90 wgrad
-// kernels (H100, WRN-28-10 at 32x32x160: 0.66 against 0.20 ms), so the 16-bit
+// through a generic runtime-fusion engine, several times slower than its sm90
+// wgrad kernels (H100, WRN-28-10; benchmarks journal, session 25), so the 16-bit
 // kernel and a conversion it stays. What the float request buys is that the
 // whole weight gradient is one node's work, which can run beside the data
 // gradient (Note [Weight gradients beside the data gradient] in

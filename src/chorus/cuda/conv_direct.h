@@ -12,9 +12,9 @@ namespace chorus::cuda {
 // A network's first convolution reads the image: 3 channels (Wide ResNet's
 // stem: 3 -> 16 channels, 3x3, at 32x32). Its work is tiny (WRN-28-10 at batch
 // 128: 57 M multiply-adds, 0.8 MB in, 4 MB out) but cuDNN's engines for it
-// are built for wide channels: on an H100 its best forward took 0.0237 ms and
-// its best weight gradient 0.0448 ms (plus padding and conversion kernels
-// around it), where memory alone allows a few microseconds; the forward opens
+// are built for wide channels: on an H100 its best forward and weight
+// gradient (plus padding and conversion kernels around them) took several
+// times what memory alone allows (benchmarks journal, session 28); the forward opens
 // the step and the weight gradient closes the backward, both with nothing
 // beside them. Here the forward runs a thread per output pixel, its taps
 // loaded straight into registers (every load in flight at once, so a thread
@@ -27,10 +27,9 @@ namespace chorus::cuda {
 // after). The data gradient stays with cuDNN (an image needs none). Each
 // geometry and direction is timed once against cuDNN (conv.cpp) and runs the
 // faster from then on, this only when 3% ahead; CHORUS_CONV_DIRECT=0 turns it
-// off. WRN-28-10's stem on an H100: forward 0.0126 ms, weight gradient 0.0244
-// (docs/benchmarks.md, session 28); a first version that staged each tile's
-// taps in shared memory, a global load's latency per few taps, took 0.0206 and
-// 0.0494.
+// off. On WRN-28-10's stem both directions beat cuDNN's; a first version that
+// staged each tile's taps in shared memory, a global load's latency per few
+// taps, lost the weight gradient to it (benchmarks journal, session 28).
 
 // Whether the direct kernels can compute this convolution: channels-last
 // 16-bit data, one group, at most 4 input channels, at most 64 taps

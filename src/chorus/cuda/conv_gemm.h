@@ -22,13 +22,11 @@ namespace chorus::cuda {
 // as it is stored). The price is the cols matrix in memory (M x RSC, 38 MB
 // there) written and read once. Each geometry and direction is timed once
 // both ways (cuDNN, and this; conv.cpp) and runs the faster from then on, the
-// GEMM only when 3% ahead. On an H100 (issue 14, WRN-28-10 bf16 batch 128, one
-// run) the data gradient took 0.0612 ms against cuDNN's 0.0636 and went to the
-// GEMM; the forward (0.0598 / 0.0550) and weight gradient (0.0785 / 0.0695) and
-// the 1x1 shortcut's stayed with cuDNN. Whole graphed steps, same binary, four
-// pairs: 12020 / 11999 / 11998 / 12043 img/s against 11986 / 11973 / 12002 /
-// 11914 with CHORUS_CONV_GEMM=0 (+0.4%; the layer's data gradient ran beside
-// the weight gradients, 102 us in the step's trace against 64 alone). The
+// GEMM only when 3% ahead. On an H100 (WRN-28-10 bf16 batch 128) the 16 ->
+// 160 data gradient went to the GEMM; the forward, the weight gradient and
+// the 1x1 shortcut's stayed with cuDNN; whole graphed steps gained a little
+// against CHORUS_CONV_GEMM=0 (the layer's data gradient runs beside the
+// weight gradients, slower than alone): benchmarks journal, session 26. The
 // data gradient's dcols holds each of the kh*kw products rounded to the data's
 // dtype before col2im sums them in float (cuDNN rounds the sum once): a few
 // ulps of bfloat16 more error in dx.

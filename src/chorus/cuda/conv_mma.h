@@ -11,9 +11,10 @@ namespace chorus::cuda {
 // Note [Tensor-core convolutions of few channels]
 // Wide ResNet's first block turns 16 channels into 160 (3x3 and the 1x1
 // shortcut, at 32x32): as a GEMM its reduction is only 144 (or 16) long, and
-// cuDNN's kernels, tiled for wide reductions, ran its forward at ~110 TFLOP/s
-// (H100, batch 128: 0.055 ms) where writing the 42 MB output alone takes
-// ~0.015. torch.compile's max-autotune has a Triton kernel for it at ~0.040.
+// cuDNN's kernels, tiled for wide reductions, ran its forward far below the
+// tensor cores' rate, several times what writing its 42 MB output takes, and
+// torch.compile's max-autotune has a faster Triton kernel for it (benchmarks
+// journal, sessions 24 and 28).
 // Here it is an implicit GEMM on mma.sync (m16n8k16, float accumulators): a
 // block takes a tile of whole output rows (64 or 128 pixels) and every output
 // channel; the filter, the whole of it, sits in shared memory; the tile's
@@ -24,11 +25,11 @@ namespace chorus::cuda {
 // inside each 16-wide slice so that a thread's A and B registers are 4
 // consecutive channels (one 8-byte load each), and the output channels inside
 // each 16 so that a thread's 4 results per pixel are consecutive (8-byte
-// stores, 32 bytes per pixel row). On an H100 the 16 -> 160 3x3 forward took
-// 0.036 ms against cuDNN's 0.054. The data gradient as the forward of dy with
-// the filter flipped (160 channels in, 16 out) was tried and lost to cuDNN
-// (0.093 against 0.064: 10 steps of 16 channels a tile, 4 products a warp
-// between barriers), and is not offered. Each geometry is timed once against
+// stores, 32 bytes per pixel row). It beats cuDNN on the 16 -> 160 forwards
+// (benchmarks journal, session 28). The data gradient as the forward of dy
+// with the filter flipped (160 channels in, 16 out) was tried and lost to
+// cuDNN (10 steps of 16 channels a tile, 4 products a warp between barriers),
+// and is not offered. Each geometry is timed once against
 // cuDNN (conv.cpp) and runs the faster from then on, this only when 3% ahead;
 // CHORUS_CONV_MMA=0 turns it off.
 

@@ -21,6 +21,7 @@
 #include "chorus/core/stream.h"
 #include "chorus/cuda/caches.h"
 #include "chorus/cuda/context.h"
+#include "chorus/cuda/cudnn_backend.h"
 #include "chorus/cuda/kernels.h"
 #include "chorus/cuda/timing_gate.h"
 
@@ -87,31 +88,6 @@ constexpr size_t kMaxCandidates = 32;
 constexpr int kTimedRuns = 3;
 
 constexpr int64_t kUidX = 1, kUidW = 2, kUidY = 3, kUidR = 4, kUidConvOut = 5, kUidSum = 6, kUidSqSum = 7;
-
-// A cuDNN backend descriptor (Owned: cuda/caches.h).
-class BackendDesc {
- public:
-  BackendDesc() = default;
-  explicit BackendDesc(cudnnBackendDescriptorType_t type) {
-    CHORUS_CUDNN_CHECK(cudnnBackendCreateDescriptor(type, owned_.out()));
-  }
-
-  cudnnBackendDescriptor_t get() const { return owned_.get(); }
-  template <typename T>
-  void set(cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type, int64_t count,
-           const T* values) {
-    CHORUS_CUDNN_CHECK(cudnnBackendSetAttribute(owned_.get(), name, type, count, values));
-  }
-  void set_desc(cudnnBackendAttributeName_t name, const BackendDesc& other) {
-    cudnnBackendDescriptor_t o = other.get();
-    set(name, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &o);
-  }
-  void finalize() { CHORUS_CUDNN_CHECK(cudnnBackendFinalize(owned_.get())); }
-  cudnnStatus_t try_finalize() { return cudnnBackendFinalize(owned_.get()); }
-
- private:
-  Owned<cudnnBackendDescriptor_t, cudnnBackendDestroyDescriptor> owned_;
-};
 
 // A packed 4-d tensor: dims are always [N,C,H,W] (filters [K,C/g,R,S]), the
 // strides carry the layout.
@@ -242,41 +218,6 @@ BackendDesc operation_graph(ConvDirection dir, const Conv2dGeometry& g, DType dt
   return graph;
 }
 
-// The descriptors (of `type`, at most `max`) an attribute of `from` holds;
-// empty when cuDNN refuses the read.
-std::vector<BackendDesc> get_descriptors(const BackendDesc& from, cudnnBackendAttributeName_t name,
-                                         cudnnBackendDescriptorType_t type, int64_t max) {
-  std::vector<BackendDesc> descs;
-  std::vector<cudnnBackendDescriptor_t> raw;
-  for (int64_t i = 0; i < max; ++i) {
-    descs.emplace_back(type);
-    raw.push_back(descs.back().get());
-  }
-  int64_t got = 0;
-  if (cudnnBackendGetAttribute(from.get(), name, CUDNN_TYPE_BACKEND_DESCRIPTOR, max, &got, raw.data()) !=
-      CUDNN_STATUS_SUCCESS)
-    return {};
-  descs.resize(static_cast<size_t>(std::clamp<int64_t>(got, 0, max)));
-  return descs;
-}
-
-// Engine configurations for `graph` from one heuristics mode, best first.
-// An empty list when the mode has none (or cuDNN refuses the graph).
-std::vector<BackendDesc> engine_configs(const BackendDesc& graph, cudnnBackendHeurMode_t mode) {
-  std::vector<BackendDesc> out;
-  BackendDesc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
-  heur.set_desc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph);
-  heur.set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
-  if (heur.try_finalize() != CUDNN_STATUS_SUCCESS) return out;
-  int64_t count = 0;
-  if (cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                               CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count,
-                               nullptr) != CUDNN_STATUS_SUCCESS ||
-      count <= 0)
-    return out;
-  return get_descriptors(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, count);
-}
-
 // Whether the engine of `cfg` computes with numerics this call may use.
 bool numerics_allowed(const BackendDesc& cfg, DType dtype) {
   BackendDesc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
@@ -404,7 +345,8 @@ cudnnStatus_t execute(const Plan& plan, cudnnHandle_t handle, const ConvOperands
 // are issued (Note [Timing behind a gate]), so an engine whose execute costs
 // the host more than its kernel takes the GPU is timed by its kernel. (Timing
 // each run from a flushed L2 instead of back to back chose plans no faster for
-// WRN-28-10 or WRN-16-4 on an H200, within one run's noise, issue 14: not kept.)
+// WRN-28-10 or WRN-16-4 on an H200, within one run's noise: benchmarks journal,
+// session 10; not kept.)
 float time_plan(const Plan& plan, cudnnHandle_t handle, const ConvOperands& ops, int device) {
   Tensor ws;
   try {
@@ -556,7 +498,7 @@ std::shared_ptr<Plan> search(ConvDirection dir, const Conv2dGeometry& g, DType d
 // runs each, and near-ties fall either way from run to run. Searched on each
 // GPU, DataParallel's replicas then ran different kernels for one layer (2
 // H100s, WRN-28-10 bf16: cuda:0 took a slower plan for 7 backward-data
-// convolutions, cuda:1 one for 7 forward ones, each ~0.2 ms a step slower),
+// convolutions, cuda:1 one for 7 forward ones; benchmarks journal, session 17),
 // and in a synchronous step the slowest replica sets the pace: each GPU
 // waited for the other's slow layers inside the all-reduce. So the first
 // device of a kind (same name, compute capability and SM count) to meet a
@@ -564,9 +506,8 @@ std::shared_ptr<Plan> search(ConvDirection dir, const Conv2dGeometry& g, DType d
 // the same engine configuration on their own handle (no timing); where it
 // does not build there, they search themselves.
 // Measured against a search on every device (2 H100s, WRN-28-10 and WRN-16-4
-// bf16 DataParallel, same machine, two runs each): 0.939/0.944 against
-// 0.945/0.945, 0.924/0.919 against 0.927/0.921 -- no faster, within noise,
-// so it is not the default: CHORUS_CONV_SEARCH_SHARED=1 (or
+// bf16 DataParallel, same machine, two runs each; benchmarks journal, session
+// 17): no faster, within noise, so it is not the default: CHORUS_CONV_SEARCH_SHARED=1 (or
 // set_shared_plan_choices) turns it on, for identical kernels on every
 // replica and one search per geometry instead of one per GPU.
 int kind_of(int device) {

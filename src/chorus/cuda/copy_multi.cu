@@ -13,9 +13,9 @@
 // an aligned pair is aligned too. The chunk size follows the call's bytes:
 // 256 KiB for large copies, down to 16 KiB (one pass of a block's loads) so
 // that a small copy still spreads over the SMs. A graphed step's inputs (a
-// CIFAR batch of 128, 1.5 MB) took 6 blocks of 256 KiB and 11 us on an H100,
-// every step before its first kernel (CUPTI trace of DataParallel WRN-16-4,
-// issue 14).
+// CIFAR batch of 128, 1.5 MB) took 6 blocks of 256 KiB, and several times as
+// long as with smaller chunks, every step before its first kernel (CUPTI trace
+// of DataParallel WRN-16-4 on an H100; benchmarks journal, session 29).
 #include <cstdint>
 
 #include "chorus/core/error.h"

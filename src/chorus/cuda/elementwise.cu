@@ -71,7 +71,7 @@ __global__ void contiguous_kernel(int64_t n, Out* out, Inputs<In, NIN> in, Op op
 // [B, T, H, D] -> [B, H, T, D], a bias broadcast over rows) moves V elements
 // per offset computation and per 16-byte access instead of one: the generic
 // strided kernel, an offset per element and 2-byte accesses, was the largest
-// cost of a GPT-2 step in exactly these two shapes (docs/benchmarks.md,
+// cost of a GPT-2 step in exactly these two shapes (benchmarks journal,
 // session 31's GPT profile).
 // Inputs whose bit is set in `repeat` are broadcast along the innermost dim
 // (stride 0 there): one element stands for all V.
@@ -126,9 +126,9 @@ void launch_elementwise(const Tensor& out, std::array<const Tensor*, NIN> ins, c
   // change writes the output in order. Walked logically, an NHWC copy read and
   // wrote with a stride of C elements: the float32 weight gradients converted
   // from cuDNN's bf16 ones (Note [Float filter gradients from 16-bit data] in
-  // conv.cpp) took 0.9 ms of kernel time a WRN-28-10 step on an H100 (CUPTI
-  // trace, issue 14); in memory order the graphed bf16 step ran 0.9% faster
-  // (12015-12065 against 11924-11945 img/s, rounds alternated, one H100).
+  // conv.cpp) were a visible share of a WRN-28-10 step's kernel time on an
+  // H100, and in memory order the graphed bf16 step ran faster (benchmarks
+  // journal, session 29).
   // No op here depends on the walk's order.
   const size_t nd = out.sizes().size();
   std::array<size_t, kMaxDims> order{};

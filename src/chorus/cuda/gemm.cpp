@@ -11,6 +11,7 @@
 // lt::MatmulAlgoGetHeuristic costs tens of microseconds, as much as a small
 // GEMM, so its answer is cached per problem (shape, strides, dtype, alignment).
 #include <cstdint>
+#include <optional>
 
 #include "chorus/core/error.h"
 #include "chorus/cuda/blas.h"
@@ -92,18 +93,21 @@ struct PreferenceDesc {
 };
 
 // Everything the heuristic's answer depends on.
-using ProblemKey = IntKey<14>;
+using ProblemKey = IntKey<15>;
 
-using AlgoCache = LockedCache<ProblemKey, cublasLtMatmulAlgo_t>;
+// nullopt: cuBLASLt has no algorithm for this problem (an epilogue it does
+// not offer for these shapes; gemm_bias then runs the parts apart).
+using AlgoCache = LockedCache<ProblemKey, std::optional<cublasLtMatmulAlgo_t>>;
 AlgoCache& algo_cache() {
   static auto* cache = new AlgoCache;  // leaked: used from threads that may outlive statics
   return *cache;
 }
 
-}  // namespace
-
-void gemm(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_a, bool trans_b,
-          double alpha, double beta) {
+// The product through cuBLASLt with `epilogue` (CUBLASLT_EPILOGUE_DEFAULT,
+// BIAS with `epilogue_vector` the bias, BGRADB with it the bias gradient);
+// false, having run nothing, when cuBLASLt has no algorithm for the epilogue.
+bool run_gemm(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_a, bool trans_b, double alpha,
+              double beta, cublasLtEpilogue_t epilogue, void* epilogue_vector, const Tensor& aux = Tensor()) {
   CHORUS_CHECK(a.dim() == 3 && bm.dim() == 3 && out.dim() == 3,
                "gemm: expected 3-d (batch, rows, cols) operands, got a ", a.describe(), ", b ",
                bm.describe(), ", out ", out.describe());
@@ -125,19 +129,20 @@ void gemm(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_a, bo
                ", b ", bm.describe(), (trans_b ? " (transposed)" : ""), ", out ", out.describe());
   CHORUS_CHECK(batch <= INT32_MAX, "gemm: batch ", batch, " exceeds cuBLASLt's limit");
   const cudaDataType_t dt = cuda_dtype(out.dtype());
-  if (batch == 0 || m == 0 || n == 0) return;
+  if (batch == 0 || m == 0 || n == 0) return true;
 
   const int device = out.device().index;
   CudaDeviceGuard guard(device);
   cudaStream_t stream = current_stream(device);
 
   if (k == 0) {  // cuBLASLt rejects k == 0; out = beta * out
+    if (epilogue != CUBLASLT_EPILOGUE_DEFAULT) return false;
     if (beta == 0.0) {
       CHORUS_CUDA_CHECK(cudaMemsetAsync(out.raw_data(), 0, out.nbytes(), stream));
     } else if (beta != 1.0) {
       unary(UnaryOp::MulScalar, out, out, beta);
     }
-    return;
+    return true;
   }
 
   // Column-major view (see the note at the top): A' = bm, B' = a.
@@ -156,6 +161,20 @@ void gemm(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_a, bo
   const cublasOperation_t op_b = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
 
   MatmulDesc desc(compute, op_a, op_b);
+  if (epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+    CHORUS_CUBLAS_CHECK(lt::MatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    if (epilogue_vector)
+      CHORUS_CUBLAS_CHECK(lt::MatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &epilogue_vector,
+                                                     sizeof(epilogue_vector)));
+    if (aux.defined()) {  // GELU's input, laid out as out (column-major: n rows, leading dimension n)
+      void* aux_ptr = aux.raw_data();
+      const int64_t aux_ld = n;
+      CHORUS_CUBLAS_CHECK(
+          lt::MatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux_ptr, sizeof(aux_ptr)));
+      CHORUS_CUBLAS_CHECK(
+          lt::MatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
+    }
+  }
   // Stored column-major shapes: A' is n x k (k x n when transposed), B' is k x m (m x k).
   LayoutDesc layout_a(dt, trans_b ? k : n, trans_b ? n : k, lda, static_cast<int32_t>(batch),
                       stride_a);
@@ -165,25 +184,113 @@ void gemm(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_a, bo
 
   const ProblemKey key{device, static_cast<int64_t>(out.dtype()), static_cast<int64_t>(compute),
                        trans_a, trans_b, m, n, k, batch, stride_a, stride_b, align_a, align_b,
-                       align_c};
-  const cublasLtMatmulAlgo_t algo = algo_cache().get_or_search(key, [&] {
+                       align_c, static_cast<int64_t>(epilogue)};
+  const std::optional<cublasLtMatmulAlgo_t> algo = algo_cache().get_or_search(key, [&]() -> std::optional<cublasLtMatmulAlgo_t> {
     PreferenceDesc pref(kCublasWorkspaceBytes, align_a, align_b, align_c);
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    CHORUS_CUBLAS_CHECK(lt::MatmulAlgoGetHeuristic(cublaslt_handle(device), desc.d, layout_a.d,
-                                                       layout_b.d, layout_c.d, layout_c.d, pref.d,
-                                                       1, &result, &found));
+    const cublasStatus_t st = lt::MatmulAlgoGetHeuristic(cublaslt_handle(device), desc.d, layout_a.d, layout_b.d,
+                                                         layout_c.d, layout_c.d, pref.d, 1, &result, &found);
+    if (epilogue != CUBLASLT_EPILOGUE_DEFAULT && (st != CUBLAS_STATUS_SUCCESS || found == 0)) return std::nullopt;
+    CHORUS_CUBLAS_CHECK(st);
     CHORUS_CHECK_T(DeviceError, found > 0, "gemm: cuBLASLt has no algorithm for a ", a.describe(),
                    ", b ", bm.describe(), ", out ", out.describe(), " (trans_a=", trans_a,
                    ", trans_b=", trans_b, ")");
     return result.algo;
   });
+  if (!algo) return false;
 
   const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
   CHORUS_CUBLAS_CHECK(lt::Matmul(
       cublaslt_handle(device), desc.d, &alpha_f, bm.raw_data(), layout_a.d, a.raw_data(),
-      layout_b.d, &beta_f, out.raw_data(), layout_c.d, out.raw_data(), layout_c.d, &algo,
+      layout_b.d, &beta_f, out.raw_data(), layout_c.d, out.raw_data(), layout_c.d, &*algo,
       cublas_workspace(device, stream), kCublasWorkspaceBytes, stream));
+  return true;
+}
+
+Tensor as_batch(const Tensor& t) {
+  return detail::make_view(t, {1, t.size(0), t.size(1)}, {t.numel(), t.stride(0), t.stride(1)}, t.storage_offset());
+}
+
+}  // namespace
+
+void gemm(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_a, bool trans_b, double alpha,
+          double beta) {
+  run_gemm(a, bm, out, trans_a, trans_b, alpha, beta, CUBLASLT_EPILOGUE_DEFAULT, nullptr);
+}
+
+// Note [Linear layers' epilogues]: a linear layer's bias rides on its GEMMs,
+// as llm.c's do: the forward adds it in the epilogue (no pass over the
+// output to add it), and the weight gradient dW = dY^T X sums dY's columns
+// into the bias gradient while it reads dY (cuBLASLt's BGRADB: in its
+// column-major view B' is dY and the sums run over the product's k). Where
+// cuBLASLt offers no algorithm with the epilogue (float32 on some GPUs,
+// shapes), the parts run apart with the same results.
+void gemm_bias(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_a, bool trans_b, const Tensor& bias,
+               const Tensor& bias_grad) {
+  CHORUS_CHECK(a.dim() == 2 && bm.dim() == 2 && out.dim() == 2, "gemm_bias: expected 2-d operands, got a ",
+               a.describe(), ", b ", bm.describe(), ", out ", out.describe());
+  CHORUS_CHECK(!(bias.defined() && bias_grad.defined()), "gemm_bias: a bias or a bias gradient, not both");
+  const Tensor& vec = bias.defined() ? bias : bias_grad;
+  if (vec.defined())
+    CHORUS_CHECK(vec.is_contiguous() && vec.dtype() == out.dtype() &&
+                     vec.numel() == (bias.defined() ? out.size(1) : out.size(0)),
+                 "gemm_bias: the bias vector ", vec.describe(), " does not fit out ", out.describe());
+  // In cuBLASLt's column-major view (top of this file) out's columns are the
+  // rows of its D (BIAS: one value per row of D) and out's rows its columns
+  // (BGRADB: one per column of D, summed over B' = a).
+  const cublasLtEpilogue_t epi =
+      bias.defined() ? CUBLASLT_EPILOGUE_BIAS : bias_grad.defined() ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_DEFAULT;
+  if (run_gemm(as_batch(a), as_batch(bm), as_batch(out), trans_a, trans_b, 1.0, 0.0, epi,
+                        vec.defined() ? vec.raw_data() : nullptr))
+    return;
+  run_gemm(as_batch(a), as_batch(bm), as_batch(out), trans_a, trans_b, 1.0, 0.0, CUBLASLT_EPILOGUE_DEFAULT, nullptr);
+  const int64_t m = out.size(0), n = out.size(1);
+  if (bias.defined())
+    binary(BinaryOp::Add, out, detail::make_view(bias, {m, n}, {0, 1}, bias.storage_offset()), out, 1.0);
+  if (bias_grad.defined()) {
+    const Tensor opa =
+        trans_a ? detail::make_view(a, {a.size(1), a.size(0)}, {a.stride(1), a.stride(0)}, a.storage_offset()) : a;
+    reduce(ReduceOp::Sum, opa, detail::make_view(bias_grad, {m, 1}, {1, 1}, bias_grad.storage_offset()), {false, true});
+  }
+}
+
+// Note [GELU in the MLP's epilogues]: GELU_AUX_BIAS writes the MLP's hidden
+// activation and, beside it, its input (the aux, kept for the backward);
+// DGELU_BGRAD multiplies the hidden gradient (dy W2) by GELU's derivative at
+// that input and sums the result's columns into the first product's bias
+// gradient, in the same pass. cuBLASLt's GELU is the tanh form, GPT-2's.
+void gemm_bias_gelu(const Tensor& a, const Tensor& bm, const Tensor& bias, const Tensor& pre, const Tensor& out) {
+  CHORUS_CHECK(a.dim() == 2 && bm.dim() == 2 && out.dim() == 2 && pre.sizes() == out.sizes() &&
+                   pre.dtype() == out.dtype() && pre.is_contiguous() && bias.is_contiguous() &&
+                   bias.dtype() == out.dtype() && bias.numel() == out.size(1),
+               "gemm_bias_gelu: operands do not fit: a ", a.describe(), ", b ", bm.describe(), ", bias ",
+               bias.describe(), ", pre ", pre.describe(), ", out ", out.describe());
+  if (run_gemm(as_batch(a), as_batch(bm), as_batch(out), false, true, 1.0, 0.0, CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
+               bias.raw_data(), pre))
+    return;
+  gemm_bias(a, bm, pre, false, true, bias, Tensor());
+  unary(UnaryOp::GeluTanh, pre, out, 0.0);
+}
+
+void gemm_dgelu(const Tensor& a, const Tensor& bm, const Tensor& pre, const Tensor& out, const Tensor& bias_grad) {
+  CHORUS_CHECK(a.dim() == 2 && bm.dim() == 2 && out.dim() == 2 && pre.sizes() == out.sizes() &&
+                   pre.dtype() == out.dtype() && pre.is_contiguous() &&
+                   (!bias_grad.defined() || (bias_grad.is_contiguous() && bias_grad.dtype() == out.dtype() &&
+                                             bias_grad.numel() == out.size(1))),
+               "gemm_dgelu: operands do not fit: a ", a.describe(), ", b ", bm.describe(), ", pre ", pre.describe(),
+               ", out ", out.describe());
+  const cublasLtEpilogue_t epi = bias_grad.defined() ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
+  if (run_gemm(as_batch(a), as_batch(bm), as_batch(out), false, false, 1.0, 0.0, epi,
+               bias_grad.defined() ? bias_grad.raw_data() : nullptr, pre))
+    return;
+  run_gemm(as_batch(a), as_batch(bm), as_batch(out), false, false, 1.0, 0.0, CUBLASLT_EPILOGUE_DEFAULT, nullptr);
+  binary(BinaryOp::GeluTanhGrad, out, pre, out, 1.0);
+  if (bias_grad.defined()) {
+    const int64_t n = out.size(1);
+    reduce(ReduceOp::Sum, detail::make_view(out, {n, out.size(0)}, {1, n}, out.storage_offset()),
+           detail::make_view(bias_grad, {n, 1}, {1, 1}, bias_grad.storage_offset()), {false, true});
+  }
 }
 
 }  // namespace chorus::cuda

@@ -3,18 +3,18 @@
 // Note [Memset nodes in a graph]: cuDNN's sm90 convolution engines clear a
 // 4-byte counter in their workspace before each kernel (cudaMemsetAsync).
 // Captured, that is a memset node between two kernel nodes, and a replay pays
-// for it far more than the 1 µs it runs: the GPU cannot launch the next kernel
-// ahead across it, so each one costs a 2.5-5 µs gap on either side (a CUPTI
-// trace of WRN-28-10 bf16 on an H100: 54 memsets a step, ~0.35 ms of an
-// 11.5 ms step idle; with NCCL busy beside it on 2 GPUs the gaps grow to
-// 8-20 µs). Between two kernels, a kernel that writes the same bytes runs
+// for it far more than the time it runs: the GPU cannot launch the next kernel
+// ahead across it, so each one leaves a gap on either side (a CUPTI trace of
+// WRN-28-10 bf16 on an H100: one memset before each sm90 convolution kernel,
+// and wider gaps with NCCL busy beside it on 2 GPUs; benchmarks journal,
+// session 15). Between two kernels, a kernel that writes the same bytes runs
 // back to back with its neighbours. So before a captured graph is
 // instantiated, every memset node of at most kMaxRewrittenMemsetBytes becomes
 // a kernel node on the device that owns its memory, with the same
 // dependencies and dependants; larger memsets, and any node joined by an edge
 // that is not a plain full dependency (a programmatic launch edge), are left
 // as they are. CHORUS_GRAPH_MEMSETS=keep turns the rewrite off (to measure
-// it). Where the 1 µs kernel is not on the critical path nothing changes; the
+// it). Where the small kernel is not on the critical path nothing changes; the
 // graph's meaning does not (the same bytes, in the same order).
 //
 // For one session (15) the rewrite was limited to graphs of one device: `chorus

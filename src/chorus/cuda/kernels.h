@@ -3,8 +3,14 @@
 // and returns without waiting.
 #pragma once
 
+#include <string>
+
 #include "chorus/core/kernel_set.h"
 
 namespace chorus::cuda {
 CHORUS_DECLARE_KERNELS
+
+// Why cuDNN last refused a fused attention graph ("" if never): the detail of
+// the error a caller who asked for the fused kernel gets (flash_attention.cpp).
+std::string fused_attention_refusal();
 }  // namespace chorus::cuda

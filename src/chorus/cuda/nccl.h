@@ -56,7 +56,8 @@
 // it, and CUDA graphs are not safe against that. On 2 H100s `chorus bench
 // --strategy dp --device-counts 1,2` (WRN-28-10 bf16) crashed in 4 of 10 runs
 // while capturing (SIGSEGV in cuGraphAddDependencies under ncclGroupEnd, or in
-// the other thread's cuLaunchKernel), in 0 of 11 with mixing off. So before
+// the other thread's cuLaunchKernel), in 0 of 11 with mixing off (benchmarks
+// journal, session 16). So before
 // the first in-process communicator is made, NCCL_GRAPH_MIXING_SUPPORT is set
 // to 0 unless the user set it. What mixing would allow (a graph's NCCL work
 // and eager NCCL work in flight at once) never happens here: a capture and a

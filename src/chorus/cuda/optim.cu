@@ -98,8 +98,8 @@ __device__ __forceinline__ void adamw_element(float* param, const float* grad, f
 
 // Note [Optimizer packs]: the multi-tensor updates are bound by memory (SGD
 // with momentum moves 20 bytes per parameter), and one float per load kept
-// the H100 at ~1.9 TB/s over WRN-28-10's 36.5M parameters (0.39 ms of a
-// ~11.4 ms step). A tensor whose state pointers are all 16-byte aligned is
+// the H100 well below its bandwidth over WRN-28-10's 36.5M parameters
+// (benchmarks journal, session 12). A tensor whose state pointers are all 16-byte aligned is
 // updated a float4 pack per thread per iteration; a block's chunk starts at a
 // multiple of kChunk (a multiple of 4), and the chunk's last n % 4 elements,
 // or a tensor not so aligned (a view into a bucket at an odd offset), go one
@@ -193,8 +193,8 @@ constexpr int kSgdUnroll = 4;
 // tensor by a scan of at most kSgdTensors entries), so a launch has as many
 // blocks as its tensors have chunks of kSgdChunk: 8192 elements, about eight
 // resident blocks an SM and several waves, where 320 blocks of 32768 (2.4 an
-// SM) left a third of the SMs idle for the last third of each launch: 2.8
-// TB/s on an H100, WRN-28-10's update 0.306 ms a step in five launches.
+// SM) left a third of the SMs idle for the last third of each launch
+// (WRN-28-10's update on an H100: benchmarks journal, session 24).
 constexpr int kSgdTensors = 64;
 constexpr int64_t kSgdChunk = 8192;
 
@@ -266,9 +266,8 @@ __global__ void sgd_multi_kernel(SgdTable t, SgdParams params) {
     auto* b4 = reinterpret_cast<float4*>(buf + begin);
     // kSgdUnroll packs a thread, all loaded before any is used: a launch has
     // ~2 blocks an SM, and one pack's three loads in flight a thread left the
-    // update at ~2.6 TB/s on an H100. The graphed WRN-28-10 bf16 step went
-    // from 11576 / 11581 to 11767 / 11760 img/s with it (H100, same call,
-    // issue 14).
+    // update short of the H100's bandwidth; the graphed WRN-28-10 bf16 step
+    // got faster with it (benchmarks journal, session 23).
     int64_t v = threadIdx.x;
     for (; v + (kSgdUnroll - 1) * blockDim.x < packs; v += kSgdUnroll * blockDim.x) {
       float4 pv[kSgdUnroll], gv[kSgdUnroll], bv[kSgdUnroll];

@@ -5,8 +5,8 @@
 // Note [Copy-engine all-reduce]: NCCL's all-reduce runs as kernels that hold
 // SMs for as long as the transfer lasts; in a DataParallel step it overlaps
 // the backward's convolutions, which then run slower (WRN-28-10 bf16 on two
-// H100s: +0.4-0.5 ms of convolution time per step per GPU beside NCCL, the
-// largest part of what the second GPU loses, benchmarks.md session 17). Over
+// H100s: the largest part of what the second GPU loses; benchmarks journal,
+// session 17). Over
 // N GPUs with peer access the same sum needs no SM for the transfer:
 //  1. reduce-scatter: device i owns chunk i of the buffer (count / N elements,
 //     16-byte aligned); its stream copies chunk i of every other device's

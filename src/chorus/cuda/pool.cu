@@ -221,9 +221,9 @@ __global__ void adaptive_avg_backward_kernel(const T* dy, Dims4 dys, Dims4 ysize
 
 // Global average pooling's backward (a 1x1 output) into a dense dx, NCHW or
 // NHWC: every element is its plane's gradient over H*W. The general kernel
-// above spends a dozen 64-bit divisions per element on window bounds: 124 us
-// for WRN-28-10's [128, 640, 8, 8] on an H200 (Nsight Compute), for a write
-// of 10 MB.
+// above spends a dozen 64-bit divisions per element on window bounds, far
+// longer than its 10 MB write takes for WRN-28-10's [128, 640, 8, 8] on an
+// H200 (Nsight Compute; benchmarks journal, session 10).
 template <typename T, typename I>
 __global__ void global_avg_backward_kernel(const T* dy, int64_t dy_n, int64_t dy_c, T* dx, I c, I hw,
                                            bool channels_last, I total, float hw_f) {
@@ -242,9 +242,9 @@ __global__ void global_avg_backward_kernel(const T* dy, int64_t dy_n, int64_t dy
 }
 
 // The channels-last case of global_avg_backward_kernel, kVec channels (one
-// 16-byte store) a thread: one 2-byte store a thread ran at 0.4 TB/s, 25 us of
-// a WRN-28-10 bf16 step on an H100 for 10.5 MB (issue 14). c % kVec == 0 and
-// dx 16-byte aligned.
+// 16-byte store) a thread: one 2-byte store a thread ran far below the H100's
+// bandwidth in a WRN-28-10 bf16 step (benchmarks journal, session 23).
+// c % kVec == 0 and dx 16-byte aligned.
 template <typename T, int kVec>
 __global__ void global_avg_backward_nhwc_kernel(const T* dy, int64_t dy_n, int64_t dy_c, T* dx, int64_t c,
                                                 int64_t hw, int64_t packs, float hw_f) {

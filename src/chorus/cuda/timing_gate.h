@@ -5,9 +5,9 @@
 // than the GPU finishes them. Hopper's sm90 engines cost more host time per
 // cudnnBackendExecute than many of their kernels take (the profile of an eager
 // step has cuDNN's execute at a quarter of the host's time), so events timed
-// the host instead, and the plan search chose slower kernels: in WRN-28-10,
-// 187 µs for a 32x32x160 forward convolution that PyTorch's sm90 kernel runs in
-// 120 µs (issue 14, Nsight Compute, H100). Behind a gate the stream first runs
+// the host instead, and the plan search chose slower kernels: in WRN-28-10 a
+// cutlass kernel for the 32x32x160 forward convolution where PyTorch runs a
+// faster sm90 one (benchmarks journal, session 12). Behind a gate the stream first runs
 // a kernel that spins on a flag in host-mapped memory; the host issues the
 // timed runs and the stop event, then opens the gate, and the runs execute
 // back to back, so the events measure only the GPU (nvbench's blocking

@@ -58,9 +58,8 @@ void SyntheticDataset::get(int64_t index, float* image_out, int64_t* label_out) 
   const float* pattern = &patterns_[label * c * grid_h_ * grid_w_];
   // Philox gives the example's noise stream a 64-bit starting point keyed by
   // (seed, split, index); SplitMix64 then draws two pixels per step. That
-  // keeps get() a pure function of the index at a few ns per pixel (11 us a
-  // 3x32x32 image), several times cheaper than a Philox block per four
-  // pixels: benchmarks feed GPUs from it.
+  // keeps get() a pure function of the index, and much cheaper than a Philox
+  // block per four pixels: benchmarks feed GPUs from it.
   const philox::U4 r = detail::random4(options_.seed, detail::Stream::kSyntheticNoise,
                                        static_cast<uint64_t>(index), split);
   uint64_t state = (uint64_t{r.x} << 32) | r.y;

@@ -115,7 +115,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   TensorList qkv = chorus::split(child_named(*this, "c_attn")->forward(x), cfg_.width, 2);
   for (Tensor& p : qkv) p = p.reshape({b, t, h, d}).permute({0, 2, 1, 3});  // [B, H, T, D]
   Tensor y = nn::functional::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], /*causal=*/true,
-                                                          is_training() ? cfg_.dropout : 0.0);
+                                                          is_training() ? cfg_.dropout : 0.0, cfg_.attention);
   y = y.permute({0, 2, 1, 3}).reshape({b, t, cfg_.width});
   return residual_dropout(child_named(*this, "c_proj")->forward(y), cfg_.dropout, is_training());
 }
@@ -126,8 +126,20 @@ GPTMLP::GPTMLP(GPTConfig c) : Module("GPTMLP"), cfg_(c) {
 }
 
 Tensor GPTMLP::forward(const Tensor& x) {
-  Tensor h = nn::functional::gelu(child_named(*this, "c_fc")->forward(x), /*tanh_approximation=*/true);
-  return residual_dropout(child_named(*this, "c_proj")->forward(h), cfg_.dropout, is_training());
+  // One op for the two products and GELU (their epilogues carry it: Note
+  // [GELU in the MLP's epilogues] in cuda/gemm.cpp), read through the
+  // Linear modules' parameters so names, placement and clones stay theirs.
+  auto* fc = dynamic_cast<nn::Linear*>(child_named(*this, "c_fc").get());
+  auto* proj = dynamic_cast<nn::Linear*>(child_named(*this, "c_proj").get());
+  Tensor y;
+  if (fc && proj && fc->bias().defined() && proj->bias().defined() && x.device() == fc->weight().device() &&
+      x.device() == proj->weight().device()) {
+    y = nn::functional::mlp_gelu(x, fc->weight(), fc->bias(), proj->weight(), proj->bias());
+  } else {
+    Tensor h = nn::functional::gelu(child_named(*this, "c_fc")->forward(x), /*tanh_approximation=*/true);
+    y = child_named(*this, "c_proj")->forward(h);
+  }
+  return residual_dropout(y, cfg_.dropout, is_training());
 }
 
 GPTBlock::GPTBlock(GPTConfig c) : Module("GPTBlock"), cfg_(c) {

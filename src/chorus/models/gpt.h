@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "chorus/nn/layers.h"
+#include "chorus/ops/transformer.h"
 #include "chorus/nn/transformer_layers.h"
 
 namespace chorus::models {
@@ -26,6 +27,9 @@ struct GPTConfig {
   int64_t padded_vocab = 50304;  // rows of the embedding (vocab rounded up to 128)
   int64_t context = 1024;        // positions
   double dropout = 0.0;          // on the embeddings, the residual branches and the attention probabilities
+  // The attention kernels (ops/transformer.h): the fused (flash) kernel where
+  // the device has one, else the composite of two products and a softmax.
+  ops::AttentionKernel attention = ops::AttentionKernel::Auto;
   // gpt2, gpt2-medium, gpt2-large, gpt2-xl, or llm.c's dN (d6, d12, ..., d84).
   // vocab and context as given. Throws ValueError naming the known names.
   static GPTConfig named(const std::string& name, int64_t vocab = 50257, int64_t context = 1024);

@@ -24,12 +24,45 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   if (bias.defined())
     CHORUS_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), "linear: bias ", bias.describe(),
                  " must be [", weight.size(0), "]");
+  // With a bias, one op whose products carry it (Note [Linear layers'
+  // epilogues] in cuda/gemm.cpp); without, a matmul.
+  auto fused = [](const Tensor& xx, const Tensor& w, const Tensor& b) {
+    return xx.dim() >= 2 && xx.numel() > 0 && xx.dtype() == w.dtype() && xx.dtype() == b.dtype() &&
+           xx.device() == w.device() && xx.device() == b.device();
+  };
   if (auto dt = autocast_dtype(x)) {  // weights: Note [Autocast weight copies]
-    Tensor y = chorus::matmul(chorus::to_dtype(x, *dt), autocast_weight(weight, *dt).t());
-    return bias.defined() ? chorus::add(y, autocast_weight(bias, *dt)) : y;
+    Tensor xx = chorus::to_dtype(x, *dt), w = autocast_weight(weight, *dt);
+    if (bias.defined()) {
+      Tensor b = autocast_weight(bias, *dt);
+      if (fused(xx, w, b)) return autograd::linear_bias(xx, w, b);
+      return chorus::add(chorus::matmul(xx, w.t()), b);
+    }
+    return chorus::matmul(xx, w.t());
   }
+  if (bias.defined() && fused(x, weight, bias)) return autograd::linear_bias(x, weight, bias);
   Tensor y = chorus::matmul(x, weight.t());
   return bias.defined() ? chorus::add(y, bias) : y;
+}
+
+Tensor mlp_gelu(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2) {
+  for (const Tensor* t : {&x, &w1, &b1, &w2, &b2}) detail::check_defined(*t, "mlp_gelu", "an operand");
+  CHORUS_CHECK(w1.dim() == 2 && w2.dim() == 2 && x.dim() >= 2 && x.size(-1) == w1.size(1) &&
+                   w2.size(1) == w1.size(0) && b1.dim() == 1 && b1.size(0) == w1.size(0) && b2.dim() == 1 &&
+                   b2.size(0) == w2.size(0),
+               "mlp_gelu: x ", x.describe(), ", w1 ", w1.describe(), ", b1 ", b1.describe(), ", w2 ", w2.describe(),
+               ", b2 ", b2.describe(), " do not fit");
+  Tensor xx = x, a = w1, ab = b1, c = w2, cb = b2;
+  if (auto dt = autocast_dtype(x)) {  // Note [Autocast weight copies]
+    xx = chorus::to_dtype(x, *dt);
+    a = autocast_weight(w1, *dt);
+    ab = autocast_weight(b1, *dt);
+    c = autocast_weight(w2, *dt);
+    cb = autocast_weight(b2, *dt);
+  }
+  bool one = xx.numel() > 0;
+  for (const Tensor* t : {&a, &ab, &c, &cb}) one = one && t->dtype() == xx.dtype() && t->device() == xx.device();
+  if (one) return autograd::mlp_gelu(xx, a, ab, c, cb);
+  return linear(gelu(linear(x, w1, b1), /*tanh_approximation=*/true), w2, b2);
 }
 
 namespace {

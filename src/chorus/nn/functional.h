@@ -5,6 +5,7 @@
 
 #include "chorus/core/tensor.h"
 #include "chorus/ops/nn.h"
+#include "chorus/ops/transformer.h"
 
 namespace chorus::nn::functional {
 
@@ -13,6 +14,10 @@ using ops::Pool2dParams;
 
 // y = x @ weight^T + bias; x [..., in], weight [out, in], bias [out] or undefined.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
+// linear(gelu(linear(x, w1, b1), tanh_approximation = true), w2, b2): a GPT
+// MLP, computed as one op whose matrix products carry GELU, its derivative
+// and the biases (ops/linear.h) when all operands share a dtype and device.
+Tensor mlp_gelu(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2);
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dParams& p);
 // conv2d(x, weight, bias, p) + residual (a residual block's last convolution
 // and its shortcut): on a GPU the add runs in the convolution's epilogue
@@ -65,9 +70,11 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 Tensor gelu(const Tensor& x, bool tanh_approximation = false);
 // softmax(q k^T / sqrt(head_dim)) v over q [B, H, T, D], k and v [B, H, S, D];
 // causal: query i attends to keys up to i + S - T; dropout (in training) on
-// the attention probabilities, deterministic under manual_seed.
+// the attention probabilities, deterministic under manual_seed. `kernel`:
+// the fused (flash) kernel where the device has one, or the composite
+// (ops::AttentionKernel in ops/transformer.h).
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                                    double dropout = 0.0);
+                                    double dropout = 0.0, ops::AttentionKernel kernel = ops::AttentionKernel::Auto);
 // Mean cross entropy of logits [..., V] against integer targets [...] through
 // the fused classifier: columns from `vocab` on are padding (0: none), rows
 // whose target is `ignore_index` are left out of the mean.

@@ -37,7 +37,8 @@ Tensor gelu(const Tensor& x, bool tanh_approximation) {
   return autograd::gelu(x, tanh_approximation);
 }
 
-Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double dropout) {
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double dropout,
+                                    ops::AttentionKernel kernel) {
   detail::check_defined(q, "scaled_dot_product_attention", "q");
   CHORUS_CHECK(q.dim() == 4, "scaled_dot_product_attention: q must be [batch, heads, seq, head_dim], got ",
                q.describe());
@@ -47,7 +48,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     kk = k.to(*dt);
     vv = v.to(*dt);
   }
-  return autograd::attention(qq, kk, vv, causal, 1.0 / std::sqrt(static_cast<double>(q.size(3))), dropout);
+  return autograd::attention(qq, kk, vv, causal, 1.0 / std::sqrt(static_cast<double>(q.size(3))), dropout, kernel);
 }
 
 Tensor cross_entropy_fused(const Tensor& logits, const Tensor& target, int64_t vocab,

@@ -25,8 +25,8 @@ Tensor conv2d_add(const Tensor& x, const Tensor& w, const Tensor& residual, cons
 // pass (batch_norm_relu_sum: it reads conv(h) and the shortcut, writes s and
 // sums the statistics) costs one read and one write more than the plain
 // statistics pass, where the add in the convolution's epilogue (conv2d_add)
-// slows a wide convolution more (Wide ResNet-28-10, bf16, H100: 168 against 118
-// us at 32x32x160). Whether to leave it is the device's choice per geometry:
+// slows a wide convolution more (Wide ResNet-28-10, bf16, H100, at 32x32x160;
+// benchmarks journal, session 24). Whether to leave it is the device's choice per geometry:
 // conv2d_add_defers (CUDA times both; the CPU always leaves it).
 bool conv2d_add_defers(const Tensor& x, const Tensor& w, const Tensor& residual, const Conv2dParams& p);
 Tensor conv2d_backward_input(const Tensor& dy, const Tensor& x, const Tensor& w, const Conv2dParams& p);

@@ -73,8 +73,46 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& dy, const T
   return {dx, dg, db};
 }
 
-std::tuple<Tensor, Tensor, Tensor> attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                                             double scale, double dropout) {
+const char* attention_kernel_name(AttentionKernel k) {
+  switch (k) {
+    case AttentionKernel::Auto: return "auto";
+    case AttentionKernel::Fused: return "fused";
+    case AttentionKernel::Composite: return "composite";
+  }
+  return "?";
+}
+
+AttentionKernel parse_attention_kernel(const std::string& name) {
+  for (AttentionKernel k : {AttentionKernel::Auto, AttentionKernel::Fused, AttentionKernel::Composite})
+    if (name == attention_kernel_name(k)) return k;
+  CHORUS_THROW(ValueError, "unknown attention kernel '", name, "' (expected auto, fused or composite)");
+}
+
+namespace {
+
+// Why the fused kernel cannot take this call ("" when it may try).
+std::string fused_refusal(const Tensor& q, const Tensor& k, bool causal, double dropout) {
+  if (!q.device().is_cuda()) return "the fused attention kernel runs on CUDA devices only";
+  if (q.dtype() != kBFloat16 && q.dtype() != kFloat16)
+    return "the fused attention kernel takes bfloat16 or float16, got " + std::string(dtype_name(q.dtype()));
+  if (dropout > 0) return "the fused attention kernel has no dropout on the probabilities";
+  if (q.size(3) % 8 != 0 || q.size(3) > 128)
+    return "the fused attention kernel takes head_dim a multiple of 8 up to 128, got " + std::to_string(q.size(3));
+  if (causal && q.size(2) != k.size(2)) return "the fused attention kernel's causal mask needs as many keys as queries";
+  return "";
+}
+
+// An uninitialised [B, H, T, D] view of a [B, T, H, D] tensor: the layout the
+// heads merge back from for free.
+Tensor heads_last_empty(const Tensor& like) {
+  Tensor t = detail::empty_tensor({like.size(0), like.size(2), like.size(1), like.size(3)}, like.dtype(), like.device());
+  return permute(t, {0, 2, 1, 3});
+}
+
+}  // namespace
+
+AttentionSaved attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale, double dropout,
+                         AttentionKernel kernel) {
   for (const Tensor* t : {&q, &k, &v}) detail::check_defined(*t, "attention", "q/k/v");
   CHORUS_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "attention: q, k, v must be [batch, heads, seq, head_dim], got ",
                q.describe(), ", ", k.describe(), ", ", v.describe());
@@ -89,22 +127,61 @@ std::tuple<Tensor, Tensor, Tensor> attention(const Tensor& q, const Tensor& k, c
   CHORUS_CHECK(dropout >= 0 && dropout < 1, "attention: dropout must be in [0, 1), got ", dropout);
   CHORUS_CHECK(!causal || k.size(2) >= q.size(2), "attention: a causal mask needs at least as many keys (",
                k.size(2), ") as queries (", q.size(2), ")");
+  if (kernel != AttentionKernel::Composite) {
+    std::string why = fused_refusal(q, k, causal, dropout);
+    if (why.empty()) {
+      AttentionSaved s;
+      s.out = heads_last_empty(q);
+      s.stats = detail::empty_tensor({q.size(0), q.size(1), q.size(2)}, kFloat32, q.device());
+      s.fused = CHORUS_KERNEL(q.device(), attention_fused_forward, q, k, v, scale, causal, s.out, s.stats);
+      if (s.fused) return s;
+      why = "cuDNN has no fused attention for q " + q.describe() + ", k " + k.describe() + ", v " + v.describe();
+#if CHORUS_WITH_CUDA
+      const std::string detail = cuda::fused_attention_refusal();
+      if (!detail.empty()) why += " (" + detail + ")";
+#endif
+    }
+    CHORUS_CHECK(kernel != AttentionKernel::Fused, "attention: ", why);
+  }
   Tensor q3 = heads_batch(q), k3 = heads_batch(k), v3 = heads_batch(v);
   Tensor scores = gemm3(q3, k3, false, true);  // [BH, T, S]
-  Tensor probs = detail::empty_tensor(scores.sizes(), scores.dtype(), scores.device());
-  if (probs.numel()) CHORUS_KERNEL(q.device(), attention_softmax_forward, scores, scale, causal, probs);
-  Tensor mask, used = probs;
+  AttentionSaved s;
+  s.probs = detail::empty_tensor(scores.sizes(), scores.dtype(), scores.device());
+  if (s.probs.numel()) CHORUS_KERNEL(q.device(), attention_softmax_forward, scores, scale, causal, s.probs);
+  Tensor used = s.probs;
   if (dropout > 0) {
-    mask = dropout_mask(probs.sizes(), probs.dtype(), probs.device(), dropout);
-    used = binary(BinaryOp::Mul, probs, mask);
+    s.mask = dropout_mask(s.probs.sizes(), s.probs.dtype(), s.probs.device(), dropout);
+    used = binary(BinaryOp::Mul, s.probs, s.mask);
   }
-  Tensor out = gemm3(used, v3, false, false);  // [BH, T, D]
-  return {view(out, q.sizes()), probs, mask};
+  s.out = view(gemm3(used, v3, false, false), q.sizes());  // [BH, T, D]
+  return s;
 }
 
 std::tuple<Tensor, Tensor, Tensor> attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
-                                                      const Tensor& v, const Tensor& probs, const Tensor& mask,
-                                                      bool causal, double scale) {
+                                                      const Tensor& v, const AttentionSaved& saved, bool causal,
+                                                      double scale) {
+  if (saved.fused) {
+    Tensor g = to_dtype(to_device(dout, q.device()), q.dtype());
+    if (g.stride(3) != 1) g = contiguous(g);
+    Tensor dq = heads_last_empty(q), dk = heads_last_empty(k), dv = heads_last_empty(v);
+    bool ran = CHORUS_KERNEL(q.device(), attention_fused_backward, g, q, k, v, saved.out, saved.stats, scale, causal,
+                             dq, dk, dv);
+    if (!ran && g.is_contiguous() == false) {  // an odd gradient layout: try the packed one
+      g = contiguous(g);
+      ran = CHORUS_KERNEL(q.device(), attention_fused_backward, g, q, k, v, saved.out, saved.stats, scale, causal, dq,
+                          dk, dv);
+    }
+    CHORUS_CHECK(ran, "attention: cuDNN took the fused forward of q ", q.describe(), " but not its backward",
+#if CHORUS_WITH_CUDA
+                 " (", cuda::fused_attention_refusal(), ")"
+#else
+                 ""
+#endif
+    );
+    return {dq, dk, dv};
+  }
+  const Tensor& probs = saved.probs;
+  const Tensor& mask = saved.mask;
   Tensor q3 = heads_batch(q), k3 = heads_batch(k), v3 = heads_batch(v);
   Tensor do3 = heads_batch(to_dtype(to_device(dout, q.device()), q.dtype()));
   const Tensor used = mask.defined() ? binary(BinaryOp::Mul, probs, mask) : probs;

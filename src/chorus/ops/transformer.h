@@ -4,6 +4,7 @@
 // autograd/transformer_functions.h and nn/functional.h.
 #pragma once
 
+#include <string>
 #include <tuple>
 #include <utility>
 
@@ -19,21 +20,39 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& dy, const T
                                                        const Tensor& mean, const Tensor& rstd, bool need_dgamma,
                                                        bool need_dbeta);
 
+// Which kernels compute attention. Auto: the fused kernel where the device
+// has one for the case (Note [Fused attention graphs] in
+// cuda/flash_attention.cpp: cuDNN on CUDA, 16-bit floats, head_dim <= 128, no
+// dropout, T == S when causal), else the composite; Fused: the fused kernel
+// or a ValueError saying why not; Composite: always the composite.
+enum class AttentionKernel { Auto, Fused, Composite };
+const char* attention_kernel_name(AttentionKernel k);  // "auto", "fused", "composite"
+// Throws ValueError naming the accepted names.
+AttentionKernel parse_attention_kernel(const std::string& name);
+
+// What the backward of attention needs: the fused path keeps out and each
+// row's log-sum-exp (stats [B, H, T] float32), the composite the
+// probabilities and the dropout mask.
+struct AttentionSaved {
+  Tensor out, probs, mask, stats;
+  bool fused = false;
+};
+
 // Note [Attention through two products]: softmax(scale * q k^T) v over
-// q [B, H, T, D] and k, v [B, H, S, D] (one dtype and device), computed as a
-// batched GEMM, attention's softmax (causal: query i sees keys up to
-// i + S - T) and a second GEMM, as llm.c's path without cuDNN does. The
+// q [B, H, T, D] and k, v [B, H, S, D] (one dtype and device). The composite
+// path is a batched GEMM, attention's softmax (causal: query i sees keys up
+// to i + S - T) and a second GEMM, as llm.c's path without cuDNN does; the
 // probabilities [B*H, T, S] are kept for the backward. With dropout p > 0
 // the probabilities are multiplied by a mask of 0 and 1/(1-p) drawn from the
-// default generator before the second product. Returns (out [B, H, T, D],
-// probs, mask -- undefined without dropout).
-std::tuple<Tensor, Tensor, Tensor> attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                                             double scale, double dropout = 0.0);
-// (dq, dk, dv) from the output's gradient, the forward's probabilities and its
-// dropout mask (undefined: none).
+// default generator before the second product. The fused path writes out as
+// a [B, T, H, D]-ordered tensor seen as [B, H, T, D] (so the heads' merge
+// back to [B, T, H*D] is free) and never stores the scores.
+AttentionSaved attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale,
+                         double dropout = 0.0, AttentionKernel kernel = AttentionKernel::Auto);
+// (dq, dk, dv) from the output's gradient and what the forward saved.
 std::tuple<Tensor, Tensor, Tensor> attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
-                                                      const Tensor& v, const Tensor& probs, const Tensor& mask,
-                                                      bool causal, double scale);
+                                                      const Tensor& v, const AttentionSaved& saved, bool causal,
+                                                      double scale);
 
 // The fused classifier over logits [N, V] and int64 targets [N] (cpu/cuda
 // cross_entropy_fused): (losses [N] float32 -- float64 for float64 logits --,

@@ -55,7 +55,7 @@ Tensor ParallelSelfAttention::forward(const Tensor& x) {
     // The probabilities of this rank's heads: a mask of their own.
     std::optional<GeneratorGuard> heads_rng;
     if (p_attn > 0 && ctx_.sharded_rng) heads_rng.emplace(*ctx_.sharded_rng);
-    y = F::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], /*causal=*/true, p_attn);
+    y = F::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], /*causal=*/true, p_attn, cfg_.attention);
   }
   y = y.permute({0, 2, 1, 3}).reshape({b, t, local_width});
   return parallel_dropout(child(*this, "c_proj")->forward(y), cfg_.dropout, is_training(), ctx_.sequence_parallel,

@@ -1,0 +1,69 @@
+#include "chorus/ops/linear.h"
+
+#include "chorus/core/error.h"
+#include "chorus/ops/copy.h"
+#include "chorus/ops/dispatch.h"
+
+namespace chorus::ops {
+
+Tensor linear_bias(const Tensor& x, const Tensor& w, const Tensor& b) {
+  CHORUS_CHECK(x.dim() == 2 && w.dim() == 2 && b.dim() == 1 && x.size(1) == w.size(1) && b.size(0) == w.size(0),
+               "linear: x ", x.describe(), ", weight ", w.describe(), " and bias ", b.describe(), " do not fit");
+  CHORUS_CHECK(x.dtype() == w.dtype() && x.dtype() == b.dtype() && x.device() == w.device() &&
+                   x.device() == b.device(),
+               "linear: x, weight and bias must share one dtype and device, got ", x.describe(), ", ", w.describe(),
+               ", ", b.describe());
+  const Tensor xc = contiguous(x), wc = contiguous(w), bc = contiguous(b);
+  Tensor y = detail::empty_tensor({x.size(0), w.size(0)}, x.dtype(), x.device());
+  CHORUS_KERNEL(x.device(), gemm_bias, xc, wc, y, false, true, bc, Tensor());
+  return y;
+}
+
+std::tuple<Tensor, Tensor, Tensor> linear_bias_backward(const Tensor& dy, const Tensor& x, const Tensor& w,
+                                                        bool need_dx, bool need_db) {
+  const Device dev = x.device();
+  const Tensor g = contiguous(to_dtype(to_device(dy, dev), x.dtype()));
+  const Tensor xc = contiguous(x), wc = contiguous(w);
+  CHORUS_CHECK(g.dim() == 2 && g.size(0) == x.size(0) && g.size(1) == w.size(0), "linear: gradient ",
+               dy.describe(), " does not fit x ", x.describe(), " and weight ", w.describe());
+  Tensor dx;
+  if (need_dx) {
+    dx = detail::empty_tensor(x.sizes(), x.dtype(), dev);
+    CHORUS_KERNEL(dev, gemm_bias, g, wc, dx, false, false, Tensor(), Tensor());  // dy w
+  }
+  Tensor dw = detail::empty_tensor(w.sizes(), w.dtype(), dev);
+  Tensor db = need_db ? detail::empty_tensor({w.size(0)}, w.dtype(), dev) : Tensor();
+  CHORUS_KERNEL(dev, gemm_bias, g, xc, dw, true, false, Tensor(), db);  // dy^T x, and dy's column sums
+  return {dx, dw, db};
+}
+
+std::tuple<Tensor, Tensor, Tensor> mlp_gelu(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2,
+                                            const Tensor& b2) {
+  CHORUS_CHECK(x.dim() == 2 && w1.dim() == 2 && w2.dim() == 2 && x.size(1) == w1.size(1) && w2.size(1) == w1.size(0) &&
+                   b1.numel() == w1.size(0) && b2.numel() == w2.size(0),
+               "mlp: x ", x.describe(), ", w1 ", w1.describe(), ", b1 ", b1.describe(), ", w2 ", w2.describe(), ", b2 ",
+               b2.describe(), " do not fit");
+  const Tensor xc = contiguous(x), w1c = contiguous(w1), b1c = contiguous(b1);
+  Tensor pre = detail::empty_tensor({x.size(0), w1.size(0)}, x.dtype(), x.device());
+  Tensor h = detail::empty_tensor(pre.sizes(), x.dtype(), x.device());
+  CHORUS_KERNEL(x.device(), gemm_bias_gelu, xc, w1c, b1c, pre, h);
+  return {linear_bias(h, w2, b2), pre, h};
+}
+
+std::vector<Tensor> mlp_gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& w1, const Tensor& w2,
+                                      const Tensor& pre, const Tensor& h, bool need_dx) {
+  const Device dev = x.device();
+  const Tensor g = contiguous(to_dtype(to_device(dy, dev), x.dtype()));
+  const Tensor w2c = contiguous(w2);
+  // The second product: dw2 = dy^T h with db2 from dy's column sums.
+  Tensor dw2 = detail::empty_tensor(w2.sizes(), w2.dtype(), dev), db2 = detail::empty_tensor({w2.size(0)}, w2.dtype(), dev);
+  CHORUS_KERNEL(dev, gemm_bias, g, h, dw2, true, false, Tensor(), db2);
+  // dpre = (dy w2) * gelu'(pre), db1 from its column sums, in one product.
+  Tensor dpre = detail::empty_tensor(pre.sizes(), pre.dtype(), dev), db1 = detail::empty_tensor({w1.size(0)}, w1.dtype(), dev);
+  CHORUS_KERNEL(dev, gemm_dgelu, g, w2c, pre, dpre, db1);
+  auto [dx, dw1, no_db] = linear_bias_backward(dpre, x, w1, need_dx, /*need_db=*/false);  // db1 came with dpre
+  (void)no_db;
+  return {dx, dw1, db1, dw2, db2};
+}
+
+}  // namespace chorus::ops

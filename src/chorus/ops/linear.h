@@ -1,0 +1,33 @@
+// A linear layer's products with the bias riding on them (Note [Linear
+// layers' epilogues] in cuda/gemm.cpp): shape checks, allocation, dispatch.
+// The differentiable version is autograd::linear (nn_functions.h).
+#pragma once
+
+#include <tuple>
+#include <vector>
+
+#include "chorus/core/tensor.h"
+
+namespace chorus::ops {
+
+// y = x w^T + b for x [M, K], w [N, K], b [N] of one dtype and device
+// (contiguous after the call's own copies): y [M, N].
+Tensor linear_bias(const Tensor& x, const Tensor& w, const Tensor& b);
+// Its backward from dy [M, N]: (dx [M, K] -- undefined unless need_dx --,
+// dw [N, K], db [N] -- undefined unless need_db), db summed while dw's
+// product reads dy.
+std::tuple<Tensor, Tensor, Tensor> linear_bias_backward(const Tensor& dy, const Tensor& x, const Tensor& w,
+                                                        bool need_dx, bool need_db = true);
+
+// A GPT MLP, y = gelu_tanh(x w1^T + b1) w2^T + b2, with GELU in the
+// products' epilogues (Note [GELU in the MLP's epilogues] in cuda/gemm.cpp):
+// x [M, C], w1 [H, C], b1 [H], w2 [C, H], b2 [C] of one dtype and device.
+// Returns (y [M, C], pre [M, H], h [M, H]): GELU's input and output, which
+// the backward reads.
+std::tuple<Tensor, Tensor, Tensor> mlp_gelu(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2,
+                                            const Tensor& b2);
+// Its backward from dy [M, C]: {dx (undefined unless need_dx), dw1, db1, dw2, db2}.
+std::vector<Tensor> mlp_gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& w1, const Tensor& w2,
+                                      const Tensor& pre, const Tensor& h, bool need_dx);
+
+}  // namespace chorus::ops
