@@ -30,6 +30,7 @@
 #include "gpt_mesh.h"
 #include "gpt_mesh_checkpoint.h"
 #include "run_position.h"
+#include "stop_signal.h"
 #include "train_dist.h"
 #include "train_gpt.h"
 
@@ -208,6 +209,7 @@ nlohmann::ordered_json run_train_gpt_mesh(const TrainConfig& tc, const GptOption
   auto window_start = Clock::now();
   int64_t window_first = start, step = start;
   std::vector<Tensor> window_losses;
+  StopSignal stop_signal;  // Note [Stopping on a signal]: agreed on at the log windows, as train_gpt.cpp does
   for (; step < total_steps; ++step) {
     opt.set_lr(lr_at(step, total_steps, warmup, lr, g.min_lr_ratio));
     Tensor step_loss;
@@ -229,6 +231,7 @@ nlohmann::ordered_json run_train_gpt_mesh(const TrainConfig& tc, const GptOption
     opt.zero_grad();
     window_losses.push_back(step_loss);
     const bool last = step + 1 == total_steps;
+    bool stop = false;
     if ((step + 1) % tc.log_every == 0 || last) {
       double sum = 0;
       for (const Tensor& l : window_losses) sum += l.item();
@@ -236,7 +239,9 @@ nlohmann::ordered_json run_train_gpt_mesh(const TrainConfig& tc, const GptOption
       CHORUS_CHECK(!std::isnan(sum), "the loss is NaN between steps ", window_first + 1, " and ", step + 1,
                    " (lower --lr)");
       // Tensor ranks hold the same loss: the mean over the world is the mean over the data ranks.
-      last_loss = sum_over_ranks(rc, {sum / static_cast<double>(n)})[0] / rc.group->size();
+      const auto summed = sum_over_ranks(rc, {sum / static_cast<double>(n), StopSignal::pending() ? 1.0 : 0.0});
+      last_loss = summed[0] / rc.group->size();
+      stop = summed[1] > 0;
       const double secs = seconds_since(window_start);
       tok_s = static_cast<double>(n * tokens_per_step) / std::max(secs, 1e-9);
       if (val && g.val_every && (step + 1) % g.val_every == 0) last_val = val_loss();
@@ -251,8 +256,19 @@ nlohmann::ordered_json run_train_gpt_mesh(const TrainConfig& tc, const GptOption
       window_first = step + 1;
     }
     if (tc.checkpoint_every > 0 && (step + 1) % tc.checkpoint_every == 0 && !last) save(step + 1);
+    if (stop) {
+      ++step;
+      if (leader) std::fprintf(stderr, "stopping after step %lld on a signal\n", (long long)step);
+      break;
+    }
   }
   save(step);
+  if (const int sig = StopSignal::pending(); sig != 0 && step < total_steps) {
+    if (leader)
+      std::fprintf(stderr, "%s", ckpt.empty() ? "no --checkpoint-dir: nothing was saved\n"
+                                              : ("checkpoint written: " + ckpt + "\n").c_str());
+    throw Interrupted(sig);
+  }
   if (val) last_val = val_loss();
   nlohmann::ordered_json out = {{"model", tc.model},
                                 {"strategy", "mesh"},

@@ -6,6 +6,7 @@
 #   - a checkpoint written at tp=2 resumes without --mesh (one process) to the
 #     uninterrupted run's losses, and chorus generate reads it; a one-process
 #     checkpoint resumes at tp=2
+#   - SIGINT stops every rank with a checkpoint and exit 130
 #   - chorus bench --mesh prints a row
 #   - bad input: one clear line and a non-zero exit each
 set -uo pipefail
@@ -53,6 +54,16 @@ ck1="$tmp/ck1"
 rm -rf "$ck1/ckpt-00000012" "$ck1/ckpt-00000008"
 res2=$(launch 2 "${T[@]}" --batch-size 8 --mesh tp=2 --checkpoint-dir "$ck1" --resume)
 check "tp=2 resumes a one-process checkpoint to the same losses" "grep -q 'resumed from .*ckpt-00000004 at step 4' '$tmp/launch.err' && close $(loss "$res2" train_loss) $(loss "$one" train_loss)"
+
+# 2a. SIGINT stops every rank after the same step with a checkpoint (exit 130), which resumes.
+ck2="$tmp/ck2"
+timeout 120 "$CHORUS" launch --nproc-per-node 2 --master-port "$(free_port)" --grace-period 5 -- "$CHORUS" train --model d2 \
+  --data "text:$tmp/t.txt" --seq-len 64 --steps 100000 --log-every 1 --mesh tp=2 --checkpoint-dir "$ck2" \
+  > /dev/null 2> "$tmp/sig.err" & lp=$!
+for _ in $(seq 100); do grep -q "step 3/" "$tmp/sig.err" && break; sleep 0.2; done
+kill -INT $lp; wait $lp; rc=$?
+check "SIGINT stops a --mesh run with exit 130 (got $rc)" "[ $rc = 130 ]"
+check "... after writing a checkpoint" "grep -q 'checkpoint written: .*ckpt-' '$tmp/sig.err' && [ -f '$ck2/latest' ]"
 
 # 2b. chorus bench --mesh: one row from rank 0.
 row=$(launch 2 bench --model d2 --seq-len 32 --batch-size 2 --steps 2 --warmup 1 --json --mesh tp=2 --sequence-parallel)
