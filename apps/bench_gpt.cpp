@@ -31,6 +31,9 @@ int run_bench_gpt(const BenchConfig& c) {
   models::GPTConfig cfg = models::GPTConfig::named(c.model, 50257, std::max<int64_t>(seq, 1024));
   CHORUS_CHECK(seq <= cfg.context, "--seq-len ", seq, " is above the context");
   cfg.attention = ops::parse_attention_kernel(c.attention);
+  CHORUS_CHECK(c.recompute == "never" || c.recompute == "always",
+               "--recompute for a GPT is always (every block recomputes its activations) or never, got '", c.recompute, "'");
+  cfg.recompute = c.recompute == "always";
   manual_seed(0);
   models::GPT model(cfg);
   model.to(dev);
@@ -81,6 +84,7 @@ int run_bench_gpt(const BenchConfig& c) {
                                 {"batch_per_device", c.batch_size},
                                 {"seq_len", seq},
                                 {"attention", c.attention},
+                                {"recompute", c.recompute},
                                 {"params", cfg.num_parameters()},
                                 {"tok_per_s", tok_s},
                                 {"step_ms", 1000.0 * dt / static_cast<double>(c.steps)},

@@ -197,6 +197,9 @@ void validate_gpt(const TrainConfig& tc, const GptOptions& g) {
   CHORUS_CHECK(g.dropout >= 0 && g.dropout < 1, "--dropout must be in [0, 1), got ", g.dropout);
   CHORUS_CHECK(g.attention == "auto" || g.attention == "fused" || g.attention == "composite",
                "--attention must be auto, fused or composite, got '", g.attention, "'");
+  CHORUS_CHECK(!tc.recompute || *tc.recompute == "never" || *tc.recompute == "always",
+               "--recompute for a GPT is always (every block recomputes its activations in the backward) or never, got '",
+               tc.recompute.value_or(""), "'");
   CHORUS_CHECK(tc.batch_size > 0, "--batch-size must be positive, got ", tc.batch_size);
   CHORUS_CHECK(!tc.steps || *tc.steps > 0, "--steps must be positive, got ", tc.steps.value_or(0));
   CHORUS_CHECK(!tc.lr || (std::isfinite(*tc.lr) && *tc.lr >= 0), "--lr must be a non-negative number");
@@ -250,6 +253,7 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
   models::GPTConfig cfg = models::GPTConfig::named(tc.model, vocab, context);
   cfg.dropout = g.dropout;
   cfg.attention = ops::parse_attention_kernel(g.attention);
+  cfg.recompute = tc.recompute.value_or("never") == "always";
   manual_seed(tc.seed);
   r.model = std::make_shared<models::GPT>(cfg);
   if (g.init_from) {

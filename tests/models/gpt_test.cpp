@@ -154,6 +154,67 @@ TEST(GPTModel, DataParallelEqualsOneDeviceInFloat64) {
   }
 }
 
+// --recompute: every block keeps its input only and runs again in the
+// backward (nn::checkpoint). In float64 the loss and every gradient equal an
+// ordinary step's, with dropout on (the recomputed forward draws the same
+// masks), and under DataParallel over two CPU devices.
+TEST(GPTModel, RecomputedBlocksGiveTheSameGradients) {
+  GPTConfig plain = tiny(3, 2, 8, 11, 6), again = plain;
+  plain.dropout = again.dropout = 0.2;
+  again.recompute = true;
+  GPT a(plain), b(again);
+  a.to(kFloat64);
+  b.to(kFloat64);
+  randomize(a, 41);
+  randomize(b, 41);
+  Tensor ids = random_ids({2, 6}, 11, 42), tg = random_ids({2, 6}, 11, 43);
+  manual_seed(44);
+  Tensor la = a.loss(ids, tg);
+  la.backward();
+  manual_seed(44);
+  Tensor lb = b.loss(ids, tg);
+  lb.backward();
+  EXPECT_EQ(la.item(), lb.item());
+  EXPECT_GT(la.item(), 0.5);  // a real loss: about log(11) for random weights
+  auto pa = a.named_parameters(), pb = b.named_parameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) {
+    ASSERT_TRUE(pb[i].second.grad().defined()) << pb[i].first;
+    auto x = pa[i].second.grad().to_vector<double>(), y = pb[i].second.grad().to_vector<double>();
+    double worst = 0;
+    for (size_t j = 0; j < x.size(); ++j) worst = std::max(worst, std::abs(x[j] - y[j]));
+    EXPECT_LT(worst, 1e-13) << pa[i].first;
+  }
+  // Without grad mode (evaluation) nothing is recorded or recomputed.
+  {
+    NoGradGuard ng;
+    EXPECT_FALSE(b.loss(ids, tg).requires_grad());
+  }
+  // DataParallel replicas of a recomputing model (no dropout: the replicas
+  // draw their own masks) against one ordinary device.
+  GPTConfig p0 = tiny(3, 2, 8, 11, 6), r0 = p0;
+  r0.recompute = true;
+  GPT one(p0);
+  one.to(kFloat64);
+  randomize(one, 45);
+  auto rc = std::make_shared<GPT>(r0);
+  rc->to(kFloat64);
+  randomize(*rc, 45);
+  parallel::DataParallel dp(rc, test::cpus(2));
+  Tensor ids2 = random_ids({4, 6}, 11, 46), tg2 = random_ids({4, 6}, 11, 47);
+  Tensor l1 = one.loss(ids2, tg2), l2 = rc->loss_of_logits(dp.forward(ids2), tg2);
+  EXPECT_NEAR(l1.item(), l2.item(), 1e-13);
+  l1.backward();
+  l2.backward();
+  auto o = one.named_parameters(), r = rc->named_parameters();
+  for (size_t i = 0; i < o.size(); ++i) {
+    auto x = o[i].second.grad().to_vector<double>(), y = r[i].second.grad().to(cpu_device(0)).to_vector<double>();
+    double worst = 0;
+    for (size_t j = 0; j < x.size(); ++j) worst = std::max(worst, std::abs(x[j] - y[j]));
+    EXPECT_LT(worst, 1e-12) << o[i].first;
+  }
+}
+
 TEST(GPTModel, RejectsASequenceLongerThanTheContext) {
   GPT m(tiny());
   Tensor ids = random_ids({1, 7}, 11, 1);

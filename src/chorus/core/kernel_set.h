@@ -55,7 +55,7 @@
      out [M, N], contiguous, one dtype. */                                                         \
   void gemm_bias_gelu(const Tensor& a, const Tensor& bm, const Tensor& bias, const Tensor& pre,   \
                       const Tensor& out);                                                         \
-  /* GELU's backward in the epilogue of the product that makes its input's gradient:            \
+  /* GELU's backward after the product that makes its input's gradient:                        \
      out = (a @ bm) * gelu_tanh'(pre) for a [M, K], bm [K, N], pre and out [M, N], and           \
      bias_grad [N] (when defined) = the column sums of out: the first product's bias gradient. */ \
   void gemm_dgelu(const Tensor& a, const Tensor& bm, const Tensor& pre, const Tensor& out,       \
@@ -167,6 +167,12 @@
                           const TensorList& exp_avgs, const TensorList& exp_avg_sqs, double lr,   \
                           double beta1, double beta2, double eps, double weight_decay,            \
                           int64_t step, const Tensor& scalars, const TensorList& addends); \
+  /* Gradient clipping's two passes over many tensors at once (each contiguous and floating, all \
+     on one device; a few launches for any number). sum_squares_multi: out [] (float32; float64  \
+     when the xs are) = the sum of squares of all their elements, in a fixed order.             \
+     scale_multi: every xs[i] *= scale (a one-element float32 or float64 tensor). */            \
+  void sum_squares_multi(const TensorList& xs, const Tensor& out);                                \
+  void scale_multi(const TensorList& xs, const Tensor& scale);                                    \
   /* Layer norm over the last dim of contiguous x [rows, cols]: y = (x - mean) * rstd * gamma +  \
      beta, y of x's dtype; mean and rstd [rows] float32 (float64 for a float64 x). gamma, beta   \
      [cols] of x's dtype or float32 (float32 master weights beside 16-bit activations), each may \

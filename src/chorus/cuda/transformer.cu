@@ -28,27 +28,60 @@ const G* param_ptr(const Tensor& t) {
   return t.defined() ? t.data<G>() : nullptr;
 }
 
-template <typename T, typename G>
+// Launches kern<T, V> with the widest V (16 bytes) that divides the rows and
+// the pointers' alignment, else V = 1.
+template <typename T, typename F>
+void with_row_vector(int64_t s, std::initializer_list<const void*> ptrs, F&& f) {
+  constexpr int kV = 16 / sizeof(T);
+  bool vec = s % kV == 0;
+  for (const void* p : ptrs) vec = vec && reinterpret_cast<uintptr_t>(p) % 16 == 0;
+  if (vec) {
+    f.template operator()<kV>();
+  } else {
+    f.template operator()<1>();
+  }
+}
+
+// V elements per 16-byte access of x, y, dy and dx (a row of 768 bf16 is 96
+// vectors: three per lane of its warp); the parameters are read element by
+// element (the same few KB for every row: from L1).
+template <typename T, typename G, int V>
 __global__ void layer_norm_forward_kernel(const T* x, const G* gamma, const G* beta, float eps, T* y, float* mean,
                                           float* rstd, int64_t rows, int64_t cols) {
   const int64_t row = row_index();
   if (row >= rows) return;
-  const T* xr = x + row * cols;
+  const int64_t nv = cols / V;
+  const Vec<T, V>* xr = reinterpret_cast<const Vec<T, V>*>(x + row * cols);
   SumV s{0.0f};
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s.s += to_acc(xr[c]);
+  for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
+    const Vec<T, V> v = xr[c];
+#pragma unroll
+    for (int j = 0; j < V; ++j) s.s += to_acc(v.v[j]);
+  }
   s = row_allreduce(s);
   const float m = s.s / static_cast<float>(cols);
-  SumV v{0.0f};  // the variance of centred values (a second read, from cache)
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    const float d = to_acc(xr[c]) - m;
-    v.s += d * d;
+  SumV var{0.0f};  // the variance of centred values (a second read, from cache)
+  for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
+    const Vec<T, V> v = xr[c];
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float d = to_acc(v.v[j]) - m;
+      var.s += d * d;
+    }
   }
-  v = row_allreduce(v);
-  const float rs = rsqrtf(v.s / static_cast<float>(cols) + eps);
-  T* yr = y + row * cols;
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    const float g = gamma ? to_acc(gamma[c]) : 1.0f, b = beta ? to_acc(beta[c]) : 0.0f;
-    yr[c] = convert<T>((to_acc(xr[c]) - m) * rs * g + b);
+  var = row_allreduce(var);
+  const float rs = rsqrtf(var.s / static_cast<float>(cols) + eps);
+  Vec<T, V>* yr = reinterpret_cast<Vec<T, V>*>(y + row * cols);
+  for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
+    const Vec<T, V> v = xr[c];
+    Vec<T, V> out;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const int64_t col = c * V + j;
+      const float g = gamma ? to_acc(gamma[col]) : 1.0f, b = beta ? to_acc(beta[col]) : 0.0f;
+      out.v[j] = convert<T>((to_acc(v.v[j]) - m) * rs * g + b);
+    }
+    yr[c] = out;
   }
   if (threadIdx.x == 0) {
     mean[row] = m;
@@ -64,58 +97,87 @@ struct SumPairV {
 };
 
 // dx = rs * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = dy * gamma.
-template <typename T, typename G>
+template <typename T, typename G, int V>
 __global__ void layer_norm_dx_kernel(const T* dy, const T* x, const G* gamma, const float* mean, const float* rstd,
                                      T* dx, int64_t rows, int64_t cols) {
   const int64_t row = row_index();
   if (row >= rows) return;
-  const int64_t base = row * cols;
+  const int64_t nv = cols / V;
+  const Vec<T, V>* dyr = reinterpret_cast<const Vec<T, V>*>(dy + row * cols);
+  const Vec<T, V>* xr = reinterpret_cast<const Vec<T, V>*>(x + row * cols);
   const float m = mean[row], rs = rstd[row];
   SumPairV s{0.0f, 0.0f};
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    const float g = to_acc(dy[base + c]) * (gamma ? to_acc(gamma[c]) : 1.0f);
-    s.a += g;
-    s.b += g * (to_acc(x[base + c]) - m) * rs;
+  for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
+    const Vec<T, V> d = dyr[c], v = xr[c];
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float g = to_acc(d.v[j]) * (gamma ? to_acc(gamma[c * V + j]) : 1.0f);
+      s.a += g;
+      s.b += g * (to_acc(v.v[j]) - m) * rs;
+    }
   }
   s = row_allreduce(s);
   const float inv = 1.0f / static_cast<float>(cols);
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    const float g = to_acc(dy[base + c]) * (gamma ? to_acc(gamma[c]) : 1.0f);
-    const float xhat = (to_acc(x[base + c]) - m) * rs;
-    dx[base + c] = convert<T>(rs * (g - s.a * inv - xhat * s.b * inv));
+  Vec<T, V>* dxr = reinterpret_cast<Vec<T, V>*>(dx + row * cols);
+  for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
+    const Vec<T, V> d = dyr[c], v = xr[c];
+    Vec<T, V> out;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float g = to_acc(d.v[j]) * (gamma ? to_acc(gamma[c * V + j]) : 1.0f);
+      const float xhat = (to_acc(v.v[j]) - m) * rs;
+      out.v[j] = convert<T>(rs * (g - s.a * inv - xhat * s.b * inv));
+    }
+    dxr[c] = out;
   }
 }
 
-constexpr int kParamCols = 32;     // columns per block (one per lane)
+constexpr int kParamCols = 32;     // column vectors per block (one per lane)
 constexpr int kParamRowWarps = 8;  // warps per block, each over its own rows
 
-// dgamma[c] += sum over this block's rows of dy * xhat; dbeta[c] += sum of dy.
-template <typename T>
+// dgamma[c] += sum over this block's rows of dy * xhat; dbeta[c] += sum of dy,
+// for the V columns of a lane's 16-byte vector.
+template <typename T, int V>
 __global__ void layer_norm_param_grad_kernel(const T* dy, const T* x, const float* mean, const float* rstd,
                                              float* dgamma, float* dbeta, int64_t rows, int64_t cols,
                                              int64_t rows_per_block) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kParamCols + threadIdx.x;
+  const int64_t c = (static_cast<int64_t>(blockIdx.x) * kParamCols + threadIdx.x) * V;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_block;
   const int64_t r1 = r0 + rows_per_block < rows ? r0 + rows_per_block : rows;
-  float g = 0.0f, b = 0.0f;
+  float g[V], b[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) g[j] = b[j] = 0.0f;
   if (c < cols) {
     for (int64_t r = r0 + threadIdx.y; r < r1; r += blockDim.y) {
-      const float d = to_acc(dy[r * cols + c]);
-      g += d * (to_acc(x[r * cols + c]) - mean[r]) * rstd[r];
-      b += d;
+      const Vec<T, V> d = *reinterpret_cast<const Vec<T, V>*>(dy + r * cols + c);
+      const Vec<T, V> v = *reinterpret_cast<const Vec<T, V>*>(x + r * cols + c);
+      const float m = mean[r], rs = rstd[r];
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float dj = to_acc(d.v[j]);
+        g[j] += dj * (to_acc(v.v[j]) - m) * rs;
+        b[j] += dj;
+      }
     }
   }
-  __shared__ float sg[kParamRowWarps][kParamCols], sb[kParamRowWarps][kParamCols];
-  sg[threadIdx.y][threadIdx.x] = g;
-  sb[threadIdx.y][threadIdx.x] = b;
+  __shared__ float sg[kParamRowWarps][kParamCols * V], sb[kParamRowWarps][kParamCols * V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    sg[threadIdx.y][threadIdx.x * V + j] = g[j];
+    sb[threadIdx.y][threadIdx.x * V + j] = b[j];
+  }
   __syncthreads();
   if (threadIdx.y == 0 && c < cols) {
-    for (int w = 1; w < kParamRowWarps; ++w) {
-      g += sg[w][threadIdx.x];
-      b += sb[w][threadIdx.x];
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      float gs = g[j], bs = b[j];
+      for (int w = 1; w < kParamRowWarps; ++w) {
+        gs += sg[w][threadIdx.x * V + j];
+        bs += sb[w][threadIdx.x * V + j];
+      }
+      if (dgamma) atomicAdd(dgamma + c + j, gs);
+      if (dbeta) atomicAdd(dbeta + c + j, bs);
     }
-    if (dgamma) atomicAdd(dgamma + c, g);
-    if (dbeta) atomicAdd(dbeta + c, b);
   }
 }
 
@@ -193,19 +255,6 @@ __global__ void attention_softmax_backward_kernel(const T* dy, const T* y, T* dx
   }
 }
 
-// Launches kern<T, V> with the widest V (16 bytes) that divides the rows and
-// the pointers' alignment, else V = 1.
-template <typename T, typename F>
-void with_row_vector(int64_t s, std::initializer_list<const void*> ptrs, F&& f) {
-  constexpr int kV = 16 / sizeof(T);
-  bool vec = s % kV == 0;
-  for (const void* p : ptrs) vec = vec && reinterpret_cast<uintptr_t>(p) % 16 == 0;
-  if (vec) {
-    f.template operator()<kV>();
-  } else {
-    f.template operator()<1>();
-  }
-}
 
 // One row of the fused classifier: loss = lse - x[t], dlogits = softmax - onehot
 // over the first `valid` columns, 0 past them and on ignored rows.
@@ -295,9 +344,11 @@ void layer_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta
   const RowLaunch l = row_launch(rows, cols);
   dispatch_float(x.dtype(), op, [&]<typename T>() {
     with_param_type<T>(gamma, beta, x.dtype(), op, [&]<typename G>() {
-      layer_norm_forward_kernel<T, G><<<l.grid, l.block, 0, current_stream(dev)>>>(
-          x.data<T>(), param_ptr<G>(gamma), param_ptr<G>(beta), static_cast<float>(eps), y.data<T>(),
-          mean.data<float>(), rstd.data<float>(), rows, cols);
+      with_row_vector<T>(cols, {x.raw_data(), y.raw_data()}, [&]<int V>() {
+        layer_norm_forward_kernel<T, G, V><<<l.grid, l.block, 0, current_stream(dev)>>>(
+            x.data<T>(), param_ptr<G>(gamma), param_ptr<G>(beta), static_cast<float>(eps), y.data<T>(),
+            mean.data<float>(), rstd.data<float>(), rows, cols);
+      });
     });
   });
   CHORUS_CUDA_LAUNCH_CHECK();
@@ -322,20 +373,25 @@ void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
   const RowLaunch l = row_launch(rows, cols);
   dispatch_float(x.dtype(), op, [&]<typename T>() {
     with_param_type<T>(gamma, Tensor(), x.dtype(), op, [&]<typename G>() {
-      layer_norm_dx_kernel<T, G><<<l.grid, l.block, 0, stream>>>(dy.data<T>(), x.data<T>(), param_ptr<G>(gamma),
-                                                                mean.data<float>(), rstd.data<float>(),
-                                                                dx.data<T>(), rows, cols);
+      with_row_vector<T>(cols, {dy.raw_data(), x.raw_data(), dx.raw_data()}, [&]<int V>() {
+        layer_norm_dx_kernel<T, G, V><<<l.grid, l.block, 0, stream>>>(dy.data<T>(), x.data<T>(), param_ptr<G>(gamma),
+                                                                     mean.data<float>(), rstd.data<float>(),
+                                                                     dx.data<T>(), rows, cols);
+      });
     });
     if (dgamma.defined() || dbeta.defined()) {
-      // Enough row blocks to fill the GPU (about 4 blocks an SM over the column tiles).
-      const int64_t col_blocks = (cols + kParamCols - 1) / kParamCols;
-      const int64_t want = std::max<int64_t>(1, 528 / col_blocks);
-      const int64_t rows_per_block = std::max<int64_t>(kParamRowWarps, (rows + want - 1) / want);
-      const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block));
-      layer_norm_param_grad_kernel<T><<<grid, dim3(kParamCols, kParamRowWarps), 0, stream>>>(
-          dy.data<T>(), x.data<T>(), mean.data<float>(), rstd.data<float>(),
-          dgamma.defined() ? dgamma.data<float>() : nullptr, dbeta.defined() ? dbeta.data<float>() : nullptr, rows,
-          cols, rows_per_block);
+      with_row_vector<T>(cols, {dy.raw_data(), x.raw_data()}, [&]<int V>() {
+        // Enough row blocks to fill the GPU (about 4 blocks an SM over the column tiles).
+        const int64_t col_blocks = (cols + kParamCols * V - 1) / (kParamCols * V);
+        const int64_t want = std::max<int64_t>(1, 528 / col_blocks);
+        const int64_t rows_per_block = std::max<int64_t>(kParamRowWarps, (rows + want - 1) / want);
+        const dim3 grid(static_cast<unsigned>(col_blocks),
+                        static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block));
+        layer_norm_param_grad_kernel<T, V><<<grid, dim3(kParamCols, kParamRowWarps), 0, stream>>>(
+            dy.data<T>(), x.data<T>(), mean.data<float>(), rstd.data<float>(),
+            dgamma.defined() ? dgamma.data<float>() : nullptr, dbeta.defined() ? dbeta.data<float>() : nullptr, rows,
+            cols, rows_per_block);
+      });
     }
   });
   CHORUS_CUDA_LAUNCH_CHECK();

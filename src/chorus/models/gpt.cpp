@@ -1,5 +1,8 @@
 #include "chorus/models/gpt.h"
 
+#include "chorus/autograd/grad_mode.h"
+#include "chorus/nn/checkpoint.h"
+
 #include <cmath>
 #include <map>
 #include <set>
@@ -179,7 +182,11 @@ Tensor GPTTrunk::forward(const Tensor& ids) {
   const Tensor& pos = positions_;
   Tensor x = chorus::add(tok, child_named(*this, "wpe")->forward(pos));
   x = residual_dropout(x, cfg_.dropout, is_training());
-  for (const auto& [n, block] : child_named(*this, "h")->named_children()) x = block->forward(x);
+  // --recompute: each block keeps only its input and runs again in the
+  // backward (Note [Recomputed blocks] in nn/checkpoint.cpp).
+  const bool recompute = cfg_.recompute && is_training() && grad_enabled();
+  for (const auto& [n, block] : child_named(*this, "h")->named_children())
+    x = recompute ? nn::checkpoint(*block, x) : block->forward(x);
   return child_named(*this, "ln_f")->forward(x);
 }
 

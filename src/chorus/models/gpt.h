@@ -30,6 +30,9 @@ struct GPTConfig {
   // The attention kernels (ops/transformer.h): the fused (flash) kernel where
   // the device has one, else the composite of two products and a softmax.
   ops::AttentionKernel attention = ops::AttentionKernel::Auto;
+  // Activation recomputation per block in training (nn/checkpoint.h): each
+  // block keeps its input only and runs its forward again in the backward.
+  bool recompute = false;
   // gpt2, gpt2-medium, gpt2-large, gpt2-xl, or llm.c's dN (d6, d12, ..., d84).
   // vocab and context as given. Throws ValueError naming the known names.
   static GPTConfig named(const std::string& name, int64_t vocab = 50257, int64_t context = 1024);

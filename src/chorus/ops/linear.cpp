@@ -58,11 +58,11 @@ std::vector<Tensor> mlp_gelu_backward(const Tensor& dy, const Tensor& x, const T
   // The second product: dw2 = dy^T h with db2 from dy's column sums.
   Tensor dw2 = detail::empty_tensor(w2.sizes(), w2.dtype(), dev), db2 = detail::empty_tensor({w2.size(0)}, w2.dtype(), dev);
   CHORUS_KERNEL(dev, gemm_bias, g, h, dw2, true, false, Tensor(), db2);
-  // dpre = (dy w2) * gelu'(pre), db1 from its column sums, in one product.
-  Tensor dpre = detail::empty_tensor(pre.sizes(), pre.dtype(), dev), db1 = detail::empty_tensor({w1.size(0)}, w1.dtype(), dev);
-  CHORUS_KERNEL(dev, gemm_dgelu, g, w2c, pre, dpre, db1);
-  auto [dx, dw1, no_db] = linear_bias_backward(dpre, x, w1, need_dx, /*need_db=*/false);  // db1 came with dpre
-  (void)no_db;
+  // dpre = (dy w2) * gelu'(pre); db1 is summed by dw1's product, which reads
+  // dpre anyway (Note [GELU in the MLP's epilogues]).
+  Tensor dpre = detail::empty_tensor(pre.sizes(), pre.dtype(), dev);
+  CHORUS_KERNEL(dev, gemm_dgelu, g, w2c, pre, dpre, Tensor());
+  auto [dx, dw1, db1] = linear_bias_backward(dpre, x, w1, need_dx);
   return {dx, dw1, db1, dw2, db2};
 }
 

@@ -1,10 +1,12 @@
 #include "chorus/optim/clip_grad.h"
 
 #include <cmath>
+#include <map>
 
 #include "chorus/autograd/grad_mode.h"
 #include "chorus/core/error.h"
 #include "chorus/ops/copy.h"
+#include "chorus/ops/dispatch.h"
 #include "chorus/ops/elementwise.h"
 #include "chorus/ops/factory.h"
 #include "chorus/ops/reduce.h"
@@ -21,13 +23,25 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
   CHORUS_CHECK(!grads.empty(), "clip_grad_norm_: no parameter has a gradient");
   const Device home = grads[0].device();
   const DType acc = grads[0].dtype() == kFloat64 ? kFloat64 : kFloat32;
-  // Sum of squares per gradient on its own device, then together on the first.
+  // Note [Clipping in a few launches] (cuda/multi_tensor.cu): the gradients of
+  // each device in one multi-tensor pass for the norm and one for the scale;
+  // a gradient that is not contiguous (a view of something larger) on its own.
+  std::map<Device, TensorList> dense;
+  TensorList strided;
+  for (const Tensor& g : grads) (g.is_contiguous() ? dense[g.device()] : strided).push_back(g);
   Tensor total;
-  for (const Tensor& g : grads) {
-    Tensor gf = ops::to_dtype(g, acc);
-    Tensor sq = ops::reduce(ReduceOp::Sum, ops::binary(BinaryOp::Mul, gf, gf), {}, false);
+  auto add = [&](Tensor sq) {
     sq = ops::to_device(sq, home);
     total = total.defined() ? ops::binary(BinaryOp::Add, total, sq) : sq;
+  };
+  for (const auto& [dev, gs] : dense) {
+    Tensor sq = chorus::detail::empty_tensor({}, acc, dev);
+    CHORUS_KERNEL(dev, sum_squares_multi, gs, sq);
+    add(sq);
+  }
+  for (const Tensor& g : strided) {
+    Tensor gf = ops::to_dtype(g, acc);
+    add(ops::reduce(ReduceOp::Sum, ops::binary(BinaryOp::Mul, gf, gf), {}, false));
   }
   Tensor norm = ops::unary(UnaryOp::Sqrt, total);
   if (!(max_norm > 0) || !std::isfinite(max_norm)) return norm;
@@ -35,7 +49,8 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
   Tensor coef = ops::unary(UnaryOp::MulScalar, ops::unary(UnaryOp::Reciprocal, ops::unary(UnaryOp::AddScalar, norm, 1e-6)),
                            max_norm);
   coef = ops::binary(BinaryOp::Min, coef, full({}, 1.0, {acc, home}));
-  for (Tensor& g : grads) {
+  for (const auto& [dev, gs] : dense) CHORUS_KERNEL(dev, scale_multi, gs, ops::to_device(coef, dev));
+  for (Tensor g : strided) {
     Tensor c = ops::to_dtype(ops::to_device(coef, g.device()), g.dtype());
     ops::binary_(BinaryOp::Mul, g, c);
   }

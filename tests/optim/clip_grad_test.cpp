@@ -1,0 +1,77 @@
+// optim::clip_grad_norm_: the global norm of many gradients (more than one
+// multi-tensor launch takes, one of them a strided view) and the scale, against
+// sums in double written here; on a GPU, float32 and bfloat16 against the same.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include <chorus/chorus.h>
+#include <chorus/optim/clip_grad.h>
+
+#include "testing/gradcheck.h"
+
+namespace chorus {
+namespace {
+
+struct Params {
+  std::vector<Tensor> params;
+  std::vector<std::vector<double>> grads;  // as set, in double
+  double norm = 0;
+};
+
+// 150 parameters of assorted sizes (one whose gradient is a transposed view),
+// each with a random gradient on `dev` in `dt`.
+Params make(Device dev, DType dt) {
+  Params p;
+  double sq = 0;
+  for (int i = 0; i < 150; ++i) {
+    const int64_t rows = 1 + (i * 7) % 13, cols = 1 + (i * 5) % 300;
+    Tensor w = zeros({rows, cols}, {dt, dev}).set_requires_grad(true);
+    Tensor g = test::random_leaf({rows, cols}, 200 + i).detach().mul(0.5);
+    if (i == 3) g = test::random_leaf({cols, rows}, 200 + i).detach().mul(0.5).t();  // not contiguous
+    g = g.to(dt);
+    std::vector<double> v = g.to(kFloat64).contiguous().to_vector<double>();
+    for (double x : v) sq += x * x;
+    w.set_grad(g.to(dev));
+    p.params.push_back(w);
+    p.grads.push_back(v);
+  }
+  p.norm = std::sqrt(sq);
+  return p;
+}
+
+void expect_clipped(const Params& p, const Tensor& norm, double max_norm, double tol) {
+  EXPECT_NEAR(norm.to(kFloat64).item(), p.norm, tol * p.norm);
+  const double coef = std::min(1.0, max_norm / (p.norm + 1e-6));
+  for (size_t i = 0; i < p.params.size(); ++i) {
+    auto got = p.params[i].grad().to(cpu_device(0), kFloat64).contiguous().to_vector<double>();
+    ASSERT_EQ(got.size(), p.grads[i].size());
+    for (size_t j = 0; j < got.size(); ++j)
+      ASSERT_NEAR(got[j], p.grads[i][j] * coef, tol * (std::abs(p.grads[i][j]) + 1e-3)) << "parameter " << i;
+  }
+}
+
+TEST(ClipGradNorm, ScalesEveryGradientByTheGlobalNorm) {
+  Params p = make(cpu_device(0), kFloat64);
+  ASSERT_GT(p.norm, 2.0);
+  expect_clipped(p, optim::clip_grad_norm_(p.params, 1.0), 1.0, 1e-12);
+  // Below the limit nothing changes; max_norm 0 only measures.
+  Params q = make(cpu_device(0), kFloat64);
+  expect_clipped(q, optim::clip_grad_norm_(q.params, 1e9), 1e9, 1e-12);
+  Params r = make(cpu_device(0), kFloat64);
+  expect_clipped(r, optim::clip_grad_norm_(r.params, 0.0), 1e300, 1e-12);
+}
+
+TEST(ClipGradNorm, MatchesTheReferenceOnTheGpu_CUDA) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
+  // (Float64 is the CPU's: CUDA's elementwise kernels are float32/16-bit.)
+  for (DType dt : {kFloat32, kBFloat16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Params p = make(Device("cuda:0"), dt);
+    expect_clipped(p, optim::clip_grad_norm_(p.params, 1.0), 1.0, dt == kBFloat16 ? 8e-3 : 1e-5);
+  }
+}
+
+}  // namespace
+}  // namespace chorus
