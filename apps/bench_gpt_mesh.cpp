@@ -27,6 +27,7 @@ int run_bench_gpt_mesh(const BenchConfig& c) {
   CHORUS_CHECK(c.strategy == "single", "chorus bench --mesh sets the layout itself: --strategy ", c.strategy,
                " cannot go with it");
   CHORUS_CHECK(c.precision == "fp32" || c.precision == "bf16", "unknown precision '", c.precision, "'");
+  CHORUS_CHECK(c.recompute == "never", "chorus bench --mesh: --recompute is not offered with --mesh yet");
   CHORUS_CHECK(c.batch_size > 0 && c.steps > 0 && c.warmup >= 0, "--batch-size and --steps must be positive");
   const int64_t seq = c.seq_len > 0 ? c.seq_len : 1024;
   models::GPTConfig cfg = models::GPTConfig::named(c.model, 50257, std::max<int64_t>(seq, 1024));

@@ -91,6 +91,7 @@ bad "a size that is not a number" "needs a whole number" 0 "${T[@]}" --mesh tp=t
 bad "pipeline stages with tp" "pipeline stages are not available" 0 "${T[@]}" --mesh pp=2,tp=2
 bad "--sequence-parallel without tp" "needs --mesh with tp > 1" 0 "${T[@]}" --sequence-parallel
 bad "--mesh with --strategy dp" "cannot go with it" 0 "${T[@]}" --mesh tp=2 --strategy dp
+bad "--recompute with --mesh" "not offered with --mesh" 0 "${T[@]}" --mesh tp=2 --recompute always
 bad "bench --mesh for an image model" "offered for GPT models" 0 bench --model cnn --mesh tp=2 --steps 1
 # A tensor group across "nodes" (two launchers of 2 processes on this machine):
 # refused, unless --allow-tp-across-nodes.
