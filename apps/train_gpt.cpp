@@ -9,6 +9,7 @@
 // ../shared/bench/torch_gpt.py's lr_at, so the convergence runs compare like
 // for like.
 #include "train_gpt.h"
+#include "train_pipeline.h"
 
 #include <algorithm>
 #include <chrono>
@@ -28,6 +29,8 @@
 #include "chorus/io/dir_lock.h"
 #include "chorus/io/safetensors.h"
 #include "chorus/models/gpt.h"
+#include "chorus/models/gpt_pipeline.h"
+#include "chorus/parallel/pipeline.h"
 #include "chorus/ops/copy.h"
 #include "chorus/ops/elementwise.h"
 #include "chorus/ops/factory.h"
@@ -97,7 +100,7 @@ std::vector<Device> gpt_devices(const TrainConfig& tc) {
                  tc.devices);
     return devs;
   }
-  if (tc.strategy == "dp") return parse_devices(tc.devices.empty() ? "all" : tc.devices);
+  if (tc.strategy == "dp" || tc.strategy == "pipeline") return parse_devices(tc.devices.empty() ? "all" : tc.devices);
   if (tc.devices.empty()) return {cuda_is_available() ? cuda_device(0) : cpu_device(0)};
   std::vector<Device> devs = parse_devices(tc.devices);
   CHORUS_CHECK(devs.size() == 1, "--strategy single trains on one device, got --devices ", tc.devices,
@@ -123,6 +126,9 @@ struct Run {
   std::shared_ptr<models::GPT> model;
   nn::ModulePtr net;  // the model, or its DDP wrapper
   std::shared_ptr<dist::DistributedDataParallel> ddp;
+  // --strategy pipeline: the stages (Note [GPT as pipeline stages]).
+  std::optional<models::GPTPipelineLayers> tied;
+  std::shared_ptr<parallel::Pipeline> pipe;
   std::unique_ptr<optim::AdamW> opt;
   std::unique_ptr<data::TokenWindows> train, val;
   int64_t seq = 0, batch = 0, accum = 1;
@@ -134,7 +140,7 @@ struct Run {
   std::optional<DType> autocast;
   int world() const { return ranks ? ranks->env.world_size : 1; }
   // Replicas of one process (DataParallel): each takes `batch` sequences.
-  int64_t replicas() const { return static_cast<int64_t>(devices.size()); }
+  int64_t replicas() const { return pipe ? 1 : static_cast<int64_t>(devices.size()); }
   bool leader() const { return !ranks || ranks->leader(); }
   int64_t tokens_per_step() const { return batch * replicas() * seq * accum * world(); }
 };
@@ -168,6 +174,26 @@ Tensor gpt_forward_backward(models::GPT& model, nn::Module& net, dist::Distribut
   return n > 1 ? ops::unary(UnaryOp::MulScalar, total, 1.0 / static_cast<double>(n)) : total;
 }
 
+// A pipelined step's forward and backward (Note [GPT as pipeline stages]):
+// each micro-batch group through the stages, its loss weighted as
+// gpt_forward_backward weighs it, and the tied embedding's two gradients
+// merged into the one the optimizer sees.
+Tensor pipeline_forward_backward(models::GPT& model, parallel::Pipeline& pipe, models::GPTPipelineLayers& tied,
+                                 const std::vector<std::pair<Tensor, Tensor>>& micro, std::optional<DType> autocast) {
+  const int64_t n = static_cast<int64_t>(micro.size());
+  const double w = 1.0 / static_cast<double>(n);
+  Tensor total;
+  for (const auto& [ids, tg] : micro) {
+    AutocastGuard cast(autocast);
+    Tensor l = pipe.train_step(ids, tg, [&](const Tensor& out, const Tensor& t) {
+                     return n > 1 ? model.loss_of_logits(out, t).mul(w) : model.loss_of_logits(out, t);
+                   }).loss;
+    total = total.defined() ? ops::binary(BinaryOp::Add, total, l) : l;
+  }
+  tied.merge_tied_gradients();
+  return total;
+}
+
 double bf16_peak_flops(const std::string& name) {
   if (name.find("H100") != std::string::npos || name.find("H200") != std::string::npos) return 989.4e12;
   if (name.find("A100") != std::string::npos) return 312e12;
@@ -178,8 +204,23 @@ void validate_gpt(const TrainConfig& tc, const GptOptions& g) {
   CHORUS_CHECK(is_gpt_model(tc.model), "unknown GPT model '", tc.model, "'");
   CHORUS_CHECK(tc.data.rfind("tokens:", 0) == 0 || text_spec(tc.data), "--data for a GPT must be tokens:GLOB (llm.c ",
                "token files) or text:FILE (a text file's bytes), got '", tc.data, "'");
-  CHORUS_CHECK(tc.strategy == "single" || tc.strategy == "ddp" || tc.strategy == "dp", "--strategy ", tc.strategy,
-               " is not available for GPT models yet (single, dp or ddp)");
+  CHORUS_CHECK(tc.strategy == "single" || tc.strategy == "ddp" || tc.strategy == "dp" || tc.strategy == "pipeline",
+               "--strategy ", tc.strategy, " is not available for GPT models yet (single, dp, ddp or pipeline)");
+  if (tc.strategy == "pipeline") {
+    CHORUS_CHECK(!tc.micro_batches || *tc.micro_batches >= 1, "--micro-batches must be at least 1");
+    if (tc.schedule) (void)parallel::parse_schedule(*tc.schedule);
+    if (tc.balance) {
+      CHORUS_CHECK(*tc.balance != "time" && *tc.balance != "memory", "--balance for a GPT is a layer count per stage ",
+                   "(the embeddings, each block and the head are layers), e.g. 7,7; the default splits them evenly");
+      (void)parse_balance(*tc.balance);
+    }
+    CHORUS_CHECK(!tc.virtual_stages || tc.schedule.value_or("") == "interleaved",
+                 "--virtual-stages goes with --schedule interleaved");
+  } else {
+    const char* given = tc.micro_batches ? "--micro-batches" : tc.schedule ? "--schedule" : tc.balance ? "--balance"
+                        : tc.virtual_stages ? "--virtual-stages" : nullptr;
+    CHORUS_CHECK(given == nullptr, given ? given : "", " goes with --strategy pipeline");
+  }
   CHORUS_CHECK(tc.precision == "fp32" || tc.precision == "bf16", "unknown precision '", tc.precision,
                "' (expected fp32 or bf16)");
   CHORUS_CHECK(!g.optimizer_given || tc.optimizer == "adamw", "GPT models train with AdamW (--optimizer ",
@@ -280,6 +321,28 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
     // first device, where the fused classifier takes the loss.
     r.net = std::make_shared<parallel::DataParallel>(r.model, r.devices, dp_options(tc.bucket_mb));
   }
+  if (tc.strategy == "pipeline") {
+    r.tied.emplace(r.model);
+    parallel::PipelineOptions po;
+    po.micro_batches = tc.micro_batches.value_or(4);
+    CHORUS_CHECK(po.micro_batches <= r.batch, "--micro-batches ", po.micro_batches, " is more than the batch of ",
+                 r.batch, " sequences");
+    po.schedule = parallel::parse_schedule(tc.schedule.value_or("1f1b"));
+    po.virtual_stages = tc.virtual_stages.value_or(0);
+    r.pipe = std::make_shared<parallel::Pipeline>(r.tied->layers(), tc.balance ? parse_balance(*tc.balance)
+                                                                                : std::vector<int64_t>{},
+                                                  r.devices, po);
+    r.net = r.pipe;
+    if (!tc.quiet) {
+      std::string bal, devs;
+      for (int64_t b : r.pipe->balance()) bal += (bal.empty() ? "" : ",") + std::to_string(b);
+      for (const Device& d : r.devices) devs += (devs.empty() ? "" : ",") + d.str();
+      std::fprintf(stderr, "pipeline: %lld layers (embeddings, %lld blocks, head) in %lld stages (%s) over %s, "
+                   "%lld micro-batches, schedule %s\n", (long long)r.tied->layers()->size(), (long long)cfg.layers,
+                   (long long)r.pipe->num_stages(), bal.c_str(), devs.c_str(), (long long)po.micro_batches,
+                   tc.schedule.value_or("1f1b").c_str());
+    }
+  }
   if (r.ranks) {
     // Note [Options every rank shares] (train_dist.h): the settings every rank
     // must train with, and the data each reads, compared before any collective.
@@ -331,6 +394,7 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
       start = start_tokens / r.tokens_per_step();
       default_generator().set_state(res.state.rng);
       if (r.leader()) std::fprintf(stderr, "resumed from %s at step %lld\n", res.path->c_str(), (long long)start);
+      if (r.tied) r.tied->sync_tied_weights();
     }
   }
 
@@ -380,13 +444,20 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
     for (int64_t b = 0; b < ids.size(0); b += r.batch) {
       const int64_t m = std::min(r.batch, ids.size(0) - b);
       Tensor x = ids.narrow(0, b, m).to(device), y = tg.narrow(0, b, m).to(device);
-      total += r.model->loss(x, y).item() * static_cast<double>(m);
+      // Through the stages where they are (a pipeline's model spans devices).
+      Tensor l = r.pipe ? r.model->loss_of_logits(r.pipe->forward(x), y.to(r.pipe->devices().back()))
+                        : r.model->loss(x, y);
+      total += l.item() * static_cast<double>(m);
       n += m;
     }
     r.model->train();
     return total / static_cast<double>(n);
   };
 
+  auto step_forward_backward = [&](const std::vector<std::pair<Tensor, Tensor>>& micro) {
+    return r.pipe ? pipeline_forward_backward(*r.model, *r.pipe, *r.tied, micro, r.autocast)
+                  : gpt_forward_backward(*r.model, *r.net, r.ddp.get(), micro, r.autocast);
+  };
   // The whole step (forward, backward, clipping, AdamW) as one CUDA graph on a
   // GPU (Note [Graphed step] in parallel/graphed_step.h; DDP's all-reduces
   // inside it), eager on CPUs or with --no-cuda-graphs.
@@ -398,10 +469,11 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
   };
   auto graphed = std::make_unique<parallel::GraphedStep>(
       [&](const std::vector<Tensor>& in) {
-        Tensor loss = gpt_forward_backward(*r.model, *r.net, r.ddp.get(), pairs_of(in), r.autocast);
+        Tensor loss = step_forward_backward(pairs_of(in));
         Tensor norm = optim::clip_grad_norm_(params, g.clip);
         r.opt->step();
         r.opt->zero_grad();
+        if (r.tied) r.tied->sync_tied_weights();
         return std::vector<Tensor>{loss, norm};
       },
       go);
@@ -444,7 +516,7 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
     Tensor step_loss;
     if (g.skip_nan) {
       // The loss is read before the update, which may then be skipped: eager steps.
-      step_loss = gpt_forward_backward(*r.model, *r.net, r.ddp.get(), pairs_of(inputs), r.autocast);
+      step_loss = step_forward_backward(pairs_of(inputs));
       if (std::isnan(step_loss.item())) {
         if (r.leader()) std::fprintf(stderr, "step %lld: the loss is NaN, step skipped (--skip-nan)\n", (long long)step);
         r.opt->zero_grad();
@@ -453,6 +525,7 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
       last_norm = optim::clip_grad_norm_(params, g.clip);
       r.opt->step();
       r.opt->zero_grad();
+      if (r.tied) r.tied->sync_tied_weights();
     } else {
       std::vector<Tensor> out = (*graphed)(inputs);  // Note [Graphed step]: replayed after its warm-up
       step_loss = out[0];
@@ -545,8 +618,8 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
   nlohmann::ordered_json out = {{"model", tc.model},
                                 {"strategy", tc.strategy},
                                 {"devices", r.world() > 1 ? std::to_string(r.world()) + " ranks"
-                                            : r.replicas() > 1 ? std::to_string(r.replicas()) + " devices"
-                                                                : device.str()},
+                                            : r.devices.size() > 1 ? std::to_string(r.devices.size()) + " devices"
+                                                                   : device.str()},
                                 {"precision", tc.precision},
                                 {"params", n_params},
                                 {"seq_len", r.seq},

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # chorus train --model dN (GPT) as a user runs it, on the CPU:
-#   - DDP over 2 processes (Gloo, batch 4 each), DataParallel over cpu:0,cpu:1 (4 each) and
-#     batch 4 x --grad-accum 2 equal one process with batch 8 (the same windows: Note [Token
-#     windows]), clipping included
+#   - DDP over 2 processes (Gloo, batch 4 each), DataParallel over cpu:0,cpu:1 (4 each), a
+#     pipeline over cpu:0,cpu:1 (4 micro-batches, 1F1B and GPipe) and batch 4 x --grad-accum 2
+#     equal one process with batch 8 (the same windows: Note [Token windows]), clipping included
 #   - a checkpoint resumes to the uninterrupted run's losses; chorus generate samples from it
 #   - chorus tokenize writes llm.c's token file, which trains (tokens:GLOB)
 #   - bad input: one clear line and a non-zero exit each
@@ -33,8 +33,16 @@ acc=$("$CHORUS" "${T[@]}" --batch-size 4 --grad-accum 2) || { echo "FAIL: --grad
 ddp=$(timeout 300 "$CHORUS" launch --nproc-per-node 2 --master-port "$(free_port)" --grace-period 2 -- \
       "$CHORUS" "${T[@]}" --strategy ddp --devices cpu --batch-size 4 2>/dev/null | grep '^{\|^\[rank 0\] {' | sed 's/^\[rank 0\] //')
 dp=$("$CHORUS" "${T[@]}" --batch-size 4 --strategy dp --devices cpu:0,cpu:1) || { echo "FAIL: DataParallel run"; fail=1; }
-echo "single: $one"; echo "accum:  $acc"; echo "ddp:    $ddp"; echo "dp:     $dp"
+# A pipeline of 2 stages (embeddings + blocks | blocks + head, the tied embedding's copy merged each step),
+# 4 micro-batches of 2, both schedules.
+pipe=$("$CHORUS" "${T[@]}" --batch-size 8 --strategy pipeline --devices cpu:0,cpu:1 --micro-batches 4) \
+  || { echo "FAIL: pipeline run"; fail=1; }
+gpipe=$("$CHORUS" "${T[@]}" --batch-size 8 --strategy pipeline --devices cpu:0,cpu:1 --micro-batches 4 \
+        --schedule gpipe --balance 1,3) || { echo "FAIL: pipeline run (gpipe)"; fail=1; }
+echo "single: $one"; echo "accum:  $acc"; echo "ddp:    $ddp"; echo "dp:     $dp"; echo "pipe:   $pipe"; echo "gpipe:  $gpipe"
 for k in train_loss val_loss; do
+  check "pipeline 2 stages x 4 micro-batches equals batch 8 ($k)" "close $(loss "$pipe" $k) $(loss "$one" $k)"
+  check "pipeline (gpipe, balance 1,3) equals batch 8 ($k)" "close $(loss "$gpipe" $k) $(loss "$one" $k)"
   check "DataParallel 2 x 4 equals batch 8 ($k)" "close $(loss "$dp" $k) $(loss "$one" $k)"
   check "--grad-accum 2 equals batch 8 ($k)" "close $(loss "$acc" $k) $(loss "$one" $k)"
   check "DDP 2 x 4 equals batch 8 ($k)" "close $(loss "$ddp" $k) $(loss "$one" $k)"
@@ -105,7 +113,13 @@ bad "no data" "no token file matches" train --model d2 --data "tokens:$tmp/none_
 printf 'tiny' > "$tmp/tiny.txt"
 bad "window longer than the data" "no window of --seq-len" train --model d2 --data "text:$tmp/tiny.txt" --steps 1 --seq-len 64
 bad "no --data" "--data is needed" train --model d2 --steps 1
-bad "a strategy not offered" "not available for GPT" train --model d2 --data "text:$tmp/kjv.txt" --strategy pipeline
+bad "a strategy not offered" "not available for GPT" train --model d2 --data "text:$tmp/kjv.txt" --strategy tensor
+bad "pipeline: more micro-batches than sequences" "more than the batch" train --model d2 --data "text:$tmp/kjv.txt" \
+  --strategy pipeline --devices cpu:0,cpu:1 --batch-size 4 --micro-batches 8 --steps 1
+bad "pipeline options without a pipeline" "goes with --strategy pipeline" train --model d2 --data "text:$tmp/kjv.txt" \
+  --micro-batches 2 --steps 1
+bad "a measured balance for a GPT" "layer count per stage" train --model d2 --data "text:$tmp/kjv.txt" \
+  --strategy pipeline --devices cpu:0,cpu:1 --balance time --steps 1
 bad "another configuration's checkpoint" "was written with model" train --model d6 --data "text:$tmp/kjv.txt" --seq-len 64 --steps 1 --checkpoint-dir "$ck" --resume
 check "the other configuration's checkpoint is untouched" "[ -f '$ck/ckpt-00000012/model.safetensors' ]"
 bad "NaN loss names the step" "NaN at step" train --model d2 --data "text:$tmp/kjv.txt" --seq-len 64 --steps 8 --log-every 8 --lr 1e5 --clip 0 --warmup-steps 0

@@ -4,6 +4,10 @@
 // with Debian's python3-torch) reading the same safetensors file.
 #include <gtest/gtest.h>
 
+#include <chorus/models/gpt_pipeline.h>
+#include <chorus/optim/adamw.h>
+#include <chorus/parallel/pipeline.h>
+
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -213,6 +217,51 @@ TEST(GPTModel, RecomputedBlocksGiveTheSameGradients) {
     for (size_t j = 0; j < x.size(); ++j) worst = std::max(worst, std::abs(x[j] - y[j]));
     EXPECT_LT(worst, 1e-12) << o[i].first;
   }
+}
+
+// A GPT as pipeline stages over two CPU devices (the embeddings and the
+// head on different stages, the head holding a copy of the tied embedding),
+// 1F1B over 3 micro-batches, in float64: the loss and every gradient equal one
+// device's once the tied gradients are merged, and after an AdamW step and
+// sync_tied_weights() the head's copy equals the embedding again.
+TEST(GPTModel, PipelineStagesEqualOneDeviceInFloat64) {
+  GPTConfig c = tiny(3, 2, 8, 11, 6);
+  auto one = std::make_shared<GPT>(c), piped = std::make_shared<GPT>(c);
+  one->to(kFloat64);
+  piped->to(kFloat64);
+  randomize(*one, 51);
+  randomize(*piped, 51);
+  models::GPTPipelineLayers tied(piped);
+  ASSERT_EQ(tied.layers()->size(), 5u);  // embeddings, 3 blocks, head
+  parallel::PipelineOptions po;
+  po.micro_batches = 3;
+  parallel::Pipeline pipe(tied.layers(), {2, 3}, test::cpus(2), po);
+  Tensor ids = random_ids({6, 6}, 11, 52), tg = random_ids({6, 6}, 11, 53);
+  Tensor l1 = one->loss(ids, tg);
+  l1.backward();
+  Tensor l2 = pipe.train_step(ids, tg, [&](const Tensor& out, const Tensor& t) { return piped->loss_of_logits(out, t); })
+                  .loss;
+  tied.merge_tied_gradients();
+  EXPECT_NEAR(l1.item(), l2.item(), 1e-13);
+  auto a = one->named_parameters(), b = piped->named_parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_TRUE(b[i].second.grad().defined()) << b[i].first;
+    auto x = a[i].second.grad().to_vector<double>(), y = b[i].second.grad().to(cpu_device(0)).to_vector<double>();
+    double worst = 0;
+    for (size_t j = 0; j < x.size(); ++j) worst = std::max(worst, std::abs(x[j] - y[j]));
+    EXPECT_LT(worst, 1e-12) << a[i].first;
+  }
+  // One AdamW step on the model's own parameters, then the head's copy follows.
+  std::vector<Tensor> params;
+  for (auto& [n, p] : piped->named_parameters()) params.push_back(p);
+  optim::AdamW opt(params, optim::AdamWOptions{1e-2, 0.9, 0.95, 1e-8, 0.0});
+  opt.step();
+  tied.sync_tied_weights();
+  auto head = std::dynamic_pointer_cast<models::GPTHeadStage>(tied.layers()->named_children().back().second);
+  ASSERT_TRUE(head);
+  auto w = piped->wte().to(cpu_device(0)).to_vector<double>(), h = head->weight().to(cpu_device(0)).to_vector<double>();
+  EXPECT_EQ(w, h);
 }
 
 TEST(GPTModel, RejectsASequenceLongerThanTheContext) {

@@ -157,6 +157,18 @@ Tensor GPTBlock::forward(const Tensor& x) {
   return chorus::add(h, child_named(*this, "mlp")->forward(child_named(*this, "ln_2")->forward(h)));
 }
 
+Tensor gpt_embed(nn::Embedding& wte, nn::Module& wpe, Tensor& positions, const Tensor& ids, double dropout,
+                 bool training) {
+  const int64_t t = ids.size(1);
+  Tensor tok = wte.forward(ids.to(wte.weight().device()));
+  // The positions 0..T-1, made once per device and length: arange builds them
+  // on the host, which a captured step (Note [Graphed step]) cannot replay.
+  if (!positions.defined() || positions.device() != tok.device() || positions.numel() != t)
+    positions = arange(t, {kInt64, tok.device()});
+  Tensor x = chorus::add(tok, wpe.forward(positions));
+  return residual_dropout(x, dropout, training);
+}
+
 GPTTrunk::GPTTrunk(GPTConfig c) : Module("GPTTrunk"), cfg_(c) {
   c.validate();
   register_module("wte", std::make_shared<nn::Embedding>(nn::EmbeddingOptions{c.padded_vocab, c.width}));
@@ -173,15 +185,8 @@ Tensor GPTTrunk::forward(const Tensor& ids) {
   const int64_t t = ids.size(1);
   CHORUS_CHECK(t >= 1 && t <= cfg_.context, "GPT: a sequence of ", t, " tokens does not fit the model's context of ",
                cfg_.context, " positions");
-  auto wte = child_as<nn::Embedding>(*this, "wte");
-  Tensor tok = wte->forward(ids.to(wte->weight().device()));
-  // The positions 0..T-1, made once per device and length: arange builds them
-  // on the host, which a captured step (Note [Graphed step]) cannot replay.
-  if (!positions_.defined() || positions_.device() != tok.device() || positions_.numel() != t)
-    positions_ = arange(t, {kInt64, tok.device()});
-  const Tensor& pos = positions_;
-  Tensor x = chorus::add(tok, child_named(*this, "wpe")->forward(pos));
-  x = residual_dropout(x, cfg_.dropout, is_training());
+  Tensor x = gpt_embed(*child_as<nn::Embedding>(*this, "wte"), *child_named(*this, "wpe"), positions_, ids, cfg_.dropout,
+                       is_training());
   // --recompute: each block keeps only its input and runs again in the
   // backward (Note [Recomputed blocks] in nn/checkpoint.cpp).
   const bool recompute = cfg_.recompute && is_training() && grad_enabled();

@@ -111,6 +111,12 @@ class GPT : public nn::Module {
   GPTConfig cfg_;
 };
 
+// The token and position embeddings of ids [B, T] (with dropout p in
+// training): what GPTTrunk and the pipeline's first stage compute. `positions`
+// caches 0..T-1 on the embedding's device.
+Tensor gpt_embed(nn::Embedding& wte, nn::Module& wpe, Tensor& positions, const Tensor& ids, double dropout,
+                 bool training);
+
 // Note [GPT parameter names]: Chorus's state dict of a GPT -> Hugging Face's
 // layout (Conv1D weights transposed, the vocabulary cut to cfg.vocab), and back
 // (vocabulary rows past the file's padded with zeros; the causal-mask buffers
