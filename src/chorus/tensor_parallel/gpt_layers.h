@@ -12,7 +12,10 @@
 // the lookup, the last stage's from the logits. sync_tied_embedding sums
 // them over the pipeline group after each backward (Megatron-LM's embedding
 // group), so both copies take the same optimizer step and stay equal; the
-// global gradient norm counts the copy once (tied_copies).
+// global gradient norm counts the copy once (clip_grad_norm_'s
+// counted_elsewhere). This is for stages over processes (Pipeline's
+// stage_group); in one process the two stages would share one tensor, which
+// models::GPTPipelineLayers handles for the plain GPT.
 #pragma once
 
 #include <map>
