@@ -143,7 +143,9 @@ BenchRow bench_one(const BenchConfig& c, const std::vector<Device>& devs, StepTr
   if (c.channels_last && dev.is_cuda()) x = ops::to_channels_last(x);
   Tensor y = randint(0, 10, {batch}, {kInt64, dev});
   TrainStep train_step{
-      wrap_for_strategy(model, c.strategy, devs, c.bucket_mb, c.last_bucket_mb, c.dp_broadcast ? nullptr : &opt), &opt,
+      wrap_for_strategy(model, c.strategy, devs, c.bucket_mb, c.last_bucket_mb, c.dp_broadcast ? nullptr : &opt,
+                        c.dp_all_reduce),
+      &opt,
       std::nullopt, 0.0};
   if (c.precision == "bf16") train_step.autocast = kBFloat16;
   train_step.dp_gather_output = c.dp_gather_output;
@@ -233,7 +235,9 @@ int run_bench(const BenchConfig& c) {
   CHORUS_CHECK(c.steps > 0 && c.warmup >= 0, "--steps must be positive and --warmup >= 0");
   CHORUS_CHECK(!c.dp_broadcast || c.strategy == "dp", "--dp-broadcast goes with --strategy dp");
   CHORUS_CHECK(!c.dp_gather_output || c.strategy == "dp", "--dp-gather-output goes with --strategy dp");
-  apply_dp_all_reduce(c.dp_all_reduce, c.strategy, c.dp_broadcast);
+  check_dp_all_reduce(c.dp_all_reduce, c.strategy, c.dp_broadcast);
+  const parallel::DataParallelOptions dp_opts =
+      c.strategy == "dp" ? dp_options(c.bucket_mb, c.last_bucket_mb, c.dp_all_reduce) : parallel::DataParallelOptions{};
   std::vector<Device> all = c.devices.empty()
                                 ? std::vector<Device>{cuda_is_available() ? cuda_device(0) : cpu_device(0)}
                                 : parse_devices(c.devices);
@@ -277,10 +281,10 @@ int run_bench(const BenchConfig& c) {
                                   {"dp_loss", c.strategy == "dp" ? nlohmann::ordered_json(c.dp_gather_output ? "gathered" : "per_replica")
                                                                  : nullptr},
                                   {"dp_all_reduce", c.strategy == "dp" && !c.dp_broadcast && n > 1
-                                                        ? nlohmann::ordered_json(dp_all_reduce_name(comm_before, devs[0]))
+                                                        ? nlohmann::ordered_json(dp_all_reduce_name(comm_before, devs[0], dp_opts))
                                                         : nullptr},
                                   {"dp_grads", c.strategy == "dp" && !c.dp_broadcast && n > 1
-                                                   ? nlohmann::ordered_json(dp_grads_name(comm_before, devs[0]))
+                                                   ? nlohmann::ordered_json(dp_grads_name(comm_before, devs[0], dp_opts))
                                                    : nullptr},
                                   {"comm_hook", c.strategy == "ddp" ? nlohmann::ordered_json(c.comm_hook) : nullptr},
                                   {"broadcast_buffers", c.strategy == "ddp" ? nlohmann::ordered_json(c.broadcast_buffers) : nullptr},

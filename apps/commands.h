@@ -20,13 +20,11 @@ int run_devices();
 // well below int64's range: a huge value just means one bucket.
 inline int64_t mib_to_bytes(double mib) { return static_cast<int64_t>(std::min(mib * (1 << 20), 1e18)); }
 
-// DataParallel's options for --bucket-mb and --last-bucket-mb (unset: the
-// library's default).
-inline parallel::DataParallelOptions dp_options(double bucket_mb, std::optional<double> last_bucket_mb = std::nullopt) {
-  parallel::DataParallelOptions o;
-  o.bucket_bytes = mib_to_bytes(bucket_mb);
-  if (last_bucket_mb) o.last_bucket_bytes = mib_to_bytes(*last_bucket_mb);
-  return o;
-}
+// DataParallel's options for --bucket-mb, --last-bucket-mb and
+// --dp-all-reduce (unset: the library's default), and the A/B switches of its
+// gradient sums, read from the environment here and nowhere in the library
+// (apps/dp_options.cpp lists them). ValueError for a bad value.
+parallel::DataParallelOptions dp_options(double bucket_mb, std::optional<double> last_bucket_mb = std::nullopt,
+                                         const std::optional<std::string>& all_reduce = std::nullopt);
 
 }  // namespace chorus::app

@@ -345,9 +345,9 @@ Training set_up(const TrainConfig& cfg) {
     default_generator().set_state(rng);
     net = t.pipeline;
   } else {
-    apply_dp_all_reduce(cfg.dp_all_reduce, cfg.strategy, cfg.dp_broadcast);
+    check_dp_all_reduce(cfg.dp_all_reduce, cfg.strategy, cfg.dp_broadcast);
     net = wrap_for_strategy(t.model, cfg.strategy, t.devices, cfg.bucket_mb, std::nullopt,
-                            cfg.dp_broadcast ? nullptr : t.opt.get());
+                            cfg.dp_broadcast ? nullptr : t.opt.get(), cfg.dp_all_reduce);
   }
   t.step = {net, t.opt.get(), std::nullopt, cfg.label_smoothing};
   t.step.pipeline = t.pipeline.get();

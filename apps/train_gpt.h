@@ -22,6 +22,10 @@ class App;
 
 namespace chorus::models {
 class GPT;
+class GPTPipelineLayers;
+}
+namespace chorus::parallel {
+class Pipeline;
 }
 namespace chorus::nn {
 class Module;
@@ -88,6 +92,12 @@ std::string fmt_count(double v);
 // step's mean loss, on the device (no host wait).
 Tensor gpt_forward_backward(models::GPT& model, nn::Module& net, dist::DistributedDataParallel* ddp,
                             const std::vector<std::pair<Tensor, Tensor>>& micro, std::optional<DType> autocast);
+
+// The same for a GPT laid out as pipeline stages (Note [GPT as pipeline
+// stages]): each micro-batch group through pipe.train_step, then the tied
+// embedding's gradients merged. Returns the step's mean loss.
+Tensor pipeline_forward_backward(models::GPT& model, parallel::Pipeline& pipe, models::GPTPipelineLayers& tied,
+                                 const std::vector<std::pair<Tensor, Tensor>>& micro, std::optional<DType> autocast);
 
 // The GPU's dense bf16 peak in FLOP/s, from its name (H100, H200, A100), or 0
 // when unknown (then no MFU is reported).

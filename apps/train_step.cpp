@@ -4,7 +4,7 @@
 
 #include "chorus/autograd/autocast.h"
 #include "chorus/autograd/grad_mode.h"
-#include "chorus/dist/reducer.h"
+#include "chorus/dist/in_process_hooks.h"
 #include "chorus/nn/functional.h"
 #include "chorus/ops/profile.h"
 #include "chorus/ops/comm.h"
@@ -13,43 +13,38 @@
 namespace chorus::app {
 
 void check_dp_all_reduce(const std::optional<std::string>& method, const std::string& strategy, bool dp_broadcast) {
-  // A bad CHORUS_DP_ALLREDUCE or CHORUS_DP_GRADS fails here, not mid-step.
-  if (strategy == "dp") (void)dist::in_place_gradient_sums();
-  if (!method) {
-    if (strategy == "dp") (void)ops::grad_sum_method();
-    return;
-  }
-  (void)ops::parse_grad_sum_method(*method, "--dp-all-reduce");
+  // A bad --dp-all-reduce or environment switch fails here, not mid-step.
+  if (strategy == "dp") (void)dp_options(0, std::nullopt, method);
+  if (!method) return;
+  (void)dist::parse_grad_sum_method(*method, "--dp-all-reduce");
   CHORUS_CHECK(strategy == "dp", "--dp-all-reduce goes with --strategy dp");
   CHORUS_CHECK(!dp_broadcast, "--dp-all-reduce goes with replicated updates, not --dp-broadcast (which sums the "
                               "gradients on the first device and broadcasts the weights)");
 }
 
-void apply_dp_all_reduce(const std::optional<std::string>& method, const std::string& strategy, bool dp_broadcast) {
-  check_dp_all_reduce(method, strategy, dp_broadcast);
-  if (method) ops::set_grad_sum_method(ops::parse_grad_sum_method(*method, "--dp-all-reduce"));
-}
-
-std::string dp_all_reduce_name(const CommCounts& before, const Device& device) {
+std::string dp_all_reduce_name(const CommCounts& before, const Device& device, const parallel::DataParallelOptions& o) {
   if (ops::exchange_calls() > before.exchanges) return "in-update";
   if (!device.is_cuda()) return "adds";
   if (ops::copy_engine_all_reduce_calls() > before.copy_engine) return "copy-engine";
-  return ops::copy_engine_all_reduce() ? "nccl (copy engines unavailable)" : "nccl";
+  return o.grad_sum == dist::GradSumMethod::CopyEngine ? "nccl (copy engines unavailable)" : "nccl";
 }
 
 CommCounts comm_counts() { return {ops::copy_engine_all_reduce_calls(), ops::exchange_calls()}; }
 
-std::string dp_grads_name(const CommCounts& before, const Device& device) {
+std::string dp_grads_name(const CommCounts& before, const Device& device, const parallel::DataParallelOptions& o) {
   // The copy engines sum flat buffers: packed whatever the setting.
   if (device.is_cuda() && ops::copy_engine_all_reduce_calls() > before.copy_engine) return "packed";
-  return dist::in_place_gradient_sums() ? "in-place" : "packed";
+  if (o.grad_sum == dist::GradSumMethod::CopyEngine) return "packed";
+  return o.grads_in_place ? "in-place" : "packed";
 }
 
 nn::ModulePtr wrap_for_strategy(const nn::ModulePtr& model, const std::string& strategy,
                                 const std::vector<Device>& devices, double bucket_mb,
-                                std::optional<double> last_bucket_mb, optim::Optimizer* opt) {
+                                std::optional<double> last_bucket_mb, optim::Optimizer* opt,
+                                const std::optional<std::string>& dp_all_reduce) {
   if (strategy != "dp") return model;
-  auto dp = std::make_shared<parallel::DataParallel>(model, devices, dp_options(bucket_mb, last_bucket_mb));
+  auto dp = std::make_shared<parallel::DataParallel>(model, devices,
+                                                     dp_options(bucket_mb, last_bucket_mb, dp_all_reduce));
   if (opt && devices.size() > 1) {
     parallel::ReplicatedUpdates u = dp->replicate_updates(opt->params());
     opt->add_replicas(u.copies, u.after_step);

@@ -19,36 +19,38 @@
 namespace chorus::app {
 
 // `model` as the step runs it for a strategy: the model itself ("single"), or
-// a DataParallel over `devices` with gradient buckets of `bucket_mb` MiB and
-// a last bucket of at most `last_bucket_mb` (unset: the default) ("dp").
+// a DataParallel over `devices` with gradient buckets of `bucket_mb` MiB, a
+// last bucket of at most `last_bucket_mb` (unset: the default) and the
+// gradient sums of `dp_all_reduce` (dp_options) ("dp").
 // Given `opt` (over model's parameters), the DataParallel's replicas step
 // their own weights with it (Note [Replicated updates]) instead of receiving
 // them from the first device after each step (--dp-broadcast).
 nn::ModulePtr wrap_for_strategy(const nn::ModulePtr& model, const std::string& strategy,
                                 const std::vector<Device>& devices, double bucket_mb,
                                 std::optional<double> last_bucket_mb = std::nullopt,
-                                optim::Optimizer* opt = nullptr);
+                                optim::Optimizer* opt = nullptr,
+                                const std::optional<std::string>& dp_all_reduce = std::nullopt);
 
 // --dp-all-reduce: how a DataParallel with replicated updates sums the
-// gradients: auto, nccl, copy-engine or in-update (ops::GradSumMethod; Note
+// gradients: auto, nccl, copy-engine or in-update (dist::GradSumMethod; Note
 // [Gradient sums in the update] in dist/reducer.h). Unset: as
-// CHORUS_DP_ALLREDUCE says (default auto). ValueError for another value, or
-// with a strategy other than dp or with --dp-broadcast (which sums with a
-// reduce, not an all-reduce).
+// CHORUS_DP_ALLREDUCE says (default auto). ValueError for another value (or
+// a bad environment switch of dp_options), or with a strategy other than dp
+// or with --dp-broadcast (which sums with a reduce, not an all-reduce).
 void check_dp_all_reduce(const std::optional<std::string>& method, const std::string& strategy, bool dp_broadcast);
-void apply_dp_all_reduce(const std::optional<std::string>& method, const std::string& strategy, bool dp_broadcast);
 // The process's counts of copy-engine all-reduces and gradient exchanges, to
 // tell afterwards which of them a run used.
 struct CommCounts {
   uint64_t copy_engine = 0, exchanges = 0;
 };
 CommCounts comm_counts();
-// What summed a `chorus bench --json` row's gradients since `before`:
-// "in-update" (gradients exchanged, the sum in the optimizer's update),
-// "copy-engine", else "nccl" (with "copy engines unavailable" when they were
-// asked for: no peer access); "adds" on CPU devices.
-std::string dp_all_reduce_name(const CommCounts& before, const Device& device);
-std::string dp_grads_name(const CommCounts& before, const Device& device);
+// What summed a `chorus bench --json` row's gradients since `before`, with
+// DataParallel options `o`: "in-update" (gradients exchanged, the sum in the
+// optimizer's update), "copy-engine", else "nccl" (with "copy engines
+// unavailable" when they were asked for: no peer access); "adds" on CPU
+// devices. dp_grads_name: "in-place" or "packed".
+std::string dp_all_reduce_name(const CommCounts& before, const Device& device, const parallel::DataParallelOptions& o);
+std::string dp_grads_name(const CommCounts& before, const Device& device, const parallel::DataParallelOptions& o);
 
 struct TrainStep {
   nn::ModulePtr net;                     // what forward runs (the model or its wrapper)

@@ -98,6 +98,12 @@ check "--plot draws an SVG" "grep -q '<svg' '$tmp/g.svg'"
 # 3b. chorus bench --model: one row with tokens/s and peak memory.
 row=$("$CHORUS" bench --model d2 --seq-len 32 --batch-size 2 --steps 2 --warmup 1 --json) || { echo "FAIL: bench d2"; fail=1; }
 check "bench row has tokens/s, seq_len and memory" "python3 -c \"import json,sys; r=json.loads(sys.argv[1]); sys.exit(0 if r['tok_per_s']>0 and r['seq_len']==32 and r['peak_mem_bytes']>=0 and r['params']>0 else 1)\" '$row'"
+# ... and per strategy: DataParallel over two CPU devices (twice the batch), the blocks as pipeline stages.
+for st in dp pipeline; do
+  row=$("$CHORUS" bench --model d2 --seq-len 32 --batch-size 4 --steps 2 --warmup 1 --json --strategy $st \
+        --devices cpu:0,cpu:1 --micro-batches 2 --schedules 1f1b) || { echo "FAIL: bench d2 --strategy $st"; fail=1; }
+  check "bench --strategy $st row" "python3 -c \"import json,sys; r=json.loads(sys.argv[1]); sys.exit(0 if r['tok_per_s']>0 and r['strategy']=='$st' and r['devices']=='cpu:0,cpu:1' else 1)\" '$row'"
+done
 
 # 4. Bad input: one line naming the problem, exit 1, nothing written over.
 bad() {  # name, expected text, args...
@@ -124,7 +130,7 @@ bad "another configuration's checkpoint" "was written with model" train --model 
 check "the other configuration's checkpoint is untouched" "[ -f '$ck/ckpt-00000012/model.safetensors' ]"
 bad "NaN loss names the step" "NaN at step" train --model d2 --data "text:$tmp/kjv.txt" --seq-len 64 --steps 8 --log-every 8 --lr 1e5 --clip 0 --warmup-steps 0
 bad "an unknown model" "unknown GPT model\|unknown model" train --model d7 --data "text:$tmp/kjv.txt"
-bad "bench: a strategy not offered" "not offered for GPT" bench --model d2 --strategy dp --steps 1
+bad "bench: a strategy not offered" "not offered for GPT" bench --model d2 --strategy ddp --steps 1
 bad "generate without a checkpoint" "holds no checkpoint" generate --checkpoint "$tmp/none"
 
 # 5. Convergence (quick; skipped under the sanitizers' CHORUS_TEST_QUICK=1, as the other convergence runs).

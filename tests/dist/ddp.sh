@@ -4,7 +4,8 @@
 # trained alone on the global batch (tests/dist/ddp_probe.cpp says how).
 #   - MLP and CNN (no batch norm) with 1, 2 and 3 processes; many small
 #     buckets (rebuilt from rank 0's order); the bf16-compressed hook; the
-#     noop hook (nothing communicated: each rank equals training on its rows)
+#     noop hook (nothing communicated: each rank equals training on its rows);
+#     a hook of the user's own (an all_gather averaged in rank order)
 #   - no_sync over 4 micro-steps; a parameter used only on some steps and
 #     ranks; a model that differs on one rank; a model-parallel module; DDP
 #     over a DataParallel of two devices per process
@@ -36,6 +37,7 @@ run 3 PROBE_BUCKET_BYTES=100 -- match mlp
 run 2 PROBE_BUCKET_BYTES=1000 -- match cnn
 run 2 PROBE_HOOK=bf16 -- match cnn
 run 2 PROBE_HOOK=noop -- match cnn  # no communication: each rank equals itself alone on its rows
+run 3 PROBE_HOOK=rank-order PROBE_BUCKET_BYTES=1000 -- match cnn  # a hook written in the probe (DDPOptions::hook)
 for n in 1 2 3; do run $n -- no_sync; done
 for n in 2 3; do run $n -- unused; done
 run 3 -- mismatch

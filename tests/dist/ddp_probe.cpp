@@ -8,7 +8,10 @@
 //                    each rank starts from different weights (the broadcast
 //                    from rank 0 must fix them). PROBE_BUCKET_BYTES small:
 //                    many buckets (and the rebuild from rank 0's order);
-//                    PROBE_HOOK=bf16: bf16-compressed all-reduce (looser tolerance).
+//                    PROBE_HOOK=bf16: bf16-compressed all-reduce (looser tolerance);
+//                    PROBE_HOOK=rank-order: a hook written here against
+//                    dist::CommHook (DDPOptions::hook), the average made
+//                    from an all_gather in rank order.
 //   no_sync          3 micro-steps under no_sync() and a 4th that reduces
 //                    equal one step on the 4 micro-batches together.
 //   unused           a head used only on some steps and some ranks, and one
@@ -36,6 +39,7 @@
 
 #include <chorus/chorus.h>
 #include <chorus/ops/indexing.h>
+#include <chorus/dist/comm_hook.h>
 #include <chorus/dist/ddp.h>
 #include <chorus/dist/init.h>
 #include <chorus/optim/sgd.h>
@@ -184,13 +188,44 @@ void compare_weights(const nn::ModulePtr& got, const nn::ModulePtr& want, double
   std::printf("%s: max relative weight error %.3g (%s)\n", what.c_str(), worst, where.c_str());
 }
 
-dist::DDPOptions options_from_env() {
+// A communication hook of a user's own (dist/comm_hook.h): every rank's
+// bucket gathered (all_gather) and averaged in rank order, so that the
+// result's bits do not depend on the group's reduction algorithm. Waits in
+// reduce(): join() has nothing left to do.
+class RankOrderAverage final : public dist::CommHook {
+ public:
+  explicit RankOrderAverage(dist::ProcessGroupPtr pg) : pg_(std::move(pg)) {}
+  Tensor reduce(std::vector<Tensor>& srcs, const std::vector<Event>& ready) override {
+    Tensor bucket = srcs[0];
+    if (!ready.empty()) Stream::current(bucket.device()).wait(ready[0]);
+    const int64_t numel = bucket.numel(), n = pg_->size();
+    Tensor all = empty({n * numel}, TensorOptions(bucket.dtype(), bucket.device()));
+    pg_->all_gather(bucket, all)->wait();
+    Tensor sum = all.narrow(0, 0, numel).clone();
+    for (int64_t r = 1; r < n; ++r) sum.add_(all.narrow(0, r * numel, numel), 1.0);
+    sum.mul_(1.0 / static_cast<double>(n));
+    bucket.copy_(sum);
+    ++calls;
+    return bucket;
+  }
+  void join(const Device&) override {}
+
+  int64_t calls = 0;  // buckets reduced (one engine thread at a time: the reducer's lock)
+
+ private:
+  dist::ProcessGroupPtr pg_;
+};
+
+dist::DDPOptions options_from_env(const dist::ProcessGroupPtr& pg) {
   dist::DDPOptions o;
   if (const char* b = std::getenv("PROBE_BUCKET_BYTES")) {
     o.bucket_bytes = std::atoll(b);
     o.first_bucket_bytes = o.bucket_bytes / 2;
   }
-  if (const char* h = std::getenv("PROBE_HOOK")) o.comm_hook = dist::parse_comm_hook(h);
+  if (const char* h = std::getenv("PROBE_HOOK")) {
+    if (std::string(h) == "rank-order") o.hook = std::make_shared<RankOrderAverage>(pg);
+    else o.comm_hook = dist::parse_comm_hook(h);
+  }
   return o;
 }
 
@@ -201,12 +236,12 @@ void match(dist::ProcessGroupPtr pg, const std::string& kind) {
   nn::ModulePtr ref = build(kind, 100);
   nn::ModulePtr mine = build(kind, 100 + r);  // rank 0's weights arrive by broadcast
   if (sync_bn) mine = nn::convert_sync_batchnorm(mine, pg);
-  const dist::DDPOptions opts = options_from_env();
+  const dist::DDPOptions opts = options_from_env(pg);
   auto ddp = std::make_shared<dist::DistributedDataParallel>(mine, pg, opts);
   optim::SGD opt = make_sgd(mine), ref_opt = make_sgd(ref);
   // The noop hook communicates nothing: each rank then trains alone on its
   // own rows, and that is its reference.
-  const bool noop = opts.comm_hook == dist::CommHook::Noop;
+  const bool noop = !opts.hook && opts.comm_hook == dist::CommHookKind::Noop;
   double worst_loss = 0;
   for (int step = 0; step < kSteps; ++step) {
     auto [x, y] = global_batch(step);
@@ -221,9 +256,13 @@ void match(dist::ProcessGroupPtr pg, const std::string& kind) {
     const double global = noop ? loss.item() : mean_over_ranks(*pg, loss.item());
     worst_loss = std::max(worst_loss, std::abs(global - ref_loss.item()) / std::abs(ref_loss.item()));
   }
-  const double tol = opts.comm_hook == dist::CommHook::Bf16Compress ? 2e-2 : 1e-5;
+  const double tol = !opts.hook && opts.comm_hook == dist::CommHookKind::Bf16Compress ? 2e-2 : 1e-5;
   expect(worst_loss <= tol, "loss differs from the reference by " + std::to_string(worst_loss));
   compare_weights(mine, ref, tol, "rank " + std::to_string(r) + " " + kind);
+  if (auto* user = dynamic_cast<RankOrderAverage*>(opts.hook.get())) {
+    expect(user->calls >= kSteps, "the user's hook reduced " + std::to_string(user->calls) + " buckets");
+    std::printf("rank %d: the user's hook reduced %lld buckets\n", r, static_cast<long long>(user->calls));
+  }
   std::printf("rank %d: %zu buckets, max relative loss error %.3g\n", r, ddp->buckets().buckets.size(), worst_loss);
 }
 
@@ -366,7 +405,7 @@ void graphed(dist::ProcessGroupPtr pg, const std::string& kind) {
     run.model = build(kind, 100 + r);  // rank 0's weights arrive by broadcast
     if (kind == "cnn-bn-sync") run.model = nn::convert_sync_batchnorm(run.model, pg);
     run.model->to(dev);
-    auto ddp = std::make_shared<dist::DistributedDataParallel>(run.model, pg, options_from_env());
+    auto ddp = std::make_shared<dist::DistributedDataParallel>(run.model, pg, options_from_env(pg));
     optim::SGD opt = make_sgd(run.model);
     parallel::GraphedStepOptions go;
     go.enabled = graphs;

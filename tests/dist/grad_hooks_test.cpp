@@ -76,9 +76,9 @@ std::vector<Tensor> reference_grads(const Net& net, const Batch& b, bool use_p64
 
 // Wraps another communication, scales each result in place, and records the
 // order of its calls and the state of a watched gradient at each call.
-class ScaleComm final : public BucketComm {
+class ScaleComm final : public CommHook {
  public:
-  ScaleComm(double scale, std::shared_ptr<BucketComm> inner = nullptr) : scale_(scale), inner_(std::move(inner)) {}
+  ScaleComm(double scale, std::shared_ptr<CommHook> inner = nullptr) : scale_(scale), inner_(std::move(inner)) {}
   Tensor reduce(std::vector<Tensor>& bufs, const std::vector<Event>& ready) override {
     Tensor out = inner_ ? inner_->reduce(bufs, ready) : bufs[0];
     out.mul_(scale_);
@@ -97,7 +97,7 @@ class ScaleComm final : public BucketComm {
 
  private:
   double scale_;
-  std::shared_ptr<BucketComm> inner_;
+  std::shared_ptr<CommHook> inner_;
 };
 
 int64_t bytes_of(const Tensor& t) { return t.numel() * static_cast<int64_t>(dtype_size(t.dtype())); }

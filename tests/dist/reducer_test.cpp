@@ -1,10 +1,11 @@
 // dist::Reducer, the gradient reducer shared by DataParallel and (next)
 // DistributedDataParallel: bucket assignment (Note [Gradient buckets]), the
-// gradient nodes (Note [Gradient nodes]) with a pluggable BucketComm, checked
+// gradient nodes (Note [Gradient nodes]) with a pluggable CommHook, checked
 // against gradients computed by plain autograd on the same random inputs.
 #include <gtest/gtest.h>
 
 #include <chorus/chorus.h>
+#include <chorus/dist/in_process_hooks.h>
 #include <chorus/dist/reducer.h>
 #include <chorus/ops/elementwise.h>
 
@@ -71,10 +72,61 @@ TEST(GradBuckets, TheFirstLayersGetATailBucketOfTheirOwn) {
       {"last_bucket_bytes"}));
 }
 
-// A BucketComm standing in for DDP's all-reduce over a process group: the sum
+// The plan's sharding for ZeRO: every rank owns one equal, aligned,
+// contiguous piece of each flat buffer (padded at its end); a parameter's
+// pieces over the ranks tile its segment exactly.
+TEST(GradBuckets, ShardsTileEveryBucketAndEveryParameter) {
+  // float32: 100, 50, 10 elements; filled 2, 1, 0 at offsets 0, 32, 96
+  // (segments start on 128-byte boundaries); one float64 parameter of 7.
+  std::vector<Tensor> ps = {param({100}), param({50}), param({10}), randn({7}, {kFloat64, cpu_device(0)})};
+  GradBuckets plan(ps, 0);
+  ASSERT_EQ(plan.size(), 1u);
+  EXPECT_EQ(plan.buckets[0].device, cpu_device(0));
+  const GradBuckets::Place p1 = plan.place(1);
+  EXPECT_EQ(p1.bucket, 0u);
+  EXPECT_EQ(p1.offset, 32);
+  EXPECT_EQ(p1.numel, 50);
+  EXPECT_EQ(plan.place(0).offset, 96);
+  EXPECT_NE(plan.place(3).group, plan.place(0).group);
+  // 196 float32 elements over 4 ranks: 49 each, rounded up to 32 (128 bytes).
+  EXPECT_EQ(plan.padded_numel(0, p1.group, 4), 256);
+  EXPECT_EQ(plan.shard(0, p1.group, 1, 4).begin, 64);
+  EXPECT_EQ(plan.shard(0, p1.group, 1, 4).end, 128);
+  EXPECT_EQ(plan.shard_of_param(1, 0, 4).begin, 32);
+  EXPECT_EQ(plan.shard_of_param(1, 0, 4).end, 64);
+  EXPECT_EQ(plan.shard_of_param(1, 2, 4).numel(), 0);
+  for (int world : {1, 2, 3, 4, 7}) {
+    for (size_t g = 0; g < plan.buckets[0].layout.groups(); ++g) {
+      const int64_t padded = plan.padded_numel(0, g, world);
+      EXPECT_GE(padded, plan.buckets[0].layout.numels[g]);
+      for (int r = 0; r < world; ++r) {
+        const GradBuckets::Range s = plan.shard(0, g, r, world);
+        EXPECT_EQ(s.begin, padded / world * r);
+        EXPECT_EQ(s.numel(), padded / world);
+      }
+    }
+    for (size_t k = 0; k < ps.size(); ++k) {
+      const GradBuckets::Place pk = plan.place(k);
+      int64_t covered = 0, next = pk.offset;
+      for (int r = 0; r < world; ++r) {
+        const GradBuckets::Range piece = plan.shard_of_param(k, r, world);
+        if (piece.numel() == 0) continue;
+        EXPECT_EQ(piece.begin, next) << "parameter " << k << ", rank " << r << " of " << world;
+        next = piece.end;
+        covered += piece.numel();
+      }
+      EXPECT_EQ(covered, pk.numel) << "parameter " << k << ", world " << world;
+    }
+  }
+  EXPECT_TRUE(test::throws_naming([&] { (void)plan.shard(0, 0, 4, 4); }, {"rank 4"}));
+  EXPECT_TRUE(test::throws_naming([&] { (void)plan.padded_numel(0, 0, 0); }, {"world size"}));
+  EXPECT_TRUE(test::throws_naming([&] { GradBuckets(ps, -1); }, {"bucket_bytes"}));
+}
+
+// A CommHook standing in for DDP's all-reduce over a process group: the sum
 // over this process's replicas, then a known transformation (here: times
 // `scale`, as an average over ranks would be), issued once per bucket.
-class ScaledSum final : public BucketComm {
+class ScaledSum final : public CommHook {
  public:
   explicit ScaledSum(double scale) : scale_(scale) {}
   Tensor reduce(std::vector<Tensor>& srcs, const std::vector<Event>& ready) override {

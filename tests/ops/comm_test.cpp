@@ -12,7 +12,6 @@
 #include <string>
 #include <vector>
 
-#include "testing/copy_engine.h"
 #include "testing/random.h"
 #include "testing/expect_error.h"
 
@@ -204,13 +203,12 @@ TEST(Comm, ReduceAfterEventsKeepsBuffersAndJoins_MultiCUDA) {
   }
 }
 
-using test::CopyEngineAllReduce;
-
 // Note [Copy-engine all-reduce] in cuda/peer_all_reduce.h: every buffer ends
 // up bit for bit equal to the sum in rank order accumulated in float and
 // rounded once, computed here on the host; sizes that do not split evenly
 // into 16-byte chunks, one element, and devices in both orders.
 void check_all_reduce(const std::vector<Device>& devices, int64_t n, DType dtype) {
+  // By the copy engines (copy_engine_all_reduce_sum_after), which must take it.
   SCOPED_TRACE(std::string(dtype_name(dtype)) + ", " + std::to_string(n) + " elements, first " + devices[0].str());
   std::vector<Tensor> bufs;
   std::vector<std::vector<float>> vals;
@@ -227,7 +225,8 @@ void check_all_reduce(const std::vector<Device>& devices, int64_t n, DType dtype
   for (const auto& v : vals)
     for (size_t k = 0; k < sum.size(); ++k) sum[k] += v[k];
   const std::vector<float> want = on(sum, cpu_device(0)).to(dtype).to(kFloat32).to_vector<float>();
-  all_reduce_sum_after(bufs, ready);
+  // Without peer access the copy engines take nothing: NCCL's sum then.
+  if (!copy_engine_all_reduce_sum_after(bufs, ready)) all_reduce_sum_after(bufs, ready);
   for (size_t i = 0; i < devices.size(); ++i) {
     comm_join(devices[i]);
     const std::vector<float> got = bufs[i].to(kFloat32).to_vector<float>();
@@ -239,7 +238,6 @@ void check_all_reduce(const std::vector<Device>& devices, int64_t n, DType dtype
 
 TEST(Comm, CopyEngineAllReduceEqualsTheSumInRankOrder_MultiCUDA) {
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
-  CopyEngineAllReduce on_(true);
   const std::vector<Device> gpus = all_gpus();
   for (int64_t n : {(int64_t{1} << 22) + 3, int64_t{4097}, int64_t{7}, int64_t{1}}) {
     check_all_reduce(gpus, n, kFloat32);
@@ -254,7 +252,6 @@ TEST(Comm, CopyEngineAllReduceEqualsTheSumInRankOrder_MultiCUDA) {
 // after the call are not reused while the copies still read or write them.
 TEST(Comm, CopyEngineAllReduceKeepsBuffersUntilJoined_MultiCUDA) {
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
-  CopyEngineAllReduce on_(true);
   const std::vector<Device> gpus = all_gpus();
   const int64_t n = (int64_t{1} << 24) + 9;
   for (int iter = 0; iter < 3; ++iter) {
@@ -268,7 +265,7 @@ TEST(Comm, CopyEngineAllReduceKeepsBuffersUntilJoined_MultiCUDA) {
       ready.emplace_back(gpus[i], /*timing=*/false);
       ready.back().record();
     }
-    all_reduce_sum_after(bufs, ready);
+    if (!copy_engine_all_reduce_sum_after(bufs, ready)) all_reduce_sum_after(bufs, ready);
     Tensor kept = bufs[0];
     for (size_t i = 1; i < bufs.size(); ++i) bufs[i] = Tensor();
     std::vector<Tensor> scribble;
@@ -281,20 +278,9 @@ TEST(Comm, CopyEngineAllReduceKeepsBuffersUntilJoined_MultiCUDA) {
 }
 #endif  // CHORUS_WITH_CUDA
 
-// CHORUS_DP_ALLREDUCE's values; set_grad_sum_method wins over it.
-TEST(Comm, CopyEngineAllReduceSetting) {
-  test::CopyEngineAllReduce restore(true);
-  EXPECT_TRUE(copy_engine_all_reduce());
-  set_grad_sum_method(GradSumMethod::Nccl);
-  EXPECT_FALSE(copy_engine_all_reduce());
-  for (GradSumMethod m : {GradSumMethod::Auto, GradSumMethod::Nccl, GradSumMethod::CopyEngine, GradSumMethod::InUpdate})
-    EXPECT_EQ(parse_grad_sum_method(grad_sum_method_name(m), "x"), m);
-  EXPECT_THROW(parse_grad_sum_method("ring", "--dp-all-reduce"), ValueError);
-}
-
-// On CPU devices the setting changes nothing: the fallback sums in order.
-TEST(Comm, AllReduceOnCpuDevicesIgnoresTheCopyEngineSetting) {
-  test::CopyEngineAllReduce on_(true);
+// Where the copy engines do not apply (CPU devices) they take nothing, and
+// the caller's all_reduce_sum_after sums in order.
+TEST(Comm, CopyEnginesTakeNothingOnCpuDevices) {
   std::vector<Tensor> bufs;
   std::vector<Event> ready;
   std::vector<float> want(37, 0.f);
@@ -305,6 +291,7 @@ TEST(Comm, AllReduceOnCpuDevicesIgnoresTheCopyEngineSetting) {
     ready.emplace_back(cpu_device(i), /*timing=*/false);
     ready.back().record();
   }
+  EXPECT_FALSE(copy_engine_all_reduce_sum_after(bufs, ready));
   all_reduce_sum_after(bufs, ready);
   for (int i = 0; i < 3; ++i) {
     comm_join(cpu_device(i));
@@ -396,7 +383,6 @@ TEST(Comm, AllReduceEachBadArgumentsAreValueErrors) {
 #ifdef CHORUS_WITH_CUDA
 TEST(Comm, AllReduceEachSumsEveryTensorOnGpus_MultiCUDA) {
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
-  test::CopyEngineAllReduce off(false);
   const std::vector<Device> gpus = all_gpus();
   check_each(gpus, 1e-6);
   check_each({gpus[1], gpus[0]}, 1e-6);

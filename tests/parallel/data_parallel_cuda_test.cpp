@@ -26,7 +26,6 @@
 #endif
 
 #include "testing/compare.h"
-#include "testing/copy_engine.h"
 
 namespace chorus::parallel {
 namespace {
@@ -74,7 +73,7 @@ struct TrainRun {
 // gpus == 0: the plain module on cuda:0; else DataParallel over cuda:0..gpus-1.
 // replicated: the replicas step their own weights (Note [Replicated updates]).
 TrainRun train(int gpus, int steps, int64_t bucket_bytes = DataParallelOptions{}.bucket_bytes,
-               bool replicated = false) {
+               bool replicated = false, dist::GradSumMethod grad_sum = dist::GradSumMethod::Auto) {
   const Device g0 = cuda_device(0);
   manual_seed(kSeed);
   ModulePtr net = small_cnn();
@@ -82,7 +81,8 @@ TrainRun train(int gpus, int steps, int64_t bucket_bytes = DataParallelOptions{}
   std::vector<Device> devs;
   for (int i = 0; i < gpus; ++i) devs.push_back(cuda_device(i));
   ModulePtr model =
-      gpus > 0 ? ModulePtr(std::make_shared<DataParallel>(net, devs, DataParallelOptions{.bucket_bytes = bucket_bytes}))
+      gpus > 0 ? ModulePtr(std::make_shared<DataParallel>(
+                     net, devs, DataParallelOptions{.bucket_bytes = bucket_bytes, .grad_sum = grad_sum}))
                : net;
   optim::SGD opt(model->parameters(), optim::SGDOptions{.lr = 0.05, .momentum = 0.9});
   if (replicated) {
@@ -142,10 +142,9 @@ TEST(DataParallelCuda, CopyEngineAllReduceTrainsLikeOneGpu_MultiCUDA) {
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
   NoTf32 no_tf32;
   const TrainRun ref = train(0, 3);
-  test::CopyEngineAllReduce on(true);
   for (int64_t bytes : {int64_t{1}, int64_t{4096}, int64_t{0}}) {
     SCOPED_TRACE("bucket_bytes " + std::to_string(bytes));
-    expect_same_run(train(2, 3, bytes, /*replicated=*/true), ref);
+    expect_same_run(train(2, 3, bytes, /*replicated=*/true, dist::GradSumMethod::CopyEngine), ref);
   }
 }
 

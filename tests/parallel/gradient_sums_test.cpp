@@ -5,8 +5,7 @@
 // buffers) over 2 and 3 devices and batches that leave replicas out; two
 // parameters whose gradients are one buffer (the backward of a + b hands the
 // same tensor to both) trained like one device, where summing in place
-// without copying would count the shared buffer twice; the setting and its
-// environment variable.
+// without copying would count the shared buffer twice.
 
 #include <gtest/gtest.h>
 
@@ -33,19 +32,9 @@ using test::AddedScales;
 using test::UsedOnOneDevice;
 using test::rel_err;
 
-// The setting for a scope, restored however the test ends.
-class GradientSums {
- public:
-  explicit GradientSums(bool in_place) : before_(dist::in_place_gradient_sums()) {
-    dist::set_in_place_gradient_sums(in_place);
-  }
-  ~GradientSums() { dist::set_in_place_gradient_sums(before_); }
-  GradientSums(const GradientSums&) = delete;
-  GradientSums& operator=(const GradientSums&) = delete;
-
- private:
-  bool before_;
-};
+// train()'s in_place_min_bytes for every gradient packed
+// (DataParallelOptions::grads_in_place = false).
+constexpr int64_t kPacked = -1;
 
 struct TrainRun {
   std::vector<double> losses;
@@ -65,7 +54,8 @@ TrainRun train(const std::shared_ptr<nn::Module>& net, const std::vector<Device>
   if (!devices.empty())
     model = dp = std::make_shared<DataParallel>(net, devices,
                                                 DataParallelOptions{.bucket_bytes = bucket_bytes,
-                                                                    .in_place_min_bytes = in_place_min_bytes});
+                                                                    .grads_in_place = in_place_min_bytes != kPacked,
+                                                                    .in_place_min_bytes = std::max<int64_t>(0, in_place_min_bytes)});
   optim::SGD opt(model->parameters(),
                  optim::SGDOptions{.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-3, .nesterov = true});
   if (dp) {
@@ -106,12 +96,8 @@ TEST(GradientSums, InPlaceTrainsLikePackedBuckets) {
   // Batches of 1 and 2 leave replicas out of a step.
   const std::vector<int64_t> batches{12, 12, 1, 12, 2, 12, 7};
   TrainRun packed2, packed3;
-  {
-    GradientSums s(false);
-    packed2 = train(test::conv_bn_net(31), test::cpus(2), {2, 8, 8}, batches);
-    packed3 = train(test::conv_bn_net(31), test::cpus(3), {2, 8, 8}, batches);
-  }
-  GradientSums s(true);
+  packed2 = train(test::conv_bn_net(31), test::cpus(2), {2, 8, 8}, batches, kPacked);
+  packed3 = train(test::conv_bn_net(31), test::cpus(3), {2, 8, 8}, batches, kPacked);
   for (int devices : {2, 3}) {
     for (int64_t min_bytes : {int64_t{0}, int64_t{400}, int64_t{1} << 20}) {
       SCOPED_TRACE(std::to_string(devices) + " devices, in place from " + std::to_string(min_bytes) + " bytes");
@@ -124,7 +110,6 @@ TEST(GradientSums, InPlaceTrainsLikePackedBuckets) {
 }
 
 TEST(GradientSums, ParametersSharingOneGradientBufferTrainLikeOneDevice) {
-  GradientSums s(true);
   const std::vector<int64_t> batches{12, 12, 12, 5, 12};
   manual_seed(17);
   auto ref_net = std::make_shared<AddedScales>();
@@ -146,12 +131,8 @@ void check_partly_used(const std::vector<Device>& devices) {
   const std::vector<int64_t> batches{12, 12, 9, 12};
   for (int64_t bucket_bytes : {int64_t{25} << 20, int64_t{1}}) {
     TrainRun packed;
-    {
-      GradientSums s(false);
-      manual_seed(23);
-      packed = train(std::make_shared<UsedOnOneDevice>(), devices, {2, 3, 3}, batches, 0, bucket_bytes);
-    }
-    GradientSums s(true);
+    manual_seed(23);
+    packed = train(std::make_shared<UsedOnOneDevice>(), devices, {2, 3, 3}, batches, kPacked, bucket_bytes);
     for (int64_t min_bytes : {int64_t{0}, int64_t{100}}) {
       SCOPED_TRACE("bucket_bytes " + std::to_string(bucket_bytes) + ", in place from " + std::to_string(min_bytes));
       manual_seed(23);
@@ -170,7 +151,6 @@ TEST(GradientSums, AParameterOneReplicaDidNotUseGetsItsZeros) { check_partly_use
 // and a linear layer's weight gradient (which the matrix product writes
 // transposed), are copied.
 TEST(GradientSums, FreshGradientsAreNotCopied) {
-  GradientSums s(true);
   auto conv = std::make_shared<nn::Sequential>();
   conv->push_back(std::make_shared<nn::Conv2d>(nn::Conv2dOptions{2, 5, 3, 1, 0, 1, 1, false}));
   conv->push_back(std::make_shared<nn::BatchNorm2d>(5));
@@ -198,11 +178,7 @@ TEST(GradientSums, InPlaceTrainsLikePackedBucketsOnTwoGpus_MultiCUDA) {
   const std::vector<Device> gpus{cuda_device(0), cuda_device(1)};
   const std::vector<int64_t> batches{12, 12, 1, 12, 7};
   TrainRun packed;
-  {
-    GradientSums s(false);
-    packed = train(test::conv_bn_net(31), gpus, {2, 8, 8}, batches);
-  }
-  GradientSums s(true);
+  packed = train(test::conv_bn_net(31), gpus, {2, 8, 8}, batches, kPacked);
   for (int64_t min_bytes : {int64_t{0}, int64_t{400}}) {
     SCOPED_TRACE("in place from " + std::to_string(min_bytes) + " bytes");
     expect_same(train(test::conv_bn_net(31), gpus, {2, 8, 8}, batches, min_bytes), packed, 1e-6);
@@ -217,14 +193,6 @@ TEST(GradientSums, InPlaceTrainsLikePackedBucketsOnTwoGpus_MultiCUDA) {
   check_partly_used(gpus);
 }
 #endif
-
-TEST(GradientSums, TheSettingSwitchesBothWays) {
-  GradientSums restore(dist::in_place_gradient_sums());
-  dist::set_in_place_gradient_sums(false);
-  EXPECT_FALSE(dist::in_place_gradient_sums());
-  dist::set_in_place_gradient_sums(true);
-  EXPECT_TRUE(dist::in_place_gradient_sums());
-}
 
 }  // namespace
 }  // namespace gradient_sums_test

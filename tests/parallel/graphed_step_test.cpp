@@ -11,6 +11,7 @@
 #include <chorus/autograd/autocast.h>
 #include <chorus/chorus.h>
 #include <chorus/core/graph_capture.h>
+#include <chorus/ops/comm.h>
 #include <chorus/optim/adamw.h>
 #include <chorus/optim/sgd.h>
 #include <chorus/parallel/data_parallel.h>
@@ -24,7 +25,6 @@
 #include <vector>
 
 #include "testing/compare.h"
-#include "testing/copy_engine.h"
 #include "testing/deterministic.h"
 #include "testing/steps.h"
 
@@ -394,9 +394,9 @@ TEST(GraphedStep, MlpMatchesEager_CUDA) {
 // the eager run gathers the outputs and computes the loss on the first GPU.
 // `read_grads`: after each step both runs read every master's .grad() (out of
 // the graph, between replays): the whole sums each time (Note [Pending sums
-// in a captured step] in autograd/pending_sum.cpp).
+// in a captured step] in autograd/grad_finisher.cpp).
 void dp_graphed_matches_eager(const std::vector<Device>& devs, bool replicated = false, bool per_replica_loss = false,
-                              bool read_grads = false) {
+                              bool read_grads = false, dist::GradSumMethod grad_sum = dist::GradSumMethod::Auto) {
   Deterministic same_bits;
   const int steps = test::test_steps(20, 3);  // CHORUS_TEST_STEPS under a sanitizer
   auto run = [&](bool graphed, StepRun* out) {
@@ -404,6 +404,7 @@ void dp_graphed_matches_eager(const std::vector<Device>& devs, bool replicated =
     net->to(devs[0]);
     parallel::DataParallelOptions dpo;
     dpo.bucket_bytes = 4096;
+    dpo.grad_sum = grad_sum;
     auto dp = std::make_shared<DataParallel>(net, devs, dpo);
     optim::SGD opt(net->parameters(), {0.05, 0.9, 0.0, 5e-4, true});
     if (graphed && replicated) {
@@ -499,8 +500,8 @@ TEST(GraphedStep, DataParallelWithPerReplicaLossesOverTwoGpusMatchesEager_MultiC
 // the sum kernels inside the one graph.
 TEST(GraphedStep, DataParallelWithCopyEngineAllReduceMatchesEager_MultiCUDA) {
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
-  test::CopyEngineAllReduce on(true);
-  dp_graphed_matches_eager({cuda_device(0), cuda_device(1)}, /*replicated=*/true, /*per_replica_loss=*/true);
+  dp_graphed_matches_eager({cuda_device(0), cuda_device(1)}, /*replicated=*/true, /*per_replica_loss=*/true,
+                           /*read_grads=*/false, dist::GradSumMethod::CopyEngine);
 }
 
 // The gradients exchanged and summed by the optimizer's update (Note
@@ -509,10 +510,9 @@ TEST(GraphedStep, DataParallelWithCopyEngineAllReduceMatchesEager_MultiCUDA) {
 // the whole sum after every replay, not only after the first.
 TEST(GraphedStep, DataParallelWithSumsInUpdateMatchesEager_MultiCUDA) {
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
-  test::CopyEngineAllReduce in_update(ops::GradSumMethod::InUpdate);
-  if (!ops::exchange_applies({cuda_device(0), cuda_device(1)})) GTEST_SKIP() << "no peer access";
+  if (!ops::exchange_possible({cuda_device(0), cuda_device(1)})) GTEST_SKIP() << "no peer access";
   dp_graphed_matches_eager({cuda_device(0), cuda_device(1)}, /*replicated=*/true, /*per_replica_loss=*/true,
-                           /*read_grads=*/true);
+                           /*read_grads=*/true, dist::GradSumMethod::InUpdate);
 }
 
 TEST(GraphedStep, DataParallelOverOneGpuMatchesEager_CUDA) {

@@ -13,11 +13,11 @@
 //    use; replicas left out of an accumulated pass, or whose masters alone
 //    were zeroed (Module::zero_grad), equal to their masters after the step;
 //  - ops::exchange_each_after itself and its bad arguments; the pending-part
-//    primitives (autograd/pending_sum.h).
+//    finisher (autograd/grad_finisher.h).
 
 #include <gtest/gtest.h>
 
-#include <chorus/autograd/pending_sum.h>
+#include <chorus/autograd/grad_finisher.h>
 #include <chorus/chorus.h>
 #include <chorus/ops/comm.h>
 #include <chorus/ops/copy.h>
@@ -30,7 +30,6 @@
 #include <vector>
 
 #include "testing/compare.h"
-#include "testing/copy_engine.h"
 #include "testing/devices.h"
 #include "testing/nets.h"
 
@@ -41,7 +40,7 @@ namespace {
 namespace F = nn::functional;
 using test::AddedScales;
 using test::UsedOnOneDevice;
-using ops::GradSumMethod;
+using dist::GradSumMethod;
 using test::rel_err;
 
 std::unique_ptr<optim::Optimizer> make_opt(const std::vector<Tensor>& params, bool adamw) {
@@ -70,10 +69,9 @@ struct Config {
 // DataParallel with replicated updates over `devices`, `method` summing.
 TrainRun train(const std::shared_ptr<nn::Module>& net, const std::vector<Device>& devices, GradSumMethod method,
           const std::vector<int64_t>& batches, const Shape& input, const Config& c = {}) {
-  test::CopyEngineAllReduce scope(method);
   net->to(devices[0]);
-  auto dp = std::make_shared<DataParallel>(net, devices,
-                                           DataParallelOptions{.in_place_min_bytes = c.in_place_min_bytes});
+  auto dp = std::make_shared<DataParallel>(
+      net, devices, DataParallelOptions{.grad_sum = method, .in_place_min_bytes = c.in_place_min_bytes});
   auto opt = make_opt(dp->parameters(), c.adamw);
   ReplicatedUpdates u = dp->replicate_updates(opt->params());
   opt->add_replicas(u.copies, u.after_step);
@@ -162,7 +160,7 @@ TEST(SumsInUpdate, GradientsReadOrAccumulatedAreTheSums) { check_read_and_accumu
 TEST(SumsInUpdate, ReplicasLeftOutOfAnAccumulatedPassTakeTheirMastersWeights) {
   for (GradSumMethod m : {GradSumMethod::Nccl, GradSumMethod::InUpdate})
     for (int64_t later : {int64_t{1}, int64_t{12}}) {
-      SCOPED_TRACE(std::string(ops::grad_sum_method_name(m)) + ", later passes of batch " + std::to_string(later));
+      SCOPED_TRACE(std::string(dist::grad_sum_method_name(m)) + ", later passes of batch " + std::to_string(later));
       const Config c{.backwards = 2, .later_batch = later};
       const TrainRun run = train(test::conv_bn_net(31), test::cpus(2), m, kBatches, {2, 8, 8}, c);
       EXPECT_EQ(run.replica_diff, 0.0);
@@ -175,7 +173,7 @@ TEST(SumsInUpdate, ReplicasLeftOutOfAnAccumulatedPassTakeTheirMastersWeights) {
 TEST(SumsInUpdate, ReplicasFollowTheirMastersWhenOnlyTheMastersAreZeroed) {
   for (GradSumMethod m : {GradSumMethod::Nccl, GradSumMethod::InUpdate})
     for (int backwards : {1, 2}) {
-      SCOPED_TRACE(std::string(ops::grad_sum_method_name(m)) + ", " + std::to_string(backwards) + " backward passes");
+      SCOPED_TRACE(std::string(dist::grad_sum_method_name(m)) + ", " + std::to_string(backwards) + " backward passes");
       const Config c{.backwards = backwards, .module_zero_grad = true};
       const TrainRun run = train(test::conv_bn_net(31), test::cpus(2), m, kBatches, {2, 8, 8}, c);
       EXPECT_EQ(run.replica_diff, 0.0);
@@ -207,14 +205,16 @@ TEST(SumsInUpdate, SharedAndPartlyUsedParameters) { check_awkward_parameters(tes
 // Over three devices, or with the method left at auto on CPU devices, the
 // gradients are all-reduced as before.
 TEST(SumsInUpdate, OnlyTwoDevicesExchange) {
-  test::CopyEngineAllReduce scope(GradSumMethod::InUpdate);
-  EXPECT_TRUE(ops::exchange_applies(test::cpus(2)));
-  EXPECT_FALSE(ops::exchange_applies(test::cpus(3)));
-  EXPECT_FALSE(ops::exchange_applies({cpu_device(0), cpu_device(0)}));
-  ops::set_grad_sum_method(GradSumMethod::Auto);
-  EXPECT_FALSE(ops::exchange_applies(test::cpus(2)));
-  ops::set_grad_sum_method(GradSumMethod::Nccl);
-  EXPECT_FALSE(ops::exchange_applies(test::cpus(2)));
+  auto hook = [](GradSumMethod m, bool in_place) { return dist::make_all_reduce_hook(m, in_place, test::cpus(2)); };
+  EXPECT_TRUE(hook(GradSumMethod::InUpdate, true)->exchanges(test::cpus(2)));
+  EXPECT_FALSE(hook(GradSumMethod::InUpdate, true)->exchanges(test::cpus(3)));
+  EXPECT_FALSE(hook(GradSumMethod::InUpdate, true)->exchanges({cpu_device(0), cpu_device(0)}));
+  EXPECT_FALSE(hook(GradSumMethod::Auto, true)->exchanges(test::cpus(2)));
+  EXPECT_FALSE(hook(GradSumMethod::Nccl, true)->exchanges(test::cpus(2)));
+  // In the update needs the gradients where they are: packed, all-reduced.
+  EXPECT_FALSE(hook(GradSumMethod::InUpdate, false)->exchanges(test::cpus(2)));
+  EXPECT_FALSE(hook(GradSumMethod::InUpdate, false)->sums_each());
+  EXPECT_TRUE(hook(GradSumMethod::InUpdate, false)->all_reduces());
   const TrainRun three = train(test::conv_bn_net(31), test::cpus(3), GradSumMethod::InUpdate, {12, 12}, {2, 8, 8});
   EXPECT_EQ(three.exchanges, 0u);
   EXPECT_EQ(three.replica_diff, 0.0);
@@ -262,9 +262,9 @@ TEST(SumsInUpdate, APendingPartIsAddedOnceWhenRead) {
   EXPECT_THROW(autograd::set_pending_sum(g, part), ValueError);                      // one part at a time
   EXPECT_THROW(autograd::set_pending_sum(part, random_on({5}, cpu_device(0), 4)), ValueError);  // shape
   p.set_grad(g);
-  EXPECT_TRUE(autograd::pending_sum(autograd::unsettled_grad(p)).defined());
-  EXPECT_EQ(rel_err(p.grad(), want), 0.0);  // settled by the read
-  EXPECT_FALSE(autograd::pending_sum(g).defined());
+  EXPECT_TRUE(autograd::pending_part(autograd::unfinished_grad(p)).defined());
+  EXPECT_EQ(rel_err(p.grad(), want), 0.0);  // finished by the read
+  EXPECT_FALSE(autograd::pending_part(g).defined());
   EXPECT_EQ(rel_err(p.grad(), want), 0.0);  // and not added twice
 }
 
@@ -275,8 +275,7 @@ std::vector<Device> two_gpus() { return {cuda_device(0), cuda_device(1)}; }
 // does: the same bits.
 TEST(SumsInUpdate, TrainLikeNcclOnTwoGpus_MultiCUDA) {
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
-  test::CopyEngineAllReduce scope(GradSumMethod::InUpdate);
-  if (!ops::exchange_applies(two_gpus())) GTEST_SKIP() << "no peer access between cuda:0 and cuda:1";
+  if (!ops::exchange_possible(two_gpus())) GTEST_SKIP() << "no peer access between cuda:0 and cuda:1";
   check_trains_like_all_reduce(two_gpus(), 0.0);
   check_read_and_accumulated(two_gpus(), 0.0);
   check_awkward_parameters(two_gpus(), 0.0);
@@ -284,8 +283,7 @@ TEST(SumsInUpdate, TrainLikeNcclOnTwoGpus_MultiCUDA) {
 
 TEST(SumsInUpdate, ExchangeOnTwoGpus_MultiCUDA) {
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
-  test::CopyEngineAllReduce scope(GradSumMethod::InUpdate);
-  if (!ops::exchange_applies(two_gpus())) GTEST_SKIP() << "no peer access between cuda:0 and cuda:1";
+  if (!ops::exchange_possible(two_gpus())) GTEST_SKIP() << "no peer access between cuda:0 and cuda:1";
   const auto devs = two_gpus();
   std::vector<std::vector<Tensor>> bufs(2);
   std::vector<Event> ready;

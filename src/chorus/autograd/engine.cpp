@@ -27,7 +27,7 @@
 #include "chorus/autograd/backward_observer.h"
 #include "chorus/autograd/grad_mode.h"
 #include "chorus/autograd/node.h"
-#include "chorus/autograd/pending_sum.h"
+#include "chorus/autograd/grad_finisher.h"
 #include "chorus/autograd/side_work.h"
 #include "chorus/core/device_threads.h"
 #include "chorus/core/error.h"
@@ -48,7 +48,7 @@ Tensor conform(const Tensor& g, const InputMeta& m) {
   // sums in the update] in dist/reducer.h).
   if (g.device() == m.device && g.dtype() == m.dtype) return g;
   join_beside_for(g);  // Note [Weight gradients beside the data gradient]
-  settle_sum(g);
+  finish_grad(g);
   return ops::to_dtype(ops::to_device(g, m.device), m.dtype);
 }
 
@@ -94,7 +94,7 @@ struct Slot {
     Tensor total;
     for (auto& [producer, g] : parts) {
       join_beside_for(g);  // Note [Weight gradients beside the data gradient]
-      settle_sum(g);  // Note [Gradient sums in the update]: its whole value
+      finish_grad(g);  // Note [Gradient finishers]: its whole value
       total = total.defined() ? ops::binary(BinaryOp::Add, total, g, 1.0) : g;
     }
     return total;
@@ -234,7 +234,7 @@ class GraphTask {
       Slot& slot = nx.slot(e.input_nr);
       if (slot.expected != 2 || !slot.has || !slot.more.empty()) continue;
       // A gradient with a pending part is not accumulated into in place.
-      if (slot.grad.defined() && pending_sum(slot.grad).defined()) continue;
+      if (slot.grad.defined() && pending_part(slot.grad).defined()) continue;
       if (offer.grads.empty()) {
         offer.grads.resize(n->next.size());
         offer.seqs.resize(n->next.size());

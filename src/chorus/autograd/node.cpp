@@ -4,7 +4,7 @@
 #include <mutex>
 
 #include "chorus/autograd/grad_mode.h"
-#include "chorus/autograd/pending_sum.h"
+#include "chorus/autograd/grad_finisher.h"
 #include "chorus/autograd/side_work.h"
 #include "chorus/core/error.h"
 #include "chorus/ops/copy.h"
@@ -41,10 +41,10 @@ TensorList AccumulateGrad::apply(TensorList&& grads) {
   // hooks, unless they say they read it later (DDP's buckets).
   if (meta->grad || g.device() != leaf.device() || g.dtype() != leaf.dtype() || meta->reading_hooks > 0)
     join_beside_for(g);
-  // Note [Gradient sums in the update]: a gradient with a pending part is
+  // Note [Gradient finishers]: a gradient with a pending part is
   // kept as it is, part and all, when it becomes .grad as it came; anything
   // that computes with it adds the part first.
-  if (meta->grad || g.device() != leaf.device() || g.dtype() != leaf.dtype()) settle_sum(g);
+  if (meta->grad || g.device() != leaf.device() || g.dtype() != leaf.dtype()) finish_grad(g);
   g = ops::to_dtype(ops::to_device(g, leaf.device()), leaf.dtype());
   if (!meta->grad) {
     // Own the buffer: the incoming gradient may alias a tensor someone else
@@ -52,19 +52,21 @@ TensorList AccumulateGrad::apply(TensorList&& grads) {
     // cloned -- unless nobody else can see it: one handle, its own storage,
     // no autograd history. That is the usual case (a fresh result of a
     // backward formula), and taking it saves a copy per parameter per step.
-    // A view into a gradient bucket (TensorImpl::exclusive_view) is as good.
+    // A view that owns its elements of a shared buffer (a reduced gradient
+    // bucket's: Note [Gradient finishers]) is as good.
     const bool whole = g.storage().use_count() == 1 && g.storage_offset() == 0 &&
                        g.nbytes() == g.storage()->nbytes();
-    const bool sole_owner = g.impl_ptr().use_count() == 1 && !g.impl_ptr()->autograd &&
-                            (whole || g.impl_ptr()->exclusive_view);
+    const AutogradMeta* gm = g.autograd_meta();
+    const bool no_history = !gm || (!gm->grad_fn && !gm->requires_grad);
+    const bool sole_owner = g.impl_ptr().use_count() == 1 && no_history && (whole || owns_elements(g));
     if (!sole_owner) {
       join_beside_for(g);  // cloned below
-      settle_sum(g);
+      finish_grad(g);
     }
     meta->grad = sole_owner ? g.impl_ptr() : ops::clone(g).impl_ptr();
   } else {
     Tensor old(meta->grad);
-    settle_sum(old);
+    finish_grad(old);
     ops::binary_(BinaryOp::Add, old, g, 1.0);
   }
   for (auto& hook : meta->post_accumulate_hooks) hook(leaf);

@@ -3,7 +3,7 @@
 #include "chorus/autograd/engine.h"
 #include "chorus/autograd/functions.h"
 #include "chorus/autograd/node.h"
-#include "chorus/autograd/pending_sum.h"
+#include "chorus/autograd/grad_finisher.h"
 #include "chorus/core/error.h"
 #include "chorus/ops/copy.h"
 #include "chorus/ops/elementwise.h"
@@ -53,7 +53,7 @@ Tensor Tensor::grad() const {
   AutogradMeta* m = autograd_meta();
   if (!m || !m->grad) return Tensor();
   Tensor g(m->grad);
-  autograd::settle_sum(g);  // Note [Gradient sums in the update]: the whole value
+  autograd::finish_grad(g);  // Note [Gradient finishers]: the whole value
   return g;
 }
 

@@ -25,6 +25,7 @@ namespace chorus {
 
 namespace autograd {
 class Node;
+class GradFinisher;
 }
 
 class Tensor;
@@ -50,6 +51,10 @@ struct AutogradMeta {
   // recorded aliases, Note [Gradient nodes] in dist/reducer.h): autocast keeps
   // and reuses that parameter's 16-bit copy (Note [Autocast weight copies]).
   std::weak_ptr<TensorImpl> stands_for;
+  // On a gradient: what it still needs to hold its whole value, or whether it
+  // may be kept where it is (Note [Gradient finishers] in
+  // autograd/grad_finisher.h); Tensor::grad() runs it.
+  std::shared_ptr<autograd::GradFinisher> finisher;
 };
 
 struct TensorImpl {
@@ -66,17 +71,6 @@ struct TensorImpl {
   std::unique_ptr<AutogradMeta> autograd;
   // Bumped by in-place ops; saved tensors check it in backward.
   std::shared_ptr<uint32_t> version = std::make_shared<uint32_t>(0);
-  // A gradient that is a view into a buffer nobody else reads or writes,
-  // except through views of other, disjoint elements with owners of their own
-  // (DataParallel's summed gradient buckets): AccumulateGrad may keep this
-  // handle as the leaf's .grad without copying it out of the shared buffer.
-  bool exclusive_view = false;
-  // A gradient whose value is its elements plus this tensor's (same sizes,
-  // strides, dtype and device): the other GPU's gradient, which the
-  // optimizer's fused update adds as it reads both (Note [Gradient sums in
-  // the update] in dist/reducer.h). Anything else that reads the values
-  // settles it first (autograd::settle_sum: Tensor::grad() does).
-  std::shared_ptr<TensorImpl> sum_pending;
 };
 
 class Tensor {

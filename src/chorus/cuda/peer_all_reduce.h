@@ -1,5 +1,6 @@
 // An all-reduce over the GPUs of this process done by their copy engines, for
-// DataParallel's replicated updates (ops::all_reduce_sum_after). Include only
+// DataParallel's replicated updates (ops::copy_engine_all_reduce_sum_after).
+// Include only
 // from src/chorus/cuda and src/chorus/ops.
 //
 // Note [Copy-engine all-reduce]: NCCL's all-reduce runs as kernels that hold
@@ -33,7 +34,7 @@
 // no compute stream to the transfer (as a free on the compute stream would,
 // Note [Freeing across streams]); inside a capture the copy stream is
 // captured by then, so the scratch comes from the graph's pool. Chosen with
-// CHORUS_DP_ALLREDUCE=copy-engine (ops::all_reduce_sum_after).
+// DataParallelOptions::grad_sum = CopyEngine (dist::CopyEngineAllReduce).
 #pragma once
 
 #include <cstddef>

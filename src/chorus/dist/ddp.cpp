@@ -157,8 +157,7 @@ struct DistributedDataParallel::Impl final : autograd::BackwardObserver {
   bool in_backward = false;  // an armed backward is running
   bool order_synced = false;  // the buckets were re-planned from rank 0's order
   int64_t reduced_steps = 0;
-  double wait_seconds = 0;  // in end(); with comm->wait_seconds(), gradient_wait_seconds()
-  std::shared_ptr<GroupAllReduce> comm;
+  double wait_seconds = 0;  // in end(); with reducer->join_seconds(), gradient_wait_seconds()
   Tensor used_flags;         // [k] on the group's device: the ranks' used-flags, summed
   Tensor all_used;           // [k] ones on the group's device: the flags of a step that used everything
   WorkPtr used_work;
@@ -318,9 +317,9 @@ DistributedDataParallel::DistributedDataParallel(nn::ModulePtr module, ProcessGr
       for (const Tensor& v : views) v.bump_version();
     }
   }
-  s.comm = std::make_shared<GroupAllReduce>(s.group, options.average, options.comm_hook);
+  std::shared_ptr<CommHook> hook = options.hook ? options.hook : make_comm_hook(options.comm_hook, s.group, options.average);
   s.reducer = std::make_unique<HookReducer>(
-      s.params, s.comm,
+      s.params, std::move(hook),
       ReducerOptions{options.bucket_bytes, options.first_bucket_bytes, options.last_bucket_bytes});
   observer_handle_ = autograd::add_backward_observer(impl_);
 }
@@ -374,7 +373,7 @@ const GradBuckets& DistributedDataParallel::buckets() const { return impl_->redu
 
 double DistributedDataParallel::gradient_wait_seconds() const {
   std::lock_guard<std::mutex> lk(impl_->mu);
-  return impl_->wait_seconds + (impl_->comm ? impl_->comm->wait_seconds() : 0.0);
+  return impl_->wait_seconds + impl_->reducer->join_seconds();
 }
 
 std::vector<std::string> DistributedDataParallel::unused_parameters() const {

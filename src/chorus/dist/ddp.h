@@ -28,13 +28,16 @@
 namespace chorus::dist {
 
 struct DDPOptions {
-  // Note [Gradient buckets] (dist/reducer.h). Negative: ValueError.
+  // Note [Gradient buckets] (dist/grad_buckets.h). Negative: ValueError.
   int64_t bucket_bytes = int64_t{25} << 20;
   int64_t first_bucket_bytes = int64_t{1} << 20;  // closes the first bucket early: communication starts sooner
   int64_t last_bucket_bytes = int64_t{1} << 20;   // the first layers' own bucket: a short tail after the backward
   bool average = true;                             // false: gradients summed over the ranks
   bool broadcast_buffers = true;                   // rank 0's buffers to every rank before each forward
-  CommHook comm_hook = CommHook::AllReduce;        // Bf16Compress: float32 buckets travel as bfloat16
+  CommHookKind comm_hook = CommHookKind::AllReduce;  // Bf16Compress: float32 buckets travel as bfloat16
+  // A hook of the user's own (dist/comm_hook.h: one buffer per bucket and
+  // dtype, srcs of one element); when set, it replaces comm_hook.
+  std::shared_ptr<CommHook> hook;
   // After the first backward, re-plan the buckets in the order gradients
   // became ready (rank 0's order, so every rank plans the same buckets).
   bool rebuild_buckets = true;

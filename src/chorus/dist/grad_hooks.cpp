@@ -1,14 +1,14 @@
 #include "chorus/dist/grad_hooks.h"
 
-#include "chorus/autograd/side_work.h"
-
 #include <algorithm>
+#include <chrono>
 #include <mutex>
 
 #include "chorus/autograd/side_work.h"
 #include "chorus/core/error.h"
 #include "chorus/ops/copy.h"
 #include "chorus/ops/factory.h"
+#include "chorus/ops/profile.h"
 
 namespace chorus::dist {
 
@@ -16,7 +16,7 @@ namespace chorus::dist {
 struct HookReducer::State {
   std::vector<Tensor> params;
   ReducerOptions options;
-  std::shared_ptr<BucketComm> comm;
+  std::shared_ptr<CommHook> comm;
   std::vector<Device> devices;  // distinct, of the parameters
 
   mutable std::mutex mu;  // the hooks may run on several engine threads
@@ -31,6 +31,7 @@ struct HookReducer::State {
   std::vector<std::vector<Tensor>> results;  // [bucket][group]
   bool recording_order = true;         // until the first armed backward finishes
   std::vector<size_t> order;
+  double join_seconds = 0;             // host time in the hook's join() so far
 
   void plan(const std::vector<size_t>& fill) {
     buckets = std::make_shared<const GradBuckets>(params, options.bucket_bytes, options.first_bucket_bytes, fill,
@@ -98,7 +99,14 @@ struct HookReducer::State {
   }
 
   void finish() {
-    for (const Device& d : devices) comm->join(d);
+    {
+      // Note [Step traces]: on CPU (Gloo) this is where the host waits for
+      // the other ranks' gradients.
+      ops::TraceScope trace("wait_gradients");
+      const auto begin = std::chrono::steady_clock::now();
+      for (const Device& d : devices) comm->join(d);
+      join_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+    }
     for (size_t k = 0; k < params.size(); ++k)
       if (!unused[k] || kept[k]) params[k].set_grad(result_view(k));
     armed = false;
@@ -134,7 +142,7 @@ struct HookReducer::State {
   }
 };
 
-HookReducer::HookReducer(std::vector<Tensor> params, std::shared_ptr<BucketComm> comm, ReducerOptions options)
+HookReducer::HookReducer(std::vector<Tensor> params, std::shared_ptr<CommHook> comm, ReducerOptions options)
     : state_(std::make_shared<State>()) {
   State& s = *state_;
   CHORUS_CHECK(comm != nullptr, "HookReducer: the bucket communication is null");
@@ -253,6 +261,11 @@ void HookReducer::rebuild_buckets_from(const std::vector<size_t>& order) {
 }
 
 const GradBuckets& HookReducer::buckets() const { return *state_->buckets; }
+
+double HookReducer::join_seconds() const {
+  std::lock_guard<std::mutex> lk(state_->mu);
+  return state_->join_seconds;
+}
 
 std::vector<Tensor> HookReducer::bucket_buffers(size_t b) const {
   std::lock_guard<std::mutex> lk(state_->mu);

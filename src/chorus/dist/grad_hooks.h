@@ -1,10 +1,11 @@
 // HookReducer: the gradient reducer's per-parameter form, for
 // DistributedDataParallel: each parameter's gradient enters its bucket as soon
-// as it is final (a post-accumulate hook), and a bucket goes to its BucketComm
-// (a ProcessGroup all-reduce, a compression hook) once it is complete, while
-// the backward still runs. It shares the bucket plan (GradBuckets, Note
-// [Gradient buckets]) and BucketComm with the graph form (dist/reducer.h,
-// Note [Gradient nodes]) that DataParallel uses; DDP only plugs in a comm.
+// as it is final (a post-accumulate hook), and a bucket goes to its CommHook
+// (a ProcessGroup all-reduce, a compression hook, a user's own) once it is
+// complete, while the backward still runs. It shares the bucket plan
+// (GradBuckets, Note [Gradient buckets] in dist/grad_buckets.h) and the
+// CommHook interface with the graph form (dist/reducer.h, Note [Gradient
+// nodes]) that DataParallel uses; DDP only plugs in a hook.
 //
 // Note [Reducer hooks]: one
 // replica per process, whose parameters (all on one device) get a
@@ -18,7 +19,7 @@
 //  2. once every parameter of a bucket is ready, and every earlier bucket has
 //     been launched (every process must issue its collectives in one order,
 //     or they pair up wrongly), an event is recorded on the device's current
-//     stream and the bucket's buffers go to BucketComm::reduce;
+//     stream and the bucket's buffers go to CommHook::reduce;
 //  3. after the last bucket, join(device), and each parameter's .grad becomes
 //     the view of its segment of the result (the bucket itself when reduce()
 //     works in place, as an all-reduce does).
@@ -48,7 +49,7 @@ namespace chorus::dist {
 class HookReducer {
  public:
   // params: distinct leaves that require grad (on any devices).
-  HookReducer(std::vector<Tensor> params, std::shared_ptr<BucketComm> comm, ReducerOptions options = {});
+  HookReducer(std::vector<Tensor> params, std::shared_ptr<CommHook> comm, ReducerOptions options = {});
   ~HookReducer();
   HookReducer(const HookReducer&) = delete;
   HookReducer& operator=(const HookReducer&) = delete;
@@ -80,6 +81,10 @@ class HookReducer {
   void rebuild_buckets_from(const std::vector<size_t>& order);
 
   const GradBuckets& buckets() const;
+  // Host seconds spent so far waiting in the hook's join() for the
+  // reductions (the time this rank waited for the others' gradients; Note
+  // [Slow ranks named]).
+  double join_seconds() const;
   // Bucket b's flat buffers, one per dtype group (tests, and DDP's own use).
   std::vector<Tensor> bucket_buffers(size_t b) const;
 

@@ -1,69 +1,19 @@
 #include "chorus/dist/reducer.h"
 
 #include <atomic>
-#include <cstdlib>
 #include <string>
 
 #include "chorus/autograd/grad_mode.h"
 #include "chorus/autograd/node.h"
 #include "chorus/autograd/side_work.h"
-#include "chorus/autograd/pending_sum.h"
+#include "chorus/autograd/grad_finisher.h"
 #include "chorus/core/error.h"
-#include "chorus/core/warn.h"
 #include "chorus/ops/comm.h"
 #include "chorus/ops/copy.h"
 #include "chorus/ops/elementwise.h"
 #include "chorus/ops/factory.h"
 
 namespace chorus::dist {
-
-GradBuckets::GradBuckets(const std::vector<Tensor>& params, int64_t bucket_bytes, int64_t first_bucket_bytes,
-                         const std::vector<size_t>& order, int64_t last_bucket_bytes)
-    : bucket_of(params.size()), index_in_bucket(params.size()) {
-  std::vector<size_t> fill = order;
-  if (fill.empty())
-    for (size_t k = params.size(); k-- > 0;) fill.push_back(k);
-  CHORUS_CHECK(fill.size() == params.size(), "gradient buckets: the order names ", fill.size(),
-               " parameters but there are ", params.size());
-  std::vector<char> seen(params.size(), 0);
-  for (size_t k : fill) {
-    CHORUS_CHECK(k < params.size() && !seen[k], "gradient buckets: the order is not a permutation of the ",
-                 params.size(), " parameters (", k, " is ", k < params.size() ? "repeated" : "out of range", ")");
-    seen[k] = 1;
-  }
-  auto bytes_of = [&](size_t k) { return params[k].numel() * static_cast<int64_t>(dtype_size(params[k].dtype())); };
-  // The tail: the last parameters to fill, together at most last_bucket_bytes
-  // (at least one), get a bucket of their own.
-  size_t tail = fill.size();
-  if (last_bucket_bytes > 0 && fill.size() > 1) {
-    int64_t sum = 0;
-    while (tail > 1 && sum + bytes_of(fill[tail - 1]) <= last_bucket_bytes) sum += bytes_of(fill[--tail]);
-    if (tail == fill.size()) --tail;  // the last parameter alone is larger: it is the tail
-  }
-  std::vector<size_t> ks;
-  std::vector<Tensor> ps;
-  int64_t bytes = 0;
-  auto close = [&] {
-    buckets.push_back({ks, FlatLayout(ps)});
-    ks.clear();
-    ps.clear();
-    bytes = 0;
-  };
-  for (size_t i = 0; i < fill.size(); ++i) {
-    const size_t k = fill[i];
-    // A bucket is one flat buffer per dtype on one device: a parameter on
-    // another device (a model-parallel module) starts a new one.
-    if (!ps.empty() && (ps.back().device() != params[k].device() || i == tail)) close();
-    bucket_of[k] = buckets.size();
-    index_in_bucket[k] = ks.size();
-    ks.push_back(k);
-    ps.push_back(params[k]);
-    bytes += bytes_of(k);
-    const int64_t cap = buckets.empty() && first_bucket_bytes > 0 ? first_bucket_bytes : bucket_bytes;
-    if (cap > 0 && bytes >= cap && i + 1 < fill.size()) close();
-  }
-  if (!ks.empty()) close();
-}
 
 BucketSplit::BucketSplit(const GradBuckets::Bucket& bucket, const std::vector<Tensor>& params, int64_t min_bytes)
     : slot(bucket.ks.size()), small_index(bucket.ks.size(), 0), direct_of(bucket.ks.size(), 0) {
@@ -84,74 +34,6 @@ BucketSplit::BucketSplit(const GradBuckets::Bucket& bucket, const std::vector<Te
   for (size_t j = 0; j < packed.size(); ++j) slot[packed[j]] = direct.size() + small.segments[j].group;
 }
 
-Tensor InProcessSum::reduce(std::vector<Tensor>& srcs, const std::vector<Event>& ready) {
-  // In place into replica 0's buffer: it is fresh and nobody else holds it.
-  ops::reduce_sum_after(srcs, srcs[0], ready);
-  return srcs[0];
-}
-
-void InProcessSum::join(const Device& device) { ops::comm_join(device); }
-
-Tensor InProcessAllReduce::reduce(std::vector<Tensor>& srcs, const std::vector<Event>& ready) {
-  // In place in every replica's buffer: each is fresh and nobody else holds it.
-  ops::all_reduce_sum_after(srcs, ready);
-  return srcs[0];
-}
-
-void InProcessAllReduce::join(const Device& device) { ops::comm_join(device); }
-
-void BucketComm::sum_each(std::vector<std::vector<Tensor>>&, const std::vector<Event>&) {
-  CHORUS_THROW(ValueError, "this BucketComm does not sum gradients in place");
-}
-
-bool InProcessAllReduce::exchanges(const std::vector<Device>& devices) const {
-  const bool applies = ops::exchange_applies(devices);
-  if (!applies && ops::grad_sum_method() == ops::GradSumMethod::InUpdate) {
-    std::string list;
-    for (const Device& d : devices) list += (list.empty() ? "" : ",") + d.str();
-    warn_once("in-update " + list, "--dp-all-reduce in-update exchanges between two devices (both CPU, or two GPUs "
-                                   "with peer access both ways); over " + list + " the gradients are all-reduced");
-  }
-  return applies;
-}
-
-std::vector<std::vector<Tensor>> InProcessAllReduce::exchange_each(const std::vector<std::vector<Tensor>>& grads,
-                                                                   const std::vector<Event>& ready) {
-  return ops::exchange_each_after(grads, ready);
-}
-
-std::vector<std::vector<Tensor>> BucketComm::exchange_each(const std::vector<std::vector<Tensor>>&,
-                                                           const std::vector<Event>&) {
-  CHORUS_THROW(ValueError, "this BucketComm does not exchange gradients");
-}
-
-bool InProcessAllReduce::sums_each() const { return in_place_gradient_sums() && !ops::copy_engine_all_reduce(); }
-
-void InProcessAllReduce::sum_each(std::vector<std::vector<Tensor>>& grads, const std::vector<Event>& ready) {
-  ops::all_reduce_sum_each_after(grads, ready);
-}
-
-namespace {
-// -1: not read yet; then 0 (packed) or 1 (in place).
-std::atomic<int> g_in_place{-1};
-}  // namespace
-
-bool in_place_gradient_sums() {
-  int v = g_in_place.load();
-  if (v < 0) {
-    const char* e = std::getenv("CHORUS_DP_GRADS");
-    const std::string s = e ? e : "";
-    CHORUS_CHECK(s.empty() || s == "in-place" || s == "packed", "CHORUS_DP_GRADS='", s,
-                 "' is not a way to hand gradients to the all-reduce (expected in-place or packed)");
-    int expected = -1;
-    g_in_place.compare_exchange_strong(expected, s == "packed" ? 0 : 1);
-    v = g_in_place.load();
-  }
-  return v == 1;
-}
-
-void set_in_place_gradient_sums(bool on) { g_in_place.store(on ? 1 : 0); }
-
 namespace {
 std::atomic<uint64_t>& gradients_copied() {
   static std::atomic<uint64_t> n{0};
@@ -161,22 +43,12 @@ std::atomic<uint64_t>& gradients_copied() {
 
 uint64_t in_place_gradient_copies() { return gradients_copied().load(); }
 
-int64_t default_in_place_min_bytes() {
-  const char* e = std::getenv("CHORUS_DP_GRADS_MIN_BYTES");
-  if (!e || !*e) return int64_t{1} << 20;
-  char* end = nullptr;
-  const long long v = std::strtoll(e, &end, 10);
-  CHORUS_CHECK(end && *end == '\0' && v >= 0, "CHORUS_DP_GRADS_MIN_BYTES='", e,
-               "' is not a number of bytes (the smallest gradient summed where it is)");
-  return v;
-}
-
 namespace {
 
 // What one forward's gradient nodes share (Note [Gradient nodes]).
 struct GradStep {
   std::shared_ptr<const GradBuckets> buckets;
-  std::shared_ptr<BucketComm> comm;
+  std::shared_ptr<CommHook> comm;
   std::vector<Device> devices;  // of the replicas, in order
   // [replica][k]: whether the replica's last backward produced a gradient for
   // parameter k. Each replica node writes its own bucket's entries of its own
@@ -363,7 +235,7 @@ class ReplicaBackward final : public autograd::Node {
   size_t replica_, bucket_;
 };
 
-// The replicas' flat buffers of one bucket -> the BucketComm's result, one
+// The replicas' flat buffers of one bucket -> the CommHook's result, one
 // buffer per dtype on devices[0], for the join node. Input r * groups + g is
 // replica r's buffer of dtype group g. Issued at once; nothing waits here.
 class BucketBackward final : public autograd::Node {
@@ -495,7 +367,7 @@ class BucketBackward final : public autograd::Node {
 // in the update]).
 Tensor small_view(const BucketSplit& split, const Tensor& flat, size_t i) {
   Tensor v = split.small.view(flat, split.small_index[i]);
-  if (Tensor part = autograd::pending_sum(flat); part.defined())
+  if (Tensor part = autograd::pending_part(flat); part.defined())
     autograd::set_pending_sum(v, split.small.view(part, split.small_index[i]));
   return v;
 }
@@ -526,7 +398,7 @@ class JoinBackward final : public autograd::Node {
         const size_t in = offsets_[b] + split.slot[i];
         if (in >= grads.size() || !grads[in].defined()) continue;
         out[k] = split.is_direct(i) ? std::move(grads[in]) : small_view(split, grads[in], i);
-        out[k].impl()->exclusive_view = true;
+        autograd::mark_owned_view(out[k]);
         continue;
       }
       const size_t in = offsets_[b] + layout.segments[i].group;
@@ -534,7 +406,7 @@ class JoinBackward final : public autograd::Node {
         // Disjoint views of a fresh result that only they refer to once this
         // node returns: each master's AccumulateGrad keeps its view as .grad.
         out[k] = layout.view(grads[in], i);
-        out[k].impl()->exclusive_view = true;
+        autograd::mark_owned_view(out[k]);
       }
     }
     return out;
@@ -557,7 +429,7 @@ class JoinBackward final : public autograd::Node {
         if (!target.defined()) continue;
         // A second backward without zero_grad: the master's AccumulateGrad
         // adds to the gradient it has, and the replica does the same.
-        const bool accumulate = autograd::unsettled_grad(step_->masters[k]).defined();
+        const bool accumulate = autograd::unfinished_grad(step_->masters[k]).defined();
         if (!step_->summed[k]) {
           // Nothing new: a gradient kept from an earlier backward stays, as
           // its master's does.
@@ -573,14 +445,14 @@ class JoinBackward final : public autograd::Node {
             give(target, sum, accumulate);
           } else {
             Tensor g = small_view(split, sum, i);
-            g.impl()->exclusive_view = true;
+            autograd::mark_owned_view(g);
             give(target, g, accumulate);
           }
           continue;
         }
         const Tensor& buf = step_->results[b][layout.segments[i].group][r];
         Tensor g = layout.view(buf, i);
-        g.impl()->exclusive_view = true;
+        autograd::mark_owned_view(g);
         give(target, g, accumulate);
       }
     }
@@ -593,7 +465,7 @@ class JoinBackward final : public autograd::Node {
   // gradient whose master was zeroed some other way, Module::zero_grad on the
   // wrapped module, is replaced.)
   static void give(const Tensor& target, const Tensor& g, bool accumulate) {
-    Tensor old = autograd::unsettled_grad(target);
+    Tensor old = autograd::unfinished_grad(target);
     if (!accumulate) {
       target.set_grad(g);
       return;
@@ -607,8 +479,8 @@ class JoinBackward final : public autograd::Node {
       return;
     }
     NoGradGuard no_grad;
-    autograd::settle_sum(old);
-    autograd::settle_sum(g);
+    autograd::finish_grad(old);
+    autograd::finish_grad(g);
     ops::binary_(BinaryOp::Add, old, g, 1.0);
   }
 
@@ -618,7 +490,7 @@ class JoinBackward final : public autograd::Node {
 
 }  // namespace
 
-Reducer::Reducer(std::vector<Tensor> params, std::shared_ptr<BucketComm> comm, ReducerOptions options)
+Reducer::Reducer(std::vector<Tensor> params, std::shared_ptr<CommHook> comm, ReducerOptions options)
     : params_(std::move(params)), comm_(std::move(comm)) {
   CHORUS_CHECK(options.bucket_bytes >= 0, "Reducer: bucket_bytes must be >= 0 (0: one bucket), got ",
                options.bucket_bytes);
@@ -626,7 +498,7 @@ Reducer::Reducer(std::vector<Tensor> params, std::shared_ptr<BucketComm> comm, R
                options.first_bucket_bytes);
   CHORUS_CHECK(options.last_bucket_bytes >= 0, "Reducer: last_bucket_bytes must be >= 0, got ",
                options.last_bucket_bytes);
-  CHORUS_CHECK(comm_ != nullptr, "Reducer: no BucketComm");
+  CHORUS_CHECK(comm_ != nullptr, "Reducer: no communication hook");
   buckets_ = std::make_shared<const GradBuckets>(params_, options.bucket_bytes, options.first_bucket_bytes,
                                                  std::vector<size_t>{}, options.last_bucket_bytes);
   const int64_t min_bytes = options.in_place_min_bytes;
@@ -658,9 +530,6 @@ std::vector<std::vector<Tensor>> Reducer::record(const std::vector<Device>& devi
   step->each = used > 1 && comm_->sums_each();
   if (step->each) step->split = split_;
   step->exchange = step->each && comm_->exchanges(devices);
-  if (used > 1 && comm_->all_reduces() && !step->each && ops::grad_sum_method() == ops::GradSumMethod::InUpdate)
-    warn_once("in-update packed", "--dp-all-reduce in-update needs the gradients summed where they are "
-                                  "(CHORUS_DP_GRADS=in-place, the default); with them packed they are all-reduced");
   // What flows per replica and bucket: one flat buffer per dtype, or the
   // large gradients as they are and a flat buffer per dtype of the rest.
   auto slots = [&](size_t b) { return step->each ? (*split_)[b].slots() : buckets.buckets[b].layout.groups(); };

@@ -158,7 +158,6 @@ void reduce_sum_after(const std::vector<Tensor>& srcs, const Tensor& dst, const 
 
 namespace {
 
-std::atomic<int> method_setting{-1};  // -1: CHORUS_DP_ALLREDUCE decides at first use
 std::atomic<uint64_t> copy_engine_calls{0};
 
 #ifdef CHORUS_WITH_CUDA
@@ -208,50 +207,33 @@ bool copy_engine_all_reduce_over(const std::vector<Tensor>& bufs, const std::vec
 
 }  // namespace
 
-GradSumMethod grad_sum_method() {
-  if (method_setting < 0) {
-    const char* e = std::getenv("CHORUS_DP_ALLREDUCE");
-    int expected = -1;
-    method_setting.compare_exchange_strong(
-        expected, static_cast<int>(e && *e ? parse_grad_sum_method(e, "CHORUS_DP_ALLREDUCE") : GradSumMethod::Auto));
-  }
-  return static_cast<GradSumMethod>(method_setting.load());
-}
-
-void set_grad_sum_method(GradSumMethod m) { method_setting = static_cast<int>(m); }
-
-GradSumMethod parse_grad_sum_method(const std::string& name, const std::string& what) {
-  for (GradSumMethod m : {GradSumMethod::Auto, GradSumMethod::Nccl, GradSumMethod::CopyEngine, GradSumMethod::InUpdate})
-    if (name == grad_sum_method_name(m)) return m;
-  CHORUS_THROW(ValueError, what, " must be auto, nccl, copy-engine or in-update, got '", name, "'");
-}
-
-const char* grad_sum_method_name(GradSumMethod m) {
-  switch (m) {
-    case GradSumMethod::Auto: return "auto";
-    case GradSumMethod::Nccl: return "nccl";
-    case GradSumMethod::CopyEngine: return "copy-engine";
-    case GradSumMethod::InUpdate: return "in-update";
-  }
-  return "?";
-}
-
-bool copy_engine_all_reduce() { return grad_sum_method() == GradSumMethod::CopyEngine; }
-
 uint64_t copy_engine_all_reduce_calls() { return copy_engine_calls.load(std::memory_order_relaxed); }
 
-void all_reduce_sum_after(const std::vector<Tensor>& bufs, const std::vector<Event>& ready) {
-  const char* op = "all_reduce_sum_after";
+namespace {
+void check_all_reduce(const std::vector<Tensor>& bufs, const std::vector<Event>& ready, const char* op) {
   CHORUS_CHECK(!bufs.empty(), op, ": no buffers");
   (void)check_reduce(bufs, bufs[0], op);
   CHORUS_CHECK(ready.size() == bufs.size(), op, ": ", ready.size(), " events for ", bufs.size(), " buffers");
   for (size_t i = 0; i < bufs.size(); ++i)
     CHORUS_CHECK(ready[i].device() == bufs[i].device(), op, ": the event of buffer ", i, " is on ",
                  ready[i].device().str(), " but the buffer is on ", bufs[i].device().str());
-  if (bufs.size() < 2 || bufs[0].numel() == 0) return;
+}
+}  // namespace
+
+bool copy_engine_all_reduce_sum_after(const std::vector<Tensor>& bufs, const std::vector<Event>& ready) {
+  check_all_reduce(bufs, ready, "copy_engine_all_reduce_sum_after");
+  if (bufs.size() < 2 || bufs[0].numel() == 0) return true;  // nothing to sum
 #ifdef CHORUS_WITH_CUDA
-  if (copy_engine_all_reduce() && copy_engine_all_reduce_over(bufs, ready)) return;
+  return copy_engine_all_reduce_over(bufs, ready);
+#else
+  return false;
 #endif
+}
+
+void all_reduce_sum_after(const std::vector<Tensor>& bufs, const std::vector<Event>& ready) {
+  const char* op = "all_reduce_sum_after";
+  check_all_reduce(bufs, ready, op);
+  if (bufs.size() < 2 || bufs[0].numel() == 0) return;
 #ifdef CHORUS_WITH_NCCL
   if (nccl_reduces(bufs, bufs[0])) {
     std::vector<int> devices;

@@ -58,36 +58,21 @@ void all_reduce_sum_after(const std::vector<Tensor>& bufs, const std::vector<Eve
 // Always NCCL or the fallback, never the copy engines (which sum flat buffers).
 void all_reduce_sum_each_after(const std::vector<std::vector<Tensor>>& bufs, const std::vector<Event>& ready);
 
-// How DataParallel's replicated updates sum the replicas' gradients
-// (CHORUS_DP_ALLREDUCE, `chorus train|bench --dp-all-reduce`; read at first
-// use, ValueError for another value; the setter wins over it):
-//  - Auto (the default): InUpdate where exchange_applies() over two GPUs,
-//    else Nccl;
-//  - Nccl: one NCCL all-reduce per bucket (all_reduce_sum_each_after), the
-//    fallback's adds on CPU devices;
-//  - CopyEngine: all_reduce_sum_after by the GPUs' copy engines where every
-//    pair has peer access (Note [Copy-engine all-reduce] in
-//    cuda/peer_all_reduce.h), on packed buffers;
-//  - InUpdate: exchange_each_after, the sum left to the optimizer's update
-//    (Note [Gradient sums in the update] in dist/reducer.h); also on two CPU
-//    devices, where it is a plain copy (for tests).
-enum class GradSumMethod { Auto, Nccl, CopyEngine, InUpdate };
-GradSumMethod grad_sum_method();
-void set_grad_sum_method(GradSumMethod method);
-const char* grad_sum_method_name(GradSumMethod method);
-// "auto", "nccl", "copy-engine" or "in-update"; ValueError naming `what` else.
-GradSumMethod parse_grad_sum_method(const std::string& name, const std::string& what);
-// grad_sum_method() == CopyEngine.
-bool copy_engine_all_reduce();
-// How many all_reduce_sum_after calls the copy engines have summed so far in
-// this process (the setting is on, yet a call falls back to NCCL where some
-// pair of GPUs has no peer access or the dtype is not a float type).
+// all_reduce_sum_after by the GPUs' copy engines (Note [Copy-engine
+// all-reduce] in cuda/peer_all_reduce.h): true when they took it (every
+// buffer on a GPU, peer access between every pair, a dtype they sum); false,
+// with nothing issued, where they do not apply, and the caller sums another
+// way (dist::CopyEngineAllReduce falls back to all_reduce_sum_after). Checks
+// its arguments as all_reduce_sum_after does.
+bool copy_engine_all_reduce_sum_after(const std::vector<Tensor>& bufs, const std::vector<Event>& ready);
+// How many all_reduce sums the copy engines have taken so far in this
+// process (to tell afterwards whether a run used them).
 uint64_t copy_engine_all_reduce_calls();
 
-// Whether exchange_each_after takes gradients over `devices` under the
-// current method: InUpdate, or Auto on GPUs; exactly two devices, both CPU
-// or both CUDA with peer access both ways (which this enables).
-bool exchange_applies(const std::vector<Device>& devices);
+// Whether exchange_each_after can take gradients over `devices`: exactly two
+// distinct devices, both CPU (a plain copy: tests), or both CUDA with peer
+// access both ways (which this enables).
+bool exchange_possible(const std::vector<Device>& devices);
 
 // Note [Gradient sums in the update] (dist/reducer.h): over exactly two
 // devices, parts[t][i] is a copy of the other device's bufs[t][1 - i], on

@@ -1,4 +1,4 @@
-// exchange_each_after and exchange_applies (ops/comm.h; Note [Gradient sums
+// exchange_each_after and exchange_possible (ops/comm.h; Note [Gradient sums
 // in the update] in dist/reducer.h).
 #include <atomic>
 #include <string>
@@ -28,11 +28,9 @@ Tensor fresh_like(const Tensor& t) {
 
 uint64_t exchange_calls() { return exchanges.load(std::memory_order_relaxed); }
 
-bool exchange_applies(const std::vector<Device>& devices) {
-  const GradSumMethod m = grad_sum_method();
-  if (m != GradSumMethod::InUpdate && m != GradSumMethod::Auto) return false;
+bool exchange_possible(const std::vector<Device>& devices) {
   if (devices.size() != 2 || devices[0] == devices[1]) return false;
-  if (devices[0].is_cpu() && devices[1].is_cpu()) return m == GradSumMethod::InUpdate;
+  if (devices[0].is_cpu() && devices[1].is_cpu()) return true;
 #ifdef CHORUS_WITH_CUDA
   if (devices[0].is_cuda() && devices[1].is_cuda())
     return cuda::peer_access_enabled(devices[0].index, devices[1].index) &&

@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "chorus/autograd/grad_mode.h"
-#include "chorus/autograd/pending_sum.h"
+#include "chorus/autograd/grad_finisher.h"
 #include "chorus/core/error.h"
 #include "chorus/core/graph_capture.h"
 #include "chorus/ops/copy.h"
@@ -66,7 +66,7 @@ void Optimizer::add_replicas(const std::vector<std::pair<size_t, Tensor>>& copie
 }
 
 namespace {
-bool has_grad(const Tensor& t) { return autograd::unsettled_grad(t).defined(); }
+bool has_grad(const Tensor& t) { return autograd::unfinished_grad(t).defined(); }
 }  // namespace
 
 bool Optimizer::will_update(size_t i) const {
@@ -189,7 +189,7 @@ Tensor Optimizer::flat(size_t i, const Tensor& t) const {
 Tensor Optimizer::grad_for_update(size_t i, Tensor* addend) const {
   const Tensor& p = params_[i];
   if (!will_update(i)) return Tensor();
-  Tensor g = autograd::unsettled_grad(p);
+  Tensor g = autograd::unfinished_grad(p);
   // Module::to(dtype) may have cast the parameter after construction.
   check_param_dtype(i, "is now");
   CHORUS_CHECK(g.sizes() == p.sizes(), name_, ": gradient of parameter ", i, " is ", g.describe(),
@@ -198,14 +198,14 @@ Tensor Optimizer::grad_for_update(size_t i, Tensor* addend) const {
   // as it reads the gradient, when it reads the gradient's own memory (dtype,
   // device and layout the parameter's); any other way, it is added first.
   if (addend) {
-    Tensor part = autograd::pending_sum(g);
+    Tensor part = autograd::pending_part(g);
     if (part.defined() && g.dtype() == p.dtype() && g.device() == p.device() && is_dense_param(i) &&
         in_param_layout(i, g).impl() == g.impl()) {
       *addend = part;
       return g;
     }
   }
-  autograd::settle_sum(g);
+  autograd::finish_grad(g);
   return in_param_layout(i, ops::to_dtype(ops::to_device(g, p.device()), p.dtype()));
 }
 

@@ -8,7 +8,7 @@
 #include "chorus/autograd/functions.h"
 #include "chorus/autograd/grad_mode.h"
 #include "chorus/autograd/node.h"
-#include "chorus/autograd/pending_sum.h"
+#include "chorus/autograd/grad_finisher.h"
 #include "chorus/core/error.h"
 #include "chorus/core/graph_capture.h"
 #include "chorus/core/stream.h"
@@ -173,6 +173,8 @@ DataParallel::~DataParallel() = default;
 ReplicatedUpdates DataParallel::replicate_updates(const std::vector<Tensor>& params) {
   std::unordered_map<const TensorImpl*, size_t> entry_of;
   for (size_t e = 0; e < num_params_; ++e) entry_of.emplace(entries_[e].master.impl(), e);
+  CHORUS_CHECK(!options_.comm_hook || options_.comm_hook->all_reduces(), "DataParallel: replicate_updates needs a "
+               "communication hook that leaves the sum on every replica (all_reduces()); the options' comm_hook does not");
   ReplicatedUpdates u;
   // Several optimizers (parameter groups of their own) may each step theirs.
   std::vector<char> stepped = stepped_;
@@ -204,7 +206,7 @@ void DataParallel::note_replicated_step() {
     // version bump when it had a gradient): the replicas took the same step.
     // (Not m.grad(), which would add a pending part: Note [Gradient sums in
     // the update] in dist/reducer.h.)
-    const uint32_t bumps = autograd::unsettled_grad(m).defined() ? 1 : 0;
+    const uint32_t bumps = autograd::unfinished_grad(m).defined() ? 1 : 0;
     for (size_t r = 1; r < devices_.size(); ++r) {
       Entry::Synced& sy = entries_[e].synced[r];
       if (sy.counter.get() != m.impl()->version.get() || sy.master_version + bumps != m.version()) continue;
@@ -314,9 +316,10 @@ void DataParallel::record_gradient_nodes(size_t used) {
   if (ge != grad_entries_ || !reducer_) {
     std::vector<Tensor> ms;
     for (size_t e : ge) ms.push_back(entries_[e].master);
-    std::shared_ptr<dist::BucketComm> comm;
-    if (replicated_) comm = std::make_shared<dist::InProcessAllReduce>();
-    else comm = std::make_shared<dist::InProcessSum>();
+    // The strategy is chosen here, once per parameter set, from the options.
+    std::shared_ptr<dist::CommHook> comm = options_.comm_hook;
+    if (!comm && replicated_) comm = dist::make_all_reduce_hook(options_.grad_sum, options_.grads_in_place, devices_);
+    if (!comm) comm = std::make_shared<dist::InProcessSum>();
     reducer_ = std::make_unique<dist::Reducer>(ms, std::move(comm),
                                                dist::ReducerOptions{options_.bucket_bytes, 0, options_.last_bucket_bytes,
                                                                     options_.in_place_min_bytes});
@@ -345,7 +348,7 @@ void DataParallel::record_gradient_nodes(size_t used) {
 void DataParallel::drop_stale_replica_grads(size_t used) {
   for (size_t e = 0; e < num_params_; ++e) {
     if (!stepped_[e]) continue;
-    const bool master_has = autograd::unsettled_grad(entries_[e].master).defined();
+    const bool master_has = autograd::unfinished_grad(entries_[e].master).defined();
     // A replica this forward leaves out misses its share of the master's
     // gradient: it steps not at all, and gets the master's new value.
     for (size_t r = master_has ? used : 1; r < devices_.size(); ++r) views_[r][e].set_grad(Tensor());
@@ -492,9 +495,9 @@ nn::Value ReplicaLosses::output() const { return gather(outputs, dim, output_dev
 // are copies from every replica to the output device. Issued after the step
 // on the output device's current stream (as before), their copies waited for
 // the other replicas' updates and the output device's queue waited for the
-// copies: on 2 H100s (DataParallel WRN-16-4 bf16, graphed, CUPTI trace) the
-// first GPU's step ended 30-50 us after its own update, behind the second
-// GPU's update and a loss and a logits copy. Issued after the forward on
+// copies: the first GPU's step ended well after its own update, behind the
+// second GPU's update and a loss and a logits copy (a CUPTI trace;
+// docs/benchmarks.md). Issued after the forward on
 // the current stream, they would make the output device's backward wait for
 // the slowest replica's forward. So they go on a stream of their own, which
 // waits for each replica's forward as issued so far (the copies from other

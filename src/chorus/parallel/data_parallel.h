@@ -17,6 +17,7 @@
 
 #include "chorus/core/stream.h"
 #include "chorus/dist/flat_layout.h"
+#include "chorus/dist/in_process_hooks.h"
 #include "chorus/dist/reducer.h"
 #include "chorus/nn/module.h"
 #include "chorus/parallel/device_threads.h"
@@ -32,17 +33,27 @@ struct DataParallelOptions {
   std::optional<Device> output_device;   // default: the first device
   bool gather_output = true;             // false: per-replica outputs, left on their devices
   // Gradients are summed across replicas in buckets of about this many bytes
-  // (Note [Gradient buckets] in dist/reducer.h); 0: one bucket, summed at the end.
-  // Negative: ValueError.
+  // (Note [Gradient buckets] in dist/grad_buckets.h); 0: one bucket, summed at
+  // the end. Negative: ValueError.
   int64_t bucket_bytes = int64_t{25} << 20;
   // The first layers' gradients in a bucket of their own of at most this many
   // bytes (dist::ReducerOptions::last_bucket_bytes); 0: none.
   int64_t last_bucket_bytes = 0;
-  // With replicated updates: gradients of at least this many bytes are summed
-  // where the backward wrote them, smaller ones packed first (Note [Gradients
-  // summed where they are] in dist/reducer.h); the default is 1 MiB, or
-  // CHORUS_DP_GRADS_MIN_BYTES where set. Negative: ValueError.
-  int64_t in_place_min_bytes = dist::default_in_place_min_bytes();
+  // With replicated updates (Note [Replicated updates]): how the replicas'
+  // gradients are summed (dist/in_process_hooks.h; Auto: exchanged and added
+  // in the optimizer's update over two GPUs with peer access, else NCCL's
+  // all-reduce) ...
+  dist::GradSumMethod grad_sum = dist::GradSumMethod::Auto;
+  // ... whether gradients of at least in_place_min_bytes are summed where the
+  // backward wrote them, smaller ones packed first (Note [Gradients summed
+  // where they are] in dist/reducer.h), or every one packed. Negative
+  // in_place_min_bytes: ValueError.
+  bool grads_in_place = true;
+  int64_t in_place_min_bytes = int64_t{1} << 20;
+  // A communication hook of the user's own (dist/comm_hook.h), which replaces
+  // the strategy above: srcs[r] is replica r's flat buffer. With replicated
+  // updates it must all_reduces() (ValueError otherwise).
+  std::shared_ptr<dist::CommHook> comm_hook;
 };
 
 // The loss of one replica's chunk: its output and its share of the targets,
@@ -213,8 +224,8 @@ class DataParallel : public nn::Module {
 // Note [Per-replica losses]: with forward()'s gathered output the loss is
 // computed on the first device, so every step has two joins on the critical
 // path: the first device waits for every replica's output (copied to it), and
-// every replica's backward waits for the loss's gradient scattered back. On 2
-// H100s (WRN-28-10 bf16) those were 20-100 µs gaps on each GPU, a step.
+// every replica's backward waits for the loss's gradient scattered back: gaps
+// on each GPU, every step (docs/benchmarks.md).
 // forward_loss computes each replica's loss beside its forward, in its own
 // thread and on its device, weighted by its share of the batch (Mean), and
 // ReplicaLosses::backward seeds them all in one pass (Note [Several roots] in
@@ -238,7 +249,7 @@ class DataParallel : public nn::Module {
 //    broadcast_coalesced to every used replica: one collective per dtype.
 //  - Gradients are summed by the shared gradient reducer (dist/reducer.h,
 //    Note [Gradient buckets] and Note [Gradient nodes]) with an in-process
-//    BucketComm: one NCCL reduce per bucket and dtype on GPUs, overlapping the
+//    CommHook: one NCCL reduce per bucket and dtype on GPUs, overlapping the
 //    rest of the backward; the sums become the masters' .grad as views of
 //    their bucket (no copy per parameter).
 //  - A forward on one replica only (one device, or a batch of one) uses the
@@ -252,10 +263,11 @@ class DataParallel : public nn::Module {
 // Note [Replicated updates]: after each optimizer step the first device has
 // new weights, and broadcasting them (pack, one NCCL broadcast per dtype) is
 // on the critical path of the next step: every other device waits for the
-// optimizer on the first one, then for the broadcast (on 2 H100s, WRN-16-4:
-// ~90 µs of a 2.2 ms step). With replicate_updates(), every replica keeps its
-// weights and steps them itself, as each rank of DDP does:
-//  - the gradient buckets are all-reduced (dist::InProcessAllReduce: one NCCL
+// optimizer on the first one, then for the broadcast (a visible share of a
+// small model's step; docs/benchmarks.md). With replicate_updates(), every
+// replica keeps its weights and steps them itself, as each rank of DDP does:
+//  - the gradient buckets are all-reduced (a dist::CommHook that
+//    all_reduces(), chosen by DataParallelOptions::grad_sum: one NCCL
 //    all-reduce per bucket and dtype, overlapping the backward), so each
 //    replica holds the same sums; the join node makes every device's current
 //    stream wait for them and gives each replica's copy of a stepped
