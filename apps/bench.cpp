@@ -74,6 +74,9 @@ void add_bench_options(CLI::App* cmd, BenchConfig& c) {
                 "each row's best possible speed-up over naive (two GPUs each busy 1 - ideal bubble of the time at the "
                 "micro-batch's speed)");
   cmd->add_flag("--json", c.json, "One JSON object per row");
+  add_optional(cmd, "--mesh", c.mesh,
+               "GPT models: dp=A,tp=B (tensor parallel; A x B processes started by chorus launch, one row from rank 0)");
+  cmd->add_flag("--sequence-parallel", c.sequence_parallel, "GPT models with --mesh tp>1: sequence parallelism");
   cmd->add_option("--seq-len", c.seq_len, "GPT models (gpt2 ... d84): tokens per sequence (default 1024)")
       ->transform(integer_up_to(1 << 20));
   cmd->add_option("--attention", c.attention,
@@ -212,7 +215,9 @@ double plain_step_rate(const BenchConfig& c, const Device& device, int64_t batch
 }
 
 int run_bench(const BenchConfig& c) {
-  if (is_gpt_model(c.model)) return run_bench_gpt(c);
+  CHORUS_CHECK(!c.mesh || is_gpt_model(c.model), "--mesh is offered for GPT models (gpt2 ... d84) only, not ", c.model);
+  CHORUS_CHECK(c.mesh || !c.sequence_parallel, "--sequence-parallel needs --mesh with tp > 1");
+  if (is_gpt_model(c.model)) return c.mesh ? run_bench_gpt_mesh(c) : run_bench_gpt(c);
   if (c.ddp_worker) return run_bench_ddp_worker(c);
   CHORUS_CHECK(!c.trace || c.strategy == "single" || c.strategy == "dp",
                "chorus bench --trace goes with --strategy single or dp (a distributed job: chorus train --strategy ddp --trace)");

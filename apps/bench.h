@@ -49,12 +49,17 @@ struct BenchConfig {
   bool bound = false;
   int64_t seq_len = 0;  // GPT models: tokens per sequence (0: 1024)
   std::string attention = "auto";  // GPT models: auto | fused | composite (ops::AttentionKernel)
+  // GPT models over a device mesh (apps/bench_gpt_mesh.cpp), one process per
+  // rank under a launcher: --mesh dp=A,tp=B [--sequence-parallel].
+  std::optional<std::string> mesh;
+  bool sequence_parallel = false;
 };
 
 void add_bench_options(CLI::App* cmd, BenchConfig& c);
 int run_bench(const BenchConfig& c);
 // A GPT model's row (apps/bench_gpt.cpp): tokens/s, MFU and peak memory.
 int run_bench_gpt(const BenchConfig& c);
+int run_bench_gpt_mesh(const BenchConfig& c);
 // Where a row's numbers come from, added to every --json row: "device_name"
 // (the first device's: the GPU's name, or the processor's model) and "commit"
 // (git_commit()).

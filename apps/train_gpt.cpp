@@ -53,6 +53,8 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+}  // namespace
+
 bool text_spec(const std::string& spec) { return spec.rfind("text:", 0) == 0; }
 
 // text:FILE without a range: its first 90% to train on, the rest to validate.
@@ -74,11 +76,13 @@ int64_t seq_len_of(const TrainConfig& tc, const GptOptions& g) {
   return g.seq_len ? g.seq_len : (text_spec(tc.data) ? 256 : 1024);
 }
 
+namespace {
 std::vector<std::pair<Tensor, Tensor>> pairs_of(const std::vector<Tensor>& in) {
   std::vector<std::pair<Tensor, Tensor>> out;
   for (size_t i = 0; i + 1 < in.size(); i += 2) out.emplace_back(in[i], in[i + 1]);
   return out;
 }
+}  // namespace
 
 double lr_at(int64_t i, int64_t total, int64_t warmup, double lr, double min_ratio) {
   if (i < warmup) return lr * static_cast<double>(i + 1) / static_cast<double>(warmup);
@@ -86,6 +90,8 @@ double lr_at(int64_t i, int64_t total, int64_t warmup, double lr, double min_rat
   const double c = 0.5 * (1.0 + std::cos(M_PI * static_cast<double>(i - warmup) / span));
   return lr * (min_ratio + (1.0 - min_ratio) * c);
 }
+
+namespace {
 
 std::vector<Device> gpt_devices(const TrainConfig& tc) {
   if (tc.strategy == "ddp") {
@@ -102,6 +108,8 @@ std::vector<Device> gpt_devices(const TrainConfig& tc) {
   return devs;
 }
 
+}  // namespace
+
 std::string fmt_count(double v) {
   char buf[32];
   if (v >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", v / 1e6);
@@ -109,6 +117,8 @@ std::string fmt_count(double v) {
   else std::snprintf(buf, sizeof buf, "%.0f", v);
   return buf;
 }
+
+namespace {
 
 struct Run {
   std::vector<Device> devices;
@@ -237,11 +247,17 @@ void validate_gpt(const TrainConfig& tc, const GptOptions& g) {
   CHORUS_CHECK(!tc.resume || tc.checkpoint_dir, "--resume needs --checkpoint-dir");
   CHORUS_CHECK(tc.log_every > 0, "--log-every must be positive, got ", tc.log_every);
   CHORUS_CHECK(!tc.trace, "--trace is not offered for GPT models yet (chorus train --model cnn|mlp|... has it)");
+  if (g.mesh) {
+    validate_gpt_mesh(tc, g);
+    return;
+  }
+  CHORUS_CHECK(!g.sequence_parallel, "--sequence-parallel needs --mesh with tp > 1");
   if (tc.strategy == "ddp") ddp_launch_env();
 }
 
 nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g) {
   validate_gpt(tc, g);
+  if (g.mesh) return run_train_gpt_mesh(tc, g);
   const auto t_start = Clock::now();
   Run r;
   r.devices = gpt_devices(tc);

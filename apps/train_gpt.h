@@ -52,6 +52,12 @@ struct GptOptions {
   bool skip_nan = false;                  // a NaN loss skips its step instead of stopping the run
   double dropout = 0.0;
   std::string attention = "auto";         // auto | fused | composite (ops::AttentionKernel)
+  // --mesh dp=A,tp=B (apps/train_gpt_mesh.cpp): tensor parallelism, with
+  // data parallelism over the dp groups; --sequence-parallel shards the
+  // activations between the parallel regions along the sequence.
+  std::optional<std::string> mesh;
+  bool sequence_parallel = false;
+  bool allow_tp_across_nodes = false;
   // What the user gave explicitly among the shared options whose image
   // defaults do not suit a GPT (batch 64, SGD, weight decay 5e-4).
   bool batch_given = false, weight_decay_given = false, optimizer_given = false;
@@ -63,6 +69,22 @@ void add_gpt_train_options(CLI::App* train, GptOptions& g);
 // Throws ValueError naming the first bad option.
 void validate_gpt(const TrainConfig& tc, const GptOptions& g);
 nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g);
+
+// The --mesh driver (train_gpt_mesh.cpp): its option checks (ValueError naming
+// the first bad one; run before any process group exists) and the run.
+void validate_gpt_mesh(const TrainConfig& tc, const GptOptions& g);
+nlohmann::ordered_json run_train_gpt_mesh(const TrainConfig& tc, const GptOptions& g);
+
+// Shared by the drivers: whether --data is text:FILE; the training and
+// validation specs of --data/--val-data (text:FILE: its first 90% and the
+// rest); --seq-len or its default; Note [GPT schedule]'s learning rate of
+// step i; a count as 1.2k / 3.45M.
+bool text_spec(const std::string& spec);
+std::string train_spec(const std::string& data);
+std::string val_spec(const std::string& data, const std::optional<std::string>& val);
+int64_t seq_len_of(const TrainConfig& tc, const GptOptions& g);
+double lr_at(int64_t i, int64_t total, int64_t warmup, double lr, double min_ratio);
+std::string fmt_count(double v);
 
 // Forward and backward of one optimizer step's micro-batches (ids, targets on
 // the model's device), under `autocast` when set; gradients accumulate, DDP

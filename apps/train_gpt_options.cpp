@@ -35,6 +35,15 @@ void add_gpt_train_options(CLI::App* train, GptOptions& g) {
   train->add_option("--attention", g.attention,
                     "GPT: auto (the fused flash kernel where the GPU has one) | fused | composite")
       ->capture_default_str()->group(grp);
+  add_optional(train, "--mesh", g.mesh,
+               "GPT: process layout dp=A,tp=B (A x B processes from chorus launch; tensor parallel over tp)")
+      ->group(grp);
+  train->add_flag("--sequence-parallel", g.sequence_parallel,
+                  "GPT with --mesh tp>1: shard LayerNorm and dropout activations along the sequence")
+      ->group(grp);
+  train->add_flag("--allow-tp-across-nodes", g.allow_tp_across_nodes,
+                  "GPT with --mesh: let a tensor-parallel group span nodes")
+      ->group(grp);
 }
 
 }  // namespace chorus::app

@@ -24,6 +24,9 @@ MAY_USE = {
     "data": ["core", "ops"],
     "io": ["core", "nn", "optim"],
     "models": ["nn"],
+    # Tensor parallelism (issue 50): parallel layers and the tensor-parallel
+    # GPT, built from nn's layers, dist's process groups and models' GPT.
+    "tensor_parallel": ["nn", "autograd", "dist", "models"],
 }
 
 

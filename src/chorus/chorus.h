@@ -1,7 +1,7 @@
 // The public API of Chorus in one include: tensors, devices, streams and
 // events, autograd and autocast, layers, optimizers, data sets and loaders,
 // models, DataParallel, the distributed runtime (process groups, DDP,
-// SyncBatchNorm), checkpoints and metrics.
+// SyncBatchNorm, the device mesh), tensor parallelism, checkpoints and metrics.
 #pragma once
 
 #include "chorus/autograd/autocast.h"
@@ -37,8 +37,13 @@
 #include "chorus/parallel/pipeline.h"
 #include "chorus/parallel/placement.h"
 #include "chorus/dist/ddp.h"
+#include "chorus/dist/device_mesh.h"
 #include "chorus/dist/init.h"
 #include "chorus/dist/sync_batch_norm.h"
+#include "chorus/tensor_parallel/clip_grad.h"
+#include "chorus/tensor_parallel/cross_entropy.h"
+#include "chorus/tensor_parallel/gpt.h"
+#include "chorus/tensor_parallel/mappings.h"
 #include "chorus/io/checkpoint.h"
 #include "chorus/io/metrics.h"
 #include "chorus/io/safetensors.h"

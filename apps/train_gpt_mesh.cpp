@@ -1,0 +1,301 @@
+// `chorus train --model gpt2|... --mesh dp=A,tp=B`: the GPT driver over a
+// device mesh (dist/device_mesh.h). Each tensor-parallel group holds one
+// copy of the model split Megatron-style (tensor_parallel/gpt.h); the data
+// ranks (the dp axis) read disjoint windows and average their gradients with
+// DistributedDataParallel over their dp group. Clipping is by the whole
+// model's norm (tensor_parallel/clip_grad.h), checkpoints are in the
+// one-process format (Note [Mesh checkpoints]). The schedule, optimizer
+// groups, data and figures are train_gpt.cpp's.
+//
+// Launched as every multi-process run is: chorus launch --nproc-per-node 4 --
+// chorus train --model d12 --mesh dp=2,tp=2 ... (or torchrun, mpirun, srun).
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+
+#include "chorus/autograd/autocast.h"
+#include "chorus/autograd/grad_mode.h"
+#include "chorus/core/backend.h"
+#include "chorus/core/error.h"
+#include "chorus/core/rng.h"
+#include "chorus/data/tokens.h"
+#include "chorus/dist/ddp.h"
+#include "chorus/dist/device_mesh.h"
+#include "chorus/io/dir_lock.h"
+#include "chorus/io/safetensors.h"
+#include "chorus/ops/factory.h"
+#include "chorus/optim/adamw.h"
+#include "chorus/tensor_parallel/clip_grad.h"
+#include "chorus/tensor_parallel/gpt.h"
+#include "gpt_mesh.h"
+#include "gpt_mesh_checkpoint.h"
+#include "run_position.h"
+#include "stop_signal.h"
+#include "train_dist.h"
+#include "train_gpt.h"
+
+namespace chorus::app {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+nlohmann::json mesh_config_json(const TrainConfig& tc, const GptOptions& g, const models::GPTConfig& cfg, int64_t seq,
+                                 int64_t batch, int64_t accum, double lr) {
+  // The keys train_gpt.cpp writes, so that a run without --mesh resumes it.
+  return {{"model", tc.model}, {"data", tc.data}, {"seq_len", seq}, {"batch_size", batch},
+          {"grad_accum", accum}, {"lr", lr}, {"precision", tc.precision}, {"seed", tc.seed},
+          {"vocab", cfg.vocab}, {"context", cfg.context}, {"dropout", g.dropout}};
+}
+
+}  // namespace
+
+void validate_gpt_mesh(const TrainConfig& tc, const GptOptions& g) {
+  dist::parse_mesh_spec(*g.mesh);
+  CHORUS_CHECK(tc.strategy == "single" || tc.strategy == "ddp", "--mesh sets the layout itself: --strategy ",
+               tc.strategy, " cannot go with it (leave --strategy out)");
+  CHORUS_CHECK(!g.skip_nan, "--skip-nan is not offered with --mesh yet");
+  CHORUS_CHECK(!tc.recompute || *tc.recompute == "never", "--recompute is not offered with --mesh yet");
+  CHORUS_CHECK(!g.save_hf, "--save-hf is not offered with --mesh yet (convert the checkpoint without --mesh)");
+  CHORUS_CHECK(tc.precision == "fp32" || tc.precision == "bf16", "unknown precision '", tc.precision, "'");
+  CHORUS_CHECK(!tc.trace, "--trace is not offered for GPT models yet");
+  CHORUS_CHECK(!tc.metrics && !tc.tensorboard && !tc.plot,
+               "--metrics, --tensorboard and --plot are not offered with --mesh yet (the progress lines and --json are)");
+}
+
+nlohmann::ordered_json run_train_gpt_mesh(const TrainConfig& tc, const GptOptions& g) {
+  const auto t_start = Clock::now();
+  MeshSettings ms;
+  ms.spec = *g.mesh;
+  ms.sequence_parallel = g.sequence_parallel;
+  ms.allow_tp_across_nodes = g.allow_tp_across_nodes;
+  ms.devices = tc.devices;
+  ms.timeout_s = tc.dist_timeout_s;
+  ms.seed = tc.seed;
+  ms.quiet = tc.quiet;
+
+  // The model's shape first: a tp that does not fit it is refused before any
+  // process group exists (every rank says the same one line).
+  const int64_t seq = seq_len_of(tc, g);
+  auto train_stream = data::TokenStream::open(train_spec(tc.data));
+  const int64_t vocab = train_stream->natural_vocab() ? train_stream->natural_vocab() : 50257;
+  CHORUS_CHECK(train_stream->max_token() < vocab, "token data ", train_stream->spec(), " holds token id ",
+               train_stream->max_token(), ", past the model's vocabulary of ", vocab, " tokens");
+  const int64_t context = text_spec(tc.data) ? seq : 1024;
+  CHORUS_CHECK(seq <= context, "--seq-len ", seq, " is above ", tc.model, "'s context of ", context, " positions");
+  models::GPTConfig cfg = models::GPTConfig::named(tc.model, vocab, context);
+  cfg.dropout = g.dropout;
+  cfg.attention = ops::parse_attention_kernel(g.attention);
+  const auto axes = check_mesh_gpt(ms, cfg, seq);
+  const int tp_size = axes.back().size;  // parse_mesh_spec's order: dp, pp, tp
+
+  MeshGpt m = start_mesh_gpt(ms, cfg, seq);
+  const Device device = m.device;
+  CHORUS_CHECK(tc.precision == "fp32" || device.is_cuda(), "--precision bf16 needs a CUDA device (got ", device.str(), ")");
+  RankContext& rc = m.rc;
+  const bool leader = rc.leader();
+  const int dp = m.dp(), dp_rank = m.dp_rank();
+  auto& model = m.model;
+  tp::TPContext& ctx = m.ctx;
+  if (g.init_from) tp::load_full_state_dict(*model, models::gpt_from_hf(io::load_safetensors(*g.init_from), cfg), ctx.group);
+
+  // Data: one stream of windows per data rank, read alike by its tensor ranks.
+  const data::WindowOrder order = g.windows == "random" ? data::WindowOrder::Random : data::WindowOrder::Sequential;
+  data::TokenWindows train(train_stream, seq, dp_rank, dp, tc.seed, order);
+  std::unique_ptr<data::TokenWindows> val;
+  if (const std::string vs = val_spec(tc.data, g.val_data); !vs.empty()) {
+    auto stream = data::TokenStream::open(vs);
+    CHORUS_CHECK(stream->max_token() < vocab, "validation data ", stream->spec(), " holds token id ",
+                 stream->max_token(), ", past the model's vocabulary of ", vocab, " tokens");
+    val = std::make_unique<data::TokenWindows>(stream, seq, 0, 1, tc.seed, data::WindowOrder::Sequential);
+  }
+
+  const int64_t batch = g.batch_given ? tc.batch_size : 8, accum = g.grad_accum;
+  const double lr = tc.lr.value_or(6e-4);
+  const double wd = g.weight_decay_given ? tc.weight_decay : 0.1;
+  optim::AdamWOptions ao{lr, 0.9, 0.95, 1e-8, wd};
+  const auto sharded = tp::sharded_parameters(*model);
+  std::vector<Tensor> params;
+  for (const auto& p : sharded) {
+    params.push_back(p.tensor);
+    const bool embedding = p.name.find(".wte.") != std::string::npos || p.name.find(".wpe.") != std::string::npos;
+    ao.param_weight_decay.push_back(p.tensor.dim() >= 2 && (!embedding || g.decay_embeddings) ? wd : 0.0);
+  }
+  optim::AdamW opt(params, ao);
+
+  nlohmann::json fp = mesh_config_json(tc, g, cfg, seq, batch, accum, lr);
+  fp["mesh"] = dist::mesh_spec_str(axes);
+  fp["sequence_parallel"] = g.sequence_parallel;
+  fp["clip"] = g.clip;
+  fp["steps"] = tc.steps ? *tc.steps : -1;
+  fp["train_data"] = {{"tokens", train_stream->size()}};
+  check_same_options(rc, fp);  // Note [Options every rank shares]
+
+  nn::ModulePtr net = model;
+  std::shared_ptr<dist::DistributedDataParallel> ddp;
+  if (dp > 1) {
+    dist::DDPOptions o;
+    o.bucket_bytes = static_cast<int64_t>(tc.bucket_mb * (1 << 20));
+    o.comm_hook = dist::parse_comm_hook(tc.comm_hook);
+    net = ddp = std::make_shared<dist::DistributedDataParallel>(model, m.mesh->group("dp"), o);
+  }
+
+  const int64_t tokens_per_step = batch * seq * accum * dp;
+  const int64_t per_epoch = std::max<int64_t>(1, train.windows_per_rank() / (batch * accum));
+  const int64_t total_steps = tc.steps ? *tc.steps : per_epoch * tc.epochs;
+  const int64_t warmup = g.warmup_steps ? std::max<int64_t>(*g.warmup_steps, 0) : std::max<int64_t>(1, total_steps / 20);
+
+  std::optional<io::CheckpointDirLock> dir_lock;
+  if (leader && tc.checkpoint_dir) dir_lock.emplace(*tc.checkpoint_dir);
+  int64_t start = 0;
+  if (tc.resume) {
+    const nlohmann::json mine = mesh_config_json(tc, g, cfg, seq, batch, accum, lr);
+    const std::string path =
+        agree_on_checkpoint(rc, leader ? io::find_latest_checkpoint(*tc.checkpoint_dir) : std::nullopt);
+    if (!path.empty()) {
+      io::TrainingState st = load_mesh_checkpoint(path, *model, opt, [&](const io::TrainingState& s, const std::string& p) {
+        for (const char* k : {"model", "seq_len", "vocab", "context"})
+          CHORUS_CHECK(s.config.contains(k) && s.config[k] == mine[k], "checkpoint ", p, " was written with ", k, " = ",
+                       s.config.contains(k) ? s.config[k].dump() : "(none)", ", this run has ", mine[k].dump());
+      });
+      // Note [Progress in samples] (run_position.h): the position is the tokens consumed.
+      const SavedPosition at = read_position(st.extra, kTokenKeys, st.step, tokens_per_step, path + "/state.json");
+      start = at.consumed / tokens_per_step;
+      tp::seed_parallel_rng(ctx, tc.seed + static_cast<uint64_t>(start), dp_rank);
+      if (leader) std::fprintf(stderr, "resumed from %s at step %lld\n", path.c_str(), (long long)start);
+    }
+  }
+  if (leader && !tc.quiet) {
+    std::fprintf(stderr, "%s: %.1fM parameters over tp=%d%s, seq %lld, batch %lld x %lld accum x dp %d = %s tokens/step, "
+                 "%lld steps, %s on %s\n", tc.model.c_str(), static_cast<double>(cfg.num_parameters()) / 1e6, tp_size,
+                 g.sequence_parallel ? " (sequence parallel)" : "", (long long)seq, (long long)batch, (long long)accum, dp,
+                 fmt_count(static_cast<double>(tokens_per_step)).c_str(), (long long)total_steps, tc.precision.c_str(),
+                 device.str().c_str());
+  }
+
+  std::optional<DType> autocast;
+  if (tc.precision == "bf16") autocast = kBFloat16;
+  std::string ckpt;
+  auto save = [&](int64_t s) {
+    if (!tc.checkpoint_dir) return;
+    io::TrainingState st;
+    st.step = s;
+    st.rng = default_generator().state();
+    st.config = mesh_config_json(tc, g, cfg, seq, batch, accum, lr);
+    st.extra = {{kTokenKeys.consumed, s * tokens_per_step}, {kTokenKeys.per_step, tokens_per_step},
+                {"world_size", dp}, {"mesh", dist::mesh_spec_str(axes)}};
+    // Every rank gathers; world rank 0 writes (it is tensor rank 0 of data rank 0).
+    const std::string p = save_mesh_checkpoint(*tc.checkpoint_dir, *model, opt, st, leader);
+    if (leader) ckpt = p;
+    rc.group->barrier()->wait();
+  };
+  auto val_loss = [&]() -> double {
+    // Every rank evaluates the same windows: its tensor group needs it in each collective.
+    if (!val) return std::nan("");
+    model->eval();
+    NoGradGuard no_grad;
+    AutocastGuard cast(autocast);
+    auto [ids, tg] = val->spaced(g.val_windows);
+    double total = 0;
+    for (int64_t b = 0; b < ids.size(0); b += batch) {
+      const int64_t m = std::min(batch, ids.size(0) - b);
+      total += model->loss(ids.narrow(0, b, m).to(device), tg.narrow(0, b, m).to(device)).item() * static_cast<double>(m);
+    }
+    model->train();
+    return total / static_cast<double>(ids.size(0));
+  };
+
+  double last_loss = std::nan(""), last_val = std::nan(""), tok_s = 0;
+  auto window_start = Clock::now();
+  int64_t window_first = start, step = start;
+  std::vector<Tensor> window_losses;
+  StopSignal stop_signal;  // Note [Stopping on a signal]: agreed on at the log windows, as train_gpt.cpp does
+  for (; step < total_steps; ++step) {
+    opt.set_lr(lr_at(step, total_steps, warmup, lr, g.min_lr_ratio));
+    Tensor step_loss;
+    for (int64_t m = 0; m < accum; ++m) {
+      auto [ids, tg] = train.batch(batch, step * accum + m);
+      std::optional<dist::DistributedDataParallel::NoSync> quiet;
+      if (ddp && m + 1 < accum) quiet.emplace(ddp->no_sync());
+      Tensor loss;
+      {
+        AutocastGuard cast(autocast);
+        loss = model->loss_of_logits(net->forward(ids.to(device)), tg.to(device));
+      }
+      (accum > 1 ? loss.mul(1.0 / static_cast<double>(accum)) : loss).backward();
+      Tensor l = loss.detach().mul(1.0 / static_cast<double>(accum));
+      step_loss = step_loss.defined() ? step_loss.add(l) : l;
+    }
+    Tensor norm = tp::clip_grad_norm_(sharded, g.clip, ctx.group);
+    opt.step();
+    opt.zero_grad();
+    window_losses.push_back(step_loss);
+    const bool last = step + 1 == total_steps;
+    bool stop = false;
+    if ((step + 1) % tc.log_every == 0 || last) {
+      double sum = 0;
+      for (const Tensor& l : window_losses) sum += l.item();
+      const int64_t n = static_cast<int64_t>(window_losses.size());
+      CHORUS_CHECK(!std::isnan(sum), "the loss is NaN between steps ", window_first + 1, " and ", step + 1,
+                   " (lower --lr)");
+      // Tensor ranks hold the same loss: the mean over the world is the mean over the data ranks.
+      const auto summed = sum_over_ranks(rc, {sum / static_cast<double>(n), StopSignal::pending() ? 1.0 : 0.0});
+      last_loss = summed[0] / rc.group->size();
+      stop = summed[1] > 0;
+      const double secs = seconds_since(window_start);
+      tok_s = static_cast<double>(n * tokens_per_step) / std::max(secs, 1e-9);
+      if (val && g.val_every && (step + 1) % g.val_every == 0) last_val = val_loss();
+      if (leader && !tc.quiet) {
+        std::fprintf(stderr, "step %lld/%lld | loss %.4f | ppl %.2f | lr %.2e | norm %.3f | %s tok/s%s\n",
+                     (long long)(step + 1), (long long)total_steps, last_loss, std::exp(last_loss), opt.lr(), norm.item(),
+                     fmt_count(tok_s).c_str(),
+                     std::isnan(last_val) ? "" : (" | val " + std::to_string(last_val)).c_str());
+      }
+      window_losses.clear();
+      window_start = Clock::now();
+      window_first = step + 1;
+    }
+    if (tc.checkpoint_every > 0 && (step + 1) % tc.checkpoint_every == 0 && !last) save(step + 1);
+    if (stop) {
+      ++step;
+      if (leader) std::fprintf(stderr, "stopping after step %lld on a signal\n", (long long)step);
+      break;
+    }
+  }
+  save(step);
+  if (const int sig = StopSignal::pending(); sig != 0 && step < total_steps) {
+    if (leader)
+      std::fprintf(stderr, "%s", ckpt.empty() ? "no --checkpoint-dir: nothing was saved\n"
+                                              : ("checkpoint written: " + ckpt + "\n").c_str());
+    throw Interrupted(sig);
+  }
+  if (val) last_val = val_loss();
+  nlohmann::ordered_json out = {{"model", tc.model},
+                                {"strategy", "mesh"},
+                                {"mesh", dist::mesh_spec_str(axes)},
+                                {"sequence_parallel", g.sequence_parallel},
+                                {"devices", std::to_string(rc.group->size()) + " ranks"},
+                                {"precision", tc.precision},
+                                {"params", cfg.num_parameters()},
+                                {"seq_len", seq},
+                                {"batch_per_device", batch},
+                                {"grad_accum", accum},
+                                {"steps", step},
+                                {"tokens", step * tokens_per_step},
+                                {"train_loss", last_loss},
+                                {"val_loss", std::isnan(last_val) ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(last_val)},
+                                {"tok_per_s", tok_s},
+                                {"peak_mem_bytes", static_cast<double>(backend(device).peak_bytes(device))},
+                                {"seconds", seconds_since(t_start)}};
+  if (!ckpt.empty()) out["checkpoint"] = ckpt;
+  if (leader && !tc.quiet) {
+    std::fprintf(stderr, "done: %lld steps, train loss %.4f", (long long)step, last_loss);
+    if (!std::isnan(last_val)) std::fprintf(stderr, ", val loss %.4f", last_val);
+    std::fprintf(stderr, ", %s tok/s, %.1f s\n", fmt_count(tok_s).c_str(), seconds_since(t_start));
+  }
+  if (!leader) return nullptr;
+  return out;
+}
+
+}  // namespace chorus::app

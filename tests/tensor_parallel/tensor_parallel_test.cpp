@@ -1,0 +1,119 @@
+// Tensor-parallel pieces that need no second rank: the slicing of full
+// tensors into shards (Note [Blocked shards]), the vocabulary-parallel cross
+// entropy at tp=1 against nn::functional::cross_entropy_fused (values and
+// gradients, padding columns and ignore_index), and the tp=1 GPT against
+// models::GPT. tp > 1 runs over real processes in tests/dist/tensor_parallel.sh.
+#include <gtest/gtest.h>
+
+#include "chorus/autograd/functions.h"
+#include "chorus/autograd/grad_mode.h"
+#include "chorus/core/error.h"
+#include "chorus/core/rng.h"
+#include "chorus/nn/functional.h"
+#include "chorus/ops/factory.h"
+#include "chorus/tensor_parallel/cross_entropy.h"
+#include "chorus/tensor_parallel/gpt.h"
+#include "chorus/tensor_parallel/shard.h"
+
+using namespace chorus;
+
+namespace {
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  const auto u = a.contiguous().to(kFloat64).to_vector<double>(), v = b.contiguous().to(kFloat64).to_vector<double>();
+  EXPECT_EQ(u.size(), v.size());
+  double m = 0;
+  for (size_t i = 0; i < u.size() && i < v.size(); ++i) m = std::max(m, std::abs(u[i] - v[i]));
+  return m;
+}
+
+}  // namespace
+
+TEST(TensorParallelShard, PlainRowsAndColumns) {
+  Tensor full = arange(0, 24, 1, {kFloat64}).reshape({4, 6});
+  // Rows over 2 ranks: rank 1 holds rows 2..3.
+  EXPECT_EQ(tp::shard_of(full, {0, 1}, 1, 2).to_vector<double>(), full.narrow(0, 2, 2).contiguous().to_vector<double>());
+  // Columns over 3 ranks: rank 2 holds columns 4..5.
+  EXPECT_EQ(tp::shard_of(full, {1, 1}, 2, 3).to_vector<double>(), full.narrow(1, 4, 2).contiguous().to_vector<double>());
+  // Replicated: a copy of the whole.
+  EXPECT_EQ(tp::shard_of(full, {}, 1, 2).to_vector<double>(), full.to_vector<double>());
+  EXPECT_THROW(tp::shard_of(full, {0, 1}, 0, 3), ValueError);  // 4 rows over 3 ranks
+}
+
+TEST(TensorParallelShard, BlocksSplitEachBlock) {
+  // c_attn's layout: q, k, v stacked, 4 rows each. Rank r of 2 holds rows
+  // [2r, 2r + 2) of each block, stacked.
+  Tensor full = arange(0, 12, 1, {kFloat64}).reshape({12, 1});
+  EXPECT_EQ(tp::shard_of(full, {0, 3}, 0, 2).to_vector<double>(), (std::vector<double>{0, 1, 4, 5, 8, 9}));
+  EXPECT_EQ(tp::shard_of(full, {0, 3}, 1, 2).to_vector<double>(), (std::vector<double>{2, 3, 6, 7, 10, 11}));
+  Tensor bias = arange(0, 12, 1, {kFloat64});
+  EXPECT_EQ(tp::shard_of(bias, {0, 3}, 1, 4).to_vector<double>(), (std::vector<double>{1, 5, 9}));
+}
+
+TEST(VocabParallelCrossEntropy, EqualsTheFusedLossAtOneRank) {
+  manual_seed(7);
+  // 6 rows over a vocabulary of 10 in 16 columns (the 6 past it are padding),
+  // one target ignored.
+  Tensor logits = randn({2, 3, 16}, {kFloat64}).mul(3.0);
+  Tensor targets = from_vector(std::vector<int64_t>{0, 9, 4, -1, 7, 3}, {2, 3});
+  for (std::optional<int64_t> ignore : {std::optional<int64_t>(), std::optional<int64_t>(-1)}) {
+    Tensor tg = ignore ? targets : from_vector(std::vector<int64_t>{0, 9, 4, 2, 7, 3}, {2, 3});
+    Tensor a = logits.detach().clone().requires_grad_(), b = logits.detach().clone().requires_grad_();
+    Tensor want = nn::functional::cross_entropy_fused(a, tg, 10, ignore);
+    Tensor got = tp::vocab_parallel_cross_entropy(b, tg, 10, nullptr, ignore);
+    EXPECT_LE(std::abs(got.item() - want.item()), 1e-14 * std::abs(want.item()));
+    want.backward();
+    got.backward();
+    EXPECT_LE(max_abs_diff(b.grad(), a.grad()), 1e-15);
+    // Padding columns take no part and get no gradient.
+    EXPECT_EQ(max_abs_diff(b.grad().narrow(2, 10, 6), zeros({2, 3, 6}, {kFloat64})), 0.0);
+  }
+}
+
+TEST(VocabParallelCrossEntropy, RefusesMismatchedShapes) {
+  Tensor logits = zeros({2, 3, 8}, {kFloat64});
+  EXPECT_THROW(tp::vocab_parallel_cross_entropy(logits, zeros({2, 4}, {kInt64}), 8, nullptr), ValueError);
+  EXPECT_THROW(tp::vocab_parallel_cross_entropy(logits, zeros({2, 3}, {kInt64}), 9, nullptr), ValueError);
+}
+
+TEST(TensorParallelGPT, OneRankEqualsTheGPT) {
+  models::GPTConfig c;
+  c.layers = 2;
+  c.heads = 2;
+  c.width = 16;
+  c.vocab = 50;
+  c.padded_vocab = 64;
+  c.context = 8;
+  manual_seed(3);
+  models::GPT ref(c);
+  ref.to(kFloat64);
+  manual_seed(3);
+  auto model = std::make_shared<tp::TensorParallelGPT>(c, tp::TPContext{});
+  model->to(kFloat64);
+  EXPECT_EQ(model->state_dict().size(), ref.state_dict().size());
+  manual_seed(5);
+  Tensor ids = randint(0, 50, {2, 8}), tg = randint(0, 50, {2, 8});
+  Tensor want = ref.loss(ids, tg), got = model->loss(ids, tg);
+  EXPECT_LE(std::abs(got.item() - want.item()), 1e-13);
+  NoGradGuard no_grad;
+  EXPECT_LE(max_abs_diff(model->gather_logits(model->forward(ids)), ref.forward(ids)), 1e-13);
+}
+
+TEST(TensorParallelGPT, RefusesATpThatDoesNotDivide) {
+  models::GPTConfig c = models::GPTConfig::named("d2");  // 2 heads
+  try {
+    tp::check_gpt_tp(c, 4);
+    FAIL() << "tp=4 with 2 heads was accepted";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("2 attention heads do not divide over 4"), std::string::npos);
+  }
+  c.heads = 8;
+  c.padded_vocab = 100;
+  try {
+    tp::check_gpt_tp(c, 8);
+    FAIL() << "tp=8 with a vocabulary of 100 rows was accepted";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("vocabulary of 100 rows does not divide over 8"), std::string::npos);
+  }
+  EXPECT_NO_THROW(tp::check_gpt_tp(c, 4));
+}
