@@ -42,10 +42,11 @@ Params make(Device dev, DType dt) {
 }
 
 void expect_clipped(const Params& p, const Tensor& norm, double max_norm, double tol) {
-  EXPECT_NEAR(norm.to(kFloat64).item(), p.norm, tol * p.norm);
+  // To the host first: CUDA has no float64 conversions.
+  EXPECT_NEAR(norm.to(cpu_device(0)).to(kFloat64).item(), p.norm, tol * p.norm);
   const double coef = std::min(1.0, max_norm / (p.norm + 1e-6));
   for (size_t i = 0; i < p.params.size(); ++i) {
-    auto got = p.params[i].grad().to(cpu_device(0), kFloat64).contiguous().to_vector<double>();
+    auto got = p.params[i].grad().to(cpu_device(0)).to(kFloat64).contiguous().to_vector<double>();
     ASSERT_EQ(got.size(), p.grads[i].size());
     for (size_t j = 0; j < got.size(); ++j)
       ASSERT_NEAR(got[j], p.grads[i][j] * coef, tol * (std::abs(p.grads[i][j]) + 1e-3)) << "parameter " << i;
