@@ -32,17 +32,7 @@ const std::map<std::string, Size>& sizes() {
   return s;
 }
 
-template <typename M>
-std::shared_ptr<M> child_as(const nn::Module& m, const std::string& name) {
-  for (const auto& [n, c] : m.named_children()) {
-    if (n == name) {
-      auto typed = std::dynamic_pointer_cast<M>(c);
-      CHORUS_ASSERT(typed != nullptr);
-      return typed;
-    }
-  }
-  CHORUS_THROW(ValueError, m.type_name(), ": has no child '", name, "'");
-}
+using nn::child_as;
 
 nn::ModulePtr child_named(const nn::Module& m, const std::string& name) { return child_as<nn::Module>(m, name); }
 

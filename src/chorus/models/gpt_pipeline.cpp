@@ -9,18 +9,6 @@
 
 namespace chorus::models {
 
-namespace {
-template <typename M>
-std::shared_ptr<M> child_of(const nn::Module& m, const std::string& name) {
-  for (const auto& [n, c] : m.named_children())
-    if (n == name) {
-      auto typed = std::dynamic_pointer_cast<M>(c);
-      CHORUS_CHECK(typed != nullptr, "GPT pipeline: child ", name, " of ", m.type_name(), " has an unexpected type");
-      return typed;
-    }
-  CHORUS_THROW(ValueError, "GPT pipeline: ", m.type_name(), " has no child ", name);
-}
-}  // namespace
 
 GPTEmbedStage::GPTEmbedStage(GPTConfig c, std::shared_ptr<nn::Embedding> wte, nn::ModulePtr wpe)
     : Module("GPTEmbedStage"), cfg_(c) {
@@ -35,7 +23,7 @@ GPTEmbedStage::GPTEmbedStage(GPTConfig c)
 Tensor GPTEmbedStage::forward(const Tensor& ids) {
   CHORUS_CHECK(ids.dim() == 2 && ids.size(1) >= 1 && ids.size(1) <= cfg_.context, "GPT: expected token ids [batch, seq] ",
                "with seq up to the context of ", cfg_.context, ", got ", ids.describe());
-  return gpt_embed(*child_of<nn::Embedding>(*this, "wte"), *child_of<nn::Module>(*this, "wpe"), positions_, ids,
+  return gpt_embed(*nn::child_as<nn::Embedding>(*this, "wte"), *nn::child_as<nn::Module>(*this, "wpe"), positions_, ids,
                    cfg_.dropout, is_training());
 }
 
@@ -49,18 +37,18 @@ GPTHeadStage::GPTHeadStage(GPTConfig c, nn::ModulePtr ln_f, const Tensor& wte) :
 }
 
 Tensor GPTHeadStage::forward(const Tensor& h) {
-  return nn::functional::linear(child_of<nn::Module>(*this, "ln_f")->forward(h), weight(), Tensor());
+  return nn::functional::linear(nn::child_as<nn::Module>(*this, "ln_f")->forward(h), weight(), Tensor());
 }
 
 GPTPipelineLayers::GPTPipelineLayers(const std::shared_ptr<GPT>& model) : model_(model) {
   CHORUS_CHECK(model != nullptr, "GPT pipeline: the model is null");
-  auto trunk = child_of<GPTTrunk>(*model, "transformer");
+  auto trunk = nn::child_as<GPTTrunk>(*model, "transformer");
   layers_ = std::make_shared<nn::Sequential>();
   layers_->train(model->is_training());
-  layers_->push_back(std::make_shared<GPTEmbedStage>(model->config(), child_of<nn::Embedding>(*trunk, "wte"),
-                                                     child_of<nn::Module>(*trunk, "wpe")));
-  for (const auto& [n, block] : child_of<nn::Module>(*trunk, "h")->named_children()) layers_->push_back(block);
-  head_ = std::make_shared<GPTHeadStage>(model->config(), child_of<nn::Module>(*trunk, "ln_f"), model->wte());
+  layers_->push_back(std::make_shared<GPTEmbedStage>(model->config(), nn::child_as<nn::Embedding>(*trunk, "wte"),
+                                                     nn::child_as<nn::Module>(*trunk, "wpe")));
+  for (const auto& [n, block] : nn::child_as<nn::Module>(*trunk, "h")->named_children()) layers_->push_back(block);
+  head_ = std::make_shared<GPTHeadStage>(model->config(), nn::child_as<nn::Module>(*trunk, "ln_f"), model->wte());
   layers_->push_back(head_);
 }
 

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "chorus/core/error.h"
 #include "chorus/core/tensor.h"
 #include "chorus/nn/value.h"
 
@@ -125,5 +126,20 @@ using ModulePtr = std::shared_ptr<Module>;
   }                                                                         \
                                                                             \
  public:
+
+// The registered child `name` of m as its concrete type M: how a model's
+// modules reach one another. ValueError naming m when it has no such child;
+// an internal error when the child is not an M.
+template <typename M = Module>
+std::shared_ptr<M> child_as(const Module& m, const std::string& name) {
+  for (const auto& [n, c] : m.named_children()) {
+    if (n == name) {
+      auto typed = std::dynamic_pointer_cast<M>(c);
+      CHORUS_ASSERT(typed != nullptr);
+      return typed;
+    }
+  }
+  CHORUS_THROW(ValueError, m.type_name(), ": has no child '", name, "'");
+}
 
 }  // namespace chorus::nn

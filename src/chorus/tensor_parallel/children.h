@@ -12,14 +12,7 @@ namespace chorus::tp::detail {
 
 template <typename M = nn::Module>
 std::shared_ptr<M> child(const nn::Module& m, const std::string& name) {
-  for (const auto& [n, c] : m.named_children()) {
-    if (n == name) {
-      auto typed = std::dynamic_pointer_cast<M>(c);
-      CHORUS_ASSERT(typed != nullptr);
-      return typed;
-    }
-  }
-  CHORUS_THROW(ValueError, m.type_name(), ": has no child '", name, "'");
+  return nn::child_as<M>(m, name);
 }
 
 }  // namespace chorus::tp::detail
