@@ -21,6 +21,17 @@ class Storage {
   size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
 
+  // Note [Released storage]: sharded data parallelism at stage 3
+  // (dist/sharded.h) frees a unit's gathered weights between their uses while
+  // the tensors that view them -- the module's parameters, the inputs the
+  // autograd graph saved -- stay; reallocate() gives those same views memory
+  // again (PyTorch's FSDP resizes the storage to 0 and back). The contents
+  // are lost: the caller writes them anew. Released twice or reallocated while
+  // allocated: no-ops.
+  void release();
+  void reallocate();
+  bool released() const { return data_ == nullptr && nbytes_ > 0; }
+
  private:
   void* data_ = nullptr;
   size_t nbytes_ = 0;

@@ -13,6 +13,7 @@
 #include "chorus/core/error.h"
 #include "chorus/dist/flat_layout.h"
 #include "chorus/dist/grad_hooks.h"
+#include "chorus/dist/replica_sync.h"
 #include "chorus/ops/copy.h"
 #include "chorus/ops/factory.h"
 #include "chorus/ops/profile.h"
@@ -20,123 +21,6 @@
 namespace chorus::dist {
 
 namespace {
-
-// A collective on `t`, wherever it lives: through a copy on the group's
-// device when the group cannot take it directly (an NCCL group takes its own
-// GPU's tensors only).
-template <typename Issue>
-void on_group_device(ProcessGroup& group, const Tensor& t, Issue issue) {
-  const Device home = group.device();
-  const bool hop = home.is_cuda() && t.device() != home;
-  Tensor wire = hop ? ops::to_device(t, home) : t;
-  issue(wire)->wait();
-  if (hop) ops::copy_(t, wire);
-}
-
-// Tensors grouped into one flat buffer per device and dtype.
-struct FlatSet {
-  struct PerDevice {
-    FlatLayout layout;
-    std::vector<Tensor> flats;  // [group]
-    std::vector<size_t> members;  // indices into the tensor list
-  };
-  std::vector<PerDevice> devices;
-
-  explicit FlatSet(const std::vector<Tensor>& ts) {
-    std::map<Device, std::vector<size_t>> by_device;
-    for (size_t i = 0; i < ts.size(); ++i) by_device[ts[i].device()].push_back(i);
-    for (auto& [device, members] : by_device) {
-      PerDevice d;
-      std::vector<Tensor> mine;
-      for (size_t i : members) mine.push_back(ts[i]);
-      d.layout = FlatLayout(mine);
-      for (size_t g = 0; g < d.layout.groups(); ++g)
-        d.flats.push_back(empty({d.layout.numels[g]}, TensorOptions(d.layout.dtypes[g], device)));
-      d.members = std::move(members);
-      devices.push_back(std::move(d));
-    }
-  }
-  // Tensor i's view (the tensor list's order).
-  std::vector<Tensor> views(size_t n) const {
-    std::vector<Tensor> out(n);
-    for (const PerDevice& d : devices)
-      for (size_t j = 0; j < d.members.size(); ++j)
-        out[d.members[j]] = d.layout.view(d.flats[d.layout.segments[j].group], j);
-    return out;
-  }
-  void broadcast(ProcessGroup& group) const {
-    for (const PerDevice& d : devices)
-      for (const Tensor& f : d.flats) on_group_device(group, f, [&](const Tensor& w) { return group.broadcast(w, 0); });
-  }
-};
-
-// rank 0's values into `ts` (packed, one broadcast per device and dtype).
-void broadcast_in_place(ProcessGroup& group, const std::vector<Tensor>& ts) {
-  if (ts.empty()) return;
-  FlatSet set(ts);
-  std::vector<Tensor> views = set.views(ts.size());
-  ops::copy_multi(ts, views);
-  set.broadcast(group);
-  ops::copy_multi(views, ts);  // bumps the versions: DataParallel replicas re-sync
-}
-
-std::string describe(const std::string& kind, const std::string& name, const Tensor& t) {
-  std::ostringstream os;
-  os << kind << " '" << name << "' " << shape_str(t.sizes()) << " " << dtype_name(t.dtype());
-  return os.str();
-}
-
-uint64_t fnv1a(const std::vector<std::string>& lines) {
-  uint64_t h = 1469598103934665603ull;
-  for (const std::string& l : lines) {
-    for (unsigned char c : l) h = (h ^ c) * 1099511628211ull;
-    h = (h ^ '\n') * 1099511628211ull;
-  }
-  return h;
-}
-
-std::string join_lines(const std::vector<std::string>& lines) {
-  std::string s;
-  for (const std::string& l : lines) s += l + "\n";
-  return s;
-}
-
-std::vector<std::string> split_lines(const std::string& s) {
-  std::vector<std::string> out;
-  std::istringstream is(s);
-  for (std::string l; std::getline(is, l);) out.push_back(l);
-  return out;
-}
-
-// Note [DDP model check] (ddp.h).
-void check_same_model(ProcessGroup& group, const std::vector<std::string>& mine, int instance) {
-  const int n = group.size();
-  if (n == 1) return;
-  const int64_t h = static_cast<int64_t>(fnv1a(mine));
-  Tensor in = ops::to_device(from_vector(std::vector<int64_t>{h}, {1}), group.device());
-  Tensor out = empty({n}, TensorOptions(kInt64, group.device()));
-  group.all_gather(in, out)->wait();
-  const std::vector<int64_t> all = out.to_vector<int64_t>();
-  int differs = -1;
-  for (int r = 1; r < n && differs < 0; ++r)
-    if (all[r] != all[0]) differs = r;
-  if (differs < 0) return;
-  const std::string prefix = "ddp/" + std::to_string(instance) + "/model/";
-  group.store()->set(prefix + std::to_string(group.rank()), join_lines(mine));
-  const std::vector<std::string> root = split_lines(group.store()->get_string(prefix + "0"));
-  const std::vector<std::string> other = split_lines(group.store()->get_string(prefix + std::to_string(differs)));
-  std::string what;
-  for (size_t i = 0; i < std::max(root.size(), other.size()) && what.empty(); ++i) {
-    if (i >= other.size())
-      what = "rank " + std::to_string(differs) + " lacks " + root[i] + " of rank 0";
-    else if (i >= root.size())
-      what = "rank " + std::to_string(differs) + " has " + other[i] + " that rank 0 lacks";
-    else if (root[i] != other[i])
-      what = "rank " + std::to_string(differs) + " has " + other[i] + " where rank 0 has " + root[i];
-  }
-  CHORUS_THROW(ValueError, "DistributedDataParallel: the ranks hold different models: ", what,
-               " (every rank must build the same model before wrapping it)");
-}
 
 std::atomic<int> next_instance{0};
 
@@ -297,7 +181,7 @@ DistributedDataParallel::DistributedDataParallel(nn::ModulePtr module, ProcessGr
     buffer_list.push_back(b);
   }
   CHORUS_CHECK(!s.params.empty(), "DistributedDataParallel: the module has no parameter that requires grad");
-  check_same_model(*s.group, signature, instance);
+  check_same_model(*s.group, signature, "DistributedDataParallel", "ddp/" + std::to_string(instance));
 
   NoGradGuard no_grad;
   if (s.group->size() > 1) broadcast_in_place(*s.group, all_params);

@@ -57,6 +57,32 @@ GradBuckets::GradBuckets(const std::vector<Tensor>& params, int64_t bucket_bytes
   if (!ks.empty()) close();
 }
 
+GradBuckets GradBuckets::from_groups(const std::vector<Tensor>& params,
+                                     const std::vector<std::vector<size_t>>& groups) {
+  GradBuckets out;
+  out.bucket_of.assign(params.size(), 0);
+  out.index_in_bucket.assign(params.size(), 0);
+  std::vector<char> seen(params.size(), 0);
+  for (const std::vector<size_t>& ks : groups) {
+    CHORUS_CHECK(!ks.empty(), "gradient buckets: bucket ", out.buckets.size(), " is empty");
+    std::vector<Tensor> ps;
+    for (size_t k : ks) {
+      CHORUS_CHECK(k < params.size() && !seen[k], "gradient buckets: the groups do not partition the ",
+                   params.size(), " parameters (", k, " is ", k < params.size() ? "repeated" : "out of range", ")");
+      CHORUS_CHECK(params[k].device() == params[ks[0]].device(), "gradient buckets: bucket ", out.buckets.size(),
+                   " holds parameters on ", params[ks[0]].device().str(), " and ", params[k].device().str());
+      seen[k] = 1;
+      out.bucket_of[k] = out.buckets.size();
+      out.index_in_bucket[k] = ps.size();
+      ps.push_back(params[k]);
+    }
+    out.buckets.push_back({ks, FlatLayout(ps), ps[0].device()});
+  }
+  for (size_t k = 0; k < params.size(); ++k)
+    CHORUS_CHECK(seen[k], "gradient buckets: parameter ", k, " is in no group");
+  return out;
+}
+
 GradBuckets::Place GradBuckets::place(size_t k) const {
   CHORUS_CHECK(k < bucket_of.size(), "gradient buckets: parameter ", k, " out of range (", bucket_of.size(),
                " parameters)");

@@ -13,16 +13,16 @@
 
 namespace chorus::optim {
 
-Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
+namespace {
+
+Tensor clip(const std::vector<Tensor>& params, double max_norm, const Device& home, DType acc,
+            const std::function<void(const Tensor&)>& total_of) {
   NoGradGuard no_grad;
   std::vector<Tensor> grads;
   for (const Tensor& p : params) {
     Tensor g = p.grad();
     if (g.defined()) grads.push_back(g);
   }
-  CHORUS_CHECK(!grads.empty(), "clip_grad_norm_: no parameter has a gradient");
-  const Device home = grads[0].device();
-  const DType acc = grads[0].dtype() == kFloat64 ? kFloat64 : kFloat32;
   // Note [Clipping in a few launches] (cuda/multi_tensor.cu): the gradients of
   // each device in one multi-tensor pass for the norm and one for the scale;
   // a gradient that is not contiguous (a view of something larger) on its own.
@@ -43,6 +43,8 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
     Tensor gf = ops::to_dtype(g, acc);
     add(ops::reduce(ReduceOp::Sum, ops::binary(BinaryOp::Mul, gf, gf), {}, false));
   }
+  if (!total.defined()) total = zeros({}, {acc, home});
+  if (total_of) total_of(total);
   Tensor norm = ops::unary(UnaryOp::Sqrt, total);
   if (!(max_norm > 0) || !std::isfinite(max_norm)) return norm;
   // coef = min(1, max_norm / (norm + 1e-6)), as PyTorch.
@@ -55,6 +57,25 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
     ops::binary_(BinaryOp::Mul, g, c);
   }
   return norm;
+}
+
+}  // namespace
+
+Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
+  const Tensor* first = nullptr;
+  for (const Tensor& p : params)
+    if (p.grad().defined()) {
+      first = &p;
+      break;
+    }
+  CHORUS_CHECK(first != nullptr, "clip_grad_norm_: no parameter has a gradient");
+  const Tensor g = first->grad();
+  return clip(params, max_norm, g.device(), g.dtype() == kFloat64 ? kFloat64 : kFloat32, {});
+}
+
+Tensor clip_grad_norm_sharded_(const std::vector<Tensor>& params, double max_norm, const Device& home, DType acc,
+                               const std::function<void(const Tensor&)>& total_of) {
+  return clip(params, max_norm, home, acc, total_of);
 }
 
 }  // namespace chorus::optim

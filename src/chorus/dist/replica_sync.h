@@ -1,0 +1,58 @@
+// What every data-parallel wrapper over a process group does to its replica
+// at construction and before a forward (DistributedDataParallel,
+// ShardedDataParallel): check that the ranks hold the same model (Note [DDP
+// model check] in dist/ddp.h), copy rank 0's values everywhere, and keep
+// buffers in one flat tensor per device and dtype so that a broadcast is one
+// collective each.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "chorus/dist/flat_layout.h"
+#include "chorus/dist/process_group.h"
+#include "chorus/ops/copy.h"
+
+namespace chorus::dist {
+
+// A collective on `t`, wherever it lives: through a copy on the group's
+// device when the group cannot take it directly (an NCCL group takes its own
+// GPU's tensors only).
+template <typename Issue>
+void on_group_device(ProcessGroup& group, const Tensor& t, Issue issue) {
+  const Device home = group.device();
+  const bool hop = home.is_cuda() && t.device() != home;
+  Tensor wire = hop ? ops::to_device(t, home) : t;
+  issue(wire)->wait();
+  if (hop) ops::copy_(t, wire);
+}
+
+// Tensors grouped into one flat buffer per device and dtype.
+struct FlatSet {
+  struct PerDevice {
+    FlatLayout layout;
+    std::vector<Tensor> flats;  // [group]
+    std::vector<size_t> members;  // indices into the tensor list
+  };
+  std::vector<PerDevice> devices;
+
+  explicit FlatSet(const std::vector<Tensor>& ts);
+  // Tensor i's view (the tensor list's order).
+  std::vector<Tensor> views(size_t n) const;
+  // rank 0's flat buffers to every rank.
+  void broadcast(ProcessGroup& group) const;
+};
+
+// rank 0's values into `ts` (packed, one broadcast per device and dtype).
+void broadcast_in_place(ProcessGroup& group, const std::vector<Tensor>& ts);
+
+// "parameter 'fc.weight' [4, 3] float32": a line of the model's signature.
+std::string describe(const std::string& kind, const std::string& name, const Tensor& t);
+
+// Note [DDP model check] (dist/ddp.h): ValueError from `who` naming the first
+// rank and line of `mine` that differ from rank 0's; `key` names this check's
+// keys in the store. A collective.
+void check_same_model(ProcessGroup& group, const std::vector<std::string>& mine, const std::string& who,
+                      const std::string& key);
+
+}  // namespace chorus::dist

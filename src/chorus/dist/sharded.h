@@ -1,0 +1,216 @@
+// ShardedDataParallel: data parallelism with the training state sharded over
+// the ranks (ZeRO stages 1, 2 and 3; PyTorch's FSDP, DeepSpeed's ZeRO).
+//
+//   auto pg = dist::init_process_group();
+//   auto sdp = std::make_shared<dist::ShardedDataParallel>(model, pg, dist::ShardOptions{.stage = 3});
+//   optim::AdamW opt(sdp->shard_parameters(), {...});   // this rank's pieces, not the model's parameters
+//   Tensor loss = cross_entropy(sdp->forward(x), y);     // x: this rank's share of the batch
+//   opt.zero_grad(); loss.backward(); sdp->clip_grad_norm(1.0); opt.step();
+//
+// Every trainable parameter's elements are laid out in flat buffers (the
+// gradient reducer's bucket plan, GradBuckets: Note [Gradient buckets]), and
+// each rank owns one contiguous 1/N of every buffer: its *shard*. The
+// optimizer sees only the pieces of the parameters that fall in this rank's
+// shards (shard_parameters(): 1-d views, one per parameter that has elements
+// here), so its state -- AdamW's two moments -- is 1/N of the model's.
+//  - stage 1: the gradients are reduce-scattered (each rank gets the average
+//    of its shard only) from full-size gradient buffers that persist; after
+//    the optimizer step the next forward all-gathers the updated shards;
+//  - stage 2: the same, but the full-size gradient buffer of a bucket lives
+//    only from the moment its last gradient is ready until its
+//    reduce-scatter is issued: gradients are kept as shards only;
+//  - stage 3: the weights are sharded too. The module is cut into *units*
+//    (ShardOptions::units, by default the repeated blocks: Note [Sharded
+//    units]), each one bucket; a unit's weights are all-gathered just before
+//    its forward (the next unit's gather issued at once, so it travels while
+//    this one computes), freed after it (reshard_after_forward), gathered
+//    again just before its backward, and freed once its gradients are
+//    reduce-scattered. Outside a unit's forward or backward only the shards
+//    exist: no second full copy of the model anywhere.
+// After a synced backward the module's own parameters hold no .grad (the
+// reduced gradients are the shard pieces' .grad). The notes after the class
+// say how each part works.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "chorus/dist/grad_buckets.h"
+#include "chorus/dist/process_group.h"
+#include "chorus/nn/module.h"
+
+namespace chorus::dist {
+
+struct ShardOptions {
+  int stage = 1;  // 1, 2 or 3 (ValueError otherwise)
+  // Stages 1 and 2: the gradient buckets (Note [Gradient buckets]); each
+  // bucket's reduce-scatter is issued as soon as its gradients are ready.
+  int64_t bucket_bytes = int64_t{25} << 20;
+  // Stage 3: the modules (inside the wrapped one) sharded as units; empty:
+  // Note [Sharded units]. Parameters in no unit form the root unit, gathered
+  // for the whole step.
+  std::vector<nn::ModulePtr> units;
+  // Stage 3: free a unit's gathered weights after its forward (and gather them
+  // again for its backward); false keeps them from the forward to the end of
+  // the unit's backward (less communication, more memory).
+  bool reshard_after_forward = true;
+  // Stage 3: issue the next unit's gather before this unit computes.
+  bool prefetch = true;
+  // Stage 3: the dtype the weights are gathered in (bfloat16: half the
+  // traffic, the master shards stay float32); nullopt: the parameters' own.
+  std::optional<DType> param_dtype;
+  // The dtype gradients travel in (bfloat16 halves the traffic; each
+  // rank's average is taken back in the parameters' dtype); nullopt: the
+  // gradients' own.
+  std::optional<DType> reduce_dtype;
+  bool average = true;            // false: gradients summed over the ranks
+  bool broadcast_buffers = true;  // rank 0's buffers to every rank before each forward
+  // Hybrid sharding: the state is sharded over `group` (the GPUs of one node)
+  // and replicated over this one (the same shard index on the other nodes):
+  // each shard's gradient is averaged over it after the reduce-scatter.
+  ProcessGroupPtr replicate_group;
+};
+
+class ShardedDataParallel : public nn::Module {
+ public:
+  // Checks that every rank holds the same model (Note [DDP model check]),
+  // broadcasts rank 0's parameters and buffers, lays the trainable
+  // parameters out in the flat buffers and keeps this rank's shards (stage
+  // 3: frees the rest). A collective: every rank of `group` constructs it.
+  // ValueError for a stage other than 1-3, a parameter that is not
+  // contiguous, or parameters on a device the group cannot reduce.
+  ShardedDataParallel(nn::ModulePtr module, ProcessGroupPtr group, ShardOptions options = {});
+  ~ShardedDataParallel() override;
+
+  Tensor forward(const Tensor& x) override;
+  nn::Value forward_value(const nn::Value& x) override;
+
+  // What the optimizer updates: one 1-d leaf per trainable parameter that has
+  // elements in this rank's shards (a view of the master shard), in the
+  // module's parameter order. After each synced backward its .grad is the
+  // ranks' average for those elements (none when no rank used the parameter).
+  const std::vector<Tensor>& shard_parameters() const;
+  // One per shard parameter: which of the module's parameters it is a piece
+  // of, and where.
+  struct Piece {
+    std::string name;   // the module's parameter name
+    size_t param = 0;   // its index among the trainable parameters (module order)
+    Shape shape;        // the parameter's full shape
+    DType dtype = kFloat32;
+    int64_t begin = 0, end = 0;  // elements [begin, end) of its row-major flattening
+  };
+  const std::vector<Piece>& pieces() const;
+  // The trainable parameters' names (module order): Piece::param indexes them.
+  const std::vector<std::string>& parameter_names() const;
+
+  // Clips the gradients by the global 2-norm over every rank's shards
+  // (torch's clip_grad_norm_ on the whole model); returns the norm before
+  // clipping (a collective; on the device, float32, or float64 for a float64
+  // model). max_norm <= 0: the norm only.
+  Tensor clip_grad_norm(double max_norm);
+
+  // The full weights in the module's parameters now (a collective): after an
+  // optimizer step, before evaluating or exporting through the module itself.
+  // At stage 3 they stay gathered until the next training forward.
+  void gather_parameters();
+
+  // Writes `values(piece)` (a 1-d tensor of the piece's elements) into every
+  // shard parameter: loading a checkpoint written at any layout. The next
+  // forward gathers the new weights.
+  void load_shards(const std::function<Tensor(const Piece&)>& values);
+
+  // While the guard lives, backwards reduce nothing: gradients accumulate in
+  // the module's parameters (full size), and the next synced backward reduces
+  // the sum.
+  class NoSync {
+   public:
+    ~NoSync();
+    NoSync(NoSync&& other) noexcept;
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+    NoSync& operator=(NoSync&&) = delete;
+
+   private:
+    friend class ShardedDataParallel;
+    explicit NoSync(ShardedDataParallel* owner);
+    ShardedDataParallel* owner_;
+    bool prev_;
+  };
+  [[nodiscard]] NoSync no_sync();
+
+  const nn::ModulePtr& module() const { return module_; }
+  const ProcessGroupPtr& process_group() const;
+  const ShardOptions& options() const;
+  // The flat layout: buckets (stage 3: one per unit, the root unit last).
+  const GradBuckets& buckets() const;
+  // Stage 3: the units' module names ("" for the root unit), bucket order.
+  std::vector<std::string> unit_names() const;
+  // Parameters no rank used in the last synced step.
+  std::vector<std::string> unused_parameters() const;
+  // Bytes this rank holds now in weights (full and shards), gradients and
+  // communication buffers, on the parameters' device (the memory plan's
+  // check; optimizer state is the optimizer's).
+  struct Held {
+    int64_t full_weights = 0, shard_weights = 0, full_grads = 0, shard_grads = 0;
+  };
+  Held held_bytes() const;
+
+ protected:
+  std::shared_ptr<nn::Module> make_empty() const override;
+
+ private:
+  struct Impl;
+  class Unit;
+  nn::ModulePtr module_;
+  std::shared_ptr<Impl> impl_;
+  std::shared_ptr<void> observer_handle_;
+};
+
+// Note [Sharded units]: with no units given, stage 3 takes as units the
+// children of every module whose children holding parameters are at least
+// two and all of one type -- the repeated blocks (a GPT's transformer
+// blocks, a stack of Linear layers) -- found from the top, without looking
+// inside a unit. Each unit's
+// parameters are one bucket: one all-gather before its forward and one
+// reduce-scatter after its backward. The unit module is replaced in its
+// parent by a wrapper of the same name (state-dict names unchanged) that
+// gathers, runs it, attaches the pre-backward gather to its output and frees.
+// The first synced step runs with every unit gathered (as from
+// construction) and only notes which wrappers ran; then one all-reduce keeps
+// as sharded units those that ran on every rank. A unit run on some steps or
+// ranks only, or called by a parent through a pointer of its own rather than
+// through its children (as Sequential, ModuleList and the GPT call them),
+// would make the ranks' collectives differ: it is gathered with the root
+// unit instead (one warning names it), so such a model trains correctly with
+// less memory saved. A parameter two units
+// share (a tied weight) belongs to the root unit.
+//
+// Note [Sharded gathers]: a bucket's weights are gathered when the forward
+// that reads them starts (stages 1 and 2: every bucket whose shard changed
+// since, at the start of the module's forward; stage 3: each unit's own),
+// and the gathered parameters' version counters are bumped when the shard
+// changed (autocast's kept 16-bit copies are then cast afresh). At stage 3
+// the storage the parameters view is freed and allocated again (Note
+// [Released storage] in core/storage.h): the autograd graph's saved
+// references to the weights see the weights again when the backward gathers
+// them. The order of the collectives is the same on every rank: the forward
+// visits the units in one order, the backward's pre-hooks and
+// gradient-ready hooks fire in the engine's order, and buckets launch their
+// reduce-scatters in index order.
+//
+// Note [Sharded gradients]: as DDP's reducer (Note [Reducer hooks]), each
+// parameter's post-accumulate hook counts it ready; a bucket whose
+// parameters are all ready, and whose predecessors have launched, copies the
+// gradients into a zeroed full-size buffer (stage 1: persistent; 2 and 3:
+// allocated now, dropped once the next bucket launches, after its
+// reduce-scatter was ordered) and reduce-scatters it into this rank's shard
+// gradient (added to it when the pieces still hold a gradient: accumulation
+// across synced steps). Unused parameters contribute zeros; the per-parameter
+// used-flags are all-reduced after the last bucket, as DDP does (Note [DDP
+// unused parameters]), so a parameter no rank used keeps no gradient and is
+// skipped by the optimizer, as one process would.
+
+}  // namespace chorus::dist
