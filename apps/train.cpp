@@ -65,8 +65,11 @@ void TrainConfig::validate() const {
                "' (expected mlp, cnn, resnet20, wrn-16-4 or wrn-28-10)");
   CHORUS_CHECK(data == "fashion-mnist" || data == "mnist" || data == "cifar10" || data == "synthetic",
                "unknown data set '", data, "' (expected fashion-mnist, mnist, cifar10 or synthetic)");
+  CHORUS_CHECK(strategy != "zero", "--strategy zero is offered for GPT models (--model gpt2 ... d84); use ddp for ",
+               model);
   CHORUS_CHECK(strategy == "single" || strategy == "dp" || strategy == "ddp" || strategy == "pipeline",
                "unknown strategy '", strategy, "' (expected single, dp, ddp or pipeline)");
+  CHORUS_CHECK(!zero_stage && !hybrid, zero_stage ? "--zero-stage" : "--hybrid", " goes with --strategy zero");
   if (strategy == "pipeline") {
     CHORUS_CHECK(!micro_batches || (*micro_batches >= 1 && *micro_batches <= batch_size), "--micro-batches must be from 1 to the batch size (",
                  batch_size, "), got ", micro_batches.value_or(0));

@@ -10,6 +10,7 @@
 // for like.
 #include "train_gpt.h"
 #include "train_pipeline.h"
+#include "train_zero.h"
 
 #include <algorithm>
 #include <chrono>
@@ -94,10 +95,10 @@ double lr_at(int64_t i, int64_t total, int64_t warmup, double lr, double min_rat
 namespace {
 
 std::vector<Device> gpt_devices(const TrainConfig& tc) {
-  if (tc.strategy == "ddp") {
+  if (tc.strategy == "ddp" || tc.strategy == "zero") {
     std::vector<Device> devs = ddp_devices(tc.devices, ddp_launch_env());
-    CHORUS_CHECK(devs.size() == 1, "GPT models under --strategy ddp take one device per process, got --devices ",
-                 tc.devices);
+    CHORUS_CHECK(devs.size() == 1, "GPT models under --strategy ", tc.strategy,
+                 " take one device per process, got --devices ", tc.devices);
     return devs;
   }
   if (tc.strategy == "dp" || tc.strategy == "pipeline") return parse_devices(tc.devices.empty() ? "all" : tc.devices);
@@ -126,6 +127,7 @@ struct Run {
   std::shared_ptr<models::GPT> model;
   nn::ModulePtr net;  // the model, or its DDP wrapper
   std::shared_ptr<dist::DistributedDataParallel> ddp;
+  std::shared_ptr<dist::ShardedDataParallel> sdp;  // --strategy zero
   // --strategy pipeline: the stages (Note [GPT as pipeline stages]).
   std::optional<models::GPTPipelineLayers> tied;
   std::shared_ptr<parallel::Pipeline> pipe;
@@ -156,12 +158,15 @@ nlohmann::json config_json(const TrainConfig& tc, const GptOptions& g, const Run
 bool is_gpt_model(const std::string& model) { return models::GPTConfig::is_gpt_name(model); }
 
 Tensor gpt_forward_backward(models::GPT& model, nn::Module& net, dist::DistributedDataParallel* ddp,
-                            const std::vector<std::pair<Tensor, Tensor>>& micro, std::optional<DType> autocast) {
+                            const std::vector<std::pair<Tensor, Tensor>>& micro, std::optional<DType> autocast,
+                            dist::ShardedDataParallel* sdp) {
   const int64_t n = static_cast<int64_t>(micro.size());
   Tensor total;
   for (int64_t m = 0; m < n; ++m) {
     std::optional<dist::DistributedDataParallel::NoSync> quiet;
+    std::optional<dist::ShardedDataParallel::NoSync> quiet_shards;
     if (ddp && m + 1 < n) quiet.emplace(ddp->no_sync());
+    if (sdp && m + 1 < n) quiet_shards.emplace(sdp->no_sync());
     Tensor loss;
     {
       AutocastGuard cast(autocast);
@@ -204,8 +209,21 @@ void validate_gpt(const TrainConfig& tc, const GptOptions& g) {
   CHORUS_CHECK(is_gpt_model(tc.model), "unknown GPT model '", tc.model, "'");
   CHORUS_CHECK(tc.data.rfind("tokens:", 0) == 0 || text_spec(tc.data), "--data for a GPT must be tokens:GLOB (llm.c ",
                "token files) or text:FILE (a text file's bytes), got '", tc.data, "'");
-  CHORUS_CHECK(tc.strategy == "single" || tc.strategy == "ddp" || tc.strategy == "dp" || tc.strategy == "pipeline",
-               "--strategy ", tc.strategy, " is not available for GPT models yet (single, dp, ddp or pipeline)");
+  CHORUS_CHECK(tc.strategy == "single" || tc.strategy == "ddp" || tc.strategy == "dp" || tc.strategy == "pipeline" ||
+                   tc.strategy == "zero",
+               "--strategy ", tc.strategy, " is not available for GPT models (single, dp, ddp, zero or pipeline)");
+  if (tc.strategy == "zero") {
+    CHORUS_CHECK(!tc.checkpoint_dir, "--checkpoint-dir is not offered with --strategy zero yet (sharded checkpoints "
+                 "are being added); train with --strategy ddp to write checkpoints");
+    CHORUS_CHECK(!tc.zero_stage || (*tc.zero_stage >= 1 && *tc.zero_stage <= 3), "--zero-stage must be 1, 2 or 3, got ",
+                 tc.zero_stage.value_or(0));
+    CHORUS_CHECK(tc.zero_stage.value_or(1) == 3 || tc.reshard_after_forward,
+                 "--no-reshard-after-forward goes with --zero-stage 3 (only stage 3 shards the weights)");
+    CHORUS_CHECK(!g.skip_nan, "--skip-nan is not offered with --strategy zero yet");
+  } else {
+    CHORUS_CHECK(!tc.zero_stage && !tc.hybrid, tc.zero_stage ? "--zero-stage" : "--hybrid",
+                 " goes with --strategy zero");
+  }
   if (tc.strategy == "pipeline") {
     CHORUS_CHECK(!tc.micro_batches || *tc.micro_batches >= 1, "--micro-batches must be at least 1");
     if (tc.schedule) (void)parallel::parse_schedule(*tc.schedule);
@@ -252,7 +270,7 @@ void validate_gpt(const TrainConfig& tc, const GptOptions& g) {
     return;
   }
   CHORUS_CHECK(!g.sequence_parallel, "--sequence-parallel needs --mesh with tp > 1");
-  if (tc.strategy == "ddp") ddp_launch_env();
+  if (tc.strategy == "ddp" || tc.strategy == "zero") ddp_launch_env();
 }
 
 nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g) {
@@ -264,7 +282,7 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
   const Device device = r.devices[0];
   CHORUS_CHECK(tc.precision == "fp32" || device.is_cuda(), "--precision bf16 needs a CUDA device (got ", device.str(),
                ")");
-  if (tc.strategy == "ddp") r.ranks = join_job(ddp_launch_env(), device, tc.dist_timeout_s);
+  if (tc.strategy == "ddp" || tc.strategy == "zero") r.ranks = join_job(ddp_launch_env(), device, tc.dist_timeout_s);
   const int rank = r.ranks ? r.ranks->env.rank : 0;
   if (tc.precision == "bf16") r.autocast = kBFloat16;
   r.seq = seq_len_of(tc, g);
@@ -302,17 +320,6 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
   }
   r.model->to(device);
 
-  // AdamW with two groups: matrices decay, the rest (biases, norms, and the
-  // embeddings unless --decay-embeddings) do not.
-  const double wd = g.weight_decay_given ? tc.weight_decay : 0.1;
-  optim::AdamWOptions ao{r.lr, 0.9, 0.95, 1e-8, wd};
-  std::vector<Tensor> params;
-  for (auto& [name, p] : r.model->named_parameters()) {
-    params.push_back(p);
-    const bool embedding = name.find(".wte.") != std::string::npos || name.find(".wpe.") != std::string::npos;
-    ao.param_weight_decay.push_back(p.dim() >= 2 && (!embedding || g.decay_embeddings) ? wd : 0.0);
-  }
-  r.opt = std::make_unique<optim::AdamW>(params, ao);
   r.net = r.model;
   if (tc.strategy == "dp" && r.replicas() > 1) {
     // Note [GPT under DataParallel]: the first device steps the weights and
@@ -347,7 +354,11 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
     // Note [Options every rank shares] (train_dist.h): the settings every rank
     // must train with, and the data each reads, compared before any collective.
     nlohmann::json fp = config_json(tc, g, r);
-    fp["weight_decay"] = wd;
+    fp["weight_decay"] = g.weight_decay_given ? tc.weight_decay : 0.1;
+    fp["strategy"] = tc.strategy;
+    fp["zero_stage"] = tc.zero_stage.value_or(0);
+    fp["reshard_after_forward"] = tc.reshard_after_forward;
+    fp["hybrid"] = tc.hybrid;
     fp["clip"] = g.clip;
     fp["warmup_steps"] = g.warmup_steps ? *g.warmup_steps : -1;
     fp["min_lr_ratio"] = g.min_lr_ratio;
@@ -360,9 +371,37 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
     dist::DDPOptions o;
     o.bucket_bytes = static_cast<int64_t>(tc.bucket_mb * (1 << 20));
     o.comm_hook = dist::parse_comm_hook(tc.comm_hook);
-    r.ddp = std::make_shared<dist::DistributedDataParallel>(r.model, r.ranks->group, o);
-    r.net = r.ddp;
+    if (tc.strategy == "zero") {
+      r.sdp = make_sharded(tc, r.model, *r.ranks);
+      r.net = r.sdp;
+      if (r.leader() && !tc.quiet) std::fprintf(stderr, "%s\n", describe_sharding(*r.sdp, r.world()).c_str());
+    } else {
+      r.ddp = std::make_shared<dist::DistributedDataParallel>(r.model, r.ranks->group, o);
+      r.net = r.ddp;
+    }
   }
+
+  // AdamW with two groups: matrices decay, the rest (biases, norms, and the
+  // embeddings unless --decay-embeddings) do not.
+  const double wd = g.weight_decay_given ? tc.weight_decay : 0.1;
+  optim::AdamWOptions ao{r.lr, 0.9, 0.95, 1e-8, wd};
+  auto decay_of = [&](const std::string& name, size_t dims) {
+    const bool embedding = name.find(".wte.") != std::string::npos || name.find(".wpe.") != std::string::npos;
+    return dims >= 2 && (!embedding || g.decay_embeddings) ? wd : 0.0;
+  };
+  std::vector<Tensor> params;
+  if (tc.strategy == "zero") {
+    // Note [Sharded data parallelism]: the optimizer updates this rank's
+    // pieces of the parameters; each piece decays as its parameter does.
+    params = r.sdp->shard_parameters();
+    for (const auto& pc : r.sdp->pieces()) ao.param_weight_decay.push_back(decay_of(pc.name, pc.shape.size()));
+  } else {
+    for (auto& [name, p] : r.model->named_parameters()) {
+      params.push_back(p);
+      ao.param_weight_decay.push_back(decay_of(name, static_cast<size_t>(p.dim())));
+    }
+  }
+  r.opt = std::make_unique<optim::AdamW>(params, ao);
 
   // Steps: --steps, else --epochs over this rank's windows.
   const int64_t per_epoch = std::max<int64_t>(1, r.train->windows_per_rank() / (r.batch * r.replicas() * r.accum));
@@ -435,6 +474,7 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
 
   auto val_loss = [&]() -> double {
     if (!r.val) return std::nan("");
+    if (r.sdp) r.sdp->gather_parameters();  // the module's own forward, outside the wrapper
     r.model->eval();
     NoGradGuard no_grad;
     AutocastGuard cast(r.autocast);
@@ -456,13 +496,16 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
 
   auto step_forward_backward = [&](const std::vector<std::pair<Tensor, Tensor>>& micro) {
     return r.pipe ? pipeline_forward_backward(*r.model, *r.pipe, *r.tied, micro, r.autocast)
-                  : gpt_forward_backward(*r.model, *r.net, r.ddp.get(), micro, r.autocast);
+                  : gpt_forward_backward(*r.model, *r.net, r.ddp.get(), micro, r.autocast, r.sdp.get());
   };
   // The whole step (forward, backward, clipping, AdamW) as one CUDA graph on a
   // GPU (Note [Graphed step] in parallel/graphed_step.h; DDP's all-reduces
   // inside it), eager on CPUs or with --no-cuda-graphs.
+  // Under --strategy zero the global norm is over every rank's pieces.
+  auto clip = [&](double max_norm) { return r.sdp ? r.sdp->clip_grad_norm(max_norm) : optim::clip_grad_norm_(params, max_norm); };
   parallel::GraphedStepOptions go;
-  go.enabled = device.is_cuda() && !tc.no_cuda_graphs;
+  // Sharded steps stay eager for now: the used-flags are read on the host.
+  go.enabled = device.is_cuda() && !tc.no_cuda_graphs && !r.sdp;
   go.devices = r.devices;  // DataParallel: one graph over its devices
   go.on_fallback = [&r](const std::string& line) {
     if (r.leader()) std::fprintf(stderr, "%s\n", line.c_str());
@@ -470,7 +513,7 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
   auto graphed = std::make_unique<parallel::GraphedStep>(
       [&](const std::vector<Tensor>& in) {
         Tensor loss = step_forward_backward(pairs_of(in));
-        Tensor norm = optim::clip_grad_norm_(params, g.clip);
+        Tensor norm = clip(g.clip);
         r.opt->step();
         r.opt->zero_grad();
         if (r.tied) r.tied->sync_tied_weights();
@@ -522,7 +565,7 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
         r.opt->zero_grad();
         continue;
       }
-      last_norm = optim::clip_grad_norm_(params, g.clip);
+      last_norm = clip(g.clip);
       r.opt->step();
       r.opt->zero_grad();
       if (r.tied) r.tied->sync_tied_weights();
@@ -612,6 +655,7 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
     val_step = step;
     log.epoch({{"step", step}, {"test_loss", last_val}});
   }
+  if (g.save_hf && r.sdp) r.sdp->gather_parameters();  // a collective: every rank
   if (g.save_hf && r.leader()) io::save_safetensors(*g.save_hf, models::gpt_to_hf(r.model->state_dict(), cfg));
   const double peak_mem = static_cast<double>(backend(device).peak_bytes(device));
 

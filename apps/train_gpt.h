@@ -32,6 +32,7 @@ class Module;
 }
 namespace chorus::dist {
 class DistributedDataParallel;
+class ShardedDataParallel;
 }
 
 namespace chorus::app {
@@ -88,10 +89,11 @@ std::string fmt_count(double v);
 
 // Forward and backward of one optimizer step's micro-batches (ids, targets on
 // the model's device), under `autocast` when set; gradients accumulate, DDP
-// communicating on the last micro-batch only (no_sync before). Returns the
-// step's mean loss, on the device (no host wait).
+// or the sharded wrapper communicating on the last micro-batch only (no_sync
+// before). Returns the step's mean loss, on the device (no host wait).
 Tensor gpt_forward_backward(models::GPT& model, nn::Module& net, dist::DistributedDataParallel* ddp,
-                            const std::vector<std::pair<Tensor, Tensor>>& micro, std::optional<DType> autocast);
+                            const std::vector<std::pair<Tensor, Tensor>>& micro, std::optional<DType> autocast,
+                            dist::ShardedDataParallel* sdp = nullptr);
 
 // The same for a GPT laid out as pipeline stages (Note [GPT as pipeline
 // stages]): each micro-batch group through pipe.train_step, then the tied

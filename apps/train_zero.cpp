@@ -1,0 +1,58 @@
+#include "train_zero.h"
+
+#include <string>
+#include <vector>
+
+#include "chorus/core/error.h"
+
+namespace chorus::app {
+
+std::shared_ptr<dist::ShardedDataParallel> make_sharded(const TrainConfig& tc, const std::shared_ptr<models::GPT>& model,
+                                                        const RankContext& ranks) {
+  dist::ShardOptions so;
+  so.stage = tc.zero_stage.value_or(1);
+  so.bucket_bytes = static_cast<int64_t>(tc.bucket_mb * (1 << 20));
+  so.reshard_after_forward = tc.reshard_after_forward;
+  dist::ProcessGroupPtr shard_group = ranks.group;
+  if (tc.hybrid) {
+    // Every rank builds every subgroup, in one order (ProcessGroup::new_group).
+    const int world = ranks.env.world_size, per_node = ranks.env.local_world_size;
+    CHORUS_CHECK(per_node >= 1 && world % per_node == 0, "--hybrid shards inside each node: the world of ", world,
+                 " ranks is not a whole number of nodes of ", per_node, " (LOCAL_WORLD_SIZE)");
+    const int nodes = world / per_node, node = ranks.env.rank / per_node, local = ranks.env.rank % per_node;
+    for (int n = 0; n < nodes; ++n) {
+      std::vector<int> members;
+      for (int l = 0; l < per_node; ++l) members.push_back(n * per_node + l);
+      auto g = ranks.group->new_group(members);
+      if (n == node) shard_group = g;
+    }
+    for (int l = 0; l < per_node; ++l) {
+      std::vector<int> members;
+      for (int n = 0; n < nodes; ++n) members.push_back(n * per_node + l);
+      auto g = ranks.group->new_group(members);
+      if (l == local) so.replicate_group = g;
+    }
+  }
+  return std::make_shared<dist::ShardedDataParallel>(model, shard_group, so);
+}
+
+std::string describe_sharding(const dist::ShardedDataParallel& sdp, int world) {
+  const dist::ShardOptions& o = sdp.options();
+  std::string s = "zero stage " + std::to_string(o.stage) + ": ";
+  if (o.stage == 3) {
+    const auto names = sdp.unit_names();
+    int units = 0;
+    for (const std::string& n : names) units += n.empty() ? 0 : 1;
+    s += std::to_string(units) + " units and the root, weights ";
+    s += o.reshard_after_forward ? "freed after each forward" : "kept from forward to backward";
+  } else {
+    s += std::to_string(sdp.buckets().size()) + " gradient buckets, " +
+         (o.stage == 1 ? "optimizer state sharded" : "optimizer state and gradients sharded");
+  }
+  const int shards = sdp.process_group()->size();
+  s += ", over " + std::to_string(shards) + " ranks";
+  if (o.replicate_group) s += " (x " + std::to_string(world / shards) + " replicas: --hybrid)";
+  return s;
+}
+
+}  // namespace chorus::app
