@@ -173,6 +173,14 @@ int run_shard(const CheckpointConfig& c) {
   if (c.model) config["model"] = *c.model;
   add_transformer_prefix(ts);
   import_hf_gpt(ts, config, c.model);
+  // A GPT in Chorus's layout named by --model alone: the embedding's rows
+  // (the padded vocabulary) and positions are what consolidate needs back.
+  const Tensor* wte = find_tensor(ts, "transformer.wte.weight");
+  const Tensor* wpe = find_tensor(ts, "transformer.wpe.weight");
+  if (config.contains("model") && wte && wpe && wte->dim() == 2 && wpe->dim() == 2) {
+    if (!config.contains("vocab")) config["vocab"] = wte->size(0);
+    if (!config.contains("context")) config["context"] = wpe->size(0);
+  }
   const int world = static_cast<int>(c.world);
   std::vector<io::ShardedSave> saves;
   for (int r = 0; r < world; ++r) {
