@@ -303,6 +303,28 @@ TEST(ShardedCheckpoint, CrashedSaveIsNeverTakenForACheckpoint) {
   EXPECT_EQ(find_latest_sharded_checkpoint(dir.path().string()).value_or(""), dir.file("ckpt-00000050"));
 }
 
+TEST(ShardedCheckpoint, ARankThatFailsIsNamedAndNothingIsCommitted) {
+  ScratchDir dir;
+  manual_seed(21);
+  Trained t;
+  std::vector<ShardedSave> saves;
+  for (int r = 0; r < 3; ++r) saves.push_back(rank_save(t.net, t.opt, r, lopsided, 12));
+  saves[2].model[1].end -= 1;  // values no longer fit the range
+  expect_throw_with<IOError>([&] { save_in_threads(dir.path().string(), saves); },
+                             {"rank 2 could not write its shard of ckpt-00000012", "'bias'"});
+  EXPECT_FALSE(find_latest_sharded_checkpoint(dir.path().string()).has_value());
+  EXPECT_TRUE(fs::is_empty(dir.path())) << "no temp directory left behind";
+
+  // A rank whose rank 0 never comes says so.
+  ShardedSaveOptions o;
+  o.rank = 1;
+  o.world = 2;
+  o.store = std::make_shared<dist::HashStore>();
+  o.timeout = std::chrono::milliseconds(100);
+  expect_throw_with<IOError>([&] { save_sharded_checkpoint(dir.path().string(), saves[1], o); },
+                             {"rank 1: rank 0 did not start saving ckpt-00000012"});
+}
+
 TEST(ShardedCheckpoint, MissingShardAndBadPiecesAreNamed) {
   ScratchDir dir;
   manual_seed(9);

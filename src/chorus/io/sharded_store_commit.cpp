@@ -109,7 +109,11 @@ std::string rank0_save(const std::string& dir, const ShardedSave& save, const Sh
 std::string other_rank_save(const std::string& dir, const ShardedSave& save, const ShardedSaveOptions& o,
                             const CommitKeys& keys) {
   const std::string name = checkpoint_name(save.state.step);
-  o.store->wait({keys.dir()}, o.timeout);
+  try {
+    o.store->wait({keys.dir()}, o.timeout);
+  } catch (const DistError& e) {
+    CHORUS_THROW(IOError, "rank ", o.rank, ": rank 0 did not start saving ", name, ": ", e.message());
+  }
   const std::string tmp_name = o.store->get_string(keys.dir());
   if (!tmp_name.empty()) {
     cjson report;
