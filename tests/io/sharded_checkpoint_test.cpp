@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <thread>
@@ -404,6 +405,8 @@ TEST(ShardedCheckpoint, BackgroundWriterStallsOnlyForTheHostCopy) {
   EXPECT_EQ(w1.wait(), dir.file("ckpt-00000004"));
   EXPECT_FALSE(w0.busy());
   EXPECT_GT(w0.last_write_ms(), 0.0);
+  std::printf("rank 0: stall %.3f ms (host copy), background write and commit %.3f ms\n", w0.last_stall_ms(),
+              w0.last_write_ms());
   const ShardedCheckpoint ckpt = ShardedCheckpoint::open(dir.path().string());
   const Tensor weight = ckpt.read_full("weight");
   const auto [b, e] = even_range(35, 0, 2);

@@ -21,13 +21,15 @@ class HostCopier {
  public:
   Tensor operator()(const Tensor& t) {
     if (!t.defined()) return t;
-    Tensor d = t.detach();
+    const Tensor src = t.detach();
+    // Contiguous on its own device (stream-ordered), so that nothing reads
+    // the host copy before finish() waited for it.
+    const Tensor d = src.contiguous();
     devices_.insert(d.device());
     Tensor h = d.to(cpu_device(0));
     // to() and contiguous() hand back the tensor itself when there is
     // nothing to do: the snapshot needs storage of its own.
-    if (h.is_same(d) || h.storage() == d.storage()) h = h.clone();
-    return h.contiguous();
+    return h.storage() == src.storage() ? h.clone() : h;
   }
   void finish() {
     devices_.insert(cpu_device(0));
