@@ -1,4 +1,4 @@
-// The `chorus` command line: version, devices, train, bench, launch. Every
+// The `chorus` command line: version, devices, train, bench, launch, checkpoint. Every
 // error becomes one line on stderr and a non-zero exit code. main.cpp calls
 // it; the command-line fuzz harness calls it with parse_only.
 #include <CLI/CLI.hpp>
@@ -10,6 +10,7 @@
 #include "bench.h"
 #include "bench_comm.h"
 #include "chorus/core/error.h"
+#include "checkpoint_commands.h"
 #include "chorus/data/loader.h"
 #include "cli_numbers.h"
 #include "stop_signal.h"
@@ -104,6 +105,8 @@ int chorus_main(int argc, char** argv, bool parse_only) {
   CLI::App* tokenize = app::add_tokenize_command(app, tokc);
   app::GenerateConfig genc;
   CLI::App* generate = app::add_generate_command(app, genc);
+  app::CheckpointConfig ckc;
+  CLI::App* checkpoint = app::add_checkpoint_command(app, ckc);
 
   app::BenchConfig bc;
   CLI::App* bench = app.add_subcommand("bench", "Training throughput on synthetic data");
@@ -153,6 +156,7 @@ int chorus_main(int argc, char** argv, bool parse_only) {
     if (*bench) return app::run_bench(bc);
     if (*tokenize) return app::run_tokenize(tokc);
     if (*generate) return app::run_generate(genc);
+    if (*checkpoint) return app::run_checkpoint(ckc);
     if (gpt_run) {
       CHORUS_CHECK(!tc.data.empty(), "--data is needed for ", tc.model, ": tokens:GLOB (llm.c token files) or text:FILE");
       auto summary = app::run_train_gpt(tc, gpt);
