@@ -6,7 +6,9 @@
 # .anchors/cudnn-frontend), and print a table last.
 #
 # Usage: scripts/gpu_gpt.sh STAGE...
-#   stages: build tests chorus chorus_eager chorus_composite torch compile llmc llmc_mpi converge profile dp ddp table
+#   stages: build tests chorus chorus_eager chorus_composite torch compile llmc llmc_mpi converge profile dp ddp
+#           zero_check zero table
+#   (zero_check: --strategy zero equal to DDP over NCCL; zero: ZERO_STAGES beside PyTorch FSDP2)
 #   GPT_MODEL (gpt2), GPT_BATCH (16), GPT_SEQ (1024), GPT_STEPS (30)
 # Rows land in $OUT/gpt_rows.jsonl (one JSON object per run) for the table.
 set -uo pipefail
@@ -224,6 +226,46 @@ print(f"  pytorch train {t['loss']:.4f}  val {t['val_loss']:.4f}  ({t['tok_per_s
 print(f"  val loss chorus / pytorch: {c['val_loss'] / t['val_loss']:.4f}")
 PY
     ;;
+  zero_check)  # NCCL: --strategy zero stages 1-3 equal DDP (fp32; NCCL sums in another order: ~1e-6) on GPT_GPUS (2) GPUs, d6, 8 steps
+    tokens
+    NG=${GPT_GPUS:-2}
+    for mode in "ddp" "zero --zero-stage 1" "zero --zero-stage 2" "zero --zero-stage 3" "zero --zero-stage 3 --no-reshard-after-forward"; do
+      timeout 300 $BUILD/chorus launch --nproc-per-node $NG -- $BUILD/chorus train --model d6 --strategy $mode \
+        --devices cuda --data "tokens:$DATA/rand_train_*.bin" --seq-len 256 --batch-size 4 --steps 8 --log-every 4 \
+        --val-windows 2 --json --no-cuda-graphs 2>"$OUT/zc.err" | grep '{' | sed 's/^\[rank 0\] //' | tail -1 \
+        | python3 -c "import json,sys; r=json.load(sys.stdin); print(f\"{sys.argv[1]:48} train {r['train_loss']:.10f} val {r['val_loss']:.10f}\")" "$mode" \
+        || { echo "$mode: failed"; tail -5 "$OUT/zc.err"; }
+    done
+    ;;
+  zero)  # --strategy zero stages (ZERO_STAGES, default "1 2 3") on GPT_GPUS GPUs beside DDP and PyTorch FSDP2
+    tokens
+    NG=${GPT_GPUS:-$(nvidia-smi -L | wc -l)}
+    for st in ${ZERO_STAGES:-1 2 3}; do
+      timeout 500 $BUILD/chorus launch --nproc-per-node $NG -- $BUILD/chorus train --model $MODEL --strategy zero \
+        --zero-stage $st --devices cuda --data "tokens:$DATA/rand_train_*.bin" --seq-len $T --batch-size $B --precision bf16 \
+        --steps $STEPS --log-every 10 --val-windows 4 --json 2>"$OUT/zero$st.err" | grep '{' | sed 's/^\[rank 0\] //' | tail -1 \
+        > "$OUT/zero$st.json" || tail -5 "$OUT/zero$st.err"
+      grep -E "^zero|step $STEPS/|memory" "$OUT/zero$st.err" | sed 's/^\[rank 0\] //' | tail -3
+      python3 - "$OUT/zero$st.json" "$ROWS" $NG $st <<'PY' || tail -5 "$OUT/zero$st.err"
+import json, sys
+r = json.load(open(sys.argv[1]))
+row = {"who": "chorus", "mode": f"zero-{sys.argv[4]} {sys.argv[3]} GPUs", "tok_per_s": r["tok_per_s"], "mfu": r["mfu"],
+       "peak_gib": r["peak_mem_bytes"] / 2**30, "loss": r["train_loss"]}
+open(sys.argv[2], "a").write(json.dumps(row) + "\n")
+PY
+    done
+    if [ -n "${ZERO_TORCH:-1}" ]; then
+      python3 .bench/torch_gpt.py --model $MODEL --mode fsdp --gpus $NG --batch $B --seq $T --steps 20 --warmup 5 \
+        2>"$OUT/torch_fsdp.err" | tail -1 > "$OUT/torch_fsdp.json" || tail -5 "$OUT/torch_fsdp.err"
+      python3 - "$OUT/torch_fsdp.json" "$ROWS" $NG <<'PY' || tail -5 "$OUT/torch_fsdp.err"
+import json, sys
+r = json.load(open(sys.argv[1]))
+row = {"who": "pytorch", "mode": f"fsdp2 {sys.argv[3]} GPUs", "tok_per_s": r["tok_per_s"],
+       "mfu": r["tflops_per_gpu"] * 1e12 / 989.4e12, "peak_gib": r["peak_mem_gib"], "loss": r["loss"]}
+open(sys.argv[2], "a").write(json.dumps(row) + "\n")
+PY
+    fi
+    ;;
   table)
     python3 - "$ROWS" "$MODEL" "$B" "$T" <<'PY'
 import json, sys
@@ -238,6 +280,12 @@ single = [r for r in rows if r["who"] == "chorus" and r["mode"] == "single bf16"
 for r in rows:
     if single and r["who"] != "chorus" and not r["mode"].startswith("ddp"):
         print(f"chorus single / {r['who']} {r['mode']}: {single[-1]['tok_per_s'] / r['tok_per_s']:.3f}")
+for r in rows:
+    if r["who"] == "chorus" and r["mode"].startswith("zero"):
+        n = r["mode"].split()[1]
+        for t in rows:
+            if t["mode"] in (f"ddp {n}", f"fsdp2 {n}") or (t["who"] == "llm.c" and n in t["mode"]):
+                print(f"chorus {r['mode']} / {t['who']} {t['mode']}: {r['tok_per_s'] / t['tok_per_s']:.3f}")
 ddp = {r["mode"]: r for r in rows if r["who"] == "chorus" and r["mode"].startswith("ddp")}
 for mode, r in ddp.items():
     n = int(mode.split()[1])
