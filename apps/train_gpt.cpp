@@ -11,6 +11,7 @@
 #include "train_gpt.h"
 #include "train_pipeline.h"
 #include "train_zero.h"
+#include "sharded_checkpoints.h"
 
 #include <algorithm>
 #include <chrono>
@@ -213,8 +214,6 @@ void validate_gpt(const TrainConfig& tc, const GptOptions& g) {
                    tc.strategy == "zero",
                "--strategy ", tc.strategy, " is not available for GPT models (single, dp, ddp, zero or pipeline)");
   if (tc.strategy == "zero") {
-    CHORUS_CHECK(!tc.checkpoint_dir, "--checkpoint-dir is not offered with --strategy zero yet (sharded checkpoints "
-                 "are being added); train with --strategy ddp to write checkpoints");
     CHORUS_CHECK(!tc.zero_stage || (*tc.zero_stage >= 1 && *tc.zero_stage <= 3), "--zero-stage must be 1, 2 or 3, got ",
                  tc.zero_stage.value_or(0));
     CHORUS_CHECK(tc.zero_stage.value_or(1) == 3 || tc.reshard_after_forward,
@@ -421,13 +420,24 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
                      " = ", st.config.contains(k) ? st.config[k].dump() : "(none)", ", this run has ", mine[k].dump());
       }
     };
-    io::Resumed res = io::resume_checkpoint(*tc.checkpoint_dir, *r.model, *r.opt, tc.start_fresh, check);
+    // Note [Checkpoints at any layout] (apps/sharded_checkpoints.h).
+    io::Resumed res;
+    const std::optional<FoundCheckpoint> found = find_newest_checkpoint(*tc.checkpoint_dir);
+    if (found && r.sdp) {
+      res.state = load_into_shards(*found, *r.sdp, *r.opt, check);
+      res.path = found->path;
+    } else if (found && found->sharded) {
+      res.state = load_sharded_into_full(found->path, *r.model, *r.opt, check);
+      res.path = found->path;
+    } else {
+      res = io::resume_checkpoint(*tc.checkpoint_dir, *r.model, *r.opt, tc.start_fresh, check);
+    }
     if (res.path) {
       // Note [Progress in samples]: the position is the tokens consumed and the
       // steps are the run's first (reference) ones, so a run resumed with
       // another world size or batch continues the same curve to the same end.
       const SavedPosition at = read_position(res.state.extra, kTokenKeys, res.state.step, r.tokens_per_step(),
-                                             *res.path + "/state.json");
+                                             *res.path + (found && found->sharded ? "/index.json" : "/state.json"));
       start_tokens = at.consumed;
       r.step_tokens = at.per_step;
       start = start_tokens / r.tokens_per_step();
@@ -533,16 +543,27 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
   // Tokens consumed when this run's step `s` begins.
   auto tokens_at = [&](int64_t s) { return start_tokens + (s - start) * r.tokens_per_step(); };
   std::string ckpt;
+  // --strategy zero: sharded checkpoints (apps/sharded_checkpoints.h).
+  std::unique_ptr<ShardedCheckpointer> sharded_ckpt;
+  if (r.sdp && tc.checkpoint_dir) sharded_ckpt = std::make_unique<ShardedCheckpointer>(*tc.checkpoint_dir, r.sdp, *r.opt, *r.ranks);
   auto save = [&](int64_t s) {
     if (!tc.checkpoint_dir) return;
-    if (r.leader()) {
-      io::TrainingState st;
-      st.step = reference_step(tokens_at(s), r.step_tokens);  // the name, by position
-      st.rng = default_generator().state();
-      st.config = config_json(tc, g, r);
-      st.extra = {{kTokenKeys.consumed, tokens_at(s)}, {kTokenKeys.per_step, r.step_tokens}, {"world_size", r.world()}};
-      ckpt = io::save_checkpoint(*tc.checkpoint_dir, *r.model, *r.opt, st);
+    io::TrainingState st;
+    st.step = reference_step(tokens_at(s), r.step_tokens);  // the name, by position
+    st.rng = default_generator().state();
+    st.config = config_json(tc, g, r);
+    st.extra = {{kTokenKeys.consumed, tokens_at(s)}, {kTokenKeys.per_step, r.step_tokens}, {"world_size", r.world()}};
+    if (sharded_ckpt) {
+      // Every rank: its pieces to host memory (the stall), written in the
+      // background; the ranks commit through the job's store.
+      const double stall = sharded_ckpt->save(st);
+      ckpt = *tc.checkpoint_dir + "/" + io::checkpoint_name(st.step);
+      if (r.leader() && !tc.quiet)
+        std::fprintf(stderr, "checkpoint %s: training stalled %.1f ms (shards copied to host memory), written in the "
+                     "background\n", ckpt.c_str(), stall);
+      return;
     }
+    if (r.leader()) ckpt = io::save_checkpoint(*tc.checkpoint_dir, *r.model, *r.opt, st);
     if (r.ranks) r.ranks->group->barrier()->wait();
   };
 
@@ -644,6 +665,12 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
     }
   }
   save(step);
+  if (sharded_ckpt) {
+    // The last checkpoint is whole on disk before the run reports it (or stops).
+    sharded_ckpt->wait();
+    if (r.leader() && !tc.quiet)
+      std::fprintf(stderr, "checkpoint %s: written in %.0f ms\n", ckpt.c_str(), sharded_ckpt->last_write_ms());
+  }
   if (const int sig = StopSignal::pending(); sig != 0 && step < r.total_steps) {
     if (r.leader())
       std::fprintf(stderr, "%s", ckpt.empty() ? "no --checkpoint-dir: nothing was saved\n"

@@ -1,0 +1,194 @@
+#include "sharded_checkpoints.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+
+#include "chorus/autograd/grad_mode.h"
+#include "chorus/core/error.h"
+#include "chorus/ops/factory.h"
+#include "chorus/io/safetensors.h"
+#include "chorus/io/sharded_checkpoint.h"
+#include "chorus/io/sharded_reader.h"
+#include "chorus/ops/copy.h"
+
+namespace chorus::app {
+
+namespace fs = std::filesystem;
+
+// Note [Checkpoints at any layout]: a run's checkpoint directory may hold
+// both kinds (a DDP run resumed as zero, or the reverse); the newest step
+// wins, whatever the kind. A zero rank reads only its ranges of a sharded
+// checkpoint (the index says which files hold them), but must read a
+// one-process checkpoint whole; a whole-model run reads the sharded one whole.
+std::optional<FoundCheckpoint> find_newest_checkpoint(const std::string& dir) {
+  auto step_of = [](const std::string& path) -> int64_t {
+    const std::string name = fs::path(path).filename().string();
+    try {
+      return static_cast<int64_t>(std::stoll(name.substr(name.find('-') + 1)));
+    } catch (...) {
+      return int64_t{-1};
+    }
+  };
+  std::optional<FoundCheckpoint> best;
+  if (auto one = io::find_latest_checkpoint(dir)) best = FoundCheckpoint{*one, false};
+  if (auto sh = io::find_latest_sharded_checkpoint(dir))
+    if (!best || step_of(*sh) > step_of(best->path)) best = FoundCheckpoint{*sh, true};
+  return best;
+}
+
+ShardedCheckpointer::ShardedCheckpointer(std::string dir, std::shared_ptr<dist::ShardedDataParallel> sdp,
+                                         optim::Optimizer& opt, const RankContext& ranks, int keep_last)
+    : sdp_(std::move(sdp)),
+      opt_(opt),
+      writer_(std::move(dir), [&] {
+        io::ShardedSaveOptions o;
+        o.rank = ranks.env.rank;
+        o.world = ranks.env.world_size;
+        o.store = ranks.group->store();
+        o.keep_last = keep_last;
+        return o;
+      }()) {}
+
+double ShardedCheckpointer::save(const io::TrainingState& state) {
+  const auto& pieces = sdp_->pieces();
+  const auto& values = sdp_->shard_parameters();
+  const NamedTensors opt_state = opt_.state();
+  std::map<std::string, Tensor> by_name(opt_state.begin(), opt_state.end());
+  io::ShardedSave s;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const auto& pc = pieces[i];
+    s.model.push_back({pc.name, pc.shape, pc.dtype, pc.begin, pc.end, values[i]});
+    const std::string prefix = "param." + std::to_string(i) + ".";
+    if (!by_name.count(prefix + "step")) continue;  // never updated
+    io::OptimizerPiece op{pc.name, pc.shape, pc.begin, pc.end, by_name[prefix + "step"].to_vector<int64_t>()[0], {}};
+    for (const char* b : {"exp_avg", "exp_avg_sq", "momentum_buffer"})
+      if (by_name.count(prefix + b)) op.buffers.emplace_back(b, by_name[prefix + b]);
+    s.optimizer.push_back(std::move(op));
+  }
+  // The replicated part (rank 0's is written): frozen parameters, buffers,
+  // the optimizer's scalars.
+  std::vector<std::string> trainable = sdp_->parameter_names();
+  for (auto& [name, p] : sdp_->module()->named_parameters())
+    if (!p.requires_grad()) s.replicated_model.emplace_back(name, p);
+  for (auto& [name, b] : sdp_->module()->named_buffers()) s.replicated_model.emplace_back(name, b);
+  s.replicated_optimizer = {{"step", by_name["step"]}, {"lr", by_name["lr"]}};
+  for (auto& [name, p] : sdp_->module()->named_parameters()) s.param_order.push_back(name);
+  s.optimizer_name = opt_.name();
+  s.state = state;
+  s.layout = {{"strategy", "zero"}, {"stage", sdp_->options().stage}, {"ranks", sdp_->process_group()->size()}};
+  return writer_.save(s);
+}
+
+std::string ShardedCheckpointer::wait() { return writer_.wait(); }
+
+namespace {
+
+// Where a zero rank's ranges come from: a range of a model tensor, of an
+// optimizer buffer of a parameter, and a parameter range's step count
+// (nullopt: never updated).
+struct RangeSource {
+  std::function<Tensor(const std::string&, int64_t, int64_t)> model;
+  std::function<Tensor(const std::string&, const std::string&, int64_t, int64_t)> buffer;
+  std::function<std::optional<int64_t>(const std::string&, int64_t, int64_t)> step;
+  NamedTensors scalars;  // "step", "lr"
+  NamedTensors replicated;  // frozen parameters and buffers, whole
+};
+
+void load_ranges(const RangeSource& src, dist::ShardedDataParallel& sdp, optim::Optimizer& opt) {
+  sdp.load_shards([&](const dist::ShardedDataParallel::Piece& pc) { return src.model(pc.name, pc.begin, pc.end); });
+  NamedTensors st = src.scalars;
+  const auto& pieces = sdp.pieces();
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const auto& pc = pieces[i];
+    const std::optional<int64_t> step = src.step(pc.name, pc.begin, pc.end);
+    if (!step) continue;
+    const std::string prefix = "param." + std::to_string(i) + ".";
+    st.emplace_back(prefix + "step", from_vector(std::vector<int64_t>{*step}, {}));
+    for (const char* b : {"exp_avg", "exp_avg_sq"}) st.emplace_back(prefix + b, src.buffer(pc.name, b, pc.begin, pc.end));
+  }
+  opt.load_state(st);
+  // Frozen parameters and buffers: whole, into the module.
+  std::map<std::string, Tensor> rep(src.replicated.begin(), src.replicated.end());
+  NoGradGuard no_grad;
+  for (auto& [name, p] : sdp.module()->named_parameters())
+    if (!p.requires_grad() && rep.count(name)) ops::copy_(p, ops::to_device(rep[name].reshape(p.sizes()), p.device()));
+  for (auto& [name, b] : sdp.module()->named_buffers())
+    if (rep.count(name)) ops::copy_(b, ops::to_device(rep[name].reshape(b.sizes()), b.device()));
+}
+
+}  // namespace
+
+io::TrainingState load_into_shards(const FoundCheckpoint& found, dist::ShardedDataParallel& sdp, optim::Optimizer& opt,
+                                   const CheckpointCheck& check) {
+  RangeSource src;
+  io::TrainingState state;
+  if (found.sharded) {
+    auto ck = std::make_shared<io::ShardedCheckpoint>(io::ShardedCheckpoint::open(found.path));
+    state = ck->state();
+    if (check) check(state, found.path + "/index.json");
+    src.model = [ck](const std::string& n, int64_t b, int64_t e) { return ck->read(n, b, e); };
+    src.buffer = [ck](const std::string& p, const std::string& buf, int64_t b, int64_t e) {
+      return ck->read("optimizer/" + p + "." + buf, b, e);
+    };
+    src.step = [ck](const std::string& p, int64_t b, int64_t e) -> std::optional<int64_t> {
+      const std::string name = "optimizer/" + p + ".exp_avg";
+      const auto names = ck->names();
+      if (std::find(names.begin(), names.end(), name) == names.end()) return std::nullopt;
+      return ck->read_step(name, b, e);
+    };
+    for (const char* s : {"step", "lr"}) src.scalars.emplace_back(s, ck->read_full(std::string("optimizer/") + s));
+    const auto names = ck->names();
+    for (auto& [name, p] : sdp.module()->named_parameters())
+      if (!p.requires_grad() && std::find(names.begin(), names.end(), name) != names.end())
+        src.replicated.emplace_back(name, ck->read_full(name));
+    for (auto& [name, b] : sdp.module()->named_buffers())
+      if (std::find(names.begin(), names.end(), name) != names.end()) src.replicated.emplace_back(name, ck->read_full(name));
+  } else {
+    state = io::read_training_state(found.path + "/state.json");
+    if (check) check(state, found.path + "/state.json");
+    auto model = std::make_shared<std::map<std::string, Tensor>>();
+    for (auto& [n, t] : io::load_safetensors(found.path + "/model.safetensors")) (*model)[n] = t;
+    auto optst = std::make_shared<std::map<std::string, Tensor>>();
+    for (auto& [n, t] : io::load_safetensors(found.path + "/optimizer.safetensors")) (*optst)[n] = t;
+    // Optimizer::state()'s index of each parameter: its place among all of them.
+    auto index = std::make_shared<std::map<std::string, size_t>>();
+    size_t i = 0;
+    for (auto& [name, p] : sdp.module()->named_parameters()) (*index)[name] = i++;
+    auto need = [path = found.path](const std::map<std::string, Tensor>& m, const std::string& n) {
+      auto it = m.find(n);
+      CHORUS_CHECK(it != m.end(), "checkpoint ", path, " holds no '", n, "'");
+      return it->second;
+    };
+    src.model = [model, need](const std::string& n, int64_t b, int64_t e) {
+      Tensor t = need(*model, n);
+      return t.reshape({t.numel()}).narrow(0, b, e - b);
+    };
+    src.buffer = [optst, index, need](const std::string& p, const std::string& buf, int64_t b, int64_t e) {
+      Tensor t = need(*optst, "param." + std::to_string(index->at(p)) + "." + buf);
+      return t.reshape({t.numel()}).narrow(0, b, e - b);
+    };
+    src.step = [optst, index](const std::string& p, int64_t, int64_t) -> std::optional<int64_t> {
+      auto it = optst->find("param." + std::to_string(index->at(p)) + ".step");
+      if (it == optst->end()) return std::nullopt;
+      return it->second.to_vector<int64_t>()[0];
+    };
+    for (const char* s : {"step", "lr"}) src.scalars.emplace_back(s, need(*optst, s));
+    for (auto& [name, p] : sdp.module()->named_parameters())
+      if (!p.requires_grad()) src.replicated.emplace_back(name, need(*model, name));
+    for (auto& [name, b] : sdp.module()->named_buffers()) src.replicated.emplace_back(name, need(*model, name));
+  }
+  load_ranges(src, sdp, opt);
+  return state;
+}
+
+io::TrainingState load_sharded_into_full(const std::string& ckpt, nn::Module& model, optim::Optimizer& opt,
+                                         const CheckpointCheck& check) {
+  io::ShardedCheckpoint ck = io::ShardedCheckpoint::open(ckpt);
+  if (check) check(ck.state(), ckpt + "/index.json");
+  model.load_state_dict(io::load_full_model_state(ck));
+  opt.load_state(io::load_full_optimizer_state(ck));
+  return ck.state();
+}
+
+}  // namespace chorus::app

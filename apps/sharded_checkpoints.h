@@ -1,0 +1,60 @@
+// Checkpoints of a --strategy zero run (dist/sharded.h): every rank writes its
+// pieces of the weights and of AdamW's state (io/sharded_checkpoint.h) in the
+// background, and a run at any world size or stage -- or a one-process, DP or
+// DDP run -- resumes from them; a zero run also resumes from a one-process
+// checkpoint (Note [Checkpoints at any layout]).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "chorus/dist/sharded.h"
+#include "chorus/io/checkpoint.h"
+#include "chorus/io/sharded_writer.h"
+#include "chorus/optim/optimizer.h"
+#include "train_dist.h"
+
+namespace chorus::app {
+
+using CheckpointCheck = std::function<void(const io::TrainingState&, const std::string&)>;
+
+// The kind of checkpoint `dir` holds newest: its path and whether it is
+// sharded; nullopt when none.
+struct FoundCheckpoint {
+  std::string path;
+  bool sharded = false;
+};
+std::optional<FoundCheckpoint> find_newest_checkpoint(const std::string& dir);
+
+// A zero run's checkpoints: save() copies this rank's pieces to host memory
+// (the stall, returned in ms) and writes them in the background, the ranks
+// committing through the job's store; wait() joins the write (and rethrows).
+class ShardedCheckpointer {
+ public:
+  ShardedCheckpointer(std::string dir, std::shared_ptr<dist::ShardedDataParallel> sdp, optim::Optimizer& opt,
+                      const RankContext& ranks, int keep_last = 3);
+  double save(const io::TrainingState& state);
+  std::string wait();
+  double last_write_ms() const { return writer_.last_write_ms(); }
+
+ private:
+  std::shared_ptr<dist::ShardedDataParallel> sdp_;
+  optim::Optimizer& opt_;
+  io::ShardedCheckpointWriter writer_;
+};
+
+// Loads checkpoint `found` into a zero run's pieces and optimizer: each rank
+// reads its own ranges of a sharded checkpoint written at any layout, or
+// slices a one-process checkpoint's full tensors. `check` sees the state
+// before any tensor is read. Returns the checkpoint's state.
+io::TrainingState load_into_shards(const FoundCheckpoint& found, dist::ShardedDataParallel& sdp, optim::Optimizer& opt,
+                                   const CheckpointCheck& check);
+
+// Loads a sharded checkpoint into a whole model and its optimizer (one
+// process, DP, DDP, a pipeline).
+io::TrainingState load_sharded_into_full(const std::string& ckpt, nn::Module& model, optim::Optimizer& opt,
+                                         const CheckpointCheck& check);
+
+}  // namespace chorus::app
