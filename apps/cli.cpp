@@ -82,7 +82,7 @@ int chorus_main(int argc, char** argv, bool parse_only) {
   train->add_option("--trace-steps", tc.trace_steps, "The steps --trace records, e.g. 5-7 (from 1)")->capture_default_str();
   train->add_option("--log-every", tc.log_every, "Read the loss every N steps")->capture_default_str()->transform(app::integer_up_to(app::kMaxSteps));
   train->add_flag("--sync-bn", tc.sync_bn, "ddp: batch-norm statistics over all ranks (SyncBatchNorm)");
-  train->add_option("--comm-hook", tc.comm_hook, "ddp: allreduce | bf16 (gradients travel as bfloat16)")->capture_default_str();
+  train->add_option("--comm-hook", tc.comm_hook, "ddp, zero: allreduce | bf16 (gradients travel as bfloat16)")->capture_default_str();
   train->add_option("--dist-timeout", tc.dist_timeout_s, "ddp: seconds the rendezvous and each collective may take")->capture_default_str()->check(app::real_number(1e7));
   train->add_option("--stats-every", tc.stats_every_s, "ddp: every this many seconds, one line with the ranks' median step time and the slowest rank (0: never)")->capture_default_str()->check(app::real_number(1e7));
   app::add_optional(train, "--micro-batches", tc.micro_batches, "pipeline: micro-batches per batch (default 4)")->transform(app::integer_up_to(app::kMaxBatchSize));

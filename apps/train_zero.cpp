@@ -13,6 +13,10 @@ std::shared_ptr<dist::ShardedDataParallel> make_sharded(const TrainConfig& tc, c
   so.stage = tc.zero_stage.value_or(1);
   so.bucket_bytes = static_cast<int64_t>(tc.bucket_mb * (1 << 20));
   so.reshard_after_forward = tc.reshard_after_forward;
+  // --comm-hook bf16: the gradients' reduce-scatter travels in bfloat16.
+  CHORUS_CHECK(tc.comm_hook == "allreduce" || tc.comm_hook == "bf16", "--comm-hook for --strategy zero is allreduce "
+               "(gradients reduced in their own dtype) or bf16, got '", tc.comm_hook, "'");
+  if (tc.comm_hook == "bf16") so.reduce_dtype = kBFloat16;
   dist::ProcessGroupPtr shard_group = ranks.group;
   if (tc.hybrid) {
     // Every rank builds every subgroup, in one order (ProcessGroup::new_group).

@@ -9,6 +9,7 @@
 
 #include <chorus/chorus.h>
 #include <chorus/dist/grad_hooks.h>
+#include <chorus/ops/copy.h>
 
 #include <memory>
 #include <vector>
@@ -112,6 +113,45 @@ TEST(GradBuckets, AnExplicitOrderFillsTheBuckets) {
   EXPECT_EQ(b.buckets[1].ks, (std::vector<size_t>{1, 3, 4}));
   EXPECT_TRUE(test::throws_naming([&] { GradBuckets(net.params, 0, 0, {0, 1, 1, 3, 4}); }, {"permutation", "repeated"}));
   EXPECT_TRUE(test::throws_naming([&] { GradBuckets(net.params, 0, 0, {0, 1}); }, {"order names 2"}));
+}
+
+TEST(GradBuckets, ExplicitGroupsAreTheBuckets) {
+  // ZeRO-3's units: each group one bucket, its segments in the group's order.
+  const Net net = Net::make(cpu_device(0), 2);
+  GradBuckets b = GradBuckets::from_groups(net.params, {{3, 1}, {0}, {4, 2}});
+  ASSERT_EQ(b.buckets.size(), 3u);
+  EXPECT_EQ(b.buckets[0].ks, (std::vector<size_t>{3, 1}));
+  EXPECT_EQ(b.bucket_of[2], 2u);
+  EXPECT_EQ(b.index_in_bucket[2], 1u);
+  // Shards of a unit tile it for any world size.
+  for (int world : {1, 2, 3, 5})
+    for (size_t k = 0; k < net.params.size(); ++k) {
+      int64_t covered = 0;
+      for (int r = 0; r < world; ++r) covered += b.shard_of_param(k, r, world).numel();
+      EXPECT_EQ(covered, net.params[k].numel()) << "parameter " << k << ", world " << world;
+    }
+  EXPECT_TRUE(test::throws_naming([&] { GradBuckets::from_groups(net.params, {{0, 1}, {1, 2, 3, 4}}); },
+                                  {"do not partition", "repeated"}));
+  EXPECT_TRUE(test::throws_naming([&] { GradBuckets::from_groups(net.params, {{0, 1}, {2, 3}}); },
+                                  {"parameter 4 is in no group"}));
+  EXPECT_TRUE(test::throws_naming([&] { GradBuckets::from_groups(net.params, {{0, 1, 2, 3, 4}, {}}); },
+                                  {"bucket 1 is empty"}));
+}
+
+// Note [Released storage]: the views of a released storage see what is
+// written after it is allocated again (the autograd graph's saved weights at
+// ZeRO-3's second gather).
+TEST(Storage, ReleasedAndReallocatedKeepsItsViews) {
+  Tensor full = randn({10}, {kFloat64});
+  Tensor view = full.narrow(0, 2, 5);
+  full.storage()->release();
+  EXPECT_TRUE(full.storage()->released());
+  full.storage()->release();  // twice: a no-op
+  full.storage()->reallocate();
+  EXPECT_FALSE(full.storage()->released());
+  Tensor values = randn({10}, {kFloat64});
+  ops::copy_(full, values);
+  EXPECT_EQ(view.to_vector<double>(), values.narrow(0, 2, 5).contiguous().to_vector<double>());
 }
 
 // ---- Reducer: the hook form -----------------------------------------------------

@@ -58,7 +58,6 @@ struct ShardedDataParallel::Impl final : autograd::BackwardObserver {
   // One dtype group of one bucket (Note [Sharded gradients]).
   struct Flat {
     DType dtype = kFloat32;         // the parameters' (and the master shard's)
-    DType gather_dtype = kFloat32;  // of `full`
     int64_t padded = 0, per = 0;    // padded = per * world
     Tensor full;        // [padded] the gathered weights; the parameters view it
     Tensor master;      // [per] this rank's shard (stages 1-2: a view of full)
@@ -115,7 +114,7 @@ struct ShardedDataParallel::Impl final : autograd::BackwardObserver {
       f.full.storage()->reallocate();
       // A copy of the shard: the all-gather's input must not alias its output
       // on every backend (stages 1-2 keep the master inside `full`).
-      f.gather_src = f.gather_dtype == f.dtype ? ops::clone(f.master) : ops::to_dtype(f.master, f.gather_dtype);
+      f.gather_src = ops::clone(f.master);
       f.gather_work = world > 1 ? group->all_gather(f.gather_src, f.full) : WorkPtr();
       if (world == 1) ops::copy_(f.full, f.gather_src);
     }
@@ -463,8 +462,8 @@ ShardedDataParallel::ShardedDataParallel(nn::ModulePtr module, ProcessGroupPtr g
                options.stage);
   CHORUS_CHECK(options.bucket_bytes >= 0, "ShardedDataParallel: bucket_bytes must be >= 0, got ",
                options.bucket_bytes);
-  CHORUS_CHECK(!options.param_dtype || options.stage == 3,
-               "ShardedDataParallel: param_dtype (the dtype weights are gathered in) needs stage 3");
+  CHORUS_CHECK(!options.reduce_dtype || is_floating(*options.reduce_dtype),
+               "ShardedDataParallel: reduce_dtype must be a floating type, got ", dtype_name(*options.reduce_dtype));
   register_child("", module_);  // state-dict names stay the module's own
   Impl& s = *impl_;
   s.group = std::move(group);
@@ -563,10 +562,9 @@ ShardedDataParallel::ShardedDataParallel(nn::ModulePtr module, ProcessGroupPtr g
     for (size_t g = 0; g < pb.layout.groups(); ++g) {
       Impl::Flat f;
       f.dtype = pb.layout.dtypes[g];
-      f.gather_dtype = options.param_dtype.value_or(f.dtype);
       f.padded = s.plan.padded_numel(b, g, s.world);
       f.per = f.padded / s.world;
-      f.full = zeros({f.padded}, TensorOptions(f.gather_dtype, pb.device));
+      f.full = zeros({f.padded}, TensorOptions(f.dtype, pb.device));
       const GradBuckets::Range mine = s.plan.shard(b, g, s.rank, s.world);
       // Rank 0's values (broadcast above) into the full buffer, then the shard.
       TensorList srcs, dsts;
@@ -577,8 +575,7 @@ ShardedDataParallel::ShardedDataParallel(nn::ModulePtr module, ProcessGroupPtr g
         }
       ops::copy_multi(srcs, dsts);
       if (options.stage == 3) {
-        f.master = f.gather_dtype == f.dtype ? ops::clone(f.full.narrow(0, mine.begin, f.per))
-                                             : ops::to_dtype(f.full.narrow(0, mine.begin, f.per), f.dtype);
+        f.master = ops::clone(f.full.narrow(0, mine.begin, f.per));
       } else {
         f.master = f.full.narrow(0, mine.begin, f.per);
       }

@@ -59,9 +59,6 @@ struct ShardOptions {
   bool reshard_after_forward = true;
   // Stage 3: issue the next unit's gather before this unit computes.
   bool prefetch = true;
-  // Stage 3: the dtype the weights are gathered in (bfloat16: half the
-  // traffic, the master shards stay float32); nullopt: the parameters' own.
-  std::optional<DType> param_dtype;
   // The dtype gradients travel in (bfloat16 halves the traffic; each
   // rank's average is taken back in the parameters' dtype); nullopt: the
   // gradients' own.
