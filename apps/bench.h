@@ -53,6 +53,9 @@ struct BenchConfig {
   // rank under a launcher: --mesh dp=A,tp=B [--sequence-parallel].
   std::optional<std::string> mesh;
   bool sequence_parallel = false;
+  // GPT models, --strategy zero (dist/sharded.h): the stage of a plain "zero" row
+  std::optional<int> zero_stage;
+  bool reshard_after_forward = true;
 };
 
 void add_bench_options(CLI::App* cmd, BenchConfig& c);

@@ -9,6 +9,7 @@
 #     zero-3 on 4 ranks, as DDP on 2 ranks and as one process, each ending
 #     where the uninterrupted run did; a DDP checkpoint resumed as zero-1;
 #     chorus checkpoint consolidate writes Hugging Face's names
+#   - chorus bench --strategy ddp,zero-1,zero-2,zero-3: a row each
 #   - a rank killed mid-run is named; bad options get one clear line
 set -uo pipefail
 CHORUS=${1:?chorus}
@@ -100,6 +101,13 @@ done
 wait $lpid; rc=$?
 check "a killed rank stops the job (exit $rc)" "[ $rc -ne 0 ]"
 check "the killed rank is named" "grep -q 'rank 1 .*killed by signal 9' '$tmp/dead.err'"
+
+# chorus bench: DDP and the three stages side by side, one row each.
+rows=$(timeout 300 "$CHORUS" launch --nproc-per-node 2 --master-port "$(free_port)" -- "$CHORUS" bench --model d2 \
+  --strategy ddp,zero-1,zero-2,zero-3 --devices cpu --batch-size 2 --seq-len 32 --steps 2 --warmup 1 --json 2>"$tmp/bench.err" \
+  | grep '^{\|^\[rank 0\] {' | sed 's/^\[rank 0\] //')
+check "bench --strategy ddp,zero-1,zero-2,zero-3 prints four rows" \
+  "[ \$(python3 -c \"import json,sys; print(','.join(json.loads(l)['strategy'] for l in sys.stdin if l.strip()))\" <<<'$rows') = ddp,zero-1,zero-2,zero-3 ]"
 
 bad() {  # NAME EXPECTED ARGS...
   local name=$1 want=$2; shift 2
