@@ -74,7 +74,9 @@ Tensor autocast_weight_data(const Tensor& w, DType dt) {
   std::shared_ptr<TensorImpl> stands_for;
   if (const AutogradMeta* m = w.autograd_meta()) stands_for = m->stands_for.lock();
   const Tensor p = stands_for ? Tensor(stands_for) : w;
+  const AutogradMeta* pm = p.autograd_meta();
   const bool keep = (stands_for ? p.is_leaf() : w.is_leaf() && w.requires_grad()) && grad_enabled() &&
+                    !(pm && pm->no_kept_copy) &&
                     p.dtype() == kFloat32 && p.device().is_cuda() && (dt == kBFloat16 || dt == kFloat16) &&
                     p.sizes() == w.sizes() && p.strides() == w.strides();
   if (!keep) return ops::to_dtype(w.detach(), dt);

@@ -51,6 +51,10 @@ struct AutogradMeta {
   // recorded aliases, Note [Gradient nodes] in dist/reducer.h): autocast keeps
   // and reuses that parameter's 16-bit copy (Note [Autocast weight copies]).
   std::weak_ptr<TensorImpl> stands_for;
+  // Autocast casts this parameter at each use instead of keeping its 16-bit
+  // copy between steps: ZeRO-3's gathered weights, whose kept copies would be
+  // a second whole model (Note [Autocast weight copies], dist/sharded.h).
+  bool no_kept_copy = false;
   // On a gradient: what it still needs to hold its whole value, or whether it
   // may be kept where it is (Note [Gradient finishers] in
   // autograd/grad_finisher.h); Tensor::grad() runs it.

@@ -584,8 +584,12 @@ ShardedDataParallel::ShardedDataParallel(nn::ModulePtr module, ProcessGroupPtr g
       bk.flats.push_back(std::move(f));
     }
     // Re-point each parameter at its view of the full buffer (same
-    // TensorImpl: the module and anyone holding it see the change).
+    // TensorImpl: the module and anyone holding it see the change). At stage
+    // 3 autocast casts the weights at each use: a kept 16-bit copy of each
+    // would outlive the gathered weights, a second whole model.
     for (size_t i = 0; i < pb.ks.size(); ++i) {
+      if (options.stage == 3)
+        if (AutogradMeta* m = s.params[pb.ks[i]].autograd_meta()) m->no_kept_copy = true;
       Tensor v = pb.layout.view(bk.flats[pb.layout.segments[i].group].full, i);
       TensorImpl* p = s.params[pb.ks[i]].impl();
       p->storage = v.storage();
