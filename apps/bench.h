@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "chorus/core/device.h"
+#include "memory_check.h"
 
 namespace CLI {
 class App;
@@ -53,6 +54,7 @@ struct BenchConfig {
   // rank under a launcher: --mesh dp=A,tp=B [--sequence-parallel].
   std::optional<std::string> mesh;
   bool sequence_parallel = false;
+  MemoryPlanFlags memory;  // GPT models: the memory plan before the model is built (apps/memory_check.h)
 };
 
 void add_bench_options(CLI::App* cmd, BenchConfig& c);

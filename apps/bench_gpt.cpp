@@ -21,6 +21,7 @@
 #include "chorus/optim/clip_grad.h"
 #include "chorus/parallel/graphed_step.h"
 #include "commands.h"
+#include "memory_check.h"
 #include "train_gpt.h"
 #include "train_pipeline.h"
 
@@ -48,6 +49,16 @@ int run_bench_gpt(const BenchConfig& c) {
   CHORUS_CHECK(c.recompute == "never" || c.recompute == "always",
                "--recompute for a GPT is always (every block recomputes its activations) or never, got '", c.recompute, "'");
   cfg.recompute = c.recompute == "always";
+  // The memory plan before the model is built (apps/memory_check.h);
+  // pipelines split the model unevenly: no plan for them.
+  std::optional<dist::MemoryPlan> plan;
+  if (c.strategy != "pipeline") {
+    const auto replicas = static_cast<int64_t>(devices.size());
+    GptRun run{c.model, c.strategy, c.precision, c.batch_size, seq, replicas, 1, c.bucket_mb};
+    const dist::MemoryPlanInputs in = gpt_plan_inputs(cfg, run, dev);
+    plan = dist::plan_for(plan_strategy(c.strategy, replicas, 1), in);
+    if (!check_memory_plan(c.model, *plan, in, dev, c.memory)) plan.reset();
+  }
   manual_seed(0);
   auto model = std::make_shared<models::GPT>(cfg);
   model->to(dev);
@@ -121,6 +132,7 @@ int run_bench_gpt(const BenchConfig& c) {
       peak_flops > 0 ? tok_s * cfg.flops_per_token(seq) / (peak_flops * static_cast<double>(devices.size())) : 0.0;
   size_t peak = 0;  // the most any device held
   for (const Device& d : devices) peak = std::max(peak, backend(d).peak_bytes(d));
+  if (plan) std::fprintf(stderr, "%s\n", dist::measured_line(*plan, static_cast<int64_t>(peak)).c_str());
   std::string dev_names;
   for (const Device& d : devices) dev_names += (dev_names.empty() ? "" : ",") + d.str();
   nlohmann::ordered_json row = {{"model", c.model},
