@@ -52,11 +52,17 @@ struct GptRun {
 dist::MemoryPlanInputs gpt_plan_inputs(const models::GPTConfig& cfg, const GptRun& run, const Device& device);
 dist::MemoryStrategy plan_strategy(const std::string& strategy, int64_t replicas, int64_t world);
 
+// Note [Measured beside the plan]: the trainers print measured_line with the
+// peak of the first two steps, not of the first alone: the optimizer makes
+// its state at its first update, after that step's activations are gone, so
+// only from the second step on do they live together as the plan adds them.
+// (`chorus bench` measures its timed steps, after the warm-up.)
+//
 // Prints the plan (on a GPU or with --memory-plan, unless quiet) and, when the
 // free memory is known (the device's, or --memory-limit-gib) and the plan does
 // not fit, throws ValueError with dist::refusal_message (unless --ignore-memory-plan,
 // which prints it as a warning). Returns whether the plan was printed (then
-// the caller prints measured_line after its first step).
+// the caller prints measured_line: Note [Measured beside the plan]).
 bool check_memory_plan(const std::string& model, const dist::MemoryPlan& plan, const dist::MemoryPlanInputs& in,
                        const Device& device, const MemoryPlanFlags& flags);
 

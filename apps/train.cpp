@@ -698,7 +698,8 @@ LoopResult train_loop(const TrainConfig& cfg, Training& t, Position& pos, RunLog
       pos.samples += t.global_batch;  // a last, partial batch of an epoch counts whole, on every rank alike
       out.images += b.labels.size(0);
       tracer.end_step(pos.step);
-      if (t.memory_plan && pos.step == first_step + 1) {
+      // Note [Measured beside the plan] (apps/memory_check.h).
+      if (t.memory_plan && (pos.step == first_step + 2 || (pos.step == first_step + 1 && pos.step == t.total_steps))) {
         progress.finish();
         std::fprintf(stderr, "%s\n", dist::measured_line(*t.memory_plan, static_cast<int64_t>(peak_bytes(t.devices))).c_str());
       }

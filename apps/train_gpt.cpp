@@ -548,9 +548,10 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
       last_norm = out[1];
     }
     window_losses.push_back(step_loss);
-    // The first step's peak beside the plan (the allocator counts on the
-    // host as the work is issued: no wait for the device).
-    if (plan && step == start && r.leader())
+    // Note [Measured beside the plan]: the peak of the first two steps
+    // beside the plan (the allocator counts on the host as the work is
+    // issued: no wait for the device).
+    if (plan && r.leader() && (step == start + 1 || (step == start && step + 1 == r.total_steps)))
       std::fprintf(stderr, "%s\n", dist::measured_line(*plan, static_cast<int64_t>(backend(device).peak_bytes(device))).c_str());
     const bool last = step + 1 == r.total_steps;
     const bool read = (step + 1) % tc.log_every == 0 || last;

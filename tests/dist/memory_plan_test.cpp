@@ -5,6 +5,8 @@
 // GPTConfig::num_parameters (which the first test checks against them).
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include "chorus/core/error.h"
 #include "chorus/dist/memory_plan.h"
 #include "chorus/models/gpt.h"
@@ -111,6 +113,29 @@ TEST(MemoryPlan, Gpt2XlBf16OverFourRanks) {
   EXPECT_EQ(z3.optimizer, 3'115'372'800);
 }
 
+// The target: d84 (~9.7B parameters) in bf16 on 8 GPUs with 79 GiB
+// free each -- DDP and ZeRO-1 must stop at once, even at one sequence of 1024
+// tokens per GPU with fused attention; a deeper stage fits.
+TEST(MemoryPlan, D84RefusesDdpAndZero1OnEightH100s) {
+  const auto cfg = models::GPTConfig::named("d84");
+  EXPECT_GT(cfg.num_parameters(), 9'600'000'000);
+  MemoryPlanInputs in = inputs(cfg.num_parameters(), models::gpt_autocast_copied_parameters(cfg),
+                               models::gpt_block_parameters(cfg), models::gpt_root_parameters(cfg), true,
+                               models::gpt_activation_bytes(cfg, 1, 1024, true, true).total());
+  const int64_t free = 79 * kGiB;
+  const MemoryPlan ddp = plan_for({"ddp", 0, 8}, in), z1 = plan_for({"zero", 1, 8}, in);
+  EXPECT_FALSE(ddp.fits(free)) << ddp.str(free);
+  EXPECT_FALSE(z1.fits(free)) << z1.str(free);
+  // 4P + 2Pc + 4P + 8P: about 18 bytes a parameter, 163 GiB before activations.
+  EXPECT_GT(ddp.total(), 160 * kGiB);
+  auto s = suggest(ddp, in, free);
+  ASSERT_TRUE(s.has_value());
+  EXPECT_GE(s->strategy.zero_stage, 2);
+  EXPECT_TRUE(plan_for({"zero", 3, 8}, in).fits(free));
+  std::printf("%s\n", refusal_message("d84", ddp, "cuda:0", free, s).c_str());
+  std::printf("%s\n", refusal_message("d84", z1, "cuda:0", free, suggest(z1, in, free)).c_str());
+}
+
 TEST(MemoryPlan, SingleAndDataParallelHoldEverything) {
   const MemoryPlanInputs in = inputs(1000, 800, 100, 200, true, 5000);
   const MemoryPlan single = plan_for({"single", 0, 1}, in);
@@ -180,8 +205,8 @@ TEST(MemoryPlan, PrintsATableAndOneLineRefusal) {
   m.activations = 28 * kGiB;
   const std::string t = m.str(79 * kGiB);
   EXPECT_NE(t.find("memory plan per GPU (--strategy ddp, 8 ranks):\n"), std::string::npos) << t;
-  EXPECT_NE(t.find("  weights              6.5 GiB\n"), std::string::npos) << t;
-  EXPECT_NE(t.find("  communication        0.0 GiB\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("  weights             6.50 GiB\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("  communication       0.02 GiB\n"), std::string::npos) << t;
   EXPECT_NE(t.find("  activations         28.0 GiB\n"), std::string::npos) << t;
   EXPECT_NE(t.find("  total               52.5 GiB\n"), std::string::npos) << t;
   EXPECT_NE(t.find("  free                79.0 GiB"), std::string::npos) << t;
@@ -193,9 +218,9 @@ TEST(MemoryPlan, PrintsATableAndOneLineRefusal) {
   z3.activations = 5 * kGiB;
   // needed: 52.52 GiB x 1.05 + 0.5 = 55.65; zero 3: 8.02 x 1.05 + 0.5 = 8.93.
   const std::string r = refusal_message("gpt2-xl", m, "cuda:0", 40 * kGiB, z3);
-  EXPECT_EQ(r, "gpt2-xl with --strategy ddp needs 55.7 GiB per GPU (weights 6.5, gradients 6.0, optimizer 12.0, "
-               "communication 0.0, activations 28.0, reserve 3.1), cuda:0 has 40.0 GiB free; with --strategy zero "
-               "--zero-stage 3 it would need 8.9 GiB (--ignore-memory-plan runs anyway)");
+  EXPECT_EQ(r, "gpt2-xl with --strategy ddp needs 55.7 GiB per GPU (weights 6.50, gradients 6.00, optimizer 12.0, "
+               "communication 0.02, activations 28.0, reserve 3.13), cuda:0 has 40.0 GiB free; with --strategy zero "
+               "--zero-stage 3 it would need 8.93 GiB (--ignore-memory-plan runs anyway)");
   EXPECT_NE(refusal_message("d84", m, "cuda:0", kGiB, std::nullopt).find("no data-parallel layout over 8 GPU(s) fits"),
             std::string::npos);
   EXPECT_EQ(r.find('\n'), std::string::npos);
@@ -205,10 +230,10 @@ TEST(MemoryPlan, MeasuredLine) {
   MemoryPlan m;
   m.weights = 4 * kGiB;
   m.activations = 6 * kGiB;
-  EXPECT_EQ(measured_line(m, 9 * kGiB + kGiB / 2), "memory: peak 9.5 GiB measured, plan 10.0 GiB (95%)");
+  EXPECT_EQ(measured_line(m, 9 * kGiB + kGiB / 2), "memory: peak 9.50 GiB measured, plan 10.0 GiB (95%)");
   m.activations.reset();
-  EXPECT_EQ(measured_line(m, 9 * kGiB), "memory: peak 9.0 GiB measured, 4.0 GiB before the activations; "
-                                        "activations and workspaces 5.0 GiB (measured on the first step)");
+  EXPECT_EQ(measured_line(m, 9 * kGiB), "memory: peak 9.00 GiB measured, 4.00 GiB before the activations; "
+                                        "activations and workspaces 5.00 GiB (measured on the first step)");
   EXPECT_NE(m.str().find("activations     measured on the first step"), std::string::npos) << m.str();
 }
 

@@ -18,8 +18,10 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 }  // namespace
 
 std::string gib(int64_t bytes) {
+  // Two decimals below 10 GiB: a small model's plan should not read 0.0.
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f", static_cast<double>(bytes) / static_cast<double>(kGiB));
+  const double g = static_cast<double>(bytes) / static_cast<double>(kGiB);
+  std::snprintf(buf, sizeof buf, g < 9.995 ? "%.2f" : "%.1f", g);
   return buf;
 }
 

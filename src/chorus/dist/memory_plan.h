@@ -113,7 +113,7 @@ std::string refusal_message(const std::string& model, const MemoryPlan& plan, co
 // activations and workspaces 2.7 GiB (measured on the first step)".
 std::string measured_line(const MemoryPlan& plan, int64_t peak_bytes);
 
-// Bytes as GiB with one decimal ("52.1").
+// Bytes as GiB: one decimal from 10 GiB on ("52.1"), two below ("5.84").
 std::string gib(int64_t bytes);
 
 }  // namespace chorus::dist
