@@ -30,8 +30,8 @@ check "--quiet prints no plan" "! grep -q 'memory' $tmp/err"
 # 2. A refusal before anything is built: one line, a suggestion, exit 1.
 "$CHORUS" "${T[@]}" --model gpt2 --memory-plan --memory-limit-gib 0.5 > /dev/null 2> "$tmp/err"; rc=$?
 check "gpt2 in 0.5 GiB refused" "[ $rc -eq 1 ]"
-check "the table is printed before the refusal" "grep -q '^  free  *0.5 GiB' $tmp/err"
-check "one clear line" "grep -Eq '^chorus: error: gpt2 with --strategy single needs [0-9.]+ GiB per GPU \(weights [0-9.]+, gradients [0-9.]+, optimizer [0-9.]+, activations [0-9.]+, reserve [0-9.]+\), cpu:0 \(--memory-limit-gib\) has 0.5 GiB free; ' $tmp/err"
+check "the table is printed before the refusal" "grep -q '^  free  *0.50 GiB' $tmp/err"
+check "one clear line" "grep -Eq '^chorus: error: gpt2 with --strategy single needs [0-9.]+ GiB per GPU \(weights [0-9.]+, gradients [0-9.]+, optimizer [0-9.]+, activations [0-9.]+, reserve [0-9.]+\), cpu:0 \(--memory-limit-gib\) has 0.50 GiB free; ' $tmp/err"
 check "no model was built" "! grep -q 'parameters, ' $tmp/err"
 # The target: d84 (9.7B parameters) under DDP over 8 GPUs of 79 GiB
 # stops at once -- before the rendezvous, which the launch variables below
