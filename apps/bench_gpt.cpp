@@ -54,10 +54,8 @@ int run_bench_gpt(const BenchConfig& c) {
   std::optional<dist::MemoryPlan> plan;
   if (c.strategy != "pipeline") {
     const auto replicas = static_cast<int64_t>(devices.size());
-    GptRun run{c.model, c.strategy, c.precision, c.batch_size, seq, replicas, 1, c.bucket_mb};
-    const dist::MemoryPlanInputs in = gpt_plan_inputs(cfg, run, dev);
-    plan = dist::plan_for(plan_strategy(c.strategy, replicas, 1), in);
-    if (!check_memory_plan(c.model, *plan, in, dev, c.memory)) plan.reset();
+    plan = check_gpt_memory_plan(cfg, {c.model, c.strategy, c.precision, c.batch_size, seq, replicas, 1, c.bucket_mb},
+                                 dev, c.memory);
   }
   manual_seed(0);
   auto model = std::make_shared<models::GPT>(cfg);

@@ -12,11 +12,20 @@
 
 namespace chorus::app {
 
-dist::MemoryStrategy plan_strategy(const std::string& strategy, int64_t replicas, int64_t world) {
+dist::MemoryStrategy plan_strategy(const std::string& strategy, int64_t replicas, int64_t world, int zero_stage) {
   dist::MemoryStrategy s;
-  s.name = strategy == "dp" || strategy == "ddp" ? strategy : "single";
-  s.world = strategy == "ddp" ? world : strategy == "dp" ? replicas : 1;
+  s.name = strategy == "dp" || strategy == "ddp" || strategy == "zero" ? strategy : "single";
+  s.world = strategy == "ddp" || strategy == "zero" ? world : strategy == "dp" ? replicas : 1;
+  s.zero_stage = strategy == "zero" ? zero_stage : 0;
   return s;
+}
+
+std::optional<dist::MemoryPlan> check_gpt_memory_plan(const models::GPTConfig& cfg, const GptRun& run,
+                                                      const Device& device, const MemoryPlanFlags& flags) {
+  const dist::MemoryPlanInputs in = gpt_plan_inputs(cfg, run, device);
+  dist::MemoryPlan plan = dist::plan_for(plan_strategy(run.strategy, run.replicas, run.world, run.zero_stage), in);
+  if (!check_memory_plan(run.model, plan, in, device, flags)) return std::nullopt;
+  return plan;
 }
 
 dist::MemoryPlanInputs gpt_plan_inputs(const models::GPTConfig& cfg, const GptRun& run, const Device& device) {

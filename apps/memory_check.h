@@ -40,17 +40,29 @@ void add_memory_plan_options(CLI::App* cmd, MemoryPlanFlags& flags);
 
 // A GPT run: one micro-batch of `batch` sequences of `seq` tokens per device;
 // `replicas` devices of one process under dp (the first gathers their logits),
-// `world` processes under ddp; AdamW.
+// `world` processes under ddp or zero (the ranks sharing zero's states, with
+// its stage); AdamW.
 struct GptRun {
-  std::string model, strategy = "single", precision = "fp32";
+  std::string model, strategy = "single", precision = "fp32";  // strategy: single | dp | ddp | zero
   int64_t batch = 1, seq = 1, replicas = 1, world = 1;
   double bucket_mb = 25;
+  int zero_stage = 0;  // 1, 2 or 3 with strategy zero
 };
+
+// The whole check for a GPT, from its configuration, before the model is
+// built: the plan's inputs, the plan, check_memory_plan. Returns the plan when
+// it was printed (the caller then prints measured_line), else nullopt.
+// `chorus train --strategy zero --zero-stage S` (ShardedDataParallel's
+// driver) calls it with strategy "zero", zero_stage S and world = the ranks,
+// before any rendezvous, as the ddp driver does.
+std::optional<dist::MemoryPlan> check_gpt_memory_plan(const models::GPTConfig& cfg, const GptRun& run,
+                                                      const Device& device, const MemoryPlanFlags& flags);
 
 // Note [Memory plan formulas]' inputs for a GPT, from its configuration.
 // fused_attention: whether the flash kernel will run on `device`.
 dist::MemoryPlanInputs gpt_plan_inputs(const models::GPTConfig& cfg, const GptRun& run, const Device& device);
-dist::MemoryStrategy plan_strategy(const std::string& strategy, int64_t replicas, int64_t world);
+// The layout of a command-line strategy (single, dp, ddp, zero).
+dist::MemoryStrategy plan_strategy(const std::string& strategy, int64_t replicas, int64_t world, int zero_stage = 0);
 
 // Note [Measured beside the plan]: the trainers print measured_line with the
 // peak of the first two steps, not of the first alone: the optimizer makes

@@ -294,11 +294,9 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
   if (tc.strategy != "pipeline") {
     const int64_t world = tc.strategy == "ddp" ? ddp_launch_env().world_size : 1;
     GptRun run{tc.model, tc.strategy, tc.precision, r.batch, r.seq, r.replicas(), world, tc.bucket_mb};
-    const dist::MemoryPlanInputs in = gpt_plan_inputs(cfg, run, device);
-    plan = dist::plan_for(plan_strategy(tc.strategy, r.replicas(), world), in);
     MemoryPlanFlags flags = tc.memory;
     flags.quiet = tc.quiet || (tc.strategy == "ddp" && ddp_launch_env().rank != 0);
-    if (!check_memory_plan(tc.model, *plan, in, device, flags)) plan.reset();
+    plan = check_gpt_memory_plan(cfg, run, device, flags);
   }
 
   if (tc.strategy == "ddp") r.ranks = join_job(ddp_launch_env(), device, tc.dist_timeout_s);
