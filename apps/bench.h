@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "chorus/core/device.h"
+#include "memory_check.h"
 
 namespace CLI {
 class App;
@@ -56,6 +57,7 @@ struct BenchConfig {
   // GPT models, --strategy zero (dist/sharded.h): the stage of a plain "zero" row
   std::optional<int> zero_stage;
   bool reshard_after_forward = true;
+  MemoryPlanFlags memory;  // GPT models: the memory plan before the model is built (apps/memory_check.h)
 };
 
 void add_bench_options(CLI::App* cmd, BenchConfig& c);

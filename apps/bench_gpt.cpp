@@ -25,6 +25,7 @@
 #include "chorus/optim/clip_grad.h"
 #include "chorus/parallel/graphed_step.h"
 #include "commands.h"
+#include "memory_check.h"
 #include "train_gpt.h"
 #include "train_dist.h"
 #include "train_pipeline.h"
@@ -66,6 +67,18 @@ void bench_gpt_row(const BenchConfig& c, const std::string& strategy, const std:
   CHORUS_CHECK(seq <= cfg.context, "--seq-len ", seq, " is above the context");
   cfg.attention = ops::parse_attention_kernel(c.attention);
   cfg.recompute = c.recompute == "always";
+  const int stage = zero_stage_of(strategy, c);
+  // The memory plan before the model is built (apps/memory_check.h);
+  // pipelines split the model unevenly: no plan for them.
+  std::optional<dist::MemoryPlan> plan;
+  if (strategy != "pipeline") {
+    const auto replicas = strategy == "dp" ? static_cast<int64_t>(devices.size()) : int64_t{1};
+    MemoryPlanFlags flags = c.memory;
+    flags.quiet = flags.quiet || !leader;
+    plan = check_gpt_memory_plan(cfg, {c.model, stage > 0 ? "zero" : strategy, c.precision, c.batch_size, seq, replicas,
+                                       world, c.bucket_mb, stage},
+                                 dev, flags);
+  }
   manual_seed(0);
   auto model = std::make_shared<models::GPT>(cfg);
   model->to(dev);
@@ -78,7 +91,6 @@ void bench_gpt_row(const BenchConfig& c, const std::string& strategy, const std:
   std::shared_ptr<dist::DistributedDataParallel> ddp;
   std::shared_ptr<dist::ShardedDataParallel> sdp;
   int64_t batch = c.batch_size;
-  const int stage = zero_stage_of(strategy, c);
   if (strategy == "dp") {
     net = std::make_shared<parallel::DataParallel>(model, devices, dp_options(c.bucket_mb, c.last_bucket_mb));
     batch *= static_cast<int64_t>(devices.size());
@@ -177,6 +189,7 @@ void bench_gpt_row(const BenchConfig& c, const std::string& strategy, const std:
   }
   const double loss_value = loss.item();
   if (!leader) return;
+  if (plan) std::fprintf(stderr, "%s\n", dist::measured_line(*plan, static_cast<int64_t>(peak)).c_str());
   std::string dev_names;
   for (const Device& d : devices) dev_names += (dev_names.empty() ? "" : ",") + d.str();
   if (ranks) dev_names = std::to_string(world) + " ranks (" + dev.str() + ", ...)";

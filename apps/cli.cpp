@@ -99,6 +99,7 @@ int chorus_main(int argc, char** argv, bool parse_only) {
   train->add_flag("--no-cuda-graphs", tc.no_cuda_graphs,
                   "Run every step eagerly (default on CUDA devices: the step is captured as a CUDA graph and replayed; single, ddp and pipeline)");
 
+  app::add_memory_plan_options(train, tc.memory);
   app::GptOptions gpt;
   app::add_gpt_train_options(train, gpt);
   app::TokenizeConfig tokc;
@@ -111,6 +112,7 @@ int chorus_main(int argc, char** argv, bool parse_only) {
   app::BenchConfig bc;
   CLI::App* bench = app.add_subcommand("bench", "Training throughput on synthetic data");
   app::add_bench_options(bench, bc);
+  app::add_memory_plan_options(bench, bc.memory);
 
   CLI::App* devices = app.add_subcommand("devices", "List the devices and how GPUs are linked");
 

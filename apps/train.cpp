@@ -44,6 +44,7 @@
 #include "chorus/optim/adamw.h"
 #include "chorus/optim/lr_scheduler.h"
 #include "chorus/optim/sgd.h"
+#include "memory_check.h"
 #include "progress.h"
 #include "resume_checks.h"
 #include "run_position.h"
@@ -243,6 +244,9 @@ struct Training {
   std::string pipeline_line;                     // how the model was split
   bool evaluate_epochs = false;            // the test set after each epoch (decided by rank 0's settings)
   bool channels_last = false;              // NHWC weights and batches (default where every device is a GPU)
+  // The memory plan's static part, when printed: the first step's measured
+  // peak names the activations (apps/memory_check.h).
+  std::optional<dist::MemoryPlan> memory_plan;
   const RankContext* rank_context() const { return ranks ? &*ranks : nullptr; }
   int world() const { return ranks ? ranks->group->size() : 1; }
 };
@@ -669,6 +673,7 @@ LoopResult train_loop(const TrainConfig& cfg, Training& t, Position& pos, RunLog
   std::optional<StopAgreement> agreement;
   if (t.ranks) agreement.emplace(*t.ranks);
   const int64_t start_epoch = pos.epoch;
+  const int64_t first_step = pos.step;
   t.model->train();
   for (int64_t epoch = start_epoch; epoch < cfg.epochs && pos.step < t.total_steps; ++epoch) {
     pos.epoch = epoch;
@@ -696,6 +701,11 @@ LoopResult train_loop(const TrainConfig& cfg, Training& t, Position& pos, RunLog
       pos.samples += t.global_batch;  // a last, partial batch of an epoch counts whole, on every rank alike
       out.images += b.labels.size(0);
       tracer.end_step(pos.step);
+      // Note [Measured beside the plan] (apps/memory_check.h).
+      if (t.memory_plan && (pos.step == first_step + 2 || (pos.step == first_step + 1 && pos.step == t.total_steps))) {
+        progress.finish();
+        std::fprintf(stderr, "%s\n", dist::measured_line(*t.memory_plan, static_cast<int64_t>(peak_bytes(t.devices))).c_str());
+      }
       if (t.ranks) {
         const auto now = std::chrono::steady_clock::now();
         rank_times.add_step(std::chrono::duration<double>(now - step_begin).count(),
@@ -789,6 +799,20 @@ void announce(const TrainConfig& cfg, const Training& t) {
   if (t.pipeline) std::fprintf(stderr, "%s\n", t.pipeline_line.c_str());
 }
 
+// The plan's static part (weights, gradients, optimizer, communication)
+// before step 1, its activations measured on the first (apps/memory_check.h);
+// pipelines, whose stages hold unequal parts, have none.
+void plan_memory(const TrainConfig& cfg, Training& t) {
+  if (t.pipeline || cfg.quiet || !(t.devices[0].is_cuda() || cfg.memory.show)) return;
+  const int64_t opt_bytes = cfg.optimizer == "adamw" ? 8 : cfg.momentum > 0 ? 4 : 0;
+  const dist::MemoryPlanInputs in = module_plan_inputs(*t.model, cfg.precision == "bf16", opt_bytes, cfg.bucket_mb);
+  dist::MemoryPlan plan =
+      dist::plan_for(plan_strategy(cfg.strategy, static_cast<int64_t>(t.devices.size()), t.world()), in);
+  if (!check_memory_plan(cfg.model, plan, in, t.devices[0], cfg.memory)) return;
+  t.memory_plan = plan;
+  for (const Device& d : t.devices) backend(d).reset_peak_bytes(d);
+}
+
 }  // namespace
 
 nlohmann::ordered_json run_train(const TrainConfig& given) {
@@ -818,6 +842,7 @@ nlohmann::ordered_json run_train(const TrainConfig& given) {
   lo.run_name = cfg.metrics ? fs::path(*cfg.metrics).stem().string() : cfg.model + " " + cfg.strategy;
   RunLog log(lo);
   announce(cfg, t);
+  plan_memory(cfg, t);
   if (log.tensorboard() && !cfg.quiet) std::fprintf(stderr, "tensorboard: %s\n", log.tensorboard()->path().c_str());
   const auto t0 = std::chrono::steady_clock::now();
   Position pos = start;

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "chorus/core/device.h"
+#include "memory_check.h"
 
 namespace chorus::app {
 
@@ -50,6 +51,7 @@ struct TrainConfig {
   bool no_cuda_graphs = false;   // one CUDA device: eager steps instead of a replayed graph
   bool channels_last = false;    // NHWC weights and batches (Note [Convolution layouts]); an error off CUDA
   bool no_channels_last = false; // NCHW on GPUs too (channels-last is the default where every device is a GPU)
+  MemoryPlanFlags memory;        // --memory-plan, --ignore-memory-plan, --memory-limit-gib (apps/memory_check.h)
   // --strategy ddp
   bool sync_bn = false;          // batch-norm statistics over all ranks
   std::string comm_hook = "allreduce";  // allreduce | bf16 (gradients travel as bfloat16)

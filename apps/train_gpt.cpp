@@ -41,6 +41,7 @@
 #include "chorus/parallel/data_parallel.h"
 #include "chorus/parallel/graphed_step.h"
 #include "commands.h"
+#include "memory_check.h"
 #include "progress.h"
 #include "run_log.h"
 #include "run_position.h"
@@ -281,8 +282,6 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
   const Device device = r.devices[0];
   CHORUS_CHECK(tc.precision == "fp32" || device.is_cuda(), "--precision bf16 needs a CUDA device (got ", device.str(),
                ")");
-  if (tc.strategy == "ddp" || tc.strategy == "zero") r.ranks = join_job(ddp_launch_env(), device, tc.dist_timeout_s);
-  const int rank = r.ranks ? r.ranks->env.rank : 0;
   if (tc.precision == "bf16") r.autocast = kBFloat16;
   r.seq = seq_len_of(tc, g);
   r.batch = g.batch_given ? tc.batch_size : 8;
@@ -296,14 +295,6 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
   const int64_t max_id = train_stream->max_token();
   CHORUS_CHECK(max_id < vocab, "token data ", train_stream->spec(), " holds token id ", max_id,
                ", past the model's vocabulary of ", vocab, " tokens");
-  const data::WindowOrder order = g.windows == "random" ? data::WindowOrder::Random : data::WindowOrder::Sequential;
-  r.train = std::make_unique<data::TokenWindows>(train_stream, r.seq, rank, r.world(), tc.seed, order);
-  if (!vspec.empty()) {
-    auto vs = data::TokenStream::open(vspec);
-    CHORUS_CHECK(vs->max_token() < vocab, "validation data ", vs->spec(), " holds token id ", vs->max_token(),
-                 ", past the model's vocabulary of ", vocab, " tokens");
-    r.val = std::make_unique<data::TokenWindows>(vs, r.seq, 0, 1, tc.seed, data::WindowOrder::Sequential);
-  }
 
   // The model: text trains with a context of its sequence length (torch_gpt.py's block), token files with GPT-2's 1024.
   const int64_t context = text_spec(tc.data) ? r.seq : 1024;
@@ -312,6 +303,31 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
   cfg.dropout = g.dropout;
   cfg.attention = ops::parse_attention_kernel(g.attention);
   cfg.recompute = tc.recompute.value_or("never") == "always";
+
+  // The memory plan, before any rendezvous or allocation: a run that cannot
+  // fit stops here, on every rank, with what would (apps/memory_check.h).
+  // Pipelines split the model unevenly over their stages: no plan for them.
+  std::optional<dist::MemoryPlan> plan;
+  if (tc.strategy != "pipeline") {
+    const bool ranked = tc.strategy == "ddp" || tc.strategy == "zero";
+    const int64_t world = ranked ? ddp_launch_env().world_size : 1;
+    GptRun run{tc.model, tc.strategy, tc.precision, r.batch, r.seq, r.replicas(), world, tc.bucket_mb,
+               tc.strategy == "zero" ? tc.zero_stage.value_or(1) : 0};
+    MemoryPlanFlags flags = tc.memory;
+    flags.quiet = tc.quiet || (ranked && ddp_launch_env().rank != 0);
+    plan = check_gpt_memory_plan(cfg, run, device, flags);
+  }
+
+  if (tc.strategy == "ddp" || tc.strategy == "zero") r.ranks = join_job(ddp_launch_env(), device, tc.dist_timeout_s);
+  const int rank = r.ranks ? r.ranks->env.rank : 0;
+  const data::WindowOrder order = g.windows == "random" ? data::WindowOrder::Random : data::WindowOrder::Sequential;
+  r.train = std::make_unique<data::TokenWindows>(train_stream, r.seq, rank, r.world(), tc.seed, order);
+  if (!vspec.empty()) {
+    auto vs = data::TokenStream::open(vspec);
+    CHORUS_CHECK(vs->max_token() < vocab, "validation data ", vs->spec(), " holds token id ", vs->max_token(),
+                 ", past the model's vocabulary of ", vocab, " tokens");
+    r.val = std::make_unique<data::TokenWindows>(vs, r.seq, 0, 1, tc.seed, data::WindowOrder::Sequential);
+  }
   manual_seed(tc.seed);
   r.model = std::make_shared<models::GPT>(cfg);
   if (g.init_from) {
@@ -596,6 +612,11 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
       last_norm = out[1];
     }
     window_losses.push_back(step_loss);
+    // Note [Measured beside the plan]: the peak of the first two steps
+    // beside the plan (the allocator counts on the host as the work is
+    // issued: no wait for the device).
+    if (plan && r.leader() && (step == start + 1 || (step == start && step + 1 == r.total_steps)))
+      std::fprintf(stderr, "%s\n", dist::measured_line(*plan, static_cast<int64_t>(backend(device).peak_bytes(device))).c_str());
     const bool last = step + 1 == r.total_steps;
     const bool read = (step + 1) % tc.log_every == 0 || last;
     bool stop = false;

@@ -1,6 +1,7 @@
 // The GPT options of `chorus train` (train_gpt.h), beside cli.cpp's shared ones.
 #include "cli_numbers.h"
 #include "cli_options.h"
+#include "memory_check.h"
 #include "train_gpt.h"
 
 namespace chorus::app {
@@ -44,6 +45,17 @@ void add_gpt_train_options(CLI::App* train, GptOptions& g) {
   train->add_flag("--allow-tp-across-nodes", g.allow_tp_across_nodes,
                   "GPT with --mesh: let a tensor-parallel group span nodes")
       ->group(grp);
+}
+
+void add_memory_plan_options(CLI::App* cmd, MemoryPlanFlags& flags) {
+  const std::string grp = "Memory plan";
+  cmd->add_flag("--memory-plan", flags.show,
+                "Print the memory plan (bytes per GPU for weights, gradients, optimizer, communication, activations) "
+                "on CPUs too; GPUs print it unless --quiet")->group(grp);
+  cmd->add_flag("--ignore-memory-plan", flags.ignore, "Run even when the memory plan says it will not fit")->group(grp);
+  add_optional(cmd, "--memory-limit-gib", flags.limit_gib,
+               "Plan against this much free memory per device instead of the device's own (planning for a machine "
+               "you do not have)")->check(real_number(1e9, false, 0))->group(grp);
 }
 
 }  // namespace chorus::app

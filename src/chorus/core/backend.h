@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "chorus/core/device.h"
@@ -42,6 +43,14 @@ class DeviceBackend {
   // back to the device's pool (PyTorch's empty_cache).
   virtual size_t cached_bytes(Device d) const { return 0; }
   virtual void empty_cache(Device d) {}
+  // The device's free and total memory as its driver reports them (CUDA:
+  // cudaMemGetInfo, so memory the pools already hold counts as used), or
+  // nullopt where unknown (the CPU: host memory belongs to everything else
+  // on the machine too). Memory plans compare with it (dist/memory_plan.h).
+  struct MemoryInfo {
+    size_t free = 0, total = 0;
+  };
+  virtual std::optional<MemoryInfo> memory_info(Device d) const { return std::nullopt; }
   // Brackets the span an external profiler records (CUDA: cudaProfilerStart/
   // Stop, for `nsys --capture-range=cudaProfilerApi` or `ncu
   // --profile-from-start off`): `chorus bench` with CHORUS_PROFILER_RANGE=1

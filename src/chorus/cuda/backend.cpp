@@ -155,6 +155,15 @@ class CudaBackend final : public DeviceBackend {
   void reset_peak_bytes(Device d) override { allocator_.reset_peak_bytes(index(d)); }
   size_t cached_bytes(Device d) const override { return allocator_.cached_bytes(index(d)); }
   void empty_cache(Device d) override { allocator_.release_cached(index(d)); }
+  std::optional<MemoryInfo> memory_info(Device d) const override {
+    CudaDeviceGuard guard(index(d));
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return std::nullopt;
+    }
+    return MemoryInfo{free_b, total_b};
+  }
   // Advisory: a profiler that is absent or refuses the range changes nothing.
   void profiler_range(bool on) override {
     if ((on ? cudaProfilerStart() : cudaProfilerStop()) != cudaSuccess) (void)cudaGetLastError();

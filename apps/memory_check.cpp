@@ -1,0 +1,89 @@
+// The memory plan in the training and benchmark commands (memory_check.h).
+#include "memory_check.h"
+
+#include <cmath>
+#include <cstdio>
+
+#include "chorus/core/backend.h"
+#include "chorus/core/error.h"
+#include "chorus/models/gpt.h"
+#include "chorus/models/gpt_memory.h"
+#include "chorus/nn/module.h"
+
+namespace chorus::app {
+
+dist::MemoryStrategy plan_strategy(const std::string& strategy, int64_t replicas, int64_t world, int zero_stage) {
+  dist::MemoryStrategy s;
+  s.name = strategy == "dp" || strategy == "ddp" || strategy == "zero" ? strategy : "single";
+  s.world = strategy == "ddp" || strategy == "zero" ? world : strategy == "dp" ? replicas : 1;
+  s.zero_stage = strategy == "zero" ? zero_stage : 0;
+  return s;
+}
+
+std::optional<dist::MemoryPlan> check_gpt_memory_plan(const models::GPTConfig& cfg, const GptRun& run,
+                                                      const Device& device, const MemoryPlanFlags& flags) {
+  const dist::MemoryPlanInputs in = gpt_plan_inputs(cfg, run, device);
+  dist::MemoryPlan plan = dist::plan_for(plan_strategy(run.strategy, run.replicas, run.world, run.zero_stage), in);
+  if (!check_memory_plan(run.model, plan, in, device, flags)) return std::nullopt;
+  return plan;
+}
+
+dist::MemoryPlanInputs gpt_plan_inputs(const models::GPTConfig& cfg, const GptRun& run, const Device& device) {
+  const bool bf16 = run.precision == "bf16";
+  // ops::AttentionKernel's rules for the flash path (cuDNN: a GPU, 16-bit,
+  // head_dim <= 128, no dropout); Fused where it cannot run fails later anyway.
+  const bool fused = cfg.attention == ops::AttentionKernel::Fused ||
+                     (cfg.attention == ops::AttentionKernel::Auto && device.is_cuda() && bf16 &&
+                      cfg.head_dim() <= 128 && cfg.dropout == 0);
+  dist::MemoryPlanInputs in;
+  in.params = cfg.num_parameters();
+  in.autocast_copied = models::gpt_autocast_copied_parameters(cfg);
+  in.largest_unit_params = models::gpt_block_parameters(cfg);
+  in.root_unit_params = models::gpt_root_parameters(cfg);
+  in.optimizer_bytes_per_param = 8;  // AdamW
+  in.bucket_bytes = static_cast<int64_t>(run.bucket_mb * (1 << 20));
+  in.bf16 = bf16;
+  int64_t act = models::gpt_activation_bytes(cfg, run.batch, run.seq, bf16, fused).total();
+  // Note [GPT under DataParallel]: the first device takes every replica's logits for the loss.
+  if (run.strategy == "dp" && run.replicas > 1)
+    act += (run.replicas - 1) * models::gpt_logits_bytes(cfg, run.batch, run.seq, bf16);
+  in.activation_bytes = act;
+  return in;
+}
+
+dist::MemoryPlanInputs module_plan_inputs(const nn::Module& model, bool bf16, int64_t optimizer_bytes_per_param,
+                                          double bucket_mb) {
+  dist::MemoryPlanInputs in;
+  for (const Tensor& p : model.parameters()) {
+    in.params += p.numel();
+    // Note [Autocast weight copies]: convolution and matrix weights.
+    if (p.dim() >= 2) in.autocast_copied += p.numel();
+  }
+  in.optimizer_bytes_per_param = optimizer_bytes_per_param;
+  in.bucket_bytes = static_cast<int64_t>(bucket_mb * (1 << 20));
+  in.bf16 = bf16;
+  return in;
+}
+
+bool check_memory_plan(const std::string& model, const dist::MemoryPlan& plan, const dist::MemoryPlanInputs& in,
+                       const Device& device, const MemoryPlanFlags& flags) {
+  std::optional<int64_t> free_bytes;
+  std::string where = device.str();
+  if (flags.limit_gib) {
+    CHORUS_CHECK(std::isfinite(*flags.limit_gib) && *flags.limit_gib >= 0, "--memory-limit-gib must be a size in GiB, got ",
+                 *flags.limit_gib);
+    free_bytes = static_cast<int64_t>(*flags.limit_gib * static_cast<double>(int64_t{1} << 30));
+    where += " (--memory-limit-gib)";
+  } else if (auto info = backend(device).memory_info(device)) {
+    free_bytes = static_cast<int64_t>(info->free);
+  }
+  const bool shown = !flags.quiet && (device.is_cuda() || flags.show);
+  if (shown) std::fprintf(stderr, "%s\n", plan.str(free_bytes).c_str());
+  if (!free_bytes || !plan.activations || plan.fits(*free_bytes)) return shown;
+  const std::string msg = dist::refusal_message(model, plan, where, *free_bytes, dist::suggest(plan, in, *free_bytes));
+  CHORUS_CHECK(flags.ignore, msg);
+  if (!flags.quiet) std::fprintf(stderr, "warning: %s\n", msg.c_str());
+  return shown;
+}
+
+}  // namespace chorus::app
