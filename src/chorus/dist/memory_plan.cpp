@@ -67,9 +67,12 @@ MemoryPlan plan_for(const MemoryStrategy& s, const MemoryPlanInputs& in) {
     m.weights = 4 * p + copies;
     m.gradients = 2 * k + 4 * shard;
   } else {
-    const int64_t g = in.bf16 ? 2 : 4;
-    const int64_t gathered = g * (2 * in.largest_unit_params + in.root_unit_params);
-    m.weights = 4 * shard + gathered;
+    // The engine gathers in the weights' own dtype (float32) and autocast
+    // casts each matrix at each use, the graph keeping the cast for the
+    // backward: under bf16, 2 bytes per copied parameter for the step
+    // (dist/sharded.h, Note [Sharded gathers]).
+    const int64_t gathered = 4 * (2 * in.largest_unit_params + in.root_unit_params);
+    m.weights = 4 * shard + gathered + copies;
     m.gradients = 4 * shard + gathered;
   }
   return m;

@@ -9,7 +9,7 @@
 // Note [Memory plan formulas]: P parameters (float32 masters), Pc of them with
 // a 16-bit autocast copy under bf16 (Note [Autocast weight copies]), N ranks
 // sharing the states, O optimizer bytes per parameter (AdamW: exp_avg and
-// exp_avg_sq, 8), g the gather dtype's bytes (2 under bf16, else 4), U the
+// exp_avg_sq, 8), U the
 // largest unit's parameters (a transformer block), R the root unit's (the
 // embeddings and final norm), K the bucket bytes:
 //
@@ -18,14 +18,17 @@
 //   dp, ddp    4P + 2Pc             4P (the buckets)            O P        K
 //   zero 1     4P + 2Pc             4P + 4P/N                   O P/N      K
 //   zero 2     4P + 2Pc             2K + 4P/N                   O P/N      K
-//   zero 3     4P/N + g(2U + R)     4P/N + g(2U + R)            O P/N      K
+//   zero 3     4P/N + 4(2U + R)     4P/N + 4(2U + R)            O P/N      K
+//              + 2Pc
 //
 // dp: the fullest device is the first, which steps the weights (Note [GPT
 // under DataParallel]); the caller adds what it gathers there to the
 // activations. zero 2's full gradients live only in the buckets in flight
-// (about two); zero 3 gathers at most two units at a time in g bytes (and
+// (about two); zero 3 gathers at most two units at a time in float32 (and
 // their gradients before the reduce-scatter) plus the root unit for the whole
-// step. The comm column is one bucket of scratch (a compressed copy, a
+// step, and under bf16 the graph keeps each matrix's per-use cast until that
+// unit's backward (2Pc: the engine keeps no cast between steps, but does not
+// yet gather in bfloat16). The comm column is one bucket of scratch (a compressed copy, a
 // reduce-scatter's staging). plan_for() is the one place these live: adjust
 // them there when the engine's buffers change.
 //
