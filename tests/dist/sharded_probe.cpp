@@ -12,6 +12,7 @@
 //                    a frozen bias, a weight tied between two layers, a
 //                    parameter never used and a head used only on some steps
 //                    and ranks; gpt: a 2-block GPT (tied embedding and head).
+//                    Ranks other than 0 start from other weights.
 //                    `micro`: each step 2 micro-batches, the first under
 //                    no_sync(). PROBE_RESHARD=0: stage 3 keeps the weights
 //                    from the forward to the backward. PROBE_BUCKET_BYTES:
@@ -26,6 +27,7 @@
 #include <vector>
 
 #include <chorus/chorus.h>
+#include <chorus/ops/copy.h>
 #include <chorus/dist/ddp.h>
 #include <chorus/dist/init.h>
 #include <chorus/dist/sharded.h>
@@ -144,6 +146,13 @@ std::vector<double> decays(const std::vector<Tensor>& ps) {
 void match(const dist::ProcessGroupPtr& pg, const std::string& kind, int stage, bool micro) {
   const int rank = pg->rank();
   nn::ModulePtr ref_model = build(kind), sh_model = build(kind);
+  // Ranks other than 0 start the sharded copy from other weights (frozen
+  // ones too): the wrapper must take rank 0's.
+  if (rank > 0) {
+    NoGradGuard no_grad;
+    manual_seed(77 + static_cast<uint64_t>(rank));
+    for (Tensor p : sh_model->parameters()) ops::copy_(p, randn(p.sizes(), {kFloat64}));
+  }
   dist::ShardOptions so;
   so.stage = stage;
   if (const char* b = std::getenv("PROBE_BUCKET_BYTES")) so.bucket_bytes = std::atoll(b);

@@ -473,11 +473,13 @@ ShardedDataParallel::ShardedDataParallel(nn::ModulePtr module, ProcessGroupPtr g
   const int instance = next_sharded_instance.fetch_add(1);
 
   std::vector<std::string> signature;
-  std::vector<Tensor> all_params;
+  std::vector<Tensor> frozen;
   for (auto& [name, p] : module_->named_parameters()) {
     signature.push_back(describe("parameter", name, p) + (p.requires_grad() ? "" : " frozen"));
-    all_params.push_back(p);
-    if (!p.requires_grad()) continue;
+    if (!p.requires_grad()) {
+      frozen.push_back(p);
+      continue;
+    }
     CHORUS_CHECK(!s.group->device().is_cuda() || p.device() == s.group->device(), "ShardedDataParallel: parameter '",
                  name, "' is on ", p.device().str(), " but the ", s.group->backend(), " group reduces tensors on ",
                  s.group->device().str());
@@ -497,7 +499,9 @@ ShardedDataParallel::ShardedDataParallel(nn::ModulePtr module, ProcessGroupPtr g
   CHORUS_CHECK(!s.params.empty(), "ShardedDataParallel: the module has no parameter that requires grad");
   check_same_model(*s.group, signature, "ShardedDataParallel", "sdp/" + std::to_string(instance));
   NoGradGuard no_grad;
-  if (s.world > 1) broadcast_in_place(*s.group, all_params);
+  // Rank 0's values: the frozen parameters here, the trainable ones bucket by
+  // bucket below (one bucket's flat copy at a time, never the whole model's).
+  if (s.world > 1) broadcast_in_place(*s.group, frozen);
   if (!buffer_list.empty()) {
     // Note [DDP buffers]: the slots hold views of flat buffers from now on.
     s.buffers = std::make_unique<FlatSet>(buffer_list);
@@ -566,7 +570,7 @@ ShardedDataParallel::ShardedDataParallel(nn::ModulePtr module, ProcessGroupPtr g
       f.per = f.padded / s.world;
       f.full = zeros({f.padded}, TensorOptions(f.dtype, pb.device));
       const GradBuckets::Range mine = s.plan.shard(b, g, s.rank, s.world);
-      // Rank 0's values (broadcast above) into the full buffer, then the shard.
+      // This rank's values into the full buffer, rank 0's over them, then the shard.
       TensorList srcs, dsts;
       for (size_t i = 0; i < pb.ks.size(); ++i)
         if (pb.layout.segments[i].group == g) {
@@ -574,6 +578,7 @@ ShardedDataParallel::ShardedDataParallel(nn::ModulePtr module, ProcessGroupPtr g
           dsts.push_back(pb.layout.view(f.full, i));
         }
       ops::copy_multi(srcs, dsts);
+      if (s.world > 1) s.group->broadcast(f.full, 0)->wait();
       if (options.stage == 3) {
         f.master = ops::clone(f.full.narrow(0, mine.begin, f.per));
       } else {
