@@ -95,6 +95,7 @@ struct ShardedDataParallel::Impl final : autograd::BackwardObserver {
   std::vector<size_t> pending;  // [bucket]
   size_t next_launch = 0;
   std::vector<int64_t> used;  // [k] this rank's flags
+  Tensor all_used;            // [k] ones on the group's device: the flags of a step that used everything
   std::vector<std::string> unused_names;
   std::unique_ptr<FlatSet> buffers;
 
@@ -313,15 +314,20 @@ struct ShardedDataParallel::Impl final : autograd::BackwardObserver {
         f.rs_out = Tensor();
         if (options.stage > 1) f.grad_full = Tensor();
       }
-    // Used somewhere? (Note [DDP unused parameters]).
+    // Used somewhere? (Note [DDP unused parameters]): the flags travel every
+    // step (every rank must issue the same collectives), but only a rank
+    // that left a parameter unused reads them on the host; the usual step
+    // builds them on the device and waits for nothing.
     const int64_t n = static_cast<int64_t>(params.size());
+    const bool everything = std::all_of(used.begin(), used.end(), [](int64_t u) { return u != 0; });
     std::vector<int64_t> counts = used;
     if (world > 1 || (options.replicate_group && options.replicate_group->size() > 1)) {
-      Tensor flags = ops::to_device(from_vector(used, {n}), group->device());
+      if (everything && !all_used.defined()) all_used = ones({n}, TensorOptions(kInt64, group->device()));
+      Tensor flags = everything ? ops::clone(all_used) : ops::to_device(from_vector(used, {n}), group->device());
       group->all_reduce(flags, ReduceOp::Sum)->wait();
       if (options.replicate_group && options.replicate_group->size() > 1)
         options.replicate_group->all_reduce(flags, ReduceOp::Sum)->wait();
-      counts = flags.to_vector<int64_t>();
+      if (!everything) counts = flags.to_vector<int64_t>();
     }
     unused_names.clear();
     for (size_t k = 0; k < params.size(); ++k) {

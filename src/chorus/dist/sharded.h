@@ -176,7 +176,8 @@ class ShardedDataParallel : public nn::Module {
 // parent by a wrapper of the same name (state-dict names unchanged) that
 // gathers, runs it, attaches the pre-backward gather to its output and frees.
 // The first synced step runs with every unit gathered (as from
-// construction) and only notes which wrappers ran; then one all-reduce keeps
+// construction: the whole model's weights, as the module held them before it
+// was wrapped) and only notes which wrappers ran; then one all-reduce keeps
 // as sharded units those that ran on every rank. A unit run on some steps or
 // ranks only, or called by a parent through a pointer of its own rather than
 // through its children (as Sequential, ModuleList and the GPT call them),
