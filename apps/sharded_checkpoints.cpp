@@ -37,6 +37,26 @@ std::optional<FoundCheckpoint> find_newest_checkpoint(const std::string& dir) {
   return best;
 }
 
+namespace {
+
+// The job's store as io/'s CommitStore.
+class JobCommitStore final : public io::CommitStore {
+ public:
+  explicit JobCommitStore(dist::StorePtr store) : store_(std::move(store)) {}
+  void set(const std::string& key, const std::string& value) override { store_->set(key, value); }
+  std::string get(const std::string& key) override { return store_->get_string(key); }
+  int64_t add(const std::string& key, int64_t delta) override { return store_->add(key, delta); }
+  bool check(const std::vector<std::string>& keys) override { return store_->check(keys); }
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
+    store_->wait(keys, timeout);
+  }
+
+ private:
+  dist::StorePtr store_;
+};
+
+}  // namespace
+
 ShardedCheckpointer::ShardedCheckpointer(std::string dir, std::shared_ptr<dist::ShardedDataParallel> sdp,
                                          optim::Optimizer& opt, const RankContext& ranks, int keep_last)
     : sdp_(std::move(sdp)),
@@ -45,7 +65,7 @@ ShardedCheckpointer::ShardedCheckpointer(std::string dir, std::shared_ptr<dist::
         io::ShardedSaveOptions o;
         o.rank = ranks.env.rank;
         o.world = ranks.env.world_size;
-        o.store = ranks.group->store();
+        o.store = std::make_shared<JobCommitStore>(ranks.group->store());
         o.keep_last = keep_last;
         return o;
       }()) {}

@@ -130,7 +130,7 @@ bad "another configuration's checkpoint" "was written with model" train --model 
 check "the other configuration's checkpoint is untouched" "[ -f '$ck/ckpt-00000012/model.safetensors' ]"
 bad "NaN loss names the step" "NaN at step" train --model d2 --data "text:$tmp/kjv.txt" --seq-len 64 --steps 8 --log-every 8 --lr 1e5 --clip 0 --warmup-steps 0
 bad "an unknown model" "unknown GPT model\|unknown model" train --model d7 --data "text:$tmp/kjv.txt"
-bad "bench: a strategy not offered" "unknown --strategy 'tensor'" bench --model d2 --strategy tensor --steps 1
+bad "bench: a strategy not offered" "unknown --strategy" bench --model d2 --strategy tensor --steps 1
 bad "generate without a checkpoint" "holds no checkpoint" generate --checkpoint "$tmp/none"
 
 # 5. Convergence (quick; skipped under the sanitizers' CHORUS_TEST_QUICK=1, as the other convergence runs).

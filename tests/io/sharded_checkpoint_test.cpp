@@ -26,6 +26,24 @@
 #include "chorus/optim/adamw.h"
 #include "io/io_test_util.h"
 
+namespace {
+// An in-memory store every thread of a test shares, as io/'s CommitStore.
+class HashCommitStore final : public chorus::io::CommitStore {
+ public:
+  void set(const std::string& key, const std::string& value) override { store_.set(key, value); }
+  std::string get(const std::string& key) override { return store_.get_string(key); }
+  int64_t add(const std::string& key, int64_t delta) override { return store_.add(key, delta); }
+  bool check(const std::vector<std::string>& keys) override { return store_.check(keys); }
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override {
+    store_.wait(keys, timeout);
+  }
+
+ private:
+  chorus::dist::HashStore store_;
+};
+std::shared_ptr<chorus::io::CommitStore> hash_commit_store() { return std::make_shared<HashCommitStore>(); }
+}  // namespace
+
 namespace chorus::io::sharded_checkpoint_test {
 namespace {
 
@@ -118,7 +136,7 @@ std::pair<int64_t, int64_t> lopsided(int64_t numel, int rank) {
 // World `world`'s saves, each rank on its own thread, through one store.
 std::vector<std::string> save_in_threads(const std::string& dir, const std::vector<ShardedSave>& saves,
                                          std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
-  auto store = std::make_shared<dist::HashStore>();
+  auto store = hash_commit_store();
   const int world = static_cast<int>(saves.size());
   std::vector<std::string> paths(world);
   std::vector<std::exception_ptr> errors(world);
@@ -285,7 +303,7 @@ TEST(ShardedCheckpoint, CrashedSaveIsNeverTakenForACheckpoint) {
 
   // A rank that never reports: rank 0 names it, leaves no debris, and the
   // previous checkpoint is still the one found.
-  auto store = std::make_shared<dist::HashStore>();
+  auto store = hash_commit_store();
   ShardedSaveOptions o;
   o.world = 2;
   o.store = store;
@@ -320,7 +338,7 @@ TEST(ShardedCheckpoint, ARankThatFailsIsNamedAndNothingIsCommitted) {
   ShardedSaveOptions o;
   o.rank = 1;
   o.world = 2;
-  o.store = std::make_shared<dist::HashStore>();
+  o.store = hash_commit_store();
   o.timeout = std::chrono::milliseconds(100);
   expect_throw_with<IOError>([&] { save_sharded_checkpoint(dir.path().string(), saves[1], o); },
                              {"rank 1: rank 0 did not start saving ckpt-00000012"});
@@ -376,7 +394,7 @@ TEST(ShardedCheckpoint, BackgroundWriterStallsOnlyForTheHostCopy) {
   ScratchDir dir;
   manual_seed(13);
   Trained t;
-  auto store = std::make_shared<dist::HashStore>();
+  auto store = hash_commit_store();
   auto options = [&](int rank) {
     ShardedSaveOptions o;
     o.rank = rank;
@@ -415,7 +433,7 @@ TEST(ShardedCheckpoint, BackgroundWriterStallsOnlyForTheHostCopy) {
 
   // A failure in the background reaches wait(), once.
   ShardedSaveOptions lonely = options(0);
-  lonely.store = std::make_shared<dist::HashStore>();
+  lonely.store = hash_commit_store();
   lonely.timeout = std::chrono::milliseconds(100);
   ShardedCheckpointWriter w(dir.path().string(), lonely);
   w.save(rank_save(t.net, t.opt, 0, half, 8));

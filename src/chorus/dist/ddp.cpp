@@ -50,12 +50,9 @@ struct DistributedDataParallel::Impl final : autograd::BackwardObserver {
 
   // Caller holds mu.
   void broadcast_buffers(nn::Module& module) {
-    if (group->size() == 1 || !buffers) return;
+    if (!buffers) return;
     NoGradGuard no_grad;
-    buffers->broadcast(*group);
-    for (const nn::ModulePtr& m : module.modules())
-      for (auto& [name, slot] : m->own_buffers())
-        if (slot.defined()) slot.bump_version();  // DataParallel replicas re-sync
+    broadcast_module_buffers(*buffers, *group, module);
   }
 
   void rebuild_from_rank0_order() {
@@ -175,32 +172,15 @@ DistributedDataParallel::DistributedDataParallel(nn::ModulePtr module, ProcessGr
     s.names.push_back(name);
     s.params.push_back(p);
   }
-  std::vector<Tensor> buffer_list;
-  for (auto& [name, b] : module_->named_buffers()) {
-    signature.push_back(describe("buffer", name, b));
-    buffer_list.push_back(b);
-  }
+  for (auto& [name, b] : module_->named_buffers()) signature.push_back(describe("buffer", name, b));
   CHORUS_CHECK(!s.params.empty(), "DistributedDataParallel: the module has no parameter that requires grad");
   check_same_model(*s.group, signature, "DistributedDataParallel", "ddp/" + std::to_string(instance));
 
   NoGradGuard no_grad;
   if (s.group->size() > 1) broadcast_in_place(*s.group, all_params);
   // Note [DDP buffers]: the slots hold views of the flat buffers from now on.
-  if (!buffer_list.empty()) {
-    s.buffers = std::make_unique<FlatSet>(buffer_list);
-    std::vector<Tensor> views = s.buffers->views(buffer_list.size());
-    ops::copy_multi(buffer_list, views);
-    std::unordered_map<const TensorImpl*, Tensor> view_of;
-    for (size_t i = 0; i < buffer_list.size(); ++i) view_of[buffer_list[i].impl()] = views[i];
-    for (const nn::ModulePtr& m : module_->modules())
-      for (auto& [name, slot] : m->own_buffers())
-        if (slot.defined())
-          if (auto it = view_of.find(slot.impl()); it != view_of.end()) slot = it->second;
-    if (s.group->size() > 1) {
-      s.buffers->broadcast(*s.group);
-      for (const Tensor& v : views) v.bump_version();
-    }
-  }
+  s.buffers = flatten_module_buffers(*module_);
+  if (s.buffers) broadcast_module_buffers(*s.buffers, *s.group, *module_);
   std::shared_ptr<CommHook> hook = options.hook ? options.hook : make_comm_hook(options.comm_hook, s.group, options.average);
   s.reducer = std::make_unique<HookReducer>(
       s.params, std::move(hook),
@@ -233,23 +213,7 @@ void DistributedDataParallel::broadcast_buffers() {
   impl_->broadcast_buffers(*module_);
 }
 
-DistributedDataParallel::NoSync::NoSync(DistributedDataParallel* owner) : owner_(owner) {
-  std::lock_guard<std::mutex> lk(owner_->impl_->mu);
-  prev_ = owner_->impl_->no_sync;
-  owner_->impl_->no_sync = true;
-}
-
-DistributedDataParallel::NoSync::NoSync(NoSync&& other) noexcept : owner_(other.owner_), prev_(other.prev_) {
-  other.owner_ = nullptr;
-}
-
-DistributedDataParallel::NoSync::~NoSync() {
-  if (!owner_) return;
-  std::lock_guard<std::mutex> lk(owner_->impl_->mu);
-  owner_->impl_->no_sync = prev_;
-}
-
-DistributedDataParallel::NoSync DistributedDataParallel::no_sync() { return NoSync(this); }
+DistributedDataParallel::NoSync DistributedDataParallel::no_sync() { return NoSync(impl_, impl_->mu, impl_->no_sync); }
 
 const ProcessGroupPtr& DistributedDataParallel::process_group() const { return impl_->group; }
 const DDPOptions& DistributedDataParallel::options() const { return impl_->options; }

@@ -23,6 +23,7 @@
 #include "chorus/dist/comm_hooks.h"
 #include "chorus/dist/process_group.h"
 #include "chorus/dist/reducer.h"
+#include "chorus/dist/replica_sync.h"
 #include "chorus/nn/module.h"
 
 namespace chorus::dist {
@@ -57,20 +58,7 @@ class DistributedDataParallel : public nn::Module {
 
   // While the guard lives, forwards arm no reduction: backwards accumulate
   // into .grad locally, and the first backward after it reduces the sum.
-  class NoSync {
-   public:
-    ~NoSync();
-    NoSync(NoSync&& other) noexcept;
-    NoSync(const NoSync&) = delete;
-    NoSync& operator=(const NoSync&) = delete;
-    NoSync& operator=(NoSync&&) = delete;
-
-   private:
-    friend class DistributedDataParallel;
-    explicit NoSync(DistributedDataParallel* owner);
-    DistributedDataParallel* owner_;
-    bool prev_;
-  };
+  using NoSync = NoSyncGuard;
   [[nodiscard]] NoSync no_sync();
 
   // Rank 0's buffers to every rank now (a collective), e.g. before an

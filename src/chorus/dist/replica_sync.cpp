@@ -1,6 +1,7 @@
 #include "chorus/dist/replica_sync.h"
 
 #include <map>
+#include <unordered_map>
 #include <sstream>
 
 #include "chorus/core/error.h"
@@ -60,6 +61,48 @@ std::vector<Tensor> FlatSet::views(size_t n) const {
 void FlatSet::broadcast(ProcessGroup& group) const {
   for (const PerDevice& d : devices)
     for (const Tensor& f : d.flats) on_group_device(group, f, [&](const Tensor& w) { return group.broadcast(w, 0); });
+}
+
+std::unique_ptr<FlatSet> flatten_module_buffers(nn::Module& module) {
+  std::vector<Tensor> list;
+  for (auto& [name, b] : module.named_buffers()) list.push_back(b);
+  if (list.empty()) return nullptr;
+  auto set = std::make_unique<FlatSet>(list);
+  std::vector<Tensor> views = set->views(list.size());
+  ops::copy_multi(list, views);
+  std::unordered_map<const TensorImpl*, Tensor> view_of;
+  for (size_t i = 0; i < list.size(); ++i) view_of[list[i].impl()] = views[i];
+  for (const nn::ModulePtr& m : module.modules())
+    for (auto& [name, slot] : m->own_buffers())
+      if (slot.defined())
+        if (auto it = view_of.find(slot.impl()); it != view_of.end()) slot = it->second;
+  return set;
+}
+
+void broadcast_module_buffers(const FlatSet& buffers, ProcessGroup& group, nn::Module& module) {
+  if (group.size() == 1) return;
+  buffers.broadcast(group);
+  for (const nn::ModulePtr& m : module.modules())
+    for (auto& [name, slot] : m->own_buffers())
+      if (slot.defined()) slot.bump_version();
+}
+
+NoSyncGuard::NoSyncGuard(std::shared_ptr<void> state, std::mutex& mu, bool& flag)
+    : state_(std::move(state)), mu_(&mu), flag_(&flag) {
+  std::lock_guard<std::mutex> lk(*mu_);
+  prev_ = *flag_;
+  *flag_ = true;
+}
+
+NoSyncGuard::NoSyncGuard(NoSyncGuard&& other) noexcept
+    : state_(std::move(other.state_)), mu_(other.mu_), flag_(other.flag_), prev_(other.prev_) {
+  other.flag_ = nullptr;
+}
+
+NoSyncGuard::~NoSyncGuard() {
+  if (!flag_) return;
+  std::lock_guard<std::mutex> lk(*mu_);
+  *flag_ = prev_;
 }
 
 // rank 0's values into `ts` (packed, one broadcast per device and dtype).

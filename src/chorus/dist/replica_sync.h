@@ -6,11 +6,14 @@
 // collective each.
 #pragma once
 
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "chorus/dist/flat_layout.h"
 #include "chorus/dist/process_group.h"
+#include "chorus/nn/module.h"
 #include "chorus/ops/copy.h"
 
 namespace chorus::dist {
@@ -41,6 +44,32 @@ struct FlatSet {
   std::vector<Tensor> views(size_t n) const;
   // rank 0's flat buffers to every rank.
   void broadcast(ProcessGroup& group) const;
+};
+
+// Note [DDP buffers]: the module's buffers re-pointed, once, at views of one
+// flat buffer per device and dtype (their values copied in), so that
+// broadcasting rank 0's is one collective each. nullptr when it has none.
+std::unique_ptr<FlatSet> flatten_module_buffers(nn::Module& module);
+// Rank 0's buffers (flattened above) to every rank, their versions bumped so
+// that DataParallel replicas inside a rank re-sync.
+void broadcast_module_buffers(const FlatSet& buffers, ProcessGroup& group, nn::Module& module);
+
+// A wrapper's no_sync(): while the guard lives `flag` is set (under `mu`),
+// and its previous value is put back after. `state` keeps them alive.
+class NoSyncGuard {
+ public:
+  NoSyncGuard(std::shared_ptr<void> state, std::mutex& mu, bool& flag);
+  ~NoSyncGuard();
+  NoSyncGuard(NoSyncGuard&& other) noexcept;
+  NoSyncGuard(const NoSyncGuard&) = delete;
+  NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+  NoSyncGuard& operator=(NoSyncGuard&&) = delete;
+
+ private:
+  std::shared_ptr<void> state_;
+  std::mutex* mu_;
+  bool* flag_;
+  bool prev_;
 };
 
 // rank 0's values into `ts` (packed, one broadcast per device and dtype).

@@ -17,7 +17,7 @@
 #include "chorus/ops/elementwise.h"
 #include "chorus/ops/factory.h"
 #include "chorus/ops/profile.h"
-#include "chorus/optim/clip_grad.h"
+#include "chorus/ops/global_norm.h"
 
 namespace chorus::dist {
 
@@ -497,29 +497,15 @@ ShardedDataParallel::ShardedDataParallel(nn::ModulePtr module, ProcessGroupPtr g
     s.names.push_back(name);
     s.params.push_back(p);
   }
-  std::vector<Tensor> buffer_list;
-  for (auto& [name, b] : module_->named_buffers()) {
-    signature.push_back(describe("buffer", name, b));
-    buffer_list.push_back(b);
-  }
+  for (auto& [name, b] : module_->named_buffers()) signature.push_back(describe("buffer", name, b));
   CHORUS_CHECK(!s.params.empty(), "ShardedDataParallel: the module has no parameter that requires grad");
   check_same_model(*s.group, signature, "ShardedDataParallel", "sdp/" + std::to_string(instance));
   NoGradGuard no_grad;
   // Rank 0's values: the frozen parameters here, the trainable ones bucket by
   // bucket below (one bucket's flat copy at a time, never the whole model's).
   if (s.world > 1) broadcast_in_place(*s.group, frozen);
-  if (!buffer_list.empty()) {
-    // Note [DDP buffers]: the slots hold views of flat buffers from now on.
-    s.buffers = std::make_unique<FlatSet>(buffer_list);
-    std::vector<Tensor> views = s.buffers->views(buffer_list.size());
-    ops::copy_multi(buffer_list, views);
-    std::unordered_map<const TensorImpl*, Tensor> view_of;
-    for (size_t i = 0; i < buffer_list.size(); ++i) view_of[buffer_list[i].impl()] = views[i];
-    for (const nn::ModulePtr& m : module_->modules())
-      for (auto& [name, slot] : m->own_buffers())
-        if (slot.defined())
-          if (auto it = view_of.find(slot.impl()); it != view_of.end()) slot = it->second;
-  }
+  s.buffers = flatten_module_buffers(*module_);
+  if (s.buffers && s.world > 1) broadcast_module_buffers(*s.buffers, *s.group, *module_);
 
   // The plan: stage 3 one bucket per unit (the root unit last, it finishes
   // the backward), stages 1-2 by size.
@@ -670,12 +656,9 @@ nn::Value ShardedDataParallel::forward_value(const nn::Value& x) {
   {
     std::lock_guard<std::mutex> lk(s.mu);
     CHORUS_CHECK(!s.in_backward, "ShardedDataParallel: forward while a backward is running");
-    if (s.options.broadcast_buffers && is_training() && s.buffers && s.world > 1) {
+    if (s.options.broadcast_buffers && is_training() && s.buffers) {
       NoGradGuard no_grad;
-      s.buffers->broadcast(*s.group);
-      for (const nn::ModulePtr& m : module_->modules())
-        for (auto& [name, slot] : m->own_buffers())
-          if (slot.defined()) slot.bump_version();
+      broadcast_module_buffers(*s.buffers, *s.group, *module_);
     }
     const bool training = grad_enabled() && is_training();
     if (training)
@@ -696,7 +679,11 @@ Tensor ShardedDataParallel::clip_grad_norm(double max_norm) {
     if (s.world > 1) s.group->all_reduce(sq, ReduceOp::Sum)->wait();
     // Hybrid: the replicas hold the same shards: their sum is not added.
   };
-  return optim::clip_grad_norm_sharded_(s.shard_params, max_norm, home, acc, total_of);
+  NoGradGuard no_grad;
+  TensorList grads;
+  for (const Tensor& p : s.shard_params)
+    if (Tensor g = p.grad(); g.defined()) grads.push_back(g);
+  return ops::clip_by_global_norm_(grads, max_norm, home, acc, total_of);
 }
 
 void ShardedDataParallel::gather_parameters() {
@@ -756,23 +743,7 @@ ShardedDataParallel::Held ShardedDataParallel::held_bytes() const {
   return h;
 }
 
-ShardedDataParallel::NoSync::NoSync(ShardedDataParallel* owner) : owner_(owner) {
-  std::lock_guard<std::mutex> lk(owner_->impl_->mu);
-  prev_ = owner_->impl_->no_sync;
-  owner_->impl_->no_sync = true;
-}
-
-ShardedDataParallel::NoSync::NoSync(NoSync&& other) noexcept : owner_(other.owner_), prev_(other.prev_) {
-  other.owner_ = nullptr;
-}
-
-ShardedDataParallel::NoSync::~NoSync() {
-  if (!owner_) return;
-  std::lock_guard<std::mutex> lk(owner_->impl_->mu);
-  owner_->impl_->no_sync = prev_;
-}
-
-ShardedDataParallel::NoSync ShardedDataParallel::no_sync() { return NoSync(this); }
+ShardedDataParallel::NoSync ShardedDataParallel::no_sync() { return NoSync(impl_, impl_->mu, impl_->no_sync); }
 
 std::shared_ptr<nn::Module> ShardedDataParallel::make_empty() const {
   CHORUS_THROW(ValueError, "ShardedDataParallel cannot be cloned; clone its module() instead");

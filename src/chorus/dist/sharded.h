@@ -40,6 +40,7 @@
 
 #include "chorus/dist/grad_buckets.h"
 #include "chorus/dist/process_group.h"
+#include "chorus/dist/replica_sync.h"
 #include "chorus/nn/module.h"
 
 namespace chorus::dist {
@@ -122,20 +123,7 @@ class ShardedDataParallel : public nn::Module {
   // While the guard lives, backwards reduce nothing: gradients accumulate in
   // the module's parameters (full size), and the next synced backward reduces
   // the sum.
-  class NoSync {
-   public:
-    ~NoSync();
-    NoSync(NoSync&& other) noexcept;
-    NoSync(const NoSync&) = delete;
-    NoSync& operator=(const NoSync&) = delete;
-    NoSync& operator=(NoSync&&) = delete;
-
-   private:
-    friend class ShardedDataParallel;
-    explicit NoSync(ShardedDataParallel* owner);
-    ShardedDataParallel* owner_;
-    bool prev_;
-  };
+  using NoSync = NoSyncGuard;
   [[nodiscard]] NoSync no_sync();
 
   const nn::ModulePtr& module() const { return module_; }

@@ -29,8 +29,8 @@
 // so they must be unique per save within one job (ShardedCheckpointWriter
 // numbers its saves).
 //
-// io/ reaches the job's processes only through dist/store.h's interface (a
-// header with no dependencies), never through a process group.
+// io/ reaches the job's processes only through io/commit_store.h's
+// interface, which apps/ implements over the job's store.
 #pragma once
 
 #include <chrono>
@@ -42,7 +42,7 @@
 #include <vector>
 
 #include "chorus/core/tensor.h"
-#include "chorus/dist/store.h"
+#include "chorus/io/commit_store.h"
 #include "chorus/io/checkpoint.h"
 #include "chorus/nn/module.h"
 
@@ -87,7 +87,7 @@ struct ShardedSave {
 
 struct ShardedSaveOptions {
   int rank = 0, world = 1;
-  dist::StorePtr store;                 // the job's store; may be null when world == 1
+  CommitStorePtr store;                 // the job's store (adapted); may be null when world == 1
   std::string key_prefix = "chorus/sharded-ckpt";
   int keep_last = 3;                    // complete checkpoints kept (0: all)
   std::chrono::milliseconds timeout = std::chrono::minutes(10);  // for the other ranks' shards / rank 0's commit

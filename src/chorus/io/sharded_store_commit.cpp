@@ -40,7 +40,7 @@ double seconds(std::chrono::milliseconds ms) { return static_cast<double>(ms.cou
 
 // Rank 0: every rank's description, or IOError naming the ranks that failed
 // or did not report within `timeout`.
-std::vector<cjson> collect_ranks(dist::Store& store, const CommitKeys& keys, int world, cjson own,
+std::vector<cjson> collect_ranks(CommitStore& store, const CommitKeys& keys, int world, cjson own,
                                  std::chrono::milliseconds timeout, const std::string& name) {
   const auto deadline = Clock::now() + timeout;
   // One counter read per poll, however many ranks; the keys are read once all arrived.
@@ -58,7 +58,7 @@ std::vector<cjson> collect_ranks(dist::Store& store, const CommitKeys& keys, int
   for (int r = 1; r < world; ++r) {
     cjson d;
     try {
-      d = cjson::parse(store.get_string(keys.rank(r)));
+      d = cjson::parse(store.get(keys.rank(r)));
     } catch (const cjson::exception& e) {
       CHORUS_THROW(IOError, "rank ", r, "'s report on its shard of ", name, " is not valid JSON: ", e.what());
     }
@@ -114,7 +114,7 @@ std::string other_rank_save(const std::string& dir, const ShardedSave& save, con
   } catch (const DistError& e) {
     CHORUS_THROW(IOError, "rank ", o.rank, ": rank 0 did not start saving ", name, ": ", e.message());
   }
-  const std::string tmp_name = o.store->get_string(keys.dir());
+  const std::string tmp_name = o.store->get(keys.dir());
   if (!tmp_name.empty()) {
     cjson report;
     try {
@@ -132,7 +132,7 @@ std::string other_rank_save(const std::string& dir, const ShardedSave& save, con
   } catch (const DistError& e) {
     CHORUS_THROW(IOError, "rank ", o.rank, ": rank 0 did not report the commit of ", name, ": ", e.message());
   }
-  const std::string result = o.store->get_string(keys.result());
+  const std::string result = o.store->get(keys.result());
   if (result.rfind("ok ", 0) != 0)
     CHORUS_THROW(IOError, "rank ", o.rank, ": rank 0 could not commit ", name, ": ",
                  result.rfind("error ", 0) == 0 ? result.substr(6) : result);

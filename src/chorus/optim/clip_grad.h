@@ -6,7 +6,6 @@
 // norm: the whole model's.
 #pragma once
 
-#include <functional>
 #include <vector>
 
 #include "chorus/core/tensor.h"
@@ -18,12 +17,5 @@ namespace chorus::optim {
 // max_norm <= 0 or infinite: the norm is computed and nothing is scaled.
 Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm);
 
-// The same where the gradients are sharded (dist::ShardedDataParallel): the
-// sum of squares of this process's gradients goes through `total_of` (an
-// all-reduce over the ranks, in place) before the square root, so every rank
-// scales by the whole model's norm. An empty `params` (no gradient here)
-// contributes 0: every rank must call it.
-Tensor clip_grad_norm_sharded_(const std::vector<Tensor>& params, double max_norm, const Device& home, DType acc,
-                               const std::function<void(const Tensor& sum_of_squares)>& total_of);
 
 }  // namespace chorus::optim
