@@ -112,4 +112,18 @@ check "nothing answers on 127.0.0.1:$port" \
   "! python3 -c 'import socket,sys; socket.create_connection((\"127.0.0.1\", $port), timeout=2)' 2>/dev/null"
 touch "$tmp/listened"; wait $lp; rc=$?
 check "the job on 127.0.0.2 finished (exit $rc)" "[ $rc = 0 ] && grep -q 'rank 0 of 2: sum 3.0 6.0 9.0' '$tmp/out5'"
+
+# 6. Without chorus launch (mpirun): rank 0 hosts the store; CHORUS_JOB_SECRET
+#    in every rank's environment is used, and without it rank 0 says once that
+#    the store is unauthenticated.
+if command -v mpirun >/dev/null; then
+  mpi() { MASTER_PORT=$(free_port) timeout 120 mpirun --allow-run-as-root --oversubscribe -np 2 -x MASTER_PORT "$@" \
+            "$PROBE" sum 2>&1; }
+  out=$(CHORUS_JOB_SECRET=$S1 mpi -x CHORUS_JOB_SECRET); rc=$?
+  check "mpirun with CHORUS_JOB_SECRET (exit $rc): no warning" \
+    "[ $rc = 0 ] && [ \$(grep -c 'of 2: sum 3.0 6.0 9.0' <<<\"\$out\") = 2 ] && ! grep -q 'no secret' <<<\"\$out\""
+  out=$(mpi); rc=$?
+  check "mpirun without one (exit $rc): $(grep 'no secret' <<<"$out" | head -1)" \
+    "[ $rc = 0 ] && [ \$(grep -c \"the job's store has no secret (CHORUS_JOB_SECRET is not set)\" <<<\"\$out\") = 1 ]"
+fi
 exit $fail

@@ -189,6 +189,22 @@ TEST(StoreAuth, RendezvousWithTheSecret) {
   first.join();
 }
 
+// Under torchrun its agent serves the store (PyTorch's, which knows no
+// secret and would drop an AUTH): a secret in the environment is not sent.
+// A store without one plays it here; it would refuse a client that sent one.
+TEST(StoreAuth, TorchrunsStoreGetsNoAuth) {
+  TCPStoreServer server(0, "127.0.0.1");
+  LaunchEnv e;
+  e.launcher = "torchrun";
+  e.master_addr = "127.0.0.1";
+  e.master_port = server.port();
+  e.use_agent_store = true;
+  e.job_secret = kSecret;
+  EXPECT_NO_THROW(rendezvous(e, 20s));
+  e.launcher = "env";  // RANK etc. by hand: the secret given is meant for a Chorus store
+  EXPECT_TRUE(test::throws_naming<StoreAuthError>([&] { rendezvous(e, 5s); }, {"has no job secret"}));
+}
+
 TEST(StoreAuth, SecretFiles) {
   char dir[] = "/tmp/chorus_secret_XXXXXX";
   ASSERT_NE(::mkdtemp(dir), nullptr);
