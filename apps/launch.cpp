@@ -10,7 +10,9 @@
 // other line is prefixed "[rank N] "; with --log-dir each rank's output also
 // goes to rank_N.log. The last lines of each rank are kept for the failure
 // report. On several nodes the launchers watch a key in the store, so a
-// failure on one node ends the job on all.
+// failure on one node ends the job on all. The store serves only processes
+// that prove the job's secret, which the launcher hands its workers in their
+// environment (Note [Store job secret] in dist/store_auth.h).
 #include "launch.h"
 
 #include <fcntl.h>
