@@ -10,7 +10,9 @@
 // other line is prefixed "[rank N] "; with --log-dir each rank's output also
 // goes to rank_N.log. The last lines of each rank are kept for the failure
 // report. On several nodes the launchers watch a key in the store, so a
-// failure on one node ends the job on all.
+// failure on one node ends the job on all. The store serves only processes
+// that prove the job's secret, which the launcher hands its workers in their
+// environment (Note [Store job secret] in dist/store_auth.h).
 #include "launch.h"
 
 #include <fcntl.h>
@@ -34,7 +36,10 @@
 
 #include "chorus/core/backend.h"
 #include "chorus/core/error.h"
+#include "chorus/dist/job_secret.h"
 #include "chorus/dist/launch_env.h"
+#include "chorus/dist/store_address.h"
+#include "chorus/dist/store_auth.h"
 #include "chorus/dist/tcp_store.h"
 #include "cli_numbers.h"
 
@@ -88,13 +93,15 @@ class Launcher {
     nproc_ = resolve_nproc();
     world_ = nproc_ * c_.nnodes;
     if (!c_.log_dir.empty()) std::filesystem::create_directories(c_.log_dir);
+    secret_ = job_secret();
     if (c_.node_rank == 0) {
-      // A job on one node whose master is this machine's loopback needs its
-      // store on loopback alone: nothing outside the machine can reach it
-      // (issue 47, item 6 in part; several nodes still listen on every
-      // interface, and the store has no secret yet).
-      const bool loopback = c_.nnodes == 1 && (c_.master_addr == "127.0.0.1" || c_.master_addr == "localhost");
-      server_ = std::make_unique<dist::TCPStoreServer>(c_.master_port, loopback ? "127.0.0.1" : "0.0.0.0");
+      // On the master address alone (Note [Store listen address]), for
+      // clients that prove the secret (Note [Store job secret]).
+      const std::string listen = dist::store_listen_address(c_.master_addr, c_.nnodes > 1);
+      server_ = std::make_unique<dist::TCPStoreServer>(c_.master_port, listen, secret_);
+      store_host_ = dist::store_connect_address(listen);
+    } else {
+      store_host_ = c_.master_addr;
     }
     if (c_.nnodes == 1 && dist::job_id_of_environment("chorus").empty()) {
       std::random_device rd;
@@ -113,7 +120,10 @@ class Launcher {
     double backoff = c_.restart_backoff_s;
     for (int attempt = 0;; ++attempt) {
       const int rc = run_once(attempt);
-      if (rc == 0 || g_signal || attempt >= c_.max_restarts) return rc;
+      if (rc == 0 || g_signal || attempt >= c_.max_restarts) {
+        report_refused(true);
+        return rc;
+      }
       // A failure that repeats at once (a port still taken, a file system
       // still full) gets a growing pause rather than a tight loop of restarts.
       std::fprintf(stderr, "chorus launch: restarting the job in %.1f s (%d of %d restarts)\n", backoff, attempt + 1,
@@ -128,18 +138,49 @@ class Launcher {
   }
 
  private:
+  // Note [Store job secret] (dist/store_auth.h): --job-secret-file, else
+  // CHORUS_JOB_SECRET, else on one node a fresh one. Nodes cannot agree on a
+  // random secret by themselves: a job of several nodes must be given one.
+  std::string job_secret() const {
+    if (!c_.job_secret_file.empty()) return dist::read_job_secret_file(c_.job_secret_file);
+    std::string s = dist::job_secret_from_environment();
+    if (!s.empty()) return s;
+    CHORUS_CHECK(c_.nnodes == 1, "chorus launch --nnodes ", c_.nnodes, ": every node of the job must be given the same "
+                 "secret: export ", dist::kJobSecretVariable, " or pass --job-secret-file FILE (mode 600) on every node "
+                 "(make one with: od -An -tx1 -N32 /dev/urandom | tr -d ' \\n')");
+    return dist::make_job_secret();
+  }
+
+  // Connections the store dropped because they did not prove the secret: the
+  // first is named when it is noticed, the total at the end; never a line
+  // per connection (a flood of them would flood the log).
+  void report_refused(bool at_end) {
+    if (!server_) return;
+    const size_t n = server_->refused();
+    if (n > 0 && !refused_named_) {
+      refused_named_ = true;
+      std::fprintf(stderr, "chorus launch: the job's store dropped a connection from %s that did not prove the job "
+                   "secret (a process not of this job, or given another secret); more are counted, not shown\n",
+                   server_->first_refused_peer().c_str());
+    }
+    if (at_end && n > 1)
+      std::fprintf(stderr, "chorus launch: the job's store dropped %zu connections that did not prove the job secret\n", n);
+  }
+
   // The job's store on node 0, which may start after this node: tried for
   // kStoreWait, a short try at a time, so that SIGINT or SIGTERM ends the wait
   // within a try (a node-rank >= 1 launcher ignored them for up to 300 s while
   // node 0 was unreachable). Null when a signal came.
   std::unique_ptr<dist::TCPStore> connect_to_store() {
-    const std::string host = c_.node_rank == 0 ? "127.0.0.1" : c_.master_addr;
+    const std::string& host = store_host_;
     const auto deadline = std::chrono::steady_clock::now() + kStoreWait;
     for (;;) {
       try {
-        auto store = std::make_unique<dist::TCPStore>(host, c_.master_port, std::chrono::seconds(1));
+        auto store = std::make_unique<dist::TCPStore>(host, c_.master_port, std::chrono::seconds(1), secret_);
         store->set_timeout(kStoreWait);
         return store;
+      } catch (const StoreAuthError&) {
+        throw;  // another secret: trying again will not help
       } catch (const Error& e) {
         if (g_signal) return nullptr;
         if (std::chrono::steady_clock::now() >= deadline)
@@ -206,6 +247,9 @@ class Launcher {
       set("CHORUS_LAUNCHER", "1");
       set("CHORUS_RESTART_COUNT", std::to_string(attempt));
       if (!run_id_.empty()) set("CHORUS_RUN_ID", run_id_);
+      // In the environment, never on a command line: /proc/PID/environ is
+      // readable by the same user only, /proc/PID/cmdline by everyone.
+      set(dist::kJobSecretVariable, secret_);
       std::vector<char*> argv;
       for (const auto& a : c_.command) argv.push_back(const_cast<char*>(a.c_str()));
       argv.push_back(nullptr);
@@ -358,6 +402,7 @@ class Launcher {
     auto last_check = std::chrono::steady_clock::now();
     while (std::any_of(ws.begin(), ws.end(), [](const Worker& w) { return !w.exited; })) {
       if (g_signal) break;
+      report_refused(false);
       if (Worker* f = step(ws, 200)) {
         failed = f;
         break;
@@ -461,6 +506,9 @@ class Launcher {
   // agree on a random one: CHORUS_RUN_ID, or the scheduler's, is used).
   std::string run_id_;
   std::unique_ptr<dist::TCPStore> store_;
+  std::string secret_;      // Note [Store job secret]; never printed
+  std::string store_host_;  // where this node reaches the store
+  bool refused_named_ = false;
 };
 
 }  // namespace
@@ -483,6 +531,9 @@ void add_launch_options(CLI::App* cmd, LaunchConfig& c) {
   cmd->add_option("--restart-backoff", c.restart_backoff_s,
                   "Seconds before the first --max-restarts restart, doubled for each next one (at most 60)")
       ->capture_default_str()->check(real_number(kMaxRestartBackoff, false, 0));
+  cmd->add_option("--job-secret-file", c.job_secret_file,
+                  "File (mode 600) with the job's secret, the same on every node; default: $CHORUS_JOB_SECRET, "
+                  "or on one node a random one");
   cmd->add_option("command", c.command, "PROGRAM ARGS... (after --)")->required();
 }
 

@@ -98,7 +98,7 @@ bad "bench --mesh for an image model" "offered for GPT models" 0 bench --model c
 two_nodes() {  # ARGS...: both nodes' launchers; their output in $tmp/node0, $tmp/node1
   local port; port=$(free_port)
   for node in 0 1; do
-    CHORUS_RUN_ID="tp-span-$$" timeout 120 "$CHORUS" launch --nnodes 2 --node-rank $node --nproc-per-node 2 \
+    CHORUS_RUN_ID="tp-span-$$" CHORUS_JOB_SECRET="tp-span-secret-$$" timeout 120 "$CHORUS" launch --nnodes 2 --node-rank $node --nproc-per-node 2 \
       --master-addr 127.0.0.1 --master-port "$port" --grace-period 2 -- "$CHORUS" "$@" > "$tmp/node$node" 2>&1 &
   done
   wait

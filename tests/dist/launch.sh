@@ -61,11 +61,13 @@ check "restarted once, then exit 0 (got $rc)" "[ $rc = 0 ] && grep -q 'restartin
 # with one line naming that; the first job, whose store it is, finishes.
 # Job A's workers stay until the check is done (a marker file), however slow
 # the machine; no launcher's id variable is inherited from the test's runner.
+# Both are given one job secret (a user who exports CHORUS_JOB_SECRET in their
+# shell): the secret lets the process in, the job id stops it.
 PROBE=${2:-}
 if [ -n "$PROBE" ] && ! "$CHORUS" --version | grep -q "^Gloo: no"; then
   port=$(free_port)
   no_ids=(env -u CHORUS_RUN_ID -u TORCHELASTIC_RUN_ID -u SLURM_JOB_ID -u SLURM_STEP_ID -u PMIX_NAMESPACE
-          -u OMPI_MCA_ess_base_jobid)
+          -u OMPI_MCA_ess_base_jobid CHORUS_JOB_SECRET=one-secret-of-this-user-$$)
   "${no_ids[@]}" "$CHORUS" launch --nproc-per-node 2 --master-port "$port" -- \
     bash -c '"$1" sum || exit 1; for _ in $(seq 1200); do [ -e "$2" ] && exit 0; sleep 0.1; done; exit 9' \
     "$M" "$PROBE" "$tmp/checked" > "$tmp/a_out" 2> "$tmp/a_err" & a=$!

@@ -32,7 +32,8 @@ check "SIGTERM while waiting to restart -> exit 143 at once (got $rc in ${took} 
   "[ $rc = 143 ] && [ $took -lt 5 ] && grep -q 'while waiting to restart; not restarting' '$tmp/err2' && [ \$(grep -c 'restarting the job in' '$tmp/err2') = 1 ]"
 
 # 2b. Item 10: a launcher of node 1 waiting for node 0's store answers SIGTERM at once.
-"$CHORUS" launch --nnodes 2 --node-rank 1 --nproc-per-node 1 --master-addr 127.0.0.1 --master-port "$(free_port)" -- \
+CHORUS_JOB_SECRET=launch-limits-secret-$$ "$CHORUS" launch --nnodes 2 --node-rank 1 --nproc-per-node 1 --master-addr 127.0.0.1 \
+  --master-port "$(free_port)" -- \
   bash -c 'exit 0' "$M" > /dev/null 2> "$tmp/err3" &
 lp=$!; sleep 2
 start=$(date +%s); kill -TERM $lp; wait $lp; rc=$?; took=$(( $(date +%s) - start ))

@@ -5,6 +5,9 @@
 # workers died with it), plus clients that announce a 1 GiB value and stall,
 # and clients that connect and say nothing (Note [Store connections are
 # bounded] in dist/tcp_store.h). The job must finish as if nothing happened.
+# The launcher's store now has a job secret (Note [Store job secret]), so the
+# SETs are dropped at their first byte; Store.ServerSurvivesHostileConnections
+# keeps the stalled 1 GiB value covered on a store without one.
 set -uo pipefail
 CHORUS=${1:?chorus}
 source "$(dirname "$0")/../testing/free_port.sh"  # free_port: a master port no other job can take

@@ -43,7 +43,7 @@ same "zero-3 on 4 ranks, 4 x 2" "$(job 4 --strategy zero --zero-stage 3 --batch-
 # --hybrid: two "nodes" of two ranks on this machine.
 port=$(free_port)
 for node in 0 1; do
-  timeout 300 "$CHORUS" launch --nnodes 2 --node-rank $node --nproc-per-node 2 --master-addr 127.0.0.1 --master-port $port -- \
+  CHORUS_JOB_SECRET=train-zero-hybrid-$$ timeout 300 "$CHORUS" launch --nnodes 2 --node-rank $node --nproc-per-node 2 --master-addr 127.0.0.1 --master-port $port -- \
     "$CHORUS" "${T[@]}" --devices cpu --strategy zero --zero-stage 2 --hybrid --batch-size 2 >"$tmp/hyb$node.out" 2>"$tmp/hyb$node.err" &
 done
 wait

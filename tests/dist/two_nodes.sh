@@ -26,6 +26,8 @@ for n in "$n0" "$n1"; do ip -n "$n" link set lo up; done
 ip -n "$n0" link set "$v0" up; ip -n "$n1" link set "$v1" up
 port=29555
 out=$(mktemp -d)
+# Every node of a job is given the same secret (Note [Store job secret]).
+export CHORUS_JOB_SECRET=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
 ip netns exec "$n0" timeout 120 "$CHORUS" launch --nnodes 2 --node-rank 0 --nproc-per-node 2 \
   --master-addr 192.0.2.1 --master-port $port -- "$PROBE" sum > "$out/node0" 2>&1 & p0=$!
 ip netns exec "$n1" timeout 120 "$CHORUS" launch --nnodes 2 --node-rank 1 --nproc-per-node 2 \

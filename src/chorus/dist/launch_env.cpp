@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "chorus/core/error.h"
+#include "chorus/dist/job_secret.h"
 
 namespace chorus::dist {
 
@@ -93,6 +94,7 @@ std::optional<LaunchEnv> read_launch_env() {
     return std::nullopt;
   }
   e.job_id = job_id_of_environment(e.launcher);
+  e.job_secret = job_secret_from_environment();
   if (env("MASTER_ADDR")) e.master_addr = env("MASTER_ADDR");
   if (env("MASTER_PORT")) e.master_port = env_int("MASTER_PORT", 1, 65535);
   const char* agent = env("TORCHELASTIC_USE_AGENT_STORE");

@@ -5,7 +5,8 @@
 //  - OpenMPI: OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE;
 //  - Slurm: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODELIST (the
 //    first host of the list is the master), SLURM_NTASKS_PER_NODE.
-// MASTER_ADDR / MASTER_PORT, where set, override what a launcher implies.
+// MASTER_ADDR / MASTER_PORT, where set, override what a launcher implies;
+// CHORUS_JOB_SECRET, where set, is the job's secret (Note [Store job secret]).
 #pragma once
 
 #include <optional>
@@ -32,6 +33,8 @@ struct LaunchEnv {
   // another launcher could differ between ranks of one job.) Empty: unknown,
   // and not checked.
   std::string job_id;
+  // CHORUS_JOB_SECRET (dist/job_secret.h); empty when unset. Never printed.
+  std::string job_secret;
 };
 
 // The environment of the current process; nullopt when no launcher set one.

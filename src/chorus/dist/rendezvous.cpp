@@ -5,6 +5,9 @@
 #include <thread>
 
 #include "chorus/core/error.h"
+#include "chorus/core/warn.h"
+#include "chorus/dist/job_secret.h"
+#include "chorus/dist/store_address.h"
 #include "chorus/dist/prefix_store.h"
 
 namespace chorus::dist {
@@ -23,8 +26,25 @@ std::string str(const Bytes& b) { return std::string(b.begin(), b.end()); }
 Rendezvous rendezvous(const LaunchEnv& env, std::chrono::milliseconds timeout) {
   Rendezvous r;
   const bool host_here = env.rank == 0 && !env.use_agent_store;
-  if (host_here) r.server = std::make_shared<TCPStoreServer>(env.master_port);
-  auto tcp = std::make_shared<TCPStore>(host_here ? "127.0.0.1" : env.master_addr, env.master_port, timeout);
+  // Note [Store job secret] (dist/store_auth.h): torchrun's own store (its
+  // agent's) knows no secret; every other store of a job is Chorus's.
+  const bool torchrun_store = env.use_agent_store && env.launcher == "torchrun";
+  const std::string secret = torchrun_store ? "" : env.job_secret;
+  if (env.rank == 0 && secret.empty())
+    warn_once("store without secret",
+              torchrun_store ? "the job's store is torchrun's, which has no authentication: any process that reaches "
+                               "MASTER_ADDR:MASTER_PORT can change this job's keys (docs/distributed.md, \"The store\")"
+                             : std::string("the job's store has no secret (") + kJobSecretVariable +
+                                   " is not set): any process that reaches MASTER_ADDR:MASTER_PORT can change this "
+                                   "job's keys; give every process the same " + kJobSecretVariable +
+                                   ", or start the job with chorus launch");
+  std::string host = env.master_addr;
+  if (host_here) {
+    const std::string listen = store_listen_address(env.master_addr, env.local_world_size < env.world_size);
+    r.server = std::make_shared<TCPStoreServer>(env.master_port, listen, secret);
+    host = store_connect_address(listen);
+  }
+  auto tcp = std::make_shared<TCPStore>(host, env.master_port, timeout, secret);
   r.store = std::make_shared<PrefixStore>("chorus/" + generation(), tcp);
   Store& s = *r.store;
 

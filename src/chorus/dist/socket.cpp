@@ -96,9 +96,11 @@ Socket Socket::listen(const std::string& bind_addr, int port, int backlog) {
   if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     const int err = errno;
     CHORUS_THROW(DistError, "cannot listen on ", endpoint(bind_addr.empty() ? "0.0.0.0" : bind_addr, port), ": ",
-                 err == EADDRINUSE ? "the port is taken (another job, or an earlier run still going?); "
-                                     "choose another --master-port / MASTER_PORT"
-                                   : std::strerror(err));
+                 err == EADDRINUSE     ? "the port is taken (another job, or an earlier run still going?); "
+                                         "choose another --master-port / MASTER_PORT"
+                 : err == EADDRNOTAVAIL ? "that is not an address of this machine; the store runs on node 0 / "
+                                          "rank 0, whose own address --master-addr / MASTER_ADDR must be"
+                                        : std::strerror(err));
   }
   CHORUS_CHECK_T(DistError, ::listen(fd, backlog) == 0, "listen(): ", std::strerror(errno));
   return s;

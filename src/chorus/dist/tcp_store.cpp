@@ -8,6 +8,7 @@
 #include <system_error>
 
 #include "chorus/core/error.h"
+#include "chorus/dist/store_auth.h"
 
 namespace chorus::dist {
 
@@ -99,8 +100,8 @@ constexpr auto kForever = std::chrono::hours(24 * 365);
 
 // ---- server ---------------------------------------------------------------------
 
-TCPStoreServer::TCPStoreServer(int port, const std::string& bind_addr)
-    : listener_(Socket::listen(bind_addr, port)) {
+TCPStoreServer::TCPStoreServer(int port, const std::string& bind_addr, std::string secret)
+    : secret_(std::move(secret)), listener_(Socket::listen(bind_addr, port)) {
   port_ = listener_.local_port();
   acceptor_ = std::thread([this] { accept_loop(); });
 }
@@ -117,6 +118,11 @@ TCPStoreServer::~TCPStoreServer() {
     clients.swap(clients_);
   }
   for (auto& c : clients) c.thread.join();
+}
+
+std::string TCPStoreServer::first_refused_peer() {
+  std::lock_guard<std::mutex> lk(clients_mu_);
+  return first_refused_;
 }
 
 void TCPStoreServer::reap_finished() {
@@ -156,114 +162,143 @@ void TCPStoreServer::accept_loop() {
 }
 
 void TCPStoreServer::serve(Socket c) {
+  bool authed = secret_.empty();  // Note [Store job secret]
   try {
-    Reader in{c, Clock::now() + kForever};
-    bool hello = false;  // a store client says who it is first
-    const auto hello_by = Clock::now() + kStoreHelloTimeout;
-    for (;;) {
-      uint8_t type = 0;
-      if (!c.readable(std::chrono::milliseconds(200))) {
-        if (stop_.load()) return;
-        if (!hello && Clock::now() > hello_by) return;  // a silent connection: drop it
-        continue;
-      }
-      // A message begun is finished in time: a half-sent one does not hold
-      // its thread forever (Note [Store connections are bounded]).
-      in.deadline = Clock::now() + kStoreMessageTimeout;
-      c.recv_all(&type, 1, in.deadline);
-      if (!hello && type != kValidate) return;  // not a store client: drop it
-      switch (type) {
-        case kValidate:
-          if (in.value<uint32_t>() != kMagic) return;  // not a store client: drop it
-          hello = true;
-          break;
-        case kPing:
-          { const uint32_t nonce = in.value<uint32_t>(); c.send_all(&nonce, sizeof(nonce)); }
-          break;
-        case kSet: {
-          std::string k = in.str();
-          table_.set(k, in.bytes());
-          break;
-        }
-        case kCompareSet: {
-          std::string k = in.str();
-          Bytes expected = in.bytes(), desired = in.bytes();
-          Bytes now = table_.compare_set(k, expected, desired);
-          send_bytes(c, now);
-          break;
-        }
-        case kGet: {
-          Bytes v;
-          table_.try_get(in.str(), &v);
-          send_bytes(c, v);
-          break;
-        }
-        case kAdd: {
-          std::string k = in.str();
-          const int64_t v = table_.add(k, in.value<int64_t>());
-          c.send_all(&v, sizeof(v));
-          break;
-        }
-        case kCheck: {
-          const uint8_t r = table_.check(in.keys()) ? kReady : kNotReady;
-          c.send_all(&r, 1);
-          break;
-        }
-        case kWait: {
-          std::vector<std::string> ks = in.keys();
-          // Waits here (this thread serves only this client) until the keys
-          // exist, the client cancels, or the server stops.
-          bool cancelled = false;
-          const bool ok = table_.wait_until(ks, kForever, [&] {
-            if (stop_.load()) return true;
-            if (c.readable(std::chrono::milliseconds(0))) {
-              uint8_t t = 0;
-              c.recv_all(&t, 1, Clock::now() + std::chrono::seconds(5));
-              cancelled = t == kCancelWait;
-              return true;
-            }
-            return false;
-          });
-          if (ok) {
-            const uint8_t r = kStopWaiting;
-            c.send_all(&r, 1);
-          } else if (cancelled) {
-            const uint8_t r = kWaitCanceled;
-            c.send_all(&r, 1);
-          } else {
-            return;  // stopping, or a protocol error: drop the client
-          }
-          break;
-        }
-        case kNumKeys: {
-          const int64_t n = table_.num_keys();
-          c.send_all(&n, sizeof(n));
-          break;
-        }
-        case kDeleteKey: {
-          const int64_t n = table_.delete_key(in.str()) ? 1 : 0;
-          c.send_all(&n, sizeof(n));
-          break;
-        }
-        default:
-          return;  // unknown query: drop the client rather than guess
-      }
-    }
+    serve_client(c, &authed);
   } catch (const std::exception&) {
     // The client went away (or sent garbage): its thread ends, the store stays.
+  }
+  if (!authed && !stop_.load() && refused_.fetch_add(1) == 0) {
+    std::lock_guard<std::mutex> lk(clients_mu_);
+    first_refused_ = c.peer();
+  }
+}
+
+void TCPStoreServer::serve_client(Socket& c, bool* authed) {
+  Reader in{c, Clock::now() + kForever};
+  bool hello = false;  // a store client says who it is first (and proves the secret)
+  const auto hello_by = Clock::now() + kStoreHelloTimeout;
+  for (;;) {
+    uint8_t type = 0;
+    if (!c.readable(std::chrono::milliseconds(200))) {
+      if (stop_.load()) return;
+      if (!(hello && *authed) && Clock::now() > hello_by) return;  // a silent connection: drop it
+      continue;
+    }
+    // A message begun is finished in time: a half-sent one does not hold
+    // its thread forever (Note [Store connections are bounded]).
+    in.deadline = Clock::now() + kStoreMessageTimeout;
+    c.recv_all(&type, 1, in.deadline);
+    if (!hello && type != kValidate) return;  // not a store client: drop it
+    if (!*authed && type != kValidate && type != kAuthQuery) {
+      // Not a word to a client without the secret, but what it lacks.
+      if (type == kPing) {
+        in.value<uint32_t>();
+        c.send_all(&kAuthRequiredEcho, sizeof(kAuthRequiredEcho));
+      }
+      return;
+    }
+    switch (type) {
+      case kValidate:
+        if (in.value<uint32_t>() != kMagic) return;  // not a store client: drop it
+        hello = true;
+        break;
+      case kAuthQuery:
+        if (secret_.empty()) {
+          in.value<Nonce>();
+          c.send_all(&kAuthUnneeded, 1);  // the client decides (Note [Store job secret])
+        } else if (*authed || !accept_job_secret(c, secret_, in.deadline)) {
+          return;
+        } else {
+          *authed = true;
+        }
+        break;
+      case kPing:
+        { const uint32_t nonce = in.value<uint32_t>(); c.send_all(&nonce, sizeof(nonce)); }
+        break;
+      case kSet: {
+        std::string k = in.str();
+        table_.set(k, in.bytes());
+        break;
+      }
+      case kCompareSet: {
+        std::string k = in.str();
+        Bytes expected = in.bytes(), desired = in.bytes();
+        Bytes now = table_.compare_set(k, expected, desired);
+        send_bytes(c, now);
+        break;
+      }
+      case kGet: {
+        Bytes v;
+        table_.try_get(in.str(), &v);
+        send_bytes(c, v);
+        break;
+      }
+      case kAdd: {
+        std::string k = in.str();
+        const int64_t v = table_.add(k, in.value<int64_t>());
+        c.send_all(&v, sizeof(v));
+        break;
+      }
+      case kCheck: {
+        const uint8_t r = table_.check(in.keys()) ? kReady : kNotReady;
+        c.send_all(&r, 1);
+        break;
+      }
+      case kWait: {
+        std::vector<std::string> ks = in.keys();
+        // Waits here (this thread serves only this client) until the keys
+        // exist, the client cancels, or the server stops.
+        bool cancelled = false;
+        const bool ok = table_.wait_until(ks, kForever, [&] {
+          if (stop_.load()) return true;
+          if (c.readable(std::chrono::milliseconds(0))) {
+            uint8_t t = 0;
+            c.recv_all(&t, 1, Clock::now() + std::chrono::seconds(5));
+            cancelled = t == kCancelWait;
+            return true;
+          }
+          return false;
+        });
+        if (ok) {
+          const uint8_t r = kStopWaiting;
+          c.send_all(&r, 1);
+        } else if (cancelled) {
+          const uint8_t r = kWaitCanceled;
+          c.send_all(&r, 1);
+        } else {
+          return;  // stopping, or a protocol error: drop the client
+        }
+        break;
+      }
+      case kNumKeys: {
+        const int64_t n = table_.num_keys();
+        c.send_all(&n, sizeof(n));
+        break;
+      }
+      case kDeleteKey: {
+        const int64_t n = table_.delete_key(in.str()) ? 1 : 0;
+        c.send_all(&n, sizeof(n));
+        break;
+      }
+      default:
+        return;  // unknown query: drop the client rather than guess
+    }
   }
 }
 
 // ---- client ---------------------------------------------------------------------
 
-TCPStore::TCPStore(const std::string& host, int port, std::chrono::milliseconds timeout)
+TCPStore::TCPStore(const std::string& host, int port, std::chrono::milliseconds timeout, const std::string& secret)
     : Store(timeout), sock_(Socket::connect(host, port, timeout)), address_(endpoint(host, port)) {
   Message(kValidate).value<uint32_t>(kMagic).send(sock_);
+  if (!secret.empty()) prove_job_secret(sock_, secret, address_, Clock::now() + timeout);
   const uint32_t nonce = static_cast<uint32_t>(::getpid());
   Message(kPing).value<uint32_t>(nonce).send(sock_);
   Reader in{sock_, Clock::now() + timeout};
-  CHORUS_CHECK_T(DistError, in.value<uint32_t>() == nonce, "the service at ", address_,
-                 " is not a TCPStore (wrong answer to a ping)");
+  const uint32_t echo = in.value<uint32_t>();
+  if (echo == kAuthRequiredEcho && secret.empty()) throw_secret_required(address_);
+  CHORUS_CHECK_T(DistError, echo == nonce, "the service at ", address_, " is not a TCPStore (wrong answer to a ping)");
 }
 
 void TCPStore::set(const std::string& key, const Bytes& value) {

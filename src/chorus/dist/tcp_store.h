@@ -17,6 +17,9 @@
 // (Recorded from PyTorch 2.11's own client and server on the GPU machine:
 // docs/distributed.md.) A GET of a missing key is preceded by a WAIT, as
 // PyTorch's client does, so the server never has to answer "absent".
+// A store given a job secret also wants AUTH right after VALIDATE (Note
+// [Store job secret] in dist/store_auth.h); without one it speaks PyTorch's
+// protocol unchanged.
 #pragma once
 
 #include <atomic>
@@ -50,23 +53,33 @@ inline constexpr std::chrono::seconds kStoreHelloTimeout{10}, kStoreMessageTimeo
 class TCPStoreServer {
  public:
   // Listens on bind_addr:port (port 0: a free port, see port()). Throws
-  // DistError when the port is taken.
-  explicit TCPStoreServer(int port, const std::string& bind_addr = "0.0.0.0");
+  // DistError when the port is taken. With a `secret`, serves only clients
+  // that prove it (Note [Store job secret]).
+  explicit TCPStoreServer(int port, const std::string& bind_addr = "0.0.0.0", std::string secret = "");
   ~TCPStoreServer();
   TCPStoreServer(const TCPStoreServer&) = delete;
   TCPStoreServer& operator=(const TCPStoreServer&) = delete;
   int port() const { return port_; }
+  // Connections dropped before they proved the secret (0 without one), and
+  // the address of the first: what a launcher reports, once, instead of a
+  // line per hostile connection.
+  size_t refused() const { return refused_.load(); }
+  std::string first_refused_peer();
 
  private:
   void accept_loop();
   void reap_finished();  // joins the threads of clients that left (clients_mu_ held)
   void serve(Socket client);
+  void serve_client(Socket& client, bool* authed);  // until it leaves or is dropped
   struct Client {
     std::thread thread;
     int fd = -1;
     std::shared_ptr<std::atomic<bool>> done;
   };
   HashStore table_;
+  const std::string secret_;
+  std::atomic<size_t> refused_{0};
+  std::string first_refused_;  // under clients_mu_
   Socket listener_;
   int port_ = 0;
   std::atomic<bool> stop_{false};
@@ -78,8 +91,11 @@ class TCPStoreServer {
 class TCPStore final : public Store {
  public:
   // Connects to host:port, retrying until `timeout` (which is also the
-  // default for every blocking call). DistError when nothing answers.
-  TCPStore(const std::string& host, int port, std::chrono::milliseconds timeout = std::chrono::seconds(300));
+  // default for every blocking call), and proves `secret` when not empty.
+  // DistError when nothing answers; StoreAuthError (dist/store_auth.h) when
+  // the store wants another secret or none.
+  TCPStore(const std::string& host, int port, std::chrono::milliseconds timeout = std::chrono::seconds(300),
+           const std::string& secret = "");
   using Store::set;
   using Store::wait;
   void set(const std::string& key, const Bytes& value) override;
