@@ -256,7 +256,7 @@ int run_bench_gpt(const BenchConfig& c) {
     return 0;
   }
   // ddp and zero rows: one process per device, under chorus launch, torchrun, mpirun or srun.
-  const dist::LaunchEnv env = ddp_launch_env();
+  const dist::LaunchEnv env = ddp_launch_env(c.strategy, "bench --model " + c.model);
   std::vector<Device> devices = ddp_devices(c.devices, env);
   CHORUS_CHECK(devices.size() == 1, "GPT rows over ranks take one device per process, got --devices ", c.devices);
   CHORUS_CHECK(c.precision == "fp32" || devices[0].is_cuda(), "--precision bf16 needs a CUDA device (got ",

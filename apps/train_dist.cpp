@@ -11,12 +11,13 @@
 
 namespace chorus::app {
 
-dist::LaunchEnv ddp_launch_env() {
+dist::LaunchEnv ddp_launch_env(const std::string& strategy, const std::string& command) {
   std::optional<dist::LaunchEnv> env = dist::read_launch_env();
-  CHORUS_CHECK(env.has_value(),
-               "--strategy ddp runs one process per device, started by a launcher, and none set this process up "
+  CHORUS_CHECK(env.has_value(), "--strategy ", strategy,
+               " runs one process per device, started by a launcher, and none set this process up "
                "(no RANK/WORLD_SIZE, OMPI_COMM_WORLD_* or SLURM_* variables): run "
-               "'chorus launch --nproc-per-node N -- chorus train --strategy ddp ...' (or torchrun, mpirun, srun)");
+               "'chorus launch --nproc-per-node N -- chorus ", command, " --strategy ", strategy,
+               " ...' (or torchrun, mpirun, srun)");
   return *env;
 }
 

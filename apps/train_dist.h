@@ -39,7 +39,8 @@ struct RankContext {
 };
 
 // The launcher's environment, or a ValueError saying how to launch.
-dist::LaunchEnv ddp_launch_env();
+// `strategy` and `command` name what needs the launcher in the message.
+dist::LaunchEnv ddp_launch_env(const std::string& strategy = "ddp", const std::string& command = "train");
 // This rank's devices: `--devices cuda` (or nothing, with GPUs) is
 // cuda:LOCAL_RANK, `cpu` (or nothing, without GPUs) one CPU device; an
 // explicit list of several is a DataParallel inside the rank.

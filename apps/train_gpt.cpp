@@ -98,7 +98,7 @@ namespace {
 
 std::vector<Device> gpt_devices(const TrainConfig& tc) {
   if (tc.strategy == "ddp" || tc.strategy == "zero") {
-    std::vector<Device> devs = ddp_devices(tc.devices, ddp_launch_env());
+    std::vector<Device> devs = ddp_devices(tc.devices, ddp_launch_env(tc.strategy));
     CHORUS_CHECK(devs.size() == 1, "GPT models under --strategy ", tc.strategy,
                  " take one device per process, got --devices ", tc.devices);
     return devs;
@@ -270,7 +270,7 @@ void validate_gpt(const TrainConfig& tc, const GptOptions& g) {
     return;
   }
   CHORUS_CHECK(!g.sequence_parallel, "--sequence-parallel needs --mesh with tp > 1");
-  if (tc.strategy == "ddp" || tc.strategy == "zero") ddp_launch_env();
+  if (tc.strategy == "ddp" || tc.strategy == "zero") ddp_launch_env(tc.strategy);
 }
 
 nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g) {
@@ -310,15 +310,15 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
   std::optional<dist::MemoryPlan> plan;
   if (tc.strategy != "pipeline") {
     const bool ranked = tc.strategy == "ddp" || tc.strategy == "zero";
-    const int64_t world = ranked ? ddp_launch_env().world_size : 1;
+    const int64_t world = ranked ? ddp_launch_env(tc.strategy).world_size : 1;
     GptRun run{tc.model, tc.strategy, tc.precision, r.batch, r.seq, r.replicas(), world, tc.bucket_mb,
                tc.strategy == "zero" ? tc.zero_stage.value_or(1) : 0};
     MemoryPlanFlags flags = tc.memory;
-    flags.quiet = tc.quiet || (ranked && ddp_launch_env().rank != 0);
+    flags.quiet = tc.quiet || (ranked && ddp_launch_env(tc.strategy).rank != 0);
     plan = check_gpt_memory_plan(cfg, run, device, flags);
   }
 
-  if (tc.strategy == "ddp" || tc.strategy == "zero") r.ranks = join_job(ddp_launch_env(), device, tc.dist_timeout_s);
+  if (tc.strategy == "ddp" || tc.strategy == "zero") r.ranks = join_job(ddp_launch_env(tc.strategy), device, tc.dist_timeout_s);
   const int rank = r.ranks ? r.ranks->env.rank : 0;
   const data::WindowOrder order = g.windows == "random" ? data::WindowOrder::Random : data::WindowOrder::Sequential;
   r.train = std::make_unique<data::TokenWindows>(train_stream, r.seq, rank, r.world(), tc.seed, order);

@@ -115,6 +115,7 @@ bad() {  # NAME EXPECTED ARGS...
   check "$name: exit $rc, one line naming it" "[ $rc -ne 0 ] && grep -q -- \"$want\" <<<\"\$err\" && [ \$(grep -c . <<<\"\$err\") -le 2 ]"
 }
 bad "stage 4" "--zero-stage must be 1, 2 or 3" "${T[@]}" --strategy zero --zero-stage 4
+bad "zero without a launcher" "strategy zero runs one process per device" "${T[@]}" --strategy zero
 bad "--zero-stage without zero" "goes with --strategy zero" "${T[@]}" --zero-stage 2
 bad "zero for a CNN" "offered for GPT models" train --model cnn --strategy zero --steps 1
 bad "keeping weights below stage 3" "goes with --zero-stage 3" "${T[@]}" --strategy zero --zero-stage 2 --no-reshard-after-forward
