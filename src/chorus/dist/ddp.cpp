@@ -157,27 +157,18 @@ DistributedDataParallel::DistributedDataParallel(nn::ModulePtr module, ProcessGr
   s.options = options;
   const int instance = next_instance.fetch_add(1);
 
-  std::vector<std::string> signature;
-  std::vector<Tensor> all_params;
-  for (auto& [name, p] : module_->named_parameters()) {
-    signature.push_back(describe("parameter", name, p) + (p.requires_grad() ? "" : " frozen"));
-    all_params.push_back(p);
-    if (!p.requires_grad()) continue;
-    CHORUS_CHECK(!s.group->device().is_cuda() || p.device().is_cuda(), "DistributedDataParallel: parameter '", name,
-                 "' is on ", p.device().str(), " but the ", s.group->backend(), " group reduces GPU tensors");
-    CHORUS_CHECK(!s.group->device().is_cpu() || p.device().is_cpu(), "DistributedDataParallel: parameter '", name,
-                 "' is on ", p.device().str(), " but the ", s.group->backend(),
-                 " group reduces CPU tensors (use the nccl backend for GPUs)");
-    s.index[p.impl()] = s.params.size();
-    s.names.push_back(name);
-    s.params.push_back(p);
-  }
-  for (auto& [name, b] : module_->named_buffers()) signature.push_back(describe("buffer", name, b));
-  CHORUS_CHECK(!s.params.empty(), "DistributedDataParallel: the module has no parameter that requires grad");
-  check_same_model(*s.group, signature, "DistributedDataParallel", "ddp/" + std::to_string(instance));
+  ReplicaParameters rp = check_replica(*module_, *s.group, "DistributedDataParallel",
+                                       "ddp/" + std::to_string(instance), /*group_device_only=*/false);
+  s.names = rp.names;
+  s.params = rp.trainable;
+  for (size_t k = 0; k < s.params.size(); ++k) s.index[s.params[k].impl()] = k;
 
   NoGradGuard no_grad;
-  if (s.group->size() > 1) broadcast_in_place(*s.group, all_params);
+  if (s.group->size() > 1) {
+    std::vector<Tensor> all = rp.trainable;
+    all.insert(all.end(), rp.frozen.begin(), rp.frozen.end());
+    broadcast_in_place(*s.group, all);
+  }
   // Note [DDP buffers]: the slots hold views of the flat buffers from now on.
   s.buffers = flatten_module_buffers(*module_);
   if (s.buffers) broadcast_module_buffers(*s.buffers, *s.group, *module_);

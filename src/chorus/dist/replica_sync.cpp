@@ -87,6 +87,33 @@ void broadcast_module_buffers(const FlatSet& buffers, ProcessGroup& group, nn::M
       if (slot.defined()) slot.bump_version();
 }
 
+ReplicaParameters check_replica(const nn::Module& module, ProcessGroup& group, const std::string& who,
+                                const std::string& key, bool group_device_only) {
+  ReplicaParameters out;
+  std::vector<std::string> signature;
+  const Device home = group.device();
+  for (auto& [name, p] : module.named_parameters()) {
+    signature.push_back(describe("parameter", name, p) + (p.requires_grad() ? "" : " frozen"));
+    if (!p.requires_grad()) {
+      out.frozen.push_back(p);
+      continue;
+    }
+    if (home.is_cuda())
+      CHORUS_CHECK(group_device_only ? p.device() == home : p.device().is_cuda(), who, ": parameter '", name,
+                   "' is on ", p.device().str(), " but the ", group.backend(), " group reduces tensors on ",
+                   group_device_only ? home.str() : std::string("GPUs"));
+    else
+      CHORUS_CHECK(p.device().is_cpu(), who, ": parameter '", name, "' is on ", p.device().str(), " but the ",
+                   group.backend(), " group reduces CPU tensors (use the nccl backend for GPUs)");
+    out.names.push_back(name);
+    out.trainable.push_back(p);
+  }
+  for (auto& [name, b] : module.named_buffers()) signature.push_back(describe("buffer", name, b));
+  CHORUS_CHECK(!out.trainable.empty(), who, ": the module has no parameter that requires grad");
+  check_same_model(group, signature, who, key);
+  return out;
+}
+
 NoSyncGuard::NoSyncGuard(std::shared_ptr<void> state, std::mutex& mu, bool& flag)
     : state_(std::move(state)), mu_(&mu), flag_(&flag) {
   std::lock_guard<std::mutex> lk(*mu_);

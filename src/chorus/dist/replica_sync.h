@@ -78,6 +78,18 @@ void broadcast_in_place(ProcessGroup& group, const std::vector<Tensor>& ts);
 // "parameter 'fc.weight' [4, 3] float32": a line of the model's signature.
 std::string describe(const std::string& kind, const std::string& name, const Tensor& t);
 
+// A wrapper's parameters, checked: every trainable one on a device `group`
+// reduces (ValueError from `who` naming it: on the group's own GPU when
+// `group_device_only`, else on any GPU for NCCL, on CPUs for Gloo), at least
+// one of them, and the same model on every rank (check_same_model below;
+// `key` names the check in the store). A collective.
+struct ReplicaParameters {
+  std::vector<std::string> names;  // of `trainable`, the module's order
+  std::vector<Tensor> trainable, frozen;
+};
+ReplicaParameters check_replica(const nn::Module& module, ProcessGroup& group, const std::string& who,
+                                const std::string& key, bool group_device_only);
+
 // Note [DDP model check] (dist/ddp.h): ValueError from `who` naming the first
 // rank and line of `mine` that differ from rank 0's; `key` names this check's
 // keys in the store. A collective.

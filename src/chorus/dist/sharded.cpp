@@ -478,32 +478,18 @@ ShardedDataParallel::ShardedDataParallel(nn::ModulePtr module, ProcessGroupPtr g
   s.rank = s.group->rank();
   const int instance = next_sharded_instance.fetch_add(1);
 
-  std::vector<std::string> signature;
-  std::vector<Tensor> frozen;
-  for (auto& [name, p] : module_->named_parameters()) {
-    signature.push_back(describe("parameter", name, p) + (p.requires_grad() ? "" : " frozen"));
-    if (!p.requires_grad()) {
-      frozen.push_back(p);
-      continue;
-    }
-    CHORUS_CHECK(!s.group->device().is_cuda() || p.device() == s.group->device(), "ShardedDataParallel: parameter '",
-                 name, "' is on ", p.device().str(), " but the ", s.group->backend(), " group reduces tensors on ",
-                 s.group->device().str());
-    CHORUS_CHECK(!s.group->device().is_cpu() || p.device().is_cpu(), "ShardedDataParallel: parameter '", name,
-                 "' is on ", p.device().str(), " but the ", s.group->backend(),
-                 " group reduces CPU tensors (use the nccl backend for GPUs)");
-    CHORUS_CHECK(p.is_contiguous(), "ShardedDataParallel: parameter '", name, "' is not contiguous (",
-                 p.describe(), "): shards are ranges of a parameter's row-major elements");
-    s.names.push_back(name);
-    s.params.push_back(p);
-  }
-  for (auto& [name, b] : module_->named_buffers()) signature.push_back(describe("buffer", name, b));
-  CHORUS_CHECK(!s.params.empty(), "ShardedDataParallel: the module has no parameter that requires grad");
-  check_same_model(*s.group, signature, "ShardedDataParallel", "sdp/" + std::to_string(instance));
+  ReplicaParameters rp = check_replica(*module_, *s.group, "ShardedDataParallel",
+                                       "sdp/" + std::to_string(instance), /*group_device_only=*/true);
+  s.names = rp.names;
+  s.params = rp.trainable;
+  for (size_t k = 0; k < s.params.size(); ++k)
+    CHORUS_CHECK(s.params[k].is_contiguous(), "ShardedDataParallel: parameter '", s.names[k],
+                 "' is not contiguous (", s.params[k].describe(),
+                 "): shards are ranges of a parameter's row-major elements");
   NoGradGuard no_grad;
   // Rank 0's values: the frozen parameters here, the trainable ones bucket by
   // bucket below (one bucket's flat copy at a time, never the whole model's).
-  if (s.world > 1) broadcast_in_place(*s.group, frozen);
+  if (s.world > 1) broadcast_in_place(*s.group, rp.frozen);
   s.buffers = flatten_module_buffers(*module_);
   if (s.buffers && s.world > 1) broadcast_module_buffers(*s.buffers, *s.group, *module_);
 
