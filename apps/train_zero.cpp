@@ -17,6 +17,9 @@ std::shared_ptr<dist::ShardedDataParallel> make_sharded(const TrainConfig& tc, c
   CHORUS_CHECK(tc.comm_hook == "allreduce" || tc.comm_hook == "bf16", "--comm-hook for --strategy zero is allreduce "
                "(gradients reduced in their own dtype) or bf16, got '", tc.comm_hook, "'");
   if (tc.comm_hook == "bf16") so.reduce_dtype = kBFloat16;
+  // Stage 3: the blocks, named, are sharded from construction (Note [Sharded
+  // units]): the first step never holds the whole model.
+  if (so.stage == 3) so.units = model->blocks();
   dist::ProcessGroupPtr shard_group = ranks.group;
   if (tc.hybrid) {
     // Every rank builds every subgroup, in one order (ProcessGroup::new_group).

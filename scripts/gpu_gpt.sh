@@ -7,9 +7,12 @@
 #
 # Usage: scripts/gpu_gpt.sh STAGE...
 #   stages: build tests chorus chorus_eager chorus_composite torch compile llmc llmc_mpi converge profile dp ddp
-#           zero_check zero table
-#   (zero_check: --strategy zero equal to DDP over NCCL; zero: ZERO_STAGES beside PyTorch FSDP2)
-#   GPT_MODEL (gpt2), GPT_BATCH (16), GPT_SEQ (1024), GPT_STEPS (30)
+#           zero_check zero refuse big table
+#   (zero_check: --strategy zero equal to DDP over NCCL; zero: ZERO_STAGES beside PyTorch FSDP2, each run's
+#    memory plan checked against its measured peak (within 10%), ZERO_CKPT=N: a sharded checkpoint every N
+#    steps and its stall; refuse: BIG_MODEL (d84) under DDP and ZeRO-1 stops at once with the plan's message;
+#    big: BIG_MODEL with ZeRO-3, BIG_BATCH (1) sequences a GPU, BIG_FLAGS (extra train flags))
+#   GPT_MODEL (gpt2), GPT_BATCH (16), GPT_SEQ (1024), GPT_STEPS (30); BUILD_TARGETS (chorus_cli chorus_tests)
 # Rows land in $OUT/gpt_rows.jsonl (one JSON object per run) for the table.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -33,13 +36,24 @@ for name, n in (("rand_train_000.bin", 4_000_000), ("rand_val_000.bin", 300_000)
 PY
 }
 
+memplan() {  # NAME ERRFILE: the memory plan's measured line, checked within 10% of the plan
+  python3 - "$1" "$2" <<'PY'
+import re, sys
+m = re.findall(r"memory: peak ([\d.]+) GiB measured, plan ([\d.]+) GiB", open(sys.argv[2], errors="replace").read())
+if not m: print(f"memory plan {sys.argv[1]}: no measured line"); sys.exit()
+peak, plan = map(float, m[0])
+ok = abs(peak / plan - 1) <= 0.10
+print(f"memory plan {sys.argv[1]}: peak {peak:.2f} GiB, plan {plan:.2f} GiB, {100 * peak / plan:.1f}% -> {'ok' if ok else 'FAIL'} (within 10%)")
+PY
+}
+
 for stage in "$@"; do
   case $stage in
   build)
     t0=$(date +%s)
     cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release -DCHORUS_BUILD_BENCH=OFF >"$OUT/cmake.log" 2>&1 \
       || { tail -30 "$OUT/cmake.log"; exit 1; }
-    ninja -C $BUILD chorus_cli chorus_tests >"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -40; exit 1; }
+    ninja -C $BUILD ${BUILD_TARGETS:-chorus_cli chorus_tests} >"$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -40; exit 1; }
     echo "build: $(( $(date +%s) - t0 )) s"
     ;;
   tests)
@@ -241,11 +255,13 @@ PY
     tokens
     NG=${GPT_GPUS:-$(nvidia-smi -L | wc -l)}
     for st in ${ZERO_STAGES:-1 2 3}; do
+      ck=(); [ -n "${ZERO_CKPT:-}" ] && { rm -rf /tmp/zck$st; ck=(--checkpoint-dir /tmp/zck$st --checkpoint-every $ZERO_CKPT); }
       timeout 500 $BUILD/chorus launch --nproc-per-node $NG -- $BUILD/chorus train --model $MODEL --strategy zero \
         --zero-stage $st --devices cuda --data "tokens:$DATA/rand_train_*.bin" --seq-len $T --batch-size $B --precision bf16 \
-        --steps $STEPS --log-every 10 --val-windows 4 --json 2>"$OUT/zero$st.err" | grep '{' | sed 's/^\[rank 0\] //' | tail -1 \
+        --steps $STEPS --log-every 10 --val-windows 4 --json "${ck[@]}" 2>"$OUT/zero$st.err" | grep '{' | sed 's/^\[rank 0\] //' | tail -1 \
         > "$OUT/zero$st.json" || tail -5 "$OUT/zero$st.err"
-      grep -E "^zero|step $STEPS/|memory" "$OUT/zero$st.err" | sed 's/^\[rank 0\] //' | tail -3
+      grep -E "^(\[rank 0\] )?(zero|checkpoint)|step $STEPS/|memory:" "$OUT/zero$st.err" | sed 's/^\[rank 0\] //' | tail -6
+      memplan "zero-$st" "$OUT/zero$st.err"
       python3 - "$OUT/zero$st.json" "$ROWS" $NG $st <<'PY' || tail -5 "$OUT/zero$st.err"
 import json, sys
 r = json.load(open(sys.argv[1]))
@@ -254,7 +270,7 @@ row = {"who": "chorus", "mode": f"zero-{sys.argv[4]} {sys.argv[3]} GPUs", "tok_p
 open(sys.argv[2], "a").write(json.dumps(row) + "\n")
 PY
     done
-    if [ -n "${ZERO_TORCH:-1}" ]; then
+    if [ "${ZERO_TORCH:-1}" != 0 ]; then
       python3 .bench/torch_gpt.py --model $MODEL --mode fsdp --gpus $NG --batch $B --seq $T --steps 20 --warmup 5 \
         2>"$OUT/torch_fsdp.err" | tail -1 > "$OUT/torch_fsdp.json" || tail -5 "$OUT/torch_fsdp.err"
       python3 - "$OUT/torch_fsdp.json" "$ROWS" $NG <<'PY' || tail -5 "$OUT/torch_fsdp.err"
@@ -265,6 +281,40 @@ row = {"who": "pytorch", "mode": f"fsdp2 {sys.argv[3]} GPUs", "tok_per_s": r["to
 open(sys.argv[2], "a").write(json.dumps(row) + "\n")
 PY
     fi
+    ;;
+  refuse)  # BIG_MODEL under DDP and ZeRO-1 on GPT_GPUS GPUs: the memory plan's message before step 1, not an OOM
+    tokens
+    NG=${GPT_GPUS:-$(nvidia-smi -L | wc -l)}
+    for mode in "ddp" "zero --zero-stage 1"; do
+      t0=$(date +%s)
+      timeout 300 $BUILD/chorus launch --nproc-per-node $NG -- $BUILD/chorus train --model ${BIG_MODEL:-d84} \
+        --strategy $mode --devices cuda --data "tokens:$DATA/rand_train_*.bin" --seq-len $T --batch-size ${BIG_BATCH:-1} \
+        --precision bf16 --steps 2 >/dev/null 2>"$OUT/refuse.err"
+      rc=$?
+      echo "${BIG_MODEL:-d84} --strategy $mode: exit $rc after $(( $(date +%s) - t0 )) s:"
+      grep -m1 -E "error" "$OUT/refuse.err" | cut -c1-400
+      grep -q -i "out of memory" "$OUT/refuse.err" && echo "FAIL: an out-of-memory error"
+    done
+    ;;
+  big)  # BIG_MODEL with ZeRO-3 on GPT_GPUS GPUs: BIG_BATCH sequences a GPU, BIG_STEPS steps
+    tokens
+    NG=${GPT_GPUS:-$(nvidia-smi -L | wc -l)}
+    t0=$(date +%s)
+    timeout ${BIG_TIMEOUT:-400} $BUILD/chorus launch --nproc-per-node $NG -- $BUILD/chorus train --model ${BIG_MODEL:-d84} \
+      --strategy zero --zero-stage 3 --devices cuda --data "tokens:$DATA/rand_train_*.bin" --seq-len $T \
+      --batch-size ${BIG_BATCH:-1} --precision bf16 --steps ${BIG_STEPS:-8} --log-every 2 --val-windows 1 --json \
+      ${BIG_FLAGS:-} 2>"$OUT/big.err" | grep '{' | sed 's/^\[rank 0\] //' | tail -1 > "$OUT/big.json" || tail -8 "$OUT/big.err"
+    echo "${BIG_MODEL:-d84} zero-3: $(( $(date +%s) - t0 )) s"
+    grep -E "^(\[rank 0\] )?(zero|memory|step )|rror" "$OUT/big.err" | sed 's/^\[rank 0\] //' | tail -8
+    memplan "${BIG_MODEL:-d84} zero-3" "$OUT/big.err"
+    python3 - "$OUT/big.json" "$ROWS" $NG "${BIG_MODEL:-d84}" <<'PY' || true
+import json, sys
+r = json.load(open(sys.argv[1]))
+row = {"who": "chorus", "mode": f"zero-3 {sys.argv[3]} GPUs {sys.argv[4]}", "tok_per_s": r["tok_per_s"], "mfu": r["mfu"],
+       "peak_gib": r["peak_mem_bytes"] / 2**30, "loss": r["train_loss"]}
+open(sys.argv[2], "a").write(json.dumps(row) + "\n")
+print(row)
+PY
     ;;
   table)
     python3 - "$ROWS" "$MODEL" "$B" "$T" <<'PY'

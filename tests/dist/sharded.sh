@@ -40,6 +40,8 @@ run 3 PROBE_BUCKET_BYTES=200 -- match mlp 1
 run 3 PROBE_BUCKET_BYTES=200 -- match mlp 2
 run 2 PROBE_RESHARD=0 -- match gpt 3
 run 1 -- match gpt 3
+run 3 PROBE_UNITS=named -- match gpt 3  # the trainer's way: the blocks sharded from construction
+run 2 PROBE_UNITS=named PROBE_RESHARD=0 -- match gpt 3
 run 3 PROBE_REDUCE=bf16 -- match mlp 2
 run 2 PROBE_REDUCE=bf16 -- match mlp 3
 run 2 PROBE_DIRECT=1 -- match mlp 3  # wrappers bypassed: gathered with the root unit, one warning

@@ -19,6 +19,8 @@
 //                    stages 1-2 bucket size. PROBE_REDUCE=bf16: gradients
 //                    reduce-scattered in bfloat16, against DDP in float64
 //                    (2e-2 relative: bfloat16 keeps 8 bits of each gradient).
+//                    PROBE_UNITS=named (gpt, stage 3): the blocks named as
+//                    units (sharded from construction, as the trainer does).
 // Prints "rank R: ok ..." and exits 0, or FAIL lines and exits 1.
 #include <cmath>
 #include <cstdio>
@@ -160,9 +162,27 @@ void match(const dist::ProcessGroupPtr& pg, const std::string& kind, int stage, 
   // PROBE_REDUCE=bf16: the reduce-scatter in bfloat16, against exact DDP.
   const bool bf16 = std::getenv("PROBE_REDUCE") && std::string(std::getenv("PROBE_REDUCE")) == "bf16";
   if (bf16) so.reduce_dtype = kBFloat16;
+  // PROBE_UNITS=named (gpt): the blocks named as units, sharded from
+  // construction (the trainer's way) instead of found in the first step.
+  const bool named = std::getenv("PROBE_UNITS") && std::string(std::getenv("PROBE_UNITS")) == "named";
+  if (named) {
+    auto gpt = std::dynamic_pointer_cast<models::GPT>(sh_model);
+    expect(gpt != nullptr, "PROBE_UNITS=named needs the gpt model");
+    if (gpt) so.units = gpt->blocks();
+  }
   const double tol = bf16 ? 2e-2 : 1e-12;
   auto ddp = std::make_shared<dist::DistributedDataParallel>(ref_model, pg);
   auto sdp = std::make_shared<dist::ShardedDataParallel>(sh_model, pg, so);
+  if (named && stage == 3) {
+    // Named units are sharded at once: only the root unit (embeddings, final
+    // norm, the last bucket) is gathered before the first step, never the
+    // blocks.
+    const auto held = sdp->held_bytes();
+    const auto& plan = sdp->buckets();
+    const int64_t root = plan.padded_numel(plan.size() - 1, 0, pg->size()) * int64_t{8};
+    expect(plan.size() == 3 && held.full_weights == root, "named units: " + std::to_string(held.full_weights) +
+           " bytes gathered at construction, expected the root unit's " + std::to_string(root) + " only");
+  }
 
   std::vector<Tensor> ref_params;
   for (const Tensor& p : ref_model->parameters())

@@ -102,7 +102,9 @@ struct ShardedDataParallel::Impl final : autograd::BackwardObserver {
   bool stage3() const { return options.stage == 3; }
   // Stage 3: gathered by the module's forward itself (not by a unit wrapper).
   bool gathered_whole_step(size_t b) const { return buckets[b].unit < 0 || !buckets[b].sharded; }
-  bool units_decided = false;  // stage 3: after the first synced backward
+  // Stage 3: after the first synced backward, or from construction for the
+  // units the caller named (Note [Sharded units]).
+  bool units_decided = false;
 
   // ---- gathers (Note [Sharded gathers]) ----------------------------------------
 
@@ -168,6 +170,9 @@ struct ShardedDataParallel::Impl final : autograd::BackwardObserver {
         unit_order.push_back(static_cast<int>(b));
       return;
     }
+    // Trusted units (ShardOptions::units) learn their order in the first step.
+    if (!order_known && std::find(unit_order.begin(), unit_order.end(), static_cast<int>(b)) == unit_order.end())
+      unit_order.push_back(static_cast<int>(b));
     if (gathered_whole_step(b)) return;
     wait_gather(b);
     prefetch_after(b, +1);
@@ -342,6 +347,7 @@ struct ShardedDataParallel::Impl final : autograd::BackwardObserver {
       }
     }
     if (stage3() && !units_decided) decide_units();
+    order_known = true;
     // The optimizer steps next: the shards change, the next forward gathers.
     for (size_t b = 0; b < buckets.size(); ++b) {
       buckets[b].stale = true;
@@ -618,8 +624,16 @@ ShardedDataParallel::ShardedDataParallel(nn::ModulePtr module, ProcessGroupPtr g
         }
       }
     }
-    // Every unit stays gathered until its wrapper has run once (Note
-    // [Sharded units]): the first step shows which wrappers the forward calls.
+    if (!options.units.empty()) {
+      // Named units are trusted: sharded now, the rest of their weights freed.
+      for (size_t b = 0; b < s.buckets.size(); ++b) s.buckets[b].sharded = s.buckets[b].unit >= 0;
+      s.units_decided = true;
+      for (size_t b = 0; b < s.buckets.size(); ++b)
+        if (!s.gathered_whole_step(b)) s.release(b);
+    }
+    // Otherwise every unit stays gathered until its wrapper has run once
+    // (Note [Sharded units]): the first step shows which wrappers the forward
+    // calls.
   }
   std::weak_ptr<Impl> weak = impl_;
   for (size_t k = 0; k < s.params.size(); ++k)

@@ -51,8 +51,10 @@ struct ShardOptions {
   // bucket's reduce-scatter is issued as soon as its gradients are ready.
   int64_t bucket_bytes = int64_t{25} << 20;
   // Stage 3: the modules (inside the wrapped one) sharded as units; empty:
-  // Note [Sharded units]. Parameters in no unit form the root unit, gathered
-  // for the whole step.
+  // found as Note [Sharded units] says. Parameters in no unit form the root
+  // unit, gathered for the whole step. Units given here are sharded from
+  // construction (as FSDP2's fully_shard on each block): every rank's forward
+  // must run each of them through its parent's children, in every step.
   std::vector<nn::ModulePtr> units;
   // Stage 3: free a unit's gathered weights after its forward (and gather them
   // again for its backward); false keeps them from the forward to the end of
@@ -163,10 +165,13 @@ class ShardedDataParallel : public nn::Module {
 // reduce-scatter after its backward. The unit module is replaced in its
 // parent by a wrapper of the same name (state-dict names unchanged) that
 // gathers, runs it, attaches the pre-backward gather to its output and frees.
-// The first synced step runs with every unit gathered (as from
-// construction: the whole model's weights, as the module held them before it
-// was wrapped) and only notes which wrappers ran; then one all-reduce keeps
-// as sharded units those that ran on every rank. A unit run on some steps or
+// Units found this way are not trusted at once: the first synced step runs
+// with every unit gathered (as from construction: the whole model's weights,
+// as the module held them before it was wrapped) and only notes which
+// wrappers ran; then one all-reduce keeps as sharded units those that ran on
+// every rank. Units the caller names (ShardOptions::units: the trainer names
+// a GPT's blocks) are sharded from construction, so that no step ever holds
+// the whole model -- a model of 9.7B parameters could not hold it. A unit run on some steps or
 // ranks only, or called by a parent through a pointer of its own rather than
 // through its children (as Sequential, ModuleList and the GPT call them),
 // would make the ranks' collectives differ: it is gathered with the root

@@ -203,6 +203,12 @@ GPT::GPT(GPTConfig c) : Module("GPT"), cfg_(c) {
   if (c.padded_vocab > c.vocab) wte().narrow(0, c.vocab, c.padded_vocab - c.vocab).zero_();
 }
 
+std::vector<nn::ModulePtr> GPT::blocks() const {
+  std::vector<nn::ModulePtr> out;
+  for (const auto& [n, block] : child_named(*child_named(*this, "transformer"), "h")->named_children()) out.push_back(block);
+  return out;
+}
+
 Tensor& GPT::wte() {
   auto trunk = child_as<GPTTrunk>(*this, "transformer");
   return child_as<nn::Embedding>(*trunk, "wte")->weight();

@@ -105,6 +105,8 @@ class GPT : public nn::Module {
   const GPTConfig& config() const { return cfg_; }
   // The token embedding, which is also the output projection.
   Tensor& wte();
+  // The transformer blocks, in order (ZeRO stage 3 shards each as a unit).
+  std::vector<nn::ModulePtr> blocks() const;
   GPTConfig options_for_clone() const { return cfg_; }
   CHORUS_MODULE_CLONEABLE(GPT)
  private:
