@@ -530,8 +530,10 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
   // Under --strategy zero the global norm is over every rank's pieces.
   auto clip = [&](double max_norm) { return r.sdp ? r.sdp->clip_grad_norm(max_norm) : optim::clip_grad_norm_(params, max_norm); };
   parallel::GraphedStepOptions go;
-  // Sharded steps stay eager for now: the used-flags are read on the host.
-  go.enabled = device.is_cuda() && !tc.no_cuda_graphs && !r.sdp;
+  // Sharded steps too (Note [Sharded steps in a CUDA graph] in dist/sharded.h):
+  // the gathers and reduce-scatters are captured with the rest; a step that
+  // reads the used-flags on the host cannot be, and falls back to eager.
+  go.enabled = device.is_cuda() && !tc.no_cuda_graphs;
   go.devices = r.devices;  // DataParallel: one graph over its devices
   go.on_fallback = [&r](const std::string& line) {
     if (r.leader()) std::fprintf(stderr, "%s\n", line.c_str());

@@ -10,7 +10,8 @@
 #           zero_check zero refuse big table
 #   (zero_check: --strategy zero equal to DDP over NCCL; zero: ZERO_STAGES beside PyTorch FSDP2, each run's
 #    memory plan checked against its measured peak (within 10%), ZERO_CKPT=N: a sharded checkpoint every N
-#    steps and its stall; refuse: BIG_MODEL (d84) under DDP and ZeRO-1 stops at once with the plan's message;
+#    steps and its stall; refuse: BIG_MODEL (d84) under DDP and ZeRO-1 stops at once with the plan's message
+#    (REFUSE_FLAGS: e.g. --memory-limit-gib 79 to plan an H100's memory on an H200);
 #    big: BIG_MODEL with ZeRO-3, BIG_BATCH (1) sequences a GPU, BIG_FLAGS (extra train flags))
 #   GPT_MODEL (gpt2), GPT_BATCH (16), GPT_SEQ (1024), GPT_STEPS (30); BUILD_TARGETS (chorus_cli chorus_tests)
 # Rows land in $OUT/gpt_rows.jsonl (one JSON object per run) for the table.
@@ -240,15 +241,20 @@ print(f"  pytorch train {t['loss']:.4f}  val {t['val_loss']:.4f}  ({t['tok_per_s
 print(f"  val loss chorus / pytorch: {c['val_loss'] / t['val_loss']:.4f}")
 PY
     ;;
-  zero_check)  # NCCL: --strategy zero stages 1-3 equal DDP (fp32; NCCL sums in another order: ~1e-6) on GPT_GPUS (2) GPUs, d6, 8 steps
+  zero_check)  # NCCL: --strategy zero stages 1-3 equal DDP (fp32; NCCL sums in another order: ~1e-6) on GPT_GPUS (2) GPUs, d6, 8 steps,
+    # eager and as CUDA graphs (ZC_GRAPHS: "eager graphs")
     tokens
     NG=${GPT_GPUS:-2}
-    for mode in "ddp" "zero --zero-stage 1" "zero --zero-stage 2" "zero --zero-stage 3" "zero --zero-stage 3 --no-reshard-after-forward"; do
-      timeout 300 $BUILD/chorus launch --nproc-per-node $NG -- $BUILD/chorus train --model d6 --strategy $mode \
-        --devices cuda --data "tokens:$DATA/rand_train_*.bin" --seq-len 256 --batch-size 4 --steps 8 --log-every 4 \
-        --val-windows 2 --json --no-cuda-graphs 2>"$OUT/zc.err" | grep '{' | sed 's/^\[rank 0\] //' | tail -1 \
-        | python3 -c "import json,sys; r=json.load(sys.stdin); print(f\"{sys.argv[1]:48} train {r['train_loss']:.10f} val {r['val_loss']:.10f}\")" "$mode" \
-        || { echo "$mode: failed"; tail -5 "$OUT/zc.err"; }
+    for gr in ${ZC_GRAPHS:-eager graphs}; do
+      gflag=(); [ $gr = eager ] && gflag=(--no-cuda-graphs)
+      for mode in "ddp" "zero --zero-stage 1" "zero --zero-stage 2" "zero --zero-stage 3" "zero --zero-stage 3 --no-reshard-after-forward"; do
+        timeout 300 $BUILD/chorus launch --nproc-per-node $NG -- $BUILD/chorus train --model d6 --strategy $mode \
+          --devices cuda --data "tokens:$DATA/rand_train_*.bin" --seq-len 256 --batch-size 4 --steps 8 --log-every 4 \
+          --val-windows 2 --json "${gflag[@]}" 2>"$OUT/zc.err" | grep '{' | sed 's/^\[rank 0\] //' | tail -1 \
+          | python3 -c "import json,sys; r=json.load(sys.stdin); print(f\"{sys.argv[1]:48} {sys.argv[2]:6} train {r['train_loss']:.10f} val {r.get('val_loss')}\")" "$mode" $gr \
+          || { echo "$mode $gr: failed"; tail -5 "$OUT/zc.err"; }
+        grep -i -E "graph|eager" "$OUT/zc.err" | grep -v "^\[rank 0\] step" | head -2
+      done
     done
     ;;
   zero)  # --strategy zero stages (ZERO_STAGES, default "1 2 3") on GPT_GPUS GPUs beside DDP and PyTorch FSDP2
@@ -289,7 +295,7 @@ PY
       t0=$(date +%s)
       timeout 300 $BUILD/chorus launch --nproc-per-node $NG -- $BUILD/chorus train --model ${BIG_MODEL:-d84} \
         --strategy $mode --devices cuda --data "tokens:$DATA/rand_train_*.bin" --seq-len $T --batch-size ${BIG_BATCH:-1} \
-        --precision bf16 --steps 2 >/dev/null 2>"$OUT/refuse.err"
+        --precision bf16 --steps 2 ${REFUSE_FLAGS:-} >/dev/null 2>"$OUT/refuse.err"
       rc=$?
       echo "${BIG_MODEL:-d84} --strategy $mode: exit $rc after $(( $(date +%s) - t0 )) s:"
       grep -m1 -E "error" "$OUT/refuse.err" | cut -c1-400

@@ -11,6 +11,7 @@
 #include "chorus/autograd/node.h"
 #include "chorus/autograd/side_work.h"
 #include "chorus/core/error.h"
+#include "chorus/core/graph_capture.h"
 #include "chorus/core/warn.h"
 #include "chorus/dist/replica_sync.h"
 #include "chorus/ops/copy.h"
@@ -89,6 +90,7 @@ struct ShardedDataParallel::Impl final : autograd::BackwardObserver {
   std::vector<std::pair<size_t, size_t>> piece_flat;  // [i] bucket, group
   std::vector<int64_t> piece_offset;  // [i] within its shard
 
+  std::weak_ptr<Impl> self;  // for the actions run after each CUDA-graph replay
   std::mutex mu;
   bool no_sync = false, arm_next = false, in_backward = false;
   std::vector<char> ready, unused;
@@ -349,6 +351,16 @@ struct ShardedDataParallel::Impl final : autograd::BackwardObserver {
     if (stage3() && !units_decided) decide_units();
     order_known = true;
     // The optimizer steps next: the shards change, the next forward gathers.
+    // Under a CUDA graph this runs after every replay too (Note [Sharded
+    // steps in a CUDA graph]): an evaluation between replays gathers afresh.
+    on_each_replay([weak = self] {
+      if (auto st = weak.lock()) st->mark_stepped();
+    });
+  }
+
+  // The host state after a synced step (the caller holds mu, or a replay
+  // has just ended and nothing else runs).
+  void mark_stepped() {
     for (size_t b = 0; b < buckets.size(); ++b) {
       buckets[b].stale = true;
       buckets[b].held = false;
@@ -478,6 +490,7 @@ ShardedDataParallel::ShardedDataParallel(nn::ModulePtr module, ProcessGroupPtr g
                "ShardedDataParallel: reduce_dtype must be a floating type, got ", dtype_name(*options.reduce_dtype));
   register_child("", module_);  // state-dict names stay the module's own
   Impl& s = *impl_;
+  s.self = impl_;
   s.group = std::move(group);
   s.options = options;
   s.world = s.group->size();

@@ -204,4 +204,21 @@ class ShardedDataParallel : public nn::Module {
 // unused parameters]), so a parameter no rank used keeps no gradient and is
 // skipped by the optimizer, as one process would.
 
+//
+// Note [Sharded steps in a CUDA graph]: a whole training step under
+// ShardedDataParallel can be captured (parallel::GraphedStep, as `chorus
+// train` does) because the step's device work is the same every time once
+// the units are decided: after each synced backward every shard is stale,
+// so each forward gathers every bucket (stages 1-2: into the persistent full
+// buffers; stage 3: unit by unit into storage reallocated from the graph's
+// pool), the backward reduce-scatters every bucket in index order, and the
+// used-flags of a step that used every parameter are all-reduced from a
+// device tensor without a host read. The host bookkeeping (gathered, stale)
+// is left as after a step, which is where every replay leaves the device: an
+// eager forward between replays (an evaluation) gathers afresh. What would
+// change the work -- a parameter left unused (its flags are read on the
+// host), the units not yet decided (auto-found units at stage 3: their first
+// step) -- happens in the eager warm-up steps or makes the capture fail, and
+// the step then stays eager (GraphedStep says so in one line).
+
 }  // namespace chorus::dist
