@@ -180,6 +180,11 @@ void match(const dist::ProcessGroupPtr& pg, const std::string& kind, int stage, 
     const auto held = sdp->held_bytes();
     const auto& plan = sdp->buckets();
     const int64_t root = plan.padded_numel(plan.size() - 1, 0, pg->size()) * int64_t{8};
+    // The last block's bucket first: the backward finishes it first.
+    const std::vector<std::string> order = sdp->unit_names();
+    expect(order == std::vector<std::string>{"transformer.h.1", "transformer.h.0", ""},
+           "named units: bucket order " + (order.size() == 3 ? order[0] + ", " + order[1] + ", " + order[2] : "?") +
+           ", expected transformer.h.1, transformer.h.0, the root");
     expect(plan.size() == 3 && held.full_weights == root, "named units: " + std::to_string(held.full_weights) +
            " bytes gathered at construction, expected the root unit's " + std::to_string(root) + " only");
   }

@@ -2,7 +2,8 @@
 # chorus train --strategy zero (sharded data parallelism) as a user runs it, on
 # CPU processes over Gloo (d2 GPT, byte-level text, float32):
 #   - stages 1, 2 and 3 on 2 ranks (batch 4 each), stage 3 keeping weights
-#     from forward to backward, stage 2 with --grad-accum 2, and --hybrid
+#     from forward to backward, stage 3 with --recompute always, stage 2
+#     with --grad-accum 2, and --hybrid
 #     (2 nodes x 2 ranks: sharded in a node, replicated across) equal one
 #     process with batch 8 (the same windows)
 #   - checkpoints: written by zero-2 on 2 ranks in the background, resumed as
@@ -40,6 +41,11 @@ for st in 1 2 3; do same "zero-$st, 2 x 4" "$(job 2 --strategy zero --zero-stage
 same "zero-3 --no-reshard-after-forward" "$(job 2 --strategy zero --zero-stage 3 --no-reshard-after-forward --batch-size 4)"
 same "zero-2, 2 x 2 x --grad-accum 2" "$(job 2 --strategy zero --zero-stage 2 --batch-size 2 --grad-accum 2)"
 same "zero-3 on 4 ranks, 4 x 2" "$(job 4 --strategy zero --zero-stage 3 --batch-size 2)"
+# --recompute: each block's own small backward runs inside the step's (Note
+# [Nested backward passes]); its end must not finish the step.
+same "zero-3 --recompute always, 2 x 4" "$(job 2 --strategy zero --zero-stage 3 --recompute always --batch-size 4)"
+same "zero-1 --recompute always, 2 x 4" "$(job 2 --strategy zero --zero-stage 1 --recompute always --batch-size 4)"
+same "ddp --recompute always, 2 x 4" "$(job 2 --strategy ddp --recompute always --batch-size 4)"
 # --hybrid: two "nodes" of two ranks on this machine.
 port=$(free_port)
 for node in 0 1; do

@@ -39,6 +39,8 @@ struct DistributedDataParallel::Impl final : autograd::BackwardObserver {
   bool no_sync = false;
   bool arm_next = false;     // the next backward over these parameters reduces
   bool in_backward = false;  // an armed backward is running
+  PassStack passes;        // Note [Nested backward passes] (replica_sync.h)
+  size_t armed_depth = 0;  // the depth of the pass that reduces
   bool order_synced = false;  // the buckets were re-planned from rank 0's order
   int64_t reduced_steps = 0;
   double wait_seconds = 0;  // in end(); with reducer->join_seconds(), gradient_wait_seconds()
@@ -68,16 +70,17 @@ struct DistributedDataParallel::Impl final : autograd::BackwardObserver {
 
   void begin(const std::unordered_set<const TensorImpl*>& leaves) override {
     std::lock_guard<std::mutex> lk(mu);
-    if (!arm_next) return;
     bool ours = false;
     for (const Tensor& p : params)
       if (leaves.count(p.impl())) {
         ours = true;
         break;
       }
-    if (!ours) return;  // someone else's backward
+    passes.push(ours);
+    if (!ours || !arm_next) return;  // someone else's backward, or not armed (no_sync)
     arm_next = false;
     in_backward = true;
+    armed_depth = passes.depth();
     const size_t n = params.size();
     std::vector<size_t> unreached;
     used.assign(n, 0);
@@ -107,7 +110,9 @@ struct DistributedDataParallel::Impl final : autograd::BackwardObserver {
 
   void end(bool ok) override {
     std::lock_guard<std::mutex> lk(mu);
-    if (!in_backward) return;
+    // Note [Nested backward passes]: a recomputed block's inner pass ends first.
+    const PassStack::Ended e = passes.pop();
+    if (!e.ours || !in_backward || e.depth != armed_depth) return;
     in_backward = false;
     if (!ok) {
       reducer->abandon();

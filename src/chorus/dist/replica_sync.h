@@ -83,6 +83,41 @@ std::string describe(const std::string& kind, const std::string& name, const Ten
 // `group_device_only`, else on any GPU for NCCL, on CPUs for Gloo), at least
 // one of them, and the same model on every rank (check_same_model below;
 // `key` names the check in the store). A collective.
+// Note [Nested backward passes]: a backward pass may run others inside it --
+// a recomputed block (nn::checkpoint, --recompute) runs a small backward of
+// its own from inside the outer pass's node -- and the engine calls every
+// observer's begin() and end() for each (Note [Backward observers]). Only the
+// outermost pass that reaches the wrapper's parameters is the step's: the
+// inner pass's end() must not finish it (reduce every bucket, with the
+// recomputed blocks' gradients still to come). PassStack pairs each end()
+// with its begin() (passes nest: an inner one ends before its outer one).
+class PassStack {
+ public:
+  // begin(): whether this pass reaches the wrapper's parameters.
+  void push(bool ours) { passes_.push_back(ours ? 1 : 0); }
+  // end(): whether the ending pass was ours, and its depth (1: outermost).
+  struct Ended {
+    bool ours = false;
+    size_t depth = 0;
+  };
+  Ended pop() {
+    if (passes_.empty()) return {};
+    Ended e{passes_.back() != 0, passes_.size()};
+    passes_.pop_back();
+    return e;
+  }
+  size_t depth() const { return passes_.size(); }
+  // Whether a pass of ours is still running (the ending one excluded).
+  bool any_ours() const {
+    for (char p : passes_)
+      if (p) return true;
+    return false;
+  }
+
+ private:
+  std::vector<char> passes_;
+};
+
 struct ReplicaParameters {
   std::vector<std::string> names;  // of `trainable`, the module's order
   std::vector<Tensor> trainable, frozen;

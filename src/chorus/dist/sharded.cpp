@@ -93,6 +93,11 @@ struct ShardedDataParallel::Impl final : autograd::BackwardObserver {
   std::weak_ptr<Impl> self;  // for the actions run after each CUDA-graph replay
   std::mutex mu;
   bool no_sync = false, arm_next = false, in_backward = false;
+  // A backward through the module runs (synced or not): a unit's forward now
+  // is its recomputation (--recompute), just before its own backward.
+  bool backward_running = false;
+  PassStack passes;        // Note [Nested backward passes]
+  size_t armed_depth = 0;  // the depth of the pass that reduces
   std::vector<char> ready, unused;
   std::vector<size_t> pending;  // [bucket]
   size_t next_launch = 0;
@@ -177,12 +182,15 @@ struct ShardedDataParallel::Impl final : autograd::BackwardObserver {
       unit_order.push_back(static_cast<int>(b));
     if (gathered_whole_step(b)) return;
     wait_gather(b);
-    prefetch_after(b, +1);
+    // A recomputation inside the backward: the backward's pre-hook prefetches
+    // (the unit before this one); the next unit's backward is already done.
+    if (!backward_running) prefetch_after(b, +1);
   }
 
   void after_unit_forward(size_t b) {
     std::lock_guard<std::mutex> lk(mu);
-    if (units_decided && !gathered_whole_step(b) && options.reshard_after_forward) release(b);
+    // A recomputed unit keeps its weights for its backward, which follows.
+    if (units_decided && !gathered_whole_step(b) && options.reshard_after_forward && !backward_running) release(b);
   }
 
   void before_unit_backward(size_t b) {
@@ -375,16 +383,19 @@ struct ShardedDataParallel::Impl final : autograd::BackwardObserver {
 
   void begin(const std::unordered_set<const TensorImpl*>& leaves) override {
     std::lock_guard<std::mutex> lk(mu);
-    if (!arm_next) return;
     bool ours = false;
     for (const Tensor& p : params)
       if (leaves.count(p.impl())) {
         ours = true;
         break;
       }
+    passes.push(ours);
     if (!ours) return;
+    backward_running = true;
+    if (!arm_next) return;
     arm_next = false;
     in_backward = true;
+    armed_depth = passes.depth();
     const size_t n = params.size();
     ready.assign(n, 0);
     unused.assign(n, 0);
@@ -404,7 +415,11 @@ struct ShardedDataParallel::Impl final : autograd::BackwardObserver {
 
   void end(bool ok) override {
     std::lock_guard<std::mutex> lk(mu);
-    if (!in_backward) return;
+    // Note [Nested backward passes]: only the armed pass's end finishes the step.
+    const PassStack::Ended e = passes.pop();
+    if (!e.ours) return;
+    backward_running = passes.any_ours();
+    if (!in_backward || e.depth != armed_depth) return;
     in_backward = false;
     if (!ok) {
       for (Bucket& bk : buckets)
@@ -543,6 +558,13 @@ ShardedDataParallel::ShardedDataParallel(nn::ModulePtr module, ProcessGroupPtr g
       groups.push_back(ks);
       kept.push_back(u);
     }
+    // Buckets launch their reduce-scatters in index order, and the backward
+    // finishes the units last to first: the last unit's bucket comes first,
+    // so that each launches as soon as its gradients are ready (in forward
+    // order every unit's full gradients would wait for the first unit's:
+    // the whole model's, at once).
+    std::reverse(groups.begin(), groups.end());
+    std::reverse(kept.begin(), kept.end());
     std::vector<size_t> root;
     for (size_t k = 0; k < s.params.size(); ++k)
       if (!taken[k] || in_units[k] > 1) root.push_back(k);

@@ -131,7 +131,8 @@ class ShardedDataParallel : public nn::Module {
   const nn::ModulePtr& module() const { return module_; }
   const ProcessGroupPtr& process_group() const;
   const ShardOptions& options() const;
-  // The flat layout: buckets (stage 3: one per unit, the root unit last).
+  // The flat layout: buckets (stage 3: one per unit, the last unit first --
+  // the backward's order -- and the root unit last).
   const GradBuckets& buckets() const;
   // Stage 3: the units' module names ("" for the root unit), bucket order.
   std::vector<std::string> unit_names() const;
@@ -178,6 +179,11 @@ class ShardedDataParallel : public nn::Module {
 // unit instead (one warning names it), so such a model trains correctly with
 // less memory saved. A parameter two units
 // share (a tied weight) belongs to the root unit.
+//
+// A unit recomputed in the backward (--recompute: its forward runs again
+// just before its backward) neither prefetches the next unit nor frees its
+// weights after that forward: its own backward needs them next, and the
+// backward's pre-hook prefetches the unit before it.
 //
 // Note [Sharded gathers]: a bucket's weights are gathered when the forward
 // that reads them starts (stages 1 and 2: every bucket whose shard changed
