@@ -1,6 +1,7 @@
 #include "sharded_checkpoints.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 
@@ -73,7 +74,9 @@ ShardedCheckpointer::ShardedCheckpointer(std::string dir, std::shared_ptr<dist::
 double ShardedCheckpointer::save(const io::TrainingState& state) {
   const auto& pieces = sdp_->pieces();
   const auto& values = sdp_->shard_parameters();
-  const NamedTensors opt_state = opt_.state();
+  // The live moments: the writer's snapshot freezes them (state() would
+  // copy them once more on the device).
+  const NamedTensors opt_state = opt_.live_state();
   std::map<std::string, Tensor> by_name(opt_state.begin(), opt_state.end());
   io::ShardedSave s;
   for (size_t i = 0; i < pieces.size(); ++i) {
@@ -101,6 +104,28 @@ double ShardedCheckpointer::save(const io::TrainingState& state) {
 }
 
 std::string ShardedCheckpointer::wait() { return writer_.wait(); }
+
+std::string snapshot_where(const std::vector<Device>& devices) {
+  if (devices.empty()) return "shards copied to host memory; written in the background";
+  std::string on;
+  for (const Device& d : devices) on += (on.empty() ? "" : ", ") + d.str();
+  return "shards snapshotted on " + on + "; copied to host and written in the background";
+}
+
+std::string stall_summary(const io::ShardedCheckpointWriter::Totals& t, double step_ms) {
+  const double n = static_cast<double>(std::max<int64_t>(t.saves, 1));
+  const double host = t.stall_ms / n, device = t.device_ms / n;
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "checkpoints: %lld save%s, stall per save %.1f ms on the host + %.1f ms of device copies",
+                static_cast<long long>(t.saves), t.saves == 1 ? "" : "s", host, device);
+  std::string s = line;
+  if (step_ms > 0) {
+    std::snprintf(line, sizeof line, " (%.1f%% of a step)", 100 * (host + device) / step_ms);
+    s += line;
+  }
+  return s;
+}
 
 namespace {
 

@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "chorus/dist/sharded.h"
 #include "chorus/io/checkpoint.h"
@@ -28,9 +29,11 @@ struct FoundCheckpoint {
 };
 std::optional<FoundCheckpoint> find_newest_checkpoint(const std::string& dir);
 
-// A zero run's checkpoints: save() copies this rank's pieces to host memory
-// (the stall, returned in ms) and writes them in the background, the ranks
-// committing through the job's store; wait() joins the write (and rethrows).
+// A zero run's checkpoints: save() snapshots this rank's pieces on its
+// device (the stall, returned in ms; Note [Background checkpoint writes] in
+// io/sharded_writer.h), then copies them to host memory and writes them in
+// the background, the ranks committing through the job's store; wait()
+// joins the write (and rethrows).
 class ShardedCheckpointer {
  public:
   ShardedCheckpointer(std::string dir, std::shared_ptr<dist::ShardedDataParallel> sdp, optim::Optimizer& opt,
@@ -38,12 +41,20 @@ class ShardedCheckpointer {
   double save(const io::TrainingState& state);
   std::string wait();
   double last_write_ms() const { return writer_.last_write_ms(); }
+  const io::ShardedCheckpointWriter& writer() const { return writer_; }
 
  private:
   std::shared_ptr<dist::ShardedDataParallel> sdp_;
   optim::Optimizer& opt_;
   io::ShardedCheckpointWriter writer_;
 };
+
+// The words after a save's stall: where the shards were snapshotted and
+// what goes on in the background (or that they were copied to the host).
+std::string snapshot_where(const std::vector<Device>& devices);
+// The run's closing line on its sharded saves: the mean stall per save, on
+// the host and in device copies, and its share of a `step_ms` step.
+std::string stall_summary(const io::ShardedCheckpointWriter::Totals& t, double step_ms);
 
 // Loads checkpoint `found` into a zero run's pieces and optimizer: each rank
 // reads its own ranges of a sharded checkpoint written at any layout, or

@@ -555,6 +555,12 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
   int64_t val_step = -1;  // the step last_val was measured at
   auto window_start = Clock::now();
   int64_t window_first = start;
+  // Every log window's time and steps (validation left out): the mean step
+  // the checkpoints' stall is compared with.
+  double timed_secs = 0;
+  int64_t timed_steps = 0;
+  auto mean_step_ms = [&] { return timed_steps > 0 ? 1000 * timed_secs / static_cast<double>(timed_steps) : 0.0; };
+  io::ShardedCheckpointWriter::Totals ckpt_stall;
   backend(device).reset_peak_bytes(device);
   StopSignal stop_signal;  // Note [Stopping on a signal]
   int64_t step = start;
@@ -572,13 +578,14 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
     st.config = config_json(tc, g, r);
     st.extra = {{kTokenKeys.consumed, tokens_at(s)}, {kTokenKeys.per_step, r.step_tokens}, {"world_size", r.world()}};
     if (sharded_ckpt) {
-      // Every rank: its pieces to host memory (the stall), written in the
-      // background; the ranks commit through the job's store.
+      // Every rank: its pieces snapshotted on its device (the stall), copied
+      // to host memory and written in the background; the ranks commit
+      // through the job's store.
       const double stall = sharded_ckpt->save(st);
       ckpt = *tc.checkpoint_dir + "/" + io::checkpoint_name(st.step);
       if (r.leader() && !tc.quiet)
-        std::fprintf(stderr, "checkpoint %s: training stalled %.1f ms (shards copied to host memory), written in the "
-                     "background\n", ckpt.c_str(), stall);
+        std::fprintf(stderr, "checkpoint %s: training stalled %.1f ms (%s)\n", ckpt.c_str(), stall,
+                     snapshot_where(sharded_ckpt->writer().last_snapshot_devices()).c_str());
       return;
     }
     if (r.leader()) ckpt = io::save_checkpoint(*tc.checkpoint_dir, *r.model, *r.opt, st);
@@ -642,6 +649,8 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
       last_loss = mean;
       const double secs = seconds_since(window_start);
       const int64_t steps_done = step + 1 - window_first;
+      timed_secs += secs;
+      timed_steps += steps_done;
       tok_s = static_cast<double>(steps_done * r.tokens_per_step()) / std::max(secs, 1e-9);
       mfu = peak > 0 ? flops_per_step * static_cast<double>(steps_done) / secs / (peak * static_cast<double>(r.world() * r.replicas())) : 0.0;
       const double norm = last_norm.item();
@@ -693,6 +702,9 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
     sharded_ckpt->wait();
     if (r.leader() && !tc.quiet)
       std::fprintf(stderr, "checkpoint %s: written in %.0f ms\n", ckpt.c_str(), sharded_ckpt->last_write_ms());
+    ckpt_stall = sharded_ckpt->writer().totals();
+    if (r.leader() && !tc.quiet && ckpt_stall.saves > 0)
+      std::fprintf(stderr, "%s\n", stall_summary(ckpt_stall, mean_step_ms()).c_str());
   }
   if (const int sig = StopSignal::pending(); sig != 0 && step < r.total_steps) {
     if (r.leader())
@@ -729,6 +741,8 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
                                 {"peak_mem_bytes", peak_mem},
                                 {"seconds", seconds_since(t_start)}};
   if (!ckpt.empty()) out["checkpoint"] = ckpt;
+  if (ckpt_stall.saves > 0)
+    out["checkpoint_stall_ms"] = (ckpt_stall.stall_ms + ckpt_stall.device_ms) / static_cast<double>(ckpt_stall.saves);
   log.summary(out);
   if (r.leader() && !tc.quiet) {
     std::fprintf(stderr, "done: %lld steps, train loss %.4f", (long long)step, last_loss);

@@ -75,6 +75,10 @@ resume_as() {  # NAME N ARGS...: resume from ckpt-4 (later ones removed) and end
 }
 resume_as "zero-2 (2 ranks) -> zero-3 on 4 ranks" 4 --strategy zero --zero-stage 3 --batch-size 2
 check "the stall of a background save is reported" "grep -q 'training stalled .* ms' '$tmp/job.err'"
+check "the saves' stall is summed up against a step" \
+  "grep -q 'checkpoints: [0-9]* saves*, stall per save .* ms on the host + .* ms of device copies (.*% of a step)' '$tmp/job.err'"
+check "--json holds the stall per save" \
+  "python3 -c \"import json,sys; v=json.loads(sys.argv[1])['checkpoint_stall_ms']; sys.exit(0 if v >= 0 else 1)\" '$full'"
 resume_as "zero-2 (2 ranks) -> DDP on 2 ranks" 2 --strategy ddp --batch-size 4
 resume_as "zero-2 (2 ranks) -> one process" 1 --batch-size 8
 # A DDP checkpoint resumed as zero-1.

@@ -3,12 +3,14 @@
 // the bytes back exactly; the full model and optimizer load into a fresh
 // model that then trains identically; consolidate and shard round-trip; a
 // crashed save is never taken for a checkpoint; missing shards and
-// overlapping pieces are named; the background writer's stall is the host
-// copy alone.
+// overlapping pieces are named; the background writer stalls only for its
+// snapshot, which keeps the values at save time on either path (on the
+// device, or the synchronous host copy it falls back to).
 #include "chorus/io/sharded_checkpoint.h"
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -23,6 +25,7 @@
 #include "chorus/io/sharded_writer.h"
 #include "chorus/nn/layers.h"
 #include "chorus/ops/factory.h"
+#include "chorus/ops/copy.h"
 #include "chorus/optim/adamw.h"
 #include "io/io_test_util.h"
 
@@ -439,6 +442,84 @@ TEST(ShardedCheckpoint, BackgroundWriterStallsOnlyForTheHostCopy) {
   w.save(rank_save(t.net, t.opt, 0, half, 8));
   expect_throw_with<IOError>([&] { w.wait(); }, {"rank(s) 1", "ckpt-00000008"});
   EXPECT_EQ(w.wait(), "");
+}
+
+// Every tensor of a save, in order.
+std::vector<Tensor*> tensors_of(ShardedSave& s) {
+  std::vector<Tensor*> out;
+  for (auto& p : s.model) out.push_back(&p.values);
+  for (auto& p : s.optimizer)
+    for (auto& [n, t] : p.buffers) out.push_back(&t);
+  for (auto& [n, t] : s.replicated_model) out.push_back(&t);
+  for (auto& [n, t] : s.replicated_optimizer) out.push_back(&t);
+  return out;
+}
+
+// Every tensor's bytes as the checkpoint holds them, in tensors_of's order.
+std::vector<std::vector<uint8_t>> read_back(const ShardedCheckpoint& ck, const ShardedSave& s) {
+  std::vector<std::vector<uint8_t>> out;
+  for (const auto& p : s.model) out.push_back(raw(ck.read_full(p.name)));
+  for (const auto& p : s.optimizer)
+    for (const auto& [n, t] : p.buffers) out.push_back(raw(ck.read_full("optimizer/" + p.param + "." + n)));
+  for (const auto& [n, t] : s.replicated_model) out.push_back(raw(ck.read_full(n)));
+  for (const auto& [n, t] : s.replicated_optimizer) out.push_back(raw(ck.read_full("optimizer/" + n)));
+  return out;
+}
+
+// Note [Background checkpoint writes]: save() freezes the pieces, and the
+// caller changes them in place as soon as it returns. With the pieces on
+// `device` (outside host memory, as a GPU's are) the device snapshot is
+// taken -- clones there, copied to cpu:0 by the background thread -- and
+// with a snapshot limit of 0 the synchronous host copy instead; either way
+// the checkpoint holds the values at save() time, bit for bit.
+void check_snapshot_keeps_values(const Device& device, bool fallback) {
+  SCOPED_TRACE(device.str() + (fallback ? ": host copy (snapshot limit 0)" : ": device snapshot"));
+  ScratchDir dir;
+  manual_seed(fallback ? 23 : 29);
+  Trained t;
+  ShardedSave s = rank_save(t.net, t.opt, 0, [](int64_t n, int) { return std::pair<int64_t, int64_t>(0, n); }, 5);
+  // The weights and moments on the device; the optimizer's scalars stay on
+  // the host, as Optimizer::state() gives them.
+  for (Tensor* x : tensors_of(s))
+    if (x->dtype() == kFloat32) *x = x->to(device);
+  std::vector<std::vector<uint8_t>> want;
+  for (Tensor* x : tensors_of(s)) want.push_back(raw(x->to(cpu_device(0))));
+
+  ShardedWriterOptions wo;
+  if (fallback) wo.snapshot_limit_bytes = 0;
+  ShardedCheckpointWriter w(dir.path().string(), ShardedSaveOptions{}, wo);
+  const double stall = w.save(s);
+  // Training goes on at once: new random values, in place.
+  for (Tensor* x : tensors_of(s)) ops::copy_(*x, randn(x->sizes()) * 100.0 + 1000.0);
+  EXPECT_NE(raw(s.model[0].values.to(cpu_device(0))), want[0]);
+  EXPECT_EQ(w.wait(), dir.file(checkpoint_name(5)));
+
+  EXPECT_EQ(w.last_snapshot_devices(), fallback ? std::vector<Device>{} : std::vector<Device>{device});
+  for (const double ms : {stall, w.last_stall_ms(), w.last_snapshot_device_ms(), w.last_write_ms()}) {
+    EXPECT_TRUE(std::isfinite(ms)) << ms;
+    EXPECT_GE(ms, 0.0);
+  }
+  if (fallback) EXPECT_EQ(w.last_snapshot_device_ms(), 0.0);
+  const ShardedCheckpointWriter::Totals totals = w.totals();
+  EXPECT_EQ(totals.saves, 1);
+  EXPECT_EQ(totals.stall_ms, stall);
+  EXPECT_EQ(totals.device_ms, w.last_snapshot_device_ms());
+  std::printf("%s, %s: stall %.3f ms on the host + %.3f ms of device copies, background %.3f ms\n",
+              device.str().c_str(), fallback ? "host copy" : "device snapshot", stall, w.last_snapshot_device_ms(),
+              w.last_write_ms());
+
+  const std::vector<std::vector<uint8_t>> got = read_back(ShardedCheckpoint::open(dir.path().string()), s);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "tensor " << i;
+}
+
+TEST(ShardedCheckpoint, SnapshotKeepsTheValuesAtSaveTime) {
+  for (const bool fallback : {false, true}) check_snapshot_keeps_values(cpu_device(1), fallback);
+}
+
+TEST(ShardedCheckpoint, GpuSnapshotKeepsTheValuesAtSaveTime_CUDA) {
+  if (!cuda_is_available()) GTEST_SKIP() << "no CUDA device";
+  for (const bool fallback : {false, true}) check_snapshot_keeps_values(cuda_device(0), fallback);
 }
 
 TEST(ShardedCheckpoint, OneProcessWithoutAStore) {

@@ -1,5 +1,6 @@
 // Optimizer::state() / load_state(): a restored optimizer continues exactly
-// (bitwise) as the original would have, and bad snapshots are refused whole.
+// (bitwise) as the original would have, and bad snapshots are refused whole;
+// live_state() holds the buffers that the next step changes.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -82,6 +83,29 @@ TEST(OptimizerState, NamesFollowTheDocumentedScheme) {
   const std::vector<std::string> want = {"step", "lr", "param.0.step", "param.0.exp_avg", "param.0.exp_avg_sq",
                                          "param.1.step", "param.1.exp_avg", "param.1.exp_avg_sq"};
   EXPECT_EQ(names, want);
+}
+
+// live_state() names what state() does, holding the live buffers: the
+// next step changes them, and state()'s copies stay as they were.
+TEST(OptimizerState, LiveStateHoldsTheBuffersThemselves) {
+  std::vector<Tensor> p = make_params(5);
+  AdamW opt(p, {});
+  train(opt, p, 0, 2);
+  const NamedTensors live = opt.live_state(), copied = opt.state();
+  ASSERT_EQ(live.size(), copied.size());
+  std::vector<Vec> before(live.size());
+  for (size_t i = 0; i < live.size(); ++i) {
+    EXPECT_EQ(live[i].first, copied[i].first);
+    if (live[i].first.find("exp_avg") == std::string::npos) continue;  // the scalars are new tensors either way
+    before[i] = values(copied[i].second);
+    EXPECT_EQ(values(live[i].second), before[i]) << live[i].first;
+  }
+  train(opt, p, 2, 1);
+  for (size_t i = 0; i < live.size(); ++i) {
+    if (before[i].empty()) continue;
+    EXPECT_NE(values(live[i].second), before[i]) << live[i].first;
+    EXPECT_EQ(values(copied[i].second), before[i]) << copied[i].first;
+  }
 }
 
 TEST(OptimizerState, RejectsMismatchedSnapshotsAndStaysUnchanged) {

@@ -1,18 +1,59 @@
 #include "chorus/io/sharded_writer.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <memory>
 #include <set>
+#include <vector>
 
 #include "chorus/core/backend.h"
 #include "chorus/core/error.h"
+#include "chorus/core/stream.h"
 #include "chorus/core/warn.h"
+#include "chorus/ops/copy.h"
+#include "chorus/ops/factory.h"
 
 namespace chorus::io {
 
 namespace {
 
+constexpr size_t kSnapshotMargin = size_t{1} << 30;  // left free beside a device snapshot
+
 double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string size_str(size_t bytes) {
+  char s[32];
+  const double b = static_cast<double>(bytes);
+  if (bytes >= (size_t{1} << 30)) std::snprintf(s, sizeof s, "%.2f GiB", b / static_cast<double>(size_t{1} << 30));
+  else if (bytes >= (size_t{1} << 20)) std::snprintf(s, sizeof s, "%.1f MiB", b / static_cast<double>(size_t{1} << 20));
+  else std::snprintf(s, sizeof s, "%zu bytes", bytes);
+  return s;
+}
+
+// Every tensor of a save: the pieces, the optimizer's buffers, the
+// replicated tensors. `S` is ShardedSave or const ShardedSave.
+template <class S, class F>
+void for_each_tensor(S& save, F&& f) {
+  for (auto& p : save.model) f(p.values);
+  for (auto& p : save.optimizer)
+    for (auto& [name, t] : p.buffers) f(t);
+  for (auto& [name, t] : save.replicated_model) f(t);
+  for (auto& [name, t] : save.replicated_optimizer) f(t);
+}
+
+bool in_host_memory(const Tensor& t) { return t.device() == cpu_device(0); }
+
+// Bytes per device of the tensors held outside host memory: what a device
+// snapshot clones.
+std::map<Device, size_t> device_bytes(const ShardedSave& save) {
+  std::map<Device, size_t> out;
+  for_each_tensor(save, [&](const Tensor& t) {
+    if (t.defined() && !in_host_memory(t)) out[t.device()] += t.nbytes();
+  });
+  return out;
 }
 
 // Copies are issued for every tensor first and waited for once per device
@@ -45,17 +86,81 @@ class HostCopier {
 ShardedSave copy_to_host(const ShardedSave& save) {
   HostCopier copy;
   ShardedSave out = save;
-  for (ShardPiece& p : out.model) p.values = copy(p.values);
-  for (OptimizerPiece& p : out.optimizer)
-    for (auto& [name, t] : p.buffers) t = copy(t);
-  for (auto& [name, t] : out.replicated_model) t = copy(t);
-  for (auto& [name, t] : out.replicated_optimizer) t = copy(t);
+  for_each_tensor(out, [&](Tensor& t) { t = copy(t); });
   copy.finish();
   return out;
 }
 
-ShardedCheckpointWriter::ShardedCheckpointWriter(std::string dir, ShardedSaveOptions options)
-    : dir_(std::move(dir)), options_(std::move(options)) {}
+// A save whose tensors are frozen: in host memory, or cloned on their
+// devices with events around the clones (Note [Background checkpoint writes]).
+struct ShardedSnapshot {
+  struct Marks {
+    Event start, end;  // on the stream the clones were issued to
+  };
+  ShardedSave save;
+  std::map<Device, Marks> devices;  // empty: everything is in host memory
+};
+
+namespace {
+
+// Clones the tensors outside host memory on their own devices, on the
+// caller's current streams (after the work that produced them), and the
+// rest on the host. Returns at once; the events say when the clones are done.
+ShardedSnapshot snapshot_on_devices(const ShardedSave& save, const std::map<Device, size_t>& bytes) {
+  ShardedSnapshot snap{save, {}};
+  for (const auto& [d, n] : bytes) {
+    auto& m = snap.devices.emplace(d, ShardedSnapshot::Marks{Event(d), Event(d)}).first->second;
+    m.start.record();
+  }
+  HostCopier host;
+  TensorList srcs, dsts;
+  for_each_tensor(snap.save, [&](Tensor& t) {
+    if (!t.defined()) return;
+    if (in_host_memory(t)) {
+      t = host(t);
+      return;
+    }
+    srcs.push_back(t.detach());
+    dsts.push_back(empty(t.sizes(), TensorOptions(t.dtype(), t.device())));
+    t = dsts.back();
+  });
+  // One launch per few dozen tensors (Note [Multi-tensor copy]): a ZeRO
+  // rank holds thousands of pieces, and each launch is host time.
+  ops::copy_multi(srcs, dsts);
+  for (auto& [d, m] : snap.devices) m.end.record();
+  host.finish();
+  return snap;
+}
+
+// Waits for the clones and copies them to host memory on a stream of this
+// thread's own per device; the device copies are freed as they are copied.
+// Returns the clones' device time (the slowest device).
+double snapshot_to_host(ShardedSnapshot& snap) {
+  double device_ms = 0;
+  std::vector<Stream> streams;
+  std::vector<std::unique_ptr<StreamGuard>> guards;
+  for (auto& [d, m] : snap.devices) {
+    m.end.synchronize();
+    device_ms = std::max(device_ms, static_cast<double>(m.start.elapsed(m.end)));
+    streams.push_back(Stream::create(d));
+    guards.push_back(std::make_unique<StreamGuard>(streams.back()));
+  }
+  for_each_tensor(snap.save, [&](Tensor& t) {
+    if (!t.defined() || in_host_memory(t)) return;
+    // The clone's home is the training stream; this stream reads it, so a
+    // free on any other stream must wait for the copy (Note [Stream-ordered
+    // memory]). The copy into host memory waits for its stream.
+    backend(t.device()).record_use(t.storage()->data(), t.device(), t.device(), Stream::current(t.device()).handle());
+    t = t.to(cpu_device(0));
+  });
+  return device_ms;
+}
+
+}  // namespace
+
+ShardedCheckpointWriter::ShardedCheckpointWriter(std::string dir, ShardedSaveOptions options,
+                                                 ShardedWriterOptions writer)
+    : dir_(std::move(dir)), options_(std::move(options)), writer_options_(writer) {}
 
 ShardedCheckpointWriter::~ShardedCheckpointWriter() {
   try {
@@ -91,33 +196,92 @@ double ShardedCheckpointWriter::last_write_ms() const {
   return last_write_ms_;
 }
 
+double ShardedCheckpointWriter::last_snapshot_device_ms() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_snapshot_device_ms_;
+}
+
+ShardedCheckpointWriter::Totals ShardedCheckpointWriter::totals() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return totals_;
+}
+
+std::string ShardedCheckpointWriter::why_not_on_device(const std::map<Device, size_t>& bytes) const {
+  size_t total = 0;
+  for (const auto& [d, n] : bytes) total += n;
+  if (const auto& limit = writer_options_.snapshot_limit_bytes)
+    return total <= *limit ? "" : "its " + size_str(total) + " exceed the snapshot limit of " + size_str(*limit);
+  for (const auto& [d, n] : bytes) {
+    const auto info = backend(d).memory_info(d);
+    if (!info) continue;  // unknown: try, and fall back on OutOfMemoryError
+    // The previous snapshot's memory went back to the pool, which keeps it
+    // reserved (so the driver no longer counts it free) for this one.
+    const auto it = reserved_.find(d);
+    const size_t avail = info->free + (it == reserved_.end() ? 0 : it->second);
+    if (n + kSnapshotMargin > avail)
+      return "its " + size_str(n) + " on " + d.str() + " do not fit in " + size_str(avail) + " free less a margin of " +
+             size_str(kSnapshotMargin);
+  }
+  return "";
+}
+
 double ShardedCheckpointWriter::save(const ShardedSave& save) {
   join_and_rethrow();
   const auto t0 = std::chrono::steady_clock::now();
-  ShardedSave host = copy_to_host(save);
+  const std::map<Device, size_t> bytes = device_bytes(save);
+  std::optional<ShardedSnapshot> snap;
+  if (!bytes.empty()) {
+    std::string why = why_not_on_device(bytes);
+    if (why.empty()) {
+      try {
+        snap = snapshot_on_devices(save, bytes);
+      } catch (const OutOfMemoryError& e) {
+        why = std::string("the device ran out of memory: ") + e.what();
+      }
+    }
+    if (!why.empty())
+      warn_once("sharded-checkpoint-snapshot",
+                "sharded checkpoint: not snapshotting on the device (" + why +
+                    "); copying to host memory before training goes on instead, a longer stall");
+  }
+  if (!snap) snap = ShardedSnapshot{copy_to_host(save), {}};
+  last_devices_.clear();
+  for (const auto& [d, m] : snap->devices) last_devices_.push_back(d);
+  if (!last_devices_.empty()) reserved_ = bytes;
   last_stall_ms_ = ms_since(t0);
   ShardedSaveOptions o = options_;
   o.key_prefix += "/save-" + std::to_string(saves_++);
   {
     std::lock_guard<std::mutex> lock(mu_);
     running_ = true;
+    last_snapshot_device_ms_ = 0;
+    totals_.saves += 1;
+    totals_.stall_ms += last_stall_ms_;
   }
-  worker_ = std::thread([this, host = std::move(host), o = std::move(o)] {
-    const auto start = std::chrono::steady_clock::now();
-    std::string path;
-    std::exception_ptr error;
-    try {
-      path = save_sharded_checkpoint(dir_, host, o);
-    } catch (...) {
-      error = std::current_exception();
-    }
-    std::lock_guard<std::mutex> lock(mu_);
-    running_ = false;
-    last_write_ms_ = ms_since(start);
-    if (error) error_ = error;
-    else last_path_ = path;
+  worker_ = std::thread([this, s = std::move(*snap), o = std::move(o)]() mutable {
+    write_in_background(std::move(s), std::move(o));
   });
   return last_stall_ms_;
+}
+
+void ShardedCheckpointWriter::write_in_background(ShardedSnapshot snap, ShardedSaveOptions o) {
+  const auto start = std::chrono::steady_clock::now();
+  std::string path;
+  std::exception_ptr error;
+  double device_ms = 0;
+  try {
+    device_ms = snapshot_to_host(snap);
+    path = save_sharded_checkpoint(dir_, snap.save, o);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  running_ = false;
+  last_write_ms_ = ms_since(start);
+  last_snapshot_device_ms_ = device_ms;
+  totals_.device_ms += device_ms;
+  if (error) error_ = error;
+  else last_path_ = path;
 }
 
 }  // namespace chorus::io

@@ -1,37 +1,81 @@
-// Saving a sharded checkpoint without stopping training for the disk.
+// Saving a sharded checkpoint without stopping training for the disk, nor
+// for the copy to host memory.
 //
 // Note [Background checkpoint writes]: training may change the weights and
-// the optimizer's moments as soon as save() returns, so save() copies every
-// piece to host memory first (from a GPU: device-to-host copies, then a wait
-// for them) -- that copy is the whole stall, and save() returns its length.
-// A background thread then writes the files and takes part in the commit
-// (Note [Sharded commit]). One save is in flight at a time: a new save()
-// first waits for the previous one, so the host copies never pile up and
-// the store's keys of consecutive saves never interleave. A failure of the
-// background write reaches the caller from the next wait() or save(); the
-// destructor waits and logs one.
+// the optimizer's moments as soon as save() returns, so save() freezes them
+// first -- but on the device, not on the host. Every piece held outside host
+// memory (cpu:0; a logical CPU device such as cpu:1 counts as a device, so
+// the tests take this path without a GPU) is cloned on its own device,
+// issued on the caller's current stream (so stream-ordered after the
+// optimizer step that produced it, and before the next step that changes
+// it): a device-to-device copy at the device's memory bandwidth (a few ms
+// for gigabytes), where a copy into pageable host memory runs at about a
+// hundredth of that (0.3-0.5 s for a gpt2-xl ZeRO rank's 4.7 GB), and
+// training would wait for it. The caller passes the live tensors (an
+// optimizer's live_state(), not state()'s copies). Timing events around the clones measure what they cost the training
+// stream. save() returns once the clones are issued; its host time is the
+// stall it reports, and the clones' device time is read later
+// (last_snapshot_device_ms()). Pieces already in host memory are cloned there
+// at once.
+//
+// A background thread waits for the snapshot's events, copies it to host
+// memory on a stream of its own per device (the thread's default stream is
+// the one training issues to, Note [One default stream per device] in
+// cuda/context.cpp, so copies there would queue behind and in front of the
+// training kernels), frees the device copy, then writes the files and takes
+// part in the commit (Note [Sharded commit]).
+//
+// The snapshot costs one more copy of the rank's state on the device, for as
+// long as the background copy takes (a step or two). It must fit in memory
+// the training does not use at its peak: the driver's free memory (the
+// allocator's pool keeps what training ever used reserved, so that is what
+// lies outside it), plus what this writer's previous snapshot left reserved
+// in the pool, less a margin of 1 GiB. When it does not fit (or the clones
+// run out of memory all the same), that save falls back to the synchronous
+// copy to host memory -- slower, never out of memory -- and says so once.
+//
+// One save is in flight at a time: a new save() first waits for the
+// previous one, so snapshots never pile up and the store's keys of
+// consecutive saves never interleave. A failure in the background reaches
+// the caller from the next wait() or save(); the destructor waits and logs
+// one.
 #pragma once
 
+#include <cstddef>
 #include <exception>
+#include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
+#include "chorus/core/device.h"
 #include "chorus/io/sharded_checkpoint.h"
 
 namespace chorus::io {
+
+struct ShardedSnapshot;  // a save frozen for the background (sharded_writer.cpp)
+
+struct ShardedWriterOptions {
+  // The largest snapshot (bytes, all devices) taken on the devices; above it
+  // a save copies to the host synchronously. nullopt: as free memory allows
+  // (Note [Background checkpoint writes]). Tests set 0 to take the fallback.
+  std::optional<size_t> snapshot_limit_bytes;
+};
 
 class ShardedCheckpointWriter {
  public:
   // `options.key_prefix` is extended with a save counter, so every rank's
   // writer must see the same sequence of saves (as a training loop does).
-  ShardedCheckpointWriter(std::string dir, ShardedSaveOptions options);
+  ShardedCheckpointWriter(std::string dir, ShardedSaveOptions options, ShardedWriterOptions writer = {});
   ~ShardedCheckpointWriter();
   ShardedCheckpointWriter(const ShardedCheckpointWriter&) = delete;
   ShardedCheckpointWriter& operator=(const ShardedCheckpointWriter&) = delete;
 
-  // Waits for the previous save (rethrowing its failure), copies `save`'s
-  // tensors to the host, starts the write and returns the stall in ms.
+  // Waits for the previous save (rethrowing its failure), snapshots `save`'s
+  // tensors, starts the copy to host memory and the write, and returns the
+  // host time it blocked in ms.
   double save(const ShardedSave& save);
   // Waits for the save in flight; rethrows its failure. Returns the path of
   // the last checkpoint written ("" before any).
@@ -39,27 +83,51 @@ class ShardedCheckpointWriter {
   // True while a write is in flight.
   bool busy() const;
 
-  double last_stall_ms() const { return last_stall_ms_; }  // save()'s host copy
-  double last_write_ms() const;                             // the background write and commit
+  double last_stall_ms() const { return last_stall_ms_; }  // save()'s host time
+  // The device time the last save's clones took on the training stream (the
+  // slowest device; 0 for a save without a device snapshot). Known once the
+  // background thread saw the clones finish: read it after wait().
+  double last_snapshot_device_ms() const;
+  // The devices the last save snapshotted on (empty: none).
+  const std::vector<Device>& last_snapshot_devices() const { return last_devices_; }
+  double last_write_ms() const;  // the background copy, write and commit
+  // Totals over this writer's saves; device_ms counts the saves whose
+  // background work finished (all of them after wait()).
+  struct Totals {
+    int64_t saves = 0;
+    double stall_ms = 0, device_ms = 0;
+  };
+  Totals totals() const;
   const std::string& dir() const { return dir_; }
 
  private:
   void join_and_rethrow();
+  // Why a snapshot of `bytes` (per device) is not taken on the devices; ""
+  // when it is.
+  std::string why_not_on_device(const std::map<Device, size_t>& bytes) const;
+  void write_in_background(ShardedSnapshot snap, ShardedSaveOptions o);
 
   std::string dir_;
   ShardedSaveOptions options_;
+  ShardedWriterOptions writer_options_;
   int64_t saves_ = 0;
   std::thread worker_;
+  // Bytes of the last device snapshot per device: freed into the allocator's
+  // pool, which keeps them reserved for the next one.
+  std::map<Device, size_t> reserved_;
   mutable std::mutex mu_;  // guards the fields the worker sets
   bool running_ = false;
   std::exception_ptr error_;
   std::string last_path_;
   double last_write_ms_ = 0;
+  double last_snapshot_device_ms_ = 0;
   double last_stall_ms_ = 0;
+  std::vector<Device> last_devices_;
+  Totals totals_;  // stall_ms and saves set by save(), device_ms by the worker
 };
 
 // `save` with every tensor copied to cpu:0 (contiguous, own storage), so
-// that the caller may change the originals at once.
+// that the caller may change the originals at once. Waits for the copies.
 ShardedSave copy_to_host(const ShardedSave& save);
 
 }  // namespace chorus::io

@@ -273,7 +273,7 @@ bool parse_param_key(const std::string& key, size_t* index, std::string* rest) {
 
 }  // namespace
 
-NamedTensors Optimizer::state() const {
+NamedTensors Optimizer::collect_state(bool copy_buffers) const {
   NamedTensors out;
   out.emplace_back("step", int64_scalar(step_count_));
   out.emplace_back("lr", float64_scalar(lr_));
@@ -282,11 +282,15 @@ NamedTensors Optimizer::state() const {
     if (s.step == 0 && s.buffers.empty()) continue;  // never updated
     const std::string prefix = "param." + std::to_string(i) + ".";
     out.emplace_back(prefix + "step", int64_scalar(s.step));
-    // Copies, so that a snapshot kept across later step() calls stays a snapshot.
-    for (const auto& [name, buf] : s.buffers) out.emplace_back(prefix + name, ops::clone(buf));
+    for (const auto& [name, buf] : s.buffers) out.emplace_back(prefix + name, copy_buffers ? ops::clone(buf) : buf);
   }
   return out;
 }
+
+// Copies, so that a snapshot kept across later step() calls stays a snapshot.
+NamedTensors Optimizer::state() const { return collect_state(true); }
+
+NamedTensors Optimizer::live_state() const { return collect_state(false); }
 
 void Optimizer::load_state(const NamedTensors& state) {
   const std::vector<std::string> names = buffer_names();

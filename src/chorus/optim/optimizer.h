@@ -73,6 +73,11 @@ class Optimizer {
   // A snapshot (copies, on the parameters' devices) of the state, named as in
   // the note above.
   virtual NamedTensors state() const;
+  // state()'s tensors without the copies: the live buffers, which the next
+  // step() changes in place. For a caller that freezes them itself -- a
+  // sharded checkpoint's device snapshot (io/sharded_writer.h), which would
+  // otherwise copy state()'s copies again.
+  NamedTensors live_state() const;
   // Restores a snapshot from state(); throws ValueError naming every unknown
   // key, missing companion buffer, or shape mismatch.
   virtual void load_state(const NamedTensors& state);
@@ -83,6 +88,8 @@ class Optimizer {
     std::map<std::string, Tensor> buffers;  // float32, parameter's shape, device and layout
   };
 
+  // state() with the buffers copied, or live_state().
+  NamedTensors collect_state(bool copy_buffers) const;
   // The buffer names a subclass keeps per parameter (all or none present).
   virtual std::vector<std::string> buffer_names() const = 0;
 
