@@ -13,6 +13,8 @@
 #    steps and its stall; refuse: BIG_MODEL (d84) under DDP and ZeRO-1 stops at once with the plan's message
 #    (REFUSE_FLAGS: e.g. --memory-limit-gib 79 to plan an H100's memory on an H200);
 #    big: BIG_MODEL with ZeRO-3, BIG_BATCH (1) sequences a GPU, BIG_FLAGS (extra train flags))
+#   ZERO_STAGES entries: 1 2 3, or 3e for stage 3 eager (--no-cuda-graphs); ddp: DDP_ONE=0 skips the one-GPU run,
+#   DDP_TORCH=0 PyTorch's
 #   GPT_MODEL (gpt2), GPT_BATCH (16), GPT_SEQ (1024), GPT_STEPS (30); BUILD_TARGETS (chorus_cli chorus_tests)
 # Rows land in $OUT/gpt_rows.jsonl (one JSON object per run) for the table.
 set -uo pipefail
@@ -175,7 +177,8 @@ PY
   ddp)  # DDP over the GPUs (chorus launch, NCCL) beside PyTorch DDP; GPT_GPUS (all)
     tokens
     NG=${GPT_GPUS:-$(nvidia-smi -L | wc -l)}
-    for n in 1 $NG; do
+    counts="1 $NG"; [ "${DDP_ONE:-1}" = 0 ] && counts=$NG  # DDP_ONE=0: no one-GPU run
+    for n in $counts; do
       timeout 500 $BUILD/chorus launch --nproc-per-node $n -- $BUILD/chorus train --model $MODEL --strategy ddp \
         --devices cuda --data "tokens:$DATA/rand_train_*.bin" --seq-len $T --batch-size $B --precision bf16 \
         --steps $STEPS --log-every 10 --val-windows 4 --json 2>"$OUT/ddp$n.err" | grep '{' | sed 's/^\[rank 0\] //' | tail -1 \
@@ -189,6 +192,7 @@ row = {"who": "chorus", "mode": f"ddp {sys.argv[3]} GPUs", "tok_per_s": r["tok_p
 open(sys.argv[2], "a").write(json.dumps(row) + "\n")
 PY
     done
+    [ "${DDP_TORCH:-1}" = 0 ] && continue  # DDP_TORCH=0: no PyTorch DDP run
     python3 .bench/torch_gpt.py --model $MODEL --mode ddp --gpus $NG --batch $B --seq $T --steps 20 --warmup 5 \
       2>"$OUT/torch_ddp.err" | tail -1 > "$OUT/torch_ddp.json" || tail -5 "$OUT/torch_ddp.err"
     cat "$OUT/torch_ddp.json"
@@ -260,19 +264,21 @@ PY
   zero)  # --strategy zero stages (ZERO_STAGES, default "1 2 3") on GPT_GPUS GPUs beside DDP and PyTorch FSDP2
     tokens
     NG=${GPT_GPUS:-$(nvidia-smi -L | wc -l)}
-    for st in ${ZERO_STAGES:-1 2 3}; do
+    for st in ${ZERO_STAGES:-1 2 3}; do  # "3e": stage 3 eager (--no-cuda-graphs)
+      zs=${st%e}; zf=(); tag=""; [ "$st" != "$zs" ] && { zf=(--no-cuda-graphs); tag=" eager"; }
       ck=(); [ -n "${ZERO_CKPT:-}" ] && { rm -rf /tmp/zck$st; ck=(--checkpoint-dir /tmp/zck$st --checkpoint-every $ZERO_CKPT); }
       timeout 500 $BUILD/chorus launch --nproc-per-node $NG -- $BUILD/chorus train --model $MODEL --strategy zero \
-        --zero-stage $st --devices cuda --data "tokens:$DATA/rand_train_*.bin" --seq-len $T --batch-size $B --precision bf16 \
-        --steps $STEPS --log-every 10 --val-windows 4 --json "${ck[@]}" 2>"$OUT/zero$st.err" | grep '{' | sed 's/^\[rank 0\] //' | tail -1 \
+        --zero-stage $zs --devices cuda --data "tokens:$DATA/rand_train_*.bin" --seq-len $T --batch-size $B --precision bf16 \
+        --steps $STEPS --log-every 10 --val-windows 4 --json "${ck[@]}" "${zf[@]}" 2>"$OUT/zero$st.err" | grep '{' | sed 's/^\[rank 0\] //' | tail -1 \
         > "$OUT/zero$st.json" || tail -5 "$OUT/zero$st.err"
-      grep -E "^(\[rank 0\] )?(zero|checkpoint)|step $STEPS/|memory:" "$OUT/zero$st.err" | sed 's/^\[rank 0\] //' | tail -6
+      grep -E "^(\[rank 0\] )?(zero|checkpoint|CUDA graphs)|step $STEPS/|memory:" "$OUT/zero$st.err" | sed 's/^\[rank 0\] //' | tail -7
       memplan "zero-$st" "$OUT/zero$st.err"
-      python3 - "$OUT/zero$st.json" "$ROWS" $NG $st <<'PY' || tail -5 "$OUT/zero$st.err"
+      python3 - "$OUT/zero$st.json" "$ROWS" $NG $zs "$tag" <<'PY' || tail -5 "$OUT/zero$st.err"
 import json, sys
 r = json.load(open(sys.argv[1]))
-row = {"who": "chorus", "mode": f"zero-{sys.argv[4]} {sys.argv[3]} GPUs", "tok_per_s": r["tok_per_s"], "mfu": r["mfu"],
+row = {"who": "chorus", "mode": f"zero-{sys.argv[4]} {sys.argv[3]} GPUs{sys.argv[5]}", "tok_per_s": r["tok_per_s"], "mfu": r["mfu"],
        "peak_gib": r["peak_mem_bytes"] / 2**30, "loss": r["train_loss"]}
+if "checkpoint_stall_ms" in r: row["checkpoint_stall_ms"] = r["checkpoint_stall_ms"]
 open(sys.argv[2], "a").write(json.dumps(row) + "\n")
 PY
     done
@@ -337,10 +343,10 @@ for r in rows:
     if single and r["who"] != "chorus" and not r["mode"].startswith("ddp"):
         print(f"chorus single / {r['who']} {r['mode']}: {single[-1]['tok_per_s'] / r['tok_per_s']:.3f}")
 for r in rows:
-    if r["who"] == "chorus" and r["mode"].startswith("zero"):
+    if r["who"] == "chorus" and r["mode"].startswith("zero") and not r["mode"].endswith(("d84", "d72", "d60")):
         n = r["mode"].split()[1]
         for t in rows:
-            if t["mode"] in (f"ddp {n}", f"fsdp2 {n}") or (t["who"] == "llm.c" and n in t["mode"]):
+            if t["mode"] in (f"ddp {n} GPUs", f"fsdp2 {n} GPUs") or (t["who"] == "llm.c" and t["mode"].startswith(f"{n} GPUs")):
                 print(f"chorus {r['mode']} / {t['who']} {t['mode']}: {r['tok_per_s'] / t['tok_per_s']:.3f}")
 ddp = {r["mode"]: r for r in rows if r["who"] == "chorus" and r["mode"].startswith("ddp")}
 for mode, r in ddp.items():
