@@ -43,6 +43,7 @@ dist::MemoryPlanInputs gpt_plan_inputs(const models::GPTConfig& cfg, const GptRu
   in.optimizer_bytes_per_param = 8;  // AdamW
   in.bucket_bytes = static_cast<int64_t>(run.bucket_mb * (1 << 20));
   in.bf16 = bf16;
+  in.recompute = cfg.recompute;
   int64_t act = models::gpt_activation_bytes(cfg, run.batch, run.seq, bf16, fused).total();
   // Note [GPT under DataParallel]: the first device takes every replica's logits for the loss.
   if (run.strategy == "dp" && run.replicas > 1)

@@ -112,6 +112,14 @@ TEST(MemoryPlan, Gpt2XlBf16OverFourRanks) {
   EXPECT_EQ(z3.weights, 1'557'686'400 + 574'438'400 + 2 * copied);
   EXPECT_EQ(z3.gradients, 1'557'686'400 + 574'438'400);
   EXPECT_EQ(z3.optimizer, 3'115'372'800);
+  // --recompute always: only the casts of the two units in flight and the
+  // root's, 2 x (2 x 30,740,800 + 82,128,000) = 287,219,200; the other
+  // layouts keep their casts between steps whatever recomputes.
+  MemoryPlanInputs rec = in;
+  rec.recompute = true;
+  EXPECT_EQ(plan_for({"zero", 3, 4}, rec).weights, int64_t{1'557'686'400} + 574'438'400 + 287'219'200);
+  EXPECT_EQ(plan_for({"zero", 1, 4}, rec).weights, z1.weights);
+  EXPECT_EQ(plan_for({"ddp", 0, 4}, rec).weights, ddp.weights);
 }
 
 // The target: d84 (~9.7B parameters) in bf16 on 8 GPUs with 79 GiB

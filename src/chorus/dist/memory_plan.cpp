@@ -1,5 +1,6 @@
 #include "chorus/dist/memory_plan.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "chorus/core/error.h"
@@ -72,7 +73,11 @@ MemoryPlan plan_for(const MemoryStrategy& s, const MemoryPlanInputs& in) {
     // backward: under bf16, 2 bytes per copied parameter for the step
     // (dist/sharded.h, Note [Sharded gathers]).
     const int64_t gathered = 4 * (2 * in.largest_unit_params + in.root_unit_params);
-    m.weights = 4 * shard + gathered + copies;
+    // --recompute: a unit's casts live from its recomputation to the end of
+    // its backward (Note [Memory plan formulas]).
+    const int64_t kept_copies =
+        in.bf16 && in.recompute ? std::min(copies, 2 * (2 * in.largest_unit_params + in.root_unit_params)) : copies;
+    m.weights = 4 * shard + gathered + kept_copies;
     m.gradients = 4 * shard + gathered;
   }
   return m;

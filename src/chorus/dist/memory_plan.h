@@ -28,7 +28,8 @@
 // their gradients before the reduce-scatter) plus the root unit for the whole
 // step, and under bf16 the graph keeps each matrix's per-use cast until that
 // unit's backward (2Pc: the engine keeps no cast between steps, but does not
-// yet gather in bfloat16). The comm column is one bucket of scratch (a compressed copy, a
+// yet gather in bfloat16; with recompute only the casts of the two units in
+// flight and the root's, 2(2U + R)). The comm column is one bucket of scratch (a compressed copy, a
 // reduce-scatter's staging). plan_for() is the one place these live: adjust
 // them there when the engine's buffers change.
 //
@@ -66,6 +67,10 @@ struct MemoryPlanInputs {
   int64_t optimizer_bytes_per_param = 8;  // O: AdamW 8, SGD with momentum 4, without 0
   int64_t bucket_bytes = 25 << 20;        // K
   bool bf16 = false;
+  // Every block recomputes its activations in the backward (--recompute
+  // always): under zero 3 a block's per-use 16-bit casts then live only while
+  // it is recomputed, two blocks at a time, not for the whole step.
+  bool recompute = false;
   // One micro-batch's activations on the fullest device; unset: not known
   // before the first step (measured then, e.g. for a CNN).
   std::optional<int64_t> activation_bytes;
