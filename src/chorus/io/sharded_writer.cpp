@@ -226,8 +226,17 @@ std::string ShardedCheckpointWriter::why_not_on_device(const std::map<Device, si
 }
 
 double ShardedCheckpointWriter::save(const ShardedSave& save) {
-  join_and_rethrow();
+  // The stall counts the wait for a previous save still being written: with
+  // saves closer together than the disk writes them, that wait is the stall.
   const auto t0 = std::chrono::steady_clock::now();
+  const bool was_busy = busy();
+  join_and_rethrow();
+  if (was_busy)
+    warn_once("sharded-checkpoint-wait",
+              "sharded checkpoint: the previous checkpoint was still being written after " +
+                  std::to_string(static_cast<int64_t>(last_write_ms())) + " ms; training waited " +
+                  std::to_string(static_cast<int64_t>(ms_since(t0))) +
+                  " ms for it (checkpoint less often to keep saves in the background)");
   const std::map<Device, size_t> bytes = device_bytes(save);
   std::optional<ShardedSnapshot> snap;
   if (!bytes.empty()) {

@@ -36,7 +36,10 @@
 //
 // One save is in flight at a time: a new save() first waits for the
 // previous one, so snapshots never pile up and the store's keys of
-// consecutive saves never interleave. A failure in the background reaches
+// consecutive saves never interleave. That wait is part of the stall save()
+// returns (and is named once in a warning): saves closer together than the
+// disk writes them stop training for the rest of the write (gpt2-xl at
+// ZeRO-1 on 4 GPUs: 15 s a write, 2.2 s between saves every 10 steps). A failure in the background reaches
 // the caller from the next wait() or save(); the destructor waits and logs
 // one.
 #pragma once
@@ -75,7 +78,7 @@ class ShardedCheckpointWriter {
 
   // Waits for the previous save (rethrowing its failure), snapshots `save`'s
   // tensors, starts the copy to host memory and the write, and returns the
-  // host time it blocked in ms.
+  // host time it blocked in ms (the wait for the previous save included).
   double save(const ShardedSave& save);
   // Waits for the save in flight; rethrows its failure. Returns the path of
   // the last checkpoint written ("" before any).
