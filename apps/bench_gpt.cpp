@@ -29,6 +29,7 @@
 #include "train_gpt.h"
 #include "train_dist.h"
 #include "train_pipeline.h"
+#include "train_zero.h"
 
 namespace chorus::app {
 
@@ -76,7 +77,7 @@ void bench_gpt_row(const BenchConfig& c, const std::string& strategy, const std:
     MemoryPlanFlags flags = c.memory;
     flags.quiet = flags.quiet || !leader;
     plan = check_gpt_memory_plan(cfg, {c.model, stage > 0 ? "zero" : strategy, c.precision, c.batch_size, seq, replicas,
-                                       world, c.bucket_mb, stage},
+                                       world, c.bucket_mb, stage, c.zero_param_dtype.value_or("")},
                                  dev, flags);
   }
   manual_seed(0);
@@ -113,12 +114,14 @@ void bench_gpt_row(const BenchConfig& c, const std::string& strategy, const std:
     ddp = std::make_shared<dist::DistributedDataParallel>(model, ranks->group, o);
     net = ddp;
   } else if (stage > 0) {
-    dist::ShardOptions so;
-    so.stage = stage;
-    so.bucket_bytes = static_cast<int64_t>(c.bucket_mb * (1 << 20));
-    so.reshard_after_forward = c.reshard_after_forward;
-    if (c.comm_hook == "bf16") so.reduce_dtype = kBFloat16;
-    sdp = std::make_shared<dist::ShardedDataParallel>(model, ranks->group, so);
+    GptShardChoice choice;
+    choice.stage = stage;
+    choice.bucket_mb = c.bucket_mb;
+    choice.reshard_after_forward = c.reshard_after_forward;
+    choice.comm_hook = c.comm_hook;
+    choice.bf16 = c.precision == "bf16";
+    choice.param_dtype = c.zero_param_dtype.value_or("");
+    sdp = std::make_shared<dist::ShardedDataParallel>(model, ranks->group, gpt_shard_options(choice, *model));
     net = sdp;
   }
   optim::AdamWOptions ao{6e-4, 0.9, 0.95, 1e-8, 0.1};

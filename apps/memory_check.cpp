@@ -44,6 +44,11 @@ dist::MemoryPlanInputs gpt_plan_inputs(const models::GPTConfig& cfg, const GptRu
   in.bucket_bytes = static_cast<int64_t>(run.bucket_mb * (1 << 20));
   in.bf16 = bf16;
   in.recompute = cfg.recompute;
+  if (bf16 && run.zero_param_dtype != "fp32") {
+    // gpt_shard_options' param_dtype: the blocks' matrices, 12 C^2 a block.
+    in.low_precision_unit_params = 12 * cfg.width * cfg.width;
+    in.low_precision_params = cfg.layers * in.low_precision_unit_params;
+  }
   int64_t act = models::gpt_activation_bytes(cfg, run.batch, run.seq, bf16, fused).total();
   // Note [GPT under DataParallel]: the first device takes every replica's logits for the loss.
   if (run.strategy == "dp" && run.replicas > 1)

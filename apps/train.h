@@ -61,6 +61,7 @@ struct TrainConfig {
   std::optional<int> zero_stage;
   bool reshard_after_forward = true;  // stage 3: free a block's gathered weights after its forward
   bool hybrid = false;                // shard inside a node, replicate across nodes
+  std::optional<std::string> zero_param_dtype;  // bf16 | fp32 (unset: bf16 under --precision bf16)
   // --strategy pipeline (unset: the defaults below; set with another strategy: an error)
   std::optional<int64_t> micro_batches;    // default 4
   std::optional<std::string> schedule;     // gpipe | 1f1b (default) | interleaved

@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <memory>
 
 #include "chorus/autograd/autocast.h"
@@ -221,7 +222,8 @@ void validate_gpt(const TrainConfig& tc, const GptOptions& g) {
                  "--no-reshard-after-forward goes with --zero-stage 3 (only stage 3 shards the weights)");
     CHORUS_CHECK(!g.skip_nan, "--skip-nan is not offered with --strategy zero yet");
   } else {
-    CHORUS_CHECK(!tc.zero_stage && !tc.hybrid, tc.zero_stage ? "--zero-stage" : "--hybrid",
+    CHORUS_CHECK(!tc.zero_stage && !tc.hybrid && !tc.zero_param_dtype,
+                 tc.zero_stage ? "--zero-stage" : tc.hybrid ? "--hybrid" : "--zero-param-dtype",
                  " goes with --strategy zero");
   }
   if (tc.strategy == "pipeline") {
@@ -312,7 +314,7 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
     const bool ranked = tc.strategy == "ddp" || tc.strategy == "zero";
     const int64_t world = ranked ? ddp_launch_env(tc.strategy).world_size : 1;
     GptRun run{tc.model, tc.strategy, tc.precision, r.batch, r.seq, r.replicas(), world, tc.bucket_mb,
-               tc.strategy == "zero" ? tc.zero_stage.value_or(1) : 0};
+               tc.strategy == "zero" ? tc.zero_stage.value_or(1) : 0, tc.zero_param_dtype.value_or("")};
     MemoryPlanFlags flags = tc.memory;
     flags.quiet = tc.quiet || (ranked && ddp_launch_env(tc.strategy).rank != 0);
     plan = check_gpt_memory_plan(cfg, run, device, flags);
@@ -722,8 +724,18 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
     val_step = step;
     log.epoch({{"step", step}, {"test_loss", last_val}});
   }
-  if (g.save_hf && r.sdp) r.sdp->gather_parameters();  // a collective: every rank
-  if (g.save_hf && r.leader()) io::save_safetensors(*g.save_hf, models::gpt_to_hf(r.model->state_dict(), cfg));
+  if (g.save_hf) {
+    NamedTensors state = r.model->state_dict();
+    if (r.sdp) {
+      // The masters, whole (a collective: every rank): under --strategy zero
+      // the module holds shards, or bf16 weights while gathered.
+      std::map<std::string, Tensor> full;
+      for (auto& [name, t] : r.sdp->full_parameters()) full[name] = t;
+      for (auto& [name, t] : state)
+        if (auto it = full.find(name); it != full.end()) t = it->second;
+    }
+    if (r.leader()) io::save_safetensors(*g.save_hf, models::gpt_to_hf(state, cfg));
+  }
   const double peak_mem = static_cast<double>(backend(device).peak_bytes(device));
 
   nlohmann::ordered_json out = {{"model", tc.model},

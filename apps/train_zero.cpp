@@ -7,19 +7,43 @@
 
 namespace chorus::app {
 
-std::shared_ptr<dist::ShardedDataParallel> make_sharded(const TrainConfig& tc, const std::shared_ptr<models::GPT>& model,
-                                                        const RankContext& ranks) {
+dist::ShardOptions gpt_shard_options(const GptShardChoice& c, const models::GPT& model) {
   dist::ShardOptions so;
-  so.stage = tc.zero_stage.value_or(1);
-  so.bucket_bytes = static_cast<int64_t>(tc.bucket_mb * (1 << 20));
-  so.reshard_after_forward = tc.reshard_after_forward;
+  so.stage = c.stage;
+  so.bucket_bytes = static_cast<int64_t>(c.bucket_mb * (1 << 20));
+  so.reshard_after_forward = c.reshard_after_forward;
   // --comm-hook bf16: the gradients' reduce-scatter travels in bfloat16.
-  CHORUS_CHECK(tc.comm_hook == "allreduce" || tc.comm_hook == "bf16", "--comm-hook for --strategy zero is allreduce "
-               "(gradients reduced in their own dtype) or bf16, got '", tc.comm_hook, "'");
-  if (tc.comm_hook == "bf16") so.reduce_dtype = kBFloat16;
+  CHORUS_CHECK(c.comm_hook == "allreduce" || c.comm_hook == "bf16", "--comm-hook for --strategy zero is allreduce "
+               "(gradients reduced in their own dtype) or bf16, got '", c.comm_hook, "'");
+  if (c.comm_hook == "bf16") so.reduce_dtype = kBFloat16;
+  CHORUS_CHECK(c.param_dtype.empty() || c.param_dtype == "bf16" || c.param_dtype == "fp32",
+               "--zero-param-dtype is bf16 or fp32, got '", c.param_dtype, "'");
+  CHORUS_CHECK(c.param_dtype != "bf16" || c.bf16, "--zero-param-dtype bf16 needs --precision bf16 (the blocks' "
+               "bfloat16 matrices are multiplied under autocast)");
+  if (c.bf16 && c.param_dtype != "fp32") {
+    so.param_dtype = kBFloat16;
+    // The blocks' matrices: what autocast casts at each use. The tied
+    // embedding (also looked up) and the positions stay float32.
+    so.param_dtype_for = [](const std::string& name, const Tensor& p) {
+      return p.dim() == 2 && name.find("transformer.h.") != std::string::npos;
+    };
+  }
   // Stage 3: the blocks, named, are sharded from construction (Note [Sharded
   // units]): the first step never holds the whole model.
-  if (so.stage == 3) so.units = model->blocks();
+  if (so.stage == 3) so.units = model.blocks();
+  return so;
+}
+
+std::shared_ptr<dist::ShardedDataParallel> make_sharded(const TrainConfig& tc, const std::shared_ptr<models::GPT>& model,
+                                                        const RankContext& ranks) {
+  GptShardChoice c;
+  c.stage = tc.zero_stage.value_or(1);
+  c.bucket_mb = tc.bucket_mb;
+  c.reshard_after_forward = tc.reshard_after_forward;
+  c.comm_hook = tc.comm_hook;
+  c.bf16 = tc.precision == "bf16";
+  c.param_dtype = tc.zero_param_dtype.value_or("");
+  dist::ShardOptions so = gpt_shard_options(c, *model);
   dist::ProcessGroupPtr shard_group = ranks.group;
   if (tc.hybrid) {
     // Every rank builds every subgroup, in one order (ProcessGroup::new_group).

@@ -13,7 +13,8 @@
 #    steps and its stall; refuse: BIG_MODEL (d84) under DDP and ZeRO-1 stops at once with the plan's message
 #    (REFUSE_FLAGS: e.g. --memory-limit-gib 79 to plan an H100's memory on an H200);
 #    big: BIG_MODEL with ZeRO-3, BIG_BATCH (1) sequences a GPU, BIG_FLAGS (extra train flags))
-#   ZERO_STAGES entries: 1 2 3, or 3e for stage 3 eager (--no-cuda-graphs); ddp: DDP_ONE=0 skips the one-GPU run,
+#   ZERO_STAGES entries: 1 2 3, with e for eager (--no-cuda-graphs) and f for float32 gathered weights
+#   (--zero-param-dtype fp32), e.g. 3e 1f; ddp: DDP_ONE=0 skips the one-GPU run,
 #   DDP_TORCH=0 PyTorch's
 #   GPT_MODEL (gpt2), GPT_BATCH (16), GPT_SEQ (1024), GPT_STEPS (30); BUILD_TARGETS (chorus_cli chorus_tests)
 # Rows land in $OUT/gpt_rows.jsonl (one JSON object per run) for the table.
@@ -246,7 +247,8 @@ print(f"  val loss chorus / pytorch: {c['val_loss'] / t['val_loss']:.4f}")
 PY
     ;;
   zero_check)  # NCCL: --strategy zero stages 1-3 equal DDP (fp32; NCCL sums in another order: ~1e-6) on GPT_GPUS (2) GPUs, d6, 8 steps,
-    # eager and as CUDA graphs (ZC_GRAPHS: "eager graphs")
+    # eager and as CUDA graphs (ZC_GRAPHS: "eager graphs"); ZC_PRECISION=bf16: zero's bf16 gathered matrices
+    # against DDP's per-use casts (close, not equal)
     tokens
     NG=${GPT_GPUS:-2}
     for gr in ${ZC_GRAPHS:-eager graphs}; do
@@ -254,7 +256,7 @@ PY
       for mode in "ddp" "zero --zero-stage 1" "zero --zero-stage 2" "zero --zero-stage 3" "zero --zero-stage 3 --no-reshard-after-forward"; do
         timeout 300 $BUILD/chorus launch --nproc-per-node $NG -- $BUILD/chorus train --model d6 --strategy $mode \
           --devices cuda --data "tokens:$DATA/rand_train_*.bin" --seq-len 256 --batch-size 4 --steps 8 --log-every 4 \
-          --val-windows 2 --json "${gflag[@]}" 2>"$OUT/zc.err" | grep '{' | sed 's/^\[rank 0\] //' | tail -1 \
+          --val-windows 2 --json --precision ${ZC_PRECISION:-fp32} "${gflag[@]}" 2>"$OUT/zc.err" | grep '{' | sed 's/^\[rank 0\] //' | tail -1 \
           | python3 -c "import json,sys; r=json.load(sys.stdin); print(f\"{sys.argv[1]:48} {sys.argv[2]:6} train {r['train_loss']:.10f} val {r.get('val_loss')}\")" "$mode" $gr \
           || { echo "$mode $gr: failed"; tail -5 "$OUT/zc.err"; }
         grep -i -E "graph|eager" "$OUT/zc.err" | grep -v "^\[rank 0\] step" | head -2
@@ -264,8 +266,10 @@ PY
   zero)  # --strategy zero stages (ZERO_STAGES, default "1 2 3") on GPT_GPUS GPUs beside DDP and PyTorch FSDP2
     tokens
     NG=${GPT_GPUS:-$(nvidia-smi -L | wc -l)}
-    for st in ${ZERO_STAGES:-1 2 3}; do  # "3e": stage 3 eager (--no-cuda-graphs)
-      zs=${st%e}; zf=(); tag=""; [ "$st" != "$zs" ] && { zf=(--no-cuda-graphs); tag=" eager"; }
+    for st in ${ZERO_STAGES:-1 2 3}; do  # "3e": stage 3 eager (--no-cuda-graphs); "1f": float32 gathered weights
+      zs=${st:0:1}; zf=(); tag=""
+      [[ $st == *e* ]] && { zf+=(--no-cuda-graphs); tag+=" eager"; }
+      [[ $st == *f* ]] && { zf+=(--zero-param-dtype fp32); tag+=" fp32-params"; }
       ck=(); [ -n "${ZERO_CKPT:-}" ] && { rm -rf /tmp/zck$st; ck=(--checkpoint-dir /tmp/zck$st --checkpoint-every $ZERO_CKPT); }
       timeout 500 $BUILD/chorus launch --nproc-per-node $NG -- $BUILD/chorus train --model $MODEL --strategy zero \
         --zero-stage $zs --devices cuda --data "tokens:$DATA/rand_train_*.bin" --seq-len $T --batch-size $B --precision bf16 \

@@ -120,6 +120,25 @@ TEST(MemoryPlan, Gpt2XlBf16OverFourRanks) {
   EXPECT_EQ(plan_for({"zero", 3, 4}, rec).weights, int64_t{1'557'686'400} + 574'438'400 + 287'219'200);
   EXPECT_EQ(plan_for({"zero", 1, 4}, rec).weights, z1.weights);
   EXPECT_EQ(plan_for({"ddp", 0, 4}, rec).weights, ddp.weights);
+
+  // ShardOptions::param_dtype (chorus train's default under bf16): the 48
+  // blocks' matrices, 12 x 1600^2 = 30,720,000 each, held in bfloat16 while
+  // gathered over float32 masters; only the tied embedding keeps a copy.
+  MemoryPlanInputs lp = in;
+  lp.low_precision_unit_params = 30'720'000;
+  lp.low_precision_params = 48 * lp.low_precision_unit_params;  // 1,474,560,000
+  // 4 x 83,126,400 float32 + 2 x 1,474,560,000 bfloat16 full weights, the
+  // bf16 weights' masters 1,474,560,000 / 4 x 4, the embedding's copy 2 x 81,177,600.
+  const MemoryPlan l1 = plan_for({"zero", 1, 4}, lp);
+  EXPECT_EQ(l1.weights, int64_t{332'505'600} + 2'949'120'000 + 1'474'560'000 + 162'355'200);
+  EXPECT_EQ(l1.gradients, int64_t{332'505'600} + 2'949'120'000 + 1'557'686'400);
+  EXPECT_EQ(l1.optimizer, z1.optimizer);
+  // Stage 3: two units of 20,800 float32 and 30,720,000 bfloat16 elements and
+  // the 82,128,000-element float32 root gathered.
+  const MemoryPlan l3 = plan_for({"zero", 3, 4}, lp);
+  EXPECT_EQ(l3.weights, int64_t{1'557'686'400} + 451'558'400 + 162'355'200);
+  EXPECT_EQ(l3.gradients, int64_t{1'557'686'400} + 451'558'400);
+  EXPECT_EQ(plan_for({"ddp", 0, 4}, lp).weights, ddp.weights);  // DDP keeps float32 weights
 }
 
 // The target: d84 (~9.7B parameters) in bf16 on 8 GPUs with 79 GiB

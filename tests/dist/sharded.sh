@@ -8,7 +8,8 @@
 #     frozen bias, a tied weight, an unused parameter and one used on some
 #     steps and ranks; a 2-block GPT (tied embedding and head)
 #   - gradient accumulation under no_sync(); small buckets; stage 3 keeping
-#     the weights from forward to backward
+#     the weights from forward to backward; named units; parameters gathered
+#     in float32 over float64 masters (param_dtype)
 set -uo pipefail
 CHORUS=${1:?chorus}; BIN_DIR=${4:?binary dir}
 PROBE="$BIN_DIR/chorus_sharded_probe"
@@ -40,6 +41,11 @@ run 3 PROBE_BUCKET_BYTES=200 -- match mlp 1
 run 3 PROBE_BUCKET_BYTES=200 -- match mlp 2
 run 2 PROBE_RESHARD=0 -- match gpt 3
 run 1 -- match gpt 3
+# param_dtype: gathered in float32 over float64 masters (1e-5 losses, 1e-4 weights)
+run 2 PROBE_PARAM_DTYPE=float32 -- match gpt 1
+run 3 PROBE_PARAM_DTYPE=float32 -- match gpt 2
+run 2 PROBE_PARAM_DTYPE=float32 -- match gpt 2 micro
+run 3 PROBE_PARAM_DTYPE=float32 PROBE_UNITS=named -- match gpt 3
 run 3 PROBE_UNITS=named -- match gpt 3  # the trainer's way: the blocks sharded from construction
 run 2 PROBE_UNITS=named PROBE_RESHARD=0 -- match gpt 3
 run 3 PROBE_REDUCE=bf16 -- match mlp 2

@@ -2,19 +2,24 @@
 
 #include <algorithm>
 
+#include "chorus/core/error.h"
 #include "chorus/ops/copy.h"
 
 namespace chorus::dist {
 
-FlatLayout::FlatLayout(const std::vector<Tensor>& ts) {
-  for (const Tensor& t : ts) {
+FlatLayout::FlatLayout(const std::vector<Tensor>& ts, const std::vector<DType>& as) {
+  CHORUS_CHECK(as.empty() || as.size() == ts.size(), "flat layout: ", as.size(), " dtypes for ", ts.size(),
+               " tensors");
+  for (size_t i = 0; i < ts.size(); ++i) {
+    const Tensor& t = ts[i];
+    const DType dt = as.empty() ? t.dtype() : as[i];
     size_t g = 0;
-    while (g < dtypes.size() && dtypes[g] != t.dtype()) ++g;
+    while (g < dtypes.size() && dtypes[g] != dt) ++g;
     if (g == dtypes.size()) {
-      dtypes.push_back(t.dtype());
+      dtypes.push_back(dt);
       numels.push_back(0);
     }
-    const int64_t align = std::max<int64_t>(1, kAlignBytes / static_cast<int64_t>(dtype_size(t.dtype())));
+    const int64_t align = std::max<int64_t>(1, kAlignBytes / static_cast<int64_t>(dtype_size(dt)));
     Segment s;
     s.group = g;
     s.offset = (numels[g] + align - 1) / align * align;

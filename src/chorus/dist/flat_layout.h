@@ -30,7 +30,9 @@ struct FlatLayout {
   // A dense layout (contiguous, channels-last, ...) is kept, so that packing is
   // a flat copy and a replica's convolution weights have the master's memory
   // format; anything else is stored contiguous.
-  explicit FlatLayout(const std::vector<Tensor>& ts);
+  // `as`: the dtype each tensor's segment holds when not its own (ZeRO's
+  // 16-bit gathered weights of float32 parameters); empty: their own.
+  explicit FlatLayout(const std::vector<Tensor>& ts, const std::vector<DType>& as = {});
 
   size_t groups() const { return dtypes.size(); }
   // Tensor i's view of `flat` (the buffer of its group). The view has its own

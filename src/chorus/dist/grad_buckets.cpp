@@ -7,8 +7,11 @@
 namespace chorus::dist {
 
 GradBuckets::GradBuckets(const std::vector<Tensor>& params, int64_t bucket_bytes, int64_t first_bucket_bytes,
-                         const std::vector<size_t>& order, int64_t last_bucket_bytes)
+                         const std::vector<size_t>& order, int64_t last_bucket_bytes, const std::vector<DType>& as)
     : bucket_of(params.size()), index_in_bucket(params.size()) {
+  CHORUS_CHECK(as.empty() || as.size() == params.size(), "gradient buckets: ", as.size(), " dtypes for ",
+               params.size(), " parameters");
+  auto dtype_of = [&](size_t k) { return as.empty() ? params[k].dtype() : as[k]; };
   CHORUS_CHECK(bucket_bytes >= 0 && first_bucket_bytes >= 0 && last_bucket_bytes >= 0,
                "gradient buckets: bucket sizes must be >= 0, got bucket_bytes ", bucket_bytes,
                ", first_bucket_bytes ", first_bucket_bytes, " and last_bucket_bytes ", last_bucket_bytes);
@@ -23,7 +26,7 @@ GradBuckets::GradBuckets(const std::vector<Tensor>& params, int64_t bucket_bytes
                  params.size(), " parameters (", k, " is ", k < params.size() ? "repeated" : "out of range", ")");
     seen[k] = 1;
   }
-  auto bytes_of = [&](size_t k) { return params[k].numel() * static_cast<int64_t>(dtype_size(params[k].dtype())); };
+  auto bytes_of = [&](size_t k) { return params[k].numel() * static_cast<int64_t>(dtype_size(dtype_of(k))); };
   // The tail: the last parameters to fill, together at most last_bucket_bytes
   // (at least one), get a bucket of their own.
   size_t tail = fill.size();
@@ -34,11 +37,13 @@ GradBuckets::GradBuckets(const std::vector<Tensor>& params, int64_t bucket_bytes
   }
   std::vector<size_t> ks;
   std::vector<Tensor> ps;
+  std::vector<DType> dts;
   int64_t bytes = 0;
   auto close = [&] {
-    buckets.push_back({ks, FlatLayout(ps), ps[0].device()});
+    buckets.push_back({ks, FlatLayout(ps, dts), ps[0].device()});
     ks.clear();
     ps.clear();
+    dts.clear();
     bytes = 0;
   };
   for (size_t i = 0; i < fill.size(); ++i) {
@@ -50,6 +55,7 @@ GradBuckets::GradBuckets(const std::vector<Tensor>& params, int64_t bucket_bytes
     index_in_bucket[k] = ks.size();
     ks.push_back(k);
     ps.push_back(params[k]);
+    dts.push_back(dtype_of(k));
     bytes += bytes_of(k);
     const int64_t cap = buckets.empty() && first_bucket_bytes > 0 ? first_bucket_bytes : bucket_bytes;
     if (cap > 0 && bytes >= cap && i + 1 < fill.size()) close();
@@ -58,7 +64,9 @@ GradBuckets::GradBuckets(const std::vector<Tensor>& params, int64_t bucket_bytes
 }
 
 GradBuckets GradBuckets::from_groups(const std::vector<Tensor>& params,
-                                     const std::vector<std::vector<size_t>>& groups) {
+                                     const std::vector<std::vector<size_t>>& groups, const std::vector<DType>& as) {
+  CHORUS_CHECK(as.empty() || as.size() == params.size(), "gradient buckets: ", as.size(), " dtypes for ",
+               params.size(), " parameters");
   GradBuckets out;
   out.bucket_of.assign(params.size(), 0);
   out.index_in_bucket.assign(params.size(), 0);
@@ -66,6 +74,7 @@ GradBuckets GradBuckets::from_groups(const std::vector<Tensor>& params,
   for (const std::vector<size_t>& ks : groups) {
     CHORUS_CHECK(!ks.empty(), "gradient buckets: bucket ", out.buckets.size(), " is empty");
     std::vector<Tensor> ps;
+    std::vector<DType> dts;
     for (size_t k : ks) {
       CHORUS_CHECK(k < params.size() && !seen[k], "gradient buckets: the groups do not partition the ",
                    params.size(), " parameters (", k, " is ", k < params.size() ? "repeated" : "out of range", ")");
@@ -75,8 +84,9 @@ GradBuckets GradBuckets::from_groups(const std::vector<Tensor>& params,
       out.bucket_of[k] = out.buckets.size();
       out.index_in_bucket[k] = ps.size();
       ps.push_back(params[k]);
+      dts.push_back(as.empty() ? params[k].dtype() : as[k]);
     }
-    out.buckets.push_back({ks, FlatLayout(ps), ps[0].device()});
+    out.buckets.push_back({ks, FlatLayout(ps, dts), ps[0].device()});
   }
   for (size_t k = 0; k < params.size(); ++k)
     CHORUS_CHECK(seen[k], "gradient buckets: parameter ", k, " is in no group");

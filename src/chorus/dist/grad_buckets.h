@@ -45,14 +45,18 @@ struct GradBuckets {
   // last parameter to the first. ValueError if it is not a permutation, or
   // for a negative size. last_bucket_bytes 0: no separate tail bucket.
   GradBuckets() = default;
+  // `as` (both constructors): the dtype each parameter's segment holds when
+  // not its own (FlatLayout); empty: their own.
   GradBuckets(const std::vector<Tensor>& params, int64_t bucket_bytes, int64_t first_bucket_bytes = 0,
-              const std::vector<size_t>& order = {}, int64_t last_bucket_bytes = 0);
+              const std::vector<size_t>& order = {}, int64_t last_bucket_bytes = 0,
+              const std::vector<DType>& as = {});
 
   // Explicit buckets (ZeRO-3's units: each module sharded as one gathers as
   // one bucket): groups[i] is bucket i's parameter indices, in the order of
   // their segments. ValueError unless the groups partition the parameters
   // and each holds parameters of one device.
-  static GradBuckets from_groups(const std::vector<Tensor>& params, const std::vector<std::vector<size_t>>& groups);
+  static GradBuckets from_groups(const std::vector<Tensor>& params, const std::vector<std::vector<size_t>>& groups,
+                                 const std::vector<DType>& as = {});
 
   size_t size() const { return buckets.size(); }
 

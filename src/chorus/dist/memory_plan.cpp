@@ -61,6 +61,26 @@ MemoryPlan plan_for(const MemoryStrategy& s, const MemoryPlanInputs& in) {
                s.zero_stage);
   m.optimizer = o * shard;
   m.communication = k;
+  const int64_t pm = in.bf16 ? in.low_precision_params : 0;
+  if (pm > 0) {
+    // ShardOptions::param_dtype (see the note's last paragraph).
+    CHORUS_CHECK(pm <= in.autocast_copied && in.low_precision_unit_params <= in.largest_unit_params,
+                 "memory plan: ", pm, " 16-bit parameters of ", in.autocast_copied, " copied are not valid");
+    const int64_t um = in.low_precision_unit_params, u = in.largest_unit_params, r = in.root_unit_params;
+    const int64_t full = 4 * (p - pm) + 2 * pm, other_copies = 2 * (in.autocast_copied - pm);
+    if (s.zero_stage == 1) {
+      m.weights = full + 4 * ceil_div(pm, n) + other_copies;
+      m.gradients = full + 4 * shard;
+    } else if (s.zero_stage == 2) {
+      m.weights = full + 4 * ceil_div(pm, n) + other_copies;
+      m.gradients = 2 * k + 4 * shard;
+    } else {
+      const int64_t gathered = 2 * (4 * (u - um) + 2 * um) + 4 * r;
+      m.weights = 4 * shard + gathered + other_copies;
+      m.gradients = 4 * shard + gathered;
+    }
+    return m;
+  }
   if (s.zero_stage == 1) {
     m.weights = 4 * p + copies;
     m.gradients = 4 * p + 4 * shard;

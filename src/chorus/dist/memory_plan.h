@@ -33,6 +33,13 @@
 // reduce-scatter's staging). plan_for() is the one place these live: adjust
 // them there when the engine's buffers change.
 //
+// With param_dtype (Pm of the parameters in 16 bits while gathered, Um of
+// the largest unit's; Pf = P - Pm, Uf = U - Um): the full weights of stages
+// 1-2 are 4Pf + 2Pm and their float32 masters 4Pm/N more; stage 1's
+// gradient buffer 4Pf + 2Pm; stage 3 gathers 4Uf + 2Um a unit (and its
+// gradients); the 16-bit copies are only the other copied parameters'
+// (2(Pc - Pm): a GPT's tied embedding).
+//
 // Note [Memory plan reserve]: the components add up to what the allocator
 // hands out (comparable with DeviceBackend::peak_bytes). The device must also
 // hold what nobody asks for by name: the caching allocator's rounding to its
@@ -71,6 +78,11 @@ struct MemoryPlanInputs {
   // always): under zero 3 a block's per-use 16-bit casts then live only while
   // it is recomputed, two blocks at a time, not for the whole step.
   bool recompute = false;
+  // zero under ShardOptions::param_dtype: Pm parameters (Um of the largest
+  // unit) held in 16 bits while gathered, over float32 masters (a GPT's
+  // block matrices); the other strategies ignore them.
+  int64_t low_precision_params = 0;
+  int64_t low_precision_unit_params = 0;
   // One micro-batch's activations on the fullest device; unset: not known
   // before the first step (measured then, e.g. for a CNN).
   std::optional<int64_t> activation_bytes;

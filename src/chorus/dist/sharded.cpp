@@ -58,10 +58,11 @@ struct ShardedDataParallel::Impl final : autograd::BackwardObserver {
 
   // One dtype group of one bucket (Note [Sharded gradients]).
   struct Flat {
-    DType dtype = kFloat32;         // the parameters' (and the master shard's)
+    DType dtype = kFloat32;         // the gathered parameters' (and their gradients')
+    DType master_dtype = kFloat32;  // the master shard's (and its gradient's)
     int64_t padded = 0, per = 0;    // padded = per * world
     Tensor full;        // [padded] the gathered weights; the parameters view it
-    Tensor master;      // [per] this rank's shard (stages 1-2: a view of full)
+    Tensor master;      // [per] this rank's shard (stages 1-2 in one dtype: a view of full)
     Tensor grad_full;   // [padded] stage 1: persistent; 2-3: during the launch only
     Tensor grad_shard;  // [per]
     Tensor rs_out;      // where the running reduce-scatter writes (grad_shard or a temporary)
@@ -84,6 +85,7 @@ struct ShardedDataParallel::Impl final : autograd::BackwardObserver {
   std::vector<int> unit_order;          // stage 3: buckets in the first forward's order
   bool order_known = false;
 
+  std::vector<DType> master_dtypes, full_dtypes;  // [k] before wrapping; while gathered
   std::vector<Tensor> shard_params;  // the optimizer's pieces
   std::vector<Piece> pieces;
   std::vector<std::vector<size_t>> pieces_of;  // [k]
@@ -124,7 +126,7 @@ struct ShardedDataParallel::Impl final : autograd::BackwardObserver {
       f.full.storage()->reallocate();
       // A copy of the shard: the all-gather's input must not alias its output
       // on every backend (stages 1-2 keep the master inside `full`).
-      f.gather_src = ops::clone(f.master);
+      f.gather_src = f.master_dtype == f.dtype ? ops::clone(f.master) : ops::to_dtype(f.master, f.dtype);
       f.gather_work = world > 1 ? group->all_gather(f.gather_src, f.full) : WorkPtr();
       if (world == 1) ops::copy_(f.full, f.gather_src);
     }
@@ -278,16 +280,17 @@ struct ShardedDataParallel::Impl final : autograd::BackwardObserver {
         }
       }
       if (!s2.empty()) ops::copy_multi(s2, d2);
-      f.rs_out = bk.accumulate ? empty({f.per}, TensorOptions(f.dtype, pb.device)) : f.grad_shard;
+      f.rs_out = bk.accumulate ? empty({f.per}, TensorOptions(f.master_dtype, pb.device)) : f.grad_shard;
+      const DType travel = options.reduce_dtype.value_or(f.dtype);
       const ReduceOp op = options.average ? ReduceOp::Avg : ReduceOp::Sum;
       if (world == 1) {
         ops::copy_(f.rs_out, f.grad_full.narrow(0, 0, f.per));
         f.rs_work.reset();
-      } else if (options.reduce_dtype && *options.reduce_dtype != f.dtype) {
-        Tensor in = ops::to_dtype(f.grad_full, *options.reduce_dtype);
-        Tensor out = empty({f.per}, TensorOptions(*options.reduce_dtype, pb.device));
+      } else if (travel != f.dtype || travel != f.master_dtype) {
+        Tensor in = travel == f.dtype ? f.grad_full : ops::to_dtype(f.grad_full, travel);
+        Tensor out = empty({f.per}, TensorOptions(travel, pb.device));
         group->reduce_scatter(in, out, op)->wait();
-        ops::copy_(f.rs_out, out);  // back in the parameters' dtype
+        ops::copy_(f.rs_out, out);  // back in the masters' dtype
         f.rs_work.reset();
       } else {
         f.rs_work = group->reduce_scatter(f.grad_full, f.rs_out, op);
@@ -520,6 +523,17 @@ ShardedDataParallel::ShardedDataParallel(nn::ModulePtr module, ProcessGroupPtr g
     CHORUS_CHECK(s.params[k].is_contiguous(), "ShardedDataParallel: parameter '", s.names[k],
                  "' is not contiguous (", s.params[k].describe(),
                  "): shards are ranges of a parameter's row-major elements");
+  // Mixed precision: which parameters are held in param_dtype while gathered.
+  for (size_t k = 0; k < s.params.size(); ++k) s.master_dtypes.push_back(s.params[k].dtype());
+  s.full_dtypes = s.master_dtypes;
+  if (options.param_dtype) {
+    CHORUS_CHECK(is_floating(*options.param_dtype), "ShardedDataParallel: param_dtype must be a floating type, got ",
+                 dtype_name(*options.param_dtype));
+    for (size_t k = 0; k < s.params.size(); ++k)
+      if (is_floating(s.params[k].dtype()) &&
+          (!options.param_dtype_for || options.param_dtype_for(s.names[k], s.params[k])))
+        s.full_dtypes[k] = *options.param_dtype;
+  }
   NoGradGuard no_grad;
   // Rank 0's values: the frozen parameters here, the trainable ones bucket by
   // bucket below (one bucket's flat copy at a time, never the whole model's).
@@ -570,9 +584,9 @@ ShardedDataParallel::ShardedDataParallel(nn::ModulePtr module, ProcessGroupPtr g
       if (!taken[k] || in_units[k] > 1) root.push_back(k);
     if (!root.empty()) groups.push_back(root);
     units = kept;
-    s.plan = GradBuckets::from_groups(s.params, groups);
+    s.plan = GradBuckets::from_groups(s.params, groups, s.full_dtypes);
   } else {
-    s.plan = GradBuckets(s.params, options.bucket_bytes);
+    s.plan = GradBuckets(s.params, options.bucket_bytes, 0, {}, 0, s.full_dtypes);
   }
 
   // The flat buffers; the parameters become views of `full`.
@@ -587,23 +601,40 @@ ShardedDataParallel::ShardedDataParallel(nn::ModulePtr module, ProcessGroupPtr g
       f.dtype = pb.layout.dtypes[g];
       f.padded = s.plan.padded_numel(b, g, s.world);
       f.per = f.padded / s.world;
-      f.full = zeros({f.padded}, TensorOptions(f.dtype, pb.device));
+      // The masters' dtype: one per group (a group of param_dtype holds
+      // parameters of one dtype before wrapping).
+      f.master_dtype = kFloat32;
+      bool first = true;
+      for (size_t i = 0; i < pb.ks.size(); ++i)
+        if (pb.layout.segments[i].group == g) {
+          const DType md = s.master_dtypes[pb.ks[i]];
+          CHORUS_CHECK(first || md == f.master_dtype, "ShardedDataParallel: param_dtype ", dtype_name(f.dtype),
+                       " would hold parameters of two dtypes (", dtype_name(f.master_dtype), ", ", dtype_name(md),
+                       ") in one buffer; '", s.names[pb.ks[i]], "' is one");
+          f.master_dtype = md;
+          first = false;
+        }
+      const bool cast = f.master_dtype != f.dtype;
+      // This rank's values into a full buffer of the masters' dtype, rank 0's
+      // over them, then the shard; cast, the full buffer is made from it.
+      Tensor staging = zeros({f.padded}, TensorOptions(f.master_dtype, pb.device));
       const GradBuckets::Range mine = s.plan.shard(b, g, s.rank, s.world);
-      // This rank's values into the full buffer, rank 0's over them, then the shard.
       TensorList srcs, dsts;
       for (size_t i = 0; i < pb.ks.size(); ++i)
         if (pb.layout.segments[i].group == g) {
           srcs.push_back(s.params[pb.ks[i]]);
-          dsts.push_back(pb.layout.view(f.full, i));
+          dsts.push_back(pb.layout.view(staging, i));
         }
       ops::copy_multi(srcs, dsts);
-      if (s.world > 1) s.group->broadcast(f.full, 0)->wait();
-      if (options.stage == 3) {
-        f.master = ops::clone(f.full.narrow(0, mine.begin, f.per));
+      if (s.world > 1) s.group->broadcast(staging, 0)->wait();
+      if (options.stage == 3 || cast) {
+        f.master = ops::clone(staging.narrow(0, mine.begin, f.per));
       } else {
-        f.master = f.full.narrow(0, mine.begin, f.per);
+        f.master = staging.narrow(0, mine.begin, f.per);
       }
-      f.grad_shard = zeros({f.per}, TensorOptions(f.dtype, pb.device));
+      f.full = cast ? ops::to_dtype(staging, f.dtype) : staging;
+      staging = Tensor();
+      f.grad_shard = zeros({f.per}, TensorOptions(f.master_dtype, pb.device));
       if (options.stage == 1) f.grad_full = zeros({f.padded}, TensorOptions(f.dtype, pb.device));
       bk.flats.push_back(std::move(f));
     }
@@ -636,7 +667,7 @@ ShardedDataParallel::ShardedDataParallel(nn::ModulePtr module, ProcessGroupPtr g
     s.pieces_of[k].push_back(s.shard_params.size());
     s.piece_flat.emplace_back(pl.bucket, pl.group);
     s.piece_offset.push_back(r.begin - mine.begin);
-    s.pieces.push_back({s.names[k], k, s.params[k].sizes(), s.params[k].dtype(), r.begin - pl.offset, r.end - pl.offset});
+    s.pieces.push_back({s.names[k], k, s.params[k].sizes(), s.master_dtypes[k], r.begin - pl.offset, r.end - pl.offset});
     s.shard_params.push_back(piece);
   }
   if (options.stage == 3) {
@@ -731,6 +762,29 @@ void ShardedDataParallel::gather_parameters() {
   }
 }
 
+NamedTensors ShardedDataParallel::full_parameters() {
+  Impl& s = *impl_;
+  std::lock_guard<std::mutex> lk(s.mu);
+  NoGradGuard no_grad;
+  std::vector<Tensor> whole(s.params.size());
+  for (size_t b = 0; b < s.plan.size(); ++b) {
+    const GradBuckets::Bucket& pb = s.plan.buckets[b];
+    for (size_t g = 0; g < s.buckets[b].flats.size(); ++g) {
+      const Impl::Flat& f = s.buckets[b].flats[g];
+      // The masters, not the gathered weights: param_dtype's would round.
+      Tensor flat = empty({f.padded}, TensorOptions(f.master_dtype, pb.device));
+      Tensor src = ops::clone(f.master);
+      if (s.world > 1) s.group->all_gather(src, flat)->wait();
+      else ops::copy_(flat, src);
+      for (size_t i = 0; i < pb.ks.size(); ++i)
+        if (pb.layout.segments[i].group == g) whole[pb.ks[i]] = pb.layout.view(flat, i).to(cpu_device(0)).clone();
+    }
+  }
+  NamedTensors out;
+  for (size_t k = 0; k < s.params.size(); ++k) out.emplace_back(s.names[k], whole[k]);
+  return out;
+}
+
 void ShardedDataParallel::load_shards(const std::function<Tensor(const Piece&)>& values) {
   Impl& s = *impl_;
   std::lock_guard<std::mutex> lk(s.mu);
@@ -771,7 +825,7 @@ ShardedDataParallel::Held ShardedDataParallel::held_bytes() const {
   for (const auto& bk : impl_->buckets)
     for (const auto& f : bk.flats) {
       if (bk.gathered) h.full_weights += static_cast<int64_t>(f.full.nbytes());
-      if (impl_->stage3()) h.shard_weights += static_cast<int64_t>(f.master.nbytes());
+      if (impl_->stage3() || f.master_dtype != f.dtype) h.shard_weights += static_cast<int64_t>(f.master.nbytes());
       if (f.grad_full.defined()) h.full_grads += static_cast<int64_t>(f.grad_full.nbytes());
       h.shard_grads += static_cast<int64_t>(f.grad_shard.nbytes());
     }

@@ -62,9 +62,21 @@ struct ShardOptions {
   bool reshard_after_forward = true;
   // Stage 3: issue the next unit's gather before this unit computes.
   bool prefetch = true;
+  // Mixed precision (FSDP's param_dtype): the dtype the module's parameters
+  // hold while gathered -- bfloat16 halves the gathers and the full-size
+  // weights and gradients -- while the shards the optimizer updates stay in
+  // the parameters' own dtype (float32 masters). Applies to the parameters
+  // `param_dtype_for` accepts (by name and tensor; null: every floating
+  // trainable parameter), e.g. only the matrices that autocast would cast,
+  // so norms and embeddings compute as before. Their gradients arrive in
+  // this dtype and are reduced in it unless reduce_dtype says otherwise;
+  // the optimizer's gradient shards are in the masters' dtype. A forward
+  // must accept such parameters: run it under autocast to this dtype.
+  std::optional<DType> param_dtype;
+  std::function<bool(const std::string& name, const Tensor& param)> param_dtype_for;
   // The dtype gradients travel in (bfloat16 halves the traffic; each
-  // rank's average is taken back in the parameters' dtype); nullopt: the
-  // gradients' own.
+  // rank's average is taken back in the masters' dtype); nullopt: the
+  // gradients' own (param_dtype's, for the parameters it applies to).
   std::optional<DType> reduce_dtype;
   bool average = true;            // false: gradients summed over the ranks
   bool broadcast_buffers = true;  // rank 0's buffers to every rank before each forward
@@ -99,7 +111,7 @@ class ShardedDataParallel : public nn::Module {
     std::string name;   // the module's parameter name
     size_t param = 0;   // its index among the trainable parameters (module order)
     Shape shape;        // the parameter's full shape
-    DType dtype = kFloat32;
+    DType dtype = kFloat32;  // the master's (the parameter's before wrapping)
     int64_t begin = 0, end = 0;  // elements [begin, end) of its row-major flattening
   };
   const std::vector<Piece>& pieces() const;
@@ -113,9 +125,13 @@ class ShardedDataParallel : public nn::Module {
   Tensor clip_grad_norm(double max_norm);
 
   // The full weights in the module's parameters now (a collective): after an
-  // optimizer step, before evaluating or exporting through the module itself.
-  // At stage 3 they stay gathered until the next training forward.
+  // optimizer step, before evaluating through the module itself. At stage 3
+  // they stay gathered until the next training forward. Under param_dtype
+  // they are in that dtype: export full_parameters() instead.
   void gather_parameters();
+  // Every trainable parameter whole, in its masters' dtype, on the host
+  // (a collective, one bucket at a time): for exporting the model.
+  NamedTensors full_parameters();
 
   // Writes `values(piece)` (a 1-d tensor of the piece's elements) into every
   // shard parameter: loading a checkpoint written at any layout. The next
