@@ -225,6 +225,11 @@ int run_bench(const BenchConfig& c) {
   CHORUS_CHECK(!c.trace || c.strategy == "single" || c.strategy == "dp",
                "chorus bench --trace goes with --strategy single or dp (a distributed job: chorus train --strategy ddp --trace)");
   if (c.trace) (void)parse_trace_steps(c.trace_steps);
+  // The image models' ddp rows are processes the bench starts itself; zero
+  // rows run under a launcher, as a GPT's do.
+  CHORUS_CHECK(c.strategy.rfind("zero", 0) != 0 && c.strategy.find(",zero") == std::string::npos,
+               "chorus bench: zero rows are offered for GPT models (gpt2 ... d84); for ", c.model,
+               " time chorus train --strategy zero --zero-stage 1|2|3 under chorus launch, or bench --strategy ddp");
   CHORUS_CHECK(c.strategy == "single" || c.strategy == "dp" || c.strategy == "ddp" || c.strategy == "pipeline",
                "chorus bench: unknown strategy '", c.strategy, "' (expected single, dp, ddp or pipeline)");
   if (c.strategy == "pipeline") return run_bench_pipeline(c);

@@ -129,9 +129,14 @@ std::string stall_summary(const io::ShardedCheckpointWriter::Totals& t, double s
 
 namespace {
 
+// The per-parameter buffers a checkpoint may hold: AdamW's moments, SGD's
+// momentum (the image models' optimizer).
+constexpr const char* kOptimizerBuffers[] = {"exp_avg", "exp_avg_sq", "momentum_buffer"};
+
 // Where a zero rank's ranges come from: a range of a model tensor, of an
-// optimizer buffer of a parameter, and a parameter range's step count
-// (nullopt: never updated).
+// optimizer buffer of a parameter (undefined when the checkpoint has no such
+// buffer: another optimizer's, or SGD without momentum), and a parameter
+// range's step count (nullopt: never updated).
 struct RangeSource {
   std::function<Tensor(const std::string&, int64_t, int64_t)> model;
   std::function<Tensor(const std::string&, const std::string&, int64_t, int64_t)> buffer;
@@ -150,7 +155,8 @@ void load_ranges(const RangeSource& src, dist::ShardedDataParallel& sdp, optim::
     if (!step) continue;
     const std::string prefix = "param." + std::to_string(i) + ".";
     st.emplace_back(prefix + "step", from_vector(std::vector<int64_t>{*step}, {}));
-    for (const char* b : {"exp_avg", "exp_avg_sq"}) st.emplace_back(prefix + b, src.buffer(pc.name, b, pc.begin, pc.end));
+    for (const char* b : kOptimizerBuffers)
+      if (Tensor t = src.buffer(pc.name, b, pc.begin, pc.end); t.defined()) st.emplace_back(prefix + b, t);
   }
   opt.load_state(st);
   // Frozen parameters and buffers: whole, into the module.
@@ -173,14 +179,19 @@ io::TrainingState load_into_shards(const FoundCheckpoint& found, dist::ShardedDa
     state = ck->state();
     if (check) check(state, found.path + "/index.json");
     src.model = [ck](const std::string& n, int64_t b, int64_t e) { return ck->read(n, b, e); };
-    src.buffer = [ck](const std::string& p, const std::string& buf, int64_t b, int64_t e) {
-      return ck->read("optimizer/" + p + "." + buf, b, e);
-    };
-    src.step = [ck](const std::string& p, int64_t b, int64_t e) -> std::optional<int64_t> {
-      const std::string name = "optimizer/" + p + ".exp_avg";
+    auto holds = [ck](const std::string& name) {
       const auto names = ck->names();
-      if (std::find(names.begin(), names.end(), name) == names.end()) return std::nullopt;
-      return ck->read_step(name, b, e);
+      return std::find(names.begin(), names.end(), name) != names.end();
+    };
+    src.buffer = [ck, holds](const std::string& p, const std::string& buf, int64_t b, int64_t e) {
+      const std::string name = "optimizer/" + p + "." + buf;
+      return holds(name) ? ck->read(name, b, e) : Tensor();
+    };
+    // The step count is recorded with each buffer's pieces: the first buffer's.
+    src.step = [ck, holds](const std::string& p, int64_t b, int64_t e) -> std::optional<int64_t> {
+      for (const char* buf : kOptimizerBuffers)
+        if (const std::string name = "optimizer/" + p + "." + buf; holds(name)) return ck->read_step(name, b, e);
+      return std::nullopt;
     };
     for (const char* s : {"step", "lr"}) src.scalars.emplace_back(s, ck->read_full(std::string("optimizer/") + s));
     const auto names = ck->names();
@@ -209,9 +220,10 @@ io::TrainingState load_into_shards(const FoundCheckpoint& found, dist::ShardedDa
       Tensor t = need(*model, n);
       return t.reshape({t.numel()}).narrow(0, b, e - b);
     };
-    src.buffer = [optst, index, need](const std::string& p, const std::string& buf, int64_t b, int64_t e) {
-      Tensor t = need(*optst, "param." + std::to_string(index->at(p)) + "." + buf);
-      return t.reshape({t.numel()}).narrow(0, b, e - b);
+    src.buffer = [optst, index](const std::string& p, const std::string& buf, int64_t b, int64_t e) {
+      auto it = optst->find("param." + std::to_string(index->at(p)) + "." + buf);
+      if (it == optst->end()) return Tensor();
+      return it->second.reshape({it->second.numel()}).narrow(0, b, e - b);
     };
     src.step = [optst, index](const std::string& p, int64_t, int64_t) -> std::optional<int64_t> {
       auto it = optst->find("param." + std::to_string(index->at(p)) + ".step");
@@ -225,6 +237,33 @@ io::TrainingState load_into_shards(const FoundCheckpoint& found, dist::ShardedDa
   }
   load_ranges(src, sdp, opt);
   return state;
+}
+
+namespace {
+bool is_sharded_checkpoint(const std::string& ckpt) { return fs::exists(fs::path(ckpt) / "index.json"); }
+}  // namespace
+
+std::string state_file_of(const std::string& ckpt) {
+  return ckpt + (is_sharded_checkpoint(ckpt) ? "/index.json" : "/state.json");
+}
+
+io::Resumed resume_at_any_layout(const std::string& dir, nn::Module& model, optim::Optimizer& opt,
+                                 dist::ShardedDataParallel* sdp, bool start_fresh, const CheckpointCheck& check) {
+  const std::optional<FoundCheckpoint> found = find_newest_checkpoint(dir);
+  // A zero module's own parameters are not the weights (stage 3 frees them):
+  // only its pieces are loaded.
+  if (!sdp && !(found && found->sharded)) return io::resume_checkpoint(dir, model, opt, start_fresh, check);
+  io::Resumed res;
+  if (!found) return res;
+  res.state = sdp ? load_into_shards(*found, *sdp, opt, check) : load_sharded_into_full(found->path, model, opt, check);
+  res.path = found->path;
+  return res;
+}
+
+io::TrainingState load_at_any_layout(const std::string& ckpt, nn::Module& model, optim::Optimizer& opt,
+                                     const CheckpointCheck& check) {
+  return is_sharded_checkpoint(ckpt) ? load_sharded_into_full(ckpt, model, opt, check)
+                                     : io::load_checkpoint(ckpt, model, opt, check);
 }
 
 io::TrainingState load_sharded_into_full(const std::string& ckpt, nn::Module& model, optim::Optimizer& opt,

@@ -68,4 +68,19 @@ io::TrainingState load_into_shards(const FoundCheckpoint& found, dist::ShardedDa
 io::TrainingState load_sharded_into_full(const std::string& ckpt, nn::Module& model, optim::Optimizer& opt,
                                          const CheckpointCheck& check);
 
+// --resume at any layout (Note [Checkpoints at any layout]): the newest
+// checkpoint in `dir`, of either kind, into a zero run's pieces (`sdp` given:
+// every rank calls it) or into the whole `model`; a one-process checkpoint
+// into a whole model goes through io::resume_checkpoint (which skips
+// unreadable ones: Note [Unreadable checkpoints]). No path: none found.
+io::Resumed resume_at_any_layout(const std::string& dir, nn::Module& model, optim::Optimizer& opt,
+                                 dist::ShardedDataParallel* sdp, bool start_fresh, const CheckpointCheck& check);
+// Checkpoint `ckpt`, of either kind, into a whole model: what the other ranks
+// of a DDP run load once rank 0 has chosen it.
+io::TrainingState load_at_any_layout(const std::string& ckpt, nn::Module& model, optim::Optimizer& opt,
+                                     const CheckpointCheck& check);
+// The file that holds checkpoint `ckpt`'s state (index.json of a sharded
+// one, else state.json): what errors about it name.
+std::string state_file_of(const std::string& ckpt);
+
 }  // namespace chorus::app

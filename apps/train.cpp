@@ -24,6 +24,7 @@
 #include "chorus/core/warn.h"
 #include "chorus/core/rng.h"
 #include "chorus/data/cifar.h"
+#include "chorus/dist/replica_sync.h"
 #include "chorus/dist/sync_batch_norm.h"
 #include "chorus/data/loader.h"
 #include "chorus/data/mnist.h"
@@ -54,6 +55,8 @@
 #include "train_dist.h"
 #include "train_pipeline.h"
 #include "train_step.h"
+#include "train_zero.h"
+#include "sharded_checkpoints.h"
 
 namespace chorus::app {
 
@@ -66,11 +69,15 @@ void TrainConfig::validate() const {
                "' (expected mlp, cnn, resnet20, wrn-16-4 or wrn-28-10)");
   CHORUS_CHECK(data == "fashion-mnist" || data == "mnist" || data == "cifar10" || data == "synthetic",
                "unknown data set '", data, "' (expected fashion-mnist, mnist, cifar10 or synthetic)");
-  CHORUS_CHECK(strategy != "zero", "--strategy zero is offered for GPT models (--model gpt2 ... d84); use ddp for ",
-               model);
-  CHORUS_CHECK(strategy == "single" || strategy == "dp" || strategy == "ddp" || strategy == "pipeline",
-               "unknown strategy '", strategy, "' (expected single, dp, ddp or pipeline)");
-  CHORUS_CHECK(!zero_stage && !hybrid, zero_stage ? "--zero-stage" : "--hybrid", " goes with --strategy zero");
+  CHORUS_CHECK(strategy == "single" || strategy == "dp" || strategy == "ddp" || strategy == "pipeline" || strategy == "zero",
+               "unknown strategy '", strategy, "' (expected single, dp, ddp, zero or pipeline)");
+  validate_zero_options(*this);
+  // An image model's convolutions take float32 weights under autocast's
+  // per-use casts: no 16-bit gathered parameters (--zero-param-dtype is GPTs').
+  CHORUS_CHECK(!zero_param_dtype, "--zero-param-dtype is offered for GPT models; ", model,
+               " gathers its weights in float32");
+  CHORUS_CHECK(!channels_last || strategy != "zero", "--channels-last is not offered with --strategy zero yet (a shard is a "
+               "range of a parameter's row-major elements); zero runs train NCHW");
   if (strategy == "pipeline") {
     CHORUS_CHECK(!micro_batches || (*micro_batches >= 1 && *micro_batches <= batch_size), "--micro-batches must be from 1 to the batch size (",
                  batch_size, "), got ", micro_batches.value_or(0));
@@ -85,8 +92,8 @@ void TrainConfig::validate() const {
                         : recompute ? "--recompute" : virtual_stages ? "--virtual-stages" : nullptr;
     CHORUS_CHECK(given == nullptr, given ? given : "", " goes with --strategy pipeline");
   }
-  if (strategy == "ddp") ddp_launch_env();  // says how to launch when nothing did
-  CHORUS_CHECK(!sync_bn || strategy == "ddp", "--sync-bn goes with --strategy ddp");
+  if (strategy == "ddp" || strategy == "zero") ddp_launch_env(strategy);  // says how to launch when nothing did
+  CHORUS_CHECK(!sync_bn || strategy == "ddp" || strategy == "zero", "--sync-bn goes with --strategy ddp or zero");
   CHORUS_CHECK(!dp_broadcast || strategy == "dp", "--dp-broadcast goes with --strategy dp");
   CHORUS_CHECK(!dp_gather_output || strategy == "dp", "--dp-gather-output goes with --strategy dp");
   check_dp_all_reduce(dp_all_reduce, strategy, dp_broadcast);
@@ -175,6 +182,13 @@ double default_lr(const TrainConfig& c) {
 
 std::vector<Device> pick_devices(const TrainConfig& c) {
   if (c.strategy == "ddp") return ddp_devices(c.devices, ddp_launch_env());
+  if (c.strategy == "zero") {
+    // A shard per process: a DataParallel inside a rank would hold whole replicas.
+    std::vector<Device> devs = ddp_devices(c.devices, ddp_launch_env(c.strategy));
+    CHORUS_CHECK(devs.size() == 1, "--strategy zero takes one device per process, got --devices ", c.devices,
+                 " (launch one process per device)");
+    return devs;
+  }
   if (c.devices.empty()) {
     if (c.strategy == "dp") return parse_devices("all");
     if (c.strategy == "pipeline") return parse_devices(cuda_device_count() >= 2 ? "all" : "cpu:0,cpu:1");
@@ -238,8 +252,13 @@ struct Training {
   int64_t step_samples = 0;                // the run's reference step: its first global batch
   int64_t budget = 0;                      // examples to consume in all: --steps x step_samples (or no limit)
   int64_t schedule_steps = 0;              // the schedule's length in reference steps
-  std::optional<RankContext> ranks;        // --strategy ddp
+  std::optional<RankContext> ranks;        // --strategy ddp or zero
   std::shared_ptr<dist::DistributedDataParallel> ddp;
+  // --strategy zero: the optimizer updates this rank's pieces (sdp->shard_parameters());
+  // every rank writes its part of each checkpoint (apps/sharded_checkpoints.h).
+  std::shared_ptr<dist::ShardedDataParallel> sdp;
+  std::unique_ptr<ShardedCheckpointer> sharded_ckpt;
+  int64_t saved_samples = -1;              // the position of the last checkpoint this run wrote
   std::shared_ptr<parallel::Pipeline> pipeline;   // --strategy pipeline
   std::string pipeline_line;                     // how the model was split
   bool evaluate_epochs = false;            // the test set after each epoch (decided by rank 0's settings)
@@ -264,6 +283,9 @@ nlohmann::json rank_fingerprint(const TrainConfig& cfg, const Datasets& data, si
   j["log_every"] = cfg.log_every;  // where the ranks meet to sum the figures
   j["bucket_mb"] = cfg.bucket_mb;
   j["comm_hook"] = cfg.comm_hook;
+  j["zero_stage"] = cfg.zero_stage.value_or(0);
+  j["reshard_after_forward"] = cfg.reshard_after_forward;
+  j["hybrid"] = cfg.hybrid;
   j["devices_per_rank"] = devices;
   auto checksum = [](const data::Dataset& d) {
     uint64_t h = 1469598103934665603ull;
@@ -289,6 +311,19 @@ nlohmann::json rank_fingerprint(const TrainConfig& cfg, const Datasets& data, si
   return j;
 }
 
+// --strategy zero: the model in ShardedDataParallel over the job. Stage 3
+// names no units: an image model's structure varies, and the units found
+// (Note [Sharded units]) are trusted only after a first, fully gathered step.
+std::shared_ptr<dist::ShardedDataParallel> shard_model(const TrainConfig& cfg, Training& t) {
+  if (cfg.sync_bn) nn::convert_sync_batchnorm(t.model, t.ranks->group);
+  dist::ShardOptions so;
+  // As under DDP: rank 0's buffers (the ones its checkpoints hold) reach
+  // the others before each evaluation (ready_to_evaluate), not before every
+  // forward: one meeting point less per step.
+  so.broadcast_buffers = false;
+  return make_sharded(cfg, t.model, *t.ranks, so);
+}
+
 Training set_up(const TrainConfig& cfg) {
   Training t;
   t.devices = pick_devices(cfg);
@@ -303,9 +338,10 @@ Training set_up(const TrainConfig& cfg) {
   // (chorus train WRN-16-4 bf16 faster in both runs on an H100; the small
   // Fashion-MNIST CNN, bound by its data, within noise; benchmarks journal,
   // session 11). The numbers do not depend on the layout.
-  t.channels_last = cfg.channels_last || (all_cuda && !cfg.no_channels_last);
+  // Not under zero: its shards are ranges of row-major (NCHW) parameters.
+  t.channels_last = cfg.channels_last || (all_cuda && !cfg.no_channels_last && cfg.strategy != "zero");
   CHORUS_CHECK(cfg.precision == "fp32" || device.is_cuda(), "--precision bf16 needs a CUDA device (got ", device.str(), ")");
-  if (cfg.strategy == "ddp") t.ranks = join_job(ddp_launch_env(), device, cfg.dist_timeout_s);
+  if (cfg.strategy == "ddp" || cfg.strategy == "zero") t.ranks = join_job(ddp_launch_env(cfg.strategy), device, cfg.dist_timeout_s);
   manual_seed(cfg.seed);
   t.data = load_data(cfg);
   if (t.ranks) check_same_options(*t.ranks, rank_fingerprint(cfg, t.data, t.devices.size()));
@@ -316,13 +352,18 @@ Training set_up(const TrainConfig& cfg) {
   // layout (ops::to_device), and each batch is converted as it arrives.
   if (t.channels_last) t.model->to_channels_last();
   const double lr = cfg.lr.value_or(default_lr(cfg));
-  std::vector<Tensor> params = t.model->parameters();
+  if (cfg.strategy == "zero") t.sdp = shard_model(cfg, t);  // before the optimizer: it updates the pieces
+  // One weight decay for every parameter, so each piece decays as its parameter would.
+  std::vector<Tensor> params = t.sdp ? t.sdp->shard_parameters() : t.model->parameters();
   if (cfg.optimizer == "sgd")
     t.opt = std::make_unique<optim::SGD>(params, optim::SGDOptions{lr, cfg.momentum, 0.0, cfg.weight_decay, cfg.momentum > 0});
   else
     t.opt = std::make_unique<optim::AdamW>(params, optim::AdamWOptions{lr, 0.9, 0.999, 1e-8, cfg.weight_decay});
   nn::ModulePtr net;
-  if (t.ranks) {
+  if (t.sdp) {
+    net = t.sdp;
+    if (cfg.checkpoint_dir) t.sharded_ckpt = std::make_unique<ShardedCheckpointer>(*cfg.checkpoint_dir, t.sdp, *t.opt, *t.ranks);
+  } else if (t.ranks) {
     if (cfg.sync_bn) nn::convert_sync_batchnorm(t.model, t.ranks->group);
     nn::ModulePtr inner = t.devices.size() > 1 ? wrap_for_strategy(t.model, "dp", t.devices, cfg.bucket_mb) : t.model;
     dist::DDPOptions o;
@@ -466,13 +507,20 @@ std::optional<Continued> resume(const TrainConfig& cfg, Training& t) {
     check_resume_config(st.config, cfg.to_json(), cfg.allow_change, state_path);
     (void)continue_from(cfg, t, st, state_path);
   };
+  // Note [Checkpoints at any layout] (apps/sharded_checkpoints.h): either
+  // kind, whichever is newest. A zero rank reads its own ranges of it.
   io::Resumed r;
-  if (!t.ranks || t.ranks->leader()) r = io::resume_checkpoint(*cfg.checkpoint_dir, *t.model, *t.opt, cfg.start_fresh, check);
-  if (t.ranks) {  // Note [Training ranks]: rank 0 picks, every rank loads that one
-    const std::string chosen = agree_on_checkpoint(*t.ranks, r.path);
-    if (!t.ranks->leader() && !chosen.empty()) {
-      r.state = io::load_checkpoint(chosen, *t.model, *t.opt, check);
-      r.path = chosen;
+  if (t.sdp) {
+    r = resume_at_any_layout(*cfg.checkpoint_dir, *t.model, *t.opt, t.sdp.get(), cfg.start_fresh, check);
+  } else {
+    if (!t.ranks || t.ranks->leader())
+      r = resume_at_any_layout(*cfg.checkpoint_dir, *t.model, *t.opt, nullptr, cfg.start_fresh, check);
+    if (t.ranks) {  // Note [Training ranks]: rank 0 picks, every rank loads that one
+      const std::string chosen = agree_on_checkpoint(*t.ranks, r.path);
+      if (!t.ranks->leader() && !chosen.empty()) {
+        r.state = load_at_any_layout(chosen, *t.model, *t.opt, check);
+        r.path = chosen;
+      }
     }
   }
   // Said even with --quiet: work is being skipped.
@@ -487,7 +535,7 @@ std::optional<Continued> resume(const TrainConfig& cfg, Training& t) {
       std::fprintf(stderr, "no checkpoint in %s; starting from scratch\n", cfg.checkpoint_dir->c_str());
     return std::nullopt;
   }
-  Continued c = continue_from(cfg, t, r.state, *r.path + "/state.json");
+  Continued c = continue_from(cfg, t, r.state, state_file_of(*r.path));
   default_generator().set_state(r.state.rng);
   if (!cfg.quiet || !r.skipped.empty())
     std::fprintf(stderr, "resuming from %s (epoch %lld, step %lld, %lld examples seen)\n", r.path->c_str(),
@@ -516,7 +564,7 @@ Position plan_run(const TrainConfig& cfg, Training& t, const std::optional<Conti
   return pos;
 }
 
-std::string save(const TrainConfig& cfg, const Training& t, const Position& pos) {
+std::string save(const TrainConfig& cfg, Training& t, const Position& pos) {
   if (!cfg.checkpoint_dir) return "";
   io::TrainingState st;
   st.epoch = pos.epoch;
@@ -531,21 +579,35 @@ std::string save(const TrainConfig& cfg, const Training& t, const Position& pos)
   st.extra[kSampleKeys.consumed] = pos.samples;
   st.extra[kSampleKeys.per_step] = t.step_samples;
   st.extra["schedule_steps"] = t.schedule_steps;
+  // Written already (--checkpoint-every at the step --steps or a signal stops
+  // at): once is enough, and a sharded save of one step cannot be committed twice.
+  const std::string path = *cfg.checkpoint_dir + "/" + io::checkpoint_name(st.step);
+  if (t.saved_samples == pos.samples) return path;
+  t.saved_samples = pos.samples;
   if (!t.ranks) return io::save_checkpoint(*cfg.checkpoint_dir, *t.model, *t.opt, st);
+  if (t.sharded_ckpt) {
+    // Every rank its pieces, written in the background; committed through
+    // the job's store (apps/sharded_checkpoints.h).
+    const double stall = t.sharded_ckpt->save(st);
+    if (t.ranks->leader() && !cfg.quiet)
+      std::fprintf(stderr, "checkpoint %s: training stalled %.1f ms (%s)\n", path.c_str(), stall,
+                   snapshot_where(t.sharded_ckpt->writer().last_snapshot_devices()).c_str());
+    return path;
+  }
   // Note [Training ranks]: rank 0 writes; nobody goes on before it is complete.
-  std::string path = *cfg.checkpoint_dir + "/" + io::checkpoint_name(st.step);
-  if (t.ranks->leader()) path = io::save_checkpoint(*cfg.checkpoint_dir, *t.model, *t.opt, st);
+  const std::string written = t.ranks->leader() ? io::save_checkpoint(*cfg.checkpoint_dir, *t.model, *t.opt, st) : path;
   t.ranks->group->barrier()->wait();
-  return path;
+  return written;
 }
 
 // Note [Stopping on a signal]: after the step in flight, a checkpoint (when
 // there is a directory for it), one line saying so, and Interrupted.
-[[noreturn]] void stop_for_signal(const TrainConfig& cfg, const Training& t, const Position& pos, Progress& progress) {
+[[noreturn]] void stop_for_signal(const TrainConfig& cfg, Training& t, const Position& pos, Progress& progress) {
   // Under DDP a rank may stop because another one was signalled.
   const int sig = StopSignal::pending() ? StopSignal::pending() : SIGTERM;
   progress.finish();
   const std::string where = save(cfg, t, pos);
+  if (t.sharded_ckpt) t.sharded_ckpt->wait();  // whole on disk before the run stops
   if (where.empty())
     std::fprintf(stderr, "chorus: stopped by %s at step %lld; no --checkpoint-dir, so nothing was saved\n",
                  StopSignal::name(sig), (long long)pos.step);
@@ -607,11 +669,24 @@ struct LoopResult {
   int64_t images = 0;
 };
 
+// Before evaluating through the model itself (a collective under ddp and
+// zero): rank 0's batch-norm statistics everywhere, as its checkpoint has
+// them; under zero the full weights in the module too.
+void ready_to_evaluate(Training& t) {
+  if (t.ddp) t.ddp->broadcast_buffers();
+  if (!t.sdp) return;
+  t.sdp->gather_parameters();
+  NoGradGuard ng;
+  std::vector<Tensor> buffers;
+  for (auto& [name, b] : t.model->named_buffers()) buffers.push_back(b);
+  dist::broadcast_in_place(*t.ranks->group, buffers);
+}
+
 // End of an epoch: checkpoint, then test-set evaluation when anyone reads it.
 void finish_epoch(const TrainConfig& cfg, Training& t, const Position& pos, RunLog* log, Progress& progress) {
   save(cfg, t, pos);
   if (!t.evaluate_epochs) return;
-  if (t.ddp) t.ddp->broadcast_buffers();  // rank 0's batch-norm statistics, as its checkpoint has
+  ready_to_evaluate(t);
   EvalResult ev = evaluate(*t.model, *t.test_loader, t.channels_last, t.rank_context());
   progress.finish();
   if (!cfg.quiet)
@@ -718,7 +793,7 @@ LoopResult train_loop(const TrainConfig& cfg, Training& t, Position& pos, RunLog
           stats.ask_for_report();
         StepStats::Window w = stats.close(t.rank_context());
         if (w.report) {  // every rank, at the same step
-          const std::string line = rank_times.report(*t.ranks, pos.step, t.ddp->gradient_wait_seconds());
+          const std::string line = rank_times.report(*t.ranks, pos.step, t.ddp ? t.ddp->gradient_wait_seconds() : 0.0);
           last_report = now;
           if (!line.empty() && !cfg.quiet) {
             progress.finish();
@@ -739,7 +814,9 @@ LoopResult train_loop(const TrainConfig& cfg, Training& t, Position& pos, RunLog
           log->step(rec);
         }
       }
-      if (cfg.checkpoint_every > 0 && pos.step % cfg.checkpoint_every == 0) save(cfg, t, pos);
+      // The epoch's last step is saved by finish_epoch, as the next epoch's start.
+      if (cfg.checkpoint_every > 0 && pos.step % cfg.checkpoint_every == 0 && pos.batch_in_epoch < t.per_epoch)
+        save(cfg, t, pos);
       if (should_stop(t, agreement ? &*agreement : nullptr, pos.step)) stop_for_signal(cfg, t, pos, progress);
     }
     if (pos.batch_in_epoch >= t.per_epoch) {
@@ -756,7 +833,7 @@ LoopResult train_loop(const TrainConfig& cfg, Training& t, Position& pos, RunLog
 
 nlohmann::ordered_json summarize(const TrainConfig& cfg, Training& t, const Position& start, const Position& end,
                                  const LoopResult& loop, double seconds) {
-  if (t.ddp) t.ddp->broadcast_buffers();
+  ready_to_evaluate(t);
   EvalResult final_eval = evaluate(*t.model, *t.test_loader, t.channels_last, t.rank_context());
   std::vector<std::string> device_names;
   for (const Device& d : t.devices) device_names.push_back(d.str());
@@ -790,13 +867,15 @@ void announce(const TrainConfig& cfg, const Training& t) {
   for (const Device& d : t.devices) where += (where.empty() ? "" : ",") + d.str();
   std::fprintf(stderr, "training %s (%lld parameters) on %s%s%s, %s, %lld examples, batch %lld%s, %lld steps\n",
                cfg.model.c_str(), (long long)t.model->num_parameters(), where.c_str(),
-               t.ranks ? (" x " + std::to_string(t.world()) + " processes (DDP over " + t.ranks->group->backend() + ")").c_str()
+               t.ranks ? (" x " + std::to_string(t.world()) + " processes (" + (t.sdp ? "zero" : "DDP") + " over " +
+                          t.ranks->group->backend() + ")").c_str()
                : cfg.strategy == "dp" ? " (DataParallel)" : t.pipeline ? " (pipeline)" : t.step.graph ? " (CUDA graph)" : "",
                t.channels_last ? ", channels-last" : "",
                t.data.train->name().c_str(),
                (long long)t.data.train->size(), (long long)cfg.batch_size, t.pipeline ? "" : " per device",
                (long long)t.total_steps);
   if (t.pipeline) std::fprintf(stderr, "%s\n", t.pipeline_line.c_str());
+  if (t.sdp) std::fprintf(stderr, "%s\n", describe_sharding(*t.sdp, t.world()).c_str());
 }
 
 // The plan's static part (weights, gradients, optimizer, communication)
@@ -805,9 +884,13 @@ void announce(const TrainConfig& cfg, const Training& t) {
 void plan_memory(const TrainConfig& cfg, Training& t) {
   if (t.pipeline || cfg.quiet || !(t.devices[0].is_cuda() || cfg.memory.show)) return;
   const int64_t opt_bytes = cfg.optimizer == "adamw" ? 8 : cfg.momentum > 0 ? 4 : 0;
-  const dist::MemoryPlanInputs in = module_plan_inputs(*t.model, cfg.precision == "bf16", opt_bytes, cfg.bucket_mb);
+  dist::MemoryPlanInputs in = module_plan_inputs(*t.model, cfg.precision == "bf16", opt_bytes, cfg.bucket_mb);
+  const int stage = t.sdp ? t.sdp->options().stage : 0;
+  // Zero 3 with units it finds itself: the first step holds the whole model
+  // gathered (Note [Sharded units]), and that step is the peak.
+  if (stage == 3) in.root_unit_params = in.params;
   dist::MemoryPlan plan =
-      dist::plan_for(plan_strategy(cfg.strategy, static_cast<int64_t>(t.devices.size()), t.world()), in);
+      dist::plan_for(plan_strategy(cfg.strategy, static_cast<int64_t>(t.devices.size()), t.world(), stage), in);
   if (!check_memory_plan(cfg.model, plan, in, t.devices[0], cfg.memory)) return;
   t.memory_plan = plan;
   for (const Device& d : t.devices) backend(d).reset_peak_bytes(d);
@@ -851,6 +934,7 @@ nlohmann::ordered_json run_train(const TrainConfig& given) {
                     t.ranks ? t.ranks->env.rank : 0, t.world(), !cfg.quiet);
   LoopResult loop = train_loop(cfg, t, pos, log.any() ? &log : nullptr, tracer);
   tracer.finish();
+  if (t.sharded_ckpt) t.sharded_ckpt->wait();  // the last checkpoint is whole on disk before the run reports
   synchronize();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   nlohmann::ordered_json summary = summarize(cfg, t, start, pos, loop, seconds);

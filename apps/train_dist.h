@@ -1,8 +1,8 @@
-// `chorus train --strategy ddp`: what a rank of a distributed run adds to the
-// single-process driver (apps/train.cpp) -- its devices, its process group,
-// the model wrapped in DistributedDataParallel, and the points where the
-// ranks must agree: which checkpoint to resume, when to stop, the sums behind
-// the reported figures.
+// `chorus train --strategy ddp` (and zero: apps/train_zero.h): what a rank of
+// a distributed run adds to the single-process driver (apps/train.cpp) -- its
+// devices, its process group, the model wrapped in DistributedDataParallel
+// (or ShardedDataParallel), and the points where the ranks must agree: which
+// checkpoint to resume, when to stop, the sums behind the reported figures.
 //
 // Note [Training ranks]: every rank runs the same loop on its own shard of
 // each epoch (data::DistributedSampler: equal shares, reshuffled by epoch

@@ -215,17 +215,8 @@ void validate_gpt(const TrainConfig& tc, const GptOptions& g) {
   CHORUS_CHECK(tc.strategy == "single" || tc.strategy == "ddp" || tc.strategy == "dp" || tc.strategy == "pipeline" ||
                    tc.strategy == "zero",
                "--strategy ", tc.strategy, " is not available for GPT models (single, dp, ddp, zero or pipeline)");
-  if (tc.strategy == "zero") {
-    CHORUS_CHECK(!tc.zero_stage || (*tc.zero_stage >= 1 && *tc.zero_stage <= 3), "--zero-stage must be 1, 2 or 3, got ",
-                 tc.zero_stage.value_or(0));
-    CHORUS_CHECK(tc.zero_stage.value_or(1) == 3 || tc.reshard_after_forward,
-                 "--no-reshard-after-forward goes with --zero-stage 3 (only stage 3 shards the weights)");
-    CHORUS_CHECK(!g.skip_nan, "--skip-nan is not offered with --strategy zero yet");
-  } else {
-    CHORUS_CHECK(!tc.zero_stage && !tc.hybrid && !tc.zero_param_dtype,
-                 tc.zero_stage ? "--zero-stage" : tc.hybrid ? "--hybrid" : "--zero-param-dtype",
-                 " goes with --strategy zero");
-  }
+  validate_zero_options(tc);
+  CHORUS_CHECK(tc.strategy != "zero" || !g.skip_nan, "--skip-nan is not offered with --strategy zero yet");
   if (tc.strategy == "pipeline") {
     CHORUS_CHECK(!tc.micro_batches || *tc.micro_batches >= 1, "--micro-batches must be at least 1");
     if (tc.schedule) (void)parallel::parse_schedule(*tc.schedule);
@@ -389,7 +380,16 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
     o.bucket_bytes = static_cast<int64_t>(tc.bucket_mb * (1 << 20));
     o.comm_hook = dist::parse_comm_hook(tc.comm_hook);
     if (tc.strategy == "zero") {
-      r.sdp = make_sharded(tc, r.model, *r.ranks);
+      // The blocks named as stage 3's units, their matrices gathered in
+      // bfloat16 under --precision bf16 (gpt_shard_options).
+      GptShardChoice choice;
+      choice.stage = tc.zero_stage.value_or(1);
+      choice.bucket_mb = tc.bucket_mb;
+      choice.reshard_after_forward = tc.reshard_after_forward;
+      choice.comm_hook = tc.comm_hook;
+      choice.bf16 = tc.precision == "bf16";
+      choice.param_dtype = tc.zero_param_dtype.value_or("");
+      r.sdp = make_sharded(tc, r.model, *r.ranks, gpt_shard_options(choice, *r.model));
       r.net = r.sdp;
       if (r.leader() && !tc.quiet) std::fprintf(stderr, "%s\n", describe_sharding(*r.sdp, r.world()).c_str());
     } else {
@@ -439,23 +439,13 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
       }
     };
     // Note [Checkpoints at any layout] (apps/sharded_checkpoints.h).
-    io::Resumed res;
-    const std::optional<FoundCheckpoint> found = find_newest_checkpoint(*tc.checkpoint_dir);
-    if (found && r.sdp) {
-      res.state = load_into_shards(*found, *r.sdp, *r.opt, check);
-      res.path = found->path;
-    } else if (found && found->sharded) {
-      res.state = load_sharded_into_full(found->path, *r.model, *r.opt, check);
-      res.path = found->path;
-    } else {
-      res = io::resume_checkpoint(*tc.checkpoint_dir, *r.model, *r.opt, tc.start_fresh, check);
-    }
+    const io::Resumed res = resume_at_any_layout(*tc.checkpoint_dir, *r.model, *r.opt, r.sdp.get(), tc.start_fresh, check);
     if (res.path) {
       // Note [Progress in samples]: the position is the tokens consumed and the
       // steps are the run's first (reference) ones, so a run resumed with
       // another world size or batch continues the same curve to the same end.
       const SavedPosition at = read_position(res.state.extra, kTokenKeys, res.state.step, r.tokens_per_step(),
-                                             *res.path + (found && found->sharded ? "/index.json" : "/state.json"));
+                                             state_file_of(*res.path));
       start_tokens = at.consumed;
       r.step_tokens = at.per_step;
       start = start_tokens / r.tokens_per_step();

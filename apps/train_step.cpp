@@ -59,9 +59,10 @@ bool cuda_graphs_apply(const std::string& strategy, const std::vector<Device>& d
   // the capture's streams of every device); DDP with one GPU per process
   // captures its collectives too (Note [DDP in a CUDA graph]).
   // A pipeline: one graph over its stages' devices (Note [Pipelines and CUDA
-  // graphs]).
+  // graphs]). Zero's gathers and reduce-scatters too (Note [Sharded steps in
+  // a CUDA graph] in dist/sharded.h; auto-found units' first step is eager).
   if (strategy == "dp" || strategy == "pipeline") return true;
-  return (strategy == "single" || strategy == "ddp") && devices.size() == 1;
+  return (strategy == "single" || strategy == "ddp" || strategy == "zero") && devices.size() == 1;
 }
 
 bool TrainStep::enable_cuda_graphs(parallel::GraphedStepOptions options) {

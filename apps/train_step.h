@@ -89,7 +89,7 @@ struct TrainStep {
 };
 
 // Whether a step over `devices` with this strategy can be captured as a CUDA
-// graph: "single", or "ddp" with one device per process, on one CUDA device;
+// graph: "single", or "ddp" or "zero" with one device per process, on one CUDA device;
 // "dp" over CUDA devices, the inputs on the first: one graph spans them all;
 // "pipeline" over CUDA devices likewise (Note [Pipelines and CUDA graphs] in
 // parallel/pipeline.h).

@@ -34,16 +34,29 @@ dist::ShardOptions gpt_shard_options(const GptShardChoice& c, const models::GPT&
   return so;
 }
 
-std::shared_ptr<dist::ShardedDataParallel> make_sharded(const TrainConfig& tc, const std::shared_ptr<models::GPT>& model,
-                                                        const RankContext& ranks) {
-  GptShardChoice c;
-  c.stage = tc.zero_stage.value_or(1);
-  c.bucket_mb = tc.bucket_mb;
-  c.reshard_after_forward = tc.reshard_after_forward;
-  c.comm_hook = tc.comm_hook;
-  c.bf16 = tc.precision == "bf16";
-  c.param_dtype = tc.zero_param_dtype.value_or("");
-  dist::ShardOptions so = gpt_shard_options(c, *model);
+void validate_zero_options(const TrainConfig& tc) {
+  if (tc.strategy != "zero") {
+    CHORUS_CHECK(!tc.zero_stage && !tc.hybrid && !tc.zero_param_dtype,
+                 tc.zero_stage ? "--zero-stage" : tc.hybrid ? "--hybrid" : "--zero-param-dtype",
+                 " goes with --strategy zero");
+    CHORUS_CHECK(tc.reshard_after_forward, "--no-reshard-after-forward goes with --strategy zero --zero-stage 3");
+    return;
+  }
+  CHORUS_CHECK(!tc.zero_stage || (*tc.zero_stage >= 1 && *tc.zero_stage <= 3), "--zero-stage must be 1, 2 or 3, got ",
+               tc.zero_stage.value_or(0));
+  CHORUS_CHECK(tc.zero_stage.value_or(1) == 3 || tc.reshard_after_forward,
+               "--no-reshard-after-forward goes with --zero-stage 3 (only stage 3 shards the weights)");
+}
+
+std::shared_ptr<dist::ShardedDataParallel> make_sharded(const TrainConfig& tc, const nn::ModulePtr& model,
+                                                        const RankContext& ranks, dist::ShardOptions so) {
+  so.stage = tc.zero_stage.value_or(1);
+  so.bucket_bytes = static_cast<int64_t>(tc.bucket_mb * (1 << 20));
+  so.reshard_after_forward = tc.reshard_after_forward;
+  // --comm-hook bf16: the gradients' reduce-scatter travels in bfloat16.
+  CHORUS_CHECK(tc.comm_hook == "allreduce" || tc.comm_hook == "bf16", "--comm-hook for --strategy zero is allreduce "
+               "(gradients reduced in their own dtype) or bf16, got '", tc.comm_hook, "'");
+  if (tc.comm_hook == "bf16") so.reduce_dtype = kBFloat16;
   dist::ProcessGroupPtr shard_group = ranks.group;
   if (tc.hybrid) {
     // Every rank builds every subgroup, in one order (ProcessGroup::new_group).

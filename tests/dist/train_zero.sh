@@ -127,7 +127,7 @@ bad() {  # NAME EXPECTED ARGS...
 bad "stage 4" "--zero-stage must be 1, 2 or 3" "${T[@]}" --strategy zero --zero-stage 4
 bad "zero without a launcher" "strategy zero runs one process per device" "${T[@]}" --strategy zero
 bad "--zero-stage without zero" "goes with --strategy zero" "${T[@]}" --zero-stage 2
-bad "zero for a CNN" "offered for GPT models" train --model cnn --strategy zero --steps 1
+bad "--skip-nan under zero" "--skip-nan is not offered with --strategy zero" "${T[@]}" --strategy zero --skip-nan
 bad "keeping weights below stage 3" "goes with --zero-stage 3" "${T[@]}" --strategy zero --zero-stage 2 --no-reshard-after-forward
 [ $fail -eq 0 ] && echo "train_zero: all passed"
 exit $fail
