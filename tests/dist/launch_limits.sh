@@ -66,13 +66,15 @@ expect_error "--sizes-mb is empty" bench-comm --sizes-mb ''
 expect_error "--dist-timeout: 'nan' is not a number from 0.1 to 1000000" bench-comm --dist-timeout nan
 
 # 4. One 300 MB line from rank 1 (rank 0's stdout passes through untouched):
-# 2 s here, 21 s for 200 MB before (the time grew with the square of the length).
+# 2 s here, 21 s for 200 MB before (the time grew with the square of the length:
+# ~47 s for 300 MB). The bound is 30 s: under AddressSanitizer on a loaded
+# 2-core machine the linear path took 16 s.
 start=$(date +%s)
 timeout 300 "$CHORUS" launch --nproc-per-node 2 --master-port "$(free_port)" -- \
   bash -c '[ "$RANK" = 1 ] && python3 -c "import sys; sys.stdout.write(\"x\" * 300_000_000 + \"\\n\")"; echo "rank $RANK done"' "$M" \
   > "$tmp/out" 2> "$tmp/err4"; rc=$?
 took=$(( $(date +%s) - start ))
 [ $rc = 0 ] || head -c 2000 "$tmp/err4"
-check "a 300 MB line passes in ${took} s (exit $rc)" "[ $rc = 0 ] && [ $took -lt 15 ] && grep -qx '\[rank 1\] rank 1 done' '$tmp/out'"
+check "a 300 MB line passes in ${took} s (exit $rc)" "[ $rc = 0 ] && [ $took -lt 30 ] && grep -qx '\[rank 1\] rank 1 done' '$tmp/out'"
 check "...every byte of it, in pieces of 1 MiB" "[ \$(grep '^\[rank 1\] x' '$tmp/out' | tr -d '\n' | sed 's/\[rank 1\] //g' | wc -c) = 300000000 ]"
 exit $fail
