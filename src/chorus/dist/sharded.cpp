@@ -740,7 +740,8 @@ nn::Value ShardedDataParallel::forward_value(const nn::Value& x) {
 Tensor ShardedDataParallel::clip_grad_norm(double max_norm) {
   Impl& s = *impl_;
   const Device home = s.params[0].device();
-  const DType acc = s.params[0].dtype() == kFloat64 ? kFloat64 : kFloat32;
+  // The masters' dtype (the gathered parameters may be 16-bit: param_dtype).
+  const DType acc = s.master_dtypes[0] == kFloat64 ? kFloat64 : kFloat32;
   auto total_of = [&s](const Tensor& sq) {
     if (s.world > 1) s.group->all_reduce(sq, ReduceOp::Sum)->wait();
     // Hybrid: the replicas hold the same shards: their sum is not added.
