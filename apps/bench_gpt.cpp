@@ -114,14 +114,9 @@ void bench_gpt_row(const BenchConfig& c, const std::string& strategy, const std:
     ddp = std::make_shared<dist::DistributedDataParallel>(model, ranks->group, o);
     net = ddp;
   } else if (stage > 0) {
-    GptShardChoice choice;
-    choice.stage = stage;
-    choice.bucket_mb = c.bucket_mb;
-    choice.reshard_after_forward = c.reshard_after_forward;
-    choice.comm_hook = c.comm_hook;
-    choice.bf16 = c.precision == "bf16";
-    choice.param_dtype = c.zero_param_dtype.value_or("");
-    sdp = std::make_shared<dist::ShardedDataParallel>(model, ranks->group, gpt_shard_options(choice, *model));
+    dist::ShardOptions so = zero_flag_options(stage, c.bucket_mb, c.reshard_after_forward, c.comm_hook);
+    add_gpt_sharding(so, *model, c.precision == "bf16", c.zero_param_dtype.value_or(""));
+    sdp = std::make_shared<dist::ShardedDataParallel>(model, ranks->group, so);
     net = sdp;
   }
   optim::AdamWOptions ao{6e-4, 0.9, 0.95, 1e-8, 0.1};

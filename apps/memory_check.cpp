@@ -45,7 +45,7 @@ dist::MemoryPlanInputs gpt_plan_inputs(const models::GPTConfig& cfg, const GptRu
   in.bf16 = bf16;
   in.recompute = cfg.recompute;
   if (bf16 && run.zero_param_dtype != "fp32") {
-    // gpt_shard_options' param_dtype: the blocks' matrices, 12 C^2 a block.
+    // add_gpt_sharding's param_dtype: the blocks' matrices, 12 C^2 a block.
     in.low_precision_unit_params = 12 * cfg.width * cfg.width;
     in.low_precision_params = cfg.layers * in.low_precision_unit_params;
   }

@@ -47,7 +47,7 @@ struct GptRun {
   int64_t batch = 1, seq = 1, replicas = 1, world = 1;
   double bucket_mb = 25;
   int zero_stage = 0;  // 1, 2 or 3 with strategy zero
-  std::string zero_param_dtype;  // --zero-param-dtype ("": bf16 under bf16, as gpt_shard_options)
+  std::string zero_param_dtype;  // --zero-param-dtype ("": bf16 under bf16, as add_gpt_sharding)
 };
 
 // The whole check for a GPT, from its configuration, before the model is

@@ -316,7 +316,7 @@ nlohmann::json rank_fingerprint(const TrainConfig& cfg, const Datasets& data, si
 // (Note [Sharded units]) are trusted only after a first, fully gathered step.
 std::shared_ptr<dist::ShardedDataParallel> shard_model(const TrainConfig& cfg, Training& t) {
   if (cfg.sync_bn) nn::convert_sync_batchnorm(t.model, t.ranks->group);
-  dist::ShardOptions so;
+  dist::ShardOptions so = zero_flag_options(cfg);
   // As under DDP: rank 0's buffers (the ones its checkpoints hold) reach
   // the others before each evaluation (ready_to_evaluate), not before every
   // forward: one meeting point less per step.

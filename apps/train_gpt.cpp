@@ -381,15 +381,10 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
     o.comm_hook = dist::parse_comm_hook(tc.comm_hook);
     if (tc.strategy == "zero") {
       // The blocks named as stage 3's units, their matrices gathered in
-      // bfloat16 under --precision bf16 (gpt_shard_options).
-      GptShardChoice choice;
-      choice.stage = tc.zero_stage.value_or(1);
-      choice.bucket_mb = tc.bucket_mb;
-      choice.reshard_after_forward = tc.reshard_after_forward;
-      choice.comm_hook = tc.comm_hook;
-      choice.bf16 = tc.precision == "bf16";
-      choice.param_dtype = tc.zero_param_dtype.value_or("");
-      r.sdp = make_sharded(tc, r.model, *r.ranks, gpt_shard_options(choice, *r.model));
+      // bfloat16 under --precision bf16 (add_gpt_sharding).
+      dist::ShardOptions so = zero_flag_options(tc);
+      add_gpt_sharding(so, *r.model, tc.precision == "bf16", tc.zero_param_dtype.value_or(""));
+      r.sdp = make_sharded(tc, r.model, *r.ranks, so);
       r.net = r.sdp;
       if (r.leader() && !tc.quiet) std::fprintf(stderr, "%s\n", describe_sharding(*r.sdp, r.world()).c_str());
     } else {

@@ -7,20 +7,29 @@
 
 namespace chorus::app {
 
-dist::ShardOptions gpt_shard_options(const GptShardChoice& c, const models::GPT& model) {
+dist::ShardOptions zero_flag_options(int stage, double bucket_mb, bool reshard_after_forward,
+                                     const std::string& comm_hook) {
   dist::ShardOptions so;
-  so.stage = c.stage;
-  so.bucket_bytes = static_cast<int64_t>(c.bucket_mb * (1 << 20));
-  so.reshard_after_forward = c.reshard_after_forward;
+  so.stage = stage;
+  so.bucket_bytes = static_cast<int64_t>(bucket_mb * (1 << 20));
+  so.reshard_after_forward = reshard_after_forward;
   // --comm-hook bf16: the gradients' reduce-scatter travels in bfloat16.
-  CHORUS_CHECK(c.comm_hook == "allreduce" || c.comm_hook == "bf16", "--comm-hook for --strategy zero is allreduce "
-               "(gradients reduced in their own dtype) or bf16, got '", c.comm_hook, "'");
-  if (c.comm_hook == "bf16") so.reduce_dtype = kBFloat16;
-  CHORUS_CHECK(c.param_dtype.empty() || c.param_dtype == "bf16" || c.param_dtype == "fp32",
-               "--zero-param-dtype is bf16 or fp32, got '", c.param_dtype, "'");
-  CHORUS_CHECK(c.param_dtype != "bf16" || c.bf16, "--zero-param-dtype bf16 needs --precision bf16 (the blocks' "
+  CHORUS_CHECK(comm_hook == "allreduce" || comm_hook == "bf16", "--comm-hook for --strategy zero is allreduce "
+               "(gradients reduced in their own dtype) or bf16, got '", comm_hook, "'");
+  if (comm_hook == "bf16") so.reduce_dtype = kBFloat16;
+  return so;
+}
+
+dist::ShardOptions zero_flag_options(const TrainConfig& tc) {
+  return zero_flag_options(tc.zero_stage.value_or(1), tc.bucket_mb, tc.reshard_after_forward, tc.comm_hook);
+}
+
+void add_gpt_sharding(dist::ShardOptions& so, const models::GPT& model, bool bf16, const std::string& param_dtype) {
+  CHORUS_CHECK(param_dtype.empty() || param_dtype == "bf16" || param_dtype == "fp32",
+               "--zero-param-dtype is bf16 or fp32, got '", param_dtype, "'");
+  CHORUS_CHECK(param_dtype != "bf16" || bf16, "--zero-param-dtype bf16 needs --precision bf16 (the blocks' "
                "bfloat16 matrices are multiplied under autocast)");
-  if (c.bf16 && c.param_dtype != "fp32") {
+  if (bf16 && param_dtype != "fp32") {
     so.param_dtype = kBFloat16;
     // The blocks' matrices: what autocast casts at each use. The tied
     // embedding (also looked up) and the positions stay float32.
@@ -31,7 +40,6 @@ dist::ShardOptions gpt_shard_options(const GptShardChoice& c, const models::GPT&
   // Stage 3: the blocks, named, are sharded from construction (Note [Sharded
   // units]): the first step never holds the whole model.
   if (so.stage == 3) so.units = model.blocks();
-  return so;
 }
 
 void validate_zero_options(const TrainConfig& tc) {
@@ -50,13 +58,6 @@ void validate_zero_options(const TrainConfig& tc) {
 
 std::shared_ptr<dist::ShardedDataParallel> make_sharded(const TrainConfig& tc, const nn::ModulePtr& model,
                                                         const RankContext& ranks, dist::ShardOptions so) {
-  so.stage = tc.zero_stage.value_or(1);
-  so.bucket_bytes = static_cast<int64_t>(tc.bucket_mb * (1 << 20));
-  so.reshard_after_forward = tc.reshard_after_forward;
-  // --comm-hook bf16: the gradients' reduce-scatter travels in bfloat16.
-  CHORUS_CHECK(tc.comm_hook == "allreduce" || tc.comm_hook == "bf16", "--comm-hook for --strategy zero is allreduce "
-               "(gradients reduced in their own dtype) or bf16, got '", tc.comm_hook, "'");
-  if (tc.comm_hook == "bf16") so.reduce_dtype = kBFloat16;
   dist::ProcessGroupPtr shard_group = ranks.group;
   if (tc.hybrid) {
     // Every rank builds every subgroup, in one order (ProcessGroup::new_group).

@@ -8,12 +8,11 @@
 // the tests take this path without a GPU) is cloned on its own device,
 // issued on the caller's current stream (so stream-ordered after the
 // optimizer step that produced it, and before the next step that changes
-// it): a device-to-device copy at the device's memory bandwidth (a few ms
-// for gigabytes), where a copy into pageable host memory runs at about a
-// hundredth of that (0.3-0.5 s for a gpt2-xl ZeRO rank's 4.7 GB), and
-// training would wait for it. The caller passes the live tensors (an
-// optimizer's live_state(), not state()'s copies). Timing events around the clones measure what they cost the training
-// stream. save() returns once the clones are issued; its host time is the
+// it): a device-to-device copy at the device's memory bandwidth, where a
+// copy into pageable host memory runs far slower and training would wait
+// for it (measured stalls: docs/checkpoints.md). The caller passes the live
+// tensors (an optimizer's live_state(), not state()'s copies). Timing events
+// around the clones measure what they cost the training stream. save() returns once the clones are issued; its host time is the
 // stall it reports, and the clones' device time is read later
 // (last_snapshot_device_ms()). Pieces already in host memory are cloned there
 // at once.
@@ -38,10 +37,9 @@
 // previous one, so snapshots never pile up and the store's keys of
 // consecutive saves never interleave. That wait is part of the stall save()
 // returns (and is named once in a warning): saves closer together than the
-// disk writes them stop training for the rest of the write (gpt2-xl at
-// ZeRO-1 on 4 GPUs: 15 s a write, 2.2 s between saves every 10 steps). A failure in the background reaches
-// the caller from the next wait() or save(); the destructor waits and logs
-// one.
+// disk writes them stop training for the rest of the write. A failure in the
+// background reaches the caller from the next wait() or save(); the
+// destructor waits and logs one.
 #pragma once
 
 #include <cstddef>
