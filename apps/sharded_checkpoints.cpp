@@ -1,6 +1,7 @@
 #include "sharded_checkpoints.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -72,6 +73,7 @@ ShardedCheckpointer::ShardedCheckpointer(std::string dir, std::shared_ptr<dist::
       }()) {}
 
 double ShardedCheckpointer::save(const io::TrainingState& state) {
+  const auto t0 = std::chrono::steady_clock::now();
   const auto& pieces = sdp_->pieces();
   const auto& values = sdp_->shard_parameters();
   // The live moments: the writer's snapshot freezes them (state() would
@@ -100,7 +102,7 @@ double ShardedCheckpointer::save(const io::TrainingState& state) {
   s.optimizer_name = opt_.name();
   s.state = state;
   s.layout = {{"strategy", "zero"}, {"stage", sdp_->options().stage}, {"ranks", sdp_->process_group()->size()}};
-  return writer_.save(s);
+  return writer_.save(s, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
 }
 
 std::string ShardedCheckpointer::wait() { return writer_.wait(); }

@@ -478,10 +478,16 @@ void check_snapshot_keeps_values(const Device& device, bool fallback) {
   manual_seed(fallback ? 23 : 29);
   Trained t;
   ShardedSave s = rank_save(t.net, t.opt, 0, [](int64_t n, int) { return std::pair<int64_t, int64_t>(0, n); }, 5);
+  // Replicated tensors of other dtypes and odd sizes: the device snapshot
+  // packs every (device, dtype) into one buffer at 128-byte-aligned offsets
+  // (Note [One buffer per snapshot]), so neighbours must not overlap.
+  s.replicated_model.emplace_back("extra.f64", randn({7, 3}, TensorOptions(kFloat64)));
+  s.replicated_model.emplace_back("extra.bf16", ops::to_dtype(randn({5}), kBFloat16));
+  s.replicated_model.emplace_back("extra.f32", randn({33}));
   // The weights and moments on the device; the optimizer's scalars stay on
   // the host, as Optimizer::state() gives them.
   for (Tensor* x : tensors_of(s))
-    if (x->dtype() == kFloat32) *x = x->to(device);
+    if (is_floating(x->dtype())) *x = x->to(device);
   std::vector<std::vector<uint8_t>> want;
   for (Tensor* x : tensors_of(s)) want.push_back(raw(x->to(cpu_device(0))));
 

@@ -103,6 +103,44 @@ struct ShardedSnapshot {
 
 namespace {
 
+// Note [One buffer per snapshot]: a ZeRO rank's save holds thousands of
+// pieces (a shard of every parameter, and each one's moments). Cloning them
+// one allocation each made the allocator's host time most of the stall, and
+// the clones' device time too: the GPU copied faster than the host could
+// hand it the next allocation. So the clones are views of one buffer per
+// (device, dtype), each view starting on a 128-byte boundary (as aligned as
+// a fresh tensor, so the multi-tensor copy runs in 16-byte vectors).
+class CloneArena {
+ public:
+  // Reserves a contiguous place for a clone of `t`.
+  void reserve(const Tensor& t) {
+    Group& g = groups_[{t.device(), t.dtype()}];
+    const int64_t align = std::max<int64_t>(1, kAlignBytes / static_cast<int64_t>(dtype_size(t.dtype())));
+    g.numel = (g.numel + align - 1) / align * align;
+    offsets_.push_back(g.numel);
+    g.numel += t.numel();
+  }
+  // Allocates the buffers; then clone_of() hands out the views in the order
+  // of reserve().
+  void allocate() {
+    for (auto& [key, g] : groups_) g.flat = empty({std::max<int64_t>(g.numel, 1)}, TensorOptions(key.second, key.first));
+  }
+  Tensor clone_of(const Tensor& t) {
+    const Tensor& flat = groups_.at({t.device(), t.dtype()}).flat;
+    return chorus::detail::make_view(flat, t.sizes(), contiguous_strides(t.sizes()), offsets_[next_++]);
+  }
+
+ private:
+  static constexpr int64_t kAlignBytes = 128;
+  struct Group {
+    int64_t numel = 0;
+    Tensor flat;
+  };
+  std::map<std::pair<Device, DType>, Group> groups_;
+  std::vector<int64_t> offsets_;
+  size_t next_ = 0;
+};
+
 // Clones the tensors outside host memory on their own devices, on the
 // caller's current streams (after the work that produced them), and the
 // rest on the host. Returns at once; the events say when the clones are done.
@@ -112,6 +150,11 @@ ShardedSnapshot snapshot_on_devices(const ShardedSave& save, const std::map<Devi
     auto& m = snap.devices.emplace(d, ShardedSnapshot::Marks{Event(d), Event(d)}).first->second;
     m.start.record();
   }
+  CloneArena arena;
+  for_each_tensor(snap.save, [&](Tensor& t) {
+    if (t.defined() && !in_host_memory(t)) arena.reserve(t);
+  });
+  arena.allocate();
   HostCopier host;
   TensorList srcs, dsts;
   for_each_tensor(snap.save, [&](Tensor& t) {
@@ -121,7 +164,7 @@ ShardedSnapshot snapshot_on_devices(const ShardedSave& save, const std::map<Devi
       return;
     }
     srcs.push_back(t.detach());
-    dsts.push_back(empty(t.sizes(), TensorOptions(t.dtype(), t.device())));
+    dsts.push_back(arena.clone_of(t));
     t = dsts.back();
   });
   // One launch per few dozen tensors (Note [Multi-tensor copy]): a ZeRO
@@ -133,7 +176,8 @@ ShardedSnapshot snapshot_on_devices(const ShardedSave& save, const std::map<Devi
 }
 
 // Waits for the clones and copies them to host memory on a stream of this
-// thread's own per device; the device copies are freed as they are copied.
+// thread's own per device; each device buffer is freed once its last view
+// is copied (Note [One buffer per snapshot]).
 // Returns the clones' device time (the slowest device).
 double snapshot_to_host(ShardedSnapshot& snap) {
   double device_ms = 0;
@@ -145,12 +189,14 @@ double snapshot_to_host(ShardedSnapshot& snap) {
     streams.push_back(Stream::create(d));
     guards.push_back(std::make_unique<StreamGuard>(streams.back()));
   }
+  std::set<const void*> recorded;
   for_each_tensor(snap.save, [&](Tensor& t) {
     if (!t.defined() || in_host_memory(t)) return;
     // The clone's home is the training stream; this stream reads it, so a
     // free on any other stream must wait for the copy (Note [Stream-ordered
     // memory]). The copy into host memory waits for its stream.
-    backend(t.device()).record_use(t.storage()->data(), t.device(), t.device(), Stream::current(t.device()).handle());
+    if (recorded.insert(t.storage()->data()).second)
+      backend(t.device()).record_use(t.storage()->data(), t.device(), t.device(), Stream::current(t.device()).handle());
     t = t.to(cpu_device(0));
   });
   return device_ms;
@@ -225,7 +271,7 @@ std::string ShardedCheckpointWriter::why_not_on_device(const std::map<Device, si
   return "";
 }
 
-double ShardedCheckpointWriter::save(const ShardedSave& save) {
+double ShardedCheckpointWriter::save(const ShardedSave& save, double gather_ms) {
   // The stall counts the wait for a previous save still being written: with
   // saves closer together than the disk writes them, that wait is the stall.
   const auto t0 = std::chrono::steady_clock::now();
@@ -257,7 +303,7 @@ double ShardedCheckpointWriter::save(const ShardedSave& save) {
   last_devices_.clear();
   for (const auto& [d, m] : snap->devices) last_devices_.push_back(d);
   if (!last_devices_.empty()) reserved_ = bytes;
-  last_stall_ms_ = ms_since(t0);
+  last_stall_ms_ = gather_ms + ms_since(t0);
   ShardedSaveOptions o = options_;
   o.key_prefix += "/save-" + std::to_string(saves_++);
   {

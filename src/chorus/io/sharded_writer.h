@@ -77,7 +77,9 @@ class ShardedCheckpointWriter {
   // Waits for the previous save (rethrowing its failure), snapshots `save`'s
   // tensors, starts the copy to host memory and the write, and returns the
   // host time it blocked in ms (the wait for the previous save included).
-  double save(const ShardedSave& save);
+  // `gather_ms`: the host time the caller spent assembling `save` (its
+  // pieces and names), counted in the stall as well.
+  double save(const ShardedSave& save, double gather_ms = 0);
   // Waits for the save in flight; rethrows its failure. Returns the path of
   // the last checkpoint written ("" before any).
   std::string wait();
