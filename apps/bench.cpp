@@ -36,7 +36,7 @@ namespace chorus::app {
 void add_bench_options(CLI::App* cmd, BenchConfig& c) {
   cmd->add_option("--model", c.model, "mlp|cnn|resnet20|wrn-16-4|wrn-28-10 | gpt2 ... gpt2-xl, d2 ... d84")->capture_default_str();
   cmd->add_option("--devices", c.devices, "Device list (default: cuda:0 if present, else cpu)")->check(non_empty_devices, "DEVICES");
-  cmd->add_option("--strategy", c.strategy, "single|dp|ddp|pipeline (ddp: one process per device, launched by the bench); GPT models under a launcher: a list of ddp, zero, zero-1, zero-2, zero-3 (a row each)")->capture_default_str();
+  cmd->add_option("--strategy", c.strategy, "single|dp|pipeline, or a list of ddp, zero, zero-1, zero-2, zero-3 (a row each; image models: one process per device, launched by the bench; GPT models: under a launcher)")->capture_default_str();
   cmd->add_option("--zero-stage", c.zero_stage, "GPT models, --strategy zero: 1, 2 or 3 (default 1)");
   cmd->add_flag("--reshard-after-forward,!--no-reshard-after-forward", c.reshard_after_forward, "zero stage 3: free each block's gathered weights after its forward (default on)");
   app::add_optional(cmd, "--zero-param-dtype", c.zero_param_dtype, "zero: the dtype the blocks' matrices are gathered in, bf16 or fp32 (default: bf16 under --precision bf16)");
@@ -217,6 +217,25 @@ double plain_step_rate(const BenchConfig& c, const Device& device, int64_t batch
   return bench_one(one, {device}).img_per_s;
 }
 
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (at <= s.size()) {
+    const size_t comma = s.find(',', at);
+    out.push_back(s.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  return out;
+}
+
+int zero_stage_of(const std::string& strategy, const BenchConfig& c) {
+  if (strategy == "zero") return c.zero_stage.value_or(1);
+  if (strategy.rfind("zero-", 0) == 0 && strategy.size() == 6 && strategy[5] >= '1' && strategy[5] <= '3')
+    return strategy[5] - '0';
+  return 0;
+}
+
 int run_bench(const BenchConfig& c) {
   CHORUS_CHECK(!c.mesh || is_gpt_model(c.model), "--mesh is offered for GPT models (gpt2 ... d84) only, not ", c.model);
   CHORUS_CHECK(c.mesh || !c.sequence_parallel, "--sequence-parallel needs --mesh with tp > 1");
@@ -225,13 +244,22 @@ int run_bench(const BenchConfig& c) {
   CHORUS_CHECK(!c.trace || c.strategy == "single" || c.strategy == "dp",
                "chorus bench --trace goes with --strategy single or dp (a distributed job: chorus train --strategy ddp --trace)");
   if (c.trace) (void)parse_trace_steps(c.trace_steps);
-  // The image models' ddp rows are processes the bench starts itself; zero
-  // rows run under a launcher, as a GPT's do.
-  CHORUS_CHECK(c.strategy.rfind("zero", 0) != 0 && c.strategy.find(",zero") == std::string::npos,
-               "chorus bench: zero rows are offered for GPT models (gpt2 ... d84); for ", c.model,
-               " time chorus train --strategy zero --zero-stage 1|2|3 under chorus launch, or bench --strategy ddp");
-  CHORUS_CHECK(c.strategy == "single" || c.strategy == "dp" || c.strategy == "ddp" || c.strategy == "pipeline",
-               "chorus bench: unknown strategy '", c.strategy, "' (expected single, dp, ddp or pipeline)");
+  // The image models' ddp and zero rows are processes the bench starts
+  // itself (one per device), a row for each strategy of the list at each
+  // device count.
+  CHORUS_CHECK(!c.zero_stage || (*c.zero_stage >= 1 && *c.zero_stage <= 3), "--zero-stage must be 1, 2 or 3, got ",
+               c.zero_stage.value_or(0));
+  const std::vector<std::string> strategies = split_list(c.strategy);
+  bool ranked = false, alone = false;
+  for (const std::string& s : strategies) {
+    const bool r = s == "ddp" || zero_stage_of(s, c) > 0;
+    CHORUS_CHECK(r || s == "single" || s == "dp" || s == "pipeline", "chorus bench: unknown strategy '", s,
+                 "' (expected single, dp, pipeline, or a list of ddp, zero, zero-1, zero-2, zero-3)");
+    (r ? ranked : alone) = true;
+  }
+  CHORUS_CHECK(!alone || strategies.size() == 1, "--strategy takes a list only of ddp and zero rows, got ", c.strategy);
+  CHORUS_CHECK(c.zero_param_dtype == std::nullopt, "--zero-param-dtype is offered for GPT models; ", c.model,
+               " is gathered in its parameters' own dtype");
   if (c.strategy == "pipeline") return run_bench_pipeline(c);
   CHORUS_CHECK(c.comm_hook == "allreduce" || c.comm_hook == "bf16" || c.comm_hook == "noop",
                "--comm-hook must be allreduce, bf16 or noop, got '", c.comm_hook, "'");
@@ -253,12 +281,15 @@ int run_bench(const BenchConfig& c) {
   std::vector<int64_t> counts = c.strategy == "single" ? std::vector<int64_t>{1}
                                                        : parse_counts(c.counts, static_cast<int64_t>(all.size()));
   double base = 0;
-  for (int64_t n : counts) {
+  for (int64_t n : counts)
+  for (const std::string& strategy : strategies) {
     std::vector<Device> devs(all.begin(), all.begin() + n);
     BenchRow r{};
     const CommCounts comm_before = comm_counts();
-    if (c.strategy == "ddp") {
-      const nlohmann::ordered_json got = bench_ddp_row(c, all, n);
+    const int stage = zero_stage_of(strategy, c);
+    const std::string label = stage > 0 ? "zero-" + std::to_string(stage) : strategy;
+    if (ranked) {
+      const nlohmann::ordered_json got = bench_ddp_row(c, label, all, n);
       r.img_per_s = got["img_per_s"].get<double>();
       r.step_ms = got["step_ms"].get<double>();
       r.peak = got["peak_mem_bytes"].get<size_t>();
@@ -270,10 +301,10 @@ int run_bench(const BenchConfig& c) {
       StepTracer tracer(n == counts.back() ? c.trace : std::nullopt, c.trace_steps);
       r = bench_one(c, devs, &tracer);
     }
-    if (n == 1) base = r.img_per_s;
+    if (n == 1 && strategy == strategies.front()) base = r.img_per_s;
     double eff = base > 0 ? r.img_per_s / (static_cast<double>(n) * base) : 0;
     nlohmann::ordered_json row = {{"model", c.model},
-                                  {"strategy", c.strategy},
+                                  {"strategy", label},
                                   {"devices", n},
                                   {"device_list", devs.size() == 1 ? devs[0].str() : c.devices},
                                   {"precision", c.precision},
@@ -294,8 +325,9 @@ int run_bench(const BenchConfig& c) {
                                   {"dp_grads", c.strategy == "dp" && !c.dp_broadcast && n > 1
                                                    ? nlohmann::ordered_json(dp_grads_name(comm_before, devs[0], dp_opts))
                                                    : nullptr},
-                                  {"comm_hook", c.strategy == "ddp" ? nlohmann::ordered_json(c.comm_hook) : nullptr},
-                                  {"broadcast_buffers", c.strategy == "ddp" ? nlohmann::ordered_json(c.broadcast_buffers) : nullptr},
+                                  {"comm_hook", ranked ? nlohmann::ordered_json(c.comm_hook) : nullptr},
+                                  {"broadcast_buffers", strategy == "ddp" ? nlohmann::ordered_json(c.broadcast_buffers) : nullptr},
+                                  {"zero_stage", stage > 0 ? nlohmann::ordered_json(stage) : nullptr},
                                   {"img_per_s", r.img_per_s},
                                   {"step_ms", r.step_ms},
                                   {"peak_mem_bytes", r.peak},
@@ -311,7 +343,7 @@ int run_bench(const BenchConfig& c) {
       std::printf("%s\n", row.dump().c_str());
     } else {
       std::printf("%-10s %-7s %2lld dev  %-5s batch %-4lld/dev %10.1f img/s %8.2f ms/step  peak %8.1f MiB%s%s\n",
-                  c.model.c_str(), c.strategy.c_str(), (long long)n, c.precision.c_str(), (long long)c.batch_size,
+                  c.model.c_str(), label.c_str(), (long long)n, c.precision.c_str(), (long long)c.batch_size,
                   r.img_per_s, r.step_ms, static_cast<double>(r.peak) / (1 << 20),
                   base > 0 && n > 1 ? ("  efficiency " + std::to_string(eff).substr(0, 4)).c_str() : "",
                   r.graphed ? "  (CUDA graph)" : "");

@@ -70,6 +70,11 @@ int run_bench_gpt_mesh(const BenchConfig& c);
 // (the first device's: the GPU's name, or the processor's model) and "commit"
 // (git_commit()).
 void add_provenance(nlohmann::ordered_json& row, const Device& device);
+// "ddp,zero-3" -> {"ddp", "zero-3"}.
+std::vector<std::string> split_list(const std::string& s);
+// A --strategy entry's ZeRO stage: zero -> --zero-stage (default 1); zero-N
+// -> N; anything else 0.
+int zero_stage_of(const std::string& strategy, const BenchConfig& c);
 // img/s of plain training steps (strategy single) of `batch` samples on
 // `device`, with c's model, precision, layout, graphs, steps and warm-up.
 double plain_step_rate(const BenchConfig& c, const Device& device, int64_t batch);

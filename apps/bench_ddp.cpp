@@ -15,6 +15,7 @@
 #include "chorus/core/error.h"
 #include "chorus/core/rng.h"
 #include "chorus/dist/ddp.h"
+#include "chorus/dist/sharded.h"
 #include "chorus/dist/init.h"
 #include "chorus/models/models.h"
 #include "chorus/ops/copy.h"
@@ -23,6 +24,7 @@
 #include "commands.h"
 #include "launch.h"
 #include "train_step.h"
+#include "train_zero.h"
 
 namespace chorus::app {
 
@@ -52,7 +54,8 @@ std::string fmt(double v) {
 
 }  // namespace
 
-nlohmann::ordered_json bench_ddp_row(const BenchConfig& c, const std::vector<Device>& devices, int64_t n) {
+nlohmann::ordered_json bench_ddp_row(const BenchConfig& c, const std::string& strategy,
+                                     const std::vector<Device>& devices, int64_t n) {
   const std::string row_file = (std::filesystem::temp_directory_path() /
                                 ("chorus-bench-" + std::to_string(::getpid()) + "-" + std::to_string(n) + ".json"))
                                    .string();
@@ -63,7 +66,7 @@ nlohmann::ordered_json bench_ddp_row(const BenchConfig& c, const std::vector<Dev
   lc.master_port = free_local_port();
   lc.grace_s = 5;
   lc.command = {std::filesystem::read_symlink("/proc/self/exe").string(), "bench", "--ddp-worker",
-                "--strategy", "ddp", "--model", c.model, "--devices", list, "--precision", c.precision,
+                "--strategy", strategy, "--model", c.model, "--devices", list, "--precision", c.precision,
                 "--batch-size", std::to_string(c.batch_size), "--steps", std::to_string(c.steps),
                 "--warmup", std::to_string(c.warmup), "--bucket-mb", fmt(c.bucket_mb), "--comm-hook", c.comm_hook};
   if (c.last_bucket_mb) {
@@ -73,12 +76,14 @@ nlohmann::ordered_json bench_ddp_row(const BenchConfig& c, const std::vector<Dev
   if (c.channels_last) lc.command.push_back("--channels-last");
   if (c.broadcast_buffers) lc.command.push_back("--broadcast-buffers");
   if (c.no_cuda_graphs) lc.command.push_back("--no-cuda-graphs");
+  if (!c.reshard_after_forward) lc.command.push_back("--no-reshard-after-forward");
   ::setenv("CHORUS_BENCH_ROW", row_file.c_str(), 1);
   const int rc = run_launch(lc);
   ::unsetenv("CHORUS_BENCH_ROW");
-  CHORUS_CHECK(rc == 0, "chorus bench --strategy ddp: the ", n, "-process run failed (exit ", rc, "; its output is above)");
+  CHORUS_CHECK(rc == 0, "chorus bench --strategy ", strategy, ": the ", n, "-process run failed (exit ", rc,
+               "; its output is above)");
   std::ifstream in(row_file);
-  CHORUS_CHECK(in.good(), "chorus bench --strategy ddp: the ", n, "-process run left no result in ", row_file);
+  CHORUS_CHECK(in.good(), "chorus bench --strategy ", strategy, ": the ", n, "-process run left no result in ", row_file);
   nlohmann::ordered_json row = nlohmann::ordered_json::parse(in);
   std::filesystem::remove(row_file);
   return row;
@@ -101,26 +106,37 @@ int run_bench_ddp_worker(const BenchConfig& c) {
   nn::ModulePtr model = models::make_model(c.model, spec);
   model->to(dev);
   if (c.channels_last && dev.is_cuda()) model->to_channels_last();
-  optim::SGD opt(model->parameters(), {0.1, 0.9, 0.0, 5e-4, true});
-  dist::DDPOptions o;
-  o.bucket_bytes = mib_to_bytes(c.bucket_mb);
-  if (c.last_bucket_mb) o.last_bucket_bytes = mib_to_bytes(*c.last_bucket_mb);
-  o.comm_hook = dist::parse_comm_hook(c.comm_hook);
-  o.broadcast_buffers = c.broadcast_buffers;
-  auto ddp = std::make_shared<dist::DistributedDataParallel>(model, pg, o);
+  const int stage = zero_stage_of(c.strategy, c);
+  nn::ModulePtr net;
+  std::shared_ptr<dist::ShardedDataParallel> sdp;
+  if (stage > 0) {
+    // As chorus train --strategy zero shards an image model (shard_model).
+    dist::ShardOptions so = zero_flag_options(stage, c.bucket_mb, c.reshard_after_forward, c.comm_hook);
+    if (stage == 3) so.units = models::residual_blocks(model);
+    so.broadcast_buffers = c.broadcast_buffers;
+    net = sdp = std::make_shared<dist::ShardedDataParallel>(model, pg, so);
+  } else {
+    dist::DDPOptions o;
+    o.bucket_bytes = mib_to_bytes(c.bucket_mb);
+    if (c.last_bucket_mb) o.last_bucket_bytes = mib_to_bytes(*c.last_bucket_mb);
+    o.comm_hook = dist::parse_comm_hook(c.comm_hook);
+    o.broadcast_buffers = c.broadcast_buffers;
+    net = std::make_shared<dist::DistributedDataParallel>(model, pg, o);
+  }
+  optim::SGD opt(sdp ? sdp->shard_parameters() : model->parameters(), {0.1, 0.9, 0.0, 5e-4, true});
   Shape in{c.batch_size};
   in.insert(in.end(), spec.input.begin(), spec.input.end());
   Tensor x = randn(in, {kFloat32, dev});
   if (c.channels_last && dev.is_cuda()) x = ops::to_channels_last(x);
   Tensor y = randint(0, 10, {c.batch_size}, {kInt64, dev});
-  TrainStep step{ddp, &opt, std::nullopt, 0.0};
+  TrainStep step{net, &opt, std::nullopt, 0.0};
   if (c.precision == "bf16") step.autocast = kBFloat16;
   // Note [DDP in a CUDA graph]: captured after the warm-up's first steps.
   parallel::GraphedStepOptions graph_options;
   graph_options.on_fallback = [&](const std::string& line) {
     if (pg->rank() == 0) std::fprintf(stderr, "chorus bench: %s\n", line.c_str());
   };
-  if (!c.no_cuda_graphs && cuda_graphs_apply("ddp", {dev})) step.enable_cuda_graphs(graph_options);
+  if (!c.no_cuda_graphs && cuda_graphs_apply(stage > 0 ? "zero" : "ddp", {dev})) step.enable_cuda_graphs(graph_options);
   Tensor loss;
   for (int64_t i = 0; i < c.warmup; ++i) loss = step.run(x, y).loss;
   synchronize(dev);

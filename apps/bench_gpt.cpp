@@ -35,27 +35,6 @@ namespace chorus::app {
 
 namespace {
 
-// "ddp,zero-3" -> {"ddp", "zero-3"}.
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  size_t at = 0;
-  while (at <= s.size()) {
-    const size_t comma = s.find(',', at);
-    out.push_back(s.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
-    if (comma == std::string::npos) break;
-    at = comma + 1;
-  }
-  return out;
-}
-
-// zero -> --zero-stage (default 1); zero-N -> N; otherwise 0.
-int zero_stage_of(const std::string& strategy, const BenchConfig& c) {
-  if (strategy == "zero") return c.zero_stage.value_or(1);
-  if (strategy.rfind("zero-", 0) == 0 && strategy.size() == 6 && strategy[5] >= '1' && strategy[5] <= '3')
-    return strategy[5] - '0';
-  return 0;
-}
-
 // One row: the strategy's step as chorus train runs it, timed after a warm-up.
 // `ranks`: the job, for ddp and zero (every rank runs it; rank 0 prints).
 void bench_gpt_row(const BenchConfig& c, const std::string& strategy, const std::vector<Device>& devices,

@@ -25,13 +25,6 @@ namespace chorus::app {
 
 namespace {
 
-std::vector<std::string> split_list(const std::string& text) {
-  std::vector<std::string> out;
-  std::stringstream ss(text);
-  for (std::string item; std::getline(ss, item, ',');) out.push_back(item);
-  return out;
-}
-
 std::string join(const std::vector<int64_t>& v) {
   std::string s;
   for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
@@ -151,7 +144,7 @@ int run_bench_pipeline(const BenchConfig& c) {
   (void)parallel::parse_checkpoint(c.recompute);
   if (c.balance) (void)parse_balance(*c.balance);
   const std::vector<std::string> names = split_list(c.schedules);
-  CHORUS_CHECK(!names.empty(), "--schedules is empty (expected e.g. naive,gpipe,1f1b)");
+  CHORUS_CHECK(!c.schedules.empty(), "--schedules is empty (expected e.g. naive,gpipe,1f1b)");
   for (const std::string& n : names)
     if (n != "naive") (void)parallel::parse_schedule(n);
   const std::vector<Device> devs =

@@ -312,11 +312,13 @@ nlohmann::json rank_fingerprint(const TrainConfig& cfg, const Datasets& data, si
 }
 
 // --strategy zero: the model in ShardedDataParallel over the job. Stage 3
-// names no units: an image model's structure varies, and the units found
-// (Note [Sharded units]) are trusted only after a first, fully gathered step.
+// names a ResNet's residual blocks as its units (sharded from the start, as
+// a GPT's blocks); other models' units are found (Note [Sharded units]) and
+// trusted only after a first, fully gathered step.
 std::shared_ptr<dist::ShardedDataParallel> shard_model(const TrainConfig& cfg, Training& t) {
   if (cfg.sync_bn) nn::convert_sync_batchnorm(t.model, t.ranks->group);
   dist::ShardOptions so = zero_flag_options(cfg);
+  if (so.stage == 3) so.units = models::residual_blocks(t.model);
   // As under DDP: rank 0's buffers (the ones its checkpoints hold) reach
   // the others before each evaluation (ready_to_evaluate), not before every
   // forward: one meeting point less per step.

@@ -7,9 +7,12 @@
 #     end with DDP's train loss, test loss and test accuracy on 2 ranks (the
 #     same seed, the same data split); --hybrid (2 nodes x 2 ranks) with DDP's
 #     on 4 ranks; --comm-hook bf16 trains
+#   - ResNet-20 and a Wide ResNet at stage 3, their residual blocks the
+#     units, end with DDP's figures
 #   - checkpoints: written by zero-2 on 2 ranks, resumed as zero-3 and as
 #     DDP, each ending where the uninterrupted run did, and by one process;
 #     a DDP checkpoint resumed as zero-1 ends where DDP did
+#   - chorus bench --strategy ddp,zero-1,zero-3: a row each, zero's loss DDP's
 #   - bad options get one clear line
 set -uo pipefail
 CHORUS=${1:?chorus}
@@ -42,6 +45,18 @@ ddp=$(job --strategy ddp)
 echo "ddp: $ddp"
 for st in 1 2 3; do same "zero-$st" "$(job --strategy zero --zero-stage $st)" "$ddp"; done
 check "the run says how it shards" "grep -q 'x 2 processes (zero over gloo)' '$tmp/job.err' && grep -q 'zero stage 3: .* units and the root' '$tmp/job.err'"
+# Residual networks: stage 3 shards each residual block as a unit from the
+# first step (models::residual_blocks); the automatic search finds none there.
+for m in resnet20 wrn-10-2; do
+  R=(train --model $m --data synthetic --synthetic-size 128 --epochs 1 --steps 3 --log-every 3 --seed 5
+     --workers 0 --devices cpu --json --batch-size 16)
+  rjob() { timeout 300 "$CHORUS" launch --nproc-per-node 2 --master-port "$(free_port)" --grace-period 2 -- \
+             "$CHORUS" "${R[@]}" "$@" 2>"$tmp/job.err" | grep '^{\|^\[rank 0\] {' | sed 's/^\[rank 0\] //'; }
+  rddp=$(rjob --strategy ddp)
+  same "$m zero-3" "$(rjob --strategy zero --zero-stage 3)" "$rddp"
+  units=$([ $m = resnet20 ] && echo 9 || echo 3)
+  check "$m zero-3 shards its $units residual blocks as units" "grep -q 'zero stage 3: $units units and the root' '$tmp/job.err'"
+done
 same "zero-3 --no-reshard-after-forward" "$(job --strategy zero --zero-stage 3 --no-reshard-after-forward)" "$ddp"
 same "zero-3 --sync-bn" "$(job --strategy zero --zero-stage 3 --sync-bn)" "$(job --strategy ddp --sync-bn)" "DDP --sync-bn"
 # --hybrid: two "nodes" of two ranks on this machine (batch 16 each) against DDP on 4 ranks.
@@ -98,6 +113,15 @@ bad "zero without a launcher" "strategy zero runs one process per device" "${T[@
 err=$(RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$(free_port) "$CHORUS" train --model cnn --data synthetic --steps 1 \
       --strategy zero --devices cpu:0,cpu:1 2>&1 >/dev/null)
 check "zero with two devices in a process: one line" "grep -q 'one device per process' <<<\"\$err\" && [ \$(grep -c . <<<\"\$err\") -le 2 ]"
-bad "bench zero rows for a CNN" "zero rows are offered for GPT models" bench --model cnn --strategy ddp,zero-1 --steps 1
+# chorus bench: ddp and zero rows side by side, each a 2-process job the
+# bench launches; the same seeded steps end with DDP's loss.
+rows=$(timeout 300 "$CHORUS" bench --model cnn --devices cpu:0,cpu:1 --device-counts 2 --strategy ddp,zero-1,zero-3 \
+       --batch-size 16 --steps 2 --warmup 1 --json 2>"$tmp/bench.err")
+for st in zero-1 zero-3; do
+  got=$(python3 -c "import json,sys; r=[json.loads(l) for l in sys.stdin if l.startswith('{')]; d={x['strategy']:x for x in r}; print(d['$st']['loss'], d['ddp']['loss'], d['$st']['devices'], d['$st']['zero_stage'])" <<<"$rows" 2>/dev/null)
+  read -r l ld dv zs <<<"$got"
+  check "bench $st row: 2 devices, stage $zs, loss $l vs ddp's $ld" "[ -n '$got' ] && [ '$dv' = 2 ] && close '$l' '$ld'"
+done
+bad "bench --zero-param-dtype for a CNN" "offered for GPT models" bench --model cnn --strategy zero-1 --zero-param-dtype bf16 --steps 1
 [ $fail -eq 0 ] && echo "train_zero_images: all passed"
 exit $fail

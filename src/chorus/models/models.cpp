@@ -190,6 +190,14 @@ void append_layers(nn::Sequential& out, const std::string& prefix, const Module&
 int64_t linear_in(const ModulePtr& fc) { return fc->named_parameters()[0].second.size(1); }
 }  // namespace
 
+std::vector<ModulePtr> residual_blocks(const ModulePtr& model) {
+  std::vector<ModulePtr> out;
+  if (!dynamic_cast<WideResNet*>(model.get()) && !dynamic_cast<ResNet20*>(model.get())) return out;
+  for (const auto& [name, layer] : child(*model, 0)->named_children())
+    if (dynamic_cast<PreActBlock*>(layer.get()) || dynamic_cast<BasicBlock*>(layer.get())) out.push_back(layer);
+  return out;
+}
+
 std::shared_ptr<nn::Sequential> as_sequential(const ModulePtr& model) {
   CHORUS_CHECK(model != nullptr, "as_sequential: the model is null");
   if (auto seq = std::dynamic_pointer_cast<nn::Sequential>(model)) return seq;

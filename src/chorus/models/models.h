@@ -123,6 +123,12 @@ class PooledHead : public nn::Module {
 // that cannot be laid out flat (naming its type).
 std::shared_ptr<nn::Sequential> as_sequential(const nn::ModulePtr& model);
 
+// The residual blocks of a ResNet20 or WideResNet (their PreActBlock and
+// BasicBlock layers, in order); empty for any other model. A sharded run's
+// stage-3 units (Note [Sharded units]): the automatic search finds none in
+// a `features` list that mixes a stem convolution with the blocks.
+std::vector<nn::ModulePtr> residual_blocks(const nn::ModulePtr& model);
+
 // Builds a model by its command-line name: mlp, cnn, resnet20, wrn-16-4,
 // wrn-28-10 (any wrn-D-K). Throws ValueError naming the known models.
 nn::ModulePtr make_model(const std::string& name, const ModelSpec& spec);
