@@ -258,6 +258,9 @@ int run_bench(const BenchConfig& c) {
     (r ? ranked : alone) = true;
   }
   CHORUS_CHECK(!alone || strategies.size() == 1, "--strategy takes a list only of ddp and zero rows, got ", c.strategy);
+  for (const std::string& s : strategies)
+    CHORUS_CHECK(!c.channels_last || zero_stage_of(s, c) == 0, "--channels-last is not offered with zero rows (a shard "
+                 "is a range of a parameter's row-major elements): bench the zero rows NCHW");
   CHORUS_CHECK(c.zero_param_dtype == std::nullopt, "--zero-param-dtype is offered for GPT models; ", c.model,
                " is gathered in its parameters' own dtype");
   if (c.strategy == "pipeline") return run_bench_pipeline(c);

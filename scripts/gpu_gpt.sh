@@ -7,7 +7,7 @@
 #
 # Usage: scripts/gpu_gpt.sh STAGE...
 #   stages: build tests chorus chorus_eager chorus_composite torch compile llmc llmc_mpi converge profile dp ddp
-#           zero_check zero refuse big table
+#           zero_check zero zero_images refuse big table
 #   (zero_check: --strategy zero equal to DDP over NCCL; zero: ZERO_STAGES beside PyTorch FSDP2, each run's
 #    memory plan checked against its measured peak (within 10%), ZERO_CKPT=N: a sharded checkpoint every N
 #    steps and its stall; refuse: BIG_MODEL (d84) under DDP and ZeRO-1 stops at once with the plan's message
@@ -16,6 +16,7 @@
 #   ZERO_STAGES entries: 1 2 3, with e for eager (--no-cuda-graphs) and f for float32 gathered weights
 #   (--zero-param-dtype fp32), e.g. 3e 1f; ddp: DDP_ONE=0 skips the one-GPU run,
 #   DDP_TORCH=0 PyTorch's
+#   tests: GPU_TESTS (a gtest filter) instead of the transformer tests
 #   GPT_MODEL (gpt2), GPT_BATCH (16), GPT_SEQ (1024), GPT_STEPS (30); BUILD_TARGETS (chorus_cli chorus_tests)
 # Rows land in $OUT/gpt_rows.jsonl (one JSON object per run) for the table.
 set -uo pipefail
@@ -61,7 +62,7 @@ for stage in "$@"; do
     echo "build: $(( $(date +%s) - t0 )) s"
     ;;
   tests)
-    $BUILD/chorus_tests --gtest_filter='TransformerOps.*:GPTModel.*:TokenFiles.*:Bpe.*:CudaKernels.*:GradcheckElementwise.*' \
+    $BUILD/chorus_tests --gtest_filter="${GPU_TESTS:-TransformerOps.*:GPTModel.*:TokenFiles.*:Bpe.*:CudaKernels.*:GradcheckElementwise.*}" \
       2>&1 | tee "$OUT/tests.log" | grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED  \]|Failure|error" | head -40
     ;;
   chorus|chorus_eager|chorus_composite)
@@ -297,6 +298,24 @@ row = {"who": "pytorch", "mode": f"fsdp2 {sys.argv[3]} GPUs", "tok_per_s": r["to
 open(sys.argv[2], "a").write(json.dumps(row) + "\n")
 PY
     fi
+    ;;
+  zero_images)  # image models under --strategy zero on GPT_GPUS (2) GPUs: bench rows ddp, zero-1, zero-3 (NCHW: zero
+    # shards row-major ranges) beside DDP channels-last, bf16, ZI_MODELS (wrn-16-4), ZI_BATCH (128) a GPU; then
+    # chorus train --strategy zero --zero-stage 3 on synthetic CIFAR-shaped data (the graphed step trains)
+    NG=${GPT_GPUS:-2}; devs=$(seq -s, -f "cuda:%g" 0 $((NG - 1)))
+    for m in ${ZI_MODELS:-wrn-16-4}; do
+      timeout 300 $BUILD/chorus bench --model $m --devices $devs --device-counts $NG --strategy ddp,zero-1,zero-3 \
+        --precision bf16 --batch-size ${ZI_BATCH:-128} --steps 30 --warmup 5 2>"$OUT/zi_$m.err" | tail -3 \
+        || tail -5 "$OUT/zi_$m.err"
+      timeout 300 $BUILD/chorus bench --model $m --devices $devs --device-counts $NG --strategy ddp --channels-last \
+        --precision bf16 --batch-size ${ZI_BATCH:-128} --steps 30 --warmup 5 2>>"$OUT/zi_$m.err" | tail -1 | sed 's/$/ (channels-last)/'
+    done
+    timeout 300 $BUILD/chorus launch --nproc-per-node $NG -- $BUILD/chorus train --model resnet20 --strategy zero --zero-stage 3 \
+      --devices cuda --data synthetic --synthetic-size 20000 --batch-size 128 --precision bf16 --steps 100 --log-every 50 \
+      --json 2>"$OUT/zi_train.err" | grep '{' | sed 's/^\[rank 0\] //' | tail -1 \
+      | python3 -c "import json,sys; r=json.load(sys.stdin); print(f\"zero-3 resnet20 train: loss {r['train_loss']:.4f} acc {r['test_accuracy']:.3f} img/s {r['img_per_s']:.0f} graph replays {r['cuda_graph_replays']}\")" \
+      || tail -8 "$OUT/zi_train.err"
+    grep -E "zero stage|CUDA graph" "$OUT/zi_train.err" | sed 's/^\[rank 0\] //' | head -3
     ;;
   refuse)  # BIG_MODEL under DDP and ZeRO-1 on GPT_GPUS GPUs: the memory plan's message before step 1, not an OOM
     tokens
