@@ -484,10 +484,12 @@ void check_snapshot_keeps_values(const Device& device, bool fallback) {
   s.replicated_model.emplace_back("extra.f64", randn({7, 3}, TensorOptions(kFloat64)));
   s.replicated_model.emplace_back("extra.bf16", ops::to_dtype(randn({5}), kBFloat16));
   s.replicated_model.emplace_back("extra.f32", randn({33}));
+  s.replicated_model.emplace_back("extra.large", randn({300, 1000}));  // over 1 MiB: copied on its own
   // The weights and moments on the device; the optimizer's scalars stay on
   // the host, as Optimizer::state() gives them.
+  // (CUDA kernels take no float64: that one stays in host memory there.)
   for (Tensor* x : tensors_of(s))
-    if (is_floating(x->dtype())) *x = x->to(device);
+    if (is_floating(x->dtype()) && !(x->dtype() == kFloat64 && device.is_cuda())) *x = x->to(device);
   std::vector<std::vector<uint8_t>> want;
   for (Tensor* x : tensors_of(s)) want.push_back(raw(x->to(cpu_device(0))));
 
