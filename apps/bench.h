@@ -62,6 +62,8 @@ struct BenchConfig {
 };
 
 void add_bench_options(CLI::App* cmd, BenchConfig& c);
+// "ddp,zero-3" -> {"ddp", "zero-3"}; "" -> {}.
+std::vector<std::string> split_list(const std::string& s);
 int run_bench(const BenchConfig& c);
 // A GPT model's row (apps/bench_gpt.cpp): tokens/s, MFU and peak memory.
 int run_bench_gpt(const BenchConfig& c);

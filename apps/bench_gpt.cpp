@@ -33,11 +33,9 @@
 
 namespace chorus::app {
 
-namespace {
-
-// "ddp,zero-3" -> {"ddp", "zero-3"}.
 std::vector<std::string> split_list(const std::string& s) {
   std::vector<std::string> out;
+  if (s.empty()) return out;
   size_t at = 0;
   while (at <= s.size()) {
     const size_t comma = s.find(',', at);
@@ -47,6 +45,8 @@ std::vector<std::string> split_list(const std::string& s) {
   }
   return out;
 }
+
+namespace {
 
 // zero -> --zero-stage (default 1); zero-N -> N; otherwise 0.
 int zero_stage_of(const std::string& strategy, const BenchConfig& c) {
