@@ -51,7 +51,8 @@ struct BenchConfig {
   int64_t seq_len = 0;  // GPT models: tokens per sequence (0: 1024)
   std::string attention = "auto";  // GPT models: auto | fused | composite (ops::AttentionKernel)
   // GPT models over a device mesh (apps/bench_gpt_mesh.cpp), one process per
-  // rank under a launcher: --mesh dp=A,tp=B [--sequence-parallel].
+  // rank under a launcher: --mesh dp=A,pp=B,tp=C [--sequence-parallel]
+  // (pp > 1: a row per schedule of `schedules`, `micro_batches` each).
   std::optional<std::string> mesh;
   bool sequence_parallel = false;
   // GPT models, --strategy zero (dist/sharded.h): the stage of a plain "zero" row
