@@ -1,5 +1,6 @@
 #include "gpt_mesh.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "chorus/core/error.h"
@@ -94,13 +95,11 @@ MeshPipeline start_mesh_pipeline(MeshGpt& m, const MeshPipeSettings& p) {
   }
   const int me = m.pp_rank();
   const Tensor& wte = tp::tied_embedding(*m.model);
+  const std::vector<Tensor> local = mp.pipe->local_parameters();
   for (size_t i = 0; i < all.size(); ++i) {
     CHORUS_CHECK(mp.owner[i] >= 0, "--mesh pp: parameter ", all[i].name, " is in no pipeline stage");
-    const bool here = mp.pipe->is_local(me) && [&] {
-      for (const Tensor& t : mp.pipe->local_parameters())
-        if (t.is_same(all[i].tensor)) return true;
-      return false;
-    }();
+    const bool here =
+        std::any_of(local.begin(), local.end(), [&](const Tensor& t) { return t.is_same(all[i].tensor); });
     if (here) mp.local.push_back(all[i]);
     if (here && all[i].tensor.is_same(wte)) mp.uses_wte = true;
   }
