@@ -78,7 +78,8 @@ void add_bench_options(CLI::App* cmd, BenchConfig& c) {
                 "micro-batch's speed)");
   cmd->add_flag("--json", c.json, "One JSON object per row");
   add_optional(cmd, "--mesh", c.mesh,
-               "GPT models: dp=A,tp=B (tensor parallel; A x B processes started by chorus launch, one row from rank 0)");
+               "GPT models: dp=A,pp=B,tp=C (tensor parallel, pipeline stages with --micro-batches and --schedules; "
+               "A x B x C processes started by chorus launch, rows from rank 0)");
   cmd->add_flag("--sequence-parallel", c.sequence_parallel, "GPT models with --mesh tp>1: sequence parallelism");
   cmd->add_option("--seq-len", c.seq_len, "GPT models (gpt2 ... d84): tokens per sequence (default 1024)")
       ->transform(integer_up_to(1 << 20));
@@ -219,6 +220,7 @@ double plain_step_rate(const BenchConfig& c, const Device& device, int64_t batch
 
 std::vector<std::string> split_list(const std::string& s) {
   std::vector<std::string> out;
+  if (s.empty()) return out;
   size_t at = 0;
   while (at <= s.size()) {
     const size_t comma = s.find(',', at);

@@ -51,7 +51,8 @@ struct BenchConfig {
   int64_t seq_len = 0;  // GPT models: tokens per sequence (0: 1024)
   std::string attention = "auto";  // GPT models: auto | fused | composite (ops::AttentionKernel)
   // GPT models over a device mesh (apps/bench_gpt_mesh.cpp), one process per
-  // rank under a launcher: --mesh dp=A,tp=B [--sequence-parallel].
+  // rank under a launcher: --mesh dp=A,pp=B,tp=C [--sequence-parallel]
+  // (pp > 1: a row per schedule of `schedules`, `micro_batches` each).
   std::optional<std::string> mesh;
   bool sequence_parallel = false;
   // GPT models, --strategy zero (dist/sharded.h): the stage of a plain "zero" row
@@ -62,6 +63,8 @@ struct BenchConfig {
 };
 
 void add_bench_options(CLI::App* cmd, BenchConfig& c);
+// "ddp,zero-3" -> {"ddp", "zero-3"}; "" -> {}.
+std::vector<std::string> split_list(const std::string& s);
 int run_bench(const BenchConfig& c);
 // A GPT model's row (apps/bench_gpt.cpp): tokens/s, MFU and peak memory.
 int run_bench_gpt(const BenchConfig& c);
@@ -70,8 +73,6 @@ int run_bench_gpt_mesh(const BenchConfig& c);
 // (the first device's: the GPU's name, or the processor's model) and "commit"
 // (git_commit()).
 void add_provenance(nlohmann::ordered_json& row, const Device& device);
-// "ddp,zero-3" -> {"ddp", "zero-3"}.
-std::vector<std::string> split_list(const std::string& s);
 // A --strategy entry's ZeRO stage: zero -> --zero-stage (default 1); zero-N
 // -> N; anything else 0.
 int zero_stage_of(const std::string& strategy, const BenchConfig& c);

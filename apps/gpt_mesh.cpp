@@ -1,11 +1,15 @@
 #include "gpt_mesh.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "chorus/core/error.h"
 #include "chorus/core/rng.h"
 #include "chorus/dist/hash_store.h"
 #include "chorus/dist/launch_env.h"
+#include "chorus/parallel/pipeline_schedule.h"
+#include "chorus/tensor_parallel/clip_grad.h"
+#include "chorus/tensor_parallel/gpt_layers.h"
 
 namespace chorus::app {
 
@@ -31,17 +35,90 @@ RankContext join_mesh_job(int mesh_ranks, const Device& device, double timeout_s
 
 std::vector<dist::MeshAxis> check_mesh_gpt(const MeshSettings& s, const models::GPTConfig& cfg, int64_t seq) {
   const auto axes = dist::parse_mesh_spec(s.spec);
-  int tp = 1;
-  for (const auto& a : axes) {
-    CHORUS_CHECK(a.name != "pp" || a.size == 1, "--mesh pp=", a.size,
-                 ": pipeline stages are not available with tensor parallelism for GPT models yet (use dp and tp)");
-    if (a.name == "tp") tp = a.size;
-  }
+  const int tp = mesh_axis_size(axes, "tp"), pp = mesh_axis_size(axes, "pp");
+  const int64_t layers = cfg.layers + 2;  // Note [GPT pipelines over the mesh]: embeddings, blocks, head
+  CHORUS_CHECK(pp <= layers, "--mesh pp=", pp, ": ", cfg.layers, " blocks make ", layers,
+               " pipeline layers (embeddings, blocks, head), fewer than the stages");
   CHORUS_CHECK(!s.sequence_parallel || tp > 1, "--sequence-parallel needs --mesh with tp > 1");
   tp::check_gpt_tp(cfg, tp);
   CHORUS_CHECK(!s.sequence_parallel || seq % tp == 0, "--sequence-parallel: --seq-len ", seq,
                " does not divide over tp=", tp);
   return axes;
+}
+
+int mesh_axis_size(const std::vector<dist::MeshAxis>& axes, const std::string& name) {
+  for (const auto& a : axes)
+    if (a.name == name) return a.size;
+  return 1;
+}
+
+void check_mesh_pipeline(const std::vector<dist::MeshAxis>& axes, const models::GPTConfig& cfg,
+                         const MeshPipeSettings& p, int64_t batch) {
+  const int pp = mesh_axis_size(axes, "pp");
+  const parallel::Schedule sched = parallel::parse_schedule(p.schedule);
+  CHORUS_CHECK(sched != parallel::Schedule::Interleaved, "--schedule interleaved is not offered with --mesh pp= yet ",
+               "(its virtual stages need several stages per process): use 1f1b or gpipe");
+  CHORUS_CHECK(p.micro_batches >= pp, "--micro-batches ", p.micro_batches, " is fewer than the ", pp,
+               " pipeline stages of --mesh pp=", pp, " (some stage would always idle): use at least ", pp);
+  CHORUS_CHECK(p.micro_batches <= batch, "--micro-batches ", p.micro_batches, " is more than the batch of ", batch,
+               " sequences");
+  CHORUS_CHECK(batch % p.micro_batches == 0, "--batch-size ", batch, " does not divide into ", p.micro_batches,
+               " micro-batches of equal size (--micro-batches)");
+  if (!p.balance.empty()) {
+    int64_t total = 0;
+    for (int64_t b : p.balance) total += b;
+    CHORUS_CHECK(static_cast<int64_t>(p.balance.size()) == pp && total == cfg.layers + 2, "--balance gives ",
+                 p.balance.size(), " stages of ", total, " layers; --mesh pp=", pp, " needs ", pp, " counts adding up to ",
+                 cfg.layers + 2, " (the embeddings, ", cfg.layers, " blocks and the head)");
+  }
+}
+
+MeshPipeline start_mesh_pipeline(MeshGpt& m, const MeshPipeSettings& p) {
+  MeshPipeline mp;
+  parallel::PipelineOptions o;
+  o.micro_batches = p.micro_batches;
+  o.schedule = parallel::parse_schedule(p.schedule);
+  o.stage_group = m.mesh->group("pp");
+  auto layers = tp::pipeline_layers(*m.model);
+  mp.pipe = std::make_shared<parallel::Pipeline>(layers, p.balance, std::vector<Device>{m.device}, o);
+  // After the pipeline moved this rank's stage: the tensors as they are now.
+  const auto all = tp::sharded_parameters(*m.model);
+  mp.owner.assign(all.size(), -1);
+  int64_t first = 0;
+  for (int64_t s = 0; s < mp.pipe->num_stages(); ++s) {
+    const int64_t n = mp.pipe->balance()[static_cast<size_t>(s)];
+    for (int64_t l = first; l < first + n; ++l)
+      for (const Tensor& t : (*layers)[static_cast<size_t>(l)]->parameters())
+        for (size_t i = 0; i < all.size(); ++i)
+          if (mp.owner[i] < 0 && all[i].tensor.is_same(t)) mp.owner[i] = static_cast<int>(s);
+    first += n;
+  }
+  const int me = m.pp_rank();
+  const Tensor& wte = tp::tied_embedding(*m.model);
+  const std::vector<Tensor> local = mp.pipe->local_parameters();
+  for (size_t i = 0; i < all.size(); ++i) {
+    CHORUS_CHECK(mp.owner[i] >= 0, "--mesh pp: parameter ", all[i].name, " is in no pipeline stage");
+    const bool here =
+        std::any_of(local.begin(), local.end(), [&](const Tensor& t) { return t.is_same(all[i].tensor); });
+    if (here) mp.local.push_back(all[i]);
+    if (here && all[i].tensor.is_same(wte)) mp.uses_wte = true;
+  }
+  if (me > 0 && mp.uses_wte) mp.counted_elsewhere = {wte};
+  mp.last_stage = me == m.pp() - 1;
+  return mp;
+}
+
+void reduce_pipeline_gradients(MeshGpt& m, MeshPipeline& mp) {
+  std::vector<Tensor> mine;
+  for (const auto& p : mp.local) mine.push_back(p.tensor);
+  if (m.dp() > 1) tp::average_gradients(mine, m.mesh->group("dp"));
+  tp::sync_tied_embedding(*m.model, mp.uses_wte, m.mesh->group("pp"));
+}
+
+Tensor clip_mesh_gradients(MeshGpt& m, const MeshPipeline* mp, const std::vector<tp::ShardedParameter>& all,
+                           double max_norm) {
+  if (!mp) return tp::clip_grad_norm_(all, max_norm, m.ctx.group);
+  return tp::clip_grad_norm_(mp->local, max_norm, m.ctx.group, m.mesh->group("pp"), mp->counted_elsewhere);
 }
 
 MeshGpt start_mesh_gpt(const MeshSettings& s, const models::GPTConfig& cfg, int64_t seq) {
@@ -64,7 +141,7 @@ MeshGpt start_mesh_gpt(const MeshSettings& s, const models::GPTConfig& cfg, int6
   m.ctx.sharded_rng = std::make_shared<Generator>();
   manual_seed(s.seed);  // the tp=1 initialisation of the seed, sliced
   m.model = std::make_shared<tp::TensorParallelGPT>(cfg, m.ctx);
-  m.model->to(m.device);
+  if (m.pp() == 1) m.model->to(m.device);  // else start_mesh_pipeline moves this rank's stage
   tp::seed_parallel_rng(m.ctx, s.seed, m.dp_rank());  // Note [Dropout across the mesh]
   return m;
 }

@@ -22,10 +22,20 @@
 
 namespace chorus::app {
 
-// Collective over model.context().group; returns the checkpoint's path on the
-// writer, "" elsewhere (the caller's barrier makes it complete for everyone).
+// With pipeline stages (Note [GPT pipelines over the mesh]) a rank holds
+// current values of its own stage's parameters only: each parameter (and its
+// AdamW state) is gathered over the tensor group of the stage that holds it
+// and broadcast from that stage over the pipeline group.
+struct StageOwners {
+  dist::ProcessGroupPtr pp_group;
+  std::vector<int> owner;  // per parameter of tp::sharded_parameters: the pipeline rank holding it
+};
+
+// Collective over model.context().group (and stages->pp_group); returns the
+// checkpoint's path on the writer, "" elsewhere (the caller's barrier makes it
+// complete for everyone).
 std::string save_mesh_checkpoint(const std::string& dir, tp::TensorParallelGPT& model, optim::AdamW& opt,
-                                 const io::TrainingState& state, bool writer);
+                                 const io::TrainingState& state, bool writer, const StageOwners* stages = nullptr);
 // Not collective: each rank reads `ckpt` and keeps its slices.
 io::TrainingState load_mesh_checkpoint(const std::string& ckpt, tp::TensorParallelGPT& model, optim::AdamW& opt,
                                        const std::function<void(const io::TrainingState&, const std::string&)>& check);

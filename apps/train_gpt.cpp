@@ -227,7 +227,7 @@ void validate_gpt(const TrainConfig& tc, const GptOptions& g) {
     }
     CHORUS_CHECK(!tc.virtual_stages || tc.schedule.value_or("") == "interleaved",
                  "--virtual-stages goes with --schedule interleaved");
-  } else {
+  } else if (!g.mesh) {  // with --mesh: validate_gpt_mesh (they go with pp > 1)
     const char* given = tc.micro_batches ? "--micro-batches" : tc.schedule ? "--schedule" : tc.balance ? "--balance"
                         : tc.virtual_stages ? "--virtual-stages" : nullptr;
     CHORUS_CHECK(given == nullptr, given ? given : "", " goes with --strategy pipeline");

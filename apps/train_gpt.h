@@ -53,8 +53,9 @@ struct GptOptions {
   bool skip_nan = false;                  // a NaN loss skips its step instead of stopping the run
   double dropout = 0.0;
   std::string attention = "auto";         // auto | fused | composite (ops::AttentionKernel)
-  // --mesh dp=A,tp=B (apps/train_gpt_mesh.cpp): tensor parallelism, with
-  // data parallelism over the dp groups; --sequence-parallel shards the
+  // --mesh dp=A,pp=B,tp=C (apps/train_gpt_mesh.cpp): tensor parallelism,
+  // pipeline stages over the pp groups (TrainConfig's --micro-batches,
+  // --schedule, --balance), data parallelism over the dp groups; --sequence-parallel shards the
   // activations between the parallel regions along the sequence.
   std::optional<std::string> mesh;
   bool sequence_parallel = false;

@@ -1,14 +1,17 @@
-// `chorus train --model gpt2|... --mesh dp=A,tp=B`: the GPT driver over a
-// device mesh (dist/device_mesh.h). Each tensor-parallel group holds one
-// copy of the model split Megatron-style (tensor_parallel/gpt.h); the data
-// ranks (the dp axis) read disjoint windows and average their gradients with
-// DistributedDataParallel over their dp group. Clipping is by the whole
-// model's norm (tensor_parallel/clip_grad.h), checkpoints are in the
-// one-process format (Note [Mesh checkpoints]). The schedule, optimizer
-// groups, data and figures are train_gpt.cpp's.
+// `chorus train --model gpt2|... --mesh dp=A,pp=B,tp=C`: the GPT driver over
+// a device mesh (dist/device_mesh.h). Each tensor-parallel group holds one
+// copy of the model split Megatron-style (tensor_parallel/gpt.h), or with
+// pp > 1 one pipeline stage of it (Note [GPT pipelines over the mesh] in
+// gpt_mesh.h: --micro-batches, --schedule 1f1b|gpipe, --balance); the data
+// ranks (the dp axis) read disjoint windows and average their gradients (with
+// DistributedDataParallel over their dp group, or after the pipeline's
+// backwards). Clipping is by the whole model's norm (tensor_parallel/
+// clip_grad.h), checkpoints are in the one-process format (Note [Mesh
+// checkpoints]). The schedule, optimizer groups, data and figures are
+// train_gpt.cpp's.
 //
 // Launched as every multi-process run is: chorus launch --nproc-per-node 4 --
-// chorus train --model d12 --mesh dp=2,tp=2 ... (or torchrun, mpirun, srun).
+// chorus train --model d12 --mesh pp=2,tp=2 ... (or torchrun, mpirun, srun).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -25,6 +28,7 @@
 #include "chorus/io/safetensors.h"
 #include "chorus/ops/factory.h"
 #include "chorus/optim/adamw.h"
+#include "chorus/parallel/placement.h"
 #include "chorus/tensor_parallel/clip_grad.h"
 #include "chorus/tensor_parallel/gpt.h"
 #include "gpt_mesh.h"
@@ -33,6 +37,7 @@
 #include "stop_signal.h"
 #include "train_dist.h"
 #include "train_gpt.h"
+#include "train_pipeline.h"
 
 namespace chorus::app {
 
@@ -62,6 +67,21 @@ void validate_gpt_mesh(const TrainConfig& tc, const GptOptions& g) {
   CHORUS_CHECK(!tc.trace, "--trace is not offered for GPT models yet");
   CHORUS_CHECK(!tc.metrics && !tc.tensorboard && !tc.plot,
                "--metrics, --tensorboard and --plot are not offered with --mesh yet (the progress lines and --json are)");
+  const int pp = mesh_axis_size(dist::parse_mesh_spec(*g.mesh), "pp");
+  CHORUS_CHECK(!tc.virtual_stages, "--virtual-stages goes with --schedule interleaved, which --mesh does not offer yet");
+  if (pp == 1) {
+    const char* given = tc.micro_batches ? "--micro-batches" : tc.schedule ? "--schedule" : tc.balance ? "--balance" : nullptr;
+    CHORUS_CHECK(given == nullptr, given ? given : "", " goes with pipeline stages: --mesh pp=N with N > 1");
+  } else {
+    CHORUS_CHECK(tc.comm_hook == "allreduce", "--comm-hook ", tc.comm_hook,
+                 " is not offered with --mesh pp= (the data ranks average the stages' gradients in full precision)");
+    if (tc.schedule) (void)parallel::parse_schedule(*tc.schedule);
+    if (tc.balance) {
+      CHORUS_CHECK(*tc.balance != "time" && *tc.balance != "memory", "--balance for a GPT is a layer count per stage ",
+                   "(the embeddings, each block and the head are layers), e.g. 7,7; the default splits them evenly");
+      (void)parse_balance(*tc.balance);
+    }
+  }
 }
 
 nlohmann::ordered_json run_train_gpt_mesh(const TrainConfig& tc, const GptOptions& g) {
@@ -89,6 +109,15 @@ nlohmann::ordered_json run_train_gpt_mesh(const TrainConfig& tc, const GptOption
   cfg.attention = ops::parse_attention_kernel(g.attention);
   const auto axes = check_mesh_gpt(ms, cfg, seq);
   const int tp_size = axes.back().size;  // parse_mesh_spec's order: dp, pp, tp
+  const int pp = mesh_axis_size(axes, "pp");
+  const int64_t batch = g.batch_given ? tc.batch_size : 8, accum = g.grad_accum;
+  MeshPipeSettings ps;
+  if (pp > 1) {
+    ps.micro_batches = tc.micro_batches.value_or(std::max<int64_t>(4, pp));
+    ps.schedule = tc.schedule.value_or("1f1b");
+    if (tc.balance) ps.balance = parse_balance(*tc.balance);
+    check_mesh_pipeline(axes, cfg, ps, batch);
+  }
 
   MeshGpt m = start_mesh_gpt(ms, cfg, seq);
   const Device device = m.device;
@@ -111,9 +140,11 @@ nlohmann::ordered_json run_train_gpt_mesh(const TrainConfig& tc, const GptOption
     val = std::make_unique<data::TokenWindows>(stream, seq, 0, 1, tc.seed, data::WindowOrder::Sequential);
   }
 
-  const int64_t batch = g.batch_given ? tc.batch_size : 8, accum = g.grad_accum;
   const double lr = tc.lr.value_or(6e-4);
   const double wd = g.weight_decay_given ? tc.weight_decay : 0.1;
+  // Before the optimizer: the pipeline moves this rank's stage to its device.
+  std::optional<MeshPipeline> mp;
+  if (pp > 1) mp.emplace(start_mesh_pipeline(m, ps));
   optim::AdamWOptions ao{lr, 0.9, 0.95, 1e-8, wd};
   const auto sharded = tp::sharded_parameters(*model);
   std::vector<Tensor> params;
@@ -128,13 +159,14 @@ nlohmann::ordered_json run_train_gpt_mesh(const TrainConfig& tc, const GptOption
   fp["mesh"] = dist::mesh_spec_str(axes);
   fp["sequence_parallel"] = g.sequence_parallel;
   fp["clip"] = g.clip;
+  if (pp > 1) fp["pipeline"] = {{"micro_batches", ps.micro_batches}, {"schedule", ps.schedule}, {"balance", mp->pipe->balance()}};
   fp["steps"] = tc.steps ? *tc.steps : -1;
   fp["train_data"] = {{"tokens", train_stream->size()}};
   check_same_options(rc, fp);  // Note [Options every rank shares]
 
   nn::ModulePtr net = model;
   std::shared_ptr<dist::DistributedDataParallel> ddp;
-  if (dp > 1) {
+  if (dp > 1 && pp == 1) {
     dist::DDPOptions o;
     o.bucket_bytes = static_cast<int64_t>(tc.bucket_mb * (1 << 20));
     o.comm_hook = dist::parse_comm_hook(tc.comm_hook);
@@ -166,6 +198,11 @@ nlohmann::ordered_json run_train_gpt_mesh(const TrainConfig& tc, const GptOption
       if (leader) std::fprintf(stderr, "resumed from %s at step %lld\n", path.c_str(), (long long)start);
     }
   }
+  if (leader && !tc.quiet && mp) {
+    std::fprintf(stderr, "pipeline: %lld layers (embeddings, %lld blocks, head) in %d stages (%s) over pp=%d, "
+                 "%lld micro-batches, schedule %s\n", (long long)cfg.layers + 2, (long long)cfg.layers, pp,
+                 parallel::balance_str(mp->pipe->balance()).c_str(), pp, (long long)ps.micro_batches, ps.schedule.c_str());
+  }
   if (leader && !tc.quiet) {
     std::fprintf(stderr, "%s: %.1fM parameters over tp=%d%s, seq %lld, batch %lld x %lld accum x dp %d = %s tokens/step, "
                  "%lld steps, %s on %s\n", tc.model.c_str(), static_cast<double>(cfg.num_parameters()) / 1e6, tp_size,
@@ -186,7 +223,9 @@ nlohmann::ordered_json run_train_gpt_mesh(const TrainConfig& tc, const GptOption
     st.extra = {{kTokenKeys.consumed, s * tokens_per_step}, {kTokenKeys.per_step, tokens_per_step},
                 {"world_size", dp}, {"mesh", dist::mesh_spec_str(axes)}};
     // Every rank gathers; world rank 0 writes (it is tensor rank 0 of data rank 0).
-    const std::string p = save_mesh_checkpoint(*tc.checkpoint_dir, *model, opt, st, leader);
+    std::optional<StageOwners> stages;
+    if (mp) stages = StageOwners{m.mesh->group("pp"), mp->owner};
+    const std::string p = save_mesh_checkpoint(*tc.checkpoint_dir, *model, opt, st, leader, stages ? &*stages : nullptr);
     if (leader) ckpt = p;
     rc.group->barrier()->wait();
   };
@@ -199,10 +238,19 @@ nlohmann::ordered_json run_train_gpt_mesh(const TrainConfig& tc, const GptOption
     auto [ids, tg] = val->spaced(g.val_windows);
     double total = 0;
     for (int64_t b = 0; b < ids.size(0); b += batch) {
-      const int64_t m = std::min(batch, ids.size(0) - b);
-      total += model->loss(ids.narrow(0, b, m).to(device), tg.narrow(0, b, m).to(device)).item() * static_cast<double>(m);
+      const int64_t n = std::min(batch, ids.size(0) - b);
+      const Tensor x = ids.narrow(0, b, n).to(device), t = tg.narrow(0, b, n).to(device);
+      if (!mp) {
+        total += model->loss(x, t).item() * static_cast<double>(n);
+      } else if (Tensor l = mp->pipe->evaluate(x, t, [&](const Tensor& out, const Tensor& y) {
+                   return model->loss_of_logits(out, y);
+                 }); l.defined()) {
+        total += l.item() * static_cast<double>(n);
+      }
     }
     model->train();
+    // Pipeline stages: the last stage's ranks hold the loss, the others add 0.
+    if (mp) total = sum_over_ranks(rc, {total})[0] / static_cast<double>(rc.group->size() / pp);
     return total / static_cast<double>(ids.size(0));
   };
 
@@ -218,16 +266,29 @@ nlohmann::ordered_json run_train_gpt_mesh(const TrainConfig& tc, const GptOption
       auto [ids, tg] = train.batch(batch, step * accum + m);
       std::optional<dist::DistributedDataParallel::NoSync> quiet;
       if (ddp && m + 1 < accum) quiet.emplace(ddp->no_sync());
-      Tensor loss;
-      {
+      Tensor l;
+      if (mp) {
         AutocastGuard cast(autocast);
-        loss = model->loss_of_logits(net->forward(ids.to(device)), tg.to(device));
+        const double w = 1.0 / static_cast<double>(accum);
+        // Defined on the last stage's ranks; the others count 0 (Note [GPT pipelines over the mesh]).
+        l = mp->pipe->train_step(ids.to(device), tg.to(device), [&](const Tensor& out, const Tensor& y) {
+                  Tensor lm = model->loss_of_logits(out, y);
+                  return accum > 1 ? lm.mul(w) : lm;
+                }).loss;
+        if (!l.defined()) l = zeros({}, {kFloat32, device});
+      } else {
+        Tensor loss;
+        {
+          AutocastGuard cast(autocast);
+          loss = model->loss_of_logits(net->forward(ids.to(device)), tg.to(device));
+        }
+        (accum > 1 ? loss.mul(1.0 / static_cast<double>(accum)) : loss).backward();
+        l = loss.detach().mul(1.0 / static_cast<double>(accum));
       }
-      (accum > 1 ? loss.mul(1.0 / static_cast<double>(accum)) : loss).backward();
-      Tensor l = loss.detach().mul(1.0 / static_cast<double>(accum));
-      step_loss = step_loss.defined() ? step_loss.add(l) : l;
+      step_loss = step_loss.defined() ? step_loss.add(l.to(step_loss.dtype())) : l;
     }
-    Tensor norm = tp::clip_grad_norm_(sharded, g.clip, ctx.group);
+    if (mp) reduce_pipeline_gradients(m, *mp);
+    Tensor norm = clip_mesh_gradients(m, mp ? &*mp : nullptr, sharded, g.clip);
     opt.step();
     opt.zero_grad();
     window_losses.push_back(step_loss);
@@ -237,11 +298,12 @@ nlohmann::ordered_json run_train_gpt_mesh(const TrainConfig& tc, const GptOption
       double sum = 0;
       for (const Tensor& l : window_losses) sum += l.item();
       const int64_t n = static_cast<int64_t>(window_losses.size());
-      CHORUS_CHECK(!std::isnan(sum), "the loss is NaN between steps ", window_first + 1, " and ", step + 1,
-                   " (lower --lr)");
-      // Tensor ranks hold the same loss: the mean over the world is the mean over the data ranks.
+      // Tensor ranks hold the same loss: the mean over the world is the mean
+      // over the data ranks (pipeline stages: only the last one's ranks hold it).
       const auto summed = sum_over_ranks(rc, {sum / static_cast<double>(n), StopSignal::pending() ? 1.0 : 0.0});
-      last_loss = summed[0] / rc.group->size();
+      last_loss = summed[0] / (rc.group->size() / pp);
+      CHORUS_CHECK(!std::isnan(last_loss), "the loss is NaN between steps ", window_first + 1, " and ", step + 1,
+                   " (lower --lr)");
       stop = summed[1] > 0;
       const double secs = seconds_since(window_start);
       tok_s = static_cast<double>(n * tokens_per_step) / std::max(secs, 1e-9);
@@ -275,6 +337,8 @@ nlohmann::ordered_json run_train_gpt_mesh(const TrainConfig& tc, const GptOption
                                 {"strategy", "mesh"},
                                 {"mesh", dist::mesh_spec_str(axes)},
                                 {"sequence_parallel", g.sequence_parallel},
+                                {"micro_batches", pp > 1 ? nlohmann::ordered_json(ps.micro_batches) : nlohmann::ordered_json(nullptr)},
+                                {"schedule", pp > 1 ? nlohmann::ordered_json(ps.schedule) : nlohmann::ordered_json(nullptr)},
                                 {"devices", std::to_string(rc.group->size()) + " ranks"},
                                 {"precision", tc.precision},
                                 {"params", cfg.num_parameters()},

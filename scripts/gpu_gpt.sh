@@ -351,6 +351,21 @@ open(sys.argv[2], "a").write(json.dumps(row) + "\n")
 print(row)
 PY
     ;;
+  mesh_pp)  # issue 50 on 2 GPUs: chorus bench --mesh pp=2 (MESH_PP_SCHEDULES, default 1f1b,gpipe; MESH_PP_M
+    # micro-batches, default 8) and --mesh tp=2 beside --strategy ddp on the same 2 GPUs (GPT_MODEL, GPT_BATCH sequences
+    # a rank: a pipeline's whole batch, cut into the micro-batches): tok/s, MFU, peak memory, and for pp=2 the measured
+    # bubble beside the ideal (p-1)/(m+p-1) and the bound (Note [Mesh pipeline bound] in apps/bench_gpt_mesh.cpp)
+    M=${MESH_PP_M:-8}
+    for mesh in pp=2 tp=2; do
+      extra=(); [ $mesh = pp=2 ] && extra=(--micro-batches $M --schedules ${MESH_PP_SCHEDULES:-1f1b,gpipe})
+      timeout 300 $BUILD/chorus launch --nproc-per-node 2 -- $BUILD/chorus bench --model $MODEL --devices cuda \
+        --mesh $mesh --seq-len $T --batch-size $B --precision bf16 --steps ${MESH_PP_STEPS:-10} --warmup 3 "${extra[@]}" \
+        2>"$OUT/mesh_$mesh.err" | sed 's/^\[rank 0\] //' | grep -v '^mesh ' || tail -5 "$OUT/mesh_$mesh.err"
+    done
+    timeout 300 $BUILD/chorus launch --nproc-per-node 2 -- $BUILD/chorus bench --model $MODEL --strategy ddp --devices cuda \
+      --seq-len $T --batch-size $B --precision bf16 --steps ${MESH_PP_STEPS:-10} --warmup 3 2>"$OUT/mesh_ddp.err" \
+      | sed 's/^\[rank 0\] //' || tail -5 "$OUT/mesh_ddp.err"
+    ;;
   table)
     python3 - "$ROWS" "$MODEL" "$B" "$T" <<'PY'
 import json, sys

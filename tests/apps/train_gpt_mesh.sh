@@ -88,7 +88,6 @@ bad "a mesh without a launcher" "needs 2 processes, but the job has 1" 0 "${T[@]
 bad "heads not dividing by tp" "2 attention heads do not divide over 4" 4 "${T[@]}" --mesh tp=4
 bad "an unknown axis" "unknown axis .zz." 0 "${T[@]}" --mesh zz=2
 bad "a size that is not a number" "needs a whole number" 0 "${T[@]}" --mesh tp=two
-bad "pipeline stages with tp" "pipeline stages are not available" 0 "${T[@]}" --mesh pp=2,tp=2
 bad "--sequence-parallel without tp" "needs --mesh with tp > 1" 0 "${T[@]}" --sequence-parallel
 bad "--mesh with --strategy dp" "cannot go with it" 0 "${T[@]}" --mesh tp=2 --strategy dp
 bad "--recompute with --mesh" "not offered with --mesh" 0 "${T[@]}" --mesh tp=2 --recompute always

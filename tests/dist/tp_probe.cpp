@@ -297,7 +297,8 @@ int run_checkpoint(const std::string& spec, const std::string& dir) {
 // Tensor x pipeline (x data) parallel: the model's layers as a 1F1B pipeline
 // over the mesh's pp groups, 2 micro-batches; loss, the local stages'
 // gradients (after the tied embedding's sync), the global norm and the local
-// weights after 3 AdamW steps equal the reference's.
+// weights after 3 AdamW steps equal the reference's; evaluate() (forwards
+// only) gives the reference's loss and no gradient.
 int run_pipeline(const std::string& spec, bool sp) {
   Job j = join(spec, sp);
   auto [ref, model] = build(j, 0.0);
@@ -326,6 +327,22 @@ int run_pipeline(const std::string& spec, bool sp) {
   Tensor ids = b.ids.narrow(0, dr * rows, rows).contiguous(), tg = b.targets.narrow(0, dr * rows, rows).contiguous();
   const int64_t vocab = model->config().vocab;
   auto loss_fn = [&](const Tensor& out, const Tensor& t) { return tp::vocab_parallel_cross_entropy(out, t, vocab, tpg); };
+  {
+    // Validation's forwards-only pass: the same loss, no gradient anywhere.
+    Tensor want;
+    {
+      NoGradGuard no_grad;
+      want = ref->loss(b.ids, b.targets);
+    }
+    Tensor e = pipe.evaluate(ids, tg, loss_fn);
+    expect(e.defined() == pipe.is_local(pipe.num_stages() - 1), "evaluate's loss defined off the last stage");
+    if (e.defined()) {
+      Tensor l = e.clone().reshape({1});
+      if (dp > 1) j.mesh->group("dp")->all_reduce(l, dist::ReduceOp::Avg)->wait();
+      expect_close(l.reshape({}), want, "evaluate's loss");
+    }
+    for (const Tensor& p : mine) expect(!p.grad().defined(), "evaluate left a gradient");
+  }
   for (int step = 0; step < 3; ++step) {
     Tensor ref_loss = ref->loss(b.ids, b.targets);
     ref_loss.backward();

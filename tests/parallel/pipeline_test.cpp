@@ -147,6 +147,31 @@ TEST(Pipeline, EverySchedulesStagesAndMicroBatchesMatchThePlainModel) {
       }
 }
 
+// evaluate(): the forwards only, for validation -- the plain model's loss on
+// the whole batch (uneven micro-batches too, and more micro-batches than
+// samples), no gradient anywhere, no graph kept.
+TEST(Pipeline, EvaluateGivesThePlainLossWithoutGradients) {
+  manual_seed(8);
+  const Tensor x = randn({10, 12});
+  const Tensor y = randint(0, 5, {10});
+  const Reference ref = plain(mlp(3), x, y);
+  for (Schedule sch : {Schedule::GPipe, Schedule::OneFOneB, Schedule::Interleaved})
+    for (int M : {1, 4, 16}) {
+      PipelineOptions o;
+      o.micro_batches = M;
+      o.schedule = sch;
+      Pipeline pipe(mlp(3), {}, cpus(2), o);
+      const std::string what = schedule_name(sch) + " M" + std::to_string(M);
+      const Tensor loss = pipe.evaluate(x, y, ce);
+      ASSERT_TRUE(loss.defined()) << what;
+      EXPECT_FALSE(loss.requires_grad()) << what;
+      EXPECT_LE(std::abs(loss.item<double>() - ref.loss) / std::abs(ref.loss), 1e-5) << what;
+      for (const Tensor& p : pipe.parameters()) EXPECT_FALSE(p.grad().defined()) << what << ": a gradient appeared";
+    }
+  Pipeline pipe(mlp(3), {}, cpus(2), {.micro_batches = 2});
+  EXPECT_TRUE(test::throws_naming([&] { (void)pipe.evaluate(x, y.narrow(0, 0, 4), ce); }, {"for a batch of 10"}));
+}
+
 TEST(Pipeline, LayersRunOnTheirStagesDevices) {
   Pipeline pipe(mlp(3), {3, 2, 4}, cpus(3), {.micro_batches = 2});
   EXPECT_EQ(pipe.balance(), (std::vector<int64_t>{3, 2, 4}));

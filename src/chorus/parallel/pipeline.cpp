@@ -63,6 +63,7 @@ using Clock = std::chrono::steady_clock;
 // One step's shared state: per (stage, micro-batch) slot i = s * M + m.
 struct Pipeline::Run {
   bool train = true;  // forward and backward by the schedule; false: forwards only, graph kept (forward())
+  bool backward = true;  // train: false for evaluate()'s forwards only (no grad, the loss alone kept)
   int S = 0, M = 0;
   std::vector<int64_t> sizes;
   int64_t batch = 0;
@@ -402,7 +403,7 @@ void Pipeline::run_task(Run& run, const PipeTask& t, size_t d) {
       wait_arrival(x, run.in_ready[i]);
     } else {
       x = recv(s - 1, 0);
-      if (run.train && is_floating(x.dtype())) x.set_requires_grad(true);
+      if (run.train && run.backward && is_floating(x.dtype())) x.set_requires_grad(true);
       run.in[i] = x;
     }
     begin_busy();
@@ -430,7 +431,7 @@ void Pipeline::run_task(Run& run, const PipeTask& t, size_t d) {
         const Device dst = stages_[static_cast<size_t>(s + 1)].device;
         std::optional<Event> ready;
         Tensor nx = transfer(y.detach(), dst, copy_stream(dst, 0), &ready);
-        if (is_floating(nx.dtype())) nx.set_requires_grad(true);
+        if (run.backward && is_floating(nx.dtype())) nx.set_requires_grad(true);
         std::lock_guard<std::mutex> lk(run.mu);
         note_copy(run, dst, 0);
         run.in[run.slot(s + 1, m)] = nx;
@@ -440,15 +441,17 @@ void Pipeline::run_task(Run& run, const PipeTask& t, size_t d) {
       } else {
         send(y.detach(), s + 1, 0);
       }
-      if (run.train && !ck) run.out[i] = y;
+      if (run.train && run.backward && !ck) run.out[i] = y;
+      if (!run.backward) run.in[i] = Tensor();
     } else {
-      run.outputs[static_cast<size_t>(m)] = run.train ? y.detach() : y;
+      if (run.backward) run.outputs[static_cast<size_t>(m)] = run.train ? y.detach() : y;
       if (run.train) {
         run.losses[static_cast<size_t>(m)] = loss.detach();
-        if (!ck) run.loss[i] = loss;
+        if (!ck && run.backward) run.loss[i] = loss;
       }
+      if (!run.backward) run.in[i] = Tensor();
     }
-    if (++run.forwards_done[static_cast<size_t>(s)] == run.M && is_training())
+    if (++run.forwards_done[static_cast<size_t>(s)] == run.M && is_training() && run.backward)
       for (const auto& bn : st.deferred) bn->commit();
     end_busy();
     return;
@@ -637,6 +640,42 @@ Tensor Pipeline::forward(const Tensor& x) {
   }
   execute(run);
   return run.M == 1 ? run.outputs[0] : chorus::cat(run.outputs, 0);
+}
+
+Tensor Pipeline::evaluate(const Tensor& x, const Tensor& target, const LossFn& loss_fn) {
+  CHORUS_CHECK(x.defined() && x.dim() >= 1 && x.size(0) >= 1, "Pipeline: evaluate needs a batch, got ",
+               x.defined() ? x.describe() : std::string("an undefined tensor"));
+  CHORUS_CHECK(target.defined() && target.dim() >= 1 && target.size(0) == x.size(0), "Pipeline: ",
+               target.defined() ? target.describe() : std::string("an undefined target"), " for a batch of ", x.size(0));
+  CHORUS_CHECK(loss_fn != nullptr, "Pipeline: evaluate needs a loss function");
+  NoGradGuard no_grad;  // the stages' threads run under the caller's grad mode (DeviceThreads)
+  Run run;
+  run.train = true;  // the loss on the last stage, activations sent on over processes
+  run.backward = false;
+  init_run(run, x.size(0), static_cast<int>(std::min<int64_t>(opts_.micro_batches, x.size(0))));
+  run.loss_fn = &loss_fn;
+  const dist::ProcessGroupPtr& pg = opts_.stage_group;
+  const int places = pg ? pg->size() : static_cast<int>(devices_.size());
+  // Forwards in micro-batch order: every stage's list waits only on the one before it.
+  std::vector<std::vector<PipeTask>> lists(static_cast<size_t>(places));
+  for (int m = 0; m < run.M; ++m)
+    for (int s = 0; s < run.S; ++s) lists[static_cast<size_t>(s % places)].push_back({PipeTask::Forward, s, m});
+  if (pg)
+    run.lists = {lists[static_cast<size_t>(pg->rank())]};
+  else
+    run.lists = std::move(lists);
+  int64_t at = 0;
+  for (int m = 0; m < run.M; ++m) {
+    const int64_t len = run.sizes[static_cast<size_t>(m)];
+    if (is_local(0)) run.in[run.slot(0, m)] = x.narrow(0, at, len).to(stages_[0].device);
+    if (is_local(run.S - 1)) run.targets.push_back(target.narrow(0, at, len).to(stages_.back().device));
+    at += len;
+  }
+  execute(run);
+  if (!is_local(run.S - 1)) return Tensor();
+  Tensor loss = run.losses[0];
+  for (int m = 1; m < run.M; ++m) loss = loss.add(run.losses[static_cast<size_t>(m)]);
+  return loss;
 }
 
 Pipeline::StepResult Pipeline::train_step(const Tensor& x, const Tensor& target, const LossFn& loss_fn) {

@@ -138,6 +138,14 @@ class Pipeline : public nn::Module {
   // result is defined on the last stage's rank.
   StepResult train_step(const Tensor& x, const Tensor& target, const LossFn& loss_fn);
 
+  // The batch's mean loss without gradients (validation): the forwards of
+  // every micro-batch (min(micro_batches, batch) of them) through the stages,
+  // under no grad, nothing kept. Over processes every rank of the stage group
+  // calls it with the same batch size; as train_step, `x` is read on the first
+  // stage's rank and `target` on the last's, and the result is defined on the
+  // last stage's rank only (undefined elsewhere).
+  Tensor evaluate(const Tensor& x, const Tensor& target, const LossFn& loss_fn);
+
   const PipelineStats& last_stats() const { return stats_; }
   void set_measure(bool on) { opts_.measure = on; }
   int64_t num_stages() const { return static_cast<int64_t>(stages_.size()); }

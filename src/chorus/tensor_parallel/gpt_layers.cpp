@@ -58,7 +58,10 @@ void sync_tied_embedding(TensorParallelGPT& model, bool used_here, const dist::P
   if (!is_parallel(pp_group)) return;
   Tensor& w = tied_embedding(model);
   NoGradGuard no_grad;
-  Tensor g = used_here && w.grad().defined() ? w.grad().contiguous() : zeros(w.sizes(), {w.dtype(), w.device()});
+  // A stage without the embedding may hold it on the host (only its own stage
+  // moved to the device): its zeros go where the group's collectives run.
+  Tensor g = used_here && w.grad().defined() ? w.grad().contiguous()
+                                             : zeros(w.sizes(), {w.dtype(), used_here ? w.device() : pp_group->device()});
   all_reduce_sum(g, pp_group);
   if (used_here) w.set_grad(g);
 }
