@@ -336,6 +336,11 @@ print(row)
 PY
     ;;
   plan)  # chorus plan: calibrate this GPU (and 2 GPUs' bus bandwidth), then the plans the docs compare and predict
+    t0=$(date +%s)  # the program first (incremental on a machine that ran `build`)
+    [ -f $BUILD/build.ninja ] || cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release -DCHORUS_BUILD_BENCH=OFF \
+      >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
+    ninja -C $BUILD chorus_cli >"$OUT/build_plan.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build_plan.log" | head -40; exit 1; }
+    echo "plan: chorus built in $(( $(date +%s) - t0 )) s"
     NG=$(nvidia-smi -L | wc -l)
     cal="$OUT/plan_calibration.json"
     calib=($BUILD/chorus plan --calibrate "$cal" --model gpt2,gpt2-xl,d84 --batch-size 8 --seq-len 1024 --precision bf16)
@@ -345,10 +350,9 @@ PY
       timeout 300 "${calib[@]}" --devices cuda:0 2>&1 | tail -6
     fi
     [ -f "$cal" ] || { echo "plan: no calibration written"; continue; }
-    cat "$cal"
     plan_of() {  # MODEL GPUS BATCH [FLAGS...]: the table, and its rows as JSON
       local m=$1 g=$2 b=$3; shift 3
-      $BUILD/chorus plan --model $m --gpus $g --batch-size $b --calibration "$cal" --top 8 "$@"
+      $BUILD/chorus plan --model $m --gpus $g --batch-size $b --calibration "$cal" --top 5 "$@"
       $BUILD/chorus plan --model $m --gpus $g --batch-size $b --calibration "$cal" --json "$@" > "$OUT/plan_${m}_$g.jsonl"
     }
     for g in 1 2 4 64 1024; do plan_of gpt2-xl $g 8; done
