@@ -34,6 +34,7 @@ CLI::App* add_plan_command(CLI::App& app, PlanConfig& c) {
   cmd->add_option("--batch-size", c.batch, "Sequences a GPU a step (a mesh: batch x tp x pp a replica, in micro-batches)")->capture_default_str()->transform(integer_up_to(kMaxBatchSize));
   cmd->add_option("--seq-len", c.seq, "Tokens a sequence")->capture_default_str()->transform(integer_up_to(1 << 24));
   cmd->add_option("--precision", c.precision, "bf16|fp32")->capture_default_str();
+  cmd->add_option("--zero-param-dtype", c.zero_param_dtype, "ZeRO rows: bf16 or fp32, the dtype the blocks' matrices are gathered in (default: bf16 under --precision bf16, as chorus train)");
   cmd->add_flag("--recompute", c.recompute, "Every block recomputes its activations in the backward (--recompute always)");
   add_optional(cmd, "--calibration", c.calibration, "The file chorus plan --calibrate wrote (without it: memory only)");
   add_optional(cmd, "--calibrate", c.calibrate, "Time this device's kernels at each --model's shapes (and, under chorus launch with 2+ ranks, the bus bandwidth) into FILE");
@@ -165,6 +166,7 @@ int run_plan(const PlanConfig& c) {
   job.batch = c.batch;
   job.seq = c.seq;
   job.bf16 = c.precision == "bf16";
+  job.zero_param_dtype = c.zero_param_dtype;
   plan::validate(job);
 
   std::optional<plan::Calibration> cal;

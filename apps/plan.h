@@ -20,6 +20,7 @@ struct PlanConfig {
   int64_t batch = 8, seq = 1024;
   std::string precision = "bf16";
   bool recompute = false;
+  std::string zero_param_dtype;           // ZeRO rows: the blocks' matrices gathered in bf16 (default under bf16) or fp32
   std::optional<std::string> calibration;  // --calibration FILE
   std::optional<std::string> calibrate;    // --calibrate FILE: measure instead of plan
   std::optional<std::string> devices;      // --calibrate's device (default cuda:0 if present, else cpu)

@@ -358,6 +358,9 @@ PY
     for g in 1 2 4 64 1024; do plan_of gpt2-xl $g 8; done
     for g in 1 2 4; do plan_of gpt2 $g 16; done
     for g in 4 64 1024; do plan_of d84 $g 4 --recompute; done
+    # The measured d84 row (session 34, call 6) gathered float32 weights.
+    $BUILD/chorus plan --model d84 --gpus 4 --batch-size 4 --recompute --zero-param-dtype fp32 --calibration "$cal" \
+      --json > "$OUT/plan_d84-fp32-gather_4.jsonl"
     # The cells of docs/parallelism.md's "predicted beside measured" table, and the best layouts past this machine.
     python3 - "$OUT" <<'PY'
 import json, sys
@@ -368,7 +371,7 @@ def show(m, g, layout):
     tok = f"{r['tok_per_s']:,.0f}" if r["tok_per_s"] is not None else "-"
     print(f"predicted {m} {layout} on {g}: {tok} tok/s ({mfu}), plan {r['memory_bytes'] / 2**30:.2f} GiB, fits {r['fits']}")
 for m, g, l in [("gpt2-xl", 1, "single"), ("gpt2-xl", 4, "ddp"), ("gpt2-xl", 4, "zero-1"), ("gpt2-xl", 4, "zero-3"),
-                ("d84", 4, "zero-3"), ("gpt2", 1, "single"), ("gpt2", 2, "ddp"), ("gpt2", 4, "ddp")]:
+                ("d84", 4, "zero-3"), ("d84-fp32-gather", 4, "zero-3"), ("gpt2", 1, "single"), ("gpt2", 2, "ddp"), ("gpt2", 4, "ddp")]:
     show(m, g, l)
 for m in ("gpt2-xl", "d84"):
     for g in (64, 1024):

@@ -104,6 +104,7 @@ bad "corrupt calibration file" "calibration $tmp/corrupt.json is not JSON" plan 
 bad "a calibration of another precision" "was measured in fp32, not --precision bf16" plan --model d2 --gpus 4 --calibration "$tmp/cal.json"
 bad "--calibrate and --calibration together" "give one" plan --calibrate "$tmp/x.json" --calibration "$tmp/cal.json"
 bad "bf16 calibration on a CPU" "with --precision fp32" plan --calibrate "$tmp/x.json" --devices cpu --model d2
+bad "an unknown gathered dtype" "--zero-param-dtype must be bf16 or fp32" plan --model gpt2 --gpus 4 --zero-param-dtype fp16
 bad "zero GPUs" "--gpus must be at least 1" plan --model gpt2 --gpus 0
 bad "seq past the context" "exceeds the model's context" plan --model gpt2 --gpus 2 --seq-len 4096
 exit $fail

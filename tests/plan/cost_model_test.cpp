@@ -99,20 +99,21 @@ TEST(PlanCostModel, ComputeIsTheTrainingFlops) {
 // inputs taken from the model's counts as apps/memory_check.cpp took them.
 TEST(PlanCostModel, DataParallelMemoryIsTheMemoryPlan) {
   for (const char* name : {"gpt2", "gpt2-xl", "d84"}) {
-    for (bool bf16 : {true, false}) {
+    for (auto [bf16, gather] : {std::pair{true, ""}, std::pair{true, "fp32"}, std::pair{false, ""}}) {
       Job job;
       job.cfg = models::GPTConfig::named(name);
       job.gpus = 4;
       job.batch = 8;
       job.seq = 1024;
       job.bf16 = bf16;
+      job.zero_param_dtype = gather;
       dist::MemoryPlanInputs in;
       in.params = job.cfg.num_parameters();
       in.autocast_copied = models::gpt_autocast_copied_parameters(job.cfg);
       in.largest_unit_params = models::gpt_block_parameters(job.cfg);
       in.root_unit_params = models::gpt_root_parameters(job.cfg);
       in.bf16 = bf16;
-      if (bf16) {
+      if (bf16 && std::string(gather) != "fp32") {
         in.low_precision_unit_params = 12 * job.cfg.width * job.cfg.width;
         in.low_precision_params = job.cfg.layers * in.low_precision_unit_params;
       }
@@ -125,7 +126,7 @@ TEST(PlanCostModel, DataParallelMemoryIsTheMemoryPlan) {
         s.world = 4;
         const dist::MemoryPlan want = dist::plan_for(s, in);
         const dist::MemoryPlan got = layout_memory(job, l);
-        EXPECT_EQ(got.total(), want.total()) << name << " " << l.name();
+        EXPECT_EQ(got.total(), want.total()) << name << " " << l.name() << " " << gather;
         EXPECT_EQ(got.weights, want.weights);
         EXPECT_EQ(got.optimizer, want.optimizer);
         EXPECT_EQ(*got.activations, *want.activations);

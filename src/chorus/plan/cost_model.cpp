@@ -74,6 +74,8 @@ std::string Layout::flags() const {
 }
 
 void validate(const Job& job) {
+  CHORUS_CHECK(job.zero_param_dtype.empty() || job.zero_param_dtype == "bf16" || job.zero_param_dtype == "fp32",
+               "--zero-param-dtype must be bf16 or fp32, got '", job.zero_param_dtype, "'");
   CHORUS_CHECK(job.gpus >= 1, "--gpus must be at least 1, got ", job.gpus);
   CHORUS_CHECK(job.gpus_per_node >= 1, "--gpus-per-node must be at least 1, got ", job.gpus_per_node);
   CHORUS_CHECK(job.gpus <= job.gpus_per_node || job.gpus % job.gpus_per_node == 0, "--gpus ", job.gpus,
@@ -118,6 +120,7 @@ dist::MemoryPlan layout_memory(const Job& job, const Layout& layout) {
   run.bf16 = job.bf16;
   run.seq = job.seq;
   run.bucket_bytes = job.bucket_bytes;
+  run.zero_param_dtype = job.zero_param_dtype;
   run.fused_attention = gpt_fused_attention_on_gpu(job.cfg, job.bf16);
   if (layout.kind == "mesh") {
     run.batch = job.batch * layout.tp * layout.pp / layout.micro_batches;
@@ -148,9 +151,10 @@ double micro_batch_compute_seconds(const Job& job, const KernelRates& k, int64_t
 namespace {
 
 // The parameters' bytes ZeRO gathers: the blocks' matrices in 16 bits under
-// bf16 (--zero-param-dtype's default), the rest in float32.
+// bf16 (--zero-param-dtype's default; fp32 gathers them in float32), the rest
+// in float32.
 double gathered_weight_bytes(const Job& job, int64_t params, int64_t matrices) {
-  return job.bf16 ? 2.0 * static_cast<double>(matrices) + 4.0 * static_cast<double>(params - matrices)
+  return job.bf16 && job.zero_param_dtype != "fp32" ? 2.0 * static_cast<double>(matrices) + 4.0 * static_cast<double>(params - matrices)
                   : 4.0 * static_cast<double>(params);
 }
 

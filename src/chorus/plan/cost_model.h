@@ -118,6 +118,9 @@ struct Job {
   int64_t gpus = 1, gpus_per_node = 8;
   int64_t batch = 1, seq = 1024;
   bool bf16 = true;
+  // ZeRO's gathered dtype for the blocks' matrices (--zero-param-dtype):
+  // "" or "bf16" is bf16 under bf16, "fp32" float32.
+  std::string zero_param_dtype;
   int64_t bucket_bytes = 25 << 20;
   int64_t gpu_memory_bytes = 0;  // what a GPU has for the plan's needed()
 };
