@@ -68,8 +68,8 @@ done
 C=(plan --devices cpu --precision fp32 --batch-size 2 --seq-len 32 --warmup 0 --iters 1)
 "$CHORUS" "${C[@]}" --calibrate "$tmp/cal.json" --model d2,d4 > "$tmp/out" 2> "$tmp/err"; rc=$?
 check "--calibrate on the CPU" "[ $rc -eq 0 ] && grep -q 'calibration written to' $tmp/out"
-check "the file names its format, device and both models" \
-  "python3 -c \"import json; j = json.load(open('$tmp/cal.json')); assert j['format'] == 'chorus-plan-calibration' and j['device'] == 'cpu:0' and [m['model'] for m in j['models']] == ['d2', 'd4'] and j['models'][0]['gemm']['rate'] > 0 and 'bus' not in j\""
+check "the file names its format, device, both models and the shards timed (d4: tp 2, 4)" \
+  "python3 -c \"import json; j = json.load(open('$tmp/cal.json')); assert j['format'] == 'chorus-plan-calibration' and j['device'] == 'cpu:0' and [m['model'] for m in j['models']] == ['d2', 'd4'] and j['models'][0]['gemm']['rate'] > 0 and 'bus' not in j and [g['tp'] for g in j['models'][1]['gemm_shards']] == [2, 4]\""
 "$CHORUS" plan --model d2 --gpus 1 --batch-size 2 --seq-len 32 --precision fp32 --calibration "$tmp/cal.json" \
   > "$tmp/out" 2> "$tmp/err"; rc=$?
 check "the plan reads it" "[ $rc -eq 0 ] && grep -q '^calibration .*cal.json: .*kernels timed at d2' $tmp/out"

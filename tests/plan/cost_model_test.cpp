@@ -88,6 +88,15 @@ TEST(PlanCostModel, ComputeIsTheTrainingFlops) {
     // Tensor parallel: a quarter each; recompute: the blocks' forward again (x 4/3).
     const double head = 6.0 * n * c * static_cast<double>(job.cfg.padded_vocab);
     EXPECT_NEAR(micro_batch_compute_seconds(job, k, n, 4, job.cfg.layers, true) * r, got / 4, 1e-9 * got) << name;
+    // A rate timed at tp = 4's shard shapes replaces the whole matrices' for
+    // the block's GEMM term only (72 N C^2 L / 4 at half the rate).
+    KernelRates shard = k;
+    shard.gemm_flops_shards = {{4, r / 2}};
+    const double gemm = 72.0 * n * c * c * l;
+    EXPECT_NEAR(micro_batch_compute_seconds(job, shard, n, 4, job.cfg.layers, true) * r, got / 4 + gemm / 4,
+                1e-9 * got)
+        << name;
+    EXPECT_DOUBLE_EQ(shard.gemm_rate(2), r);
     job.cfg.recompute = true;
     EXPECT_NEAR(micro_batch_compute_seconds(job, k, n, 1, job.cfg.layers, true) * r, (got - head) * 4 / 3 + head,
                 1e-9 * got)
@@ -326,6 +335,7 @@ Calibration sample_calibration() {
   t.other = {0.001, 1.3e7, 1.3e10};
   t.optimizer = {0.0005, 3e7, 6e10};
   t.block = {0.013, 5.4e12, 4e14};
+  t.gemm_shards = {{2, {0.006, 2.5e12, 4.2e14}}, {4, {0.0035, 1.25e12, 3.6e14}}};
   c.models.push_back(t);
   BusBandwidth b;
   b.ranks = 2;
@@ -344,6 +354,10 @@ TEST(PlanCalibration, RoundTripAndNearestWidth) {
   ASSERT_EQ(back.models.size(), 1u);
   EXPECT_DOUBLE_EQ(back.models[0].gemm.rate, 5e14);
   EXPECT_DOUBLE_EQ(back.models[0].rates().optimizer_params, 6e10);
+  ASSERT_EQ(back.models[0].gemm_shards.size(), 2u);
+  EXPECT_EQ(back.models[0].gemm_shards[1].first, 4);
+  EXPECT_DOUBLE_EQ(back.models[0].rates().gemm_rate(4), 3.6e14);
+  EXPECT_DOUBLE_EQ(back.models[0].rates().gemm_rate(8), 5e14);
   ASSERT_TRUE(back.bus.has_value());
   EXPECT_NEAR(back.bus->busbw, 3e11, 1);
   EXPECT_NEAR(back.bus->latency_s, 2e-5, 1e-15);

@@ -85,6 +85,7 @@ KernelRates ModelTiming::rates() const {
   k.classifier_flops = classifier.rate;
   k.other_elements = other.rate;
   k.optimizer_params = optimizer.rate;
+  for (const auto& [tp, t] : gemm_shards) k.gemm_flops_shards.emplace_back(tp, t.rate);
   return k;
 }
 
@@ -121,6 +122,13 @@ std::string calibration_json(const Calibration& cal) {
                       {"other", class_json(m.other, "elements")},
                       {"optimizer", class_json(m.optimizer, "params")},
                       {"block", class_json(m.block, "flops")}});
+    cjson shards = cjson::array();
+    for (const auto& [tp, t] : m.gemm_shards) {
+      cjson one = class_json(t, "flops");
+      one["tp"] = tp;
+      shards.push_back(one);
+    }
+    models.back()["gemm_shards"] = shards;
   }
   j["models"] = models;
   if (cal.bus) {
@@ -171,6 +179,13 @@ Calibration parse_calibration(const std::string& body, const std::string& where)
     t.other = class_from(m, "other", "elements", w, true);
     t.optimizer = class_from(m, "optimizer", "params", w, false);
     t.block = class_from(m, "block", "flops", w, false);
+    if (m.contains("gemm_shards")) {
+      CHORUS_CHECK(m.at("gemm_shards").is_array(), "calibration ", w, ": 'gemm_shards' is not a list");
+      for (const cjson& one : m.at("gemm_shards")) {
+        const int64_t tp = static_cast<int64_t>(number(one, "tp", w + " gemm_shards"));
+        t.gemm_shards.emplace_back(tp, class_from(cjson{{"shard", one}}, "shard", "flops", w + " gemm_shards", false));
+      }
+    }
     cal.models.push_back(t);
   }
   if (j.contains("bus")) {
@@ -200,7 +215,8 @@ Calibration read_calibration(const std::string& path) {
 }
 
 ModelTiming time_gpt_kernels(const std::string& model, const models::GPTConfig& cfg, const Device& device,
-                             int64_t batch, int64_t seq, bool bf16, int warmup, int iters) {
+                             int64_t batch, int64_t seq, bool bf16, int warmup, int iters,
+                             const std::vector<int64_t>& shards) {
   CHORUS_CHECK(batch >= 1 && seq >= 1 && seq <= cfg.context && iters >= 1 && warmup >= 0,
                "kernel timing needs batch, seq (up to the context) and iterations of at least 1");
   DeviceGuard on(device);
@@ -218,20 +234,28 @@ ModelTiming time_gpt_kernels(const std::string& model, const models::GPTConfig& 
   t.tokens = n;
   t.padded_vocab = vp;
 
-  // The four matrices of a block, each forward and backward on its own input.
-  double gemm_s = 0;
-  for (auto [in, out] : {std::pair{c, 3 * c}, std::pair{c, c}, std::pair{c, 4 * c}, std::pair{4 * c, c}}) {
-    nn::Linear lin(in, out);
-    lin.to(device);
-    Tensor x = randn({n, in}, f32).requires_grad_();
-    gemm_s += seconds_per_call(device, warmup, iters, [&] {
-      Tensor y = lin.forward(x);
-      y.backward(ones_like(y));
-      lin.zero_grad();
-      x.zero_grad();
-    });
-  }
-  t.gemm = timing_of(gemm_s, 72 * N * C * C);
+  // The four matrices of a block, each forward and backward on its own
+  // input, whole and split tp ways (column-parallel by output, row-parallel
+  // by input).
+  auto time_matrices = [&](int64_t tp) {
+    double sum = 0;
+    for (auto [in, out] : {std::pair{c, 3 * c / tp}, std::pair{c / tp, c}, std::pair{c, 4 * c / tp},
+                           std::pair{4 * c / tp, c}}) {
+      nn::Linear lin(in, out);
+      lin.to(device);
+      Tensor x = randn({n, in}, f32).requires_grad_();
+      sum += seconds_per_call(device, warmup, iters, [&] {
+        Tensor y = lin.forward(x);
+        y.backward(ones_like(y));
+        lin.zero_grad();
+        x.zero_grad();
+      });
+    }
+    return timing_of(sum, 72 * N * C * C / static_cast<double>(tp));
+  };
+  t.gemm = time_matrices(1);
+  for (int64_t tp : shards)
+    if (tp > 1 && h % tp == 0) t.gemm_shards.emplace_back(tp, time_matrices(tp));
 
   // Attention over [B, H, T, D] in the compute dtype.
   {

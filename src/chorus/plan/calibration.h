@@ -5,7 +5,9 @@
 // ops at each model's shapes (one micro-batch of `batch` x `seq` tokens, the
 // run's precision, bf16 under autocast as training runs):
 //   gemm        the four Linear layers of a block (c_attn, c_proj, c_fc,
-//               mlp.c_proj), forward and backward: 72 N C^2 FLOPs
+//               mlp.c_proj), forward and backward: 72 N C^2 FLOPs; and
+//               split 2, 4 and 8 ways (where the heads divide) at the
+//               tensor-parallel shards' shapes: 72 N C^2 / tp
 //   attention   ops::attention and its backward: llm.c's 6 N C T
 //   classifier  the tied output projection and the fused cross entropy,
 //               forward and backward: 6 N C Vp
@@ -47,6 +49,9 @@ struct ModelTiming {
   std::string model;
   int64_t width = 0, heads = 0, seq = 0, tokens = 0, padded_vocab = 0;
   ClassTiming gemm, attention, classifier, other, optimizer, block;
+  // The four matrices split tp ways as tensor parallelism splits them
+  // (c_attn and c_fc by output, c_proj and mlp.c_proj by input): (tp, timing).
+  std::vector<std::pair<int64_t, ClassTiming>> gemm_shards;
   KernelRates rates() const;
 };
 
@@ -82,9 +87,11 @@ Calibration read_calibration(const std::string& path);
 
 // Times the classes of Note [Calibration] for `cfg` on `device` (one
 // micro-batch of batch x seq tokens; bf16 under autocast), `iters` timed
-// calls after `warmup`.
+// calls after `warmup`; the matrices' shards for each tp in `shards` that
+// divides the heads.
 ModelTiming time_gpt_kernels(const std::string& model, const models::GPTConfig& cfg, const Device& device,
-                             int64_t batch, int64_t seq, bool bf16, int warmup, int iters);
+                             int64_t batch, int64_t seq, bool bf16, int warmup, int iters,
+                             const std::vector<int64_t>& shards = {2, 4, 8});
 
 // A least-squares fit of t = latency + 2(n-1)/n bytes / busbw to measured
 // all-reduces (the latency clamped at 0). ValueError for fewer than one row

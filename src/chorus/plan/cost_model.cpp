@@ -135,6 +135,12 @@ dist::MemoryPlan layout_memory(const Job& job, const Layout& layout) {
   return dist::plan_for(s, gpt_memory_inputs(job.cfg, run));
 }
 
+double KernelRates::gemm_rate(int64_t tp) const {
+  for (const auto& [t, r] : gemm_flops_shards)
+    if (t == tp && r > 0) return r;
+  return gemm_flops;
+}
+
 double micro_batch_compute_seconds(const Job& job, const KernelRates& k, int64_t tokens, int64_t tp, int64_t layers,
                                    bool head) {
   CHORUS_CHECK(k.gemm_flops > 0 && k.attention_flops > 0 && k.classifier_flops > 0,
@@ -142,7 +148,7 @@ double micro_batch_compute_seconds(const Job& job, const KernelRates& k, int64_t
   const double n = static_cast<double>(tokens), c = static_cast<double>(job.cfg.width);
   const double t = static_cast<double>(job.seq), vp = static_cast<double>(job.cfg.padded_vocab);
   const double split = static_cast<double>(tp);
-  double block = 72 * n * c * c / (split * k.gemm_flops) + 6 * n * c * t / (split * k.attention_flops) +
+  double block = 72 * n * c * c / (split * k.gemm_rate(tp)) + 6 * n * c * t / (split * k.attention_flops) +
                  (k.other_elements > 0 ? n * c / (split * k.other_elements) : 0.0);
   if (job.cfg.recompute) block *= 4.0 / 3.0;
   return static_cast<double>(layers) * block + (head ? 6 * n * c * vp / (split * k.classifier_flops) : 0.0);

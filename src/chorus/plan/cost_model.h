@@ -5,7 +5,8 @@
 //
 // Note [Cost model]: per micro-batch of N tokens (seq T, width C, padded
 // vocabulary Vp, L blocks) on one GPU of a tensor group of tp:
-//   block   = 72 N C^2 / (tp R_gemm)        the four matrices, forward + backward
+//   block   = 72 N C^2 / (tp R_gemm(tp))    the four matrices, forward + backward
+//                                           (R_gemm(tp): timed at the shards' shapes)
 //           + 6 N C T  / (tp R_attention)   llm.c's causal attention count
 //           + N C      / (tp R_other)       norms, GELU, residuals, biases
 //                                           (sequence parallelism splits them too)
@@ -56,6 +57,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "chorus/dist/memory_plan.h"
@@ -89,6 +91,11 @@ struct KernelRates {
   double gemm_flops = 0, attention_flops = 0, classifier_flops = 0;  // FLOPs a second
   double other_elements = 0;   // elements of N x C a block a second (0: none measured beyond the GEMMs)
   double optimizer_params = 0;  // AdamW: parameters a second
+  // The block's matrices split tp ways (tensor parallel shards), where timed:
+  // (tp, FLOPs a second).
+  std::vector<std::pair<int64_t, double>> gemm_flops_shards;
+  // The rate of the matrices split tp ways: the shards' where timed, else gemm_flops.
+  double gemm_rate(int64_t tp) const;
 };
 
 struct Rates {
