@@ -26,7 +26,7 @@ struct PlanConfig {
   std::optional<std::string> devices;      // --calibrate's device (default cuda:0 if present, else cpu)
   std::optional<double> gpu_memory_gib;    // default: the calibrated device's memory
   std::string bus_sizes_mb;                // --calibrate under a launcher (default: by device)
-  int warmup = 2, iters = 5;
+  int warmup = 3, iters = 10;
   int64_t top = 20;
   bool json = false;
 };

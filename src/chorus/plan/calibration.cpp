@@ -9,13 +9,13 @@
 #include <nlohmann/json.hpp>
 
 #include "chorus/autograd/autocast.h"
+#include "chorus/autograd/functions.h"
 #include "chorus/core/backend.h"
 #include "chorus/core/error.h"
 #include "chorus/io/file_util.h"
 #include "chorus/nn/functional.h"
 #include "chorus/nn/layers.h"
 #include "chorus/ops/factory.h"
-#include "chorus/ops/transformer.h"
 #include "chorus/optim/adamw.h"
 
 namespace chorus::plan {
@@ -257,15 +257,16 @@ ModelTiming time_gpt_kernels(const std::string& model, const models::GPTConfig& 
   for (int64_t tp : shards)
     if (tp > 1 && h % tp == 0) t.gemm_shards.emplace_back(tp, time_matrices(tp));
 
-  // Attention over [B, H, T, D] in the compute dtype.
+  // Attention as the block runs it: q, k, v views of one [B, T, 3C] tensor
+  // in the compute dtype, [B, H, T, D] through the autograd function.
   {
-    const TensorOptions o(compute, device);
-    Tensor q = randn({batch, h, seq, hd}, o), k = randn({batch, h, seq, hd}, o), v = randn({batch, h, seq, hd}, o);
-    Tensor dout = randn({batch, h, seq, hd}, o);
-    const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+    Tensor qkv = randn({batch, seq, 3 * c}, TensorOptions(compute, device)).requires_grad_();
     const double s = seconds_per_call(device, warmup, iters, [&] {
-      ops::AttentionSaved saved = ops::attention(q, k, v, true, scale, 0.0, cfg.attention);
-      (void)ops::attention_backward(dout, q, k, v, saved, true, scale);
+      TensorList parts = chorus::split(qkv, c, 2);
+      for (Tensor& p : parts) p = p.reshape({batch, seq, h, hd}).permute({0, 2, 1, 3});
+      Tensor y = nn::functional::scaled_dot_product_attention(parts[0], parts[1], parts[2], true, 0.0, cfg.attention);
+      y.backward(ones_like(y));
+      qkv.zero_grad();
     });
     t.attention = timing_of(s, 6 * N * C * T);
   }
