@@ -13,8 +13,8 @@
 
 #include "chorus/core/backend.h"
 #include "chorus/core/error.h"
+#include "chorus/dist/bus_bandwidth.h"
 #include "chorus/dist/init.h"
-#include "chorus/ops/factory.h"
 #include "cli_numbers.h"
 
 namespace chorus::app {
@@ -57,17 +57,10 @@ int run_bench_comm(const BenchCommConfig& c) {
     std::printf("all-reduce (%s, %d ranks, float32 sum)\n%10s %12s %12s %12s\n", c.backend.c_str(), n, "MiB", "time us",
                 "algbw GB/s", "busbw GB/s");
   for (double mb : sizes) {
-    const int64_t count = static_cast<int64_t>(mb * (1 << 20)) / 4;
-    Tensor t = randn({count}, TensorOptions(kFloat32, dev));
-    for (int i = 0; i < c.warmup; ++i) pg->all_reduce(t)->wait();
-    synchronize(dev);
-    pg->barrier()->wait();
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < c.iters; ++i) pg->all_reduce(t)->wait();
-    synchronize(dev);
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / c.iters;
-    const double algbw = static_cast<double>(count) * 4 / dt / 1e9;
-    const double busbw = algbw * 2.0 * (n - 1) / n;
+    const int64_t bytes = static_cast<int64_t>(mb * (1 << 20)) / 4 * 4;
+    const double dt = dist::time_all_reduce(*pg, dev, bytes, c.warmup, c.iters);
+    const double algbw = static_cast<double>(bytes) / dt / 1e9;
+    const double busbw = dist::all_reduce_busbw(bytes, dt, n) / 1e9;
     if (pg->rank() != 0) continue;
     if (c.json) {
       nlohmann::ordered_json row = {{"backend", c.backend}, {"ranks", n}, {"mb", mb}, {"us", dt * 1e6},

@@ -19,6 +19,7 @@
 #include "crash_report.h"
 #include "launch.h"
 #include "lm_commands.h"
+#include "plan.h"
 #include "plot.h"
 #include "train.h"
 #include "train_gpt.h"
@@ -125,6 +126,9 @@ int chorus_main(int argc, char** argv, bool parse_only) {
   CLI::App* plot = app.add_subcommand("plot", "Draw training curves from metrics files: chorus plot METRICS... --out curves.svg|.png");
   app::add_plot_options(plot, pc);
 
+  app::PlanConfig plan_cfg;
+  CLI::App* plan_cmd = app::add_plan_command(app, plan_cfg);
+
   app::LaunchConfig lc;
   CLI::App* launch = app.add_subcommand("launch", "Start the processes of a distributed job: chorus launch [options] -- PROGRAM ARGS...");
   app::add_launch_options(launch, lc);
@@ -156,6 +160,7 @@ int chorus_main(int argc, char** argv, bool parse_only) {
     if (*devices) return app::run_devices();
     if (*launch) return app::run_launch(lc);
     if (*bench_comm) return app::run_bench_comm(cc);
+    if (*plan_cmd) return app::run_plan(plan_cfg);
     if (*bench) return app::run_bench(bc);
     if (*tokenize) return app::run_tokenize(tokc);
     if (*generate) return app::run_generate(genc);

@@ -9,6 +9,7 @@
 #include "chorus/models/gpt.h"
 #include "chorus/models/gpt_memory.h"
 #include "chorus/nn/module.h"
+#include "chorus/plan/gpt_layout_memory.h"
 
 namespace chorus::app {
 
@@ -29,30 +30,21 @@ std::optional<dist::MemoryPlan> check_gpt_memory_plan(const models::GPTConfig& c
 }
 
 dist::MemoryPlanInputs gpt_plan_inputs(const models::GPTConfig& cfg, const GptRun& run, const Device& device) {
-  const bool bf16 = run.precision == "bf16";
+  plan::GptMemoryRun m;
+  m.batch = run.batch;
+  m.seq = run.seq;
+  m.bf16 = run.precision == "bf16";
   // ops::AttentionKernel's rules for the flash path (cuDNN: a GPU, 16-bit,
   // head_dim <= 128, no dropout); Fused where it cannot run fails later anyway.
-  const bool fused = cfg.attention == ops::AttentionKernel::Fused ||
-                     (cfg.attention == ops::AttentionKernel::Auto && device.is_cuda() && bf16 &&
-                      cfg.head_dim() <= 128 && cfg.dropout == 0);
-  dist::MemoryPlanInputs in;
-  in.params = cfg.num_parameters();
-  in.autocast_copied = models::gpt_autocast_copied_parameters(cfg);
-  in.largest_unit_params = models::gpt_block_parameters(cfg);
-  in.root_unit_params = models::gpt_root_parameters(cfg);
-  in.optimizer_bytes_per_param = 8;  // AdamW
-  in.bucket_bytes = static_cast<int64_t>(run.bucket_mb * (1 << 20));
-  in.bf16 = bf16;
-  in.recompute = cfg.recompute;
-  if (bf16 && run.zero_param_dtype != "fp32") {
-    // add_gpt_sharding's param_dtype: the blocks' matrices, 12 C^2 a block.
-    in.low_precision_unit_params = 12 * cfg.width * cfg.width;
-    in.low_precision_params = cfg.layers * in.low_precision_unit_params;
-  }
-  int64_t act = models::gpt_activation_bytes(cfg, run.batch, run.seq, bf16, fused).total();
+  m.fused_attention = cfg.attention == ops::AttentionKernel::Fused ||
+                      (device.is_cuda() && plan::gpt_fused_attention_on_gpu(cfg, m.bf16));
+  m.bucket_bytes = static_cast<int64_t>(run.bucket_mb * (1 << 20));
+  m.zero_param_dtype = run.zero_param_dtype;
+  dist::MemoryPlanInputs in = plan::gpt_memory_inputs(cfg, m);
+  int64_t act = *in.activation_bytes;
   // Note [GPT under DataParallel]: the first device takes every replica's logits for the loss.
   if (run.strategy == "dp" && run.replicas > 1)
-    act += (run.replicas - 1) * models::gpt_logits_bytes(cfg, run.batch, run.seq, bf16);
+    act += (run.replicas - 1) * models::gpt_logits_bytes(cfg, run.batch, run.seq, m.bf16);
   in.activation_bytes = act;
   return in;
 }

@@ -27,6 +27,10 @@ MAY_USE = {
     # Tensor parallelism (issue 50): parallel layers and the tensor-parallel
     # GPT, built from nn's layers, dist's process groups and models' GPT.
     "tensor_parallel": ["nn", "autograd", "dist", "models"],
+    # The layout planner (issue 50, `chorus plan`): a cost model over models'
+    # GPT counts and dist's memory plan, calibrated by timing the real ops
+    # (models, nn, optim) and writing its file through io.
+    "plan": ["models", "dist", "optim", "io"],
 }
 
 

@@ -7,7 +7,10 @@
 #
 # Usage: scripts/gpu_gpt.sh STAGE...
 #   stages: build tests chorus chorus_eager chorus_composite torch compile llmc llmc_mpi converge profile dp ddp
-#           zero_check zero zero_images refuse big table
+#           zero_check zero zero_images refuse big mesh_pp plan table
+#   (plan: chorus plan --calibrate on cuda:0 (and the bus bandwidth over 2 GPUs under chorus launch where there
+#    are 2), then the plans of gpt2-xl on 1, 2, 4, 64 and 1024 GPUs, gpt2 on 1, 2, 4, d84 on 4, 64 and 1024;
+#    the calibration and every plan's JSON rows land in $OUT/plan_*)
 #   (zero_check: --strategy zero equal to DDP over NCCL; zero: ZERO_STAGES beside PyTorch FSDP2, each run's
 #    memory plan checked against its measured peak (within 10%), ZERO_CKPT=N: a sharded checkpoint every N
 #    steps and its stall; refuse: BIG_MODEL (d84) under DDP and ZeRO-1 stops at once with the plan's message
@@ -365,6 +368,51 @@ PY
     timeout 300 $BUILD/chorus launch --nproc-per-node 2 -- $BUILD/chorus bench --model $MODEL --strategy ddp --devices cuda \
       --seq-len $T --batch-size $B --precision bf16 --steps ${MESH_PP_STEPS:-10} --warmup 3 2>"$OUT/mesh_ddp.err" \
       | sed 's/^\[rank 0\] //' || tail -5 "$OUT/mesh_ddp.err"
+    ;;
+  plan)  # chorus plan: calibrate this GPU (and 2 GPUs' bus bandwidth), then the plans the docs compare and predict
+    t0=$(date +%s)  # the program first (incremental on a machine that ran `build`)
+    [ -f $BUILD/build.ninja ] || cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release -DCHORUS_BUILD_BENCH=OFF \
+      >"$OUT/cmake.log" 2>&1 || { tail -30 "$OUT/cmake.log"; exit 1; }
+    ninja -C $BUILD chorus_cli >"$OUT/build_plan.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build_plan.log" | head -40; exit 1; }
+    echo "plan: chorus built in $(( $(date +%s) - t0 )) s"
+    NG=$(nvidia-smi -L | wc -l)
+    cal="$OUT/plan_calibration.json"
+    calib=($BUILD/chorus plan --calibrate "$cal" --model gpt2,gpt2-xl,d84 --batch-size 8 --seq-len 1024 --precision bf16)
+    if [ "$NG" -ge 2 ]; then
+      timeout 300 $BUILD/chorus launch --nproc-per-node 2 -- "${calib[@]}" 2>&1 | tail -6
+    else
+      timeout 300 "${calib[@]}" --devices cuda:0 2>&1 | tail -6
+    fi
+    [ -f "$cal" ] || { echo "plan: no calibration written"; continue; }
+    plan_of() {  # MODEL GPUS BATCH [FLAGS...]: the table, and its rows as JSON
+      local m=$1 g=$2 b=$3; shift 3
+      $BUILD/chorus plan --model $m --gpus $g --batch-size $b --calibration "$cal" --top 5 "$@"
+      $BUILD/chorus plan --model $m --gpus $g --batch-size $b --calibration "$cal" --json "$@" > "$OUT/plan_${m}_$g.jsonl"
+    }
+    for g in 1 2 4 64 1024; do plan_of gpt2-xl $g 8; done
+    for g in 1 2 4; do plan_of gpt2 $g 16; done
+    for g in 4 64 1024; do plan_of d84 $g 4 --recompute; done
+    # The measured d84 row (session 34, call 6) gathered float32 weights.
+    $BUILD/chorus plan --model d84 --gpus 4 --batch-size 4 --recompute --zero-param-dtype fp32 --calibration "$cal" \
+      --json > "$OUT/plan_d84-fp32-gather_4.jsonl"
+    # The cells of docs/parallelism.md's "predicted beside measured" table, and the best layouts past this machine.
+    python3 - "$OUT" <<'PY'
+import json, sys
+def rows(m, g): return [json.loads(l) for l in open(f"{sys.argv[1]}/plan_{m}_{g}.jsonl")]
+def show(m, g, layout):
+    r = [x for x in rows(m, g) if x["layout"] == layout][0]
+    mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-"
+    tok = f"{r['tok_per_s']:,.0f}" if r["tok_per_s"] is not None else "-"
+    print(f"predicted {m} {layout} on {g}: {tok} tok/s ({mfu}), plan {r['memory_bytes'] / 2**30:.2f} GiB, fits {r['fits']}")
+for m, g, l in [("gpt2-xl", 1, "single"), ("gpt2-xl", 4, "ddp"), ("gpt2-xl", 4, "zero-1"), ("gpt2-xl", 4, "zero-3"),
+                ("d84", 4, "zero-3"), ("d84-fp32-gather", 4, "zero-3"), ("gpt2", 1, "single"), ("gpt2", 2, "ddp"), ("gpt2", 4, "ddp")]:
+    show(m, g, l)
+for m in ("gpt2-xl", "d84"):
+    for g in (64, 1024):
+        fit = [r for r in rows(m, g) if r["fits"]]
+        for i, r in enumerate(fit[:2]):
+            show(m, g, r["layout"]) if i == 0 else print(f"  next best: {r['layout']} {r['tok_per_s'] or 0:,.0f} tok/s")
+PY
     ;;
   table)
     python3 - "$ROWS" "$MODEL" "$B" "$T" <<'PY'

@@ -1,0 +1,275 @@
+#include "chorus/plan/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "chorus/core/error.h"
+#include "chorus/models/gpt_memory.h"
+#include "chorus/plan/gpt_layout_memory.h"
+
+namespace chorus::plan {
+
+namespace {
+
+// Note [Cost model]'s hierarchical collective: `factor` is 2 for an
+// all-reduce and 1 for a reduce-scatter or an all-gather.
+double collective_seconds(double factor, double bytes, const Group& g, const Links& l) {
+  CHORUS_CHECK(g.n >= 1 && g.per_node >= 1 && g.n % g.per_node == 0, "a group of ", g.n, " ranks cannot have ",
+               g.per_node, " on each node");
+  if (g.n == 1) return 0.0;
+  const double n = static_cast<double>(g.n), per = static_cast<double>(g.per_node);
+  const double nodes = n / per;
+  CHORUS_CHECK(l.nvlink_busbw > 0 && (nodes == 1 || l.nic_bw > 0), "the links' bandwidths must be positive");
+  if (nodes == 1) return l.latency_s + factor * (n - 1) / n * bytes / l.nvlink_busbw;
+  return l.latency_s + factor * (per - 1) / per * bytes / l.nvlink_busbw +
+         factor * (nodes - 1) / nodes * (bytes / per) / l.nic_bw;
+}
+
+// The group of the data axis: ranks `stride` apart (tp x pp), so a node holds
+// gpus_per_node / stride of them (at least one).
+Group data_group(const Job& job, int64_t n, int64_t stride) {
+  const int64_t per = std::clamp<int64_t>(job.gpus_per_node / stride, 1, n);
+  return {n, n % per == 0 ? per : 1};
+}
+
+}  // namespace
+
+double all_reduce_seconds(double bytes, const Group& g, const Links& l) { return collective_seconds(2, bytes, g, l); }
+double reduce_scatter_seconds(double bytes, const Group& g, const Links& l) {
+  return collective_seconds(1, bytes, g, l);
+}
+double all_gather_seconds(double bytes, const Group& g, const Links& l) { return collective_seconds(1, bytes, g, l); }
+
+double send_recv_seconds(double bytes, bool across_nodes, const Links& l) {
+  const double bw = across_nodes ? l.nic_bw : l.nvlink_busbw;
+  CHORUS_CHECK(bw > 0, "the links' bandwidths must be positive");
+  return l.latency_s + bytes / bw;
+}
+
+double pipeline_bubble(int64_t stages, int64_t micro_batches, int64_t virtual_stages) {
+  CHORUS_CHECK(stages >= 1 && micro_batches >= 1 && virtual_stages >= 1,
+               "a pipeline needs at least one stage, micro-batch and chunk");
+  return static_cast<double>(stages - 1) / static_cast<double>(virtual_stages * micro_batches + stages - 1);
+}
+
+std::string Layout::name() const {
+  if (kind == "zero") return "zero-" + std::to_string(zero_stage);
+  if (kind != "mesh") return kind;
+  std::string s = "dp=" + std::to_string(dp) + ",tp=" + std::to_string(tp) + ",pp=" + std::to_string(pp);
+  if (pp > 1) s += " m=" + std::to_string(micro_batches);
+  if (virtual_stages > 1) s += " v=" + std::to_string(virtual_stages);
+  return s;
+}
+
+std::string Layout::flags() const {
+  if (kind == "single") return "--strategy single";
+  if (kind == "ddp") return "--strategy ddp";
+  if (kind == "zero") return "--strategy zero --zero-stage " + std::to_string(zero_stage);
+  std::string s = "--mesh dp=" + std::to_string(dp) + ",tp=" + std::to_string(tp) + ",pp=" + std::to_string(pp);
+  if (tp > 1) s += " --sequence-parallel";
+  if (pp > 1) s += " --micro-batches " + std::to_string(micro_batches);
+  if (virtual_stages > 1) s += " --schedule interleaved --virtual-stages " + std::to_string(virtual_stages);
+  return s;
+}
+
+void validate(const Job& job) {
+  CHORUS_CHECK(job.zero_param_dtype.empty() || job.zero_param_dtype == "bf16" || job.zero_param_dtype == "fp32",
+               "--zero-param-dtype must be bf16 or fp32, got '", job.zero_param_dtype, "'");
+  CHORUS_CHECK(job.gpus >= 1, "--gpus must be at least 1, got ", job.gpus);
+  CHORUS_CHECK(job.gpus_per_node >= 1, "--gpus-per-node must be at least 1, got ", job.gpus_per_node);
+  CHORUS_CHECK(job.gpus <= job.gpus_per_node || job.gpus % job.gpus_per_node == 0, "--gpus ", job.gpus,
+               " spans more than one node but is not a multiple of --gpus-per-node ", job.gpus_per_node);
+  CHORUS_CHECK(job.batch >= 1 && job.seq >= 1, "--batch-size and --seq-len must be at least 1");
+  CHORUS_CHECK(job.seq <= job.cfg.context, "--seq-len ", job.seq, " exceeds the model's context of ",
+               job.cfg.context);
+}
+
+std::vector<Layout> layouts_worth_trying(const Job& job) {
+  validate(job);
+  std::vector<Layout> out;
+  if (job.gpus == 1) {
+    out.push_back({"single"});
+  } else {
+    out.push_back({"ddp", 0, job.gpus});
+    for (int stage = 1; stage <= 3; ++stage) out.push_back({"zero", stage, job.gpus});
+  }
+  const int64_t node = std::min(job.gpus, job.gpus_per_node);
+  for (int64_t tp = 1; tp <= node; tp *= 2) {
+    if (job.gpus % tp != 0 || job.cfg.heads % tp != 0 || job.cfg.padded_vocab % tp != 0) continue;
+    for (int64_t pp = 1; pp <= std::min(job.gpus / tp, job.cfg.layers); ++pp) {
+      if ((job.gpus / tp) % pp != 0 || (tp == 1 && pp == 1)) continue;
+      const int64_t dp = job.gpus / (tp * pp);
+      const int64_t replica_batch = job.batch * tp * pp;  // sequences a step, as batch x gpus over dp replicas
+      if (pp == 1) {
+        out.push_back({"mesh", 0, dp, tp, 1, 1, 1});
+        continue;
+      }
+      for (int64_t m = pp; m <= 8 * pp; m *= 2) {
+        if (replica_batch % m != 0) continue;
+        out.push_back({"mesh", 0, dp, tp, pp, m, 1});
+        if (m % pp == 0 && job.cfg.layers >= 2 * pp) out.push_back({"mesh", 0, dp, tp, pp, m, 2});
+      }
+    }
+  }
+  return out;
+}
+
+dist::MemoryPlan layout_memory(const Job& job, const Layout& layout) {
+  GptMemoryRun run;
+  run.bf16 = job.bf16;
+  run.seq = job.seq;
+  run.bucket_bytes = job.bucket_bytes;
+  run.zero_param_dtype = job.zero_param_dtype;
+  run.fused_attention = gpt_fused_attention_on_gpu(job.cfg, job.bf16);
+  if (layout.kind == "mesh") {
+    run.batch = job.batch * layout.tp * layout.pp / layout.micro_batches;
+    return mesh_memory_plan(job.cfg, run, layout.dp, layout.tp, layout.pp, layout.micro_batches,
+                            layout.virtual_stages);
+  }
+  run.batch = job.batch;
+  dist::MemoryStrategy s;
+  s.name = layout.kind;
+  s.world = layout.kind == "single" ? 1 : layout.dp;
+  s.zero_stage = layout.zero_stage;
+  return dist::plan_for(s, gpt_memory_inputs(job.cfg, run));
+}
+
+double KernelRates::gemm_rate(int64_t tp) const {
+  for (const auto& [t, r] : gemm_flops_shards)
+    if (t == tp && r > 0) return r;
+  return gemm_flops;
+}
+
+double micro_batch_compute_seconds(const Job& job, const KernelRates& k, int64_t tokens, int64_t tp, int64_t layers,
+                                   bool head) {
+  CHORUS_CHECK(k.gemm_flops > 0 && k.attention_flops > 0 && k.classifier_flops > 0,
+               "the kernel rates must be positive");
+  const double n = static_cast<double>(tokens), c = static_cast<double>(job.cfg.width);
+  const double t = static_cast<double>(job.seq), vp = static_cast<double>(job.cfg.padded_vocab);
+  const double split = static_cast<double>(tp);
+  double block = 72 * n * c * c / (split * k.gemm_rate(tp)) + 6 * n * c * t / (split * k.attention_flops) +
+                 (k.other_elements > 0 ? n * c / (split * k.other_elements) : 0.0);
+  if (job.cfg.recompute) block *= 4.0 / 3.0;
+  return static_cast<double>(layers) * block + (head ? 6 * n * c * vp / (split * k.classifier_flops) : 0.0);
+}
+
+namespace {
+
+// The parameters' bytes ZeRO gathers: the blocks' matrices in 16 bits under
+// bf16 (--zero-param-dtype's default; fp32 gathers them in float32), the rest
+// in float32.
+double gathered_weight_bytes(const Job& job, int64_t params, int64_t matrices) {
+  return job.bf16 && job.zero_param_dtype != "fp32" ? 2.0 * static_cast<double>(matrices) + 4.0 * static_cast<double>(params - matrices)
+                  : 4.0 * static_cast<double>(params);
+}
+
+// The exposed part of a gradient reduction overlapped with the backward
+// (Note [Cost model]): the last bucket's, and what the rest needs beyond the
+// backward's time.
+double overlapped_reduction(double total_s, double last_bucket_s, double backward_s) {
+  return std::min(total_s, last_bucket_s + std::max(0.0, total_s - last_bucket_s - backward_s));
+}
+
+}  // namespace
+
+Prediction predict(const Job& job, const Layout& layout, const std::optional<Rates>& rates) {
+  Prediction p;
+  p.layout = layout;
+  p.memory = layout_memory(job, layout);
+  p.fits = job.gpu_memory_bytes <= 0 || p.memory.fits(job.gpu_memory_bytes);
+  if (!rates || (layout.gpus() > 1 && !rates->links)) return p;
+  const KernelRates& k = rates->kernels;
+  const Links links = rates->links.value_or(Links{});
+  const models::GPTConfig& cfg = job.cfg;
+  const double P = static_cast<double>(cfg.num_parameters());
+  const double s = job.bf16 ? 2.0 : 4.0;
+  const double matrices = static_cast<double>(12 * cfg.width * cfg.width * cfg.layers);
+  const double tokens_per_step = static_cast<double>(job.batch * job.seq * job.gpus);
+  double compute = 0, exposed = 0, bubble = 0, step = 0;
+  const double adamw = 1.0 / k.optimizer_params;
+
+  if (layout.kind != "mesh") {
+    const int64_t n = layout.kind == "single" ? 1 : layout.dp;
+    const Group g = data_group(job, n, 1);
+    const double fwd_bwd = micro_batch_compute_seconds(job, k, job.batch * job.seq, 1, cfg.layers, true);
+    const double backward = fwd_bwd * 2.0 / 3.0;
+    const double stepped = layout.kind == "zero" ? P / static_cast<double>(n) : P;
+    compute = fwd_bwd + stepped * adamw;
+    const double grads = 4.0 * P, bucket = std::min(grads, static_cast<double>(job.bucket_bytes));
+    if (n > 1 && layout.kind == "ddp") {
+      exposed = overlapped_reduction(all_reduce_seconds(grads, g, links) +
+                                         (std::ceil(grads / bucket) - 1) * links.latency_s,
+                                     all_reduce_seconds(bucket, g, links), backward);
+    } else if (n > 1 && layout.zero_stage <= 2) {
+      exposed = overlapped_reduction(reduce_scatter_seconds(grads, g, links) +
+                                         (std::ceil(grads / bucket) - 1) * links.latency_s,
+                                     reduce_scatter_seconds(bucket, g, links), backward) +
+                all_gather_seconds(gathered_weight_bytes(job, cfg.num_parameters(), static_cast<int64_t>(matrices)),
+                                   g, links);
+    } else if (n > 1) {
+      const int64_t unit = models::gpt_block_parameters(cfg);
+      const double unit_bytes = gathered_weight_bytes(job, unit, 12 * cfg.width * cfg.width);
+      const double root_bytes = 4.0 * static_cast<double>(models::gpt_root_parameters(cfg));
+      // The forward's gathers hide under the forward (a third of the
+      // compute), the backward's gathers and reduce-scatters under the
+      // backward; the first unit's gather waits, and so does the root's.
+      const double layers = static_cast<double>(cfg.layers);
+      const double gather = all_gather_seconds(unit_bytes, g, links);
+      const double forward_comm = layers * gather + all_gather_seconds(root_bytes, g, links);
+      const double backward_comm = layers * (gather + reduce_scatter_seconds(4.0 * unit, g, links)) +
+                                   reduce_scatter_seconds(root_bytes, g, links);
+      exposed = gather + std::max(0.0, forward_comm - gather - fwd_bwd / 3.0) +
+                std::max(0.0, backward_comm - backward);
+    }
+    step = compute + exposed;
+  } else {
+    const int64_t tp = layout.tp, pp = layout.pp, m = layout.micro_batches, v = layout.virtual_stages;
+    const int64_t mb_tokens = job.batch * tp * pp / m * job.seq;
+    const int64_t blocks = (cfg.layers + pp - 1) / pp;
+    const double mb = micro_batch_compute_seconds(job, k, mb_tokens, tp, blocks, true);
+    const Group tg{tp, tp};
+    const double act = static_cast<double>(mb_tokens) * static_cast<double>(cfg.width) * s;
+    const double tensor_comm = tp > 1 ? 4.0 * static_cast<double>(blocks) * all_reduce_seconds(act, tg, links) +
+                                            2.0 * all_reduce_seconds(4.0 * static_cast<double>(mb_tokens), tg, links)
+                                      : 0.0;
+    const double p2p = pp > 1 ? 2.0 * send_recv_seconds(act / static_cast<double>(tp),
+                                                         tp * pp > job.gpus_per_node, links)
+                              : 0.0;
+    const double slot = mb + tensor_comm + p2p;
+    const double pipeline = static_cast<double>(v * m + pp - 1) / static_cast<double>(v) * slot;
+    bubble = pipeline_bubble(pp, m, v);
+    const double local = static_cast<double>(mesh_parameters_per_gpu(cfg, tp, pp));
+    const Group g = data_group(job, layout.dp, tp * pp);
+    double dp_comm = 0;
+    if (layout.dp > 1) {
+      const double grads = 4.0 * local, bucket = std::min(grads, static_cast<double>(job.bucket_bytes));
+      const double all = all_reduce_seconds(grads, g, links) + (std::ceil(grads / bucket) - 1) * links.latency_s;
+      dp_comm = pp == 1 ? overlapped_reduction(all, all_reduce_seconds(bucket, g, links), mb * 2.0 / 3.0) : all;
+    }
+    compute = static_cast<double>(m) * mb + local * adamw;
+    step = pipeline + dp_comm + local * adamw;
+    exposed = step - compute - bubble * pipeline;
+  }
+  p.step_s = step;
+  p.compute_s = compute;
+  p.exposed_comm_s = std::max(0.0, exposed);
+  p.bubble = bubble;
+  p.tok_s = tokens_per_step / step;
+  if (rates->peak_flops > 0)
+    p.mfu = cfg.flops_per_token(job.seq) * *p.tok_s / (rates->peak_flops * static_cast<double>(job.gpus));
+  return p;
+}
+
+std::vector<Prediction> plan_layouts(const Job& job, const std::optional<Rates>& rates) {
+  std::vector<Prediction> out;
+  for (const Layout& l : layouts_worth_trying(job)) out.push_back(predict(job, l, rates));
+  std::stable_sort(out.begin(), out.end(), [](const Prediction& a, const Prediction& b) {
+    if (a.fits != b.fits) return a.fits;
+    if (a.step_s && b.step_s && *a.step_s != *b.step_s) return *a.step_s < *b.step_s;
+    return a.memory.needed() < b.memory.needed();
+  });
+  return out;
+}
+
+}  // namespace chorus::plan
