@@ -126,6 +126,11 @@ std::string stall_summary(const io::ShardedCheckpointWriter::Totals& t, double s
     std::snprintf(line, sizeof line, " (%.1f%% of a step)", 100 * (host + device) / step_ms);
     s += line;
   }
+  if (t.wait_ms > 0) {
+    std::snprintf(line, sizeof line, "; and %.1f s in all waiting for earlier saves still being written (checkpoint less often)",
+                  t.wait_ms / 1000);
+    s += line;
+  }
   return s;
 }
 

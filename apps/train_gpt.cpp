@@ -744,7 +744,10 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
                                 {"seconds", seconds_since(t_start)}};
   if (!ckpt.empty()) out["checkpoint"] = ckpt;
   if (ckpt_stall.saves > 0)
+  {
     out["checkpoint_stall_ms"] = (ckpt_stall.stall_ms + ckpt_stall.device_ms) / static_cast<double>(ckpt_stall.saves);
+    out["checkpoint_wait_ms"] = ckpt_stall.wait_ms;  // all saves' waits for earlier writes
+  }
   log.summary(out);
   if (r.leader() && !tc.quiet) {
     std::fprintf(stderr, "done: %lld steps, train loss %.4f", (long long)step, last_loss);

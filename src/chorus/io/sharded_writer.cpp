@@ -290,6 +290,7 @@ double ShardedCheckpointWriter::save(const ShardedSave& save, double gather_ms) 
   const auto t0 = std::chrono::steady_clock::now();
   const bool was_busy = busy();
   join_and_rethrow();
+  const double wait_ms = was_busy ? ms_since(t0) : 0.0;
   if (was_busy)
     warn_once("sharded-checkpoint-wait",
               "sharded checkpoint: the previous checkpoint was still being written after " +
@@ -324,7 +325,8 @@ double ShardedCheckpointWriter::save(const ShardedSave& save, double gather_ms) 
     running_ = true;
     last_snapshot_device_ms_ = 0;
     totals_.saves += 1;
-    totals_.stall_ms += last_stall_ms_;
+    totals_.stall_ms += last_stall_ms_ - wait_ms;
+    totals_.wait_ms += wait_ms;
   }
   worker_ = std::thread([this, s = std::move(*snap), o = std::move(o)]() mutable {
     write_in_background(std::move(s), std::move(o));

@@ -96,9 +96,11 @@ class ShardedCheckpointWriter {
   double last_write_ms() const;  // the background copy, write and commit
   // Totals over this writer's saves; device_ms counts the saves whose
   // background work finished (all of them after wait()).
+  // stall_ms: save()'s host time less its waits for a previous save, which
+  // add up in wait_ms (saves closer together than the disk writes them).
   struct Totals {
     int64_t saves = 0;
-    double stall_ms = 0, device_ms = 0;
+    double stall_ms = 0, device_ms = 0, wait_ms = 0;
   };
   Totals totals() const;
   const std::string& dir() const { return dir_; }
