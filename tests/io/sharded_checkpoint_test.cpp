@@ -490,6 +490,12 @@ void check_snapshot_keeps_values(const Device& device, bool fallback) {
   // (CUDA kernels take no float64: that one stays in host memory there.)
   for (Tensor* x : tensors_of(s))
     if (is_floating(x->dtype()) && !(x->dtype() == kFloat64 && device.is_cuda())) *x = x->to(device);
+  // Views of one storage: cloned as the span they cover, gap included (Note
+  // [One buffer per snapshot]); a small view of a large buffer, alone.
+  const Tensor flat = randn({1000}).to(device);
+  s.replicated_model.emplace_back("span.a", flat.narrow(0, 0, 300));
+  s.replicated_model.emplace_back("span.b", flat.narrow(0, 320, 380));
+  s.replicated_model.emplace_back("lone.small", randn({100000}).to(device).narrow(0, 5, 10));
   std::vector<std::vector<uint8_t>> want;
   for (Tensor* x : tensors_of(s)) want.push_back(raw(x->to(cpu_device(0))));
 

@@ -106,39 +106,114 @@ namespace {
 
 // Note [One buffer per snapshot]: a ZeRO rank's save holds thousands of
 // pieces (a shard of every parameter, and each one's moments). Cloning them
-// one allocation each made the allocator's host time most of the stall, and
-// the clones' device time too: the GPU copied faster than the host could
-// hand it the next allocation. So the clones are views of one buffer per
-// (device, dtype), each view starting on a 128-byte boundary (as aligned as
-// a fresh tensor, so the multi-tensor copy runs in 16-byte vectors).
-class CloneArena {
+// one allocation and one copy each made the host's calls most of the stall,
+// and the clones' device time too: the GPU copied faster than the host could
+// hand it the next copy. So
+//  - the clones are views of one buffer per (device, dtype), each region
+//    starting on a 128-byte boundary (as aligned as a fresh tensor, so the
+//    multi-tensor copy runs in 16-byte vectors);
+//  - contiguous pieces that view one storage (ZeRO's shards of a flat
+//    bucket; an optimizer's moments when it keeps them in one buffer) are
+//    cloned as the one span of that storage they cover, with one copy, when
+//    that span is at most twice their elements (a small piece of a large
+//    buffer is cloned alone);
+//  - spans and pieces of 1 MiB and more are copied one by one (the driver's
+//    device-to-device memcpy, which reads and writes closer to the memory's
+//    bandwidth than the multi-tensor kernel), the rest together in
+//    multi-tensor launches (Note [Multi-tensor copy]).
+class SnapshotPlan {
  public:
-  // Reserves a contiguous place for a clone of `t`.
-  void reserve(const Tensor& t) {
-    Group& g = groups_[{t.device(), t.dtype()}];
-    const int64_t align = std::max<int64_t>(1, kAlignBytes / static_cast<int64_t>(dtype_size(t.dtype())));
-    g.numel = (g.numel + align - 1) / align * align;
-    offsets_.push_back(g.numel);
-    g.numel += t.numel();
+  // First pass: every tensor outside host memory, in order.
+  void add(const Tensor& t) {
+    Entry e;
+    if (t.is_contiguous() && t.storage()) {
+      auto [it, fresh] = spans_.try_emplace(t.storage()->data());
+      Span& sp = it->second;
+      if (fresh) {
+        sp.base = t;
+        sp.lo = t.storage_offset();
+        sp.hi = t.storage_offset() + t.numel();
+      }
+      sp.ok = sp.ok && t.dtype() == sp.base.dtype() && t.device() == sp.base.device();
+      sp.lo = std::min(sp.lo, t.storage_offset());
+      sp.hi = std::max(sp.hi, t.storage_offset() + t.numel());
+      sp.pieces += t.numel();
+      e.span = &sp;
+    }
+    e.source = t.detach();
+    entries_.push_back(std::move(e));
   }
-  // Allocates the buffers; then clone_of() hands out the views in the order
-  // of reserve().
+  // Places the spans and lone pieces in the buffers and allocates them.
   void allocate() {
-    for (auto& [key, g] : groups_) g.flat = empty({std::max<int64_t>(g.numel, 1)}, TensorOptions(key.second, key.first));
+    for (auto& [key, sp] : spans_) {
+      sp.ok = sp.ok && sp.hi - sp.lo <= 2 * sp.pieces;
+      if (sp.ok) sp.offset = reserve(sp.base.device(), sp.base.dtype(), sp.hi - sp.lo);
+    }
+    for (Entry& e : entries_)
+      if (!e.span || !e.span->ok) {
+        e.span = nullptr;
+        e.offset = reserve(e.source.device(), e.source.dtype(), e.source.numel());
+      }
+    for (auto& [key, g] : buffers_) g.flat = empty({std::max<int64_t>(g.numel, 1)}, TensorOptions(key.second, key.first));
   }
+  // Second pass, in the order of add(): the clone of each tensor.
   Tensor clone_of(const Tensor& t) {
-    const Tensor& flat = groups_.at({t.device(), t.dtype()}).flat;
-    return chorus::detail::make_view(flat, t.sizes(), contiguous_strides(t.sizes()), offsets_[next_++]);
+    const Entry& e = entries_[next_++];
+    const Tensor& flat = buffers_.at({t.device(), t.dtype()}).flat;
+    const int64_t at = e.span ? e.span->offset + (e.source.storage_offset() - e.span->lo) : e.offset;
+    return chorus::detail::make_view(flat, t.sizes(), contiguous_strides(t.sizes()), at);
   }
+  // Issues the copies on the current streams.
+  void copy() {
+    TensorList small_srcs, small_dsts;
+    auto one = [&](const Tensor& src, const Tensor& dst) {
+      if (src.nbytes() >= kLargePiece && src.is_contiguous()) {
+        ops::copy_(dst, src);
+      } else {
+        small_srcs.push_back(src);
+        small_dsts.push_back(dst);
+      }
+    };
+    for (auto& [key, sp] : spans_)
+      if (sp.ok) {
+        const Tensor& flat = buffers_.at({sp.base.device(), sp.base.dtype()}).flat;
+        one(chorus::detail::make_view(sp.base, {sp.hi - sp.lo}, {1}, sp.lo),
+            chorus::detail::make_view(flat, {sp.hi - sp.lo}, {1}, sp.offset));
+      }
+    for (size_t i = 0; i < entries_.size(); ++i)
+      if (!entries_[i].span) one(entries_[i].source, clones_[i]);
+    ops::copy_multi(small_srcs, small_dsts);
+  }
+  void keep_clone(const Tensor& c) { clones_.push_back(c); }
 
  private:
   static constexpr int64_t kAlignBytes = 128;
-  struct Group {
+  struct Span {
+    Tensor base;  // one of its pieces: the storage, dtype and device
+    int64_t lo = 0, hi = 0, pieces = 0, offset = 0;
+    bool ok = true;  // cloned as one span
+  };
+  struct Entry {
+    Tensor source;
+    Span* span = nullptr;  // null: cloned alone, at offset
+    int64_t offset = 0;
+  };
+  struct Buffer {
     int64_t numel = 0;
     Tensor flat;
   };
-  std::map<std::pair<Device, DType>, Group> groups_;
-  std::vector<int64_t> offsets_;
+  int64_t reserve(const Device& d, DType dt, int64_t numel) {
+    Buffer& b = buffers_[{d, dt}];
+    const int64_t align = std::max<int64_t>(1, kAlignBytes / static_cast<int64_t>(dtype_size(dt)));
+    b.numel = (b.numel + align - 1) / align * align;
+    const int64_t at = b.numel;
+    b.numel += numel;
+    return at;
+  }
+  std::map<const void*, Span> spans_;  // by storage
+  std::vector<Entry> entries_;
+  std::vector<Tensor> clones_;
+  std::map<std::pair<Device, DType>, Buffer> buffers_;
   size_t next_ = 0;
 };
 
@@ -151,38 +226,22 @@ ShardedSnapshot snapshot_on_devices(const ShardedSave& save, const std::map<Devi
     auto& m = snap.devices.emplace(d, ShardedSnapshot::Marks{Event(d), Event(d)}).first->second;
     m.start.record();
   }
-  CloneArena arena;
+  SnapshotPlan plan;
   for_each_tensor(snap.save, [&](Tensor& t) {
-    if (t.defined() && !in_host_memory(t)) arena.reserve(t);
+    if (t.defined() && !in_host_memory(t)) plan.add(t);
   });
-  arena.allocate();
+  plan.allocate();
   HostCopier host;
-  TensorList srcs, dsts;
   for_each_tensor(snap.save, [&](Tensor& t) {
     if (!t.defined()) return;
     if (in_host_memory(t)) {
       t = host(t);
       return;
     }
-    srcs.push_back(t.detach());
-    dsts.push_back(arena.clone_of(t));
-    t = dsts.back();
+    t = plan.clone_of(t);
+    plan.keep_clone(t);
   });
-  // The small pieces in one launch per few dozen (Note [Multi-tensor copy]):
-  // a ZeRO rank holds thousands of them, and each launch is host time. The
-  // large ones, most of the bytes, one copy each: a contiguous copy is the
-  // driver's device-to-device memcpy, which reads and writes closer to the
-  // memory's bandwidth than the multi-tensor kernel does.
-  TensorList small_srcs, small_dsts;
-  for (size_t i = 0; i < srcs.size(); ++i) {
-    if (srcs[i].nbytes() >= kLargePiece && srcs[i].is_contiguous()) {
-      ops::copy_(dsts[i], srcs[i]);
-    } else {
-      small_srcs.push_back(srcs[i]);
-      small_dsts.push_back(dsts[i]);
-    }
-  }
-  ops::copy_multi(small_srcs, small_dsts);
+  plan.copy();
   for (auto& [d, m] : snap.devices) m.end.record();
   host.finish();
   return snap;

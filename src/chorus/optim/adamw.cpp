@@ -43,6 +43,7 @@ void AdamW::step() {
   // One launch per (device, step count, weight decay).
   std::map<std::tuple<Device, int64_t, double>, Group> groups;
   std::vector<std::pair<size_t, std::pair<Tensor, Tensor>>> new_state;
+  std::vector<std::pair<size_t, std::pair<Group*, size_t>>> fresh;  // dense, first step: (param, (group, slot))
   for (size_t i = 0; i < params_.size(); ++i) {
     // Note [Gradient sums in the update]: a dense parameter's pending part is
     // added by the fused kernel as it reads the gradient.
@@ -52,6 +53,21 @@ void AdamW::step() {
     ParamState& s = state_[i];
     const bool first = s.buffers.empty();
     if (first) check_not_capturing("the optimizer's first step (it creates the moment buffers)");
+    const bool dense = is_dense_param(i);
+    const int64_t t = s.step + 1;
+    if (first && dense) {
+      // Created below, all in one buffer (Note [Optimizer state in one buffer]).
+      Group& group = groups[{params_[i].device(), t, weight_decay_of(i)}];
+      group.params.push_back(ops::flat_view(params_[i]));
+      group.grads.push_back(ops::flat_view(g));
+      group.addends.push_back(addend.defined() ? ops::flat_view(addend) : addend);
+      group.any_addend = group.any_addend || addend.defined();
+      group.ms.emplace_back();
+      group.vs.emplace_back();
+      group.index.push_back(i);
+      fresh.push_back({i, {&group, group.ms.size() - 1}});
+      continue;
+    }
     // Note [Optimizer layouts]: state in the parameter's layout, flat views to the kernel.
     Tensor m = first ? new_buffer(i) : in_param_layout(i, s.buffers.at("exp_avg"));
     Tensor v = first ? new_buffer(i) : in_param_layout(i, s.buffers.at("exp_avg_sq"));
@@ -61,8 +77,7 @@ void AdamW::step() {
       s.buffers["exp_avg"] = m;
       s.buffers["exp_avg_sq"] = v;
     }
-    const int64_t t = s.step + 1;
-    if (!is_dense_param(i)) {
+    if (!dense) {
       // The one-tensor kernel takes the learning rate and step as arguments.
       if (params_[i].device().is_cuda()) check_not_capturing("updating a strided (non-dense) parameter");
       update_param(i, [&](const Tensor& p) {
@@ -79,6 +94,19 @@ void AdamW::step() {
     group.ms.push_back(ops::flat_view(m));
     group.vs.push_back(ops::flat_view(v));
     group.index.push_back(i);
+  }
+  if (!fresh.empty()) {
+    std::vector<size_t> idx;
+    for (const auto& f : fresh) idx.push_back(f.first);
+    const std::vector<Tensor> bufs = new_dense_buffers(idx, 2);
+    for (size_t k = 0; k < fresh.size(); ++k) {
+      const auto& [i, slot] = fresh[k];
+      const Tensor& m = bufs[k];
+      const Tensor& v = bufs[fresh.size() + k];
+      slot.first->ms[slot.second] = ops::flat_view(m);
+      slot.first->vs[slot.second] = ops::flat_view(v);
+      new_state.push_back({i, {m, v}});
+    }
   }
   {
     NoGradGuard no_grad;

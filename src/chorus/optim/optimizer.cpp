@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <map>
 #include <optional>
 #include <set>
 #include <string_view>
@@ -215,6 +216,44 @@ Tensor Optimizer::new_buffer(size_t i) const {
                                : chorus::detail::empty_tensor(p.sizes(), p.dtype(), p.device());
   ops::fill_(b, 0.0);
   return b;
+}
+
+// Note [Optimizer state in one buffer]: the buffers a step creates for its
+// dense parameters (AdamW's two moments) are views of one storage per
+// (device, dtype), each starting on a 128-byte boundary, rather than an
+// allocation each. The update kernels read them as before (flat views); a
+// sharded checkpoint's snapshot copies the whole storage at once instead of
+// thousands of pieces (Note [One buffer per snapshot] in io/sharded_writer.cpp),
+// and one fill zeroes them. A buffer replaced later (load_state) is its own.
+std::vector<Tensor> Optimizer::new_dense_buffers(const std::vector<size_t>& idx, int copies) const {
+  constexpr int64_t kAlignBytes = 128;
+  std::map<std::pair<Device, DType>, int64_t> numel;
+  std::vector<int64_t> offset(idx.size() * static_cast<size_t>(copies));
+  for (int c = 0; c < copies; ++c)
+    for (size_t k = 0; k < idx.size(); ++k) {
+      const Tensor& p = params_[idx[k]];
+      CHORUS_CHECK(is_dense_param(idx[k]), name_, ": new_dense_buffers: parameter ", idx[k], " is not dense");
+      int64_t& n = numel[{p.device(), p.dtype()}];
+      const int64_t align = std::max<int64_t>(1, kAlignBytes / static_cast<int64_t>(dtype_size(p.dtype())));
+      n = (n + align - 1) / align * align;
+      offset[static_cast<size_t>(c) * idx.size() + k] = n;
+      n += p.numel();
+    }
+  std::map<std::pair<Device, DType>, Tensor> flat;
+  for (const auto& [key, n] : numel) {
+    Tensor f = chorus::detail::empty_tensor({n}, key.second, key.first);
+    ops::fill_(f, 0.0);
+    flat[key] = f;
+  }
+  std::vector<Tensor> out;
+  out.reserve(offset.size());
+  for (int c = 0; c < copies; ++c)
+    for (size_t k = 0; k < idx.size(); ++k) {
+      const Tensor& p = params_[idx[k]];
+      out.push_back(chorus::detail::make_view(flat.at({p.device(), p.dtype()}), p.sizes(), p.strides(),
+                                              offset[static_cast<size_t>(c) * idx.size() + k]));
+    }
+  return out;
 }
 
 void Optimizer::update_param(size_t i, const std::function<void(const Tensor&)>& update) {

@@ -112,6 +112,11 @@ class Optimizer {
   Tensor grad_for_update(size_t i, Tensor* addend = nullptr) const;
   // A zero-filled buffer for parameter i (lazy state creation), in its layout.
   Tensor new_buffer(size_t i) const;
+  // `copies` zero-filled buffers for each of the dense parameters `params`
+  // (result[c * params.size() + k]: copy c of params[k]), in their layouts,
+  // all views of one storage per (device, dtype), zeroed by one fill each
+  // (Note [Optimizer state in one buffer]).
+  std::vector<Tensor> new_dense_buffers(const std::vector<size_t>& params, int copies) const;
   // `t` (parameter i's shape) in parameter i's layout: `t` itself when it
   // already is, else a copy (a buffer loaded from a checkpoint is contiguous).
   Tensor in_param_layout(size_t i, const Tensor& t) const;
