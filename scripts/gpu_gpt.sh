@@ -440,7 +440,8 @@ PY
       --synthetic-size 4096 --steps 8 --log-every 4 --trace "$OUT/obs_trace.json" --trace-steps 5-7 \
       >"$OUT/obs_trace.out" 2>"$OUT/obs_trace.err" || { obs_fail "(c) the traced job failed"; tail -5 "$OUT/obs_trace.err"; }
     grep "trace:" "$OUT/obs_trace.err"
-    python3 tests/apps/check_trace.py "$OUT/obs_trace.json" --ranks 2 --steps 5-7 --phases data,forward,backward,optimizer \
+    # --phases data: a graphed step (replays from step 4) has no host forward/backward spans
+    python3 tests/apps/check_trace.py "$OUT/obs_trace.json" --ranks 2 --steps 5-7 --phases data \
       --devices 'cuda:{rank}' --gpu && obs_pass "(c) device tracks: compute stream, NCCL kernels, copies on both ranks" \
       || obs_fail "(c) trace check"
     echo "obs: $fails FAIL"
