@@ -113,7 +113,6 @@ void name_trace_stream(const Device& device, void* stream, const std::string& na
   st.named.push_back({device.index, stream, name});
 }
 
-
 void start_device_trace(const std::function<double()>& trace_now_us) {
 #if defined(CHORUS_WITH_CUPTI)
   DeviceTraceState& st = device_state();
@@ -132,6 +131,7 @@ void start_device_trace(const std::function<double()>& trace_now_us) {
   }
   st.seen.store(0);
   if (const std::string f = cuda::enable_activity(true); !f.empty()) {
+    (void)cuda::enable_activity(false);  // the kinds that did start
     std::lock_guard<std::mutex> lk(st.mu);
     return unavailable(st, f);
   }
