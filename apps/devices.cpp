@@ -22,7 +22,7 @@ std::string version_text() {
 #ifdef CHORUS_WITH_CUDA
   s += cuda::build_info();
 #else
-  s += "CUDA: no\ncuDNN: no\nNCCL: no\n";
+  s += "CUDA: no\ncuDNN: no\nNCCL: no\nCUPTI: no\n";
 #endif
 #ifdef CHORUS_WITH_GLOO
   s += std::string("Gloo: ") + CHORUS_GLOO_VERSION + " (process groups on CPU tensors)\n";

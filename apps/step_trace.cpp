@@ -62,7 +62,7 @@ void StepTracer::finish() {
 
 void StepTracer::write() {
   written_ = true;
-  ops::stop_trace();
+  ops::stop_trace(/*wait_for_devices=*/true);
   recording_ = false;
   const std::vector<ops::TraceSpan> spans = ops::take_trace();
   nlohmann::json mine = io::trace_events(spans, rank_);

@@ -7,7 +7,7 @@
 #
 # Usage: scripts/gpu_gpt.sh STAGE...
 #   stages: build tests chorus chorus_eager chorus_composite torch compile llmc llmc_mpi converge profile dp ddp
-#           zero_check zero zero_images refuse big mesh_pp plan table
+#           zero_check zero zero_images refuse big mesh_pp plan obs table
 #   (plan: chorus plan --calibrate on cuda:0 (and the bus bandwidth over 2 GPUs under chorus launch where there
 #    are 2), then the plans of gpt2-xl on 1, 2, 4, 64 and 1024 GPUs, gpt2 on 1, 2, 4, d84 on 4, 64 and 1024;
 #    the calibration and every plan's JSON rows land in $OUT/plan_*)
@@ -15,7 +15,8 @@
 #    memory plan checked against its measured peak (within 10%), ZERO_CKPT=N: a sharded checkpoint every N
 #    steps and its stall; refuse: BIG_MODEL (d84) under DDP and ZeRO-1 stops at once with the plan's message
 #    (REFUSE_FLAGS: e.g. --memory-limit-gib 79 to plan an H100's memory on an H200);
-#    big: BIG_MODEL with ZeRO-3, BIG_BATCH (1) sequences a GPU, BIG_FLAGS (extra train flags))
+#    big: BIG_MODEL with ZeRO-3, BIG_BATCH (1) sequences a GPU, BIG_FLAGS (extra train flags);
+#    obs: a slowed and a stopped rank named over NCCL, --trace's device tracks, on 2 GPUs)
 #   ZERO_STAGES entries: 1 2 3, with e for eager (--no-cuda-graphs) and f for float32 gathered weights
 #   (--zero-param-dtype fp32), e.g. 3e 1f; ddp: DDP_ONE=0 skips the one-GPU run,
 #   DDP_TORCH=0 PyTorch's
@@ -443,6 +444,90 @@ for mode, r in ddp.items():
         if t["who"] == "pytorch" and t["mode"] == mode:
             print(f"chorus / pytorch {mode}: {r['tok_per_s'] / t['tok_per_s']:.3f}")
 PY
+    ;;
+  obs)  # issue 51 over NCCL on 2 GPUs: (a) a rank slowed by SIGSTOP/SIGCONT named by --stats-every; (b) a rank
+    # stopped for good named early by the NCCL group's watch (Note [Stuck collectives named early]), the survivor's
+    # flight recorder, the job ending within a bound; (c) --trace with the CUPTI device tracks (Note [Device tracks]),
+    # checked by tests/apps/check_trace.py --gpu. --trace and --stats-every are the image trainer's (GPT's trainer has
+    # neither yet): (a) and (c) train resnet20 on synthetic images, (b) GPT d12 on random tokens (CUDA graphs: the
+    # watched unit is a replay). Prints PASS/FAIL lines; exits 1 on any FAIL.
+    tokens
+    fails=0
+    obs_pass() { echo "PASS obs: $*"; }
+    obs_fail() { echo "FAIL obs: $*"; fails=$((fails + 1)); }
+    $BUILD/chorus --version | grep -E "^(NCCL|CUPTI):"
+    find_rank1() {  # MARKER ERRFILE PATTERN: pid of the job's rank 1 once PATTERN is in ERRFILE
+      local v=""
+      for _ in $(seq 300); do
+        for f in $(grep -l "CHORUS_OBS_MARKER=$1" /proc/[0-9]*/environ 2>/dev/null); do
+          tr '\0' '\n' < "$f" 2>/dev/null | grep -qx RANK=1 && v=$(cut -d/ -f3 <<<"$f")
+        done
+        [ -n "$v" ] && grep -q "$3" "$2" && { echo "$v"; return; }
+        sleep 0.1
+      done
+    }
+    IMG=(train --strategy ddp --devices cuda --model resnet20 --data synthetic --workers 1 --batch-size 128)
+    # (a) rank 1 stopped 80 ms of every 100 ms while the job runs
+    CHORUS_OBS_MARKER=obsa$$ timeout 120 $BUILD/chorus launch --nproc-per-node 2 --master-port 29611 -- $BUILD/chorus \
+      "${IMG[@]}" --synthetic-size 40000 --epochs 1 --log-every 10 --stats-every 0.5 >"$OUT/obs_slow.out" 2>"$OUT/obs_slow.err" &
+    job=$!
+    victim=$(find_rank1 obsa$$ "$OUT/obs_slow.err" "training resnet20")
+    if [ -z "$victim" ]; then obs_fail "(a) rank 1 of the slowed job not found"; tail -5 "$OUT/obs_slow.err"; kill $job 2>/dev/null
+    else
+      while kill -STOP "$victim" 2>/dev/null; do sleep 0.08; kill -CONT "$victim" 2>/dev/null; sleep 0.02; done
+    fi
+    wait $job || { obs_fail "(a) the slowed job failed"; tail -5 "$OUT/obs_slow.err"; }
+    grep "slowest rank" "$OUT/obs_slow.err" | head -8
+    python3 - "$OUT/obs_slow.err" <<'PY' && obs_pass "(a) the slowed rank 1 named by --stats-every" || obs_fail "(a) slowed rank not named"
+import re, sys
+lines = re.findall(r"step (\d+): ([\d.]+) ms median, slowest rank (\d+) at ([\d.]+) ms \(([+-]\d+)%, (data loading|compute)\)",
+                   open(sys.argv[1]).read())
+named = [l for l in lines if l[2] == "1"]
+print(f"(a) {len(lines)} stats lines, rank 1 slowest in {len(named)}")
+sys.exit(0 if len(lines) >= 2 and 2 * len(named) > len(lines) else 1)
+PY
+    # (b) rank 1 stopped for good, a 20 s collective timeout: named at a quarter of it, the job over well within 60 s
+    CHORUS_OBS_MARKER=obsb$$ timeout 200 $BUILD/chorus launch --nproc-per-node 2 --master-port 29612 --grace-period 5 -- \
+      $BUILD/chorus train --model d12 --strategy ddp --devices cuda --data "tokens:$DATA/rand_train_*.bin" --seq-len 256 \
+      --batch-size 4 --steps 100000 --log-every 10 --dist-timeout 20 >"$OUT/obs_stuck.out" 2>"$OUT/obs_stuck.err" &
+    job=$!
+    victim=$(find_rank1 obsb$$ "$OUT/obs_stuck.err" "parameters")
+    if [ -z "$victim" ]; then obs_fail "(b) rank 1 of the stuck job not found"; kill $job 2>/dev/null; wait $job
+    else
+      for _ in $(seq 600); do grep -q "step 20" "$OUT/obs_stuck.err" && break; sleep 0.1; done  # a few steps in
+      kill -STOP "$victim"; t0=$(date +%s.%N)
+      wait $job; rc=$?; secs=$(python3 -c "import time; print(f'{time.time() - $t0:.1f}')")
+      kill -KILL "$victim" 2>/dev/null
+      echo "(b) rc $rc, ${secs} s after the stop"
+      grep -E "has waited|last collectives|^\[rank 0\] +#[0-9]+ |DistError" "$OUT/obs_stuck.err" | head -26
+      [ $rc != 0 ] && python3 -c "import sys; sys.exit(0 if float('$secs') < 60 else 1)" \
+        && obs_pass "(b) the job ended non-zero (rc $rc) ${secs} s after the stop" || obs_fail "(b) rc $rc after ${secs} s"
+      python3 - "$OUT/obs_stuck.err" <<'PY' && obs_pass "(b) rank 1 named before the timeout; rank 0's last collectives logged" \
+        || obs_fail "(b) no early line naming rank 1, or no flight recorder"
+import re, sys
+text = open(sys.argv[1], errors="replace").read()
+early = re.search(r"\[rank 0\] chorus: rank 0: nccl (.+?) #(\d+) \(([\d.]+ [kM]?B)\) has waited ([\d.]+) s of its 20 s timeout: "
+                  r"rank 1 has not arrived", text)
+rec = re.search(r"\[rank 0\] chorus: rank 0: nccl .+ #\d+ failed; the last collectives of group", text)
+entries = re.findall(r"^\[rank 0\]   #(\d+) (.+?) ([\d.]+ [kM]?B) (running for [\d.]+ s|[\d.]+ s)$", text, re.M)
+print(f"(b) early line: {early.group(0) if early else None}")
+print(f"(b) flight recorder: {bool(rec)}, {len(entries)} entries, last {entries[-1] if entries else None}")
+ok = early and float(early.group(4)) < 20 and rec and 2 <= len(entries) <= 20 and text.find(early.group(0)) < text.find(rec.group(0))
+sys.exit(0 if ok else 1)
+PY
+    fi
+    # (c) --trace of two DDP ranks on GPUs, steps 5-7
+    rm -f "$OUT/obs_trace.json"
+    timeout 180 $BUILD/chorus launch --nproc-per-node 2 --master-port 29613 -- $BUILD/chorus "${IMG[@]}" \
+      --synthetic-size 4096 --steps 8 --log-every 4 --trace "$OUT/obs_trace.json" --trace-steps 5-7 \
+      >"$OUT/obs_trace.out" 2>"$OUT/obs_trace.err" || { obs_fail "(c) the traced job failed"; tail -5 "$OUT/obs_trace.err"; }
+    grep "trace:" "$OUT/obs_trace.err"
+    # --phases data: a graphed step (replays from step 4) has no host forward/backward spans
+    python3 tests/apps/check_trace.py "$OUT/obs_trace.json" --ranks 2 --steps 5-7 --phases data \
+      --devices 'cuda:{rank}' --gpu && obs_pass "(c) device tracks: compute stream, NCCL kernels, copies on both ranks" \
+      || obs_fail "(c) trace check"
+    echo "obs: $fails FAIL"
+    [ $fails = 0 ] || exit 1
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
   esac

@@ -1,6 +1,7 @@
 // A kernel timeline without Nsight Systems: a CUDA injection library that
-// records every kernel's, copy's and memset's start and end through CUPTI's activity API and writes
-// them as CSV when the process exits. The 2-GPU machines we are lent have no
+// records every kernel's, copy's and memset's start and end through CUPTI's
+// activity API (decoded by src/chorus/cuda/cupti_activity.cpp, which the
+// library's --trace uses too) and writes them as CSV when the process exits. The 2-GPU machines we are lent have no
 // nsys, and what limits a multi-GPU step (a tail of communication after the
 // backward, compute slowed by NCCL's kernels, a rank waiting for the other)
 // only shows on a timeline. Used by scripts/gpu_check.sh's `ddpprof` stage:
@@ -15,8 +16,6 @@
 // CHORUS_KERNEL_TRACE_ALL=1 it runs from the start. Kernels replayed from a
 // CUDA graph are recorded one by one. The CSV's columns are those of
 // `nsys stats --report cuda_gpu_trace` that scripts/gpu_timeline.py reads.
-#include <cupti.h>
-
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -26,26 +25,21 @@
 
 #include <unistd.h>
 
+#include "chorus/cuda/cupti_activity.h"  // compiled into this library (CMakeLists.txt)
+
 namespace {
+
+namespace cuda = chorus::cuda;
 
 std::mutex g_mu;
 FILE* g_out = nullptr;
 std::atomic<bool> g_recording{false};
 CUpti_SubscriberHandle g_subscriber = nullptr;
 
-void check(CUptiResult r, const char* what) {
-  if (r == CUPTI_SUCCESS) return;
-  const char* msg = nullptr;
-  cuptiGetResultString(r, &msg);
-  std::fprintf(stderr, "chorus kernel trace: %s failed: %s\n", what, msg ? msg : "?");
+void report(const std::string& failure) {
+  if (!failure.empty()) std::fprintf(stderr, "chorus kernel trace: %s\n", failure.c_str());
 }
-
-void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
-  constexpr size_t kBytes = size_t{8} << 20;
-  *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, kBytes));
-  *size = *buffer ? kBytes : 0;
-  *max_records = 0;  // as many as fit
-}
+void check(CUptiResult r, const char* what) { report(cuda::cupti_failure(r, what)); }
 
 // Names are written quoted, with any quote doubled (CSV).
 void write_name(FILE* f, const char* name) {
@@ -67,25 +61,17 @@ void write_row(uint64_t start, uint64_t end, uint32_t device, uint32_t stream, c
 void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
   {
     std::lock_guard<std::mutex> lk(g_mu);
-    CUpti_Activity* rec = nullptr;
-    while (g_out && cuptiActivityGetNextRecord(buffer, valid, &rec) == CUPTI_SUCCESS) {
-      // Copies and memsets too: a gap between two kernels may be one (a
-      // library's workspace cleared before its kernel).
-      if (rec->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
-        const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(rec);
-        write_row(m->start, m->end, m->deviceId, m->streamId, ("memset " + std::to_string(m->bytes) + " B").c_str());
-      } else if (rec->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
-        const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(rec);
-        write_row(m->start, m->end, m->deviceId, m->streamId,
-                  ("memcpy kind " + std::to_string(m->copyKind) + " " + std::to_string(m->bytes) + " B").c_str());
-      } else if (rec->kind == CUPTI_ACTIVITY_KIND_MEMCPY2) {
-        const auto* m = reinterpret_cast<const CUpti_ActivityMemcpyPtoP4*>(rec);
-        write_row(m->start, m->end, m->deviceId, m->streamId,
-                  ("memcpy peer " + std::to_string(m->bytes) + " B to device " + std::to_string(m->dstDeviceId)).c_str());
-      } else if (rec->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || rec->kind == CUPTI_ACTIVITY_KIND_KERNEL) {
-        const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
-        write_row(k->start, k->end, k->deviceId, k->streamId, k->name);
-      }
+    if (g_out) {
+      cuda::decode_activity_buffer(buffer, valid, [](const cuda::ActivityRecord& r) {
+        // The names scripts/gpu_timeline.py reads.
+        std::string name;
+        if (r.kind == cuda::ActivityRecord::kMemset) name = "memset " + std::to_string(r.bytes) + " B";
+        else if (r.kind == cuda::ActivityRecord::kMemcpy && r.copy_kind < 0)
+          name = "memcpy peer " + std::to_string(r.bytes) + " B to device " + std::to_string(r.dst_device);
+        else if (r.kind == cuda::ActivityRecord::kMemcpy)
+          name = "memcpy kind " + std::to_string(r.copy_kind) + " " + std::to_string(r.bytes) + " B";
+        write_row(r.start_ns, r.end_ns, r.device, r.stream, r.kind == cuda::ActivityRecord::kKernel ? r.name : name.c_str());
+      });
     }
     size_t dropped = 0;
     if (cuptiActivityGetNumDroppedRecords(nullptr, 0, &dropped) == CUPTI_SUCCESS && dropped > 0)
@@ -94,19 +80,14 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
   std::free(buffer);
 }
 
-constexpr CUpti_ActivityKind kCopyKinds[] = {CUPTI_ACTIVITY_KIND_MEMSET, CUPTI_ACTIVITY_KIND_MEMCPY,
-                                             CUPTI_ACTIVITY_KIND_MEMCPY2};
-
 void start_recording() {
   if (g_recording.exchange(true)) return;
-  check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityEnable");
-  for (CUpti_ActivityKind k : kCopyKinds) check(cuptiActivityEnable(k), "cuptiActivityEnable(copies)");
+  report(cuda::enable_activity(true));
 }
 
 void stop_recording() {
   if (!g_recording.exchange(false)) return;
-  check(cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityDisable");
-  for (CUpti_ActivityKind k : kCopyKinds) check(cuptiActivityDisable(k), "cuptiActivityDisable(copies)");
+  report(cuda::enable_activity(false));
   check(cuptiActivityFlushAll(1), "cuptiActivityFlushAll");
 }
 
@@ -141,7 +122,7 @@ extern "C" int InitializeInjection(void) {
     return 1;
   }
   std::fprintf(g_out, "Start (ns),Duration (ns),Device,Strm,Name\n");
-  check(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed), "cuptiActivityRegisterCallbacks");
+  check(cuptiActivityRegisterCallbacks(cuda::activity_buffer_requested, buffer_completed), "cuptiActivityRegisterCallbacks");
   check(cuptiSubscribe(&g_subscriber, on_api, nullptr), "cuptiSubscribe");
   check(cuptiEnableCallback(1, g_subscriber, CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_RUNTIME_TRACE_CBID_cudaProfilerStart_v4000),
         "cuptiEnableCallback(cudaProfilerStart)");

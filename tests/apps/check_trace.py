@@ -7,8 +7,15 @@
   rank, the steps in order and not overlapping;
 - every named phase appears on every rank, each inside its step's span;
 - per track, timestamps never go back in file order, durations are >= 0;
-- each rank has kernel spans on each device's track ("cpu:0 kernels");
-- the ranks' step spans line up in time (one machine, one clock).
+- each rank has kernel spans on each device's track ("cpu:0 kernels", or
+  on GPUs "cuda:0 kernel launches"; "{rank}" in --devices is the rank);
+- the ranks' step spans line up in time (one machine, one clock);
+- with --gpu (Note [Device tracks] in src/chorus/ops/device_trace.h): per
+  rank, GPU kernels on each device's "compute stream" track (or its "(CUDA
+  graph)" replays), NCCL kernels on
+  some track, copies on a "copies" track, all within the traced steps' time
+  (the CUPTI clock's offset applied); prints spans and busy time per track
+  and the devices' kernel time per step.
 """
 import argparse
 import json
@@ -23,6 +30,7 @@ def main():
     ap.add_argument("--phases", default="forward,backward,optimizer")
     ap.add_argument("--devices", default="cpu:0", help="devices whose kernel tracks every rank must have")
     ap.add_argument("--comm", default="", help="collectives every rank's 'gloo collectives' track must show")
+    ap.add_argument("--gpu", action="store_true", help="require the device tracks (CUPTI) and summarise them")
     a = ap.parse_args()
     first, _, last = a.steps.partition("-")
     steps = list(range(int(first), int(last or first) + 1))
@@ -68,9 +76,13 @@ def main():
                     f"rank {r}: {p} at {e['ts']} outside step {e['args']['step']}"
         kernels = [e for e in mine if e["cat"] == "kernel"]
         assert kernels, f"rank {r}: no kernel spans"
-        assert all(threads[(r, e["tid"])].endswith(" kernels") for e in kernels), "kernels on a device track"
-        for d in a.devices.split(","):
-            assert any(threads[(r, e["tid"])] == d + " kernels" for e in kernels), f"rank {r}: no kernels on {d}"
+        assert all(threads[(r, e["tid"])].endswith((" kernels", " kernel launches")) for e in kernels), \
+            "kernels on a device track"
+        for d in a.devices.format(rank=r).split(","):
+            assert any(threads[(r, e["tid"])] in (d + " kernels", d + " kernel launches") for e in kernels), \
+                f"rank {r}: no kernels on {d}"
+        if a.gpu:
+            device_tracks(r, mine, threads, step_spans, steps, a.devices.format(rank=r).split(","))
         for op in filter(None, a.comm.split(",")):
             assert any(e["cat"] == "comm" and e["name"] == op and threads[(r, e["tid"])] == "gloo collectives"
                        for e in mine), f"rank {r}: no {op} on the gloo collectives track"
@@ -78,6 +90,35 @@ def main():
     assert spread < 5e6, f"the ranks' first traced steps start {spread / 1e6:.1f} s apart"
     print(f"trace: {len(spans)} spans, {len(pids)} rank(s), steps {steps[0]}-{steps[-1]}, "
           f"phases {', '.join(phases)}; tracks: {sorted(set(threads.values()))}")
+
+
+def device_tracks(r, mine, threads, step_spans, steps, devices):
+    dev = [e for e in mine if e["cat"].startswith("gpu_")]
+    track = lambda e: threads[(r, e["tid"])]
+    for d in devices:
+        # "cuda:0 compute stream", or "... (CUDA graph)" for a graphed step's replays
+        assert any(e["cat"] == "gpu_kernel" and track(e).startswith(d + " compute stream") for e in dev), \
+            f"rank {r}: no GPU kernels on '{d} compute stream' (tracks: {sorted({track(e) for e in dev})})"
+        assert any(e["cat"] == "gpu_copy" and track(e) == d + " copies" for e in dev), f"rank {r}: no '{d} copies' track"
+    nccl = [e for e in dev if e["cat"] == "gpu_comm"]
+    assert nccl, f"rank {r}: no NCCL kernels on any device track"
+    assert all(e["name"].startswith("nccl") for e in nccl), "gpu_comm spans are NCCL kernels"
+    # The clocks: every device span within the traced steps (the GPU may run
+    # a step's kernels after its host span ends, not seconds after).
+    t0 = step_spans[steps[0]]["ts"] - 1e6
+    t1 = step_spans[steps[-1]]["ts"] + step_spans[steps[-1]]["dur"] + 5e6
+    bad = [e for e in dev if not (t0 <= e["ts"] and e["ts"] + e["dur"] <= t1)]
+    assert not bad, f"rank {r}: {len(bad)} device spans outside the traced steps, e.g. {bad[0]} (steps {t0}-{t1})"
+    print(f"rank {r} device tracks:")
+    for name in sorted({track(e) for e in dev}):
+        on = [e for e in dev if track(e) == name]
+        kinds = sorted({e["cat"] for e in on})
+        print(f"  {name:28} {len(on):6d} spans {sum(e['dur'] for e in on) / 1e3:9.2f} ms busy  ({', '.join(kinds)})")
+    kern = sum(e["dur"] for e in dev if e["cat"] == "gpu_kernel")
+    comm = sum(e["dur"] for e in nccl)
+    host = sum(step_spans[k]["dur"] for k in steps)
+    print(f"  per step: {kern / 1e3 / len(steps):.2f} ms of compute kernels, {comm / 1e3 / len(steps):.2f} ms of NCCL "
+          f"kernels, host step {host / 1e3 / len(steps):.2f} ms; NCCL kernels on {sorted({track(e) for e in nccl})}")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@
 
 #include <chorus/chorus.h>
 
+#include <algorithm>
 #include <set>
 
 #include "chorus/ops/elementwise.h"
@@ -82,6 +83,35 @@ TEST(StepTrace, ChromeEventsOnePidPerRankNamedTracks) {
       EXPECT_DOUBLE_EQ(e["dur"].get<double>(), 100);
       EXPECT_EQ(e["args"]["step"], 2);
     }
+}
+
+// Note [Device tracks]: a GPU's own tracks keep their names and follow its
+// launch track; the device spans come out in time order with the rest.
+TEST(StepTrace, DeviceTracksNamedAsRecordedAfterTheLaunches) {
+  std::vector<ops::TraceSpan> spans = {
+      {"memcpy HtoD 1.0 MB", "gpu_copy", "cuda:0 copies", 120, 130, -1},
+      {"ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "gpu_comm", "cuda:0 nccl stream",
+       180, 260, -1},
+      {"gemm", "kernel", "cuda:0", 101, 103, 1},
+      {"step 1", "step", "host", 100, 300, 1},
+      {"sgemm_128x64", "gpu_kernel", "cuda:0 compute stream", 140, 170, -1},
+      {"gemm", "kernel", "cuda:1", 102, 104, 1},
+      {"sgemm_128x64", "gpu_kernel", "cuda:1 compute stream (CUDA graph)", 150, 175, -1},
+  };
+  nlohmann::json ev = trace_events(spans, 0);
+  std::vector<std::string> tracks;
+  std::vector<double> starts;
+  for (const auto& e : ev) {
+    if (e["ph"] == "M" && e["name"] == "thread_name") tracks.push_back(e["args"]["name"]);
+    if (e["ph"] == "X") {
+      starts.push_back(e["ts"].get<double>());
+      EXPECT_EQ(e.contains("args"), e["cat"] == "kernel" || e["cat"] == "step") << e.dump();
+    }
+  }
+  EXPECT_EQ(tracks, (std::vector<std::string>{"host", "cuda:0 kernel launches", "cuda:0 compute stream", "cuda:0 copies",
+                                              "cuda:0 nccl stream", "cuda:1 kernel launches",
+                                              "cuda:1 compute stream (CUDA graph)"}));
+  EXPECT_TRUE(std::is_sorted(starts.begin(), starts.end()));
 }
 
 }  // namespace

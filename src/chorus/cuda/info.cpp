@@ -7,6 +7,9 @@
 #ifdef CHORUS_WITH_NCCL
 #include <nccl.h>
 #endif
+#ifdef CHORUS_WITH_CUPTI
+#include <cupti.h>
+#endif
 
 #include <cstdio>
 
@@ -36,6 +39,14 @@ std::string build_info() {
   s += buf;
 #else
   s += "NCCL: no\n";
+#endif
+#ifdef CHORUS_WITH_CUPTI
+  uint32_t cv = 0;
+  cuptiGetVersion(&cv);
+  std::snprintf(buf, sizeof buf, "CUPTI: API %u (--trace records the GPUs' kernels, collectives and copies)\n", cv);
+  s += buf;
+#else
+  s += "CUPTI: no (--trace shows the host's spans and kernel launches only)\n";
 #endif
   return s;
 }

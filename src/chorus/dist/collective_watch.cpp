@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <iterator>
+#include <vector>
 
 #include "chorus/dist/roll_call.h"
 
@@ -48,12 +50,25 @@ void CollectiveWatch::begin(const char* op, uint64_t seq, int64_t bytes) {
   e.bytes = bytes;
   e.start = std::chrono::steady_clock::now();
   log_.push_back(std::move(e));
-  while (log_.size() > keep_) log_.pop_front();
+  // Forget the oldest finished ones; those in flight stay until they end.
+  for (auto it = log_.begin(); log_.size() > keep_ && it != log_.end();)
+    it = it->seconds >= 0 ? log_.erase(it) : std::next(it);
 }
 
 void CollectiveWatch::end(uint64_t seq) {
   std::lock_guard<std::mutex> lk(mu_);
-  if (!log_.empty() && log_.back().seq == seq) log_.back().seconds = since(log_.back().start);
+  // Newest first: the one ending is usually among the last begun.
+  for (auto it = log_.rbegin(); it != log_.rend(); ++it)
+    if (it->seq == seq && it->seconds < 0) {
+      it->seconds = since(it->start);
+      return;
+    }
+}
+
+void CollectiveWatch::end_all() {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (Entry& e : log_)
+    if (e.seconds < 0) e.seconds = since(e.start);
 }
 
 std::string CollectiveWatch::recent() const {
@@ -76,20 +91,27 @@ void CollectiveWatch::watch() {
   std::unique_lock<std::mutex> lk(mu_);
   while (!stop_) {
     cv_.wait_for(lk, std::chrono::milliseconds(50));
-    if (stop_ || log_.empty() || log_.back().seconds >= 0) continue;
-    Entry& e = log_.back();
-    const auto elapsed = std::chrono::steady_clock::now() - e.start;
-    if (!e.marked && elapsed >= presence_after_) {
-      e.marked = true;
-      const uint64_t seq = e.seq;
-      lk.unlock();  // the store may take a while; the worker must not wait for it
-      mark_arrived(*store_, group_, rank_, seq);
-      lk.lock();
-      continue;
+    if (stop_) break;
+    const auto now = std::chrono::steady_clock::now();
+    std::vector<uint64_t> to_mark;
+    Entry* oldest = nullptr;
+    for (Entry& e : log_) {
+      if (e.seconds >= 0) continue;
+      if (!oldest) oldest = &e;
+      if (!e.marked && now - e.start >= presence_after_) {
+        e.marked = true;
+        to_mark.push_back(e.seq);
+      }
     }
-    if (e.marked && !e.warned && elapsed >= warn_after_) {
-      e.warned = true;
-      const Entry copy = e;
+    if (!to_mark.empty()) {
+      lk.unlock();  // the store may take a while; the group must not wait for it
+      for (uint64_t seq : to_mark) mark_arrived(*store_, group_, rank_, seq);
+      lk.lock();
+      continue;  // log_ may have changed meanwhile
+    }
+    if (oldest && oldest->marked && !oldest->warned && now - oldest->start >= warn_after_) {
+      oldest->warned = true;
+      const Entry copy = *oldest;
       lk.unlock();
       warn(copy);
       lk.lock();
@@ -103,8 +125,9 @@ void CollectiveWatch::warn(const Entry& e) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     // Finished meanwhile (a slow rank arrived): nothing to say.
-    for (const Entry& x : log_)
-      if (x.seq == e.seq && x.seconds >= 0) return;
+    bool running = false;
+    for (const Entry& x : log_) running = running || (x.seq == e.seq && x.seconds < 0);
+    if (!running) return;
   }
   std::string who;
   if (missing.size() == 1 && missing[0] == -1) {

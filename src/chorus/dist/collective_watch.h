@@ -2,20 +2,28 @@
 //
 // Note [Stuck collectives named early]: a collective that waits on a rank
 // that died or stopped ends at its timeout (Note [Collective timeouts]), 300
-// s by default -- a long time to look at a silent job. So the group's worker
-// tells the watch when each collective begins and ends, and a watch thread
-// (waking every 50 ms) does two things for the one in flight:
-//  - once it has run presence_after (a quarter of warn_after, at most 1 s), it
-//    marks this rank as arrived in the store, under the key the failure roll
-//    call uses (dist/roll_call.h). Collectives that finish sooner -- nearly
-//    all -- cost no store traffic;
-//  - once it has run warn_after (a quarter of the timeout), it looks which
-//    ranks have marked themselves (waiting up to presence_after plus 0.5 s
-//    for late ones) and prints one line naming the collective, its sequence
-//    number and the ranks that have not arrived, while the job still runs.
+// s by default -- a long time to look at a silent job. So the group tells the
+// watch when each collective begins and ends, and a watch thread (waking
+// every 50 ms) does two things:
+//  - for every collective in flight that has run presence_after (a sixteenth
+//    of the timeout, at most 1 s), it marks this rank as arrived in the store,
+//    under the key the failure roll call uses (dist/roll_call.h): the group's
+//    name and the collective's sequence number, which every rank counts alike.
+//    Collectives that finish sooner -- nearly all -- cost no store traffic;
+//  - once the oldest collective in flight has run warn_after (a quarter of the
+//    timeout), it looks which ranks have marked themselves (waiting up to
+//    presence_after plus 0.5 s for late ones) and prints one line naming the
+//    collective, its sequence number and the ranks that have not arrived,
+//    while the job still runs.
+// Gloo runs one collective at a time (its worker thread); NCCL has many in
+// flight on its stream, each begun when issued and ended when the group's
+// watchdog sees its event complete, and a CUDA graph's replay is one entry
+// (Note [NCCL in a CUDA graph]). Collectives on a stream complete in order, so
+// the oldest one in flight is the one that waits: the later ones wait behind
+// it, and naming it alone keeps the log to one line per stall.
 // It also keeps the last `keep` (20) collectives -- op, bytes, sequence
-// number, seconds -- which the group prints when a collective fails, so each
-// surviving rank's log shows what it was doing.
+// number, seconds (from begin to the end seen) -- which the group prints when
+// a collective fails, so each surviving rank's log shows what it was doing.
 #pragma once
 
 #include <chrono>
@@ -38,9 +46,13 @@ class CollectiveWatch {
   CollectiveWatch(const CollectiveWatch&) = delete;
   CollectiveWatch& operator=(const CollectiveWatch&) = delete;
 
-  // The worker's calls around one collective.
+  // The group's calls around one collective (`seq`: its sequence number in
+  // the group, the same on every rank). Several may be in flight; end() of a
+  // sequence number not in flight does nothing.
   void begin(const char* op, uint64_t seq, int64_t bytes);
   void end(uint64_t seq);
+  // After a failure: whatever is in flight is over (no warning about it later).
+  void end_all();
 
   // The last collectives, oldest first, one line each ("#12 all_reduce 4.0 MB
   // 0.003 s", "running for 2.1 s" for one not finished).
@@ -67,7 +79,9 @@ class CollectiveWatch {
   size_t keep_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Entry> log_;  // the last keep_ collectives; the back one may be running
+  // The collectives in flight and the last finished ones, at most keep_ in
+  // all unless more than keep_ are in flight; oldest first.
+  std::deque<Entry> log_;
   bool stop_ = false;
   std::thread thread_;
 };

@@ -29,6 +29,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -40,7 +41,9 @@
 #include "chorus/core/graph_capture.h"
 #include "chorus/cuda/context.h"
 #include "chorus/cuda/nccl_check.h"
+#include "chorus/dist/collective_watch.h"
 #include "chorus/dist/roll_call.h"
+#include "chorus/ops/device_trace.h"
 
 namespace chorus::dist {
 
@@ -70,14 +73,16 @@ class NcclGroup;
 
 class NcclWork final : public Work {
  public:
-  NcclWork(NcclGroup* g, const char* op, uint64_t seq, cudaEvent_t done, std::vector<Tensor> keep, bool captured)
+  NcclWork(NcclGroup* g, const char* op, uint64_t seq, cudaEvent_t done, std::vector<Tensor> keep, bool captured,
+           bool watched)
       : g_(g),
         op_(op),
         seq_(seq),
         done_(done),
         started_(std::chrono::steady_clock::now()),
         keep_(std::move(keep)),
-        captured_(captured) {}
+        captured_(captured),
+        watched_(watched) {}
   ~NcclWork() override;
   bool is_completed() override;
   void wait() override;
@@ -90,6 +95,7 @@ class NcclWork final : public Work {
   std::mutex keep_mu_;
   std::vector<Tensor> keep_;  // the operands, until the caller's stream is ordered after the collective
   const bool captured_;       // issued into a CUDA graph capture (Note [NCCL in a CUDA graph])
+  const bool watched_;        // begun in the group's CollectiveWatch (collectives and replays, not send/recv)
 };
 
 // Whether work issued to `s` now is recorded into a CUDA graph.
@@ -135,6 +141,9 @@ class NcclGroup final : public ProcessGroup, public std::enable_shared_from_this
       CHORUS_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     }
     CHORUS_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+    // Its kernels on a track of their own in a step trace (Note [Device tracks]).
+    ops::name_trace_stream(Device(DeviceType::CUDA, device_), stream_, "nccl stream");
+    collectives_ = std::make_unique<CollectiveWatch>(store_, options_.name, "nccl", rank_, size_, options_.timeout);
     watchdog_ = std::thread([this] { watch(); });
   }
 
@@ -169,14 +178,14 @@ class NcclGroup final : public ProcessGroup, public std::enable_shared_from_this
 
   WorkPtr all_reduce(const Tensor& t, ReduceOp op) override {
     check_cuda("all_reduce", t);
-    return issue("all_reduce", {t}, [&](cudaStream_t s) {
+    return issue("all_reduce", t.nbytes(), {t}, [&](cudaStream_t s) {
       return ncclAllReduce(t.raw_data(), t.raw_data(), t.numel(), nccl_dtype(t.dtype()), nccl_op(op), comm_, s);
     });
   }
   WorkPtr broadcast(const Tensor& t, int root) override {
     check_cuda("broadcast", t);
     CHORUS_CHECK(root >= 0 && root < size_, "broadcast: root ", root, " is not a rank of this group");
-    return issue("broadcast", {t}, [&](cudaStream_t s) {
+    return issue("broadcast", t.nbytes(), {t}, [&](cudaStream_t s) {
       return ncclBroadcast(t.raw_data(), t.raw_data(), t.numel(), nccl_dtype(t.dtype()), root, comm_, s);
     });
   }
@@ -185,7 +194,7 @@ class NcclGroup final : public ProcessGroup, public std::enable_shared_from_this
     check_cuda("all_gather", out);
     CHORUS_CHECK(out.dtype() == in.dtype() && out.numel() == in.numel() * size_, "all_gather: out must hold ", size_,
                  " x ", in.numel(), " elements, got ", out.describe());
-    return issue("all_gather", {in, out}, [&](cudaStream_t s) {
+    return issue("all_gather", out.nbytes(), {in, out}, [&](cudaStream_t s) {
       return ncclAllGather(in.raw_data(), out.raw_data(), in.numel(), nccl_dtype(in.dtype()), comm_, s);
     });
   }
@@ -194,7 +203,7 @@ class NcclGroup final : public ProcessGroup, public std::enable_shared_from_this
     check_cuda("reduce_scatter", out);
     CHORUS_CHECK(out.dtype() == in.dtype() && in.numel() == out.numel() * size_, "reduce_scatter: in must hold ",
                  size_, " x out.numel() elements");
-    return issue("reduce_scatter", {in, out}, [&](cudaStream_t s) {
+    return issue("reduce_scatter", in.nbytes(), {in, out}, [&](cudaStream_t s) {
       return ncclReduceScatter(in.raw_data(), out.raw_data(), out.numel(), nccl_dtype(in.dtype()), nccl_op(op), comm_,
                                s);
     });
@@ -202,7 +211,7 @@ class NcclGroup final : public ProcessGroup, public std::enable_shared_from_this
   WorkPtr barrier() override {
     if (!barrier_buf_.defined()) barrier_buf_ = chorus::detail::empty_tensor({1}, kFloat32, Device(DeviceType::CUDA, device_));
     Tensor b = barrier_buf_;
-    WorkPtr w = issue("barrier", {b}, [&](cudaStream_t s) {
+    WorkPtr w = issue("barrier", 0, {b}, [&](cudaStream_t s) {
       return ncclAllReduce(b.raw_data(), b.raw_data(), 1, ncclFloat32, ncclSum, comm_, s);
     });
     // A barrier is a host-side promise: wait for the device here.
@@ -216,14 +225,14 @@ class NcclGroup final : public ProcessGroup, public std::enable_shared_from_this
   WorkPtr send(const Tensor& t, int dst, int) override {
     check_cuda("send", t);
     check_peer("send", dst, "destination");
-    return issue("send", {t}, [&](cudaStream_t s) {
+    return issue("send", t.nbytes(), {t}, [&](cudaStream_t s) {
       return ncclSend(t.raw_data(), t.numel(), nccl_dtype(t.dtype()), dst, comm_, s);
     });
   }
   WorkPtr recv(const Tensor& t, int src, int) override {
     check_cuda("recv", t);
     check_peer("recv", src, "source");
-    return issue("recv", {t}, [&](cudaStream_t s) {
+    return issue("recv", t.nbytes(), {t}, [&](cudaStream_t s) {
       return ncclRecv(t.raw_data(), t.numel(), nccl_dtype(t.dtype()), src, comm_, s);
     });
   }
@@ -283,12 +292,12 @@ class NcclGroup final : public ProcessGroup, public std::enable_shared_from_this
   }
 
   template <typename Launch>
-  WorkPtr issue(const char* op, std::vector<Tensor> keep, Launch&& launch) {
+  WorkPtr issue(const char* op, int64_t bytes, std::vector<Tensor> keep, Launch&& launch) {
     check_broken();
     cuda::CudaDeviceGuard guard(device_);
     cudaStream_t cur = cuda::current_stream(device_);
     const bool captured = is_capturing(cur);
-    if (captured) guard_replays();
+    if (captured) guard_replays(bytes);
     // `ready_` is reused: a wait captures the event's state when enqueued.
     CHORUS_CUDA_CHECK(cudaEventRecord(ready_, cur));
     CHORUS_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
@@ -305,6 +314,7 @@ class NcclGroup final : public ProcessGroup, public std::enable_shared_from_this
     }
     if (r != ncclSuccess) {
       release_event(done);
+      report_recent(op, seq_ + 1);
       cuda::throw_nccl_error(r, op, comm_, "", __FILE__, __LINE__);
     }
     CHORUS_CUDA_CHECK(cudaEventRecord(done, stream_));
@@ -316,7 +326,13 @@ class NcclGroup final : public ProcessGroup, public std::enable_shared_from_this
     // pipeline stage has twice as many): only collectives are counted, so
     // that a roll call after a failure compares like with like.
     const bool p2p = std::string_view(op) == "send" || std::string_view(op) == "recv";
-    auto w = std::make_shared<NcclWork>(this, op, p2p ? seq_ : ++seq_, done, std::move(keep), captured);
+    const uint64_t seq = p2p ? seq_ : ++seq_;
+    // Note [Stuck collectives named early]: collectives, keyed by the
+    // sequence number every rank counts alike; a captured one runs only in a
+    // replay, which is watched as one (watch_replay).
+    const bool watched = !captured && !p2p;
+    if (watched) collectives_->begin(op, seq, bytes);
+    auto w = std::make_shared<NcclWork>(this, op, seq, done, std::move(keep), captured, watched);
     if (!captured) watch_work(w);
     return w;
   }
@@ -330,27 +346,47 @@ class NcclGroup final : public ProcessGroup, public std::enable_shared_from_this
   }
 
   // Note [NCCL in a CUDA graph]: once per capture that records a collective
-  // of this group.
-  void guard_replays() {
+  // of this group; `bytes` (the collective being captured) and those of the
+  // capture's later collectives add up to what each replay moves.
+  void guard_replays(int64_t bytes) {
     const uint64_t generation = capture_generation();
-    if (guarded_generation_.exchange(generation) == generation) return;
+    if (guarded_generation_.exchange(generation) == generation) {
+      if (capture_bytes_) *capture_bytes_ += bytes;
+      return;
+    }
+    capture_bytes_ = std::make_shared<std::atomic<int64_t>>(bytes);
     std::weak_ptr<NcclGroup> weak = weak_from_this();
     before_each_replay([weak] {
       if (auto g = weak.lock()) g->check_broken();
     });
-    on_each_replay([weak] {
-      if (auto g = weak.lock()) g->watch_replay();
+    on_each_replay([weak, moved = capture_bytes_] {
+      if (auto g = weak.lock()) g->watch_replay(moved->load());
     });
   }
 
   // An event behind the replay just issued on the caller's stream, timed by
   // the watchdog as one more collective.
-  void watch_replay() {
+  void watch_replay(int64_t bytes) {
     cuda::CudaDeviceGuard guard(device_);
     cudaEvent_t done = acquire_event();
     CHORUS_CUDA_CHECK(cudaEventRecord(done, cuda::current_stream(device_)));
-    watch_work(std::make_shared<NcclWork>(this, "a replayed CUDA graph's collectives", ++seq_, done,
-                                          std::vector<Tensor>{}, false));
+    const uint64_t seq = ++seq_;
+    collectives_->begin("graph replay", seq, bytes);
+    watch_work(std::make_shared<NcclWork>(this, "a replayed CUDA graph's collectives", seq, done,
+                                          std::vector<Tensor>{}, false, true));
+  }
+
+  // The flight recorder (Note [Stuck collectives named early]): this rank's
+  // last collectives, once, when the group fails.
+  void report_recent(const char* op, uint64_t seq) {
+    if (reported_.exchange(true)) return;
+    std::fprintf(stderr,
+                 "chorus: rank %d: nccl %s #%llu failed; the last collectives of group '%s' (sequence number, op, "
+                 "size, time):\n%s",
+                 rank_, op, static_cast<unsigned long long>(seq), options_.name.c_str(),
+                 collectives_->recent().c_str());
+    std::fflush(stderr);
+    collectives_->end_all();
   }
 
   // The watchdog: retires finished operations; aborts the communicator when
@@ -369,7 +405,10 @@ class NcclGroup final : public ProcessGroup, public std::enable_shared_from_this
       else
         cv_.wait_for(lk, std::chrono::milliseconds(1), [&] { return stop_; });
       if (stop_) return;
-      while (!pending_.empty() && pending_.front()->finished()) pending_.pop_front();
+      while (!pending_.empty() && pending_.front()->finished()) {
+        if (pending_.front()->watched_) collectives_->end(pending_.front()->seq_);
+        pending_.pop_front();
+      }
       if (pending_.empty() || broken_) continue;
       std::shared_ptr<NcclWork> oldest = pending_.front();
       ncclResult_t async = ncclSuccess;
@@ -378,6 +417,7 @@ class NcclGroup final : public ProcessGroup, public std::enable_shared_from_this
       const bool late = std::chrono::steady_clock::now() - oldest->started_ > options_.timeout;
       if (!late && (async == ncclSuccess || async == ncclInProgress)) continue;
       lk.unlock();
+      report_recent(oldest->op_, oldest->seq_);
       // Roll call first, while the kernels still wait (the other survivors'
       // watchdogs time out at the same moment), and record the failure before
       // the abort: work that then fails on this device reports it (Note
@@ -420,6 +460,9 @@ class NcclGroup final : public ProcessGroup, public std::enable_shared_from_this
   Tensor barrier_buf_;
   uint64_t seq_ = 0;
   std::atomic<uint64_t> guarded_generation_{0};  // the last capture guard_replays() registered for
+  std::shared_ptr<std::atomic<int64_t>> capture_bytes_;  // what the collectives of that capture move
+  std::unique_ptr<CollectiveWatch> collectives_;  // Note [Stuck collectives named early]
+  std::atomic<bool> reported_{false};             // the flight recorder printed
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<NcclWork>> pending_;

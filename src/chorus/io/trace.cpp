@@ -35,7 +35,10 @@ nlohmann::json trace_events(const std::vector<ops::TraceSpan>& spans, int rank) 
   for (size_t i = 0; i < tracks.size(); ++i) {
     tid[tracks[i]] = static_cast<int>(i);
     const int kind = track_rank(tracks[i]);
-    const std::string label = kind == 1   ? tracks[i] + " kernels"
+    // Device tracks ("cuda:0 compute stream", Note [Device tracks]) are named already.
+    const bool device_track = kind == 2 && tracks[i].find(' ') != std::string::npos;
+    const std::string label = device_track ? tracks[i]
+                              : kind == 1  ? tracks[i] + " kernels"
                               : kind == 2 ? tracks[i] + " kernel launches"
                               : kind == 3 ? tracks[i] + " collectives"
                                           : tracks[i];

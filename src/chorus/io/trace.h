@@ -4,7 +4,9 @@
 //
 // Layout: one process id per rank (named "rank N"), and in it one thread id
 // per track: 0 is the host thread that runs the steps (step and phase spans),
-// then each device's kernels ("cpu:0 kernels", "cuda:1 kernel launches"), the
+// then each device's kernels ("cpu:0 kernels", "cuda:1 kernel launches"), a
+// GPU's own tracks after its launches ("cuda:1 compute stream", "cuda:1 nccl
+// stream", "cuda:1 copies": Note [Device tracks] in ops/device_trace.h), the
 // Gloo worker's collectives ("gloo collectives"), then other host threads. Spans are complete
 // events ("ph": "X") with microsecond timestamps from the system clock, so
 // the ranks of a job on one machine line up exactly, and those of several

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "chorus/core/backend.h"
+#include "chorus/ops/device_trace.h"
 
 namespace chorus::ops {
 
@@ -76,15 +77,26 @@ void record(std::string name, const char* category, std::string track, std::chro
 
 void start_trace() {
   Trace& tr = trace();
-  std::lock_guard<std::mutex> lock(tr.mu);
-  if (tr.on.load()) return;
-  tr.owner = std::this_thread::get_id();
-  const double sys = std::chrono::duration<double, std::micro>(std::chrono::system_clock::now().time_since_epoch()).count();
-  tr.wall_offset_us = sys - steady_us(std::chrono::steady_clock::now());
-  tr.on.store(true);
+  {
+    std::lock_guard<std::mutex> lock(tr.mu);
+    if (tr.on.load()) return;
+    tr.owner = std::this_thread::get_id();
+    const double sys = std::chrono::duration<double, std::micro>(std::chrono::system_clock::now().time_since_epoch()).count();
+    tr.wall_offset_us = sys - steady_us(std::chrono::steady_clock::now());
+    tr.on.store(true);
+  }
+  // Note [Device tracks]: on the same clock as the host spans.
+  start_device_trace([&tr] { return steady_us(std::chrono::steady_clock::now()) + tr.wall_offset_us; });
 }
 
-void stop_trace() { trace().on.store(false); }
+void stop_trace(bool wait_for_devices) {
+  Trace& tr = trace();
+  tr.on.store(false);
+  std::vector<TraceSpan> device = stop_device_trace(wait_for_devices);
+  if (device.empty()) return;
+  std::lock_guard<std::mutex> lock(tr.mu);
+  for (TraceSpan& s : device) tr.spans.push_back(std::move(s));
+}
 
 bool tracing() { return trace().on.load(std::memory_order_relaxed); }
 
@@ -144,6 +156,7 @@ ProfileScope::ProfileScope(const char* kernel, const Device& d) {
     kernel_ = kernel;
     device_ = d;
     begin_ = std::chrono::steady_clock::now();
+    if (d.is_cuda()) device_trace_saw(d);
   }
   if (!profiling_enabled()) return;
   kernel_ = kernel;

@@ -12,7 +12,8 @@
 // backward, optimizer, wait_gradients). Nothing synchronises: a trace shows
 // where the host spends a step. When no trace is on, each scope costs one
 // relaxed atomic load. `chorus train|bench --trace` writes the spans as a
-// Chrome trace (io/trace.h).
+// Chrome trace (io/trace.h). With CUPTI, the trace also holds what the GPUs
+// ran (Note [Device tracks] in ops/device_trace.h).
 #pragma once
 
 #include <chrono>
@@ -33,14 +34,17 @@ void reset_profile();
 // processes on one machine line up.
 struct TraceSpan {
   std::string name;
-  std::string category;  // "step", "phase", "kernel", "comm"
-  std::string track;     // "host" (the thread that started the trace), "host thread N", a device ("cpu:0") or "gloo"
+  std::string category;  // "step", "phase", "kernel", "comm"; "gpu_kernel", "gpu_comm", "gpu_copy" (device tracks)
+  std::string track;     // "host" (the thread that started the trace), "host thread N", a device ("cpu:0"), "gloo",
+                         // or a device track ("cuda:0 compute stream", "cuda:0 copies")
   double start_us = 0, end_us = 0;
   int64_t step = -1;     // the step being traced when it began
 };
 
 void start_trace();
-void stop_trace();
+// `wait_for_devices`: synchronise the traced GPUs first, so that their last
+// kernels are in the device tracks (not on a path that may follow a failure).
+void stop_trace(bool wait_for_devices = false);
 bool tracing();
 // The step number attached to spans from now on.
 void set_trace_step(int64_t step);

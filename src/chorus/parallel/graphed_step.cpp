@@ -9,6 +9,8 @@
 #include "chorus/core/graph_capture.h"
 #include "chorus/core/warn.h"
 #include "chorus/ops/copy.h"
+#include "chorus/ops/device_trace.h"
+#include "chorus/ops/profile.h"
 
 namespace chorus::parallel {
 
@@ -224,6 +226,9 @@ std::vector<Tensor> GraphedStep::replay(const std::vector<Tensor>& inputs) {
   // The replay reads what the callers' streams wrote (the inputs, a new
   // learning rate on each device); their later work waits for the replay.
   wait_for_callers();
+  // Note [Device tracks]: the replayed kernels, NCCL's included, are
+  // reported on the stream the graph is launched on.
+  if (ops::tracing()) ops::name_trace_stream(d, streams_[0].handle(), "compute stream (CUDA graph)");
   backend(d).graph_replay(d, graph_, streams_[0].handle());
   replayed_->record(streams_[0]);
   for (const Device& dev : devices_) Stream::current(dev).wait(*replayed_);
