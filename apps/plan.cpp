@@ -19,6 +19,7 @@
 #include "cli_numbers.h"
 #include "cli_options.h"
 #include "commands.h"
+#include "train_dist.h"
 #include "train_gpt.h"
 
 namespace chorus::app {
@@ -95,18 +96,21 @@ int run_calibrate(const PlanConfig& c) {
     cfg.recompute = c.recompute;
     CHORUS_CHECK(c.seq <= cfg.context, "--seq-len ", c.seq, " exceeds ", name, "'s context of ", cfg.context);
   }
-  // Under a launcher with 2+ ranks every rank all-reduces (init_process_group
-  // makes the local rank's GPU current); rank 0 then times the kernels.
+  // Under a launcher with 2+ ranks every rank all-reduces on its local
+  // rank's device (as chorus train --strategy ddp picks it: --devices cuda
+  // or the default on a GPU machine is the local rank's GPU); rank 0 then
+  // times the kernels.
   const std::optional<dist::LaunchEnv> env = dist::read_launch_env();
   const bool bus = env && env->world_size >= 2;
-  const Device requested = c.devices ? Device(*c.devices) : current_device();
   dist::ProcessGroupPtr pg;
+  Device device = c.devices ? Device(*c.devices) : (cuda_is_available() ? cuda_device(0) : cpu_device(0));
   if (bus) {
-    dist::InitOptions io;
-    io.backend = requested.is_cuda() ? "nccl" : "gloo";
-    pg = dist::init_process_group(io);
+    const std::vector<Device> mine = ddp_devices(c.devices.value_or(""), *env);
+    CHORUS_CHECK(mine.size() == 1, "chorus plan --calibrate under a launcher takes one device per process, got --devices ",
+                 c.devices.value_or(""));
+    device = mine[0];
+    pg = join_job(*env, device, 300).group;
   }
-  const Device device = bus && !c.devices && requested.is_cuda() ? current_device() : requested;
   CHORUS_CHECK(c.precision == "fp32" || device.is_cuda(), "--precision bf16 is timed on GPUs; calibrate ",
                device.str(), " with --precision fp32");
   const bool bf16 = c.precision == "bf16";

@@ -222,10 +222,6 @@ class SnapshotPlan {
 // rest on the host. Returns at once; the events say when the clones are done.
 ShardedSnapshot snapshot_on_devices(const ShardedSave& save, const std::map<Device, size_t>& bytes) {
   ShardedSnapshot snap{save, {}};
-  for (const auto& [d, n] : bytes) {
-    auto& m = snap.devices.emplace(d, ShardedSnapshot::Marks{Event(d), Event(d)}).first->second;
-    m.start.record();
-  }
   SnapshotPlan plan;
   for_each_tensor(snap.save, [&](Tensor& t) {
     if (t.defined() && !in_host_memory(t)) plan.add(t);
@@ -241,6 +237,10 @@ ShardedSnapshot snapshot_on_devices(const ShardedSave& save, const std::map<Devi
     t = plan.clone_of(t);
     plan.keep_clone(t);
   });
+  // The events bracket the copies alone: the planning and allocation above
+  // are host time, counted in save()'s stall.
+  for (const auto& [d, n] : bytes)
+    snap.devices.emplace(d, ShardedSnapshot::Marks{Event(d), Event(d)}).first->second.start.record();
   plan.copy();
   for (auto& [d, m] : snap.devices) m.end.record();
   host.finish();
