@@ -790,6 +790,7 @@ LoopResult train_loop(const TrainConfig& cfg, Training& t, Position& pos, RunLog
       }
       if (pos.step % cfg.log_every == 0 || pos.step == t.total_steps) {
         const auto now = std::chrono::steady_clock::now();
+        if (t.ranks) rank_times.arrive();  // Note [Late arrivals]
         if (t.ranks && t.ranks->leader() && cfg.stats_every_s > 0 &&
             std::chrono::duration<double>(now - last_report).count() >= cfg.stats_every_s)
           stats.ask_for_report();

@@ -1,6 +1,7 @@
 #include "train_dist.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 
 #include "chorus/core/backend.h"
@@ -50,23 +51,35 @@ std::vector<double> sum_over_ranks(const RankContext& rc, const std::vector<doub
   return t.to_vector<double>();
 }
 
+void RankTimes::arrive() {
+  // Seconds of the system clock (the same on every rank of a machine) less
+  // a constant, so that sums of many keep sub-microsecond precision.
+  constexpr double kClockBase = 1.7e9;
+  arrivals_s_ += std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count() - kClockBase;
+}
+
 std::string RankTimes::report(const RankContext& rc, int64_t step, double wait_s) {
   const int world = rc.group->size();
   const double n = static_cast<double>(std::max<int64_t>(steps_, 1));
-  std::vector<double> mine(3 * static_cast<size_t>(world), 0.0);
+  constexpr size_t kFields = 4;
+  std::vector<double> mine(kFields * static_cast<size_t>(world), 0.0);
   const size_t r = static_cast<size_t>(rc.env.rank);
-  mine[3 * r] = 1000.0 * std::max(0.0, step_s_ - (wait_s - wait_at_start_)) / n;  // busy ms per step
-  mine[3 * r + 1] = 1000.0 * data_s_ / n;
-  mine[3 * r + 2] = steps_ > 0 ? 1.0 : 0.0;
+  mine[kFields * r] = 1000.0 * std::max(0.0, step_s_ - (wait_s - wait_at_start_)) / n;  // busy ms per step
+  mine[kFields * r + 1] = 1000.0 * data_s_ / n;
+  mine[kFields * r + 2] = steps_ > 0 ? 1.0 : 0.0;
+  mine[kFields * r + 3] = arrivals_s_;
   const std::vector<double> all = sum_over_ranks(rc, mine);
   *this = RankTimes();
   wait_at_start_ = wait_s;
   if (!rc.leader()) return "";
   std::vector<double> busy, data;
+  double earliest = all[3];
+  for (int k = 0; k < world; ++k) earliest = std::min(earliest, all[kFields * k + 3]);
   for (int k = 0; k < world; ++k) {
-    if (all[3 * k + 2] == 0) return "";  // a rank timed no step in this period
-    busy.push_back(all[3 * k]);
-    data.push_back(all[3 * k + 1]);
+    if (all[kFields * k + 2] == 0) return "";  // a rank timed no step in this period
+    // Note [Late arrivals]: its lateness behind the earliest rank, per step.
+    busy.push_back(all[kFields * k] + 1000.0 * (all[kFields * k + 3] - earliest) / n);
+    data.push_back(all[kFields * k + 1]);
   }
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());

@@ -63,6 +63,19 @@ std::vector<double> sum_over_ranks(const RankContext& rc, const std::vector<doub
 // -- the median over the other ranks of that busy time per step, the slowest
 // rank and its excess over that median, and whether the excess is in data
 // loading or in compute (the rest of the step: forward, backward, optimizer).
+// Note [Late arrivals]: under CUDA graphs (or any step whose collectives the
+// host does not wait for) the ranks meet on the GPUs, inside NCCL's kernels,
+// so no rank's host time per step tells the slow one apart: a rank stopped
+// now and then loses its time wherever its host happens to be. What does
+// tell is when each rank's host reaches the log window's meeting point
+// (the loss read-out every --log-every steps): the others get there and
+// wait, the slow one comes late. So every rank notes the system clock there
+// (arrive()), the report sums them, and each rank's lateness behind the
+// earliest, per step, is added to its busy time. Eager DDP's ranks meet in
+// the gradient all-reduce of the last step, so they arrive together and
+// their lateness is near 0: the busy times name the rank, as before. The
+// clocks of one machine agree; across machines the lateness is as good as
+// their clocks' agreement (NTP: about a millisecond).
 class RankTimes {
  public:
   void add_step(double step_s, double data_s) {
@@ -70,6 +83,8 @@ class RankTimes {
     step_s_ += step_s;
     data_s_ += data_s;
   }
+  // At the log window's meeting point, every rank, the same windows.
+  void arrive();
   // Every rank calls it at the same step; `wait_s`: the DDP's
   // gradient_wait_seconds() now. Returns rank 0's line ("" elsewhere, or when
   // no step was timed) and starts the next period.
@@ -78,6 +93,7 @@ class RankTimes {
  private:
   int64_t steps_ = 0;
   double step_s_ = 0, data_s_ = 0, wait_at_start_ = 0;
+  double arrivals_s_ = 0;  // sum of arrive()'s clock readings, from kClockBase
 };
 
 // Note [Options every rank shares]: ranks given different training options
