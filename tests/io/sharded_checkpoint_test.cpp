@@ -546,6 +546,8 @@ TEST(ShardedCheckpoint, WaitsForEarlierWritesAddUpApart) {
   EXPECT_EQ(totals.saves, 3);
   EXPECT_GE(totals.wait_ms, 0.0);
   EXPECT_GE(totals.stall_ms, 3 * 0.25);
+  EXPECT_GE(totals.first_stall_ms, 0.25);
+  EXPECT_LE(totals.first_stall_ms, totals.stall_ms);
   EXPECT_NEAR(totals.stall_ms + totals.wait_ms, returned, 1e-9 * std::max(1.0, returned));
 }
 

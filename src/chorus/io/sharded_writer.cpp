@@ -385,6 +385,7 @@ double ShardedCheckpointWriter::save(const ShardedSave& save, double gather_ms) 
     last_snapshot_device_ms_ = 0;
     totals_.saves += 1;
     totals_.stall_ms += last_stall_ms_ - wait_ms;
+    if (totals_.saves == 1) totals_.first_stall_ms = last_stall_ms_ - wait_ms;
     totals_.wait_ms += wait_ms;
   }
   worker_ = std::thread([this, s = std::move(*snap), o = std::move(o)]() mutable {

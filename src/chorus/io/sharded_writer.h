@@ -98,9 +98,11 @@ class ShardedCheckpointWriter {
   // background work finished (all of them after wait()).
   // stall_ms: save()'s host time less its waits for a previous save, which
   // add up in wait_ms (saves closer together than the disk writes them).
+  // first_stall_ms: the first save's host stall alone (it also allocates the
+  // snapshot's device memory, which the allocator's pool keeps for the next).
   struct Totals {
     int64_t saves = 0;
-    double stall_ms = 0, device_ms = 0, wait_ms = 0;
+    double stall_ms = 0, device_ms = 0, wait_ms = 0, first_stall_ms = 0;
   };
   Totals totals() const;
   const std::string& dir() const { return dir_; }
