@@ -267,6 +267,13 @@ void match(const dist::ProcessGroupPtr& pg, const std::string& kind, int stage, 
                                                      " bytes of gathered weights between steps");
     if (stage >= 2) expect(held.full_grads == 0, "stage " + std::to_string(stage) + " holds " +
                                                    std::to_string(held.full_grads) + " bytes of full gradients");
+    // ... and during the backward about two buckets' full-size gradients at
+    // once (the one reduce-scattered and the one before), never all of them.
+    if (stage >= 2)
+      expect(held.peak_full_grads <= 2 * held.largest_bucket_grads,
+             "stage " + std::to_string(stage) + " held " + std::to_string(held.peak_full_grads) +
+                 " bytes of full gradients at once, more than two buckets' " +
+                 std::to_string(2 * held.largest_bucket_grads));
     const double e = std::abs(l_ref - l_sh) / std::max(std::abs(l_ref), 1e-30);
     worst_loss = std::max(worst_loss, e);
     expect(e <= tol, "step " + std::to_string(step) + ": loss " + sci(l_sh) + " vs DDP " + sci(l_ref));

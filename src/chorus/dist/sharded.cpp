@@ -81,6 +81,7 @@ struct ShardedDataParallel::Impl final : autograd::BackwardObserver {
     bool visited = false, sharded = false;
   };
   std::vector<Bucket> buckets;
+  int64_t peak_full_grads = 0;  // held_bytes().peak_full_grads
   std::vector<std::string> unit_names;  // [bucket]
   std::vector<int> unit_order;          // stage 3: buckets in the first forward's order
   bool order_known = false;
@@ -255,6 +256,7 @@ struct ShardedDataParallel::Impl final : autograd::BackwardObserver {
       Flat& f = bk.flats[g];
       if (!f.grad_full.defined()) f.grad_full = zeros({f.padded}, TensorOptions(f.dtype, pb.device));
       else if (options.stage > 1) ops::fill_(f.grad_full, 0.0);
+      note_full_grads();
       TensorList srcs, dsts;
       for (size_t i = 0; i < pb.ks.size(); ++i) {
         if (pb.layout.segments[i].group != g) continue;
@@ -295,12 +297,29 @@ struct ShardedDataParallel::Impl final : autograd::BackwardObserver {
       } else {
         f.rs_work = group->reduce_scatter(f.grad_full, f.rs_out, op);
       }
+      // Without a reduce-scatter in flight (one rank; or one waited for
+      // above, the current stream ordered after it) the full-size buffer
+      // can go now, in stream order: the next launch frees only buffers
+      // whose reduce-scatter is still in flight, so stages 2-3 would keep
+      // these to the end of the backward (every 16-bit one under
+      // param_dtype).
+      if (options.stage > 1 && !f.rs_work) f.grad_full = Tensor();
     }
     // The module's gradients are in the bucket now: drop them (stages 2-3
     // keep gradients as shards only; every stage starts the next backward
     // from none, as after zero_grad).
     for (size_t k : pb.ks) params[k].zero_grad();
     if (stage3() && units_decided && !gathered_whole_step(b)) release(b);
+  }
+
+  // Caller holds mu. The full-size gradient bytes held now, into the peak
+  // (held_bytes()).
+  void note_full_grads() {
+    int64_t now = 0;
+    for (const Bucket& bk : buckets)
+      for (const Flat& f : bk.flats)
+        if (f.grad_full.defined()) now += static_cast<int64_t>(f.grad_full.nbytes());
+    peak_full_grads = std::max(peak_full_grads, now);
   }
 
   // Caller holds mu.
@@ -830,6 +849,12 @@ ShardedDataParallel::Held ShardedDataParallel::held_bytes() const {
       if (f.grad_full.defined()) h.full_grads += static_cast<int64_t>(f.grad_full.nbytes());
       h.shard_grads += static_cast<int64_t>(f.grad_shard.nbytes());
     }
+  h.peak_full_grads = impl_->peak_full_grads;
+  for (size_t b = 0; b < impl_->buckets.size(); ++b) {
+    int64_t bytes = 0;
+    for (const auto& f : impl_->buckets[b].flats) bytes += f.padded * static_cast<int64_t>(dtype_size(f.dtype));
+    h.largest_bucket_grads = std::max(h.largest_bucket_grads, bytes);
+  }
   return h;
 }
 

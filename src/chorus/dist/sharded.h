@@ -157,8 +157,13 @@ class ShardedDataParallel : public nn::Module {
   // Bytes this rank holds now in weights (full and shards), gradients and
   // communication buffers, on the parameters' device (the memory plan's
   // check; optimizer state is the optimizer's).
+  // peak_full_grads: the most full-size gradient bytes held at once since
+  // construction (stages 2-3 promise the buffers of about two buckets:
+  // the one being reduce-scattered and the one before it); largest_bucket_grads:
+  // the largest bucket's full-size gradient bytes, to compare with.
   struct Held {
     int64_t full_weights = 0, shard_weights = 0, full_grads = 0, shard_grads = 0;
+    int64_t peak_full_grads = 0, largest_bucket_grads = 0;
   };
   Held held_bytes() const;
 
