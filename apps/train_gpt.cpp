@@ -37,6 +37,7 @@
 #include "chorus/ops/copy.h"
 #include "chorus/ops/elementwise.h"
 #include "chorus/ops/factory.h"
+#include "chorus/ops/profile.h"
 #include "chorus/optim/adamw.h"
 #include "chorus/optim/clip_grad.h"
 #include "chorus/parallel/data_parallel.h"
@@ -46,6 +47,7 @@
 #include "progress.h"
 #include "run_log.h"
 #include "run_position.h"
+#include "step_trace.h"
 #include "stop_signal.h"
 #include "train_dist.h"
 
@@ -257,7 +259,8 @@ void validate_gpt(const TrainConfig& tc, const GptOptions& g) {
   CHORUS_CHECK(!tc.lr || (std::isfinite(*tc.lr) && *tc.lr >= 0), "--lr must be a non-negative number");
   CHORUS_CHECK(!tc.resume || tc.checkpoint_dir, "--resume needs --checkpoint-dir");
   CHORUS_CHECK(tc.log_every > 0, "--log-every must be positive, got ", tc.log_every);
-  CHORUS_CHECK(!tc.trace, "--trace is not offered for GPT models yet (chorus train --model cnn|mlp|... has it)");
+  CHORUS_CHECK(!tc.trace || !g.mesh, "--trace is not offered with --mesh yet (a GPT without --mesh has it)");
+  if (tc.trace) (void)parse_trace_steps(tc.trace_steps);
   if (g.mesh) {
     validate_gpt_mesh(tc, g);
     return;
@@ -551,6 +554,13 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
   // slowed by a checkpoint waiting for the previous one's write.
   double fastest_step_ms = 0;
   io::ShardedCheckpointWriter::Totals ckpt_stall;
+  // --trace (Note [Traces of several ranks]: every rank records, rank 0
+  // writes the file) and --stats-every (the slowest rank named, Note [Late
+  // arrivals] in apps/train_dist.h), as the image trainer does.
+  StepTracer tracer(tc.trace, tc.trace_steps, r.ranks ? r.ranks->group->store() : nullptr,
+                    r.ranks ? r.ranks->env.rank : 0, r.world(), !tc.quiet);
+  RankTimes rank_times;
+  auto last_report = Clock::now();
   backend(device).reset_peak_bytes(device);
   StopSignal stop_signal;  // Note [Stopping on a signal]
   int64_t step = start;
@@ -586,30 +596,46 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
     r.opt->set_lr(lr_at_position(
         [&](int64_t k) { return lr_at(k, r.schedule_steps, r.warmup, r.lr, g.min_lr_ratio); }, tokens_at(step),
         r.step_tokens));
+    tracer.begin_step(step + 1);
+    const auto step_begin = Clock::now();
     std::vector<Tensor> inputs;  // ids, targets of each micro-batch
-    for (int64_t m = 0; m < r.accum; ++m) {
-      auto [ids, tg] = r.train->batch(r.batch * r.replicas(), step * r.accum + m);
-      inputs.push_back(ids.to(device));
-      inputs.push_back(tg.to(device));
+    {
+      ops::TraceScope data("data");
+      for (int64_t m = 0; m < r.accum; ++m) {
+        auto [ids, tg] = r.train->batch(r.batch * r.replicas(), step * r.accum + m);
+        inputs.push_back(ids.to(device));
+        inputs.push_back(tg.to(device));
+      }
     }
+    const auto data_end = Clock::now();
     Tensor step_loss;
     if (g.skip_nan) {
       // The loss is read before the update, which may then be skipped: eager steps.
-      step_loss = step_forward_backward(pairs_of(inputs));
+      {
+        ops::TraceScope fb("forward+backward");
+        step_loss = step_forward_backward(pairs_of(inputs));
+      }
       if (std::isnan(step_loss.item())) {
         if (r.leader()) std::fprintf(stderr, "step %lld: the loss is NaN, step skipped (--skip-nan)\n", (long long)step);
         r.opt->zero_grad();
         continue;
       }
+      ops::TraceScope opt("optimizer");
       last_norm = clip(g.clip);
       r.opt->step();
       r.opt->zero_grad();
       if (r.tied) r.tied->sync_tied_weights();
     } else {
+      // One span: a replayed graph has no host phases of its own.
+      ops::TraceScope whole(graphed->replays() > 0 ? "step (CUDA graph)" : "forward+backward+optimizer");
       std::vector<Tensor> out = (*graphed)(inputs);  // Note [Graphed step]: replayed after its warm-up
       step_loss = out[0];
       last_norm = out[1];
     }
+    tracer.end_step(step + 1);
+    if (r.ranks)
+      rank_times.add_step(std::chrono::duration<double>(Clock::now() - step_begin).count(),
+                          std::chrono::duration<double>(data_end - step_begin).count());
     window_losses.push_back(step_loss);
     // Note [Measured beside the plan]: the peak of the first two steps
     // beside the plan (the allocator counts on the host as the work is
@@ -620,6 +646,7 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
     const bool read = (step + 1) % tc.log_every == 0 || last;
     bool stop = false;
     if (read) {
+      if (r.ranks) rank_times.arrive();  // Note [Late arrivals]: before the wait for the device
       // One host wait per window: every step's loss of the window at once.
       std::vector<double> ls;
       for (const Tensor& l : window_losses) ls.push_back(l.item());
@@ -631,10 +658,19 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
       }
       double mean = sum / static_cast<double>(ls.size());
       stop = StopSignal::pending() != 0;
+      bool report = false;  // rank 0 decides, the window's all-reduce tells the others
       if (r.ranks) {
-        auto s = sum_over_ranks(*r.ranks, {mean, stop ? 1.0 : 0.0});
+        const bool due = r.leader() && tc.stats_every_s > 0 &&
+                         std::chrono::duration<double>(Clock::now() - last_report).count() >= tc.stats_every_s;
+        auto s = sum_over_ranks(*r.ranks, {mean, stop ? 1.0 : 0.0, due ? 1.0 : 0.0});
         mean = s[0] / r.world();
         stop = s[1] > 0;
+        report = s[2] > 0;
+      }
+      if (report) {
+        const std::string line = rank_times.report(*r.ranks, step + 1, r.ddp ? r.ddp->gradient_wait_seconds() : 0.0);
+        last_report = Clock::now();
+        if (!line.empty() && !tc.quiet) std::fprintf(stderr, "%s\n", line.c_str());
       }
       last_loss = mean;
       const double secs = seconds_since(window_start);
@@ -688,6 +724,7 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
       break;
     }
   }
+  tracer.finish();
   save(step);
   if (sharded_ckpt) {
     // The last checkpoint is whole on disk before the run reports it (or stops).

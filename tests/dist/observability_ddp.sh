@@ -30,24 +30,32 @@ echo "ok: ddp trace and tensorboard"
 
 # The slow rank named while the job runs (Note [Slow ranks named]): rank 1 is
 # stopped 80 ms of every 100 ms until the job ends; rank 0's --stats-every
-# lines must name it.
-marker="observability-ddp-$$"
-CHORUS_TEST_MARKER=$marker launch "$CHORUS" train --strategy ddp --model mlp --data synthetic --synthetic-size 24000 \
-  --batch-size 32 --epochs 1 --workers 0 --log-every 10 --stats-every 0.5 > "$tmp/slow.out" 2> "$tmp/slow.err" &
-job=$!
-victim=""
-for _ in $(seq 100); do  # this job's rank 1 (the marker is in its environment), once it trains
-  for f in $(grep -l "CHORUS_TEST_MARKER=$marker" /proc/[0-9]*/environ 2>/dev/null); do
-    tr '\0' '\n' < "$f" 2>/dev/null | grep -qx RANK=1 && victim=$(cut -d/ -f3 <<<"$f")
+# lines must name it. slowed NAME WAIT_FOR ARGS...: runs the job so, checks
+# its lines.
+slowed() {
+  local name=$1 ready=$2; shift 2
+  local marker="observability-ddp-$name-$$"
+  CHORUS_TEST_MARKER=$marker launch "$CHORUS" "$@" --stats-every 0.5 > "$tmp/slow.out" 2> "$tmp/slow.err" &
+  local job=$! victim=""
+  for _ in $(seq 100); do  # this job's rank 1 (the marker is in its environment), once it trains
+    for f in $(grep -l "CHORUS_TEST_MARKER=$marker" /proc/[0-9]*/environ 2>/dev/null); do
+      tr '\0' '\n' < "$f" 2>/dev/null | grep -qx RANK=1 && victim=$(cut -d/ -f3 <<<"$f")
+    done
+    [ -n "$victim" ] && grep -q "$ready" "$tmp/slow.err" && break
+    sleep 0.1
   done
-  [ -n "$victim" ] && grep -q "training mlp" "$tmp/slow.err" && break
-  sleep 0.1
-done
-[ -n "$victim" ] || { echo "FAIL: rank 1 not found"; kill $job; exit 1; }
-for _ in $(seq 100); do kill -STOP "$victim" 2>/dev/null || break; sleep 0.08; kill -CONT "$victim" 2>/dev/null || true; sleep 0.02; done
-wait $job || { cat "$tmp/slow.err"; echo "FAIL: the slowed job failed"; exit 1; }
-grep "ms median, slowest rank" "$tmp/slow.err" || true
-python3 - "$tmp/slow.err" <<'PY'
+  [ -n "$victim" ] || { echo "FAIL: $name: rank 1 not found"; kill $job; exit 1; }
+  for _ in $(seq 100); do kill -STOP "$victim" 2>/dev/null || break; sleep 0.08; kill -CONT "$victim" 2>/dev/null || true; sleep 0.02; done
+  # A job still running after 10 s of it is stopped by SIGINT to its
+  # launcher (the process with the marker and no RANK), which forwards it:
+  # the ranks stop together, exit 130.
+  for f in $(grep -l "CHORUS_TEST_MARKER=$marker" /proc/[0-9]*/environ 2>/dev/null); do
+    tr '\0' '\n' < "$f" 2>/dev/null | grep -q '^RANK=' || kill -INT "$(cut -d/ -f3 <<<"$f")" 2>/dev/null || true
+  done
+  local rc=0; wait $job || rc=$?
+  [ $rc = 0 ] || [ $rc = 130 ] || { cat "$tmp/slow.err"; echo "FAIL: $name: the slowed job failed (exit $rc)"; exit 1; }
+  grep "ms median, slowest rank" "$tmp/slow.err" || true
+  python3 - "$tmp/slow.err" "$name" <<'PY'
 import re, sys
 lines = re.findall(r"step (\d+): ([\d.]+) ms median, slowest rank (\d+) at ([\d.]+) ms \(([+-]\d+)%, (data loading|compute)\)",
                    open(sys.argv[1]).read())
@@ -60,8 +68,22 @@ named = [l for l in lines if l[2] == "1" and int(l[4]) >= 100]
 wrong = [l for l in lines if l[2] == "0" and int(l[4]) >= 100]
 assert len(named) >= 2, f"rank 1 (stopped 80% of the time) named +100% slower in fewer than 2 lines: {lines}"
 assert len(wrong) * 3 <= len(named), f"rank 0 named far slower in {len(wrong)} lines, rank 1 in {len(named)}: {lines}"
-print(f"ok: slow rank 1 named in {len(named)} of {len(lines)} lines")
+print(f"ok: {sys.argv[2]}: slow rank 1 named in {len(named)} of {len(lines)} lines")
 PY
+}
+slowed mlp "training mlp" train --strategy ddp --model mlp --data synthetic --synthetic-size 24000 \
+  --batch-size 32 --epochs 1 --workers 0 --log-every 10
+
+# The GPT trainer has both too: --trace of 2 DDP ranks, and the slowed rank named.
+python3 -c "
+import random; random.seed(4); w='in the beginning god created heaven and earth light was good'.split()
+print('\n'.join(' '.join(random.choice(w) for _ in range(12)) for _ in range(3000)))" > "$tmp/t.txt"
+G=(train --strategy ddp --model d2 --data "text:$tmp/t.txt" --seq-len 32 --batch-size 4)
+launch "$CHORUS" "${G[@]}" --steps 6 --log-every 2 --quiet --trace "$tmp/g.json" --trace-steps 3-4 \
+  > /dev/null 2> "$tmp/gerr" || { cat "$tmp/gerr"; exit 1; }
+python3 "$HERE/../apps/check_trace.py" "$tmp/g.json" --ranks 2 --steps 3-4 --phases data --comm all_reduce
+echo "ok: GPT ddp trace"
+slowed gpt "step 10/" "${G[@]}" --steps 100000 --log-every 10
 
 # A stopped rank named before the timeout ends the job (Note [Stuck collectives
 # named early]), and each survivor's last collectives in its log.
