@@ -238,6 +238,24 @@ int zero_stage_of(const std::string& strategy, const BenchConfig& c) {
   return 0;
 }
 
+std::vector<std::string> bench_strategies(const BenchConfig& c) {
+  CHORUS_CHECK(!c.zero_stage || (*c.zero_stage >= 1 && *c.zero_stage <= 3), "--zero-stage must be 1, 2 or 3, got ",
+               c.zero_stage.value_or(0));
+  const std::vector<std::string> strategies = split_list(c.strategy);
+  CHORUS_CHECK(!strategies.empty(), "--strategy is empty");
+  bool ranked = false, alone = false;
+  for (const std::string& s : strategies) {
+    const bool r = s == "ddp" || zero_stage_of(s, c) > 0;
+    CHORUS_CHECK(r || s == "single" || s == "dp" || s == "pipeline", "chorus bench --model ", c.model,
+                 ": unknown --strategy '", s, "' (single, dp, pipeline; or a list of ddp, zero, zero-1, zero-2, zero-3)");
+    (r ? ranked : alone) = true;
+  }
+  CHORUS_CHECK(!(ranked && alone), "--strategy ", c.strategy, " mixes strategies of one process with ddp/zero "
+               "(one process per device): bench them in separate runs");
+  CHORUS_CHECK(ranked || strategies.size() == 1, "--strategy takes a list only of ddp and zero rows, got ", c.strategy);
+  return strategies;
+}
+
 int run_bench(const BenchConfig& c) {
   CHORUS_CHECK(!c.mesh || is_gpt_model(c.model), "--mesh is offered for GPT models (gpt2 ... d84) only, not ", c.model);
   CHORUS_CHECK(c.mesh || !c.sequence_parallel, "--sequence-parallel needs --mesh with tp > 1");
@@ -249,17 +267,8 @@ int run_bench(const BenchConfig& c) {
   // The image models' ddp and zero rows are processes the bench starts
   // itself (one per device), a row for each strategy of the list at each
   // device count.
-  CHORUS_CHECK(!c.zero_stage || (*c.zero_stage >= 1 && *c.zero_stage <= 3), "--zero-stage must be 1, 2 or 3, got ",
-               c.zero_stage.value_or(0));
-  const std::vector<std::string> strategies = split_list(c.strategy);
-  bool ranked = false, alone = false;
-  for (const std::string& s : strategies) {
-    const bool r = s == "ddp" || zero_stage_of(s, c) > 0;
-    CHORUS_CHECK(r || s == "single" || s == "dp" || s == "pipeline", "chorus bench: unknown strategy '", s,
-                 "' (expected single, dp, pipeline, or a list of ddp, zero, zero-1, zero-2, zero-3)");
-    (r ? ranked : alone) = true;
-  }
-  CHORUS_CHECK(!alone || strategies.size() == 1, "--strategy takes a list only of ddp and zero rows, got ", c.strategy);
+  const std::vector<std::string> strategies = bench_strategies(c);
+  const bool ranked = strategies.front() == "ddp" || zero_stage_of(strategies.front(), c) > 0;
   for (const std::string& s : strategies)
     CHORUS_CHECK(!c.channels_last || zero_stage_of(s, c) == 0, "--channels-last is not offered with zero rows (a shard "
                  "is a range of a parameter's row-major elements): bench the zero rows NCHW");

@@ -76,6 +76,9 @@ void add_provenance(nlohmann::ordered_json& row, const Device& device);
 // A --strategy entry's ZeRO stage: zero -> --zero-stage (default 1); zero-N
 // -> N; anything else 0.
 int zero_stage_of(const std::string& strategy, const BenchConfig& c);
+// --strategy as a list, checked (known names; ddp and zero rows only in a
+// list, never mixed with single, dp or pipeline; --zero-stage 1-3).
+std::vector<std::string> bench_strategies(const BenchConfig& c);
 // img/s of plain training steps (strategy single) of `batch` samples on
 // `device`, with c's model, precision, layout, graphs, steps and warm-up.
 double plain_step_rate(const BenchConfig& c, const Device& device, int64_t batch);

@@ -206,21 +206,8 @@ int run_bench_gpt(const BenchConfig& c) {
   CHORUS_CHECK(c.batch_size > 0 && c.steps > 0 && c.warmup >= 0, "--batch-size and --steps must be positive");
   CHORUS_CHECK(c.recompute == "never" || c.recompute == "always",
                "--recompute for a GPT is always (every block recomputes its activations) or never, got '", c.recompute, "'");
-  CHORUS_CHECK(!c.zero_stage || (*c.zero_stage >= 1 && *c.zero_stage <= 3), "--zero-stage must be 1, 2 or 3, got ",
-               c.zero_stage.value_or(0));
-  const std::vector<std::string> strategies = split_list(c.strategy);
-  bool over_ranks = false, alone = false;
-  for (const std::string& s : strategies) {
-    const bool ranked = s == "ddp" || zero_stage_of(s, c) > 0;
-    CHORUS_CHECK(ranked || s == "single" || s == "dp" || s == "pipeline", "chorus bench --model ", c.model,
-                 ": unknown --strategy '", s, "' (single, dp, pipeline; or, one process per GPU under a launcher, a "
-                 "list of ddp, zero, zero-1, zero-2, zero-3)");
-    (ranked ? over_ranks : alone) = true;
-  }
-  CHORUS_CHECK(!(over_ranks && alone), "--strategy ", c.strategy, " mixes strategies of one process with ddp/zero "
-               "(one process per GPU, under a launcher): bench them in separate runs");
-  CHORUS_CHECK(over_ranks || strategies.size() == 1, "--strategy takes a list only of ddp and zero rows, got ",
-               c.strategy);
+  const std::vector<std::string> strategies = bench_strategies(c);
+  const bool over_ranks = strategies.front() == "ddp" || zero_stage_of(strategies.front(), c) > 0;
   if (!over_ranks) {
     std::vector<Device> devices;
     if (c.strategy == "single")

@@ -14,20 +14,9 @@ set -uo pipefail
 CHORUS=${1:?usage: train_gpt_mesh_pp.sh path/to/chorus}
 "$CHORUS" --version | grep -q "^Gloo: no" && { echo "SKIPPED: this build has no Gloo"; exit 0; }
 source "$(dirname "$0")/../testing/free_port.sh"
-fail=0
-check() { if eval "$2"; then echo "ok: $1"; else echo "FAIL: $1"; fail=1; fi; }
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-python3 -c "
-import random; random.seed(2); w='in the beginning god created heaven and earth light was good'.split()
-print('\n'.join(' '.join(random.choice(w) for _ in range(12)) for _ in range(3000)))" > "$tmp/t.txt"
+source "$(dirname "$0")/../testing/gpt_mesh_job.sh"
+text_corpus 2 "$tmp/t.txt"
 T=(train --model d2 --data "text:$tmp/t.txt" --seq-len 32 --steps 8 --log-every 4 --seed 5 --json --quiet)
-loss() { python3 -c "import json,sys; print(json.loads(sys.argv[1])['$2'])" "$1"; }
-close() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); sys.exit(0 if abs(a-b) <= 2e-5*max(1,abs(b)) else 1)" "$1" "$2"; }
-launch() {  # N ARGS...: chorus launch of N ranks; rank 0's JSON line on stdout
-  local n=$1; shift
-  timeout 300 "$CHORUS" launch --nproc-per-node "$n" --master-port "$(free_port)" --grace-period 2 -- "$CHORUS" "$@" \
-    2>"$tmp/launch.err" | grep '^{\|^\[rank 0\] {' | sed 's/^\[rank 0\] //'
-}
 
 # 1. Pipeline stages (x tensor x data parallel) equal one process.
 one=$("$CHORUS" "${T[@]}" --batch-size 8) || { echo "FAIL: single run"; exit 1; }
