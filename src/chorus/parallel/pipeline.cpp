@@ -581,6 +581,18 @@ void Pipeline::execute(Run& run) {
   if (run.error) std::rethrow_exception(run.error);
 }
 
+// The micro-batches' inputs to the first stage's device and targets to the
+// last's, where this process holds them.
+void Pipeline::feed(Run& run, const Tensor& x, const Tensor& target) const {
+  int64_t at = 0;
+  for (int m = 0; m < run.M; ++m) {
+    const int64_t len = run.sizes[static_cast<size_t>(m)];
+    if (is_local(0)) run.in[run.slot(0, m)] = x.narrow(0, at, len).to(stages_[0].device);
+    if (is_local(run.S - 1)) run.targets.push_back(target.narrow(0, at, len).to(stages_.back().device));
+    at += len;
+  }
+}
+
 void Pipeline::init_run(Run& run, int64_t batch, int micro_batches) const {
   run.S = static_cast<int>(stages_.size());
   run.batch = batch;
@@ -664,13 +676,7 @@ Tensor Pipeline::evaluate(const Tensor& x, const Tensor& target, const LossFn& l
     run.lists = {lists[static_cast<size_t>(pg->rank())]};
   else
     run.lists = std::move(lists);
-  int64_t at = 0;
-  for (int m = 0; m < run.M; ++m) {
-    const int64_t len = run.sizes[static_cast<size_t>(m)];
-    if (is_local(0)) run.in[run.slot(0, m)] = x.narrow(0, at, len).to(stages_[0].device);
-    if (is_local(run.S - 1)) run.targets.push_back(target.narrow(0, at, len).to(stages_.back().device));
-    at += len;
-  }
+  feed(run, x, target);
   execute(run);
   if (!is_local(run.S - 1)) return Tensor();
   Tensor loss = run.losses[0];
@@ -701,13 +707,7 @@ Pipeline::StepResult Pipeline::train_step(const Tensor& x, const Tensor& target,
   for (int m = 0; m < run.M; ++m)
     run.ckpt[static_cast<size_t>(m)] = opts_.checkpoint == Checkpoint::Always ||
                                        (opts_.checkpoint == Checkpoint::ExceptLast && m != run.M - 1);
-  int64_t at = 0;
-  for (int m = 0; m < run.M; ++m) {
-    const int64_t len = run.sizes[static_cast<size_t>(m)];
-    if (is_local(0)) run.in[run.slot(0, m)] = x.narrow(0, at, len).to(stages_[0].device);
-    if (is_local(run.S - 1)) run.targets.push_back(target.narrow(0, at, len).to(stages_.back().device));
-    at += len;
-  }
+  feed(run, x, target);
   execute(run);
 
   StepResult r;

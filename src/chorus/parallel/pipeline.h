@@ -172,6 +172,7 @@ class Pipeline : public nn::Module {
   struct Run;
   void note_copy(Run& run, const Device& dst, int dir) const;
   void init_run(Run& run, int64_t batch, int micro_batches) const;
+  void feed(Run& run, const Tensor& x, const Tensor& target) const;
   Tensor run_stage(size_t s, const Tensor& x) const;
   void execute(Run& run);
   void run_task(Run& run, const PipeTask& t, size_t device_index);
