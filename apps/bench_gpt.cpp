@@ -187,6 +187,7 @@ void bench_gpt_row(const BenchConfig& c, const std::string& strategy, const std:
                                 {"peak_mem_bytes", peak},
                                 {"loss", loss_value},
                                 {"cuda_graph", graphed.replays() >= c.steps}};
+  add_provenance(row, dev);  // device_name and commit, as every bench row
   if (c.json) {
     std::printf("%s\n", row.dump().c_str());
   } else {

@@ -209,6 +209,7 @@ int run_bench_gpt_mesh(const BenchConfig& c) {
                                   {"peak_mem_bytes_max", peak_max},
                                   {"loss", r.loss},
                                   {"cuda_graph", false}};
+    add_provenance(row, dev);  // device_name and commit, as every bench row
     if (pp > 1) {
       row["schedule"] = name;
       row["micro_batches"] = ps.micro_batches;

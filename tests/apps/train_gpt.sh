@@ -97,7 +97,7 @@ check "--plot draws an SVG" "grep -q '<svg' '$tmp/g.svg'"
 
 # 3b. chorus bench --model: one row with tokens/s and peak memory.
 row=$("$CHORUS" bench --model d2 --seq-len 32 --batch-size 2 --steps 2 --warmup 1 --json) || { echo "FAIL: bench d2"; fail=1; }
-check "bench row has tokens/s, seq_len and memory" "python3 -c \"import json,sys; r=json.loads(sys.argv[1]); sys.exit(0 if r['tok_per_s']>0 and r['seq_len']==32 and r['peak_mem_bytes']>=0 and r['params']>0 else 1)\" '$row'"
+check "bench row has tokens/s, seq_len, memory, device and commit" "python3 -c \"import json,sys; r=json.loads(sys.argv[1]); sys.exit(0 if r['tok_per_s']>0 and r['seq_len']==32 and r['peak_mem_bytes']>=0 and r['params']>0 and r['device_name'] and r['commit'] else 1)\" '$row'"
 # ... and per strategy: DataParallel over two CPU devices (twice the batch), the blocks as pipeline stages.
 for st in dp pipeline; do
   row=$("$CHORUS" bench --model d2 --seq-len 32 --batch-size 4 --steps 2 --warmup 1 --json --strategy $st \

@@ -56,7 +56,7 @@ check "... after writing a checkpoint" "grep -q 'checkpoint written: .*ckpt-' '$
 
 # 2b. chorus bench --mesh: one row from rank 0.
 row=$(launch 2 bench --model d2 --seq-len 32 --batch-size 2 --steps 2 --warmup 1 --json --mesh tp=2 --sequence-parallel)
-check "bench --mesh tp=2 reports tokens/s and the mesh" "python3 -c \"import json,sys; r=json.loads(sys.argv[1]); sys.exit(0 if r['tok_per_s']>0 and r['mesh']=='dp=1,pp=1,tp=2' and r['sequence_parallel'] else 1)\" '$row'"
+check "bench --mesh tp=2 reports tokens/s and the mesh" "python3 -c \"import json,sys; r=json.loads(sys.argv[1]); sys.exit(0 if r['tok_per_s']>0 and r['mesh']=='dp=1,pp=1,tp=2' and r['sequence_parallel'] and r['commit'] and r['device_name'] else 1)\" '$row'"
 
 # 3. Bad input: one line naming the problem, a non-zero exit.
 bad() {  # name, expected text, ranks (0: no launcher), args...
