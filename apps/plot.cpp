@@ -157,7 +157,9 @@ void draw_panel(std::ostringstream& svg, const Panel& p, double x0, double y0, d
   }
   if (p.from_zero) ylo = std::min(ylo, 0.0);
   const double margin = (yhi - ylo) * 0.05;
-  if (!p.from_zero || ylo < 0) ylo -= margin;
+  // The margin below the lowest point stops at zero for a series that never
+  // goes below it (a perplexity's axis from -20 reads wrong).
+  if (!p.from_zero || ylo < 0) ylo = ylo >= 0 ? std::max(0.0, ylo - margin) : ylo - margin;
   yhi += margin;
   const std::vector<double> yt = nice_ticks(ylo, yhi, 5);
   const std::vector<double> xt = nice_ticks(xlo, xhi, 6);

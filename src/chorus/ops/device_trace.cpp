@@ -9,7 +9,9 @@
 #include <cxxabi.h>
 
 #include <cstdlib>
+#include <cctype>
 #include <map>
+#include <set>
 #include <memory>
 #include <utility>
 
@@ -222,6 +224,16 @@ std::vector<TraceSpan> stop_device_trace(bool wait_for_devices) {
     }
     out.push_back(std::move(s));
   }
+  // A stream no one named that ran NCCL's kernels is a communication track
+  // (a CUDA graph's collectives run on streams NCCL makes for the capture):
+  // its name says so.
+  std::set<std::string> comm_tracks;
+  for (const TraceSpan& s : out)
+    if (s.category == "gpu_comm" && s.track.find(" stream ") != std::string::npos &&
+        std::isdigit(static_cast<unsigned char>(s.track.back())))
+      comm_tracks.insert(s.track);
+  for (TraceSpan& s : out)
+    if (comm_tracks.count(s.track)) s.track += " (nccl)";
 #else
   (void)wait_for_devices;
 #endif
