@@ -7,7 +7,7 @@
 #
 # Usage: scripts/gpu_gpt.sh STAGE...
 #   stages: build tests chorus chorus_eager chorus_composite torch compile llmc llmc_mpi converge profile dp ddp
-#           zero_check zero zero_images refuse big mesh_pp plan obs table
+#           profile_llmc zero_check zero zero_images refuse big mesh_pp plan obs table
 #   (plan: chorus plan --calibrate on cuda:0 (and the bus bandwidth over 2 GPUs under chorus launch where there
 #    are 2), then the plans of gpt2-xl on 1, 2, 4, 64 and 1024 GPUs, gpt2 on 1, 2, 4, d84 on 4, 64 and 1024;
 #    the calibration and every plan's JSON rows land in $OUT/plan_*)
@@ -53,6 +53,20 @@ if not m: print(f"memory plan {sys.argv[1]}: no measured line"); sys.exit()
 peak, plan = map(float, m[0])
 ok = abs(peak / plan - 1) <= 0.10
 print(f"memory plan {sys.argv[1]}: peak {peak:.2f} GiB, plan {plan:.2f} GiB, {100 * peak / plan:.1f}% -> {'ok' if ok else 'FAIL'} (within 10%)")
+PY
+}
+
+kernel_sum() {  # CSV STEPS: GPU time by kernel, per step, from the CUPTI trace library's CSV
+  python3 - "$1" "$2" <<'PY'
+import csv, sys, collections
+rows = list(csv.DictReader(open(sys.argv[1]))); steps = int(sys.argv[2])
+t = collections.Counter(); n = collections.Counter()
+for r in rows:
+    k = r["Name"][:90]; t[k] += int(r["Duration (ns)"]); n[k] += 1
+total = sum(t.values())
+print(f"GPU busy over {steps} steps: {total/1e6:.1f} ms ({total/steps/1e6:.1f} ms a step)")
+for k, v in t.most_common(30):
+    print(f"{v/steps/1e6:8.2f} ms/step {100*v/total:5.1f}% {n[k]//steps:5d}x  {k}")
 PY
 }
 
@@ -218,17 +232,17 @@ PY
     CHORUS_KERNEL_TRACE_ALL=1 CUDA_INJECTION64_PATH=$PWD/$BUILD/libchorus_kernel_trace.so CHORUS_KERNEL_TRACE="$OUT/trace/k" \
       $BUILD/chorus train --model $MODEL --data "tokens:$DATA/rand_train_*.bin" --seq-len $T --batch-size $B \
       --precision bf16 --steps 6 --log-every 3 --val-windows 1 --quiet --json >/dev/null 2>"$OUT/profile.err" || tail -3 "$OUT/profile.err"
-    python3 - "$OUT"/trace/k.*.csv <<'PY'
-import csv, sys, collections
-rows = list(csv.DictReader(open(sys.argv[1])))
-t = collections.Counter(); n = collections.Counter()
-for r in rows:
-    k = r["Name"][:90]; t[k] += int(r["Duration (ns)"]); n[k] += 1
-total = sum(t.values())
-print(f"GPU busy over 6 steps: {total/1e6:.1f} ms ({total/6e6:.1f} ms a step)")
-for k, v in t.most_common(28):
-    print(f"{v/6e6:8.2f} ms/step {100*v/total:5.1f}% {n[k]//6:5d}x  {k}")
-PY
+    kernel_sum "$OUT"/trace/k.*.csv 6
+    ;;
+  profile_llmc)  # llm.c's GPU time by kernel under the same CUPTI library (after llmc built it), LLMC_PROF_STEPS steps
+    P=${LLMC_PROF_STEPS:-8}
+    [ -x /tmp/train_gpt2cu ] && [ -f $BUILD/libchorus_kernel_trace.so ] || { echo "profile_llmc: run llmc and profile first"; continue; }
+    rm -rf "$OUT/trace_llmc"; mkdir -p "$OUT/trace_llmc"
+    depth=$(python3 -c "print({'gpt2':12,'gpt2-medium':24,'gpt2-large':36,'gpt2-xl':48}.get('$MODEL','$MODEL'.lstrip('d')))")
+    (cd /tmp && CHORUS_KERNEL_TRACE_ALL=1 CUDA_INJECTION64_PATH=$OLDPWD/$BUILD/libchorus_kernel_trace.so \
+      CHORUS_KERNEL_TRACE="$OUT/trace_llmc/k" ./train_gpt2cu -i "$DATA/rand_train_*.bin" -j "$DATA/rand_val_*.bin" \
+      -e "d$depth" -b $B -t $T -x $P -v 100000 -s 0 -h 0 -y 0) >"$OUT/profile_llmc.log" 2>&1 || tail -5 "$OUT/profile_llmc.log"
+    kernel_sum "$OUT"/trace_llmc/k.*.csv $P
     ;;
   converge)  # d6 byte-level on the King James Bible (carried as .bench/kjv.txt), Chorus and PyTorch, same schedule
     CS=${CONV_STEPS:-1500}

@@ -129,6 +129,41 @@ TEST(TransformerOps, AttentionGradients) {
   EXPECT_TRUE(gradcheck([](L in) { return F::scaled_dot_product_attention(in[0], in[1], in[2], true); }, {q, k2, v2}));
 }
 
+// GPT's attention over its packed QKV projection: the same values and
+// gradients as splitting it into heads by hand, one gradient tensor written
+// in place (Note [One gradient for packed q, k, v]).
+TEST(TransformerOps, PackedAttentionMatchesSplitHeads) {
+  const int64_t b = 2, t = 5, h = 2, d = 3, c = h * d;
+  Tensor qkv = random_leaf({b, t, 3 * c}, 90);
+  Tensor go = random_leaf({b, t, c}, 91).detach();
+  auto split_heads = [&](const Tensor& x) {
+    TensorList parts = chorus::split(x, c, 2);
+    for (Tensor& p : parts) p = p.reshape({b, t, h, d}).permute({0, 2, 1, 3});
+    return F::scaled_dot_product_attention(parts[0], parts[1], parts[2], true).permute({0, 2, 1, 3}).reshape({b, t, c});
+  };
+  Tensor x1 = qkv.detach().clone().set_requires_grad(true), x2 = qkv.detach().clone().set_requires_grad(true);
+  Tensor want = split_heads(x1), got = F::causal_self_attention(x2, h);
+  EXPECT_EQ(got.sizes(), (Shape{b, t, c}));
+  EXPECT_LT(max_abs_diff(want, got), 1e-14);
+  want.backward(go);
+  got.backward(go);
+  EXPECT_LT(max_abs_diff(x1.grad(), x2.grad()), 1e-14);
+  EXPECT_TRUE(gradcheck([h](L in) { return F::causal_self_attention(in[0], h); }, {qkv}));
+  // With dropout on the probabilities: the same mask from the same seed.
+  manual_seed(5);
+  Tensor a = split_heads(x1.detach()).detach();
+  Tensor xd = x1.detach();
+  TensorList parts = chorus::split(xd, c, 2);
+  for (Tensor& p : parts) p = p.reshape({b, t, h, d}).permute({0, 2, 1, 3});
+  manual_seed(5);
+  Tensor with_drop = F::scaled_dot_product_attention(parts[0], parts[1], parts[2], true, 0.3).permute({0, 2, 1, 3}).reshape({b, t, c});
+  manual_seed(5);
+  Tensor packed_drop = F::causal_self_attention(xd, h, 0.3);
+  EXPECT_LT(max_abs_diff(with_drop, packed_drop), 1e-14);
+  EXPECT_GT(max_abs_diff(a, packed_drop), 1e-3);  // the mask did something
+  EXPECT_TRUE(test::throws_naming([&] { F::causal_self_attention(random_leaf({2, 5, 10}, 92), 2); }, {"3 x heads"}));
+}
+
 TEST(TransformerOps, AttentionDropoutIsDeterministicUnderASeedAndDifferentiable) {
   Tensor q = random_leaf({1, 2, 5, 3}, 24), k = random_leaf({1, 2, 5, 3}, 25), v = random_leaf({1, 2, 5, 3}, 26);
   // The same mask at every evaluation: reseeded inside f.
@@ -230,6 +265,37 @@ TEST(TransformerOps, FusedCrossEntropyGradients) {
     EXPECT_EQ(g[r * 9 + 7], 0.0);
     EXPECT_EQ(g[r * 9 + 8], 0.0);
   }
+}
+
+// Note [The classifier's gradient scaled once]: the kernel writes the mean's
+// gradient; backward multiplies by the incoming gradient in place only when
+// the graph is not kept, and a kept graph gives the same gradient again.
+TEST(TransformerOps, FusedCrossEntropyScalesItsGradientOnce) {
+  Tensor x = random_leaf({6, 9}, 23);
+  Tensor t = ids({0, 6, 3, 6, 1, 2}, {6});
+  auto grad_of = [&](double k, bool twice) {
+    Tensor xg = x.detach().clone().set_requires_grad(true);
+    Tensor loss = F::cross_entropy_fused(xg, t);
+    if (k != 1.0) loss = loss.mul(k);
+    loss.backward(Tensor(), /*retain_graph=*/twice);
+    if (twice) loss.backward();
+    return xg.grad();
+  };
+  // The reference: softmax - one_hot over the rows, / 6.
+  auto xv = x.detach().to_vector<double>();
+  std::vector<double> want(xv.size());
+  const std::vector<int64_t> tv{0, 6, 3, 6, 1, 2};
+  for (int64_t r = 0; r < 6; ++r) {
+    double m = -1e300, z = 0;
+    for (int64_t j = 0; j < 9; ++j) m = std::max(m, xv[r * 9 + j]);
+    for (int64_t j = 0; j < 9; ++j) z += std::exp(xv[r * 9 + j] - m);
+    for (int64_t j = 0; j < 9; ++j) want[r * 9 + j] = (std::exp(xv[r * 9 + j] - m) / z - (j == tv[r] ? 1 : 0)) / 6;
+  }
+  Tensor w = from_vector(want, {6, 9}, {kFloat64});
+  EXPECT_LT(max_abs_diff(grad_of(1.0, false), w), 1e-15);
+  EXPECT_LT(max_abs_diff(grad_of(2.5, false), w.mul(2.5)), 1e-15);
+  EXPECT_LT(max_abs_diff(grad_of(1.0, true), w.mul(2.0)), 1e-15);
+  EXPECT_LT(max_abs_diff(grad_of(0.5, true), w), 1e-15);
 }
 
 TEST(TransformerOps, FusedCrossEntropyRejectsATargetOutsideTheVocabulary) {
@@ -370,14 +436,22 @@ TEST(TransformerOps, FusedAttentionMatchesComposite_CUDA) {
           grads->push_back(qkv.grad());
           return out;
         };
+        // GPT's path: one packed QKV, its gradient written in place.
+        auto run_packed = [&](DType dt, ops::AttentionKernel kern, TensorList* grads) {
+          Tensor qkv = qkv32.to(kBFloat16).to(dt).detach().clone().set_requires_grad(true);
+          Tensor out = F::causal_self_attention(qkv, h, 0.0, kern);
+          out.backward(go32.to(kBFloat16).to(dt));
+          grads->push_back(qkv.grad());
+          return out;
+        };
         TensorList g_ref, g_comp, g_fused;
         Tensor ref = run(kFloat32, ops::AttentionKernel::Composite, &g_ref);
         // Memory above what is held before each run, at its peak.
-        auto peak_of = [&](ops::AttentionKernel kern, TensorList* grads, Tensor* out) {
+        auto peak_of = [&](ops::AttentionKernel kern, TensorList* grads, Tensor* out, bool packed = false) {
           synchronize(gpu);
           backend(gpu).reset_peak_bytes(gpu);
           const size_t before = backend(gpu).bytes_in_use(gpu);
-          *out = run(kBFloat16, kern, grads);
+          *out = packed ? run_packed(kBFloat16, kern, grads) : run(kBFloat16, kern, grads);
           synchronize(gpu);
           return backend(gpu).peak_bytes(gpu) - before;
         };
@@ -393,6 +467,15 @@ TEST(TransformerOps, FusedAttentionMatchesComposite_CUDA) {
         // T x T scores and probabilities on top.
         EXPECT_LT(peak, static_cast<size_t>(64 * b * h * t * d)) << "peak " << peak << " bytes";
         EXPECT_LT(peak, comp_peak) << "fused peak " << peak << " bytes, composite " << comp_peak;
+        if (causal) {
+          TensorList g_packed;
+          Tensor packed;
+          const size_t packed_peak = peak_of(ops::AttentionKernel::Fused, &g_packed, &packed, true);
+          EXPECT_LT(max_abs_diff(fused, packed), 1e-6) << "the packed forward is the same kernel";
+          const double g_p = max_abs_diff(g_ref[0], g_packed[0]);
+          EXPECT_LT(g_p, std::max(1.5 * g_c, 5e-3)) << "packed gradient " << g_p << ", composite " << g_c;
+          EXPECT_LE(packed_peak, peak) << "packed peak " << packed_peak << " bytes, split heads " << peak;
+        }
       }
     }
   }

@@ -132,6 +132,21 @@ class OfferScope {
   AddendOffer* prev_;
 };
 
+// Whether the pass running Node::apply on this thread keeps the graph
+// (backward_keeps_graph in node.h).
+thread_local bool current_keeps_graph = false;
+
+class KeepsGraphScope {
+ public:
+  explicit KeepsGraphScope(bool keeps) : prev_(current_keeps_graph) { current_keeps_graph = keeps; }
+  ~KeepsGraphScope() { current_keeps_graph = prev_; }
+  KeepsGraphScope(const KeepsGraphScope&) = delete;
+  KeepsGraphScope& operator=(const KeepsGraphScope&) = delete;
+
+ private:
+  bool prev_;
+};
+
 // One backward pass: the dependency counts and the pending gradients.
 class GraphTask {
  public:
@@ -192,6 +207,7 @@ class GraphTask {
     {
       DeviceGuard guard(n->device);
       OfferScope scope(offer.grads.empty() ? nullptr : &offer);
+      KeepsGraphScope keeps(retain_);
       out = n->apply(std::move(in));
     }
     return_untaken(n, offer);
@@ -357,6 +373,8 @@ void run_multi_device(GraphTask& task) {
 }
 
 }  // namespace
+
+bool backward_keeps_graph() { return current_keeps_graph; }
 
 Tensor take_gradient_addend(size_t input) {
   AddendOffer* o = current_offer;

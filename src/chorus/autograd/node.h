@@ -71,6 +71,12 @@ class Node {
 // above), or an undefined tensor.
 Tensor take_gradient_addend(size_t input);
 
+// Inside Node::apply: whether this backward pass keeps the graph
+// (retain_graph), so that the node may run again. A node that does not
+// may write its gradient into a tensor it saved (the fused classifier scales
+// its saved gradient in place) since nothing reads that tensor after it.
+bool backward_keeps_graph();
+
 using BackwardFn = std::function<TensorList(const TensorList& grad_outputs)>;
 
 // A node whose backward is a closure over the tensors it saved.

@@ -2,6 +2,7 @@
 // fused classifier), beside those of nn_functions.cpp.
 #include "chorus/autograd/transformer_functions.h"
 
+#include <array>
 #include <limits>
 
 #include "chorus/autograd/node.h"
@@ -54,12 +55,49 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
   });
 }
 
+namespace {
+
+// q, k, v [B, H, T, D]: views of a packed [B, T, 3 H D] tensor, q, k and v side by side.
+std::array<Tensor, 3> packed_heads(const Tensor& qkv, int64_t heads) {
+  const int64_t b = qkv.size(0), t = qkv.size(1), c = qkv.size(2) / 3;
+  std::array<Tensor, 3> out;
+  for (int64_t i = 0; i < 3; ++i)
+    out[i] = ops::permute(ops::view(ops::slice(qkv, 2, i * c, (i + 1) * c, 1), {b, t, heads, c / heads}),
+                          {0, 2, 1, 3});
+  return out;
+}
+
+}  // namespace
+
+Tensor attention_packed(const Tensor& qkv, int64_t heads, bool causal, double scale, double dropout,
+                        ops::AttentionKernel kernel) {
+  CHORUS_CHECK(qkv.dim() == 3 && heads >= 1 && qkv.size(2) % (3 * heads) == 0,
+               "attention: packed q, k, v must be [batch, seq, 3 x heads x head_dim] for ", heads, " heads, got ",
+               qkv.describe());
+  Tensor x = ops::contiguous(qkv.detach());
+  auto [q, k, v] = packed_heads(x, heads);
+  ops::AttentionSaved saved = ops::attention(q, k, v, causal, scale, dropout, kernel);
+  Tensor out = saved.out;
+  saved.out = saved.out.detach();
+  // Note [One gradient for packed q, k, v]: the three gradients are written
+  // into the slices of one [B, T, 3 H D] tensor (the fused kernel writes them
+  // there itself), where split's backward would zero-pad each to the whole
+  // width and sum the three: three fills, three copies and two adds of the
+  // packed size per block.
+  return record("AttentionBackward", out, {qkv}, [x, heads, saved, causal, scale](const TensorList& g) {
+    Tensor dx = empty_like(x);
+    auto [q, k, v] = packed_heads(x, heads);
+    auto [dq, dk, dv] = packed_heads(dx, heads);
+    ops::attention_backward_into(g[0], q, k, v, saved, causal, scale, dq, dk, dv);
+    return TensorList{dx};
+  });
+}
+
 Tensor cross_entropy_fused_mean(const Tensor& logits, const Tensor& target, int64_t valid_cols,
                                 std::optional<int64_t> ignore_index) {
   // No target equals INT64_MIN: "no ignore index" to the kernels.
   const int64_t ignore = ignore_index.value_or(std::numeric_limits<int64_t>::min());
-  auto [losses, dlogits] = ops::cross_entropy_fused(logits, target, valid_cols, ignore);
-  const DType acc = losses.dtype();
+  const DType acc = logits.dtype() == kFloat64 ? kFloat64 : kFloat32;
   // The number of rows that count, on the device (no host wait): N, or the
   // targets that are not ignore_index (at least 1, so an all-ignored batch
   // gives 0 and no NaN).
@@ -72,13 +110,23 @@ Tensor cross_entropy_fused_mean(const Tensor& logits, const Tensor& target, int6
   } else {
     count = full({}, static_cast<double>(std::max<int64_t>(logits.size(0), 1)), {acc, logits.device()});
   }
+  // Note [The classifier's gradient scaled once]: the kernel writes each
+  // row's gradient already divided by the count (d mean / d loss_r), so the
+  // backward only multiplies by the incoming gradient -- which is backward's
+  // seed of 1 for a loss the step differentiates directly: then the kernel
+  // that would scale the logits-sized gradient in place reads the 1 and
+  // writes nothing (a pass over [N, V] saved: the largest activation of a
+  // GPT). A graph kept for a second backward scales a copy instead.
+  Tensor inv_count = ignore_index ? ops::binary(BinaryOp::Div, full({}, 1.0, {acc, logits.device()}), count)
+                                  : full({}, 1.0 / static_cast<double>(std::max<int64_t>(logits.size(0), 1)),
+                                         {acc, logits.device()});
+  auto [losses, dlogits] = ops::cross_entropy_fused(logits, target, valid_cols, ignore, inv_count);
   Tensor loss = ops::binary(BinaryOp::Div, ops::reduce(ReduceOp::Sum, losses, {}, false), count);
-  Tensor dl = dlogits, n = count;
-  return record("CrossEntropyBackward", loss, {logits}, [dl, n](const TensorList& g) {
-    // d loss / d logits[r] = g / count * (softmax - onehot)[r]; the scale
-    // rounded to the logits' dtype once (exact for a power-of-two count).
-    Tensor scale = ops::binary(BinaryOp::Div, ops::to_dtype(g[0], n.dtype()), n);
-    return TensorList{ops::binary(BinaryOp::Mul, dl, ops::to_dtype(scale, dl.dtype()))};
+  Tensor dl = dlogits;
+  return record("CrossEntropyBackward", loss, {logits}, [dl](const TensorList& g) {
+    if (backward_keeps_graph()) return TensorList{ops::binary(BinaryOp::Mul, dl, ops::to_dtype(g[0], dl.dtype()))};
+    ops::scale_unless_one_(dl, g[0]);
+    return TensorList{dl};
   });
 }
 

@@ -18,6 +18,11 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 // when p > 0; `kernel` picks the fused or the composite path.
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale, double dropout = 0.0,
                  ops::AttentionKernel kernel = ops::AttentionKernel::Auto);
+// attention() over q, k, v packed side by side in one [batch, seq, 3 x heads x
+// head_dim] tensor (a GPT's QKV projection), returned as [batch, heads, seq,
+// head_dim]; the backward gives qkv one gradient, written in place.
+Tensor attention_packed(const Tensor& qkv, int64_t heads, bool causal, double scale, double dropout = 0.0,
+                        ops::AttentionKernel kernel = ops::AttentionKernel::Auto);
 // Mean cross entropy of logits [N, V] against int64 targets [N] through the
 // fused classifier: columns from valid_cols on are vocabulary padding, rows
 // whose target is ignore_index are left out of the mean (0 when every row

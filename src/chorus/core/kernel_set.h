@@ -209,7 +209,14 @@
      contiguous, columns >= valid_cols left out (padding of the vocabulary: probability 0,       \
      gradient 0); int64 targets [N], rows whose target is ignore_index get loss 0 and gradient   \
      0. losses [N] float32 (float64 for float64 logits); dlogits [N, V] of the logits' dtype =    \
-     softmax - one_hot(target), the gradient of each row's loss (may alias logits). A target     \
-     outside [0, valid_cols) that is not ignore_index is an error (CPU) or a NaN loss (CUDA). */  \
+     (softmax - one_hot(target)) x grad_scale, the gradient of each row's loss times a scale     \
+     (a one-element float32 tensor -- float64 for float64 logits -- on the device, read there;   \
+     undefined: 1), e.g. 1/N for a mean (may alias logits). A target outside [0, valid_cols)     \
+     that is not ignore_index is an error (CPU) or a NaN loss (CUDA). */                         \
   void cross_entropy_fused(const Tensor& logits, const Tensor& target, int64_t valid_cols,        \
-                           int64_t ignore_index, const Tensor& losses, const Tensor& dlogits);
+                           int64_t ignore_index, const Tensor& losses, const Tensor& dlogits,     \
+                           const Tensor& grad_scale);                                             \
+  /* x *= scale in place (a one-element float32 or float64 tensor on x's device, read there),    \
+     nothing written when scale is exactly 1: on CUDA each block reads it and returns, so the    \
+     common case (backward's seed of 1) costs one launch, also inside a CUDA graph. */           \
+  void scale_unless_one(const Tensor& x, const Tensor& scale);

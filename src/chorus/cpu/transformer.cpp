@@ -184,7 +184,7 @@ void attention_softmax_backward(const Tensor& dy, const Tensor& y, double scale,
 }
 
 void cross_entropy_fused(const Tensor& logits, const Tensor& target, int64_t valid_cols, int64_t ignore_index,
-                         const Tensor& losses, const Tensor& dlogits) {
+                         const Tensor& losses, const Tensor& dlogits, const Tensor& grad_scale) {
   const char* op = "cross_entropy_fused";
   detail::check_defined(logits, op, "logits");
   detail::check_defined(target, op, "target");
@@ -202,8 +202,12 @@ void cross_entropy_fused(const Tensor& logits, const Tensor& target, int64_t val
     CHORUS_CHECK(tg[r] == ignore_index || (tg[r] >= 0 && tg[r] < valid_cols), op, ": target ", tg[r], " at row ",
                  r, " is outside the vocabulary of ", valid_cols, " tokens");
   }
+  CHORUS_CHECK(!grad_scale.defined() || grad_scale.numel() == 1, op, ": grad_scale must have one element, got ",
+               grad_scale.describe());
+  const double scale = grad_scale.defined() ? grad_scale.item() : 1.0;
   with_compute_type({&logits, &losses}, [&](auto tag) {
     using C = decltype(tag);
+    const C sc = static_cast<C>(scale);
     parallel_for(n, grain_for(v), [&](int64_t r0, int64_t r1) {
       std::vector<C> row(v);
       for (int64_t r = r0; r < r1; ++r) {
@@ -221,10 +225,32 @@ void cross_entropy_fused(const Tensor& logits, const Tensor& target, int64_t val
           for (int64_t j = 0; j < valid_cols; ++j) row[j] = std::exp((row[j] - m) - log_sum);
           for (int64_t j = valid_cols; j < v; ++j) row[j] = 0;
           row[tg[r]] -= C(1);
+          if (sc != C(1))
+            for (int64_t j = 0; j < valid_cols; ++j) row[j] *= sc;
         }
         store_row(&loss, losses, r, 1);
         store_row(row.data(), dlogits, r * v, v);
       }
+    });
+  });
+}
+
+void scale_unless_one(const Tensor& x, const Tensor& scale) {
+  const char* op = "scale_unless_one";
+  detail::check_defined(x, op, "x");
+  CHORUS_CHECK(scale.defined() && scale.numel() == 1, op, ": scale must have one element");
+  CHORUS_CHECK(x.is_contiguous() && is_floating(x.dtype()), op, ": x must be a contiguous floating tensor, got ",
+               x.describe());
+  const double s = scale.item();
+  if (s == 1.0 || x.numel() == 0) return;
+  const int64_t n = x.numel();
+  with_compute_type({&x}, [&](auto tag) {
+    using C = decltype(tag);
+    parallel_for(n, 1 << 14, [&](int64_t i0, int64_t i1) {
+      std::vector<C> buf(static_cast<size_t>(i1 - i0));
+      load_row(x, i0, i1 - i0, buf.data());
+      for (C& e : buf) e *= static_cast<C>(s);
+      store_row(buf.data(), x, i0, i1 - i0);
     });
   });
 }

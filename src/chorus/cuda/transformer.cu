@@ -262,9 +262,11 @@ __global__ void attention_softmax_backward_kernel(const T* dy, const T* y, T* dx
 // vectors): two reads of the row (the second mostly from L2) and one write.
 template <typename T, typename L, int V>
 __global__ void cross_entropy_fused_kernel(const T* logits, const int64_t* target, int64_t rows, int64_t cols,
-                                           int64_t valid, int64_t ignore_index, L* losses, T* dlogits) {
+                                           int64_t valid, int64_t ignore_index, L* losses, T* dlogits,
+                                           const float* grad_scale) {
   const int64_t row = row_index();
   if (row >= rows) return;
+  const float scale = grad_scale ? *grad_scale : 1.0f;
   const int64_t tg = target[row];
   const int64_t nv = cols / V, valid_v = (valid + V - 1) / V;
   const Vec<T, V>* xr = reinterpret_cast<const Vec<T, V>*>(logits + row * cols);
@@ -300,7 +302,8 @@ __global__ void cross_entropy_fused_kernel(const T* logits, const int64_t* targe
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       const int64_t col = c * V + j;
-      const float g = col < valid ? expf((to_acc(v.v[j]) - ms.m) - log_sum) - (col == tg ? 1.0f : 0.0f) : 0.0f;
+      const float g =
+          col < valid ? (expf((to_acc(v.v[j]) - ms.m) - log_sum) - (col == tg ? 1.0f : 0.0f)) * scale : 0.0f;
       out.v[j] = convert<T>(g);
     }
     dr[c] = out;
@@ -441,7 +444,7 @@ void attention_softmax_backward(const Tensor& dy, const Tensor& y, double scale,
 }
 
 void cross_entropy_fused(const Tensor& logits, const Tensor& target, int64_t valid_cols, int64_t ignore_index,
-                         const Tensor& losses, const Tensor& dlogits) {
+                         const Tensor& losses, const Tensor& dlogits, const Tensor& grad_scale) {
   const char* op = "cross_entropy_fused";
   check_cuda_contiguous(logits, op, "logits");
   check_cuda_contiguous(dlogits, op, "dlogits");
@@ -454,6 +457,9 @@ void cross_entropy_fused(const Tensor& logits, const Tensor& target, int64_t val
   CHORUS_CHECK(losses.dtype() == kFloat32 && losses.sizes() == Shape{rows}, op, ": losses must be float32 [", rows,
                "]");
   CHORUS_CHECK(valid_cols >= 1 && valid_cols <= cols, op, ": valid_cols ", valid_cols, " must be in [1, ", cols, "]");
+  CHORUS_CHECK(!grad_scale.defined() || (grad_scale.numel() == 1 && grad_scale.dtype() == kFloat32 &&
+                                         grad_scale.device() == logits.device()),
+               op, ": grad_scale must be one float32 on ", logits.device().str(), ", got ", grad_scale.describe());
   if (rows == 0) return;
   const int dev = logits.device().index;
   CudaDeviceGuard guard(dev);
@@ -462,8 +468,46 @@ void cross_entropy_fused(const Tensor& logits, const Tensor& target, int64_t val
     with_row_vector<T>(cols, {logits.raw_data(), dlogits.raw_data()}, [&]<int V>() {
       cross_entropy_fused_kernel<T, float, V><<<l.grid, l.block, 0, current_stream(dev)>>>(
           logits.data<T>(), target.data<int64_t>(), rows, cols, valid_cols, ignore_index, losses.data<float>(),
-          dlogits.data<T>());
+          dlogits.data<T>(), grad_scale.defined() ? grad_scale.data<float>() : nullptr);
     });
+  });
+  CHORUS_CUDA_LAUNCH_CHECK();
+}
+
+namespace {
+
+// Each block reads the scale and leaves at once when it is 1 (Note [The
+// classifier's gradient scaled once] in autograd/transformer_functions.cpp).
+template <typename T, typename S>
+__global__ void scale_unless_one_kernel(T* x, int64_t n, const S* scale) {
+  const S s = *scale;
+  if (s == S(1)) return;
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    x[i] = convert<T>(static_cast<S>(to_acc(x[i])) * s);
+}
+
+}  // namespace
+
+void scale_unless_one(const Tensor& x, const Tensor& scale) {
+  const char* op = "scale_unless_one";
+  check_cuda_contiguous(x, op, "x");
+  CHORUS_CHECK(scale.defined() && scale.numel() == 1 && scale.device() == x.device() &&
+                   (scale.dtype() == kFloat32 || scale.dtype() == kFloat64),
+               op, ": scale must be one float32 or float64 on ", x.device().str(), ", got ", scale.describe());
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  const int dev = x.device().index;
+  CudaDeviceGuard guard(dev);
+  constexpr int kThreads = 256;
+  const int blocks = static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 4096));
+  dispatch_float(x.dtype(), op, [&]<typename T>() {
+    if (scale.dtype() == kFloat64) {
+      scale_unless_one_kernel<T, double><<<blocks, kThreads, 0, current_stream(dev)>>>(x.data<T>(), n,
+                                                                                       scale.data<double>());
+    } else {
+      scale_unless_one_kernel<T, float><<<blocks, kThreads, 0, current_stream(dev)>>>(x.data<T>(), n,
+                                                                                     scale.data<float>());
+    }
   });
   CHORUS_CUDA_LAUNCH_CHECK();
 }

@@ -104,12 +104,8 @@ CausalSelfAttention::CausalSelfAttention(GPTConfig c) : Module("CausalSelfAttent
 Tensor CausalSelfAttention::forward(const Tensor& x) {
   CHORUS_CHECK(x.dim() == 3 && x.size(2) == cfg_.width, "CausalSelfAttention: expected [batch, seq, ", cfg_.width,
                "], got ", x.describe());
-  const int64_t b = x.size(0), t = x.size(1), h = cfg_.heads, d = cfg_.head_dim();
-  TensorList qkv = chorus::split(child_named(*this, "c_attn")->forward(x), cfg_.width, 2);
-  for (Tensor& p : qkv) p = p.reshape({b, t, h, d}).permute({0, 2, 1, 3});  // [B, H, T, D]
-  Tensor y = nn::functional::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], /*causal=*/true,
-                                                          is_training() ? cfg_.dropout : 0.0, cfg_.attention);
-  y = y.permute({0, 2, 1, 3}).reshape({b, t, cfg_.width});
+  Tensor y = nn::functional::causal_self_attention(child_named(*this, "c_attn")->forward(x), cfg_.heads,
+                                                   is_training() ? cfg_.dropout : 0.0, cfg_.attention);
   return residual_dropout(child_named(*this, "c_proj")->forward(y), cfg_.dropout, is_training());
 }
 

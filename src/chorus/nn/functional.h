@@ -75,6 +75,13 @@ Tensor gelu(const Tensor& x, bool tanh_approximation = false);
 // (ops::AttentionKernel in ops/transformer.h).
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                                     double dropout = 0.0, ops::AttentionKernel kernel = ops::AttentionKernel::Auto);
+// Causal self-attention of a GPT block over its QKV projection [B, T, 3 C]
+// (q, k, v side by side, C = heads x head_dim), returned as [B, T, C]: the
+// same as splitting qkv, viewing each as [B, H, T, D] and calling
+// scaled_dot_product_attention(..., causal=true), but the backward writes
+// qkv's gradient as one tensor (Note [One gradient for packed q, k, v]).
+Tensor causal_self_attention(const Tensor& qkv, int64_t heads, double dropout = 0.0,
+                             ops::AttentionKernel kernel = ops::AttentionKernel::Auto);
 // Mean cross entropy of logits [..., V] against integer targets [...] through
 // the fused classifier: columns from `vocab` on are padding (0: none), rows
 // whose target is `ignore_index` are left out of the mean.

@@ -51,6 +51,19 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   return autograd::attention(qq, kk, vv, causal, 1.0 / std::sqrt(static_cast<double>(q.size(3))), dropout, kernel);
 }
 
+Tensor causal_self_attention(const Tensor& qkv, int64_t heads, double dropout, ops::AttentionKernel kernel) {
+  detail::check_defined(qkv, "causal_self_attention", "qkv");
+  CHORUS_CHECK(qkv.dim() == 3 && heads >= 1 && qkv.size(2) % (3 * heads) == 0,
+               "causal_self_attention: qkv must be [batch, seq, 3 x heads x head_dim] for ", heads, " heads, got ",
+               qkv.describe());
+  Tensor in = qkv;
+  if (auto dt = autocast_dtype(qkv)) in = qkv.to(*dt);
+  const int64_t b = qkv.size(0), t = qkv.size(1), width = qkv.size(2) / 3;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(width / heads));
+  Tensor y = autograd::attention_packed(in, heads, /*causal=*/true, scale, dropout, kernel);  // [B, H, T, D]
+  return y.permute({0, 2, 1, 3}).reshape({b, t, width});
+}
+
 Tensor cross_entropy_fused(const Tensor& logits, const Tensor& target, int64_t vocab,
                            std::optional<int64_t> ignore_index) {
   detail::check_defined(logits, "cross_entropy", "logits");

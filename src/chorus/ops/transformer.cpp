@@ -109,6 +109,12 @@ Tensor heads_last_empty(const Tensor& like) {
   return permute(t, {0, 2, 1, 3});
 }
 
+// Whether x [B, H, T, D] is laid out as heads_last_empty makes it.
+bool is_heads_last(const Tensor& x) {
+  const int64_t h = x.size(1), t = x.size(2), d = x.size(3);
+  return x.stride(3) == 1 && x.stride(1) == d && x.stride(2) == h * d && x.stride(0) == t * h * d;
+}
+
 }  // namespace
 
 AttentionSaved attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale, double dropout,
@@ -157,19 +163,50 @@ AttentionSaved attention(const Tensor& q, const Tensor& k, const Tensor& v, bool
   return s;
 }
 
+namespace {
+// The composite path's gradients (attention's two products, backwards).
+std::tuple<Tensor, Tensor, Tensor> composite_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                                                const Tensor& v, const AttentionSaved& saved,
+                                                                bool causal, double scale);
+}  // namespace
+
 std::tuple<Tensor, Tensor, Tensor> attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
                                                       const Tensor& v, const AttentionSaved& saved, bool causal,
                                                       double scale) {
   if (saved.fused) {
+    Tensor dq = heads_last_empty(q), dk = heads_last_empty(k), dv = heads_last_empty(v);
+    attention_backward_into(dout, q, k, v, saved, causal, scale, dq, dk, dv);
+    return {dq, dk, dv};
+  }
+  return composite_attention_backward(dout, q, k, v, saved, causal, scale);
+}
+
+void attention_backward_into(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                             const AttentionSaved& saved, bool causal, double scale, const Tensor& dq,
+                             const Tensor& dk, const Tensor& dv) {
+  CHORUS_CHECK(dq.sizes() == q.sizes() && dk.sizes() == k.sizes() && dv.sizes() == v.sizes() &&
+                   dq.dtype() == q.dtype() && dk.dtype() == k.dtype() && dv.dtype() == v.dtype(),
+               "attention_backward_into: dq, dk, dv must match q, k, v in shape and dtype");
+  if (saved.fused) {
     Tensor g = to_dtype(to_device(dout, q.device()), q.dtype());
     if (g.stride(3) != 1) g = contiguous(g);
-    Tensor dq = heads_last_empty(q), dk = heads_last_empty(k), dv = heads_last_empty(v);
     bool ran = CHORUS_KERNEL(q.device(), attention_fused_backward, g, q, k, v, saved.out, saved.stats, scale, causal,
                              dq, dk, dv);
     if (!ran && g.is_contiguous() == false) {  // an odd gradient layout: try the packed one
       g = contiguous(g);
       ran = CHORUS_KERNEL(q.device(), attention_fused_backward, g, q, k, v, saved.out, saved.stats, scale, causal, dq,
                           dk, dv);
+    }
+    if (!ran && !(is_heads_last(dq) && is_heads_last(dk) && is_heads_last(dv))) {
+      // Destinations of a layout cuDNN would not write: its own layout, then a copy.
+      Tensor tq = heads_last_empty(q), tk = heads_last_empty(k), tv = heads_last_empty(v);
+      ran = CHORUS_KERNEL(q.device(), attention_fused_backward, g, q, k, v, saved.out, saved.stats, scale, causal, tq,
+                          tk, tv);
+      if (ran) {
+        copy_(dq, tq);
+        copy_(dk, tk);
+        copy_(dv, tv);
+      }
     }
     CHORUS_CHECK(ran, "attention: cuDNN took the fused forward of q ", q.describe(), " but not its backward",
 #if CHORUS_WITH_CUDA
@@ -178,8 +215,19 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward(const Tensor& dout, const 
                  ""
 #endif
     );
-    return {dq, dk, dv};
+    return;
   }
+  auto [gq, gk, gv] = composite_attention_backward(dout, q, k, v, saved, causal, scale);
+  copy_(dq, gq);
+  copy_(dk, gk);
+  copy_(dv, gv);
+}
+
+namespace {
+
+std::tuple<Tensor, Tensor, Tensor> composite_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                                                const Tensor& v, const AttentionSaved& saved,
+                                                                bool causal, double scale) {
   const Tensor& probs = saved.probs;
   const Tensor& mask = saved.mask;
   Tensor q3 = heads_batch(q), k3 = heads_batch(k), v3 = heads_batch(v);
@@ -195,8 +243,10 @@ std::tuple<Tensor, Tensor, Tensor> attention_backward(const Tensor& dout, const 
   return {view(dq, q.sizes()), view(dk, k.sizes()), view(dv, v.sizes())};
 }
 
+}  // namespace
+
 std::pair<Tensor, Tensor> cross_entropy_fused(const Tensor& logits, const Tensor& target, int64_t valid_cols,
-                                              int64_t ignore_index) {
+                                              int64_t ignore_index, const Tensor& grad_scale) {
   detail::check_defined(logits, "cross_entropy", "logits");
   detail::check_defined(target, "cross_entropy", "target");
   CHORUS_CHECK(logits.dim() == 2 && is_floating(logits.dtype()),
@@ -212,8 +262,18 @@ std::pair<Tensor, Tensor> cross_entropy_fused(const Tensor& logits, const Tensor
   Tensor tg = contiguous(to_dtype(to_device(target, dev), kInt64));
   Tensor losses = detail::empty_tensor({lg.size(0)}, lg.dtype() == kFloat64 ? kFloat64 : kFloat32, dev);
   Tensor dlogits = detail::empty_tensor(lg.sizes(), lg.dtype(), dev);
-  if (lg.numel()) CHORUS_KERNEL(dev, cross_entropy_fused, lg, tg, valid_cols, ignore_index, losses, dlogits);
+  Tensor sc = grad_scale.defined() ? to_dtype(to_device(grad_scale, dev), losses.dtype()) : Tensor();
+  if (lg.numel()) CHORUS_KERNEL(dev, cross_entropy_fused, lg, tg, valid_cols, ignore_index, losses, dlogits, sc);
   return {losses, dlogits};
+}
+
+void scale_unless_one_(const Tensor& x, const Tensor& scale) {
+  detail::check_defined(x, "scale_unless_one_", "x");
+  detail::check_defined(scale, "scale_unless_one_", "scale");
+  CHORUS_CHECK(scale.numel() == 1, "scale_unless_one_: the scale must have one element, got ", scale.describe());
+  Tensor s = to_device(scale, x.device());
+  if (s.dtype() != kFloat64) s = to_dtype(s, kFloat32);
+  CHORUS_KERNEL(x.device(), scale_unless_one, x, s);
 }
 
 }  // namespace chorus::ops

@@ -53,13 +53,23 @@ AttentionSaved attention(const Tensor& q, const Tensor& k, const Tensor& v, bool
 std::tuple<Tensor, Tensor, Tensor> attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k,
                                                       const Tensor& v, const AttentionSaved& saved, bool causal,
                                                       double scale);
+// The same gradients written into dq, dk, dv (views of the caller's, e.g. the
+// slices of one packed [B, T, 3, H, D] gradient: the fused kernel writes them
+// in place with their strides, the composite path copies).
+void attention_backward_into(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                             const AttentionSaved& saved, bool causal, double scale, const Tensor& dq,
+                             const Tensor& dk, const Tensor& dv);
 
 // The fused classifier over logits [N, V] and int64 targets [N] (cpu/cuda
 // cross_entropy_fused): (losses [N] float32 -- float64 for float64 logits --,
-// dlogits [N, V] in the logits' dtype, each row's loss gradient). Columns from
-// valid_cols on are vocabulary padding; rows whose target is ignore_index
-// count for nothing.
+// dlogits [N, V] in the logits' dtype, each row's loss gradient times
+// grad_scale, a one-element tensor read on the device: 1/N for a mean; none:
+// 1). Columns from valid_cols on are vocabulary padding; rows whose target is
+// ignore_index count for nothing.
 std::pair<Tensor, Tensor> cross_entropy_fused(const Tensor& logits, const Tensor& target, int64_t valid_cols,
-                                              int64_t ignore_index);
+                                              int64_t ignore_index, const Tensor& grad_scale = Tensor());
+// x *= scale in place, where scale is a one-element tensor read on x's device;
+// nothing is written when it is exactly 1 (cpu/cuda scale_unless_one).
+void scale_unless_one_(const Tensor& x, const Tensor& scale);
 
 }  // namespace chorus::ops

@@ -222,7 +222,7 @@ ModelTiming time_gpt_kernels(const std::string& model, const models::GPTConfig& 
   DeviceGuard on(device);
   std::optional<AutocastGuard> cast;
   if (bf16) cast.emplace(kBFloat16);
-  const int64_t n = batch * seq, c = cfg.width, h = cfg.heads, hd = cfg.head_dim(), vp = cfg.padded_vocab;
+  const int64_t n = batch * seq, c = cfg.width, h = cfg.heads, vp = cfg.padded_vocab;
   const double N = static_cast<double>(n), C = static_cast<double>(c), T = static_cast<double>(seq);
   const TensorOptions f32(kFloat32, device);
   const DType compute = bf16 ? kBFloat16 : kFloat32;
@@ -262,9 +262,7 @@ ModelTiming time_gpt_kernels(const std::string& model, const models::GPTConfig& 
   {
     Tensor qkv = randn({batch, seq, 3 * c}, TensorOptions(compute, device)).requires_grad_();
     const double s = seconds_per_call(device, warmup, iters, [&] {
-      TensorList parts = chorus::split(qkv, c, 2);
-      for (Tensor& p : parts) p = p.reshape({batch, seq, h, hd}).permute({0, 2, 1, 3});
-      Tensor y = nn::functional::scaled_dot_product_attention(parts[0], parts[1], parts[2], true, 0.0, cfg.attention);
+      Tensor y = nn::functional::causal_self_attention(qkv, h, 0.0, cfg.attention);
       y.backward(ones_like(y));
       qkv.zero_grad();
     });

@@ -44,20 +44,16 @@ ParallelSelfAttention::ParallelSelfAttention(models::GPTConfig c, TPContext ctx)
 }
 
 Tensor ParallelSelfAttention::forward(const Tensor& x) {
-  const int64_t heads = cfg_.heads / ctx_.size(), d = cfg_.head_dim(), local_width = heads * d;
+  const int64_t heads = cfg_.heads / ctx_.size();
   Tensor qkv_all = child(*this, "c_attn")->forward(x);  // [B, T, 3 C/tp]: this rank's heads, whole sequence
-  const int64_t b = qkv_all.size(0), t = qkv_all.size(1);
-  TensorList qkv = chorus::split(qkv_all, local_width, 2);
-  for (Tensor& p : qkv) p = p.reshape({b, t, heads, d}).permute({0, 2, 1, 3});  // [B, H/tp, T, D]
   const double p_attn = is_training() ? cfg_.dropout : 0.0;
   Tensor y;
   {
     // The probabilities of this rank's heads: a mask of their own.
     std::optional<GeneratorGuard> heads_rng;
     if (p_attn > 0 && ctx_.sharded_rng) heads_rng.emplace(*ctx_.sharded_rng);
-    y = F::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], /*causal=*/true, p_attn, cfg_.attention);
+    y = F::causal_self_attention(qkv_all, heads, p_attn, cfg_.attention);  // [B, T, C/tp]
   }
-  y = y.permute({0, 2, 1, 3}).reshape({b, t, local_width});
   return parallel_dropout(child(*this, "c_proj")->forward(y), cfg_.dropout, is_training(), ctx_.sequence_parallel,
                           ctx_);
 }
