@@ -89,10 +89,10 @@ std::string flops_rate(double r) {
 int run_calibrate(const PlanConfig& c) {
   CHORUS_CHECK(c.precision == "bf16" || c.precision == "fp32", "--precision must be bf16 or fp32, got '",
                c.precision, "'");
-  std::vector<std::pair<std::string, models::GPTConfig>> todo;
-  for (const std::string& name : split_list(c.model)) todo.emplace_back(name, models::GPTConfig::named(name));
-  CHORUS_CHECK(!todo.empty(), "--model is empty: name the models to time, e.g. --model gpt2,gpt2-xl");
-  for (auto& [name, cfg] : todo) {
+  std::vector<std::pair<std::string, models::GPTConfig>> models_to_time;
+  for (const std::string& name : split_list(c.model)) models_to_time.emplace_back(name, models::GPTConfig::named(name));
+  CHORUS_CHECK(!models_to_time.empty(), "--model is empty: name the models to time, e.g. --model gpt2,gpt2-xl");
+  for (auto& [name, cfg] : models_to_time) {
     cfg.recompute = c.recompute;
     CHORUS_CHECK(c.seq <= cfg.context, "--seq-len ", c.seq, " exceeds ", name, "'s context of ", cfg.context);
   }
@@ -131,7 +131,7 @@ int run_calibrate(const PlanConfig& c) {
     std::fprintf(stderr, "bus bandwidth over %d ranks (%s): %.1f GB/s, latency %.1f us\n", pg->size(),
                  device.is_cuda() ? "nccl" : "gloo", cal.bus->busbw / 1e9, cal.bus->latency_s * 1e6);
   }
-  for (const auto& [name, cfg] : todo) {
+  for (const auto& [name, cfg] : models_to_time) {
     plan::ModelTiming t = plan::time_gpt_kernels(name, cfg, device, c.batch, c.seq, bf16, c.warmup, c.iters);
     std::fprintf(stderr, "%s on %s (%s), %lld tokens: gemm %s, attention %s, classifier %s, block %.2f ms (other %.2f ms), "
                  "AdamW %.3g Gparam/s\n",

@@ -30,7 +30,7 @@ std::vector<std::pair<std::string, double>> tensorboard_scalars(const ojson& rec
     add_if_number(out, record, "step_ms", "train/step_ms");
     add_if_number(out, record, "grad_norm", "train/grad_norm");
     add_if_number(out, record, "peak_mem_bytes", "memory/peak_bytes");
-    // Language models (apps/train_gpt.cpp): throughput in tokens, MFU, and the
+    // Language models (apps/train_gpt_loop.cpp): throughput in tokens, MFU, and the
     // validation loss of the windows that validate.
     add_if_number(out, record, "ppl", "train/ppl");
     add_if_number(out, record, "tok_per_s", "train/tok_per_s");
