@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # GPT-2 on a GPU machine, in the calls of one lease: build Chorus (cmake + ninja,
 # the two targets needed), run the transformer CUDA tests, train gpt2 (124M) on
-# random tokens beside PyTorch (../shared/bench/torch_gpt.py, carried as .bench/)
+# random tokens beside PyTorch (bench/torch/torch_gpt.py, a copy of ../shared/bench/torch_gpt.py plus --mode tp)
 # and karpathy/llm.c (carried as .anchors/llm.c with cudnn-frontend's headers in
 # .anchors/cudnn-frontend), and print a table last.
 #
 # Usage: scripts/gpu_gpt.sh STAGE...
 #   stages: build tests chorus chorus_eager chorus_composite torch compile llmc llmc_mpi converge profile dp ddp
-#           zero_check zero zero_images refuse big mesh_pp plan obs table
+#           zero_check zero zero_images refuse big mesh_pp mesh_tp plan obs table
 #   (plan: chorus plan --calibrate on cuda:0 (and the bus bandwidth over 2 GPUs under chorus launch where there
 #    are 2), then the plans of gpt2-xl on 1, 2, 4, 64 and 1024 GPUs, gpt2 on 1, 2, 4, d84 on 4, 64 and 1024;
 #    the calibration and every plan's JSON rows land in $OUT/plan_*)
@@ -92,7 +92,7 @@ PY
   torch|compile)
     args=(--model $MODEL --batch $B --seq $T --steps 20 --warmup 5)
     [ $stage = compile ] && args+=(--compile default)
-    python3 .bench/torch_gpt.py "${args[@]}" 2>"$OUT/torch_$stage.err" | tail -1 > "$OUT/torch_$stage.json" \
+    python3 bench/torch/torch_gpt.py "${args[@]}" 2>"$OUT/torch_$stage.err" | tail -1 > "$OUT/torch_$stage.json" \
       || tail -5 "$OUT/torch_$stage.err"
     cat "$OUT/torch_$stage.json"
     python3 - "$OUT/torch_$stage.json" "$ROWS" "$stage" <<'PY'
@@ -199,7 +199,7 @@ open(sys.argv[2], "a").write(json.dumps(row) + "\n")
 PY
     done
     [ "${DDP_TORCH:-1}" = 0 ] && continue  # DDP_TORCH=0: no PyTorch DDP run
-    python3 .bench/torch_gpt.py --model $MODEL --mode ddp --gpus $NG --batch $B --seq $T --steps 20 --warmup 5 \
+    python3 bench/torch/torch_gpt.py --model $MODEL --mode ddp --gpus $NG --batch $B --seq $T --steps 20 --warmup 5 \
       2>"$OUT/torch_ddp.err" | tail -1 > "$OUT/torch_ddp.json" || tail -5 "$OUT/torch_ddp.err"
     cat "$OUT/torch_ddp.json"
     python3 - "$OUT/torch_ddp.json" "$ROWS" $NG <<'PY'
@@ -239,7 +239,7 @@ PY
       2>"$OUT/conv_chorus.err" | tail -1 > "$OUT/conv_chorus.json"
     grep -E "^step" "$OUT/conv_chorus.err" | tail -2; echo "chorus: $(( $(date +%s) - t0 )) s"
     t0=$(date +%s)
-    python3 .bench/torch_gpt.py --model d6 --text .bench/kjv.txt --seq 256 --batch 64 --warmup 0 --steps $CS --lr 1e-3 \
+    python3 bench/torch/torch_gpt.py --model d6 --text .bench/kjv.txt --seq 256 --batch 64 --warmup 0 --steps $CS --lr 1e-3 \
       2>"$OUT/conv_torch.err" | tail -1 > "$OUT/conv_torch.json" || tail -3 "$OUT/conv_torch.err"
     echo "pytorch: $(( $(date +%s) - t0 )) s"
     python3 - "$OUT/conv_chorus.json" "$OUT/conv_torch.json" $CS <<'PY'
@@ -292,7 +292,7 @@ open(sys.argv[2], "a").write(json.dumps(row) + "\n")
 PY
     done
     if [ "${ZERO_TORCH:-1}" != 0 ]; then
-      python3 .bench/torch_gpt.py --model $MODEL --mode fsdp --gpus $NG --batch $B --seq $T --steps 20 --warmup 5 \
+      python3 bench/torch/torch_gpt.py --model $MODEL --mode fsdp --gpus $NG --batch $B --seq $T --steps 20 --warmup 5 \
         2>"$OUT/torch_fsdp.err" | tail -1 > "$OUT/torch_fsdp.json" || tail -5 "$OUT/torch_fsdp.err"
       python3 - "$OUT/torch_fsdp.json" "$ROWS" $NG <<'PY' || tail -5 "$OUT/torch_fsdp.err"
 import json, sys
@@ -370,6 +370,79 @@ PY
       --seq-len $T --batch-size $B --precision bf16 --steps ${MESH_PP_STEPS:-10} --warmup 3 2>"$OUT/mesh_ddp.err" \
       | sed 's/^\[rank 0\] //' || tail -5 "$OUT/mesh_ddp.err"
     ;;
+  mesh_tp)  # issue 50, tensor parallel on GPT_GPUS (2) GPUs in one call: chorus bench --mesh tp=N beside chorus bench
+    # --strategy ddp on the same GPUs and PyTorch's own tensor parallelism (bench/torch/torch_gpt.py --mode tp:
+    # parallelize_module, Colwise/RowwiseParallel, SequenceParallel, loss_parallel); MESH_TP_SP (default 1; "1 0" both):
+    # sequence parallelism on both sides; MESH_TP_DP=D: a dp=D x tp=N/D mesh instead; GPT_BATCH sequences a tensor
+    # group (tp) and a GPU (ddp). Rows in $ROWS, then the ratios (Chorus tp / PyTorch tp, Chorus tp / Chorus DDP per
+    # GPU). First a check that PyTorch's tp trains the model its single GPU trains: d6 byte-level, 60 steps, both
+    # losses side by side (MESH_TP_CHECK=0 skips it).
+    NG=${GPT_GPUS:-2}; DPN=${MESH_TP_DP:-1}; TPN=$((NG / DPN)); TS=${MESH_TP_STEPS:-20}
+    mesh=tp=$TPN; targs=(); [ "$DPN" -gt 1 ] && { mesh=dp=$DPN,tp=$TPN; targs=(--dp $DPN); }
+    if [ "${MESH_TP_CHECK:-1}" = 1 ]; then
+      txt=.bench/kjv.txt
+      [ -f $txt ] || { txt=$OUT/tp_words.txt; python3 -c "
+import random; random.seed(4); w='in the beginning god created heaven and earth light was good and it was evening'.split()
+print('\n'.join(' '.join(random.choice(w) for _ in range(12)) for _ in range(40000)))" > $txt; }
+      for m in single tp; do
+        extra=(); [ $m = tp ] && extra=(--mode tp --gpus $NG "${targs[@]}" --port 41511)
+        timeout 300 python3 bench/torch/torch_gpt.py --model d6 --text $txt --seq 256 --batch 16 --warmup 0 --steps 60 \
+          --lr 1e-3 "${extra[@]}" 2>"$OUT/tp_check_$m.err" | tail -1 > "$OUT/tp_check_$m.json" || tail -5 "$OUT/tp_check_$m.err"
+      done
+      python3 - "$OUT/tp_check_single.json" "$OUT/tp_check_tp.json" $mesh <<'PY' || echo "FAIL: PyTorch tp check (see tp_check_*.err)"
+import json, sys
+s, t = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+d = abs(t["val_loss"] / s["val_loss"] - 1)
+print(f"PyTorch d6 byte-level, 60 steps: single GPU train {s['loss']:.4f} val {s['val_loss']:.4f}; {sys.argv[3]} train "
+      f"{t['loss']:.4f} val {t['val_loss']:.4f} ({100 * d:.2f}% apart) -> {'ok' if d < 0.02 else 'FAIL'} (within 2%, bf16)")
+PY
+    fi
+    for sp in ${MESH_TP_SP:-1}; do
+      spf=(); tag=""; [ $sp = 1 ] && { spf=(--sequence-parallel); tag=" sp"; }
+      timeout 300 $BUILD/chorus launch --nproc-per-node $NG --master-port 41512 -- $BUILD/chorus bench --model $MODEL \
+        --devices cuda --mesh $mesh "${spf[@]}" --seq-len $T --batch-size $B --precision bf16 --steps $TS --warmup 5 --json \
+        2>"$OUT/mesh_tp$sp.err" | sed 's/^\[rank 0\] //' | grep '^{' | tail -1 > "$OUT/mesh_tp$sp.json" || tail -5 "$OUT/mesh_tp$sp.err"
+      timeout 300 python3 bench/torch/torch_gpt.py --model $MODEL --mode tp --gpus $NG "${targs[@]}" --sp $sp --batch $B \
+        --seq $T --steps $TS --warmup 5 --port 41513 2>"$OUT/torch_tp$sp.err" | tail -1 > "$OUT/torch_tp$sp.json" \
+        || tail -5 "$OUT/torch_tp$sp.err"
+      python3 - "$OUT/mesh_tp$sp.json" "$OUT/torch_tp$sp.json" "$ROWS" "$mesh $NG GPUs$tag" $NG <<'PY'
+import json, sys
+c, t = (json.load(open(f)) if open(f).read().strip() else None for f in sys.argv[1:3])
+for who, r in (("chorus", c), ("pytorch", t)):
+    if r is None:
+        print(f"{who} {sys.argv[4]}: no row"); continue
+    row = {"who": who, "mode": sys.argv[4], "gpus": int(sys.argv[5]), "tok_per_s": r["tok_per_s"],
+           "mfu": r["mfu"] if who == "chorus" else r["tflops_per_gpu"] * 1e12 / 989.4e12,
+           "peak_gib": r["peak_mem_bytes"] / 2**30 if who == "chorus" else r["peak_mem_gib"], "loss": r["loss"]}
+    open(sys.argv[3], "a").write(json.dumps(row) + "\n")
+    print(f"{who:8} {sys.argv[4]:22} {row['tok_per_s']:10.0f} tok/s  MFU {100 * row['mfu']:5.1f}%  peak {row['peak_gib']:6.2f} GiB")
+PY
+    done
+    timeout 300 $BUILD/chorus launch --nproc-per-node $NG --master-port 41514 -- $BUILD/chorus bench --model $MODEL \
+      --strategy ddp --devices cuda --seq-len $T --batch-size $B --precision bf16 --steps $TS --warmup 5 --json \
+      2>"$OUT/mesh_tp_ddp.err" | sed 's/^\[rank 0\] //' | grep '^{' | tail -1 > "$OUT/mesh_tp_ddp.json" || tail -5 "$OUT/mesh_tp_ddp.err"
+    python3 - "$OUT/mesh_tp_ddp.json" "$ROWS" $NG <<'PY' || tail -5 "$OUT/mesh_tp_ddp.err"
+import json, sys
+r = json.load(open(sys.argv[1]))
+row = {"who": "chorus", "mode": f"ddp {sys.argv[3]} GPUs bench", "gpus": int(sys.argv[3]), "tok_per_s": r["tok_per_s"],
+       "mfu": r["mfu"], "peak_gib": r["peak_mem_bytes"] / 2**30, "loss": r["loss"]}
+open(sys.argv[2], "a").write(json.dumps(row) + "\n")
+print(f"chorus   {row['mode']:22} {row['tok_per_s']:10.0f} tok/s  MFU {100 * row['mfu']:5.1f}%  peak {row['peak_gib']:6.2f} GiB")
+PY
+    python3 - "$ROWS" $NG <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+ddp = [r for r in rows if r["who"] == "chorus" and r["mode"] == f"ddp {sys.argv[2]} GPUs bench"]
+for r in rows:
+    if r["who"] != "chorus" or "tp=" not in r["mode"]:
+        continue
+    for t in rows:
+        if t["who"] == "pytorch" and t["mode"] == r["mode"]:
+            print(f"chorus / pytorch {r['mode']}: {r['tok_per_s'] / t['tok_per_s']:.3f}")
+    if ddp:  # the same GPUs: tok/s per GPU in the ratio of the whole job's
+        print(f"chorus {r['mode']} / chorus ddp, per GPU: {r['tok_per_s'] / ddp[-1]['tok_per_s']:.3f}")
+PY
+    ;;
   plan)  # chorus plan: calibrate this GPU (and 2 GPUs' bus bandwidth), then the plans the docs compare and predict
     t0=$(date +%s)  # the program first (incremental on a machine that ran `build`)
     [ -f $BUILD/build.ninja ] || cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release -DCHORUS_BUILD_BENCH=OFF \
@@ -443,6 +516,13 @@ for mode, r in ddp.items():
     for t in rows:
         if t["who"] == "pytorch" and t["mode"] == mode:
             print(f"chorus / pytorch {mode}: {r['tok_per_s'] / t['tok_per_s']:.3f}")
+for r in rows:  # mesh_tp's rows: tensor parallel beside PyTorch's and beside DDP on the same GPUs
+    if r["who"] == "chorus" and "tp=" in r["mode"]:
+        for t in rows:
+            if t["who"] == "pytorch" and t["mode"] == r["mode"]:
+                print(f"chorus / pytorch {r['mode']}: {r['tok_per_s'] / t['tok_per_s']:.3f}")
+            if t["who"] == "chorus" and t["mode"] == f"ddp {r['gpus']} GPUs bench":
+                print(f"chorus {r['mode']} / chorus ddp, per GPU: {r['tok_per_s'] / t['tok_per_s']:.3f}")
 PY
     ;;
   obs)  # issue 51 over NCCL on 2 GPUs: (a) a rank slowed by SIGSTOP/SIGCONT named by --stats-every; (b) a rank
