@@ -375,7 +375,7 @@ PY
     # parallelize_module, Colwise/RowwiseParallel, SequenceParallel, loss_parallel); MESH_TP_SP (default 1; "1 0" both):
     # sequence parallelism on both sides; MESH_TP_DP=D: a dp=D x tp=N/D mesh instead; GPT_BATCH sequences a tensor
     # group (tp) and a GPU (ddp). Rows in $ROWS, then the ratios (Chorus tp / PyTorch tp, Chorus tp / Chorus DDP per
-    # GPU). First a check that PyTorch's tp trains the model its single GPU trains: d6 byte-level, 60 steps, both
+    # GPU). First a check that PyTorch's tp trains the model its single GPU trains: d12 byte-level, 60 steps, both
     # losses side by side (MESH_TP_CHECK=0 skips it).
     NG=${GPT_GPUS:-2}; DPN=${MESH_TP_DP:-1}; TPN=$((NG / DPN)); TS=${MESH_TP_STEPS:-20}
     mesh=tp=$TPN; targs=(); [ "$DPN" -gt 1 ] && { mesh=dp=$DPN,tp=$TPN; targs=(--dp $DPN); }
@@ -386,14 +386,14 @@ import random; random.seed(4); w='in the beginning god created heaven and earth 
 print('\n'.join(' '.join(random.choice(w) for _ in range(12)) for _ in range(40000)))" > $txt; }
       for m in single tp; do
         extra=(); [ $m = tp ] && extra=(--mode tp --gpus $NG "${targs[@]}" --port 41511)
-        timeout 300 python3 bench/torch/torch_gpt.py --model d6 --text $txt --seq 256 --batch 16 --warmup 0 --steps 60 \
+        timeout 300 python3 bench/torch/torch_gpt.py --model d12 --text $txt --seq 256 --batch 16 --warmup 0 --steps 60 \
           --lr 1e-3 "${extra[@]}" 2>"$OUT/tp_check_$m.err" | tail -1 > "$OUT/tp_check_$m.json" || tail -5 "$OUT/tp_check_$m.err"
       done
       python3 - "$OUT/tp_check_single.json" "$OUT/tp_check_tp.json" $mesh <<'PY' || echo "FAIL: PyTorch tp check (see tp_check_*.err)"
 import json, sys
 s, t = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 d = abs(t["val_loss"] / s["val_loss"] - 1)
-print(f"PyTorch d6 byte-level, 60 steps: single GPU train {s['loss']:.4f} val {s['val_loss']:.4f}; {sys.argv[3]} train "
+print(f"PyTorch d12 byte-level, 60 steps: single GPU train {s['loss']:.4f} val {s['val_loss']:.4f}; {sys.argv[3]} train "
       f"{t['loss']:.4f} val {t['val_loss']:.4f} ({100 * d:.2f}% apart) -> {'ok' if d < 0.02 else 'FAIL'} (within 2%, bf16)")
 PY
     fi
