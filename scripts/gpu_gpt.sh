@@ -16,7 +16,7 @@
 #    steps and its stall; refuse: BIG_MODEL (d84) under DDP and ZeRO-1 stops at once with the plan's message
 #    (REFUSE_FLAGS: e.g. --memory-limit-gib 79 to plan an H100's memory on an H200);
 #    big: BIG_MODEL with ZeRO-3, BIG_BATCH (1) sequences a GPU, BIG_FLAGS (extra train flags);
-#    obs: a slowed and a stopped rank named over NCCL, --trace's device tracks, on 2 GPUs)
+#    obs: a slowed and a stopped rank named over NCCL, --trace's device tracks (and of a --mesh tp=2 GPT), on 2 GPUs)
 #   ZERO_STAGES entries: 1 2 3, with e for eager (--no-cuda-graphs) and f for float32 gathered weights
 #   (--zero-param-dtype fp32), e.g. 3e 1f; ddp: DDP_ONE=0 skips the one-GPU run,
 #   DDP_TORCH=0 PyTorch's
@@ -528,9 +528,9 @@ PY
   obs)  # issue 51 over NCCL on 2 GPUs: (a) a rank slowed by SIGSTOP/SIGCONT named by --stats-every; (b) a rank
     # stopped for good named early by the NCCL group's watch (Note [Stuck collectives named early]), the survivor's
     # flight recorder, the job ending within a bound; (c) --trace with the CUPTI device tracks (Note [Device tracks]),
-    # checked by tests/apps/check_trace.py --gpu. --trace and --stats-every are the image trainer's (GPT's trainer has
-    # neither yet): (a) and (c) train resnet20 on synthetic images, (b) GPT d12 on random tokens (CUDA graphs: the
-    # watched unit is a replay). Prints PASS/FAIL lines; exits 1 on any FAIL.
+    # checked by tests/apps/check_trace.py --gpu: (a) and (c) train resnet20 on synthetic images, (b) GPT d12 on random
+    # tokens (CUDA graphs: the watched unit is a replay); (d) --trace of GPT d12 over --mesh tp=2 (eager steps: the host
+    # phases, the tensor group's NCCL kernels). Prints PASS/FAIL lines; exits 1 on any FAIL.
     tokens
     fails=0
     obs_pass() { echo "PASS obs: $*"; }
@@ -606,6 +606,16 @@ PY
     python3 tests/apps/check_trace.py "$OUT/obs_trace.json" --ranks 2 --steps 5-7 --phases data \
       --devices 'cuda:{rank}' --gpu && obs_pass "(c) device tracks: compute stream, NCCL kernels, copies on both ranks" \
       || obs_fail "(c) trace check"
+    # (d) --trace of a GPT over --mesh tp=2, steps 5-7
+    rm -f "$OUT/obs_mesh_trace.json"
+    timeout 180 $BUILD/chorus launch --nproc-per-node 2 --master-port 41515 -- $BUILD/chorus train --model d12 --mesh tp=2 \
+      --devices cuda --data "tokens:$DATA/rand_train_*.bin" --seq-len 256 --batch-size 4 --steps 8 --log-every 4 \
+      --trace "$OUT/obs_mesh_trace.json" --trace-steps 5-7 >"$OUT/obs_mesh.out" 2>"$OUT/obs_mesh.err" \
+      || { obs_fail "(d) the traced --mesh job failed"; tail -5 "$OUT/obs_mesh.err"; }
+    grep "trace:" "$OUT/obs_mesh.err"
+    python3 tests/apps/check_trace.py "$OUT/obs_mesh_trace.json" --ranks 2 --steps 5-7 --phases data,forward,backward,optimizer \
+      --devices 'cuda:{rank}' --gpu && obs_pass "(d) --mesh tp=2: host phases, compute stream, NCCL kernels, copies on both ranks" \
+      || obs_fail "(d) --mesh trace check"
     echo "obs: $fails FAIL"
     [ $fails = 0 ] || exit 1
     ;;

@@ -444,9 +444,9 @@ class ProcessGroupGloo::P2PWork final : public Work {
     }
     done_ = true;
     if (!ok) pg_->fail(op_, seq_, why);
-    // Note [Step traces]: the time the caller waited for the transfer, on its
-    // own host track (inside its phase: a pipeline stage waiting for its
-    // neighbour); the transfer itself has no worker to show it on.
+    // Note [Step traces]: the time the caller waited for the transfer (a
+    // pipeline stage waiting for its neighbour), on the calling thread's host
+    // track; the transfer itself has no worker thread to show it on.
     ops::trace_host_span(op_, "comm", begin, std::chrono::steady_clock::now());
   }
 
