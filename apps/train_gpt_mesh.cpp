@@ -27,6 +27,7 @@
 #include "chorus/io/dir_lock.h"
 #include "chorus/io/safetensors.h"
 #include "chorus/ops/factory.h"
+#include "chorus/ops/profile.h"
 #include "chorus/optim/adamw.h"
 #include "chorus/parallel/placement.h"
 #include "chorus/tensor_parallel/clip_grad.h"
@@ -34,6 +35,7 @@
 #include "gpt_mesh.h"
 #include "gpt_mesh_checkpoint.h"
 #include "run_position.h"
+#include "step_trace.h"
 #include "stop_signal.h"
 #include "train_dist.h"
 #include "train_gpt.h"
@@ -64,7 +66,6 @@ void validate_gpt_mesh(const TrainConfig& tc, const GptOptions& g) {
   CHORUS_CHECK(!tc.recompute || *tc.recompute == "never", "--recompute is not offered with --mesh yet");
   CHORUS_CHECK(!g.save_hf, "--save-hf is not offered with --mesh yet (convert the checkpoint without --mesh)");
   CHORUS_CHECK(tc.precision == "fp32" || tc.precision == "bf16", "unknown precision '", tc.precision, "'");
-  CHORUS_CHECK(!tc.trace, "--trace is not offered for GPT models yet");
   CHORUS_CHECK(!tc.metrics && !tc.tensorboard && !tc.plot,
                "--metrics, --tensorboard and --plot are not offered with --mesh yet (the progress lines and --json are)");
   const int pp = mesh_axis_size(dist::parse_mesh_spec(*g.mesh), "pp");
@@ -259,52 +260,93 @@ nlohmann::ordered_json run_train_gpt_mesh(const TrainConfig& tc, const GptOption
   int64_t window_first = start, step = start;
   std::vector<Tensor> window_losses;
   StopSignal stop_signal;  // Note [Stopping on a signal]: agreed on at the log windows, as train_gpt.cpp does
+  // --trace and --stats-every as train_gpt.cpp has them: every rank records
+  // its phases, and its groups' collectives each on a track of their own
+  // (ProcessGroup::trace_track: "gloo tp", "gloo dp", ...), rank 0 writes the
+  // one file (Note [Traces of several ranks]); rank 0 names the slowest rank
+  // (Note [Slow ranks named]).
+  StepTracer tracer(tc.trace, tc.trace_steps, rc.group->store(), rc.env.rank, rc.group->size(), !tc.quiet);
+  RankTimes rank_times;
+  auto last_report = Clock::now();
   for (; step < total_steps; ++step) {
     opt.set_lr(lr_at(step, total_steps, warmup, lr, g.min_lr_ratio));
+    tracer.begin_step(step + 1);
+    const auto step_begin = Clock::now();
+    double data_s = 0;
     Tensor step_loss;
     for (int64_t m = 0; m < accum; ++m) {
-      auto [ids, tg] = train.batch(batch, step * accum + m);
+      const auto data_begin = Clock::now();
+      Tensor x, y;
+      {
+        ops::TraceScope data("data");
+        auto [ids, tg] = train.batch(batch, step * accum + m);
+        x = ids.to(device);
+        y = tg.to(device);
+      }
+      data_s += seconds_since(data_begin);
       std::optional<dist::DistributedDataParallel::NoSync> quiet;
       if (ddp && m + 1 < accum) quiet.emplace(ddp->no_sync());
       Tensor l;
       if (mp) {
+        // The schedule's forwards, backwards and point-to-point waits in one phase (pipeline.h has no trace hooks).
+        ops::TraceScope pipe("pipeline");
         AutocastGuard cast(autocast);
         const double w = 1.0 / static_cast<double>(accum);
         // Defined on the last stage's ranks; the others count 0 (Note [GPT pipelines over the mesh]).
-        l = mp->pipe->train_step(ids.to(device), tg.to(device), [&](const Tensor& out, const Tensor& y) {
-                  Tensor lm = model->loss_of_logits(out, y);
+        l = mp->pipe->train_step(x, y, [&](const Tensor& out, const Tensor& t) {
+                  Tensor lm = model->loss_of_logits(out, t);
                   return accum > 1 ? lm.mul(w) : lm;
                 }).loss;
         if (!l.defined()) l = zeros({}, {kFloat32, device});
       } else {
         Tensor loss;
         {
+          ops::TraceScope forward("forward");
           AutocastGuard cast(autocast);
-          loss = model->loss_of_logits(net->forward(ids.to(device)), tg.to(device));
+          loss = model->loss_of_logits(net->forward(x), y);
         }
-        (accum > 1 ? loss.mul(1.0 / static_cast<double>(accum)) : loss).backward();
+        {
+          ops::TraceScope backward("backward");
+          (accum > 1 ? loss.mul(1.0 / static_cast<double>(accum)) : loss).backward();
+        }
         l = loss.detach().mul(1.0 / static_cast<double>(accum));
       }
       step_loss = step_loss.defined() ? step_loss.add(l.to(step_loss.dtype())) : l;
     }
-    if (mp) reduce_pipeline_gradients(m, *mp);
-    Tensor norm = clip_mesh_gradients(m, mp ? &*mp : nullptr, sharded, g.clip);
-    opt.step();
-    opt.zero_grad();
+    if (mp) {
+      ops::TraceScope reduce("reduce_gradients");
+      reduce_pipeline_gradients(m, *mp);
+    }
+    Tensor norm;
+    {
+      ops::TraceScope optimizer("optimizer");
+      norm = clip_mesh_gradients(m, mp ? &*mp : nullptr, sharded, g.clip);
+      opt.step();
+      opt.zero_grad();
+    }
+    tracer.end_step(step + 1);
+    rank_times.add_step(seconds_since(step_begin), data_s);
     window_losses.push_back(step_loss);
     const bool last = step + 1 == total_steps;
     bool stop = false;
     if ((step + 1) % tc.log_every == 0 || last) {
+      rank_times.arrive();  // Note [Late arrivals]: before the wait for the device
       double sum = 0;
       for (const Tensor& l : window_losses) sum += l.item();
       const int64_t n = static_cast<int64_t>(window_losses.size());
+      const bool due = leader && tc.stats_every_s > 0 && seconds_since(last_report) >= tc.stats_every_s;
       // Tensor ranks hold the same loss: the mean over the world is the mean
       // over the data ranks (pipeline stages: only the last one's ranks hold it).
-      const auto summed = sum_over_ranks(rc, {sum / static_cast<double>(n), StopSignal::pending() ? 1.0 : 0.0});
+      const auto summed = sum_over_ranks(rc, {sum / static_cast<double>(n), StopSignal::pending() ? 1.0 : 0.0, due ? 1.0 : 0.0});
       last_loss = summed[0] / (rc.group->size() / pp);
       CHORUS_CHECK(!std::isnan(last_loss), "the loss is NaN between steps ", window_first + 1, " and ", step + 1,
                    " (lower --lr)");
       stop = summed[1] > 0;
+      if (summed[2] > 0) {  // rank 0 decided, every rank joins the report's all-reduce
+        const std::string line = rank_times.report(rc, step + 1, ddp ? ddp->gradient_wait_seconds() : 0.0);
+        last_report = Clock::now();
+        if (!line.empty() && !tc.quiet) std::fprintf(stderr, "%s\n", line.c_str());
+      }
       const double secs = seconds_since(window_start);
       tok_s = static_cast<double>(n * tokens_per_step) / std::max(secs, 1e-9);
       if (val && g.val_every && (step + 1) % g.val_every == 0) last_val = val_loss();
@@ -325,6 +367,7 @@ nlohmann::ordered_json run_train_gpt_mesh(const TrainConfig& tc, const GptOption
       break;
     }
   }
+  tracer.finish();
   save(step);
   if (const int sig = StopSignal::pending(); sig != 0 && step < total_steps) {
     if (leader)

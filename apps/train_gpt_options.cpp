@@ -117,7 +117,6 @@ void validate_gpt(const TrainConfig& tc, const GptOptions& g) {
   CHORUS_CHECK(!tc.lr || (std::isfinite(*tc.lr) && *tc.lr >= 0), "--lr must be a non-negative number");
   CHORUS_CHECK(!tc.resume || tc.checkpoint_dir, "--resume needs --checkpoint-dir");
   CHORUS_CHECK(tc.log_every > 0, "--log-every must be positive, got ", tc.log_every);
-  CHORUS_CHECK(!tc.trace || !g.mesh, "--trace is not offered with --mesh yet (a GPT without --mesh has it)");
   if (tc.trace) (void)parse_trace_steps(tc.trace_steps);
   if (g.mesh) {
     validate_gpt_mesh(tc, g);

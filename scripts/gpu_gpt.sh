@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # GPT-2 on a GPU machine, in the calls of one lease: build Chorus (cmake + ninja,
 # the two targets needed), run the transformer CUDA tests, train gpt2 (124M) on
-# random tokens beside PyTorch (../shared/bench/torch_gpt.py, carried as .bench/)
+# random tokens beside PyTorch (bench/torch/torch_gpt.py, a copy of ../shared/bench/torch_gpt.py plus --mode tp)
 # and karpathy/llm.c (carried as .anchors/llm.c with cudnn-frontend's headers in
 # .anchors/cudnn-frontend), and print a table last.
 #
 # Usage: scripts/gpu_gpt.sh STAGE...
 #   stages: build tests chorus chorus_eager chorus_composite torch compile llmc llmc_mpi converge profile dp ddp
-#           profile_llmc zero_check zero zero_images refuse big mesh_pp plan obs table
+#           profile_llmc zero_check zero zero_images refuse big mesh_pp mesh_tp plan obs table
 #   (plan: chorus plan --calibrate on cuda:0 (and the bus bandwidth over 2 GPUs under chorus launch where there
 #    are 2), then the plans of gpt2-xl on 1, 2, 4, 64 and 1024 GPUs, gpt2 on 1, 2, 4, d84 on 4, 64 and 1024;
 #    the calibration and every plan's JSON rows land in $OUT/plan_*)
@@ -16,7 +16,7 @@
 #    steps and its stall; refuse: BIG_MODEL (d84) under DDP and ZeRO-1 stops at once with the plan's message
 #    (REFUSE_FLAGS: e.g. --memory-limit-gib 79 to plan an H100's memory on an H200);
 #    big: BIG_MODEL with ZeRO-3, BIG_BATCH (1) sequences a GPU, BIG_FLAGS (extra train flags);
-#    obs: a slowed and a stopped rank named over NCCL, --trace's device tracks, on 2 GPUs)
+#    obs: a slowed and a stopped rank named over NCCL, --trace's device tracks (and of a --mesh tp=2 GPT), on 2 GPUs)
 #   ZERO_STAGES entries: 1 2 3, with e for eager (--no-cuda-graphs) and f for float32 gathered weights
 #   (--zero-param-dtype fp32), e.g. 3e 1f; ddp: DDP_ONE=0 skips the one-GPU run,
 #   DDP_TORCH=0 PyTorch's
@@ -106,7 +106,7 @@ PY
   torch|compile)
     args=(--model $MODEL --batch $B --seq $T --steps 20 --warmup 5)
     [ $stage = compile ] && args+=(--compile default)
-    python3 .bench/torch_gpt.py "${args[@]}" 2>"$OUT/torch_$stage.err" | tail -1 > "$OUT/torch_$stage.json" \
+    python3 bench/torch/torch_gpt.py "${args[@]}" 2>"$OUT/torch_$stage.err" | tail -1 > "$OUT/torch_$stage.json" \
       || tail -5 "$OUT/torch_$stage.err"
     cat "$OUT/torch_$stage.json"
     python3 - "$OUT/torch_$stage.json" "$ROWS" "$stage" <<'PY'
@@ -213,7 +213,7 @@ open(sys.argv[2], "a").write(json.dumps(row) + "\n")
 PY
     done
     [ "${DDP_TORCH:-1}" = 0 ] && continue  # DDP_TORCH=0: no PyTorch DDP run
-    python3 .bench/torch_gpt.py --model $MODEL --mode ddp --gpus $NG --batch $B --seq $T --steps 20 --warmup 5 \
+    python3 bench/torch/torch_gpt.py --model $MODEL --mode ddp --gpus $NG --batch $B --seq $T --steps 20 --warmup 5 \
       2>"$OUT/torch_ddp.err" | tail -1 > "$OUT/torch_ddp.json" || tail -5 "$OUT/torch_ddp.err"
     cat "$OUT/torch_ddp.json"
     python3 - "$OUT/torch_ddp.json" "$ROWS" $NG <<'PY'
@@ -253,7 +253,7 @@ PY
       2>"$OUT/conv_chorus.err" | tail -1 > "$OUT/conv_chorus.json"
     grep -E "^step" "$OUT/conv_chorus.err" | tail -2; echo "chorus: $(( $(date +%s) - t0 )) s"
     t0=$(date +%s)
-    python3 .bench/torch_gpt.py --model d6 --text .bench/kjv.txt --seq 256 --batch 64 --warmup 0 --steps $CS --lr 1e-3 \
+    python3 bench/torch/torch_gpt.py --model d6 --text .bench/kjv.txt --seq 256 --batch 64 --warmup 0 --steps $CS --lr 1e-3 \
       2>"$OUT/conv_torch.err" | tail -1 > "$OUT/conv_torch.json" || tail -3 "$OUT/conv_torch.err"
     echo "pytorch: $(( $(date +%s) - t0 )) s"
     python3 - "$OUT/conv_chorus.json" "$OUT/conv_torch.json" $CS <<'PY'
@@ -306,7 +306,7 @@ open(sys.argv[2], "a").write(json.dumps(row) + "\n")
 PY
     done
     if [ "${ZERO_TORCH:-1}" != 0 ]; then
-      python3 .bench/torch_gpt.py --model $MODEL --mode fsdp --gpus $NG --batch $B --seq $T --steps 20 --warmup 5 \
+      python3 bench/torch/torch_gpt.py --model $MODEL --mode fsdp --gpus $NG --batch $B --seq $T --steps 20 --warmup 5 \
         2>"$OUT/torch_fsdp.err" | tail -1 > "$OUT/torch_fsdp.json" || tail -5 "$OUT/torch_fsdp.err"
       python3 - "$OUT/torch_fsdp.json" "$ROWS" $NG <<'PY' || tail -5 "$OUT/torch_fsdp.err"
 import json, sys
@@ -384,6 +384,79 @@ PY
       --seq-len $T --batch-size $B --precision bf16 --steps ${MESH_PP_STEPS:-10} --warmup 3 2>"$OUT/mesh_ddp.err" \
       | sed 's/^\[rank 0\] //' || tail -5 "$OUT/mesh_ddp.err"
     ;;
+  mesh_tp)  # issue 50, tensor parallel on GPT_GPUS (2) GPUs in one call: chorus bench --mesh tp=N beside chorus bench
+    # --strategy ddp on the same GPUs and PyTorch's own tensor parallelism (bench/torch/torch_gpt.py --mode tp:
+    # parallelize_module, Colwise/RowwiseParallel, SequenceParallel, loss_parallel); MESH_TP_SP (default 1; "1 0" both):
+    # sequence parallelism on both sides; MESH_TP_DP=D: a dp=D x tp=N/D mesh instead; GPT_BATCH sequences a tensor
+    # group (tp) and a GPU (ddp). Rows in $ROWS, then the ratios (Chorus tp / PyTorch tp, Chorus tp / Chorus DDP per
+    # GPU). First a check that PyTorch's tp trains the model its single GPU trains: d12 byte-level, 60 steps, both
+    # losses side by side (MESH_TP_CHECK=0 skips it).
+    NG=${GPT_GPUS:-2}; DPN=${MESH_TP_DP:-1}; TPN=$((NG / DPN)); TS=${MESH_TP_STEPS:-20}
+    mesh=tp=$TPN; targs=(); [ "$DPN" -gt 1 ] && { mesh=dp=$DPN,tp=$TPN; targs=(--dp $DPN); }
+    if [ "${MESH_TP_CHECK:-1}" = 1 ]; then
+      txt=.bench/kjv.txt
+      [ -f $txt ] || { txt=$OUT/tp_words.txt; python3 -c "
+import random; random.seed(4); w='in the beginning god created heaven and earth light was good and it was evening'.split()
+print('\n'.join(' '.join(random.choice(w) for _ in range(12)) for _ in range(40000)))" > $txt; }
+      for m in single tp; do
+        extra=(); [ $m = tp ] && extra=(--mode tp --gpus $NG "${targs[@]}" --port 41511)
+        timeout 300 python3 bench/torch/torch_gpt.py --model d12 --text $txt --seq 256 --batch 16 --warmup 0 --steps 60 \
+          --lr 1e-3 "${extra[@]}" 2>"$OUT/tp_check_$m.err" | tail -1 > "$OUT/tp_check_$m.json" || tail -5 "$OUT/tp_check_$m.err"
+      done
+      python3 - "$OUT/tp_check_single.json" "$OUT/tp_check_tp.json" $mesh <<'PY' || echo "FAIL: PyTorch tp check (see tp_check_*.err)"
+import json, sys
+s, t = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+d = abs(t["val_loss"] / s["val_loss"] - 1)
+print(f"PyTorch d12 byte-level, 60 steps: single GPU train {s['loss']:.4f} val {s['val_loss']:.4f}; {sys.argv[3]} train "
+      f"{t['loss']:.4f} val {t['val_loss']:.4f} ({100 * d:.2f}% apart) -> {'ok' if d < 0.02 else 'FAIL'} (within 2%, bf16)")
+PY
+    fi
+    for sp in ${MESH_TP_SP:-1}; do
+      spf=(); tag=""; [ $sp = 1 ] && { spf=(--sequence-parallel); tag=" sp"; }
+      timeout 300 $BUILD/chorus launch --nproc-per-node $NG --master-port 41512 -- $BUILD/chorus bench --model $MODEL \
+        --devices cuda --mesh $mesh "${spf[@]}" --seq-len $T --batch-size $B --precision bf16 --steps $TS --warmup 5 --json \
+        2>"$OUT/mesh_tp$sp.err" | sed 's/^\[rank 0\] //' | grep '^{' | tail -1 > "$OUT/mesh_tp$sp.json" || tail -5 "$OUT/mesh_tp$sp.err"
+      timeout 300 python3 bench/torch/torch_gpt.py --model $MODEL --mode tp --gpus $NG "${targs[@]}" --sp $sp --batch $B \
+        --seq $T --steps $TS --warmup 5 --port 41513 2>"$OUT/torch_tp$sp.err" | tail -1 > "$OUT/torch_tp$sp.json" \
+        || tail -5 "$OUT/torch_tp$sp.err"
+      python3 - "$OUT/mesh_tp$sp.json" "$OUT/torch_tp$sp.json" "$ROWS" "$mesh $NG GPUs$tag" $NG <<'PY'
+import json, sys
+c, t = (json.load(open(f)) if open(f).read().strip() else None for f in sys.argv[1:3])
+for who, r in (("chorus", c), ("pytorch", t)):
+    if r is None:
+        print(f"{who} {sys.argv[4]}: no row"); continue
+    row = {"who": who, "mode": sys.argv[4], "gpus": int(sys.argv[5]), "tok_per_s": r["tok_per_s"],
+           "mfu": r["mfu"] if who == "chorus" else r["tflops_per_gpu"] * 1e12 / 989.4e12,
+           "peak_gib": r["peak_mem_bytes"] / 2**30 if who == "chorus" else r["peak_mem_gib"], "loss": r["loss"]}
+    open(sys.argv[3], "a").write(json.dumps(row) + "\n")
+    print(f"{who:8} {sys.argv[4]:22} {row['tok_per_s']:10.0f} tok/s  MFU {100 * row['mfu']:5.1f}%  peak {row['peak_gib']:6.2f} GiB")
+PY
+    done
+    timeout 300 $BUILD/chorus launch --nproc-per-node $NG --master-port 41514 -- $BUILD/chorus bench --model $MODEL \
+      --strategy ddp --devices cuda --seq-len $T --batch-size $B --precision bf16 --steps $TS --warmup 5 --json \
+      2>"$OUT/mesh_tp_ddp.err" | sed 's/^\[rank 0\] //' | grep '^{' | tail -1 > "$OUT/mesh_tp_ddp.json" || tail -5 "$OUT/mesh_tp_ddp.err"
+    python3 - "$OUT/mesh_tp_ddp.json" "$ROWS" $NG <<'PY' || tail -5 "$OUT/mesh_tp_ddp.err"
+import json, sys
+r = json.load(open(sys.argv[1]))
+row = {"who": "chorus", "mode": f"ddp {sys.argv[3]} GPUs bench", "gpus": int(sys.argv[3]), "tok_per_s": r["tok_per_s"],
+       "mfu": r["mfu"], "peak_gib": r["peak_mem_bytes"] / 2**30, "loss": r["loss"]}
+open(sys.argv[2], "a").write(json.dumps(row) + "\n")
+print(f"chorus   {row['mode']:22} {row['tok_per_s']:10.0f} tok/s  MFU {100 * row['mfu']:5.1f}%  peak {row['peak_gib']:6.2f} GiB")
+PY
+    python3 - "$ROWS" $NG <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+ddp = [r for r in rows if r["who"] == "chorus" and r["mode"] == f"ddp {sys.argv[2]} GPUs bench"]
+for r in rows:
+    if r["who"] != "chorus" or "tp=" not in r["mode"]:
+        continue
+    for t in rows:
+        if t["who"] == "pytorch" and t["mode"] == r["mode"]:
+            print(f"chorus / pytorch {r['mode']}: {r['tok_per_s'] / t['tok_per_s']:.3f}")
+    if ddp:  # the same GPUs: tok/s per GPU in the ratio of the whole job's
+        print(f"chorus {r['mode']} / chorus ddp, per GPU: {r['tok_per_s'] / ddp[-1]['tok_per_s']:.3f}")
+PY
+    ;;
   plan)  # chorus plan: calibrate this GPU (and 2 GPUs' bus bandwidth), then the plans the docs compare and predict
     t0=$(date +%s)  # the program first (incremental on a machine that ran `build`)
     [ -f $BUILD/build.ninja ] || cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release -DCHORUS_BUILD_BENCH=OFF \
@@ -457,14 +530,21 @@ for mode, r in ddp.items():
     for t in rows:
         if t["who"] == "pytorch" and t["mode"] == mode:
             print(f"chorus / pytorch {mode}: {r['tok_per_s'] / t['tok_per_s']:.3f}")
+for r in rows:  # mesh_tp's rows: tensor parallel beside PyTorch's and beside DDP on the same GPUs
+    if r["who"] == "chorus" and "tp=" in r["mode"]:
+        for t in rows:
+            if t["who"] == "pytorch" and t["mode"] == r["mode"]:
+                print(f"chorus / pytorch {r['mode']}: {r['tok_per_s'] / t['tok_per_s']:.3f}")
+            if t["who"] == "chorus" and t["mode"] == f"ddp {r['gpus']} GPUs bench":
+                print(f"chorus {r['mode']} / chorus ddp, per GPU: {r['tok_per_s'] / t['tok_per_s']:.3f}")
 PY
     ;;
   obs)  # issue 51 over NCCL on 2 GPUs: (a) a rank slowed by SIGSTOP/SIGCONT named by --stats-every; (b) a rank
     # stopped for good named early by the NCCL group's watch (Note [Stuck collectives named early]), the survivor's
     # flight recorder, the job ending within a bound; (c) --trace with the CUPTI device tracks (Note [Device tracks]),
-    # checked by tests/apps/check_trace.py --gpu. --trace and --stats-every are the image trainer's (GPT's trainer has
-    # neither yet): (a) and (c) train resnet20 on synthetic images, (b) GPT d12 on random tokens (CUDA graphs: the
-    # watched unit is a replay). Prints PASS/FAIL lines; exits 1 on any FAIL.
+    # checked by tests/apps/check_trace.py --gpu: (a) and (c) train resnet20 on synthetic images, (b) GPT d12 on random
+    # tokens (CUDA graphs: the watched unit is a replay); (d) --trace of GPT d12 over --mesh tp=2 (eager steps: the host
+    # phases, the tensor group's NCCL kernels). Prints PASS/FAIL lines; exits 1 on any FAIL.
     tokens
     fails=0
     obs_pass() { echo "PASS obs: $*"; }
@@ -540,6 +620,16 @@ PY
     python3 tests/apps/check_trace.py "$OUT/obs_trace.json" --ranks 2 --steps 5-7 --phases data \
       --devices 'cuda:{rank}' --gpu && obs_pass "(c) device tracks: compute stream, NCCL kernels, copies on both ranks" \
       || obs_fail "(c) trace check"
+    # (d) --trace of a GPT over --mesh tp=2, steps 5-7
+    rm -f "$OUT/obs_mesh_trace.json"
+    timeout 180 $BUILD/chorus launch --nproc-per-node 2 --master-port 41515 -- $BUILD/chorus train --model d12 --mesh tp=2 \
+      --devices cuda --data "tokens:$DATA/rand_train_*.bin" --seq-len 256 --batch-size 4 --steps 8 --log-every 4 \
+      --trace "$OUT/obs_mesh_trace.json" --trace-steps 5-7 >"$OUT/obs_mesh.out" 2>"$OUT/obs_mesh.err" \
+      || { obs_fail "(d) the traced --mesh job failed"; tail -5 "$OUT/obs_mesh.err"; }
+    grep "trace:" "$OUT/obs_mesh.err"
+    python3 tests/apps/check_trace.py "$OUT/obs_mesh_trace.json" --ranks 2 --steps 5-7 --phases data,forward,backward,optimizer \
+      --devices 'cuda:{rank}' --gpu && obs_pass "(d) --mesh tp=2: host phases, compute stream, NCCL kernels, copies on both ranks" \
+      || obs_fail "(d) --mesh trace check"
     echo "obs: $fails FAIL"
     [ $fails = 0 ] || exit 1
     ;;

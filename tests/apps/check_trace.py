@@ -10,6 +10,10 @@
 - each rank has kernel spans on each device's track ("cpu:0 kernels", or
   on GPUs "cuda:0 kernel launches"; "{rank}" in --devices is the rank);
 - the ranks' step spans line up in time (one machine, one clock);
+- --comm OPS: each rank's --comm-track ("gloo collectives"; a device mesh's
+  groups have their own: "gloo tp collectives") shows each collective;
+  --host-comm OPS: each rank's host tracks show each point-to-point wait
+  ("send", "recv": a pipeline stage), the main thread's inside its phases;
 - with --gpu (Note [Device tracks] in src/chorus/ops/device_trace.h): per
   rank, GPU kernels on each device's "compute stream" track (or its "(CUDA
   graph)" replays), NCCL kernels on
@@ -29,7 +33,11 @@ def main():
     ap.add_argument("--steps", default="3-5")
     ap.add_argument("--phases", default="forward,backward,optimizer")
     ap.add_argument("--devices", default="cpu:0", help="devices whose kernel tracks every rank must have")
-    ap.add_argument("--comm", default="", help="collectives every rank's 'gloo collectives' track must show")
+    ap.add_argument("--comm", default="", help="collectives every rank's --comm-track must show")
+    ap.add_argument("--comm-track", default="gloo collectives",
+                    help="their track: a device mesh's groups have their own, e.g. 'gloo tp collectives'")
+    ap.add_argument("--host-comm", default="",
+                    help="point-to-point waits (send, recv) every rank's host tracks must show")
     ap.add_argument("--gpu", action="store_true", help="require the device tracks (CUPTI) and summarise them")
     a = ap.parse_args()
     first, _, last = a.steps.partition("-")
@@ -84,8 +92,16 @@ def main():
         if a.gpu:
             device_tracks(r, mine, threads, step_spans, steps, a.devices.format(rank=r).split(","))
         for op in filter(None, a.comm.split(",")):
-            assert any(e["cat"] == "comm" and e["name"] == op and threads[(r, e["tid"])] == "gloo collectives"
-                       for e in mine), f"rank {r}: no {op} on the gloo collectives track"
+            assert any(e["cat"] == "comm" and e["name"] == op and threads[(r, e["tid"])] == a.comm_track
+                       for e in mine), f"rank {r}: no {op} on the {a.comm_track} track " \
+                f"(tracks: {sorted({threads[(r, e['tid'])] for e in mine if e['cat'] == 'comm'})})"
+        phase_spans = [e for e in host if e["cat"] == "phase"]
+        for op in filter(None, a.host_comm.split(",")):
+            got = [e for e in mine if e["cat"] == "comm" and e["name"] == op and threads[(r, e["tid"])].startswith("host")]
+            assert got, f"rank {r}: no '{op}' wait on a host track"
+            for e in got:  # the main thread's inside its phases (a helper thread of the pipeline keeps its own time)
+                assert e["tid"] != 0 or any(p["ts"] - 1 <= e["ts"] and e["ts"] + e["dur"] <= p["ts"] + p["dur"] + 1
+                                            for p in phase_spans), f"rank {r}: the {op} wait at {e['ts']} is inside no phase"
     spread = max(step_start.values()) - min(step_start.values())
     assert spread < 5e6, f"the ranks' first traced steps start {spread / 1e6:.1f} s apart"
     print(f"trace: {len(spans)} spans, {len(pids)} rank(s), steps {steps[0]}-{steps[-1]}, "

@@ -69,6 +69,11 @@ TEST(DeviceMesh, WorldOfOne) {
   EXPECT_EQ(mesh.rank_at({0, 0, 0}), 0);
   EXPECT_NE(mesh.describe().find("rank 0"), std::string::npos);
   EXPECT_NE(error_of([&] { DeviceMesh(world, parse_mesh_spec("tp=2")); }).find("needs 2 processes"), std::string::npos);
+  // Each axis's group has a track of its own in a step trace; other subgroups keep "sub".
+  EXPECT_EQ(world->trace_track(), "gloo");
+  EXPECT_EQ(mesh.group("tp")->trace_track(), "gloo tp");
+  EXPECT_EQ(mesh.group("dp")->trace_track(), "gloo dp");
+  EXPECT_EQ(world->new_group({0})->trace_track(), "gloo sub");
 }
 
 TEST(DeviceMesh, RowMajorWithTheLastAxisFastest) {

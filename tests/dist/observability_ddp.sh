@@ -6,7 +6,8 @@
 # directory, and without it rank 0 alone writes; a rank slowed on purpose
 # (SIGSTOP/SIGCONT) is named by --stats-every; a rank stopped for good
 # (chorus_dist_probe hang) is named before the collective's timeout, and the
-# survivors log their last collectives.
+# survivors log their last collectives. The GPT trainer's --trace and
+# --stats-every under DDP and over a device mesh (--mesh tp=2, pp=2).
 set -euo pipefail
 CHORUS=${1:?chorus}
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -83,6 +84,22 @@ launch "$CHORUS" "${G[@]}" --steps 6 --log-every 2 --quiet --trace "$tmp/g.json"
   > /dev/null 2> "$tmp/gerr" || { cat "$tmp/gerr"; exit 1; }
 python3 "$HERE/../apps/check_trace.py" "$tmp/g.json" --ranks 2 --steps 3-4 --phases data --comm all_reduce
 echo "ok: GPT ddp trace"
+
+# ... and over a device mesh (apps/train_gpt_mesh.cpp): tp=2, with the tensor
+# group's all-reduces on a track of their own, and pp=2, with each stage's
+# waits for its neighbour inside its pipeline phase; --stats-every's line too.
+M=(train --model d2 --data "text:$tmp/t.txt" --seq-len 32 --batch-size 4 --steps 6 --log-every 2 --trace-steps 3-4)
+launch "$CHORUS" "${M[@]}" --mesh tp=2 --trace "$tmp/tp.json" --stats-every 0.001 > /dev/null 2> "$tmp/tperr" \
+  || { cat "$tmp/tperr"; exit 1; }
+python3 "$HERE/../apps/check_trace.py" "$tmp/tp.json" --ranks 2 --steps 3-4 --phases data,forward,backward,optimizer \
+  --comm all_reduce --comm-track "gloo tp collectives"
+grep -E "^\[rank 0\] step [0-9]+: [0-9.]+ ms median, slowest rank [01] at" "$tmp/tperr" \
+  || { cat "$tmp/tperr"; echo "FAIL: no --stats-every line under --mesh tp=2"; exit 1; }
+launch "$CHORUS" "${M[@]}" --mesh pp=2 --micro-batches 2 --trace "$tmp/pp.json" --quiet > /dev/null 2> "$tmp/pperr" \
+  || { cat "$tmp/pperr"; exit 1; }
+python3 "$HERE/../apps/check_trace.py" "$tmp/pp.json" --ranks 2 --steps 3-4 --phases data,pipeline,reduce_gradients,optimizer \
+  --host-comm send,recv
+echo "ok: GPT mesh traces (tp=2, pp=2) and --stats-every"
 slowed gpt "step 10/" "${G[@]}" --steps 100000 --log-every 10
 
 # A stopped rank named before the timeout ends the job (Note [Stuck collectives

@@ -62,6 +62,7 @@ TEST(StepTrace, ChromeEventsOnePidPerRankNamedTracks) {
       {"step 2", "step", "host", 100, 300, 2},
       {"forward", "phase", "host", 100, 200, 2},
       {"all_reduce", "comm", "gloo", 210, 250, 2},
+      {"all_gather", "comm", "gloo tp", 260, 270, 2},  // a mesh's tensor group (ProcessGroup::trace_track)
   };
   nlohmann::json ev = trace_events(spans, 3);
   std::map<int, std::string> tracks;
@@ -75,8 +76,9 @@ TEST(StepTrace, ChromeEventsOnePidPerRankNamedTracks) {
   EXPECT_EQ(tracks[0], "host");
   EXPECT_EQ(tracks[1], "cpu:1 kernels");
   EXPECT_EQ(tracks[2], "gloo collectives");
+  EXPECT_EQ(tracks[3], "gloo tp collectives");
   // By start time; at a tie the enclosing (longer) span first.
-  EXPECT_EQ(order, (std::vector<std::string>{"step 2", "forward", "relu", "all_reduce"}));
+  EXPECT_EQ(order, (std::vector<std::string>{"step 2", "forward", "relu", "all_reduce", "all_gather"}));
   for (const auto& e : ev)
     if (e["ph"] == "X" && e["name"] == "forward") {
       EXPECT_DOUBLE_EQ(e["ts"].get<double>(), 100);

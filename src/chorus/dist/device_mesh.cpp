@@ -88,7 +88,7 @@ DeviceMesh::DeviceMesh(ProcessGroupPtr world, std::vector<MeshAxis> axes, MeshOp
         c[a] = i;
         line.push_back(rank_at(c));
       }
-      if (auto g = world_->new_group(line)) mine = std::move(g);
+      if (auto g = world_->new_group(line, axes_[a].name)) mine = std::move(g);
     }
     CHORUS_ASSERT(mine != nullptr && mine->size() == axes_[a].size);
     groups_.push_back(std::move(mine));

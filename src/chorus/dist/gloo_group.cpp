@@ -165,6 +165,7 @@ struct ProcessGroupGloo::Impl {
   std::exception_ptr broken;  // the failure that ended the group, rethrown by later calls
   uint64_t seq = 0;           // operations issued so far
   std::unique_ptr<CollectiveWatch> watch;  // Note [Stuck collectives named early]
+  std::string trace_track;                 // "gloo", or "gloo tp" for a mesh's tensor group (trace_track())
   std::thread worker;
 };
 
@@ -188,6 +189,7 @@ ProcessGroupGloo::ProcessGroupGloo(int rank, int size, StorePtr store, ProcessGr
   store_barrier(*store_, "gloo-connected/" + options.name, rank, size, options.timeout,
                 detail::str_cat("gloo: rank ", rank, " of ", size, " (waiting for every rank to connect)"));
   impl_->watch = std::make_unique<CollectiveWatch>(store_, options.name, "gloo", rank, size, options.timeout);
+  impl_->trace_track = trace_track();
   impl_->worker = std::thread([this] { run(); });
 }
 
@@ -303,7 +305,7 @@ WorkPtr ProcessGroupGloo::enqueue(const char* op, int64_t bytes, std::vector<int
           body(ctx, static_cast<uint32_t>(seq));
           impl_->watch->end(seq);
           // Note [Step traces]: the worker's collectives as a track of their own.
-          ops::trace_span("gloo", op, "comm", begin, std::chrono::steady_clock::now());
+          ops::trace_span(impl_->trace_track, op, "comm", begin, std::chrono::steady_clock::now());
         } catch (const ::gloo::Exception& e) {
           fail(op, seq, e.what());
         } catch (...) {
@@ -433,6 +435,7 @@ class ProcessGroupGloo::P2PWork final : public Work {
     if (done_) return;
     bool ok = false;
     std::string why;
+    const auto begin = std::chrono::steady_clock::now();
     try {
       ok = is_send_ ? buf_->waitSend(pg_->options_.timeout) : buf_->waitRecv(pg_->options_.timeout);
       if (!ok) why = std::string(op_) + " timed out";
@@ -441,6 +444,10 @@ class ProcessGroupGloo::P2PWork final : public Work {
     }
     done_ = true;
     if (!ok) pg_->fail(op_, seq_, why);
+    // Note [Step traces]: the time the caller waited for the transfer (a
+    // pipeline stage waiting for its neighbour), on the calling thread's host
+    // track; the transfer itself has no worker thread to show it on.
+    ops::trace_host_span(op_, "comm", begin, std::chrono::steady_clock::now());
   }
 
  private:

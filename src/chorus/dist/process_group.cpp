@@ -29,6 +29,7 @@ void ProcessGroup::check_peer(const char* op, int peer, const char* what) const 
 
 }  // namespace chorus::dist
 
+#include <cctype>
 #include <set>
 
 #include "chorus/core/device.h"
@@ -78,7 +79,16 @@ ProcessGroupPtr make_process_group(const std::string& backend, int rank, int siz
   CHORUS_THROW(ValueError, "unknown process-group backend '", backend, "' (expected gloo or nccl)");
 }
 
-std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ranks) {
+std::string ProcessGroup::trace_track() const {
+  const std::string& n = options_.name;
+  const size_t slash = n.rfind('/');
+  if (slash == std::string::npos) return backend();
+  size_t end = n.size();
+  while (end > slash + 1 && std::isdigit(static_cast<unsigned char>(n[end - 1]))) --end;  // the subgroup's number
+  return backend() + " " + n.substr(slash + 1, end - slash - 1);
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ranks, const std::string& label) {
   CHORUS_CHECK(!ranks.empty(), "new_group: the rank list is empty");
   std::set<int> seen;
   for (int r : ranks) {
@@ -91,7 +101,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ra
     if (ranks[i] == rank_) mine = static_cast<int>(i);
   if (mine < 0) return nullptr;
   ProcessGroupOptions o = options_;
-  o.name = options_.name + "/sub" + std::to_string(id);
+  o.name = options_.name + "/" + label + std::to_string(id);
   auto store = std::make_shared<PrefixStore>("group/" + o.name, store_);
   return make_process_group(backend(), mine, static_cast<int>(ranks.size()), store, o);
 }

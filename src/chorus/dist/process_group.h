@@ -85,8 +85,15 @@ class ProcessGroup {
   // subgroup's rank i is ranks[i]), on the same backend, with its own store
   // namespace and communicator. Every rank of this group must call new_group
   // with the same lists in the same order (as in PyTorch); ranks outside
-  // `ranks` get nullptr.
-  std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks);
+  // `ranks` get nullptr. `label` names it (with a number: "<name>/tp2"),
+  // and its track in a step trace ("gloo tp", trace_track()).
+  std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks, const std::string& label = "sub");
+
+  // The track its collectives take in a step trace (Note [Step traces]):
+  // the backend's name ("gloo") for a group of its own, with the label of a
+  // subgroup ("gloo tp"), so that the groups of a device mesh, whose
+  // collectives run at once, each have a track.
+  std::string trace_track() const;
 
  protected:
   // Checks shared by the backends (defined tensors, dtypes, contiguity, sizes).

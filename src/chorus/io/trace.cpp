@@ -9,11 +9,12 @@ namespace chorus::io {
 
 namespace {
 
-// Host first, then devices (CPU before CUDA, by index), communication, other threads.
+// Host first, then devices (CPU before CUDA, by index), communication (a
+// backend's name, with a subgroup's label: "gloo tp"), other threads.
 int track_rank(const std::string& track) {
   if (track == "host") return 0;
   if (track.rfind("host thread", 0) == 0) return 4;
-  if (track == "gloo" || track == "nccl") return 3;
+  if (track == "gloo" || track == "nccl" || track.rfind("gloo ", 0) == 0 || track.rfind("nccl ", 0) == 0) return 3;
   return track.rfind("cuda", 0) == 0 ? 2 : 1;
 }
 
