@@ -123,7 +123,8 @@ Tensor gpt_forward_backward(models::GPT& model, nn::Module& net, dist::Distribut
     Tensor loss;
     {
       AutocastGuard cast(autocast);
-      loss = model.loss_of_logits(net.forward(micro[m].first), micro[m].second);
+      // The logits are this step's alone: the classifier's gradient is written over them.
+      loss = model.loss_of_logits(net.forward(micro[m].first), micro[m].second, std::nullopt, /*discard_logits=*/true);
     }
     (n > 1 ? loss.mul(1.0 / static_cast<double>(n)) : loss).backward();
     Tensor l = loss.detach();

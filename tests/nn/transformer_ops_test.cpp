@@ -296,6 +296,12 @@ TEST(TransformerOps, FusedCrossEntropyScalesItsGradientOnce) {
   EXPECT_LT(max_abs_diff(grad_of(2.5, false), w.mul(2.5)), 1e-15);
   EXPECT_LT(max_abs_diff(grad_of(1.0, true), w.mul(2.0)), 1e-15);
   EXPECT_LT(max_abs_diff(grad_of(0.5, true), w), 1e-15);
+  // overwrite_logits: the gradient lands in the logits' own buffer.
+  Tensor xg = x.detach().clone().set_requires_grad(true);
+  Tensor logits = xg.mul(1.0);
+  F::cross_entropy_fused(logits, t, 0, std::nullopt, /*overwrite_logits=*/true).backward();
+  EXPECT_LT(max_abs_diff(xg.grad(), w), 1e-15);
+  EXPECT_LT(max_abs_diff(logits.detach(), w), 1e-15);
 }
 
 TEST(TransformerOps, FusedCrossEntropyRejectsATargetOutsideTheVocabulary) {

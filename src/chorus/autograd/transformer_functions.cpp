@@ -94,7 +94,7 @@ Tensor attention_packed(const Tensor& qkv, int64_t heads, bool causal, double sc
 }
 
 Tensor cross_entropy_fused_mean(const Tensor& logits, const Tensor& target, int64_t valid_cols,
-                                std::optional<int64_t> ignore_index) {
+                                std::optional<int64_t> ignore_index, bool overwrite_logits) {
   // No target equals INT64_MIN: "no ignore index" to the kernels.
   const int64_t ignore = ignore_index.value_or(std::numeric_limits<int64_t>::min());
   const DType acc = logits.dtype() == kFloat64 ? kFloat64 : kFloat32;
@@ -120,7 +120,7 @@ Tensor cross_entropy_fused_mean(const Tensor& logits, const Tensor& target, int6
   Tensor inv_count = ignore_index ? ops::binary(BinaryOp::Div, full({}, 1.0, {acc, logits.device()}), count)
                                   : full({}, 1.0 / static_cast<double>(std::max<int64_t>(logits.size(0), 1)),
                                          {acc, logits.device()});
-  auto [losses, dlogits] = ops::cross_entropy_fused(logits, target, valid_cols, ignore, inv_count);
+  auto [losses, dlogits] = ops::cross_entropy_fused(logits, target, valid_cols, ignore, inv_count, overwrite_logits);
   Tensor loss = ops::binary(BinaryOp::Div, ops::reduce(ReduceOp::Sum, losses, {}, false), count);
   Tensor dl = dlogits;
   return record("CrossEntropyBackward", loss, {logits}, [dl](const TensorList& g) {

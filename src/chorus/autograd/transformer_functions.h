@@ -29,6 +29,6 @@ Tensor attention_packed(const Tensor& qkv, int64_t heads, bool causal, double sc
 // is). The forward computes each row's gradient too, so nothing of the
 // softmax is kept but that gradient (the logits' size, in their dtype).
 Tensor cross_entropy_fused_mean(const Tensor& logits, const Tensor& target, int64_t valid_cols,
-                                std::optional<int64_t> ignore_index);
+                                std::optional<int64_t> ignore_index, bool overwrite_logits = false);
 
 }  // namespace chorus::autograd

@@ -55,7 +55,7 @@ __device__ __forceinline__ V row_allreduce(V v) {
 #pragma unroll
   for (int mask = 16; mask > 0; mask /= 2) v = V::merge(v, v.shfl(mask));
   if (blockDim.x > 32) {
-    __shared__ V warp_results[kBlockThreads / 32];
+    __shared__ V warp_results[32];  // up to 1024 threads a row
     const int warp = threadIdx.x / 32;
     if (threadIdx.x % 32 == 0) warp_results[warp] = v;
     __syncthreads();

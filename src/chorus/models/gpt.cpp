@@ -215,12 +215,13 @@ Tensor GPT::forward(const Tensor& ids) {
   return nn::functional::linear(h, wte(), Tensor());  // tied: the output projection is the token embedding
 }
 
-Tensor GPT::loss_of_logits(const Tensor& logits, const Tensor& targets, std::optional<int64_t> ignore_index) const {
-  return nn::functional::cross_entropy_fused(logits, targets, cfg_.vocab, ignore_index);
+Tensor GPT::loss_of_logits(const Tensor& logits, const Tensor& targets, std::optional<int64_t> ignore_index,
+                           bool discard_logits) const {
+  return nn::functional::cross_entropy_fused(logits, targets, cfg_.vocab, ignore_index, discard_logits);
 }
 
 Tensor GPT::loss(const Tensor& ids, const Tensor& targets, std::optional<int64_t> ignore_index) {
-  return loss_of_logits(forward(ids), targets, ignore_index);
+  return loss_of_logits(forward(ids), targets, ignore_index, /*discard_logits=*/true);
 }
 
 NamedTensors gpt_to_hf(const NamedTensors& state, const GPTConfig& cfg) {

@@ -99,9 +99,11 @@ class GPT : public nn::Module {
   // through the fused classifier (padding columns left out; targets equal to
   // ignore_index, when given, left out of the mean).
   Tensor loss(const Tensor& ids, const Tensor& targets, std::optional<int64_t> ignore_index = std::nullopt);
-  // The loss of logits that forward() returned.
+  // The loss of logits that forward() returned. discard_logits: the
+  // classifier's gradient is written over them (a logits-sized buffer
+  // saved: the largest of a GPT's step), for a caller that keeps none.
   Tensor loss_of_logits(const Tensor& logits, const Tensor& targets,
-                        std::optional<int64_t> ignore_index = std::nullopt) const;
+                        std::optional<int64_t> ignore_index = std::nullopt, bool discard_logits = false) const;
   const GPTConfig& config() const { return cfg_; }
   // The token embedding, which is also the output projection.
   Tensor& wte();

@@ -5,7 +5,7 @@
 namespace chorus::models {
 
 GPTActivationBytes gpt_activation_bytes(const GPTConfig& cfg, int64_t batch, int64_t seq, bool bf16,
-                                        bool fused_attention) {
+                                        bool fused_attention, bool logits_overwritten) {
   // Note [GPT activation count], term by term.
   const int64_t s = bf16 ? 2 : 4, n = batch * seq, c = cfg.width, h = cfg.heads;
   const int64_t nc = n * c * s;
@@ -22,7 +22,7 @@ GPTActivationBytes gpt_activation_bytes(const GPTConfig& cfg, int64_t batch, int
   // (4 N C), dx and the residual's gradient beside the block's whole set,
   // and c_fc's weight gradient (16-bit, then its float32 cast under autocast).
   const int64_t backward = 10 * nc + 4 * c * c * (s + (bf16 ? 4 : 0));
-  const int64_t head = 2 * nc + 2 * n * 4 + n * 4 + gpt_logits_bytes(cfg, batch, seq, bf16);
+  const int64_t head = 2 * nc + 2 * n * 4 + n * 4 + gpt_logits_bytes(cfg, batch, seq, bf16, logits_overwritten);
   if (cfg.recompute) {
     // Every block keeps its input; the backward recomputes one block at a
     // time: its set (its input aside), its output and the gradient into it.
@@ -35,13 +35,14 @@ GPTActivationBytes gpt_activation_bytes(const GPTConfig& cfg, int64_t batch, int
   return a;
 }
 
-int64_t gpt_logits_bytes(const GPTConfig& cfg, int64_t batch, int64_t seq, bool bf16) {
+int64_t gpt_logits_bytes(const GPTConfig& cfg, int64_t batch, int64_t seq, bool bf16, bool logits_overwritten) {
   const int64_t s = bf16 ? 2 : 4, n = batch * seq, c = cfg.width, vp = cfg.padded_vocab;
   const int64_t logits = n * vp * s;
-  // The end of the forward (logits and their gradient) or the backward's
-  // start (that gradient and the tied embedding's weight gradient, cast to
-  // float32 under autocast).
-  return std::max(2 * logits, logits + vp * c * (s + (bf16 ? 4 : 0)));
+  // The end of the forward (logits and their gradient, one buffer when the
+  // gradient is written over them) or the backward's start (that gradient
+  // and the tied embedding's weight gradient, cast to float32 under
+  // autocast).
+  return std::max((logits_overwritten ? 1 : 2) * logits, logits + vp * c * (s + (bf16 ? 4 : 0)));
 }
 
 int64_t gpt_block_parameters(const GPTConfig& cfg) {

@@ -49,11 +49,15 @@ struct GPTActivationBytes {
 // One micro-batch of `batch` sequences of `seq` tokens; bf16: under autocast;
 // fused_attention: the flash kernel runs (ops::AttentionKernel's rules: CUDA,
 // 16-bit, head_dim <= 128, no dropout); cfg.recompute and cfg.dropout as set.
+// logits_overwritten: the loss writes the classifier's gradient over the
+// logits (GPT::loss, the trainer's step: GPT::loss_of_logits' discard_logits),
+// not beside them (a pipeline's last stage, which returns its output).
 GPTActivationBytes gpt_activation_bytes(const GPTConfig& cfg, int64_t batch, int64_t seq, bool bf16,
-                                        bool fused_attention);
+                                        bool fused_attention, bool logits_overwritten = true);
 // The classifier's logits at their peak (part of `peak`): DataParallel gathers every
 // replica's logits on the first device, which adds this per extra replica.
-int64_t gpt_logits_bytes(const GPTConfig& cfg, int64_t batch, int64_t seq, bool bf16);
+int64_t gpt_logits_bytes(const GPTConfig& cfg, int64_t batch, int64_t seq, bool bf16,
+                         bool logits_overwritten = true);
 
 // Parameters autocast keeps a 16-bit copy of (Note [Autocast weight copies]):
 // every Linear's weight and bias and the tied embedding (the classifier's

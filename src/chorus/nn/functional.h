@@ -84,8 +84,11 @@ Tensor causal_self_attention(const Tensor& qkv, int64_t heads, double dropout = 
                              ops::AttentionKernel kernel = ops::AttentionKernel::Auto);
 // Mean cross entropy of logits [..., V] against integer targets [...] through
 // the fused classifier: columns from `vocab` on are padding (0: none), rows
-// whose target is `ignore_index` are left out of the mean.
+// whose target is `ignore_index` are left out of the mean. overwrite_logits:
+// the backward's gradient is written over the logits (contiguous ones; a
+// non-contiguous view is copied first) instead of a tensor of their size, for
+// a caller that discards them -- they read as the gradient afterwards.
 Tensor cross_entropy_fused(const Tensor& logits, const Tensor& target, int64_t vocab = 0,
-                           std::optional<int64_t> ignore_index = std::nullopt);
+                           std::optional<int64_t> ignore_index = std::nullopt, bool overwrite_logits = false);
 
 }  // namespace chorus::nn::functional

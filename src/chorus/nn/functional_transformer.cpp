@@ -65,7 +65,7 @@ Tensor causal_self_attention(const Tensor& qkv, int64_t heads, double dropout, o
 }
 
 Tensor cross_entropy_fused(const Tensor& logits, const Tensor& target, int64_t vocab,
-                           std::optional<int64_t> ignore_index) {
+                           std::optional<int64_t> ignore_index, bool overwrite_logits) {
   detail::check_defined(logits, "cross_entropy", "logits");
   detail::check_defined(target, "cross_entropy", "target");
   CHORUS_CHECK(logits.dim() >= 1 && logits.dim() == target.dim() + 1, "cross_entropy: logits ", logits.describe(),
@@ -78,7 +78,8 @@ Tensor cross_entropy_fused(const Tensor& logits, const Tensor& target, int64_t v
   CHORUS_CHECK(vocab >= 0 && vocab <= v, "cross_entropy: vocabulary ", vocab, " is larger than the logits' ", v,
                " columns");
   return autograd::cross_entropy_fused_mean(logits.reshape({logits.numel() / std::max<int64_t>(v, 1), v}),
-                                            target.reshape({target.numel()}), vocab ? vocab : v, ignore_index);
+                                            target.reshape({target.numel()}), vocab ? vocab : v, ignore_index,
+                                            overwrite_logits);
 }
 
 }  // namespace chorus::nn::functional

@@ -246,7 +246,7 @@ std::tuple<Tensor, Tensor, Tensor> composite_attention_backward(const Tensor& do
 }  // namespace
 
 std::pair<Tensor, Tensor> cross_entropy_fused(const Tensor& logits, const Tensor& target, int64_t valid_cols,
-                                              int64_t ignore_index, const Tensor& grad_scale) {
+                                              int64_t ignore_index, const Tensor& grad_scale, bool overwrite_logits) {
   detail::check_defined(logits, "cross_entropy", "logits");
   detail::check_defined(target, "cross_entropy", "target");
   CHORUS_CHECK(logits.dim() == 2 && is_floating(logits.dtype()),
@@ -261,7 +261,7 @@ std::pair<Tensor, Tensor> cross_entropy_fused(const Tensor& logits, const Tensor
   Tensor lg = contiguous(logits);
   Tensor tg = contiguous(to_dtype(to_device(target, dev), kInt64));
   Tensor losses = detail::empty_tensor({lg.size(0)}, lg.dtype() == kFloat64 ? kFloat64 : kFloat32, dev);
-  Tensor dlogits = detail::empty_tensor(lg.sizes(), lg.dtype(), dev);
+  Tensor dlogits = overwrite_logits ? lg : detail::empty_tensor(lg.sizes(), lg.dtype(), dev);
   Tensor sc = grad_scale.defined() ? to_dtype(to_device(grad_scale, dev), losses.dtype()) : Tensor();
   if (lg.numel()) CHORUS_KERNEL(dev, cross_entropy_fused, lg, tg, valid_cols, ignore_index, losses, dlogits, sc);
   return {losses, dlogits};

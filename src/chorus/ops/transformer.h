@@ -65,9 +65,11 @@ void attention_backward_into(const Tensor& dout, const Tensor& q, const Tensor& 
 // dlogits [N, V] in the logits' dtype, each row's loss gradient times
 // grad_scale, a one-element tensor read on the device: 1/N for a mean; none:
 // 1). Columns from valid_cols on are vocabulary padding; rows whose target is
-// ignore_index count for nothing.
+// ignore_index count for nothing. overwrite_logits: dlogits is written over
+// contiguous logits (which then hold it), for a caller that discards them.
 std::pair<Tensor, Tensor> cross_entropy_fused(const Tensor& logits, const Tensor& target, int64_t valid_cols,
-                                              int64_t ignore_index, const Tensor& grad_scale = Tensor());
+                                              int64_t ignore_index, const Tensor& grad_scale = Tensor(),
+                                              bool overwrite_logits = false);
 // x *= scale in place, where scale is a one-element tensor read on x's device;
 // nothing is written when it is exactly 1 (cpu/cuda scale_unless_one).
 void scale_unless_one_(const Tensor& x, const Tensor& scale);

@@ -72,7 +72,8 @@ dist::MemoryPlan mesh_memory_plan(const models::GPTConfig& cfg, const GptMemoryR
   models::GPTConfig stage = cfg;
   stage.layers = blocks;
   const models::GPTActivationBytes a =
-      models::gpt_activation_bytes(stage, run.batch, run.seq, run.bf16, run.fused_attention);
+      models::gpt_activation_bytes(stage, run.batch, run.seq, run.bf16, run.fused_attention,
+                                   /*logits_overwritten=*/false);
   double in_flight = pp == 1 ? 1.0 : static_cast<double>(std::min(micro_batches, pp));
   if (pp > 1 && virtual_stages > 1)
     in_flight *= 1.0 + static_cast<double>(pp - 1) / static_cast<double>(pp * virtual_stages);
