@@ -3,7 +3,8 @@
 # each rank compares with a reference trained alone on one device on the
 # global batch (tests/dist/pipeline_probe.cpp says how).
 #   - one stage per process, activations and gradients by send/recv: 2, 3
-#     and 4 processes, GPipe and 1F1B
+#     and 4 processes, GPipe and 1F1B; two stages per process (interleaved):
+#     2 and 3 processes
 #   - data parallelism over pipelines: 2 processes x a 2-stage pipeline on
 #     cpu:0 and cpu:1 each, every schedule
 set -uo pipefail
@@ -27,6 +28,9 @@ for n in 2 3 4; do
   run $n stages gpipe
   run $n stages 1f1b
 done
+# Two stages per process, a ring of links (Note [Pipeline links]); 3 ranks: 4
+# micro-batches are no multiple of them (a longer warm-up).
+for n in 2 3; do run $n stages interleaved; done
 for s in gpipe 1f1b interleaved; do run 2 dp $s; done
 [ $fail = 0 ] && echo "pipelines across processes: all ok"
 exit $fail

@@ -4,10 +4,12 @@
 // global batch -- the independent result the pipeline must reproduce -- and
 // compares losses and weights.
 //
-//   stages SCHEDULE   one stage per process (world size = stages), over the
-//                     process group's send/recv: 4 SGD steps with
-//                     4 micro-batches; each rank compares the weights of its
-//                     own stage, the last rank the losses too.
+//   stages SCHEDULE   one stage per process (world size = stages; interleaved:
+//                     two per process, stage s on rank s % world, the last
+//                     rank's activations back to rank 0), over the process
+//                     group's send/recv: 4 SGD steps with 4 micro-batches;
+//                     each rank compares the weights of its own stages, the
+//                     last rank the losses too.
 //   dp SCHEDULE       data parallelism over pipelines: each process runs a
 //                     2-stage pipeline on cpu:0 and cpu:1 on its share of the
 //                     global batch, gradients averaged over the processes.
@@ -121,8 +123,12 @@ int main(int argc, char** argv) {
     if (mode == "stages") {
       o.stage_group = pg;
       devices = {stage_device};
-      balance = world == 2 ? std::vector<int64_t>{3, 5} : world == 3 ? std::vector<int64_t>{3, 2, 3}
-                                                                   : std::vector<int64_t>{2, 2, 2, 2};
+      if (o.schedule == parallel::Schedule::Interleaved)  // two stages per rank (8 layers)
+        balance = world == 2 ? std::vector<int64_t>{2, 3, 1, 2} : world == 3 ? std::vector<int64_t>{1, 2, 1, 2, 1, 1}
+                                                               : std::vector<int64_t>(8, 1);
+      else
+        balance = world == 2 ? std::vector<int64_t>{3, 5} : world == 3 ? std::vector<int64_t>{3, 2, 3}
+                                                                     : std::vector<int64_t>{2, 2, 2, 2};
     } else {
       o.data_group = pg;
       devices = {cpu_device(0), cpu_device(1)};
