@@ -74,8 +74,9 @@ MeshGpt start_mesh_gpt(const MeshSettings& s, const models::GPTConfig& cfg, int6
 // builds the whole model, so the optimizer can keep the one-process order of
 // parameters (checkpoints' indices); the other stages' parameters never get a
 // gradient and AdamW leaves them alone. After a step's backwards the
-// gradients are averaged over dp (tp::average_gradients: Pipeline's own data
-// group cannot go with a stage group) and the tied embedding's two copies
+// gradients are averaged over dp (tp::average_gradients, once per optimizer
+// step with --grad-accum, not overlapped with the backward as Pipeline's own
+// data_group would) and the tied embedding's two copies
 // summed over pp (Note [Tied embeddings across stages]); clipping is over tp
 // and pp with the last stage's copy counted once. The loss exists on the last
 // stage's ranks only: the drivers sum it over the world and divide by the

@@ -310,7 +310,7 @@ int run_pipeline(const std::string& spec, bool sp, bool interleaved) {
   o.micro_batches = 2;
   o.schedule = interleaved ? parallel::Schedule::Interleaved : parallel::Schedule::OneFOneB;
   o.virtual_stages = interleaved ? 2 : 1;  // pp=2: embeddings, block 1 on rank 0; block 0, head on rank 1
-  o.stage_group = ppg;  // data parallelism: tp::average_gradients below (no data_group beside a stage group)
+  o.stage_group = ppg;  // data parallelism: tp::average_gradients below, as apps/gpt_mesh.cpp does
   parallel::Pipeline pipe(tp::pipeline_layers(*model), {}, {cpu_device(0)}, o);
   const std::vector<Tensor> mine = pipe.local_parameters();
   auto is_local = [&](const Tensor& t) {

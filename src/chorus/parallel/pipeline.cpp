@@ -173,15 +173,32 @@ Pipeline::Pipeline(std::shared_ptr<nn::Sequential> layers, std::vector<int64_t> 
   }
   // Several stages per rank: the last rank's activations go on to rank 0 (a ring).
   if (pg) links_ = make_pipeline_links(pg, S > places);
-  if (opts_.data_group) {
-    CHORUS_CHECK(!pg, "Pipeline: a stage group and a data group together are not supported yet");
-    std::vector<int> all(static_cast<size_t>(opts_.data_group->size()));
+  if (const dist::ProcessGroupPtr& dg = opts_.data_group) {
+    // With a stage group, a data group joins the replicas of this rank's
+    // stages: its ranks must hold the same place in their pipelines (each
+    // creates subgroups for its own stages only, and they must match).
+    if (pg) {
+      Tensor mine = from_vector(std::vector<int64_t>{pg->rank(), pg->size()}, {2}, {kInt64, dg->device()});
+      Tensor all = empty({2 * dg->size()}, {kInt64, dg->device()});
+      dg->all_gather(mine, all)->wait();
+      const std::vector<int64_t> places_of = all.to(cpu_device()).to_vector<int64_t>();
+      for (int r = 0; r < dg->size(); ++r)
+        CHORUS_CHECK(places_of[2 * static_cast<size_t>(r)] == pg->rank() && places_of[2 * static_cast<size_t>(r) + 1] == pg->size(),
+                     "Pipeline: rank ", r, " of the data group is rank ", places_of[2 * static_cast<size_t>(r)], " of a ",
+                     places_of[2 * static_cast<size_t>(r) + 1], "-rank stage group, this one rank ", pg->rank(), " of ",
+                     pg->size(), ": a data group must join ranks at one place of their pipelines");
+    }
+    std::vector<int> all(static_cast<size_t>(dg->size()));
     for (size_t r = 0; r < all.size(); ++r) all[r] = static_cast<int>(r);
-    for (const Stage& st : stages_) {
-      CHORUS_CHECK(!opts_.data_group->device().is_cuda() || st.device == opts_.data_group->device(),
-                   "Pipeline: the data group's NCCL communicator is on ", opts_.data_group->device().str(),
-                   " but a stage runs on ", st.device.str());
-      stage_data_groups_.push_back(opts_.data_group->new_group(all));
+    for (size_t s = 0; s < stages_.size(); ++s) {
+      const Stage& st = stages_[s];
+      if (!is_local(static_cast<int64_t>(s))) {
+        stage_data_groups_.push_back(nullptr);  // another rank's stage
+        continue;
+      }
+      CHORUS_CHECK(!dg->device().is_cuda() || st.device == dg->device(), "Pipeline: the data group's NCCL communicator is on ",
+                   dg->device().str(), " but a stage runs on ", st.device.str());
+      stage_data_groups_.push_back(dg->new_group(all));
     }
   }
   register_child("", seq_);  // Note [State dict names]

@@ -82,7 +82,9 @@ struct PipelineOptions {
   // per dtype of which the gradients are views (as dist/reducer.h's
   // buckets). Each stage gets a subgroup of its own, so the stages' threads
   // never race for one communicator. Gloo: any CPU devices; NCCL: the stages
-  // must be on the group's device.
+  // must be on the group's device. With a stage group too, the data group
+  // joins ranks at the same place of their pipelines (the same stage-group
+  // rank: ValueError otherwise), each replica's stages averaged over it.
   dist::ProcessGroupPtr data_group;
 };
 
