@@ -388,9 +388,18 @@ void Pipeline::run_task(Run& run, const PipeTask& t, size_t d) {
     CHORUS_ASSERT(link && rank_of(to_stage) == (pg->rank() + (dir == 0 ? 1 : pg->size() - 1)) % pg->size());
     Tensor header = from_vector(h, {kHeaderLen}, {kInt64, link->device()});
     std::lock_guard<std::mutex> g(run.sends_mu);
+    // The sends keep their tensors; a Work is waited for at the end of the
+    // step, or here once it is done (its tensors freed then, not every
+    // activation sent kept to the end of the step: V times as many with the
+    // interleaved schedule). Never waited for before it is done: Note
+    // [Pipeline links] needs no rank to wait for its own sends.
+    std::erase_if(run.sends, [](const dist::WorkPtr& w) {
+      if (!w->is_completed()) return false;
+      w->wait();
+      return true;
+    });
     run.sends.push_back(link->send(header, PipelineLinks::kReceiver, tag(dir, to_stage, 0)));
     run.sends.push_back(link->send(c, PipelineLinks::kReceiver, tag(dir, to_stage, 1)));
-    // The sends keep their tensors; a Work is waited for at the end of the step.
   };
   auto recv = [&](int from_stage, int dir) {
     const dist::ProcessGroupPtr& link = links_.in[static_cast<size_t>(dir)];
