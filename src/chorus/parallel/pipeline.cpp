@@ -182,11 +182,12 @@ Pipeline::Pipeline(std::shared_ptr<nn::Sequential> layers, std::vector<int64_t> 
       Tensor all = empty({2 * dg->size()}, {kInt64, dg->device()});
       dg->all_gather(mine, all)->wait();
       const std::vector<int64_t> places_of = all.to(cpu_device()).to_vector<int64_t>();
-      for (int r = 0; r < dg->size(); ++r)
-        CHORUS_CHECK(places_of[2 * static_cast<size_t>(r)] == pg->rank() && places_of[2 * static_cast<size_t>(r) + 1] == pg->size(),
-                     "Pipeline: rank ", r, " of the data group is rank ", places_of[2 * static_cast<size_t>(r)], " of a ",
-                     places_of[2 * static_cast<size_t>(r) + 1], "-rank stage group, this one rank ", pg->rank(), " of ",
-                     pg->size(), ": a data group must join ranks at one place of their pipelines");
+      for (size_t r = 0; r < static_cast<size_t>(dg->size()); ++r) {
+        const int64_t their_rank = places_of[2 * r], their_size = places_of[2 * r + 1];
+        CHORUS_CHECK(their_rank == pg->rank() && their_size == pg->size(), "Pipeline: rank ", r,
+                     " of the data group is rank ", their_rank, " of a ", their_size, "-rank stage group, this one rank ",
+                     pg->rank(), " of ", pg->size(), ": a data group must join ranks at one place of their pipelines");
+      }
     }
     std::vector<int> all(static_cast<size_t>(dg->size()));
     for (size_t r = 0; r < all.size(); ++r) all[r] = static_cast<int>(r);
@@ -196,8 +197,9 @@ Pipeline::Pipeline(std::shared_ptr<nn::Sequential> layers, std::vector<int64_t> 
         stage_data_groups_.push_back(nullptr);  // another rank's stage
         continue;
       }
-      CHORUS_CHECK(!dg->device().is_cuda() || st.device == dg->device(), "Pipeline: the data group's NCCL communicator is on ",
-                   dg->device().str(), " but a stage runs on ", st.device.str());
+      CHORUS_CHECK(!dg->device().is_cuda() || st.device == dg->device(),
+                   "Pipeline: the data group's NCCL communicator is on ", dg->device().str(), " but a stage runs on ",
+                   st.device.str());
       stage_data_groups_.push_back(dg->new_group(all));
     }
   }
