@@ -10,8 +10,9 @@
 // Note [Mesh pipeline bound]: a pipeline row also gives its bubble, measured
 // as bench_pipeline.cpp measures it (each rank's busy time in its tasks on a
 // few more steps with every task timed on the device alone, against the timed
-// step: 1 - mean busy / step), beside the schedule's ideal bubble (p-1)/(m+p-1)
-// for 1F1B and GPipe (parallel::simulate), and a bound: the tokens/s of a
+// step: 1 - mean busy / step), beside the schedule's ideal bubble
+// (p-1)/(v m + p-1) (plan::pipeline_bubble; v = 1 for 1F1B and GPipe, the
+// virtual stages per rank for interleaved), and a bound: the tokens/s of a
 // step whose slowest stage works its measured busy time at the micro-batch's
 // own size and idles only the ideal bubble, tokens * (1 - ideal) / max busy.
 // It is bench_pipeline.cpp's --bound (D devices at the micro-batch's speed
@@ -31,7 +32,7 @@
 #include "chorus/dist/ddp.h"
 #include "chorus/ops/factory.h"
 #include "chorus/optim/adamw.h"
-#include "chorus/parallel/pipeline_schedule.h"
+#include "chorus/plan/cost_model.h"
 #include "chorus/tensor_parallel/clip_grad.h"
 #include "gpt_mesh.h"
 #include "train_dist.h"
@@ -48,7 +49,7 @@ struct MeshRow {
   double loss = 0;
   std::vector<double> peaks;  // per world rank
   double bubble = -1, bubble_ideal = 0, bound_tok_s = 0;
-  std::vector<double> stage_busy_ms;  // per pipeline stage, mean over its ranks
+  std::vector<double> stage_busy_ms;  // per pipeline rank (its stages together), mean over its ranks
 };
 
 }  // namespace
@@ -72,17 +73,19 @@ int run_bench_gpt_mesh(const BenchConfig& c) {
   // Every row's settings checked before any group exists (each rank says the same line).
   std::vector<std::pair<std::string, MeshPipeSettings>> rows;
   if (pp > 1) {
-    CHORUS_CHECK(c.virtual_stages == 0, "--virtual-stages goes with the interleaved schedule, which --mesh does not offer yet");
     const std::vector<std::string> names = split_list(c.schedules);
     CHORUS_CHECK(!names.empty(), "--schedules is empty (expected e.g. gpipe,1f1b)");
+    CHORUS_CHECK(c.virtual_stages == 0 || std::find(names.begin(), names.end(), "interleaved") != names.end(),
+                 "--virtual-stages goes with the interleaved schedule (--schedules ", c.schedules, " has none)");
     for (const std::string& name : names) {
       MeshPipeSettings ps;
       ps.micro_batches = name == "naive" ? 1 : c.micro_batches;  // naive: one micro-batch, one stage at a time
       ps.schedule = name == "naive" ? "gpipe" : name;
+      if (name == "interleaved") ps.virtual_stages = c.virtual_stages > 0 ? c.virtual_stages : 2;
       if (c.balance) ps.balance = parse_balance(*c.balance);
       if (name == "naive") {
         // One micro-batch: only the balance has something to check (pp micro-batches of one sample pass the rest).
-        check_mesh_pipeline(axes, cfg, MeshPipeSettings{pp, "gpipe", ps.balance}, pp);
+        check_mesh_pipeline(axes, cfg, MeshPipeSettings{pp, "gpipe", 1, ps.balance}, pp);
       } else {
         check_mesh_pipeline(axes, cfg, ps, c.batch_size);
       }
@@ -175,11 +178,10 @@ int run_bench_gpt_mesh(const BenchConfig& c) {
         most = std::max(most, b);
       }
       const double step_ms = 1000.0 * r.dt / static_cast<double>(c.steps);
-      const parallel::Schedule sched = parallel::parse_schedule(ps.schedule);
-      const int M = static_cast<int>(ps.micro_batches);
+      const int64_t M = ps.micro_batches;
       r.stage_busy_ms = per_stage;
       r.bubble = std::max(0.0, 1.0 - mean / step_ms);
-      r.bubble_ideal = parallel::simulate(parallel::make_schedule(sched, pp, pp, M), pp, M).bubble;
+      r.bubble_ideal = plan::pipeline_bubble(pp, M, ps.virtual_stages);
       r.bound_tok_s = most > 0 ? tokens * (1.0 - r.bubble_ideal) / (most / 1000.0) : 0.0;
     }
     return r;
@@ -213,6 +215,7 @@ int run_bench_gpt_mesh(const BenchConfig& c) {
     if (pp > 1) {
       row["schedule"] = name;
       row["micro_batches"] = ps.micro_batches;
+      row["virtual_stages"] = ps.virtual_stages;
       row["bubble"] = r.bubble;
       row["bubble_ideal"] = r.bubble_ideal;
       row["stage_busy_ms"] = r.stage_busy_ms;
@@ -229,9 +232,9 @@ int run_bench_gpt_mesh(const BenchConfig& c) {
     if (peak_flops > 0) std::printf("  MFU %5.1f%%", 100 * mfu);
     std::printf("  peak %8.1f MiB (rank 0), %8.1f MiB (most)\n", r.peaks[0] / (1 << 20), peak_max / (1 << 20));
     if (pp > 1)
-      std::printf("%-10s   pipeline %-5s M=%-3lld bubble %.3f (ideal %.3f)  bound %10.0f tok/s (%.2f of it)\n",
-                  c.model.c_str(), name.c_str(), (long long)ps.micro_batches, r.bubble, r.bubble_ideal, r.bound_tok_s,
-                  r.bound_tok_s > 0 ? tok_s / r.bound_tok_s : 0.0);
+      std::printf("%-10s   pipeline %-5s M=%-3lld V=%lld bubble %.3f (ideal %.3f)  bound %10.0f tok/s (%.2f of it)\n",
+                  c.model.c_str(), name.c_str(), (long long)ps.micro_batches, (long long)ps.virtual_stages, r.bubble,
+                  r.bubble_ideal, r.bound_tok_s, r.bound_tok_s > 0 ? tok_s / r.bound_tok_s : 0.0);
   }
   return 0;
 }

@@ -56,8 +56,15 @@ void check_mesh_pipeline(const std::vector<dist::MeshAxis>& axes, const models::
                          const MeshPipeSettings& p, int64_t batch) {
   const int pp = mesh_axis_size(axes, "pp");
   const parallel::Schedule sched = parallel::parse_schedule(p.schedule);
-  CHORUS_CHECK(sched != parallel::Schedule::Interleaved, "--schedule interleaved is not offered with --mesh pp= yet ",
-               "(its virtual stages need several stages per process): use 1f1b or gpipe");
+  CHORUS_CHECK(p.virtual_stages == 1 || sched == parallel::Schedule::Interleaved, "--virtual-stages ",
+               p.virtual_stages, " goes with --schedule interleaved, not ", p.schedule);
+  CHORUS_CHECK(p.virtual_stages >= 1, "--virtual-stages must be at least 1, got ", p.virtual_stages);
+  const int64_t stages = p.stages(pp);
+  CHORUS_CHECK(stages <= cfg.layers + 2, "--mesh pp=", pp, " x --virtual-stages ", p.virtual_stages, " makes ", stages,
+               " pipeline stages, but ", cfg.layers, " blocks make only ", cfg.layers + 2,
+               " pipeline layers (embeddings, blocks, head)");
+  // The interleaved order needs no multiple of pp (Megatron-LM's does): with
+  // others its warm-up is longer (Note [Schedules never deadlock]).
   CHORUS_CHECK(p.micro_batches >= pp, "--micro-batches ", p.micro_batches, " is fewer than the ", pp,
                " pipeline stages of --mesh pp=", pp, " (some stage would always idle): use at least ", pp);
   CHORUS_CHECK(p.micro_batches <= batch, "--micro-batches ", p.micro_batches, " is more than the batch of ", batch,
@@ -67,9 +74,10 @@ void check_mesh_pipeline(const std::vector<dist::MeshAxis>& axes, const models::
   if (!p.balance.empty()) {
     int64_t total = 0;
     for (int64_t b : p.balance) total += b;
-    CHORUS_CHECK(static_cast<int64_t>(p.balance.size()) == pp && total == cfg.layers + 2, "--balance gives ",
-                 p.balance.size(), " stages of ", total, " layers; --mesh pp=", pp, " needs ", pp, " counts adding up to ",
-                 cfg.layers + 2, " (the embeddings, ", cfg.layers, " blocks and the head)");
+    const std::string what = p.virtual_stages > 1 ? " with --virtual-stages " + std::to_string(p.virtual_stages) : "";
+    CHORUS_CHECK(static_cast<int64_t>(p.balance.size()) == stages && total == cfg.layers + 2, "--balance gives ",
+                 p.balance.size(), " stages of ", total, " layers; --mesh pp=", pp, what, " needs ", stages,
+                 " counts adding up to ", cfg.layers + 2, " (the embeddings, ", cfg.layers, " blocks and the head)");
   }
 }
 
@@ -78,6 +86,7 @@ MeshPipeline start_mesh_pipeline(MeshGpt& m, const MeshPipeSettings& p) {
   parallel::PipelineOptions o;
   o.micro_batches = p.micro_batches;
   o.schedule = parallel::parse_schedule(p.schedule);
+  o.virtual_stages = p.virtual_stages;
   o.stage_group = m.mesh->group("pp");
   auto layers = tp::pipeline_layers(*m.model);
   mp.pipe = std::make_shared<parallel::Pipeline>(layers, p.balance, std::vector<Device>{m.device}, o);
@@ -90,7 +99,7 @@ MeshPipeline start_mesh_pipeline(MeshGpt& m, const MeshPipeSettings& p) {
     for (int64_t l = first; l < first + n; ++l)
       for (const Tensor& t : (*layers)[static_cast<size_t>(l)]->parameters())
         for (size_t i = 0; i < all.size(); ++i)
-          if (mp.owner[i] < 0 && all[i].tensor.is_same(t)) mp.owner[i] = static_cast<int>(s);
+          if (mp.owner[i] < 0 && all[i].tensor.is_same(t)) mp.owner[i] = static_cast<int>(s % m.pp());
     first += n;
   }
   const int me = m.pp_rank();

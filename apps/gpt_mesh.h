@@ -34,13 +34,16 @@ int mesh_axis_size(const std::vector<dist::MeshAxis>& axes, const std::string& n
 // --mesh with pp > 1: the options of --strategy pipeline that apply to it.
 struct MeshPipeSettings {
   int64_t micro_batches = 4;     // --micro-batches (train: default 4, at least pp)
-  std::string schedule = "1f1b";  // --schedule: 1f1b | gpipe
-  std::vector<int64_t> balance;  // --balance: layers per stage (empty: as even as the layer count allows)
+  std::string schedule = "1f1b";  // --schedule: 1f1b | gpipe | interleaved
+  int64_t virtual_stages = 1;    // stages per pipeline rank (--virtual-stages; interleaved only, default 2)
+  std::vector<int64_t> balance;  // --balance: layers per stage, pp x virtual_stages counts (empty: as even as possible)
+  int64_t stages(int pp) const { return pp * virtual_stages; }
 };
-// ValueError, one line, every rank alike before any group: the schedule is
-// one the stages over processes run, fewer micro-batches than stages, a batch
-// that does not divide into the micro-batches, a balance that is not one
-// count per stage adding up to the layers.
+// ValueError, one line, every rank alike before any group: an unknown
+// schedule, virtual stages with a schedule other than interleaved, more
+// stages than layers, fewer micro-batches than pipeline ranks, a batch that
+// does not divide into the micro-batches, a balance that is not one count per
+// stage adding up to the layers.
 void check_mesh_pipeline(const std::vector<dist::MeshAxis>& axes, const models::GPTConfig& cfg,
                          const MeshPipeSettings& p, int64_t batch);
 
@@ -65,24 +68,27 @@ MeshGpt start_mesh_gpt(const MeshSettings& s, const models::GPTConfig& cfg, int6
 // Note [GPT pipelines over the mesh]: with pp > 1 the tensor-parallel GPT's
 // layers (tp::pipeline_layers: embeddings, blocks, head) run as a
 // parallel::Pipeline over the mesh's pp group, one stage of contiguous layers
-// per pipeline rank, each stage itself split over its tp group. Every rank
+// per pipeline rank (the interleaved schedule: V of them, stage s on pipeline
+// rank s % pp, Note [Pipeline links] in parallel/pipeline_links.h), each
+// stage itself split over its tp group. Every rank
 // builds the whole model, so the optimizer can keep the one-process order of
 // parameters (checkpoints' indices); the other stages' parameters never get a
 // gradient and AdamW leaves them alone. After a step's backwards the
-// gradients are averaged over dp (tp::average_gradients: Pipeline's own data
-// group cannot go with a stage group) and the tied embedding's two copies
+// gradients are averaged over dp (tp::average_gradients, once per optimizer
+// step with --grad-accum, not overlapped with the backward as Pipeline's own
+// data_group would) and the tied embedding's two copies
 // summed over pp (Note [Tied embeddings across stages]); clipping is over tp
 // and pp with the last stage's copy counted once. The loss exists on the last
 // stage's ranks only: the drivers sum it over the world and divide by the
 // ranks that hold it.
 struct MeshPipeline {
   std::shared_ptr<parallel::Pipeline> pipe;
-  std::vector<tp::ShardedParameter> local;  // this rank's stage's parameters
+  std::vector<tp::ShardedParameter> local;  // this rank's stages' parameters
   std::vector<Tensor> counted_elsewhere;    // the clip's tensors counted on another stage
   bool uses_wte = false;                    // this stage holds a copy of the token embedding
   bool last_stage = false;
   // Per parameter of tp::sharded_parameters(model): the pipeline rank whose
-  // stage holds it (the tied embedding: the first stage's), for checkpoints.
+  // stage holds it (the tied embedding: the first stage's rank, 0), for checkpoints.
   std::vector<int> owner;
 };
 // Collective over the pp group (the pipeline's send/recv groups).

@@ -1,8 +1,9 @@
 // `chorus train --model gpt2|... --mesh dp=A,pp=B,tp=C`: the GPT driver over
 // a device mesh (dist/device_mesh.h). Each tensor-parallel group holds one
 // copy of the model split Megatron-style (tensor_parallel/gpt.h), or with
-// pp > 1 one pipeline stage of it (Note [GPT pipelines over the mesh] in
-// gpt_mesh.h: --micro-batches, --schedule 1f1b|gpipe, --balance); the data
+// pp > 1 pipeline stages of it (Note [GPT pipelines over the mesh] in
+// gpt_mesh.h: --micro-batches, --schedule 1f1b|gpipe|interleaved,
+// --virtual-stages, --balance); the data
 // ranks (the dp axis) read disjoint windows and average their gradients (with
 // DistributedDataParallel over their dp group, or after the pipeline's
 // backwards). Clipping is by the whole model's norm (tensor_parallel/
@@ -69,9 +70,12 @@ void validate_gpt_mesh(const TrainConfig& tc, const GptOptions& g) {
   CHORUS_CHECK(!tc.metrics && !tc.tensorboard && !tc.plot,
                "--metrics, --tensorboard and --plot are not offered with --mesh yet (the progress lines and --json are)");
   const int pp = mesh_axis_size(dist::parse_mesh_spec(*g.mesh), "pp");
-  CHORUS_CHECK(!tc.virtual_stages, "--virtual-stages goes with --schedule interleaved, which --mesh does not offer yet");
+  CHORUS_CHECK(!tc.virtual_stages || tc.schedule.value_or("") == "interleaved",
+               "--virtual-stages goes with --schedule interleaved");
   if (pp == 1) {
-    const char* given = tc.micro_batches ? "--micro-batches" : tc.schedule ? "--schedule" : tc.balance ? "--balance" : nullptr;
+    const char* given = tc.micro_batches ? "--micro-batches" : tc.schedule ? "--schedule"
+                        : tc.balance     ? "--balance"
+                        : tc.virtual_stages ? "--virtual-stages" : nullptr;
     CHORUS_CHECK(given == nullptr, given ? given : "", " goes with pipeline stages: --mesh pp=N with N > 1");
   } else {
     CHORUS_CHECK(tc.comm_hook == "allreduce", "--comm-hook ", tc.comm_hook,
@@ -116,6 +120,7 @@ nlohmann::ordered_json run_train_gpt_mesh(const TrainConfig& tc, const GptOption
   if (pp > 1) {
     ps.micro_batches = tc.micro_batches.value_or(std::max<int64_t>(4, pp));
     ps.schedule = tc.schedule.value_or("1f1b");
+    if (ps.schedule == "interleaved") ps.virtual_stages = tc.virtual_stages.value_or(2);
     if (tc.balance) ps.balance = parse_balance(*tc.balance);
     check_mesh_pipeline(axes, cfg, ps, batch);
   }
@@ -160,7 +165,9 @@ nlohmann::ordered_json run_train_gpt_mesh(const TrainConfig& tc, const GptOption
   fp["mesh"] = dist::mesh_spec_str(axes);
   fp["sequence_parallel"] = g.sequence_parallel;
   fp["clip"] = g.clip;
-  if (pp > 1) fp["pipeline"] = {{"micro_batches", ps.micro_batches}, {"schedule", ps.schedule}, {"balance", mp->pipe->balance()}};
+  if (pp > 1)
+    fp["pipeline"] = {{"micro_batches", ps.micro_batches}, {"schedule", ps.schedule},
+                      {"virtual_stages", ps.virtual_stages}, {"balance", mp->pipe->balance()}};
   fp["steps"] = tc.steps ? *tc.steps : -1;
   fp["train_data"] = {{"tokens", train_stream->size()}};
   check_same_options(rc, fp);  // Note [Options every rank shares]
@@ -200,9 +207,11 @@ nlohmann::ordered_json run_train_gpt_mesh(const TrainConfig& tc, const GptOption
     }
   }
   if (leader && !tc.quiet && mp) {
-    std::fprintf(stderr, "pipeline: %lld layers (embeddings, %lld blocks, head) in %d stages (%s) over pp=%d, "
-                 "%lld micro-batches, schedule %s\n", (long long)cfg.layers + 2, (long long)cfg.layers, pp,
-                 parallel::balance_str(mp->pipe->balance()).c_str(), pp, (long long)ps.micro_batches, ps.schedule.c_str());
+    std::fprintf(stderr, "pipeline: %lld layers (embeddings, %lld blocks, head) in %lld stages (%s) over pp=%d%s, "
+                 "%lld micro-batches, schedule %s\n", (long long)cfg.layers + 2, (long long)cfg.layers,
+                 (long long)mp->pipe->num_stages(), parallel::balance_str(mp->pipe->balance()).c_str(), pp,
+                 ps.virtual_stages > 1 ? (", " + std::to_string(ps.virtual_stages) + " per rank").c_str() : "",
+                 (long long)ps.micro_batches, ps.schedule.c_str());
   }
   if (leader && !tc.quiet) {
     std::fprintf(stderr, "%s: %.1fM parameters over tp=%d%s, seq %lld, batch %lld x %lld accum x dp %d = %s tokens/step, "
@@ -382,6 +391,8 @@ nlohmann::ordered_json run_train_gpt_mesh(const TrainConfig& tc, const GptOption
                                 {"sequence_parallel", g.sequence_parallel},
                                 {"micro_batches", pp > 1 ? nlohmann::ordered_json(ps.micro_batches) : nlohmann::ordered_json(nullptr)},
                                 {"schedule", pp > 1 ? nlohmann::ordered_json(ps.schedule) : nlohmann::ordered_json(nullptr)},
+                                {"virtual_stages",
+                                 pp > 1 ? nlohmann::ordered_json(ps.virtual_stages) : nlohmann::ordered_json(nullptr)},
                                 {"devices", std::to_string(rc.group->size()) + " ranks"},
                                 {"precision", tc.precision},
                                 {"params", cfg.num_parameters()},

@@ -47,7 +47,7 @@ void add_gpt_train_options(CLI::App* train, GptOptions& g) {
       ->capture_default_str()->group(grp);
   add_optional(train, "--mesh", g.mesh,
                "GPT: process layout dp=A,pp=B,tp=C (A x B x C processes from chorus launch; tensor parallel over tp, "
-               "pipeline stages over pp with --micro-batches, --schedule 1f1b|gpipe, --balance)")
+               "pipeline stages over pp with --micro-batches, --schedule 1f1b|gpipe|interleaved, --virtual-stages, --balance)")
       ->group(grp);
   train->add_flag("--sequence-parallel", g.sequence_parallel,
                   "GPT with --mesh tp>1: shard LayerNorm and dropout activations along the sequence")

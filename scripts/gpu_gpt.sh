@@ -369,13 +369,36 @@ open(sys.argv[2], "a").write(json.dumps(row) + "\n")
 print(row)
 PY
     ;;
-  mesh_pp)  # issue 50 on 2 GPUs: chorus bench --mesh pp=2 (MESH_PP_SCHEDULES, default 1f1b,gpipe; MESH_PP_M
-    # micro-batches, default 8) and --mesh tp=2 beside --strategy ddp on the same 2 GPUs (GPT_MODEL, GPT_BATCH sequences
-    # a rank: a pipeline's whole batch, cut into the micro-batches): tok/s, MFU, peak memory, and for pp=2 the measured
-    # bubble beside the ideal (p-1)/(m+p-1) and the bound (Note [Mesh pipeline bound] in apps/bench_gpt_mesh.cpp)
+  mesh_pp)  # issue 50 on 2 GPUs: chorus bench --mesh pp=2 (MESH_PP_SCHEDULES, default 1f1b,gpipe, may list
+    # interleaved; MESH_PP_M micro-batches, default 8; MESH_PP_V virtual stages a rank for interleaved, default 2) and
+    # --mesh tp=2 beside --strategy ddp on the same 2 GPUs (GPT_MODEL, GPT_BATCH sequences a rank: a pipeline's whole
+    # batch, cut into the micro-batches): tok/s, MFU, peak memory, and for pp=2 the measured bubble beside the ideal
+    # (p-1)/(v m+p-1) and the bound (Note [Mesh pipeline bound] in apps/bench_gpt_mesh.cpp)
     M=${MESH_PP_M:-8}
+    SCHED=${MESH_PP_SCHEDULES:-1f1b,gpipe}
+    if [[ ,$SCHED, == *,interleaved,* ]]; then
+      # Interleaved over NCCL (Note [Pipeline links]): first a small d2 trained at pp=2 by 1f1b and by interleaved
+      # (fp32, same seed and micro-batches) must give the same losses -- a deadlock ends in the timeout.
+      python3 -c "
+import random; random.seed(2); w='in the beginning god created heaven and earth light was good'.split()
+print('\n'.join(' '.join(random.choice(w) for _ in range(12)) for _ in range(3000)))" > "$OUT/mesh_pp_text.txt"
+      for s in 1f1b interleaved; do
+        timeout 180 $BUILD/chorus launch --nproc-per-node 2 -- $BUILD/chorus train --model d2 --devices cuda \
+          --data "text:$OUT/mesh_pp_text.txt" --seq-len 64 --batch-size 8 --micro-batches 4 --steps 20 --log-every 10 \
+          --seed 5 --mesh pp=2 --schedule $s --json --quiet 2>"$OUT/mesh_pp_train_$s.err" | sed 's/^\[rank 0\] //' \
+          | grep '^{' > "$OUT/mesh_pp_train_$s.json" || tail -5 "$OUT/mesh_pp_train_$s.err"
+      done
+      python3 - "$OUT/mesh_pp_train_1f1b.json" "$OUT/mesh_pp_train_interleaved.json" <<'PY'
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
+ok = all(abs(a[k] - b[k]) <= 1e-5 * max(1, abs(a[k])) for k in ("train_loss", "val_loss"))
+print(f"mesh_pp train d2 pp=2 on NCCL: 1f1b loss {a['train_loss']:.6f} val {a['val_loss']:.6f}, interleaved "
+      f"(v={b['virtual_stages']}) loss {b['train_loss']:.6f} val {b['val_loss']:.6f}: {'equal' if ok else 'DIFFERENT'}")
+PY
+    fi
     for mesh in pp=2 tp=2; do
-      extra=(); [ $mesh = pp=2 ] && extra=(--micro-batches $M --schedules ${MESH_PP_SCHEDULES:-1f1b,gpipe})
+      extra=(); [ $mesh = pp=2 ] && extra=(--micro-batches $M --schedules $SCHED)
+      [ $mesh = pp=2 ] && [[ ,$SCHED, == *,interleaved,* ]] && extra+=(--virtual-stages ${MESH_PP_V:-2})
       timeout 300 $BUILD/chorus launch --nproc-per-node 2 -- $BUILD/chorus bench --model $MODEL --devices cuda \
         --mesh $mesh --seq-len $T --batch-size $B --precision bf16 --steps ${MESH_PP_STEPS:-10} --warmup 3 "${extra[@]}" \
         2>"$OUT/mesh_$mesh.err" | sed 's/^\[rank 0\] //' | grep -v '^mesh ' || tail -5 "$OUT/mesh_$mesh.err"

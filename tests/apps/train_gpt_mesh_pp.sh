@@ -4,11 +4,14 @@
 # it, on CPU processes over Gloo:
 #   - --mesh pp=2 (1F1B), pp=2,tp=2 (GPipe, sequence parallel) and dp=2,pp=2
 #     equal one process with the same global batch (train and validation
-#     loss, float32), and so does pp=2 with --grad-accum
+#     loss, float32), and so does pp=2 with --grad-accum; so do pp=2 and
+#     pp=2,tp=2 with --schedule interleaved (two stages per rank)
 #   - a checkpoint written at pp=2 resumes in one process and at tp=2 to the
-#     uninterrupted run's losses; a one-process checkpoint resumes at pp=2
+#     uninterrupted run's losses; a one-process checkpoint resumes at pp=2;
+#     one written by an interleaved pp=2 run resumes in one process
 #   - SIGINT stops a pp=2 run with a checkpoint and exit 130
-#   - chorus bench --mesh pp=2 prints its row with the bubble and the bound
+#   - chorus bench --mesh pp=2 prints its row with the bubble and the bound,
+#     1f1b and interleaved (ideal (p-1)/(v m + p-1))
 #   - bad input: one clear line and a non-zero exit each
 set -uo pipefail
 CHORUS=${1:?usage: train_gpt_mesh_pp.sh path/to/chorus}
@@ -31,6 +34,21 @@ for k in train_loss val_loss; do
   check "dp=2 x pp=2 equals one process ($k)" "close $(loss "$dppp" $k) $(loss "$one" $k)"
 done
 check "the summary names the mesh and the schedule" "[ \"$(loss "$pptp" mesh) $(loss "$pptp" schedule)\" = 'dp=1,pp=2,tp=2 gpipe' ]"
+# The interleaved schedule: stage s on rank s % 2, the activations in a ring (Note [Pipeline links]).
+cki="$tmp/cki"
+ppi=$(launch 2 "${T[@]}" --batch-size 8 --mesh pp=2 --schedule interleaved --checkpoint-dir "$cki" --checkpoint-every 4)
+pptpi=$(launch 4 "${T[@]}" --batch-size 8 --mesh pp=2,tp=2 --sequence-parallel --schedule interleaved --virtual-stages 2 \
+        --balance 1,1,1,1 --micro-batches 2)
+echo "pp=2 interleaved:    $ppi"; echo "pp=2,tp=2 interl.:   $pptpi"
+for k in train_loss val_loss; do
+  check "pp=2 interleaved (2 stages a rank) equals one process ($k)" "close $(loss "$ppi" $k) $(loss "$one" $k)"
+  check "pp=2 x tp=2 interleaved (sequence parallel) equals one process ($k)" "close $(loss "$pptpi" $k) $(loss "$one" $k)"
+done
+check "the summary names the schedule and its virtual stages" "[ \"$(loss "$ppi" schedule) $(loss "$ppi" virtual_stages)\" = 'interleaved 2' ]"
+rm -rf "$cki/ckpt-00000008"
+resi=$("$CHORUS" "${T[@]}" --batch-size 8 --checkpoint-dir "$cki" --resume 2>"$tmp/resi.err") || { echo "FAIL: resume"; cat "$tmp/resi.err"; fail=1; }
+check "one process resumes an interleaved pp=2 run's checkpoint to the same losses" \
+  "grep -q 'resumed from .*ckpt-00000004 at step 4' '$tmp/resi.err' && close $(loss "$resi" train_loss) $(loss "$one" train_loss)"
 acc1=$("$CHORUS" "${T[@]}" --batch-size 4 --grad-accum 2 --clip 0.5)
 acc2=$(launch 2 "${T[@]}" --batch-size 4 --grad-accum 2 --clip 0.5 --mesh pp=2 --micro-batches 2)
 check "pp=2 with --grad-accum 2 and --clip 0.5 equals one process" "close $(loss "$acc2" train_loss) $(loss "$acc1" train_loss)"
@@ -69,6 +87,13 @@ import json,sys; r=json.loads(sys.argv[1])
 ok = r['tok_per_s']>0 and r['mesh']=='dp=1,pp=2,tp=1' and r['schedule']=='1f1b' and 0<=r['bubble']<1
 ok = ok and abs(r['bubble_ideal']-1/3)<1e-9 and r['bound_tok_per_s']>0 and len(r['stage_busy_ms'])==2
 sys.exit(0 if ok else 1)\" '$row'"
+row=$(launch 2 bench --model d2 --seq-len 32 --batch-size 4 --micro-batches 2 --schedules interleaved --virtual-stages 2 \
+      --steps 2 --warmup 1 --json --mesh pp=2)
+check "bench --mesh pp=2 --schedules interleaved: the bubble beside the ideal 1/5 ((p-1)/(v m + p-1))" "python3 -c \"
+import json,sys; r=json.loads(sys.argv[1])
+ok = r['tok_per_s']>0 and r['schedule']=='interleaved' and r['virtual_stages']==2 and 0<=r['bubble']<1
+ok = ok and abs(r['bubble_ideal']-1/5)<1e-9 and r['bound_tok_per_s']>0 and len(r['stage_busy_ms'])==2
+sys.exit(0 if ok else 1)\" '$row'"
 timeout 120 "$CHORUS" launch --nproc-per-node 2 --master-port "$(free_port)" --grace-period 2 -- "$CHORUS" bench --model d2 \
   --seq-len 32 --batch-size 4 --micro-batches 2 --schedules naive,gpipe --steps 1 --warmup 1 --mesh pp=2 > "$tmp/bench.txt" 2>&1
 check "bench --mesh pp=2 prints a row and a bubble line per schedule" "[ \$(grep -c 'bubble .*(ideal .*bound' '$tmp/bench.txt') = 2 ]"
@@ -83,7 +108,10 @@ bad() {  # name, expected text, args...
 }
 bad "fewer micro-batches than stages" "micro-batches 2 is fewer than the 4 pipeline stages" "${T[@]}" --mesh pp=4 --micro-batches 2
 bad "a batch not dividing into the micro-batches" "batch-size 6 does not divide into 4 micro-batches" "${T[@]}" --batch-size 6 --mesh pp=2
-bad "the interleaved schedule" "interleaved is not offered with --mesh pp=" "${T[@]}" --mesh pp=2 --schedule interleaved
+bad "more virtual stages than layers" "makes 6 pipeline stages, but 2 blocks make only 4" "${T[@]}" --mesh pp=2 --schedule interleaved --virtual-stages 3
+bad "virtual stages without interleaved" "virtual-stages goes with --schedule interleaved" "${T[@]}" --mesh pp=2 --virtual-stages 2
+bad "an interleaved balance of the wrong shape" "with --virtual-stages 2 needs 4 counts" "${T[@]}" --mesh pp=2 --schedule interleaved --balance 2,2
+bad "bench: virtual stages without interleaved" "virtual-stages goes with the interleaved schedule" bench --model d2 --mesh pp=2 --schedules 1f1b --virtual-stages 2 --steps 1
 bad "more stages than layers" "4 pipeline layers (embeddings, blocks, head), fewer than the stages" "${T[@]}" --mesh pp=8
 bad "a balance of the wrong shape" "needs 2 counts adding up to 4" "${T[@]}" --mesh pp=2 --balance 1,2
 bad "pipeline options without pp" "micro-batches goes with pipeline stages" "${T[@]}" --mesh tp=2 --micro-batches 4

@@ -3,9 +3,11 @@
 # each rank compares with a reference trained alone on one device on the
 # global batch (tests/dist/pipeline_probe.cpp says how).
 #   - one stage per process, activations and gradients by send/recv: 2, 3
-#     and 4 processes, GPipe and 1F1B
+#     and 4 processes, GPipe and 1F1B; two stages per process (interleaved):
+#     2 and 3 processes
 #   - data parallelism over pipelines: 2 processes x a 2-stage pipeline on
-#     cpu:0 and cpu:1 each, every schedule
+#     cpu:0 and cpu:1 each, every schedule; and 2 pipelines of 2 processes
+#     each (stage_group and data_group together), 1F1B and interleaved
 set -uo pipefail
 CHORUS=${1:?chorus}; BIN=${4:?binary folder}
 PROBE="$BIN/chorus_pipeline_probe"
@@ -27,6 +29,11 @@ for n in 2 3 4; do
   run $n stages gpipe
   run $n stages 1f1b
 done
+# Two stages per process, a ring of links (Note [Pipeline links]); 3 ranks: 4
+# micro-batches are no multiple of them (a longer warm-up).
+for n in 2 3; do run $n stages interleaved; done
 for s in gpipe 1f1b interleaved; do run 2 dp $s; done
+# Both at once: two 2-process pipelines, their stages averaged over data groups.
+for s in 1f1b interleaved; do run 4 both $s; done
 [ $fail = 0 ] && echo "pipelines across processes: all ok"
 exit $fail

@@ -4,13 +4,19 @@
 // global batch -- the independent result the pipeline must reproduce -- and
 // compares losses and weights.
 //
-//   stages SCHEDULE   one stage per process (world size = stages), over the
-//                     process group's send/recv: 4 SGD steps with
-//                     4 micro-batches; each rank compares the weights of its
-//                     own stage, the last rank the losses too.
+//   stages SCHEDULE   one stage per process (world size = stages; interleaved:
+//                     two per process, stage s on rank s % world, the last
+//                     rank's activations back to rank 0), over the process
+//                     group's send/recv: 4 SGD steps with 4 micro-batches;
+//                     each rank compares the weights of its own stages, the
+//                     last rank the losses too.
 //   dp SCHEDULE       data parallelism over pipelines: each process runs a
 //                     2-stage pipeline on cpu:0 and cpu:1 on its share of the
 //                     global batch, gradients averaged over the processes.
+//   both SCHEDULE     4 processes: two pipelines of 2 processes (ranks 0, 1
+//                     and 2, 3; interleaved: two stages each), each on half
+//                     the batch, the stages' gradients averaged over the data
+//                     groups {0, 2} and {1, 3} (stage_group and data_group).
 // PROBE_DEVICE=cuda: the stages on cuda:LOCAL_RANK over NCCL (TF32 off; the
 // reference stays on the CPU), for the GPU machines (scripts/gpu_check.sh).
 // Prints "rank R: ok ..." and exits 0, or FAIL lines and exits 1.
@@ -19,6 +25,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -92,7 +99,7 @@ std::pair<std::vector<double>, NamedTensors> reference() {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: chorus_pipeline_probe stages|dp gpipe|1f1b|interleaved\n");
+    std::fprintf(stderr, "usage: chorus_pipeline_probe stages|dp|both gpipe|1f1b|interleaved\n");
     return 2;
   }
   const std::string mode = argv[1];
@@ -118,11 +125,26 @@ int main(int argc, char** argv) {
     o.schedule = parallel::parse_schedule(argv[2]);
     std::vector<Device> devices;
     std::vector<int64_t> balance;
-    if (mode == "stages") {
+    dist::ProcessGroupPtr data = pg;  // over which the loss is averaged (dp, both)
+    if (mode == "both") {
+      if (world != 4) throw std::runtime_error("both: needs 4 processes, got " + std::to_string(world));
+      // Every rank creates every group, in one order (new_group gives null to non-members).
+      dist::ProcessGroupPtr g[4] = {pg->new_group({0, 1}), pg->new_group({2, 3}), pg->new_group({0, 2}),
+                                    pg->new_group({1, 3})};
+      o.stage_group = g[0] ? g[0] : g[1];
+      o.data_group = data = g[2] ? g[2] : g[3];
+      devices = {stage_device};
+      balance = o.schedule == parallel::Schedule::Interleaved ? std::vector<int64_t>{2, 3, 1, 2}
+                                                              : std::vector<int64_t>{3, 5};
+    } else if (mode == "stages") {
       o.stage_group = pg;
       devices = {stage_device};
-      balance = world == 2 ? std::vector<int64_t>{3, 5} : world == 3 ? std::vector<int64_t>{3, 2, 3}
-                                                                   : std::vector<int64_t>{2, 2, 2, 2};
+      if (o.schedule == parallel::Schedule::Interleaved)  // two stages per rank (8 layers)
+        balance = world == 2 ? std::vector<int64_t>{2, 3, 1, 2} : world == 3 ? std::vector<int64_t>{1, 2, 1, 2, 1, 1}
+                                                               : std::vector<int64_t>(8, 1);
+      else
+        balance = world == 2 ? std::vector<int64_t>{3, 5} : world == 3 ? std::vector<int64_t>{3, 2, 3}
+                                                                     : std::vector<int64_t>{2, 2, 2, 2};
     } else {
       o.data_group = pg;
       devices = {cpu_device(0), cpu_device(1)};
@@ -131,14 +153,16 @@ int main(int argc, char** argv) {
     }
     parallel::Pipeline pipe(model(), balance, devices, o);
     optim::SGD opt(pipe.local_parameters(), {0.1, 0.9});
-    const int64_t share = kGlobal / (mode == "dp" ? world : 1);
+    const int replicas = mode == "dp" ? world : mode == "both" ? 2 : 1;
+    const int replica = mode == "dp" ? rank : mode == "both" ? rank / 2 : 0;
+    const int64_t share = kGlobal / replicas;
     double worst_loss = 0;
     bool has_loss = false;
     for (int step = 0; step < kSteps; ++step) {
       auto [x, y] = global_batch(step);
-      if (mode == "dp") {
-        x = x.narrow(0, rank * share, share);
-        y = y.narrow(0, rank * share, share);
+      if (replicas > 1) {
+        x = x.narrow(0, replica * share, share);
+        y = y.narrow(0, replica * share, share);
       }
       opt.zero_grad();
       auto r = pipe.train_step(x.to(stage_device), y.to(stage_device), ce);
@@ -146,9 +170,9 @@ int main(int argc, char** argv) {
       if (r.loss.defined()) {
         has_loss = true;
         double loss = r.loss.item();
-        if (mode == "dp") {  // the global loss: the average of the ranks' means
-          Tensor t = from_vector(std::vector<double>{loss}, {1});
-          pg->all_reduce(t, dist::ReduceOp::Avg)->wait();
+        if (replicas > 1) {  // the global loss: the average of the replicas' means
+          Tensor t = from_vector(std::vector<double>{loss}, {1}).to(data->device());
+          data->all_reduce(t, dist::ReduceOp::Avg)->wait();
           loss = t.item();
         }
         worst_loss = std::max(worst_loss, std::abs(loss - ref_losses[static_cast<size_t>(step)]) /

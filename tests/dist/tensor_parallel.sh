@@ -7,7 +7,8 @@
 #     <= 1e-12 relative
 #   - dp=2 x tp=2 (DDP over the mesh's dp groups) equals one process
 #   - pp=2 x tp=2 (1F1B pipeline, sequence parallelism off and on), pp=4, and
-#     dp=2 x pp=2 x tp=2 equal one process
+#     dp=2 x pp=2 x tp=2 equal one process; so do pp=2 and pp=2 x tp=2 with
+#     the interleaved schedule (two stages per pipeline rank), and dp=2 x pp=2
 #   - dropout: masks agree across tensor ranks, differ across data ranks
 #   - a checkpoint gathered at tp=2 loads into a one-process GPT, and at tp=4
 #     and dp=2 x tp=2
@@ -41,10 +42,14 @@ run 4 pipeline pp=2,tp=2 nosp
 run 4 pipeline pp=2,tp=2 sp
 run 4 pipeline pp=4 nosp
 run 8 pipeline dp=2,pp=2,tp=2 sp
+# Interleaved: two stages per pipeline rank, the activations in a ring (Note [Pipeline links]).
+run 2 pipeline pp=2 nosp interleaved
+run 4 pipeline pp=2,tp=2 sp interleaved
+run 4 pipeline dp=2,pp=2 nosp interleaved
 run 4 dropout dp=2,tp=2 nosp
 run 4 dropout dp=2,tp=2 sp
 run 2 checkpoint tp=2 "$TMP"
 run 4 reload tp=4 "$TMP"
 run 4 reload dp=2,tp=2 "$TMP"
-[ $fail -eq 0 ] && echo "ok: tensor parallel GPT (tp=1,2,4; dp=2 x tp=2; pp=2 x tp=2; dp=2 x pp=2 x tp=2; sequence parallel on and off) equals one process"
+[ $fail -eq 0 ] && echo "ok: tensor parallel GPT (tp=1,2,4; dp=2 x tp=2; pp=2 x tp=2, 1f1b and interleaved; dp=2 x pp=2 x tp=2; sequence parallel on and off) equals one process"
 exit $fail

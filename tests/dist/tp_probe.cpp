@@ -20,10 +20,12 @@
 //                        models::GPT loading it equals the sharded model.
 //   reload MESH DIR      that file loaded at another layout (each rank its
 //                        slices) equals one process loading it.
-//   pipeline MESH sp|nosp  (MESH with pp > 1) the model as a 1F1B pipeline over
-//                        the pp groups, tensor parallel inside each stage:
-//                        loss, the local stages' gradients, the global norm
-//                        and weights after 3 AdamW steps equal the reference.
+//   pipeline MESH sp|nosp [interleaved]  (MESH with pp > 1) the model as a
+//                        1F1B pipeline over the pp groups (interleaved: two
+//                        stages per pipeline rank, one layer each), tensor
+//                        parallel inside each stage: loss, the local stages'
+//                        gradients, the global norm and weights after 3 AdamW
+//                        steps equal the reference.
 // Prints "rank R: ok ..." and exits 0, or FAIL lines and exits 1.
 #include <algorithm>
 #include <cmath>
@@ -294,20 +296,21 @@ int run_checkpoint(const std::string& spec, const std::string& dir) {
   return 0;
 }
 
-// Tensor x pipeline (x data) parallel: the model's layers as a 1F1B pipeline
-// over the mesh's pp groups, 2 micro-batches; loss, the local stages'
+// Tensor x pipeline (x data) parallel: the model's layers as a 1F1B (or
+// interleaved) pipeline over the mesh's pp groups, 2 micro-batches; loss, the local stages'
 // gradients (after the tied embedding's sync), the global norm and the local
 // weights after 3 AdamW steps equal the reference's; evaluate() (forwards
 // only) gives the reference's loss and no gradient.
-int run_pipeline(const std::string& spec, bool sp) {
+int run_pipeline(const std::string& spec, bool sp, bool interleaved) {
   Job j = join(spec, sp);
   auto [ref, model] = build(j, 0.0);
   const auto tpg = j.mesh->group("tp"), ppg = j.mesh->group("pp");
   const int dp = j.mesh->size("dp"), dr = j.mesh->coord("dp"), pp = j.mesh->size("pp"), pr = j.mesh->coord("pp");
   parallel::PipelineOptions o;
   o.micro_batches = 2;
-  o.schedule = parallel::Schedule::OneFOneB;
-  o.stage_group = ppg;  // data parallelism: tp::average_gradients below (no data_group beside a stage group)
+  o.schedule = interleaved ? parallel::Schedule::Interleaved : parallel::Schedule::OneFOneB;
+  o.virtual_stages = interleaved ? 2 : 1;  // pp=2: embeddings, block 1 on rank 0; block 0, head on rank 1
+  o.stage_group = ppg;  // data parallelism: tp::average_gradients below, as apps/gpt_mesh.cpp does
   parallel::Pipeline pipe(tp::pipeline_layers(*model), {}, {cpu_device(0)}, o);
   const std::vector<Tensor> mine = pipe.local_parameters();
   auto is_local = [&](const Tensor& t) {
@@ -375,8 +378,9 @@ int run_pipeline(const std::string& spec, bool sp) {
     expect_close(tp::unshard(p.tensor.detach().contiguous(), p.spec, tpg), want.at(p.name), "weight " + p.name + " after 3 steps");
   j.world->barrier()->wait();
   if (failures) return 1;
-  std::printf("rank %d: ok pipeline %s %s, stage %d of %d, %zu parameters (max relative difference %.3g)\n",
-              j.world->rank(), spec.c_str(), sp ? "sp" : "nosp", pr, pp, local.size(), worst);
+  std::printf("rank %d: ok pipeline %s %s %s, rank %d of %d in the pipeline (%lld stages), %zu parameters (max relative "
+              "difference %.3g)\n", j.world->rank(), spec.c_str(), sp ? "sp" : "nosp", interleaved ? "interleaved" : "1f1b",
+              pr, pp, (long long)pipe.num_stages(), local.size(), worst);
   return 0;
 }
 
@@ -408,8 +412,10 @@ int main(int argc, char** argv) {
     if (mode == "dropout" && argc == 4) return run_dropout(argv[2], std::string(argv[3]) == "sp");
     if (mode == "checkpoint" && argc == 4) return run_checkpoint(argv[2], argv[3]);
     if (mode == "reload" && argc == 4) return run_reload(argv[2], argv[3]);
-    if (mode == "pipeline" && argc == 4) return run_pipeline(argv[2], std::string(argv[3]) == "sp");
-    std::fprintf(stderr, "usage: chorus_tp_probe match|dropout|pipeline MESH sp|nosp | checkpoint|reload MESH DIR\n");
+    if (mode == "pipeline" && (argc == 4 || (argc == 5 && std::string(argv[4]) == "interleaved")))
+      return run_pipeline(argv[2], std::string(argv[3]) == "sp", argc == 5);
+    std::fprintf(stderr, "usage: chorus_tp_probe match|dropout MESH sp|nosp | pipeline MESH sp|nosp [interleaved] | "
+                         "checkpoint|reload MESH DIR\n");
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "FAIL: %s\n", e.what());

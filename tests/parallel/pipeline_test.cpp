@@ -64,6 +64,37 @@ TEST(PipelineSchedule, BubblesAndActivationsAsTheoryHas) {
     }
 }
 
+// Note [Pipeline links]: over processes NCCL matches a link's messages by
+// their order alone, so every schedule must send each link's messages in the
+// order the receiver takes them -- the interleaved ring (the last device's
+// activations back to device 0) included, and micro-batch counts that are
+// not a multiple of the devices (a longer warm-up).
+TEST(PipelineSchedule, EveryLinkSendsInTheOrderItsReceiverNeeds) {
+  for (Schedule sch : {Schedule::GPipe, Schedule::OneFOneB, Schedule::Interleaved})
+    for (int D = 1; D <= 4; ++D)
+      for (int v = 1; v <= 3; ++v)
+        for (int M = 1; M <= 9; ++M) {
+          if (sch == Schedule::OneFOneB && v > 1) continue;
+          EXPECT_EQ(link_order_mismatch(make_schedule(sch, D, D * v, M), D * v), "")
+              << schedule_name(sch) << " D" << D << " v" << v << " M" << M;
+          auto fwd = forward_lists(D, D * v, M);
+          EXPECT_EQ(link_order_mismatch(fwd, D * v), "") << "forwards only, D" << D << " v" << v << " M" << M;
+          EXPECT_FALSE(simulate(fwd, D * v, M).deadlock);
+        }
+  // Two sends on the activations' link 0 -> 1 swapped: device 1 needs micro-batch 0 first.
+  auto lists = make_schedule(Schedule::Interleaved, 2, 4, 4);
+  std::swap(lists[0][0], lists[0][1]);
+  EXPECT_NE(link_order_mismatch(lists, 4).find("activations from device 0 to 1"), std::string::npos);
+  // Rank 1's backwards of stages 1 and 3 swapped: the gradients to device 0 leave in another order.
+  lists = make_schedule(Schedule::Interleaved, 2, 4, 2);
+  auto& l1 = lists[1];
+  const auto b3 = std::find(l1.begin(), l1.end(), PipeTask{PipeTask::Backward, 3, 1});
+  const auto b1 = std::find(l1.begin(), l1.end(), PipeTask{PipeTask::Backward, 1, 0});
+  ASSERT_TRUE(b3 != l1.end() && b1 != l1.end());
+  std::iter_swap(b3, b1);
+  EXPECT_NE(link_order_mismatch(lists, 4).find("gradients from device 1 to 0"), std::string::npos);
+}
+
 TEST(PipelineSchedule, BadShapesAreClearErrors) {
   EXPECT_TRUE(test::throws_naming([] { parse_schedule("zigzag"); }, {"zigzag", "gpipe, 1f1b, interleaved"}));
   EXPECT_TRUE(test::throws_naming([] { make_schedule(Schedule::OneFOneB, 2, 4, 4); }, {"1f1b", "interleaved"}));

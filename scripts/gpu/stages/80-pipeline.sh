@@ -3,7 +3,7 @@
 # Sourced by the dispatcher, which sets OUT, BUILD, C (the chorus binary) and rows (the summary's JSON rows);
 # each stage_NAME function is one stage, described by the "# NAME: ..." line above it (--list shows it).
 
-# pipeline: WRN models in 2 stages on 2 GPUs (naive, GPipe, 1F1B, interleaved); stages over processes
+# pipeline: WRN models in 2 stages on 2 GPUs (naive, GPipe, 1F1B, interleaved); stages over processes (interleaved too)
 stage_pipeline() {
   # 2 stages on 2 GPUs, bf16 + channels-last, batch 256, 8 micro-batches: naive
   # model parallelism (1 micro-batch), GPipe, 1F1B, interleaved (2 virtual
@@ -30,8 +30,8 @@ stage_pipeline() {
     timeout 200 $C bench --model wrn-28-10 --devices cuda:0 --precision bf16 --channels-last --batch-size $b --steps 20 --warmup 5 --json \
       | tee -a "$OUT/pipeline_single.jsonl"
   done
-  echo "== pipeline stages over processes (NCCL send/recv, one GPU per rank) vs one device"
-  for s in gpipe 1f1b; do
+  echo "== pipeline stages over processes (NCCL send/recv, one GPU per rank; interleaved: two stages a rank) vs one device"
+  for s in gpipe 1f1b interleaved; do
     PROBE_DEVICE=cuda timeout 180 $C launch --nproc-per-node 2 --master-port $((29650 + ${#s})) -- \
       ./$BUILD/chorus_pipeline_probe stages $s 2>&1 | grep -E "ok|FAIL|rror"
   done

@@ -116,10 +116,8 @@ Pipeline::Pipeline(std::shared_ptr<nn::Sequential> layers, std::vector<int64_t> 
   CHORUS_CHECK(opts_.virtual_stages >= 0, "Pipeline: virtual stages must be >= 0, got ", opts_.virtual_stages);
   const dist::ProcessGroupPtr& pg = opts_.stage_group;
   if (pg) {
-    CHORUS_CHECK(devices_.size() == 1, "Pipeline: with a stage group each process runs one stage on one device, got ",
+    CHORUS_CHECK(devices_.size() == 1, "Pipeline: with a stage group each process runs its stages on one device, got ",
                  devices_.size(), " devices");
-    CHORUS_CHECK(opts_.schedule != Schedule::Interleaved,
-                 "Pipeline: the interleaved schedule runs several stages per device; over processes use gpipe or 1f1b");
   }
   const int64_t places = pg ? pg->size() : static_cast<int64_t>(devices_.size());
   if (balance_.empty()) {
@@ -134,9 +132,6 @@ Pipeline::Pipeline(std::shared_ptr<nn::Sequential> layers, std::vector<int64_t> 
   CHORUS_CHECK(S <= n, "Pipeline: ", S, " stages but the model has only ", n, " layers");
   CHORUS_CHECK(S % places == 0, "Pipeline: ", S, " stages cannot be spread evenly over ", places,
                pg ? " processes" : " devices", " (balance ", balance_str(balance_), ")");
-  if (pg)
-    CHORUS_CHECK(S == places, "Pipeline: over processes every rank runs one stage: the balance (", balance_str(balance_),
-                 ") has ", S, " stages for ", places, " ranks");
   // Validates the schedule's shape (1F1B: one stage per device) before anything moves.
   (void)make_schedule(opts_.schedule, static_cast<int>(places), static_cast<int>(S), 1);
 
@@ -176,20 +171,36 @@ Pipeline::Pipeline(std::shared_ptr<nn::Sequential> layers, std::vector<int64_t> 
       copy_streams_.emplace_back(st.device, std::array<std::optional<Stream>, 2>{Stream::create(st.device),
                                                                                   Stream::create(st.device)});
   }
-  if (pg) {
-    std::vector<int> all(static_cast<size_t>(pg->size()));
+  // Several stages per rank: the last rank's activations go on to rank 0 (a ring).
+  if (pg) links_ = make_pipeline_links(pg, S > places);
+  if (const dist::ProcessGroupPtr& dg = opts_.data_group) {
+    // With a stage group, a data group joins the replicas of this rank's
+    // stages: its ranks must hold the same place in their pipelines (each
+    // creates subgroups for its own stages only, and they must match).
+    if (pg) {
+      Tensor mine = from_vector(std::vector<int64_t>{pg->rank(), pg->size()}, {2}, {kInt64, dg->device()});
+      Tensor all = empty({2 * dg->size()}, {kInt64, dg->device()});
+      dg->all_gather(mine, all)->wait();
+      const std::vector<int64_t> places_of = all.to(cpu_device()).to_vector<int64_t>();
+      for (size_t r = 0; r < static_cast<size_t>(dg->size()); ++r) {
+        const int64_t their_rank = places_of[2 * r], their_size = places_of[2 * r + 1];
+        CHORUS_CHECK(their_rank == pg->rank() && their_size == pg->size(), "Pipeline: rank ", r,
+                     " of the data group is rank ", their_rank, " of a ", their_size, "-rank stage group, this one rank ",
+                     pg->rank(), " of ", pg->size(), ": a data group must join ranks at one place of their pipelines");
+      }
+    }
+    std::vector<int> all(static_cast<size_t>(dg->size()));
     for (size_t r = 0; r < all.size(); ++r) all[r] = static_cast<int>(r);
-    p2p_ = {pg->new_group(all), pg->new_group(all)};
-  }
-  if (opts_.data_group) {
-    CHORUS_CHECK(!pg, "Pipeline: a stage group and a data group together are not supported yet");
-    std::vector<int> all(static_cast<size_t>(opts_.data_group->size()));
-    for (size_t r = 0; r < all.size(); ++r) all[r] = static_cast<int>(r);
-    for (const Stage& st : stages_) {
-      CHORUS_CHECK(!opts_.data_group->device().is_cuda() || st.device == opts_.data_group->device(),
-                   "Pipeline: the data group's NCCL communicator is on ", opts_.data_group->device().str(),
-                   " but a stage runs on ", st.device.str());
-      stage_data_groups_.push_back(opts_.data_group->new_group(all));
+    for (size_t s = 0; s < stages_.size(); ++s) {
+      const Stage& st = stages_[s];
+      if (!is_local(static_cast<int64_t>(s))) {
+        stage_data_groups_.push_back(nullptr);  // another rank's stage
+        continue;
+      }
+      CHORUS_CHECK(!dg->device().is_cuda() || st.device == dg->device(),
+                   "Pipeline: the data group's NCCL communicator is on ", dg->device().str(), " but a stage runs on ",
+                   st.device.str());
+      stage_data_groups_.push_back(dg->new_group(all));
     }
   }
   register_child("", seq_);  // Note [State dict names]
@@ -374,22 +385,34 @@ void Pipeline::run_task(Run& run, const PipeTask& t, size_t d) {
     h[1] = c.dim();
     CHORUS_CHECK(c.dim() <= 8, "Pipeline: cannot send a ", c.dim(), "-d tensor between processes (at most 8-d)");
     for (int64_t d = 0; d < c.dim(); ++d) h[static_cast<size_t>(2 + d)] = c.size(d);
-    const dist::ProcessGroupPtr& link = p2p_[static_cast<size_t>(dir)];
+    // Note [Pipeline links]: stage s's neighbours are on the next and previous ranks.
+    const dist::ProcessGroupPtr& link = links_.out[static_cast<size_t>(dir)];
+    CHORUS_ASSERT(link && rank_of(to_stage) == (pg->rank() + (dir == 0 ? 1 : pg->size() - 1)) % pg->size());
     Tensor header = from_vector(h, {kHeaderLen}, {kInt64, link->device()});
     std::lock_guard<std::mutex> g(run.sends_mu);
-    run.sends.push_back(link->send(header, rank_of(to_stage), tag(dir, to_stage, 0)));
-    run.sends.push_back(link->send(c, rank_of(to_stage), tag(dir, to_stage, 1)));
-    // The sends keep their tensors; a Work is waited for at the end of the step.
+    // The sends keep their tensors; a Work is waited for at the end of the
+    // step, or here once it is done (its tensors freed then, not every
+    // activation sent kept to the end of the step: V times as many with the
+    // interleaved schedule). Never waited for before it is done: Note
+    // [Pipeline links] needs no rank to wait for its own sends.
+    std::erase_if(run.sends, [](const dist::WorkPtr& w) {
+      if (!w->is_completed()) return false;
+      w->wait();
+      return true;
+    });
+    run.sends.push_back(link->send(header, PipelineLinks::kReceiver, tag(dir, to_stage, 0)));
+    run.sends.push_back(link->send(c, PipelineLinks::kReceiver, tag(dir, to_stage, 1)));
   };
   auto recv = [&](int from_stage, int dir) {
-    const dist::ProcessGroupPtr& link = p2p_[static_cast<size_t>(dir)];
+    const dist::ProcessGroupPtr& link = links_.in[static_cast<size_t>(dir)];
+    CHORUS_ASSERT(link && rank_of(from_stage) == (pg->rank() + (dir == 0 ? pg->size() - 1 : 1)) % pg->size());
     Tensor header = zeros({kHeaderLen}, {kInt64, link->device()});
-    link->recv(header, rank_of(from_stage), tag(dir, s, 0))->wait();
+    link->recv(header, PipelineLinks::kSender, tag(dir, s, 0))->wait();
     const std::vector<int64_t> h = header.to(cpu_device()).to_vector<int64_t>();
     CHORUS_CHECK(h[1] >= 0 && h[1] <= 8, "Pipeline: a malformed header from rank ", rank_of(from_stage));
     Shape shape(h.begin() + 2, h.begin() + 2 + h[1]);
     Tensor v = empty(shape, {static_cast<DType>(h[0]), st.device});
-    link->recv(v, rank_of(from_stage), tag(dir, s, 1))->wait();
+    link->recv(v, PipelineLinks::kSender, tag(dir, s, 1))->wait();
     return v;
   };
 
@@ -593,6 +616,21 @@ void Pipeline::feed(Run& run, const Tensor& x, const Tensor& target) const {
   }
 }
 
+// Every device's list in one process; over processes this rank's, after
+// checking that each link's messages are sent in the order they are received
+// (Note [Pipeline links]: NCCL matches them by that order alone).
+void Pipeline::set_lists(Run& run, std::vector<std::vector<PipeTask>> lists) const {
+  const dist::ProcessGroupPtr& pg = opts_.stage_group;
+  if (!pg) {
+    run.lists = std::move(lists);
+    return;
+  }
+  const std::string mismatch = link_order_mismatch(lists, run.S);
+  CHORUS_CHECK(mismatch.empty(), "Pipeline: the ", schedule_name(opts_.schedule), " schedule over ", pg->size(),
+               " processes would deadlock on NCCL: ", mismatch);
+  run.lists = {std::move(lists[static_cast<size_t>(pg->rank())])};
+}
+
 void Pipeline::init_run(Run& run, int64_t batch, int micro_batches) const {
   run.S = static_cast<int>(stages_.size());
   run.batch = batch;
@@ -669,13 +707,7 @@ Tensor Pipeline::evaluate(const Tensor& x, const Tensor& target, const LossFn& l
   const dist::ProcessGroupPtr& pg = opts_.stage_group;
   const int places = pg ? pg->size() : static_cast<int>(devices_.size());
   // Forwards in micro-batch order: every stage's list waits only on the one before it.
-  std::vector<std::vector<PipeTask>> lists(static_cast<size_t>(places));
-  for (int m = 0; m < run.M; ++m)
-    for (int s = 0; s < run.S; ++s) lists[static_cast<size_t>(s % places)].push_back({PipeTask::Forward, s, m});
-  if (pg)
-    run.lists = {lists[static_cast<size_t>(pg->rank())]};
-  else
-    run.lists = std::move(lists);
+  set_lists(run, forward_lists(places, run.S, run.M));
   feed(run, x, target);
   execute(run);
   if (!is_local(run.S - 1)) return Tensor();
@@ -699,11 +731,7 @@ Pipeline::StepResult Pipeline::train_step(const Tensor& x, const Tensor& target,
   init_run(run, x.size(0), static_cast<int>(opts_.micro_batches));
   run.loss_fn = &loss_fn;
   const int places = pg ? pg->size() : static_cast<int>(devices_.size());
-  auto lists = make_schedule(opts_.schedule, places, run.S, run.M);
-  if (pg)
-    run.lists = {lists[static_cast<size_t>(pg->rank())]};
-  else
-    run.lists = std::move(lists);
+  set_lists(run, make_schedule(opts_.schedule, places, run.S, run.M));
   for (int m = 0; m < run.M; ++m)
     run.ckpt[static_cast<size_t>(m)] = opts_.checkpoint == Checkpoint::Always ||
                                        (opts_.checkpoint == Checkpoint::ExceptLast && m != run.M - 1);

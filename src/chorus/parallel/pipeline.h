@@ -41,6 +41,7 @@
 #include "chorus/dist/process_group.h"
 #include "chorus/nn/layers.h"
 #include "chorus/parallel/deferred_batch_norm.h"
+#include "chorus/parallel/pipeline_links.h"
 #include "chorus/parallel/pipeline_schedule.h"
 
 namespace chorus::parallel {
@@ -67,9 +68,11 @@ struct PipelineOptions {
   // than an unmeasured one: compare busy time with an unmeasured step's time
   // (chorus bench does) for the bubble of the real step.
   bool measure = false;
-  // Stages over processes: stage s runs on rank s % size (one stage per rank;
-  // `devices` is then this rank's one device). Activations and gradients
-  // travel by send/recv.
+  // Stages over processes: stage s runs on rank s % size (`devices` is then
+  // this rank's one device): one stage per rank, or several with the
+  // interleaved schedule (virtual_stages, or a balance of size x V counts).
+  // Activations and gradients travel by send/recv, one 2-rank group per
+  // direction and link (Note [Pipeline links] in parallel/pipeline_links.h).
   dist::ProcessGroupPtr stage_group;
   // Data parallelism over pipelines (the seeds' "Distributed Model and Data
   // Parallel"): every rank of this group runs a replica of the whole
@@ -79,7 +82,9 @@ struct PipelineOptions {
   // per dtype of which the gradients are views (as dist/reducer.h's
   // buckets). Each stage gets a subgroup of its own, so the stages' threads
   // never race for one communicator. Gloo: any CPU devices; NCCL: the stages
-  // must be on the group's device.
+  // must be on the group's device. With a stage group too, the data group
+  // joins ranks at the same place of their pipelines (the same stage-group
+  // rank: ValueError otherwise), each replica's stages averaged over it.
   dist::ProcessGroupPtr data_group;
 };
 
@@ -173,6 +178,7 @@ class Pipeline : public nn::Module {
   void note_copy(Run& run, const Device& dst, int dir) const;
   void init_run(Run& run, int64_t batch, int micro_batches) const;
   void feed(Run& run, const Tensor& x, const Tensor& target) const;
+  void set_lists(Run& run, std::vector<std::vector<PipeTask>> lists) const;
   Tensor run_stage(size_t s, const Tensor& x) const;
   void execute(Run& run);
   void run_task(Run& run, const PipeTask& t, size_t device_index);
@@ -187,11 +193,9 @@ class Pipeline : public nn::Module {
   PipelineStats stats_;
   std::vector<std::pair<Device, std::array<std::optional<Stream>, 2>>> copy_streams_;
   std::vector<dist::ProcessGroupPtr> stage_data_groups_;  // [stage], from data_group
-  // Over processes: activations travel on one communicator, gradients on
-  // another, so that a send of one direction never queues behind a receive of
-  // the other (NCCL runs a communicator's operations in order on one stream:
-  // two stages each sending before receiving would wait on each other).
-  std::array<dist::ProcessGroupPtr, 2> p2p_;
+  // Over processes: a communicator per direction and link, so that on NCCL
+  // no send queues behind a receive (Note [Pipeline links]).
+  PipelineLinks links_;
   void reduce_stage_gradients(size_t s);
 };
 

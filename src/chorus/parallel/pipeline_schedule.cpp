@@ -1,6 +1,8 @@
 #include "chorus/parallel/pipeline_schedule.h"
 
 #include <algorithm>
+#include <map>
+#include <tuple>
 
 #include "chorus/core/error.h"
 
@@ -148,6 +150,40 @@ SimulatedRun simulate(const Lists& lists, int stages, int micro_batches, double 
   run.makespan = *std::max_element(free_at.begin(), free_at.end());
   run.bubble = run.makespan > 0 ? 1.0 - busy / (static_cast<double>(lists.size()) * run.makespan) : 0.0;
   return run;
+}
+
+Lists forward_lists(int devices, int stages, int micro_batches) {
+  Lists lists(static_cast<size_t>(devices));
+  for (int m = 0; m < micro_batches; ++m)
+    for (int s = 0; s < stages; ++s) lists[static_cast<size_t>(s % devices)].push_back({PipeTask::Forward, s, m});
+  return lists;
+}
+
+std::string link_order_mismatch(const Lists& lists, int stages) {
+  const int D = static_cast<int>(lists.size());
+  // (direction, from device, to device) -> the (stage sent from, micro-batch) of each message, in order.
+  using Key = std::tuple<int, int, int>;
+  std::map<Key, std::vector<std::pair<int, int>>> sent, received;
+  for (int d = 0; d < D; ++d)
+    for (const PipeTask& t : lists[static_cast<size_t>(d)]) {
+      const int s = t.stage;
+      if (t.kind == PipeTask::Forward) {
+        if (s > 0 && (s - 1) % D != d) received[{0, (s - 1) % D, d}].emplace_back(s - 1, t.micro);
+        if (s + 1 < stages && (s + 1) % D != d) sent[{0, d, (s + 1) % D}].emplace_back(s, t.micro);
+      } else {
+        if (s + 1 < stages && (s + 1) % D != d) received[{1, (s + 1) % D, d}].emplace_back(s + 1, t.micro);
+        if (s > 0 && (s - 1) % D != d) sent[{1, d, (s - 1) % D}].emplace_back(s, t.micro);
+      }
+    }
+  for (const auto* side : {&sent, &received})
+    for (const auto& [key, msgs] : *side) {
+      const auto a = sent.find(key), b = received.find(key);
+      if (a != sent.end() && b != received.end() && a->second == b->second) continue;
+      const auto [dir, from, to] = key;
+      return std::string(dir == 0 ? "activations" : "gradients") + " from device " + std::to_string(from) + " to " +
+             std::to_string(to) + ": sent and received in different orders (or numbers)";
+    }
+  return "";
 }
 
 }  // namespace chorus::parallel

@@ -58,4 +58,17 @@ struct SimulatedRun {
 SimulatedRun simulate(const std::vector<std::vector<PipeTask>>& lists, int stages, int micro_batches,
                       double backward_cost = 2.0);
 
+// The lists of a forwards-only pass (evaluation): every micro-batch through
+// the stages in micro-batch order, each stage's forwards on its device.
+std::vector<std::vector<PipeTask>> forward_lists(int devices, int stages, int micro_batches);
+
+// When stages run on devices that talk by send/recv (Note [Pipeline links]
+// in parallel/pipeline_links.h), each ordered pair of devices (a link) carries, per direction, the
+// activations (F(s) on device a to F(s+1) on device b) or gradients (B(s) on
+// a to B(s-1) on b) in the order device a issues them; the receiver takes
+// them in the order its list needs them. "" when, on every link and in each
+// direction, the two orders are the same (a FIFO channel delivers each
+// message where it is wanted); else the first link whose orders differ.
+std::string link_order_mismatch(const std::vector<std::vector<PipeTask>>& lists, int stages);
+
 }  // namespace chorus::parallel

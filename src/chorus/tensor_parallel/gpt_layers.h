@@ -70,11 +70,12 @@ Tensor& tied_embedding(TensorParallelGPT& model);
 // backward and before clipping and the optimizer step.
 void sync_tied_embedding(TensorParallelGPT& model, bool used_here, const dist::ProcessGroupPtr& pp_group);
 
-// Data parallelism over pipelines of tensor-parallel stages, where
-// parallel::Pipeline's own data group cannot go with a stage group: each
-// gradient of `params` averaged over `dp_group` after the step's backward
-// (one all-reduce per dtype, the gradients packed; no overlap with the
-// backward). Collective over `dp_group`.
+// Data parallelism over pipelines of tensor-parallel stages, once per
+// optimizer step (after every accumulated step's backward; Pipeline's own
+// data_group instead averages each stage during its step's backward): each
+// gradient of `params` averaged over `dp_group` (one all-reduce per dtype,
+// the gradients packed; no overlap with the backward). Collective over
+// `dp_group`.
 void average_gradients(const std::vector<Tensor>& params, const dist::ProcessGroupPtr& dp_group);
 
 }  // namespace chorus::tp

@@ -1,0 +1,34 @@
+#include "chorus/parallel/pipeline_links.h"
+
+#include "chorus/core/error.h"
+#include "chorus/ops/factory.h"
+
+namespace chorus::parallel {
+
+PipelineLinks make_pipeline_links(const dist::ProcessGroupPtr& group, bool ring) {
+  CHORUS_CHECK(group != nullptr, "pipeline links: no process group");
+  PipelineLinks links;
+  const int P = group->size(), me = group->rank();
+  if (P == 1) return links;
+  // Note [Pipeline links]: every rank walks the same list of links, creating
+  // (new_group counts on every rank) and connecting those it is part of.
+  for (int dir = 0; dir < 2; ++dir)
+    for (int r = 0; r < P; ++r) {
+      const bool wraps = dir == 0 ? r == P - 1 : r == 0;
+      if (wraps && !ring) continue;
+      const int to = dir == 0 ? (r + 1) % P : (r + P - 1) % P;
+      dist::ProcessGroupPtr link = group->new_group({r, to});
+      if (!link) continue;
+      Tensor hello = zeros({1}, {kFloat32, link->device()});
+      if (r == me) {
+        links.out[static_cast<size_t>(dir)] = link;
+        link->send(hello, PipelineLinks::kReceiver)->wait();
+      } else {
+        links.in[static_cast<size_t>(dir)] = link;
+        link->recv(hello, PipelineLinks::kSender)->wait();
+      }
+    }
+  return links;
+}
+
+}  // namespace chorus::parallel
