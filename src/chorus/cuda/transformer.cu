@@ -463,14 +463,9 @@ void cross_entropy_fused(const Tensor& logits, const Tensor& target, int64_t val
   if (rows == 0) return;
   const int dev = logits.device().index;
   CudaDeviceGuard guard(dev);
-  // Note [The classifier's rows stay in L2]: a row (a GPT-2 vocabulary of
-  // bf16 logits is 100 KB) is read twice, and its second read comes from L2
-  // only while the rows in flight fit there: with 1024 threads a row, two
-  // blocks share an SM, a few hundred rows are resident at once; with the
-  // row kernels' 256 threads eight were, their rows overflowed L2 and every
-  // second read (and the separate gradient's writes) went to memory.
-  RowLaunch l = row_launch(rows, cols);
-  if (cols > kWarpCols) l.block = dim3(1024, 1);
+  // 256 threads a row (row_launch's): 1024, as llm.c's classifier, measured
+  // slower here (the benchmarks journal, session 36).
+  const RowLaunch l = row_launch(rows, cols);
   dispatch_float(logits.dtype(), op, [&]<typename T>() {
     with_row_vector<T>(cols, {logits.raw_data(), dlogits.raw_data()}, [&]<int V>() {
       cross_entropy_fused_kernel<T, float, V><<<l.grid, l.block, 0, current_stream(dev)>>>(
