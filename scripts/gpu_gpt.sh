@@ -139,9 +139,11 @@ steps = [l for l in open(sys.argv[1]) if l.startswith("step")]
 # "step   30/30 | loss ... | norm ... | lr ... | 33.31 ms | 40.2% bf16 MFU | 491844 tok/s"
 tail = steps[len(steps) // 2:]  # the second half: past the warm-up
 toks = [float(re.search(r"\|\s*([\d.]+) tok/s", l).group(1)) for l in tail]
-mfu = [float(re.search(r"([\d.]+)% bf16 MFU", l).group(1)) for l in tail]
+# llm.c prints -100% where it does not know the GPU's peak (the H200): no MFU then
+mfu = [float(re.search(r"(-?[\d.]+)% bf16 MFU", l).group(1)) for l in tail]
+mfu = sum(mfu) / len(mfu) / 100 if all(m > 0 for m in mfu) else None
 mem = re.findall(r"device memory usage: (\d+) MiB", open(sys.argv[1]).read())
-row = {"who": "llm.c", "mode": "single bf16 cudnn", "tok_per_s": sum(toks) / len(toks), "mfu": sum(mfu) / len(mfu) / 100,
+row = {"who": "llm.c", "mode": "single bf16 cudnn", "tok_per_s": sum(toks) / len(toks), "mfu": mfu,
        "peak_gib": int(mem[-1]) / 1024 if mem else None, "loss": None}
 open(sys.argv[2], "a").write(json.dumps(row) + "\n")
 PY
@@ -171,10 +173,12 @@ import re, sys, json
 steps = [l for l in open(sys.argv[1]) if l.startswith("step")]
 tail = steps[len(steps) // 2:]
 toks = [float(re.search(r"\|\s*([\d.]+) tok/s", l).group(1)) for l in tail]
-mfu = [float(re.search(r"([\d.]+)% bf16 MFU", l).group(1)) for l in tail]
+# llm.c prints -100% where it does not know the GPU's peak (the H200): no MFU then
+mfu = [float(re.search(r"(-?[\d.]+)% bf16 MFU", l).group(1)) for l in tail]
+mfu = sum(mfu) / len(mfu) / 100 if all(m > 0 for m in mfu) else None
 mem = re.findall(r"device memory usage: (\d+) MiB", open(sys.argv[1]).read())
 row = {"who": "llm.c", "mode": f"{sys.argv[3]} GPUs zero-{sys.argv[4]} cudnn", "tok_per_s": sum(toks) / len(toks),
-       "mfu": sum(mfu) / len(mfu) / 100, "peak_gib": int(mem[-1]) / 1024 if mem else None, "loss": None}
+       "mfu": mfu, "peak_gib": int(mem[-1]) / 1024 if mem else None, "loss": None}
 open(sys.argv[2], "a").write(json.dumps(row) + "\n")
 PY
     ;;
