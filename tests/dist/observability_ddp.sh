@@ -39,8 +39,15 @@ slowed() {
   CHORUS_TEST_MARKER=$marker launch "$CHORUS" "$@" --stats-every 0.5 > "$tmp/slow.out" 2> "$tmp/slow.err" &
   local job=$! victim=""
   for _ in $(seq 100); do  # this job's rank 1 (the marker is in its environment), once it trains
+    # The rank's own process: a chorus process, the first one (a child it
+    # starts for a moment inherits the environment; stopping that one, which
+    # then exits, left rank 1 running free and the check below failing).
+    victim=""
     for f in $(grep -l "CHORUS_TEST_MARKER=$marker" /proc/[0-9]*/environ 2>/dev/null); do
-      tr '\0' '\n' < "$f" 2>/dev/null | grep -qx RANK=1 && victim=$(cut -d/ -f3 <<<"$f")
+      local pid; pid=$(cut -d/ -f3 <<<"$f")
+      [ "$(cat /proc/$pid/comm 2>/dev/null)" = chorus ] || continue
+      tr '\0' '\n' < "$f" 2>/dev/null | grep -qx RANK=1 || continue
+      { [ -z "$victim" ] || [ "$pid" -lt "$victim" ]; } && victim=$pid
     done
     [ -n "$victim" ] && grep -q "$ready" "$tmp/slow.err" && break
     sleep 0.1
