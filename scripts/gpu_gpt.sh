@@ -386,11 +386,15 @@ PY
       python3 -c "
 import random; random.seed(2); w='in the beginning god created heaven and earth light was good'.split()
 print('\n'.join(' '.join(random.choice(w) for _ in range(12)) for _ in range(3000)))" > "$OUT/mesh_pp_text.txt"
+      # Not --quiet: on a timeout the tail of its stderr shows how far it got (steps, "done:" -- printed before the
+      # teardown, Note [Pipeline links at exit]); --dist-timeout 60 lets a stuck collective be named within the 180 s.
       for s in 1f1b interleaved; do
         timeout 180 $BUILD/chorus launch --nproc-per-node 2 -- $BUILD/chorus train --model d2 --devices cuda \
           --data "text:$OUT/mesh_pp_text.txt" --seq-len 64 --batch-size 8 --micro-batches 4 --steps 20 --log-every 10 \
-          --seed 5 --mesh pp=2 --schedule $s --json --quiet 2>"$OUT/mesh_pp_train_$s.err" | sed 's/^\[rank 0\] //' \
-          | grep '^{' > "$OUT/mesh_pp_train_$s.json" || tail -5 "$OUT/mesh_pp_train_$s.err"
+          --seed 5 --mesh pp=2 --schedule $s --dist-timeout 60 --json 2>"$OUT/mesh_pp_train_$s.err" \
+          | sed 's/^\[rank 0\] //' | grep '^{' > "$OUT/mesh_pp_train_$s.json"
+        rc=(${PIPESTATUS[@]})
+        [ "${rc[0]}" = 0 ] && [ "${rc[2]}" = 0 ] || { echo "FAIL: mesh_pp train $s (exit ${rc[0]}; 124: timed out):"; tail -15 "$OUT/mesh_pp_train_$s.err"; }
       done
       python3 - "$OUT/mesh_pp_train_1f1b.json" "$OUT/mesh_pp_train_interleaved.json" <<'PY'
 import json, sys

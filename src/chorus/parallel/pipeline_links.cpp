@@ -5,6 +5,23 @@
 
 namespace chorus::parallel {
 
+PipelineLinks& PipelineLinks::operator=(PipelineLinks&& other) noexcept {
+  if (this != &other) {
+    release();
+    out = std::move(other.out);
+    in = std::move(other.in);
+    created = std::move(other.created);
+  }
+  return *this;
+}
+
+void PipelineLinks::release() noexcept {
+  // Note [Pipeline links at exit]: `created` then holds the only references.
+  out = {};
+  in = {};
+  while (!created.empty()) created.pop_back();
+}
+
 PipelineLinks make_pipeline_links(const dist::ProcessGroupPtr& group, bool ring) {
   CHORUS_CHECK(group != nullptr, "pipeline links: no process group");
   PipelineLinks links;
@@ -19,6 +36,7 @@ PipelineLinks make_pipeline_links(const dist::ProcessGroupPtr& group, bool ring)
       const int to = dir == 0 ? (r + 1) % P : (r + P - 1) % P;
       dist::ProcessGroupPtr link = group->new_group({r, to});
       if (!link) continue;
+      links.created.push_back(link);
       Tensor hello = zeros({1}, {kFloat32, link->device()});
       if (r == me) {
         links.out[static_cast<size_t>(dir)] = link;

@@ -38,9 +38,24 @@
 // order, so no step ever waits on a connection. Over Gloo sends are
 // asynchronous and receives are matched by tag in any order: the links cost
 // nothing there, and the same code runs on both backends.
+//
+// Note [Pipeline links at exit]: NCCL tears a communicator down together
+// with its peers (ncclCommFinalize and ncclCommDestroy communicate, and our
+// communicators are blocking), so every rank must destroy the communicators
+// it shares with others in one order, as it created them. `out` and `in`
+// name a link by this rank's role on it, which differs between the two ends:
+// the link rank 0 holds as out[0] is rank 1's in[0]. Left to the members'
+// destructors (in before out, [1] before [0]), pp=2 rank 0 destroyed the
+// gradient link first and rank 1 the activation link first, each then
+// waiting in ncclCommFinalize for the other: `chorus train --mesh pp=2` on
+// two GPUs ran all its steps and hung as it returned. So `created` holds the
+// links in the order every rank created them, and the links are released
+// from it, newest first, after `out` and `in` let go of theirs. (Gloo's
+// teardown does not communicate, which is why only GPUs showed it.)
 #pragma once
 
 #include <array>
+#include <vector>
 
 #include "chorus/dist/process_group.h"
 
@@ -53,7 +68,19 @@ struct PipelineLinks {
   // such link (without a ring: the last rank's activations, the first's
   // gradients).
   std::array<dist::ProcessGroupPtr, 2> out, in;
+  // This rank's links in the order all ranks created them (Note [Pipeline
+  // links at exit]).
+  std::vector<dist::ProcessGroupPtr> created;
   static constexpr int kSender = 0, kReceiver = 1;
+
+  PipelineLinks() = default;
+  PipelineLinks(PipelineLinks&&) noexcept = default;
+  PipelineLinks& operator=(PipelineLinks&& other) noexcept;
+  PipelineLinks(const PipelineLinks&) = delete;
+  PipelineLinks& operator=(const PipelineLinks&) = delete;
+  ~PipelineLinks() { release(); }
+  // Drops every link, the newest first (a no-op when there are none).
+  void release() noexcept;
 };
 
 // Collective over `group` (every rank calls it with the same `ring`). A group
