@@ -7,7 +7,7 @@
 #
 # Usage: scripts/gpu_gpt.sh STAGE...
 #   stages: build tests chorus chorus_eager chorus_composite torch compile llmc llmc_mpi converge profile dp ddp
-#           profile_llmc zero_check zero zero_images refuse big mesh_pp mesh_tp plan obs table
+#           profile_llmc mesh_profile zero_check zero zero_images refuse big mesh_pp mesh_tp plan obs table
 #   (plan: chorus plan --calibrate on cuda:0 (and the bus bandwidth over 2 GPUs under chorus launch where there
 #    are 2), then the plans of gpt2-xl on 1, 2, 4, 64 and 1024 GPUs, gpt2 on 1, 2, 4, d84 on 4, 64 and 1024;
 #    the calibration and every plan's JSON rows land in $OUT/plan_*)
@@ -238,6 +238,20 @@ PY
       --precision bf16 --steps 6 --log-every 3 --val-windows 1 --quiet --json >/dev/null 2>"$OUT/profile.err" || tail -3 "$OUT/profile.err"
     kernel_sum "$OUT"/trace/k.*.csv 6
     ;;
+  mesh_profile)  # GPU time by kernel of one rank of `chorus train --mesh MESH_PROF (tp=GPT_GPUS) [--sequence-parallel]`
+    # over 6 steps (CUPTI injection on every rank; the table is the first rank's file by pid, the rest stay in $OUT)
+    tokens; NG=${GPT_GPUS:-2}; MP=${MESH_PROF:-tp=$NG}
+    cmake -S . -B $BUILD -DCHORUS_BUILD_BENCH=ON >/dev/null 2>&1 && ninja -C $BUILD chorus_kernel_trace >/dev/null 2>&1 \
+      || { echo "mesh_profile: no CUPTI trace library"; continue; }
+    rm -rf "$OUT/trace_mesh"; mkdir -p "$OUT/trace_mesh"
+    CHORUS_KERNEL_TRACE_ALL=1 CUDA_INJECTION64_PATH=$PWD/$BUILD/libchorus_kernel_trace.so CHORUS_KERNEL_TRACE="$OUT/trace_mesh/k" \
+      timeout 300 $BUILD/chorus launch --nproc-per-node $NG --master-port 41515 -- $BUILD/chorus train --model $MODEL \
+      --data "tokens:$DATA/rand_train_*.bin" --seq-len $T --batch-size ${MESH_TP_BATCH:-$B} --precision bf16 --steps 6 \
+      --log-every 3 --val-windows 1 --mesh $MP ${MESH_PROF_FLAGS:---sequence-parallel} --quiet --json >/dev/null \
+      2>"$OUT/mesh_profile.err" || tail -3 "$OUT/mesh_profile.err"
+    first=$(ls "$OUT"/trace_mesh/k.*.csv | sort -t. -k2 -n | head -1)
+    [ -n "$first" ] && { echo "mesh_profile $MP: $first"; kernel_sum "$first" 6; }
+    ;;
   profile_llmc)  # llm.c's GPU time by kernel under the same CUPTI library (after llmc built it), LLMC_PROF_STEPS steps
     P=${LLMC_PROF_STEPS:-8}
     [ -x /tmp/train_gpt2cu ] && [ -f $BUILD/libchorus_kernel_trace.so ] || { echo "profile_llmc: run llmc and profile first"; continue; }
@@ -373,14 +387,15 @@ open(sys.argv[2], "a").write(json.dumps(row) + "\n")
 print(row)
 PY
     ;;
-  mesh_pp)  # issue 50 on 2 GPUs: chorus bench --mesh pp=2 (MESH_PP_SCHEDULES, default 1f1b,gpipe, may list
+  mesh_pp)  # issue 50 on MESH_PP_P (2) GPUs: chorus bench --mesh pp=P (MESH_PP_SCHEDULES, default 1f1b,gpipe, may list
     # interleaved; MESH_PP_M micro-batches, default 8; MESH_PP_V virtual stages a rank for interleaved, default 2) and
     # --mesh tp=2 beside --strategy ddp on the same 2 GPUs (GPT_MODEL, GPT_BATCH sequences a rank: a pipeline's whole
     # batch, cut into the micro-batches): tok/s, MFU, peak memory, and for pp=2 the measured bubble beside the ideal
-    # (p-1)/(v m+p-1) and the bound (Note [Mesh pipeline bound] in apps/bench_gpt_mesh.cpp)
+    # (p-1)/(v m+p-1) and the bound (Note [Mesh pipeline bound] in apps/bench_gpt_mesh.cpp); MESH_PP_TP=0 skips the
+    # tp=P row, MESH_PP_DDP=0 the DDP row; MESH_PP_CHECK=0 skips the d2 NCCL check that interleaved triggers
     M=${MESH_PP_M:-8}
     SCHED=${MESH_PP_SCHEDULES:-1f1b,gpipe}
-    if [[ ,$SCHED, == *,interleaved,* ]]; then
+    if [[ ,$SCHED, == *,interleaved,* ]] && [ "${MESH_PP_CHECK:-1}" = 1 ]; then
       # Interleaved over NCCL (Note [Pipeline links]): first a small d2 trained at pp=2 by 1f1b and by interleaved
       # (fp32, same seed and micro-batches) must give the same losses -- a deadlock ends in the timeout.
       python3 -c "
@@ -404,22 +419,23 @@ print(f"mesh_pp train d2 pp=2 on NCCL: 1f1b loss {a['train_loss']:.6f} val {a['v
       f"(v={b['virtual_stages']}) loss {b['train_loss']:.6f} val {b['val_loss']:.6f}: {'equal' if ok else 'DIFFERENT'}")
 PY
     fi
-    for mesh in pp=2 tp=2; do
-      extra=(); [ $mesh = pp=2 ] && extra=(--micro-batches $M --schedules $SCHED)
-      [ $mesh = pp=2 ] && [[ ,$SCHED, == *,interleaved,* ]] && extra+=(--virtual-stages ${MESH_PP_V:-2})
-      timeout 300 $BUILD/chorus launch --nproc-per-node 2 -- $BUILD/chorus bench --model $MODEL --devices cuda \
+    P=${MESH_PP_P:-2}; meshes="pp=$P"; [ "${MESH_PP_TP:-1}" = 1 ] && meshes+=" tp=$P"
+    for mesh in $meshes; do
+      extra=(); [ $mesh = pp=$P ] && extra=(--micro-batches $M --schedules $SCHED)
+      [ $mesh = pp=$P ] && [[ ,$SCHED, == *,interleaved,* ]] && extra+=(--virtual-stages ${MESH_PP_V:-2})
+      timeout 300 $BUILD/chorus launch --nproc-per-node $P -- $BUILD/chorus bench --model $MODEL --devices cuda \
         --mesh $mesh --seq-len $T --batch-size $B --precision bf16 --steps ${MESH_PP_STEPS:-10} --warmup 3 "${extra[@]}" \
         2>"$OUT/mesh_$mesh.err" | sed 's/^\[rank 0\] //' | grep -v '^mesh ' || tail -5 "$OUT/mesh_$mesh.err"
     done
-    timeout 300 $BUILD/chorus launch --nproc-per-node 2 -- $BUILD/chorus bench --model $MODEL --strategy ddp --devices cuda \
-      --seq-len $T --batch-size $B --precision bf16 --steps ${MESH_PP_STEPS:-10} --warmup 3 2>"$OUT/mesh_ddp.err" \
-      | sed 's/^\[rank 0\] //' || tail -5 "$OUT/mesh_ddp.err"
+    [ "${MESH_PP_DDP:-1}" = 1 ] && { timeout 300 $BUILD/chorus launch --nproc-per-node $P -- $BUILD/chorus bench --model $MODEL \
+      --strategy ddp --devices cuda --seq-len $T --batch-size $B --precision bf16 --steps ${MESH_PP_STEPS:-10} --warmup 3 \
+      2>"$OUT/mesh_ddp.err" | sed 's/^\[rank 0\] //' || tail -5 "$OUT/mesh_ddp.err"; }
     ;;
   mesh_tp)  # issue 50, tensor parallel on GPT_GPUS (2) GPUs in one call: chorus bench --mesh tp=N beside chorus bench
     # --strategy ddp on the same GPUs and PyTorch's own tensor parallelism (bench/torch/torch_gpt.py --mode tp:
     # parallelize_module, Colwise/RowwiseParallel, SequenceParallel, loss_parallel); MESH_TP_SP (default 1; "1 0" both):
-    # sequence parallelism on both sides; MESH_TP_DP=D: a dp=D x tp=N/D mesh instead; GPT_BATCH sequences a tensor
-    # group (tp) and a GPU (ddp). Rows in $ROWS, then the ratios (Chorus tp / PyTorch tp, Chorus tp / Chorus DDP per
+    # sequence parallelism on both sides; MESH_TP_DP=D: a dp=D x tp=N/D mesh instead; GPT_BATCH sequences a GPU
+    # (ddp) and a tensor group (tp) unless MESH_TP_BATCH gives the tensor group's. Rows in $ROWS, then the ratios (Chorus tp / PyTorch tp, Chorus tp / Chorus DDP per
     # GPU). First a check that PyTorch's tp trains the model its single GPU trains: d12 byte-level, 60 steps, both
     # losses side by side (MESH_TP_CHECK=0 skips it).
     NG=${GPT_GPUS:-2}; DPN=${MESH_TP_DP:-1}; TPN=$((NG / DPN)); TS=${MESH_TP_STEPS:-20}
@@ -445,9 +461,9 @@ PY
     for sp in ${MESH_TP_SP:-1}; do
       spf=(); tag=""; [ $sp = 1 ] && { spf=(--sequence-parallel); tag=" sp"; }
       timeout 300 $BUILD/chorus launch --nproc-per-node $NG --master-port 41512 -- $BUILD/chorus bench --model $MODEL \
-        --devices cuda --mesh $mesh "${spf[@]}" --seq-len $T --batch-size $B --precision bf16 --steps $TS --warmup 5 --json \
+        --devices cuda --mesh $mesh "${spf[@]}" --seq-len $T --batch-size ${MESH_TP_BATCH:-$B} --precision bf16 --steps $TS --warmup 5 --json \
         2>"$OUT/mesh_tp$sp.err" | sed 's/^\[rank 0\] //' | grep '^{' | tail -1 > "$OUT/mesh_tp$sp.json" || tail -5 "$OUT/mesh_tp$sp.err"
-      timeout 300 python3 bench/torch/torch_gpt.py --model $MODEL --mode tp --gpus $NG "${targs[@]}" --sp $sp --batch $B \
+      timeout 300 python3 bench/torch/torch_gpt.py --model $MODEL --mode tp --gpus $NG "${targs[@]}" --sp $sp --batch ${MESH_TP_BATCH:-$B} \
         --seq $T --steps $TS --warmup 5 --port 41513 2>"$OUT/torch_tp$sp.err" | tail -1 > "$OUT/torch_tp$sp.json" \
         || tail -5 "$OUT/torch_tp$sp.err"
       python3 - "$OUT/mesh_tp$sp.json" "$OUT/torch_tp$sp.json" "$ROWS" "$mesh $NG GPUs$tag" $NG <<'PY'

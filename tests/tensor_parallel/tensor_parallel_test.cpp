@@ -13,6 +13,7 @@
 #include "chorus/ops/factory.h"
 #include "chorus/tensor_parallel/cross_entropy.h"
 #include "chorus/tensor_parallel/gpt.h"
+#include "chorus/tensor_parallel/layers.h"
 #include "chorus/tensor_parallel/shard.h"
 
 using namespace chorus;
@@ -116,4 +117,29 @@ TEST(TensorParallelGPT, RefusesATpThatDoesNotDivide) {
     EXPECT_NE(std::string(e.what()).find("vocabulary of 100 rows does not divide over 8"), std::string::npos);
   }
   EXPECT_NO_THROW(tp::check_gpt_tp(c, 4));
+}
+
+// Note [Rank-major activations]: rank-major row r*B + b, position j is token
+// (b, r*T/tp + j) of sequence order; the two conversions invert each other
+// and carry gradients through.
+TEST(TensorParallelLayout, RankMajorIsTheRanksChunksStacked) {
+  manual_seed(3);
+  const int tp = 3;
+  const int64_t b = 2, t = 6, f = 4, chunk = t / tp;
+  Tensor seq = randn({b, t, f}, kFloat64);
+  Tensor rm = tp::sequence_to_rank_major(seq, tp);
+  ASSERT_EQ(rm.sizes(), (Shape{tp * b, chunk, f}));
+  for (int r = 0; r < tp; ++r)
+    for (int64_t bb = 0; bb < b; ++bb)
+      EXPECT_EQ(max_abs_diff(rm.narrow(0, r * b + bb, 1).reshape({chunk, f}),
+                             seq.narrow(0, bb, 1).narrow(1, r * chunk, chunk).reshape({chunk, f})),
+                0.0);
+  EXPECT_EQ(max_abs_diff(tp::rank_major_to_sequence(rm, tp), seq), 0.0);
+  EXPECT_EQ(tp::sequence_to_rank_major(seq, 1).impl(), seq.impl());
+  // Gradients: the conversion of the gradient, by the inverse conversion.
+  Tensor x = seq.clone().set_requires_grad(true);
+  Tensor w = randn({tp * b, chunk, f}, kFloat64);
+  chorus::sum(chorus::mul(tp::sequence_to_rank_major(x, tp), w)).backward();
+  EXPECT_EQ(max_abs_diff(x.grad(), tp::rank_major_to_sequence(w, tp)), 0.0);
+  EXPECT_THROW(tp::rank_major_to_sequence(randn({5, 2, 2}, kFloat64), tp), Error);
 }

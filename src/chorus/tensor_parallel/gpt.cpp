@@ -45,7 +45,9 @@ ParallelSelfAttention::ParallelSelfAttention(models::GPTConfig c, TPContext ctx)
 
 Tensor ParallelSelfAttention::forward(const Tensor& x) {
   const int64_t heads = cfg_.heads / ctx_.size();
-  Tensor qkv_all = child(*this, "c_attn")->forward(x);  // [B, T, 3 C/tp]: this rank's heads, whole sequence
+  // [B, T, 3 C/tp]: this rank's heads, whole sequence (Note [Rank-major activations]: in sequence order for attention)
+  const int sp_tp = ctx_.sequence_parallel ? ctx_.size() : 1;
+  Tensor qkv_all = rank_major_to_sequence(child(*this, "c_attn")->forward(x), sp_tp);
   const double p_attn = is_training() ? cfg_.dropout : 0.0;
   Tensor y;
   {
@@ -54,8 +56,8 @@ Tensor ParallelSelfAttention::forward(const Tensor& x) {
     if (p_attn > 0 && ctx_.sharded_rng) heads_rng.emplace(*ctx_.sharded_rng);
     y = F::causal_self_attention(qkv_all, heads, p_attn, cfg_.attention);  // [B, T, C/tp]
   }
-  return parallel_dropout(child(*this, "c_proj")->forward(y), cfg_.dropout, is_training(), ctx_.sequence_parallel,
-                          ctx_);
+  return parallel_dropout(child(*this, "c_proj")->forward(sequence_to_rank_major(y, sp_tp)), cfg_.dropout,
+                          is_training(), ctx_.sequence_parallel, ctx_);
 }
 
 std::shared_ptr<nn::Module> ParallelSelfAttention::make_empty() const {

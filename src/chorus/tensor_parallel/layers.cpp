@@ -21,6 +21,9 @@ void check_divides(int64_t n, const TPContext& ctx, const char* layer, const cha
 
 // The sequence chunks along dim 1 that sequence parallelism shards.
 constexpr int64_t kSeqDim = 1;
+// Inside a parallel region under sequence parallelism: the ranks' chunks
+// stacked along dim 0 (Note [Rank-major activations]).
+constexpr int64_t kRankMajorDim = 0;
 
 }  // namespace
 
@@ -38,8 +41,24 @@ void seed_parallel_rng(TPContext& ctx, uint64_t seed, int dp_rank) {
   ctx.sharded_rng->manual_seed(mix(mix(seed + 1) ^ mix(ranks)));
 }
 
+Tensor rank_major_to_sequence(const Tensor& x, int tp) {
+  if (tp <= 1) return x;
+  CHORUS_CHECK(x.dim() == 3 && x.size(0) % tp == 0, "rank_major_to_sequence: expected [tp * batch, seq / tp, features]",
+               " over tp=", tp, ", got ", x.describe());
+  const int64_t b = x.size(0) / tp, t = x.size(1), f = x.size(2);
+  return x.reshape({tp, b, t, f}).permute({1, 0, 2, 3}).contiguous().reshape({b, tp * t, f});
+}
+
+Tensor sequence_to_rank_major(const Tensor& x, int tp) {
+  if (tp <= 1) return x;
+  CHORUS_CHECK(x.dim() == 3 && x.size(1) % tp == 0, "sequence_to_rank_major: expected [batch, seq, features] with seq",
+               " divisible by tp=", tp, ", got ", x.describe());
+  const int64_t b = x.size(0), t = x.size(1) / tp, f = x.size(2);
+  return x.reshape({b, tp, t, f}).permute({1, 0, 2, 3}).contiguous().reshape({tp * b, t, f});
+}
+
 Tensor replicated_param(const Tensor& p, const TPContext& ctx) {
-  return ctx.sequence_parallel ? copy_to_tp(p, ctx.group) : p;
+  return ctx.sequence_parallel ? copy_param_to_tp(p, ctx.group) : p;
 }
 
 Tensor parallel_dropout(const Tensor& x, double p, bool training, bool sharded, const TPContext& ctx) {
@@ -74,7 +93,8 @@ ShardSpec ColumnParallelLinear::shard_spec(const std::string&) const { return {0
 
 Tensor ColumnParallelLinear::forward(const Tensor& x) {
   Tensor in = on_own_device(x);
-  in = ctx_.sequence_parallel ? gather_from_sp(in, ctx_.group, kSeqDim) : copy_to_tp(in, ctx_.group);
+  // Note [Rank-major activations]: gathered along dim 0, the chunks side by side as the collective leaves them.
+  in = ctx_.sequence_parallel ? gather_from_sp(in.contiguous(), ctx_.group, kRankMajorDim) : copy_to_tp(in, ctx_.group);
   return F::linear(in, own_parameters()[0].second, opts_.bias ? own_parameters()[1].second : Tensor());
 }
 
@@ -113,7 +133,8 @@ ShardSpec RowParallelLinear::shard_spec(const std::string& param) const {
 Tensor RowParallelLinear::forward(const Tensor& x) {
   // The bias is added once, after the sum over the ranks.
   Tensor partial = F::linear(on_own_device(x), own_parameters()[0].second, Tensor());
-  Tensor y = ctx_.sequence_parallel ? reduce_scatter_to_sp(partial, ctx_.group, kSeqDim)
+  // Note [Rank-major activations]: the input, and so `partial`, in rank-major order.
+  Tensor y = ctx_.sequence_parallel ? reduce_scatter_to_sp(partial, ctx_.group, kRankMajorDim)
                                     : reduce_from_tp(partial, ctx_.group);
   if (!opts_.bias) return y;
   return chorus::add(y, replicated_param(own_parameters()[1].second, ctx_));

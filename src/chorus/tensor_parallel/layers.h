@@ -5,10 +5,11 @@
 //   ColumnParallelLinear  weight [out/tp, in]: y_r = x W_r^T + b_r, the output
 //                         split over the ranks (input: f = copy_to_tp, or
 //                         with sequence parallelism the all-gather of the
-//                         sequence chunks)
+//                         sequence chunks, rank-major)
 //   RowParallelLinear     weight [out, in/tp]: y = sum_r x_r W_r^T + b (g =
 //                         reduce_from_tp, or with sequence parallelism the
-//                         reduce-scatter to sequence chunks), bias replicated
+//                         reduce-scatter to sequence chunks, from rank-major
+//                         input), bias replicated
 //   VocabParallelEmbedding  weight [num/tp, dim]: each rank looks up the ids in
 //                         its rows (zeros elsewhere), then g (or reduce-scatter)
 //   ParallelLayerNorm     a LayerNorm on sequence chunks when sequence
@@ -19,6 +20,19 @@
 // output projection, the MLP's two matrices) communicates once in forward
 // and once in backward. Parameters keep nn::Linear's / nn::Embedding's names
 // (weight, bias), so state dicts at tp=1 and tp=N name the same tensors.
+//
+// Note [Rank-major activations]: under sequence parallelism a rank holds
+// [B, T/tp, C], its chunk of the sequence. The all-gather into a parallel
+// region concatenates the ranks' flat buffers, which is [tp * B, T/tp, C]
+// with rank r's chunk at rows r*B..; putting that into sequence order
+// [B, T, C] (and the reduce-scatter's input back out of it) took a transposing
+// copy of the whole activation on each side of every collective, four per
+// block forward and four backward. The parallel regions keep the rank-major
+// order instead: a linear layer, GELU and dropout work on each token alone
+// and do not care in which order the tokens come, so the MLP runs on it as
+// it is, and only attention, which mixes the tokens of a sequence, moves its
+// input and output into sequence order (rank_major_to_sequence and back:
+// tensors of 3C/tp and C/tp features, not C).
 //
 // Note [Replicated parameters under sequence parallelism]: a parameter every
 // rank holds whole (LayerNorm's, a row-parallel bias, the positional
@@ -76,7 +90,8 @@ struct ParallelLinearOptions {
 class ColumnParallelLinear : public nn::Module, public ShardedModule {
  public:
   ColumnParallelLinear(ParallelLinearOptions o, TPContext ctx);
-  // x [..., in] (sequence parallel: [B, T/tp, in]) -> [..., out/tp] ([B, T, out/tp])
+  // x [..., in] (sequence parallel: [B, T/tp, in]) -> [..., out/tp] (sequence
+  // parallel: [tp * B, T/tp, out/tp], rank-major: Note [Rank-major activations])
   Tensor forward(const Tensor& x) override;
   ShardSpec shard_spec(const std::string& param) const override;
   std::string extra_repr() const override;
@@ -93,7 +108,7 @@ class RowParallelLinear : public nn::Module, public ShardedModule {
  public:
   RowParallelLinear(ParallelLinearOptions o, TPContext ctx);
   // x [..., in/tp] -> [..., out] summed over the ranks (sequence parallel:
-  // [B, T, in/tp] -> [B, T/tp, out], this rank's sequence chunk)
+  // rank-major [tp * B, T/tp, in/tp] -> [B, T/tp, out], this rank's sequence chunk)
   Tensor forward(const Tensor& x) override;
   ShardSpec shard_spec(const std::string& param) const override;
   std::string extra_repr() const override;
@@ -142,6 +157,12 @@ class ParallelLayerNorm : public nn::Module {
   TPContext ctx_;
   double eps_;
 };
+
+// Between the rank-major order of a parallel region under sequence
+// parallelism ([tp * B, T/tp, F]) and sequence order ([B, T, F]), with
+// autograd; the identity at tp=1 (Note [Rank-major activations]).
+Tensor rank_major_to_sequence(const Tensor& x, int tp);
+Tensor sequence_to_rank_major(const Tensor& x, int tp);
 
 // A replicated parameter as a layer applying it should see it: itself, or
 // under sequence parallelism through copy_to_tp (Note [Replicated parameters

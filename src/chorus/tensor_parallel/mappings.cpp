@@ -1,5 +1,8 @@
 #include "chorus/tensor_parallel/mappings.h"
 
+#include <mutex>
+
+#include "chorus/autograd/grad_finisher.h"
 #include "chorus/autograd/node.h"
 #include "chorus/core/error.h"
 #include "chorus/ops/factory.h"
@@ -63,6 +66,59 @@ Tensor copy_to_tp(const Tensor& x, const ProcessGroupPtr& group) {
   return autograd::record("CopyToTensorParallelBackward", x.detach(), {x}, [group](const TensorList& g) {
     Tensor grad = g[0].contiguous().clone();
     all_reduce_sum(grad, group);
+    return TensorList{grad};
+  });
+}
+
+namespace {
+
+// Note [Replicated gradients summed in the background]: the gradient of a
+// replicated parameter under sequence parallelism (a LayerNorm's, a
+// row-parallel bias, the positional embedding) is a small partial sum on
+// each rank; there are several a block. Summing each with a blocking
+// all-reduce held the compute stream behind every one of these
+// latency-bound collectives. Instead the all-reduce is only issued, and the
+// gradient carries a finisher that waits for it: AccumulateGrad keeps the
+// gradient as .grad without reading it, and whoever reads it first -- the
+// clipping's norm, the optimizer, Tensor::grad(), another micro-batch's
+// accumulation -- waits (on the stream for NCCL, on the host for Gloo).
+// The collective holds an alias of the gradient (not the same handle), so
+// that the gradient still counts as its own sole owner and is not copied.
+class CollectiveFinisher final : public autograd::GradFinisher {
+ public:
+  explicit CollectiveFinisher(dist::WorkPtr work) : work_(std::move(work)) {}
+  // A gradient dropped unread (zero_grad after a skipped step): its memory
+  // must not be handed out again while the collective may still write it.
+  ~CollectiveFinisher() override {
+    try {
+      if (work_) work_->wait();
+    } catch (...) {  // a broken group reports itself to the next collective
+    }
+  }
+  void finish(const Tensor&) override {
+    dist::WorkPtr w;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      w = std::move(work_);
+    }
+    if (w) w->wait();
+  }
+  bool owns_elements() const override { return true; }
+
+ private:
+  std::mutex mu_;
+  dist::WorkPtr work_;
+};
+
+}  // namespace
+
+Tensor copy_param_to_tp(const Tensor& p, const ProcessGroupPtr& group) {
+  if (!is_parallel(group)) return p;
+  return autograd::record("CopyToTensorParallelBackward", p.detach(), {p}, [group](const TensorList& g) {
+    Tensor grad = g[0].contiguous().clone();
+    // Note [Replicated gradients summed in the background]
+    dist::WorkPtr work = group->all_reduce(grad.view(grad.sizes()), dist::ReduceOp::Sum);
+    autograd::set_grad_finisher(grad, std::make_shared<CollectiveFinisher>(std::move(work)));
     return TensorList{grad};
   });
 }

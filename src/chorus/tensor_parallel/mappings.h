@@ -24,6 +24,10 @@ namespace chorus::tp {
 using dist::ProcessGroupPtr;
 
 Tensor copy_to_tp(const Tensor& x, const ProcessGroupPtr& group);
+// copy_to_tp for a parameter (a leaf): its gradient's all-reduce is issued
+// and finished by whoever reads the gradient first (Note [Replicated
+// gradients summed in the background]).
+Tensor copy_param_to_tp(const Tensor& p, const ProcessGroupPtr& group);
 Tensor reduce_from_tp(const Tensor& x, const ProcessGroupPtr& group);
 Tensor gather_from_tp(const Tensor& x, const ProcessGroupPtr& group, int64_t dim);
 Tensor gather_from_sp(const Tensor& x, const ProcessGroupPtr& group, int64_t dim);
