@@ -7,6 +7,7 @@
 #include "chorus/nn/layers.h"
 #include "chorus/nn/transformer_layers.h"
 #include "chorus/ops/factory.h"
+#include "chorus/tensor_parallel/gather_linear.h"
 #include "chorus/tensor_parallel/mappings.h"
 
 namespace chorus::tp {
@@ -93,9 +94,13 @@ ShardSpec ColumnParallelLinear::shard_spec(const std::string&) const { return {0
 
 Tensor ColumnParallelLinear::forward(const Tensor& x) {
   Tensor in = on_own_device(x);
-  // Note [Rank-major activations]: gathered along dim 0, the chunks side by side as the collective leaves them.
+  const Tensor& w = own_parameters()[0].second;
+  const Tensor b = opts_.bias ? own_parameters()[1].second : Tensor();
+  // Note [Rank-major activations]: gathered along dim 0, the chunks side by side as the collective leaves them;
+  // Note [Reduce-scatter beside the weight gradient].
+  if (ctx_.sequence_parallel && in.dim() == 3) return gather_linear(in, w, b, ctx_.group);
   in = ctx_.sequence_parallel ? gather_from_sp(in.contiguous(), ctx_.group, kRankMajorDim) : copy_to_tp(in, ctx_.group);
-  return F::linear(in, own_parameters()[0].second, opts_.bias ? own_parameters()[1].second : Tensor());
+  return F::linear(in, w, b);
 }
 
 std::string ColumnParallelLinear::extra_repr() const {

@@ -1,0 +1,51 @@
+#include "chorus/tensor_parallel/gather_linear.h"
+
+#include "chorus/autograd/autocast.h"
+#include "chorus/autograd/functions.h"
+#include "chorus/autograd/node.h"
+#include "chorus/core/error.h"
+#include "chorus/nn/functional.h"
+#include "chorus/ops/linalg.h"
+#include "chorus/ops/linear.h"
+#include "chorus/ops/views.h"
+#include "chorus/tensor_parallel/mappings.h"
+
+namespace chorus::tp {
+
+Tensor gather_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, const dist::ProcessGroupPtr& group) {
+  if (!is_parallel(group)) return nn::functional::linear(x, weight, bias);
+  Tensor xx = x, w = weight, b = bias;
+  if (auto dt = autocast_dtype(x)) {  // as nn::functional::linear (Note [Autocast weight copies])
+    xx = chorus::to_dtype(x, *dt);
+    w = autocast_weight(weight, *dt);
+    if (bias.defined()) b = autocast_weight(bias, *dt);
+  }
+  const bool fits = x.dim() == 3 && b.defined() && w.dim() == 2 && xx.size(2) == w.size(1) && xx.dtype() == w.dtype() &&
+                    xx.dtype() == b.dtype() && xx.device() == w.device() && xx.device() == b.device();
+  if (!fits) return nn::functional::linear(gather_from_sp(x.contiguous(), group, 0), weight, bias);
+  const int n = group->size();
+  const int64_t batch = xx.size(0), rows = xx.size(1), k = xx.size(2), m = batch * rows;
+  // The ranks' chunks side by side, as all_gather leaves them: rank-major.
+  Tensor full = all_gather_along(ops::view(ops::contiguous(xx.detach()), {m, k}), group, 0);  // [n m, k]
+  Tensor wd = w.detach(), bd = b.detach();
+  Tensor y = ops::view(ops::linear_bias(full, wd, bd), {n * batch, rows, w.size(0)});
+  const bool need_dx = xx.requires_grad();
+  const Shape x_shape = xx.sizes();
+  return autograd::record("GatherLinearBackward", y, {xx, w, b}, [full, wd, group, x_shape, m, need_dx](const TensorList& g) {
+    Tensor g2 = ops::view(ops::contiguous(g[0]), {full.size(0), wd.size(0)});
+    // Note [Reduce-scatter beside the weight gradient]: dx first, its
+    // reduce-scatter issued, then dw and db while it runs.
+    Tensor dx;
+    dist::WorkPtr work;
+    if (need_dx) {
+      Tensor dx_full = ops::matmul(g2, wd);  // [n m, k]
+      dx = chorus::detail::empty_tensor({m, wd.size(1)}, dx_full.dtype(), dx_full.device());
+      work = group->reduce_scatter(dx_full, dx, dist::ReduceOp::Sum);
+    }
+    auto [unused, dw, db] = ops::linear_bias_backward(g2, full, wd, /*need_dx=*/false);
+    if (work) work->wait();
+    return TensorList{dx.defined() ? ops::view(dx, x_shape) : Tensor(), dw, db};
+  });
+}
+
+}  // namespace chorus::tp
