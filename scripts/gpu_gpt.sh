@@ -7,7 +7,7 @@
 #
 # Usage: scripts/gpu_gpt.sh STAGE...
 #   stages: build tests chorus chorus_eager chorus_composite torch compile llmc llmc_mpi converge profile dp ddp
-#           profile_llmc mesh_profile zero_check zero zero_images refuse big mesh_pp mesh_tp plan obs table
+#           profile_llmc mesh_profile mesh3d zero_check zero zero_images refuse big mesh_pp mesh_tp plan obs table
 #   (plan: chorus plan --calibrate on cuda:0 (and the bus bandwidth over 2 GPUs under chorus launch where there
 #    are 2), then the plans of gpt2-xl on 1, 2, 4, 64 and 1024 GPUs, gpt2 on 1, 2, 4, d84 on 4, 64 and 1024;
 #    the calibration and every plan's JSON rows land in $OUT/plan_*)
@@ -238,6 +238,38 @@ PY
       --precision bf16 --steps 6 --log-every 3 --val-windows 1 --quiet --json >/dev/null 2>"$OUT/profile.err" || tail -3 "$OUT/profile.err"
     kernel_sum "$OUT"/trace/k.*.csv 6
     ;;
+  mesh3d)  # issue 50's 3-D row on 4 GPUs: BIG_MODEL (d84) at --mesh MESH3D (dp=1,pp=2,tp=2) --sequence-parallel, a
+    # batch of MESH3D_BATCH (16) sequences in MESH3D_M (8) micro-batches, 1F1B, beside ZeRO-3 with BIG_BATCH (4)
+    # sequences a GPU (the same tokens a step) and --recompute always (what fits it: session 34); bench rows, tok/s,
+    # MFU, peak memory, then which wins
+    NG=${GPT_GPUS:-4}; BM=${BIG_MODEL:-d84}; MM=${MESH3D:-dp=1,pp=2,tp=2}
+    t0=$(date +%s)
+    timeout ${MESH3D_TIMEOUT:-300} $BUILD/chorus launch --nproc-per-node $NG --master-port 41516 -- $BUILD/chorus bench \
+      --model $BM --devices cuda --mesh $MM --sequence-parallel --seq-len $T --batch-size ${MESH3D_BATCH:-16} \
+      --micro-batches ${MESH3D_M:-8} --schedules 1f1b --precision bf16 --steps ${MESH3D_STEPS:-6} --warmup 2 --json \
+      2>"$OUT/mesh3d.err" | sed 's/^\[rank 0\] //' | grep '^{' | tail -1 > "$OUT/mesh3d.json" || tail -8 "$OUT/mesh3d.err"
+    echo "$BM $MM: $(( $(date +%s) - t0 )) s"; t0=$(date +%s)
+    timeout ${MESH3D_TIMEOUT:-300} $BUILD/chorus launch --nproc-per-node $NG --master-port 41517 -- $BUILD/chorus bench \
+      --model $BM --devices cuda --strategy zero-3 --recompute always --seq-len $T --batch-size ${BIG_BATCH:-4} \
+      --precision bf16 --steps ${MESH3D_STEPS:-6} --warmup 2 --json 2>"$OUT/mesh3d_zero3.err" | sed 's/^\[rank 0\] //' \
+      | grep '^{' | tail -1 > "$OUT/mesh3d_zero3.json" || tail -8 "$OUT/mesh3d_zero3.err"
+    echo "$BM zero-3: $(( $(date +%s) - t0 )) s"
+    python3 - "$OUT/mesh3d.json" "$OUT/mesh3d_zero3.json" "$ROWS" "$BM" "$MM" $NG <<'PY' || { tail -5 "$OUT/mesh3d.err"; tail -5 "$OUT/mesh3d_zero3.err"; }
+import json, sys
+rows = []
+for f, mode in ((sys.argv[1], f"{sys.argv[5]} sp {sys.argv[4]}"), (sys.argv[2], f"zero-3 {sys.argv[4]} recompute")):
+    txt = open(f).read().strip()
+    if not txt:
+        print(f"{mode}: no row"); continue
+    r = json.loads(txt)
+    row = {"who": "chorus", "mode": mode, "gpus": int(sys.argv[6]), "tok_per_s": r["tok_per_s"], "mfu": r["mfu"],
+           "peak_gib": r.get("peak_mem_bytes_max", r["peak_mem_bytes"]) / 2**30, "loss": r.get("loss")}
+    open(sys.argv[3], "a").write(json.dumps(row) + "\n"); rows.append(row)
+    print(f"chorus   {mode:28} {row['tok_per_s']:10.0f} tok/s  MFU {100 * row['mfu']:5.1f}%  peak {row['peak_gib']:6.2f} GiB")
+if len(rows) == 2:
+    print(f"{rows[0]['mode']} / {rows[1]['mode']}: {rows[0]['tok_per_s'] / rows[1]['tok_per_s']:.3f}")
+PY
+    ;;
   mesh_profile)  # GPU time by kernel of one rank of `chorus train --mesh MESH_PROF (tp=GPT_GPUS) [--sequence-parallel]`
     # over 6 steps (CUPTI injection on every rank; the table is the first rank's file by pid, the rest stay in $OUT)
     tokens; NG=${GPT_GPUS:-2}; MP=${MESH_PROF:-tp=$NG}
@@ -447,8 +479,10 @@ import random; random.seed(4); w='in the beginning god created heaven and earth 
 print('\n'.join(' '.join(random.choice(w) for _ in range(12)) for _ in range(40000)))" > $txt; }
       for m in single tp; do
         extra=(); [ $m = tp ] && extra=(--mode tp --gpus $NG "${targs[@]}" --port 41511)
-        timeout 300 python3 bench/torch/torch_gpt.py --model d12 --text $txt --seq 256 --batch 16 --warmup 0 --steps 60 \
-          --lr 1e-3 "${extra[@]}" 2>"$OUT/tp_check_$m.err" | tail -1 > "$OUT/tp_check_$m.json" || tail -5 "$OUT/tp_check_$m.err"
+        timeout 300 python3 -X faulthandler bench/torch/torch_gpt.py --model d12 --text $txt --seq 256 --batch 16 \
+          --warmup 0 --steps 60 --lr 1e-3 "${extra[@]}" 2>"$OUT/tp_check_$m.err" | tail -1 > "$OUT/tp_check_$m.json"
+        rc=${PIPESTATUS[0]}
+        [ "$rc" = 0 ] || { echo "PyTorch tp check, $m: exit $rc (124: timed out; 128+N: signal N)"; tail -5 "$OUT/tp_check_$m.err"; }
       done
       python3 - "$OUT/tp_check_single.json" "$OUT/tp_check_tp.json" $mesh <<'PY' || echo "FAIL: PyTorch tp check (see tp_check_*.err)"
 import json, sys
