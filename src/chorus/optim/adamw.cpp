@@ -101,8 +101,8 @@ void AdamW::update(const Tensor& grad_scale) {
       // The one-tensor kernel takes the learning rate and step as arguments.
       if (params_[i].device().is_cuda()) check_not_capturing("updating a strided (non-dense) parameter");
       if (grad_scale.defined()) {
-        // The one-tensor kernel reads no scale: a scaled copy, as scale_by_
-        // scales a strided gradient.
+        // The one-tensor kernel reads no scale: a scaled copy, the product
+        // the in-place scale would have stored.
         NoGradGuard no_grad;
         g = ops::binary(BinaryOp::Mul, g, ops::to_dtype(scale_for(g.device()), g.dtype()));
       }
