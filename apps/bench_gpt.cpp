@@ -128,11 +128,14 @@ void bench_gpt_row(const BenchConfig& c, const std::string& strategy, const std:
       [&](const std::vector<Tensor>& in) {
         Tensor l = pipe ? pipeline_forward_backward(*model, *pipe, *tied, {{in[0], in[1]}}, cast)
                         : gpt_forward_backward(*model, *net, ddp.get(), {{in[0], in[1]}}, cast, sdp.get());
-        if (sdp)
+        // As chorus train: the scale folded into AdamW (Note [Clipping in
+        // the update] in optim/clip_grad.h), clipped in place when sharded.
+        if (sdp) {
           sdp->clip_grad_norm(1.0);
-        else
-          optim::clip_grad_norm_(params, 1.0);
-        opt.step();
+          opt.step();
+        } else {
+          optim::clip_and_step(opt, params, 1.0);
+        }
         opt.zero_grad();
         if (tied) tied->sync_tied_weights();
         return std::vector<Tensor>{l};

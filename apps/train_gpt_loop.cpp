@@ -89,8 +89,17 @@ nlohmann::ordered_json run_gpt_loop(const TrainConfig& tc, const GptOptions& g, 
   // The whole step (forward, backward, clipping, AdamW) as one CUDA graph on a
   // GPU (Note [Graphed step] in parallel/graphed_step.h; DDP's all-reduces
   // inside it), eager on CPUs or with --no-cuda-graphs.
-  // Under --strategy zero the global norm is over every rank's pieces.
-  auto clip = [&](double max_norm) { return r.sdp ? r.sdp->clip_grad_norm(max_norm) : optim::clip_grad_norm_(params, max_norm); };
+  // Clipping and AdamW; returns the norm before clipping. The scale is read
+  // by AdamW's fused update (Note [Clipping in the update] in
+  // optim/clip_grad.h): nothing reads the gradients after the step, which
+  // zero_grad() drops. Under --strategy zero the global norm is over every
+  // rank's pieces, scaled in place.
+  auto clip_and_step = [&](double max_norm) {
+    if (!r.sdp) return optim::clip_and_step(*r.opt, params, max_norm);
+    Tensor norm = r.sdp->clip_grad_norm(max_norm);
+    r.opt->step();
+    return norm;
+  };
   parallel::GraphedStepOptions go;
   // Sharded steps too (Note [Sharded steps in a CUDA graph] in dist/sharded.h):
   // the gathers and reduce-scatters are captured with the rest; a step that
@@ -103,8 +112,7 @@ nlohmann::ordered_json run_gpt_loop(const TrainConfig& tc, const GptOptions& g, 
   auto graphed = std::make_unique<parallel::GraphedStep>(
       [&](const std::vector<Tensor>& in) {
         Tensor loss = step_forward_backward(pairs_of(in));
-        Tensor norm = clip(g.clip);
-        r.opt->step();
+        Tensor norm = clip_and_step(g.clip);
         r.opt->zero_grad();
         if (r.tied) r.tied->sync_tied_weights();
         return std::vector<Tensor>{loss, norm};
@@ -193,8 +201,7 @@ nlohmann::ordered_json run_gpt_loop(const TrainConfig& tc, const GptOptions& g, 
         continue;
       }
       ops::TraceScope opt("optimizer");
-      last_norm = clip(g.clip);
-      r.opt->step();
+      last_norm = clip_and_step(g.clip);
       r.opt->zero_grad();
       if (r.tied) r.tied->sync_tied_weights();
     } else {

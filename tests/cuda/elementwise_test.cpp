@@ -27,9 +27,11 @@
 #include <vector>
 
 #include "chorus/core/backend.h"
+#include "chorus/core/error.h"
 #include "chorus/core/tensor.h"
 #include "chorus/cpu/kernels.h"
 #include "chorus/cuda/kernels.h"
+#include "chorus/ops/factory.h"
 
 namespace chorus {
 namespace {
@@ -853,8 +855,9 @@ TEST(CudaKernels, AdamWUpdateMultiMatchesCpu_CUDA) {
       addends.push_back(i % 6 == 3 ? offset_twin(sizes[i], 2, ++seed) : random_twin({sizes[i]}, kFloat32, ++seed));
       ga[i] = addends.back().gpu;
     }
-    if (step == 1) cuda::adamw_update_multi(gp, gg, gm, gv, 1e-3, 0.9, 0.999, 1e-8, 0.01, step, Tensor(), ga);
-    else cuda::adamw_update_multi(gp, gg, gm, gv, 0.5, 0.9, 0.999, 1e-8, 0.01, 2, gpu_scalars(1e-3, double(step)), ga);
+    if (step == 1) cuda::adamw_update_multi(gp, gg, gm, gv, 1e-3, 0.9, 0.999, 1e-8, 0.01, step, Tensor(), ga, Tensor());
+    else cuda::adamw_update_multi(gp, gg, gm, gv, 0.5, 0.9, 0.999, 1e-8, 0.01, 2, gpu_scalars(1e-3, double(step)), ga,
+                                  Tensor());
     for (size_t i = 0; i < sizes.size(); ++i) {
       // The device scalars hold lr as float32.
       const double lr = step == 1 ? 1e-3 : double(float(1e-3));
@@ -867,6 +870,95 @@ TEST(CudaKernels, AdamWUpdateMultiMatchesCpu_CUDA) {
       expect_near(vs[i].gpu, vs[i].cpu, 1e-6, 1e-7, what + " exp_avg_sq");
     }
   }
+}
+
+// A fresh contiguous GPU copy of a GPU tensor's elements.
+Tensor gpu_copy(const Tensor& t) {
+  Tensor d = detail::empty_tensor(t.sizes(), t.dtype(), kGpu);
+  if (t.numel() > 0) backend(kGpu).copy(d.raw_data(), kGpu, t.raw_data(), kGpu, t.nbytes());
+  return d;
+}
+
+// Note [Clipping in the update] (optim/clip_grad.h): the multi-tensor AdamW
+// with a gradient scale read from the device, against the CPU's with the same
+// scale (tensors, addends and alignments as above), and bit for bit against
+// the GPU's own update of gradients scaled in place first by scale_multi.
+TEST(CudaKernels, AdamWUpdateMultiGradScaleMatchesCpu_CUDA) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
+  std::vector<int64_t> sizes;
+  for (int i = 0; i < 50; ++i) sizes.push_back(1 + 89 * i);
+  sizes.push_back(0);
+  sizes.push_back(320 * 32768 + 777);
+  sizes.push_back(3);
+  for (int64_t step : {1, 9}) {
+    const float scale = step == 1 ? 0.3712f : 1.0f;  // the clipped case, then a norm below the limit
+    Tensor cpu_scale = full({}, scale, {kFloat32});
+    Tensor gpu_scale = cpu_scale.to(cuda_device(0));
+    std::vector<Twin> params, grads, ms, vs;
+    uint32_t seed = static_cast<uint32_t>(1900 + 10 * step);
+    TensorList gp, gg, gm, gv, cp, cg, cm, cv;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      const int64_t n = sizes[i];
+      const int64_t skew = 1 + static_cast<int64_t>(i / 4 % 3);
+      params.push_back(i % 4 == 0 ? offset_twin(n, skew, ++seed) : random_twin({n}, kFloat32, ++seed));
+      grads.push_back(i % 4 == 1 ? offset_twin(n, skew, ++seed) : random_twin({n}, kFloat32, ++seed));
+      ms.push_back(i % 4 == 2 ? offset_twin(n, skew, ++seed, -0.1, 0.1)
+                              : random_twin({n}, kFloat32, ++seed, -0.1, 0.1));
+      vs.push_back(i % 4 == 3 ? offset_twin(n, skew, ++seed, 0.0, 0.01)
+                              : random_twin({n}, kFloat32, ++seed, 0.0, 0.01));
+      gp.push_back(params.back().gpu);
+      gg.push_back(grads.back().gpu);
+      gm.push_back(ms.back().gpu);
+      gv.push_back(vs.back().gpu);
+      cp.push_back(params.back().cpu);
+      cg.push_back(grads.back().cpu);
+      cm.push_back(ms.back().cpu);
+      cv.push_back(vs.back().cpu);
+    }
+    std::vector<Twin> addends;
+    TensorList ga(sizes.size()), ca(sizes.size());
+    for (size_t i = 0; i < sizes.size(); i += 3) {
+      addends.push_back(i % 6 == 3 ? offset_twin(sizes[i], 2, ++seed) : random_twin({sizes[i]}, kFloat32, ++seed));
+      ga[i] = addends.back().gpu;
+      ca[i] = addends.back().cpu;
+    }
+    // The in-place way on copies: grad + addend, scaled by scale_multi, then no scale.
+    TensorList ip, ig, im, iv;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      ip.push_back(gpu_copy(gp[i]));
+      ig.push_back(ga[i].defined() ? (gg[i] + ga[i]).contiguous() : gpu_copy(gg[i]));
+      im.push_back(gpu_copy(gm[i]));
+      iv.push_back(gpu_copy(gv[i]));
+    }
+    cuda::scale_multi(ig, gpu_scale);
+    const double lr = step == 1 ? 1e-3 : double(float(1e-3));  // the device scalars hold lr as float32
+    if (step == 1) {
+      cuda::adamw_update_multi(gp, gg, gm, gv, 1e-3, 0.9, 0.95, 1e-8, 0.1, step, Tensor(), ga, gpu_scale);
+      cuda::adamw_update_multi(ip, ig, im, iv, 1e-3, 0.9, 0.95, 1e-8, 0.1, step, Tensor(), {}, Tensor());
+    } else {
+      cuda::adamw_update_multi(gp, gg, gm, gv, 0.5, 0.9, 0.95, 1e-8, 0.1, 2, gpu_scalars(1e-3, double(step)), ga,
+                               gpu_scale);
+      cuda::adamw_update_multi(ip, ig, im, iv, 0.5, 0.9, 0.95, 1e-8, 0.1, 2, gpu_scalars(1e-3, double(step)), {},
+                               Tensor());
+    }
+    cpu::adamw_update_multi(cp, cg, cm, cv, lr, 0.9, 0.95, 1e-8, 0.1, step, Tensor(), ca, cpu_scale);
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      const std::string what = "scaled adamw_update_multi tensor " + std::to_string(i) + " of " +
+                               std::to_string(sizes[i]) + " step " + std::to_string(step);
+      expect_near(gp[i], cp[i], 1e-6, 1e-7, what + " param");
+      expect_near(gm[i], cm[i], 1e-6, 1e-7, what + " exp_avg");
+      expect_near(gv[i], cv[i], 1e-6, 1e-7, what + " exp_avg_sq");
+      expect_equal(gp[i], ip[i], what + " param, against the in-place scale");
+      expect_equal(gm[i], im[i], what + " exp_avg, against the in-place scale");
+      expect_equal(gv[i], iv[i], what + " exp_avg_sq, against the in-place scale");
+    }
+  }
+  // A scale that is not one float32 on the parameters' device: one line.
+  Twin p = random_twin({8}, kFloat32, 5), g = random_twin({8}, kFloat32, 6), m = random_twin({8}, kFloat32, 7),
+       v = random_twin({8}, kFloat32, 8);
+  EXPECT_THROW(cuda::adamw_update_multi({p.gpu}, {g.gpu}, {m.gpu}, {v.gpu}, 1e-3, 0.9, 0.95, 1e-8, 0.1, 1, Tensor(),
+                                        {}, full({}, 0.5, {kFloat32})),
+               ValueError);
 }
 
 }  // namespace

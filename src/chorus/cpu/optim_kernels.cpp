@@ -50,9 +50,13 @@ void sgd_loop(const Tensor& param, const Tensor& grad, const Tensor& momentum_bu
   }
 }
 
+// `scale` (or nullptr): every gradient element multiplied by it as it is
+// read, in double and rounded to T -- scale_multi's arithmetic (cpu/
+// multi_tensor.cpp), so the update equals that of gradients scaled in place.
 template <typename T>
 void adamw_loop(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
-                double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step) {
+                double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step,
+                const double* scale = nullptr) {
   const double bias1 = 1.0 - std::pow(beta1, static_cast<double>(step));
   const double bias2 = 1.0 - std::pow(beta2, static_cast<double>(step));
   const T decay = static_cast<T>(1.0 - lr * weight_decay);
@@ -67,7 +71,7 @@ void adamw_loop(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, 
   T* v = exp_avg_sq.data<T>();
   const int64_t n = param.numel();
   for (int64_t i = 0; i < n; ++i) {
-    const T g = gr[i];
+    const T g = scale ? static_cast<T>(static_cast<double>(gr[i]) * *scale) : gr[i];
     p[i] *= decay;
     m[i] = b1 * m[i] + one_b1 * g;
     v[i] = b2 * v[i] + one_b2 * g * g;
@@ -134,24 +138,34 @@ void sgd_update_multi(const TensorList& params, const TensorList& grads,
   }
 }
 
-void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
-                  const Tensor& exp_avg_sq, double lr, double beta1, double beta2, double eps,
-                  double weight_decay, int64_t step) {
-  const char* op = "adamw_update";
+namespace {
+
+void adamw_one(const char* op, const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
+               const Tensor& exp_avg_sq, double lr, double beta1, double beta2, double eps, double weight_decay,
+               int64_t step, const double* scale) {
   check_state(op, "param", param, param);
   check_state(op, "grad", grad, param);
   check_state(op, "exp_avg", exp_avg, param);
   check_state(op, "exp_avg_sq", exp_avg_sq, param);
   CHORUS_CHECK(step >= 1, op, ": step counts from 1, got ", step);
   if (param.dtype() == kFloat64)
-    adamw_loop<double>(param, grad, exp_avg, exp_avg_sq, lr, beta1, beta2, eps, weight_decay, step);
+    adamw_loop<double>(param, grad, exp_avg, exp_avg_sq, lr, beta1, beta2, eps, weight_decay, step, scale);
   else
-    adamw_loop<float>(param, grad, exp_avg, exp_avg_sq, lr, beta1, beta2, eps, weight_decay, step);
+    adamw_loop<float>(param, grad, exp_avg, exp_avg_sq, lr, beta1, beta2, eps, weight_decay, step, scale);
+}
+
+}  // namespace
+
+void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
+                  const Tensor& exp_avg_sq, double lr, double beta1, double beta2, double eps,
+                  double weight_decay, int64_t step) {
+  adamw_one("adamw_update", param, grad, exp_avg, exp_avg_sq, lr, beta1, beta2, eps, weight_decay, step, nullptr);
 }
 
 void adamw_update_multi(const TensorList& params, const TensorList& grads, const TensorList& exp_avgs,
                         const TensorList& exp_avg_sqs, double lr, double beta1, double beta2, double eps,
-                        double weight_decay, int64_t step, const Tensor& scalars, const TensorList& addends) {
+                        double weight_decay, int64_t step, const Tensor& scalars, const TensorList& addends,
+                        const Tensor& grad_scale) {
   if (scalars.defined()) {
     lr = scalars.data<float>()[0];
     step = static_cast<int64_t>(scalars.data<float>()[1]);
@@ -161,9 +175,18 @@ void adamw_update_multi(const TensorList& params, const TensorList& grads, const
                "adamw_update_multi: ", params.size(), " parameters but ", grads.size(), " gradients, ",
                exp_avgs.size(), " exp_avg and ", exp_avg_sqs.size(), " exp_avg_sq");
   check_addends("adamw_update_multi", params, grads, addends);
+  double scale = 1;
+  if (grad_scale.defined()) {
+    CHORUS_CHECK(grad_scale.numel() == 1 && (grad_scale.dtype() == kFloat32 || grad_scale.dtype() == kFloat64) &&
+                     grad_scale.device().is_cpu(),
+                 "adamw_update_multi: the gradient scale must be one float32 or float64 element on the CPU, got ",
+                 grad_scale.describe());
+    scale = grad_scale.dtype() == kFloat64 ? grad_scale.data<double>()[0]
+                                           : static_cast<double>(grad_scale.data<float>()[0]);
+  }
   for (size_t i = 0; i < params.size(); ++i)
-    adamw_update(params[i], with_addend(grads, addends, i), exp_avgs[i], exp_avg_sqs[i], lr, beta1, beta2, eps,
-                 weight_decay, step);
+    adamw_one("adamw_update_multi", params[i], with_addend(grads, addends, i), exp_avgs[i], exp_avg_sqs[i], lr,
+              beta1, beta2, eps, weight_decay, step, grad_scale.defined() ? &scale : nullptr);
 }
 
 }  // namespace chorus::cpu

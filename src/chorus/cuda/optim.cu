@@ -58,6 +58,11 @@ struct AdamWParams {
   // computes them.
   const float* scalars = nullptr;
   double beta1_d = 0, beta2_d = 0, weight_decay_d = 0;
+  // Note [Clipping in the update] (optim/clip_grad.h): when set, every
+  // gradient is multiplied by this one float as it is read; resolve() puts
+  // it in grad_scale (1 otherwise, an exact multiplication).
+  const float* grad_scale_ptr = nullptr;
+  float grad_scale = 1.f;
 };
 
 __device__ __forceinline__ AdamWParams resolve(AdamWParams p) {
@@ -69,6 +74,7 @@ __device__ __forceinline__ AdamWParams resolve(AdamWParams p) {
     p.step_size = static_cast<float>(lr / bias1);
     p.bias2_sqrt = static_cast<float>(sqrt(bias2));
   }
+  if (p.grad_scale_ptr) p.grad_scale = *p.grad_scale_ptr;
   return p;
 }
 
@@ -434,7 +440,8 @@ __global__ void adamw_multi_kernel(AdamTable t, AdamWParams params) {
       float4 pv = p4[v], mv = m4[v], vv = v4[v];
       const float4 gv = add4(g4[v], t.addend[k], begin, v);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) adamw_value(lane(pv, j), (&gv.x)[j], lane(mv, j), lane(vv, j), p);
+      for (int j = 0; j < 4; ++j)
+        adamw_value(lane(pv, j), (&gv.x)[j] * p.grad_scale, lane(mv, j), lane(vv, j), p);
       p4[v] = pv;
       m4[v] = mv;
       v4[v] = vv;
@@ -443,14 +450,16 @@ __global__ void adamw_multi_kernel(AdamTable t, AdamWParams params) {
   }
   const float* addend = t.addend[k];
   for (int64_t i = tail + threadIdx.x; i < end; i += blockDim.x)
-    adamw_value(t.param[k][i], addend ? t.grad[k][i] + addend[i] : t.grad[k][i], t.exp_avg[k][i], t.exp_avg_sq[k][i], p);
+    adamw_value(t.param[k][i], (addend ? t.grad[k][i] + addend[i] : t.grad[k][i]) * p.grad_scale, t.exp_avg[k][i],
+                t.exp_avg_sq[k][i], p);
 }
 
 }  // namespace
 
 void adamw_update_multi(const TensorList& params, const TensorList& grads, const TensorList& exp_avgs,
                         const TensorList& exp_avg_sqs, double lr, double beta1, double beta2, double eps,
-                        double weight_decay, int64_t step, const Tensor& scalars, const TensorList& addends) {
+                        double weight_decay, int64_t step, const Tensor& scalars, const TensorList& addends,
+                        const Tensor& grad_scale) {
   CHORUS_CHECK(grads.size() == params.size() && exp_avgs.size() == params.size() &&
                    exp_avg_sqs.size() == params.size(),
                "adamw_update_multi: ", params.size(), " parameters but ", grads.size(), " gradients, ",
@@ -473,6 +482,12 @@ void adamw_update_multi(const TensorList& params, const TensorList& grads, const
   p.beta1_d = beta1;
   p.beta2_d = beta2;
   p.weight_decay_d = weight_decay;
+  if (grad_scale.defined()) {
+    CHORUS_CHECK(grad_scale.dtype() == kFloat32 && grad_scale.numel() == 1 && grad_scale.device() == params[0].device(),
+                 "adamw_update_multi: the gradient scale must be one float32 element on ", params[0].device().str(),
+                 ", got ", grad_scale.describe());
+    p.grad_scale_ptr = grad_scale.data<float>();
+  }
   AdamTable table{};
   int tensors = 0, blocks = 0;
   auto launch = [&] {

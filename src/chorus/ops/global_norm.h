@@ -20,4 +20,19 @@ namespace chorus::ops {
 Tensor clip_by_global_norm_(const TensorList& grads, double max_norm, const Device& home, DType acc,
                             const std::function<void(const Tensor&)>& total_of = {});
 
+// clip_by_global_norm_ with the gradients left as they are: the norm and the
+// scale min(1, max_norm / (norm + 1e-6)) ([] in `acc` on `home`; undefined
+// when max_norm <= 0 or infinite), for a fused update to apply as it reads
+// them (Note [Clipping in the update] in optim/clip_grad.h).
+struct NormAndScale {
+  Tensor norm, scale;
+};
+NormAndScale global_norm_and_scale(const TensorList& grads, double max_norm, const Device& home, DType acc,
+                                   const std::function<void(const Tensor&)>& total_of = {});
+
+// Every xs[i] *= scale in place (a one-element float32 or float64 tensor on
+// any device: copied to each tensor's), as clip_by_global_norm_ scales: one
+// multi-tensor pass per device for the contiguous ones.
+void scale_by_(const TensorList& xs, const Tensor& scale);
+
 }  // namespace chorus::ops

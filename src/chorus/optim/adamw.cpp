@@ -9,6 +9,7 @@
 #include "chorus/core/graph_capture.h"
 #include "chorus/ops/copy.h"
 #include "chorus/ops/dispatch.h"
+#include "chorus/ops/elementwise.h"
 
 namespace chorus::optim {
 
@@ -30,8 +31,27 @@ double AdamW::weight_decay_of(size_t i) const {
   return options_.param_weight_decay[i < user_params_.size() ? i : master_of_[i - user_params_.size()]];
 }
 
-void AdamW::step() {
+void AdamW::step() { update(Tensor()); }
+
+void AdamW::step_scaled(const Tensor& grad_scale) {
+  if (grad_scale.defined()) check_grad_scale(grad_scale);
+  update(grad_scale);
+}
+
+void AdamW::update(const Tensor& grad_scale) {
   const AdamWOptions& o = options_;
+  // The scale on each device the parameters are on: one copy per device per
+  // step (a device-to-device copy in a captured step, as clipping's was).
+  std::map<Device, Tensor> scale_on;
+  auto scale_for = [&](const Device& d) -> Tensor {
+    if (!grad_scale.defined()) return {};
+    auto it = scale_on.find(d);
+    if (it == scale_on.end()) {
+      NoGradGuard no_grad;
+      it = scale_on.emplace(d, ops::to_device(grad_scale, d)).first;
+    }
+    return it->second;
+  };
   // As SGD: contiguous parameters are updated by one multi-tensor kernel per
   // (device, step count) group -- one launch for a whole model on a GPU;
   // strided ones one at a time through a copy.
@@ -80,6 +100,12 @@ void AdamW::step() {
     if (!dense) {
       // The one-tensor kernel takes the learning rate and step as arguments.
       if (params_[i].device().is_cuda()) check_not_capturing("updating a strided (non-dense) parameter");
+      if (grad_scale.defined()) {
+        // The one-tensor kernel reads no scale: a scaled copy, the product
+        // the in-place scale would have stored.
+        NoGradGuard no_grad;
+        g = ops::binary(BinaryOp::Mul, g, ops::to_dtype(scale_for(g.device()), g.dtype()));
+      }
       update_param(i, [&](const Tensor& p) {
         CHORUS_KERNEL(p.device(), adamw_update, p, flat(i, g), flat(i, m), flat(i, v), lr_, o.beta1, o.beta2,
                       o.eps, weight_decay_of(i), t);
@@ -128,7 +154,7 @@ void AdamW::step() {
       }
       CHORUS_KERNEL(device, adamw_update_multi, group.params, group.grads, group.ms, group.vs, lr_, o.beta1,
                     o.beta2, o.eps, wd, t, scalars,
-                    group.any_addend ? group.addends : TensorList());
+                    group.any_addend ? group.addends : TensorList(), scale_for(device));
       for (size_t i : group.index) params_[i].bump_version();  // saved tensors see a changed parameter
     }
   }

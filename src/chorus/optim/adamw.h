@@ -27,6 +27,10 @@ class AdamW : public Optimizer {
   // Throws ValueError for lr < 0, betas outside [0, 1), eps <= 0, weight decay < 0.
   AdamW(std::vector<Tensor> params, AdamWOptions options);
   void step() override;
+  // Note [Clipping in the update] (optim/clip_grad.h): the scale is read by
+  // the fused kernel as it reads each gradient; the gradients stay as they
+  // are. A strided (non-dense) parameter's update reads a scaled copy.
+  void step_scaled(const Tensor& grad_scale) override;
   const AdamWOptions& options() const { return options_; }
 
  protected:
@@ -35,6 +39,8 @@ class AdamW : public Optimizer {
   double weight_decay_of(size_t i) const;
 
  private:
+  // step() or step_scaled() (grad_scale undefined: none).
+  void update(const Tensor& grad_scale);
   AdamWOptions options_;
 };
 

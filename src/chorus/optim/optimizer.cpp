@@ -15,6 +15,7 @@
 #include "chorus/ops/copy.h"
 #include "chorus/ops/elementwise.h"
 #include "chorus/ops/factory.h"
+#include "chorus/ops/global_norm.h"
 
 namespace chorus::optim {
 
@@ -158,6 +159,24 @@ void Optimizer::count_step(std::vector<size_t> updated) {
     for (size_t i : updated) ++state_[i].step;
     ++step_count_;
   });
+}
+
+void Optimizer::check_grad_scale(const Tensor& grad_scale) const {
+  CHORUS_CHECK(grad_scale.numel() == 1 && (grad_scale.dtype() == kFloat32 || grad_scale.dtype() == kFloat64), name_,
+               ": the gradient scale must be one float32 or float64 element, got ", grad_scale.describe());
+}
+
+void Optimizer::step_scaled(const Tensor& grad_scale) {
+  if (!grad_scale.defined()) return step();
+  check_grad_scale(grad_scale);
+  // Not fused: the gradients scaled in place (what clip_grad_norm_ does),
+  // then the plain step.
+  NoGradGuard no_grad;
+  TensorList grads;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (will_update(i)) grads.push_back(params_[i].grad());
+  ops::scale_by_(grads, grad_scale);
+  step();
 }
 
 void Optimizer::zero_grad() {

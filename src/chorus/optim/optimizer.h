@@ -41,6 +41,16 @@ class Optimizer {
 
   // One update of every parameter that has a gradient.
   virtual void step() = 0;
+  // step() with every gradient it reads multiplied by `grad_scale` (one
+  // float32 element, float64 too for CPU parameters; on any device, copied to
+  // the parameters' devices on the device, with no host wait): gradient
+  // clipping's min(1, max_norm / (norm + 1e-6)) from
+  // clip_grad_norm_scale (optim/clip_grad.h). Undefined: step(). This
+  // default scales the gradients (replicas' included) in place first, then
+  // steps; AdamW folds the scale into its fused update and leaves the
+  // gradients as they are (Note [Clipping in the update] in
+  // optim/clip_grad.h). ValueError for a scale of another dtype or size.
+  virtual void step_scaled(const Tensor& grad_scale);
   // Drops the gradients (set to none, PyTorch's default).
   void zero_grad();
 
@@ -128,6 +138,8 @@ class Optimizer {
   void update_param(size_t i, const std::function<void(const Tensor&)>& update);
   // Whether parameter i is dense in memory (flat views possible).
   bool is_dense_param(size_t i) const;
+  // Throws ValueError unless `grad_scale` is one float32 or float64 element.
+  void check_grad_scale(const Tensor& grad_scale) const;
 
   // Note [Optimizer scalars on the device]: on a CUDA device the fused kernels
   // read the learning rate and AdamW's step number from a float32 tensor
