@@ -89,4 +89,15 @@ Tensor scatter_add_zeros(const Shape& shape, int64_t dim, const Tensor& index, c
   return out;
 }
 
+void scatter_add_(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) {
+  detail::check_defined(out, "scatter_add_", "out");
+  detail::check_defined(src, "scatter_add_", "src");
+  CHORUS_CHECK(out.is_contiguous() && out.dtype() == src.dtype() && out.device() == src.device(),
+               "scatter_add_: out ", out.describe(), " must be contiguous, of src's dtype and device (src ",
+               src.describe(), ")");
+  Tensor idx = checked_index(index, src.device(), "scatter_add");
+  if (src.numel()) CHORUS_KERNEL(src.device(), scatter_add, out, dim, idx, contiguous(src));
+  out.bump_version();
+}
+
 }  // namespace chorus::ops

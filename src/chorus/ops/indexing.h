@@ -12,5 +12,8 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
 Tensor index_add_zeros(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src);
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
 Tensor scatter_add_zeros(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src);
+// out[.., index[i], ..] += src[i] along dim, in place (out contiguous, src's dtype and device): scatter_add_zeros
+// into a tensor that is already there.
+void scatter_add_(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src);
 
 }  // namespace chorus::ops

@@ -7,6 +7,7 @@
 #include "chorus/autograd/node.h"
 #include "chorus/core/error.h"
 #include "chorus/ops/copy.h"
+#include "chorus/ops/elementwise.h"
 #include "chorus/ops/factory.h"
 #include "chorus/ops/indexing.h"
 #include "chorus/tensor_parallel/mappings.h"
@@ -35,12 +36,23 @@ Tensor vocab_parallel_cross_entropy(const Tensor& local_logits, const Tensor& ta
   const DType acc = local_logits.dtype() == kFloat64 ? kFloat64 : kFloat32;
 
   // The forward on detached values (the record below is its graph node).
+  // Note [Vocabulary-parallel loss in place]: the logits are the largest
+  // tensor of the step ([rows, vocabulary / tp]); every pass over them costs.
+  // One float copy of this rank's real columns is made and the passes work in
+  // it in place -- shift by the row maximum, exponentiate, and in the
+  // backward scale into the gradient and subtract the target's one-hot with a
+  // scatter -- instead of a new tensor for each step and a dense one-hot.
   std::optional<NoGradGuard> no_grad(std::in_place);
-  Tensor lg = ops::to_dtype(local_logits.detach().reshape({n, vl}), acc);
+  Tensor lg = local_logits.detach().reshape({n, vl});
   Tensor tg = targets.reshape({n}).to(dev, kInt64);
+  Tensor work;  // [n, valid] in `acc`, our own: the shifted logits, then their exponentials
+  if (valid > 0) {
+    work = ops::to_dtype(lg.narrow(1, 0, valid), acc).contiguous();
+    if (work.storage().get() == lg.storage().get()) work = ops::clone(work);
+  }
 
   // 1. Each row's maximum over the whole vocabulary (for a stable exp).
-  Tensor row_max = valid > 0 ? lg.narrow(1, 0, valid).max(1, false).contiguous()
+  Tensor row_max = valid > 0 ? work.max(1, false).contiguous()
                              : full({n}, -std::numeric_limits<double>::infinity(), {acc, dev});
   if (is_parallel(group)) group->all_reduce(row_max, dist::ReduceOp::Max)->wait();
 
@@ -50,12 +62,11 @@ Tensor vocab_parallel_cross_entropy(const Tensor& local_logits, const Tensor& ta
   Tensor in_range_i = in_range.to(kInt64), in_range_f = in_range.to(acc);
   Tensor local_idx = tg.sub(full({}, double(start), {kInt64, dev})).mul(in_range_i).reshape({n, 1});
   Tensor packed = zeros({2, n}, {acc, dev});
-  Tensor expd;
   if (valid > 0) {
-    Tensor shifted = lg.narrow(1, 0, valid).sub(row_max.reshape({n, 1}));
-    expd = shifted.exp();
-    packed.select(0, 0).copy_(expd.sum({1}, false));
-    packed.select(0, 1).copy_(ops::gather(shifted, 1, local_idx).reshape({n}).mul(in_range_f));
+    ops::binary_(BinaryOp::Sub, work, row_max.reshape({n, 1}));
+    packed.select(0, 1).copy_(ops::gather(work, 1, local_idx).reshape({n}).mul(in_range_f));
+    ops::unary_(UnaryOp::Exp, work, 0);
+    packed.select(0, 0).copy_(work.sum({1}, false));
   }
   all_reduce_sum(packed, group);
   Tensor sum_exp = packed.select(0, 0).contiguous(), target_shifted = packed.select(0, 1).contiguous();
@@ -74,18 +85,20 @@ Tensor vocab_parallel_cross_entropy(const Tensor& local_logits, const Tensor& ta
   const DType logits_dtype = local_logits.dtype();
   return autograd::record(
       "VocabParallelCrossEntropyBackward", loss, {local_logits},
-      [expd, sum_exp, kept, count1, local_idx, in_range_f, n, vl, valid, acc, logits_shape,
+      [work, sum_exp, kept, count1, local_idx, in_range_f, n, vl, valid, acc, dev, logits_shape,
        logits_dtype](const TensorList& g) {
         // d loss / d logit[r, c] = g / count * kept[r] * (softmax[r, c] - onehot[r, c]),
-        // on the local columns; the padding columns get none.
-        Tensor grad = zeros({n, vl}, {acc, expd.defined() ? expd.device() : kept.device()});
-        if (valid > 0) {
-          Tensor soft = expd.div(sum_exp.reshape({n, 1}));
-          Tensor onehot = ops::scatter_add_zeros({n, valid}, 1, local_idx, in_range_f.reshape({n, 1}));
-          Tensor scale = kept.mul(ops::to_dtype(g[0], acc).div(count1)).reshape({n, 1});
-          grad.narrow(1, 0, valid).copy_(soft.sub(onehot).mul(scale));
-        }
-        return TensorList{grad.to(logits_dtype).reshape(logits_shape)};
+        // on the local columns; the padding columns get none. Written over
+        // the saved exponentials unless the graph is kept for another backward.
+        if (valid == 0) return TensorList{zeros(logits_shape, {logits_dtype, dev})};
+        Tensor grad = autograd::backward_keeps_graph() ? ops::clone(work) : work;
+        Tensor scale = kept.mul(ops::to_dtype(g[0], acc).div(count1));  // [n]
+        ops::binary_(BinaryOp::Mul, grad, scale.div(sum_exp).reshape({n, 1}));
+        ops::scatter_add_(grad, 1, local_idx, scale.mul(in_range_f).neg().reshape({n, 1}));
+        if (valid == vl) return TensorList{ops::to_dtype(grad, logits_dtype).reshape(logits_shape)};
+        Tensor out = zeros({n, vl}, {logits_dtype, dev});
+        out.narrow(1, 0, valid).copy_(grad);
+        return TensorList{out.reshape(logits_shape)};
       });
 }
 
