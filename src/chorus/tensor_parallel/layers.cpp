@@ -7,7 +7,7 @@
 #include "chorus/nn/layers.h"
 #include "chorus/nn/transformer_layers.h"
 #include "chorus/ops/factory.h"
-#include "chorus/tensor_parallel/gather_linear.h"
+#include "chorus/tensor_parallel/sp_linear.h"
 #include "chorus/tensor_parallel/mappings.h"
 
 namespace chorus::tp {
@@ -136,6 +136,9 @@ ShardSpec RowParallelLinear::shard_spec(const std::string& param) const {
 }
 
 Tensor RowParallelLinear::forward(const Tensor& x) {
+  // Note [The row-parallel bias on one rank]: product, reduce-scatter and bias as one op.
+  if (ctx_.sequence_parallel && opts_.bias && is_parallel(ctx_.group) && x.dim() == 3)
+    return linear_reduce_scatter(on_own_device(x), own_parameters()[0].second, own_parameters()[1].second, ctx_.group);
   // The bias is added once, after the sum over the ranks.
   Tensor partial = F::linear(on_own_device(x), own_parameters()[0].second, Tensor());
   // Note [Rank-major activations]: the input, and so `partial`, in rank-major order.

@@ -1,4 +1,4 @@
-#include "chorus/tensor_parallel/gather_linear.h"
+#include "chorus/tensor_parallel/sp_linear.h"
 
 #include "chorus/autograd/autocast.h"
 #include "chorus/autograd/functions.h"
@@ -44,6 +44,37 @@ Tensor gather_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, 
     }
     auto [unused, dw, db] = ops::linear_bias_backward(g2, full, wd, /*need_dx=*/false);
     if (work) work->wait();
+    return TensorList{dx.defined() ? ops::view(dx, x_shape) : Tensor(), dw, db};
+  });
+}
+
+Tensor linear_reduce_scatter(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                             const dist::ProcessGroupPtr& group) {
+  CHORUS_CHECK(is_parallel(group) && bias.defined(), "linear_reduce_scatter: needs a group of 2+ ranks and a bias");
+  Tensor xx = x, w = weight, b = bias;
+  if (auto dt = autocast_dtype(x)) {  // as nn::functional::linear (Note [Autocast weight copies])
+    xx = chorus::to_dtype(x, *dt);
+    w = autocast_weight(weight, *dt);
+    b = autocast_weight(bias, *dt);
+  }
+  const int n = group->size();
+  const bool fits = x.dim() == 3 && w.dim() == 2 && xx.size(2) == w.size(1) && xx.size(0) % n == 0 &&
+                    xx.dtype() == w.dtype() && xx.dtype() == b.dtype() && xx.device() == w.device() &&
+                    xx.device() == b.device();
+  CHORUS_CHECK(fits, "linear_reduce_scatter: x ", xx.describe(), ", weight ", w.describe(), " and bias ", b.describe(),
+               " do not fit one fused op");
+  const int64_t rows = xx.size(1), batch = xx.size(0) / n, m = batch * rows, k = xx.size(2);
+  Tensor x2 = ops::view(ops::contiguous(xx.detach()), {n * m, k});
+  Tensor wd = w.detach(), bd = b.detach();
+  // Note [The row-parallel bias on one rank]
+  Tensor own_bias = group->rank() == 0 ? bd : chorus::detail::empty_tensor(bd.sizes(), bd.dtype(), bd.device()).fill_(0);
+  Tensor partial = ops::linear_bias(x2, wd, own_bias);  // [n m, out], rank-major
+  Tensor y = ops::view(reduce_scatter_along(partial, group, 0), {batch, rows, w.size(0)});
+  const bool need_dx = xx.requires_grad();
+  const Shape x_shape = xx.sizes();
+  return autograd::record("LinearReduceScatterBackward", y, {xx, w, b}, [x2, wd, group, x_shape, m, need_dx](const TensorList& g) {
+    Tensor g_full = all_gather_along(ops::view(ops::contiguous(g[0]), {m, wd.size(0)}), group, 0);  // [n m, out]
+    auto [dx, dw, db] = ops::linear_bias_backward(g_full, x2, wd, need_dx);
     return TensorList{dx.defined() ? ops::view(dx, x_shape) : Tensor(), dw, db};
   });
 }
