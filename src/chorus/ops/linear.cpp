@@ -50,11 +50,13 @@ std::tuple<Tensor, Tensor, Tensor> mlp_gelu(const Tensor& x, const Tensor& w1, c
   return {linear_bias(h, w2, b2), pre, h};
 }
 
-std::vector<Tensor> mlp_gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& w1, const Tensor& w2,
-                                      const Tensor& pre, const Tensor& h, bool need_dx) {
-  const Device dev = x.device();
-  const Tensor g = contiguous(to_dtype(to_device(dy, dev), x.dtype()));
+std::tuple<Tensor, Tensor, Tensor> mlp_gelu_backward_second(const Tensor& dy, const Tensor& w2, const Tensor& pre,
+                                                            const Tensor& h) {
+  const Device dev = h.device();
+  const Tensor g = contiguous(to_dtype(to_device(dy, dev), h.dtype()));
   const Tensor w2c = contiguous(w2);
+  CHORUS_CHECK(g.dim() == 2 && g.size(0) == h.size(0) && g.size(1) == w2.size(0) && pre.sizes() == h.sizes(),
+               "mlp backward: gradient ", dy.describe(), " does not fit h ", h.describe(), " and w2 ", w2.describe());
   // The second product: dw2 = dy^T h with db2 from dy's column sums.
   Tensor dw2 = detail::empty_tensor(w2.sizes(), w2.dtype(), dev), db2 = detail::empty_tensor({w2.size(0)}, w2.dtype(), dev);
   CHORUS_KERNEL(dev, gemm_bias, g, h, dw2, true, false, Tensor(), db2);
@@ -62,6 +64,12 @@ std::vector<Tensor> mlp_gelu_backward(const Tensor& dy, const Tensor& x, const T
   // dpre anyway (Note [GELU in the MLP's epilogues]).
   Tensor dpre = detail::empty_tensor(pre.sizes(), pre.dtype(), dev);
   CHORUS_KERNEL(dev, gemm_dgelu, g, w2c, pre, dpre, Tensor());
+  return {dpre, dw2, db2};
+}
+
+std::vector<Tensor> mlp_gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& w1, const Tensor& w2,
+                                      const Tensor& pre, const Tensor& h, bool need_dx) {
+  auto [dpre, dw2, db2] = mlp_gelu_backward_second(to_device(dy, x.device()), w2, pre, h);
   auto [dx, dw1, db1] = linear_bias_backward(dpre, x, w1, need_dx);
   return {dx, dw1, db1, dw2, db2};
 }

@@ -26,6 +26,11 @@ std::tuple<Tensor, Tensor, Tensor> linear_bias_backward(const Tensor& dy, const 
 // the backward reads.
 std::tuple<Tensor, Tensor, Tensor> mlp_gelu(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2,
                                             const Tensor& b2);
+// The backward of its second product and GELU from dy [M, C]: (dpre [M, H],
+// the gradient at GELU's input, dw2, db2) -- for a caller that does the
+// first product's backward itself (tp::sp_mlp overlaps it with a collective).
+std::tuple<Tensor, Tensor, Tensor> mlp_gelu_backward_second(const Tensor& dy, const Tensor& w2, const Tensor& pre,
+                                                            const Tensor& h);
 // Its backward from dy [M, C]: {dx (undefined unless need_dx), dw1, db1, dw2, db2}.
 std::vector<Tensor> mlp_gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& w1, const Tensor& w2,
                                       const Tensor& pre, const Tensor& h, bool need_dx);

@@ -9,6 +9,7 @@
 #include "chorus/tensor_parallel/cross_entropy.h"
 #include "chorus/tensor_parallel/children.h"
 #include "chorus/tensor_parallel/mappings.h"
+#include "chorus/tensor_parallel/sp_linear.h"
 
 namespace chorus::tp {
 
@@ -72,9 +73,16 @@ ParallelMLP::ParallelMLP(models::GPTConfig c, TPContext ctx) : Module("GPTMLP"),
 }
 
 Tensor ParallelMLP::forward(const Tensor& x) {
-  Tensor h = F::gelu(child(*this, "c_fc")->forward(x), /*tanh_approximation=*/true);
-  return parallel_dropout(child(*this, "c_proj")->forward(h), cfg_.dropout, is_training(), ctx_.sequence_parallel,
-                          ctx_);
+  Tensor y;
+  const std::vector<Tensor> fc = child(*this, "c_fc")->parameters(), proj = child(*this, "c_proj")->parameters();
+  if (ctx_.sequence_parallel && is_parallel(ctx_.group) && x.dim() == 3 && fc.size() == 2 && proj.size() == 2) {
+    // One op: gather, both products with GELU in their epilogues, reduce-scatter (tp::sp_mlp).
+    y = sp_mlp(on_own_device(x), fc[0], fc[1], proj[0], proj[1], ctx_.group);
+  } else {
+    Tensor h = F::gelu(child(*this, "c_fc")->forward(x), /*tanh_approximation=*/true);
+    y = child(*this, "c_proj")->forward(h);
+  }
+  return parallel_dropout(y, cfg_.dropout, is_training(), ctx_.sequence_parallel, ctx_);
 }
 
 std::shared_ptr<nn::Module> ParallelMLP::make_empty() const { return std::make_shared<ParallelMLP>(cfg_, ctx_); }

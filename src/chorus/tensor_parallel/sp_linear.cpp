@@ -79,4 +79,50 @@ Tensor linear_reduce_scatter(const Tensor& x, const Tensor& weight, const Tensor
   });
 }
 
+Tensor sp_mlp(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2,
+              const dist::ProcessGroupPtr& group) {
+  CHORUS_CHECK(is_parallel(group), "sp_mlp: needs a group of 2+ ranks");
+  Tensor xx = x, a = w1, ab = b1, c = w2, cb = b2;
+  if (auto dt = autocast_dtype(x)) {  // as nn::functional::mlp_gelu (Note [Autocast weight copies])
+    xx = chorus::to_dtype(x, *dt);
+    a = autocast_weight(w1, *dt);
+    ab = autocast_weight(b1, *dt);
+    c = autocast_weight(w2, *dt);
+    cb = autocast_weight(b2, *dt);
+  }
+  bool fits = x.dim() == 3 && x.numel() > 0 && a.dim() == 2 && c.dim() == 2 && xx.size(2) == a.size(1) &&
+              c.size(1) == a.size(0);
+  for (const Tensor* t : {&a, &ab, &c, &cb}) fits = fits && t->dtype() == xx.dtype() && t->device() == xx.device();
+  if (!fits) {
+    Tensor h = nn::functional::gelu(gather_linear(x, w1, b1, group), /*tanh_approximation=*/true);
+    return linear_reduce_scatter(h, w2, b2, group);
+  }
+  const int n = group->size();
+  const int64_t batch = xx.size(0), rows = xx.size(1), m = batch * rows, k = xx.size(2);
+  Tensor full = all_gather_along(ops::view(ops::contiguous(xx.detach()), {m, k}), group, 0);  // [n m, C], rank-major
+  Tensor ad = a.detach(), cd = c.detach(), cbd = cb.detach();
+  // Note [The row-parallel bias on one rank]
+  Tensor own_b2 = group->rank() == 0 ? cbd : chorus::detail::empty_tensor(cbd.sizes(), cbd.dtype(), cbd.device()).fill_(0);
+  auto [partial, pre, h] = ops::mlp_gelu(full, ad, ab.detach(), cd, own_b2);
+  Tensor y = ops::view(reduce_scatter_along(partial, group, 0), {batch, rows, cd.size(0)});
+  const bool need_dx = xx.requires_grad();
+  const Shape x_shape = xx.sizes();
+  return autograd::record(
+      "SpMlpBackward", y, {xx, a, ab, c, cb}, [full, ad, cd, pre, h, group, x_shape, m, need_dx](const TensorList& g) {
+        Tensor g_full = all_gather_along(ops::view(ops::contiguous(g[0]), {m, cd.size(0)}), group, 0);
+        auto [dpre, dw2, db2] = ops::mlp_gelu_backward_second(g_full, cd, pre, h);
+        // Note [Reduce-scatter beside the weight gradient]
+        Tensor dx;
+        dist::WorkPtr work;
+        if (need_dx) {
+          Tensor dx_full = ops::matmul(dpre, ad);  // [n m, C]
+          dx = chorus::detail::empty_tensor({m, ad.size(1)}, dx_full.dtype(), dx_full.device());
+          work = group->reduce_scatter(dx_full, dx, dist::ReduceOp::Sum);
+        }
+        auto [unused, dw1, db1] = ops::linear_bias_backward(dpre, full, ad, /*need_dx=*/false);
+        if (work) work->wait();
+        return TensorList{dx.defined() ? ops::view(dx, x_shape) : Tensor(), dw1, db1, dw2, db2};
+      });
+}
+
 }  // namespace chorus::tp

@@ -42,4 +42,17 @@ Tensor gather_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, 
 Tensor linear_reduce_scatter(const Tensor& x, const Tensor& weight, const Tensor& bias,
                              const dist::ProcessGroupPtr& group);
 
+// The GPT MLP under sequence parallelism as one op: the all-gather of x's
+// chunks, gelu_tanh(x W1_r^T + b1_r) W2_r^T (+ b2 on rank 0: Note [The
+// row-parallel bias on one rank]) with GELU in the products' epilogues as
+// the one-GPU model's MLP (Note [GELU in the MLP's epilogues] in
+// cuda/gemm.cpp), and the reduce-scatter of the sum; its backward overlaps
+// the reduce-scatter of x's gradient with the first matrix's gradient (Note
+// [Reduce-scatter beside the weight gradient]). x [B, T/tp, C], w1 [H/tp, C],
+// b1 [H/tp], w2 [C, H/tp], b2 [C] -> [B, T/tp, C]; autocast as
+// nn::functional::mlp_gelu. Falls back to gather_linear, GELU and
+// linear_reduce_scatter where the fused op does not apply.
+Tensor sp_mlp(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2,
+              const dist::ProcessGroupPtr& group);
+
 }  // namespace chorus::tp
