@@ -105,7 +105,8 @@ void throw_collective_failure(const std::string& backend, const std::string& op,
     // A rank that is failing (it began its own roll call) but has not said
     // what it found is waited for, as long as a roll call's grace: both
     // timed out at about the same time (a stopped rank: no connection closes).
-    const auto deadline = std::chrono::steady_clock::now() + std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(5));
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(5));
     for (int g : missing) {
       const int r = in_job(g);
       std::optional<std::string> said;
@@ -145,8 +146,9 @@ void throw_collective_failure(const std::string& backend, const std::string& op,
       who = rank_list(dead) + " did not arrive (dead, stopped, or on another code path)";
       if (!left.empty()) who += "; " + rank_list(left) + " failed first, waiting for " + (dead.size() == 1 ? "it" : "them");
     } else {
-      who = rank_list(left) + " did not arrive: " + (left.size() == 1 ? "it" : "they") +
-            " left first, on a failure of " + (left.size() == 1 ? "its" : "their") + " own (see its message)";
+      who = rank_list(left) + " did not arrive: " +
+            (left.size() == 1 ? "it left first, on a failure of its own (see its message)"
+                              : "they left first, on failures of their own (see their messages)");
     }
   }
   CHORUS_THROW(DistError, backend, " ", op, " #", seq, " failed on rank ", me, " (timeout ",
