@@ -87,7 +87,8 @@ void add_bench_options(CLI::App* cmd, BenchConfig& c) {
                   "GPT models: auto (the fused flash kernel where the GPU has one) | fused | composite")
       ->capture_default_str();
   add_optional(cmd, "--trace", c.trace,
-               "Write a Chrome/Perfetto trace (JSON) of --trace-steps timed steps of the last row (single, dp)");
+               "Write a Chrome/Perfetto trace (JSON) of --trace-steps timed steps of the last row (single, dp; GPT "
+               "models with --mesh: every rank in one file)");
   cmd->add_option("--trace-steps", c.trace_steps, "The timed steps --trace records, e.g. 5-7 (from 1)")->capture_default_str();
 }
 
@@ -259,6 +260,8 @@ std::vector<std::string> bench_strategies(const BenchConfig& c) {
 int run_bench(const BenchConfig& c) {
   CHORUS_CHECK(!c.mesh || is_gpt_model(c.model), "--mesh is offered for GPT models (gpt2 ... d84) only, not ", c.model);
   CHORUS_CHECK(c.mesh || !c.sequence_parallel, "--sequence-parallel needs --mesh with tp > 1");
+  CHORUS_CHECK(!c.trace || !is_gpt_model(c.model) || c.mesh, "chorus bench --trace of a GPT model goes with --mesh "
+               "(under chorus launch), or trace its training: chorus train --model ", c.model, " --trace");
   if (is_gpt_model(c.model)) return c.mesh ? run_bench_gpt_mesh(c) : run_bench_gpt(c);
   if (c.ddp_worker) return run_bench_ddp_worker(c);
   CHORUS_CHECK(!c.trace || c.strategy == "single" || c.strategy == "dp",

@@ -18,6 +18,13 @@
 // It is bench_pipeline.cpp's --bound (D devices at the micro-batch's speed
 // times 1 - ideal) with the micro-batch's speed measured in place, per stage,
 // its tensor-parallel communication included.
+//
+// --trace FILE: the last row's --trace-steps timed steps, every rank's spans
+// in one file, as `chorus train --mesh --trace` writes them (Note [Traces of
+// several ranks] in step_trace.h): the phases are the trainer's (forward,
+// backward, optimizer; with pp > 1 pipeline, reduce_gradients, optimizer),
+// each group's collectives on a track of its own ("gloo tp collectives").
+// The bubble's measured steps come after the timed ones and are not traced.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -31,10 +38,12 @@
 #include "chorus/core/rng.h"
 #include "chorus/dist/ddp.h"
 #include "chorus/ops/factory.h"
+#include "chorus/ops/profile.h"
 #include "chorus/optim/adamw.h"
 #include "chorus/plan/cost_model.h"
 #include "chorus/tensor_parallel/clip_grad.h"
 #include "gpt_mesh.h"
+#include "step_trace.h"
 #include "train_dist.h"
 #include "train_gpt.h"
 #include "train_pipeline.h"
@@ -60,6 +69,12 @@ int run_bench_gpt_mesh(const BenchConfig& c) {
   CHORUS_CHECK(c.precision == "fp32" || c.precision == "bf16", "unknown precision '", c.precision, "'");
   CHORUS_CHECK(c.recompute == "never", "chorus bench --mesh: --recompute is not offered with --mesh yet");
   CHORUS_CHECK(c.batch_size > 0 && c.steps > 0 && c.warmup >= 0, "--batch-size and --steps must be positive");
+  if (c.trace) {
+    const auto [first, last] = parse_trace_steps(c.trace_steps);
+    CHORUS_CHECK(last <= c.steps, "--trace-steps ", c.trace_steps, " goes past the ", c.steps,
+                 " timed steps (--steps): --trace records timed steps only");
+    (void)first;
+  }
   const int64_t seq = c.seq_len > 0 ? c.seq_len : 1024;
   models::GPTConfig cfg = models::GPTConfig::named(c.model, 50257, std::max<int64_t>(seq, 1024));
   cfg.attention = ops::parse_attention_kernel(c.attention);
@@ -107,7 +122,7 @@ int run_bench_gpt_mesh(const BenchConfig& c) {
   const double peak_flops = dev.is_cuda() ? bf16_peak_flops(backend(dev).device_name(dev)) : 0.0;
   const double tokens = static_cast<double>(c.batch_size * seq * m.dp());
 
-  auto run_row = [&](const MeshPipeSettings& ps) {
+  auto run_row = [&](const MeshPipeSettings& ps, bool traced) {
     std::optional<MeshPipeline> mp;
     if (pp > 1) mp.emplace(start_mesh_pipeline(m, ps));  // moves this rank's stage before the optimizer sees it
     std::shared_ptr<dist::DistributedDataParallel> ddp;
@@ -123,20 +138,28 @@ int run_bench_gpt_mesh(const BenchConfig& c) {
     }
     optim::AdamW opt(params, ao);
     Tensor loss;
+    // The phases chorus train --mesh traces (each scope one atomic load when no trace is on).
     auto step = [&] {
       if (mp) {
-        AutocastGuard g(cast);
-        loss = mp->pipe->train_step(ids, tg, [&](const Tensor& out, const Tensor& t) {
-                      return m.model->loss_of_logits(out, t);
-                    }).loss;
+        {
+          ops::TraceScope pipe("pipeline");
+          AutocastGuard g(cast);
+          loss = mp->pipe->train_step(ids, tg, [&](const Tensor& out, const Tensor& t) {
+                        return m.model->loss_of_logits(out, t);
+                      }).loss;
+        }
+        ops::TraceScope reduce("reduce_gradients");
         reduce_pipeline_gradients(m, *mp);
       } else {
         {
+          ops::TraceScope forward("forward");
           AutocastGuard g(cast);
           loss = m.model->loss_of_logits(net->forward(ids), tg);
         }
+        ops::TraceScope backward("backward");
         loss.backward();
       }
+      ops::TraceScope optimizer("optimizer");
       clip_mesh_gradients(m, mp ? &*mp : nullptr, sharded, 1.0);
       opt.step();
       opt.zero_grad();
@@ -145,8 +168,14 @@ int run_bench_gpt_mesh(const BenchConfig& c) {
     synchronize(dev);
     m.rc.group->barrier()->wait();
     backend(dev).reset_peak_bytes(dev);
+    // Every rank traces (rank 0 gathers the others' spans through the store and writes the file).
+    StepTracer tracer(traced ? c.trace : std::nullopt, c.trace_steps, m.rc.group->store(), m.rc.env.rank, world, !c.json);
     const auto t0 = std::chrono::steady_clock::now();
-    for (int64_t i = 0; i < c.steps; ++i) step();
+    for (int64_t i = 0; i < c.steps; ++i) {
+      tracer.begin_step(i + 1);
+      step();
+      tracer.end_step(i + 1);
+    }
     synchronize(dev);
     m.rc.group->barrier()->wait();
     MeshRow r;
@@ -188,7 +217,7 @@ int run_bench_gpt_mesh(const BenchConfig& c) {
   };
 
   for (const auto& [name, ps] : rows) {
-    const MeshRow r = run_row(ps);
+    const MeshRow r = run_row(ps, &ps == &rows.back().second);  // --trace: the last row
     if (!m.rc.leader()) continue;
     const double tok_s = tokens * static_cast<double>(c.steps) / r.dt;
     const double mfu = peak_flops > 0 ? tok_s * cfg.flops_per_token(seq) / (peak_flops * world) : 0.0;

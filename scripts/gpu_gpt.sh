@@ -16,7 +16,8 @@
 #    steps and its stall; refuse: BIG_MODEL (d84) under DDP and ZeRO-1 stops at once with the plan's message
 #    (REFUSE_FLAGS: e.g. --memory-limit-gib 79 to plan an H100's memory on an H200);
 #    big: BIG_MODEL with ZeRO-3, BIG_BATCH (1) sequences a GPU, BIG_FLAGS (extra train flags);
-#    obs: a slowed and a stopped rank named over NCCL, --trace's device tracks (and of a --mesh tp=2 GPT), on 2 GPUs)
+#    obs: a slowed and a stopped rank named over NCCL, --trace's device tracks (and of a --mesh tp=2 GPT, trained
+#    and benched), a killed --mesh tp=2 rank named by the survivor, on 2 GPUs)
 #   ZERO_STAGES entries: 1 2 3, with e for eager (--no-cuda-graphs) and f for float32 gathered weights
 #   (--zero-param-dtype fp32), e.g. 3e 1f; ddp: DDP_ONE=0 skips the one-GPU run,
 #   DDP_TORCH=0 PyTorch's
@@ -625,7 +626,8 @@ PY
     # flight recorder, the job ending within a bound; (c) --trace with the CUPTI device tracks (Note [Device tracks]),
     # checked by tests/apps/check_trace.py --gpu: (a) and (c) train resnet20 on synthetic images, (b) GPT d12 on random
     # tokens (CUDA graphs: the watched unit is a replay); (d) --trace of GPT d12 over --mesh tp=2 (eager steps: the host
-    # phases, the tensor group's NCCL kernels). Prints PASS/FAIL lines; exits 1 on any FAIL.
+    # phases, the tensor group's NCCL kernels); (e) chorus bench --mesh tp=2 --trace, the same checks; (f) a --mesh
+    # tp=2 rank killed mid-training, named by the survivor. Prints PASS/FAIL lines; exits 1 on any FAIL.
     tokens
     fails=0
     obs_pass() { echo "PASS obs: $*"; }
@@ -711,6 +713,38 @@ PY
     python3 tests/apps/check_trace.py "$OUT/obs_mesh_trace.json" --ranks 2 --steps 5-7 --phases data,forward,backward,optimizer \
       --devices 'cuda:{rank}' --gpu && obs_pass "(d) --mesh tp=2: host phases, compute stream, NCCL kernels, copies on both ranks" \
       || obs_fail "(d) --mesh trace check"
+    # (e) chorus bench --mesh tp=2 --trace: the bench row's timed steps 2-3, the same tracks
+    rm -f "$OUT/obs_bench_mesh.json"
+    timeout 180 $BUILD/chorus launch --nproc-per-node 2 --master-port 41516 -- $BUILD/chorus bench --model d12 --mesh tp=2 \
+      --devices cuda --seq-len 256 --batch-size 4 --warmup 2 --steps 4 --trace "$OUT/obs_bench_mesh.json" --trace-steps 2-3 \
+      >"$OUT/obs_bench_mesh.out" 2>"$OUT/obs_bench_mesh.err" || { obs_fail "(e) the traced mesh bench failed"; tail -5 "$OUT/obs_bench_mesh.err"; }
+    cat "$OUT/obs_bench_mesh.out"
+    python3 tests/apps/check_trace.py "$OUT/obs_bench_mesh.json" --ranks 2 --steps 2-3 --phases forward,backward,optimizer \
+      --devices 'cuda:{rank}' --gpu && obs_pass "(e) bench --mesh tp=2 --trace: phases and device tracks on both ranks" \
+      || obs_fail "(e) bench --mesh trace check"
+    # (f) rank 1 of --mesh tp=2 killed (SIGKILL) mid-training over NCCL: rank 0 ends by itself (long --grace-period)
+    # naming rank 1 by its job rank (Note [Ranks named in the job's numbering]) within the timeout and a roll call
+    CHORUS_OBS_MARKER=obsf$$ timeout 200 $BUILD/chorus launch --nproc-per-node 2 --master-port 41517 --grace-period 90 -- \
+      $BUILD/chorus train --model d12 --mesh tp=2 --devices cuda --data "tokens:$DATA/rand_train_*.bin" --seq-len 256 \
+      --batch-size 4 --steps 100000 --log-every 10 --dist-timeout 20 >"$OUT/obs_kill.out" 2>"$OUT/obs_kill.err" &
+    job=$!
+    victim=$(find_rank1 obsf$$ "$OUT/obs_kill.err" "step 20/")
+    # The rank's own process: the lowest pid of a chorus process with RANK=1 (a child it starts inherits both)
+    for f in $(grep -l "CHORUS_OBS_MARKER=obsf$$" /proc/[0-9]*/environ 2>/dev/null); do
+      p=$(cut -d/ -f3 <<<"$f")
+      [ "$(cat /proc/$p/comm 2>/dev/null)" = chorus ] && tr '\0' '\n' < "$f" 2>/dev/null | grep -qx RANK=1 \
+        && [ "$p" -lt "$victim" ] && victim=$p
+    done
+    if [ -z "$victim" ]; then obs_fail "(f) rank 1 of the mesh job not found"; kill $job 2>/dev/null; wait $job
+    else
+      kill -KILL "$victim"; t0=$(date +%s.%N)
+      wait $job; rc=$?; secs=$(python3 -c "import time; print(f'{time.time() - $t0:.1f}')")
+      grep -E "chorus: error|has waited|killed by signal" "$OUT/obs_kill.err" | cut -c1-300 | head -6
+      grep -Eq "^\[rank 0\] chorus: error: .*failed on rank 0 \(timeout 20 s[^)]*\): rank 1 did not arrive" "$OUT/obs_kill.err" \
+        && [ $rc != 0 ] && python3 -c "import sys; sys.exit(0 if float('$secs') < 60 else 1)" \
+        && obs_pass "(f) killed tp rank 1 named by rank 0, the job over (rc $rc) ${secs} s after the kill" \
+        || obs_fail "(f) rc $rc after ${secs} s, rank 1 not named by rank 0's own error"
+    fi
     echo "obs: $fails FAIL"
     [ $fails = 0 ] || exit 1
     ;;

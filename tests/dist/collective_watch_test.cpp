@@ -109,5 +109,74 @@ TEST(CollectiveWatch, FlightRecorderKeepsInFlightAndPrunesFinishedOldestFirst) {
   EXPECT_EQ(w.recent().find("running"), std::string::npos) << w.recent();
 }
 
+// Note [Ranks named in the job's numbering] and Note [Failures that cascade]:
+// a 2 x 2 mesh (tp groups {0,1} {2,3}, dp groups {0,2} {1,3}) whose victim,
+// drawn at random, dies. Its tp peer fails first, naming it by its job rank;
+// that peer's dp partner then finds the peer missing, and must name the
+// victim, not the peer that only left.
+std::string failure_message(int rank, const std::vector<int>& missing, const StorePtr& job,
+                            const std::vector<int>& job_ranks, const std::string& group) {
+  try {
+    throw_collective_failure("gloo", "all_reduce", 7, rank, missing, "Connection closed by peer", 4000ms, job,
+                             job_ranks, group);
+  } catch (const DistError& e) {
+    return e.message();
+  }
+  return "";
+}
+
+TEST(RollCall, FailuresNameJobRanksAndTheRankACascadeBeganAt) {
+  std::mt19937 rng(std::random_device{}());
+  for (int victim = 0; victim < 4; ++victim) {
+    auto job = std::make_shared<HashStore>(5s);
+    const int peer = victim ^ 1;     // its tp partner (tp groups are consecutive ranks)
+    const int partner = peer ^ 2;    // the peer's dp partner
+    const std::vector<int> tp = {peer & ~1, (peer & ~1) + 1}, dp = {peer & 1, (peer & 1) + 2};
+    const std::string first = failure_message(peer & 1, {victim & 1}, job, tp, "default/tp2");
+    EXPECT_NE(first.find("failed on rank " + std::to_string(peer) + " (timeout 4 s, group default/tp2): rank " +
+                         std::to_string(victim) + " did not arrive (dead"), std::string::npos) << first;
+    // The partner, in the dp group, sees the peer (dp rank peer >> 1) missing.
+    const std::string second = failure_message(partner >> 1, {peer >> 1}, job, dp, "default/dp1");
+    EXPECT_NE(second.find("failed on rank " + std::to_string(partner) + " (timeout 4 s, group default/dp1): rank " +
+                          std::to_string(victim) + " did not arrive (dead, stopped, or on another code path); rank " +
+                          std::to_string(peer) + " failed first, waiting for it"), std::string::npos) << second;
+    // The job's own group (no job ranks): the numbering is the group's, no group named.
+    const int other = static_cast<int>(rng() % 3);  // a missing rank of a fresh job that recorded nothing
+    const std::string plain = failure_message(3, {other}, std::make_shared<HashStore>(5s), {}, "");
+    EXPECT_NE(plain.find("failed on rank 3 (timeout 4 s): rank " + std::to_string(other) + " did not arrive"),
+              std::string::npos) << plain;
+  }
+  // A rank that left after naming this one (it timed out waiting for it):
+  // this rank is alive, so the one that left is named as having failed first.
+  auto job = std::make_shared<HashStore>(5s);
+  job->set("chorus/gave-up/1", std::string("0"));
+  const std::string msg = failure_message(0, {1}, job, {}, "");
+  EXPECT_NE(msg.find("rank 1 did not arrive: it left first, on a failure of its own"), std::string::npos) << msg;
+  EXPECT_EQ(job->get_string("chorus/gave-up/0"), "") << "this rank's own record: it found no dead rank";
+}
+
+TEST(RollCall, AFailingRankIsWaitedForADeadOneIsNot) {
+  // Rank 1 began failing (its roll call runs) and says, a moment later, that
+  // rank 3 was missing: rank 0, which found rank 1 missing, names rank 3.
+  auto job = std::make_shared<HashStore>(5s);
+  const std::vector<int> none = roll_call(*job, "g", 1, 2, 4, 200ms, job, 1);  // rank 0 never marks itself
+  EXPECT_EQ(none, std::vector<int>{0});
+  std::thread later([&] {
+    std::this_thread::sleep_for(300ms);
+    job->set("chorus/gave-up/1", std::string("3"));
+  });
+  auto t0 = std::chrono::steady_clock::now();
+  const std::string msg = failure_message(0, {1}, job, {}, "");
+  later.join();
+  EXPECT_NE(msg.find("rank 3 did not arrive (dead, stopped, or on another code path); rank 1 failed first"),
+            std::string::npos) << msg;
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 250ms);
+  // Rank 2 never began failing (dead): named at once, no wait.
+  t0 = std::chrono::steady_clock::now();
+  const std::string dead = failure_message(0, {2}, job, {}, "");
+  EXPECT_NE(dead.find("rank 2 did not arrive (dead"), std::string::npos) << dead;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+}
+
 }  // namespace
 }  // namespace chorus::dist

@@ -7,7 +7,8 @@
 # (SIGSTOP/SIGCONT) is named by --stats-every; a rank stopped for good
 # (chorus_dist_probe hang) is named before the collective's timeout, and the
 # survivors log their last collectives. The GPT trainer's --trace and
-# --stats-every under DDP and over a device mesh (--mesh tp=2, pp=2).
+# --stats-every under DDP and over a device mesh (--mesh tp=2, pp=2), and
+# chorus bench --mesh --trace.
 set -euo pipefail
 CHORUS=${1:?chorus}
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -107,6 +108,26 @@ launch "$CHORUS" "${M[@]}" --mesh pp=2 --micro-batches 2 --trace "$tmp/pp.json" 
 python3 "$HERE/../apps/check_trace.py" "$tmp/pp.json" --ranks 2 --steps 3-4 --phases data,pipeline,reduce_gradients,optimizer \
   --host-comm send,recv
 echo "ok: GPT mesh traces (tp=2, pp=2) and --stats-every"
+# chorus bench --mesh --trace (apps/bench_gpt_mesh.cpp): the last row's timed
+# steps, with the trainer's phases and tracks.
+B0=(bench --model d2 --seq-len 16 --batch-size 2 --warmup 1 --steps 3)
+B=("${B0[@]}" --trace-steps 2-3)
+launch "$CHORUS" "${B[@]}" --mesh tp=2 --trace "$tmp/btp.json" > "$tmp/bout" 2> "$tmp/berr" || { cat "$tmp/berr"; exit 1; }
+grep -q "tok/s" "$tmp/bout" || { cat "$tmp/bout" "$tmp/berr"; echo "FAIL: no bench row under --trace"; exit 1; }
+python3 "$HERE/../apps/check_trace.py" "$tmp/btp.json" --ranks 2 --steps 2-3 --phases forward,backward,optimizer \
+  --comm all_reduce --comm-track "gloo tp collectives"
+launch "$CHORUS" "${B[@]}" --mesh pp=2 --micro-batches 2 --schedules gpipe,1f1b --trace "$tmp/bpp.json" > "$tmp/bout" \
+  2> "$tmp/berr" || { cat "$tmp/berr"; exit 1; }
+[ "$(grep -c "pipeline gpipe\|pipeline 1f1b" "$tmp/bout")" = 2 ] || { cat "$tmp/bout"; echo "FAIL: two pipeline rows wanted"; exit 1; }
+python3 "$HERE/../apps/check_trace.py" "$tmp/bpp.json" --ranks 2 --steps 2-3 --phases pipeline,reduce_gradients,optimizer \
+  --host-comm send,recv
+for bad in "--mesh tp=2 --trace $tmp/x.json --trace-steps 3-4|--trace-steps 3-4 goes past the 3 timed steps" \
+           "--trace $tmp/x.json|chorus bench --trace of a GPT model goes with --mesh"; do
+  err=$("$CHORUS" "${B0[@]}" ${bad%%|*} 2>&1 >/dev/null) && { echo "FAIL: bench ${bad%%|*} was taken"; exit 1; }
+  grep -q -- "${bad#*|}" <<<"$err" && [ "$(grep -c . <<<"$err")" = 1 ] || { echo "FAIL: bench ${bad%%|*}: $err"; exit 1; }
+done
+[ ! -e "$tmp/x.json" ] || { echo "FAIL: a refused bench wrote its trace"; exit 1; }
+echo "ok: GPT mesh bench traces (tp=2, pp=2), bad --trace options refused in one line"
 slowed gpt "step 10/" "${G[@]}" --steps 100000 --log-every 10
 
 # A stopped rank named before the timeout ends the job (Note [Stuck collectives

@@ -119,6 +119,10 @@ void CollectiveWatch::watch() {
   }
 }
 
+int CollectiveWatch::job_rank(int r) const {
+  return job_ranks_.empty() ? r : job_ranks_.at(static_cast<size_t>(r));
+}
+
 void CollectiveWatch::warn(const Entry& e) {
   const auto grace = presence_after_ + std::chrono::milliseconds(500);
   std::vector<int> missing = not_arrived(*store_, group_, rank_, size_, e.seq, grace);
@@ -136,12 +140,12 @@ void CollectiveWatch::warn(const Entry& e) {
     who = "every rank has arrived (the transfer itself is slow)";
   } else {
     who = missing.size() == 1 ? "rank " : "ranks ";
-    for (size_t i = 0; i < missing.size(); ++i) who += (i ? ", " : "") + std::to_string(missing[i]);
+    for (size_t i = 0; i < missing.size(); ++i) who += (i ? ", " : "") + std::to_string(job_rank(missing[i]));
     who += missing.size() == 1 ? " has" : " have";
     who += " not arrived (stopped, dead, slow, or on another code path)";
   }
-  std::fprintf(stderr, "chorus: rank %d: %s %s #%llu (%s) has waited %.1f s of its %.0f s timeout: %s\n", rank_,
-               backend_.c_str(), e.op.c_str(), static_cast<unsigned long long>(e.seq), bytes_text(e.bytes).c_str(),
+  std::fprintf(stderr, "chorus: rank %d: %s %s%s #%llu (%s) has waited %.1f s of its %.0f s timeout: %s\n",
+               job_rank(rank_), backend_.c_str(), e.op.c_str(), job_ranks_.empty() ? "" : (" of group " + group_).c_str(), static_cast<unsigned long long>(e.seq), bytes_text(e.bytes).c_str(),
                since(e.start), static_cast<double>(timeout_.count()) / 1000.0, who.c_str());
   std::fflush(stderr);
 }

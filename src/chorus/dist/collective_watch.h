@@ -33,6 +33,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "chorus/dist/store.h"
 
@@ -60,6 +61,11 @@ class CollectiveWatch {
 
   std::chrono::milliseconds warn_after() const { return warn_after_; }
 
+  // The job's rank of each member, for the warnings (Note [Ranks named in the
+  // job's numbering] in process_group.h); empty: the group's own numbering.
+  // Set before the first collective.
+  void set_job_ranks(std::vector<int> ranks) { job_ranks_ = std::move(ranks); }
+
  private:
   struct Entry {
     std::string op;
@@ -71,12 +77,14 @@ class CollectiveWatch {
   };
   void watch();
   void warn(const Entry& e);
+  int job_rank(int r) const;
 
   StorePtr store_;
   std::string group_, backend_;
   int rank_, size_;
   std::chrono::milliseconds timeout_, warn_after_, presence_after_;
   size_t keep_;
+  std::vector<int> job_ranks_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   // The collectives in flight and the last finished ones, at most keep_ in

@@ -189,6 +189,7 @@ ProcessGroupGloo::ProcessGroupGloo(int rank, int size, StorePtr store, ProcessGr
   store_barrier(*store_, "gloo-connected/" + options.name, rank, size, options.timeout,
                 detail::str_cat("gloo: rank ", rank, " of ", size, " (waiting for every rank to connect)"));
   impl_->watch = std::make_unique<CollectiveWatch>(store_, options.name, "gloo", rank, size, options.timeout);
+  impl_->watch->set_job_ranks(options.job_ranks);
   impl_->trace_track = trace_track();
   impl_->worker = std::thread([this] { run(); });
 }
@@ -321,10 +322,12 @@ WorkPtr ProcessGroupGloo::enqueue(const char* op, int64_t bytes, std::vector<int
 void ProcessGroupGloo::fail(const char* op, uint64_t seq, const std::string& why) {
   // What this rank was doing, in its log before the error ends the job.
   std::fprintf(stderr, "chorus: rank %d: gloo %s #%llu failed; the last collectives of group '%s' (sequence number, op, size, time):\n%s",
-               rank_, op, static_cast<unsigned long long>(seq), options_.name.c_str(), impl_->watch->recent().c_str());
+               job_rank(rank_), op, static_cast<unsigned long long>(seq), options_.name.c_str(), impl_->watch->recent().c_str());
   impl_->watch->end(seq);
-  std::vector<int> missing = roll_call(*store_, options_.name, rank_, size_, seq, options_.timeout);
-  throw_collective_failure(backend(), op, seq, rank_, missing, why, options_.timeout, store_);
+  std::vector<int> missing =
+      roll_call(*store_, options_.name, rank_, size_, seq, options_.timeout, job_store(), job_rank(rank_));
+  throw_collective_failure(backend(), op, seq, rank_, missing, why, options_.timeout, job_store(), options_.job_ranks,
+                           options_.job_ranks.empty() ? "" : options_.name);
 }
 
 WorkPtr ProcessGroupGloo::all_reduce(const Tensor& t, ReduceOp op) {
@@ -461,17 +464,29 @@ class ProcessGroupGloo::P2PWork final : public Work {
 };
 
 WorkPtr ProcessGroupGloo::post(const char* op, const Tensor& t, int peer, int tag, bool is_send) {
-  std::lock_guard<std::mutex> lk(impl_->mu);
-  if (impl_->broken) std::rethrow_exception(impl_->broken);
-  // Collectives' sequence numbers are their gloo tags and must agree on every
-  // rank; point-to-point operations differ between ranks (a middle pipeline
-  // stage sends and receives twice as often), so they do not count. A failed
-  // one is reported with the number of the collectives before it.
-  const uint64_t seq = impl_->seq;
-  auto buf = impl_->context->createUnboundBuffer(t.raw_data(), t.numel() * dtype_size(t.dtype()));
-  if (is_send) buf->send(peer, p2p_slot(tag));
-  else buf->recv(peer, p2p_slot(tag));
-  return std::make_shared<P2PWork>(this, op, seq, is_send, t, std::move(buf));
+  uint64_t seq = 0;
+  std::string why;
+  {
+    std::lock_guard<std::mutex> lk(impl_->mu);
+    if (impl_->broken) std::rethrow_exception(impl_->broken);
+    // Collectives' sequence numbers are their gloo tags and must agree on every
+    // rank; point-to-point operations differ between ranks (a middle pipeline
+    // stage sends and receives twice as often), so they do not count. A failed
+    // one is reported with the number of the collectives before it.
+    seq = impl_->seq;
+    try {
+      auto buf = impl_->context->createUnboundBuffer(t.raw_data(), t.numel() * dtype_size(t.dtype()));
+      if (is_send) buf->send(peer, p2p_slot(tag));
+      else buf->recv(peer, p2p_slot(tag));
+      return std::make_shared<P2PWork>(this, op, seq, is_send, t, std::move(buf));
+    } catch (const ::gloo::Exception& e) {
+      // The peer's connection closed before this was posted (it died while
+      // this rank computed): reported as a failed wait is, naming the rank,
+      // not as Gloo's bare "Connection closed by peer".
+      why = e.what();
+    }
+  }
+  fail(op, seq, why);  // outside the lock: its roll call waits for the other ranks
 }
 
 WorkPtr ProcessGroupGloo::send(const Tensor& t, int dst, int tag) {

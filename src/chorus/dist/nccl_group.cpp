@@ -144,6 +144,7 @@ class NcclGroup final : public ProcessGroup, public std::enable_shared_from_this
     // Its kernels on a track of their own in a step trace (Note [Device tracks]).
     ops::name_trace_stream(Device(DeviceType::CUDA, device_), stream_, "nccl stream");
     collectives_ = std::make_unique<CollectiveWatch>(store_, options_.name, "nccl", rank_, size_, options_.timeout);
+    collectives_->set_job_ranks(options_.job_ranks);
     watchdog_ = std::thread([this] { watch(); });
   }
 
@@ -284,7 +285,7 @@ class NcclGroup final : public ProcessGroup, public std::enable_shared_from_this
         comm_ = nullptr;
         std::vector<int> missing = roll_call(*store_, options_.name + "/init", rank_, size_, 0, options_.timeout);
         throw_collective_failure("nccl", what, 0, rank_, missing, "the communicator did not come up", options_.timeout,
-                                 store_);
+                                 job_store(), options_.job_ranks, options_.job_ranks.empty() ? "" : options_.name);
       }
       if (++spins < 100000) std::this_thread::yield();
       else std::this_thread::sleep_for(std::chrono::microseconds(200));
@@ -383,7 +384,7 @@ class NcclGroup final : public ProcessGroup, public std::enable_shared_from_this
     std::fprintf(stderr,
                  "chorus: rank %d: nccl %s #%llu failed; the last collectives of group '%s' (sequence number, op, "
                  "size, time):\n%s",
-                 rank_, op, static_cast<unsigned long long>(seq), options_.name.c_str(),
+                 job_rank(rank_), op, static_cast<unsigned long long>(seq), options_.name.c_str(),
                  collectives_->recent().c_str());
     std::fflush(stderr);
     collectives_->end_all();
@@ -422,13 +423,15 @@ class NcclGroup final : public ProcessGroup, public std::enable_shared_from_this
       // watchdogs time out at the same moment), and record the failure before
       // the abort: work that then fails on this device reports it (Note
       // [Distributed failure first]).
-      std::vector<int> missing = roll_call(*store_, options_.name, rank_, size_, oldest->seq_, options_.timeout);
+      std::vector<int> missing = roll_call(*store_, options_.name, rank_, size_, oldest->seq_, options_.timeout,
+                                           job_store(), job_rank(rank_));
       std::exception_ptr err;
       try {
         throw_collective_failure("nccl", oldest->op_, oldest->seq_, rank_, missing,
                                  late ? "not finished within the timeout; the communicator was aborted"
                                       : std::string("NCCL reported: ") + ncclGetErrorString(async),
-                                 options_.timeout, store_);
+                                 options_.timeout, job_store(), options_.job_ranks,
+                                 options_.job_ranks.empty() ? "" : options_.name);
       } catch (const Error& e) {
         err = std::current_exception();
         set_distributed_failure(e.message());  // Note [Distributed failure first]

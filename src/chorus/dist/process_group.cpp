@@ -102,6 +102,10 @@ std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ra
   if (mine < 0) return nullptr;
   ProcessGroupOptions o = options_;
   o.name = options_.name + "/" + label + std::to_string(id);
+  // Note [Ranks named in the job's numbering]
+  o.job_ranks.clear();
+  for (int r : ranks) o.job_ranks.push_back(job_rank(r));
+  o.job_store = job_store();
   auto store = std::make_shared<PrefixStore>("group/" + o.name, store_);
   return make_process_group(backend(), mine, static_cast<int>(ranks.size()), store, o);
 }

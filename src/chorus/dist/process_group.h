@@ -15,6 +15,27 @@
 // (min(timeout, 5 s)); the ranks that never write are the ones named. No store
 // traffic happens on the normal path, so the cost is paid only on failure.
 // After a failure the group is unusable: every later call throws at once.
+//
+// Note [Ranks named in the job's numbering]: a subgroup numbers its members
+// from 0 (a device mesh's tp group of job ranks 2 and 3 has ranks 0 and 1),
+// but a message that names a rank is read beside the launcher's, which
+// numbers the job. So a subgroup keeps its members' job ranks
+// (ProcessGroupOptions::job_ranks, set by new_group) and its failures and
+// warnings name those. Its roll calls keep the group's own numbering (the
+// keys are the group's).
+//
+// Note [Failures that cascade]: in a job of several groups a dead rank is
+// waited for by its own groups' members only; the others wait for those
+// members, which leave when their collective fails, and a roll call would
+// name a rank that is alive and has told what it saw. So each rank that
+// fails records in the job's store that it is failing ("chorus/failing/<job
+// rank>", as its roll call begins) and then the ranks it found missing
+// ("chorus/gave-up/<job rank>"); a roll call that finds a rank missing which
+// left so names the ranks that one found instead (the dead rank, whichever
+// group the failure reached this rank through), and says which ranks left
+// before it. A missing rank that is failing but has not said yet (ranks that
+// timed out together, around a stopped rank) is waited for, at most a roll
+// call's grace; one that never began failing (dead, stopped) costs no wait.
 #pragma once
 
 #include <chrono>
@@ -47,6 +68,11 @@ struct ProcessGroupOptions {
   std::string local_addr;
   // Names this group's keys in the store (subgroups get their own).
   std::string name = "default";
+  // Set by new_group (Note [Ranks named in the job's numbering]): the job's
+  // rank of each member, and the store of the group the job began with.
+  // Empty/null: this group is the job's own (member i is rank i).
+  std::vector<int> job_ranks;
+  StorePtr job_store;
 };
 
 class ProcessGroup {
@@ -59,6 +85,11 @@ class ProcessGroup {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
+  // Member `r`'s rank in the job (the group new_group's were made from, all
+  // the way up): what a message names (Note [Ranks named in the job's numbering]).
+  int job_rank(int r) const { return options_.job_ranks.empty() ? r : options_.job_ranks.at(static_cast<size_t>(r)); }
+  // The store every group of the job shares (this group's own for the job's group).
+  const StorePtr& job_store() const { return options_.job_store ? options_.job_store : store_; }
   virtual std::string backend() const = 0;
   // The device its tensors live on: cpu:0 for Gloo (any CPU device's tensors
   // are taken), the group's GPU for NCCL (only that GPU's).
