@@ -25,6 +25,7 @@
 #include "chorus/optim/clip_grad.h"
 #include "chorus/parallel/graphed_step.h"
 #include "chorus/parallel/pipeline.h"
+#include "gpt_loop_window.h"
 #include "progress.h"
 #include "run_log.h"
 #include "run_position.h"
@@ -119,12 +120,10 @@ nlohmann::ordered_json run_gpt_loop(const TrainConfig& tc, const GptOptions& g, 
       },
       go);
   Progress progress(r.leader() && !tc.quiet);
-  std::vector<Tensor> window_losses;  // this log window's per-step losses, on the device
   Tensor last_norm;
   double last_loss = std::nan(""), last_val = std::nan(""), tok_s = 0, mfu = 0;
   int64_t val_step = -1;  // the step last_val was measured at
-  auto window_start = Clock::now();
-  int64_t window_first = start;
+  LogWindow window(start);
   // Every log window's time and steps (validation left out): the mean step
   // the checkpoints' stall is compared with.
   double timed_secs = 0;
@@ -215,7 +214,7 @@ nlohmann::ordered_json run_gpt_loop(const TrainConfig& tc, const GptOptions& g, 
     if (r.ranks)
       rank_times.add_step(std::chrono::duration<double>(Clock::now() - step_begin).count(),
                           std::chrono::duration<double>(data_end - step_begin).count());
-    window_losses.push_back(step_loss);
+    window.losses.push_back(step_loss);
     // Note [Measured beside the plan]: the peak of the first two steps
     // beside the plan (the allocator counts on the host as the work is
     // issued: no wait for the device).
@@ -228,10 +227,10 @@ nlohmann::ordered_json run_gpt_loop(const TrainConfig& tc, const GptOptions& g, 
       if (r.ranks) rank_times.arrive();  // Note [Late arrivals]: before the wait for the device
       // One host wait per window: every step's loss of the window at once.
       std::vector<double> ls;
-      for (const Tensor& l : window_losses) ls.push_back(l.item());
+      for (const Tensor& l : window.losses) ls.push_back(l.item());
       double sum = 0;
       for (size_t i = 0; i < ls.size(); ++i) {
-        CHORUS_CHECK(!std::isnan(ls[i]), "the loss is NaN at step ", window_first + static_cast<int64_t>(i) + 1,
+        CHORUS_CHECK(!std::isnan(ls[i]), "the loss is NaN at step ", window.first + static_cast<int64_t>(i) + 1,
                      " (nothing was saved after it; lower --lr, or pass --skip-nan to skip such steps)");
         sum += ls[i];
       }
@@ -252,8 +251,8 @@ nlohmann::ordered_json run_gpt_loop(const TrainConfig& tc, const GptOptions& g, 
         if (!line.empty() && !tc.quiet) std::fprintf(stderr, "%s\n", line.c_str());
       }
       last_loss = mean;
-      const double secs = seconds_since(window_start);
-      const int64_t steps_done = step + 1 - window_first;
+      const double secs = seconds_since(window.start);
+      const int64_t steps_done = step + 1 - window.first;
       timed_secs += secs;
       timed_steps += steps_done;
       const double window_step_ms = 1000 * secs / static_cast<double>(std::max<int64_t>(steps_done, 1));
@@ -292,16 +291,9 @@ nlohmann::ordered_json run_gpt_loop(const TrainConfig& tc, const GptOptions& g, 
         log.step(rec);
         if (val_step == step + 1) log.epoch({{"step", step + 1}, {"test_loss", last_val}});
       }
-      window_losses.clear();
-      window_start = Clock::now();
-      window_first = step + 1;
+      window.restart(step + 1);
     }
-    if (tc.checkpoint_every > 0 && (step + 1) % tc.checkpoint_every == 0 && !last) save(step + 1);
-    if (stop) {
-      ++step;
-      if (r.leader()) std::fprintf(stderr, "stopping after step %lld on a signal\n", (long long)step);
-      break;
-    }
+    if (end_gpt_step(tc, step, last, stop, r.leader(), save)) break;
   }
   tracer.finish();
   save(step);
@@ -314,12 +306,7 @@ nlohmann::ordered_json run_gpt_loop(const TrainConfig& tc, const GptOptions& g, 
     if (r.leader() && !tc.quiet && ckpt_stall.saves > 0)
       std::fprintf(stderr, "%s\n", stall_summary(ckpt_stall, fastest_step_ms > 0 ? fastest_step_ms : mean_step_ms()).c_str());
   }
-  if (const int sig = StopSignal::pending(); sig != 0 && step < r.total_steps) {
-    if (r.leader())
-      std::fprintf(stderr, "%s", ckpt.empty() ? "no --checkpoint-dir: nothing was saved\n"
-                                                : ("checkpoint written: " + ckpt + "\n").c_str());
-    throw Interrupted(sig);
-  }
+  throw_if_stopped(step, r.total_steps, r.leader(), ckpt);
   if (r.val && val_step != step) {
     last_val = val_loss();
     val_step = step;

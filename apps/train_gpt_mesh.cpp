@@ -33,6 +33,7 @@
 #include "chorus/parallel/placement.h"
 #include "chorus/tensor_parallel/clip_grad.h"
 #include "chorus/tensor_parallel/gpt.h"
+#include "gpt_loop_window.h"
 #include "gpt_mesh.h"
 #include "gpt_mesh_checkpoint.h"
 #include "run_position.h"
@@ -265,9 +266,8 @@ nlohmann::ordered_json run_train_gpt_mesh(const TrainConfig& tc, const GptOption
   };
 
   double last_loss = std::nan(""), last_val = std::nan(""), tok_s = 0;
-  auto window_start = Clock::now();
-  int64_t window_first = start, step = start;
-  std::vector<Tensor> window_losses;
+  int64_t step = start;
+  LogWindow window(start);
   StopSignal stop_signal;  // Note [Stopping on a signal]: agreed on at the log windows, as train_gpt.cpp does
   // --trace and --stats-every as train_gpt.cpp has them: every rank records
   // its phases, and its groups' collectives each on a track of their own
@@ -335,20 +335,20 @@ nlohmann::ordered_json run_train_gpt_mesh(const TrainConfig& tc, const GptOption
     }
     tracer.end_step(step + 1);
     rank_times.add_step(seconds_since(step_begin), data_s);
-    window_losses.push_back(step_loss);
+    window.losses.push_back(step_loss);
     const bool last = step + 1 == total_steps;
     bool stop = false;
     if ((step + 1) % tc.log_every == 0 || last) {
       rank_times.arrive();  // Note [Late arrivals]: before the wait for the device
       double sum = 0;
-      for (const Tensor& l : window_losses) sum += l.item();
-      const int64_t n = static_cast<int64_t>(window_losses.size());
+      for (const Tensor& l : window.losses) sum += l.item();
+      const int64_t n = static_cast<int64_t>(window.losses.size());
       const bool due = leader && tc.stats_every_s > 0 && seconds_since(last_report) >= tc.stats_every_s;
       // Tensor ranks hold the same loss: the mean over the world is the mean
       // over the data ranks (pipeline stages: only the last one's ranks hold it).
       const auto summed = sum_over_ranks(rc, {sum / static_cast<double>(n), StopSignal::pending() ? 1.0 : 0.0, due ? 1.0 : 0.0});
       last_loss = summed[0] / (rc.group->size() / pp);
-      CHORUS_CHECK(!std::isnan(last_loss), "the loss is NaN between steps ", window_first + 1, " and ", step + 1,
+      CHORUS_CHECK(!std::isnan(last_loss), "the loss is NaN between steps ", window.first + 1, " and ", step + 1,
                    " (lower --lr)");
       stop = summed[1] > 0;
       if (summed[2] > 0) {  // rank 0 decided, every rank joins the report's all-reduce
@@ -356,7 +356,7 @@ nlohmann::ordered_json run_train_gpt_mesh(const TrainConfig& tc, const GptOption
         last_report = Clock::now();
         if (!line.empty() && !tc.quiet) std::fprintf(stderr, "%s\n", line.c_str());
       }
-      const double secs = seconds_since(window_start);
+      const double secs = seconds_since(window.start);
       tok_s = static_cast<double>(n * tokens_per_step) / std::max(secs, 1e-9);
       if (val && g.val_every && (step + 1) % g.val_every == 0) last_val = val_loss();
       if (leader && !tc.quiet) {
@@ -365,25 +365,13 @@ nlohmann::ordered_json run_train_gpt_mesh(const TrainConfig& tc, const GptOption
                      fmt_count(tok_s).c_str(),
                      std::isnan(last_val) ? "" : (" | val " + std::to_string(last_val)).c_str());
       }
-      window_losses.clear();
-      window_start = Clock::now();
-      window_first = step + 1;
+      window.restart(step + 1);
     }
-    if (tc.checkpoint_every > 0 && (step + 1) % tc.checkpoint_every == 0 && !last) save(step + 1);
-    if (stop) {
-      ++step;
-      if (leader) std::fprintf(stderr, "stopping after step %lld on a signal\n", (long long)step);
-      break;
-    }
+    if (end_gpt_step(tc, step, last, stop, leader, save)) break;
   }
   tracer.finish();
   save(step);
-  if (const int sig = StopSignal::pending(); sig != 0 && step < total_steps) {
-    if (leader)
-      std::fprintf(stderr, "%s", ckpt.empty() ? "no --checkpoint-dir: nothing was saved\n"
-                                              : ("checkpoint written: " + ckpt + "\n").c_str());
-    throw Interrupted(sig);
-  }
+  throw_if_stopped(step, total_steps, leader, ckpt);
   if (val) last_val = val_loss();
   nlohmann::ordered_json out = {{"model", tc.model},
                                 {"strategy", "mesh"},

@@ -70,26 +70,12 @@ struct DistributedDataParallel::Impl final : autograd::BackwardObserver {
 
   void begin(const std::unordered_set<const TensorImpl*>& leaves) override {
     std::lock_guard<std::mutex> lk(mu);
-    bool ours = false;
-    for (const Tensor& p : params)
-      if (leaves.count(p.impl())) {
-        ours = true;
-        break;
-      }
-    passes.push(ours);
-    if (!ours || !arm_next) return;  // someone else's backward, or not armed (no_sync)
+    // Someone else's backward, or not armed (no_sync).
+    if (!passes.push(leaves, params) || !arm_next) return;
     arm_next = false;
     in_backward = true;
     armed_depth = passes.depth();
-    const size_t n = params.size();
-    std::vector<size_t> unreached;
-    used.assign(n, 0);
-    for (size_t k = 0; k < n; ++k) {
-      const bool reached = leaves.count(params[k].impl()) > 0;
-      if (!reached) unreached.push_back(k);
-      used[k] = reached || params[k].grad().defined();
-    }
-    reducer->prepare_for_backward(unreached);
+    reducer->prepare_for_backward(unreached_params(leaves, params, used));
   }
 
   // Note [DDP unused parameters]: the used-flags travel after the last

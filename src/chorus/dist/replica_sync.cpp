@@ -1,5 +1,6 @@
 #include "chorus/dist/replica_sync.h"
 
+#include <algorithm>
 #include <map>
 #include <unordered_map>
 #include <sstream>
@@ -114,6 +115,24 @@ ReplicaParameters check_replica(const nn::Module& module, ProcessGroup& group, c
   return out;
 }
 
+bool PassStack::push(const std::unordered_set<const TensorImpl*>& leaves, const std::vector<Tensor>& params) {
+  const bool ours = std::any_of(params.begin(), params.end(), [&](const Tensor& p) { return leaves.count(p.impl()) > 0; });
+  push(ours);
+  return ours;
+}
+
+std::vector<size_t> unreached_params(const std::unordered_set<const TensorImpl*>& leaves,
+                                     const std::vector<Tensor>& params, std::vector<int64_t>& used) {
+  std::vector<size_t> unreached;
+  used.assign(params.size(), 0);
+  for (size_t k = 0; k < params.size(); ++k) {
+    const bool reached = leaves.count(params[k].impl()) > 0;
+    if (!reached) unreached.push_back(k);
+    used[k] = reached || params[k].grad().defined();
+  }
+  return unreached;
+}
+
 NoSyncGuard::NoSyncGuard(std::shared_ptr<void> state, std::mutex& mu, bool& flag)
     : state_(std::move(state)), mu_(&mu), flag_(&flag) {
   std::lock_guard<std::mutex> lk(*mu_);
@@ -178,6 +197,5 @@ void check_same_model(ProcessGroup& group, const std::vector<std::string>& mine,
   CHORUS_THROW(ValueError, who, ": the ranks hold different models: ", what,
                " (every rank must build the same model before wrapping it)");
 }
-
 
 }  // namespace chorus::dist

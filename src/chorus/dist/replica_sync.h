@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "chorus/dist/flat_layout.h"
@@ -95,6 +96,9 @@ class PassStack {
  public:
   // begin(): whether this pass reaches the wrapper's parameters.
   void push(bool ours) { passes_.push_back(ours ? 1 : 0); }
+  // begin() of a pass whose leaves are `leaves`: pushed as ours when it
+  // reaches any of `params` (the wrapper's); returns whether it does.
+  bool push(const std::unordered_set<const TensorImpl*>& leaves, const std::vector<Tensor>& params);
   // end(): whether the ending pass was ours, and its depth (1: outermost).
   struct Ended {
     bool ours = false;
@@ -117,6 +121,13 @@ class PassStack {
  private:
   std::vector<char> passes_;
 };
+
+// The armed pass's begin(): the indices of the `params` that `leaves` (the
+// pass's leaves) do not reach, and `used` [k] (resized) set to whether
+// params[k] takes part in this step: reached, or holding a gradient already
+// (accumulated over no_sync steps before it).
+std::vector<size_t> unreached_params(const std::unordered_set<const TensorImpl*>& leaves,
+                                     const std::vector<Tensor>& params, std::vector<int64_t>& used);
 
 struct ReplicaParameters {
   std::vector<std::string> names;  // of `trainable`, the module's order

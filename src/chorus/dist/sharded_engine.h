@@ -384,14 +384,7 @@ struct ShardedDataParallel::Impl final : autograd::BackwardObserver {
 
   void begin(const std::unordered_set<const TensorImpl*>& leaves) override {
     std::lock_guard<std::mutex> lk(mu);
-    bool ours = false;
-    for (const Tensor& p : params)
-      if (leaves.count(p.impl())) {
-        ours = true;
-        break;
-      }
-    passes.push(ours);
-    if (!ours) return;
+    if (!passes.push(leaves, params)) return;
     backward_running = true;
     if (!arm_next) return;
     arm_next = false;
@@ -400,16 +393,10 @@ struct ShardedDataParallel::Impl final : autograd::BackwardObserver {
     const size_t n = params.size();
     ready.assign(n, 0);
     unused.assign(n, 0);
-    used.assign(n, 0);
     pending.assign(plan.buckets.size(), 0);
     next_launch = 0;
     for (size_t k = 0; k < n; ++k) ++pending[plan.bucket_of[k]];
-    std::vector<size_t> unreached;
-    for (size_t k = 0; k < n; ++k) {
-      const bool reached = leaves.count(params[k].impl()) > 0;
-      used[k] = reached || params[k].grad().defined();
-      if (!reached) unreached.push_back(k);
-    }
+    const std::vector<size_t> unreached = unreached_params(leaves, params, used);
     for (size_t k : unreached) unused[k] = 1;
     for (size_t k : unreached) mark_ready(k);
   }

@@ -13,7 +13,6 @@
 #include "chorus/core/graph_capture.h"
 #include "chorus/core/rng.h"
 #include "chorus/core/stream.h"
-#include "chorus/dist/flat_layout.h"
 #include "chorus/ops/factory.h"
 #include "chorus/autograd/functions.h"
 #include "chorus/parallel/device_threads.h"
@@ -139,19 +138,10 @@ Pipeline::Pipeline(std::shared_ptr<nn::Sequential> layers, std::vector<int64_t> 
   // Stage s on devices[s % D]; over processes, the stages of other ranks stay where they are.
   std::vector<Device> stage_devices;
   for (int64_t s = 0; s < S; ++s) stage_devices.push_back(pg ? devices_[0] : devices_[static_cast<size_t>(s % places)]);
-  if (!pg) {
+  if (pg)
+    check_process_stages(n);
+  else
     place(*seq_, balance_, stage_devices);
-  } else {
-    int64_t total = 0;
-    for (size_t i = 0; i < balance_.size(); ++i) {
-      CHORUS_CHECK(balance_[i] > 0, "Pipeline: stage ", i, " of the balance (", balance_str(balance_), ") has ", balance_[i],
-                   " layers; every stage needs at least one");
-      total += balance_[i];
-    }
-    CHORUS_CHECK(total == n, "Pipeline: the balance ", balance_str(balance_), " adds up to ", total,
-                 " layers but the model has ", n);
-    check_device(devices_[0]);
-  }
   int64_t next = 0;
   for (int64_t s = 0; s < S; ++s) {
     Stage st{stage_devices[static_cast<size_t>(s)], next, next + balance_[static_cast<size_t>(s)], {}, {}};
@@ -171,61 +161,8 @@ Pipeline::Pipeline(std::shared_ptr<nn::Sequential> layers, std::vector<int64_t> 
       copy_streams_.emplace_back(st.device, std::array<std::optional<Stream>, 2>{Stream::create(st.device),
                                                                                   Stream::create(st.device)});
   }
-  // Several stages per rank: the last rank's activations go on to rank 0 (a ring).
-  if (pg) links_ = make_pipeline_links(pg, S > places);
-  if (const dist::ProcessGroupPtr& dg = opts_.data_group) {
-    // With a stage group, a data group joins the replicas of this rank's
-    // stages: its ranks must hold the same place in their pipelines (each
-    // creates subgroups for its own stages only, and they must match).
-    if (pg) {
-      Tensor mine = from_vector(std::vector<int64_t>{pg->rank(), pg->size()}, {2}, {kInt64, dg->device()});
-      Tensor all = empty({2 * dg->size()}, {kInt64, dg->device()});
-      dg->all_gather(mine, all)->wait();
-      const std::vector<int64_t> places_of = all.to(cpu_device()).to_vector<int64_t>();
-      for (size_t r = 0; r < static_cast<size_t>(dg->size()); ++r) {
-        const int64_t their_rank = places_of[2 * r], their_size = places_of[2 * r + 1];
-        CHORUS_CHECK(their_rank == pg->rank() && their_size == pg->size(), "Pipeline: rank ", r,
-                     " of the data group is rank ", their_rank, " of a ", their_size, "-rank stage group, this one rank ",
-                     pg->rank(), " of ", pg->size(), ": a data group must join ranks at one place of their pipelines");
-      }
-    }
-    std::vector<int> all(static_cast<size_t>(dg->size()));
-    for (size_t r = 0; r < all.size(); ++r) all[r] = static_cast<int>(r);
-    for (size_t s = 0; s < stages_.size(); ++s) {
-      const Stage& st = stages_[s];
-      if (!is_local(static_cast<int64_t>(s))) {
-        stage_data_groups_.push_back(nullptr);  // another rank's stage
-        continue;
-      }
-      CHORUS_CHECK(!dg->device().is_cuda() || st.device == dg->device(),
-                   "Pipeline: the data group's NCCL communicator is on ", dg->device().str(), " but a stage runs on ",
-                   st.device.str());
-      stage_data_groups_.push_back(dg->new_group(all));
-    }
-  }
+  make_groups(places);
   register_child("", seq_);  // Note [State dict names]
-}
-
-void Pipeline::reduce_stage_gradients(size_t s) {
-  const Stage& st = stages_[s];
-  std::vector<Tensor> params, grads;
-  for (const nn::ModulePtr& l : st.layers)
-    for (const Tensor& p : l->parameters()) {
-      if (!p.requires_grad()) continue;
-      params.push_back(p);
-      Tensor g = p.grad();
-      grads.push_back(g.defined() ? g : zeros(p.sizes(), {p.dtype(), p.device()}));  // unused here: 0 to the average
-    }
-  if (params.empty()) return;
-  NoGradGuard ng;
-  const dist::FlatLayout layout(grads);
-  std::vector<Tensor> flats;
-  for (size_t gi = 0; gi < layout.groups(); ++gi)
-    flats.push_back(empty({layout.numels[gi]}, {layout.dtypes[gi], st.device}));
-  for (size_t i = 0; i < grads.size(); ++i) layout.view(flats[layout.segments[i].group], i).copy_(grads[i]);
-  for (Tensor& f : flats) stage_data_groups_[s]->all_reduce(f, dist::ReduceOp::Avg)->wait();
-  // The gradients become views of the reduced buffers (no copy back).
-  for (size_t i = 0; i < params.size(); ++i) params[i].set_grad(layout.view(flats[layout.segments[i].group], i));
 }
 
 namespace {
@@ -617,17 +554,14 @@ void Pipeline::feed(Run& run, const Tensor& x, const Tensor& target) const {
 }
 
 // Every device's list in one process; over processes this rank's, after
-// checking that each link's messages are sent in the order they are received
-// (Note [Pipeline links]: NCCL matches them by that order alone).
-void Pipeline::set_lists(Run& run, std::vector<std::vector<PipeTask>> lists) const {
+// checking that each link's messages are sent in the order they are received.
+void Pipeline::set_lists(Run& run, std::vector<std::vector<PipeTask>> lists, bool forwards_only) const {
   const dist::ProcessGroupPtr& pg = opts_.stage_group;
   if (!pg) {
     run.lists = std::move(lists);
     return;
   }
-  const std::string mismatch = link_order_mismatch(lists, run.S);
-  CHORUS_CHECK(mismatch.empty(), "Pipeline: the ", schedule_name(opts_.schedule), " schedule over ", pg->size(),
-               " processes would deadlock on NCCL: ", mismatch);
+  check_link_order(lists, run.S, run.M, forwards_only);
   run.lists = {std::move(lists[static_cast<size_t>(pg->rank())])};
 }
 
@@ -707,7 +641,7 @@ Tensor Pipeline::evaluate(const Tensor& x, const Tensor& target, const LossFn& l
   const dist::ProcessGroupPtr& pg = opts_.stage_group;
   const int places = pg ? pg->size() : static_cast<int>(devices_.size());
   // Forwards in micro-batch order: every stage's list waits only on the one before it.
-  set_lists(run, forward_lists(places, run.S, run.M));
+  set_lists(run, forward_lists(places, run.S, run.M), /*forwards_only=*/true);
   feed(run, x, target);
   execute(run);
   if (!is_local(run.S - 1)) return Tensor();
@@ -731,7 +665,7 @@ Pipeline::StepResult Pipeline::train_step(const Tensor& x, const Tensor& target,
   init_run(run, x.size(0), static_cast<int>(opts_.micro_batches));
   run.loss_fn = &loss_fn;
   const int places = pg ? pg->size() : static_cast<int>(devices_.size());
-  set_lists(run, make_schedule(opts_.schedule, places, run.S, run.M));
+  set_lists(run, make_schedule(opts_.schedule, places, run.S, run.M), /*forwards_only=*/false);
   for (int m = 0; m < run.M; ++m)
     run.ckpt[static_cast<size_t>(m)] = opts_.checkpoint == Checkpoint::Always ||
                                        (opts_.checkpoint == Checkpoint::ExceptLast && m != run.M - 1);

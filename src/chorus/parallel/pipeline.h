@@ -34,7 +34,9 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "chorus/core/stream.h"
@@ -178,7 +180,13 @@ class Pipeline : public nn::Module {
   void note_copy(Run& run, const Device& dst, int dir) const;
   void init_run(Run& run, int64_t batch, int micro_batches) const;
   void feed(Run& run, const Tensor& x, const Tensor& target) const;
-  void set_lists(Run& run, std::vector<std::vector<PipeTask>> lists) const;
+  void set_lists(Run& run, std::vector<std::vector<PipeTask>> lists, bool forwards_only) const;
+  // pipeline_process.cpp: the process groups.
+  void check_link_order(const std::vector<std::vector<PipeTask>>& lists, int stages, int micro_batches,
+                        bool forwards_only) const;
+  void check_process_stages(int64_t layers) const;
+  void make_groups(int64_t places);
+  void reduce_stage_gradients(size_t s);
   Tensor run_stage(size_t s, const Tensor& x) const;
   void execute(Run& run);
   void run_task(Run& run, const PipeTask& t, size_t device_index);
@@ -196,7 +204,10 @@ class Pipeline : public nn::Module {
   // Over processes: a communicator per direction and link, so that on NCCL
   // no send queues behind a receive (Note [Pipeline links]).
   PipelineLinks links_;
-  void reduce_stage_gradients(size_t s);
+  // The configurations whose lists passed link_order_mismatch (check_link_order):
+  // (forwards only, schedule, ranks, stages, micro-batches).
+  using LinkOrderKey = std::tuple<bool, int, int, int, int>;
+  mutable std::set<LinkOrderKey> links_checked_;
 };
 
 }  // namespace chorus::parallel
