@@ -948,9 +948,12 @@ TEST(CudaKernels, AdamWUpdateMultiGradScaleMatchesCpu_CUDA) {
       expect_near(gp[i], cp[i], 1e-6, 1e-7, what + " param");
       expect_near(gm[i], cm[i], 1e-6, 1e-7, what + " exp_avg");
       expect_near(gv[i], cv[i], 1e-6, 1e-7, what + " exp_avg_sq");
-      expect_equal(gp[i], ip[i], what + " param, against the in-place scale");
-      expect_equal(gm[i], im[i], what + " exp_avg, against the in-place scale");
-      expect_equal(gv[i], iv[i], what + " exp_avg_sq, against the in-place scale");
+      // Not bit for bit on the GPU: the folded product meets the update's
+      // fused multiply-adds in registers, the in-place one through memory
+      // (session 37, an H200: up to one float32 ulp apart in a few elements).
+      expect_near(gp[i], ip[i], 1e-6, 1e-7, what + " param, against the in-place scale");
+      expect_near(gm[i], im[i], 1e-6, 1e-7, what + " exp_avg, against the in-place scale");
+      expect_near(gv[i], iv[i], 1e-6, 1e-7, what + " exp_avg_sq, against the in-place scale");
     }
   }
   // A scale that is not one float32 on the parameters' device: one line.
