@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chorus/chorus.h>
+#include <chorus/ops/indexing.h>
 
 #include "testing/expect_error.h"
 #include "testing/gradcheck.h"
@@ -139,6 +140,26 @@ TEST(OpsIndex, GatherMatchesNaive) {
   // Integer data.
   Tensor data = ints({10, 11, 12, 13, 14, 15}, {3, 2});
   EXPECT_EQ(gather(data, 1, ints({1, 0, 0}, {3, 1})).to_vector<int64_t>(), (std::vector<int64_t>{11, 12, 14}));
+}
+
+// ops::scatter_add_ adds into the tensor that is there (repeated indices
+// sum), as scatter_add_zeros does into zeros, and refuses a non-contiguous
+// target in one line.
+TEST(OpsIndex, ScatterAddInPlaceAddsToTheExistingValues) {
+  Tensor base = rnd({3, 5}, 7), src = rnd({3, 2}, 8);
+  Tensor index = ints({4, 0, 1, 1, 2, 4}, {3, 2});
+  Tensor out = base.clone();
+  ops::scatter_add_(out, 1, index, src);
+  const std::vector<float> b = base.to_vector<float>(), sv = src.to_vector<float>(), got = out.to_vector<float>();
+  const std::vector<int64_t> iv = index.to_vector<int64_t>();
+  std::vector<float> want = b;
+  for (int64_t r = 0; r < 3; ++r)
+    for (int64_t j = 0; j < 2; ++j) want[r * 5 + iv[r * 2 + j]] += sv[r * 2 + j];
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_FLOAT_EQ(got[i], want[i]) << i;
+  Tensor zeros_way = ops::scatter_add_zeros({3, 5}, 1, index, src);
+  EXPECT_LE(out.sub(base).sub(zeros_way).abs().max().item<float>(), 1e-6f);  // (base + s) - base: rounding
+  EXPECT_TRUE(throws_naming([&] { ops::scatter_add_(base.t(), 0, ints({0}, {1, 1}), rnd({1, 1}, 9)); },
+                            {"scatter_add_", "contiguous"}));
 }
 
 TEST(OpsIndex, OutOfRangeIndicesAreRejected) {
