@@ -38,7 +38,7 @@ Tensor gather_linear(const Tensor& x, const Tensor& weight, const Tensor& bias, 
 // x rank-major [tp * B, T/tp, in/tp], weight [out, in/tp], bias [out]
 // (replicated) -> [B, T/tp, out]; autocast as nn::functional::linear. Falls
 // back to the composition (product, reduce_scatter_to_sp, then the bias
-// through replicated_param) where the fused op does not apply.
+// through copy_param_to_tp) where the fused op does not apply.
 Tensor linear_reduce_scatter(const Tensor& x, const Tensor& weight, const Tensor& bias,
                              const dist::ProcessGroupPtr& group);
 
