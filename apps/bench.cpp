@@ -70,7 +70,7 @@ void add_bench_options(CLI::App* cmd, BenchConfig& c) {
   cmd->add_option("--micro-batches", c.micro_batches, "pipeline: micro-batches per batch")->capture_default_str()->transform(integer_up_to(kMaxBatchSize));
   cmd->add_option("--schedules", c.schedules, "pipeline: rows to run, from naive, gpipe, 1f1b, interleaved")->capture_default_str();
   add_optional(cmd, "--balance", c.balance, "pipeline: layers per stage, e.g. 14,15, or time | memory: split by measured time (default) or memory");
-  cmd->add_option("--recompute", c.recompute, "pipeline: never | except_last | always; GPT models: never | always (every block)")->capture_default_str();
+  cmd->add_option("--recompute", c.recompute, "pipeline: never | except_last | always; GPT models: never | always (every block) | N (the first N blocks) | auto (the fewest the memory plan needs)")->capture_default_str();
   cmd->add_option("--virtual-stages", c.virtual_stages, "pipeline, interleaved: stages per device (0: 2)")->capture_default_str()->transform(integer_up_to(64));
   cmd->add_flag("--bound", c.bound,
                 "pipeline: also time plain steps of the micro-batch and the whole batch on the first device, and give "

@@ -46,7 +46,7 @@ void bench_gpt_row(const BenchConfig& c, const std::string& strategy, const std:
   models::GPTConfig cfg = models::GPTConfig::named(c.model, 50257, std::max<int64_t>(seq, 1024));
   CHORUS_CHECK(seq <= cfg.context, "--seq-len ", seq, " is above the context");
   cfg.attention = ops::parse_attention_kernel(c.attention);
-  cfg.recompute = c.recompute == "always";
+  cfg.recompute_blocks = c.recompute == "always" ? cfg.layers : 0;
   const int stage = zero_stage_of(strategy, c);
   // The memory plan before the model is built (apps/memory_check.h);
   // pipelines split the model unevenly: no plan for them.
@@ -55,9 +55,12 @@ void bench_gpt_row(const BenchConfig& c, const std::string& strategy, const std:
     const auto replicas = strategy == "dp" ? static_cast<int64_t>(devices.size()) : int64_t{1};
     MemoryPlanFlags flags = c.memory;
     flags.quiet = flags.quiet || !leader;
-    plan = check_gpt_memory_plan(cfg, {c.model, stage > 0 ? "zero" : strategy, c.precision, c.batch_size, seq, replicas,
-                                       world, c.bucket_mb, stage, c.zero_param_dtype.value_or("")},
-                                 dev, flags);
+    const GptRun run{c.model, stage > 0 ? "zero" : strategy, c.precision, c.batch_size, seq, replicas,
+                     world, c.bucket_mb, stage, c.zero_param_dtype.value_or("")};
+    cfg.recompute_blocks = gpt_recompute_blocks(c.recompute, cfg, run, dev, flags);
+    plan = check_gpt_memory_plan(cfg, run, dev, flags);
+  } else if (c.recompute != "auto") {
+    cfg.recompute_blocks = gpt_recompute_blocks(c.recompute, cfg, GptRun{c.model}, dev, MemoryPlanFlags{});
   }
   manual_seed(0);
   auto model = std::make_shared<models::GPT>(cfg);
@@ -208,8 +211,9 @@ void bench_gpt_row(const BenchConfig& c, const std::string& strategy, const std:
 int run_bench_gpt(const BenchConfig& c) {
   CHORUS_CHECK(c.precision == "fp32" || c.precision == "bf16", "unknown precision '", c.precision, "'");
   CHORUS_CHECK(c.batch_size > 0 && c.steps > 0 && c.warmup >= 0, "--batch-size and --steps must be positive");
-  CHORUS_CHECK(c.recompute == "never" || c.recompute == "always",
-               "--recompute for a GPT is always (every block recomputes its activations) or never, got '", c.recompute, "'");
+  check_gpt_recompute_spelling(c.recompute);
+  CHORUS_CHECK(c.recompute != "auto" || c.strategy.find("pipeline") == std::string::npos,
+               "--recompute auto picks blocks by the memory plan, which pipelines do not have: give a number of blocks");
   const std::vector<std::string> strategies = bench_strategies(c);
   const bool over_ranks = strategies.front() == "ddp" || zero_stage_of(strategies.front(), c) > 0;
   if (!over_ranks) {

@@ -90,7 +90,7 @@ int chorus_main(int argc, char** argv, bool parse_only) {
   app::add_optional(train, "--micro-batches", tc.micro_batches, "pipeline: micro-batches per batch (default 4)")->transform(app::integer_up_to(app::kMaxBatchSize));
   app::add_optional(train, "--schedule", tc.schedule, "pipeline: gpipe | 1f1b (default) | interleaved");
   app::add_optional(train, "--balance", tc.balance, "pipeline: layers per stage, e.g. 14,15, or time | memory: split by measured time (default) or memory");
-  app::add_optional(train, "--recompute", tc.recompute, "activation recomputation: never (default) | except_last | always (pipeline: per micro-batch; GPT models: always = every block)");
+  app::add_optional(train, "--recompute", tc.recompute, "activation recomputation: never (default) | except_last | always (pipeline: per micro-batch); GPT models: never | always (every block) | N (the first N blocks) | auto (the fewest blocks the memory plan needs)");
   app::add_optional(train, "--virtual-stages", tc.virtual_stages, "pipeline, interleaved: stages per device (default 2)")->transform(app::integer_up_to(64));
   train->add_flag("--json", tc.json, "Print the final summary as one JSON object on stdout");
   train->add_flag("--quiet", tc.quiet, "No progress output");

@@ -63,18 +63,80 @@ dist::MemoryPlanInputs module_plan_inputs(const nn::Module& model, bool bf16, in
   return in;
 }
 
-bool check_memory_plan(const std::string& model, const dist::MemoryPlan& plan, const dist::MemoryPlanInputs& in,
-                       const Device& device, const MemoryPlanFlags& flags) {
-  std::optional<int64_t> free_bytes;
-  std::string where = device.str();
+namespace {
+
+// The free memory a plan is held to: --memory-limit-gib, else the device's
+// (unknown on a CPU); `where` names it for the messages.
+std::optional<int64_t> planned_free_bytes(const Device& device, const MemoryPlanFlags& flags, std::string& where) {
+  where = device.str();
   if (flags.limit_gib) {
     CHORUS_CHECK(std::isfinite(*flags.limit_gib) && *flags.limit_gib >= 0, "--memory-limit-gib must be a size in GiB, got ",
                  *flags.limit_gib);
-    free_bytes = static_cast<int64_t>(*flags.limit_gib * static_cast<double>(int64_t{1} << 30));
     where += " (--memory-limit-gib)";
-  } else if (auto info = backend(device).memory_info(device)) {
-    free_bytes = static_cast<int64_t>(info->free);
+    return static_cast<int64_t>(*flags.limit_gib * static_cast<double>(int64_t{1} << 30));
   }
+  if (auto info = backend(device).memory_info(device)) return static_cast<int64_t>(info->free);
+  return std::nullopt;
+}
+
+bool is_count(const std::string& s) {
+  return !s.empty() && s.size() <= 6 && s.find_first_not_of("0123456789") == std::string::npos;
+}
+
+}  // namespace
+
+void check_gpt_recompute_spelling(const std::string& spec) {
+  CHORUS_CHECK(spec == "never" || spec == "always" || spec == "auto" || is_count(spec),
+               "--recompute for a GPT is never, always, auto (the fewest blocks the memory plan needs) or a number of "
+               "blocks, got '", spec, "'");
+}
+
+int64_t gpt_recompute_blocks(const std::string& spec, const models::GPTConfig& cfg, const GptRun& run,
+                             const Device& device, const MemoryPlanFlags& flags) {
+  check_gpt_recompute_spelling(spec);
+  if (spec == "never") return 0;
+  if (spec == "always") return cfg.layers;
+  if (spec != "auto") {
+    const int64_t n = std::stoll(spec);
+    CHORUS_CHECK(n <= cfg.layers, "--recompute ", n, ": ", run.model, " has ", cfg.layers,
+                 " blocks (--recompute always recomputes every one)");
+    return n;
+  }
+  std::string where;
+  const std::optional<int64_t> free_bytes = planned_free_bytes(device, flags, where);
+  if (!free_bytes) {
+    if (!flags.quiet)
+      std::fprintf(stderr, "--recompute auto: %s's free memory is unknown (--memory-limit-gib gives it): no block recomputes\n",
+                   device.str().c_str());
+    return 0;
+  }
+  // The plan falls as blocks recompute: the fewest that fit, by bisection.
+  const dist::MemoryStrategy strategy = plan_strategy(run.strategy, run.replicas, run.world, run.zero_stage);
+  auto fits = [&](int64_t k) {
+    models::GPTConfig c = cfg;
+    c.recompute_blocks = k;
+    return dist::plan_for(strategy, gpt_plan_inputs(c, run, device)).fits(*free_bytes);
+  };
+  int64_t lo = 0, hi = cfg.layers;
+  if (!fits(hi)) {
+    lo = hi;  // the plan's refusal follows, with what would fit
+  } else {
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) / 2;
+      if (fits(mid)) hi = mid; else lo = mid + 1;
+    }
+  }
+  if (!flags.quiet)
+    std::fprintf(stderr, "--recompute auto: %lld of %lld blocks recompute (the fewest with which the memory plan fits %.1f GiB on %s)\n",
+                 static_cast<long long>(lo), static_cast<long long>(cfg.layers),
+                 static_cast<double>(*free_bytes) / static_cast<double>(int64_t{1} << 30), where.c_str());
+  return lo;
+}
+
+bool check_memory_plan(const std::string& model, const dist::MemoryPlan& plan, const dist::MemoryPlanInputs& in,
+                       const Device& device, const MemoryPlanFlags& flags) {
+  std::string where;
+  const std::optional<int64_t> free_bytes = planned_free_bytes(device, flags, where);
   const bool shown = !flags.quiet && (device.is_cuda() || flags.show);
   if (shown) std::fprintf(stderr, "%s\n", plan.str(free_bytes).c_str());
   if (!free_bytes || !plan.activations || plan.fits(*free_bytes)) return shown;

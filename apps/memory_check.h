@@ -59,6 +59,20 @@ struct GptRun {
 std::optional<dist::MemoryPlan> check_gpt_memory_plan(const models::GPTConfig& cfg, const GptRun& run,
                                                       const Device& device, const MemoryPlanFlags& flags);
 
+// --recompute for a GPT: never (0 blocks), always (every block), a number N
+// (the first N blocks: Note [Recomputing some blocks] in models/gpt.cpp), or
+// auto: the fewest blocks with which the memory plan fits the free memory
+// (the device's, or --memory-limit-gib); every block when none fits, so that
+// the plan's refusal then says what would; none where the free memory is not
+// known (a CPU without --memory-limit-gib). `run` and `flags` as for
+// check_gpt_memory_plan; auto prints its choice unless flags.quiet. Throws
+// ValueError naming the flag for anything else, or N above the blocks.
+int64_t gpt_recompute_blocks(const std::string& spec, const models::GPTConfig& cfg, const GptRun& run,
+                             const Device& device, const MemoryPlanFlags& flags);
+// The spellings gpt_recompute_blocks takes, checked before any model or
+// device exists (N's upper bound is checked there).
+void check_gpt_recompute_spelling(const std::string& spec);
+
 // Note [Memory plan formulas]' inputs for a GPT, from its configuration.
 // fused_attention: whether the flash kernel will run on `device`.
 dist::MemoryPlanInputs gpt_plan_inputs(const models::GPTConfig& cfg, const GptRun& run, const Device& device);

@@ -93,7 +93,7 @@ int run_calibrate(const PlanConfig& c) {
   for (const std::string& name : split_list(c.model)) models_to_time.emplace_back(name, models::GPTConfig::named(name));
   CHORUS_CHECK(!models_to_time.empty(), "--model is empty: name the models to time, e.g. --model gpt2,gpt2-xl");
   for (auto& [name, cfg] : models_to_time) {
-    cfg.recompute = c.recompute;
+    cfg.recompute_blocks = c.recompute ? cfg.layers : 0;
     CHORUS_CHECK(c.seq <= cfg.context, "--seq-len ", c.seq, " exceeds ", name, "'s context of ", cfg.context);
   }
   // Under a launcher with 2+ ranks every rank all-reduces on its local
@@ -164,7 +164,7 @@ int run_plan(const PlanConfig& c) {
                c.precision, "'");
   plan::Job job;
   job.cfg = models::GPTConfig::named(c.model);
-  job.cfg.recompute = c.recompute;
+  job.cfg.recompute_blocks = c.recompute ? job.cfg.layers : 0;
   job.gpus = c.gpus;
   job.gpus_per_node = c.gpus_per_node;
   job.batch = c.batch;

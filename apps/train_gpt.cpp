@@ -189,7 +189,8 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
   cfg = models::GPTConfig::named(tc.model, vocab, context);
   cfg.dropout = g.dropout;
   cfg.attention = ops::parse_attention_kernel(g.attention);
-  cfg.recompute = tc.recompute.value_or("never") == "always";
+  const std::string recompute = tc.recompute.value_or("never");
+  cfg.recompute_blocks = recompute == "always" ? cfg.layers : 0;
 
   // The memory plan, before any rendezvous or allocation: a run that cannot
   // fit stops here, on every rank, with what would (apps/memory_check.h).
@@ -201,7 +202,10 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
                tc.strategy == "zero" ? tc.zero_stage.value_or(1) : 0, tc.zero_param_dtype.value_or("")};
     MemoryPlanFlags flags = tc.memory;
     flags.quiet = tc.quiet || (ranked && ddp_launch_env(tc.strategy).rank != 0);
+    cfg.recompute_blocks = gpt_recompute_blocks(recompute, cfg, run, device, flags);
     r.plan = check_gpt_memory_plan(cfg, run, device, flags);
+  } else if (recompute != "auto") {
+    cfg.recompute_blocks = gpt_recompute_blocks(recompute, cfg, GptRun{tc.model}, device, MemoryPlanFlags{});
   }
 
   if (tc.strategy == "ddp" || tc.strategy == "zero") r.ranks = join_job(ddp_launch_env(tc.strategy), device, tc.dist_timeout_s);

@@ -8,6 +8,9 @@
 #   - chorus bench --model d2 prints the plan and the measured line
 #   - an image model prints the static part, its activations measured on the
 #     first step
+#   - --recompute auto picks the fewest recomputed blocks with which the plan
+#     fits: one block fewer is refused against the same limit, and the run
+#     with its choice trains; --recompute N and its bad spellings
 set -uo pipefail
 CHORUS=${1:?usage: memory_plan.sh path/to/chorus}
 fail=0
@@ -56,5 +59,27 @@ check "bench --memory-plan" "[ $rc -eq 0 ] && grep -q '^memory plan per GPU' $tm
   > /dev/null 2> "$tmp/err"; rc=$?
 check "mlp --memory-plan trains" "[ $rc -eq 0 ]"
 check "activations measured on the first step" "grep -q '^  activations     measured on the first step' $tmp/err && grep -Eq '^memory: peak [0-9.]+ GiB measured, [0-9.]+ GiB before the activations; activations and workspaces [0-9.]+ GiB' $tmp/err"
+# 5. --recompute auto (Note [Recomputing some blocks] in models/gpt.cpp): a
+# limit halfway between the plans with no block and with every block
+# recomputed; auto's choice k is checked by the plan's own refusal of k - 1.
+R=(train --data "text:$tmp/text.txt" --seq-len 128 --batch-size 8 --steps 1 --log-every 1 --devices cpu --model d6 --memory-plan)
+planned() { "$CHORUS" "${R[@]}" --memory-limit-gib 100 --recompute "$1" 2>&1 >/dev/null | awk '/^  with reserve/ {print $3}'; }
+none=$(planned never) every=$(planned always) three=$(planned 3)
+check "the plan falls as blocks recompute ($none > $three > $every GiB)" \
+  "python3 -c 'import sys; a, b, c = map(float, sys.argv[1:]); sys.exit(0 if a > b > c > 0 else 1)' $none $three $every"
+limit=$(python3 -c "import sys; print(round((float(sys.argv[1]) + float(sys.argv[2])) / 2, 3))" "$none" "$every")
+"$CHORUS" "${R[@]}" --memory-limit-gib "$limit" --recompute auto --json > "$tmp/out" 2> "$tmp/err"; rc=$?
+k=$(sed -n 's/^--recompute auto: \([0-9]*\) of 6 blocks recompute.*/\1/p' "$tmp/err")
+check "auto at $limit GiB trains, recomputing $k of 6 blocks, some but not all" \
+  "[ $rc -eq 0 ] && [ -n '$k' ] && [ '$k' -gt 0 ] && [ '$k' -lt 6 ] && grep -q '\"train_loss\"' $tmp/out"
+"$CHORUS" "${R[@]}" --memory-limit-gib "$limit" --recompute $((k - 1)) > /dev/null 2> "$tmp/err"; rc=$?
+check "one block fewer ($((k - 1))) is refused by the plan" "[ $rc -eq 1 ] && grep -q '^chorus: error: d6 with --strategy single needs' $tmp/err"
+"$CHORUS" "${R[@]}" --recompute auto > /dev/null 2> "$tmp/err"; rc=$?
+check "auto on a CPU without a limit: none, and says why" "[ $rc -eq 0 ] && grep -q 'free memory is unknown' $tmp/err"
+"$CHORUS" "${R[@]}" --recompute 7 > /dev/null 2> "$tmp/err"; rc=$?
+check "--recompute 7 of 6 blocks is bad input" "[ $rc -eq 1 ] && grep -q '^chorus: error: --recompute 7: d6 has 6 blocks' $tmp/err"
+"$CHORUS" "${R[@]}" --recompute some > /dev/null 2> "$tmp/err"; rc=$?
+check "--recompute some is bad input" "[ $rc -eq 1 ] && [ \$(wc -l < $tmp/err) -eq 1 ] && grep -q 'never, always, auto' $tmp/err"
+
 [ $fail -eq 0 ] || { echo "--- last stderr:"; cat "$tmp/err"; }
 exit $fail

@@ -46,6 +46,9 @@ same "zero-3 on 4 ranks, 4 x 2" "$(job 4 --strategy zero --zero-stage 3 --batch-
 same "zero-3 --recompute always, 2 x 4" "$(job 2 --strategy zero --zero-stage 3 --recompute always --batch-size 4)"
 same "zero-1 --recompute always, 2 x 4" "$(job 2 --strategy zero --zero-stage 1 --recompute always --batch-size 4)"
 same "ddp --recompute always, 2 x 4" "$(job 2 --strategy ddp --recompute always --batch-size 4)"
+# Some blocks recomputed, the others not (Note [Recomputing some blocks]):
+# both kinds of unit in one zero-3 step.
+same "zero-3 --recompute 1, 2 x 4" "$(job 2 --strategy zero --zero-stage 3 --recompute 1 --batch-size 4)"
 # --hybrid: two "nodes" of two ranks on this machine.
 port=$(free_port)
 for node in 0 1; do

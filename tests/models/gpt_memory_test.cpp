@@ -15,7 +15,7 @@ namespace chorus::gpt_memory_test {  // named: the unity build puts test files s
 using models::GPT;
 using models::GPTConfig;
 
-GPTConfig small(bool recompute) {
+GPTConfig small(bool recompute, int64_t blocks = -1) {
   GPTConfig c;
   c.layers = 3;
   c.heads = 4;
@@ -23,7 +23,7 @@ GPTConfig small(bool recompute) {
   c.vocab = 500;
   c.padded_vocab = 512;
   c.context = 64;
-  c.recompute = recompute;
+  c.recompute_blocks = recompute ? (blocks < 0 ? c.layers : blocks) : 0;
   return c;
 }
 
@@ -53,13 +53,32 @@ void expect_within_10_percent(const GPTConfig& cfg, int64_t batch, int64_t seq) 
   EXPECT_NEAR(static_cast<double>(measured), static_cast<double>(planned), 0.10 * static_cast<double>(planned))
       << "measured " << measured << " bytes, planned " << planned;
   std::printf("activations of %lld x %lld tokens%s: measured %lld bytes, planned %lld (%.1f%%)\n", (long long)batch,
-              (long long)seq, cfg.recompute ? " (recompute)" : "", (long long)measured, (long long)planned,
+              (long long)seq, cfg.recompute_blocks > 0 ? " (recompute)" : "", (long long)measured, (long long)planned,
               100.0 * static_cast<double>(measured) / static_cast<double>(planned));
 }
 
 TEST(GPTMemory, ActivationFormulaMatchesAMeasuredStep) { expect_within_10_percent(small(false), 4, 64); }
 
 TEST(GPTMemory, ActivationFormulaMatchesAMeasuredRecomputedStep) { expect_within_10_percent(small(true), 4, 64); }
+
+// Note [Recomputing some blocks]: the first k of the blocks recompute; the
+// formula counts k inputs and L - k whole sets, checked against a step.
+TEST(GPTMemory, ActivationFormulaMatchesSomeBlocksRecomputed) {
+  GPTConfig c = small(true, 1);
+  c.layers = 4;
+  expect_within_10_percent(c, 4, 64);
+  c.recompute_blocks = 3;
+  expect_within_10_percent(c, 4, 64);
+  // Between none and every block, one block's set minus its input apart each.
+  GPTConfig none = c, all = c;
+  none.recompute_blocks = 0;
+  all.recompute_blocks = 100;  // clamped to the 4 blocks
+  const int64_t a0 = models::gpt_activation_bytes(none, 4, 64, false, false).blocks;
+  const int64_t a4 = models::gpt_activation_bytes(all, 4, 64, false, false).blocks;
+  const int64_t a3 = models::gpt_activation_bytes(c, 4, 64, false, false).blocks;
+  EXPECT_EQ(a0 - a3, 3 * (a0 - a4) / 4);
+  EXPECT_TRUE(all.recomputes_every_block());
+}
 
 TEST(GPTMemory, ActivationFormulaMatchesOtherShapes) {
   GPTConfig c = small(false);
@@ -72,7 +91,7 @@ TEST(GPTMemory, ActivationFormulaMatchesOtherShapes) {
   c.vocab = 100;
   c.padded_vocab = 128;
   expect_within_10_percent(c, 2, 64);  // the blocks and the attention matrices do
-  c.recompute = true;
+  c.recompute_blocks = c.layers;
   expect_within_10_percent(c, 2, 64);
 }
 
@@ -80,7 +99,7 @@ TEST(GPTMemory, RecomputeAndFusedAttentionKeepLess) {
   const GPTConfig g = GPTConfig::named("gpt2");
   const int64_t plain = models::gpt_activation_bytes(g, 8, 1024, true, true).total();
   GPTConfig r = g;
-  r.recompute = true;
+  r.recompute_blocks = r.layers;
   EXPECT_LT(models::gpt_activation_bytes(r, 8, 1024, true, true).total(),
             models::gpt_activation_bytes(g, 8, 1024, true, true).total() / 2);
   EXPECT_LT(plain, models::gpt_activation_bytes(g, 8, 1024, true, false).total());

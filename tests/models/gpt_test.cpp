@@ -159,14 +159,9 @@ TEST(GPTModel, DataParallelEqualsOneDeviceInFloat64) {
   }
 }
 
-// --recompute: every block keeps its input only and runs again in the
-// backward (nn::checkpoint). In float64 the loss and every gradient equal an
-// ordinary step's, with dropout on (the recomputed forward draws the same
-// masks), and under DataParallel over two CPU devices.
-TEST(GPTModel, RecomputedBlocksGiveTheSameGradients) {
-  GPTConfig plain = tiny(3, 2, 8, 11, 6), again = plain;
-  plain.dropout = again.dropout = 0.2;
-  again.recompute = true;
+// One step of `plain` and of `again` (the same weights, the same dropout
+// seed): equal losses and gradients in float64.
+void expect_recomputed_like_plain(const GPTConfig& plain, const GPTConfig& again) {
   GPT a(plain), b(again);
   a.to(kFloat64);
   b.to(kFloat64);
@@ -190,15 +185,34 @@ TEST(GPTModel, RecomputedBlocksGiveTheSameGradients) {
     for (size_t j = 0; j < x.size(); ++j) worst = std::max(worst, std::abs(x[j] - y[j]));
     EXPECT_LT(worst, 1e-13) << pa[i].first;
   }
+}
+
+// --recompute: every block (or the first k: Note [Recomputing some blocks])
+// keeps its input only and runs again in the backward (nn::checkpoint). In
+// float64 the loss and every gradient equal an ordinary step's, with dropout
+// on (the recomputed forward draws the same masks), and under DataParallel
+// over two CPU devices.
+TEST(GPTModel, RecomputedBlocksGiveTheSameGradients) {
+  for (int64_t k : {3, 1, 2}) {
+    GPTConfig plain = tiny(3, 2, 8, 11, 6), again = plain;
+    plain.dropout = again.dropout = 0.2;
+    again.recompute_blocks = k;
+    SCOPED_TRACE("recomputed blocks: " + std::to_string(k));
+    expect_recomputed_like_plain(plain, again);
+  }
   // Without grad mode (evaluation) nothing is recorded or recomputed.
   {
+    GPTConfig every = tiny(3, 2, 8, 11, 6);
+    every.recompute_blocks = every.layers;
+    GPT b(every);
+    Tensor ids = random_ids({2, 6}, 11, 42), tg = random_ids({2, 6}, 11, 43);
     NoGradGuard ng;
     EXPECT_FALSE(b.loss(ids, tg).requires_grad());
   }
   // DataParallel replicas of a recomputing model (no dropout: the replicas
   // draw their own masks) against one ordinary device.
   GPTConfig p0 = tiny(3, 2, 8, 11, 6), r0 = p0;
-  r0.recompute = true;
+  r0.recompute_blocks = r0.layers;
   GPT one(p0);
   one.to(kFloat64);
   randomize(one, 45);

@@ -97,7 +97,7 @@ TEST(PlanCostModel, ComputeIsTheTrainingFlops) {
                 1e-9 * got)
         << name;
     EXPECT_DOUBLE_EQ(shard.gemm_rate(2), r);
-    job.cfg.recompute = true;
+    job.cfg.recompute_blocks = job.cfg.layers;
     EXPECT_NEAR(micro_batch_compute_seconds(job, k, n, 1, job.cfg.layers, true) * r, (got - head) * 4 / 3 + head,
                 1e-9 * got)
         << name;

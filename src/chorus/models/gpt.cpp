@@ -173,11 +173,20 @@ Tensor GPTTrunk::forward(const Tensor& ids) {
                cfg_.context, " positions");
   Tensor x = gpt_embed(*child_as<nn::Embedding>(*this, "wte"), *child_named(*this, "wpe"), positions_, ids, cfg_.dropout,
                        is_training());
-  // --recompute: each block keeps only its input and runs again in the
-  // backward (Note [Recomputed blocks] in nn/checkpoint.cpp).
-  const bool recompute = cfg_.recompute && is_training() && grad_enabled();
+  // --recompute: a recomputed block keeps only its input and runs again in
+  // the backward (Note [Recomputed blocks] in nn/checkpoint.cpp).
+  //
+  // Note [Recomputing some blocks]: --recompute N recomputes the first N
+  // blocks only (Megatron-LM's "block" granularity), so a run that fits
+  // without recomputing every block pays for the recomputation of only as
+  // many as its memory needs (--recompute auto picks the fewest by the memory
+  // plan, apps/memory_check.h). Which N blocks does not change the peak:
+  // every block's activations live together at the end of the forward; the
+  // first N, as Megatron-LM's block method counts them.
+  const int64_t recomputed = is_training() && grad_enabled() ? cfg_.recomputed_blocks() : 0;
+  int64_t i = 0;
   for (const auto& [n, block] : child_named(*this, "h")->named_children())
-    x = recompute ? nn::checkpoint(*block, x) : block->forward(x);
+    x = i++ < recomputed ? nn::checkpoint(*block, x) : block->forward(x);
   return child_named(*this, "ln_f")->forward(x);
 }
 

@@ -12,6 +12,7 @@
 // gpt_to_hf / gpt_from_hf transpose them (and cut or pad the vocabulary).
 #pragma once
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -30,9 +31,15 @@ struct GPTConfig {
   // The attention kernels (ops/transformer.h): the fused (flash) kernel where
   // the device has one, else the composite of two products and a softmax.
   ops::AttentionKernel attention = ops::AttentionKernel::Auto;
-  // Activation recomputation per block in training (nn/checkpoint.h): each
-  // block keeps its input only and runs its forward again in the backward.
-  bool recompute = false;
+  // Activation recomputation in training (nn/checkpoint.h): the first
+  // recompute_blocks blocks keep their input only and run their forward again
+  // in the backward; the others keep their activations (0: none, the default;
+  // `layers` or more: every block, --recompute always). Note [Recomputing
+  // some blocks] in gpt.cpp says why the first ones.
+  int64_t recompute_blocks = 0;
+  // The blocks that recompute, clamped to [0, layers].
+  int64_t recomputed_blocks() const { return recompute_blocks <= 0 ? 0 : std::min(recompute_blocks, layers); }
+  bool recomputes_every_block() const { return recomputed_blocks() == layers; }
   // gpt2, gpt2-medium, gpt2-large, gpt2-xl, or llm.c's dN (d6, d12, ..., d84).
   // vocab and context as given. Throws ValueError naming the known names.
   static GPTConfig named(const std::string& name, int64_t vocab = 50257, int64_t context = 1024);

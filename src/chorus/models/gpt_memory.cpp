@@ -23,15 +23,16 @@ GPTActivationBytes gpt_activation_bytes(const GPTConfig& cfg, int64_t batch, int
   // and c_fc's weight gradient (16-bit, then its float32 cast under autocast).
   const int64_t backward = 10 * nc + 4 * c * c * (s + (bf16 ? 4 : 0));
   const int64_t head = 2 * nc + 2 * n * 4 + n * 4 + gpt_logits_bytes(cfg, batch, seq, bf16, logits_overwritten);
-  if (cfg.recompute) {
-    // Every block keeps its input; the backward recomputes one block at a
-    // time: its set (its input aside), its output and the gradient into it.
-    a.blocks = cfg.layers * nc;
-    a.peak = std::max(head, (block - nc) + 2 * nc + backward);
-  } else {
-    a.blocks = cfg.layers * block;
-    a.peak = std::max(head, backward);
-  }
+  // A recomputed block keeps its input; the backward recomputes one block at
+  // a time: its set (its input aside), its output and the gradient into it.
+  // The others keep their whole set (Note [Recomputing some blocks] in
+  // gpt.cpp). The recomputed blocks are the first k, whose backward runs
+  // last, when the other L - k blocks' sets are gone: that moment's peak is
+  // on top of the k inputs alone, less what `blocks` counts beyond them.
+  const int64_t k = cfg.recomputed_blocks();
+  a.blocks = k * nc + (cfg.layers - k) * block;
+  const int64_t recomputing = k > 0 ? (block - nc) + 2 * nc + backward - (cfg.layers - k) * block : 0;
+  a.peak = std::max({head, backward, recomputing});
   return a;
 }
 

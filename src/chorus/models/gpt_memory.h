@@ -16,8 +16,8 @@
 //         mean and rstd                                         2 N * 4
 //   the MLP (mlp_gelu): the pre-activation and GELU output    2 * 4 N C s
 // so 16 N C s + 16 N (+ attention's) a block; c_proj's outputs and the
-// residual sums are read once and freed. With --recompute a block keeps its
-// input (N C s) and the backward holds one block's full set at a time.
+// residual sums are read once and freed. A recomputed block (--recompute)
+// keeps its input (N C s) and the backward holds one block's full set at a time.
 // The embeddings keep the ids and targets and the lookups' indices (int64).
 // The head keeps ln_f's input and output, and the fused classifier's
 // gradient of the logits [N, Vp] (s bytes); the peak comes as it runs:
@@ -48,7 +48,7 @@ struct GPTActivationBytes {
 
 // One micro-batch of `batch` sequences of `seq` tokens; bf16: under autocast;
 // fused_attention: the flash kernel runs (ops::AttentionKernel's rules: CUDA,
-// 16-bit, head_dim <= 128, no dropout); cfg.recompute and cfg.dropout as set.
+// 16-bit, head_dim <= 128, no dropout); cfg.recompute_blocks and cfg.dropout as set.
 // logits_overwritten: the loss writes the classifier's gradient over the
 // logits (GPT::loss, the trainer's step: GPT::loss_of_logits' discard_logits),
 // not beside them (a pipeline's last stage, which returns its output).

@@ -150,7 +150,9 @@ double micro_batch_compute_seconds(const Job& job, const KernelRates& k, int64_t
   const double split = static_cast<double>(tp);
   double block = 72 * n * c * c / (split * k.gemm_rate(tp)) + 6 * n * c * t / (split * k.attention_flops) +
                  (k.other_elements > 0 ? n * c / (split * k.other_elements) : 0.0);
-  if (job.cfg.recompute) block *= 4.0 / 3.0;
+  // A recomputed block runs its forward again (a third of its time): Note
+  // [Recomputing some blocks] in models/gpt.cpp.
+  block *= 1.0 + static_cast<double>(job.cfg.recomputed_blocks()) / (3.0 * static_cast<double>(job.cfg.layers));
   return static_cast<double>(layers) * block + (head ? 6 * n * c * vp / (split * k.classifier_flops) : 0.0);
 }
 

@@ -11,7 +11,7 @@
 //           + N C      / (tp R_other)       norms, GELU, residuals, biases
 //                                           (sequence parallelism splits them too)
 //   head    = 6 N C Vp / (tp R_classifier)  the tied classifier and its loss
-//   recompute (--recompute) runs each block's forward again: block x 4/3.
+//   recompute (--recompute, k of L blocks) runs their forward again: block x (1 + k / 3L).
 // A step's compute adds AdamW over the parameters this GPU steps (R_optimizer
 // parameters a second). Rates are measured at the model's shapes
 // (Note [Calibration]); 72 N C^2 + 6 N C T per block plus 6 N C Vp is the

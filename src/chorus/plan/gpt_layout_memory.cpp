@@ -22,7 +22,7 @@ dist::MemoryPlanInputs gpt_memory_inputs(const models::GPTConfig& cfg, const Gpt
   in.optimizer_bytes_per_param = 8;  // AdamW
   in.bucket_bytes = run.bucket_bytes;
   in.bf16 = run.bf16;
-  in.recompute = cfg.recompute;
+  in.recompute = cfg.recomputes_every_block();  // some blocks only: planned as none (their casts kept)
   if (run.bf16 && run.zero_param_dtype != "fp32") {
     // add_gpt_sharding's param_dtype: the blocks' matrices, 12 C^2 a block.
     in.low_precision_unit_params = 12 * cfg.width * cfg.width;
