@@ -83,6 +83,8 @@ void add_bench_options(CLI::App* cmd, BenchConfig& c) {
   cmd->add_flag("--sequence-parallel", c.sequence_parallel, "GPT models with --mesh tp>1: sequence parallelism");
   cmd->add_option("--seq-len", c.seq_len, "GPT models (gpt2 ... d84): tokens per sequence (default 1024)")
       ->transform(integer_up_to(1 << 20));
+  cmd->add_flag("--recompute-gelu", c.recompute_gelu,
+                "GPT models: the MLP keeps GELU's input only and the backward computes GELU again");
   cmd->add_option("--attention", c.attention,
                   "GPT models: auto (the fused flash kernel where the GPU has one) | fused | composite")
       ->capture_default_str();

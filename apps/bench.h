@@ -50,6 +50,7 @@ struct BenchConfig {
   bool bound = false;
   int64_t seq_len = 0;  // GPT models: tokens per sequence (0: 1024)
   std::string attention = "auto";  // GPT models: auto | fused | composite (ops::AttentionKernel)
+  bool recompute_gelu = false;     // GPT models: --recompute-gelu (models::GPTConfig::recompute_gelu)
   // GPT models over a device mesh (apps/bench_gpt_mesh.cpp), one process per
   // rank under a launcher: --mesh dp=A,pp=B,tp=C [--sequence-parallel]
   // (pp > 1: a row per schedule of `schedules`, `micro_batches` each).

@@ -46,6 +46,7 @@ void bench_gpt_row(const BenchConfig& c, const std::string& strategy, const std:
   models::GPTConfig cfg = models::GPTConfig::named(c.model, 50257, std::max<int64_t>(seq, 1024));
   CHORUS_CHECK(seq <= cfg.context, "--seq-len ", seq, " is above the context");
   cfg.attention = ops::parse_attention_kernel(c.attention);
+  cfg.recompute_gelu = c.recompute_gelu;
   cfg.recompute_blocks = c.recompute == "always" ? cfg.layers : 0;
   const int stage = zero_stage_of(strategy, c);
   // The memory plan before the model is built (apps/memory_check.h);
@@ -186,6 +187,7 @@ void bench_gpt_row(const BenchConfig& c, const std::string& strategy, const std:
                                 {"seq_len", seq},
                                 {"attention", c.attention},
                                 {"recompute", c.recompute},
+                                {"recompute_gelu", c.recompute_gelu},
                                 {"params", cfg.num_parameters()},
                                 {"tok_per_s", tok_s},
                                 {"step_ms", 1000.0 * dt / static_cast<double>(c.steps)},

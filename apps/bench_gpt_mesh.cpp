@@ -68,6 +68,7 @@ int run_bench_gpt_mesh(const BenchConfig& c) {
                " cannot go with it");
   CHORUS_CHECK(c.precision == "fp32" || c.precision == "bf16", "unknown precision '", c.precision, "'");
   CHORUS_CHECK(c.recompute == "never", "chorus bench --mesh: --recompute is not offered with --mesh yet");
+  CHORUS_CHECK(!c.recompute_gelu, "chorus bench --mesh: --recompute-gelu is not offered with --mesh yet");
   CHORUS_CHECK(c.batch_size > 0 && c.steps > 0 && c.warmup >= 0, "--batch-size and --steps must be positive");
   if (c.trace) {
     const auto [first, last] = parse_trace_steps(c.trace_steps);

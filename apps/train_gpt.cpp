@@ -189,6 +189,7 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
   cfg = models::GPTConfig::named(tc.model, vocab, context);
   cfg.dropout = g.dropout;
   cfg.attention = ops::parse_attention_kernel(g.attention);
+  cfg.recompute_gelu = g.recompute_gelu;
   const std::string recompute = tc.recompute.value_or("never");
   cfg.recompute_blocks = recompute == "always" ? cfg.layers : 0;
 

@@ -53,6 +53,7 @@ struct GptOptions {
   bool skip_nan = false;                  // a NaN loss skips its step instead of stopping the run
   double dropout = 0.0;
   std::string attention = "auto";         // auto | fused | composite (ops::AttentionKernel)
+  bool recompute_gelu = false;            // --recompute-gelu (models::GPTConfig::recompute_gelu)
   // --mesh dp=A,pp=B,tp=C (apps/train_gpt_mesh.cpp): tensor parallelism,
   // pipeline stages over the pp groups (TrainConfig's --micro-batches,
   // --schedule, --balance), data parallelism over the dp groups; --sequence-parallel shards the

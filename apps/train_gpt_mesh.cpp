@@ -66,6 +66,7 @@ void validate_gpt_mesh(const TrainConfig& tc, const GptOptions& g) {
                tc.strategy, " cannot go with it (leave --strategy out)");
   CHORUS_CHECK(!g.skip_nan, "--skip-nan is not offered with --mesh yet");
   CHORUS_CHECK(!tc.recompute || *tc.recompute == "never", "--recompute is not offered with --mesh yet");
+  CHORUS_CHECK(!g.recompute_gelu, "--recompute-gelu is not offered with --mesh yet");
   CHORUS_CHECK(!g.save_hf, "--save-hf is not offered with --mesh yet (convert the checkpoint without --mesh)");
   CHORUS_CHECK(tc.precision == "fp32" || tc.precision == "bf16", "unknown precision '", tc.precision, "'");
   CHORUS_CHECK(!tc.metrics && !tc.tensorboard && !tc.plot,

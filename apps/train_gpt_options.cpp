@@ -42,6 +42,10 @@ void add_gpt_train_options(CLI::App* train, GptOptions& g) {
   train->add_flag("--skip-nan", g.skip_nan, "GPT: skip a step whose loss is NaN instead of stopping")->group(grp);
   train->add_option("--dropout", g.dropout, "GPT: dropout on embeddings and residual branches")
       ->capture_default_str()->check(real_number(1, true, 0))->group(grp);
+  train->add_flag("--recompute-gelu", g.recompute_gelu,
+                  "GPT: the MLP keeps GELU's input only and the backward computes GELU again (a quarter less "
+                  "activation memory a block; llm.c's -r 1)")
+      ->group(grp);
   train->add_option("--attention", g.attention,
                     "GPT: auto (the fused flash kernel where the GPU has one) | fused | composite")
       ->capture_default_str()->group(grp);

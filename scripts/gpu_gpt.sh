@@ -18,8 +18,8 @@
 #    big: BIG_MODEL with ZeRO-3, BIG_BATCH (1) sequences a GPU, BIG_FLAGS (extra train flags);
 #    obs: a slowed and a stopped rank named over NCCL, --trace's device tracks (and of a --mesh tp=2 GPT, trained
 #    and benched), a killed --mesh tp=2 rank named by the survivor, on 2 GPUs)
-#   ZERO_STAGES entries: 1 2 3, with e for eager (--no-cuda-graphs) and f for float32 gathered weights
-#   (--zero-param-dtype fp32), e.g. 3e 1f; ddp: DDP_ONE=0 skips the one-GPU run,
+#   ZERO_STAGES entries: 1 2 3, with e for eager (--no-cuda-graphs), f for float32 gathered weights
+#   (--zero-param-dtype fp32) and g for --recompute-gelu, e.g. 3e 1f 1g; ddp: DDP_ONE=0 skips the one-GPU run,
 #   DDP_TORCH=0 PyTorch's
 #   tests: GPU_TESTS (a gtest filter) instead of the transformer tests
 #   GPT_MODEL (gpt2), GPT_BATCH (16), GPT_SEQ (1024), GPT_STEPS (30); BUILD_TARGETS (chorus_cli chorus_tests)
@@ -340,6 +340,7 @@ PY
       zs=${st:0:1}; zf=(); tag=""
       [[ $st == *e* ]] && { zf+=(--no-cuda-graphs); tag+=" eager"; }
       [[ $st == *f* ]] && { zf+=(--zero-param-dtype fp32); tag+=" fp32-params"; }
+      [[ $st == *g* ]] && { zf+=(--recompute-gelu); tag+=" gelu-recomputed"; }
       ck=(); [ -n "${ZERO_CKPT:-}" ] && { rm -rf /tmp/zck$st; ck=(--checkpoint-dir /tmp/zck$st --checkpoint-every $ZERO_CKPT); }
       timeout 500 $BUILD/chorus launch --nproc-per-node $NG -- $BUILD/chorus train --model $MODEL --strategy zero \
         --zero-stage $zs --devices cuda --data "tokens:$DATA/rand_train_*.bin" --seq-len $T --batch-size $B --precision bf16 \

@@ -80,6 +80,25 @@ TEST(GPTMemory, ActivationFormulaMatchesSomeBlocksRecomputed) {
   EXPECT_TRUE(all.recomputes_every_block());
 }
 
+// --recompute-gelu keeps GELU's input only: checked against a measured step,
+// alone and with some blocks recomputed.
+TEST(GPTMemory, ActivationFormulaMatchesRecomputedGelu) {
+  GPTConfig c = small(false);
+  c.recompute_gelu = true;
+  expect_within_10_percent(c, 4, 64);
+  c.layers = 4;
+  c.recompute_blocks = 2;
+  expect_within_10_percent(c, 4, 64);
+  GPTConfig kept = small(false);
+  EXPECT_EQ(models::gpt_activation_bytes(kept, 4, 64, false, false).blocks -
+                models::gpt_activation_bytes(small(false), 4, 64, false, false).blocks, 0);
+  GPTConfig dropped = kept;
+  dropped.recompute_gelu = true;
+  EXPECT_EQ(models::gpt_activation_bytes(kept, 4, 64, false, false).blocks -
+                models::gpt_activation_bytes(dropped, 4, 64, false, false).blocks,
+            kept.layers * 4 * (4 * 64) * kept.width * 4);  // 4 N C floats a block
+}
+
 TEST(GPTMemory, ActivationFormulaMatchesOtherShapes) {
   GPTConfig c = small(false);
   c.layers = 2;

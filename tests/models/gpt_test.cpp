@@ -200,6 +200,16 @@ TEST(GPTModel, RecomputedBlocksGiveTheSameGradients) {
     SCOPED_TRACE("recomputed blocks: " + std::to_string(k));
     expect_recomputed_like_plain(plain, again);
   }
+  // --recompute-gelu (Note [GELU recomputed in the backward]): alone and
+  // beside recomputed blocks.
+  for (int64_t k : {0, 2}) {
+    GPTConfig plain = tiny(3, 2, 8, 11, 6), again = plain;
+    plain.dropout = again.dropout = 0.2;
+    again.recompute_blocks = k;
+    again.recompute_gelu = true;
+    SCOPED_TRACE("GELU recomputed, recomputed blocks: " + std::to_string(k));
+    expect_recomputed_like_plain(plain, again);
+  }
   // Without grad mode (evaluation) nothing is recorded or recomputed.
   {
     GPTConfig every = tiny(3, 2, 8, 11, 6);

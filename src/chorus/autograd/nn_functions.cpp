@@ -18,7 +18,17 @@
 
 namespace chorus::autograd {
 
-Tensor mlp_gelu(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2) {
+// Note [GELU recomputed in the backward]: the MLP's backward reads GELU's
+// input (for its derivative) and its output (for the second matrix's weight
+// gradient). Both are 4 C wide: half of what a GPT block keeps for its
+// backward beside the other 8 C (Note [GPT activation count]). With
+// recompute_gelu the node keeps the input alone and the backward applies GELU
+// to it again -- one elementwise pass over 4 C a token, against a quarter of
+// the block's activations -- as llm.c does by default. Its output is the same
+// function of the same input, so in float32 and float64 the gradients are
+// those of the kept output up to the product epilogue's rounding of GELU.
+Tensor mlp_gelu(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2,
+                bool recompute_gelu) {
   const int64_t c = x.size(-1), m = x.numel() / std::max<int64_t>(c, 1);
   Shape out_shape = x.sizes();
   out_shape.back() = w2.size(0);
@@ -28,10 +38,11 @@ Tensor mlp_gelu(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tenso
   Tensor xd = x2.detach(), w1d = w1.detach(), w2d = w2.detach();
   const Shape x_shape = x.sizes();
   const bool need_dx = x.requires_grad();
-  Tensor pre_d = pre, h_d = h;
+  Tensor pre_d = pre, h_d = recompute_gelu ? Tensor() : h;
   return record("MlpGeluBackward", y, {x, w1, b1, w2, b2}, [xd, w1d, w2d, pre_d, h_d, x_shape, need_dx](const TensorList& g) {
     Tensor g2 = ops::view(ops::contiguous(g[0]), {xd.size(0), w2d.size(0)});
-    std::vector<Tensor> d = ops::mlp_gelu_backward(g2, xd, w1d, w2d, pre_d, h_d, need_dx);
+    const Tensor h_now = h_d.defined() ? h_d : ops::unary(UnaryOp::GeluTanh, pre_d);
+    std::vector<Tensor> d = ops::mlp_gelu_backward(g2, xd, w1d, w2d, pre_d, h_now, need_dx);
     return TensorList{d[0].defined() ? ops::view(d[0], x_shape) : Tensor(), d[1], d[2], d[3], d[4]};
   });
 }

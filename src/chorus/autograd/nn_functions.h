@@ -14,7 +14,10 @@ namespace chorus::autograd {
 Tensor linear_bias(const Tensor& x, const Tensor& weight, const Tensor& bias);
 // A GPT MLP, gelu_tanh(x w1^T + b1) w2^T + b2 over x [..., C], as one node
 // whose products carry GELU and its derivative (ops::mlp_gelu).
-Tensor mlp_gelu(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2);
+// recompute_gelu: keep only GELU's input for the backward, which computes its
+// output again (Note [GELU recomputed in the backward] in nn_functions.cpp).
+Tensor mlp_gelu(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2,
+                bool recompute_gelu = false);
 // `weight_data`, when defined, is what the convolution computes with in
 // weight's place: autocast's 16-bit copy of a float32 `weight` (Note [Autocast
 // weight copies]). The filter gradient then reaches `weight` in its own dtype

@@ -123,7 +123,7 @@ Tensor GPTMLP::forward(const Tensor& x) {
   Tensor y;
   if (fc && proj && fc->bias().defined() && proj->bias().defined() && x.device() == fc->weight().device() &&
       x.device() == proj->weight().device()) {
-    y = nn::functional::mlp_gelu(x, fc->weight(), fc->bias(), proj->weight(), proj->bias());
+    y = nn::functional::mlp_gelu(x, fc->weight(), fc->bias(), proj->weight(), proj->bias(), cfg_.recompute_gelu);
   } else {
     Tensor h = nn::functional::gelu(child_named(*this, "c_fc")->forward(x), /*tanh_approximation=*/true);
     y = child_named(*this, "c_proj")->forward(h);

@@ -40,6 +40,10 @@ struct GPTConfig {
   // The blocks that recompute, clamped to [0, layers].
   int64_t recomputed_blocks() const { return recompute_blocks <= 0 ? 0 : std::min(recompute_blocks, layers); }
   bool recomputes_every_block() const { return recomputed_blocks() == layers; }
+  // The MLP keeps GELU's input only and its backward computes GELU again
+  // (--recompute-gelu; Note [GELU recomputed in the backward] in
+  // autograd/nn_functions.cpp): a quarter less of what a block keeps.
+  bool recompute_gelu = false;
   // gpt2, gpt2-medium, gpt2-large, gpt2-xl, or llm.c's dN (d6, d12, ..., d84).
   // vocab and context as given. Throws ValueError naming the known names.
   static GPTConfig named(const std::string& name, int64_t vocab = 50257, int64_t context = 1024);

@@ -14,14 +14,17 @@ GPTActivationBytes gpt_activation_bytes(const GPTConfig& cfg, int64_t batch, int
   const bool drop = cfg.dropout > 0;
   // Dropout keeps a mask per residual branch and, composite, per attention matrix.
   const int64_t masks = drop ? 2 * nc + (fused_attention ? 0 : batch * h * seq * seq * s) : 0;
-  const int64_t block = 16 * nc + norms + attention + masks;
+  // --recompute-gelu: the MLP keeps GELU's input only (4 N C s less), and
+  // the backward holds the recomputed output beside its gradients.
+  const int64_t gelu_out = cfg.recompute_gelu ? 0 : 4 * nc;
+  const int64_t block = 12 * nc + gelu_out + norms + attention + masks;
 
   GPTActivationBytes a;
   a.embeddings = 2 * n * 8 + seq * 8 + (drop ? nc : 0);
   // A block's backward begins with the MLP's: its incoming gradient, dpre
   // (4 N C), dx and the residual's gradient beside the block's whole set,
   // and c_fc's weight gradient (16-bit, then its float32 cast under autocast).
-  const int64_t backward = 10 * nc + 4 * c * c * (s + (bf16 ? 4 : 0));
+  const int64_t backward = 10 * nc + (4 * nc - gelu_out) + 4 * c * c * (s + (bf16 ? 4 : 0));
   const int64_t head = 2 * nc + 2 * n * 4 + n * 4 + gpt_logits_bytes(cfg, batch, seq, bf16, logits_overwritten);
   // A recomputed block keeps its input; the backward recomputes one block at
   // a time: its set (its input aside), its output and the gradient into it.

@@ -15,6 +15,8 @@
 //   ln_2: its input h (x plus attention) and its output          2 N C s
 //         mean and rstd                                         2 N * 4
 //   the MLP (mlp_gelu): the pre-activation and GELU output    2 * 4 N C s
+//         (--recompute-gelu: the pre-activation only, 4 N C s, and the
+//         recomputed output in the block's backward)
 // so 16 N C s + 16 N (+ attention's) a block; c_proj's outputs and the
 // residual sums are read once and freed. A recomputed block (--recompute)
 // keeps its input (N C s) and the backward holds one block's full set at a time.

@@ -44,7 +44,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   return bias.defined() ? chorus::add(y, bias) : y;
 }
 
-Tensor mlp_gelu(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2) {
+Tensor mlp_gelu(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2,
+               bool recompute_gelu) {
   for (const Tensor* t : {&x, &w1, &b1, &w2, &b2}) detail::check_defined(*t, "mlp_gelu", "an operand");
   CHORUS_CHECK(w1.dim() == 2 && w2.dim() == 2 && x.dim() >= 2 && x.size(-1) == w1.size(1) &&
                    w2.size(1) == w1.size(0) && b1.dim() == 1 && b1.size(0) == w1.size(0) && b2.dim() == 1 &&
@@ -61,7 +62,8 @@ Tensor mlp_gelu(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tenso
   }
   bool one = xx.numel() > 0;
   for (const Tensor* t : {&a, &ab, &c, &cb}) one = one && t->dtype() == xx.dtype() && t->device() == xx.device();
-  if (one) return autograd::mlp_gelu(xx, a, ab, c, cb);
+  if (one) return autograd::mlp_gelu(xx, a, ab, c, cb, recompute_gelu);
+  // (The composition keeps GELU's output: recompute_gelu applies to the fused op.)
   return linear(gelu(linear(x, w1, b1), /*tanh_approximation=*/true), w2, b2);
 }
 

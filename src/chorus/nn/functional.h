@@ -17,7 +17,11 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 // linear(gelu(linear(x, w1, b1), tanh_approximation = true), w2, b2): a GPT
 // MLP, computed as one op whose matrix products carry GELU, its derivative
 // and the biases (ops/linear.h) when all operands share a dtype and device.
-Tensor mlp_gelu(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2);
+// recompute_gelu: the backward computes GELU's output again from its input
+// instead of keeping it (a quarter less of what a GPT block keeps; llm.c's
+// default, its -r 1).
+Tensor mlp_gelu(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2,
+                bool recompute_gelu = false);
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dParams& p);
 // conv2d(x, weight, bias, p) + residual (a residual block's last convolution
 // and its shortcut): on a GPU the add runs in the convolution's epilogue
