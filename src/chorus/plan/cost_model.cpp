@@ -141,8 +141,23 @@ double KernelRates::gemm_rate(int64_t tp) const {
   return gemm_flops;
 }
 
+const KernelRates& Rates::at(int64_t tokens) const {
+  const KernelRates* best = &kernels;
+  auto distance = [tokens](const KernelRates& k) {
+    return k.tokens > 0 && tokens > 0 ? std::abs(std::log(static_cast<double>(k.tokens) / static_cast<double>(tokens)))
+                                      : 0.0;
+  };
+  for (const KernelRates& k : more)
+    if (distance(k) < distance(*best)) best = &k;
+  return *best;
+}
+
+bool step_is_graphed(const Layout& layout) {
+  return layout.kind == "single" || layout.kind == "ddp" || (layout.kind == "zero" && layout.zero_stage <= 2);
+}
+
 double micro_batch_compute_seconds(const Job& job, const KernelRates& k, int64_t tokens, int64_t tp, int64_t layers,
-                                   bool head) {
+                                   bool head, bool graphed) {
   CHORUS_CHECK(k.gemm_flops > 0 && k.attention_flops > 0 && k.classifier_flops > 0,
                "the kernel rates must be positive");
   const double n = static_cast<double>(tokens), c = static_cast<double>(job.cfg.width);
@@ -150,8 +165,12 @@ double micro_batch_compute_seconds(const Job& job, const KernelRates& k, int64_t
   const double split = static_cast<double>(tp);
   double block = 72 * n * c * c / (split * k.gemm_rate(tp)) + 6 * n * c * t / (split * k.attention_flops) +
                  (k.other_elements > 0 ? n * c / (split * k.other_elements) : 0.0);
-  if (job.cfg.recompute) block *= 4.0 / 3.0;
-  return static_cast<double>(layers) * block + (head ? 6 * n * c * vp / (split * k.classifier_flops) : 0.0);
+  CHORUS_CHECK(k.recompute > 0 && k.graph_block > 0 && k.graph_classifier > 0,
+               "the recompute and graph ratios must be positive");
+  if (job.cfg.recompute) block *= k.recompute;
+  double head_s = head ? 6 * n * c * vp / (split * k.classifier_flops) : 0.0;
+  if (graphed) block *= k.graph_block, head_s *= k.graph_classifier;
+  return static_cast<double>(layers) * block + head_s;
 }
 
 namespace {
@@ -179,7 +198,6 @@ Prediction predict(const Job& job, const Layout& layout, const std::optional<Rat
   p.memory = layout_memory(job, layout);
   p.fits = job.gpu_memory_bytes <= 0 || p.memory.fits(job.gpu_memory_bytes);
   if (!rates || (layout.gpus() > 1 && !rates->links)) return p;
-  const KernelRates& k = rates->kernels;
   const Links links = rates->links.value_or(Links{});
   const models::GPTConfig& cfg = job.cfg;
   const double P = static_cast<double>(cfg.num_parameters());
@@ -187,12 +205,14 @@ Prediction predict(const Job& job, const Layout& layout, const std::optional<Rat
   const double matrices = static_cast<double>(12 * cfg.width * cfg.width * cfg.layers);
   const double tokens_per_step = static_cast<double>(job.batch * job.seq * job.gpus);
   double compute = 0, exposed = 0, bubble = 0, step = 0;
-  const double adamw = 1.0 / k.optimizer_params;
+  const bool graphed = step_is_graphed(layout);
 
   if (layout.kind != "mesh") {
     const int64_t n = layout.kind == "single" ? 1 : layout.dp;
     const Group g = data_group(job, n, 1);
-    const double fwd_bwd = micro_batch_compute_seconds(job, k, job.batch * job.seq, 1, cfg.layers, true);
+    const KernelRates& k = rates->at(job.batch * job.seq);
+    const double adamw = (graphed ? k.graph_optimizer : 1.0) / k.optimizer_params;
+    const double fwd_bwd = micro_batch_compute_seconds(job, k, job.batch * job.seq, 1, cfg.layers, true, graphed);
     const double backward = fwd_bwd * 2.0 / 3.0;
     const double stepped = layout.kind == "zero" ? P / static_cast<double>(n) : P;
     compute = fwd_bwd + stepped * adamw;
@@ -227,12 +247,17 @@ Prediction predict(const Job& job, const Layout& layout, const std::optional<Rat
     const int64_t tp = layout.tp, pp = layout.pp, m = layout.micro_batches, v = layout.virtual_stages;
     const int64_t mb_tokens = job.batch * tp * pp / m * job.seq;
     const int64_t blocks = (cfg.layers + pp - 1) / pp;
+    const KernelRates& k = rates->at(mb_tokens);
+    const double adamw = 1.0 / k.optimizer_params;
     const double mb = micro_batch_compute_seconds(job, k, mb_tokens, tp, blocks, true);
     const Group tg{tp, tp};
     const double act = static_cast<double>(mb_tokens) * static_cast<double>(cfg.width) * s;
-    const double tensor_comm = tp > 1 ? 4.0 * static_cast<double>(blocks) * all_reduce_seconds(act, tg, links) +
-                                            2.0 * all_reduce_seconds(4.0 * static_cast<double>(mb_tokens), tg, links)
-                                      : 0.0;
+    // Sequence parallel: each of the block's 4 all-reduces is an all-gather
+    // and a reduce-scatter (Note [Cost model]).
+    const double tensor_comm =
+        tp > 1 ? 4.0 * static_cast<double>(blocks) * (all_gather_seconds(act, tg, links) + reduce_scatter_seconds(act, tg, links)) +
+                     2.0 * all_reduce_seconds(4.0 * static_cast<double>(mb_tokens), tg, links)
+               : 0.0;
     const double p2p = pp > 1 ? 2.0 * send_recv_seconds(act / static_cast<double>(tp),
                                                          tp * pp > job.gpus_per_node, links)
                               : 0.0;
