@@ -8,12 +8,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include "chorus/autograd/autocast.h"
+#include "chorus/autograd/grad_mode.h"
 #include "chorus/core/backend.h"
 #include "chorus/core/error.h"
 #include "chorus/dist/bus_bandwidth.h"
 #include "chorus/dist/init.h"
 #include "chorus/dist/launch_env.h"
 #include "chorus/models/gpt.h"
+#include "chorus/nn/functional.h"
+#include "chorus/ops/factory.h"
 #include "chorus/plan/calibration.h"
 #include "chorus/plan/cost_model.h"
 #include "cli_numbers.h"
@@ -157,10 +161,27 @@ int run_calibrate(const PlanConfig& c) {
     std::vector<std::pair<int64_t, double>> rows;
     for (int64_t bytes : bus_sizes(c, device.is_cuda()))
       rows.emplace_back(bytes, dist::time_all_reduce(*pg, device, bytes, 3, 10));
+    // Note [Cost model]'s overlap slowdown: the first model's MLP GEMM
+    // (N x C by C x 4C, four of them) beside all-reduces of the largest size.
+    double slowdown = 0;
+    {
+      const ToTime& m = models_to_time.front();
+      const int64_t n = m.batch * c.seq, w = m.cfg.width;
+      std::optional<AutocastGuard> cast;
+      if (bf16) cast.emplace(kBFloat16);
+      const Tensor x = randn({n, w}, TensorOptions(kFloat32, device));
+      const Tensor weight = randn({4 * w, w}, TensorOptions(kFloat32, device));
+      NoGradGuard no_grad;
+      slowdown = dist::slowdown_beside_all_reduce(
+          *pg, device, [&] { for (int i = 0; i < 4; ++i) nn::functional::linear(x, weight, Tensor()); },
+          rows.back().first, std::max(c.iters, 3));
+    }
     if (pg->rank() != 0) return 0;
     cal.bus = plan::fit_bus_bandwidth(pg->size(), rows);
-    std::fprintf(stderr, "bus bandwidth over %d ranks (%s): %.1f GB/s, latency %.1f us\n", pg->size(),
-                 device.is_cuda() ? "nccl" : "gloo", cal.bus->busbw / 1e9, cal.bus->latency_s * 1e6);
+    cal.bus->overlap_slowdown = slowdown;
+    std::fprintf(stderr, "bus bandwidth over %d ranks (%s): %.1f GB/s, latency %.1f us; a GEMM beside all-reduces "
+                 "runs x%.3f\n", pg->size(), device.is_cuda() ? "nccl" : "gloo", cal.bus->busbw / 1e9,
+                 cal.bus->latency_s * 1e6, slowdown);
   }
   for (const ToTime& m : models_to_time) {
     plan::ModelTiming t = plan::time_gpt_kernels(m.name, m.cfg, device, m.batch, c.seq, bf16, c.warmup, c.iters);
@@ -231,12 +252,15 @@ int run_plan(const PlanConfig& c) {
       plan::Links l;
       l.nvlink_busbw = cal->bus->busbw;
       l.latency_s = cal->bus->latency_s;
+      if (cal->bus->overlap_slowdown > 0) l.overlap_slowdown = cal->bus->overlap_slowdown;
       l.nic_bw = c.nic_gbps * 1e9 / 8;
       l.gpus_per_node = c.gpus_per_node;
       rates->links = l;
-      char buf[160];
-      std::snprintf(buf, sizeof buf, "; bus bandwidth %.1f GB/s over %lld ranks, latency %.1f us; NIC %.0f Gb/s a GPU",
-                    l.nvlink_busbw / 1e9, static_cast<long long>(cal->bus->ranks), l.latency_s * 1e6, c.nic_gbps);
+      char buf[224];
+      std::snprintf(buf, sizeof buf,
+                    "; bus bandwidth %.1f GB/s over %lld ranks, latency %.1f us, compute beside it x%.3f%s; NIC %.0f Gb/s a GPU",
+                    l.nvlink_busbw / 1e9, static_cast<long long>(cal->bus->ranks), l.latency_s * 1e6,
+                    l.overlap_slowdown, cal->bus->overlap_slowdown > 0 ? "" : " (not measured)", c.nic_gbps);
       calibrated_line += buf;
     } else {
       calibrated_line += "; no bus bandwidth measured (calibrate under chorus launch with 2+ ranks): no times for "

@@ -120,8 +120,8 @@ check "plan_table.py: a layout the plan does not list, named" "[ $rc -ne 0 ] && 
 timeout 300 "$CHORUS" launch --nproc-per-node 2 --master-port "$port" --grace-period 2 -- \
   "$CHORUS" "${C[@]}" --calibrate "$tmp/cal2.json" --model d4 --bus-sizes-mb 0.25,1 > "$tmp/out" 2> "$tmp/err"; rc=$?
 check "--calibrate under chorus launch" "[ $rc -eq 0 ] && grep -q 'bus bandwidth over 2 ranks (gloo)' $tmp/err"
-check "the file holds the bus rows" \
-  "python3 -c \"import json; b = json.load(open('$tmp/cal2.json'))['bus']; assert b['ranks'] == 2 and b['busbw_GBs'] > 0 and len(b['rows']) == 2\""
+check "the file holds the bus rows and the compute's slowdown beside them" \
+  "python3 -c \"import json; b = json.load(open('$tmp/cal2.json'))['bus']; assert b['ranks'] == 2 and b['busbw_GBs'] > 0 and len(b['rows']) == 2 and b['overlap_slowdown'] > 0\""
 for g in 64 1024; do
   "$CHORUS" plan --model d4 --gpus $g --batch-size 2 --seq-len 32 --precision fp32 --calibration "$tmp/cal2.json" \
     --top 0 > "$tmp/out" 2> "$tmp/err"; rc=$?

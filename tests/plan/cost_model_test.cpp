@@ -288,6 +288,20 @@ TEST(PlanCostModel, DdpOverlapsAllButTheLastBucket) {
   r.kernels.graph_block = r.kernels.graph_classifier = r.kernels.graph_optimizer = 1;
   const double all = all_reduce_seconds(4 * P, g, l), backward = fwd_bwd * 2 / 3;
   EXPECT_NEAR(*slow.exposed_comm_s, all - backward, 1e-9);
+  // Compute beside the collectives slowed f times: the overlap (the whole
+  // backward here, the reduction outlasting it) costs (f - 1) x backward more.
+  l.overlap_slowdown = 1.25;
+  r.links = l;
+  const Prediction contended = predict(job, {"ddp", 0, 4}, r);
+  const double eager_backward =
+      micro_batch_compute_seconds(job, r.kernels, 4 * 1024, 1, job.cfg.layers, true, true) * 2 / 3;
+  EXPECT_NEAR(*contended.exposed_comm_s, all - eager_backward + 0.25 * eager_backward, 1e-9);
+  // On the fast link the rest of the reduction (all but the last bucket) is the overlap.
+  l.nvlink_busbw = 300e9;
+  r.links = l;
+  const Prediction fast = predict(job, {"ddp", 0, 4}, r);
+  const double rest = all_reduce_seconds(4 * P, g, l) - all_reduce_seconds(25 << 20, g, l);
+  EXPECT_NEAR(*fast.exposed_comm_s, all_reduce_seconds(25 << 20, g, l) + 0.25 * rest, 1e-12);
   // No rates: memory only.
   const Prediction mem = predict(job, {"ddp", 0, 4}, std::nullopt);
   EXPECT_FALSE(mem.step_s.has_value());
@@ -333,6 +347,12 @@ TEST(PlanCostModel, Zero3ExposesWhatTheComputeCannotHide) {
   EXPECT_GT(*p.exposed_comm_s, gather);  // the link is slow enough to show
   const double P = static_cast<double>(job.cfg.num_parameters());
   EXPECT_NEAR(*p.step_s, fwd_bwd + P / 4 / 1e10 + want, 1e-9 * *p.step_s);
+  // With a contention factor the forward and the backward, each overlapped
+  // whole (the link is slow), cost (f - 1) x their length more.
+  Rates contended = r;
+  contended.links->overlap_slowdown = 1.5;
+  const Prediction slowed = predict(job, {"zero", 3, 4}, contended);
+  EXPECT_NEAR(*slowed.exposed_comm_s, want + 0.5 * fwd_bwd, 1e-9 * want);
 }
 
 // A 2-stage 1F1B pipeline of 4 micro-batches on one node: 5 slots of one
@@ -425,6 +445,7 @@ Calibration sample_calibration() {
   b.busbw = 3e11;
   b.latency_s = 2e-5;
   b.rows = {{1 << 20, 3e-5}, {256 << 20, 9e-4}};
+  b.overlap_slowdown = 1.12;
   c.bus = b;
   return c;
 }
@@ -444,6 +465,7 @@ TEST(PlanCalibration, RoundTripAndNearestWidth) {
   ASSERT_TRUE(back.bus.has_value());
   EXPECT_NEAR(back.bus->busbw, 3e11, 1);
   EXPECT_NEAR(back.bus->latency_s, 2e-5, 1e-15);
+  EXPECT_DOUBLE_EQ(back.bus->overlap_slowdown, 1.12);
   bool exact = true;
   EXPECT_EQ(timing_for(back, models::GPTConfig::named("gpt2-xl"), 1024, &exact).model, "gpt2-xl");
   EXPECT_TRUE(exact);
@@ -494,6 +516,7 @@ TEST(PlanCalibration, VersionOneFilesReadWithDefaults) {
   EXPECT_DOUBLE_EQ(k.recompute, 4.0 / 3.0);
   EXPECT_EQ(k.graph_block, 1.0);
   EXPECT_EQ(k.graph_optimizer, 1.0);
+  EXPECT_EQ(back.bus->overlap_slowdown, 0.0);  // not written in version 1: unmeasured
   std::string v3 = calibration_json(sample_calibration());
   v3.replace(v3.find("\"version\": 2"), 12, "\"version\": 3");
   EXPECT_TRUE(test::throws_naming([&] { parse_calibration(v3, "new.json"); }, {"new.json", "version 3"}));

@@ -192,6 +192,7 @@ std::string calibration_json(const Calibration& cal) {
                 {"busbw_GBs", cal.bus->busbw / 1e9},
                 {"latency_us", cal.bus->latency_s * 1e6},
                 {"rows", rows}};
+    if (cal.version >= 2 && cal.bus->overlap_slowdown > 0) j["bus"]["overlap_slowdown"] = cal.bus->overlap_slowdown;
   }
   return j.dump(2) + "\n";
 }
@@ -261,6 +262,7 @@ Calibration parse_calibration(const std::string& body, const std::string& where)
     bus.ranks = static_cast<int64_t>(number(b, "ranks", where + " bus"));
     bus.busbw = number(b, "busbw_GBs", where + " bus") * 1e9;
     bus.latency_s = number(b, "latency_us", where + " bus", true) * 1e-6;
+    if (version >= 2 && b.contains("overlap_slowdown")) bus.overlap_slowdown = number(b, "overlap_slowdown", where + " bus");
     CHORUS_CHECK(b.contains("rows") && b.at("rows").is_array(), "calibration ", where, " bus: 'rows' is missing");
     for (const cjson& r : b.at("rows"))
       bus.rows.emplace_back(static_cast<int64_t>(number(r, "bytes", where + " bus row")),

@@ -35,7 +35,9 @@
 // files (no recompute, no graph) are read with a recompute ratio of 4/3 and
 // graph ratios of 1, and the plan says so. Under `chorus launch` with 2+ ranks it also measures the
 // all-reduce bus bandwidth (dist/bus_bandwidth.h) at a few sizes and fits a
-// latency and a bandwidth to them (fit_bus_bandwidth). The file names the
+// latency and a bandwidth to them (fit_bus_bandwidth), and (version 2) how
+// much slower the first model's MLP GEMMs run beside all-reduces of the
+// largest size than alone: the cost model's overlap slowdown. The file names the
 // device, the commit and the precision; a plan at another precision refuses
 // it. Rates at one model's shapes serve others (the nearest width), and say
 // so: a narrower GEMM (tensor parallel shards, small micro-batches) runs
@@ -81,6 +83,9 @@ struct BusBandwidth {
   double busbw = 0;     // bytes a second
   double latency_s = 0;
   std::vector<std::pair<int64_t, double>> rows;  // (bytes, seconds per all-reduce)
+  // A GEMM's time beside all-reduces over its time alone
+  // (dist::slowdown_beside_all_reduce; version 2, 0: not measured).
+  double overlap_slowdown = 0;
 };
 
 struct Calibration {

@@ -183,11 +183,20 @@ double gathered_weight_bytes(const Job& job, int64_t params, int64_t matrices) {
                   : 4.0 * static_cast<double>(params);
 }
 
+// What compute running beside collectives for `overlap_s` loses to them:
+// (slowdown - 1) x the overlap (Note [Cost model]); a measured slowdown
+// below 1 is timing noise, not compute sped up by a collective: none.
+double contention(double overlap_s, const Links& l) {
+  return std::max(0.0, l.overlap_slowdown - 1.0) * std::max(0.0, overlap_s);
+}
+
 // The exposed part of a gradient reduction overlapped with the backward
-// (Note [Cost model]): the last bucket's, and what the rest needs beyond the
-// backward's time.
-double overlapped_reduction(double total_s, double last_bucket_s, double backward_s) {
-  return std::min(total_s, last_bucket_s + std::max(0.0, total_s - last_bucket_s - backward_s));
+// (Note [Cost model]): the last bucket's, what the rest needs beyond the
+// backward's time, and the backward slowed while the rest runs beside it.
+double overlapped_reduction(double total_s, double last_bucket_s, double backward_s, const Links& l) {
+  const double rest = std::max(0.0, total_s - last_bucket_s);
+  return std::min(total_s, last_bucket_s + std::max(0.0, rest - backward_s)) +
+         contention(std::min(rest, backward_s), l);
 }
 
 }  // namespace
@@ -220,11 +229,11 @@ Prediction predict(const Job& job, const Layout& layout, const std::optional<Rat
     if (n > 1 && layout.kind == "ddp") {
       exposed = overlapped_reduction(all_reduce_seconds(grads, g, links) +
                                          (std::ceil(grads / bucket) - 1) * links.latency_s,
-                                     all_reduce_seconds(bucket, g, links), backward);
+                                     all_reduce_seconds(bucket, g, links), backward, links);
     } else if (n > 1 && layout.zero_stage <= 2) {
       exposed = overlapped_reduction(reduce_scatter_seconds(grads, g, links) +
                                          (std::ceil(grads / bucket) - 1) * links.latency_s,
-                                     reduce_scatter_seconds(bucket, g, links), backward) +
+                                     reduce_scatter_seconds(bucket, g, links), backward, links) +
                 all_gather_seconds(gathered_weight_bytes(job, cfg.num_parameters(), static_cast<int64_t>(matrices)),
                                    g, links);
     } else if (n > 1) {
@@ -240,7 +249,8 @@ Prediction predict(const Job& job, const Layout& layout, const std::optional<Rat
       const double backward_comm = layers * (gather + reduce_scatter_seconds(4.0 * unit, g, links)) +
                                    reduce_scatter_seconds(root_bytes, g, links);
       exposed = gather + std::max(0.0, forward_comm - gather - fwd_bwd / 3.0) +
-                std::max(0.0, backward_comm - backward);
+                std::max(0.0, backward_comm - backward) +
+                contention(std::min(forward_comm - gather, fwd_bwd / 3.0) + std::min(backward_comm, backward), links);
     }
     step = compute + exposed;
   } else {
@@ -270,7 +280,7 @@ Prediction predict(const Job& job, const Layout& layout, const std::optional<Rat
     if (layout.dp > 1) {
       const double grads = 4.0 * local, bucket = std::min(grads, static_cast<double>(job.bucket_bytes));
       const double all = all_reduce_seconds(grads, g, links) + (std::ceil(grads / bucket) - 1) * links.latency_s;
-      dp_comm = pp == 1 ? overlapped_reduction(all, all_reduce_seconds(bucket, g, links), mb * 2.0 / 3.0) : all;
+      dp_comm = pp == 1 ? overlapped_reduction(all, all_reduce_seconds(bucket, g, links), mb * 2.0 / 3.0, links) : all;
     }
     compute = static_cast<double>(m) * mb + local * adamw;
     step = pipeline + dp_comm + local * adamw;

@@ -41,7 +41,10 @@
 //                   reduce-scatter in the node, all-reduce of 1/g across, all-gather)
 //   reduce-scatter, all-gather: half of the all-reduce's bandwidth terms
 //   send/recv       a + B / busbw inside a node, a + B / nic across
-// What hides what:
+// What hides what (and what hiding costs: compute running beside a
+// collective is slowed by NCCL's kernels sharing the SMs, by a factor f
+// measured by the calibration, so every overlap of length o below adds
+// (f - 1) o to the step; f = 1 where not measured, or measured below 1):
 //   DDP, ZeRO 1-2   the gradients' all-reduce (reduce-scatter) runs during the
 //                   backward (2/3 of the compute): exposed = the last
 //                   bucket's + max(0, the rest - backward); ZeRO 1-2 then
@@ -86,6 +89,9 @@ struct Links {
   double nvlink_busbw = 0;  // all-reduce bus bandwidth inside a node
   double nic_bw = 0;        // one GPU's share of the network across nodes
   double latency_s = 0;     // a collective's fixed cost
+  // Compute beside a collective runs this many times slower (NCCL's kernels
+  // take SMs): 1 where not measured.
+  double overlap_slowdown = 1;
   int64_t gpus_per_node = 8;
 };
 
