@@ -8,12 +8,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include "chorus/autograd/autocast.h"
+#include "chorus/autograd/grad_mode.h"
 #include "chorus/core/backend.h"
 #include "chorus/core/error.h"
 #include "chorus/dist/bus_bandwidth.h"
 #include "chorus/dist/init.h"
 #include "chorus/dist/launch_env.h"
 #include "chorus/models/gpt.h"
+#include "chorus/nn/functional.h"
+#include "chorus/ops/factory.h"
 #include "chorus/plan/calibration.h"
 #include "chorus/plan/cost_model.h"
 #include "cli_numbers.h"
@@ -28,7 +32,7 @@ CLI::App* add_plan_command(CLI::App& app, PlanConfig& c) {
   CLI::App* cmd = app.add_subcommand(
       "plan", "Predict memory, step time, tok/s and MFU of a GPT's layouts on N GPUs (chorus plan --model gpt2-xl "
               "--gpus 64 --calibration FILE), or measure this device for it (--calibrate FILE)");
-  cmd->add_option("--model", c.model, "gpt2|gpt2-medium|gpt2-large|gpt2-xl|d2..d84 (--calibrate: a list, e.g. gpt2,gpt2-xl,d84)")->capture_default_str();
+  cmd->add_option("--model", c.model, "gpt2|gpt2-medium|gpt2-large|gpt2-xl|d2..d84 (--calibrate: a list of name[:batch], e.g. gpt2:16,gpt2-xl,gpt2-xl:2,d84:4; batch defaults to --batch-size)")->capture_default_str();
   cmd->add_option("--gpus", c.gpus, "GPUs in the job")->capture_default_str()->transform(integer_up_to(1 << 24));
   cmd->add_option("--gpus-per-node", c.gpus_per_node, "GPUs a node (tensor parallelism stays inside one)")->capture_default_str()->transform(integer_up_to(1 << 16));
   cmd->add_option("--nic-gbps", c.nic_gbps, "Each GPU's network bandwidth across nodes, Gb/s")->capture_default_str()->check(real_number(1e6, false, 1e-3));
@@ -86,16 +90,47 @@ std::string flops_rate(double r) {
   return buf;
 }
 
+// "CUDA graph / eager: block 0.93, classifier 0.99, AdamW 0.71", the pieces
+// not captured left out ("no CUDA graph timed" when none was).
+std::string graph_ratios(const plan::ModelTiming& t) {
+  const plan::KernelRates k = t.rates();
+  std::string s;
+  char buf[48];
+  auto add = [&](const char* name, bool timed, double r) {
+    if (!timed) return;
+    std::snprintf(buf, sizeof buf, "%s%s %.3f", s.empty() ? "" : ", ", name, r);
+    s += buf;
+  };
+  add("block", t.graph_block.has_value(), k.graph_block);
+  add("classifier", t.graph_classifier.has_value(), k.graph_classifier);
+  add("AdamW", t.graph_optimizer.has_value(), k.graph_optimizer);
+  return s.empty() ? "no CUDA graph timed" : "CUDA graph / eager: " + s;
+}
+
 int run_calibrate(const PlanConfig& c) {
   CHORUS_CHECK(c.precision == "bf16" || c.precision == "fp32", "--precision must be bf16 or fp32, got '",
                c.precision, "'");
-  std::vector<std::pair<std::string, models::GPTConfig>> models_to_time;
-  for (const std::string& name : split_list(c.model)) models_to_time.emplace_back(name, models::GPTConfig::named(name));
-  CHORUS_CHECK(!models_to_time.empty(), "--model is empty: name the models to time, e.g. --model gpt2,gpt2-xl");
-  for (auto& [name, cfg] : models_to_time) {
-    cfg.recompute_blocks = c.recompute ? cfg.layers : 0;
-    CHORUS_CHECK(c.seq <= cfg.context, "--seq-len ", c.seq, " exceeds ", name, "'s context of ", cfg.context);
+  // name[:batch] items: one timing a model and micro-batch (Note [Calibration]).
+  struct ToTime {
+    std::string name;
+    models::GPTConfig cfg;
+    int64_t batch = 0;
+  };
+  std::vector<ToTime> models_to_time;
+  for (const std::string& item : split_list(c.model)) {
+    const size_t colon = item.find(':');
+    ToTime m{item.substr(0, colon), {}, c.batch};
+    if (colon != std::string::npos) {
+      const std::string b = item.substr(colon + 1);
+      const bool digits = !b.empty() && b.size() <= 9 && b.find_first_not_of("0123456789") == std::string::npos;
+      CHORUS_CHECK(digits && std::stoll(b) >= 1, "--model: '", item, "' is not name[:batch] with a batch of at least 1");
+      m.batch = std::stoll(b);
+    }
+    m.cfg = models::GPTConfig::named(m.name);
+    CHORUS_CHECK(c.seq <= m.cfg.context, "--seq-len ", c.seq, " exceeds ", m.name, "'s context of ", m.cfg.context);
+    models_to_time.push_back(m);
   }
+  CHORUS_CHECK(!models_to_time.empty(), "--model is empty: name the models to time, e.g. --model gpt2,gpt2-xl");
   // Under a launcher with 2+ ranks every rank all-reduces on its local
   // rank's device (as chorus train --strategy ddp picks it: --devices cuda
   // or the default on a GPU machine is the local rank's GPU); rank 0 then
@@ -126,19 +161,37 @@ int run_calibrate(const PlanConfig& c) {
     std::vector<std::pair<int64_t, double>> rows;
     for (int64_t bytes : bus_sizes(c, device.is_cuda()))
       rows.emplace_back(bytes, dist::time_all_reduce(*pg, device, bytes, 3, 10));
+    // Note [Cost model]'s overlap slowdown: the first model's MLP GEMM
+    // (N x C by C x 4C, four of them) beside all-reduces of the largest size.
+    double slowdown = 0;
+    {
+      const ToTime& m = models_to_time.front();
+      const int64_t n = m.batch * c.seq, w = m.cfg.width;
+      std::optional<AutocastGuard> cast;
+      if (bf16) cast.emplace(kBFloat16);
+      const Tensor x = randn({n, w}, TensorOptions(kFloat32, device));
+      const Tensor weight = randn({4 * w, w}, TensorOptions(kFloat32, device));
+      NoGradGuard no_grad;
+      slowdown = dist::slowdown_beside_all_reduce(
+          *pg, device, [&] { for (int i = 0; i < 4; ++i) nn::functional::linear(x, weight, Tensor()); },
+          rows.back().first, std::max(c.iters, 3));
+    }
     if (pg->rank() != 0) return 0;
     cal.bus = plan::fit_bus_bandwidth(pg->size(), rows);
-    std::fprintf(stderr, "bus bandwidth over %d ranks (%s): %.1f GB/s, latency %.1f us\n", pg->size(),
-                 device.is_cuda() ? "nccl" : "gloo", cal.bus->busbw / 1e9, cal.bus->latency_s * 1e6);
+    cal.bus->overlap_slowdown = slowdown;
+    std::fprintf(stderr, "bus bandwidth over %d ranks (%s): %.1f GB/s, latency %.1f us; a GEMM beside all-reduces "
+                 "runs x%.3f\n", pg->size(), device.is_cuda() ? "nccl" : "gloo", cal.bus->busbw / 1e9,
+                 cal.bus->latency_s * 1e6, slowdown);
   }
-  for (const auto& [name, cfg] : models_to_time) {
-    plan::ModelTiming t = plan::time_gpt_kernels(name, cfg, device, c.batch, c.seq, bf16, c.warmup, c.iters);
+  for (const ToTime& m : models_to_time) {
+    plan::ModelTiming t = plan::time_gpt_kernels(m.name, m.cfg, device, m.batch, c.seq, bf16, c.warmup, c.iters);
+    const plan::KernelRates k = t.rates();
     std::fprintf(stderr, "%s on %s (%s), %lld tokens: gemm %s, attention %s, classifier %s, block %.2f ms (other %.2f ms), "
-                 "AdamW %.3g Gparam/s\n",
-                 name.c_str(), cal.device_name.c_str(), cal.precision.c_str(), static_cast<long long>(t.tokens),
+                 "AdamW %.3g Gparam/s; recompute x%.3f; %s\n",
+                 m.name.c_str(), cal.device_name.c_str(), cal.precision.c_str(), static_cast<long long>(t.tokens),
                  flops_rate(t.gemm.rate).c_str(), flops_rate(t.attention.rate).c_str(),
                  flops_rate(t.classifier.rate).c_str(), t.block.seconds * 1e3, t.other.seconds * 1e3,
-                 t.optimizer.rate / 1e9);
+                 t.optimizer.rate / 1e9, k.recompute, graph_ratios(t).c_str());
     cal.models.push_back(t);
   }
   plan::write_calibration(*c.calibrate, cal);
@@ -175,27 +228,39 @@ int run_plan(const PlanConfig& c) {
 
   std::optional<plan::Calibration> cal;
   std::optional<plan::Rates> rates;
-  std::string calibrated_line;
+  std::string calibrated_line, rates_of;
+  bool rates_exact = false;
   if (c.calibration) {
     cal = plan::read_calibration(*c.calibration);
     CHORUS_CHECK(cal->precision == c.precision, "calibration ", *c.calibration, " was measured in ", cal->precision,
                  ", not --precision ", c.precision, ": calibrate again with --precision ", c.precision);
     bool exact = false;
-    const plan::ModelTiming& t = plan::timing_for(*cal, job.cfg, job.seq, &exact);
-    rates = plan::Rates{t.rates(), std::nullopt, cal->peak_flops};
+    const plan::ModelTiming& t = plan::timing_for(*cal, job.cfg, job.seq, &exact, job.batch * job.seq);
+    rates = plan::rates_for(*cal, t);
+    rates_of = t.model;
+    rates_exact = exact;
+    std::string tokens = std::to_string(t.tokens);
+    for (const plan::KernelRates& k : rates->more) tokens += ", " + std::to_string(k.tokens);
+    char ratios[96];
+    std::snprintf(ratios, sizeof ratios, "recompute x%.3f", rates->kernels.recompute);
     calibrated_line = "calibration " + *c.calibration + ": " + cal->device_name + ", " + cal->precision + ", commit " +
                       cal->commit + "; kernels timed at " + t.model + "'s shapes" +
-                      (exact ? "" : " (not " + c.model + "'s: its rates stand in)");
+                      (exact ? "" : " (not " + c.model + "'s: its rates stand in)") + " (" + tokens + " tokens); " +
+                      (cal->version < 2 ? "version 1: recompute x4/3 and no CUDA graph timings assumed"
+                                        : std::string(ratios) + ", " + graph_ratios(t));
     if (cal->bus) {
       plan::Links l;
       l.nvlink_busbw = cal->bus->busbw;
       l.latency_s = cal->bus->latency_s;
+      if (cal->bus->overlap_slowdown > 0) l.overlap_slowdown = cal->bus->overlap_slowdown;
       l.nic_bw = c.nic_gbps * 1e9 / 8;
       l.gpus_per_node = c.gpus_per_node;
       rates->links = l;
-      char buf[160];
-      std::snprintf(buf, sizeof buf, "; bus bandwidth %.1f GB/s over %lld ranks, latency %.1f us; NIC %.0f Gb/s a GPU",
-                    l.nvlink_busbw / 1e9, static_cast<long long>(cal->bus->ranks), l.latency_s * 1e6, c.nic_gbps);
+      char buf[224];
+      std::snprintf(buf, sizeof buf,
+                    "; bus bandwidth %.1f GB/s over %lld ranks, latency %.1f us, compute beside it x%.3f%s; NIC %.0f Gb/s a GPU",
+                    l.nvlink_busbw / 1e9, static_cast<long long>(cal->bus->ranks), l.latency_s * 1e6,
+                    l.overlap_slowdown, cal->bus->overlap_slowdown > 0 ? "" : " (not measured)", c.nic_gbps);
       calibrated_line += buf;
     } else {
       calibrated_line += "; no bus bandwidth measured (calibrate under chorus launch with 2+ ranks): no times for "
@@ -220,6 +285,10 @@ int run_plan(const PlanConfig& c) {
                                   {"fits", p.fits}, {"step_s", num(p.step_s)}, {"tok_per_s", num(p.tok_s)},
                                   {"mfu", num(p.mfu)}, {"exposed_comm_s", num(p.exposed_comm_s)},
                                   {"bubble", num(p.bubble)}, {"calibrated", rates.has_value()}};
+      if (rates) {
+        j["rates_of"] = rates_of;
+        j["rates_exact"] = rates_exact;
+      }
       std::printf("%s\n", j.dump().c_str());
     }
     return 0;

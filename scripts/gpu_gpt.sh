@@ -9,8 +9,9 @@
 #   stages: build tests chorus chorus_eager chorus_composite torch compile llmc llmc_mpi converge profile dp ddp
 #           profile_llmc mesh_profile mesh3d zero_check zero zero_images refuse big mesh_pp mesh_tp plan obs table
 #   (plan: chorus plan --calibrate on cuda:0 (and the bus bandwidth over 2 GPUs under chorus launch where there
-#    are 2), then the plans of gpt2-xl on 1, 2, 4, 64 and 1024 GPUs, gpt2 on 1, 2, 4, d84 on 4, 64 and 1024;
-#    the calibration and every plan's JSON rows land in $OUT/plan_*)
+#    are 2), then the plans of gpt2-xl on 1, 2, 4, 64 and 1024 GPUs, gpt2 on 1, 2, 4, gpt2-large on 4, d84 on 4,
+#    64 and 1024; the calibration and every plan's JSON rows land in $OUT/plan_*, the predicted-beside-measured
+#    table (scripts/plan_table.py over bench/plan/measured.jsonl) in $OUT/plan_table.md)
 #   (zero_check: --strategy zero equal to DDP over NCCL; zero: ZERO_STAGES beside PyTorch FSDP2, each run's
 #    memory plan checked against its measured peak (within 10%), ZERO_CKPT=N: a sharded checkpoint every N
 #    steps and its stall; refuse: BIG_MODEL (d84) under DDP and ZeRO-1 stops at once with the plan's message
@@ -548,12 +549,17 @@ PY
     echo "plan: chorus built in $(( $(date +%s) - t0 )) s"
     NG=$(nvidia-smi -L | wc -l)
     cal="$OUT/plan_calibration.json"
-    calib=($BUILD/chorus plan --calibrate "$cal" --model gpt2,gpt2-xl,d84 --batch-size 8 --seq-len 1024 --precision bf16)
+    # Each model at the micro-batches the compared runs use (Note [Calibration]): gpt2 16 a GPU, gpt2-large 8 (DDP)
+    # and 32 (tp=4's micro-batch), gpt2-xl 8 and 2 (pp=4's micro-batches), d84 4 (ZeRO-3) and 2 (the mesh's).
+    calib=($BUILD/chorus plan --calibrate "$cal" --model gpt2:16,gpt2-large:8,gpt2-large:32,gpt2-xl:8,gpt2-xl:2,d84:4,d84:2
+           --seq-len 1024 --precision bf16)
+    t1=$(date +%s)
     if [ "$NG" -ge 2 ]; then
-      timeout 300 $BUILD/chorus launch --nproc-per-node 2 -- "${calib[@]}" 2>&1 | tail -6
+      timeout 300 $BUILD/chorus launch --nproc-per-node 2 -- "${calib[@]}" 2>&1 | tail -14
     else
-      timeout 300 "${calib[@]}" --devices cuda:0 2>&1 | tail -6
+      timeout 300 "${calib[@]}" --devices cuda:0 2>&1 | tail -14
     fi
+    echo "plan: calibrated in $(( $(date +%s) - t1 )) s"
     [ -f "$cal" ] || { echo "plan: no calibration written"; continue; }
     plan_of() {  # MODEL GPUS BATCH [FLAGS...]: the table, and its rows as JSON
       local m=$1 g=$2 b=$3; shift 3
@@ -562,28 +568,12 @@ PY
     }
     for g in 1 2 4 64 1024; do plan_of gpt2-xl $g 8; done
     for g in 1 2 4; do plan_of gpt2 $g 16; done
+    plan_of gpt2-large 4 8
     for g in 4 64 1024; do plan_of d84 $g 4 --recompute; done
-    # The measured d84 row (session 34, call 6) gathered float32 weights.
-    $BUILD/chorus plan --model d84 --gpus 4 --batch-size 4 --recompute --zero-param-dtype fp32 --calibration "$cal" \
-      --json > "$OUT/plan_d84-fp32-gather_4.jsonl"
-    # The cells of docs/parallelism.md's "predicted beside measured" table, and the best layouts past this machine.
-    python3 - "$OUT" <<'PY'
-import json, sys
-def rows(m, g): return [json.loads(l) for l in open(f"{sys.argv[1]}/plan_{m}_{g}.jsonl")]
-def show(m, g, layout):
-    r = [x for x in rows(m, g) if x["layout"] == layout][0]
-    mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-"
-    tok = f"{r['tok_per_s']:,.0f}" if r["tok_per_s"] is not None else "-"
-    print(f"predicted {m} {layout} on {g}: {tok} tok/s ({mfu}), plan {r['memory_bytes'] / 2**30:.2f} GiB, fits {r['fits']}")
-for m, g, l in [("gpt2-xl", 1, "single"), ("gpt2-xl", 4, "ddp"), ("gpt2-xl", 4, "zero-1"), ("gpt2-xl", 4, "zero-3"),
-                ("d84", 4, "zero-3"), ("d84-fp32-gather", 4, "zero-3"), ("gpt2", 1, "single"), ("gpt2", 2, "ddp"), ("gpt2", 4, "ddp")]:
-    show(m, g, l)
-for m in ("gpt2-xl", "d84"):
-    for g in (64, 1024):
-        fit = [r for r in rows(m, g) if r["fits"]]
-        for i, r in enumerate(fit[:2]):
-            show(m, g, r["layout"]) if i == 0 else print(f"  next best: {r['layout']} {r['tok_per_s'] or 0:,.0f} tok/s")
-PY
+    # docs/parallelism.md's "predicted beside measured" table (the measured rows: bench/plan/measured.jsonl) and the
+    # best layouts past this machine; paste $OUT/plan_table.md, keep $OUT/plan_calibration.json as bench/plan/.
+    python3 scripts/plan_table.py --chorus $BUILD/chorus --calibration "$cal" --measured bench/plan/measured.jsonl \
+      --beyond | tee "$OUT/plan_table.md"
     ;;
   table)
     python3 - "$ROWS" "$MODEL" "$B" "$T" <<'PY'

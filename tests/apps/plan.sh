@@ -6,9 +6,15 @@
 #     plan then has step times, tok/s and a best layout
 #   - under chorus launch with 2 ranks --calibrate also measures the bus
 #     bandwidth, and the plan times layouts of 64 and 1024 GPUs
+#   - --model name[:batch] times one model at several micro-batches; the file
+#     (version 2) holds the checkpointed block's timing and, on a CPU, no
+#     CUDA graph timing; a version 1 file is read with its defaults, said so
+#   - scripts/plan_table.py regenerates docs/parallelism.md's predicted
+#     beside measured table from the committed calibration (bench/plan/)
 #   - bad input: one clear line, a non-zero exit
 set -uo pipefail
 CHORUS=${1:?usage: plan.sh path/to/chorus}
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 fail=0
 check() { if eval "$2"; then echo "ok: $1"; else echo "FAIL: $1"; sed 's/^/    /' "$tmp/err" | head -5; fail=1; fi; }
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
@@ -78,12 +84,44 @@ check "with a step time and a best layout" "grep -Eq '^\* +single +[0-9.]+ +[0-9
   > "$tmp/out" 2> "$tmp/err"
 check "more than one GPU without a bus bandwidth: no times, said so" "grep -q 'no bus bandwidth measured' $tmp/out && ! grep -q '^best:' $tmp/out"
 
+# 3b. name[:batch]: d2 at 1 and 4 sequences; the plan takes the timing of its
+# own batch first and lists the other; recompute timed, no graph on a CPU.
+"$CHORUS" "${C[@]}" --calibrate "$tmp/calmb.json" --model d2:1,d2:4 > "$tmp/out" 2> "$tmp/err"; rc=$?
+check "--calibrate d2:1,d2:4" "[ $rc -eq 0 ]"
+check "version 2: two d2 timings at 32 and 128 tokens, a recompute timing each, no graph on the CPU" \
+  "python3 -c \"import json; j = json.load(open('$tmp/calmb.json')); m = j['models']; assert j['version'] == 2 and [x['tokens'] for x in m] == [32, 128] and all(x['recompute']['seconds'] > 0 and 'graph' not in x for x in m)\""
+"$CHORUS" plan --model d2 --gpus 1 --batch-size 4 --seq-len 32 --precision fp32 --calibration "$tmp/calmb.json" \
+  > "$tmp/out" 2> "$tmp/err"; rc=$?
+check "the plan at 4 sequences takes the 128-token timing first" \
+  "[ $rc -eq 0 ] && grep -q 'kernels timed at d2.s shapes (128, 32 tokens); recompute x[0-9.]*, no CUDA graph timed' $tmp/out"
+python3 - "$tmp/calmb.json" "$tmp/v1.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1])); j["version"] = 1
+for m in j["models"]: m.pop("recompute"); m.pop("graph", None)
+json.dump(j, open(sys.argv[2], "w"))
+PY
+"$CHORUS" plan --model d2 --gpus 1 --batch-size 1 --seq-len 32 --precision fp32 --calibration "$tmp/v1.json" \
+  > "$tmp/out" 2> "$tmp/err"; rc=$?
+check "a version 1 file: read, its defaults said" \
+  "[ $rc -eq 0 ] && grep -q 'version 1: recompute x4/3 and no CUDA graph timings assumed' $tmp/out && grep -q '^best: single' $tmp/out"
+
+# 3c. The predicted beside measured table from the committed calibration.
+python3 "$ROOT/scripts/plan_table.py" --chorus "$CHORUS" --calibration "$ROOT/bench/plan/h200_s38.json" \
+  --measured "$ROOT/bench/plan/measured.jsonl" --beyond > "$tmp/table" 2> "$tmp/err"; rc=$?
+rows=$(wc -l < "$ROOT/bench/plan/measured.jsonl")
+check "plan_table.py: a row per measured row, a ratio each, and 64/1024 GPUs" \
+  "[ $rc -eq 0 ] && [ \$(grep -Ec '^\| [a-z0-9-]+ \| .* \| \**[0-9]\.[0-9]{3}\** \|$' $tmp/table) -eq $rows ] && grep -q '^Within 10%: [0-9]* of $rows rows' $tmp/table && grep -q '^| d84 | 1024 | ' $tmp/table"
+echo '{"model": "gpt2", "gpus": 2, "batch": 16, "layout": "zero-9", "label": "x", "tok_s": 1, "machine": "m", "source": "s"}' > "$tmp/badrows.jsonl"
+python3 "$ROOT/scripts/plan_table.py" --chorus "$CHORUS" --calibration "$ROOT/bench/plan/h200_s38.json" \
+  --measured "$tmp/badrows.jsonl" > /dev/null 2> "$tmp/err"; rc=$?
+check "plan_table.py: a layout the plan does not list, named" "[ $rc -ne 0 ] && grep -q \"no layout 'zero-9'\" $tmp/err"
+
 # 4. Under chorus launch: the bus bandwidth too, then 64 and 1024 GPUs.
 timeout 300 "$CHORUS" launch --nproc-per-node 2 --master-port "$port" --grace-period 2 -- \
   "$CHORUS" "${C[@]}" --calibrate "$tmp/cal2.json" --model d4 --bus-sizes-mb 0.25,1 > "$tmp/out" 2> "$tmp/err"; rc=$?
 check "--calibrate under chorus launch" "[ $rc -eq 0 ] && grep -q 'bus bandwidth over 2 ranks (gloo)' $tmp/err"
-check "the file holds the bus rows" \
-  "python3 -c \"import json; b = json.load(open('$tmp/cal2.json'))['bus']; assert b['ranks'] == 2 and b['busbw_GBs'] > 0 and len(b['rows']) == 2\""
+check "the file holds the bus rows and the compute's slowdown beside them" \
+  "python3 -c \"import json; b = json.load(open('$tmp/cal2.json'))['bus']; assert b['ranks'] == 2 and b['busbw_GBs'] > 0 and len(b['rows']) == 2 and b['overlap_slowdown'] > 0\""
 for g in 64 1024; do
   "$CHORUS" plan --model d4 --gpus $g --batch-size 2 --seq-len 32 --precision fp32 --calibration "$tmp/cal2.json" \
     --top 0 > "$tmp/out" 2> "$tmp/err"; rc=$?
@@ -105,6 +143,8 @@ bad "a calibration of another precision" "was measured in fp32, not --precision 
 bad "--calibrate and --calibration together" "give one" plan --calibrate "$tmp/x.json" --calibration "$tmp/cal.json"
 bad "bf16 calibration on a CPU" "with --precision fp32" plan --calibrate "$tmp/x.json" --devices cpu --model d2
 bad "an unknown gathered dtype" "--zero-param-dtype must be bf16 or fp32" plan --model gpt2 --gpus 4 --zero-param-dtype fp16
+"$CHORUS" plan --calibrate "$tmp/x.json" --devices cpu --precision fp32 --model d2:0 > /dev/null 2> "$tmp/err"; rc=$?
+check "--model d2:0 refused" "[ $rc -ne 0 ] && [ \$(wc -l < $tmp/err) -eq 1 ] && grep -q \"'d2:0' is not name\[:batch\]\" $tmp/err"
 bad "zero GPUs" "--gpus must be at least 1" plan --model gpt2 --gpus 0
 bad "seq past the context" "exceeds the model's context" plan --model gpt2 --gpus 2 --seq-len 4096
 exit $fail

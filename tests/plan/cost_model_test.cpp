@@ -97,11 +97,52 @@ TEST(PlanCostModel, ComputeIsTheTrainingFlops) {
                 1e-9 * got)
         << name;
     EXPECT_DOUBLE_EQ(shard.gemm_rate(2), r);
+    // A CUDA graph's ratios scale the blocks and the head, each its own.
+    KernelRates graphed = k;
+    graphed.graph_block = uniform(0.5, 1.0);
+    graphed.graph_classifier = uniform(0.5, 1.0);
+    EXPECT_NEAR(micro_batch_compute_seconds(job, graphed, n, 1, job.cfg.layers, true, true) * r,
+                (got - head) * graphed.graph_block + head * graphed.graph_classifier, 1e-9 * got)
+        << name;
+    EXPECT_NEAR(micro_batch_compute_seconds(job, graphed, n, 1, job.cfg.layers, true, false) * r, got, 1e-9 * got);
     job.cfg.recompute_blocks = job.cfg.layers;
     EXPECT_NEAR(micro_batch_compute_seconds(job, k, n, 1, job.cfg.layers, true) * r, (got - head) * 4 / 3 + head,
                 1e-9 * got)
         << name;
+    // A timed recompute ratio replaces 4/3.
+    KernelRates timed = k;
+    timed.recompute = uniform(1.2, 1.6);
+    EXPECT_NEAR(micro_batch_compute_seconds(job, timed, n, 1, job.cfg.layers, true) * r,
+                (got - head) * timed.recompute + head, 1e-9 * got)
+        << name;
   }
+}
+
+TEST(PlanCostModel, GraphedLayoutsAreChorusTrainsGraphedSteps) {
+  EXPECT_TRUE(step_is_graphed({"single"}));
+  EXPECT_TRUE(step_is_graphed({"ddp", 0, 4}));
+  EXPECT_TRUE(step_is_graphed({"zero", 1, 4}));
+  EXPECT_TRUE(step_is_graphed({"zero", 2, 4}));
+  EXPECT_FALSE(step_is_graphed({"zero", 3, 4}));
+  EXPECT_FALSE(step_is_graphed({"mesh", 0, 1, 2, 2, 4, 1}));
+}
+
+TEST(PlanCostModel, RatesAtTheNearestTokens) {
+  Rates r;
+  r.kernels.tokens = 8192;
+  r.kernels.gemm_flops = 1;
+  KernelRates small, large;
+  small.tokens = 2048;
+  small.gemm_flops = 2;
+  large.tokens = 32768;
+  large.gemm_flops = 3;
+  r.more = {small, large};
+  EXPECT_EQ(r.at(8192).gemm_flops, 1);
+  EXPECT_EQ(r.at(2048).gemm_flops, 2);
+  EXPECT_EQ(r.at(1024).gemm_flops, 2);
+  EXPECT_EQ(r.at(3000).gemm_flops, 2);  // nearer 2048 than 8192 in ratio
+  EXPECT_EQ(r.at(5000).gemm_flops, 1);
+  EXPECT_EQ(r.at(1 << 20).gemm_flops, 3);
 }
 
 // The DDP/ZeRO column is `chorus train`'s plan: dist::plan_for over the
@@ -229,19 +270,38 @@ TEST(PlanCostModel, DdpOverlapsAllButTheLastBucket) {
   l.nvlink_busbw = 300e9;
   l.latency_s = 0;
   r.links = l;
+  r.kernels.graph_block = 0.9;
+  r.kernels.graph_classifier = 0.95;
+  r.kernels.graph_optimizer = 0.5;
   const Prediction p = predict(job, {"ddp", 0, 4}, r);
   const Group g{4, 4};
   EXPECT_NEAR(*p.exposed_comm_s, all_reduce_seconds(25 << 20, g, l), 1e-12);
-  const double fwd_bwd = micro_batch_compute_seconds(job, r.kernels, 4 * 1024, 1, job.cfg.layers, true);
+  // DDP's step is one CUDA graph: the graph ratios apply, AdamW's too.
+  const double fwd_bwd = micro_batch_compute_seconds(job, r.kernels, 4 * 1024, 1, job.cfg.layers, true, true);
   const double P = static_cast<double>(job.cfg.num_parameters());
-  EXPECT_NEAR(*p.step_s, fwd_bwd + P / 1e10 + *p.exposed_comm_s, 1e-12);
+  EXPECT_NEAR(*p.step_s, fwd_bwd + P * 0.5 / 1e10 + *p.exposed_comm_s, 1e-12);
   EXPECT_NEAR(*p.tok_s, 4.0 * 1024 * 4 / *p.step_s, 1e-6);
   EXPECT_NEAR(*p.mfu, job.cfg.flops_per_token(1024) * *p.tok_s / 4e15, 1e-12);
   l.nvlink_busbw = 1e9;  // the gradients' all-reduce now outlasts the backward
   r.links = l;
   const Prediction slow = predict(job, {"ddp", 0, 4}, r);
+  r.kernels.graph_block = r.kernels.graph_classifier = r.kernels.graph_optimizer = 1;
   const double all = all_reduce_seconds(4 * P, g, l), backward = fwd_bwd * 2 / 3;
   EXPECT_NEAR(*slow.exposed_comm_s, all - backward, 1e-9);
+  // Compute beside the collectives slowed f times: the overlap (the whole
+  // backward here, the reduction outlasting it) costs (f - 1) x backward more.
+  l.overlap_slowdown = 1.25;
+  r.links = l;
+  const Prediction contended = predict(job, {"ddp", 0, 4}, r);
+  const double eager_backward =
+      micro_batch_compute_seconds(job, r.kernels, 4 * 1024, 1, job.cfg.layers, true, true) * 2 / 3;
+  EXPECT_NEAR(*contended.exposed_comm_s, all - eager_backward + 0.25 * eager_backward, 1e-9);
+  // On the fast link the rest of the reduction (all but the last bucket) is the overlap.
+  l.nvlink_busbw = 300e9;
+  r.links = l;
+  const Prediction fast = predict(job, {"ddp", 0, 4}, r);
+  const double rest = all_reduce_seconds(4 * P, g, l) - all_reduce_seconds(25 << 20, g, l);
+  EXPECT_NEAR(*fast.exposed_comm_s, all_reduce_seconds(25 << 20, g, l) + 0.25 * rest, 1e-12);
   // No rates: memory only.
   const Prediction mem = predict(job, {"ddp", 0, 4}, std::nullopt);
   EXPECT_FALSE(mem.step_s.has_value());
@@ -268,7 +328,8 @@ TEST(PlanCostModel, Zero3ExposesWhatTheComputeCannotHide) {
   job.cfg = models::GPTConfig::named("gpt2-xl");
   job.gpus = 4;
   job.batch = 8;
-  const Rates r = flat_rates(2e9);
+  Rates r = flat_rates(2e9);
+  r.kernels.graph_block = r.kernels.graph_classifier = r.kernels.graph_optimizer = 0.5;  // eager: not applied
   const Links& l = *r.links;
   const Group g{4, 4};
   const double c = 1600, u = static_cast<double>(models::gpt_block_parameters(job.cfg));
@@ -286,6 +347,12 @@ TEST(PlanCostModel, Zero3ExposesWhatTheComputeCannotHide) {
   EXPECT_GT(*p.exposed_comm_s, gather);  // the link is slow enough to show
   const double P = static_cast<double>(job.cfg.num_parameters());
   EXPECT_NEAR(*p.step_s, fwd_bwd + P / 4 / 1e10 + want, 1e-9 * *p.step_s);
+  // With a contention factor the forward and the backward, each overlapped
+  // whole (the link is slow), cost (f - 1) x their length more.
+  Rates contended = r;
+  contended.links->overlap_slowdown = 1.5;
+  const Prediction slowed = predict(job, {"zero", 3, 4}, contended);
+  EXPECT_NEAR(*slowed.exposed_comm_s, want + 0.5 * fwd_bwd, 1e-9 * want);
 }
 
 // A 2-stage 1F1B pipeline of 4 micro-batches on one node: 5 slots of one
@@ -295,16 +362,43 @@ TEST(PlanCostModel, PipelineStepIsSlotsTimesTheStage) {
   job.cfg = models::GPTConfig::named("d12");
   job.gpus = 2;
   job.batch = 4;
-  const Rates r = flat_rates(300e9);
+  Rates r = flat_rates(300e9);
+  r.kernels.tokens = 4 * 1024;
+  // Rates timed at the micro-batch's 2048 tokens: the ones the slot runs at.
+  KernelRates at_mb = r.kernels;
+  at_mb.tokens = 2 * 1024;
+  at_mb.gemm_flops = 1e14;
+  at_mb.optimizer_params = 2e10;
+  r.more = {at_mb};
   const Layout layout{"mesh", 0, 1, 1, 2, 4, 1};
   const int64_t mb_tokens = 4 * 2 / 4 * 1024;
-  const double mb = micro_batch_compute_seconds(job, r.kernels, mb_tokens, 1, 6, true);
+  const double mb = micro_batch_compute_seconds(job, at_mb, mb_tokens, 1, 6, true);
   const double p2p = 2 * (r.links->latency_s + mb_tokens * 768.0 * 2 / r.links->nvlink_busbw);
   const double local = static_cast<double>(mesh_parameters_per_gpu(job.cfg, 1, 2));
   const Prediction p = predict(job, layout, r);
-  EXPECT_NEAR(*p.step_s, 5 * (mb + p2p) + local / 1e10, 1e-12);
+  EXPECT_NEAR(*p.step_s, 5 * (mb + p2p) + local / 2e10, 1e-12);
   EXPECT_DOUBLE_EQ(*p.bubble, 1.0 / 5);
   EXPECT_NEAR(*p.exposed_comm_s, 4 * p2p, 1e-12);
+}
+
+// Tensor parallel with sequence parallelism: each block's 4 all-reduces are
+// an all-gather and a reduce-scatter each (2 latencies), plus the loss's 2
+// all-reduces of N floats, all on the critical path.
+TEST(PlanCostModel, SequenceParallelCollectivesOnTheCriticalPath) {
+  Job job;
+  job.cfg = models::GPTConfig::named("d12");
+  job.gpus = 2;
+  job.batch = 4;
+  const Rates r = flat_rates(300e9);
+  const Layout layout{"mesh", 0, 1, 2, 1, 1, 1};
+  const double n = 4 * 2 * 1024, lat = r.links->latency_s, bw = r.links->nvlink_busbw;
+  const double act = n * 768 * 2;
+  const double half = lat + 0.5 * act / bw;  // an all-gather or a reduce-scatter over 2
+  const double loss = lat + 2 * 0.5 * 4 * n / bw;
+  const double mb = micro_batch_compute_seconds(job, r.kernels, static_cast<int64_t>(n), 2, 12, true);
+  const double local = static_cast<double>(mesh_parameters_per_gpu(job.cfg, 2, 1));
+  const Prediction p = predict(job, layout, r);
+  EXPECT_NEAR(*p.step_s, mb + 4 * 12 * 2 * half + 2 * loss + local / 1e10, 1e-12);
 }
 
 TEST(PlanCostModel, BusBandwidthFit) {
@@ -342,12 +436,16 @@ Calibration sample_calibration() {
   t.optimizer = {0.0005, 3e7, 6e10};
   t.block = {0.013, 5.4e12, 4e14};
   t.gemm_shards = {{2, {0.006, 2.5e12, 4.2e14}}, {4, {0.0035, 1.25e12, 3.6e14}}};
+  t.recompute = {0.0169, 5.4e12, 5.4e12 / 0.0169};
+  t.graph_block = ClassTiming{0.0117, 5.4e12, 5.4e12 / 0.0117};
+  t.graph_optimizer = ClassTiming{0.00025, 3e7, 1.2e11};
   c.models.push_back(t);
   BusBandwidth b;
   b.ranks = 2;
   b.busbw = 3e11;
   b.latency_s = 2e-5;
   b.rows = {{1 << 20, 3e-5}, {256 << 20, 9e-4}};
+  b.overlap_slowdown = 1.12;
   c.bus = b;
   return c;
 }
@@ -367,11 +465,65 @@ TEST(PlanCalibration, RoundTripAndNearestWidth) {
   ASSERT_TRUE(back.bus.has_value());
   EXPECT_NEAR(back.bus->busbw, 3e11, 1);
   EXPECT_NEAR(back.bus->latency_s, 2e-5, 1e-15);
+  EXPECT_DOUBLE_EQ(back.bus->overlap_slowdown, 1.12);
   bool exact = true;
   EXPECT_EQ(timing_for(back, models::GPTConfig::named("gpt2-xl"), 1024, &exact).model, "gpt2-xl");
   EXPECT_TRUE(exact);
   EXPECT_EQ(timing_for(back, models::GPTConfig::named("d84"), 1024, &exact).model, "gpt2-xl");
   EXPECT_FALSE(exact);
+  // Version 2: the recompute and graph ratios (the classifier's graph not
+  // captured: ratio 1).
+  const KernelRates k = back.models[0].rates();
+  EXPECT_NEAR(k.recompute, 1.3, 1e-12);
+  EXPECT_NEAR(k.graph_block, 0.9, 1e-12);
+  EXPECT_NEAR(k.graph_optimizer, 0.5, 1e-12);
+  EXPECT_EQ(k.graph_classifier, 1.0);
+  EXPECT_FALSE(back.models[0].graph_classifier.has_value());
+}
+
+TEST(PlanCalibration, MicroBatchSizesOfOneModel) {
+  Calibration c = sample_calibration();
+  ModelTiming small = c.models[0];
+  small.tokens = 2048;
+  small.gemm = {0.004, 5e12 / 4, 3.1e14};
+  c.models.push_back(small);
+  const Calibration back = parse_calibration(calibration_json(c), "test");
+  const models::GPTConfig xl = models::GPTConfig::named("gpt2-xl");
+  bool exact = false;
+  EXPECT_EQ(timing_for(back, xl, 1024, &exact, 8192).tokens, 8192);
+  EXPECT_EQ(timing_for(back, xl, 1024, &exact, 2048).tokens, 2048);
+  EXPECT_EQ(timing_for(back, xl, 1024, &exact, 1024).tokens, 2048);
+  EXPECT_TRUE(exact);
+  // The rates hold both: the plan's batch first, the other in `more`.
+  const Rates r = rates_for(back, timing_for(back, xl, 1024, &exact, 8192));
+  EXPECT_EQ(r.kernels.tokens, 8192);
+  ASSERT_EQ(r.more.size(), 1u);
+  EXPECT_DOUBLE_EQ(r.at(2048).gemm_flops, 3.1e14);
+  EXPECT_DOUBLE_EQ(r.peak_flops, 1e15);
+}
+
+// A version 1 file (before recompute and graph timings) is read with a
+// recompute ratio of 4/3 and graph ratios of 1; another version is refused.
+TEST(PlanCalibration, VersionOneFilesReadWithDefaults) {
+  Calibration c = sample_calibration();
+  c.version = 1;
+  const std::string v1 = calibration_json(c);
+  EXPECT_EQ(v1.find("recompute"), std::string::npos);
+  EXPECT_EQ(v1.find("graph"), std::string::npos);
+  const Calibration back = parse_calibration(v1, "old.json");
+  EXPECT_EQ(back.version, 1);
+  const KernelRates k = back.models[0].rates();
+  EXPECT_DOUBLE_EQ(k.recompute, 4.0 / 3.0);
+  EXPECT_EQ(k.graph_block, 1.0);
+  EXPECT_EQ(k.graph_optimizer, 1.0);
+  EXPECT_EQ(back.bus->overlap_slowdown, 0.0);  // not written in version 1: unmeasured
+  std::string v3 = calibration_json(sample_calibration());
+  v3.replace(v3.find("\"version\": 2"), 12, "\"version\": 3");
+  EXPECT_TRUE(test::throws_naming([&] { parse_calibration(v3, "new.json"); }, {"new.json", "version 3"}));
+  // A version 2 file without its recompute timing is refused, naming it.
+  std::string no_recompute = calibration_json(sample_calibration());
+  no_recompute.replace(no_recompute.find("\"recompute\""), 11, "\"recompuTe\"");
+  EXPECT_TRUE(test::throws_naming([&] { parse_calibration(no_recompute, "f.json"); }, {"f.json", "recompute"}));
 }
 
 TEST(PlanCalibration, CorruptFilesAreRefusedNamingWhy) {

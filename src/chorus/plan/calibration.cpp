@@ -12,11 +12,15 @@
 #include "chorus/autograd/functions.h"
 #include "chorus/core/backend.h"
 #include "chorus/core/error.h"
+#include "chorus/core/warn.h"
 #include "chorus/io/file_util.h"
 #include "chorus/nn/functional.h"
 #include "chorus/nn/layers.h"
 #include "chorus/ops/factory.h"
 #include "chorus/optim/adamw.h"
+#include "chorus/optim/clip_grad.h"
+#include "chorus/nn/checkpoint.h"
+#include "chorus/parallel/graphed_step.h"
 
 namespace chorus::plan {
 
@@ -25,7 +29,7 @@ namespace {
 using cjson = nlohmann::ordered_json;
 
 constexpr const char* kCalibrationFormat = "chorus-plan-calibration";
-constexpr int kCalibrationVersion = 1;
+constexpr int kCalibrationVersion = 2;  // 1: before recompute and graph timings (still read)
 
 ClassTiming timing_of(double seconds, double work) {
   return {seconds, work, seconds > 0 ? work / seconds : 0.0};
@@ -40,6 +44,32 @@ double seconds_per_call(const Device& d, int warmup, int iters, F&& f) {
   for (int i = 0; i < iters; ++i) f();
   synchronize(d);
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
+}
+
+// Seconds per replay of f captured as one CUDA graph (Note [Graphed step]:
+// one eager call, the capture, then replays; `warmup` covers the first two),
+// unset on a device without graphs or when f cannot be captured (said on
+// stderr, naming `what`).
+template <class F>
+std::optional<double> seconds_per_replay(const char* what, const Device& d, int warmup, int iters, F&& f) {
+  if (!d.is_cuda()) return std::nullopt;
+  bool fell_back = false;
+  parallel::GraphedStepOptions o;
+  o.warmup_steps = 1;
+  o.on_fallback = [&](const std::string& line) {
+    fell_back = true;
+    warn(std::string("chorus plan --calibrate: the ") + what + " timed eagerly only: " + line);
+  };
+  parallel::GraphedStep graphed(
+      [&](const std::vector<Tensor>&) {
+        f();
+        return std::vector<Tensor>{};
+      },
+      o);
+  const Tensor trigger = zeros({1}, TensorOptions(kFloat32, d));  // the graph's one (unused) input
+  const double s = seconds_per_call(d, std::max(warmup, 2), iters, [&] { graphed({trigger}); });
+  if (fell_back || !graphed.captured() || graphed.replays() < iters) return std::nullopt;
+  return s;
 }
 
 cjson class_json(const ClassTiming& t, const char* work) {
@@ -86,17 +116,35 @@ KernelRates ModelTiming::rates() const {
   k.other_elements = other.rate;
   k.optimizer_params = optimizer.rate;
   for (const auto& [tp, t] : gemm_shards) k.gemm_flops_shards.emplace_back(tp, t.rate);
+  if (recompute.seconds > 0) k.recompute = recompute.seconds / block.seconds;
+  if (graph_block) k.graph_block = graph_block->seconds / block.seconds;
+  if (graph_classifier) k.graph_classifier = graph_classifier->seconds / classifier.seconds;
+  if (graph_optimizer) k.graph_optimizer = graph_optimizer->seconds / optimizer.seconds;
   return k;
 }
 
-const ModelTiming& timing_for(const Calibration& cal, const models::GPTConfig& cfg, int64_t seq, bool* exact) {
+Rates rates_for(const Calibration& cal, const ModelTiming& chosen) {
+  Rates r;
+  r.kernels = chosen.rates();
+  for (const ModelTiming& m : cal.models)
+    if (&m != &chosen && m.width == chosen.width && m.heads == chosen.heads && m.seq == chosen.seq)
+      r.more.push_back(m.rates());
+  r.peak_flops = cal.peak_flops;
+  return r;
+}
+
+const ModelTiming& timing_for(const Calibration& cal, const models::GPTConfig& cfg, int64_t seq, bool* exact,
+                              int64_t tokens) {
   CHORUS_CHECK(!cal.models.empty(), "the calibration holds no kernel timings");
   const ModelTiming* best = nullptr;
   double best_distance = std::numeric_limits<double>::infinity();
   for (const ModelTiming& m : cal.models) {
-    // The nearest width in ratio; the same sequence length breaks ties.
+    // The nearest width in ratio; the same sequence length breaks ties, then
+    // the nearest tokens (a smaller term than any width's or seq's step).
     const double d = std::abs(std::log(static_cast<double>(m.width) / static_cast<double>(cfg.width))) +
-                     (m.seq == seq ? 0.0 : 1e-3);
+                     (m.seq == seq ? 0.0 : 1e-3) +
+                     (tokens > 0 ? 1e-6 * std::abs(std::log(static_cast<double>(m.tokens) / static_cast<double>(tokens)))
+                                 : 0.0);
     if (d < best_distance) best_distance = d, best = &m;
   }
   if (exact) *exact = best->width == cfg.width && best->heads == cfg.heads && best->seq == seq;
@@ -104,7 +152,7 @@ const ModelTiming& timing_for(const Calibration& cal, const models::GPTConfig& c
 }
 
 std::string calibration_json(const Calibration& cal) {
-  cjson j = {{"format", kCalibrationFormat},     {"version", kCalibrationVersion},
+  cjson j = {{"format", kCalibrationFormat},     {"version", cal.version},
              {"device", cal.device},             {"device_name", cal.device_name},
              {"commit", cal.commit},             {"precision", cal.precision},
              {"peak_flops", cal.peak_flops},     {"memory_bytes", cal.memory_bytes}};
@@ -122,6 +170,12 @@ std::string calibration_json(const Calibration& cal) {
                       {"other", class_json(m.other, "elements")},
                       {"optimizer", class_json(m.optimizer, "params")},
                       {"block", class_json(m.block, "flops")}});
+    if (cal.version >= 2) models.back()["recompute"] = class_json(m.recompute, "flops");
+    cjson graph = cjson::object();
+    if (m.graph_block) graph["block"] = class_json(*m.graph_block, "flops");
+    if (m.graph_classifier) graph["classifier"] = class_json(*m.graph_classifier, "flops");
+    if (m.graph_optimizer) graph["optimizer"] = class_json(*m.graph_optimizer, "params");
+    if (cal.version >= 2 && !graph.empty()) models.back()["graph"] = graph;
     cjson shards = cjson::array();
     for (const auto& [tp, t] : m.gemm_shards) {
       cjson one = class_json(t, "flops");
@@ -138,6 +192,7 @@ std::string calibration_json(const Calibration& cal) {
                 {"busbw_GBs", cal.bus->busbw / 1e9},
                 {"latency_us", cal.bus->latency_s * 1e6},
                 {"rows", rows}};
+    if (cal.version >= 2 && cal.bus->overlap_slowdown > 0) j["bus"]["overlap_slowdown"] = cal.bus->overlap_slowdown;
   }
   return j.dump(2) + "\n";
 }
@@ -149,11 +204,14 @@ Calibration parse_calibration(const std::string& body, const std::string& where)
   } catch (const std::exception&) {
     CHORUS_THROW(ValueError, "calibration ", where, " is not JSON (write one with chorus plan --calibrate FILE)");
   }
-  CHORUS_CHECK(j.is_object() && j.value("format", "") == kCalibrationFormat, "calibration ", where,
+  CHORUS_CHECK(j.is_object() && j.contains("format") && j.at("format").is_string() &&
+                   j.at("format").get<std::string>() == kCalibrationFormat, "calibration ", where,
                " is not a chorus plan calibration (its \"format\" is not \"", kCalibrationFormat, "\")");
-  CHORUS_CHECK(j.value("version", 0) == kCalibrationVersion, "calibration ", where, ": version ",
-               j.value("version", 0), " is not the version ", kCalibrationVersion, " this chorus reads");
+  const int version = j.contains("version") && j.at("version").is_number_integer() ? j.at("version").get<int>() : 0;
+  CHORUS_CHECK(version == 1 || version == kCalibrationVersion, "calibration ", where, ": version ", version,
+               " is not a version this chorus reads (1 or ", kCalibrationVersion, ")");
   Calibration cal;
+  cal.version = version;
   cal.device = text(j, "device", where);
   cal.device_name = text(j, "device_name", where);
   cal.commit = text(j, "commit", where);
@@ -179,6 +237,16 @@ Calibration parse_calibration(const std::string& body, const std::string& where)
     t.other = class_from(m, "other", "elements", w, true);
     t.optimizer = class_from(m, "optimizer", "params", w, false);
     t.block = class_from(m, "block", "flops", w, false);
+    if (version >= 2) {
+      t.recompute = class_from(m, "recompute", "flops", w, false);
+      if (m.contains("graph")) {
+        const cjson& g = m.at("graph");
+        CHORUS_CHECK(g.is_object(), "calibration ", w, ": 'graph' is not an object");
+        if (g.contains("block")) t.graph_block = class_from(g, "block", "flops", w + " graph", false);
+        if (g.contains("classifier")) t.graph_classifier = class_from(g, "classifier", "flops", w + " graph", false);
+        if (g.contains("optimizer")) t.graph_optimizer = class_from(g, "optimizer", "params", w + " graph", false);
+      }
+    }
     if (m.contains("gemm_shards")) {
       CHORUS_CHECK(m.at("gemm_shards").is_array(), "calibration ", w, ": 'gemm_shards' is not a list");
       for (const cjson& one : m.at("gemm_shards")) {
@@ -194,6 +262,7 @@ Calibration parse_calibration(const std::string& body, const std::string& where)
     bus.ranks = static_cast<int64_t>(number(b, "ranks", where + " bus"));
     bus.busbw = number(b, "busbw_GBs", where + " bus") * 1e9;
     bus.latency_s = number(b, "latency_us", where + " bus", true) * 1e-6;
+    if (version >= 2 && b.contains("overlap_slowdown")) bus.overlap_slowdown = number(b, "overlap_slowdown", where + " bus");
     CHORUS_CHECK(b.contains("rows") && b.at("rows").is_array(), "calibration ", where, " bus: 'rows' is missing");
     for (const cjson& r : b.at("rows"))
       bus.rows.emplace_back(static_cast<int64_t>(number(r, "bytes", where + " bus row")),
@@ -274,13 +343,15 @@ ModelTiming time_gpt_kernels(const std::string& model, const models::GPTConfig& 
     Tensor x = randn({n, c}, f32).requires_grad_();
     Tensor w = randn({vp, c}, f32).mul(0.02).requires_grad_();
     Tensor targets = randint(0, cfg.vocab, {n}, TensorOptions(kInt64, device));
-    const double s = seconds_per_call(device, warmup, iters, [&] {
+    auto run = [&] {
       Tensor loss = nn::functional::cross_entropy_fused(nn::functional::linear(x, w, Tensor()), targets, cfg.vocab);
       loss.backward();
       x.zero_grad();
       w.zero_grad();
-    });
-    t.classifier = timing_of(s, 6 * N * C * static_cast<double>(vp));
+    };
+    const double flops = 6 * N * C * static_cast<double>(vp);
+    t.classifier = timing_of(seconds_per_call(device, warmup, iters, run), flops);
+    if (auto g = seconds_per_replay("classifier", device, warmup, iters, run)) t.graph_classifier = timing_of(*g, flops);
   }
 
   // A whole block; what it takes beyond its matrices and attention is "other".
@@ -288,27 +359,38 @@ ModelTiming time_gpt_kernels(const std::string& model, const models::GPTConfig& 
   one.layers = 1;
   models::GPTBlock block(one);
   block.to(device);
+  Tensor x = randn({batch, seq, c}, f32).requires_grad_();
   {
-    Tensor x = randn({batch, seq, c}, f32).requires_grad_();
-    const double s = seconds_per_call(device, warmup, iters, [&] {
-      Tensor y = block.forward(x);
-      y.backward(ones_like(y));
-      block.zero_grad();
-      x.zero_grad();
-    });
-    t.block = timing_of(s, 72 * N * C * C + 6 * N * C * T);
+    const double flops = 72 * N * C * C + 6 * N * C * T;
+    auto run = [&](bool recompute) {
+      return [&block, &x, recompute] {
+        Tensor y = recompute ? nn::checkpoint(block, x) : block.forward(x);
+        y.backward(ones_like(y));
+        block.zero_grad();
+        x.zero_grad();
+      };
+    };
+    const double s = seconds_per_call(device, warmup, iters, run(false));
+    t.block = timing_of(s, flops);
     const double rest = s - t.gemm.seconds - t.attention.seconds;
     t.other = rest > 0 ? timing_of(rest, N * C) : ClassTiming{0, N * C, 0};
-    Tensor y = block.forward(x);
-    y.backward(ones_like(y));  // gradients for AdamW to read
+    // --recompute as it runs: the checkpointed block, eagerly (the layouts
+    // that recompute to fit are mostly ZeRO-3's, which are eager).
+    t.recompute = timing_of(seconds_per_call(device, warmup, iters, run(true)), flops);
+    if (auto g = seconds_per_replay("block", device, warmup, iters, run(false))) t.graph_block = timing_of(*g, flops);
   }
   {
+    // AdamW as chorus train steps: the clip folded into the update, the
+    // gradients kept (the step reads them each call).
+    Tensor y = block.forward(x);
+    y.backward(ones_like(y));
     std::vector<Tensor> params = block.parameters();
     double count = 0;
     for (const Tensor& p : params) count += static_cast<double>(p.numel());
     optim::AdamW opt(params, optim::AdamWOptions{1e-4, 0.9, 0.95, 1e-8, 0.1});
-    const double s = seconds_per_call(device, warmup, iters, [&] { opt.step(); });
-    t.optimizer = timing_of(s, count);
+    auto run = [&] { optim::clip_and_step(opt, params, 1.0); };
+    t.optimizer = timing_of(seconds_per_call(device, warmup, iters, run), count);
+    if (auto g = seconds_per_replay("optimizer", device, warmup, iters, run)) t.graph_optimizer = timing_of(*g, count);
   }
   return t;
 }

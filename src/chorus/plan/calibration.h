@@ -14,12 +14,30 @@
 //   other       a whole GPTBlock's forward and backward less the two above:
 //               the norms, GELU, residual sums, bias gradients, per element
 //               of N x C (0 when the block takes no longer than its parts)
-//   optimizer   AdamW's step over a block's parameters, per parameter
+//   optimizer   AdamW's step over a block's parameters with the gradient
+//               clip folded in (optim::clip_and_step, as chorus train steps),
+//               per parameter
+//   recompute   a checkpointed block (nn::checkpoint) forward and backward,
+//               eager: the block's forward runs twice as --recompute runs
+//               it; the cost model's recompute ratio is its time over the
+//               block's (version 2)
+//   graph       on a GPU, the block, the classifier and the optimizer again,
+//               each captured as a CUDA graph and replayed
+//               (parallel::GraphedStep, as chorus train runs single, DDP and
+//               ZeRO 1-2 steps): their times over the eager ones are the
+//               cost model's graph ratios (version 2; absent where no graph
+//               was captured: CPUs)
 // Each class keeps its seconds, its work and the rate (work / seconds). The
-// embeddings' lookups and the gradient clipping are not timed (small beside
-// these). Under `chorus launch` with 2+ ranks it also measures the
+// embeddings' lookups are not timed (small beside these). --model takes
+// name[:batch] items (gpt2:16,gpt2-xl,gpt2-xl:2): one timing a model and
+// micro-batch, so the plan finds the rates of the micro-batch it predicts
+// (a pipeline's micro-batches are smaller than DDP's batch). Version 1
+// files (no recompute, no graph) are read with a recompute ratio of 4/3 and
+// graph ratios of 1, and the plan says so. Under `chorus launch` with 2+ ranks it also measures the
 // all-reduce bus bandwidth (dist/bus_bandwidth.h) at a few sizes and fits a
-// latency and a bandwidth to them (fit_bus_bandwidth). The file names the
+// latency and a bandwidth to them (fit_bus_bandwidth), and (version 2) how
+// much slower the first model's MLP GEMMs run beside all-reduces of the
+// largest size than alone: the cost model's overlap slowdown. The file names the
 // device, the commit and the precision; a plan at another precision refuses
 // it. Rates at one model's shapes serve others (the nearest width), and say
 // so: a narrower GEMM (tensor parallel shards, small micro-batches) runs
@@ -52,6 +70,10 @@ struct ModelTiming {
   // The four matrices split tp ways as tensor parallelism splits them
   // (c_attn and c_fc by output, c_proj and mlp.c_proj by input): (tp, timing).
   std::vector<std::pair<int64_t, ClassTiming>> gemm_shards;
+  // Version 2: the checkpointed block (seconds 0 in a version 1 file) and the
+  // CUDA graph replays (unset where none was captured).
+  ClassTiming recompute;
+  std::optional<ClassTiming> graph_block, graph_classifier, graph_optimizer;
   KernelRates rates() const;
 };
 
@@ -61,9 +83,13 @@ struct BusBandwidth {
   double busbw = 0;     // bytes a second
   double latency_s = 0;
   std::vector<std::pair<int64_t, double>> rows;  // (bytes, seconds per all-reduce)
+  // A GEMM's time beside all-reduces over its time alone
+  // (dist::slowdown_beside_all_reduce; version 2, 0: not measured).
+  double overlap_slowdown = 0;
 };
 
 struct Calibration {
+  int version = 2;  // the file's format version (1: before recompute and graph timings)
   std::string device, device_name, commit, precision;
   double peak_flops = 0;     // dense bf16 FLOPs a second (0: unknown)
   int64_t memory_bytes = 0;  // the device's memory (0: unknown)
@@ -72,9 +98,14 @@ struct Calibration {
 };
 
 // The rates to plan `cfg` at `seq` with: the timing of the same width and
-// seq, else of the nearest width (then `exact` is false). ValueError when
-// the calibration holds no timing.
-const ModelTiming& timing_for(const Calibration& cal, const models::GPTConfig& cfg, int64_t seq, bool* exact);
+// seq, else of the nearest width (then `exact` is false); of those, the one
+// timed at the number of tokens nearest `tokens` (0: the first). ValueError
+// when the calibration holds no timing.
+const ModelTiming& timing_for(const Calibration& cal, const models::GPTConfig& cfg, int64_t seq, bool* exact,
+                              int64_t tokens = 0);
+// Rates for the cost model: `chosen`'s kernels, and in Rates::more the other
+// timings of the same model's shapes (width, heads, seq) at other tokens.
+Rates rates_for(const Calibration& cal, const ModelTiming& chosen);
 
 // The file: write_calibration / read_calibration. read_calibration throws
 // IOError for a file it cannot read and ValueError naming the file and the

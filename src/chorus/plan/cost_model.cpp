@@ -141,8 +141,23 @@ double KernelRates::gemm_rate(int64_t tp) const {
   return gemm_flops;
 }
 
+const KernelRates& Rates::at(int64_t tokens) const {
+  const KernelRates* best = &kernels;
+  auto distance = [tokens](const KernelRates& k) {
+    return k.tokens > 0 && tokens > 0 ? std::abs(std::log(static_cast<double>(k.tokens) / static_cast<double>(tokens)))
+                                      : 0.0;
+  };
+  for (const KernelRates& k : more)
+    if (distance(k) < distance(*best)) best = &k;
+  return *best;
+}
+
+bool step_is_graphed(const Layout& layout) {
+  return layout.kind == "single" || layout.kind == "ddp" || (layout.kind == "zero" && layout.zero_stage <= 2);
+}
+
 double micro_batch_compute_seconds(const Job& job, const KernelRates& k, int64_t tokens, int64_t tp, int64_t layers,
-                                   bool head) {
+                                   bool head, bool graphed) {
   CHORUS_CHECK(k.gemm_flops > 0 && k.attention_flops > 0 && k.classifier_flops > 0,
                "the kernel rates must be positive");
   const double n = static_cast<double>(tokens), c = static_cast<double>(job.cfg.width);
@@ -150,10 +165,16 @@ double micro_batch_compute_seconds(const Job& job, const KernelRates& k, int64_t
   const double split = static_cast<double>(tp);
   double block = 72 * n * c * c / (split * k.gemm_rate(tp)) + 6 * n * c * t / (split * k.attention_flops) +
                  (k.other_elements > 0 ? n * c / (split * k.other_elements) : 0.0);
-  // A recomputed block runs its forward again (a third of its time): Note
-  // [Recomputing some blocks] in models/gpt.cpp.
-  block *= 1.0 + static_cast<double>(job.cfg.recomputed_blocks()) / (3.0 * static_cast<double>(job.cfg.layers));
-  return static_cast<double>(layers) * block + (head ? 6 * n * c * vp / (split * k.classifier_flops) : 0.0);
+  CHORUS_CHECK(k.recompute > 0 && k.graph_block > 0 && k.graph_classifier > 0,
+               "the recompute and graph ratios must be positive");
+  // A recomputed block runs its forward again: rho, the checkpointed
+  // block's time over the plain one's, for the k of the L blocks that
+  // recompute (Note [Recomputing some blocks] in models/gpt.cpp).
+  const double recomputed = static_cast<double>(job.cfg.recomputed_blocks()) / static_cast<double>(job.cfg.layers);
+  block *= 1.0 + recomputed * (k.recompute - 1.0);
+  double head_s = head ? 6 * n * c * vp / (split * k.classifier_flops) : 0.0;
+  if (graphed) block *= k.graph_block, head_s *= k.graph_classifier;
+  return static_cast<double>(layers) * block + head_s;
 }
 
 namespace {
@@ -166,11 +187,20 @@ double gathered_weight_bytes(const Job& job, int64_t params, int64_t matrices) {
                   : 4.0 * static_cast<double>(params);
 }
 
+// What compute running beside collectives for `overlap_s` loses to them:
+// (slowdown - 1) x the overlap (Note [Cost model]); a measured slowdown
+// below 1 is timing noise, not compute sped up by a collective: none.
+double contention(double overlap_s, const Links& l) {
+  return std::max(0.0, l.overlap_slowdown - 1.0) * std::max(0.0, overlap_s);
+}
+
 // The exposed part of a gradient reduction overlapped with the backward
-// (Note [Cost model]): the last bucket's, and what the rest needs beyond the
-// backward's time.
-double overlapped_reduction(double total_s, double last_bucket_s, double backward_s) {
-  return std::min(total_s, last_bucket_s + std::max(0.0, total_s - last_bucket_s - backward_s));
+// (Note [Cost model]): the last bucket's, what the rest needs beyond the
+// backward's time, and the backward slowed while the rest runs beside it.
+double overlapped_reduction(double total_s, double last_bucket_s, double backward_s, const Links& l) {
+  const double rest = std::max(0.0, total_s - last_bucket_s);
+  return std::min(total_s, last_bucket_s + std::max(0.0, rest - backward_s)) +
+         contention(std::min(rest, backward_s), l);
 }
 
 }  // namespace
@@ -181,7 +211,6 @@ Prediction predict(const Job& job, const Layout& layout, const std::optional<Rat
   p.memory = layout_memory(job, layout);
   p.fits = job.gpu_memory_bytes <= 0 || p.memory.fits(job.gpu_memory_bytes);
   if (!rates || (layout.gpus() > 1 && !rates->links)) return p;
-  const KernelRates& k = rates->kernels;
   const Links links = rates->links.value_or(Links{});
   const models::GPTConfig& cfg = job.cfg;
   const double P = static_cast<double>(cfg.num_parameters());
@@ -189,12 +218,14 @@ Prediction predict(const Job& job, const Layout& layout, const std::optional<Rat
   const double matrices = static_cast<double>(12 * cfg.width * cfg.width * cfg.layers);
   const double tokens_per_step = static_cast<double>(job.batch * job.seq * job.gpus);
   double compute = 0, exposed = 0, bubble = 0, step = 0;
-  const double adamw = 1.0 / k.optimizer_params;
+  const bool graphed = step_is_graphed(layout);
 
   if (layout.kind != "mesh") {
     const int64_t n = layout.kind == "single" ? 1 : layout.dp;
     const Group g = data_group(job, n, 1);
-    const double fwd_bwd = micro_batch_compute_seconds(job, k, job.batch * job.seq, 1, cfg.layers, true);
+    const KernelRates& k = rates->at(job.batch * job.seq);
+    const double adamw = (graphed ? k.graph_optimizer : 1.0) / k.optimizer_params;
+    const double fwd_bwd = micro_batch_compute_seconds(job, k, job.batch * job.seq, 1, cfg.layers, true, graphed);
     const double backward = fwd_bwd * 2.0 / 3.0;
     const double stepped = layout.kind == "zero" ? P / static_cast<double>(n) : P;
     compute = fwd_bwd + stepped * adamw;
@@ -202,11 +233,11 @@ Prediction predict(const Job& job, const Layout& layout, const std::optional<Rat
     if (n > 1 && layout.kind == "ddp") {
       exposed = overlapped_reduction(all_reduce_seconds(grads, g, links) +
                                          (std::ceil(grads / bucket) - 1) * links.latency_s,
-                                     all_reduce_seconds(bucket, g, links), backward);
+                                     all_reduce_seconds(bucket, g, links), backward, links);
     } else if (n > 1 && layout.zero_stage <= 2) {
       exposed = overlapped_reduction(reduce_scatter_seconds(grads, g, links) +
                                          (std::ceil(grads / bucket) - 1) * links.latency_s,
-                                     reduce_scatter_seconds(bucket, g, links), backward) +
+                                     reduce_scatter_seconds(bucket, g, links), backward, links) +
                 all_gather_seconds(gathered_weight_bytes(job, cfg.num_parameters(), static_cast<int64_t>(matrices)),
                                    g, links);
     } else if (n > 1) {
@@ -222,19 +253,25 @@ Prediction predict(const Job& job, const Layout& layout, const std::optional<Rat
       const double backward_comm = layers * (gather + reduce_scatter_seconds(4.0 * unit, g, links)) +
                                    reduce_scatter_seconds(root_bytes, g, links);
       exposed = gather + std::max(0.0, forward_comm - gather - fwd_bwd / 3.0) +
-                std::max(0.0, backward_comm - backward);
+                std::max(0.0, backward_comm - backward) +
+                contention(std::min(forward_comm - gather, fwd_bwd / 3.0) + std::min(backward_comm, backward), links);
     }
     step = compute + exposed;
   } else {
     const int64_t tp = layout.tp, pp = layout.pp, m = layout.micro_batches, v = layout.virtual_stages;
     const int64_t mb_tokens = job.batch * tp * pp / m * job.seq;
     const int64_t blocks = (cfg.layers + pp - 1) / pp;
+    const KernelRates& k = rates->at(mb_tokens);
+    const double adamw = 1.0 / k.optimizer_params;
     const double mb = micro_batch_compute_seconds(job, k, mb_tokens, tp, blocks, true);
     const Group tg{tp, tp};
     const double act = static_cast<double>(mb_tokens) * static_cast<double>(cfg.width) * s;
-    const double tensor_comm = tp > 1 ? 4.0 * static_cast<double>(blocks) * all_reduce_seconds(act, tg, links) +
-                                            2.0 * all_reduce_seconds(4.0 * static_cast<double>(mb_tokens), tg, links)
-                                      : 0.0;
+    // Sequence parallel: each of the block's 4 all-reduces is an all-gather
+    // and a reduce-scatter (Note [Cost model]).
+    const double tensor_comm =
+        tp > 1 ? 4.0 * static_cast<double>(blocks) * (all_gather_seconds(act, tg, links) + reduce_scatter_seconds(act, tg, links)) +
+                     2.0 * all_reduce_seconds(4.0 * static_cast<double>(mb_tokens), tg, links)
+               : 0.0;
     const double p2p = pp > 1 ? 2.0 * send_recv_seconds(act / static_cast<double>(tp),
                                                          tp * pp > job.gpus_per_node, links)
                               : 0.0;
@@ -247,7 +284,7 @@ Prediction predict(const Job& job, const Layout& layout, const std::optional<Rat
     if (layout.dp > 1) {
       const double grads = 4.0 * local, bucket = std::min(grads, static_cast<double>(job.bucket_bytes));
       const double all = all_reduce_seconds(grads, g, links) + (std::ceil(grads / bucket) - 1) * links.latency_s;
-      dp_comm = pp == 1 ? overlapped_reduction(all, all_reduce_seconds(bucket, g, links), mb * 2.0 / 3.0) : all;
+      dp_comm = pp == 1 ? overlapped_reduction(all, all_reduce_seconds(bucket, g, links), mb * 2.0 / 3.0, links) : all;
     }
     compute = static_cast<double>(m) * mb + local * adamw;
     step = pipeline + dp_comm + local * adamw;

@@ -11,12 +11,26 @@
 //           + N C      / (tp R_other)       norms, GELU, residuals, biases
 //                                           (sequence parallelism splits them too)
 //   head    = 6 N C Vp / (tp R_classifier)  the tied classifier and its loss
-//   recompute (--recompute, k of L blocks) runs their forward again: block x (1 + k / 3L).
+//   recompute (--recompute, k of L blocks) runs their forward again: block x (1 + k/L (rho - 1)),
+//                                           rho the checkpointed block's time over
+//                                           the plain block's, both timed (a
+//                                           version 1 calibration: 4/3)
 // A step's compute adds AdamW over the parameters this GPU steps (R_optimizer
 // parameters a second). Rates are measured at the model's shapes
 // (Note [Calibration]); 72 N C^2 + 6 N C T per block plus 6 N C Vp is the
 // FLOP count of GPTConfig::flops_per_token that MFU uses, less the norms'
-// and the position embedding's parameters.
+// and the position embedding's parameters. The rates are those timed at the
+// number of tokens nearest the micro-batch's (a pipeline's micro-batches are
+// smaller than the batch, and a GEMM of fewer rows runs below the rate of
+// more).
+//
+// Graphed steps: chorus train runs the whole step as one CUDA graph where it
+// can (single, DDP, ZeRO 1-2: Note [Graphed step]); ZeRO-3 (which falls
+// back to eager) and the meshes run eagerly. The rates above are eager
+// launches; a graphed layout multiplies the block, the head and AdamW by the
+// ratio of the same piece's time replayed as a CUDA graph to its eager time,
+// each timed at the same shapes (1 where no graph was timed: CPUs, version 1
+// files).
 //
 // Collectives over n ranks, g of them on each node, k = n / g nodes, a
 // buffer of B bytes, busbw the all-reduce bus bandwidth (nccl-tests'
@@ -27,7 +41,10 @@
 //                   reduce-scatter in the node, all-reduce of 1/g across, all-gather)
 //   reduce-scatter, all-gather: half of the all-reduce's bandwidth terms
 //   send/recv       a + B / busbw inside a node, a + B / nic across
-// What hides what:
+// What hides what (and what hiding costs: compute running beside a
+// collective is slowed by NCCL's kernels sharing the SMs, by a factor f
+// measured by the calibration, so every overlap of length o below adds
+// (f - 1) o to the step; f = 1 where not measured, or measured below 1):
 //   DDP, ZeRO 1-2   the gradients' all-reduce (reduce-scatter) runs during the
 //                   backward (2/3 of the compute): exposed = the last
 //                   bucket's + max(0, the rest - backward); ZeRO 1-2 then
@@ -41,8 +58,10 @@
 //   tensor          2 all-reduces over the tp group of the N C s bytes of
 //                   activations per block forward and 2 backward, on the
 //                   critical path
-//                   (with sequence parallelism: all-gathers and
-//                   reduce-scatters, the same bytes), plus the
+//                   (with sequence parallelism, which every tp > 1
+//                   layout here uses: an all-gather and a reduce-scatter for
+//                   each of them, the same bytes and twice the latencies),
+//                   plus the
 //                   vocabulary-parallel loss's two all-reduces of N floats.
 //   pipeline        1F1B over p stages and m micro-batches, v chunks a device:
 //                   step = (v m + p - 1) / v x slot, slot = the heaviest
@@ -70,6 +89,9 @@ struct Links {
   double nvlink_busbw = 0;  // all-reduce bus bandwidth inside a node
   double nic_bw = 0;        // one GPU's share of the network across nodes
   double latency_s = 0;     // a collective's fixed cost
+  // Compute beside a collective runs this many times slower (NCCL's kernels
+  // take SMs): 1 where not measured.
+  double overlap_slowdown = 1;
   int64_t gpus_per_node = 8;
 };
 
@@ -94,12 +116,21 @@ struct KernelRates {
   // The block's matrices split tp ways (tensor parallel shards), where timed:
   // (tp, FLOPs a second).
   std::vector<std::pair<int64_t, double>> gemm_flops_shards;
+  // A checkpointed block's time over the plain block's (Note [Cost model]).
+  double recompute = 4.0 / 3.0;
+  // A piece's time replayed as a CUDA graph over its eager time (1: not timed).
+  double graph_block = 1, graph_classifier = 1, graph_optimizer = 1;
   // The rate of the matrices split tp ways: the shards' where timed, else gemm_flops.
   double gemm_rate(int64_t tp) const;
 };
 
 struct Rates {
   KernelRates kernels;
+  // The same model's shapes timed at other micro-batch sizes (tokens).
+  std::vector<KernelRates> more;
+  // The rates timed at the number of tokens nearest `tokens` (in ratio;
+  // kernels on a tie).
+  const KernelRates& at(int64_t tokens) const;
   std::optional<Links> links;  // unset: no bus bandwidth known (no time for multi-GPU layouts)
   double peak_flops = 0;       // the device's dense bf16 peak (0: unknown, no MFU)
 };
@@ -156,10 +187,14 @@ struct Prediction {
 // Memory alone (Note [Memory plan formulas], Note [Tensor and pipeline
 // memory]): the DDP/ZeRO figures are the plan `chorus train` prints.
 dist::MemoryPlan layout_memory(const Job& job, const Layout& layout);
+// Whether chorus train runs the layout's step as one CUDA graph (single,
+// DDP, ZeRO 1-2; Note [Cost model]).
+bool step_is_graphed(const Layout& layout);
 // One micro-batch's compute on one GPU (Note [Cost model]) of `layers`
-// blocks, with the head when `head`.
+// blocks, with the head when `head`; `graphed`: the block and the head
+// scaled by their graph-over-eager ratios.
 double micro_batch_compute_seconds(const Job& job, const KernelRates& k, int64_t tokens, int64_t tp, int64_t layers,
-                                   bool head);
+                                   bool head, bool graphed = false);
 Prediction predict(const Job& job, const Layout& layout, const std::optional<Rates>& rates);
 // Every layout worth trying, predicted; fitting layouts first, fastest first
 // (by memory when there are no times).
