@@ -115,6 +115,12 @@ TEST(PlanCostModel, ComputeIsTheTrainingFlops) {
     EXPECT_NEAR(micro_batch_compute_seconds(job, timed, n, 1, job.cfg.layers, true) * r,
                 (got - head) * timed.recompute + head, 1e-9 * got)
         << name;
+    // --recompute N: the ratio on N of the L blocks only.
+    job.cfg.recompute_blocks = job.cfg.layers / 2;
+    const double part = static_cast<double>(job.cfg.layers / 2) / static_cast<double>(job.cfg.layers);
+    EXPECT_NEAR(micro_batch_compute_seconds(job, timed, n, 1, job.cfg.layers, true) * r,
+                (got - head) * (1 + part * (timed.recompute - 1)) + head, 1e-9 * got)
+        << name;
   }
 }
 
