@@ -159,6 +159,65 @@ TEST(GPTModel, DataParallelEqualsOneDeviceInFloat64) {
   }
 }
 
+// The GPT's loss written out as separate adds and layer norms: each block
+// h = x + attn(ln_1(x)), out = h + mlp(ln_2(h)), then ln_f -- what the model
+// computes with each add fused into the norm after it (Note [Pending
+// residual] in models/gpt.h).
+Tensor unfused_loss(GPT& m, const Tensor& ids, const Tensor& tg) {
+  auto trunk = nn::child_as<nn::Module>(m, "transformer");
+  auto norm = [](nn::Module& parent, const char* name, const Tensor& x) {
+    auto ln = nn::child_as<nn::Module>(parent, name);
+    return nn::functional::layer_norm(x, ln->named_parameters()[0].second, ln->named_parameters()[1].second, 1e-5);
+  };
+  Tensor positions;
+  Tensor x = models::gpt_embed(*nn::child_as<nn::Embedding>(*trunk, "wte"), *nn::child_as<nn::Module>(*trunk, "wpe"),
+                               positions, ids, m.config().dropout, m.is_training());
+  for (const nn::ModulePtr& b : m.blocks()) {
+    x = chorus::add(x, nn::child_as<nn::Module>(*b, "attn")->forward(norm(*b, "ln_1", x)));
+    x = chorus::add(x, nn::child_as<nn::Module>(*b, "mlp")->forward(norm(*b, "ln_2", x)));
+  }
+  Tensor logits = nn::functional::linear(norm(*trunk, "ln_f", x), m.wte(), Tensor());
+  return m.loss_of_logits(logits, tg);
+}
+
+// In float64 the model (every residual add fused with the norm after it)
+// and the composition of separate adds and norms give the same loss and
+// gradients, with residual dropout off and on (the same masks drawn in the
+// same order).
+TEST(GPTModel, FusedResidualNormsEqualTheComposition) {
+  for (double p : {0.0, 0.2}) {
+    SCOPED_TRACE(::testing::Message() << "dropout " << p);
+    GPTConfig c = tiny(3, 2, 8, 11, 6);
+    c.dropout = p;
+    GPT a(c), b(c);
+    a.to(kFloat64);
+    b.to(kFloat64);
+    randomize(a, 51);
+    randomize(b, 51);
+    Tensor ids = random_ids({2, 6}, 11, 52), tg = random_ids({2, 6}, 11, 53);
+    manual_seed(54);
+    Tensor la = a.loss(ids, tg);
+    la.backward();
+    manual_seed(54);
+    Tensor lb = unfused_loss(b, ids, tg);
+    lb.backward();
+    EXPECT_GT(la.item(), 0.5);
+    EXPECT_LE(std::abs(la.item() - lb.item()), 1e-12 * std::abs(lb.item()));
+    auto pa = a.named_parameters(), pb = b.named_parameters();
+    ASSERT_EQ(pa.size(), pb.size());
+    for (size_t i = 0; i < pa.size(); ++i) {
+      ASSERT_TRUE(pa[i].second.grad().defined() && pb[i].second.grad().defined()) << pa[i].first;
+      auto x = pa[i].second.grad().to_vector<double>(), y = pb[i].second.grad().to_vector<double>();
+      double worst = 0, scale = 0;
+      for (size_t j = 0; j < x.size(); ++j) {
+        worst = std::max(worst, std::abs(x[j] - y[j]));
+        scale = std::max(scale, std::abs(y[j]));
+      }
+      EXPECT_LE(worst, 1e-12 * scale) << pa[i].first;
+    }
+  }
+}
+
 // One step of `plain` and of `again` (the same weights, the same dropout
 // seed): equal losses and gradients in float64.
 void expect_recomputed_like_plain(const GPTConfig& plain, const GPTConfig& again) {

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 
+#include <chorus/autograd/engine.h>
 #include <chorus/chorus.h>
 #include <chorus/ops/elementwise.h>
 
@@ -79,6 +80,79 @@ TEST(TransformerOps, LayerNormGradients) {
 TEST(TransformerOps, LayerNormRejectsAWrongWeight) {
   Tensor x = random_leaf({2, 8}, 1).detach();
   EXPECT_TRUE(test::throws_naming([&] { F::layer_norm(x, ones({7}, {kFloat64}), Tensor()); }, {"layer_norm", "[8]"}));
+}
+
+// ---- the residual add beside layer norm --------------------------------------------------
+
+// add_layer_norm (Note [Residual add beside layer norm]) against add then
+// layer_norm, on the CPU in float64 and float32: the sum and the norm equal,
+// and the gradients of x, r, weight and bias from both outputs' gradients
+// (d(sum) from the residual path, d(normed) from the next layer) equal the
+// composition's -- also with only one of the outputs used.
+TEST(TransformerOps, AddLayerNormEqualsTheComposition) {
+  for (DType dt : {kFloat64, kFloat32}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const double tol = dt == kFloat64 ? 1e-14 : 1e-6;
+    for (int used : {3, 1, 2}) {  // bit 0: the sum's gradient, bit 1: the norm's
+      auto make = [&](uint64_t seed, const Shape& s, double scale) {
+        return random_leaf(s, seed).mul(scale).detach().to(dt).set_requires_grad(true);
+      };
+      Tensor x1 = make(60, {3, 4, 12}, 3.0), r1 = make(61, {3, 4, 12}, 1.0);
+      Tensor w1 = make(62, {12}, 1.0), b1 = make(63, {12}, 1.0);
+      Tensor x2 = x1.detach().clone().set_requires_grad(true), r2 = r1.detach().clone().set_requires_grad(true);
+      Tensor w2 = w1.detach().clone().set_requires_grad(true), b2 = b1.detach().clone().set_requires_grad(true);
+      Tensor gs = random_leaf({3, 4, 12}, 64).detach().to(dt), gy = random_leaf({3, 4, 12}, 65).detach().to(dt);
+      auto [s1, y1] = F::add_layer_norm(x1, r1, w1, b1, 1e-5);
+      Tensor s2 = chorus::add(x2, r2), y2 = F::layer_norm(s2, w2, b2, 1e-5);
+      EXPECT_LT(max_abs_diff(s1, s2), tol);
+      EXPECT_LT(max_abs_diff(y1, y2), tol);
+      TensorList roots1, roots2, grads;
+      if (used & 1) {
+        roots1.push_back(s1);
+        roots2.push_back(s2);
+        grads.push_back(gs);
+      }
+      if (used & 2) {
+        roots1.push_back(y1);
+        roots2.push_back(y2);
+        grads.push_back(gy);
+      }
+      autograd::run_backward(roots1, grads, false);
+      autograd::run_backward(roots2, grads, false);
+      EXPECT_LT(max_abs_diff(x1.grad(), x2.grad()), tol) << "used " << used;
+      EXPECT_LT(max_abs_diff(r1.grad(), r2.grad()), tol) << "used " << used;
+      EXPECT_LT(max_abs_diff(x1.grad(), r1.grad()), tol) << "used " << used;
+      if (used & 2) {
+        EXPECT_LT(max_abs_diff(w1.grad(), w2.grad()), tol);
+        EXPECT_LT(max_abs_diff(b1.grad(), b2.grad()), tol);
+      } else {
+        EXPECT_FALSE(w1.grad().defined());
+      }
+    }
+  }
+}
+
+TEST(TransformerOps, AddLayerNormGradients) {
+  Tensor x = random_leaf({2, 3, 8}, 66), r = random_leaf({2, 3, 8}, 67), w = random_leaf({8}, 68),
+         b = random_leaf({8}, 69);
+  // Both outputs weighted differently, so that a gradient given to the wrong
+  // one shows; then each alone.
+  EXPECT_TRUE(gradcheck(
+      [](L in) {
+        auto [s, y] = F::add_layer_norm(in[0], in[1], in[2], in[3], 1e-5);
+        return chorus::add(s.mul(0.7), y.mul(y));
+      },
+      {x, r, w, b}));
+  EXPECT_TRUE(gradcheck([](L in) { return F::add_layer_norm(in[0], in[1], in[2], in[3], 1e-5).second; }, {x, r, w, b}));
+  EXPECT_TRUE(gradcheck([](L in) { return F::add_layer_norm(in[0], in[1], Tensor(), Tensor(), 1e-5).second; }, {x, r}));
+}
+
+TEST(TransformerOps, AddLayerNormRejectsMismatchedAddends) {
+  Tensor x = random_leaf({2, 8}, 1).detach();
+  EXPECT_TRUE(test::throws_naming([&] { F::add_layer_norm(x, random_leaf({2, 7}, 2).detach(), Tensor(), Tensor()); },
+                                  {"add_layer_norm", "[2, 7]"}));
+  EXPECT_TRUE(test::throws_naming([&] { F::add_layer_norm(x, x.to(kFloat32), Tensor(), Tensor()); },
+                                  {"add_layer_norm", "float32"}));
 }
 
 // ---- attention -------------------------------------------------------------------------
@@ -414,6 +488,51 @@ TEST(TransformerOps, KernelsMatchTheCpu_CUDA) {
 
 namespace chorus {
 namespace {
+
+// add_layer_norm on the GPU (one forward kernel; the norm's backward kernel
+// adding the residual's gradient) against the CPU in float32 and bfloat16:
+// rows short (warp per row) and long (block per row), and of 771 columns
+// (no 16-byte vectors), float32 parameters beside 16-bit activations.
+TEST(TransformerOps, AddLayerNormMatchesTheCpu_CUDA) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
+  const Device gpu("cuda:0");
+  for (DeviceCase dc : {DeviceCase{kFloat32, 2e-5}, DeviceCase{kBFloat16, 3e-2}}) {
+    SCOPED_TRACE(dtype_name(dc.dtype));
+    for (int64_t cols : {64, 771, 1600}) {
+      SCOPED_TRACE(::testing::Message() << "cols " << cols);
+      Tensor x = random_leaf({37, cols}, 70).mul(2.0).detach().to(kFloat32);
+      Tensor r = random_leaf({37, cols}, 71).detach().to(kFloat32);
+      Tensor w = random_leaf({cols}, 72).detach().to(kFloat32), b = random_leaf({cols}, 73).detach().to(kFloat32);
+      Tensor gs = random_leaf({37, cols}, 74).detach().to(kFloat32), gy = random_leaf({37, cols}, 75).detach().to(kFloat32);
+      Tensor xc = leaf(x, cpu_device(0), dc.dtype), rc = leaf(r, cpu_device(0), dc.dtype),
+             wc = leaf(w, cpu_device(0), kFloat32), bc = leaf(b, cpu_device(0), kFloat32);
+      Tensor xg = leaf(x, gpu, dc.dtype, false), rg = leaf(r, gpu, dc.dtype, false), wg = leaf(w, gpu, kFloat32, false),
+             bg = leaf(b, gpu, kFloat32, false);
+      auto [sc, yc] = F::add_layer_norm(xc, rc, wc, bc);
+      auto [sg, yg] = F::add_layer_norm(xg, rg, wg, bg);
+      EXPECT_EQ(sg.dtype(), dc.dtype);
+      EXPECT_EQ(yg.dtype(), dc.dtype);
+      EXPECT_LT(max_abs_diff(sc, sg), dc.tol * 4) << "sum";
+      EXPECT_LT(max_abs_diff(yc, yg), dc.tol * 4) << "normed";
+      autograd::run_backward({sc, yc}, {gs.to(dc.dtype).to(kFloat32), gy.to(dc.dtype).to(kFloat32)}, false);
+      autograd::run_backward({sg, yg}, {gs.to(gpu, dc.dtype), gy.to(gpu, dc.dtype)}, false);
+      EXPECT_LT(max_abs_diff(xc.grad(), xg.grad()), dc.tol * 8) << "dx";
+      EXPECT_LT(max_abs_diff(rc.grad(), rg.grad()), dc.tol * 8) << "dr";
+      EXPECT_LT(max_abs_diff(wc.grad(), wg.grad()), dc.tol * 40) << "dgamma";
+      EXPECT_LT(max_abs_diff(bc.grad(), bg.grad()), dc.tol * 40) << "dbeta";
+      EXPECT_EQ(wg.grad().dtype(), kFloat32);
+      // On the GPU the fused op equals add then layer_norm: the norm reads
+      // the sum rounded to its dtype, and dx + d(sum) is rounded as their add
+      // would be (up to the order of float sums in the rows' reductions).
+      Tensor xg2 = leaf(x, gpu, dc.dtype, false), rg2 = leaf(r, gpu, dc.dtype, false);
+      Tensor s2 = chorus::add(xg2, rg2), y2 = F::layer_norm(s2, wg.detach(), bg.detach());
+      EXPECT_EQ(max_abs_diff(sg, s2), 0.0);
+      EXPECT_LT(max_abs_diff(yg, y2), dc.dtype == kFloat32 ? 1e-5 : 2e-2);
+      autograd::run_backward({s2, y2}, {gs.to(gpu, dc.dtype), gy.to(gpu, dc.dtype)}, false);
+      EXPECT_LT(max_abs_diff(xg.grad(), xg2.grad()), dc.dtype == kFloat32 ? 1e-5 : 3e-2);
+    }
+  }
+}
 
 // The fused (cuDNN flash) attention against the composite path on the GPU,
 // both in bfloat16, and both against the composite in float32 on the same

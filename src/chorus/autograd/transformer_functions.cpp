@@ -4,6 +4,7 @@
 
 #include <array>
 #include <limits>
+#include <tuple>
 
 #include "chorus/autograd/node.h"
 #include "chorus/ops/copy.h"
@@ -39,6 +40,34 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
     if (has_b) out.push_back(db);
     return out;
   });
+}
+
+std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& r, const Tensor& weight, const Tensor& bias,
+                                         double eps) {
+  auto [sum, y, mean, rstd] = ops::add_layer_norm(x, r, weight, bias, eps);
+  // The backward reads the sum (the norm's input), which the residual stream
+  // keeps anyway: nothing is saved that add + layer_norm would not save.
+  Tensor sd = sum.detach(), wd = weight.defined() ? weight.detach() : Tensor();
+  const bool has_w = weight.defined(), has_b = bias.defined();
+  Tensor m = mean, rs = rstd;
+  TensorList inputs{x, r};
+  if (has_w) inputs.push_back(weight);
+  if (has_b) inputs.push_back(bias);
+  TensorList out = record("AddLayerNormBackward", {sum, y}, inputs, [sd, wd, m, rs, has_w, has_b](const TensorList& g) {
+    // g[0]: the sum's gradient (the residual path), g[1]: the norm's; either
+    // may be missing. Both addends get d(sum) + the norm's input gradient.
+    Tensor dx, dw, db;
+    if (g[1].defined()) {
+      std::tie(dx, dw, db) = ops::layer_norm_backward(g[1], sd, wd, m, rs, has_w, has_b, g[0]);
+    } else if (g[0].defined()) {
+      dx = g[0];
+    }
+    TensorList grads{dx, dx};
+    if (has_w) grads.push_back(dw);
+    if (has_b) grads.push_back(db);
+    return grads;
+  });
+  return {out[0], out[1]};
 }
 
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale, double dropout,

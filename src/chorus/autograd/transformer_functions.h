@@ -4,6 +4,7 @@
 #pragma once
 
 #include <optional>
+#include <utility>
 
 #include "chorus/core/tensor.h"
 #include "chorus/ops/transformer.h"
@@ -13,6 +14,10 @@ namespace chorus::autograd {
 // GELU, exact (erf) or with GPT-2's tanh approximation.
 Tensor gelu(const Tensor& x, bool tanh_approximation);
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
+// (x + r, layer_norm(x + r)) in one op (Note [Residual add beside layer norm]
+// in ops/transformer.h); x and r get one gradient, d(sum) plus the norm's.
+std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& r, const Tensor& weight, const Tensor& bias,
+                                         double eps);
 // softmax(scale * q k^T) v over [batch, heads, seq, head_dim] (Note [Attention
 // through two products] in ops/transformer.h); dropout on the probabilities
 // when p > 0; `kernel` picks the fused or the composite path.

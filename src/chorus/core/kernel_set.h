@@ -185,10 +185,17 @@
   void layer_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps,   \
                           const Tensor& y, const Tensor& mean, const Tensor& rstd);               \
   /* Its backward: dx (x's dtype) overwritten; dgamma, dbeta (gamma's dtype, [cols]) overwritten \
-     when defined. */                                                                             \
+     when defined. dres (x's shape and dtype, contiguous), when defined, is added to dx in the   \
+     same pass: the residual stream's own gradient (Note [Residual add beside layer norm]). */   \
   void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,                \
-                           const Tensor& mean, const Tensor& rstd, const Tensor& dx,              \
-                           const Tensor& dgamma, const Tensor& dbeta);                            \
+                           const Tensor& mean, const Tensor& rstd, const Tensor& dres,            \
+                           const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta);          \
+  /* The residual add and the layer norm of its result in one pass: sum = x + r (contiguous, one \
+     dtype and shape), y = layer_norm(sum) read from sum as stored (rounded to its dtype), mean  \
+     and rstd as layer_norm_forward's. */                                                         \
+  void add_layer_norm_forward(const Tensor& x, const Tensor& r, const Tensor& gamma,              \
+                              const Tensor& beta, double eps, const Tensor& sum, const Tensor& y, \
+                              const Tensor& mean, const Tensor& rstd);                            \
   /* Attention's softmax over the last dim of contiguous scores [batch, T, S] (one dtype with y): \
      y = softmax(scale * x), with column j of row i masked (y = 0) when causal and j > i + S - T. \
      Every row keeps at least one column when causal (S >= T). */                                 \

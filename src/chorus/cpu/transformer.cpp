@@ -28,9 +28,24 @@ int64_t grain_for(int64_t cols) { return std::max<int64_t>(1, 65536 / std::max<i
 
 }  // namespace
 
-void layer_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps, const Tensor& y,
-                        const Tensor& mean, const Tensor& rstd) {
-  const char* op = "layer_norm_forward";
+namespace {
+
+// Normalises row [cols] in place: (row - m) * rs * g + b, returning m and rs.
+template <typename C>
+void normalize_row(C* row, int64_t cols, const C* g, const C* b, double eps, C& m, C& rs) {
+  m = 0;
+  for (int64_t j = 0; j < cols; ++j) m += row[j];
+  m /= static_cast<C>(cols);
+  C v = 0;  // two passes: the variance of centred values, never E[x^2] - m^2
+  for (int64_t j = 0; j < cols; ++j) v += (row[j] - m) * (row[j] - m);
+  v /= static_cast<C>(cols);
+  rs = C(1) / std::sqrt(v + static_cast<C>(eps));
+  for (int64_t j = 0; j < cols; ++j) row[j] = (row[j] - m) * rs * g[j] + b[j];
+}
+
+// The checks of layer norm's forward operands; returns the rows.
+int64_t check_norm_forward(const char* op, const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& y,
+                           const Tensor& mean, const Tensor& rstd) {
   detail::check_defined(x, op, "x");
   CHORUS_CHECK(x.dim() >= 1, op, ": x needs at least one dim, got ", x.describe());
   const int64_t cols = x.size(-1), rows = cols ? x.numel() / cols : 0;
@@ -40,39 +55,71 @@ void layer_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta
   check_rows(op, "rstd", rstd, Shape{rows});
   if (gamma.defined()) check_rows(op, "gamma", gamma, Shape{cols});
   if (beta.defined()) check_rows(op, "beta", beta, Shape{cols});
-  with_compute_type({&x, &y}, [&](auto tag) {
-    using C = decltype(tag);
-    std::vector<C> g(cols, C(1)), b(cols, C(0));
-    if (gamma.defined()) load_row(gamma, 0, cols, g.data());
-    if (beta.defined()) load_row(beta, 0, cols, b.data());
-    parallel_for(rows, grain_for(cols), [&](int64_t r0, int64_t r1) {
-      std::vector<C> row(cols);
-      for (int64_t r = r0; r < r1; ++r) {
-        load_row(x, r * cols, cols, row.data());
-        C m = 0;
-        for (int64_t j = 0; j < cols; ++j) m += row[j];
-        m /= static_cast<C>(cols);
-        C v = 0;  // two passes: the variance of centred values, never E[x^2] - m^2
-        for (int64_t j = 0; j < cols; ++j) v += (row[j] - m) * (row[j] - m);
-        v /= static_cast<C>(cols);
-        const C rs = C(1) / std::sqrt(v + static_cast<C>(eps));
-        for (int64_t j = 0; j < cols; ++j) row[j] = (row[j] - m) * rs * g[j] + b[j];
-        store_row(row.data(), y, r * cols, cols);
-        store_row(&m, mean, r, 1);
-        store_row(&rs, rstd, r, 1);
+  return rows;
+}
+
+// The layer norm of each row of src (x, or x + r stored into sum first).
+template <typename C>
+void norm_rows(const Tensor& x, const Tensor& r, const Tensor& sum, const Tensor& gamma, const Tensor& beta,
+               double eps, const Tensor& y, const Tensor& mean, const Tensor& rstd, int64_t rows) {
+  const int64_t cols = x.size(-1);
+  std::vector<C> g(cols, C(1)), b(cols, C(0));
+  if (gamma.defined()) load_row(gamma, 0, cols, g.data());
+  if (beta.defined()) load_row(beta, 0, cols, b.data());
+  parallel_for(rows, grain_for(cols), [&](int64_t r0, int64_t r1) {
+    std::vector<C> row(cols), other(r.defined() ? cols : 0);
+    for (int64_t i = r0; i < r1; ++i) {
+      load_row(x, i * cols, cols, row.data());
+      if (r.defined()) {
+        // The norm reads the sum as stored (rounded to its dtype), as a
+        // layer norm after a separate add would.
+        load_row(r, i * cols, cols, other.data());
+        for (int64_t j = 0; j < cols; ++j) row[j] += other[j];
+        store_row(row.data(), sum, i * cols, cols);
+        load_row(sum, i * cols, cols, row.data());
       }
-    });
+      C m, rs;
+      normalize_row(row.data(), cols, g.data(), b.data(), eps, m, rs);
+      store_row(row.data(), y, i * cols, cols);
+      store_row(&m, mean, i, 1);
+      store_row(&rs, rstd, i, 1);
+    }
+  });
+}
+
+}  // namespace
+
+void layer_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps, const Tensor& y,
+                        const Tensor& mean, const Tensor& rstd) {
+  const int64_t rows = check_norm_forward("layer_norm_forward", x, gamma, beta, y, mean, rstd);
+  with_compute_type({&x, &y}, [&](auto tag) {
+    norm_rows<decltype(tag)>(x, Tensor(), Tensor(), gamma, beta, eps, y, mean, rstd, rows);
+  });
+}
+
+void add_layer_norm_forward(const Tensor& x, const Tensor& r, const Tensor& gamma, const Tensor& beta, double eps,
+                            const Tensor& sum, const Tensor& y, const Tensor& mean, const Tensor& rstd) {
+  const char* op = "add_layer_norm_forward";
+  const int64_t rows = check_norm_forward(op, x, gamma, beta, y, mean, rstd);
+  check_rows(op, "r", r, x.sizes());
+  check_rows(op, "sum", sum, x.sizes());
+  CHORUS_CHECK(r.dtype() == x.dtype() && sum.dtype() == x.dtype(), op, ": x, r and sum must share a dtype, got ",
+               x.describe(), ", ", r.describe(), ", ", sum.describe());
+  with_compute_type({&x, &y}, [&](auto tag) {
+    norm_rows<decltype(tag)>(x, r, sum, gamma, beta, eps, y, mean, rstd, rows);
   });
 }
 
 void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
-                         const Tensor& rstd, const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) {
+                         const Tensor& rstd, const Tensor& dres, const Tensor& dx, const Tensor& dgamma,
+                         const Tensor& dbeta) {
   const char* op = "layer_norm_backward";
   detail::check_defined(x, op, "x");
   const int64_t cols = x.size(-1), rows = cols ? x.numel() / cols : 0;
   check_rows(op, "x", x, x.sizes());
   check_rows(op, "dy", dy, x.sizes());
   check_rows(op, "dx", dx, x.sizes());
+  if (dres.defined()) check_rows(op, "dres", dres, x.sizes());
   check_rows(op, "mean", mean, Shape{rows});
   check_rows(op, "rstd", rstd, Shape{rows});
   if (gamma.defined()) check_rows(op, "gamma", gamma, Shape{cols});
@@ -86,9 +133,9 @@ void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
     load_row(mean, 0, rows, mu.data());
     load_row(rstd, 0, rows, rs.data());
     // dx per row, in parallel. With xhat = (x - m) * rs and dxhat = dy * g:
-    // dx = rs * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)).
+    // dx = rs * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), plus dres.
     parallel_for(rows, grain_for(cols), [&](int64_t r0, int64_t r1) {
-      std::vector<C> xr(cols), gr(cols);
+      std::vector<C> xr(cols), gr(cols), dr(dres.defined() ? cols : 0);
       for (int64_t r = r0; r < r1; ++r) {
         load_row(x, r * cols, cols, xr.data());
         load_row(dy, r * cols, cols, gr.data());
@@ -102,6 +149,10 @@ void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
         s1 /= static_cast<C>(cols);
         s2 /= static_cast<C>(cols);
         for (int64_t j = 0; j < cols; ++j) xr[j] = rs[r] * (gr[j] - s1 - xr[j] * s2);
+        if (dres.defined()) {
+          load_row(dres, r * cols, cols, dr.data());
+          for (int64_t j = 0; j < cols; ++j) xr[j] += dr[j];
+        }
         store_row(xr.data(), dx, r * cols, cols);
       }
     });

@@ -89,6 +89,62 @@ __global__ void layer_norm_forward_kernel(const T* x, const G* gamma, const G* b
   }
 }
 
+// Note [Residual add beside layer norm] (ops/transformer.h): sum = x + r and
+// the layer norm of sum in one kernel. Each thread writes its elements of the
+// sum in the first pass and reads back the same elements (its own writes,
+// from cache) in the next two, so the norm sees the sum rounded to T as a
+// separate add would store it.
+template <typename T, typename G, int V>
+__global__ void add_layer_norm_forward_kernel(const T* x, const T* r, const G* gamma, const G* beta, float eps,
+                                              T* sum, T* y, float* mean, float* rstd, int64_t rows, int64_t cols) {
+  const int64_t row = row_index();
+  if (row >= rows) return;
+  const int64_t nv = cols / V;
+  const Vec<T, V>* xr = reinterpret_cast<const Vec<T, V>*>(x + row * cols);
+  const Vec<T, V>* rr = reinterpret_cast<const Vec<T, V>*>(r + row * cols);
+  Vec<T, V>* sr = reinterpret_cast<Vec<T, V>*>(sum + row * cols);
+  SumV s{0.0f};
+  for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
+    const Vec<T, V> a = xr[c], b = rr[c];
+    Vec<T, V> out;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      out.v[j] = convert<T>(to_acc(a.v[j]) + to_acc(b.v[j]));
+      s.s += to_acc(out.v[j]);
+    }
+    sr[c] = out;
+  }
+  s = row_allreduce(s);
+  const float m = s.s / static_cast<float>(cols);
+  SumV var{0.0f};
+  for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
+    const Vec<T, V> v = sr[c];
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float d = to_acc(v.v[j]) - m;
+      var.s += d * d;
+    }
+  }
+  var = row_allreduce(var);
+  const float rs = rsqrtf(var.s / static_cast<float>(cols) + eps);
+  Vec<T, V>* yr = reinterpret_cast<Vec<T, V>*>(y + row * cols);
+  for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
+    const Vec<T, V> v = sr[c];
+    Vec<T, V> out;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const int64_t col = c * V + j;
+      const float g = gamma ? to_acc(gamma[col]) : 1.0f, b = beta ? to_acc(beta[col]) : 0.0f;
+      out.v[j] = convert<T>((to_acc(v.v[j]) - m) * rs * g + b);
+    }
+    yr[c] = out;
+  }
+  if (threadIdx.x == 0) {
+    mean[row] = m;
+    rstd[row] = rs;
+  }
+}
+
 // Two sums of a row at once.
 struct SumPairV {
   float a, b;
@@ -96,10 +152,11 @@ struct SumPairV {
   __device__ SumPairV shfl(int mask) const { return {shfl_xor(a, mask), shfl_xor(b, mask)}; }
 };
 
-// dx = rs * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = dy * gamma.
+// dx = rs * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) + dres, dxhat =
+// dy * gamma; dres (the residual stream's gradient) may be null.
 template <typename T, typename G, int V>
 __global__ void layer_norm_dx_kernel(const T* dy, const T* x, const G* gamma, const float* mean, const float* rstd,
-                                     T* dx, int64_t rows, int64_t cols) {
+                                     const T* dres, T* dx, int64_t rows, int64_t cols) {
   const int64_t row = row_index();
   if (row >= rows) return;
   const int64_t nv = cols / V;
@@ -119,6 +176,7 @@ __global__ void layer_norm_dx_kernel(const T* dy, const T* x, const G* gamma, co
   s = row_allreduce(s);
   const float inv = 1.0f / static_cast<float>(cols);
   Vec<T, V>* dxr = reinterpret_cast<Vec<T, V>*>(dx + row * cols);
+  const Vec<T, V>* drr = reinterpret_cast<const Vec<T, V>*>(dres ? dres + row * cols : nullptr);
   for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
     const Vec<T, V> d = dyr[c], v = xr[c];
     Vec<T, V> out;
@@ -127,6 +185,13 @@ __global__ void layer_norm_dx_kernel(const T* dy, const T* x, const G* gamma, co
       const float g = to_acc(d.v[j]) * (gamma ? to_acc(gamma[c * V + j]) : 1.0f);
       const float xhat = (to_acc(v.v[j]) - m) * rs;
       out.v[j] = convert<T>(rs * (g - s.a * inv - xhat * s.b * inv));
+    }
+    if (drr) {
+      // Rounded once to T before the add, as a separate add of dx and dres
+      // would see them: the fused op equals the composition.
+      const Vec<T, V> e = drr[c];
+#pragma unroll
+      for (int j = 0; j < V; ++j) out.v[j] = convert<T>(to_acc(out.v[j]) + to_acc(e.v[j]));
     }
     dxr[c] = out;
   }
@@ -357,13 +422,47 @@ void layer_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta
   CHORUS_CUDA_LAUNCH_CHECK();
 }
 
+void add_layer_norm_forward(const Tensor& x, const Tensor& r, const Tensor& gamma, const Tensor& beta, double eps,
+                            const Tensor& sum, const Tensor& y, const Tensor& mean, const Tensor& rstd) {
+  const char* op = "add_layer_norm_forward";
+  check_cuda_contiguous(x, op, "x");
+  check_cuda_contiguous(r, op, "r");
+  check_cuda_contiguous(sum, op, "sum");
+  check_cuda_contiguous(y, op, "y");
+  CHORUS_CHECK(r.dtype() == x.dtype() && sum.dtype() == x.dtype() && y.dtype() == x.dtype() &&
+                   r.sizes() == x.sizes() && sum.sizes() == x.sizes() && y.sizes() == x.sizes(),
+               op, ": x, r, sum and y must share a shape and dtype");
+  CHORUS_CHECK(mean.dtype() == kFloat32 && rstd.dtype() == kFloat32, op, ": mean and rstd must be float32");
+  const int64_t rows = rows_of(x), cols = x.size(-1);
+  if (rows == 0) return;
+  const int dev = x.device().index;
+  CudaDeviceGuard guard(dev);
+  const RowLaunch l = row_launch(rows, cols);
+  dispatch_float(x.dtype(), op, [&]<typename T>() {
+    with_param_type<T>(gamma, beta, x.dtype(), op, [&]<typename G>() {
+      with_row_vector<T>(cols, {x.raw_data(), r.raw_data(), sum.raw_data(), y.raw_data()}, [&]<int V>() {
+        add_layer_norm_forward_kernel<T, G, V><<<l.grid, l.block, 0, current_stream(dev)>>>(
+            x.data<T>(), r.data<T>(), param_ptr<G>(gamma), param_ptr<G>(beta), static_cast<float>(eps),
+            sum.data<T>(), y.data<T>(), mean.data<float>(), rstd.data<float>(), rows, cols);
+      });
+    });
+  });
+  CHORUS_CUDA_LAUNCH_CHECK();
+}
+
 void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
-                         const Tensor& rstd, const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta) {
+                         const Tensor& rstd, const Tensor& dres, const Tensor& dx, const Tensor& dgamma,
+                         const Tensor& dbeta) {
   const char* op = "layer_norm_backward";
   check_cuda_contiguous(x, op, "x");
   check_cuda_contiguous(dy, op, "dy");
   check_cuda_contiguous(dx, op, "dx");
   CHORUS_CHECK(dy.dtype() == x.dtype() && dx.dtype() == x.dtype(), op, ": dy, x and dx must share a dtype");
+  if (dres.defined()) {
+    check_cuda_contiguous(dres, op, "dres");
+    CHORUS_CHECK(dres.dtype() == x.dtype() && dres.sizes() == x.sizes(), op, ": dres must be x's shape and dtype, got ",
+                 dres.describe());
+  }
   CHORUS_CHECK((!dgamma.defined() || dgamma.dtype() == kFloat32) && (!dbeta.defined() || dbeta.dtype() == kFloat32),
                op, ": dgamma and dbeta must be float32 on CUDA");
   const int64_t rows = rows_of(x), cols = x.size(-1);
@@ -376,9 +475,10 @@ void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
   const RowLaunch l = row_launch(rows, cols);
   dispatch_float(x.dtype(), op, [&]<typename T>() {
     with_param_type<T>(gamma, Tensor(), x.dtype(), op, [&]<typename G>() {
-      with_row_vector<T>(cols, {dy.raw_data(), x.raw_data(), dx.raw_data()}, [&]<int V>() {
+      const T* dr = dres.defined() ? dres.data<T>() : nullptr;
+      with_row_vector<T>(cols, {dy.raw_data(), x.raw_data(), dx.raw_data(), dr}, [&]<int V>() {
         layer_norm_dx_kernel<T, G, V><<<l.grid, l.block, 0, stream>>>(dy.data<T>(), x.data<T>(), param_ptr<G>(gamma),
-                                                                     mean.data<float>(), rstd.data<float>(),
+                                                                     mean.data<float>(), rstd.data<float>(), dr,
                                                                      dx.data<T>(), rows, cols);
       });
     });

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <map>
 #include <set>
+#include <tuple>
+#include <utility>
 
 #include "chorus/autograd/functions.h"
 #include "chorus/autograd/grad_mode.h"
@@ -138,9 +140,23 @@ GPTBlock::GPTBlock(GPTConfig c) : Module("GPTBlock"), cfg_(c) {
   register_module("mlp", std::make_shared<GPTMLP>(c));
 }
 
+std::pair<Tensor, Tensor> GPTBlock::forward_pending(const Tensor& residual, const Tensor& branch) {
+  // Note [Pending residual] in gpt.h.
+  auto& ln_1 = *child_as<nn::LayerNorm>(*this, "ln_1");
+  auto& ln_2 = *child_as<nn::LayerNorm>(*this, "ln_2");
+  Tensor x = residual, n1;
+  if (branch.defined()) {
+    std::tie(x, n1) = ln_1.forward_add(residual, branch);
+  } else {
+    n1 = ln_1.forward(residual);
+  }
+  auto [h, n2] = ln_2.forward_add(x, child_named(*this, "attn")->forward(n1));
+  return {h, child_named(*this, "mlp")->forward(n2)};
+}
+
 Tensor GPTBlock::forward(const Tensor& x) {
-  Tensor h = chorus::add(x, child_named(*this, "attn")->forward(child_named(*this, "ln_1")->forward(x)));
-  return chorus::add(h, child_named(*this, "mlp")->forward(child_named(*this, "ln_2")->forward(h)));
+  auto [h, m] = forward_pending(x, Tensor());
+  return chorus::add(h, m);
 }
 
 Tensor gpt_embed(nn::Embedding& wte, nn::Module& wpe, Tensor& positions, const Tensor& ids, double dropout,
@@ -184,10 +200,24 @@ Tensor GPTTrunk::forward(const Tensor& ids) {
   // every block's activations live together at the end of the forward; the
   // first N, as Megatron-LM's block method counts them.
   const int64_t recomputed = is_training() && grad_enabled() ? cfg_.recomputed_blocks() : 0;
+  // Note [Pending residual]: the stream is x + branch, the add left for the
+  // next norm. A block seen as one tensor in and one out (recomputed, or
+  // ZeRO-3's wrapper in its slot) gets the sum.
+  Tensor branch;
   int64_t i = 0;
-  for (const auto& [n, block] : child_named(*this, "h")->named_children())
-    x = i++ < recomputed ? nn::checkpoint(*block, x) : block->forward(x);
-  return child_named(*this, "ln_f")->forward(x);
+  for (const auto& [n, block] : child_named(*this, "h")->named_children()) {
+    const bool recompute = i++ < recomputed;
+    auto* b = dynamic_cast<GPTBlock*>(block.get());
+    if (b && !recompute) {
+      std::tie(x, branch) = b->forward_pending(x, branch);
+      continue;
+    }
+    if (branch.defined()) x = chorus::add(x, branch);
+    branch = Tensor();
+    x = recompute ? nn::checkpoint(*block, x) : block->forward(x);
+  }
+  auto& ln_f = *child_as<nn::LayerNorm>(*this, "ln_f");
+  return branch.defined() ? ln_f.forward_add(x, branch).second : ln_f.forward(x);
 }
 
 GPT::GPT(GPTConfig c) : Module("GPT"), cfg_(c) {

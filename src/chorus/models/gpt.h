@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "chorus/nn/layers.h"
@@ -78,10 +79,20 @@ class GPTMLP : public nn::Module {
   GPTConfig cfg_;
 };
 
+// h = x + attn(ln_1(x)); out = h + mlp(ln_2(h)), the first add fused with
+// ln_2 (Note [Residual add beside layer norm] in ops/transformer.h).
 class GPTBlock : public nn::Module {
  public:
   explicit GPTBlock(GPTConfig c);
   Tensor forward(const Tensor& x) override;
+  // Note [Pending residual]: the block's input given as residual + branch
+  // (branch undefined: the input is residual) and its output returned the
+  // same way, (h, mlp(ln_2(h))), so that each add at a block boundary is
+  // fused with the norm after it (the next block's ln_1, or ln_f). forward(x)
+  // is forward_pending(x, {}) with the last add done apart: the path of
+  // callers that see a block as one tensor in, one out (--recompute's
+  // checkpoint, pipeline stages, ZeRO-3's wrapped units).
+  std::pair<Tensor, Tensor> forward_pending(const Tensor& residual, const Tensor& branch);
   GPTConfig options_for_clone() const { return cfg_; }
   CHORUS_MODULE_CLONEABLE(GPTBlock)
  private:

@@ -70,6 +70,11 @@ Tensor embedding(const Tensor& weight, const Tensor& index);
 // autocast the input is the autocast dtype and the float32 parameters are read
 // as they are (the statistics are float32 in the kernel).
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+// (x + r, layer_norm(x + r)): a residual add and the layer norm of its result
+// as one op (Note [Residual add beside layer norm] in ops/transformer.h); x
+// and r of one shape, both cast to the autocast dtype as layer_norm's input.
+std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& r, const Tensor& weight, const Tensor& bias,
+                                         double eps = 1e-5);
 // GELU: exact (erf), or GPT-2's tanh approximation.
 Tensor gelu(const Tensor& x, bool tanh_approximation = false);
 // softmax(q k^T / sqrt(head_dim)) v over q [B, H, T, D], k and v [B, H, S, D];

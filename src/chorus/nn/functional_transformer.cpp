@@ -31,6 +31,18 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
   return autograd::layer_norm(in, weight, bias, eps);
 }
 
+std::pair<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& r, const Tensor& weight, const Tensor& bias,
+                                         double eps) {
+  detail::check_defined(x, "add_layer_norm", "input");
+  detail::check_defined(r, "add_layer_norm", "residual branch");
+  Tensor a = x, b = r;
+  if (auto dt = autocast_dtype(x)) {
+    a = x.to(*dt);
+    b = r.to(*dt);
+  }
+  return autograd::add_layer_norm(a, b, weight, bias, eps);
+}
+
 Tensor gelu(const Tensor& x, bool tanh_approximation) {
   detail::check_defined(x, "gelu", "input");
   CHORUS_CHECK(is_floating(x.dtype()), "gelu: expected a floating tensor, got ", x.describe());

@@ -28,6 +28,11 @@ Tensor LayerNorm::forward(const Tensor& x) {
   if (!opts_.affine) return functional::layer_norm(in, Tensor(), Tensor(), opts_.eps);
   return functional::layer_norm(in, own_parameters()[0].second, own_parameters()[1].second, opts_.eps);
 }
+std::pair<Tensor, Tensor> LayerNorm::forward_add(const Tensor& x, const Tensor& r) {
+  Tensor a = on_own_device(x), b = on_own_device(r);
+  if (!opts_.affine) return functional::add_layer_norm(a, b, Tensor(), Tensor(), opts_.eps);
+  return functional::add_layer_norm(a, b, own_parameters()[0].second, own_parameters()[1].second, opts_.eps);
+}
 std::string LayerNorm::extra_repr() const {
   return "(" + std::to_string(opts_.dim) + ",), eps=" + std::to_string(opts_.eps) +
          (opts_.affine ? "" : ", elementwise_affine=False");

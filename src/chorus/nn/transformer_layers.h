@@ -2,6 +2,8 @@
 // parameter names, so state dicts move between the two).
 #pragma once
 
+#include <utility>
+
 #include "chorus/nn/module.h"
 
 namespace chorus::nn {
@@ -32,6 +34,9 @@ class LayerNorm : public Module {
  public:
   explicit LayerNorm(LayerNormOptions o);
   Tensor forward(const Tensor& x) override;
+  // (x + r, forward(x + r)) as one op (functional::add_layer_norm): a
+  // residual add and the norm beside it.
+  std::pair<Tensor, Tensor> forward_add(const Tensor& x, const Tensor& r);
   std::string extra_repr() const override;
   LayerNormOptions options_for_clone() const { return opts_; }
   CHORUS_MODULE_CLONEABLE(LayerNorm)

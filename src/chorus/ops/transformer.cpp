@@ -52,11 +52,35 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm(const Tensor& x, const Tensor& gam
   return {y, mean, rstd};
 }
 
+std::tuple<Tensor, Tensor, Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& r, const Tensor& gamma,
+                                                          const Tensor& beta, double eps) {
+  detail::check_defined(x, "add_layer_norm", "input");
+  detail::check_defined(r, "add_layer_norm", "residual branch");
+  CHORUS_CHECK(is_floating(x.dtype()) && x.dim() >= 1,
+               "add_layer_norm: expected a floating tensor of at least one dim, got ", x.describe());
+  CHORUS_CHECK(r.sizes() == x.sizes() && r.dtype() == x.dtype() && r.device() == x.device(),
+               "add_layer_norm: the two addends must share shape, dtype and device, got ", x.describe(), " and ",
+               r.describe());
+  CHORUS_CHECK(eps > 0, "add_layer_norm: eps must be positive, got ", eps);
+  Tensor xc = contiguous(x), rc = contiguous(r);
+  Tensor g = norm_param(gamma, xc, "weight"), b = norm_param(beta, xc, "bias");
+  const int64_t rows = xc.size(-1) ? xc.numel() / xc.size(-1) : 0;
+  Tensor sum = detail::empty_tensor(xc.sizes(), xc.dtype(), xc.device());
+  Tensor y = detail::empty_tensor(xc.sizes(), xc.dtype(), xc.device());
+  Tensor mean = detail::empty_tensor({rows}, stats_dtype(xc), xc.device());
+  Tensor rstd = detail::empty_tensor({rows}, stats_dtype(xc), xc.device());
+  if (y.numel()) CHORUS_KERNEL(xc.device(), add_layer_norm_forward, xc, rc, g, b, eps, sum, y, mean, rstd);
+  return {sum, y, mean, rstd};
+}
+
 std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                                        const Tensor& mean, const Tensor& rstd, bool need_dgamma,
-                                                       bool need_dbeta) {
+                                                       bool need_dbeta, const Tensor& dresidual) {
   Tensor xc = contiguous(x);
   Tensor dyc = contiguous(to_dtype(to_device(dy, xc.device()), xc.dtype()));
+  Tensor dres = dresidual.defined() ? contiguous(to_dtype(to_device(dresidual, xc.device()), xc.dtype())) : Tensor();
+  CHORUS_CHECK(!dres.defined() || dres.sizes() == xc.sizes(), "layer_norm_backward: the residual gradient ",
+               dres.describe(), " must have the input's shape ", shape_str(xc.sizes()));
   Tensor g = norm_param(gamma, xc, "weight");
   const Device dev = xc.device();
   const int64_t cols = xc.size(-1);
@@ -67,7 +91,7 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& dy, const T
   Tensor dx = detail::empty_tensor(xc.sizes(), xc.dtype(), dev);
   Tensor dg = need_dgamma ? detail::empty_tensor({cols}, sum_dt, dev) : Tensor();
   Tensor db = need_dbeta ? detail::empty_tensor({cols}, sum_dt, dev) : Tensor();
-  CHORUS_KERNEL(dev, layer_norm_backward, dyc, xc, g, mean, rstd, dx, dg, db);
+  CHORUS_KERNEL(dev, layer_norm_backward, dyc, xc, g, mean, rstd, dres, dx, dg, db);
   if (dg.defined() && dg.dtype() != pdt) dg = to_dtype(dg, pdt);
   if (db.defined() && db.dtype() != pdt) db = to_dtype(db, pdt);
   return {dx, dg, db};

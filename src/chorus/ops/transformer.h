@@ -16,9 +16,27 @@ namespace chorus::ops {
 // x's dtype or float32, each may be undefined.
 std::tuple<Tensor, Tensor, Tensor> layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps);
 // (dx, dgamma, dbeta); dgamma/dbeta in gamma's dtype, undefined unless asked.
+// dresidual, when defined (x's shape), is added to dx by the same kernel.
 std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
                                                        const Tensor& mean, const Tensor& rstd, bool need_dgamma,
-                                                       bool need_dbeta);
+                                                       bool need_dbeta, const Tensor& dresidual = Tensor());
+
+// Note [Residual add beside layer norm]: a pre-LayerNorm transformer adds
+// each branch's output to the residual stream and normalises the result
+// straight away (the next branch's input, or the final norm's). As llm.c's
+// fused_residual_forward does, one kernel reads the residual x and the
+// branch output r once and writes both the new residual sum = x + r and
+// layer_norm(sum) (with mean and rstd), instead of an add that writes sum
+// and a layer norm that reads it back. In the backward the sum's gradient is
+// d(sum) from the residual path plus the layer norm's input gradient, and x
+// and r both get that total; the layer norm's backward kernel adds d(sum) as
+// it writes its dx (llm.c's layernorm_backward accumulates into the
+// residual's gradient), so no separate add kernel runs there either. The norm
+// is taken of sum as stored (rounded to its dtype), so the fused op computes
+// exactly what add followed by layer_norm computes.
+// Returns (sum, y, mean, rstd); x and r of one floating dtype and shape.
+std::tuple<Tensor, Tensor, Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& r, const Tensor& gamma,
+                                                          const Tensor& beta, double eps);
 
 // Which kernels compute attention. Auto: the fused kernel where the device
 // has one for the case (Note [Fused attention graphs] in
