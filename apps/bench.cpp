@@ -81,6 +81,11 @@ void add_bench_options(CLI::App* cmd, BenchConfig& c) {
                "GPT models: dp=A,pp=B,tp=C (tensor parallel, pipeline stages with --micro-batches and --schedules; "
                "A x B x C processes started by chorus launch, rows from rank 0)");
   cmd->add_flag("--sequence-parallel", c.sequence_parallel, "GPT models with --mesh tp>1: sequence parallelism");
+  cmd->add_option("--tp-chunks", c.tp_chunks,
+                  "GPT models with --mesh tp>1 --sequence-parallel: split each rank's tokens into K chunks so that the "
+                  "all-gathers and reduce-scatters run beside the matrix products (1: one collective per op; a K that "
+                  "does not divide the tokens per rank runs as 1)")
+      ->capture_default_str();
   cmd->add_option("--seq-len", c.seq_len, "GPT models (gpt2 ... d84): tokens per sequence (default 1024)")
       ->transform(integer_up_to(1 << 20));
   cmd->add_flag("--recompute-gelu", c.recompute_gelu,
@@ -262,6 +267,7 @@ std::vector<std::string> bench_strategies(const BenchConfig& c) {
 int run_bench(const BenchConfig& c) {
   CHORUS_CHECK(!c.mesh || is_gpt_model(c.model), "--mesh is offered for GPT models (gpt2 ... d84) only, not ", c.model);
   CHORUS_CHECK(c.mesh || !c.sequence_parallel, "--sequence-parallel needs --mesh with tp > 1");
+  CHORUS_CHECK(c.mesh || c.tp_chunks == 1, "--tp-chunks needs --mesh with tp > 1 and --sequence-parallel");
   CHORUS_CHECK(!c.trace || !is_gpt_model(c.model) || c.mesh, "chorus bench --trace of a GPT model goes with --mesh "
                "(under chorus launch), or trace its training: chorus train --model ", c.model, " --trace");
   if (is_gpt_model(c.model)) return c.mesh ? run_bench_gpt_mesh(c) : run_bench_gpt(c);

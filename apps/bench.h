@@ -56,6 +56,7 @@ struct BenchConfig {
   // (pp > 1: a row per schedule of `schedules`, `micro_batches` each).
   std::optional<std::string> mesh;
   bool sequence_parallel = false;
+  int tp_chunks = 1;  // --tp-chunks: sequence parallel collectives in chunks beside the products
   // GPT models, --strategy zero (dist/sharded.h): the stage of a plain "zero" row
   std::optional<int> zero_stage;
   bool reshard_after_forward = true;

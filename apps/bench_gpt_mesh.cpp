@@ -82,6 +82,7 @@ int run_bench_gpt_mesh(const BenchConfig& c) {
   MeshSettings ms;
   ms.spec = *c.mesh;
   ms.sequence_parallel = c.sequence_parallel;
+  ms.tp_chunks = c.tp_chunks;
   ms.devices = c.devices;
   ms.quiet = c.json;
   const auto axes = check_mesh_gpt(ms, cfg, seq);
@@ -227,6 +228,7 @@ int run_bench_gpt_mesh(const BenchConfig& c) {
                                   {"strategy", "mesh"},
                                   {"mesh", dist::mesh_spec_str(m.mesh->axes())},
                                   {"sequence_parallel", c.sequence_parallel},
+                                  {"tp_chunks", c.tp_chunks},
                                   {"devices", std::to_string(world) + " ranks"},
                                   {"device_name", backend(dev).device_name(dev)},
                                   {"precision", c.precision},

@@ -40,6 +40,9 @@ std::vector<dist::MeshAxis> check_mesh_gpt(const MeshSettings& s, const models::
   CHORUS_CHECK(pp <= layers, "--mesh pp=", pp, ": ", cfg.layers, " blocks make ", layers,
                " pipeline layers (embeddings, blocks, head), fewer than the stages");
   CHORUS_CHECK(!s.sequence_parallel || tp > 1, "--sequence-parallel needs --mesh with tp > 1");
+  CHORUS_CHECK(s.tp_chunks >= 1, "--tp-chunks must be at least 1, got ", s.tp_chunks);
+  CHORUS_CHECK(s.tp_chunks == 1 || s.sequence_parallel, "--tp-chunks ", s.tp_chunks,
+               " chunks the collectives of sequence parallelism: it needs --sequence-parallel");
   tp::check_gpt_tp(cfg, tp);
   CHORUS_CHECK(!s.sequence_parallel || seq % tp == 0, "--sequence-parallel: --seq-len ", seq,
                " does not divide over tp=", tp);
@@ -147,6 +150,7 @@ MeshGpt start_mesh_gpt(const MeshSettings& s, const models::GPTConfig& cfg, int6
   if (m.rc.leader() && !s.quiet) std::fprintf(stderr, "%s\n", m.mesh->describe().c_str());
   m.ctx.group = m.mesh->group("tp");
   m.ctx.sequence_parallel = s.sequence_parallel;
+  m.ctx.chunks = s.tp_chunks;
   m.ctx.sharded_rng = std::make_shared<Generator>();
   manual_seed(s.seed);  // the tp=1 initialisation of the seed, sliced
   m.model = std::make_shared<tp::TensorParallelGPT>(cfg, m.ctx);

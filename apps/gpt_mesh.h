@@ -17,6 +17,7 @@ namespace chorus::app {
 struct MeshSettings {
   std::string spec;                    // --mesh
   bool sequence_parallel = false;      // --sequence-parallel
+  int tp_chunks = 1;                   // --tp-chunks (TPContext::chunks)
   bool allow_tp_across_nodes = false;  // --allow-tp-across-nodes
   std::string devices;                 // --devices (one per process)
   double timeout_s = 300;              // --dist-timeout
@@ -25,7 +26,8 @@ struct MeshSettings {
 };
 
 // The axes of `s.spec`, after the checks every rank makes alike before any
-// group exists (ValueError, one line): --sequence-parallel only with tp > 1
+// group exists (ValueError, one line): --sequence-parallel only with tp > 1,
+// --tp-chunks at least 1 and above 1 only with --sequence-parallel,
 // and a sequence divisible by tp, heads and vocabulary divisible by tp, no
 // more pipeline stages than the model has layers (embeddings, blocks, head).
 std::vector<dist::MeshAxis> check_mesh_gpt(const MeshSettings& s, const models::GPTConfig& cfg, int64_t seq);

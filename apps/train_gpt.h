@@ -60,6 +60,7 @@ struct GptOptions {
   // activations between the parallel regions along the sequence.
   std::optional<std::string> mesh;
   bool sequence_parallel = false;
+  int tp_chunks = 1;  // --tp-chunks (tp::TPContext::chunks)
   bool allow_tp_across_nodes = false;
   // What the user gave explicitly among the shared options whose image
   // defaults do not suit a GPT (batch 64, SGD, weight decay 5e-4).

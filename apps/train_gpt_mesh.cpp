@@ -96,6 +96,7 @@ nlohmann::ordered_json run_train_gpt_mesh(const TrainConfig& tc, const GptOption
   MeshSettings ms;
   ms.spec = *g.mesh;
   ms.sequence_parallel = g.sequence_parallel;
+  ms.tp_chunks = g.tp_chunks;
   ms.allow_tp_across_nodes = g.allow_tp_across_nodes;
   ms.devices = tc.devices;
   ms.timeout_s = tc.dist_timeout_s;
@@ -166,6 +167,7 @@ nlohmann::ordered_json run_train_gpt_mesh(const TrainConfig& tc, const GptOption
   nlohmann::json fp = mesh_config_json(tc, g, cfg, seq, batch, accum, lr);
   fp["mesh"] = dist::mesh_spec_str(axes);
   fp["sequence_parallel"] = g.sequence_parallel;
+  fp["tp_chunks"] = g.tp_chunks;
   fp["clip"] = g.clip;
   if (pp > 1)
     fp["pipeline"] = {{"micro_batches", ps.micro_batches}, {"schedule", ps.schedule},
@@ -378,6 +380,7 @@ nlohmann::ordered_json run_train_gpt_mesh(const TrainConfig& tc, const GptOption
                                 {"strategy", "mesh"},
                                 {"mesh", dist::mesh_spec_str(axes)},
                                 {"sequence_parallel", g.sequence_parallel},
+                                {"tp_chunks", g.tp_chunks},
                                 {"micro_batches", pp > 1 ? nlohmann::ordered_json(ps.micro_batches) : nlohmann::ordered_json(nullptr)},
                                 {"schedule", pp > 1 ? nlohmann::ordered_json(ps.schedule) : nlohmann::ordered_json(nullptr)},
                                 {"virtual_stages",

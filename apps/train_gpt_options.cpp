@@ -56,6 +56,11 @@ void add_gpt_train_options(CLI::App* train, GptOptions& g) {
   train->add_flag("--sequence-parallel", g.sequence_parallel,
                   "GPT with --mesh tp>1: shard LayerNorm and dropout activations along the sequence")
       ->group(grp);
+  train->add_option("--tp-chunks", g.tp_chunks,
+                    "GPT with --mesh tp>1 --sequence-parallel: split each rank's tokens into K chunks so that the "
+                    "all-gathers and reduce-scatters run beside the matrix products (1: one collective per op; a K that "
+                    "does not divide the tokens per rank runs as 1)")
+      ->capture_default_str()->group(grp);
   train->add_flag("--allow-tp-across-nodes", g.allow_tp_across_nodes,
                   "GPT with --mesh: let a tensor-parallel group span nodes")
       ->group(grp);
@@ -127,6 +132,7 @@ void validate_gpt(const TrainConfig& tc, const GptOptions& g) {
     return;
   }
   CHORUS_CHECK(!g.sequence_parallel, "--sequence-parallel needs --mesh with tp > 1");
+  CHORUS_CHECK(g.tp_chunks == 1, "--tp-chunks needs --mesh with tp > 1 and --sequence-parallel");
   if (tc.strategy == "ddp" || tc.strategy == "zero") ddp_launch_env(tc.strategy);
 }
 

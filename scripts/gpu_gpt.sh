@@ -472,7 +472,10 @@ PY
     # sequence parallelism on both sides; MESH_TP_DP=D: a dp=D x tp=N/D mesh instead; GPT_BATCH sequences a GPU
     # (ddp) and a tensor group (tp) unless MESH_TP_BATCH gives the tensor group's. Rows in $ROWS, then the ratios (Chorus tp / PyTorch tp, Chorus tp / Chorus DDP per
     # GPU). First a check that PyTorch's tp trains the model its single GPU trains: d12 byte-level, 60 steps, both
-    # losses side by side (MESH_TP_CHECK=0 skips it).
+    # losses side by side (MESH_TP_CHECK=0 skips it). With sequence parallelism Chorus runs once per K of
+    # MESH_TP_CHUNKS (default "1 2": --tp-chunks K, the forward's collectives in K chunks beside the products, Note
+    # [Chunked collectives beside the products]) and prints K's tok/s over K=1's; MESH_TP_FLAGS: more options for
+    # Chorus's tp runs.
     NG=${GPT_GPUS:-2}; DPN=${MESH_TP_DP:-1}; TPN=$((NG / DPN)); TS=${MESH_TP_STEPS:-20}
     mesh=tp=$TPN; targs=(); [ "$DPN" -gt 1 ] && { mesh=dp=$DPN,tp=$TPN; targs=(--dp $DPN); }
     if [ "${MESH_TP_CHECK:-1}" = 1 ]; then
@@ -495,26 +498,35 @@ print(f"PyTorch d12 byte-level, 60 steps: single GPU train {s['loss']:.4f} val {
       f"{t['loss']:.4f} val {t['val_loss']:.4f} ({100 * d:.2f}% apart) -> {'ok' if d < 0.02 else 'FAIL'} (within 2%, bf16)")
 PY
     fi
+    mesh_tp_row() {  # WHO JSON MODE: one row of chorus bench or torch_gpt.py into $ROWS
+      python3 - "$1" "$2" "$ROWS" "$3" $NG <<'PY'
+import json, sys
+who, f = sys.argv[1], sys.argv[2]
+text = open(f).read().strip()
+if not text:
+    print(f"{who} {sys.argv[4]}: no row"); sys.exit(0)
+r = json.loads(text)
+row = {"who": who, "mode": sys.argv[4], "gpus": int(sys.argv[5]), "tok_per_s": r["tok_per_s"],
+       "mfu": r["mfu"] if who == "chorus" else r["tflops_per_gpu"] * 1e12 / 989.4e12,
+       "peak_gib": r["peak_mem_bytes"] / 2**30 if who == "chorus" else r["peak_mem_gib"], "loss": r["loss"]}
+open(sys.argv[3], "a").write(json.dumps(row) + "\n")
+print(f"{who:8} {sys.argv[4]:26} {row['tok_per_s']:10.0f} tok/s  MFU {100 * row['mfu']:5.1f}%  peak {row['peak_gib']:6.2f} GiB")
+PY
+    }
     for sp in ${MESH_TP_SP:-1}; do
-      spf=(); tag=""; [ $sp = 1 ] && { spf=(--sequence-parallel); tag=" sp"; }
-      timeout 300 $BUILD/chorus launch --nproc-per-node $NG --master-port 41512 -- $BUILD/chorus bench --model $MODEL \
-        --devices cuda --mesh $mesh "${spf[@]}" --seq-len $T --batch-size ${MESH_TP_BATCH:-$B} --precision bf16 --steps $TS --warmup 5 --json \
-        2>"$OUT/mesh_tp$sp.err" | sed 's/^\[rank 0\] //' | grep '^{' | tail -1 > "$OUT/mesh_tp$sp.json" || tail -5 "$OUT/mesh_tp$sp.err"
+      spf=(); tag=""; ks=1; [ $sp = 1 ] && { spf=(--sequence-parallel); tag=" sp"; ks=${MESH_TP_CHUNKS:-1 2}; }
+      for k in $ks; do
+        ktag=""; [ "$k" != 1 ] && ktag=" k=$k"
+        timeout 300 $BUILD/chorus launch --nproc-per-node $NG --master-port 41512 -- $BUILD/chorus bench --model $MODEL \
+          --devices cuda --mesh $mesh "${spf[@]}" --tp-chunks $k ${MESH_TP_FLAGS:-} --seq-len $T \
+          --batch-size ${MESH_TP_BATCH:-$B} --precision bf16 --steps $TS --warmup 5 --json 2>"$OUT/mesh_tp${sp}k$k.err" \
+          | sed 's/^\[rank 0\] //' | grep '^{' | tail -1 > "$OUT/mesh_tp${sp}k$k.json" || tail -5 "$OUT/mesh_tp${sp}k$k.err"
+        mesh_tp_row chorus "$OUT/mesh_tp${sp}k$k.json" "$mesh $NG GPUs$tag$ktag"
+      done
       timeout 300 python3 bench/torch/torch_gpt.py --model $MODEL --mode tp --gpus $NG "${targs[@]}" --sp $sp --batch ${MESH_TP_BATCH:-$B} \
         --seq $T --steps $TS --warmup 5 --port 41513 2>"$OUT/torch_tp$sp.err" | tail -1 > "$OUT/torch_tp$sp.json" \
         || tail -5 "$OUT/torch_tp$sp.err"
-      python3 - "$OUT/mesh_tp$sp.json" "$OUT/torch_tp$sp.json" "$ROWS" "$mesh $NG GPUs$tag" $NG <<'PY'
-import json, sys
-c, t = (json.load(open(f)) if open(f).read().strip() else None for f in sys.argv[1:3])
-for who, r in (("chorus", c), ("pytorch", t)):
-    if r is None:
-        print(f"{who} {sys.argv[4]}: no row"); continue
-    row = {"who": who, "mode": sys.argv[4], "gpus": int(sys.argv[5]), "tok_per_s": r["tok_per_s"],
-           "mfu": r["mfu"] if who == "chorus" else r["tflops_per_gpu"] * 1e12 / 989.4e12,
-           "peak_gib": r["peak_mem_bytes"] / 2**30 if who == "chorus" else r["peak_mem_gib"], "loss": r["loss"]}
-    open(sys.argv[3], "a").write(json.dumps(row) + "\n")
-    print(f"{who:8} {sys.argv[4]:22} {row['tok_per_s']:10.0f} tok/s  MFU {100 * row['mfu']:5.1f}%  peak {row['peak_gib']:6.2f} GiB")
-PY
+      mesh_tp_row pytorch "$OUT/torch_tp$sp.json" "$mesh $NG GPUs$tag"
     done
     timeout 300 $BUILD/chorus launch --nproc-per-node $NG --master-port 41514 -- $BUILD/chorus bench --model $MODEL \
       --strategy ddp --devices cuda --seq-len $T --batch-size $B --precision bf16 --steps $TS --warmup 5 --json \
@@ -610,6 +622,8 @@ for r in rows:  # mesh_tp's rows: tensor parallel beside PyTorch's and beside DD
                 print(f"chorus / pytorch {r['mode']}: {r['tok_per_s'] / t['tok_per_s']:.3f}")
             if t["who"] == "chorus" and t["mode"] == f"ddp {r['gpus']} GPUs bench":
                 print(f"chorus {r['mode']} / chorus ddp, per GPU: {r['tok_per_s'] / t['tok_per_s']:.3f}")
+            if " k=" in r["mode"] and t["who"] == "chorus" and t["mode"] == r["mode"].split(" k=")[0]:
+                print(f"chorus {r['mode']} / {t['mode']} (k=1): {r['tok_per_s'] / t['tok_per_s']:.3f}")
 PY
     ;;
   obs)  # issue 51 over NCCL on 2 GPUs: (a) a rank slowed by SIGSTOP/SIGCONT named by --stats-every; (b) a rank

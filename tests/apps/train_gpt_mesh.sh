@@ -2,7 +2,8 @@
 # chorus train --model dN --mesh ... (tensor parallelism, apps/train_gpt_mesh.cpp)
 # as a user runs it, on CPU processes over Gloo:
 #   - --mesh tp=2, and dp=2,tp=2 with --sequence-parallel, equal one process
-#     with the same global batch (train and validation loss, float32)
+#     with the same global batch (train and validation loss, float32); so
+#     does tp=2 with --sequence-parallel --tp-chunks 2
 #   - a checkpoint written at tp=2 resumes without --mesh (one process) to the
 #     uninterrupted run's losses, and chorus generate reads it; a one-process
 #     checkpoint resumes at tp=2
@@ -21,11 +22,14 @@ T=(train --model d2 --data "text:$tmp/t.txt" --seq-len 64 --steps 12 --log-every
 one=$("$CHORUS" "${T[@]}" --batch-size 8) || { echo "FAIL: single run"; exit 1; }
 tp2=$(launch 2 "${T[@]}" --batch-size 8 --mesh tp=2)
 dptp=$(launch 4 "${T[@]}" --batch-size 4 --mesh dp=2,tp=2 --sequence-parallel)
-echo "single:         $one"; echo "tp=2:           $tp2"; echo "dp=2,tp=2 (sp): $dptp"
+tpk2=$(launch 2 "${T[@]}" --batch-size 8 --mesh tp=2 --sequence-parallel --tp-chunks 2)
+echo "single:         $one"; echo "tp=2:           $tp2"; echo "dp=2,tp=2 (sp): $dptp"; echo "tp=2 (sp, K=2): $tpk2"
 for k in train_loss val_loss; do
   check "tp=2 equals one process ($k)" "close $(loss "$tp2" $k) $(loss "$one" $k)"
   check "dp=2 x tp=2, sequence parallel, equals one process ($k)" "close $(loss "$dptp" $k) $(loss "$one" $k)"
+  check "tp=2, sequence parallel, --tp-chunks 2, equals one process ($k)" "close $(loss "$tpk2" $k) $(loss "$one" $k)"
 done
+check "the summary names the chunks" "[ \"$(loss "$tpk2" tp_chunks)\" = 2 ]"
 check "the summary names the mesh" "[ \"$(loss "$dptp" mesh)\" = dp=2,pp=1,tp=2 ]"
 
 # 2. Checkpoints across layouts: tp=2 -> one process, one process -> tp=2.
@@ -55,8 +59,8 @@ check "SIGINT stops a --mesh run with exit 130 (got $rc)" "[ $rc = 130 ]"
 check "... after writing a checkpoint" "grep -q 'checkpoint written: .*ckpt-' '$tmp/sig.err' && [ -f '$ck2/latest' ]"
 
 # 2b. chorus bench --mesh: one row from rank 0.
-row=$(launch 2 bench --model d2 --seq-len 32 --batch-size 2 --steps 2 --warmup 1 --json --mesh tp=2 --sequence-parallel)
-check "bench --mesh tp=2 reports tokens/s and the mesh" "python3 -c \"import json,sys; r=json.loads(sys.argv[1]); sys.exit(0 if r['tok_per_s']>0 and r['mesh']=='dp=1,pp=1,tp=2' and r['sequence_parallel'] and r['commit'] and r['device_name'] else 1)\" '$row'"
+row=$(launch 2 bench --model d2 --seq-len 32 --batch-size 2 --steps 2 --warmup 1 --json --mesh tp=2 --sequence-parallel --tp-chunks 2)
+check "bench --mesh tp=2 reports tokens/s and the mesh" "python3 -c \"import json,sys; r=json.loads(sys.argv[1]); sys.exit(0 if r['tok_per_s']>0 and r['mesh']=='dp=1,pp=1,tp=2' and r['sequence_parallel'] and r['tp_chunks']==2 and r['commit'] and r['device_name'] else 1)\" '$row'"
 
 # 3. Bad input: one line naming the problem, a non-zero exit.
 bad() {  # name, expected text, ranks (0: no launcher), args...
@@ -78,6 +82,9 @@ bad "heads not dividing by tp" "2 attention heads do not divide over 4" 4 "${T[@
 bad "an unknown axis" "unknown axis .zz." 0 "${T[@]}" --mesh zz=2
 bad "a size that is not a number" "needs a whole number" 0 "${T[@]}" --mesh tp=two
 bad "--sequence-parallel without tp" "needs --mesh with tp > 1" 0 "${T[@]}" --sequence-parallel
+bad "--tp-chunks without --mesh" "needs --mesh with tp > 1 and --sequence-parallel" 0 "${T[@]}" --tp-chunks 2
+bad "--tp-chunks without --sequence-parallel" "it needs --sequence-parallel" 2 "${T[@]}" --mesh tp=2 --tp-chunks 2
+bad "--tp-chunks 0" "--tp-chunks must be at least 1" 2 "${T[@]}" --mesh tp=2 --sequence-parallel --tp-chunks 0
 bad "--mesh with --strategy dp" "cannot go with it" 0 "${T[@]}" --mesh tp=2 --strategy dp
 bad "--recompute with --mesh" "not offered with --mesh" 0 "${T[@]}" --mesh tp=2 --recompute always
 bad "bench --mesh for an image model" "offered for GPT models" 0 bench --model cnn --mesh tp=2 --steps 1

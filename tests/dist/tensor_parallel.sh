@@ -9,6 +9,10 @@
 #   - pp=2 x tp=2 (1F1B pipeline, sequence parallelism off and on), pp=4, and
 #     dp=2 x pp=2 x tp=2 equal one process; so do pp=2 and pp=2 x tp=2 with
 #     the interleaved schedule (two stages per pipeline rank), and dp=2 x pp=2
+#   - the collectives in chunks (spK: --tp-chunks K, Note [Chunked collectives
+#     beside the products]): K=2 at tp=2, tp=4, dp=2 x tp=2 and pp=2 x tp=2;
+#     K=8 whose chunks split sequences (the two-copy conversion), and K=3,
+#     which divides no rank's tokens (runs unchunked), equal the reference too
 #   - dropout: masks agree across tensor ranks, differ across data ranks
 #   - a checkpoint gathered at tp=2 loads into a one-process GPT, and at tp=4
 #     and dp=2 x tp=2
@@ -37,6 +41,16 @@ for sp in nosp sp; do
   run 4 match dp=2,tp=2 $sp
 done
 run 1 match tp=1 nosp
+# Chunked collectives: rows chunk-major over rank-major blocks through the whole parallel region.
+run 2 match tp=2 sp2
+run 4 match tp=4 sp2
+run 4 match dp=2,tp=2 sp2
+run 2 match tp=2 sp8
+run 4 match tp=4 sp3
+run 4 match dp=2,tp=2 sp4
+run 4 pipeline pp=2,tp=2 sp2
+run 4 pipeline pp=2,tp=2 sp4 interleaved
+run 4 dropout dp=2,tp=2 sp2
 # Tensor x pipeline (x data) parallel: the model as a 1F1B pipeline over the pp groups.
 run 4 pipeline pp=2,tp=2 nosp
 run 4 pipeline pp=2,tp=2 sp
@@ -51,5 +65,5 @@ run 4 dropout dp=2,tp=2 sp
 run 2 checkpoint tp=2 "$TMP"
 run 4 reload tp=4 "$TMP"
 run 4 reload dp=2,tp=2 "$TMP"
-[ $fail -eq 0 ] && echo "ok: tensor parallel GPT (tp=1,2,4; dp=2 x tp=2; pp=2 x tp=2, 1f1b and interleaved; dp=2 x pp=2 x tp=2; sequence parallel on and off) equals one process"
+[ $fail -eq 0 ] && echo "ok: tensor parallel GPT (tp=1,2,4; dp=2 x tp=2; pp=2 x tp=2, 1f1b and interleaved; dp=2 x pp=2 x tp=2; sequence parallel on and off, collectives in 2, 3, 4 and 8 chunks) equals one process"
 exit $fail

@@ -4,6 +4,10 @@
 // it on the whole global batch -- the independent result the mesh must
 // reproduce.
 //
+// SP is nosp, sp, or spK: sequence parallelism with its collectives in K
+// chunks (TPContext::chunks; a K that does not divide a rank's tokens runs
+// as 1), which must equal the reference just the same.
+//
 //   match MESH sp|nosp   (MESH as --mesh: dp=2,tp=2) the sharded model equals the
 //                        reference: full logits, loss, every gradient (the
 //                        shards gathered), and every weight after 3 AdamW steps
@@ -30,6 +34,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <vector>
@@ -122,6 +127,10 @@ optim::AdamWOptions adamw_options() {
 }
 constexpr double kClip = 0.05;  // below the gradients' norm: clipping acts on every step
 
+// Set by main from the SP argument.
+int sp_chunks = 1;
+std::string sp_label = "nosp";
+
 struct Job {
   dist::ProcessGroupPtr world;
   std::shared_ptr<dist::DeviceMesh> mesh;
@@ -143,6 +152,7 @@ tp::TPContext context(const Job& j) {
   tp::TPContext ctx;
   ctx.group = j.mesh->group("tp");
   ctx.sequence_parallel = j.sp;
+  ctx.chunks = sp_chunks;
   ctx.sharded_rng = std::make_shared<Generator>();  // shared by the model's layers; seeded after the build
   return ctx;
 }
@@ -228,7 +238,7 @@ int run_match(const std::string& spec, bool sp) {
     kinds += part;
   }
   std::printf("rank %d: ok match %s %s (max relative difference %.3g: %s)\n", j.world->rank(), spec.c_str(),
-              sp ? "sp" : "nosp", worst, kinds.c_str());
+              sp_label.c_str(), worst, kinds.c_str());
   return 0;
 }
 
@@ -266,7 +276,7 @@ int run_dropout(const std::string& spec, bool sp) {
            "two data ranks drew the same dropout masks (equal losses on equal rows)");
   }
   if (failures) return 1;
-  std::printf("rank %d: ok dropout %s %s (loss %.12f)\n", j.world->rank(), spec.c_str(), sp ? "sp" : "nosp", losses[0]);
+  std::printf("rank %d: ok dropout %s %s (loss %.12f)\n", j.world->rank(), spec.c_str(), sp_label.c_str(), losses[0]);
   return 0;
 }
 
@@ -379,7 +389,7 @@ int run_pipeline(const std::string& spec, bool sp, bool interleaved) {
   j.world->barrier()->wait();
   if (failures) return 1;
   std::printf("rank %d: ok pipeline %s %s %s, rank %d of %d in the pipeline (%lld stages), %zu parameters (max relative "
-              "difference %.3g)\n", j.world->rank(), spec.c_str(), sp ? "sp" : "nosp", interleaved ? "interleaved" : "1f1b",
+              "difference %.3g)\n", j.world->rank(), spec.c_str(), sp_label.c_str(), interleaved ? "interleaved" : "1f1b",
               pr, pp, (long long)pipe.num_stages(), local.size(), worst);
   return 0;
 }
@@ -408,13 +418,24 @@ int run_reload(const std::string& spec, const std::string& dir) {
 int main(int argc, char** argv) {
   try {
     const std::string mode = argc > 1 ? argv[1] : "";
-    if (mode == "match" && argc == 4) return run_match(argv[2], std::string(argv[3]) == "sp");
-    if (mode == "dropout" && argc == 4) return run_dropout(argv[2], std::string(argv[3]) == "sp");
+    // argv[3], SP: nosp | sp | spK
+    const std::string sp_arg = argc > 3 ? argv[3] : "";
+    const bool sp = sp_arg.rfind("sp", 0) == 0;
+    if (sp) {
+      sp_label = sp_arg;
+      sp_chunks = sp_arg.size() > 2 ? std::atoi(sp_arg.c_str() + 2) : 1;
+      if (sp_chunks < 1) {
+        std::fprintf(stderr, "FAIL: bad SP argument '%s' (expected nosp, sp or spK with K >= 1)\n", sp_arg.c_str());
+        return 2;
+      }
+    }
+    if (mode == "match" && argc == 4) return run_match(argv[2], sp);
+    if (mode == "dropout" && argc == 4) return run_dropout(argv[2], sp);
     if (mode == "checkpoint" && argc == 4) return run_checkpoint(argv[2], argv[3]);
     if (mode == "reload" && argc == 4) return run_reload(argv[2], argv[3]);
     if (mode == "pipeline" && (argc == 4 || (argc == 5 && std::string(argv[4]) == "interleaved")))
-      return run_pipeline(argv[2], std::string(argv[3]) == "sp", argc == 5);
-    std::fprintf(stderr, "usage: chorus_tp_probe match|dropout MESH sp|nosp | pipeline MESH sp|nosp [interleaved] | "
+      return run_pipeline(argv[2], sp, argc == 5);
+    std::fprintf(stderr, "usage: chorus_tp_probe match|dropout MESH SP | pipeline MESH SP [interleaved] | "
                          "checkpoint|reload MESH DIR\n");
     return 2;
   } catch (const std::exception& e) {

@@ -11,6 +11,7 @@
 #include "chorus/core/rng.h"
 #include "chorus/nn/functional.h"
 #include "chorus/ops/factory.h"
+#include "chorus/tensor_parallel/chunks.h"
 #include "chorus/tensor_parallel/cross_entropy.h"
 #include "chorus/tensor_parallel/gpt.h"
 #include "chorus/tensor_parallel/layers.h"
@@ -117,6 +118,53 @@ TEST(TensorParallelGPT, RefusesATpThatDoesNotDivide) {
     EXPECT_NE(std::string(e.what()).find("vocabulary of 100 rows does not divide over 8"), std::string::npos);
   }
   EXPECT_NO_THROW(tp::check_gpt_tp(c, 4));
+}
+
+// Note [Chunked collectives beside the products]: with K chunks the row
+// (c, r, j) of the region, index (c * tp + r) * m/K + j, is rank r's local
+// token i = c * m/K + j, i.e. (b, j') = (i / (T/tp), i % (T/tp)), at
+// position r * T/tp + j' of sequence order -- checked row by row against
+// that arithmetic for chunks of whole sequences (K divides B), chunks that
+// split sequences, and a K that divides no rank's tokens (as K = 1).
+TEST(TensorParallelLayout, ChunkMajorIsEachChunkOfEveryRank) {
+  manual_seed(5);
+  struct Case {
+    int tp;
+    int64_t b, t;
+    int chunks, expect_k;
+  };
+  for (const Case cs : {Case{2, 4, 8, 2, 2}, Case{2, 2, 8, 4, 4}, Case{3, 2, 6, 4, 4}, Case{4, 3, 8, 3, 3},
+                        Case{2, 3, 4, 4, 1}, Case{3, 1, 9, 3, 3}}) {
+    SCOPED_TRACE("tp " + std::to_string(cs.tp) + " B " + std::to_string(cs.b) + " T " + std::to_string(cs.t) +
+                 " K " + std::to_string(cs.chunks));
+    const int64_t f = 3, local_t = cs.t / cs.tp, m = cs.b * local_t;
+    ASSERT_EQ(tp::effective_chunks(cs.chunks, m), cs.expect_k);
+    const int64_t mc = m / cs.expect_k;
+    Tensor seq = randn({cs.b, cs.t, f}, kFloat64);
+    Tensor cm = tp::sequence_to_rank_major(seq, cs.tp, cs.chunks);
+    ASSERT_EQ(cm.sizes(), (Shape{cs.tp * cs.b, local_t, f}));
+    Tensor rows = cm.reshape({cs.tp * m, f});
+    for (int c = 0; c < cs.expect_k; ++c)
+      for (int r = 0; r < cs.tp; ++r)
+        for (int64_t j = 0; j < mc; ++j) {
+          const int64_t i = c * mc + j, bb = i / local_t, pos = r * local_t + i % local_t;
+          EXPECT_EQ(max_abs_diff(rows.narrow(0, (c * cs.tp + r) * mc + j, 1).reshape({f}),
+                                 seq.narrow(0, bb, 1).narrow(1, pos, 1).reshape({f})),
+                    0.0);
+        }
+    EXPECT_EQ(max_abs_diff(tp::rank_major_to_sequence(cm, cs.tp, cs.chunks), seq), 0.0);
+    // Chunk-major over rank-major: the same rows as going through rank-major order.
+    Tensor rm = tp::sequence_to_rank_major(seq, cs.tp);
+    EXPECT_EQ(max_abs_diff(tp::rank_major_to_chunk_major(rm, cs.tp, cs.chunks), cm), 0.0);
+    EXPECT_EQ(max_abs_diff(tp::chunk_major_to_rank_major(cm, cs.tp, cs.chunks), rm), 0.0);
+    // Gradients: the conversion of the gradient, by the inverse conversion.
+    Tensor x = seq.clone().set_requires_grad(true);
+    Tensor w = randn(cm.sizes(), kFloat64);
+    chorus::sum(chorus::mul(tp::sequence_to_rank_major(x, cs.tp, cs.chunks), w)).backward();
+    EXPECT_EQ(max_abs_diff(x.grad(), tp::rank_major_to_sequence(w, cs.tp, cs.chunks)), 0.0);
+  }
+  EXPECT_THROW(tp::effective_chunks(0, 8), Error);
+  EXPECT_THROW(tp::rank_major_to_chunk_major(randn({5, 2}, kFloat64), 2, 2), Error);
 }
 
 // Note [Rank-major activations]: rank-major row r*B + b, position j is token

@@ -6,17 +6,47 @@
 
 namespace chorus::ops {
 
-Tensor linear_bias(const Tensor& x, const Tensor& w, const Tensor& b) {
-  CHORUS_CHECK(x.dim() == 2 && w.dim() == 2 && b.dim() == 1 && x.size(1) == w.size(1) && b.size(0) == w.size(0),
+namespace {
+
+void check_linear(const Tensor& x, const Tensor& w, const Tensor& b) {
+  CHORUS_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1) && (!b.defined() || (b.dim() == 1 && b.size(0) == w.size(0))),
                "linear: x ", x.describe(), ", weight ", w.describe(), " and bias ", b.describe(), " do not fit");
-  CHORUS_CHECK(x.dtype() == w.dtype() && x.dtype() == b.dtype() && x.device() == w.device() &&
-                   x.device() == b.device(),
+  CHORUS_CHECK(x.dtype() == w.dtype() && x.device() == w.device() &&
+                   (!b.defined() || (x.dtype() == b.dtype() && x.device() == b.device())),
                "linear: x, weight and bias must share one dtype and device, got ", x.describe(), ", ", w.describe(),
                ", ", b.describe());
-  const Tensor xc = contiguous(x), wc = contiguous(w), bc = contiguous(b);
+}
+
+void check_out(const char* op, const Tensor& out, const Tensor& x, Shape sizes) {
+  CHORUS_CHECK(out.is_contiguous() && out.sizes() == sizes && out.dtype() == x.dtype() && out.device() == x.device(),
+               op, ": the output ", out.describe(), " must be a contiguous ", x.dtype(), " tensor of ", sizes.size(),
+               " dims on ", x.device(), " fitting ", x.describe());
+}
+
+}  // namespace
+
+Tensor linear_bias(const Tensor& x, const Tensor& w, const Tensor& b) {
+  CHORUS_CHECK(b.defined(), "linear: the bias is undefined");
+  check_linear(x, w, b);
   Tensor y = detail::empty_tensor({x.size(0), w.size(0)}, x.dtype(), x.device());
-  CHORUS_KERNEL(x.device(), gemm_bias, xc, wc, y, false, true, bc, Tensor());
+  linear_bias_into(x, w, b, y);
   return y;
+}
+
+void linear_bias_into(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y) {
+  check_linear(x, w, b);
+  check_out("linear", y, x, {x.size(0), w.size(0)});
+  const Tensor xc = contiguous(x), wc = contiguous(w), bc = b.defined() ? contiguous(b) : Tensor();
+  CHORUS_KERNEL(x.device(), gemm_bias, xc, wc, y, false, true, bc, Tensor());
+}
+
+void linear_input_grad_into(const Tensor& dy, const Tensor& w, const Tensor& dx) {
+  CHORUS_CHECK(dy.dim() == 2 && w.dim() == 2 && dy.size(1) == w.size(0) && dy.dtype() == w.dtype() &&
+                   dy.device() == w.device(),
+               "linear: gradient ", dy.describe(), " does not fit weight ", w.describe());
+  check_out("linear backward", dx, dy, {dy.size(0), w.size(1)});
+  const Tensor gc = contiguous(dy), wc = contiguous(w);
+  CHORUS_KERNEL(dy.device(), gemm_bias, gc, wc, dx, false, false, Tensor(), Tensor());  // dy w
 }
 
 std::tuple<Tensor, Tensor, Tensor> linear_bias_backward(const Tensor& dy, const Tensor& x, const Tensor& w,
@@ -39,15 +69,26 @@ std::tuple<Tensor, Tensor, Tensor> linear_bias_backward(const Tensor& dy, const 
 
 std::tuple<Tensor, Tensor, Tensor> mlp_gelu(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2,
                                             const Tensor& b2) {
+  CHORUS_CHECK(x.dim() == 2 && w1.dim() == 2 && w2.dim() == 2, "mlp: x ", x.describe(), ", w1 ", w1.describe(), ", w2 ",
+               w2.describe(), " must be 2-d");
+  Tensor y = detail::empty_tensor({x.size(0), w2.size(0)}, x.dtype(), x.device());
+  Tensor pre = detail::empty_tensor({x.size(0), w1.size(0)}, x.dtype(), x.device());
+  Tensor h = detail::empty_tensor(pre.sizes(), x.dtype(), x.device());
+  mlp_gelu_into(x, w1, b1, w2, b2, y, pre, h);
+  return {y, pre, h};
+}
+
+void mlp_gelu_into(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2,
+                   const Tensor& y, const Tensor& pre, const Tensor& h) {
   CHORUS_CHECK(x.dim() == 2 && w1.dim() == 2 && w2.dim() == 2 && x.size(1) == w1.size(1) && w2.size(1) == w1.size(0) &&
                    b1.numel() == w1.size(0) && b2.numel() == w2.size(0),
                "mlp: x ", x.describe(), ", w1 ", w1.describe(), ", b1 ", b1.describe(), ", w2 ", w2.describe(), ", b2 ",
                b2.describe(), " do not fit");
+  check_out("mlp", pre, x, {x.size(0), w1.size(0)});
+  check_out("mlp", h, x, {x.size(0), w1.size(0)});
   const Tensor xc = contiguous(x), w1c = contiguous(w1), b1c = contiguous(b1);
-  Tensor pre = detail::empty_tensor({x.size(0), w1.size(0)}, x.dtype(), x.device());
-  Tensor h = detail::empty_tensor(pre.sizes(), x.dtype(), x.device());
   CHORUS_KERNEL(x.device(), gemm_bias_gelu, xc, w1c, b1c, pre, h);
-  return {linear_bias(h, w2, b2), pre, h};
+  linear_bias_into(h, w2, b2, y);
 }
 
 std::tuple<Tensor, Tensor, Tensor> mlp_gelu_backward_second(const Tensor& dy, const Tensor& w2, const Tensor& pre,

@@ -13,6 +13,12 @@ namespace chorus::ops {
 // y = x w^T + b for x [M, K], w [N, K], b [N] of one dtype and device
 // (contiguous after the call's own copies): y [M, N].
 Tensor linear_bias(const Tensor& x, const Tensor& w, const Tensor& b);
+// The same into y [M, N] (contiguous, x's dtype and device; a slice of a
+// larger buffer is fine); b may be undefined (no bias).
+void linear_bias_into(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor& y);
+// dx = dy w into dx [M, K] (contiguous): the input gradient of a linear layer
+// for dy [M, N], w [N, K] of one dtype and device.
+void linear_input_grad_into(const Tensor& dy, const Tensor& w, const Tensor& dx);
 // Its backward from dy [M, N]: (dx [M, K] -- undefined unless need_dx --,
 // dw [N, K], db [N] -- undefined unless need_db), db summed while dw's
 // product reads dy.
@@ -26,6 +32,10 @@ std::tuple<Tensor, Tensor, Tensor> linear_bias_backward(const Tensor& dy, const 
 // the backward reads.
 std::tuple<Tensor, Tensor, Tensor> mlp_gelu(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2,
                                             const Tensor& b2);
+// The same into y [M, C], pre and h [M, H] (contiguous; slices of larger
+// buffers are fine: tp::sp_mlp runs it on chunks of its rows).
+void mlp_gelu_into(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2,
+                   const Tensor& y, const Tensor& pre, const Tensor& h);
 // The backward of its second product and GELU from dy [M, C]: (dpre [M, H],
 // the gradient at GELU's input, dw2, db2) -- for a caller that does the
 // first product's backward itself (tp::sp_mlp overlaps it with a collective).

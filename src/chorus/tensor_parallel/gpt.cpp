@@ -48,7 +48,7 @@ Tensor ParallelSelfAttention::forward(const Tensor& x) {
   const int64_t heads = cfg_.heads / ctx_.size();
   // [B, T, 3 C/tp]: this rank's heads, whole sequence (Note [Rank-major activations]: in sequence order for attention)
   const int sp_tp = ctx_.sequence_parallel ? ctx_.size() : 1;
-  Tensor qkv_all = rank_major_to_sequence(child(*this, "c_attn")->forward(x), sp_tp);
+  Tensor qkv_all = rank_major_to_sequence(child(*this, "c_attn")->forward(x), sp_tp, ctx_.chunks);
   const double p_attn = is_training() ? cfg_.dropout : 0.0;
   Tensor y;
   {
@@ -57,7 +57,7 @@ Tensor ParallelSelfAttention::forward(const Tensor& x) {
     if (p_attn > 0 && ctx_.sharded_rng) heads_rng.emplace(*ctx_.sharded_rng);
     y = F::causal_self_attention(qkv_all, heads, p_attn, cfg_.attention);  // [B, T, C/tp]
   }
-  return parallel_dropout(child(*this, "c_proj")->forward(sequence_to_rank_major(y, sp_tp)), cfg_.dropout,
+  return parallel_dropout(child(*this, "c_proj")->forward(sequence_to_rank_major(y, sp_tp, ctx_.chunks)), cfg_.dropout,
                           is_training(), ctx_.sequence_parallel, ctx_);
 }
 
@@ -77,7 +77,7 @@ Tensor ParallelMLP::forward(const Tensor& x) {
   const std::vector<Tensor> fc = child(*this, "c_fc")->parameters(), proj = child(*this, "c_proj")->parameters();
   if (ctx_.sequence_parallel && is_parallel(ctx_.group) && x.dim() == 3 && fc.size() == 2 && proj.size() == 2) {
     // One op: gather, both products with GELU in their epilogues, reduce-scatter (tp::sp_mlp).
-    y = sp_mlp(on_own_device(x), fc[0], fc[1], proj[0], proj[1], ctx_.group);
+    y = sp_mlp(on_own_device(x), fc[0], fc[1], proj[0], proj[1], ctx_.group, ctx_.chunks);
   } else {
     Tensor h = F::gelu(child(*this, "c_fc")->forward(x), /*tanh_approximation=*/true);
     y = child(*this, "c_proj")->forward(h);

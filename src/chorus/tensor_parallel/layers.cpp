@@ -7,8 +7,9 @@
 #include "chorus/nn/layers.h"
 #include "chorus/nn/transformer_layers.h"
 #include "chorus/ops/factory.h"
-#include "chorus/tensor_parallel/sp_linear.h"
+#include "chorus/tensor_parallel/chunks.h"
 #include "chorus/tensor_parallel/mappings.h"
+#include "chorus/tensor_parallel/sp_linear.h"
 
 namespace chorus::tp {
 
@@ -42,20 +43,30 @@ void seed_parallel_rng(TPContext& ctx, uint64_t seed, int dp_rank) {
   ctx.sharded_rng->manual_seed(mix(mix(seed + 1) ^ mix(ranks)));
 }
 
-Tensor rank_major_to_sequence(const Tensor& x, int tp) {
+Tensor rank_major_to_sequence(const Tensor& x, int tp, int chunks) {
   if (tp <= 1) return x;
   CHORUS_CHECK(x.dim() == 3 && x.size(0) % tp == 0, "rank_major_to_sequence: expected [tp * batch, seq / tp, features]",
                " over tp=", tp, ", got ", x.describe());
   const int64_t b = x.size(0) / tp, t = x.size(1), f = x.size(2);
-  return x.reshape({tp, b, t, f}).permute({1, 0, 2, 3}).contiguous().reshape({b, tp * t, f});
+  const int k = effective_chunks(chunks, b * t);
+  // Note [Rank-major activations]: with whole sequences in each chunk, one
+  // transposing copy takes [K][tp][B/K][T/tp] to [K][B/K][tp][T/tp] = [B, T].
+  if (b % k == 0)
+    return x.reshape({k, tp, b / k, t, f}).permute({0, 2, 1, 3, 4}).contiguous().reshape({b, tp * t, f});
+  Tensor rm = chunk_major_to_rank_major(x, tp, k);
+  return rm.reshape({tp, b, t, f}).permute({1, 0, 2, 3}).contiguous().reshape({b, tp * t, f});
 }
 
-Tensor sequence_to_rank_major(const Tensor& x, int tp) {
+Tensor sequence_to_rank_major(const Tensor& x, int tp, int chunks) {
   if (tp <= 1) return x;
   CHORUS_CHECK(x.dim() == 3 && x.size(1) % tp == 0, "sequence_to_rank_major: expected [batch, seq, features] with seq",
                " divisible by tp=", tp, ", got ", x.describe());
   const int64_t b = x.size(0), t = x.size(1) / tp, f = x.size(2);
-  return x.reshape({b, tp, t, f}).permute({1, 0, 2, 3}).contiguous().reshape({tp * b, t, f});
+  const int k = effective_chunks(chunks, b * t);
+  if (b % k == 0)
+    return x.reshape({k, b / k, tp, t, f}).permute({0, 2, 1, 3, 4}).contiguous().reshape({tp * b, t, f});
+  Tensor rm = x.reshape({b, tp, t, f}).permute({1, 0, 2, 3}).contiguous().reshape({tp * b, t, f});
+  return rank_major_to_chunk_major(rm, tp, k);
 }
 
 Tensor replicated_param(const Tensor& p, const TPContext& ctx) {
@@ -98,8 +109,10 @@ Tensor ColumnParallelLinear::forward(const Tensor& x) {
   const Tensor b = opts_.bias ? own_parameters()[1].second : Tensor();
   // Note [Rank-major activations]: gathered along dim 0, the chunks side by side as the collective leaves them;
   // Note [Reduce-scatter beside the weight gradient].
-  if (ctx_.sequence_parallel && in.dim() == 3) return gather_linear(in, w, b, ctx_.group);
-  in = ctx_.sequence_parallel ? gather_from_sp(in.contiguous(), ctx_.group, kRankMajorDim) : copy_to_tp(in, ctx_.group);
+  if (ctx_.sequence_parallel && in.dim() == 3) return gather_linear(in, w, b, ctx_.group, ctx_.chunks);
+  in = ctx_.sequence_parallel ? rank_major_to_chunk_major(gather_from_sp(in.contiguous(), ctx_.group, kRankMajorDim),
+                                                          ctx_.size(), ctx_.chunks)
+                              : copy_to_tp(in, ctx_.group);
   return F::linear(in, w, b);
 }
 
@@ -138,12 +151,15 @@ ShardSpec RowParallelLinear::shard_spec(const std::string& param) const {
 Tensor RowParallelLinear::forward(const Tensor& x) {
   // Note [The row-parallel bias on one rank]: product, reduce-scatter and bias as one op.
   if (ctx_.sequence_parallel && opts_.bias && is_parallel(ctx_.group) && x.dim() == 3)
-    return linear_reduce_scatter(on_own_device(x), own_parameters()[0].second, own_parameters()[1].second, ctx_.group);
+    return linear_reduce_scatter(on_own_device(x), own_parameters()[0].second, own_parameters()[1].second, ctx_.group,
+                                 ctx_.chunks);
   // The bias is added once, after the sum over the ranks.
   Tensor partial = F::linear(on_own_device(x), own_parameters()[0].second, Tensor());
-  // Note [Rank-major activations]: the input, and so `partial`, in rank-major order.
-  Tensor y = ctx_.sequence_parallel ? reduce_scatter_to_sp(partial, ctx_.group, kRankMajorDim)
-                                    : reduce_from_tp(partial, ctx_.group);
+  // Note [Rank-major activations]: the input, and so `partial`, in rank-major order (chunk-major over it).
+  Tensor y = ctx_.sequence_parallel
+                 ? reduce_scatter_to_sp(chunk_major_to_rank_major(partial, ctx_.size(), ctx_.chunks), ctx_.group,
+                                        kRankMajorDim)
+                 : reduce_from_tp(partial, ctx_.group);
   if (!opts_.bias) return y;
   return chorus::add(y, replicated_param(own_parameters()[1].second, ctx_));
 }

@@ -33,6 +33,14 @@
 // it is, and only attention, which mixes the tokens of a sequence, moves its
 // input and output into sequence order (rank_major_to_sequence and back:
 // tensors of 3C/tp and C/tp features, not C).
+// With the collectives in K chunks (TPContext::chunks, Note [Chunked
+// collectives beside the products] in sp_linear.h) each all-gather lands
+// one chunk of every rank, so the region's rows are chunk-major over
+// rank-major blocks, [K][tp][B T/tp / K] (chunks.h); the row-parallel side
+// reduce-scatters the same blocks back, and attention's conversion takes K:
+// when K divides B (every chunk whole sequences) it is still one
+// transposing copy, [K][tp][B/K][T/tp] -> [K][B/K][tp][T/tp]; otherwise it
+// goes through rank-major order (two). The shape stays [tp * B, T/tp, F].
 //
 // Note [Replicated parameters under sequence parallelism]: a parameter every
 // rank holds whole (LayerNorm's, a row-parallel bias, the positional
@@ -56,6 +64,12 @@ namespace chorus::tp {
 struct TPContext {
   dist::ProcessGroupPtr group;      // the tensor-parallel group; null or one rank: tp=1
   bool sequence_parallel = false;   // activations outside the parallel regions sharded along dim 1 (sequence)
+  // Sequence parallel: the chunks each rank's tokens are split into so that
+  // the collectives of a parallel region run beside its products (Note
+  // [Chunked collectives beside the products] in sp_linear.h; `--tp-chunks`).
+  // 1: one collective per op. One that does not divide a step's tokens per
+  // rank falls back to 1 for that step (effective_chunks in chunks.h).
+  int chunks = 1;
   // The generator of dropout on activations that differ across the tensor
   // ranks (a rank's heads, its sequence chunk): seeded per (data, tensor)
   // rank, see seed_parallel_rng. Null: the default generator.
@@ -159,10 +173,11 @@ class ParallelLayerNorm : public nn::Module {
 };
 
 // Between the rank-major order of a parallel region under sequence
-// parallelism ([tp * B, T/tp, F]) and sequence order ([B, T, F]), with
-// autograd; the identity at tp=1 (Note [Rank-major activations]).
-Tensor rank_major_to_sequence(const Tensor& x, int tp);
-Tensor sequence_to_rank_major(const Tensor& x, int tp);
+// parallelism ([tp * B, T/tp, F]; chunk-major over it for chunks > 1) and
+// sequence order ([B, T, F]), with autograd; the identity at tp=1 (Note
+// [Rank-major activations]).
+Tensor rank_major_to_sequence(const Tensor& x, int tp, int chunks = 1);
+Tensor sequence_to_rank_major(const Tensor& x, int tp, int chunks = 1);
 
 // A replicated parameter as a layer applying it should see it: itself, or
 // under sequence parallelism through copy_to_tp (Note [Replicated parameters
