@@ -57,7 +57,7 @@ struct BenchConfig {
   std::optional<std::string> mesh;
   bool sequence_parallel = false;
   int tp_chunks = 1;  // --tp-chunks: sequence parallel collectives in chunks beside the products
-  // GPT models, --strategy zero (dist/sharded.h): the stage of a plain "zero" row
+  // GPT models, --strategy zero (data_parallel/sharded.h): the stage of a plain "zero" row
   std::optional<int> zero_stage;
   bool reshard_after_forward = true;
   std::optional<std::string> zero_param_dtype;  // bf16 | fp32 (unset: bf16 under --precision bf16)

@@ -13,8 +13,8 @@
 
 #include "chorus/core/backend.h"
 #include "chorus/core/error.h"
-#include "chorus/dist/bus_bandwidth.h"
-#include "chorus/dist/init.h"
+#include "chorus/distributed/bus_bandwidth.h"
+#include "chorus/distributed/init.h"
 #include "cli_numbers.h"
 
 namespace chorus::app {

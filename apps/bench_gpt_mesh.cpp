@@ -36,7 +36,7 @@
 #include "chorus/core/backend.h"
 #include "chorus/core/error.h"
 #include "chorus/core/rng.h"
-#include "chorus/dist/ddp.h"
+#include "chorus/data_parallel/ddp.h"
 #include "chorus/ops/factory.h"
 #include "chorus/ops/profile.h"
 #include "chorus/optim/adamw.h"

@@ -6,13 +6,13 @@
 #include "chorus/core/backend.h"
 #include "chorus/core/device.h"
 #include "chorus/core/error.h"
-#include "chorus/dist/launch_env.h"
-#include "chorus/dist/process_group.h"
+#include "chorus/distributed/launch_env.h"
+#include "chorus/distributed/process_group.h"
 
 #include <optional>
 #include <string>
 #ifdef CHORUS_WITH_CUDA
-#include "chorus/cuda/info.h"
+#include "chorus/cuda/runtime/info.h"
 #endif
 
 namespace chorus::app {

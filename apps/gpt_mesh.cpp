@@ -5,8 +5,8 @@
 
 #include "chorus/core/error.h"
 #include "chorus/core/rng.h"
-#include "chorus/dist/hash_store.h"
-#include "chorus/dist/launch_env.h"
+#include "chorus/distributed/hash_store.h"
+#include "chorus/distributed/launch_env.h"
 #include "chorus/parallel/pipeline_schedule.h"
 #include "chorus/tensor_parallel/clip_grad.h"
 #include "chorus/tensor_parallel/gpt_layers.h"

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "chorus/dist/device_mesh.h"
+#include "chorus/distributed/device_mesh.h"
 #include "chorus/parallel/pipeline.h"
 #include "chorus/tensor_parallel/gpt.h"
 #include "train_dist.h"

@@ -15,7 +15,7 @@
 #include <functional>
 #include <string>
 
-#include "chorus/dist/process_group.h"
+#include "chorus/distributed/process_group.h"
 #include "chorus/io/checkpoint.h"
 #include "chorus/optim/adamw.h"
 #include "chorus/tensor_parallel/gpt.h"

@@ -12,7 +12,7 @@
 // report. On several nodes the launchers watch a key in the store, so a
 // failure on one node ends the job on all. The store serves only processes
 // that prove the job's secret, which the launcher hands its workers in their
-// environment (Note [Store job secret] in dist/store_auth.h).
+// environment (Note [Store job secret] in distributed/store_auth.h).
 #include "launch.h"
 
 #include <fcntl.h>
@@ -36,11 +36,11 @@
 
 #include "chorus/core/backend.h"
 #include "chorus/core/error.h"
-#include "chorus/dist/job_secret.h"
-#include "chorus/dist/launch_env.h"
-#include "chorus/dist/store_address.h"
-#include "chorus/dist/store_auth.h"
-#include "chorus/dist/tcp_store.h"
+#include "chorus/distributed/job_secret.h"
+#include "chorus/distributed/launch_env.h"
+#include "chorus/distributed/store_address.h"
+#include "chorus/distributed/store_auth.h"
+#include "chorus/distributed/tcp_store.h"
 #include "cli_numbers.h"
 
 namespace chorus::app {
@@ -138,7 +138,7 @@ class Launcher {
   }
 
  private:
-  // Note [Store job secret] (dist/store_auth.h): --job-secret-file, else
+  // Note [Store job secret] (distributed/store_auth.h): --job-secret-file, else
   // CHORUS_JOB_SECRET, else on one node a fresh one. Nodes cannot agree on a
   // random secret by themselves: a job of several nodes must be given one.
   std::string job_secret() const {
@@ -501,7 +501,7 @@ class Launcher {
   const LaunchConfig& c_;
   int nproc_ = 1, world_ = 1;
   std::unique_ptr<dist::TCPStoreServer> server_;
-  // Note [Job ids] in dist/launch_env.h: on one node, a fresh id per launch
+  // Note [Job ids] in distributed/launch_env.h: on one node, a fresh id per launch
   // unless the environment has one (across nodes the launchers could not
   // agree on a random one: CHORUS_RUN_ID, or the scheduler's, is used).
   std::string run_id_;

@@ -27,7 +27,7 @@ struct LaunchConfig {
   // After a forwarded SIGINT/SIGTERM/SIGHUP the workers get this long to
   // finish their step and write their stop checkpoint before SIGKILL.
   double stop_timeout_s = 60;
-  // The job secret's file (Note [Store job secret] in dist/store_auth.h);
+  // The job secret's file (Note [Store job secret] in distributed/store_auth.h);
   // empty: CHORUS_JOB_SECRET, or on one node a fresh random secret.
   std::string job_secret_file;
   std::vector<std::string> command;  // PROGRAM ARGS...

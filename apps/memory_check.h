@@ -1,4 +1,4 @@
-// The memory plan (dist/memory_plan.h) as `chorus train` and `chorus bench`
+// The memory plan (data_parallel/memory_plan.h) as `chorus train` and `chorus bench`
 // use it: a GPT's plan computed from its configuration before the model is
 // built, printed and compared with the device's free memory, with a refusal
 // before anything is allocated when it will not fit; any other model's static
@@ -13,7 +13,7 @@
 #include <string>
 
 #include "chorus/core/device.h"
-#include "chorus/dist/memory_plan.h"
+#include "chorus/data_parallel/memory_plan.h"
 
 namespace CLI {
 class App;

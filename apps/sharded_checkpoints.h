@@ -1,4 +1,4 @@
-// Checkpoints of a --strategy zero run (dist/sharded.h): every rank writes its
+// Checkpoints of a --strategy zero run (data_parallel/sharded.h): every rank writes its
 // pieces of the weights and of AdamW's state (io/sharded_checkpoint.h) in the
 // background, and a run at any world size or stage -- or a one-process, DP or
 // DDP run -- resumes from them; a zero run also resumes from a one-process
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "chorus/dist/sharded.h"
+#include "chorus/data_parallel/sharded.h"
 #include "chorus/io/checkpoint.h"
 #include "chorus/io/sharded_writer.h"
 #include "chorus/optim/optimizer.h"

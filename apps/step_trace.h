@@ -17,7 +17,7 @@
 #include <optional>
 #include <string>
 
-#include "chorus/dist/store.h"
+#include "chorus/distributed/store.h"
 
 namespace chorus::app {
 

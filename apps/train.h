@@ -57,7 +57,7 @@ struct TrainConfig {
   std::string comm_hook = "allreduce";  // allreduce | bf16 (gradients travel as bfloat16)
   double dist_timeout_s = 300;   // rendezvous and every collective
   double stats_every_s = 60;     // rank 0's line on the ranks' step times (Note [Slow ranks named]); 0: never
-  // --strategy zero (dist/sharded.h): unset stage: 1
+  // --strategy zero (data_parallel/sharded.h): unset stage: 1
   std::optional<int> zero_stage;
   bool reshard_after_forward = true;  // stage 3: free a unit's gathered weights after its forward
   bool hybrid = false;                // shard inside a node, replicate across nodes

@@ -6,7 +6,7 @@
 
 #include "chorus/core/backend.h"
 #include "chorus/core/error.h"
-#include "chorus/dist/init.h"
+#include "chorus/distributed/init.h"
 #include "chorus/ops/copy.h"
 #include "chorus/ops/factory.h"
 

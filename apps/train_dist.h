@@ -23,9 +23,9 @@
 #include <string>
 #include <vector>
 
-#include "chorus/dist/ddp.h"
-#include "chorus/dist/launch_env.h"
-#include "chorus/dist/process_group.h"
+#include "chorus/data_parallel/ddp.h"
+#include "chorus/distributed/launch_env.h"
+#include "chorus/distributed/process_group.h"
 #include "chorus/io/checkpoint.h"
 
 namespace chorus::app {

@@ -27,7 +27,7 @@
 #include "chorus/core/error.h"
 #include "chorus/core/rng.h"
 #include "chorus/data/tokens.h"
-#include "chorus/dist/ddp.h"
+#include "chorus/data_parallel/ddp.h"
 #include "chorus/io/checkpoint.h"
 #include "chorus/io/dir_lock.h"
 #include "chorus/io/safetensors.h"

@@ -18,7 +18,7 @@
 #include "chorus/core/backend.h"
 #include "chorus/core/error.h"
 #include "chorus/core/rng.h"
-#include "chorus/dist/ddp.h"
+#include "chorus/data_parallel/ddp.h"
 #include "chorus/io/checkpoint.h"
 #include "chorus/io/safetensors.h"
 #include "chorus/ops/profile.h"
@@ -102,7 +102,7 @@ nlohmann::ordered_json run_gpt_loop(const TrainConfig& tc, const GptOptions& g, 
     return norm;
   };
   parallel::GraphedStepOptions go;
-  // Sharded steps too (Note [Sharded steps in a CUDA graph] in dist/sharded.h):
+  // Sharded steps too (Note [Sharded steps in a CUDA graph] in data_parallel/sharded.h):
   // the gathers and reduce-scatters are captured with the rest; a step that
   // reads the used-flags on the host cannot be, and falls back to eager.
   go.enabled = device.is_cuda() && !tc.no_cuda_graphs;

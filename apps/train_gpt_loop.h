@@ -17,7 +17,7 @@
 #include "chorus/core/dtype.h"
 #include "chorus/core/tensor.h"
 #include "chorus/data/tokens.h"
-#include "chorus/dist/memory_plan.h"
+#include "chorus/data_parallel/memory_plan.h"
 #include "chorus/models/gpt.h"
 #include "chorus/models/gpt_pipeline.h"
 #include "chorus/nn/module.h"

@@ -1,5 +1,5 @@
 // `chorus train --model gpt2|... --mesh dp=A,pp=B,tp=C`: the GPT driver over
-// a device mesh (dist/device_mesh.h). Each tensor-parallel group holds one
+// a device mesh (distributed/device_mesh.h). Each tensor-parallel group holds one
 // copy of the model split Megatron-style (tensor_parallel/gpt.h), or with
 // pp > 1 pipeline stages of it (Note [GPT pipelines over the mesh] in
 // gpt_mesh.h: --micro-batches, --schedule 1f1b|gpipe|interleaved,
@@ -23,8 +23,8 @@
 #include "chorus/core/error.h"
 #include "chorus/core/rng.h"
 #include "chorus/data/tokens.h"
-#include "chorus/dist/ddp.h"
-#include "chorus/dist/device_mesh.h"
+#include "chorus/data_parallel/ddp.h"
+#include "chorus/distributed/device_mesh.h"
 #include "chorus/io/dir_lock.h"
 #include "chorus/io/safetensors.h"
 #include "chorus/ops/factory.h"

@@ -13,7 +13,7 @@
 #include "chorus/autograd/grad_mode.h"
 #include "chorus/core/backend.h"
 #include "chorus/core/error.h"
-#include "chorus/dist/replica_sync.h"
+#include "chorus/data_parallel/replica_sync.h"
 #include "chorus/data/loader.h"
 #include "chorus/nn/functional.h"
 #include "chorus/ops/elementwise.h"

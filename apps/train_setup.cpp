@@ -14,7 +14,7 @@
 #include "chorus/core/warn.h"
 #include "chorus/core/rng.h"
 #include "chorus/data/cifar.h"
-#include "chorus/dist/sync_batch_norm.h"
+#include "chorus/data_parallel/sync_batch_norm.h"
 #include "chorus/data/loader.h"
 #include "chorus/data/mnist.h"
 #include "chorus/data/sampler.h"

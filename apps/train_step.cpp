@@ -4,7 +4,7 @@
 
 #include "chorus/autograd/autocast.h"
 #include "chorus/autograd/grad_mode.h"
-#include "chorus/dist/in_process_hooks.h"
+#include "chorus/data_parallel/in_process_hooks.h"
 #include "chorus/nn/functional.h"
 #include "chorus/ops/profile.h"
 #include "chorus/ops/comm.h"
@@ -60,7 +60,7 @@ bool cuda_graphs_apply(const std::string& strategy, const std::vector<Device>& d
   // captures its collectives too (Note [DDP in a CUDA graph]).
   // A pipeline: one graph over its stages' devices (Note [Pipelines and CUDA
   // graphs]). Zero's gathers and reduce-scatters too (Note [Sharded steps in
-  // a CUDA graph] in dist/sharded.h; auto-found units' first step is eager).
+  // a CUDA graph] in data_parallel/sharded.h; auto-found units' first step is eager).
   if (strategy == "dp" || strategy == "pipeline") return true;
   return (strategy == "single" || strategy == "ddp" || strategy == "zero") && devices.size() == 1;
 }

@@ -33,7 +33,7 @@ nn::ModulePtr wrap_for_strategy(const nn::ModulePtr& model, const std::string& s
 
 // --dp-all-reduce: how a DataParallel with replicated updates sums the
 // gradients: auto, nccl, copy-engine or in-update (dist::GradSumMethod; Note
-// [Gradient sums in the update] in dist/reducer.h). Unset: as
+// [Gradient sums in the update] in data_parallel/reducer.h). Unset: as
 // CHORUS_DP_ALLREDUCE says (default auto). ValueError for another value (or
 // a bad environment switch of dp_options), or with a strategy other than dp
 // or with --dp-broadcast (which sums with a reduce, not an all-reduce).

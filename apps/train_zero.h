@@ -1,5 +1,5 @@
 // --strategy zero for `chorus train` (GPT and image models): the checks of
-// its options, the ShardedDataParallel of a run's options (dist/sharded.h)
+// its options, the ShardedDataParallel of a run's options (data_parallel/sharded.h)
 // with its process groups for --hybrid, and the run's line.
 #pragma once
 
@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "chorus/dist/sharded.h"
+#include "chorus/data_parallel/sharded.h"
 #include "chorus/models/gpt.h"
 #include "chorus/nn/module.h"
 #include "train.h"

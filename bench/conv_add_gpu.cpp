@@ -1,5 +1,5 @@
 // A forward convolution with the residual add in cuDNN's epilogue
-// (ops::conv2d_add; Note [Residual add in the epilogue] in cuda/conv.cpp)
+// (ops::conv2d_add; Note [Residual add in the epilogue] in cuda/conv/conv.cpp)
 // against the convolution and a separate add, on the 3x3 layer shapes of
 // WRN-28-10 and WRN-16-4, NHWC bf16, batch 128: microseconds per call
 // (queued behind matrix products, so the events time the GPU) and the largest
@@ -11,7 +11,7 @@
 
 #include "chorus/core/stream.h"
 #include "gpu_timing.h"
-#include "chorus/cuda/conv_plan.h"
+#include "chorus/cuda/conv/conv_plan.h"
 #include "chorus/ops/copy.h"
 #include "chorus/ops/nn.h"
 

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "chorus/cuda/conv_plan.h"
+#include "chorus/cuda/conv/conv_plan.h"
 #include "chorus/ops/copy.h"
 #include "chorus/ops/nn.h"
 #include "gpu_timing.h"

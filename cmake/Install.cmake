@@ -19,7 +19,7 @@ endif()
 # the kernel internals of cpu/ and cuda/ (.cuh files, headers that need the CUDA
 # toolkit's own headers). Then whatever those include, followed to the end, so
 # that an installed header never names a missing one (ops/dispatch.h brings
-# cpu/kernels.h and cuda/kernels.h). tests/install/out_of_tree.sh compiles each
+# cpu/kernels.h and cuda/kernels/kernels.h). tests/install/out_of_tree.sh compiles each
 # installed header alone against the installed tree.
 file(GLOB_RECURSE _chorus_todo RELATIVE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/src/chorus/*.h)
 list(FILTER _chorus_todo EXCLUDE REGEX "^chorus/(cpu|cuda)/")

@@ -67,7 +67,7 @@ endfunction()
 # paid once per batch instead of once per file. The files below define
 # helpers of the same name as another test file's, so they compile alone.
 set(CHORUS_TESTS_ALONE cpu/nn_kernels_test cpu/random_test cpu/softmax_test cuda/backend_test
-    cuda/gemm_conv_test dist/reducer_test dist/sync_batch_norm_test ops/linalg_test ops/nn_test
+    cuda/gemm_conv_test data_parallel/reducer_test data_parallel/sync_batch_norm_test ops/linalg_test ops/nn_test
     parallel/data_parallel_test parallel/device_threads_test parallel/pipeline_cuda_test parallel/pipeline_test
     optim/sgd_test cuda/elementwise_test cuda/optim_kernels_test cpu/optim_kernels_test cpu/pool_test)
 option(CHORUS_UNITY_TESTS "Compile the unit tests in batches (unity build)" ON)

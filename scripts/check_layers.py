@@ -19,18 +19,26 @@ MAY_USE = {
     "nn": ["ops", "autograd"],
     # DESIGN.md says "ops"; updates run under NoGradGuard, so autograd too.
     "optim": ["ops", "autograd"],
-    "parallel": ["nn", "autograd", "dist"],
-    "dist": ["nn", "autograd"],
+    "parallel": ["nn", "autograd", "distributed", "data_parallel"],
+    # The multi-process runtime (issue 46): stores, rendezvous, launch
+    # environment, process groups over Gloo and NCCL. It moves tensors, so it
+    # uses ops (and through ops, cuda); it knows nothing of modules or autograd.
+    "distributed": ["core", "ops"],
+    # The gradient wing (issue 46): bucket plan, reducer engine, comm hooks;
+    # DDP, ZeRO (sharded), SyncBatchNorm, the memory plan. Training wrappers
+    # over modules and autograd, communicating through distributed's groups.
+    "data_parallel": ["nn", "autograd", "distributed"],
     "data": ["core", "ops"],
     "io": ["core", "nn", "optim"],
     "models": ["nn"],
     # Tensor parallelism (issue 50): parallel layers and the tensor-parallel
-    # GPT, built from nn's layers, dist's process groups and models' GPT.
-    "tensor_parallel": ["nn", "autograd", "dist", "models"],
+    # GPT, built from nn's layers, distributed's process groups and models' GPT.
+    "tensor_parallel": ["nn", "autograd", "distributed", "models"],
     # The layout planner (issue 50, `chorus plan`): a cost model over models'
-    # GPT counts and dist's memory plan, calibrated by timing the real ops
-    # (models, nn, optim) and writing its file through io.
-    "plan": ["models", "dist", "optim", "io"],
+    # GPT counts and data_parallel's memory plan, calibrated by timing the real
+    # ops (models, nn, optim) -- graphed steps through parallel's GraphedStep,
+    # as chorus train replays them -- and writing its file through io.
+    "plan": ["models", "data_parallel", "parallel", "optim", "io"],
 }
 
 

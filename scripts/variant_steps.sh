@@ -5,8 +5,8 @@
 # build's graphed bench in turn, MP_REPEAT rounds (MP_MODELS, default
 # wrn-28-10; MP_PRECISION, default bf16; channels-last). MP_FILTER runs those
 # CUDA tests on B first. E.g. the old kernel against the new:
-#   git show HEAD~1:src/chorus/cuda/optim.cu > .bench/optim_old.cu
-#   MP_VARIANTS="A:src/chorus/cuda/optim.cu=.bench/optim_old.cu" OUT=$OUT bash scripts/variant_steps.sh
+#   git show HEAD~1:src/chorus/cuda/kernels/optim.cu > .bench/optim_old.cu
+#   MP_VARIANTS="A:src/chorus/cuda/kernels/optim.cu=.bench/optim_old.cu" OUT=$OUT bash scripts/variant_steps.sh
 OUT=${OUT:-gpu-out}
 bash scripts/gpu_check.sh build >/dev/null 2>&1 || { grep -E "error|FAILED" $OUT/build.log | head -20; exit 1; }
 cp build-gpu/chorus /tmp/chorus-B

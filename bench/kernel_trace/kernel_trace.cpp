@@ -1,6 +1,6 @@
 // A kernel timeline without Nsight Systems: a CUDA injection library that
 // records every kernel's, copy's and memset's start and end through CUPTI's
-// activity API (decoded by src/chorus/cuda/cupti_activity.cpp, which the
+// activity API (decoded by src/chorus/cuda/runtime/cupti_activity.cpp, which the
 // library's --trace uses too) and writes them as CSV when the process exits. The 2-GPU machines we are lent have no
 // nsys, and what limits a multi-GPU step (a tail of communication after the
 // backward, compute slowed by NCCL's kernels, a rank waiting for the other)
@@ -25,7 +25,7 @@
 
 #include <unistd.h>
 
-#include "chorus/cuda/cupti_activity.h"  // compiled into this library (CMakeLists.txt)
+#include "chorus/cuda/runtime/cupti_activity.h"  // compiled into this library (CMakeLists.txt)
 
 namespace {
 

@@ -6,7 +6,7 @@
 // Variants: rows as a contiguous slice per block or a stride over all blocks
 // ("inter"), 4 or 8 loads in flight a thread ("L"), blocks per SM, and the
 // block tree's shared memory thread-major or channel-major (the layout that
-// shipped: Note [NHWC column reductions] in src/chorus/cuda/batch_norm_nhwc.cu).
+// shipped: Note [NHWC column reductions] in src/chorus/cuda/conv/batch_norm_nhwc.cu).
 // (Predicated tails and software-pipelined loads were tried here too, and
 // were slower.) Standalone:
 //   nvcc -O3 -std=c++17 -arch=sm_90 --extended-lambda -o bn_reduce_probe scripts/probes/bn_reduce_probe.cu

@@ -5,7 +5,7 @@
 # it came from; chorus plot's SVG (two runs, JSON lines and CSV) and
 # chorus train --plot; chorus train|bench --trace (tests/apps/check_trace.py:
 # phases, one pid per rank, device tracks, timestamps in order). The
-# distributed trace (every rank in one file) is tests/dist/observability_ddp.sh;
+# distributed trace (every rank in one file) is tests/distributed/observability_ddp.sh;
 # chorus bench --json rows carry the device name and the commit.
 set -euo pipefail
 CHORUS=$1

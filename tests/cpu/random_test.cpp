@@ -1,5 +1,5 @@
 // CPU random kernels: exact agreement with the Philox formulas of Note
-// [Random formulas] (cuda/random.cu; both devices compute them), moments
+// [Random formulas] (cuda/kernels/random.cu; both devices compute them), moments
 // within five standard errors over 1e5 draws, and determinism: the same
 // RngState gives the same numbers whatever the tensor size (so thread count).
 #include <gtest/gtest.h>
@@ -99,7 +99,7 @@ TEST(RandomCpu, SmallAndLargeFillsAgreeOnTheirCommonPrefix) {
 }
 
 TEST(RandomCpu, NormalMatchesBoxMullerFormulaExactly) {
-  // Note [Random formulas] (cuda/random.cu): Box-Muller in double on words 2i
+  // Note [Random formulas] (cuda/kernels/random.cu): Box-Muller in double on words 2i
   // and 2i+1, multiply and add rounded separately, then rounded to float.
   const RngState rng{77, 5};
   Tensor out = empty({4096}, kFloat32);

@@ -1,5 +1,5 @@
 // The CUDA allocator's front cache (Note [Allocator front cache] in
-// cuda/allocator.h): size classes; same-stream reuse without CUDA calls or pool
+// cuda/runtime/allocator.h): size classes; same-stream reuse without CUDA calls or pool
 // growth; no hand-over of a cached block to another stream; release on
 // out-of-memory, on stream destruction and on request; the caps; bytes_in_use
 // counting live tensors only; several threads on one device. Most tests use a
@@ -23,8 +23,8 @@
 #include "chorus/core/backend.h"
 #include "chorus/core/error.h"
 #include "chorus/core/tensor.h"
-#include "chorus/cuda/allocator.h"
-#include "chorus/cuda/kernels.h"
+#include "chorus/cuda/runtime/allocator.h"
+#include "chorus/cuda/kernels/kernels.h"
 
 namespace chorus {
 namespace {

@@ -17,7 +17,7 @@
 #include "chorus/core/backend.h"
 #include "chorus/core/error.h"
 #include "chorus/core/tensor.h"
-#include "chorus/cuda/kernels.h"
+#include "chorus/cuda/kernels/kernels.h"
 
 namespace chorus {
 namespace {
@@ -233,7 +233,7 @@ TEST(CudaBackend, RecordUseCoversWorkEnqueuedBeforeOrAfterIt_CUDA) {
   }
 }
 
-// Note [One default stream per device] (cuda/context.cpp): threads share the
+// Note [One default stream per device] (cuda/runtime/context.cpp): threads share the
 // device's default stream; a chosen stream is per thread.
 TEST(CudaBackend, CurrentStreamIsPerThreadAndNullRestoresTheDefault_CUDA) {
   if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";

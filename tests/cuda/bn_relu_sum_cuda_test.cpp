@@ -16,7 +16,7 @@
 
 #include <chorus/autograd/autocast.h>
 #include <chorus/chorus.h>
-#include <chorus/cuda/conv_plan.h>
+#include <chorus/cuda/conv/conv_plan.h>
 #include <chorus/models/models.h>
 #include <chorus/ops/copy.h>
 #include <chorus/ops/elementwise.h>

@@ -18,7 +18,7 @@
 
 #include <chorus/autograd/autocast.h>
 #include <chorus/chorus.h>
-#include <chorus/cuda/blas.h>
+#include <chorus/cuda/blas/blas.h>
 #include <chorus/models/models.h>
 #include <chorus/ops/copy.h>
 

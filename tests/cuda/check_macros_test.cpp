@@ -9,13 +9,13 @@
 #include <string>
 
 #include "chorus/core/error.h"
-#include "chorus/cuda/blas.h"
-#include "chorus/cuda/context.h"
+#include "chorus/cuda/blas/blas.h"
+#include "chorus/cuda/runtime/context.h"
 #ifdef CHORUS_WITH_CUDNN
-#include "chorus/cuda/cudnn_handle.h"
+#include "chorus/cuda/cudnn/cudnn_handle.h"
 #endif
 #ifdef CHORUS_WITH_NCCL
-#include "chorus/cuda/nccl_check.h"
+#include "chorus/cuda/runtime/nccl_check.h"
 #endif
 
 namespace chorus {
@@ -69,7 +69,7 @@ ncclResult_t failing_nccl_call() { return ncclInvalidArgument; }
 TEST(CheckMacros, NcclFailureIsDeviceErrorOrTheKindAskedFor) {
   const std::string what = thrown<DeviceError>([] { CHORUS_NCCL_CHECK(failing_nccl_call()); });
   expect_names(what, std::string("NCCL error: ") + ncclGetErrorString(ncclInvalidArgument), "failing_nccl_call()");
-  // dist/'s process groups report their failures as DistError.
+  // distributed/'s process groups report their failures as DistError.
   const std::string dist = thrown<DistError>([] { CHORUS_NCCL_CHECK_T(DistError, failing_nccl_call()); });
   expect_names(dist, ncclGetErrorString(ncclInvalidArgument), "failing_nccl_call()");
   EXPECT_NO_THROW(CHORUS_NCCL_CHECK(ncclSuccess));

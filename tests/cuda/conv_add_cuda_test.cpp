@@ -1,5 +1,5 @@
 // The residual add in the convolution's epilogue on a GPU (Note [Residual add
-// in the epilogue] in cuda/conv.cpp) against the CPU's convolution followed by
+// in the epilogue] in cuda/conv/conv.cpp) against the CPU's convolution followed by
 // an add: layer shapes of the Wide ResNets, NHWC and NCHW, float32 (TF32 off)
 // and bfloat16, and a whole Wide ResNet's loss and gradients on the GPU
 // against the same weights on the CPU.
@@ -12,8 +12,8 @@
 
 #include <chorus/autograd/autocast.h>
 #include <chorus/chorus.h>
-#include <chorus/cuda/blas.h>
-#include <chorus/cuda/conv_plan.h>
+#include <chorus/cuda/blas/blas.h>
+#include <chorus/cuda/conv/conv_plan.h>
 #include <chorus/models/models.h>
 #include <chorus/ops/copy.h>
 

@@ -1,4 +1,4 @@
-// Note [Direct convolutions of a few input channels] (cuda/conv_direct.h): the
+// Note [Direct convolutions of a few input channels] (cuda/conv/conv_direct.h): the
 // direct forward and weight gradient against the CPU's convolution on the same
 // 16-bit-exact values -- strides, paddings, dilation, kernel sizes, 1 to 4
 // input channels, 8 to 64 outputs, pixel counts that leave a partial tile --
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include <chorus/chorus.h>
-#include <chorus/cuda/conv_direct.h>
+#include <chorus/cuda/conv/conv_direct.h>
 #include <chorus/ops/copy.h>
 #include <chorus/ops/nn.h>
 

@@ -1,4 +1,4 @@
-// Note [Convolutions of few input channels as GEMMs] (cuda/conv_gemm.h): the
+// Note [Convolutions of few input channels as GEMMs] (cuda/conv/conv_gemm.h): the
 // GEMM path's forward, data gradient and weight gradient against the CPU's
 // convolution on the same bf16-exact values, for strides, paddings and kernel
 // sizes the im2col and col2im gathers must get right; then the ops with the
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include <chorus/chorus.h>
-#include <chorus/cuda/conv_gemm.h>
+#include <chorus/cuda/conv/conv_gemm.h>
 #include <chorus/ops/copy.h>
 #include <chorus/ops/nn.h>
 

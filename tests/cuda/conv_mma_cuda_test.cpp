@@ -1,4 +1,4 @@
-// Note [Tensor-core convolutions of few channels] (cuda/conv_mma.h): the
+// Note [Tensor-core convolutions of few channels] (cuda/conv/conv_mma.h): the
 // tensor-core forward against the CPU's convolution on the same
 // 16-bit-exact values -- every output-channel count the kernel takes (16 to
 // 160), 16 to 160 input channels, 1x1, 3x3 and 5x5 filters, paddings down to
@@ -15,7 +15,7 @@
 #include <vector>
 
 #include <chorus/chorus.h>
-#include <chorus/cuda/conv_mma.h>
+#include <chorus/cuda/conv/conv_mma.h>
 #include <chorus/ops/copy.h>
 #include <chorus/ops/nn.h>
 

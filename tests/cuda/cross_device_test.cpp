@@ -1,6 +1,6 @@
 // Cross-device operands between GPUs (Note [Cross-device operands] in
 // ops/copy.h), with peer-to-peer access and without it (Note [Peer access
-// policy] in cuda/context.h): every result equals the same computation on one
+// policy] in cuda/runtime/context.h): every result equals the same computation on one
 // GPU, elementwise results bit for bit.
 #ifdef CHORUS_WITH_CUDA
 
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include <chorus/chorus.h>
-#include <chorus/cuda/context.h>
+#include <chorus/cuda/runtime/context.h>
 
 #include "testing/compare.h"
 

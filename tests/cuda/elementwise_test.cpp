@@ -31,7 +31,7 @@
 #include "chorus/core/error.h"
 #include "chorus/core/tensor.h"
 #include "chorus/cpu/kernels.h"
-#include "chorus/cuda/kernels.h"
+#include "chorus/cuda/kernels/kernels.h"
 #include "chorus/ops/factory.h"
 #include "cuda/twins.h"
 
@@ -254,7 +254,7 @@ TEST(CudaKernels, PermutedLayoutsMatchCpu_CUDA) {
   expect_near(z_base.gpu, z_base.cpu, 1e-2, 0.0, "permuted 3-d add");
 }
 
-// Note [Rows of contiguous elements] (cuda/elementwise.cu): strided walks whose
+// Note [Rows of contiguous elements] (cuda/kernels/elementwise.cu): strided walks whose
 // innermost dim is contiguous in every operand take 16-byte vectors --
 // attention's head permute [B, T, H, D] -> [B, H, T, D] (also converting), a
 // bias row broadcast over rows, and an input repeated along the rows.

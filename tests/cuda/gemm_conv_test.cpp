@@ -31,10 +31,10 @@
 #include "chorus/core/backend.h"
 #include "chorus/core/tensor.h"
 #include "chorus/cpu/kernels.h"
-#include "chorus/cuda/blas.h"
-#include "chorus/cuda/kernels.h"
+#include "chorus/cuda/blas/blas.h"
+#include "chorus/cuda/kernels/kernels.h"
 #ifdef CHORUS_WITH_CUDNN
-#include "chorus/cuda/conv_plan.h"
+#include "chorus/cuda/conv/conv_plan.h"
 #endif
 
 namespace chorus {

@@ -1,4 +1,4 @@
-// Note [Memset nodes in a graph] (cuda/graph_memsets.h): small memset nodes
+// Note [Memset nodes in a graph] (cuda/runtime/graph_memsets.h): small memset nodes
 // become kernel nodes that write the same bytes, in the same place of the
 // graph's order; large ones stay.
 #ifdef CHORUS_WITH_CUDA
@@ -11,8 +11,8 @@
 #include <vector>
 
 #include <chorus/chorus.h>
-#include <chorus/cuda/context.h>
-#include <chorus/cuda/graph_memsets.h>
+#include <chorus/cuda/runtime/context.h>
+#include <chorus/cuda/runtime/graph_memsets.h>
 
 namespace chorus {
 namespace {

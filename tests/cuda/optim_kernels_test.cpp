@@ -14,7 +14,7 @@
 #include "chorus/core/error.h"
 #include "chorus/core/tensor.h"
 #include "chorus/cpu/kernels.h"
-#include "chorus/cuda/kernels.h"
+#include "chorus/cuda/kernels/kernels.h"
 #include "chorus/ops/factory.h"
 #include "cuda/twins.h"
 

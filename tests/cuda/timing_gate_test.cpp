@@ -1,4 +1,4 @@
-// Note [Timing behind a gate] (cuda/timing_gate.h): work issued behind a gate
+// Note [Timing behind a gate] (cuda/runtime/timing_gate.h): work issued behind a gate
 // does not start until the gate opens, then runs; a gate never opened lets
 // the stream go after its bound and says so; a gate destroyed unopened opens.
 #ifdef CHORUS_WITH_CUDA
@@ -10,8 +10,8 @@
 #include <vector>
 
 #include <chorus/chorus.h>
-#include <chorus/cuda/context.h>
-#include <chorus/cuda/timing_gate.h>
+#include <chorus/cuda/runtime/context.h>
+#include <chorus/cuda/runtime/timing_gate.h>
 
 namespace chorus {
 namespace {

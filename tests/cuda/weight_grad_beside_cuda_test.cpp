@@ -1,5 +1,5 @@
 // Note [Weight gradients beside the data gradient] (autograd/side_work.h) and
-// Note [Float filter gradients from 16-bit data] (cuda/conv.cpp): a
+// Note [Float filter gradients from 16-bit data] (cuda/conv/conv.cpp): a
 // convolution's weight gradient computed on a side stream, and asked for in
 // float32 from 16-bit data under autocast. Checked against the same backward
 // on one stream (bit for bit, deterministic convolutions), through the cases
@@ -17,7 +17,7 @@
 #include <chorus/autograd/autocast.h>
 #include <chorus/autograd/node.h>
 #include <chorus/autograd/side_work.h>
-#include <chorus/cuda/conv_direct.h>
+#include <chorus/cuda/conv/conv_direct.h>
 #include <chorus/chorus.h>
 #include <chorus/models/models.h>
 #include <chorus/ops/copy.h>
@@ -83,7 +83,7 @@ TEST(FloatFilterGrad, IsTheSixteenBitGradientConverted_CUDA) {
     const int64_t oh = (c.h + 2 * c.pad - c.r) / c.stride + 1;
     const Tensor dy = on_gpu(randn({c.n, c.k, oh, oh}));
     {
-      // The stem's direct kernels (cuda/conv_direct.h) write a float gradient
+      // The stem's direct kernels (cuda/conv/conv_direct.h) write a float gradient
       // themselves, unrounded, where their timing beats cuDNN's (it did under
       // compute-sanitizer, whose instrumentation slows cuDNN's kernels more):
       // the conversion is checked with them off, the float gradient of

@@ -18,7 +18,7 @@
 
 #include "chorus/core/error.h"
 #include "chorus/core/rng.h"
-#include "chorus/dist/hash_store.h"
+#include "chorus/distributed/hash_store.h"
 #include "chorus/io/safetensors.h"
 #include "chorus/io/sharded_index.h"
 #include "chorus/io/sharded_reader.h"

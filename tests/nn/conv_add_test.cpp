@@ -1,5 +1,5 @@
 // functional::conv2d_add (a residual block's last convolution with its
-// shortcut added, Note [Residual add in the epilogue] in cuda/conv.cpp) on the
+// shortcut added, Note [Residual add in the epilogue] in cuda/conv/conv.cpp) on the
 // CPU: the same bits as conv2d followed by add, forward and every gradient,
 // and one clear error per bad residual. The GPU's fused kernel is checked
 // against this in tests/cuda/conv_add_cuda_test.cpp.

@@ -203,7 +203,7 @@ TEST(Comm, ReduceAfterEventsKeepsBuffersAndJoins_MultiCUDA) {
   }
 }
 
-// Note [Copy-engine all-reduce] in cuda/peer_all_reduce.h: every buffer ends
+// Note [Copy-engine all-reduce] in cuda/kernels/peer_all_reduce.h: every buffer ends
 // up bit for bit equal to the sum in rank order accumulated in float and
 // rounded once, computed here on the host; sizes that do not split evenly
 // into 16-byte chunks, one element, and devices in both orders.
@@ -301,7 +301,7 @@ TEST(Comm, CopyEnginesTakeNothingOnCpuDevices) {
 
 
 // all_reduce_sum_each_after (Note [Gradients summed where they are] in
-// dist/reducer.h): every buffer of every tensor becomes the sum of that
+// data_parallel/reducer.h): every buffer of every tensor becomes the sum of that
 // tensor's buffers, checked against the host (in device order: exact on CPU
 // devices; NCCL rounds each element's sum once per rank for two GPUs and
 // within float rounding otherwise); a channels-last tensor keeps its layout.

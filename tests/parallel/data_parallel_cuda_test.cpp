@@ -19,10 +19,10 @@
 #include <string>
 #include <vector>
 
-#include "chorus/cuda/blas.h"
-#include "chorus/cuda/context.h"
+#include "chorus/cuda/blas/blas.h"
+#include "chorus/cuda/runtime/context.h"
 #ifdef CHORUS_WITH_CUDNN
-#include "chorus/cuda/conv_plan.h"
+#include "chorus/cuda/conv/conv_plan.h"
 #endif
 
 #include "testing/compare.h"
@@ -137,7 +137,7 @@ TEST(DataParallelCuda, ReplicatedUpdatesTrainLikeOneGpu_MultiCUDA) {
 }
 
 // The same with the all-reduce done by the copy engines (Note [Copy-engine
-// all-reduce] in cuda/peer_all_reduce.h).
+// all-reduce] in cuda/kernels/peer_all_reduce.h).
 TEST(DataParallelCuda, CopyEngineAllReduceTrainsLikeOneGpu_MultiCUDA) {
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
   NoTf32 no_tf32;
@@ -148,7 +148,7 @@ TEST(DataParallelCuda, CopyEngineAllReduceTrainsLikeOneGpu_MultiCUDA) {
   }
 }
 
-// Note [NCCL graph mixing] in cuda/nccl.h: once a DataParallel over two GPUs
+// Note [NCCL graph mixing] in cuda/runtime/nccl.h: once a DataParallel over two GPUs
 // has summed gradients, NCCL's graph mixing is off for the process (unless the
 // user had set it: the test runs under whatever the environment says).
 TEST(DataParallelCuda, InProcessNcclTurnsGraphMixingOff_MultiCUDA) {
@@ -161,7 +161,7 @@ TEST(DataParallelCuda, InProcessNcclTurnsGraphMixingOff_MultiCUDA) {
   EXPECT_EQ(std::string(after), before ? user : std::string("0"));
 }
 
-// Note [Gradient buckets] in dist/reducer.h: one NCCL reduction per parameter
+// Note [Gradient buckets] in data_parallel/reducer.h: one NCCL reduction per parameter
 // (overlapping the rest of the backward) sums the same gradients as one
 // reduction at the end, on every GPU of the machine.
 TEST(DataParallelCuda, GradientBucketsTrainLikeOneGpu_MultiCUDA) {

@@ -171,7 +171,7 @@ TEST(DataParallel, CNNTrainsLikeThePlainModule) {
   expect_dp_matches_plain(make_cnn, kCnnSpec, {6, 6, 6, 6, 6}, {1, 2, 3});
 }
 
-// Note [Gradient buckets] in dist/reducer.h: one bucket per parameter, a few
+// Note [Gradient buckets] in data_parallel/reducer.h: one bucket per parameter, a few
 // parameters per bucket, and one bucket for everything give the same training.
 TEST(DataParallel, GradientBucketsOfAnySizeTrainLikeThePlainModule) {
   for (int64_t bytes : {int64_t{1}, int64_t{700}, int64_t{0}}) {

@@ -1,6 +1,6 @@
 // DataParallel's replicated updates with each gradient summed where the
 // backward wrote it (Note [Gradients summed where they are] in
-// dist/reducer.h), on logical CPU devices: the same training as with the
+// data_parallel/reducer.h), on logical CPU devices: the same training as with the
 // gradients packed into flat buckets first (losses, weights, batch-norm
 // buffers) over 2 and 3 devices and batches that leave replicas out; two
 // parameters whose gradients are one buffer (the backward of a + b hands the
@@ -10,7 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <chorus/chorus.h>
-#include <chorus/dist/reducer.h>
+#include <chorus/data_parallel/reducer.h>
 #include <chorus/optim/sgd.h>
 #include <chorus/parallel/data_parallel.h>
 

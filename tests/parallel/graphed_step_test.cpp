@@ -29,7 +29,7 @@
 #include "testing/steps.h"
 
 #ifdef CHORUS_WITH_CUDA
-#include "chorus/cuda/blas.h"
+#include "chorus/cuda/blas/blas.h"
 #endif
 
 namespace chorus::parallel {
@@ -496,7 +496,7 @@ TEST(GraphedStep, DataParallelWithPerReplicaLossesOverTwoGpusMatchesEager_MultiC
 }
 
 // The same with the gradients summed by the copy engines (Note [Copy-engine
-// all-reduce] in cuda/peer_all_reduce.h): memcpy nodes between the GPUs and
+// all-reduce] in cuda/kernels/peer_all_reduce.h): memcpy nodes between the GPUs and
 // the sum kernels inside the one graph.
 TEST(GraphedStep, DataParallelWithCopyEngineAllReduceMatchesEager_MultiCUDA) {
   if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
@@ -505,7 +505,7 @@ TEST(GraphedStep, DataParallelWithCopyEngineAllReduceMatchesEager_MultiCUDA) {
 }
 
 // The gradients exchanged and summed by the optimizer's update (Note
-// [Gradient sums in the update] in dist/reducer.h): memcpy nodes between the
+// [Gradient sums in the update] in data_parallel/reducer.h): memcpy nodes between the
 // GPUs, the sum in the update's kernel; a gradient read between replays is
 // the whole sum after every replay, not only after the first.
 TEST(GraphedStep, DataParallelWithSumsInUpdateMatchesEager_MultiCUDA) {

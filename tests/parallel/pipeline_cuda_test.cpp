@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "chorus/cuda/blas.h"
+#include "chorus/cuda/blas/blas.h"
 #include "testing/compare.h"
 #include "testing/steps.h"
 

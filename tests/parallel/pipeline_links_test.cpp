@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "chorus/core/error.h"
-#include "chorus/dist/hash_store.h"
-#include "chorus/dist/process_group.h"
+#include "chorus/distributed/hash_store.h"
+#include "chorus/distributed/process_group.h"
 #include "chorus/parallel/pipeline_links.h"
 
 namespace chorus::parallel {

@@ -7,7 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <chorus/chorus.h>
-#include <chorus/dist/sync_batch_norm.h>
+#include <chorus/data_parallel/sync_batch_norm.h>
 #include <chorus/models/models.h>
 #include <chorus/parallel/data_parallel.h>
 

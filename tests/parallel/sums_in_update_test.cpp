@@ -1,5 +1,5 @@
 // DataParallel's gradients summed by the optimizer's update (Note [Gradient
-// sums in the update] in dist/reducer.h; --dp-all-reduce in-update): each of
+// sums in the update] in data_parallel/reducer.h; --dp-all-reduce in-update): each of
 // two devices gets the other's gradients beside its own, as a pending part
 // that SGD's and AdamW's fused kernels add as they read the gradient, and
 // that anything else reading the gradient adds first. On two logical CPU

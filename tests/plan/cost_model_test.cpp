@@ -6,7 +6,7 @@
 #include <cmath>
 #include <random>
 
-#include "chorus/dist/memory_plan.h"
+#include "chorus/data_parallel/memory_plan.h"
 #include "chorus/models/gpt.h"
 #include "chorus/models/gpt_memory.h"
 #include "chorus/plan/calibration.h"

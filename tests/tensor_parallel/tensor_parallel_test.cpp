@@ -2,7 +2,7 @@
 // tensors into shards (Note [Blocked shards]), the vocabulary-parallel cross
 // entropy at tp=1 against nn::functional::cross_entropy_fused (values and
 // gradients, padding columns and ignore_index), and the tp=1 GPT against
-// models::GPT. tp > 1 runs over real processes in tests/dist/tensor_parallel.sh.
+// models::GPT. tp > 1 runs over real processes in tests/distributed/tensor_parallel.sh.
 #include <gtest/gtest.h>
 
 #include "chorus/autograd/functions.h"

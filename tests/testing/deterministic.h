@@ -7,7 +7,7 @@
 
 #ifdef CHORUS_WITH_CUDA
 
-#include <chorus/cuda/blas.h>
+#include <chorus/cuda/blas/blas.h>
 
 namespace chorus::test {
 

@@ -16,8 +16,8 @@ stage_bnbench() {
 # direct: the stem's direct and the first block's tensor-core convolutions, checked and timed; cuDNN's GEN_STATS probe
 stage_direct() {
   # Issue 14: the few-channel convolution kernels (Note [Direct convolutions of
-  # a few input channels], cuda/conv_direct.h, for the stem; Note [Tensor-core
-  # convolutions of few channels], cuda/conv_mma.h, for the first block's
+  # a few input channels], cuda/conv/conv_direct.h, for the stem; Note [Tensor-core
+  # convolutions of few channels], cuda/conv/conv_mma.h, for the first block's
   # forward):
   # their tests, the choices against cuDNN, cuDNN's GEN_STATS fusion probe
   # (bench/conv_genstats_gpu.cpp), then whole graphed WRN-28-10 steps with
@@ -39,7 +39,7 @@ stage_direct() {
 # convadd: the residual add in the convolution's epilogue, per layer shape and in whole steps
 stage_convadd() {
   # Issue 14: the residual add in the convolution's epilogue (Note [Residual
-  # add in the epilogue], cuda/conv.cpp): per layer shape against conv + add,
+  # add in the epilogue], cuda/conv/conv.cpp): per layer shape against conv + add,
   # then whole graphed steps with it (default) and without
   # (CHORUS_CONV_ADD_EPILOGUE=0), alternated CONVADD_REPEAT times.
   timeout 200 ./$BUILD/bench_conv_add_gpu | tee "$OUT/convadd.txt"

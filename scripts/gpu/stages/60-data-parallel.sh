@@ -71,7 +71,7 @@ stage_dpgraphs() {
 
 # dpcrash: repeated 1,2-GPU DataParallel runs per variant, counting the crashes (DPCRASH_VARIANTS)
 stage_dpcrash() {
-  # The DataParallel capture crash (Note [NCCL graph mixing] in cuda/nccl.h): DPCRASH_RUNS
+  # The DataParallel capture crash (Note [NCCL graph mixing] in cuda/runtime/nccl.h): DPCRASH_RUNS
   # runs of the 1,2-GPU DataParallel bench per variant, "name:VAR=value,VAR=value"
   # (default: as shipped, and with NCCL graph mixing back on, which crashed 4 in 10).
   A="bench --model ${DPCRASH_MODEL:-wrn-28-10} --strategy dp --devices cuda:0,cuda:1 --device-counts 1,2 --precision bf16 --channels-last --batch-size 128 --steps ${DPCRASH_STEPS:-60} --warmup 8 --json"

@@ -45,7 +45,7 @@ struct ByLatest {
 
 Tensor conform(const Tensor& g, const InputMeta& m) {
   // A copy to another device or dtype is of the whole value (Note [Gradient
-  // sums in the update] in dist/reducer.h).
+  // sums in the update] in data_parallel/reducer.h).
   if (g.device() == m.device && g.dtype() == m.dtype) return g;
   join_beside_for(g);  // Note [Weight gradients beside the data gradient]
   finish_grad(g);

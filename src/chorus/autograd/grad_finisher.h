@@ -7,7 +7,7 @@
 // DataParallel's replicas over two GPUs exchange their gradients and leave
 // the sum to the optimizer's fused update, which adds the other GPU's part as
 // it reads the gradient, one float addition per element (Note [Gradient sums
-// in the update] in dist/reducer.h); and a gradient that is a view of a
+// in the update] in data_parallel/reducer.h); and a gradient that is a view of a
 // reduced bucket owns its elements of the shared buffer, so it can be kept as
 // .grad without a copy (PyTorch's gradient_as_bucket_view). The finisher on a
 // gradient says both: finish() makes the gradient whole, and everything that

@@ -22,7 +22,7 @@ Tensor mlp_gelu(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tenso
 // weight's place: autocast's 16-bit copy of a float32 `weight` (Note [Autocast
 // weight copies]). The filter gradient then reaches `weight` in its own dtype
 // straight from the convolution (Note [Float filter gradients from 16-bit
-// data] in cuda/conv.cpp) instead of through a recorded cast's backward.
+// data] in cuda/conv/conv.cpp) instead of through a recorded cast's backward.
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const ops::Conv2dParams& p,
               const Tensor& weight_data = Tensor());
 // conv2d(x, weight) + residual, the add fused into the convolution where the

@@ -8,7 +8,7 @@
 // kernels between two convolutions (batch norm's backward, ReLU's mask) run
 // alone on a GPU whose arithmetic units are idle. So a convolution issues its
 // weight gradient (and its conversion to the parameter's
-// dtype: Note [Float filter gradients from 16-bit data] in cuda/conv.cpp) on a
+// dtype: Note [Float filter gradients from 16-bit data] in cuda/conv/conv.cpp) on a
 // side stream of the device, forked from the current stream before its data
 // gradient, and the current stream waits for it ("joins") only where something
 // must read it:

@@ -7,7 +7,7 @@
 
 #ifdef CHORUS_WITH_CUDA
 namespace chorus::cuda {
-// Defined in src/chorus/cuda/backend.cpp. Called here (rather than from a static
+// Defined in src/chorus/cuda/runtime/backend.cpp. Called here (rather than from a static
 // initialiser there) because a static library drops object files that nothing
 // references, and with them their initialisers.
 void register_cuda_backend();

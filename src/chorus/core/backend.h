@@ -46,7 +46,7 @@ class DeviceBackend {
   // The device's free and total memory as its driver reports them (CUDA:
   // cudaMemGetInfo, so memory the pools already hold counts as used), or
   // nullopt where unknown (the CPU: host memory belongs to everything else
-  // on the machine too). Memory plans compare with it (dist/memory_plan.h).
+  // on the machine too). Memory plans compare with it (data_parallel/memory_plan.h).
   struct MemoryInfo {
     size_t free = 0, total = 0;
   };
@@ -82,7 +82,7 @@ class DeviceBackend {
   // Holds `d`'s current stream until the returned function is called (or is
   // dropped uncalled, which also lets it go after a bound): the work issued in
   // between then runs back to back, so events around it time the device, not
-  // the host's issue gaps (Note [Timing behind a gate], cuda/timing_gate.h).
+  // the host's issue gaps (Note [Timing behind a gate], cuda/runtime/timing_gate.h).
   // Null where the device has no such thing (CPU: host time is the time).
   virtual std::shared_ptr<void> hold_stream(Device d) { return nullptr; }
 

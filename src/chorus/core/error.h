@@ -72,7 +72,7 @@ std::string str_cat(const Args&... args) {
   } while (0)
 
 // The one shape of the foreign libraries' check macros (CHORUS_CUDA_CHECK and
-// the others; cuda/context.h says where each lives): a `Status` other than
+// the others; cuda/runtime/context.h says where each lives): a `Status` other than
 // `ok` from `call` goes to thrower(status, text, __FILE__, __LINE__), which
 // throws. `text` is #call, spelled by the library's macro so that it is the
 // call as written.

@@ -1,5 +1,5 @@
 // The kernel set that every device layer implements (cpu/kernels.h and
-// cuda/kernels.h instantiate this list in their namespaces), so ops/ dispatches
+// cuda/kernels/kernels.h instantiate this list in their namespaces), so ops/ dispatches
 // with one `if` per op and both devices share one contract:
 //  - all tensors are on the same device; outputs are allocated by the caller;
 //  - "strided" arguments may be any view (broadcast views have stride 0);
@@ -154,7 +154,7 @@
   /* into that bfloat16/float16 tensor of its size (Note [Autocast weight copies]). `addends`     */ \
   /* (empty, or one per parameter, undefined where none; float32, the gradient's size): the      */ \
   /* gradient used is grads[i] + addends[i], one float addition (Note [Gradient sums in the      */ \
-  /* update] in dist/reducer.h); likewise for adamw_update_multi.                                */ \
+  /* update] in data_parallel/reducer.h); likewise for adamw_update_multi.                                */ \
   void sgd_update_multi(const TensorList& params, const TensorList& grads,                        \
                         const TensorList& momentum_bufs, double lr, double momentum,              \
                         double dampening, double weight_decay, bool nesterov, bool first_step,    \

@@ -57,7 +57,7 @@ CHORUS_HD uint32_t word(uint64_t seed, uint64_t offset, uint64_t i) {
 }
 
 // Uniform [0,1) number i. Normals use words 2i and 2i+1 of the stream through
-// Box-Muller (see Note [Random formulas] in cuda/random.cu; cpu/random.cpp matches).
+// Box-Muller (see Note [Random formulas] in cuda/kernels/random.cu; cpu/random.cpp matches).
 CHORUS_HD float uniform(uint64_t seed, uint64_t offset, uint64_t i) {
   return to_unit(word(seed, offset, i));
 }

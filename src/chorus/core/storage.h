@@ -22,7 +22,7 @@ class Storage {
   Device device() const { return device_; }
 
   // Note [Released storage]: sharded data parallelism at stage 3
-  // (dist/sharded.h) frees a unit's gathered weights between their uses while
+  // (data_parallel/sharded.h) frees a unit's gathered weights between their uses while
   // the tensors that view them -- the module's parameters, the inputs the
   // autograd graph saved -- stay; reallocate() gives those same views memory
   // again (PyTorch's FSDP resizes the storage to 0 and back). The contents

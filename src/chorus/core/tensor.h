@@ -48,12 +48,12 @@ struct AutogradMeta {
   std::weak_ptr<autograd::Node> grad_accumulator;  // cached AccumulateGrad of a leaf
   std::string label;  // a module parameter's "<Module type>.<name>", for messages
   // The parameter this tensor stands in for during one forward (DataParallel's
-  // recorded aliases, Note [Gradient nodes] in dist/reducer.h): autocast keeps
+  // recorded aliases, Note [Gradient nodes] in data_parallel/reducer.h): autocast keeps
   // and reuses that parameter's 16-bit copy (Note [Autocast weight copies]).
   std::weak_ptr<TensorImpl> stands_for;
   // Autocast casts this parameter at each use instead of keeping its 16-bit
   // copy between steps: ZeRO-3's gathered weights, whose kept copies would be
-  // a second whole model (Note [Autocast weight copies], dist/sharded.h).
+  // a second whole model (Note [Autocast weight copies], data_parallel/sharded.h).
   bool no_kept_copy = false;
   // On a gradient: what it still needs to hold its whole value, or whether it
   // may be kept where it is (Note [Gradient finishers] in

@@ -2,7 +2,7 @@
 //
 // Every element is a pure function of (seed, offset, element index) through
 // Philox (core/philox.h), with the formulas of Note [Random formulas] in
-// cuda/random.cu, so a tensor filled on cpu and on cuda:0 from the same
+// cuda/kernels/random.cu, so a tensor filled on cpu and on cuda:0 from the same
 // RngState holds the same numbers. With U(k) = philox::uniform(seed, offset, k):
 //   uniform  i: float(lo) + float(hi - lo) * U(i)            (float, no fma)
 //   normal   i: u1 = U(2i), u2 = U(2i+1) as doubles,

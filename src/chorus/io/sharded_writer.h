@@ -20,7 +20,7 @@
 // A background thread waits for the snapshot's events, copies it to host
 // memory on a stream of its own per device (the thread's default stream is
 // the one training issues to, Note [One default stream per device] in
-// cuda/context.cpp, so copies there would queue behind and in front of the
+// cuda/runtime/context.cpp, so copies there would queue behind and in front of the
 // training kernels), frees the device copy, then writes the files and takes
 // part in the commit (Note [Sharded commit]).
 //

@@ -118,7 +118,7 @@ GPTMLP::GPTMLP(GPTConfig c) : Module("GPTMLP"), cfg_(c) {
 
 Tensor GPTMLP::forward(const Tensor& x) {
   // One op for the two products and GELU (their epilogues carry it: Note
-  // [GELU in the MLP's epilogues] in cuda/gemm.cpp), read through the
+  // [GELU in the MLP's epilogues] in cuda/blas/gemm.cpp), read through the
   // Linear modules' parameters so names, placement and clones stay theirs.
   auto* fc = dynamic_cast<nn::Linear*>(child_named(*this, "c_fc").get());
   auto* proj = dynamic_cast<nn::Linear*>(child_named(*this, "c_proj").get());

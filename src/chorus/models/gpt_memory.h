@@ -1,5 +1,5 @@
 // What a GPT holds in memory, computed from its configuration alone (no model
-// is built): the parameter counts a memory plan needs (dist/memory_plan.h) and
+// is built): the parameter counts a memory plan needs (data_parallel/memory_plan.h) and
 // the activations one micro-batch keeps for its backward.
 //
 // Note [GPT activation count]: what our implementation saves, per block, for
@@ -30,7 +30,7 @@
 // 10 N C s and c_fc's weight gradient); with --recompute they and the
 // recomputed block's set are the peak, else the classifier's usually is.
 // Allocator rounding, library workspaces and the few small transients are the
-// plan's reserve (Note [Memory plan reserve] in dist/memory_plan.h), not here.
+// plan's reserve (Note [Memory plan reserve] in data_parallel/memory_plan.h), not here.
 #pragma once
 
 #include <cstdint>

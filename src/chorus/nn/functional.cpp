@@ -25,7 +25,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     CHORUS_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), "linear: bias ", bias.describe(),
                  " must be [", weight.size(0), "]");
   // With a bias, one op whose products carry it (Note [Linear layers'
-  // epilogues] in cuda/gemm.cpp); without, a matmul.
+  // epilogues] in cuda/blas/gemm.cpp); without, a matmul.
   auto fused = [](const Tensor& xx, const Tensor& w, const Tensor& b) {
     return xx.dim() >= 2 && xx.numel() > 0 && xx.dtype() == w.dtype() && xx.dtype() == b.dtype() &&
            xx.device() == w.device() && xx.device() == b.device();
@@ -70,7 +70,7 @@ Tensor mlp_gelu(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tenso
 namespace {
 // Under autocast, the 16-bit copy a float32 CUDA weight's convolution computes
 // with while recording the weight itself (Note [Float filter gradients from
-// 16-bit data] in cuda/conv.cpp); undefined for other weights, which keep the
+// 16-bit data] in cuda/conv/conv.cpp); undefined for other weights, which keep the
 // recorded cast.
 Tensor conv_weight_data(const Tensor& weight, DType dt) {
   if (weight.dtype() != kFloat32 || !weight.device().is_cuda()) return Tensor();

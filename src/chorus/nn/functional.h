@@ -25,7 +25,7 @@ Tensor mlp_gelu(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tenso
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const Conv2dParams& p);
 // conv2d(x, weight, bias, p) + residual (a residual block's last convolution
 // and its shortcut): on a GPU the add runs in the convolution's epilogue
-// (Note [Residual add in the epilogue] in cuda/conv.cpp); with a bias, or a
+// (Note [Residual add in the epilogue] in cuda/conv/conv.cpp); with a bias, or a
 // residual of another dtype or device, the two ops.
 Tensor conv2d_add(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& residual,
                   const Conv2dParams& p);
@@ -45,7 +45,7 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
                   const Tensor& bias, bool training, double momentum, double eps,
                   const Tensor& num_batches_tracked = Tensor());
 // relu(batch_norm(...)) -- one fused pass in training (Note [NHWC batch norm]
-// in cuda/batch_norm_nhwc.h), the two ops in evaluation.
+// in cuda/conv/batch_norm_nhwc.h), the two ops in evaluation.
 Tensor batch_norm_relu(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                        const Tensor& weight, const Tensor& bias, bool training, double momentum = 0.1,
                        double eps = 1e-5, const Tensor& num_batches_tracked = Tensor());

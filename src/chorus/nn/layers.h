@@ -61,7 +61,7 @@ struct BatchNorm2dOptions {
 // Running statistics are buffers: under DataParallel each replica updates its
 // own during forward and the replica on the first device is the one copied
 // back (Torch7 DataParallelTable's behaviour); see parallel/data_parallel.h.
-// dist::SyncBatchNorm (dist/sync_batch_norm.h) derives from it: code that
+// dist::SyncBatchNorm (data_parallel/sync_batch_norm.h) derives from it: code that
 // holds a BatchNorm2d (models' fused bn_relu) runs either.
 class BatchNorm2d : public Module {
  public:

@@ -12,8 +12,8 @@
 #include "chorus/ops/factory.h"
 #include "chorus/ops/on_stream.h"
 #ifdef CHORUS_WITH_CUDA
-#include "chorus/cuda/nccl.h"
-#include "chorus/cuda/peer_all_reduce.h"
+#include "chorus/cuda/runtime/nccl.h"
+#include "chorus/cuda/kernels/peer_all_reduce.h"
 #endif
 
 namespace chorus::ops {
@@ -163,7 +163,7 @@ std::atomic<uint64_t> copy_engine_calls{0};
 #ifdef CHORUS_WITH_CUDA
 
 // The copy-engine path of all_reduce_sum_after (Note [Copy-engine
-// all-reduce] in cuda/peer_all_reduce.h); false when it does not apply (not
+// all-reduce] in cuda/kernels/peer_all_reduce.h); false when it does not apply (not
 // all on CUDA, no peer access between some pair, a dtype it does not sum).
 bool copy_engine_all_reduce_over(const std::vector<Tensor>& bufs, const std::vector<Event>& ready) {
   if (!all_cuda(bufs)) return false;

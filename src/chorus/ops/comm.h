@@ -3,7 +3,7 @@
 // with, one call per buffer instead of one copy per tensor.
 //
 // On CUDA devices of a build with NCCL both run as one NCCL collective over all
-// the devices (Note [In-process NCCL] in cuda/nccl.h), issued from the calling
+// the devices (Note [In-process NCCL] in cuda/runtime/nccl.h), issued from the calling
 // thread. Elsewhere (CPU devices, a mix, a build without NCCL, a dtype NCCL
 // cannot add) they fall back to ops::copy_ and in-place adds; the results are
 // the same. Like every op, each call is ordered after the work already issued
@@ -31,7 +31,7 @@ void broadcast_coalesced(const Tensor& src, const std::vector<Tensor>& dsts);
 void reduce_sum(const std::vector<Tensor>& srcs, const Tensor& dst);
 
 // reduce_sum for a sum issued amid other work (DataParallel's gradient
-// buckets; Note [Overlapped collectives] in cuda/nccl.h): srcs[i] is read once
+// buckets; Note [Overlapped collectives] in cuda/runtime/nccl.h): srcs[i] is read once
 // ready[i] (an Event on srcs[i]'s device, recorded after srcs[i] was written)
 // has passed, rather than after all the work on the current streams, and no
 // current stream waits for the sum: call comm_join(dst.device()) before work
@@ -50,7 +50,7 @@ void all_reduce_sum_after(const std::vector<Tensor>& bufs, const std::vector<Eve
 
 // all_reduce_sum_after over several tensors at once (DataParallel's gradients
 // summed where the backward wrote them, Note [Gradients summed where they
-// are] in dist/reducer.h): for every t, each bufs[t][i] = bufs[t][0] +
+// are] in data_parallel/reducer.h): for every t, each bufs[t][i] = bufs[t][0] +
 // bufs[t][1] + ..., in place; on GPUs one NCCL group for them all. bufs[t]:
 // the same sizes, strides and dtype, dense (any memory format: channels-last
 // weights' gradients too), bufs[t][i] on the i-th device of one list of
@@ -59,7 +59,7 @@ void all_reduce_sum_after(const std::vector<Tensor>& bufs, const std::vector<Eve
 void all_reduce_sum_each_after(const std::vector<std::vector<Tensor>>& bufs, const std::vector<Event>& ready);
 
 // all_reduce_sum_after by the GPUs' copy engines (Note [Copy-engine
-// all-reduce] in cuda/peer_all_reduce.h): true when they took it (every
+// all-reduce] in cuda/kernels/peer_all_reduce.h): true when they took it (every
 // buffer on a GPU, peer access between every pair, a dtype they sum); false,
 // with nothing issued, where they do not apply, and the caller sums another
 // way (dist::CopyEngineAllReduce falls back to all_reduce_sum_after). Checks
@@ -74,7 +74,7 @@ uint64_t copy_engine_all_reduce_calls();
 // access both ways (which this enables).
 bool exchange_possible(const std::vector<Device>& devices);
 
-// Note [Gradient sums in the update] (dist/reducer.h): over exactly two
+// Note [Gradient sums in the update] (data_parallel/reducer.h): over exactly two
 // devices, parts[t][i] is a copy of the other device's bufs[t][1 - i], on
 // bufs[t][i]'s device with its sizes and strides, so bufs[t][i] + parts[t][i]
 // is the sum on either device (one float addition: the same bits on both).

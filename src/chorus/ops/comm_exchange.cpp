@@ -1,5 +1,5 @@
 // exchange_each_after and exchange_possible (ops/comm.h; Note [Gradient sums
-// in the update] in dist/reducer.h).
+// in the update] in data_parallel/reducer.h).
 #include <atomic>
 #include <string>
 
@@ -9,8 +9,8 @@
 #include "chorus/ops/copy.h"
 #include "chorus/ops/on_stream.h"
 #ifdef CHORUS_WITH_CUDA
-#include "chorus/cuda/context.h"
-#include "chorus/cuda/peer_all_reduce.h"
+#include "chorus/cuda/runtime/context.h"
+#include "chorus/cuda/kernels/peer_all_reduce.h"
 #endif
 
 namespace chorus::ops {

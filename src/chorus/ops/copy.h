@@ -39,7 +39,7 @@ Tensor contiguous(const Tensor& t);
 Tensor clone(const Tensor& t);
 // dst[...] = src broadcast to dst's shape; any devices and dtypes.
 void copy_(const Tensor& dst, const Tensor& src);
-// Note [Multi-tensor copy] (cuda/copy_multi.cu): dsts[i] = srcs[i] for every
+// Note [Multi-tensor copy] (cuda/kernels/copy_multi.cu): dsts[i] = srcs[i] for every
 // i, with one kernel-set call per device for the pairs that allow it (on a GPU
 // one launch per few dozen pairs instead of one each). Every pair has one
 // shape and one dtype. A pair whose two tensors are on one device, dense and

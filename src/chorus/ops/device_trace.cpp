@@ -15,8 +15,8 @@
 #include <memory>
 #include <utility>
 
-#include "chorus/cuda/context.h"
-#include "chorus/cuda/cupti_activity.h"
+#include "chorus/cuda/runtime/context.h"
+#include "chorus/cuda/runtime/cupti_activity.h"
 #endif
 
 namespace chorus::ops {

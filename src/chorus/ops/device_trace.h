@@ -2,7 +2,7 @@
 //
 // Note [Device tracks]: when CMake found CUPTI (CHORUS_WITH_CUPTI; `chorus
 // --version` says so), start_trace() also turns on CUPTI's activity recording
-// (cuda/cupti_activity.h) and stop_trace() turns it off and adds what the
+// (cuda/runtime/cupti_activity.h) and stop_trace() turns it off and adds what the
 // devices ran while it was on, as spans on tracks of their own per device:
 //  - "cuda:N compute stream": kernels on the stream the traced thread
 //    launches its kernels on (the first traced kernel of each device names it);

@@ -7,7 +7,7 @@
 // The ProfileScope temporary lives to the end of the full expression, i.e.
 // around the kernel call (CHORUS_PROFILE=1; see profile.h).
 #ifdef CHORUS_WITH_CUDA
-#include "chorus/cuda/kernels.h"
+#include "chorus/cuda/kernels/kernels.h"
 #define CHORUS_KERNEL(dev, name, ...)                    \
   (::chorus::ops::ProfileScope(#name, (dev)),            \
    (dev).is_cuda() ? ::chorus::cuda::name(__VA_ARGS__) : ::chorus::cpu::name(__VA_ARGS__))

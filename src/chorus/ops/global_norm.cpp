@@ -13,7 +13,7 @@
 namespace chorus::ops {
 
 namespace {
-// Note [Clipping in a few launches] (cuda/multi_tensor.cu): the tensors of
+// Note [Clipping in a few launches] (cuda/kernels/multi_tensor.cu): the tensors of
 // each device in one multi-tensor pass; one that is not contiguous (a view of
 // something larger) on its own.
 struct ByDevice {

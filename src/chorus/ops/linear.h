@@ -1,5 +1,5 @@
 // A linear layer's products with the bias riding on them (Note [Linear
-// layers' epilogues] in cuda/gemm.cpp): shape checks, allocation, dispatch.
+// layers' epilogues] in cuda/blas/gemm.cpp): shape checks, allocation, dispatch.
 // The differentiable version is autograd::linear (nn_functions.h).
 #pragma once
 
@@ -26,7 +26,7 @@ std::tuple<Tensor, Tensor, Tensor> linear_bias_backward(const Tensor& dy, const 
                                                         bool need_dx, bool need_db = true);
 
 // A GPT MLP, y = gelu_tanh(x w1^T + b1) w2^T + b2, with GELU in the
-// products' epilogues (Note [GELU in the MLP's epilogues] in cuda/gemm.cpp):
+// products' epilogues (Note [GELU in the MLP's epilogues] in cuda/blas/gemm.cpp):
 // x [M, C], w1 [H, C], b1 [H], w2 [C, H], b2 [C] of one dtype and device.
 // Returns (y [M, C], pre [M, H], h [M, H]): GELU's input and output, which
 // the backward reads.

@@ -17,7 +17,7 @@ Conv2dGeometry conv2d_geometry(const Tensor& x, const Tensor& w, const Conv2dPar
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p);
 // conv2d(x, w) + residual in one pass where the device can (a residual
 // block's last convolution; Note [Residual add in the epilogue] in
-// cuda/conv.cpp). residual: the output's shape and x's dtype.
+// cuda/conv/conv.cpp). residual: the output's shape and x's dtype.
 Tensor conv2d_add(const Tensor& x, const Tensor& w, const Tensor& residual, const Conv2dParams& p);
 // Note [Residual add left to the batch norm]: a pre-activation residual block
 // ends in s = conv(h) + shortcut, and the next block begins with
@@ -33,7 +33,7 @@ Tensor conv2d_backward_input(const Tensor& dy, const Tensor& x, const Tensor& w,
 // Returns (dweight, dbias); dbias undefined unless with_bias. dweight is in
 // `dw_dtype` (default: w's): float32 for 16-bit data is the float sum itself,
 // not a rounded 16-bit one (Note [Float filter gradients from 16-bit data] in
-// cuda/conv.cpp).
+// cuda/conv/conv.cpp).
 std::pair<Tensor, Tensor> conv2d_backward_weight(const Tensor& dy, const Tensor& x, const Tensor& w,
                                                  const Conv2dParams& p, bool with_bias,
                                                  std::optional<DType> dw_dtype = std::nullopt);

@@ -40,7 +40,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> add_layer_norm(const Tensor& x, const
 
 // Which kernels compute attention. Auto: the fused kernel where the device
 // has one for the case (Note [Fused attention graphs] in
-// cuda/flash_attention.cpp: cuDNN on CUDA, 16-bit floats, head_dim <= 128, no
+// cuda/cudnn/flash_attention.cpp: cuDNN on CUDA, 16-bit floats, head_dim <= 128, no
 // dropout, T == S when causal), else the composite; Fused: the fused kernel
 // or a ValueError saying why not; Composite: always the composite.
 enum class AttentionKernel { Auto, Fused, Composite };

@@ -73,7 +73,7 @@ bool has_grad(const Tensor& t) { return autograd::unfinished_grad(t).defined(); 
 
 bool Optimizer::will_update(size_t i) const {
   // Whether there is a gradient, without settling a pending sum (Note
-  // [Gradient sums in the update] in dist/reducer.h).
+  // [Gradient sums in the update] in data_parallel/reducer.h).
   if (!has_grad(params_[i])) return false;
   return i < user_params_.size() || has_grad(params_[master_of_[i - user_params_.size()]]);
 }

@@ -116,7 +116,7 @@ class Optimizer {
   // its gradient in p's dtype on p's device in p's layout (see
   // flat()); undefined when p has no gradient (skip it). With `addend`: a
   // gradient with a pending part (Note [Gradient sums in the update] in
-  // dist/reducer.h) comes back as it is, the part in *addend, for a fused
+  // data_parallel/reducer.h) comes back as it is, the part in *addend, for a fused
   // kernel to add (its `addends`); without, or where the kernel could not
   // read it as it is, the part is added first.
   Tensor grad_for_update(size_t i, Tensor* addend = nullptr) const;

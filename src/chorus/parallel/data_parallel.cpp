@@ -12,7 +12,7 @@
 #include "chorus/core/error.h"
 #include "chorus/core/graph_capture.h"
 #include "chorus/core/stream.h"
-#include "chorus/dist/sync_batch_norm.h"
+#include "chorus/data_parallel/sync_batch_norm.h"
 #include "chorus/ops/comm.h"
 #include "chorus/ops/copy.h"
 #include "chorus/ops/factory.h"
@@ -205,7 +205,7 @@ void DataParallel::note_replicated_step() {
     // In sync before the step, and the master changed by the step alone (one
     // version bump when it had a gradient): the replicas took the same step.
     // (Not m.grad(), which would add a pending part: Note [Gradient sums in
-    // the update] in dist/reducer.h.)
+    // the update] in data_parallel/reducer.h.)
     const uint32_t bumps = autograd::unfinished_grad(m).defined() ? 1 : 0;
     for (size_t r = 1; r < devices_.size(); ++r) {
       Entry::Synced& sy = entries_[e].synced[r];
@@ -326,7 +326,7 @@ void DataParallel::record_gradient_nodes(size_t used) {
     grad_entries_ = ge;
   }
   // Replica 0 computes with aliases of the masters, so that its gradients too
-  // take the flat path (Note [Gradient nodes] in dist/reducer.h).
+  // take the flat path (Note [Gradient nodes] in data_parallel/reducer.h).
   std::vector<std::vector<Tensor>> replica_params(used);
   for (size_t r = 0; r < used; ++r)
     for (size_t e : ge) replica_params[r].push_back(r == 0 ? entries_[e].master : views_[r][e]);

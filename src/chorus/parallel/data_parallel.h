@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "chorus/core/stream.h"
-#include "chorus/dist/flat_layout.h"
-#include "chorus/dist/in_process_hooks.h"
-#include "chorus/dist/reducer.h"
+#include "chorus/data_parallel/flat_layout.h"
+#include "chorus/data_parallel/in_process_hooks.h"
+#include "chorus/data_parallel/reducer.h"
 #include "chorus/nn/module.h"
 #include "chorus/parallel/device_threads.h"
 
@@ -33,24 +33,24 @@ struct DataParallelOptions {
   std::optional<Device> output_device;   // default: the first device
   bool gather_output = true;             // false: per-replica outputs, left on their devices
   // Gradients are summed across replicas in buckets of about this many bytes
-  // (Note [Gradient buckets] in dist/grad_buckets.h); 0: one bucket, summed at
+  // (Note [Gradient buckets] in data_parallel/grad_buckets.h); 0: one bucket, summed at
   // the end. Negative: ValueError.
   int64_t bucket_bytes = int64_t{25} << 20;
   // The first layers' gradients in a bucket of their own of at most this many
   // bytes (dist::ReducerOptions::last_bucket_bytes); 0: none.
   int64_t last_bucket_bytes = 0;
   // With replicated updates (Note [Replicated updates]): how the replicas'
-  // gradients are summed (dist/in_process_hooks.h; Auto: exchanged and added
+  // gradients are summed (data_parallel/in_process_hooks.h; Auto: exchanged and added
   // in the optimizer's update over two GPUs with peer access, else NCCL's
   // all-reduce) ...
   dist::GradSumMethod grad_sum = dist::GradSumMethod::Auto;
   // ... whether gradients of at least in_place_min_bytes are summed where the
   // backward wrote them, smaller ones packed first (Note [Gradients summed
-  // where they are] in dist/reducer.h), or every one packed. Negative
+  // where they are] in data_parallel/reducer.h), or every one packed. Negative
   // in_place_min_bytes: ValueError.
   bool grads_in_place = true;
   int64_t in_place_min_bytes = int64_t{1} << 20;
-  // A communication hook of the user's own (dist/comm_hook.h), which replaces
+  // A communication hook of the user's own (data_parallel/comm_hook.h), which replaces
   // the strategy above: srcs[r] is replica r's flat buffer. With replicated
   // updates it must all_reduces() (ValueError otherwise).
   std::shared_ptr<dist::CommHook> comm_hook;
@@ -247,7 +247,7 @@ class DataParallel : public nn::Module {
 //    packed into a staging buffer on devices[0] (one ops::copy_multi per
 //    dtype: a few kernel launches, not one per tensor) and
 //    broadcast_coalesced to every used replica: one collective per dtype.
-//  - Gradients are summed by the shared gradient reducer (dist/reducer.h,
+//  - Gradients are summed by the shared gradient reducer (data_parallel/reducer.h,
 //    Note [Gradient buckets] and Note [Gradient nodes]) with an in-process
 //    CommHook: one NCCL reduce per bucket and dtype on GPUs, overlapping the
 //    rest of the backward; the sums become the masters' .grad as views of
@@ -274,7 +274,7 @@ class DataParallel : public nn::Module {
 //    parameter its .grad as a view of its own bucket (no copy); over two GPUs
 //    (by default) the buckets are exchanged instead, and the optimizer's
 //    update adds the two halves (Note [Gradient sums in the update] in
-//    dist/reducer.h);
+//    data_parallel/reducer.h);
 //  - the optimizer, given the replicas' copies (optim::Optimizer::add_replicas,
 //    Note [Optimizer replicas]), updates them in the same step() with their own
 //    state -- one fused launch per device -- so with identical sums (an

@@ -40,7 +40,7 @@
 #include <vector>
 
 #include "chorus/core/stream.h"
-#include "chorus/dist/process_group.h"
+#include "chorus/distributed/process_group.h"
 #include "chorus/nn/layers.h"
 #include "chorus/parallel/deferred_batch_norm.h"
 #include "chorus/parallel/pipeline_links.h"
@@ -81,7 +81,7 @@ struct PipelineOptions {
   // pipeline on its own share of the batch, and each stage's gradients are
   // averaged over the group as soon as that stage's last backward is done
   // (while the other stages still run theirs), packed into one flat buffer
-  // per dtype of which the gradients are views (as dist/reducer.h's
+  // per dtype of which the gradients are views (as data_parallel/reducer.h's
   // buckets). Each stage gets a subgroup of its own, so the stages' threads
   // never race for one communicator. Gloo: any CPU devices; NCCL: the stages
   // must be on the group's device. With a stage group too, the data group

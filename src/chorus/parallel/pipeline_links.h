@@ -57,7 +57,7 @@
 #include <array>
 #include <vector>
 
-#include "chorus/dist/process_group.h"
+#include "chorus/distributed/process_group.h"
 
 namespace chorus::parallel {
 

@@ -8,7 +8,7 @@
 
 #include "chorus/autograd/grad_mode.h"
 #include "chorus/core/error.h"
-#include "chorus/dist/flat_layout.h"
+#include "chorus/data_parallel/flat_layout.h"
 #include "chorus/ops/factory.h"
 #include "chorus/parallel/placement.h"
 

@@ -34,7 +34,7 @@
 // (a pipeline's micro-batches are smaller than DDP's batch). Version 1
 // files (no recompute, no graph) are read with a recompute ratio of 4/3 and
 // graph ratios of 1, and the plan says so. Under `chorus launch` with 2+ ranks it also measures the
-// all-reduce bus bandwidth (dist/bus_bandwidth.h) at a few sizes and fits a
+// all-reduce bus bandwidth (distributed/bus_bandwidth.h) at a few sizes and fits a
 // latency and a bandwidth to them (fit_bus_bandwidth), and (version 2) how
 // much slower the first model's MLP GEMMs run beside all-reduces of the
 // largest size than alone: the cost model's overlap slowdown. The file names the

@@ -79,7 +79,7 @@
 #include <utility>
 #include <vector>
 
-#include "chorus/dist/memory_plan.h"
+#include "chorus/data_parallel/memory_plan.h"
 #include "chorus/models/gpt.h"
 
 namespace chorus::plan {

@@ -1,5 +1,5 @@
 // The memory a GPT needs per GPU under a layout, from its configuration alone:
-// the inputs of Note [Memory plan formulas] (dist/memory_plan.h) for data
+// the inputs of Note [Memory plan formulas] (data_parallel/memory_plan.h) for data
 // parallelism and ZeRO -- the ones `chorus train` plans with -- and, in one
 // place, what tensor and pipeline parallelism change in them.
 //
@@ -25,7 +25,7 @@
 #include <cstdint>
 #include <string>
 
-#include "chorus/dist/memory_plan.h"
+#include "chorus/data_parallel/memory_plan.h"
 #include "chorus/models/gpt.h"
 
 namespace chorus::plan {

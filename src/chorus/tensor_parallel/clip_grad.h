@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "chorus/core/tensor.h"
-#include "chorus/dist/process_group.h"
+#include "chorus/distributed/process_group.h"
 #include "chorus/tensor_parallel/shard.h"
 
 namespace chorus::tp {

@@ -11,7 +11,7 @@
 #include <optional>
 
 #include "chorus/core/tensor.h"
-#include "chorus/dist/process_group.h"
+#include "chorus/distributed/process_group.h"
 
 namespace chorus::tp {
 

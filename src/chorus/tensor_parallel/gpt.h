@@ -11,7 +11,7 @@
 // parameter names]); each parameter is this rank's shard. A model built at
 // tp=N from a seed holds the slices of the weights models::GPT(cfg) draws at
 // tp=1 from the same seed (it builds that model once and slices it), so the
-// two compute the same function: tests/dist/tensor_parallel.sh checks it.
+// two compute the same function: tests/distributed/tensor_parallel.sh checks it.
 #pragma once
 
 #include <optional>

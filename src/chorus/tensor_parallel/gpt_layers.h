@@ -22,7 +22,7 @@
 #include <memory>
 #include <vector>
 
-#include "chorus/dist/process_group.h"
+#include "chorus/distributed/process_group.h"
 #include "chorus/nn/layers.h"
 #include "chorus/tensor_parallel/gpt.h"
 

@@ -54,7 +54,7 @@
 #include <memory>
 
 #include "chorus/core/rng.h"
-#include "chorus/dist/process_group.h"
+#include "chorus/distributed/process_group.h"
 #include "chorus/nn/module.h"
 #include "chorus/tensor_parallel/shard.h"
 

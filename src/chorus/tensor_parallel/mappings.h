@@ -17,7 +17,7 @@
 #pragma once
 
 #include "chorus/core/tensor.h"
-#include "chorus/dist/process_group.h"
+#include "chorus/distributed/process_group.h"
 
 namespace chorus::tp {
 

@@ -38,7 +38,7 @@
 #pragma once
 
 #include "chorus/core/tensor.h"
-#include "chorus/dist/process_group.h"
+#include "chorus/distributed/process_group.h"
 
 namespace chorus::tp {
 
@@ -71,7 +71,7 @@ Tensor linear_reduce_scatter(const Tensor& x, const Tensor& weight, const Tensor
 // chunks, gelu_tanh(x W1_r^T + b1_r) W2_r^T (+ b2 on rank 0: Note [The
 // row-parallel bias on one rank]) with GELU in the products' epilogues as
 // the one-GPU model's MLP (Note [GELU in the MLP's epilogues] in
-// cuda/gemm.cpp), and the reduce-scatter of the sum; its backward overlaps
+// cuda/blas/gemm.cpp), and the reduce-scatter of the sum; its backward overlaps
 // the reduce-scatter of x's gradient with the first matrix's gradient (Note
 // [Reduce-scatter beside the weight gradient]). x [B, T/tp, C], w1 [H/tp, C],
 // b1 [H/tp], w2 [C, H/tp], b2 [C] -> [B, T/tp, C]; autocast as

@@ -1,0 +1,295 @@
+// The kernel-set gemm on CUDA, through cuBLASLt.
+//
+// Chorus matrices are row-major; cuBLASLt's are column-major. A row-major
+// [M, N] matrix is the column-major [N, M] matrix of the same bytes, so
+//   out = op(a) @ op(b)   (row-major)
+// is computed as
+//   out^T = op(b)^T @ op(a)^T   (column-major),
+// i.e. cuBLASLt's A operand is `bm`, its B operand is `a`, with the same
+// transpose flags, and its problem is (m, n, k) = (N, M, K).
+//
+// lt::MatmulAlgoGetHeuristic costs tens of microseconds, as much as a small
+// GEMM, so its answer is cached per problem (shape, strides, dtype, alignment).
+#include <cstdint>
+#include <optional>
+
+#include "chorus/core/error.h"
+#include "chorus/cuda/blas/blas.h"
+#include "chorus/cuda/blas/cublaslt_api.h"
+#include "chorus/cuda/runtime/caches.h"
+#include "chorus/cuda/runtime/context.h"
+#include "chorus/cuda/kernels/kernels.h"
+
+namespace chorus::cuda {
+
+namespace {
+
+cudaDataType_t cuda_dtype(DType t) {
+  switch (t) {
+    case kFloat32:
+      return CUDA_R_32F;
+    case kBFloat16:
+      return CUDA_R_16BF;
+    case kFloat16:
+      return CUDA_R_16F;
+    default:
+      CHORUS_THROW(ValueError, "gemm on CUDA supports float32, bfloat16 and float16, got ",
+                   dtype_name(t));
+  }
+}
+
+// Largest power of two (up to 256, cuBLASLt's default requirement) dividing
+// the address of every matrix of a batch.
+uint32_t alignment_of(const void* p, int64_t batch_stride_bytes) {
+  uint64_t bits = reinterpret_cast<uint64_t>(p) | static_cast<uint64_t>(batch_stride_bytes) | 256u;
+  return static_cast<uint32_t>(bits & (~bits + 1));
+}
+
+// The cuBLASLt descriptors of one call (each Owned: cuda/runtime/caches.h).
+struct LayoutDesc {
+  Owned<cublasLtMatrixLayout_t, lt::MatrixLayoutDestroy> owned;
+  cublasLtMatrixLayout_t d = nullptr;
+  LayoutDesc(cudaDataType_t t, uint64_t rows, uint64_t cols, int64_t ld, int32_t batch,
+             int64_t batch_stride) {
+    CHORUS_CUBLAS_CHECK(lt::MatrixLayoutCreate(owned.out(), t, rows, cols, ld));
+    d = owned.get();
+    if (batch > 1) {
+      CHORUS_CUBLAS_CHECK(lt::MatrixLayoutSetAttribute(d, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                                           &batch, sizeof(batch)));
+      CHORUS_CUBLAS_CHECK(lt::MatrixLayoutSetAttribute(
+          d, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &batch_stride, sizeof(batch_stride)));
+    }
+  }
+};
+
+struct MatmulDesc {
+  Owned<cublasLtMatmulDesc_t, lt::MatmulDescDestroy> owned;
+  cublasLtMatmulDesc_t d = nullptr;
+  MatmulDesc(cublasComputeType_t compute, cublasOperation_t ta, cublasOperation_t tb) {
+    CHORUS_CUBLAS_CHECK(lt::MatmulDescCreate(owned.out(), compute, CUDA_R_32F));
+    d = owned.get();
+    CHORUS_CUBLAS_CHECK(
+        lt::MatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    CHORUS_CUBLAS_CHECK(
+        lt::MatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  }
+};
+
+struct PreferenceDesc {
+  Owned<cublasLtMatmulPreference_t, lt::MatmulPreferenceDestroy> owned;
+  cublasLtMatmulPreference_t d = nullptr;
+  PreferenceDesc(uint64_t workspace, uint32_t align_a, uint32_t align_b, uint32_t align_c) {
+    CHORUS_CUBLAS_CHECK(lt::MatmulPreferenceCreate(owned.out()));
+    d = owned.get();
+    set(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
+    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof(align_a));
+    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof(align_b));
+    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof(align_c));
+    set(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof(align_c));
+  }
+  void set(cublasLtMatmulPreferenceAttributes_t attr, const void* v, size_t n) {
+    CHORUS_CUBLAS_CHECK(lt::MatmulPreferenceSetAttribute(d, attr, v, n));
+  }
+};
+
+// Everything the heuristic's answer depends on.
+using ProblemKey = IntKey<15>;
+
+// nullopt: cuBLASLt has no algorithm for this problem (an epilogue it does
+// not offer for these shapes; gemm_bias then runs the parts apart).
+using AlgoCache = LockedCache<ProblemKey, std::optional<cublasLtMatmulAlgo_t>>;
+AlgoCache& algo_cache() {
+  static auto* cache = new AlgoCache;  // leaked: used from threads that may outlive statics
+  return *cache;
+}
+
+// The product through cuBLASLt with `epilogue` (CUBLASLT_EPILOGUE_DEFAULT,
+// BIAS with `epilogue_vector` the bias, BGRADB with it the bias gradient);
+// false, having run nothing, when cuBLASLt has no algorithm for the epilogue.
+bool run_gemm(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_a, bool trans_b, double alpha,
+              double beta, cublasLtEpilogue_t epilogue, void* epilogue_vector, const Tensor& aux = Tensor()) {
+  CHORUS_CHECK(a.dim() == 3 && bm.dim() == 3 && out.dim() == 3,
+               "gemm: expected 3-d (batch, rows, cols) operands, got a ", a.describe(), ", b ",
+               bm.describe(), ", out ", out.describe());
+  CHORUS_CHECK(a.is_contiguous() && bm.is_contiguous() && out.is_contiguous(),
+               "gemm: operands must be contiguous, got a ", a.describe(), ", b ", bm.describe(),
+               ", out ", out.describe());
+  CHORUS_CHECK(a.dtype() == out.dtype() && bm.dtype() == out.dtype(),
+               "gemm: operands must share one dtype, got a ", a.describe(), ", b ", bm.describe(),
+               ", out ", out.describe());
+  const int64_t batch = out.size(0), m = out.size(1), n = out.size(2);
+  const int64_t k = trans_a ? a.size(1) : a.size(2);
+  const int64_t a_rows = trans_a ? a.size(2) : a.size(1);
+  const int64_t b_rows = trans_b ? bm.size(2) : bm.size(1);
+  const int64_t b_cols = trans_b ? bm.size(1) : bm.size(2);
+  CHORUS_CHECK(a_rows == m && b_rows == k && b_cols == n &&
+                   (a.size(0) == batch || a.size(0) == 1) &&
+                   (bm.size(0) == batch || bm.size(0) == 1),
+               "gemm: shapes do not match: a ", a.describe(), (trans_a ? " (transposed)" : ""),
+               ", b ", bm.describe(), (trans_b ? " (transposed)" : ""), ", out ", out.describe());
+  CHORUS_CHECK(batch <= INT32_MAX, "gemm: batch ", batch, " exceeds cuBLASLt's limit");
+  const cudaDataType_t dt = cuda_dtype(out.dtype());
+  if (batch == 0 || m == 0 || n == 0) return true;
+
+  const int device = out.device().index;
+  CudaDeviceGuard guard(device);
+  cudaStream_t stream = current_stream(device);
+
+  if (k == 0) {  // cuBLASLt rejects k == 0; out = beta * out
+    if (epilogue != CUBLASLT_EPILOGUE_DEFAULT) return false;
+    if (beta == 0.0) {
+      CHORUS_CUDA_CHECK(cudaMemsetAsync(out.raw_data(), 0, out.nbytes(), stream));
+    } else if (beta != 1.0) {
+      unary(UnaryOp::MulScalar, out, out, beta);
+    }
+    return true;
+  }
+
+  // Column-major view (see the note at the top): A' = bm, B' = a.
+  const size_t esize = out.element_size();
+  const int64_t lda = bm.size(2), ldb = a.size(2), ldc = n;
+  const int64_t stride_a = bm.size(0) == 1 ? 0 : bm.size(1) * bm.size(2);
+  const int64_t stride_b = a.size(0) == 1 ? 0 : a.size(1) * a.size(2);
+  const int64_t stride_c = m * n;
+  const uint32_t align_a = alignment_of(bm.raw_data(), stride_a * static_cast<int64_t>(esize));
+  const uint32_t align_b = alignment_of(a.raw_data(), stride_b * static_cast<int64_t>(esize));
+  const uint32_t align_c = alignment_of(out.raw_data(), stride_c * static_cast<int64_t>(esize));
+  const cublasComputeType_t compute = (out.dtype() == kFloat32 && allow_tf32_matmul())
+                                          ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                          : CUBLAS_COMPUTE_32F;
+  const cublasOperation_t op_a = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+
+  MatmulDesc desc(compute, op_a, op_b);
+  if (epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
+    CHORUS_CUBLAS_CHECK(lt::MatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    if (epilogue_vector)
+      CHORUS_CUBLAS_CHECK(lt::MatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &epilogue_vector,
+                                                     sizeof(epilogue_vector)));
+    if (aux.defined()) {  // GELU's input, laid out as out (column-major: n rows, leading dimension n)
+      void* aux_ptr = aux.raw_data();
+      const int64_t aux_ld = n;
+      CHORUS_CUBLAS_CHECK(
+          lt::MatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux_ptr, sizeof(aux_ptr)));
+      CHORUS_CUBLAS_CHECK(
+          lt::MatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
+    }
+  }
+  // Stored column-major shapes: A' is n x k (k x n when transposed), B' is k x m (m x k).
+  LayoutDesc layout_a(dt, trans_b ? k : n, trans_b ? n : k, lda, static_cast<int32_t>(batch),
+                      stride_a);
+  LayoutDesc layout_b(dt, trans_a ? m : k, trans_a ? k : m, ldb, static_cast<int32_t>(batch),
+                      stride_b);
+  LayoutDesc layout_c(dt, n, m, ldc, static_cast<int32_t>(batch), stride_c);
+
+  const ProblemKey key{device, static_cast<int64_t>(out.dtype()), static_cast<int64_t>(compute),
+                       trans_a, trans_b, m, n, k, batch, stride_a, stride_b, align_a, align_b,
+                       align_c, static_cast<int64_t>(epilogue)};
+  const std::optional<cublasLtMatmulAlgo_t> algo = algo_cache().get_or_search(key, [&]() -> std::optional<cublasLtMatmulAlgo_t> {
+    PreferenceDesc pref(kCublasWorkspaceBytes, align_a, align_b, align_c);
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t st = lt::MatmulAlgoGetHeuristic(cublaslt_handle(device), desc.d, layout_a.d, layout_b.d,
+                                                         layout_c.d, layout_c.d, pref.d, 1, &result, &found);
+    if (epilogue != CUBLASLT_EPILOGUE_DEFAULT && (st != CUBLAS_STATUS_SUCCESS || found == 0)) return std::nullopt;
+    CHORUS_CUBLAS_CHECK(st);
+    CHORUS_CHECK_T(DeviceError, found > 0, "gemm: cuBLASLt has no algorithm for a ", a.describe(),
+                   ", b ", bm.describe(), ", out ", out.describe(), " (trans_a=", trans_a,
+                   ", trans_b=", trans_b, ")");
+    return result.algo;
+  });
+  if (!algo) return false;
+
+  const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
+  CHORUS_CUBLAS_CHECK(lt::Matmul(
+      cublaslt_handle(device), desc.d, &alpha_f, bm.raw_data(), layout_a.d, a.raw_data(),
+      layout_b.d, &beta_f, out.raw_data(), layout_c.d, out.raw_data(), layout_c.d, &*algo,
+      cublas_workspace(device, stream), kCublasWorkspaceBytes, stream));
+  return true;
+}
+
+Tensor as_batch(const Tensor& t) {
+  return detail::make_view(t, {1, t.size(0), t.size(1)}, {t.numel(), t.stride(0), t.stride(1)}, t.storage_offset());
+}
+
+}  // namespace
+
+void gemm(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_a, bool trans_b, double alpha,
+          double beta) {
+  run_gemm(a, bm, out, trans_a, trans_b, alpha, beta, CUBLASLT_EPILOGUE_DEFAULT, nullptr);
+}
+
+// Note [Linear layers' epilogues]: a linear layer's bias rides on its GEMMs,
+// as llm.c's do: the forward adds it in the epilogue (no pass over the
+// output to add it), and the weight gradient dW = dY^T X sums dY's columns
+// into the bias gradient while it reads dY (cuBLASLt's BGRADB: in its
+// column-major view B' is dY and the sums run over the product's k). Where
+// cuBLASLt offers no algorithm with the epilogue (float32 on some GPUs,
+// shapes), the parts run apart with the same results.
+void gemm_bias(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_a, bool trans_b, const Tensor& bias,
+               const Tensor& bias_grad) {
+  CHORUS_CHECK(a.dim() == 2 && bm.dim() == 2 && out.dim() == 2, "gemm_bias: expected 2-d operands, got a ",
+               a.describe(), ", b ", bm.describe(), ", out ", out.describe());
+  CHORUS_CHECK(!(bias.defined() && bias_grad.defined()), "gemm_bias: a bias or a bias gradient, not both");
+  const Tensor& vec = bias.defined() ? bias : bias_grad;
+  if (vec.defined())
+    CHORUS_CHECK(vec.is_contiguous() && vec.dtype() == out.dtype() &&
+                     vec.numel() == (bias.defined() ? out.size(1) : out.size(0)),
+                 "gemm_bias: the bias vector ", vec.describe(), " does not fit out ", out.describe());
+  // In cuBLASLt's column-major view (top of this file) out's columns are the
+  // rows of its D (BIAS: one value per row of D) and out's rows its columns
+  // (BGRADB: one per column of D, summed over B' = a).
+  const cublasLtEpilogue_t epi =
+      bias.defined() ? CUBLASLT_EPILOGUE_BIAS : bias_grad.defined() ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_DEFAULT;
+  if (run_gemm(as_batch(a), as_batch(bm), as_batch(out), trans_a, trans_b, 1.0, 0.0, epi,
+                        vec.defined() ? vec.raw_data() : nullptr))
+    return;
+  run_gemm(as_batch(a), as_batch(bm), as_batch(out), trans_a, trans_b, 1.0, 0.0, CUBLASLT_EPILOGUE_DEFAULT, nullptr);
+  const int64_t m = out.size(0), n = out.size(1);
+  if (bias.defined())
+    binary(BinaryOp::Add, out, detail::make_view(bias, {m, n}, {0, 1}, bias.storage_offset()), out, 1.0);
+  if (bias_grad.defined()) {
+    const Tensor opa =
+        trans_a ? detail::make_view(a, {a.size(1), a.size(0)}, {a.stride(1), a.stride(0)}, a.storage_offset()) : a;
+    reduce(ReduceOp::Sum, opa, detail::make_view(bias_grad, {m, 1}, {1, 1}, bias_grad.storage_offset()), {false, true});
+  }
+}
+
+// Note [GELU in the MLP's epilogues]: GELU_AUX_BIAS writes the MLP's hidden
+// activation and, beside it, its input (the aux, kept for the backward), from
+// the product's own kernel; cuBLASLt's GELU is the tanh form, GPT-2's. The
+// backward's DGELU epilogue is not used: on an H100 (CUDA 13) cuBLASLt runs it
+// as a separate kernel after the product, 0.55 ms for gpt2-xl's [8192, 6400]
+// against ~0.1 ms for the elementwise kernel that replaces it (benchmarks
+// journal, session 32); the first bias's gradient then comes from the weight
+// gradient's BGRADB.
+void gemm_bias_gelu(const Tensor& a, const Tensor& bm, const Tensor& bias, const Tensor& pre, const Tensor& out) {
+  CHORUS_CHECK(a.dim() == 2 && bm.dim() == 2 && out.dim() == 2 && pre.sizes() == out.sizes() &&
+                   pre.dtype() == out.dtype() && pre.is_contiguous() && bias.is_contiguous() &&
+                   bias.dtype() == out.dtype() && bias.numel() == out.size(1),
+               "gemm_bias_gelu: operands do not fit: a ", a.describe(), ", b ", bm.describe(), ", bias ",
+               bias.describe(), ", pre ", pre.describe(), ", out ", out.describe());
+  if (run_gemm(as_batch(a), as_batch(bm), as_batch(out), false, true, 1.0, 0.0, CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
+               bias.raw_data(), pre))
+    return;
+  gemm_bias(a, bm, pre, false, true, bias, Tensor());
+  unary(UnaryOp::GeluTanh, pre, out, 0.0);
+}
+
+void gemm_dgelu(const Tensor& a, const Tensor& bm, const Tensor& pre, const Tensor& out, const Tensor& bias_grad) {
+  CHORUS_CHECK(a.dim() == 2 && bm.dim() == 2 && out.dim() == 2 && pre.sizes() == out.sizes() &&
+                   pre.dtype() == out.dtype() && pre.is_contiguous() &&
+                   (!bias_grad.defined() || (bias_grad.is_contiguous() && bias_grad.dtype() == out.dtype() &&
+                                             bias_grad.numel() == out.size(1))),
+               "gemm_dgelu: operands do not fit: a ", a.describe(), ", b ", bm.describe(), ", pre ", pre.describe(),
+               ", out ", out.describe());
+  run_gemm(as_batch(a), as_batch(bm), as_batch(out), false, false, 1.0, 0.0, CUBLASLT_EPILOGUE_DEFAULT, nullptr);
+  binary(BinaryOp::GeluTanhGrad, out, pre, out, 1.0);
+  if (bias_grad.defined()) {
+    const int64_t n = out.size(1);
+    reduce(ReduceOp::Sum, detail::make_view(out, {n, out.size(0)}, {1, n}, out.storage_offset()),
+           detail::make_view(bias_grad, {n, 1}, {1, 1}, bias_grad.storage_offset()), {false, true});
+  }
+}
+
+}  // namespace chorus::cuda

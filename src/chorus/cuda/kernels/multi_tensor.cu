@@ -1,0 +1,178 @@
+// sum_squares_multi and scale_multi of the CUDA kernel set: gradient
+// clipping's norm and scale over every gradient in a few launches.
+//
+// Note [Clipping in a few launches]: clip_grad_norm_ took, per gradient, a
+// square, a reduction, an add of the partial norms and a scale -- 4 launches
+// and 2.5 passes over the gradient each, 2,300 launches a step for gpt2-xl's
+// 580 parameters (benchmarks journal, session 32). Here a launch takes up to
+// kTensors tensors (their table travels as the kernel argument): blockIdx.y
+// picks the tensor, the blocks along x stride over it. The sums of squares
+// land in per-block partials, added by one block in a fixed order: the norm
+// is the same from run to run.
+#include <cstdint>
+#include <vector>
+
+#include "chorus/core/error.h"
+#include "chorus/cuda/runtime/context.h"
+#include "chorus/cuda/kernels/dtype_dispatch.cuh"
+#include "chorus/cuda/kernels/kernels.h"
+#include "chorus/cuda/kernels/tensor_iter.cuh"
+
+namespace chorus::cuda {
+
+namespace {
+
+constexpr int kTensors = 64;
+constexpr int kBlocksPerTensor = 128;  // about one per SM of an H100 for a large tensor
+
+struct Table {
+  void* ptr[kTensors];
+  int64_t numel[kTensors];
+};
+static_assert(sizeof(Table) < 4000, "kernel parameters too large");
+
+template <typename Acc>
+__device__ Acc block_sum(Acc v) {
+  __shared__ Acc shared[kThreads / 32];
+  for (int o = 16; o > 0; o /= 2) v += __shfl_down_sync(0xffffffffu, v, o);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = threadIdx.x < kThreads / 32 ? shared[threadIdx.x] : Acc(0);
+  if (warp == 0)
+    for (int o = 16; o > 0; o /= 2) v += __shfl_down_sync(0xffffffffu, v, o);
+  return v;
+}
+
+template <typename T, typename Acc>
+__global__ void __launch_bounds__(kThreads) sum_squares_kernel(Table t, Acc* partials) {
+  const T* x = static_cast<const T*>(t.ptr[blockIdx.y]);
+  const int64_t n = t.numel[blockIdx.y];
+  Acc s = 0;
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const Acc v = static_cast<Acc>(to_acc(x[i]));
+    s += v * v;
+  }
+  s = block_sum(s);
+  if (threadIdx.x == 0) partials[blockIdx.y * gridDim.x + blockIdx.x] = s;
+}
+
+template <typename Acc, typename Out>
+__global__ void __launch_bounds__(kThreads) sum_partials_kernel(const Acc* partials, int64_t n, Out* out) {
+  Acc s = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += partials[i];
+  s = block_sum(s);
+  if (threadIdx.x == 0) *out = static_cast<Out>(s);
+}
+
+template <typename T, typename S>
+__global__ void __launch_bounds__(kThreads) scale_kernel(Table t, const S* scale) {
+  T* x = static_cast<T*>(t.ptr[blockIdx.y]);
+  const int64_t n = t.numel[blockIdx.y];
+  const S c = *scale;
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    x[i] = convert<T>(static_cast<S>(to_acc(x[i])) * c);
+}
+
+// Runs f.template operator()<T>() for the element type of one dtype,
+// float64 included (gradient checks run clipping in float64).
+template <typename F>
+void dispatch_with_double(DType dt, const char* op, F&& f) {
+  if (dt == kFloat64) return f.template operator()<double>();
+  dispatch_float(dt, op, static_cast<F&&>(f));
+}
+
+// Calls launch(table, count) for each run of up to kTensors non-empty tensors of one dtype.
+template <typename L>
+void for_each_batch(const TensorList& xs, const char* op, L&& launch) {
+  std::vector<const Tensor*> todo;
+  for (const Tensor& x : xs) {
+    CHORUS_CHECK(x.device().is_cuda() && x.is_contiguous() && is_floating(x.dtype()), op,
+                 ": tensors must be contiguous floating CUDA tensors, got ", x.describe());
+    if (x.numel() > 0) todo.push_back(&x);
+  }
+  while (!todo.empty()) {
+    const DType dt = todo.front()->dtype();
+    Table t{};
+    int count = 0;
+    std::vector<const Tensor*> rest;
+    for (const Tensor* x : todo) {
+      if (x->dtype() == dt && count < kTensors) {
+        t.ptr[count] = x->raw_data();
+        t.numel[count] = x->numel();
+        ++count;
+      } else {
+        rest.push_back(x);
+      }
+    }
+    launch(t, count, dt);
+    todo.swap(rest);
+  }
+}
+
+}  // namespace
+
+void sum_squares_multi(const TensorList& xs, const Tensor& out) {
+  const char* op = "sum_squares_multi";
+  CHORUS_CHECK(out.device().is_cuda() && out.numel() == 1 && (out.dtype() == kFloat32 || out.dtype() == kFloat64), op,
+               ": out must be one float32 or float64 element on a CUDA device, got ", out.describe());
+  const int dev = out.device().index;
+  CudaDeviceGuard guard(dev);
+  cudaStream_t stream = current_stream(dev);
+  const bool wide = out.dtype() == kFloat64;
+  const size_t acc_size = wide ? sizeof(double) : sizeof(float);
+  int launches = 0;
+  for_each_batch(xs, op, [&](const Table&, int, DType) { ++launches; });
+  if (launches == 0) {
+    CHORUS_CUDA_CHECK(cudaMemsetAsync(out.raw_data(), 0, out.element_size(), stream));
+    return;
+  }
+  const int64_t per_launch = int64_t{kTensors} * kBlocksPerTensor;
+  Tensor partials = detail::empty_tensor({launches * per_launch * static_cast<int64_t>(acc_size)}, kUInt8, out.device());
+  CHORUS_CUDA_CHECK(cudaMemsetAsync(partials.raw_data(), 0, partials.nbytes(), stream));
+  int done = 0;
+  for_each_batch(xs, op, [&](const Table& t, int count, DType dt) {
+    const dim3 grid(kBlocksPerTensor, count);
+    char* base = static_cast<char*>(partials.raw_data()) + done * per_launch * static_cast<int64_t>(acc_size);
+    dispatch_with_double(dt, op, [&]<typename T>() {
+      if (wide) {
+        sum_squares_kernel<T, double><<<grid, kThreads, 0, stream>>>(t, reinterpret_cast<double*>(base));
+      } else {
+        sum_squares_kernel<T, float><<<grid, kThreads, 0, stream>>>(t, reinterpret_cast<float*>(base));
+      }
+    });
+    CHORUS_CUDA_LAUNCH_CHECK();
+    ++done;
+  });
+  const int64_t n = launches * per_launch;
+  if (wide) {
+    sum_partials_kernel<double, double><<<1, kThreads, 0, stream>>>(static_cast<const double*>(partials.raw_data()), n,
+                                                                    out.data<double>());
+  } else {
+    sum_partials_kernel<float, float><<<1, kThreads, 0, stream>>>(static_cast<const float*>(partials.raw_data()), n,
+                                                                  out.data<float>());
+  }
+  CHORUS_CUDA_LAUNCH_CHECK();
+}
+
+void scale_multi(const TensorList& xs, const Tensor& scale) {
+  const char* op = "scale_multi";
+  CHORUS_CHECK(scale.device().is_cuda() && scale.numel() == 1 && (scale.dtype() == kFloat32 || scale.dtype() == kFloat64),
+               op, ": scale must be one float32 or float64 element on a CUDA device, got ", scale.describe());
+  const int dev = scale.device().index;
+  CudaDeviceGuard guard(dev);
+  cudaStream_t stream = current_stream(dev);
+  for_each_batch(xs, op, [&](const Table& t, int count, DType dt) {
+    const dim3 grid(kBlocksPerTensor, count);
+    dispatch_with_double(dt, op, [&]<typename T>() {
+      if (scale.dtype() == kFloat64) {
+        scale_kernel<T, double><<<grid, kThreads, 0, stream>>>(t, scale.data<double>());
+      } else {
+        scale_kernel<T, float><<<grid, kThreads, 0, stream>>>(t, scale.data<float>());
+      }
+    });
+    CHORUS_CUDA_LAUNCH_CHECK();
+  });
+}
+
+}  // namespace chorus::cuda

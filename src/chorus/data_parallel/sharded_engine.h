@@ -1,0 +1,438 @@
+// ShardedDataParallel's engine (sharded.h), private to data_parallel/: the state of
+// the buckets and pieces, the gathers (Note [Sharded gathers]), the gradient
+// reduce-scatters (Note [Sharded gradients]) and the backward observer that
+// drives them. sharded.cpp builds it; sharded_state.cpp reads and loads the
+// state it holds.
+#pragma once
+
+#include "chorus/data_parallel/sharded.h"
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+
+#include "chorus/autograd/backward_observer.h"
+#include "chorus/autograd/grad_mode.h"
+#include "chorus/autograd/node.h"
+#include "chorus/autograd/side_work.h"
+#include "chorus/core/error.h"
+#include "chorus/core/graph_capture.h"
+#include "chorus/core/warn.h"
+#include "chorus/data_parallel/replica_sync.h"
+#include "chorus/ops/copy.h"
+#include "chorus/ops/elementwise.h"
+#include "chorus/ops/factory.h"
+#include "chorus/ops/profile.h"
+
+namespace chorus::dist {
+
+struct ShardedDataParallel::Impl final : autograd::BackwardObserver {
+  ProcessGroupPtr group;
+  ShardOptions options;
+  int world = 1, rank = 0;
+  std::vector<std::string> names;  // [k] trainable parameters, module order
+  std::vector<Tensor> params;      // [k]
+  GradBuckets plan;
+
+  // One dtype group of one bucket (Note [Sharded gradients]).
+  struct Flat {
+    DType dtype = kFloat32;         // the gathered parameters' (and their gradients')
+    DType master_dtype = kFloat32;  // the master shard's (and its gradient's)
+    int64_t padded = 0, per = 0;    // padded = per * world
+    Tensor full;        // [padded] the gathered weights; the parameters view it
+    Tensor master;      // [per] this rank's shard (stages 1-2 in one dtype: a view of full)
+    Tensor grad_full;   // [padded] stage 1: persistent; 2-3: during the launch only
+    Tensor grad_shard;  // [per]
+    Tensor rs_out;      // where the running reduce-scatter writes (grad_shard or a temporary)
+    WorkPtr gather_work, rs_work;
+    Tensor gather_src;  // kept until the gather is done
+  };
+  struct Bucket {
+    std::vector<Flat> flats;
+    bool gathered = false;  // full holds this rank's view of the weights
+    bool stale = true;      // a shard changed since the last gather
+    bool accumulate = false;  // the running launch adds to grad_shard
+    bool held = false;      // gather_parameters(): kept until the next training forward
+    int unit = -1;          // stage 3: its unit (-1: the root unit)
+    // Stage 3: its wrapper ran in the first step (Note [Sharded units]);
+    // `sharded`: every rank's did, so it is gathered and freed on its own.
+    bool visited = false, sharded = false;
+  };
+  std::vector<Bucket> buckets;
+  int64_t peak_full_grads = 0;  // held_bytes().peak_full_grads
+  std::vector<std::string> unit_names;  // [bucket]
+  std::vector<int> unit_order;          // stage 3: buckets in the first forward's order
+  bool order_known = false;
+
+  std::vector<DType> master_dtypes, full_dtypes;  // [k] before wrapping; while gathered
+  std::vector<Tensor> shard_params;  // the optimizer's pieces
+  std::vector<Piece> pieces;
+  std::vector<std::vector<size_t>> pieces_of;  // [k]
+  std::vector<std::pair<size_t, size_t>> piece_flat;  // [i] bucket, group
+  std::vector<int64_t> piece_offset;  // [i] within its shard
+
+  std::weak_ptr<Impl> self;  // for the actions run after each CUDA-graph replay
+  std::mutex mu;
+  bool no_sync = false, arm_next = false, in_backward = false;
+  // A backward through the module runs (synced or not): a unit's forward now
+  // is its recomputation (--recompute), just before its own backward.
+  bool backward_running = false;
+  PassStack passes;        // Note [Nested backward passes]
+  size_t armed_depth = 0;  // the depth of the pass that reduces
+  std::vector<char> ready, unused;
+  std::vector<size_t> pending;  // [bucket]
+  size_t next_launch = 0;
+  std::vector<int64_t> used;  // [k] this rank's flags
+  Tensor all_used;            // [k] ones on the group's device: the flags of a step that used everything
+  std::vector<std::string> unused_names;
+  std::unique_ptr<FlatSet> buffers;
+
+  bool stage3() const { return options.stage == 3; }
+  // Stage 3: gathered by the module's forward itself (not by a unit wrapper).
+  bool gathered_whole_step(size_t b) const { return buckets[b].unit < 0 || !buckets[b].sharded; }
+  // Stage 3: after the first synced backward, or from construction for the
+  // units the caller named (Note [Sharded units]).
+  bool units_decided = false;
+
+  // ---- gathers (Note [Sharded gathers]) ----------------------------------------
+
+  // Issues bucket b's all-gather (not waiting for it).
+  void issue_gather(size_t b) {
+    Bucket& bk = buckets[b];
+    if (bk.gathered) return;
+    for (Flat& f : bk.flats) {
+      if (f.gather_work) continue;
+      f.full.storage()->reallocate();
+      // A copy of the shard: the all-gather's input must not alias its output
+      // on every backend (stages 1-2 keep the master inside `full`).
+      f.gather_src = f.master_dtype == f.dtype ? ops::clone(f.master) : ops::to_dtype(f.master, f.dtype);
+      f.gather_work = world > 1 ? group->all_gather(f.gather_src, f.full) : WorkPtr();
+      if (world == 1) ops::copy_(f.full, f.gather_src);
+    }
+  }
+
+  void wait_gather(size_t b) {
+    Bucket& bk = buckets[b];
+    if (bk.gathered) return;
+    issue_gather(b);
+    {
+      ops::TraceScope trace("wait_gather");
+      for (Flat& f : bk.flats) {
+        if (f.gather_work) f.gather_work->wait();
+        f.gather_work.reset();
+        f.gather_src = Tensor();
+      }
+    }
+    bk.gathered = true;
+    if (bk.stale) {
+      // New values: autocast's kept copies and DataParallel's replicas re-sync.
+      for (size_t k : plan.buckets[b].ks) params[k].bump_version();
+      bk.stale = false;
+    }
+  }
+
+  void release(size_t b) {
+    Bucket& bk = buckets[b];
+    if (!stage3() || !bk.gathered || bk.held) return;
+    for (Flat& f : bk.flats) f.full.storage()->release();
+    bk.gathered = false;
+  }
+
+  // Stage 3: the unit gathered after (forward) or before (backward) b.
+  void prefetch_after(size_t b, int step) {
+    if (!options.prefetch || !order_known) return;
+    auto it = std::find(unit_order.begin(), unit_order.end(), static_cast<int>(b));
+    if (it == unit_order.end()) return;
+    const ptrdiff_t at = (it - unit_order.begin()) + step;
+    if (at < 0 || at >= static_cast<ptrdiff_t>(unit_order.size())) return;
+    issue_gather(static_cast<size_t>(unit_order[at]));
+  }
+
+  // Before the units are decided everything is gathered and no wrapper
+  // communicates: a unit run on some ranks only must not start a collective.
+  void before_unit_forward(size_t b) {
+    std::lock_guard<std::mutex> lk(mu);
+    if (!units_decided) {
+      buckets[b].visited = true;
+      if (std::find(unit_order.begin(), unit_order.end(), static_cast<int>(b)) == unit_order.end())
+        unit_order.push_back(static_cast<int>(b));
+      return;
+    }
+    // Trusted units (ShardOptions::units) learn their order in the first step.
+    if (!order_known && std::find(unit_order.begin(), unit_order.end(), static_cast<int>(b)) == unit_order.end())
+      unit_order.push_back(static_cast<int>(b));
+    if (gathered_whole_step(b)) return;
+    wait_gather(b);
+    // A recomputation inside the backward: the backward's pre-hook prefetches
+    // (the unit before this one); the next unit's backward is already done.
+    if (!backward_running) prefetch_after(b, +1);
+  }
+
+  void after_unit_forward(size_t b) {
+    std::lock_guard<std::mutex> lk(mu);
+    // A recomputed unit keeps its weights for its backward, which follows.
+    if (units_decided && !gathered_whole_step(b) && options.reshard_after_forward && !backward_running) release(b);
+  }
+
+  void before_unit_backward(size_t b) {
+    std::lock_guard<std::mutex> lk(mu);
+    if (!units_decided || gathered_whole_step(b)) return;
+    wait_gather(b);
+    prefetch_after(b, -1);
+  }
+
+  // After the first synced backward: the units every rank's forward ran
+  // through their wrappers are sharded from now on (one all-reduce).
+  void decide_units() {
+    const int64_t n = static_cast<int64_t>(buckets.size());
+    std::vector<int64_t> seen(buckets.size());
+    for (size_t b = 0; b < buckets.size(); ++b) seen[b] = buckets[b].visited ? 1 : 0;
+    if (world > 1) {
+      Tensor t = ops::to_device(from_vector(seen, {n}), group->device());
+      group->all_reduce(t, ReduceOp::Min)->wait();
+      seen = t.to_vector<int64_t>();
+    }
+    std::string missed;
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      buckets[b].sharded = buckets[b].unit >= 0 && seen[b] != 0;
+      if (buckets[b].unit >= 0 && !buckets[b].sharded) missed += (missed.empty() ? "" : ", ") + unit_names[b];
+    }
+    std::vector<int> order;
+    for (int b : unit_order)
+      if (buckets[b].sharded) order.push_back(b);
+    unit_order = order;
+    order_known = true;
+    units_decided = true;
+    if (!missed.empty())
+      warn("ShardedDataParallel: units " + missed + " did not run through their wrappers on every rank in the "
+           "first step (a unit used on some steps or ranks only, or called through a parent's own pointer rather "
+           "than its children), so they are gathered for the whole step with the root unit: their weights are "
+           "sharded only between steps");
+  }
+
+  // ---- gradients (Note [Sharded gradients]) ------------------------------------
+
+  // Caller holds mu. Bucket b's gradients into its full buffer, reduce-scattered.
+  void launch(size_t b) {
+    const GradBuckets::Bucket& pb = plan.buckets[b];
+    Bucket& bk = buckets[b];
+    // The previous bucket's reduce-scatter is ordered before what follows: its
+    // full-size buffer can go (stages 2-3).
+    if (b > 0 && options.stage > 1) {
+      for (Flat& f : buckets[b - 1].flats)
+        if (f.rs_work) {
+          f.rs_work->wait();
+          f.rs_work.reset();
+          f.grad_full = Tensor();
+        }
+    }
+    bk.accumulate = false;
+    for (size_t k : pb.ks)
+      for (size_t i : pieces_of[k])
+        if (shard_params[i].grad().defined()) bk.accumulate = true;
+    for (size_t g = 0; g < bk.flats.size(); ++g) {
+      Flat& f = bk.flats[g];
+      if (!f.grad_full.defined()) f.grad_full = zeros({f.padded}, TensorOptions(f.dtype, pb.device));
+      else if (options.stage > 1) ops::fill_(f.grad_full, 0.0);
+      note_full_grads();
+      TensorList srcs, dsts;
+      for (size_t i = 0; i < pb.ks.size(); ++i) {
+        if (pb.layout.segments[i].group != g) continue;
+        const size_t k = pb.ks[i];
+        Tensor grad = params[k].grad();
+        Tensor dst = pb.layout.view(f.grad_full, i);
+        if (grad.defined()) {
+          autograd::join_beside_for(grad);
+          srcs.push_back(grad);
+          dsts.push_back(dst);
+        } else if (options.stage == 1) {
+          dsts.push_back(dst);  // stage 1's persistent buffer holds the last step's: zero it
+          srcs.push_back(Tensor());
+        }
+      }
+      TensorList s2, d2;
+      for (size_t i = 0; i < srcs.size(); ++i) {
+        if (srcs[i].defined()) {
+          s2.push_back(srcs[i]);
+          d2.push_back(dsts[i]);
+        } else {
+          ops::fill_(dsts[i], 0.0);
+        }
+      }
+      if (!s2.empty()) ops::copy_multi(s2, d2);
+      f.rs_out = bk.accumulate ? empty({f.per}, TensorOptions(f.master_dtype, pb.device)) : f.grad_shard;
+      const DType travel = options.reduce_dtype.value_or(f.dtype);
+      const ReduceOp op = options.average ? ReduceOp::Avg : ReduceOp::Sum;
+      if (world == 1) {
+        ops::copy_(f.rs_out, f.grad_full.narrow(0, 0, f.per));
+        f.rs_work.reset();
+      } else if (travel != f.dtype || travel != f.master_dtype) {
+        Tensor in = travel == f.dtype ? f.grad_full : ops::to_dtype(f.grad_full, travel);
+        Tensor out = empty({f.per}, TensorOptions(travel, pb.device));
+        group->reduce_scatter(in, out, op)->wait();
+        ops::copy_(f.rs_out, out);  // back in the masters' dtype
+        f.rs_work.reset();
+      } else {
+        f.rs_work = group->reduce_scatter(f.grad_full, f.rs_out, op);
+      }
+      // Without a reduce-scatter in flight (one rank; or one waited for
+      // above, the current stream ordered after it) the full-size buffer
+      // can go now, in stream order: the next launch frees only buffers
+      // whose reduce-scatter is still in flight, so stages 2-3 would keep
+      // these to the end of the backward (every 16-bit one under
+      // param_dtype).
+      if (options.stage > 1 && !f.rs_work) f.grad_full = Tensor();
+    }
+    // The module's gradients are in the bucket now: drop them (stages 2-3
+    // keep gradients as shards only; every stage starts the next backward
+    // from none, as after zero_grad).
+    for (size_t k : pb.ks) params[k].zero_grad();
+    if (stage3() && units_decided && !gathered_whole_step(b)) release(b);
+  }
+
+  // Caller holds mu. The full-size gradient bytes held now, into the peak
+  // (held_bytes()).
+  void note_full_grads() {
+    int64_t now = 0;
+    for (const Bucket& bk : buckets)
+      for (const Flat& f : bk.flats)
+        if (f.grad_full.defined()) now += static_cast<int64_t>(f.grad_full.nbytes());
+    peak_full_grads = std::max(peak_full_grads, now);
+  }
+
+  // Caller holds mu.
+  void mark_ready(size_t k) {
+    ready[k] = 1;
+    --pending[plan.bucket_of[k]];
+    while (next_launch < plan.buckets.size() && pending[next_launch] == 0) launch(next_launch++);
+  }
+
+  void on_grad_ready(size_t k) {
+    std::lock_guard<std::mutex> lk(mu);
+    if (!in_backward) return;  // not armed (no_sync): a plain accumulation
+    CHORUS_CHECK(!ready[k], "ShardedDataParallel: the gradient of '", names[k],
+                 "' became ready twice in one backward");
+    mark_ready(k);
+  }
+
+  // After the last bucket: every reduce-scatter done, the replicas' average
+  // (hybrid), accumulation, the used-flags, and the pieces' gradients.
+  void finish() {
+    const ReduceOp op = options.average ? ReduceOp::Avg : ReduceOp::Sum;
+    for (Bucket& bk : buckets)
+      for (Flat& f : bk.flats) {
+        if (f.rs_work) f.rs_work->wait();
+        f.rs_work.reset();
+        if (options.replicate_group && options.replicate_group->size() > 1)
+          options.replicate_group->all_reduce(f.rs_out, op)->wait();
+        if (bk.accumulate) ops::binary_(BinaryOp::Add, f.grad_shard, f.rs_out);
+        f.rs_out = Tensor();
+        if (options.stage > 1) f.grad_full = Tensor();
+      }
+    // Used somewhere? (Note [DDP unused parameters]): the flags travel every
+    // step (every rank must issue the same collectives), but only a rank
+    // that left a parameter unused reads them on the host; the usual step
+    // builds them on the device and waits for nothing.
+    const int64_t n = static_cast<int64_t>(params.size());
+    const bool everything = std::all_of(used.begin(), used.end(), [](int64_t u) { return u != 0; });
+    std::vector<int64_t> counts = used;
+    if (world > 1 || (options.replicate_group && options.replicate_group->size() > 1)) {
+      if (everything && !all_used.defined()) all_used = ones({n}, TensorOptions(kInt64, group->device()));
+      Tensor flags = everything ? ops::clone(all_used) : ops::to_device(from_vector(used, {n}), group->device());
+      group->all_reduce(flags, ReduceOp::Sum)->wait();
+      if (options.replicate_group && options.replicate_group->size() > 1)
+        options.replicate_group->all_reduce(flags, ReduceOp::Sum)->wait();
+      if (!everything) counts = flags.to_vector<int64_t>();
+    }
+    unused_names.clear();
+    for (size_t k = 0; k < params.size(); ++k) {
+      if (counts[k] == 0) unused_names.push_back(names[k]);
+      for (size_t i : pieces_of[k]) {
+        const auto [b, g] = piece_flat[i];
+        const Flat& f = buckets[b].flats[g];
+        if (counts[k] == 0)
+          shard_params[i].zero_grad();
+        else
+          shard_params[i].set_grad(f.grad_shard.narrow(0, piece_offset[i], pieces[i].end - pieces[i].begin));
+      }
+    }
+    if (stage3() && !units_decided) decide_units();
+    order_known = true;
+    // The optimizer steps next: the shards change, the next forward gathers.
+    // Under a CUDA graph this runs after every replay too (Note [Sharded
+    // steps in a CUDA graph]): an evaluation between replays gathers afresh.
+    on_each_replay([weak = self] {
+      if (auto st = weak.lock()) st->mark_stepped();
+    });
+  }
+
+  // The host state after a synced step (the caller holds mu, or a replay
+  // has just ended and nothing else runs).
+  void mark_stepped() {
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      buckets[b].stale = true;
+      buckets[b].held = false;
+      if (stage3())
+        release(b);
+      else
+        buckets[b].gathered = false;  // the storage stays; its other ranks' parts are old
+    }
+  }
+
+  // ---- the backward observer ---------------------------------------------------
+
+  void begin(const std::unordered_set<const TensorImpl*>& leaves) override {
+    std::lock_guard<std::mutex> lk(mu);
+    if (!passes.push(leaves, params)) return;
+    backward_running = true;
+    if (!arm_next) return;
+    arm_next = false;
+    in_backward = true;
+    armed_depth = passes.depth();
+    const size_t n = params.size();
+    ready.assign(n, 0);
+    unused.assign(n, 0);
+    pending.assign(plan.buckets.size(), 0);
+    next_launch = 0;
+    for (size_t k = 0; k < n; ++k) ++pending[plan.bucket_of[k]];
+    const std::vector<size_t> unreached = unreached_params(leaves, params, used);
+    for (size_t k : unreached) unused[k] = 1;
+    for (size_t k : unreached) mark_ready(k);
+  }
+
+  void end(bool ok) override {
+    std::lock_guard<std::mutex> lk(mu);
+    // Note [Nested backward passes]: only the armed pass's end finishes the step.
+    const PassStack::Ended e = passes.pop();
+    if (!e.ours) return;
+    backward_running = passes.any_ours();
+    if (!in_backward || e.depth != armed_depth) return;
+    in_backward = false;
+    if (!ok) {
+      for (Bucket& bk : buckets)
+        for (Flat& f : bk.flats) {
+          try {
+            if (f.rs_work) f.rs_work->wait();
+          } catch (...) {
+          }
+          f.rs_work.reset();
+        }
+      return;
+    }
+    ops::TraceScope wait("wait_gradients");
+    // Reached but given no gradient: ready now (their buckets launch in turn).
+    std::vector<size_t> late;
+    for (size_t k = 0; k < params.size(); ++k)
+      if (!ready[k]) late.push_back(k);
+    for (size_t k : late) {
+      unused[k] = 1;
+      used[k] = params[k].grad().defined() ? 1 : 0;
+    }
+    for (size_t k : late) mark_ready(k);
+    CHORUS_ASSERT(next_launch == plan.buckets.size());
+    finish();
+  }
+};
+
+}  // namespace chorus::dist
