@@ -9,7 +9,7 @@ ratio (bold when it is outside 10%). --beyond also prints the best layouts
 on 64 and 1024 GPUs (gpt2-xl 8 sequences a GPU, d84 4 with --recompute).
 
   python3 scripts/plan_table.py --chorus build-cpu/chorus \
-      --calibration bench/plan/h200_s38.json --measured bench/plan/measured.jsonl --beyond
+      --calibration bench/plan/h200_s38_v2.json --measured bench/plan/measured.jsonl --beyond
 """
 import argparse
 import json

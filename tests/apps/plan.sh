@@ -106,13 +106,13 @@ check "a version 1 file: read, its defaults said" \
   "[ $rc -eq 0 ] && grep -q 'version 1: recompute x4/3 and no CUDA graph timings assumed' $tmp/out && grep -q '^best: single' $tmp/out"
 
 # 3c. The predicted beside measured table from the committed calibration.
-python3 "$ROOT/scripts/plan_table.py" --chorus "$CHORUS" --calibration "$ROOT/bench/plan/h200_s38.json" \
+python3 "$ROOT/scripts/plan_table.py" --chorus "$CHORUS" --calibration "$ROOT/bench/plan/h200_s38_v2.json" \
   --measured "$ROOT/bench/plan/measured.jsonl" --beyond > "$tmp/table" 2> "$tmp/err"; rc=$?
 rows=$(wc -l < "$ROOT/bench/plan/measured.jsonl")
 check "plan_table.py: a row per measured row, a ratio each, and 64/1024 GPUs" \
   "[ $rc -eq 0 ] && [ \$(grep -Ec '^\| [a-z0-9-]+ \| .* \| \**[0-9]\.[0-9]{3}\** \|$' $tmp/table) -eq $rows ] && grep -q '^Within 10%: [0-9]* of $rows rows' $tmp/table && grep -q '^| d84 | 1024 | ' $tmp/table"
 echo '{"model": "gpt2", "gpus": 2, "batch": 16, "layout": "zero-9", "label": "x", "tok_s": 1, "machine": "m", "source": "s"}' > "$tmp/badrows.jsonl"
-python3 "$ROOT/scripts/plan_table.py" --chorus "$CHORUS" --calibration "$ROOT/bench/plan/h200_s38.json" \
+python3 "$ROOT/scripts/plan_table.py" --chorus "$CHORUS" --calibration "$ROOT/bench/plan/h200_s38_v2.json" \
   --measured "$tmp/badrows.jsonl" > /dev/null 2> "$tmp/err"; rc=$?
 check "plan_table.py: a layout the plan does not list, named" "[ $rc -ne 0 ] && grep -q \"no layout 'zero-9'\" $tmp/err"
 
