@@ -387,7 +387,7 @@ ModelTiming time_gpt_kernels(const std::string& model, const models::GPTConfig& 
     std::vector<Tensor> params = block.parameters();
     double count = 0;
     for (const Tensor& p : params) count += static_cast<double>(p.numel());
-    optim::AdamW opt(params, optim::AdamWOptions{1e-4, 0.9, 0.95, 1e-8, 0.1});
+    optim::AdamW opt(params, optim::AdamWOptions{1e-4, 0.9, 0.95, 1e-8, 0.1, {}});
     auto run = [&] { optim::clip_and_step(opt, params, 1.0); };
     t.optimizer = timing_of(seconds_per_call(device, warmup, iters, run), count);
     if (auto g = seconds_per_replay("optimizer", device, warmup, iters, run)) t.graph_optimizer = timing_of(*g, count);
