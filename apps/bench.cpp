@@ -4,6 +4,7 @@
 #include "bench.h"
 #include "train_gpt.h"
 #include "train_step.h"
+#include "chorus/core/env_switches.h"
 #include "chorus/ops/comm.h"
 #include "bench_ddp.h"
 #include "bench_pipeline.h"
@@ -174,7 +175,7 @@ BenchRow bench_one(const BenchConfig& c, const std::vector<Device>& devs, StepTr
   for (const Device& d : devs) backend(d).reset_peak_bytes(d);
   phases = {};
   // CHORUS_PROFILER_RANGE=1: an external profiler records the timed steps only.
-  const char* range_env = std::getenv("CHORUS_PROFILER_RANGE");
+  const char* range_env = chorus::env::get("CHORUS_PROFILER_RANGE");
   const bool range = range_env && std::strcmp(range_env, "1") == 0 && dev.is_cuda();
   if (range) backend(dev).profiler_range(true);
   auto t0 = std::chrono::steady_clock::now();

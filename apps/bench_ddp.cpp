@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "chorus/core/backend.h"
+#include "chorus/core/env_switches.h"
 #include "chorus/core/error.h"
 #include "chorus/core/rng.h"
 #include "chorus/data_parallel/ddp.h"
@@ -143,7 +144,7 @@ int run_bench_ddp_worker(const BenchConfig& c) {
   pg->barrier()->wait();
   backend(dev).reset_peak_bytes(dev);
   // CHORUS_PROFILER_RANGE=1: an external profiler (nsys) records the timed steps only.
-  const char* range_env = std::getenv("CHORUS_PROFILER_RANGE");
+  const char* range_env = chorus::env::get("CHORUS_PROFILER_RANGE");
   const bool range = range_env && std::string(range_env) == "1";
   if (range) backend(dev).profiler_range(true);
   const auto t0 = std::chrono::steady_clock::now();
@@ -163,7 +164,7 @@ int run_bench_ddp_worker(const BenchConfig& c) {
                                 {"host_issue_ms", 1000.0 * issue},
                                 {"cuda_graphs", graphed},
                                 {"loss", loss.item()}};
-  const char* path = std::getenv("CHORUS_BENCH_ROW");
+  const char* path = chorus::env::get("CHORUS_BENCH_ROW");
   CHORUS_CHECK(path != nullptr, "--ddp-worker: CHORUS_BENCH_ROW is not set");
   std::ofstream(path) << row.dump();
   return 0;

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "chorus/core/env_switches.h"
 #include "chorus/core/error.h"
 #include "commands.h"
 
@@ -24,16 +25,16 @@ parallel::DataParallelOptions dp_options(double bucket_mb, std::optional<double>
   if (last_bucket_mb) o.last_bucket_bytes = mib_to_bytes(*last_bucket_mb);
   if (all_reduce) {
     o.grad_sum = dist::parse_grad_sum_method(*all_reduce, "--dp-all-reduce");
-  } else if (const char* e = std::getenv("CHORUS_DP_ALLREDUCE"); e && *e) {
+  } else if (const char* e = chorus::env::get("CHORUS_DP_ALLREDUCE"); e && *e) {
     o.grad_sum = dist::parse_grad_sum_method(e, "CHORUS_DP_ALLREDUCE");
   }
-  if (const char* e = std::getenv("CHORUS_DP_GRADS"); e && *e) {
+  if (const char* e = chorus::env::get("CHORUS_DP_GRADS"); e && *e) {
     const std::string s = e;
     CHORUS_CHECK(s == "in-place" || s == "packed", "CHORUS_DP_GRADS='", s,
                  "' is not a way to hand gradients to the all-reduce (expected in-place or packed)");
     o.grads_in_place = s == "in-place";
   }
-  if (const char* e = std::getenv("CHORUS_DP_GRADS_MIN_BYTES"); e && *e) {
+  if (const char* e = chorus::env::get("CHORUS_DP_GRADS_MIN_BYTES"); e && *e) {
     char* end = nullptr;
     const long long v = std::strtoll(e, &end, 10);
     CHORUS_CHECK(end && *end == '\0' && v >= 0, "CHORUS_DP_GRADS_MIN_BYTES='", e,

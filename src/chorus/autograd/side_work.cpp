@@ -9,6 +9,7 @@
 
 #include "chorus/core/backend.h"
 #include "chorus/core/device.h"
+#include "chorus/core/env_switches.h"
 
 namespace chorus::autograd {
 
@@ -18,7 +19,7 @@ thread_local bool t_allowed = false;
 
 std::atomic<int>& enabled_flag() {
   static std::atomic<int> flag{[] {
-    const char* e = std::getenv("CHORUS_WGRAD_STREAM");
+    const char* e = chorus::env::get("CHORUS_WGRAD_STREAM");
     return e && *e && std::strcmp(e, "0") == 0 ? 0 : 1;
   }()};
   return flag;

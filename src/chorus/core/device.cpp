@@ -4,6 +4,7 @@
 #include <ostream>
 
 #include "chorus/core/backend.h"
+#include "chorus/core/env_switches.h"
 #include "chorus/core/error.h"
 
 namespace chorus {
@@ -61,7 +62,7 @@ int parse_cpu_device_count(const char* env) {
 }  // namespace detail
 
 int cpu_device_count() {
-  static int n = detail::parse_cpu_device_count(std::getenv("CHORUS_CPU_DEVICES"));
+  static int n = detail::parse_cpu_device_count(chorus::env::get("CHORUS_CPU_DEVICES"));
   return n;
 }
 

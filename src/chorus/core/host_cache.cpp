@@ -12,6 +12,7 @@
 // the CUDA allocator reuses device blocks. The cache holds at most
 // CHORUS_CPU_CACHE_MB (default 2048; 0 turns it off) and gives everything
 // back when an allocation fails.
+#include "chorus/core/env_switches.h"
 #include "chorus/core/host_cache.h"
 
 #include <cstdint>
@@ -49,7 +50,7 @@ constexpr size_t kMinCached = size_t{1} << 20;
 constexpr size_t kGranule = size_t{256} << 10;
 
 size_t limit_from_env() {
-  const char* s = std::getenv("CHORUS_CPU_CACHE_MB");
+  const char* s = chorus::env::get("CHORUS_CPU_CACHE_MB");
   if (!s || !*s) return size_t{2048} << 20;
   char* end = nullptr;
   const unsigned long long mb = std::strtoull(s, &end, 10);

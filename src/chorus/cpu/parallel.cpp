@@ -13,6 +13,8 @@
 #include <thread>
 #include <vector>
 
+#include "chorus/core/env_switches.h"
+
 namespace chorus::cpu {
 
 namespace {
@@ -119,7 +121,7 @@ Pool& pool() {
 namespace {
 std::atomic<int>& thread_count() {
   static std::atomic<int> n([] {
-    const char* env = std::getenv("CHORUS_NUM_THREADS");
+    const char* env = chorus::env::get("CHORUS_NUM_THREADS");
     int v = env ? std::atoi(env) : static_cast<int>(std::thread::hardware_concurrency());
     return std::max(1, v);
   }());
@@ -135,7 +137,7 @@ void set_num_threads(int n) {
   openblas_set_num_threads(n);
 }
 
-bool num_threads_set_by_user() { return std::getenv("CHORUS_NUM_THREADS") != nullptr; }
+bool num_threads_set_by_user() { return chorus::env::get("CHORUS_NUM_THREADS") != nullptr; }
 
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;

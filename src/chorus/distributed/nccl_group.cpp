@@ -20,6 +20,7 @@
 // after it: an event on the caller's stream, behind the replay, that the
 // watchdog times like any collective, so a rank that dies while the others
 // replay is named, not waited for forever.
+#include "chorus/core/env_switches.h"
 #include "chorus/distributed/nccl_group.h"
 
 #if defined(CHORUS_WITH_CUDA) && defined(CHORUS_WITH_NCCL)
@@ -132,7 +133,7 @@ class NcclGroup final : public ProcessGroup, public std::enable_shared_from_this
     // CHORUS_NCCL_STREAM_PRIORITY=high: the communication stream's kernels
     // are scheduled ahead of the compute kernels waiting for SMs (measured in
     // docs/benchmarks.md, session 13).
-    const char* prio = std::getenv("CHORUS_NCCL_STREAM_PRIORITY");
+    const char* prio = chorus::env::get("CHORUS_NCCL_STREAM_PRIORITY");
     if (prio && std::string_view(prio) == "high") {
       int least = 0, greatest = 0;
       CHORUS_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));

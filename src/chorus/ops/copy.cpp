@@ -1,3 +1,4 @@
+#include "chorus/core/env_switches.h"
 #include "chorus/ops/copy.h"
 #include "chorus/core/warn.h"
 
@@ -51,7 +52,7 @@ void set_parameter_copy_policy(ParameterCopy policy) { g_param_copy.store(static
 ParameterCopy parameter_copy_policy() {
   int p = g_param_copy.load();
   if (p < 0) {
-    const char* e = std::getenv("CHORUS_STRICT_PLACEMENT");
+    const char* e = chorus::env::get("CHORUS_STRICT_PLACEMENT");
     p = static_cast<int>(e && std::string(e) == "1" ? ParameterCopy::Error : ParameterCopy::Warn);
     int expected = -1;
     g_param_copy.compare_exchange_strong(expected, p);

@@ -1,3 +1,4 @@
+#include "chorus/core/env_switches.h"
 #include "chorus/ops/profile.h"
 
 #include <algorithm>
@@ -137,7 +138,7 @@ TraceScope::~TraceScope() {
 
 bool profiling_enabled() {
   static const bool on = [] {
-    const char* e = std::getenv("CHORUS_PROFILE");
+    const char* e = chorus::env::get("CHORUS_PROFILE");
     return e && *e && std::string(e) != "0";
   }();
   return on;

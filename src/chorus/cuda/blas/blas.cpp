@@ -1,4 +1,5 @@
 // cuBLASLt handles, workspaces, errors and the TF32 switches (see blas.h).
+#include "chorus/core/env_switches.h"
 #include "chorus/cuda/blas/blas.h"
 #include "chorus/cuda/blas/cublaslt_api.h"
 
@@ -43,7 +44,7 @@ bool allow_tf32() { return allow_tf32_matmul() && allow_tf32_conv(); }
 namespace {
 std::atomic<bool>& deterministic_flag() {
   static std::atomic<bool> flag{[] {
-    const char* e = std::getenv("CHORUS_DETERMINISTIC");
+    const char* e = chorus::env::get("CHORUS_DETERMINISTIC");
     return e && *e && std::string(e) != "0";
   }()};
   return flag;

@@ -35,6 +35,7 @@
 #include <optional>
 #include <vector>
 
+#include "chorus/core/env_switches.h"
 #include "chorus/core/error.h"
 #include "chorus/cuda/blas/blas.h"
 #include "chorus/cuda/runtime/caches.h"
@@ -461,7 +462,7 @@ namespace {
 std::atomic<int64_t> epilogue_runs{0};
 std::atomic<int>& epilogue_flag() {
   static std::atomic<int> flag{[] {
-    const char* e = std::getenv("CHORUS_CONV_ADD_EPILOGUE");
+    const char* e = chorus::env::get("CHORUS_CONV_ADD_EPILOGUE");
     return e && std::strcmp(e, "0") == 0 ? 0 : 1;
   }()};
   return flag;

@@ -1,5 +1,6 @@
 // cuDNN graph-API convolutions (Note [Why the graph API], Note [Plan search]
 // in conv_plan.h).
+#include "chorus/core/env_switches.h"
 #include "chorus/cuda/conv/conv_plan.h"
 
 #include <algorithm>
@@ -57,7 +58,7 @@ std::atomic<int> heuristic_state{-1}, shared_state{-1};
 // instrumentation). "timed" (the default) searches.
 bool heuristic_plans() {
   return read_switch(heuristic_state, [] {
-    const char* e = std::getenv("CHORUS_CONV_SEARCH");
+    const char* e = chorus::env::get("CHORUS_CONV_SEARCH");
     const bool timed = !e || !*e || std::strcmp(e, "timed") == 0;
     CHORUS_CHECK(timed || std::strcmp(e, "heuristic") == 0, "CHORUS_CONV_SEARCH must be timed or heuristic, got '", e,
                  "'");
@@ -70,7 +71,7 @@ void set_heuristic_plans(bool on) { heuristic_state.store(on ? 1 : 0); }
 // Note [One plan choice per kind of GPU], below.
 bool shared_plan_choices() {
   return read_switch(shared_state, [] {
-    const char* e = std::getenv("CHORUS_CONV_SEARCH_SHARED");
+    const char* e = chorus::env::get("CHORUS_CONV_SEARCH_SHARED");
     return e && *e && std::strcmp(e, "0") != 0;
   });
 }
@@ -255,7 +256,7 @@ struct Plan {
 // (issue 14: which kernels PyTorch's cudnn.benchmark finds that we do not).
 bool search_log() {
   static const bool on = [] {
-    const char* e = std::getenv("CHORUS_CONV_SEARCH_LOG");
+    const char* e = chorus::env::get("CHORUS_CONV_SEARCH_LOG");
     return e && *e && std::strcmp(e, "0") != 0;
   }();
   return on;
@@ -369,7 +370,7 @@ float time_plan(const Plan& plan, cudnnHandle_t handle, const ConvOperands& ops,
     // Note [Timing behind a gate]; CHORUS_CONV_SEARCH_UNGATED=1 times as
     // before it (events around runs issued back to back), for comparisons.
     static const bool ungated = [] {
-      const char* v = std::getenv("CHORUS_CONV_SEARCH_UNGATED");
+      const char* v = chorus::env::get("CHORUS_CONV_SEARCH_UNGATED");
       return v && *v && std::strcmp(v, "0") != 0;
     }();
     std::optional<StreamGate> gate;
@@ -663,7 +664,7 @@ ConvSearchCounts conv_search_counts() { return {searches_run.load(), choices_reu
 
 bool conv_graph_enabled() {
   static const bool enabled = [] {
-    const char* e = std::getenv("CHORUS_CUDNN_LEGACY");
+    const char* e = chorus::env::get("CHORUS_CUDNN_LEGACY");
     return !(e && *e && std::strcmp(e, "0") != 0);
   }();
   return enabled;

@@ -1,3 +1,4 @@
+#include "chorus/core/env_switches.h"
 #include "chorus/cuda/runtime/allocator.h"
 
 #include <algorithm>
@@ -26,7 +27,7 @@ void warn_if_failed(cudaError_t err, const char* what) noexcept {
 constexpr size_t kDefaultMaxCachedBlock = size_t{256} << 20;
 
 bool cache_enabled_by_environment() {
-  const char* e = std::getenv("CHORUS_CUDA_CACHE");
+  const char* e = chorus::env::get("CHORUS_CUDA_CACHE");
   return !(e && std::string(e) == "0");
 }
 

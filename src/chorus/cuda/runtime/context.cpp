@@ -4,6 +4,7 @@
 // Streams: see Note [One default stream per device] below. A thread's chosen
 // streams (set_current_stream) are per thread; a stream handle must stay valid
 // while any allocator block names it, so default streams are never destroyed.
+#include "chorus/core/env_switches.h"
 #include "chorus/cuda/runtime/context.h"
 
 #include "chorus/core/graph_capture.h"
@@ -196,7 +197,7 @@ struct PeerState {
   std::mutex mu;
   std::map<std::pair<int, int>, bool> enabled;  // pairs tried, and the outcome
   bool allowed = [] {
-    const char* e = std::getenv("CHORUS_PEER_ACCESS");
+    const char* e = chorus::env::get("CHORUS_PEER_ACCESS");
     return !(e && std::string(e) == "0");
   }();
 };

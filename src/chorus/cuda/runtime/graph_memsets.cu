@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "chorus/core/env_switches.h"
 #include "chorus/cuda/runtime/context.h"
 
 namespace chorus::cuda {
@@ -65,7 +66,7 @@ int owner_of(const void* p) {
 }  // namespace
 
 bool rewrite_graph_memsets() {
-  const char* v = std::getenv("CHORUS_GRAPH_MEMSETS");
+  const char* v = chorus::env::get("CHORUS_GRAPH_MEMSETS");
   return !(v && std::strcmp(v, "keep") == 0);
 }
 

@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "chorus/core/env_switches.h"
+
 namespace chorus::cuda {
 
 // On unless the environment variable `env` is "0" when first asked; tests
@@ -17,7 +19,7 @@ class PathSwitch {
   bool on() {
     int v = state_.load(std::memory_order_relaxed);
     if (v < 0) {
-      const char* e = std::getenv(env_);
+      const char* e = chorus::env::get(env_);
       v = e && *e && std::strcmp(e, "0") == 0 ? 0 : 1;
       int unset = -1;
       if (!state_.compare_exchange_strong(unset, v, std::memory_order_relaxed)) v = unset;
