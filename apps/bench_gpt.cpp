@@ -47,7 +47,7 @@ void bench_gpt_row(const BenchConfig& c, const std::string& strategy, const std:
   CHORUS_CHECK(seq <= cfg.context, "--seq-len ", seq, " is above the context");
   cfg.attention = ops::parse_attention_kernel(c.attention);
   cfg.recompute_gelu = c.recompute_gelu;
-  cfg.recompute_blocks = c.recompute == "always" ? cfg.layers : 0;
+  cfg.recompute_blocks = c.recompute == "always" && strategy != "pipeline" ? cfg.layers : 0;
   const int stage = zero_stage_of(strategy, c);
   // The memory plan before the model is built (apps/memory_check.h);
   // pipelines split the model unevenly: no plan for them.
@@ -60,8 +60,6 @@ void bench_gpt_row(const BenchConfig& c, const std::string& strategy, const std:
                      world, c.bucket_mb, stage, c.zero_param_dtype.value_or("")};
     cfg.recompute_blocks = gpt_recompute_blocks(c.recompute, cfg, run, dev, flags);
     plan = check_gpt_memory_plan(cfg, run, dev, flags);
-  } else if (c.recompute != "auto") {
-    cfg.recompute_blocks = gpt_recompute_blocks(c.recompute, cfg, GptRun{c.model}, dev, MemoryPlanFlags{});
   }
   manual_seed(0);
   auto model = std::make_shared<models::GPT>(cfg);
@@ -87,6 +85,7 @@ void bench_gpt_row(const BenchConfig& c, const std::string& strategy, const std:
     const std::string sched = c.schedules.find(',') == std::string::npos ? c.schedules : "1f1b";
     po.schedule = parallel::parse_schedule(sched);
     po.virtual_stages = c.virtual_stages;
+    po.checkpoint = parallel::parse_checkpoint(c.recompute);  // the stages recompute, per micro-batch
     pipe = std::make_shared<parallel::Pipeline>(tied->layers(), c.balance ? parse_balance(*c.balance)
                                                                           : std::vector<int64_t>{},
                                                 devices, po);
@@ -214,8 +213,9 @@ int run_bench_gpt(const BenchConfig& c) {
   CHORUS_CHECK(c.precision == "fp32" || c.precision == "bf16", "unknown precision '", c.precision, "'");
   CHORUS_CHECK(c.batch_size > 0 && c.steps > 0 && c.warmup >= 0, "--batch-size and --steps must be positive");
   check_gpt_recompute_spelling(c.recompute);
-  CHORUS_CHECK(c.recompute != "auto" || c.strategy.find("pipeline") == std::string::npos,
-               "--recompute auto picks blocks by the memory plan, which pipelines do not have: give a number of blocks");
+  CHORUS_CHECK(c.strategy.find("pipeline") == std::string::npos || c.recompute == "never" || c.recompute == "always",
+               "--recompute ", c.recompute, " counts blocks outside pipelines; --strategy pipeline recomputes per "
+               "micro-batch: never or always");
   const std::vector<std::string> strategies = bench_strategies(c);
   const bool over_ranks = strategies.front() == "ddp" || zero_stage_of(strategies.front(), c) > 0;
   if (!over_ranks) {

@@ -191,7 +191,7 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
   cfg.attention = ops::parse_attention_kernel(g.attention);
   cfg.recompute_gelu = g.recompute_gelu;
   const std::string recompute = tc.recompute.value_or("never");
-  cfg.recompute_blocks = recompute == "always" ? cfg.layers : 0;
+  cfg.recompute_blocks = recompute == "always" && tc.strategy != "pipeline" ? cfg.layers : 0;
 
   // The memory plan, before any rendezvous or allocation: a run that cannot
   // fit stops here, on every rank, with what would (apps/memory_check.h).
@@ -205,8 +205,6 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
     flags.quiet = tc.quiet || (ranked && ddp_launch_env(tc.strategy).rank != 0);
     cfg.recompute_blocks = gpt_recompute_blocks(recompute, cfg, run, device, flags);
     r.plan = check_gpt_memory_plan(cfg, run, device, flags);
-  } else if (recompute != "auto") {
-    cfg.recompute_blocks = gpt_recompute_blocks(recompute, cfg, GptRun{tc.model}, device, MemoryPlanFlags{});
   }
 
   if (tc.strategy == "ddp" || tc.strategy == "zero") r.ranks = join_job(ddp_launch_env(tc.strategy), device, tc.dist_timeout_s);
@@ -242,6 +240,9 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
                  r.batch, " sequences");
     po.schedule = parallel::parse_schedule(tc.schedule.value_or("1f1b"));
     po.virtual_stages = tc.virtual_stages.value_or(0);
+    // Under a pipeline the stages recompute, per micro-batch
+    // (PipelineOptions::checkpoint), not the trunk's blocks.
+    po.checkpoint = parallel::parse_checkpoint(recompute);
     r.pipe = std::make_shared<parallel::Pipeline>(r.tied->layers(), tc.balance ? parse_balance(*tc.balance)
                                                                                 : std::vector<int64_t>{},
                                                   r.devices, po);
@@ -251,9 +252,10 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
       for (int64_t b : r.pipe->balance()) bal += (bal.empty() ? "" : ",") + std::to_string(b);
       for (const Device& d : r.devices) devs += (devs.empty() ? "" : ",") + d.str();
       std::fprintf(stderr, "pipeline: %lld layers (embeddings, %lld blocks, head) in %lld stages (%s) over %s, "
-                   "%lld micro-batches, schedule %s\n", (long long)r.tied->layers()->size(), (long long)cfg.layers,
-                   (long long)r.pipe->num_stages(), bal.c_str(), devs.c_str(), (long long)po.micro_batches,
-                   tc.schedule.value_or("1f1b").c_str());
+                   "%lld micro-batches, schedule %s, recompute %s\n", (long long)r.tied->layers()->size(),
+                   (long long)cfg.layers, (long long)r.pipe->num_stages(), bal.c_str(), devs.c_str(),
+                   (long long)po.micro_batches, tc.schedule.value_or("1f1b").c_str(),
+                   parallel::checkpoint_name(po.checkpoint).c_str());
     }
   }
   if (r.ranks) {

@@ -119,8 +119,9 @@ void validate_gpt(const TrainConfig& tc, const GptOptions& g) {
   CHORUS_CHECK(g.attention == "auto" || g.attention == "fused" || g.attention == "composite",
                "--attention must be auto, fused or composite, got '", g.attention, "'");
   if (tc.recompute) check_gpt_recompute_spelling(*tc.recompute);
-  CHORUS_CHECK(tc.recompute.value_or("") != "auto" || tc.strategy != "pipeline",
-               "--recompute auto picks blocks by the memory plan, which pipelines do not have: give a number of blocks");
+  CHORUS_CHECK(tc.strategy != "pipeline" || !tc.recompute || *tc.recompute == "never" || *tc.recompute == "always",
+               "--recompute ", tc.recompute.value_or(""), " counts blocks outside pipelines; --strategy pipeline "
+               "recomputes per micro-batch: never or always");
   CHORUS_CHECK(tc.batch_size > 0, "--batch-size must be positive, got ", tc.batch_size);
   CHORUS_CHECK(!tc.steps || *tc.steps > 0, "--steps must be positive, got ", tc.steps.value_or(0));
   CHORUS_CHECK(!tc.lr || (std::isfinite(*tc.lr) && *tc.lr >= 0), "--lr must be a non-negative number");

@@ -39,10 +39,18 @@ pipe=$("$CHORUS" "${T[@]}" --batch-size 8 --strategy pipeline --devices cpu:0,cp
   || { echo "FAIL: pipeline run"; fail=1; }
 gpipe=$("$CHORUS" "${T[@]}" --batch-size 8 --strategy pipeline --devices cpu:0,cpu:1 --micro-batches 4 \
         --schedule gpipe --balance 1,3) || { echo "FAIL: pipeline run (gpipe)"; fail=1; }
+# --recompute always under a pipeline: each stage's forward runs again per micro-batch (PipelineOptions::checkpoint).
+TQ=(); for a in "${T[@]}"; do [ "$a" = --quiet ] || TQ+=("$a"); done  # the pipeline's line is not --quiet
+piperc=$("$CHORUS" "${TQ[@]}" --batch-size 8 --strategy pipeline --devices cpu:0,cpu:1 --micro-batches 4 \
+         --recompute always 2>"$tmp/piperc.err") || { echo "FAIL: pipeline run (recompute)"; fail=1; }
+check "the pipeline says it recomputes" "grep -q 'schedule 1f1b, recompute always' $tmp/piperc.err"
+"$CHORUS" "${T[@]}" --strategy pipeline --devices cpu:0,cpu:1 --recompute 1 > /dev/null 2>"$tmp/piperc.err"; rc=$?
+check "--recompute 1 under a pipeline is refused in one line" "[ $rc -eq 1 ] && [ \$(wc -l < $tmp/piperc.err) -eq 1 ] && grep -q 'recomputes per micro-batch: never or always' $tmp/piperc.err"
 echo "single: $one"; echo "accum:  $acc"; echo "ddp:    $ddp"; echo "dp:     $dp"; echo "pipe:   $pipe"; echo "gpipe:  $gpipe"
 for k in train_loss val_loss; do
   check "pipeline 2 stages x 4 micro-batches equals batch 8 ($k)" "close $(loss "$pipe" $k) $(loss "$one" $k)"
   check "pipeline (gpipe, balance 1,3) equals batch 8 ($k)" "close $(loss "$gpipe" $k) $(loss "$one" $k)"
+  check "pipeline --recompute always equals batch 8 ($k)" "close $(loss "$piperc" $k) $(loss "$one" $k)"
   check "DataParallel 2 x 4 equals batch 8 ($k)" "close $(loss "$dp" $k) $(loss "$one" $k)"
   check "--grad-accum 2 equals batch 8 ($k)" "close $(loss "$acc" $k) $(loss "$one" $k)"
   check "DDP 2 x 4 equals batch 8 ($k)" "close $(loss "$ddp" $k) $(loss "$one" $k)"

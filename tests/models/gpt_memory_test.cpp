@@ -90,8 +90,6 @@ TEST(GPTMemory, ActivationFormulaMatchesRecomputedGelu) {
   c.recompute_blocks = 2;
   expect_within_10_percent(c, 4, 64);
   GPTConfig kept = small(false);
-  EXPECT_EQ(models::gpt_activation_bytes(kept, 4, 64, false, false).blocks -
-                models::gpt_activation_bytes(small(false), 4, 64, false, false).blocks, 0);
   GPTConfig dropped = kept;
   dropped.recompute_gelu = true;
   EXPECT_EQ(models::gpt_activation_bytes(kept, 4, 64, false, false).blocks -
