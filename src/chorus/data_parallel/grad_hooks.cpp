@@ -1,10 +1,10 @@
 #include "chorus/data_parallel/grad_hooks.h"
 
 #include <algorithm>
-#include <chrono>
 #include <mutex>
 
 #include "chorus/autograd/side_work.h"
+#include "chorus/data_parallel/bucket_engine.h"
 #include "chorus/core/error.h"
 #include "chorus/ops/copy.h"
 #include "chorus/ops/factory.h"
@@ -12,33 +12,38 @@
 
 namespace chorus::dist {
 
-// Note [Reducer hooks] (grad_hooks.h).
+// Note [Reducer hooks] (grad_hooks.h): the front end of one replica per
+// process over the engine (Note [One reducer engine] in bucket_engine.h).
 struct HookReducer::State {
   std::vector<Tensor> params;
   ReducerOptions options;
-  std::shared_ptr<CommHook> comm;
   std::vector<Device> devices;  // distinct, of the parameters
 
   mutable std::mutex mu;  // the hooks may run on several engine threads
-  std::shared_ptr<const GradBuckets> buckets;
+  std::unique_ptr<BucketEngine> engine;
   std::vector<std::vector<Tensor>> buffers;  // [bucket][group], persistent
+  std::vector<std::vector<Tensor>> results;  // [bucket][group]: the armed backward's reductions
   std::vector<Tensor> views;                 // [k]: its segment of its bucket's buffer
   bool armed = false, done = false;
-  std::vector<char> ready, unused;     // [k] in the armed backward
-  std::vector<char> kept;              // [k] unused but with an earlier .grad, reduced too
-  std::vector<size_t> pending;         // [bucket]: parameters not yet ready
-  size_t next_launch = 0;              // buckets launch in index order
-  std::vector<std::vector<Tensor>> results;  // [bucket][group]
-  bool recording_order = true;         // until the first armed backward finishes
-  std::vector<size_t> order;
-  double join_seconds = 0;             // host time in the hook's join() so far
+  std::vector<char> unused;  // [k] in the armed backward
+  std::vector<char> kept;    // [k] unused but with an earlier .grad, reduced too
+
+  const GradBuckets& buckets() const { return engine->plan(); }
+
+  std::shared_ptr<const GradBuckets> make_plan(const std::vector<size_t>& fill) const {
+    return std::make_shared<const GradBuckets>(params, options.bucket_bytes, options.first_bucket_bytes, fill,
+                                               options.last_bucket_bytes);
+  }
 
   void plan(const std::vector<size_t>& fill) {
-    buckets = std::make_shared<const GradBuckets>(params, options.bucket_bytes, options.first_bucket_bytes, fill,
-                                                  options.last_bucket_bytes);
+    engine->set_plan(make_plan(fill));
+    make_buffers();
+  }
+
+  void make_buffers() {
     buffers.clear();
     views.assign(params.size(), Tensor());
-    for (const GradBuckets::Bucket& b : buckets->buckets) {
+    for (const GradBuckets::Bucket& b : buckets().buckets) {
       buffers.emplace_back();
       const Device d = params[b.ks[0]].device();
       for (size_t g = 0; g < b.layout.groups(); ++g)
@@ -52,7 +57,7 @@ struct HookReducer::State {
   // ops::copy_multi), skipping those whose .grad already is the segment.
   void gather_into_bucket(size_t b) {
     TensorList srcs, dsts;
-    for (size_t k : buckets->buckets[b].ks) {
+    for (size_t k : buckets().buckets[b].ks) {
       if (unused[k]) continue;  // mark_unused wrote its segment
       const Tensor g = params[k].grad();
       // Computed beside the data gradient, it is read from here on (Note
@@ -67,51 +72,41 @@ struct HookReducer::State {
     if (!srcs.empty()) ops::copy_multi(srcs, dsts);
   }
 
+  // Bucket b complete and its turn: into its buffers, then each buffer to the
+  // CommHook after an event on the device's current stream.
+  void launch(size_t b) {
+    gather_into_bucket(b);
+    Event written(params[buckets().buckets[b].ks[0]].device(), /*timing=*/false);
+    written.record();
+    for (size_t g = 0; g < buffers[b].size(); ++g) {
+      std::vector<Tensor> one{buffers[b][g]};
+      results[b][g] = engine->reduce(one, {written});
+    }
+  }
+
   // Caller holds mu.
   void mark_ready(size_t k) {
-    ready[k] = 1;
-    if (recording_order) order.push_back(k);
-    --pending[buckets->bucket_of[k]];
-    // Launch every complete bucket whose predecessors are launched.
-    while (next_launch < buckets->buckets.size() && pending[next_launch] == 0) {
-      const size_t b = next_launch++;
-      gather_into_bucket(b);
-      Event written(params[buckets->buckets[b].ks[0]].device(), /*timing=*/false);
-      written.record();
-      results[b].clear();
-      for (const Tensor& buf : buffers[b]) {
-        std::vector<Tensor> one{buf};
-        results[b].push_back(comm->reduce(one, {written}));
-      }
-    }
-    if (next_launch == buckets->buckets.size()) finish();
+    engine->readiness().mark_ready(k, [this](size_t b) { launch(b); });
+    if (engine->readiness().all_launched()) finish();
   }
 
   // Parameter k's segment of its bucket's reduced result.
   Tensor result_view(size_t k) const {
-    const size_t b = buckets->bucket_of[k], i = buckets->index_in_bucket[k];
-    const FlatLayout& layout = buckets->buckets[b].layout;
-    const Tensor& result = results[b][layout.segments[i].group];
+    const GradBuckets::Place pl = buckets().place(k);
+    const Tensor& result = results[pl.bucket][pl.group];
     // The bucket itself when the comm works in place: the persistent view.
-    const Tensor& buf = buffers[b][layout.segments[i].group];
+    const Tensor& buf = buffers[pl.bucket][pl.group];
     return result.storage() == buf.storage() && result.storage_offset() == buf.storage_offset() ? views[k]
-                                                                                                : layout.view(result, i);
+                                                                                                : engine->view(k, result);
   }
 
   void finish() {
-    {
-      // Note [Step traces]: on CPU (Gloo) this is where the host waits for
-      // the other ranks' gradients.
-      ops::TraceScope trace("wait_gradients");
-      const auto begin = std::chrono::steady_clock::now();
-      for (const Device& d : devices) comm->join(d);
-      join_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
-    }
+    engine->join(devices);
     for (size_t k = 0; k < params.size(); ++k)
       if (!unused[k] || kept[k]) params[k].set_grad(result_view(k));
     armed = false;
     done = true;
-    recording_order = false;
+    engine->readiness().stop_recording();
   }
 
   // Caller holds mu. k contributes what it already holds (an earlier
@@ -132,9 +127,6 @@ struct HookReducer::State {
   void on_grad_ready(size_t k) {
     std::lock_guard<std::mutex> lk(mu);
     if (!armed) return;  // an unarmed backward (no_sync): a plain accumulation
-    CHORUS_CHECK(!ready[k], "HookReducer: the gradient of parameter ", k,
-                 " became ready twice in one backward (marked unused, or two backward passes after one "
-                 "prepare_for_backward)");
     // The copy into the bucket waits for the bucket's launch: one multi-tensor
     // copy per bucket instead of a launch per parameter (host time is what a
     // fast GPU step is short of).
@@ -161,8 +153,8 @@ HookReducer::HookReducer(std::vector<Tensor> params, std::shared_ptr<CommHook> c
   }
   s.params = std::move(params);
   s.options = options;
-  s.comm = std::move(comm);
-  s.plan({});
+  s.engine = std::make_unique<BucketEngine>(s.make_plan({}), std::move(comm), BucketReadiness::Order::InOrder);
+  s.make_buffers();
   std::weak_ptr<State> weak = state_;
   for (size_t k = 0; k < s.params.size(); ++k)
     s.params[k].register_post_accumulate_hook(
@@ -179,17 +171,14 @@ void HookReducer::prepare_for_backward(const std::vector<size_t>& unused) {
   std::lock_guard<std::mutex> lk(s.mu);
   CHORUS_CHECK(!s.armed, "HookReducer: prepare_for_backward while the previous armed backward has not finished (",
                "a parameter it reached no gradient for must be named unused)");
-  const size_t n = s.params.size(), nb = s.buckets->buckets.size();
-  s.ready.assign(n, 0);
+  const size_t n = s.params.size();
   s.unused.assign(n, 0);
   s.kept.assign(n, 0);
-  s.pending.assign(nb, 0);
-  s.results.assign(nb, {});
-  s.next_launch = 0;
+  s.results.assign(s.buffers.size(), {});
+  for (size_t b = 0; b < s.buffers.size(); ++b) s.results[b].resize(s.buffers[b].size());
+  s.engine->readiness().arm(s.buckets());
   s.done = false;
   s.armed = true;
-  if (s.recording_order) s.order.clear();
-  for (size_t k = 0; k < n; ++k) ++s.pending[s.buckets->bucket_of[k]];
   for (size_t k : unused) {
     CHORUS_CHECK(k < n, "HookReducer: unused parameter ", k, " out of range (", n, " parameters)");
     CHORUS_CHECK(!s.unused[k], "HookReducer: parameter ", k, " named unused twice");
@@ -204,9 +193,7 @@ void HookReducer::flush() {
   State& s = *state_;
   std::lock_guard<std::mutex> lk(s.mu);
   if (!s.armed) return;
-  std::vector<size_t> late;
-  for (size_t k = 0; k < s.params.size(); ++k)
-    if (!s.ready[k]) late.push_back(k);
+  const std::vector<size_t> late = s.engine->readiness().not_ready();
   for (size_t k : late) s.mark_unused(k);
   for (size_t k : late) s.mark_ready(k);
 }
@@ -214,7 +201,7 @@ void HookReducer::flush() {
 void HookReducer::abandon() {
   State& s = *state_;
   std::lock_guard<std::mutex> lk(s.mu);
-  if (s.armed) s.comm->join_quietly();
+  if (s.armed) s.engine->join_quietly();
   s.armed = false;
   s.done = false;
 }
@@ -241,15 +228,16 @@ bool HookReducer::finished() const {
 
 std::vector<size_t> HookReducer::ready_order() const {
   std::lock_guard<std::mutex> lk(state_->mu);
-  return state_->recording_order ? std::vector<size_t>{} : state_->order;
+  return state_->engine->readiness().ready_order();
 }
 
 void HookReducer::rebuild_buckets() {
   State& s = *state_;
   std::lock_guard<std::mutex> lk(s.mu);
   CHORUS_CHECK(!s.armed, "HookReducer: rebuild_buckets during an armed backward");
-  CHORUS_CHECK(!s.recording_order, "HookReducer: rebuild_buckets before a complete armed backward recorded the order");
-  s.plan(s.order);
+  CHORUS_CHECK(!s.engine->readiness().recording(),
+               "HookReducer: rebuild_buckets before a complete armed backward recorded the order");
+  s.plan(s.engine->readiness().ready_order());
 }
 
 void HookReducer::rebuild_buckets_from(const std::vector<size_t>& order) {
@@ -257,14 +245,14 @@ void HookReducer::rebuild_buckets_from(const std::vector<size_t>& order) {
   std::lock_guard<std::mutex> lk(s.mu);
   CHORUS_CHECK(!s.armed, "HookReducer: rebuild_buckets during an armed backward");
   s.plan(order);
-  s.recording_order = false;
+  s.engine->readiness().stop_recording();
 }
 
-const GradBuckets& HookReducer::buckets() const { return *state_->buckets; }
+const GradBuckets& HookReducer::buckets() const { return state_->buckets(); }
 
 double HookReducer::join_seconds() const {
   std::lock_guard<std::mutex> lk(state_->mu);
-  return state_->join_seconds;
+  return state_->engine->join_seconds();
 }
 
 std::vector<Tensor> HookReducer::bucket_buffers(size_t b) const {

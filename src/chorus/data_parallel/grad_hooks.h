@@ -1,11 +1,11 @@
-// HookReducer: the gradient reducer's per-parameter form, for
-// DistributedDataParallel: each parameter's gradient enters its bucket as soon
-// as it is final (a post-accumulate hook), and a bucket goes to its CommHook
-// (a ProcessGroup all-reduce, a compression hook, a user's own) once it is
-// complete, while the backward still runs. It shares the bucket plan
-// (GradBuckets, Note [Gradient buckets] in data_parallel/grad_buckets.h) and the
-// CommHook interface with the graph form (data_parallel/reducer.h, Note [Gradient
-// nodes]) that DataParallel uses; DDP only plugs in a hook.
+// HookReducer: the gradient reducer's front end for one replica per process
+// (DistributedDataParallel) over the reducer's engine (BucketEngine, Note [One
+// reducer engine] in data_parallel/bucket_engine.h): each parameter's gradient
+// is marked ready as soon as it is final (a post-accumulate hook), and a
+// bucket goes to its CommHook (a ProcessGroup all-reduce, a compression hook,
+// a user's own) once it is complete and its turn, while the backward still
+// runs. The graph form (data_parallel/reducer.h, Note [Gradient nodes]) is
+// DataParallel's front end over the same engine; DDP only plugs in a hook.
 //
 // Note [Reducer hooks]: one
 // replica per process, whose parameters (all on one device) get a

@@ -47,8 +47,8 @@ namespace {
 
 // What one forward's gradient nodes share (Note [Gradient nodes]).
 struct GradStep {
-  std::shared_ptr<const GradBuckets> buckets;
-  std::shared_ptr<CommHook> comm;
+  // Note [One reducer engine]: the plan, the CommHook, the join.
+  std::shared_ptr<BucketEngine> engine;
   std::vector<Device> devices;  // of the replicas, in order
   // [replica][k]: whether the replica's last backward produced a gradient for
   // parameter k. Each replica node writes its own bucket's entries of its own
@@ -102,7 +102,7 @@ class ReplicaBackward final : public autograd::Node {
 
   TensorList apply(TensorList&& grads) override {
     if (step_->each) return pass_on(std::move(grads));
-    const GradBuckets::Bucket& bucket = step_->buckets->buckets[bucket_];
+    const GradBuckets::Bucket& bucket = step_->engine->plan().buckets[bucket_];
     const FlatLayout& layout = bucket.layout;
     const size_t groups = layout.groups();
     std::vector<char>& got = step_->got[replica_];
@@ -148,7 +148,7 @@ class ReplicaBackward final : public autograd::Node {
   // of another layout or dtype, is copied into a fresh buffer, which the sum
   // may then write. The small ones are packed, one flat buffer per dtype.
   TensorList pass_on(TensorList&& grads) {
-    const GradBuckets::Bucket& bucket = step_->buckets->buckets[bucket_];
+    const GradBuckets::Bucket& bucket = step_->engine->plan().buckets[bucket_];
     const BucketSplit& split = (*step_->split)[bucket_];
     const FlatLayout& layout = bucket.layout;
     std::vector<char>& got = step_->got[replica_];
@@ -212,7 +212,7 @@ class ReplicaBackward final : public autograd::Node {
   // copy] in ops/copy.h); anything else converts.
   void pack(const TensorList& grads, const std::vector<size_t>& which, const FlatLayout& layout,
             const TensorList& flats) const {
-    const GradBuckets::Bucket& bucket = step_->buckets->buckets[bucket_];
+    const GradBuckets::Bucket& bucket = step_->engine->plan().buckets[bucket_];
     const std::vector<char>& got = step_->got[replica_];
     TensorList srcs, dsts;
     for (size_t j = 0; j < which.size(); ++j) {
@@ -248,7 +248,7 @@ class BucketBackward final : public autograd::Node {
 
   TensorList apply(TensorList&& grads) override {
     if (step_->each) return sum_each(std::move(grads));
-    const GradBuckets::Bucket& bucket = step_->buckets->buckets[bucket_];
+    const GradBuckets::Bucket& bucket = step_->engine->plan().buckets[bucket_];
     const FlatLayout& layout = bucket.layout;
     const size_t groups = layout.groups(), replicas = step_->devices.size();
     TensorList out(groups);
@@ -273,7 +273,7 @@ class BucketBackward final : public autograd::Node {
           ready.back().record();
         }
       }
-      out[g] = step_->comm->reduce(srcs, ready);
+      out[g] = step_->engine->reduce(srcs, ready);
       if (!step_->replica_grads.empty()) step_->results[bucket_][g] = srcs;
       for (size_t i = 0; i < bucket.ks.size(); ++i) {
         if (layout.segments[i].group != g) continue;
@@ -290,7 +290,7 @@ class BucketBackward final : public autograd::Node {
   // slot s (S slots: BucketSplit); every slot of the bucket is summed in
   // place by one grouped all-reduce, and output s is replica 0's sum of slot s.
   TensorList sum_each(TensorList&& grads) {
-    const GradBuckets::Bucket& bucket = step_->buckets->buckets[bucket_];
+    const GradBuckets::Bucket& bucket = step_->engine->plan().buckets[bucket_];
     const BucketSplit& split = (*step_->split)[bucket_];
     const FlatLayout& layout = bucket.layout;
     const size_t slots = split.slots(), replicas = step_->devices.size();
@@ -340,11 +340,11 @@ class BucketBackward final : public autograd::Node {
     if (step_->exchange) {
       // Note [Gradient sums in the update]: each side gets the other's
       // gradients beside its own, as their pending part.
-      std::vector<std::vector<Tensor>> parts = step_->comm->exchange_each(bufs, ready);
+      std::vector<std::vector<Tensor>> parts = step_->engine->exchange_each(bufs, ready);
       for (size_t s = 0; s < slots; ++s)
         for (size_t r = 0; r < replicas; ++r) autograd::set_pending_sum(bufs[s][r], parts[s][r]);
     } else {
-      step_->comm->sum_each(bufs, ready);
+      step_->engine->sum_each(bufs, ready);
     }
     for (size_t s = 0; s < slots; ++s) {
       out[s] = bufs[s][0];
@@ -382,8 +382,8 @@ class JoinBackward final : public autograd::Node {
   std::string name() const override { return "ReducerJoinBackward"; }
 
   TensorList apply(TensorList&& grads) override {
-    step_->comm->join(step_->devices[0]);
-    const GradBuckets& buckets = *step_->buckets;
+    step_->engine->join({step_->devices[0]});
+    const GradBuckets& buckets = step_->engine->plan();
     if (!step_->replica_grads.empty()) set_replica_grads();
     TensorList out(step_->summed.size());
     for (size_t k = 0; k < out.size(); ++k) {
@@ -405,7 +405,7 @@ class JoinBackward final : public autograd::Node {
       if (in < grads.size() && grads[in].defined()) {
         // Disjoint views of a fresh result that only they refer to once this
         // node returns: each master's AccumulateGrad keeps its view as .grad.
-        out[k] = layout.view(grads[in], i);
+        out[k] = step_->engine->view(k, grads[in]);
         autograd::mark_owned_view(out[k]);
       }
     }
@@ -417,13 +417,13 @@ class JoinBackward final : public autograd::Node {
   // (Note [Replicated updates] in parallel/data_parallel.h); its device's
   // current stream waits for the collectives first.
   void set_replica_grads() {
-    const GradBuckets& buckets = *step_->buckets;
+    const GradBuckets& buckets = step_->engine->plan();
     for (size_t r = 1; r < step_->devices.size(); ++r) {
       // This thread's current stream of devices[r] is not the caller's
       // (DeviceThreadPool carries only a thread's own device's stream): the
       // join, and any accumulation below, go to the caller's.
       StreamGuard on_callers(step_->caller_streams[r]);
-      step_->comm->join(step_->devices[r]);
+      step_->engine->join({step_->devices[r]});
       for (size_t k = 0; k < step_->summed.size(); ++k) {
         const Tensor& target = step_->replica_grads[r][k];
         if (!target.defined()) continue;
@@ -451,7 +451,7 @@ class JoinBackward final : public autograd::Node {
           continue;
         }
         const Tensor& buf = step_->results[b][layout.segments[i].group][r];
-        Tensor g = layout.view(buf, i);
+        Tensor g = step_->engine->view(k, buf);
         autograd::mark_owned_view(g);
         give(target, g, accumulate);
       }
@@ -491,20 +491,24 @@ class JoinBackward final : public autograd::Node {
 }  // namespace
 
 Reducer::Reducer(std::vector<Tensor> params, std::shared_ptr<CommHook> comm, ReducerOptions options)
-    : params_(std::move(params)), comm_(std::move(comm)) {
+    : params_(std::move(params)) {
   CHORUS_CHECK(options.bucket_bytes >= 0, "Reducer: bucket_bytes must be >= 0 (0: one bucket), got ",
                options.bucket_bytes);
   CHORUS_CHECK(options.first_bucket_bytes >= 0, "Reducer: first_bucket_bytes must be >= 0, got ",
                options.first_bucket_bytes);
   CHORUS_CHECK(options.last_bucket_bytes >= 0, "Reducer: last_bucket_bytes must be >= 0, got ",
                options.last_bucket_bytes);
-  CHORUS_CHECK(comm_ != nullptr, "Reducer: no communication hook");
-  buckets_ = std::make_shared<const GradBuckets>(params_, options.bucket_bytes, options.first_bucket_bytes,
-                                                 std::vector<size_t>{}, options.last_bucket_bytes);
+  CHORUS_CHECK(comm != nullptr, "Reducer: no communication hook");
+  // Note [One reducer engine]: in one process the autograd engine's
+  // dependency counts are the ready counts (Note [Gradient nodes]).
+  engine_ = std::make_shared<BucketEngine>(
+      std::make_shared<const GradBuckets>(params_, options.bucket_bytes, options.first_bucket_bytes,
+                                          std::vector<size_t>{}, options.last_bucket_bytes),
+      std::move(comm), BucketReadiness::Order::AsReady);
   const int64_t min_bytes = options.in_place_min_bytes;
   CHORUS_CHECK(min_bytes >= 0, "Reducer: in_place_min_bytes must be >= 0, got ", min_bytes);
   auto split = std::make_shared<std::vector<BucketSplit>>();
-  for (const GradBuckets::Bucket& b : buckets_->buckets) split->emplace_back(b, params_, min_bytes);
+  for (const GradBuckets::Bucket& b : engine_->plan().buckets) split->emplace_back(b, params_, min_bytes);
   split_ = std::move(split);
 }
 
@@ -513,13 +517,12 @@ std::vector<std::vector<Tensor>> Reducer::record(const std::vector<Device>& devi
                                                  const std::vector<std::vector<Tensor>>& replica_grads) const {
   const size_t used = devices.size(), k_count = params_.size();
   CHORUS_ASSERT(replica_params.size() == used);
-  CHORUS_ASSERT(replica_grads.empty() || (replica_grads.size() == used && comm_->all_reduces()));
-  const GradBuckets& buckets = *buckets_;
+  CHORUS_ASSERT(replica_grads.empty() || (replica_grads.size() == used && engine_->comm().all_reduces()));
+  const GradBuckets& buckets = engine_->plan();
   const size_t n_buckets = buckets.buckets.size();
 
   auto step = std::make_shared<GradStep>();
-  step->buckets = buckets_;
-  step->comm = comm_;
+  step->engine = engine_;
   step->devices = devices;
   step->got.assign(used, std::vector<char>(k_count, 0));
   step->ready.assign(n_buckets, std::vector<std::optional<Event>>(used));
@@ -527,9 +530,9 @@ std::vector<std::vector<Tensor>> Reducer::record(const std::vector<Device>& devi
   // Note [Gradients summed where they are]: with more than one replica and a
   // comm that sums each gradient in place (one value per step: a capture and
   // its replays agree).
-  step->each = used > 1 && comm_->sums_each();
+  step->each = engine_->sums_each(used);
   if (step->each) step->split = split_;
-  step->exchange = step->each && comm_->exchanges(devices);
+  step->exchange = step->each && engine_->exchanges(devices);
   // What flows per replica and bucket: one flat buffer per dtype, or the
   // large gradients as they are and a flat buffer per dtype of the rest.
   auto slots = [&](size_t b) { return step->each ? (*split_)[b].slots() : buckets.buckets[b].layout.groups(); };

@@ -1,13 +1,15 @@
 // The gradient reducer: what turns the replicas' gradients into their
-// reduction, bucket by bucket, while the backward still runs. Its parts: the
-// bucket plan (GradBuckets, data_parallel/grad_buckets.h, Note [Gradient buckets]),
-// the communication (one CommHook class per strategy, data_parallel/comm_hook.h,
-// chosen from the options), and two forms over them: the graph form below,
-// for replicas inside one process (DataParallel: the autograd engine's
-// dependency counts say when a bucket is complete, so unused parameters need
-// no pass of their own), and the hook form (data_parallel/grad_hooks.h, Note [Reducer
-// hooks]), for one replica per process (DistributedDataParallel: persistent
-// buckets, launched in one order on every rank, no_sync accumulation).
+// reduction, bucket by bucket, while the backward still runs. One engine
+// (BucketEngine, data_parallel/bucket_engine.h, Note [One reducer engine]: the
+// bucket plan GradBuckets, ready counts, launch order, the CommHook's
+// reductions, the join, the views) and two front ends over it: the graph
+// form below, for replicas inside one process (DataParallel: the autograd
+// engine's dependency counts are the ready counts, so unused parameters need
+// no pass of their own), and the hook form (data_parallel/grad_hooks.h, Note
+// [Reducer hooks]), for one replica per process (DistributedDataParallel:
+// persistent buckets, launched in one order on every rank, no_sync
+// accumulation). The communication is one CommHook class per strategy
+// (data_parallel/comm_hook.h), chosen from the options.
 //
 // Note [Gradient nodes]: the graph form is part of the autograd graph, not a set
 // of hooks. Each forward that records, record() returns, for each replica r
@@ -85,6 +87,7 @@
 
 #include "chorus/core/stream.h"
 #include "chorus/core/tensor.h"
+#include "chorus/data_parallel/bucket_engine.h"
 #include "chorus/data_parallel/comm_hook.h"
 #include "chorus/data_parallel/grad_buckets.h"
 
@@ -146,12 +149,13 @@ class Reducer {
                                           const std::vector<std::vector<Tensor>>& replica_grads = {}) const;
 
   const std::vector<Tensor>& params() const { return params_; }
-  const GradBuckets& buckets() const { return *buckets_; }
+  const GradBuckets& buckets() const { return engine_->plan(); }
+  // Host seconds the join node waited so far (Note [One reducer engine]).
+  double join_seconds() const { return engine_->join_seconds(); }
 
  private:
   std::vector<Tensor> params_;
-  std::shared_ptr<CommHook> comm_;
-  std::shared_ptr<const GradBuckets> buckets_;
+  std::shared_ptr<BucketEngine> engine_;
   std::shared_ptr<const std::vector<BucketSplit>> split_;  // [bucket]
 };
 
