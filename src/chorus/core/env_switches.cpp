@@ -25,7 +25,6 @@ const std::vector<Switch>& switches() {
       {"CHORUS_PROFILE", "diagnostic", "1: synchronise around every kernel and print the times"},
       {"CHORUS_PROFILER_RANGE", "diagnostic", "1: chorus bench brackets the timed steps for an external profiler"},
       {"CHORUS_CONV_SEARCH_LOG", "diagnostic", "1: print every cuDNN plan the convolution search times"},
-      {"CHORUS_CONV_SEARCH_UNGATED", "comparison", "1: time convolution plans the old way"},
       {"CHORUS_CUDNN_LEGACY", "comparison", "1: convolutions through cuDNN's legacy API"},
       {"CHORUS_CONV_ADD_EPILOGUE", "comparison", "0: a residual block's add outside the convolution's epilogue"},
       {"CHORUS_WGRAD_STREAM", "comparison", "0: a convolution's weight gradient on the same stream as its data gradient"},

@@ -367,20 +367,16 @@ float time_plan(const Plan& plan, cudnnHandle_t handle, const ConvOperands& ops,
   bool ok = true;
   bool host_bound = false;
   {
-    // Note [Timing behind a gate]; CHORUS_CONV_SEARCH_UNGATED=1 times as
-    // before it (events around runs issued back to back), for comparisons.
-    static const bool ungated = [] {
-      const char* v = chorus::env::get("CHORUS_CONV_SEARCH_UNGATED");
-      return v && *v && std::strcmp(v, "0") != 0;
-    }();
-    std::optional<StreamGate> gate;
-    if (!ungated) gate.emplace(current_stream(device));
+    // Note [Timing behind a gate]. (Timing without the gate, runs issued
+    // back to back, chose the same plans for WRN-28-10: benchmarks journal,
+    // session 12; that way was removed in session 39.)
+    StreamGate gate(current_stream(device));
     start.record();
     for (int i = 0; i < kTimedRuns && ok; ++i) ok = execute(plan, handle, ops, wp) == CUDNN_STATUS_SUCCESS;
     stop.record();
-    if (gate) gate->open();
+    gate.open();
     stop.synchronize();
-    host_bound = gate && gate->expired();
+    host_bound = gate.expired();
   }
   const float ms = start.elapsed(stop);
   if (host_bound && search_log()) std::fprintf(stderr, "conv search: the gate expired; this timing includes the host\n");
