@@ -344,12 +344,37 @@ __global__ void cross_entropy_fused_kernel(const T* logits, const int64_t* targe
     if (threadIdx.x == 0) losses[row] = L(0);
     return;
   }
+  // Note [The classifier's exponentials]: the row's max and sum of
+  // exp(x - max) a 16-byte vector at a time -- the sum rescaled once per
+  // vector whose max is new, not per element -- with the hardware's exp2
+  // (__expf: ex2.approx of x log2 e, ~2 ulp, ~1e-6 relative at the
+  // arguments a softmax sees) instead of expf's longer accurate sequence. Both
+  // passes over the row were bound by the exponentials, not by the memory
+  // (llm.c builds its classifier with --use_fast_math for the same reason).
+  // A NaN logit makes the sum NaN (the row's loss NaN, as in PyTorch).
   MaxSumV ms{-INFINITY, 0.0f};
   for (int64_t c = threadIdx.x; c < valid_v; c += blockDim.x) {
     const Vec<T, V> v = xr[c];
+    float x[V];
+    float vm = -INFINITY;
 #pragma unroll
-    for (int j = 0; j < V; ++j)
-      if (c * V + j < valid) ms = ms.add(to_acc(v.v[j]));
+    for (int j = 0; j < V; ++j) {
+      x[j] = c * V + j < valid ? static_cast<float>(to_acc(v.v[j])) : -INFINITY;
+      vm = fmaxf(vm, x[j]);
+    }
+    if (vm == -INFINITY) {
+      // Every element -inf (or NaN, which fmaxf passes over): only a NaN counts.
+#pragma unroll
+      for (int j = 0; j < V; ++j)
+        if (x[j] != x[j]) ms.s = x[j];
+      continue;
+    }
+    if (vm > ms.m) {
+      ms.s = ms.m == -INFINITY ? 0.0f : ms.s * __expf(ms.m - vm);
+      ms.m = vm;
+    }
+#pragma unroll
+    for (int j = 0; j < V; ++j) ms.s += __expf(x[j] - ms.m);
   }
   ms = row_allreduce(ms);
   const float log_sum = logf(ms.s);
@@ -368,7 +393,7 @@ __global__ void cross_entropy_fused_kernel(const T* logits, const int64_t* targe
     for (int j = 0; j < V; ++j) {
       const int64_t col = c * V + j;
       const float g =
-          col < valid ? (expf((to_acc(v.v[j]) - ms.m) - log_sum) - (col == tg ? 1.0f : 0.0f)) * scale : 0.0f;
+          col < valid ? (__expf((to_acc(v.v[j]) - ms.m) - log_sum) - (col == tg ? 1.0f : 0.0f)) * scale : 0.0f;
       out.v[j] = convert<T>(g);
     }
     dr[c] = out;
