@@ -19,6 +19,7 @@
 #include "chorus/core/error.h"
 #include "chorus/core/graph_capture.h"
 #include "chorus/core/warn.h"
+#include "chorus/data_parallel/bucket_engine.h"
 #include "chorus/data_parallel/replica_sync.h"
 #include "chorus/ops/copy.h"
 #include "chorus/ops/elementwise.h"
@@ -80,9 +81,15 @@ struct ShardedDataParallel::Impl final : autograd::BackwardObserver {
   bool backward_running = false;
   PassStack passes;        // Note [Nested backward passes]
   size_t armed_depth = 0;  // the depth of the pass that reduces
-  std::vector<char> ready, unused;
-  std::vector<size_t> pending;  // [bucket]
-  size_t next_launch = 0;
+  // Note [One reducer engine] (bucket_engine.h): the reducer's ready counts
+  // and launch order; every rank launches its buckets in index order (the
+  // plan is fixed: no ready order to record).
+  BucketReadiness readiness = [] {
+    BucketReadiness r(BucketReadiness::Order::InOrder);
+    r.stop_recording();
+    return r;
+  }();
+  std::vector<char> unused;
   std::vector<int64_t> used;  // [k] this rank's flags
   Tensor all_used;            // [k] ones on the group's device: the flags of a step that used everything
   std::vector<std::string> unused_names;
@@ -303,15 +310,13 @@ struct ShardedDataParallel::Impl final : autograd::BackwardObserver {
 
   // Caller holds mu.
   void mark_ready(size_t k) {
-    ready[k] = 1;
-    --pending[plan.bucket_of[k]];
-    while (next_launch < plan.buckets.size() && pending[next_launch] == 0) launch(next_launch++);
+    readiness.mark_ready(k, [this](size_t b) { launch(b); });
   }
 
   void on_grad_ready(size_t k) {
     std::lock_guard<std::mutex> lk(mu);
     if (!in_backward) return;  // not armed (no_sync): a plain accumulation
-    CHORUS_CHECK(!ready[k], "ShardedDataParallel: the gradient of '", names[k],
+    CHORUS_CHECK(!readiness.is_ready(k), "ShardedDataParallel: the gradient of '", names[k],
                  "' became ready twice in one backward");
     mark_ready(k);
   }
@@ -391,11 +396,8 @@ struct ShardedDataParallel::Impl final : autograd::BackwardObserver {
     in_backward = true;
     armed_depth = passes.depth();
     const size_t n = params.size();
-    ready.assign(n, 0);
+    readiness.arm(plan);
     unused.assign(n, 0);
-    pending.assign(plan.buckets.size(), 0);
-    next_launch = 0;
-    for (size_t k = 0; k < n; ++k) ++pending[plan.bucket_of[k]];
     const std::vector<size_t> unreached = unreached_params(leaves, params, used);
     for (size_t k : unreached) unused[k] = 1;
     for (size_t k : unreached) mark_ready(k);
@@ -422,15 +424,13 @@ struct ShardedDataParallel::Impl final : autograd::BackwardObserver {
     }
     ops::TraceScope wait("wait_gradients");
     // Reached but given no gradient: ready now (their buckets launch in turn).
-    std::vector<size_t> late;
-    for (size_t k = 0; k < params.size(); ++k)
-      if (!ready[k]) late.push_back(k);
+    const std::vector<size_t> late = readiness.not_ready();
     for (size_t k : late) {
       unused[k] = 1;
       used[k] = params[k].grad().defined() ? 1 : 0;
     }
     for (size_t k : late) mark_ready(k);
-    CHORUS_ASSERT(next_launch == plan.buckets.size());
+    CHORUS_ASSERT(readiness.all_launched());
     finish();
   }
 };
