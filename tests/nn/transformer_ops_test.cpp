@@ -534,6 +534,73 @@ TEST(TransformerOps, AddLayerNormMatchesTheCpu_CUDA) {
   }
 }
 
+// Layer norm's backward on the GPU (Note [Layer norm's backward in one pass]
+// in cuda/kernels/transformer.cu) over enough rows that the bounded grid
+// strides: more rows than a full H200 holds at once (9000 > 8 rows x 8
+// blocks x 132 SMs with a warp per row; 4500 > 32 blocks x 132 SMs with a
+// block of 64 threads per row) and rows not a multiple of anything, so that
+// every block sums several rows and the blocks' partial sums are added. Short
+// and long rows, 16-byte vectors and not (771, 1601 columns), 8192 columns
+// (the fused path's widest) and 8200 (the two-kernel path), against the CPU
+// in float64 on the same rounded inputs. Each shape runs with float32 gamma
+// and beta and with one of: the residual's gradient added (add_layer_norm),
+// gamma alone in x's dtype (no dbeta), beta alone (no gamma, no dgamma).
+TEST(TransformerOps, LayerNormBackwardOverManyRowsMatchesTheCpu_CUDA) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
+  const Device gpu("cuda:0");
+  struct RowsCols {
+    int64_t rows, cols;
+  };
+  const std::vector<RowsCols> shapes{{9000, 768}, {3000, 771}, {4500, 1600}, {517, 1601}, {300, 8192}, {40, 8200}};
+  for (DeviceCase dc : {DeviceCase{kFloat32, 2e-5}, DeviceCase{kBFloat16, 3e-2}}) {
+    SCOPED_TRACE(dtype_name(dc.dtype));
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const int64_t rows = shapes[i].rows, cols = shapes[i].cols;
+      const uint64_t seed = 80 + 10 * i;
+      Tensor x = random_leaf({rows, cols}, seed).mul(2.0).detach();
+      Tensor r = random_leaf({rows, cols}, seed + 1).detach();
+      Tensor w = random_leaf({cols}, seed + 2).detach().to(kFloat32);
+      Tensor b = random_leaf({cols}, seed + 3).detach().to(kFloat32);
+      Tensor gy = random_leaf({rows, cols}, seed + 4).detach(), gs = random_leaf({rows, cols}, seed + 5).detach();
+      // Leaves rounded to dt: on the CPU held in float64, on the GPU in dt.
+      auto cpu = [&](const Tensor& t, DType dt) {
+        return t.to(dt).to(kFloat64).detach().clone().set_requires_grad(true);
+      };
+      auto dev = [&](const Tensor& t, DType dt) { return t.to(gpu, dt).detach().clone().set_requires_grad(true); };
+      for (int variant : {0, 1 + static_cast<int>(i % 3)}) {
+        SCOPED_TRACE(::testing::Message() << rows << " x " << cols << " variant " << variant);
+        const bool with_w = variant != 3, with_b = variant != 2;
+        // The parameters in x's dtype alone, or float32 master weights.
+        const DType wdt = variant == 2 ? dc.dtype : kFloat32, bdt = variant == 3 ? dc.dtype : kFloat32;
+        Tensor xc = cpu(x, dc.dtype), xg = dev(x, dc.dtype), rc = cpu(r, dc.dtype), rg = dev(r, dc.dtype);
+        Tensor wc = with_w ? cpu(w, wdt) : Tensor(), wg = with_w ? dev(w, wdt) : Tensor();
+        Tensor bc = with_b ? cpu(b, bdt) : Tensor(), bg = with_b ? dev(b, bdt) : Tensor();
+        if (variant == 1) {
+          auto [sc, yc] = F::add_layer_norm(xc, rc, wc, bc);
+          auto [sg, yg] = F::add_layer_norm(xg, rg, wg, bg);
+          autograd::run_backward({sc, yc}, {gs.to(dc.dtype).to(kFloat64), gy.to(dc.dtype).to(kFloat64)}, false);
+          autograd::run_backward({sg, yg}, {gs.to(gpu, dc.dtype), gy.to(gpu, dc.dtype)}, false);
+          EXPECT_LT(max_abs_diff(rc.grad(), rg.grad()), dc.tol * 8) << "dr";
+        } else {
+          Tensor yc = F::layer_norm(xc, wc, bc), yg = F::layer_norm(xg, wg, bg);
+          yc.backward(gy.to(dc.dtype).to(kFloat64));
+          yg.backward(gy.to(gpu, dc.dtype));
+        }
+        EXPECT_LT(max_abs_diff(xc.grad(), xg.grad()), dc.tol * 8) << "dx";
+        // A 16-bit parameter's gradient is the float32 sum rounded once.
+        if (with_w) {
+          EXPECT_EQ(wg.grad().dtype(), wdt);
+          EXPECT_LT(max_abs_diff(wc.grad(), wg.grad()), wdt == kFloat32 ? dc.tol * 40 : 3e-2 * 40) << "dgamma";
+        }
+        if (with_b) {
+          EXPECT_EQ(bg.grad().dtype(), bdt);
+          EXPECT_LT(max_abs_diff(bc.grad(), bg.grad()), bdt == kFloat32 ? dc.tol * 40 : 3e-2 * 40) << "dbeta";
+        }
+      }
+    }
+  }
+}
+
 // The fused (cuDNN flash) attention against the composite path on the GPU,
 // both in bfloat16, and both against the composite in float32 on the same
 // rounded inputs: q, k, v are the GPT's strided slices of one [B, T, 3C]
