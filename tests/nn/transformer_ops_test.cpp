@@ -566,7 +566,8 @@ TEST(TransformerOps, LayerNormBackwardOverManyRowsMatchesTheCpu_CUDA) {
       auto cpu = [&](const Tensor& t, DType dt) {
         return t.to(dt).to(kFloat64).detach().clone().set_requires_grad(true);
       };
-      auto dev = [&](const Tensor& t, DType dt) { return t.to(gpu, dt).detach().clone().set_requires_grad(true); };
+      // (Rounded on the host first: a CUDA tensor cannot be float64.)
+      auto dev = [&](const Tensor& t, DType dt) { return t.to(dt).to(gpu).detach().clone().set_requires_grad(true); };
       for (int variant : {0, 1 + static_cast<int>(i % 3)}) {
         SCOPED_TRACE(::testing::Message() << rows << " x " << cols << " variant " << variant);
         const bool with_w = variant != 3, with_b = variant != 2;
@@ -579,12 +580,12 @@ TEST(TransformerOps, LayerNormBackwardOverManyRowsMatchesTheCpu_CUDA) {
           auto [sc, yc] = F::add_layer_norm(xc, rc, wc, bc);
           auto [sg, yg] = F::add_layer_norm(xg, rg, wg, bg);
           autograd::run_backward({sc, yc}, {gs.to(dc.dtype).to(kFloat64), gy.to(dc.dtype).to(kFloat64)}, false);
-          autograd::run_backward({sg, yg}, {gs.to(gpu, dc.dtype), gy.to(gpu, dc.dtype)}, false);
+          autograd::run_backward({sg, yg}, {gs.to(dc.dtype).to(gpu), gy.to(dc.dtype).to(gpu)}, false);
           EXPECT_LT(max_abs_diff(rc.grad(), rg.grad()), dc.tol * 8) << "dr";
         } else {
           Tensor yc = F::layer_norm(xc, wc, bc), yg = F::layer_norm(xg, wg, bg);
           yc.backward(gy.to(dc.dtype).to(kFloat64));
-          yg.backward(gy.to(gpu, dc.dtype));
+          yg.backward(gy.to(dc.dtype).to(gpu));
         }
         EXPECT_LT(max_abs_diff(xc.grad(), xg.grad()), dc.tol * 8) << "dx";
         // A 16-bit parameter's gradient is the float32 sum rounded once.
