@@ -138,13 +138,17 @@ TrainStep::Result TrainStep::run_eager(const Tensor& x, const Tensor& y, Phases*
     lap("optimizer", phases ? &phases->optim_ms : nullptr);
     return r;
   }
+  // The last step's gradients go before the forward, not after it: under
+  // zero they hold the float32 gradient shards, which would otherwise live
+  // through the forward's activations (Note [Sharded gradient shards] in
+  // data_parallel/sharded.h).
+  opt->zero_grad();
   {
     AutocastGuard guard(autocast);
     r.logits = net->forward(x);
     r.loss = nn::functional::cross_entropy(r.logits, y, label_smoothing);
   }
   lap("forward", phases ? &phases->forward_ms : nullptr);
-  opt->zero_grad();
   r.loss.backward();
   lap("backward", phases ? &phases->backward_ms : nullptr);
   opt->step();

@@ -68,19 +68,22 @@ TEST(MemoryPlan, Gpt2Fp32OverFourRanks) {
 
   const MemoryPlan z1 = plan_for({"zero", 1, 4}, in);
   EXPECT_EQ(z1.weights, 4 * p);
-  EXPECT_EQ(z1.gradients, 622'379'520);  // 4P + 4P/4
+  EXPECT_EQ(z1.gradients, 4 * p);  // reduced in place: the shards are the buffers' segments
   EXPECT_EQ(z1.optimizer, 248'951'808);  // 8P/4
 
   const MemoryPlan z2 = plan_for({"zero", 2, 4}, in);
   EXPECT_EQ(z2.weights, 4 * p);
-  EXPECT_EQ(z2.gradients, 176'904'704);  // 2 x 25 MiB + 4P/4
+  // 2 x 25 MiB; the shards (4P/4 = 124,475,904) are made in the backward,
+  // less than the 3 GiB of activations they follow.
+  EXPECT_EQ(z2.gradients, 52'428'800);
   EXPECT_EQ(z2.optimizer, 248'951'808);
 
   const MemoryPlan z3 = plan_for({"zero", 3, 4}, in);
   // P masters' shard, plus two blocks and the root gathered in float32.
   EXPECT_EQ(z3.weights, 124'475'904 + 4 * (2 * kGpt2Block + kGpt2Root));
   EXPECT_EQ(z3.weights, 338'864'640);
-  EXPECT_EQ(z3.gradients, 338'864'640);
+  EXPECT_EQ(z3.gradients, 4 * (2 * kGpt2Block + kGpt2Root));
+  EXPECT_EQ(z3.gradients, 214'388'736);
   EXPECT_EQ(z3.optimizer, 248'951'808);
   // Over only 4 ranks in float32, stage 3 saves on the weights but not
   // overall: the gathered root unit (the 38.6M-row tied embedding, weights
@@ -102,9 +105,10 @@ TEST(MemoryPlan, Gpt2XlBf16OverFourRanks) {
   EXPECT_EQ(ddp.optimizer, 12'461'491'200);
   const MemoryPlan z1 = plan_for({"zero", 1, 4}, in);
   EXPECT_EQ(z1.weights, ddp.weights);
-  EXPECT_EQ(z1.gradients, 6'230'745'600 + 1'557'686'400);
+  EXPECT_EQ(z1.gradients, 6'230'745'600);  // float32 buffers reduced in place
   EXPECT_EQ(z1.optimizer, 3'115'372'800);
   const MemoryPlan z2 = plan_for({"zero", 2, 4}, in);
+  // No activations given (0 here): the shards count whole.
   EXPECT_EQ(z2.gradients, 50 * kMiB + 1'557'686'400);
   const MemoryPlan z3 = plan_for({"zero", 3, 4}, in);
   // Gathers in float32: 4 x (2 x 30,740,800 + 82,128,000) = 574,438,400;
@@ -131,7 +135,9 @@ TEST(MemoryPlan, Gpt2XlBf16OverFourRanks) {
   // bf16 weights' masters 1,474,560,000 / 4 x 4, the embedding's copy 2 x 81,177,600.
   const MemoryPlan l1 = plan_for({"zero", 1, 4}, lp);
   EXPECT_EQ(l1.weights, int64_t{332'505'600} + 2'949'120'000 + 1'474'560'000 + 162'355'200);
-  EXPECT_EQ(l1.gradients, int64_t{332'505'600} + 2'949'120'000 + 1'557'686'400);
+  // The full buffers only: the float32 buffers' shards are their own
+  // segments, the bfloat16 ones' float32 shards are cast into their buffers.
+  EXPECT_EQ(l1.gradients, int64_t{332'505'600} + 2'949'120'000);
   EXPECT_EQ(l1.optimizer, z1.optimizer);
   // Stage 3: two units of 20,800 float32 and 30,720,000 bfloat16 elements and
   // the 82,128,000-element float32 root gathered.
@@ -139,6 +145,38 @@ TEST(MemoryPlan, Gpt2XlBf16OverFourRanks) {
   EXPECT_EQ(l3.weights, int64_t{1'557'686'400} + 451'558'400 + 162'355'200);
   EXPECT_EQ(l3.gradients, int64_t{1'557'686'400} + 451'558'400);
   EXPECT_EQ(plan_for({"ddp", 0, 4}, lp).weights, ddp.weights);  // DDP keeps float32 weights
+}
+
+// Note [Sharded gradient shards]: gpt2-xl ZeRO-1 with bfloat16 matrices, 8
+// sequences of 1024 a GPU (the run measured beside llm.c). On 4 ranks the
+// float32 gradient shards of the matrices are cast into their bfloat16
+// buffers: nothing beside them, where a persistent float32 shard of every
+// parameter took 4P/4 = 1,557,686,400 bytes. On 2 ranks they do not fit
+// there and are made after the backward: they count past the activations.
+TEST(MemoryPlan, Gpt2XlZero1GradientShards) {
+  const auto cfg = models::GPTConfig::named("gpt2-xl");
+  const int64_t act = models::gpt_activation_bytes(cfg, 8, 1024, true, true).total();
+  MemoryPlanInputs in = inputs(kXlP, models::gpt_autocast_copied_parameters(cfg), kXlBlock, kXlRoot, true, act);
+  in.low_precision_unit_params = 30'720'000;
+  in.low_precision_params = 48 * in.low_precision_unit_params;  // 1,474,560,000
+  const MemoryPlan z1 = plan_for({"zero", 1, 4}, in);
+  EXPECT_EQ(z1.gradients, int64_t{332'505'600} + 2'949'120'000);  // the full buffers only
+  EXPECT_EQ(z1.total(), z1.weights + z1.gradients + z1.optimizer + 25 * kMiB + act);
+  std::printf("gpt2-xl zero-1, bf16 matrices, 4 ranks, batch 8: %s\n", z1.breakdown().c_str());
+  std::printf("  total %s GiB (with a persistent float32 shard: %s GiB)\n", gib(z1.total()).c_str(),
+              gib(z1.total() + 1'557'686'400).c_str());
+  // Activations of 1 GiB change nothing on 4 ranks; on 2 the float32 shards
+  // (1,474,560,000 / 2 x 4) count past them.
+  in.activation_bytes = kGiB;
+  EXPECT_EQ(plan_for({"zero", 1, 4}, in).gradients, z1.gradients);
+  EXPECT_EQ(plan_for({"zero", 1, 2}, in).gradients, z1.gradients + 2'949'120'000 - kGiB);
+  in.activation_bytes = act;
+  EXPECT_GT(act, 2'949'120'000);
+  EXPECT_EQ(plan_for({"zero", 1, 2}, in).gradients, z1.gradients);
+  // Stages 2 and 3 likewise: their shards (4P/4) are made in the backward.
+  EXPECT_EQ(plan_for({"zero", 2, 4}, in).gradients, 50 * kMiB);
+  in.activation_bytes = kGiB;
+  EXPECT_EQ(plan_for({"zero", 2, 4}, in).gradients, 50 * kMiB + 1'557'686'400 - kGiB);
 }
 
 // The target: d84 (~9.7B parameters) in bf16 on 8 GPUs with 79 GiB

@@ -7,7 +7,8 @@
 #   - stages 1, 2, 3 on 2, 3 and 4 ranks: an MLP with uneven shards, a
 #     frozen bias, a tied weight, an unused parameter and one used on some
 #     steps and ranks; a 2-block GPT (tied embedding and head)
-#   - gradient accumulation under no_sync(); small buckets; stage 3 keeping
+#   - gradient accumulation under no_sync() and over synced backwards; no
+#     gradient shard held between steps (held_bytes); small buckets; stage 3 keeping
 #     the weights from forward to backward; named units; parameters gathered
 #     in float32 over float64 masters (param_dtype)
 set -uo pipefail
@@ -37,12 +38,17 @@ for stage in 1 2 3; do
   run 3 -- match gpt $stage
   run 2 -- match mlp $stage micro
 done
+# two synced backwards a step: the second adds to the pieces' gradients
+# (stage 1: they are the full buffer's segments, which it overwrites)
+for stage in 1 2 3; do run 2 -- match mlp $stage synced; done
+run 3 PROBE_PARAM_DTYPE=float32 -- match gpt 1 synced
 run 3 PROBE_BUCKET_BYTES=200 -- match mlp 1
 run 3 PROBE_BUCKET_BYTES=200 -- match mlp 2
 run 2 PROBE_RESHARD=0 -- match gpt 3
 run 1 -- match gpt 3
 # param_dtype: gathered in float32 over float64 masters (1e-5 losses, 1e-4 weights)
 run 2 PROBE_PARAM_DTYPE=float32 -- match gpt 1
+run 4 PROBE_PARAM_DTYPE=float32 -- match gpt 1  # the float64 shards cast into the float32 buffers
 run 3 PROBE_PARAM_DTYPE=float32 -- match gpt 2
 run 2 PROBE_PARAM_DTYPE=float32 -- match gpt 2 micro
 run 3 PROBE_PARAM_DTYPE=float32 PROBE_UNITS=named -- match gpt 3

@@ -14,7 +14,9 @@
 //                    and ranks; gpt: a 2-block GPT (tied embedding and head).
 //                    Ranks other than 0 start from other weights.
 //                    `micro`: each step 2 micro-batches, the first under
-//                    no_sync(). PROBE_RESHARD=0: stage 3 keeps the weights
+//                    no_sync(); `synced`: 2 micro-batches, both synced (the
+//                    second backward adds to the pieces' gradients: Note
+//                    [Sharded gradient shards]). PROBE_RESHARD=0: stage 3 keeps the weights
 //                    from the forward to the backward. PROBE_BUCKET_BYTES:
 //                    stages 1-2 bucket size. PROBE_REDUCE=bf16: gradients
 //                    reduce-scattered in bfloat16, against DDP in float64
@@ -148,7 +150,7 @@ std::vector<double> decays(const std::vector<Tensor>& ps) {
   return out;
 }
 
-void match(const dist::ProcessGroupPtr& pg, const std::string& kind, int stage, bool micro) {
+void match(const dist::ProcessGroupPtr& pg, const std::string& kind, int stage, bool micro, bool synced) {
   const int rank = pg->rank();
   nn::ModulePtr ref_model = build(kind), sh_model = build(kind);
   // Ranks other than 0 start the sharded copy from other weights (frozen
@@ -236,33 +238,55 @@ void match(const dist::ProcessGroupPtr& pg, const std::string& kind, int stage, 
       static_cast<Tangle&>(*sh_model).use_aux = aux;
     }
     double l_ref = 0, l_sh = 0;
-    const int n_micro = micro ? 2 : 1;
+    const int n_micro = micro || synced ? 2 : 1;
     ref_opt.zero_grad();
     sh_opt.zero_grad();
     for (int m = 0; m < n_micro; ++m) {
       auto [x, y] = batch(kind, rank, step, m);
+      const bool defer = micro && m + 1 < n_micro;
       {
         std::optional<dist::DistributedDataParallel::NoSync> q;
-        if (m + 1 < n_micro) q.emplace(ddp->no_sync());
+        if (defer) q.emplace(ddp->no_sync());
         Tensor l = loss_of(kind, *ddp, *ref_model, x, y).mul(1.0 / n_micro);
         l.backward();
         l_ref += l.item();
       }
       {
         std::optional<dist::ShardedDataParallel::NoSync> q;
-        if (m + 1 < n_micro) q.emplace(sdp->no_sync());
+        if (defer) q.emplace(sdp->no_sync());
         Tensor l = loss_of(kind, *sdp, *sh_model, x, y).mul(1.0 / n_micro);
         l.backward();
         l_sh += l.item();
       }
     }
+    // Note [Sharded gradient shards]: after the backward the pieces'
+    // gradients hold the shards -- at stage 1 inside the full buffers (their
+    // own segments, reduced in place; float64 shards of float32 buffers over
+    // the other ranks' segments where two of those lie beside this rank's),
+    // otherwise tensors of their own.
+    bool any_grad = false;
+    for (const Tensor& t : sdp->shard_parameters()) any_grad = any_grad || t.grad().defined();
+    const int64_t after_backward = sdp->held_bytes().shard_grads;
+    const int world = pg->size();
+    if (stage == 1 && !bf16 && (!low || rank >= 2 || rank <= world - 3))
+      expect(after_backward == 0, "stage 1 holds " + std::to_string(after_backward) +
+                                      " bytes of gradient shards beside its full buffers");
+    else if (any_grad)
+      expect(after_backward > 0, "stage " + std::to_string(stage) + ": no gradient shard held after the backward");
     const double n_ref = optim::clip_grad_norm_(ref_params, 0.5).item();
     const double n_sh = sdp->clip_grad_norm(0.5).item();
     ref_opt.step();
     sh_opt.step();
+    // As the trainers do: the gradients go after the step, and with them the
+    // shards -- nothing of them lives into the next forward.
+    sh_opt.zero_grad();
     // Between steps only shards are held: stage 3 no gathered weight, stages
-    // 2-3 no full-size gradient buffer.
+    // 2-3 no full-size gradient buffer, no stage a gradient shard.
     const auto held = sdp->held_bytes();
+    expect(held.shard_grads == 0, "stage " + std::to_string(stage) + " holds " + std::to_string(held.shard_grads) +
+                                      " bytes of gradient shards between steps");
+    if (stage == 1)
+      expect(held.full_grads > 0, "stage 1 holds no full gradient buffer between steps (they persist)");
     if (stage == 3) expect(held.full_weights == 0, "stage 3 holds " + std::to_string(held.full_weights) +
                                                      " bytes of gathered weights between steps");
     if (stage >= 2) expect(held.full_grads == 0, "stage " + std::to_string(stage) + " holds " +
@@ -313,7 +337,8 @@ void match(const dist::ProcessGroupPtr& pg, const std::string& kind, int stage, 
   if (failures == 0)
     std::printf("rank %d: ok %s stage %d%s: 5 AdamW steps, losses %.1e and weights %.1e relative from DDP; "
                 "%zu buckets, %zu pieces (%zu elements) here\n",
-                rank, kind.c_str(), stage, micro ? " (no_sync micro-steps)" : "", worst_loss, worst_w,
+                rank, kind.c_str(), stage, micro ? " (no_sync micro-steps)" : synced ? " (synced micro-steps)" : "",
+                worst_loss, worst_w,
                 sdp->buckets().size(), sdp->shard_parameters().size(), elems);
 }
 
@@ -324,13 +349,14 @@ int main(int argc, char** argv) {
   const std::string model = argc > 2 ? argv[2] : "mlp";
   const int stage = argc > 3 ? std::atoi(argv[3]) : 1;
   const bool micro = argc > 4 && std::string(argv[4]) == "micro";
+  const bool synced = argc > 4 && std::string(argv[4]) == "synced";
   int rank = -1;
   try {
     dist::InitOptions o;
     if (const char* t = std::getenv("PROBE_TIMEOUT_MS")) o.timeout = std::chrono::milliseconds(std::atoi(t));
     auto pg = dist::init_process_group(o);
     rank = pg->rank();
-    if (mode == "match") match(pg, model, stage, micro);
+    if (mode == "match") match(pg, model, stage, micro, synced);
     else {
       std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
       return 2;

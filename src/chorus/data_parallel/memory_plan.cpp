@@ -61,6 +61,12 @@ MemoryPlan plan_for(const MemoryStrategy& s, const MemoryPlanInputs& in) {
                s.zero_stage);
   m.optimizer = o * shard;
   m.communication = k;
+  // A gradient shard made after (stages 2-3: during) the backward, freed by
+  // the step's zero_grad(), adds to the peak only past the activations, which
+  // are gone by then (Note [Sharded gradient shards] in sharded.h).
+  const auto past_activations = [&in](int64_t bytes) {
+    return std::max<int64_t>(0, bytes - in.activation_bytes.value_or(0));
+  };
   const int64_t pm = in.bf16 ? in.low_precision_params : 0;
   if (pm > 0) {
     // ShardOptions::param_dtype (see the note's last paragraph).
@@ -69,24 +75,27 @@ MemoryPlan plan_for(const MemoryStrategy& s, const MemoryPlanInputs& in) {
     const int64_t um = in.low_precision_unit_params, u = in.largest_unit_params, r = in.root_unit_params;
     const int64_t full = 4 * (p - pm) + 2 * pm, other_copies = 2 * (in.autocast_copied - pm);
     if (s.zero_stage == 1) {
+      // Reduced in place; the 16-bit buffers' float32 shards are cast into
+      // the buffers themselves from 4 ranks on, made apart below that.
       m.weights = full + 4 * ceil_div(pm, n) + other_copies;
-      m.gradients = full + 4 * shard;
+      m.gradients = full + (n >= 4 ? 0 : past_activations(4 * ceil_div(pm, n)));
     } else if (s.zero_stage == 2) {
       m.weights = full + 4 * ceil_div(pm, n) + other_copies;
-      m.gradients = 2 * k + 4 * shard;
+      m.gradients = 2 * k + past_activations(4 * shard);
     } else {
       const int64_t gathered = 2 * (4 * (u - um) + 2 * um) + 4 * r;
       m.weights = 4 * shard + gathered + other_copies;
-      m.gradients = 4 * shard + gathered;
+      m.gradients = gathered + past_activations(4 * shard);
     }
     return m;
   }
   if (s.zero_stage == 1) {
+    // Reduced in place: the shards are the buffers' own segments.
     m.weights = 4 * p + copies;
-    m.gradients = 4 * p + 4 * shard;
+    m.gradients = 4 * p;
   } else if (s.zero_stage == 2) {
     m.weights = 4 * p + copies;
-    m.gradients = 2 * k + 4 * shard;
+    m.gradients = 2 * k + past_activations(4 * shard);
   } else {
     // The engine gathers in the weights' own dtype (float32) and autocast
     // casts each matrix at each use, the graph keeping the cast for the
@@ -98,7 +107,7 @@ MemoryPlan plan_for(const MemoryStrategy& s, const MemoryPlanInputs& in) {
     const int64_t kept_copies =
         in.bf16 && in.recompute ? std::min(copies, 2 * (2 * in.largest_unit_params + in.root_unit_params)) : copies;
     m.weights = 4 * shard + gathered + kept_copies;
-    m.gradients = 4 * shard + gathered;
+    m.gradients = gathered + past_activations(4 * shard);
   }
   return m;
 }

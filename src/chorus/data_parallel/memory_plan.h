@@ -16,10 +16,20 @@
 //   strategy   weights              gradients                   optimizer  comm
 //   single     4P + 2Pc             4P                          O P        0
 //   dp, ddp    4P + 2Pc             4P (the buckets)            O P        K
-//   zero 1     4P + 2Pc             4P + 4P/N                   O P/N      K
-//   zero 2     4P + 2Pc             2K + 4P/N                   O P/N      K
-//   zero 3     4P/N + 4(2U + R)     4P/N + 4(2U + R)            O P/N      K
+//   zero 1     4P + 2Pc             4P                          O P/N      K
+//   zero 2     4P + 2Pc             2K + [4P/N]                 O P/N      K
+//   zero 3     4P/N + 4(2U + R)     4(2U + R) + [4P/N]          O P/N      K
 //              + 2Pc
+//
+// [x] = max(0, x - A), A the activations (x itself when A is not known): no
+// gradient shard of its own persists across steps (Note [Sharded gradient
+// shards] in sharded.h). Stage 1 reduce-scatters in place, so its shards are
+// segments of its full buffers; stages 2-3 make theirs in the backward as the
+// activations go, and zero_grad() after the step frees them before the next
+// forward: they raise the peak only where they outgrow the activations they
+// follow. (Inside a CUDA graph -- chorus train captures its third step, after
+// the two eager ones the measured line reports -- such a shard takes
+// graph-pool memory for the whole step, as a persistent one did.)
 //
 // dp: the fullest device is the first, which steps the weights (Note [GPT
 // under DataParallel]); the caller adds what it gathers there to the
@@ -36,7 +46,9 @@
 // With param_dtype (Pm of the parameters in 16 bits while gathered, Um of
 // the largest unit's; Pf = P - Pm, Uf = U - Um): the full weights of stages
 // 1-2 are 4Pf + 2Pm and their float32 masters 4Pm/N more; stage 1's
-// gradient buffer 4Pf + 2Pm; stage 3 gathers 4Uf + 2Um a unit (and its
+// gradient buffer 4Pf + 2Pm, the float32 shards of its 16-bit part cast
+// after the backward into the buffer itself from N = 4 on (0 more), beside
+// it below ([4Pm/N]); stage 3 gathers 4Uf + 2Um a unit (and its
 // gradients); the 16-bit copies are only the other copied parameters'
 // (2(Pc - Pm): a GPT's tied embedding).
 //

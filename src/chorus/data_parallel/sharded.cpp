@@ -222,7 +222,6 @@ ShardedDataParallel::ShardedDataParallel(nn::ModulePtr module, ProcessGroupPtr g
       }
       f.full = cast ? ops::to_dtype(staging, f.dtype) : staging;
       staging = Tensor();
-      f.grad_shard = zeros({f.per}, TensorOptions(f.master_dtype, pb.device));
       if (options.stage == 1) f.grad_full = zeros({f.padded}, TensorOptions(f.dtype, pb.device));
       bk.flats.push_back(std::move(f));
     }

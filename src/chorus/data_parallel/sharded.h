@@ -14,8 +14,8 @@
 // shards (shard_parameters(): 1-d views, one per parameter that has elements
 // here), so its state -- AdamW's two moments -- is 1/N of the model's.
 //  - stage 1: the gradients are reduce-scattered (each rank gets the average
-//    of its shard only) from full-size gradient buffers that persist; after
-//    the optimizer step the next forward all-gathers the updated shards;
+//    of its shard only) in place in full-size gradient buffers that persist;
+//    after the optimizer step the next forward all-gathers the updated shards;
 //  - stage 2: the same, but the full-size gradient buffer of a bucket lives
 //    only from the moment its last gradient is ready until its
 //    reduce-scatter is issued: gradients are kept as shards only;
@@ -161,6 +161,10 @@ class ShardedDataParallel : public nn::Module {
   // construction (stages 2-3 promise the buffers of about two buckets:
   // the one being reduce-scattered and the one before it); largest_bucket_grads:
   // the largest bucket's full-size gradient bytes, to compare with.
+  // shard_grads: the gradient shards held apart from the full buffers (Note
+  // [Sharded gradient shards]): from the reduce-scatters to the optimizer's
+  // zero_grad(), none between steps once that has dropped the pieces'
+  // gradients.
   struct Held {
     int64_t full_weights = 0, shard_weights = 0, full_grads = 0, shard_grads = 0;
     int64_t peak_full_grads = 0, largest_bucket_grads = 0;
@@ -225,12 +229,42 @@ class ShardedDataParallel : public nn::Module {
 // gradients into a zeroed full-size buffer (stage 1: persistent; 2 and 3:
 // allocated now, dropped once the next bucket launches, after its
 // reduce-scatter was ordered) and reduce-scatters it into this rank's shard
-// gradient (added to it when the pieces still hold a gradient: accumulation
-// across synced steps). Unused parameters contribute zeros; the per-parameter
-// used-flags are all-reduced after the last bucket, as DDP does (Note [DDP
+// gradient (Note [Sharded gradient shards]; added to what the pieces still
+// hold: accumulation across synced steps). Unused parameters contribute
+// zeros; the per-parameter used-flags are all-reduced after the last
+// bucket, as DDP does (Note [DDP
 // unused parameters]), so a parameter no rank used keeps no gradient and is
 // skipped by the optimizer, as one process would.
-
+//
+// Note [Sharded gradient shards]: no gradient shard of its own persists
+// across steps. Stage 1 reduce-scatters each bucket in place: the output is
+// this rank's own segment of the full buffer, grad_full[rank * per, (rank +
+// 1) * per) (NCCL's in-place form; Gloo reduces a copy of the input), so the
+// shard the optimizer reads is that segment when the masters share its dtype
+// (float32 or float64 throughout). When they do not (param_dtype's bfloat16
+// matrices over float32 masters), the float32 shard is cast after the
+// backward into the same buffer, over the other ranks' segments, which are
+// spent once the reduce-scatter is done: per float32 elements need two
+// bfloat16 segments beside this rank's own, so every rank of 4 or more finds
+// room (shard_in_full; 2 ranks, and the middle rank of 3, do not). The
+// 1.5B-parameter gpt2-xl on 4 ranks thus holds no 1.45 GiB float32 shard at
+// all, eager or captured in a CUDA graph (where a fresh tensor would take
+// graph-pool memory of its own: Note [Graph pools] in
+// cuda/runtime/allocator.h reuses blocks only of the same size class).
+// Where it does not fit (cast in finish()), and at stages 2-3 (whose full
+// buffer does not outlive the bucket: they reduce into a [per] tensor of the
+// masters' dtype made at the launch, in the backward, as the activations
+// go), the shard is a tensor of its own that only the pieces' .grad (views
+// of it) hold: the optimizer's zero_grad() after the step frees it before
+// the next forward, where the activations peak. The trainers drop the
+// gradients after each step (chorus train's GPT loop and bench) or before
+// the forward (the image step), so the memory plan counts such a shard only
+// past the activations (Note [Memory plan formulas]); inside a CUDA graph
+// it takes graph-pool memory, as much as the persistent shard took before.
+// A piece's gradient inside a full buffer is overwritten by the next
+// launch: a second synced backward before zero_grad() (accumulation across
+// synced steps) first gives such a piece a copy of its gradient, then adds
+// the pieces' gradients to the new shard.
 //
 // Note [Sharded steps in a CUDA graph]: a whole training step under
 // ShardedDataParallel can be captured (parallel::GraphedStep, as `chorus

@@ -44,8 +44,10 @@ struct ShardedDataParallel::Impl final : autograd::BackwardObserver {
     Tensor full;        // [padded] the gathered weights; the parameters view it
     Tensor master;      // [per] this rank's shard (stages 1-2 in one dtype: a view of full)
     Tensor grad_full;   // [padded] stage 1: persistent; 2-3: during the launch only
-    Tensor grad_shard;  // [per]
-    Tensor rs_out;      // where the running reduce-scatter writes (grad_shard or a temporary)
+    // [per] where this step's reduce-scatter writes, from the launch to
+    // finish(): stage 1 grad_full's own segment (in place); stages 2-3 (or a
+    // cast to reduce_dtype) a tensor of its own. Note [Sharded gradient shards].
+    Tensor rs_out;
     WorkPtr gather_work, rs_work;
     Tensor gather_src;  // kept until the gather is done
   };
@@ -53,7 +55,6 @@ struct ShardedDataParallel::Impl final : autograd::BackwardObserver {
     std::vector<Flat> flats;
     bool gathered = false;  // full holds this rank's view of the weights
     bool stale = true;      // a shard changed since the last gather
-    bool accumulate = false;  // the running launch adds to grad_shard
     bool held = false;      // gather_parameters(): kept until the next training forward
     int unit = -1;          // stage 3: its unit (-1: the root unit)
     // Stage 3: its wrapper ran in the first step (Note [Sharded units]);
@@ -234,10 +235,17 @@ struct ShardedDataParallel::Impl final : autograd::BackwardObserver {
           f.grad_full = Tensor();
         }
     }
-    bk.accumulate = false;
-    for (size_t k : pb.ks)
-      for (size_t i : pieces_of[k])
-        if (shard_params[i].grad().defined()) bk.accumulate = true;
+    // Stage 1: pieces still holding the last step's gradient (accumulation
+    // across synced steps) may view this buffer's own segment, which the
+    // copies below overwrite: they keep a copy (Note [Sharded gradient shards]).
+    if (options.stage == 1)
+      for (size_t k : pb.ks)
+        for (size_t i : pieces_of[k]) {
+          const Tensor old = shard_params[i].grad();
+          const Tensor& full = bk.flats[piece_flat[i].second].grad_full;
+          if (old.defined() && full.defined() && old.storage() == full.storage())
+            shard_params[i].set_grad(ops::clone(old));
+        }
     for (size_t g = 0; g < bk.flats.size(); ++g) {
       Flat& f = bk.flats[g];
       if (!f.grad_full.defined()) f.grad_full = zeros({f.padded}, TensorOptions(f.dtype, pb.device));
@@ -268,20 +276,30 @@ struct ShardedDataParallel::Impl final : autograd::BackwardObserver {
         }
       }
       if (!s2.empty()) ops::copy_multi(s2, d2);
-      f.rs_out = bk.accumulate ? empty({f.per}, TensorOptions(f.master_dtype, pb.device)) : f.grad_shard;
       const DType travel = options.reduce_dtype.value_or(f.dtype);
       const ReduceOp op = options.average ? ReduceOp::Avg : ReduceOp::Sum;
+      // This rank's segment of the full buffer: stage 1's reduce-scatter
+      // output, in place (both backends accept it: process_group.h). Stages
+      // 2-3 reduce into a shard of their own, made now in the masters' dtype
+      // (Note [Sharded gradient shards]).
+      Tensor own = f.grad_full.narrow(0, static_cast<int64_t>(rank) * f.per, f.per);
+      f.rs_work.reset();
       if (world == 1) {
-        ops::copy_(f.rs_out, f.grad_full.narrow(0, 0, f.per));
-        f.rs_work.reset();
-      } else if (travel != f.dtype || travel != f.master_dtype) {
+        f.rs_out = options.stage == 1        ? own
+                   : f.master_dtype == f.dtype ? ops::clone(own)
+                                               : ops::to_dtype(own, f.master_dtype);
+      } else if (travel == f.dtype && (options.stage == 1 || travel == f.master_dtype)) {
+        f.rs_out = options.stage == 1 ? own : empty({f.per}, TensorOptions(f.master_dtype, pb.device));
+        f.rs_work = group->reduce_scatter(f.grad_full, f.rs_out, op);
+      } else {
+        // In another dtype than the buffer's (reduce_dtype) or the masters'
+        // (param_dtype): reduced into a temporary, waited for (the current
+        // stream ordered after it), and at stages 2-3 cast now, as the
+        // gradients arrive; stage 1 casts in finish().
         Tensor in = travel == f.dtype ? f.grad_full : ops::to_dtype(f.grad_full, travel);
         Tensor out = empty({f.per}, TensorOptions(travel, pb.device));
         group->reduce_scatter(in, out, op)->wait();
-        ops::copy_(f.rs_out, out);  // back in the masters' dtype
-        f.rs_work.reset();
-      } else {
-        f.rs_work = group->reduce_scatter(f.grad_full, f.rs_out, op);
+        f.rs_out = options.stage == 1 || travel == f.master_dtype ? out : ops::to_dtype(out, f.master_dtype);
       }
       // Without a reduce-scatter in flight (one rank; or one waited for
       // above, the current stream ordered after it) the full-size buffer
@@ -296,6 +314,33 @@ struct ShardedDataParallel::Impl final : autograd::BackwardObserver {
     // from none, as after zero_grad).
     for (size_t k : pb.ks) params[k].zero_grad();
     if (stage3() && units_decided && !gathered_whole_step(b)) release(b);
+  }
+
+  // Stage 1, after the reduce-scatter: a [per] tensor of the masters' dtype
+  // inside f's full gradient buffer, over other ranks' segments (spent once
+  // the reduce-scatter is done) and not this rank's own, which it is cast
+  // from; undefined where it does not fit there (Note [Sharded gradient
+  // shards]: bfloat16 to float32 on fewer than 4 ranks). Every segment starts
+  // 128-byte aligned (GradBuckets::padded_numel), so the view is as aligned
+  // as a fresh tensor. The next launch writes every parameter's elements of
+  // the buffer again; the padding between them then holds these bytes, which
+  // only the reduce-scatter reads (nothing reads the shards' padding).
+  Tensor shard_in_full(const Flat& f) const {
+    const int64_t seg = f.per * static_cast<int64_t>(dtype_size(f.dtype));
+    const int64_t need = f.per * static_cast<int64_t>(dtype_size(f.master_dtype));
+    const int64_t own = static_cast<int64_t>(rank) * seg, end = static_cast<int64_t>(world) * seg;
+    int64_t at = -1;  // bytes into the buffer
+    if (need <= own)
+      at = 0;
+    else if (own + seg + need <= end)
+      at = own + seg;
+    const int64_t msize = static_cast<int64_t>(dtype_size(f.master_dtype));
+    const int64_t base = f.grad_full.storage_offset() * static_cast<int64_t>(dtype_size(f.dtype));
+    if (at < 0 || (base + at) % msize != 0) return Tensor();
+    Tensor v = chorus::detail::make_view(f.grad_full, {f.per}, {1}, 0);
+    v.impl()->dtype = f.master_dtype;  // the same bytes, read as the masters' dtype
+    v.impl()->offset = (base + at) / msize;
+    return v;
   }
 
   // Caller holds mu. The full-size gradient bytes held now, into the peak
@@ -321,20 +366,33 @@ struct ShardedDataParallel::Impl final : autograd::BackwardObserver {
     mark_ready(k);
   }
 
-  // After the last bucket: every reduce-scatter done, the replicas' average
-  // (hybrid), accumulation, the used-flags, and the pieces' gradients.
+  // After the last bucket: every reduce-scatter done, the gradient shards in
+  // the masters' dtype, the replicas' average (hybrid), the used-flags, and
+  // the pieces' gradients (added to those they still hold: accumulation).
   void finish() {
     const ReduceOp op = options.average ? ReduceOp::Avg : ReduceOp::Sum;
+    std::vector<Tensor> shards;  // [flat, bucket order]: held by the pieces' gradients only, from here
     for (Bucket& bk : buckets)
       for (Flat& f : bk.flats) {
         if (f.rs_work) f.rs_work->wait();
         f.rs_work.reset();
+        // Note [Sharded gradient shards]: in the masters' dtype, made now.
+        Tensor shard = f.rs_out;
+        if (shard.dtype() != f.master_dtype) {
+          shard = options.stage == 1 ? shard_in_full(f) : Tensor();
+          if (shard.defined())
+            ops::copy_(shard, f.rs_out);
+          else
+            shard = ops::to_dtype(f.rs_out, f.master_dtype);
+        }
         if (options.replicate_group && options.replicate_group->size() > 1)
-          options.replicate_group->all_reduce(f.rs_out, op)->wait();
-        if (bk.accumulate) ops::binary_(BinaryOp::Add, f.grad_shard, f.rs_out);
+          options.replicate_group->all_reduce(shard, op)->wait();
+        shards.push_back(shard);
         f.rs_out = Tensor();
         if (options.stage > 1) f.grad_full = Tensor();
       }
+    std::vector<size_t> first_flat(buckets.size(), 0);
+    for (size_t b = 1; b < buckets.size(); ++b) first_flat[b] = first_flat[b - 1] + buckets[b - 1].flats.size();
     // Used somewhere? (Note [DDP unused parameters]): the flags travel every
     // step (every rank must issue the same collectives), but only a rank
     // that left a parameter unused reads them on the host; the usual step
@@ -355,11 +413,13 @@ struct ShardedDataParallel::Impl final : autograd::BackwardObserver {
       if (counts[k] == 0) unused_names.push_back(names[k]);
       for (size_t i : pieces_of[k]) {
         const auto [b, g] = piece_flat[i];
-        const Flat& f = buckets[b].flats[g];
-        if (counts[k] == 0)
+        if (counts[k] == 0) {
           shard_params[i].zero_grad();
-        else
-          shard_params[i].set_grad(f.grad_shard.narrow(0, piece_offset[i], pieces[i].end - pieces[i].begin));
+          continue;
+        }
+        Tensor grad = shards[first_flat[b] + g].narrow(0, piece_offset[i], pieces[i].end - pieces[i].begin);
+        if (const Tensor old = shard_params[i].grad(); old.defined()) ops::binary_(BinaryOp::Add, grad, old);
+        shard_params[i].set_grad(grad);
       }
     }
     if (stage3() && !units_decided) decide_units();
@@ -419,6 +479,7 @@ struct ShardedDataParallel::Impl final : autograd::BackwardObserver {
           } catch (...) {
           }
           f.rs_work.reset();
+          f.rs_out = Tensor();
         }
       return;
     }

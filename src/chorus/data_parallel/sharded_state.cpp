@@ -3,7 +3,9 @@
 // shard from a checkpoint, and the memory the engine holds (held_bytes).
 #include <algorithm>
 #include <mutex>
+#include <unordered_set>
 
+#include "chorus/core/storage.h"
 #include "chorus/data_parallel/sharded_engine.h"
 
 namespace chorus::dist {
@@ -70,8 +72,23 @@ ShardedDataParallel::Held ShardedDataParallel::held_bytes() const {
       if (bk.gathered) h.full_weights += static_cast<int64_t>(f.full.nbytes());
       if (impl_->stage3() || f.master_dtype != f.dtype) h.shard_weights += static_cast<int64_t>(f.master.nbytes());
       if (f.grad_full.defined()) h.full_grads += static_cast<int64_t>(f.grad_full.nbytes());
-      h.shard_grads += static_cast<int64_t>(f.grad_shard.nbytes());
     }
+  // Note [Sharded gradient shards]: the shards live in the pieces' gradients
+  // (and, during the backward, the reduce-scatters' outputs); those inside a
+  // full buffer (stage 1: its own segments, and the casts placed beside
+  // them) are counted there.
+  std::unordered_set<const Storage*> full, seen;
+  for (const auto& bk : impl_->buckets)
+    for (const auto& f : bk.flats)
+      if (f.grad_full.defined()) full.insert(f.grad_full.storage().get());
+  auto count = [&](const Tensor& t) {
+    if (!t.defined()) return;
+    const Storage* st = t.storage().get();
+    if (full.count(st) == 0 && seen.insert(st).second) h.shard_grads += static_cast<int64_t>(st->nbytes());
+  };
+  for (const auto& bk : impl_->buckets)
+    for (const auto& f : bk.flats) count(f.rs_out);
+  for (const Tensor& p : impl_->shard_params) count(p.grad());
   h.peak_full_grads = impl_->peak_full_grads;
   for (size_t b = 0; b < impl_->buckets.size(); ++b) {
     int64_t bytes = 0;

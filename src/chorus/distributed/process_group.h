@@ -105,7 +105,10 @@ class ProcessGroup {
   // out = the ranks' `in`, concatenated in rank order (out.numel() == size() * in.numel()).
   virtual WorkPtr all_gather(const Tensor& in, const Tensor& out) = 0;
   // out = rank r's chunk (r = rank()) of op over the ranks' `in`
-  // (in.numel() == size() * out.numel()).
+  // (in.numel() == size() * out.numel()). `out` may be in's own chunk,
+  // in.narrow(0, rank() * out.numel(), out.numel()): in place (NCCL's
+  // in-place form; Gloo reduces a copy of `in`), as ShardedDataParallel's
+  // stage 1 does (Note [Sharded gradient shards]).
   virtual WorkPtr reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op = ReduceOp::Sum) = 0;
   virtual WorkPtr barrier() = 0;
   // Point to point; a send and its recv name the same tag.
