@@ -512,7 +512,6 @@ void check_snapshot_keeps_values(const Device& device, bool fallback, bool prepa
     backend(device).reset_peak_bytes(device);
     const double ms = w.prepare(s);
     EXPECT_GE(ms, 0.0);
-    std::printf("%s: prepare %.3f ms%s\n", device.str().c_str(), ms, fallback ? " (refused: snapshot limit 0)" : "");
     EXPECT_EQ(w.totals().prepared, !fallback);
     EXPECT_EQ(w.totals().prepare_ms, fallback ? 0.0 : ms);
     EXPECT_EQ(backend(device).bytes_in_use(device), in_use);
