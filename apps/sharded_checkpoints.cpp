@@ -74,13 +74,6 @@ ShardedCheckpointer::ShardedCheckpointer(std::string dir, std::shared_ptr<dist::
 
 double ShardedCheckpointer::save(const io::TrainingState& state) {
   const auto t0 = std::chrono::steady_clock::now();
-  io::ShardedSave s = assemble(state);
-  return writer_.save(s, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-}
-
-double ShardedCheckpointer::prepare() { return writer_.prepare(assemble(io::TrainingState{})); }
-
-io::ShardedSave ShardedCheckpointer::assemble(const io::TrainingState& state) const {
   const auto& pieces = sdp_->pieces();
   const auto& values = sdp_->shard_parameters();
   // The live moments: the writer's snapshot freezes them (state() would
@@ -109,7 +102,7 @@ io::ShardedSave ShardedCheckpointer::assemble(const io::TrainingState& state) co
   s.optimizer_name = opt_.name();
   s.state = state;
   s.layout = {{"strategy", "zero"}, {"stage", sdp_->options().stage}, {"ranks", sdp_->process_group()->size()}};
-  return s;
+  return writer_.save(s, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
 }
 
 std::string ShardedCheckpointer::wait() { return writer_.wait(); }
@@ -134,9 +127,8 @@ std::string stall_summary(const io::ShardedCheckpointWriter::Totals& t, double s
     s += line;
   }
   if (t.saves > 1) {
-    // The first save also allocates the snapshot's memory (unless prepared:
-    // Note [Prepared snapshots] in io/sharded_writer.h); the pool keeps it
-    // for the later ones, which are the steady cost.
+    // The first save also allocates the snapshot's memory; the pool keeps
+    // it for the later ones, which are the steady cost.
     const double later = (t.stall_ms - t.first_stall_ms) / static_cast<double>(t.saves - 1);
     std::snprintf(line, sizeof line, "; the first %.1f ms on the host, the later ones %.1f ms", t.first_stall_ms, later);
     s += line;
@@ -144,10 +136,6 @@ std::string stall_summary(const io::ShardedCheckpointWriter::Totals& t, double s
       std::snprintf(line, sizeof line, " (%.1f%% of a step with the device copies)", 100 * (later + device) / step_ms);
       s += line;
     }
-  }
-  if (t.prepared) {
-    std::snprintf(line, sizeof line, "; the snapshot's memory allocated beforehand in %.1f ms (prepare)", t.prepare_ms);
-    s += line;
   }
   if (t.wait_ms > 0) {
     std::snprintf(line, sizeof line, "; and %.1f s in all waiting for earlier saves still being written (checkpoint less often)",

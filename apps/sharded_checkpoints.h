@@ -39,19 +39,11 @@ class ShardedCheckpointer {
   ShardedCheckpointer(std::string dir, std::shared_ptr<dist::ShardedDataParallel> sdp, optim::Optimizer& opt,
                       const RankContext& ranks, int keep_last = 3);
   double save(const io::TrainingState& state);
-  // Pays the first save's one-time cost now (Note [Prepared snapshots] in
-  // io/sharded_writer.h): the snapshot of what save() would write, allocated
-  // and handed back to the pool. Returns its host time in ms. Call it once
-  // the optimizer holds its state (after a step), or the moments are left out.
-  double prepare();
   std::string wait();
   double last_write_ms() const { return writer_.last_write_ms(); }
   const io::ShardedCheckpointWriter& writer() const { return writer_; }
 
  private:
-  // What save() writes: this rank's pieces, its optimizer's live state, the
-  // replicated part and `state`.
-  io::ShardedSave assemble(const io::TrainingState& state) const;
   std::shared_ptr<dist::ShardedDataParallel> sdp_;
   optim::Optimizer& opt_;
   io::ShardedCheckpointWriter writer_;

@@ -220,15 +220,6 @@ nlohmann::ordered_json run_gpt_loop(const TrainConfig& tc, const GptOptions& g, 
     // issued: no wait for the device).
     if (plan && r.leader() && (step == start + 1 || (step == start && step + 1 == r.total_steps)))
       std::fprintf(stderr, "%s\n", dist::measured_line(*plan, static_cast<int64_t>(backend(device).peak_bytes(device))).c_str());
-    // Note [Prepared snapshots] (io/sharded_writer.h): the first checkpoint's
-    // snapshot memory allocated now, not in its stall -- after the steps the
-    // plan was measured on, and once AdamW holds the moments it snapshots.
-    if (sharded_ckpt && step == start + 1 && sharded_ckpt->writer().totals().saves == 0) {
-      const double ms = sharded_ckpt->prepare();
-      if (r.leader() && !tc.quiet && sharded_ckpt->writer().totals().prepared)
-        std::fprintf(stderr, "checkpoints: the snapshot's device memory allocated ahead of the first save in %.1f ms\n",
-                     ms);
-    }
     const bool last = step + 1 == r.total_steps;
     const bool read = (step + 1) % tc.log_every == 0 || last;
     bool stop = false;

@@ -343,46 +343,6 @@ std::string ShardedCheckpointWriter::why_not_on_device(const std::map<Device, si
   return "";
 }
 
-void ShardedCheckpointWriter::warn_not_on_device(const std::string& why) {
-  warn_once("sharded-checkpoint-snapshot", "sharded checkpoint: not snapshotting on the device (" + why +
-                                               "); copying to host memory before training goes on instead, a longer "
-                                               "stall");
-}
-
-double ShardedCheckpointWriter::prepare(const ShardedSave& save) {
-  const auto t0 = std::chrono::steady_clock::now();
-  // A save in the background holds its snapshot: the rule below must see
-  // the memory as a save now would (and nothing is prepared twice at once).
-  join_and_rethrow();
-  const std::map<Device, size_t> bytes = device_bytes(save);
-  if (bytes.empty()) return 0;
-  std::string why = why_not_on_device(bytes);
-  if (why.empty()) {
-    try {
-      // Note [Prepared snapshots]: the buffers a save of these tensors would
-      // clone into, allocated on the current streams as save() does, and
-      // freed at the end of this scope into the pool.
-      SnapshotPlan plan;
-      for_each_tensor(save, [&](const Tensor& t) {
-        if (t.defined() && !in_host_memory(t)) plan.add(t);
-      });
-      plan.allocate();
-    } catch (const OutOfMemoryError& e) {
-      why = std::string("the device ran out of memory: ") + e.what();
-    }
-  }
-  if (!why.empty()) {
-    warn_not_on_device(why);
-    return ms_since(t0);
-  }
-  reserved_ = bytes;
-  const double ms = ms_since(t0);
-  std::lock_guard<std::mutex> lock(mu_);
-  totals_.prepare_ms += ms;
-  totals_.prepared = true;
-  return ms;
-}
-
 double ShardedCheckpointWriter::save(const ShardedSave& save, double gather_ms) {
   // The stall counts the wait for a previous save still being written: with
   // saves closer together than the disk writes them, that wait is the stall.
@@ -407,7 +367,10 @@ double ShardedCheckpointWriter::save(const ShardedSave& save, double gather_ms) 
         why = std::string("the device ran out of memory: ") + e.what();
       }
     }
-    if (!why.empty()) warn_not_on_device(why);
+    if (!why.empty())
+      warn_once("sharded-checkpoint-snapshot",
+                "sharded checkpoint: not snapshotting on the device (" + why +
+                    "); copying to host memory before training goes on instead, a longer stall");
   }
   if (!snap) snap = ShardedSnapshot{copy_to_host(save), {}};
   last_devices_.clear();

@@ -33,20 +33,6 @@
 // run out of memory all the same), that save falls back to the synchronous
 // copy to host memory -- slower, never out of memory -- and says so once.
 //
-// Note [Prepared snapshots]: the first device snapshot also allocates its
-// buffers (Note [One buffer per snapshot]): the pool then keeps that memory
-// for the later ones, but the first save's stall pays the allocation (a
-// gpt2-xl ZeRO-1 rank's 4.7 GB: ~37 ms on the host where the later saves take
-// ~4.5 ms). prepare(save) pays it ahead, where the caller chooses (chorus
-// train: after the steps the memory plan is measured on, so the plan's
-// measured line is unchanged): it plans the snapshot of `save` -- the same
-// tensors a save of them would clone -- under the same rule save() uses
-// (the same warning when it does not fit, and then nothing is allocated),
-// allocates its buffers and hands them back at once. The pool keeps them
-// reserved, as after a first save, and counts them in what the rule sees as
-// available; nothing is held between saves, so the peak a run reports has
-// the snapshot in it only while a save (or the prepare) holds it.
-//
 // One save is in flight at a time: a new save() first waits for the
 // previous one, so snapshots never pile up and the store's keys of
 // consecutive saves never interleave. That wait is part of the stall save()
@@ -94,13 +80,6 @@ class ShardedCheckpointWriter {
   // `gather_ms`: the host time the caller spent assembling `save` (its
   // pieces and names), counted in the stall as well.
   double save(const ShardedSave& save, double gather_ms = 0);
-  // Note [Prepared snapshots]: allocates and frees the device snapshot of
-  // `save` (its tensors are only read for their sizes, devices and storage),
-  // so that the first save() finds its memory in the pool. Returns the host
-  // time in ms (0 with nothing outside host memory; where the snapshot would
-  // not be taken on the devices, the time to decide so, after save()'s
-  // warning). Call it between steps, as save().
-  double prepare(const ShardedSave& save);
   // Waits for the save in flight; rethrows its failure. Returns the path of
   // the last checkpoint written ("" before any).
   std::string wait();
@@ -120,14 +99,10 @@ class ShardedCheckpointWriter {
   // stall_ms: save()'s host time less its waits for a previous save, which
   // add up in wait_ms (saves closer together than the disk writes them).
   // first_stall_ms: the first save's host stall alone (it also allocates the
-  // snapshot's device memory, which the allocator's pool keeps for the next,
-  // unless prepare() did). prepare_ms: prepare()'s host time (prepared: it
-  // allocated the snapshot).
+  // snapshot's device memory, which the allocator's pool keeps for the next).
   struct Totals {
     int64_t saves = 0;
     double stall_ms = 0, device_ms = 0, wait_ms = 0, first_stall_ms = 0;
-    double prepare_ms = 0;
-    bool prepared = false;
   };
   Totals totals() const;
   const std::string& dir() const { return dir_; }
@@ -137,8 +112,6 @@ class ShardedCheckpointWriter {
   // Why a snapshot of `bytes` (per device) is not taken on the devices; ""
   // when it is.
   std::string why_not_on_device(const std::map<Device, size_t>& bytes) const;
-  // save()'s warning when a snapshot is not taken on the devices.
-  static void warn_not_on_device(const std::string& why);
   void write_in_background(ShardedSnapshot snap, ShardedSaveOptions o);
 
   std::string dir_;
