@@ -90,7 +90,7 @@ for stage in "$@"; do
     # fused flash attention): each against the default step on the same machine.
     tokens
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-    flags=(); tag=bf16
+    flags=(); tag=bf16${GPT_TAG:-}  # GPT_TAG: a suffix telling apart runs of one stage (e.g. under an env switch)
     [ $stage = chorus_eager ] && { flags=(--no-cuda-graphs); tag=bf16_eager; }
     [ $stage = chorus_composite ] && { flags=(--attention composite); tag=bf16_composite; }
     $BUILD/chorus train --model $MODEL --data "tokens:$DATA/rand_train_*.bin" --seq-len $T --batch-size $B \
@@ -597,10 +597,12 @@ for r in rows:
     mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") else "-"
     pk = f"{r['peak_gib']:.2f}" if r.get("peak_gib") else "-"
     print(f"{r['who']:10} {r['mode']:20} {r['tok_per_s']:>10.0f} {mfu:>7} {pk:>9}")
-single = [r for r in rows if r["who"] == "chorus" and r["mode"] == "single bf16"]
-for r in rows:
-    if single and r["who"] != "chorus" and not r["mode"].startswith("ddp"):
-        print(f"chorus single / {r['who']} {r['mode']}: {single[-1]['tok_per_s'] / r['tok_per_s']:.3f}")
+for c in rows:  # every single-GPU Chorus row (GPT_TAG tells apart runs under a switch) beside the others
+    if c["who"] != "chorus" or not c["mode"].startswith("single"):
+        continue
+    for r in rows:
+        if r["who"] != "chorus" and not r["mode"].startswith("ddp"):
+            print(f"chorus {c['mode']} / {r['who']} {r['mode']}: {c['tok_per_s'] / r['tok_per_s']:.3f}")
 for r in rows:
     if r["who"] == "chorus" and r["mode"].startswith("zero") and not r["mode"].endswith(("d84", "d72", "d60")):
         n = r["mode"].split()[1]

@@ -170,6 +170,50 @@ TEST(FloatFilterGrad, AutocastConvolutionsRecordTheirFloatWeights_CUDA) {
   }
 }
 
+// Note [Float weight gradients from 16-bit products]: under autocast a
+// float32 linear layer's and GPT MLP's parameters feed their ops' nodes
+// directly (no recorded cast), their gradients come out in float32, and they
+// equal the gradients of the same ops run on bfloat16 copies of the
+// parameters, up to those copies' 16-bit rounding of the gradient.
+TEST(FloatWeightGrad, AutocastLinearsAndMlpsRecordTheirFloatParameters_CUDA) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
+  const Device gpu("cuda:0");
+  manual_seed(74);
+  const int64_t c = 64;
+  auto param = [&](Shape s, double scale) { return randn(s).mul(scale).to(gpu).detach().requires_grad_(); };
+  const Tensor w = param({3 * c, c}, 0.1), b = param({3 * c}, 0.1), w1 = param({4 * c, 3 * c}, 0.1),
+               b1 = param({4 * c}, 0.1), w2 = param({c, 4 * c}, 0.05), b2 = param({c}, 0.1);
+  const Tensor x = randn({4, 33, c}).to(gpu), gy = randn({4, 33, c}).to(gpu);
+  const std::vector<Tensor> params{w, b, w1, b1, w2, b2};
+  Tensor y;
+  {
+    AutocastGuard amp(kBFloat16);
+    y = nn::functional::mlp_gelu(nn::functional::linear(x, w, b), w1, b1, w2, b2);
+  }
+  std::set<const TensorImpl*> direct = beside_leaves_fed_by(y, "LinearBackward");
+  for (const TensorImpl* l : beside_leaves_fed_by(y, "MlpGeluBackward")) direct.insert(l);
+  std::set<const TensorImpl*> want;
+  for (const Tensor& p : params) want.insert(p.impl());
+  EXPECT_EQ(direct, want);
+  EXPECT_TRUE(beside_leaves_fed_by(y, "ToDtypeBackward").empty()) << "a parameter is still cast by a recorded node";
+  y.backward(gy.to(kBFloat16));
+  // The same ops on bfloat16 leaves: gradients in bfloat16.
+  std::vector<Tensor> half;
+  for (const Tensor& p : params) half.push_back(p.detach().to(kBFloat16).requires_grad_());
+  Tensor yh = nn::functional::mlp_gelu(nn::functional::linear(x.to(kBFloat16), half[0], half[1]), half[2], half[3],
+                                       half[4], half[5]);
+  yh.backward(gy.to(kBFloat16));
+  for (size_t i = 0; i < params.size(); ++i) {
+    ASSERT_TRUE(params[i].grad().defined()) << "parameter " << i;
+    EXPECT_EQ(params[i].grad().dtype(), kFloat32) << "parameter " << i;
+    const std::vector<float> got = beside_floats(params[i].grad()), ref = beside_floats(half[i].grad());
+    float scale = 0;
+    for (float r : ref) scale = std::max(scale, std::abs(r));
+    for (size_t j = 0; j < ref.size(); ++j)
+      ASSERT_NEAR(got[j], ref[j], 8e-3 * std::abs(ref[j]) + 1e-3 * scale) << "parameter " << i << " element " << j;
+  }
+}
+
 void expect_same_bits(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(beside_floats(a[i]), beside_floats(b[i])) << "tensor " << i;

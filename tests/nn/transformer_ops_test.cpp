@@ -10,6 +10,7 @@
 #include <chorus/autograd/engine.h>
 #include <chorus/chorus.h>
 #include <chorus/ops/elementwise.h>
+#include <chorus/ops/linear.h>
 
 #include "testing/expect_error.h"
 #include "testing/gradcheck.h"
@@ -676,6 +677,41 @@ TEST(TransformerOps, FusedAttentionMatchesComposite_CUDA) {
   Tensor q = random_leaf({1, 2, 64, 64}, 80).detach().to(kFloat32).to(gpu);
   EXPECT_TRUE(test::throws_naming(
       [&] { F::scaled_dot_product_attention(q, q, q, true, 0.0, ops::AttentionKernel::Fused); }, {"bfloat16"}));
+}
+
+// Note [Float weight gradients from 16-bit products]: a linear layer's
+// weight and bias gradients asked for in float32 from bfloat16 data, against
+// float64 sums of the same bfloat16 values (no rounding to 16 bits left: a
+// bfloat16 result would be ~1e-3 off), on the CPU and, with a GPU, on it.
+TEST(TransformerOps, LinearGradientsInFloat32From16BitData) {
+  std::vector<Device> devices{cpu_device(0)};
+  if (cuda_device_count() > 0) devices.push_back(Device("cuda:0"));
+  const int64_t rows = 75, in = 48, out = 40;
+  const Tensor x = random_leaf({rows, in}, 120).detach().to(kBFloat16);
+  const Tensor w = random_leaf({out, in}, 121).detach().to(kBFloat16);
+  const Tensor dy = random_leaf({rows, out}, 122).detach().to(kBFloat16);
+  const std::vector<double> xv = x.to(kFloat64).to_vector<double>(), dyv = dy.to(kFloat64).to_vector<double>();
+  std::vector<double> dw_ref(out * in, 0.0), db_ref(out, 0.0);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t o = 0; o < out; ++o) {
+      db_ref[o] += dyv[r * out + o];
+      for (int64_t i = 0; i < in; ++i) dw_ref[o * in + i] += dyv[r * out + o] * xv[r * in + i];
+    }
+  auto rel = [](const std::vector<double>& ref, const Tensor& got) {
+    const std::vector<double> g = got.to(cpu_device(0), kFloat64).to_vector<double>();
+    double m = 0, big = 1e-30;
+    for (size_t i = 0; i < ref.size(); ++i) m = std::max(m, std::abs(ref[i] - g[i])), big = std::max(big, std::abs(ref[i]));
+    return m / big;
+  };
+  for (const Device& d : devices) {
+    SCOPED_TRACE(d.str());
+    auto [dx, dw, db] = ops::linear_bias_backward(dy.to(d), x.to(d), w.to(d), true, true, kFloat32);
+    EXPECT_EQ(dx.dtype(), kBFloat16);
+    ASSERT_EQ(dw.dtype(), kFloat32);
+    ASSERT_EQ(db.dtype(), kFloat32);
+    EXPECT_LT(rel(dw_ref, dw), 1e-5) << "dw";
+    EXPECT_LT(rel(db_ref, db), 1e-5) << "db";
+  }
 }
 
 // A linear layer with a bias (the product's epilogue adds it; the weight

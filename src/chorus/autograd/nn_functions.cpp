@@ -10,6 +10,7 @@
 
 #include "chorus/autograd/node.h"
 #include "chorus/autograd/side_work.h"
+#include "chorus/core/error.h"
 #include "chorus/ops/copy.h"
 #include "chorus/ops/elementwise.h"
 #include "chorus/ops/linear.h"
@@ -27,49 +28,67 @@ namespace chorus::autograd {
 // the block's activations -- as llm.c does by default. Its output is the same
 // function of the same input, so in float32 and float64 the gradients are
 // those of the kept output up to the product epilogue's rounding of GELU.
+namespace {
+// A parameter's gradient dtype when a product (a linear layer's, a
+// convolution's) computes with a copy of it (nullopt: the copy's own, as computed).
+std::optional<DType> param_grad_dtype(const Tensor& param, const Tensor& data) {
+  if (!data.defined() || data.dtype() == param.dtype()) return std::nullopt;
+  return param.dtype();
+}
+}  // namespace
+
 Tensor mlp_gelu(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2,
-                bool recompute_gelu) {
+                bool recompute_gelu, const TensorList& data) {
+  CHORUS_CHECK(data.empty() || data.size() == 4, "mlp_gelu: expected the 16-bit copies of w1, b1, w2 and b2, got ",
+               data.size(), " tensors");
+  const bool copies = !data.empty();
+  const Tensor& w1c = copies ? data[0] : w1;
+  const Tensor& b1c = copies ? data[1] : b1;
+  const Tensor& w2c = copies ? data[2] : w2;
+  const Tensor& b2c = copies ? data[3] : b2;
   const int64_t c = x.size(-1), m = x.numel() / std::max<int64_t>(c, 1);
   Shape out_shape = x.sizes();
   out_shape.back() = w2.size(0);
   Tensor x2 = ops::view(ops::contiguous(x), {m, c});
-  auto [y2, pre, h] = ops::mlp_gelu(x2, w1, b1, w2, b2);
+  auto [y2, pre, h] = ops::mlp_gelu(x2, w1c, b1c, w2c, b2c);
   Tensor y = ops::view(y2, out_shape);
-  Tensor xd = x2.detach(), w1d = w1.detach(), w2d = w2.detach();
+  Tensor xd = x2.detach(), w1d = w1c.detach(), w2d = w2c.detach();
   const Shape x_shape = x.sizes();
   const bool need_dx = x.requires_grad();
+  const std::optional<DType> gd = copies ? param_grad_dtype(w1, w1c) : std::nullopt;
   Tensor pre_d = pre, h_d = recompute_gelu ? Tensor() : h;
-  return record("MlpGeluBackward", y, {x, w1, b1, w2, b2}, [xd, w1d, w2d, pre_d, h_d, x_shape, need_dx](const TensorList& g) {
-    Tensor g2 = ops::view(ops::contiguous(g[0]), {xd.size(0), w2d.size(0)});
-    const Tensor h_now = h_d.defined() ? h_d : ops::unary(UnaryOp::GeluTanh, pre_d);
-    std::vector<Tensor> d = ops::mlp_gelu_backward(g2, xd, w1d, w2d, pre_d, h_now, need_dx);
-    return TensorList{d[0].defined() ? ops::view(d[0], x_shape) : Tensor(), d[1], d[2], d[3], d[4]};
-  });
+  return record("MlpGeluBackward", y, {x, w1, b1, w2, b2},
+                [xd, w1d, w2d, pre_d, h_d, x_shape, need_dx, gd](const TensorList& g) {
+                  Tensor g2 = ops::view(ops::contiguous(g[0]), {xd.size(0), w2d.size(0)});
+                  const Tensor h_now = h_d.defined() ? h_d : ops::unary(UnaryOp::GeluTanh, pre_d);
+                  std::vector<Tensor> d = ops::mlp_gelu_backward(g2, xd, w1d, w2d, pre_d, h_now, need_dx, gd);
+                  return TensorList{d[0].defined() ? ops::view(d[0], x_shape) : Tensor(), d[1], d[2], d[3], d[4]};
+                });
 }
 
-Tensor linear_bias(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+Tensor linear_bias(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& weight_data,
+                   const Tensor& bias_data) {
+  CHORUS_CHECK(weight_data.defined() == bias_data.defined(),
+               "linear_bias: the weight's and the bias's copies come together");
+  const Tensor& wc = weight_data.defined() ? weight_data : weight;
+  const Tensor& bc = bias_data.defined() ? bias_data : bias;
   const int64_t k = x.size(-1), m = x.numel() / std::max<int64_t>(k, 1);
   Shape out_shape = x.sizes();
   out_shape.back() = weight.size(0);
   Tensor x2 = ops::view(ops::contiguous(x), {m, k});
-  Tensor y = ops::view(ops::linear_bias(x2, weight, bias), out_shape);
-  Tensor xd = x2.detach(), wd = weight.detach();
+  Tensor y = ops::view(ops::linear_bias(x2, wc, bc), out_shape);
+  Tensor xd = x2.detach(), wd = wc.detach();
   const Shape x_shape = x.sizes();
   const bool need_dx = x.requires_grad();
-  return record("LinearBackward", y, {x, weight, bias}, [xd, wd, x_shape, need_dx](const TensorList& g) {
+  const std::optional<DType> gd = param_grad_dtype(weight, weight_data);
+  return record("LinearBackward", y, {x, weight, bias}, [xd, wd, x_shape, need_dx, gd](const TensorList& g) {
     Tensor g2 = ops::view(ops::contiguous(g[0]), {xd.size(0), wd.size(0)});
-    auto [dx, dw, db] = ops::linear_bias_backward(g2, xd, wd, need_dx);
+    auto [dx, dw, db] = ops::linear_bias_backward(g2, xd, wd, need_dx, true, gd);
     return TensorList{dx.defined() ? ops::view(dx, x_shape) : Tensor(), dw, db};
   });
 }
 
 namespace {
-// The filter gradient's dtype when the convolution computes with a copy of
-// its weight (nullopt: the weight's own, as computed).
-std::optional<DType> weight_grad_dtype(const Tensor& weight, const Tensor& weight_data) {
-  if (!weight_data.defined() || weight_data.dtype() == weight.dtype()) return std::nullopt;
-  return weight.dtype();
-}
 
 // A convolution's backward: dx (if nx) on the current stream; dw and db (if
 // nw, nb) beside it where the device allows (Note [Weight gradients beside
@@ -107,7 +126,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const o
   const Tensor& wc = weight_data.defined() ? weight_data : weight;
   Tensor y = ops::conv2d(x, wc, bias, p);
   Tensor xd = x.detach(), wd = wc.detach();
-  const std::optional<DType> dw_dtype = weight_grad_dtype(weight, weight_data);
+  const std::optional<DType> dw_dtype = param_grad_dtype(weight, weight_data);
   bool nx = x.requires_grad(), nw = weight.requires_grad(), nb = bias.defined() && bias.requires_grad();
   TensorList inputs{x, weight};
   if (bias.defined()) inputs.push_back(bias);
@@ -121,7 +140,7 @@ Tensor conv2d_add(const Tensor& x, const Tensor& weight, const Tensor& residual,
   const Tensor& wc = weight_data.defined() ? weight_data : weight;
   Tensor y = ops::conv2d_add(x, wc, residual, p);
   Tensor xd = x.detach(), wd = wc.detach();
-  const std::optional<DType> dw_dtype = weight_grad_dtype(weight, weight_data);
+  const std::optional<DType> dw_dtype = param_grad_dtype(weight, weight_data);
   bool nx = x.requires_grad(), nw = weight.requires_grad(), nr = residual.requires_grad();
   return record("Conv2dAddBackward", y, {x, weight, residual}, [xd, wd, p, nx, nw, nr, dw_dtype](const TensorList& g) {
     TensorList out = conv_backward(g[0], xd, wd, p, nx, nw, false, dw_dtype, 3);

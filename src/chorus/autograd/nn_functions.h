@@ -10,14 +10,21 @@ namespace chorus::autograd {
 
 // y = x w^T + b over x [..., K] (w [N, K], b [N], one dtype and device), the
 // bias added in the product's epilogue and its gradient summed by the weight
-// gradient's product (ops/linear.h).
-Tensor linear_bias(const Tensor& x, const Tensor& weight, const Tensor& bias);
+// gradient's product (ops/linear.h). `weight_data` and `bias_data`, when
+// defined, are what the products compute with in their places: autocast's
+// 16-bit copies of float32 parameters (Note [Autocast weight copies]); the
+// parameters' gradients then come out of the products in float32 (Note
+// [Float weight gradients from 16-bit products] in cuda/blas/gemm.cpp)
+// instead of through recorded casts' backwards.
+Tensor linear_bias(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& weight_data = Tensor(),
+                   const Tensor& bias_data = Tensor());
 // A GPT MLP, gelu_tanh(x w1^T + b1) w2^T + b2 over x [..., C], as one node
 // whose products carry GELU and its derivative (ops::mlp_gelu).
 // recompute_gelu: keep only GELU's input for the backward, which computes its
 // output again (Note [GELU recomputed in the backward] in nn_functions.cpp).
+// `data`, empty or {w1, b1, w2, b2}'s 16-bit copies, as linear_bias's.
 Tensor mlp_gelu(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tensor& w2, const Tensor& b2,
-                bool recompute_gelu = false);
+                bool recompute_gelu = false, const TensorList& data = {});
 // `weight_data`, when defined, is what the convolution computes with in
 // weight's place: autocast's 16-bit copy of a float32 `weight` (Note [Autocast
 // weight copies]). The filter gradient then reaches `weight` in its own dtype

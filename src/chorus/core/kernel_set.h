@@ -47,7 +47,9 @@
   /* A linear layer's product: out = op(a) @ op(bm) for 2-d contiguous operands of one dtype,   \
      with the bias epilogue -- bias [out cols] (out's dtype) added to every row when defined --  \
      and the bias gradient -- bias_grad [out rows] (out's dtype) overwritten with the row sums   \
-     of op(a) when defined: dW = dY^T X gives db = column sums of dY from the same read. */      \
+     of op(a) when defined: dW = dY^T X gives db = column sums of dY from the same read. out    \
+     (and bias_grad; no bias then) may be float32 over 16-bit a and bm: a float32 weight's       \
+     gradient from its 16-bit copy's product. */                                                  \
   void gemm_bias(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_a, bool trans_b, \
                  const Tensor& bias, const Tensor& bias_grad);                                    \
   /* A GPT MLP's first product with GELU (tanh form) in its epilogue: pre = a @ bm^T + bias    \

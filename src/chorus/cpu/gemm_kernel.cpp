@@ -56,6 +56,17 @@ Tensor as_batch(const Tensor& t) { return detail::make_view(t, {1, t.size(0), t.
 // through the kernel set's own add and sum: the CPU has no epilogue to fuse.
 void gemm_bias(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_a, bool trans_b, const Tensor& bias,
                const Tensor& bias_grad) {
+  if (out.dtype() != a.dtype()) {  // a float32 weight gradient of 16-bit data: the operands widened, exactly
+    CHORUS_CHECK(!bias.defined() && (!bias_grad.defined() || bias_grad.dtype() == out.dtype()),
+                 "gemm_bias: out ", out.describe(), " in another dtype than a ", a.describe(),
+                 " takes no bias and a bias gradient of out's dtype");
+    const Tensor aw = detail::empty_tensor(a.sizes(), out.dtype(), a.device());
+    const Tensor bw = detail::empty_tensor(bm.sizes(), out.dtype(), bm.device());
+    copy(a, aw);
+    copy(bm, bw);
+    gemm_bias(aw, bw, out, trans_a, trans_b, Tensor(), bias_grad);
+    return;
+  }
   gemm(as_batch(a), as_batch(bm), as_batch(out), trans_a, trans_b, 1.0, 0.0);
   const int64_t m = out.size(0), n = out.size(1);
   if (bias.defined()) binary(BinaryOp::Add, out, detail::make_view(bias, {m, n}, {0, bias.stride(0)}, bias.storage_offset()), out, 1.0);

@@ -14,6 +14,19 @@
 
 namespace chorus::nn::functional {
 
+namespace {
+// Under autocast, the 16-bit copy a float32 CUDA parameter's product computes
+// with while the op records the parameter itself, so its gradient comes out of
+// the product in float32 (Note [Float filter gradients from 16-bit data] in
+// cuda/conv/conv.cpp, Note [Float weight gradients from 16-bit products] in
+// cuda/blas/gemm.cpp); undefined for other parameters, which keep the
+// recorded cast.
+Tensor float_weight_data(const Tensor& weight, DType dt) {
+  if (!weight.defined() || weight.dtype() != kFloat32 || !weight.device().is_cuda()) return Tensor();
+  return autocast_weight_data(weight, dt);
+}
+}  // namespace
+
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   detail::check_defined(x, "linear", "input");
   detail::check_defined(weight, "linear", "weight");
@@ -31,7 +44,12 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
            xx.device() == w.device() && xx.device() == b.device();
   };
   if (auto dt = autocast_dtype(x)) {  // weights: Note [Autocast weight copies]
-    Tensor xx = chorus::to_dtype(x, *dt), w = autocast_weight(weight, *dt);
+    Tensor xx = chorus::to_dtype(x, *dt);
+    if (bias.defined()) {
+      const Tensor wd = float_weight_data(weight, *dt), bd = float_weight_data(bias, *dt);
+      if (wd.defined() && bd.defined() && fused(xx, wd, bd)) return autograd::linear_bias(xx, weight, bias, wd, bd);
+    }
+    Tensor w = autocast_weight(weight, *dt);
     if (bias.defined()) {
       Tensor b = autocast_weight(bias, *dt);
       if (fused(xx, w, b)) return autograd::linear_bias(xx, w, b);
@@ -55,6 +73,11 @@ Tensor mlp_gelu(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tenso
   Tensor xx = x, a = w1, ab = b1, c = w2, cb = b2;
   if (auto dt = autocast_dtype(x)) {  // Note [Autocast weight copies]
     xx = chorus::to_dtype(x, *dt);
+    TensorList data;
+    for (const Tensor* p : {&w1, &b1, &w2, &b2}) data.push_back(float_weight_data(*p, *dt));
+    bool copies = xx.numel() > 0;
+    for (const Tensor& d : data) copies = copies && d.defined() && d.device() == xx.device();
+    if (copies) return autograd::mlp_gelu(xx, w1, b1, w2, b2, recompute_gelu, data);
     a = autocast_weight(w1, *dt);
     ab = autocast_weight(b1, *dt);
     c = autocast_weight(w2, *dt);
@@ -68,14 +91,6 @@ Tensor mlp_gelu(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tenso
 }
 
 namespace {
-// Under autocast, the 16-bit copy a float32 CUDA weight's convolution computes
-// with while recording the weight itself (Note [Float filter gradients from
-// 16-bit data] in cuda/conv/conv.cpp); undefined for other weights, which keep the
-// recorded cast.
-Tensor conv_weight_data(const Tensor& weight, DType dt) {
-  if (weight.dtype() != kFloat32 || !weight.device().is_cuda()) return Tensor();
-  return autocast_weight_data(weight, dt);
-}
 
 // conv2d_add_unsummed once x, the weight's data and the residual share a dtype
 // and device.
@@ -96,7 +111,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, const C
       AutocastGuard off(std::nullopt);
       // Weights: Note [Autocast weight copies].
       const Tensor xc = chorus::to_dtype(x, *dt), bc = bias.defined() ? autocast_weight(bias, *dt) : bias;
-      if (const Tensor wd = conv_weight_data(weight, *dt); wd.defined()) return autograd::conv2d(xc, weight, bc, p, wd);
+      if (const Tensor wd = float_weight_data(weight, *dt); wd.defined()) return autograd::conv2d(xc, weight, bc, p, wd);
       return functional::conv2d(xc, autocast_weight(weight, *dt), bc, p);
     }
   }
@@ -116,7 +131,7 @@ Tensor conv2d_add(const Tensor& x, const Tensor& weight, const Tensor& bias, con
       AutocastGuard off(std::nullopt);
       // Weights: Note [Autocast weight copies].
       const Tensor xc = chorus::to_dtype(x, *dt), rc = chorus::to_dtype(residual, *dt);
-      if (const Tensor wd = conv_weight_data(weight, *dt); wd.defined() && rc.device() == xc.device())
+      if (const Tensor wd = float_weight_data(weight, *dt); wd.defined() && rc.device() == xc.device())
         return autograd::conv2d_add(xc, weight, rc, p, wd);
       return functional::conv2d_add(xc, autocast_weight(weight, *dt), bias, rc, p);
     }
@@ -138,7 +153,7 @@ std::pair<Tensor, Tensor> conv2d_add_unsummed(const Tensor& x, const Tensor& wei
       AutocastGuard off(std::nullopt);
       // Weights: Note [Autocast weight copies].
       const Tensor xc = chorus::to_dtype(x, *dt), rc = chorus::to_dtype(residual, *dt);
-      if (const Tensor wd = conv_weight_data(weight, *dt); wd.defined() && rc.device() == xc.device())
+      if (const Tensor wd = float_weight_data(weight, *dt); wd.defined() && rc.device() == xc.device())
         return add_unsummed(xc, weight, wd, rc, p);
       return functional::conv2d_add_unsummed(xc, autocast_weight(weight, *dt), rc, p);
     }

@@ -50,7 +50,7 @@ void linear_input_grad_into(const Tensor& dy, const Tensor& w, const Tensor& dx)
 }
 
 std::tuple<Tensor, Tensor, Tensor> linear_bias_backward(const Tensor& dy, const Tensor& x, const Tensor& w,
-                                                        bool need_dx, bool need_db) {
+                                                        bool need_dx, bool need_db, std::optional<DType> grad_dtype) {
   const Device dev = x.device();
   const Tensor g = contiguous(to_dtype(to_device(dy, dev), x.dtype()));
   const Tensor xc = contiguous(x), wc = contiguous(w);
@@ -61,8 +61,9 @@ std::tuple<Tensor, Tensor, Tensor> linear_bias_backward(const Tensor& dy, const 
     dx = detail::empty_tensor(x.sizes(), x.dtype(), dev);
     CHORUS_KERNEL(dev, gemm_bias, g, wc, dx, false, false, Tensor(), Tensor());  // dy w
   }
-  Tensor dw = detail::empty_tensor(w.sizes(), w.dtype(), dev);
-  Tensor db = need_db ? detail::empty_tensor({w.size(0)}, w.dtype(), dev) : Tensor();
+  const DType gd = grad_dtype.value_or(w.dtype());
+  Tensor dw = detail::empty_tensor(w.sizes(), gd, dev);
+  Tensor db = need_db ? detail::empty_tensor({w.size(0)}, gd, dev) : Tensor();
   CHORUS_KERNEL(dev, gemm_bias, g, xc, dw, true, false, Tensor(), db);  // dy^T x, and dy's column sums
   return {dx, dw, db};
 }
@@ -92,14 +93,15 @@ void mlp_gelu_into(const Tensor& x, const Tensor& w1, const Tensor& b1, const Te
 }
 
 std::tuple<Tensor, Tensor, Tensor> mlp_gelu_backward_second(const Tensor& dy, const Tensor& w2, const Tensor& pre,
-                                                            const Tensor& h) {
+                                                            const Tensor& h, std::optional<DType> grad_dtype) {
   const Device dev = h.device();
   const Tensor g = contiguous(to_dtype(to_device(dy, dev), h.dtype()));
   const Tensor w2c = contiguous(w2);
   CHORUS_CHECK(g.dim() == 2 && g.size(0) == h.size(0) && g.size(1) == w2.size(0) && pre.sizes() == h.sizes(),
                "mlp backward: gradient ", dy.describe(), " does not fit h ", h.describe(), " and w2 ", w2.describe());
   // The second product: dw2 = dy^T h with db2 from dy's column sums.
-  Tensor dw2 = detail::empty_tensor(w2.sizes(), w2.dtype(), dev), db2 = detail::empty_tensor({w2.size(0)}, w2.dtype(), dev);
+  const DType gd = grad_dtype.value_or(w2.dtype());
+  Tensor dw2 = detail::empty_tensor(w2.sizes(), gd, dev), db2 = detail::empty_tensor({w2.size(0)}, gd, dev);
   CHORUS_KERNEL(dev, gemm_bias, g, h, dw2, true, false, Tensor(), db2);
   // dpre = (dy w2) * gelu'(pre); db1 is summed by dw1's product, which reads
   // dpre anyway (Note [GELU in the MLP's epilogues]).
@@ -109,9 +111,10 @@ std::tuple<Tensor, Tensor, Tensor> mlp_gelu_backward_second(const Tensor& dy, co
 }
 
 std::vector<Tensor> mlp_gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& w1, const Tensor& w2,
-                                      const Tensor& pre, const Tensor& h, bool need_dx) {
-  auto [dpre, dw2, db2] = mlp_gelu_backward_second(to_device(dy, x.device()), w2, pre, h);
-  auto [dx, dw1, db1] = linear_bias_backward(dpre, x, w1, need_dx);
+                                      const Tensor& pre, const Tensor& h, bool need_dx,
+                                      std::optional<DType> grad_dtype) {
+  auto [dpre, dw2, db2] = mlp_gelu_backward_second(to_device(dy, x.device()), w2, pre, h, grad_dtype);
+  auto [dx, dw1, db1] = linear_bias_backward(dpre, x, w1, need_dx, true, grad_dtype);
   return {dx, dw1, db1, dw2, db2};
 }
 

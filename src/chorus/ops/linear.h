@@ -3,6 +3,7 @@
 // The differentiable version is autograd::linear (nn_functions.h).
 #pragma once
 
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -21,9 +22,12 @@ void linear_bias_into(const Tensor& x, const Tensor& w, const Tensor& b, const T
 void linear_input_grad_into(const Tensor& dy, const Tensor& w, const Tensor& dx);
 // Its backward from dy [M, N]: (dx [M, K] -- undefined unless need_dx --,
 // dw [N, K], db [N] -- undefined unless need_db), db summed while dw's
-// product reads dy.
+// product reads dy. grad_dtype (default: w's) is dw's and db's: float32 for
+// a float32 weight whose 16-bit copy w is (Note [Float weight gradients from
+// 16-bit products] in cuda/blas/gemm.cpp).
 std::tuple<Tensor, Tensor, Tensor> linear_bias_backward(const Tensor& dy, const Tensor& x, const Tensor& w,
-                                                        bool need_dx, bool need_db = true);
+                                                        bool need_dx, bool need_db = true,
+                                                        std::optional<DType> grad_dtype = std::nullopt);
 
 // A GPT MLP, y = gelu_tanh(x w1^T + b1) w2^T + b2, with GELU in the
 // products' epilogues (Note [GELU in the MLP's epilogues] in cuda/blas/gemm.cpp):
@@ -40,9 +44,12 @@ void mlp_gelu_into(const Tensor& x, const Tensor& w1, const Tensor& b1, const Te
 // the gradient at GELU's input, dw2, db2) -- for a caller that does the
 // first product's backward itself (tp::sp_mlp overlaps it with a collective).
 std::tuple<Tensor, Tensor, Tensor> mlp_gelu_backward_second(const Tensor& dy, const Tensor& w2, const Tensor& pre,
-                                                            const Tensor& h);
-// Its backward from dy [M, C]: {dx (undefined unless need_dx), dw1, db1, dw2, db2}.
+                                                            const Tensor& h,
+                                                            std::optional<DType> grad_dtype = std::nullopt);
+// Its backward from dy [M, C]: {dx (undefined unless need_dx), dw1, db1, dw2,
+// db2}, the parameters' gradients in grad_dtype (default: the weights').
 std::vector<Tensor> mlp_gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& w1, const Tensor& w2,
-                                      const Tensor& pre, const Tensor& h, bool need_dx);
+                                      const Tensor& pre, const Tensor& h, bool need_dx,
+                                      std::optional<DType> grad_dtype = std::nullopt);
 
 }  // namespace chorus::ops

@@ -114,9 +114,13 @@ bool run_gemm(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_a
   CHORUS_CHECK(a.is_contiguous() && bm.is_contiguous() && out.is_contiguous(),
                "gemm: operands must be contiguous, got a ", a.describe(), ", b ", bm.describe(),
                ", out ", out.describe());
-  CHORUS_CHECK(a.dtype() == out.dtype() && bm.dtype() == out.dtype(),
-               "gemm: operands must share one dtype, got a ", a.describe(), ", b ", bm.describe(),
-               ", out ", out.describe());
+  // Note [Float weight gradients from 16-bit products]: out may be float32
+  // over 16-bit a and b (cuBLASLt's bf16/f16 -> float32 output form).
+  CHORUS_CHECK(a.dtype() == bm.dtype() &&
+                   (a.dtype() == out.dtype() ||
+                    (out.dtype() == kFloat32 && (a.dtype() == kBFloat16 || a.dtype() == kFloat16))),
+               "gemm: operands must share one dtype (or make a float32 out of 16-bit ones), got a ",
+               a.describe(), ", b ", bm.describe(), ", out ", out.describe());
   const int64_t batch = out.size(0), m = out.size(1), n = out.size(2);
   const int64_t k = trans_a ? a.size(1) : a.size(2);
   const int64_t a_rows = trans_a ? a.size(2) : a.size(1);
@@ -128,7 +132,7 @@ bool run_gemm(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_a
                "gemm: shapes do not match: a ", a.describe(), (trans_a ? " (transposed)" : ""),
                ", b ", bm.describe(), (trans_b ? " (transposed)" : ""), ", out ", out.describe());
   CHORUS_CHECK(batch <= INT32_MAX, "gemm: batch ", batch, " exceeds cuBLASLt's limit");
-  const cudaDataType_t dt = cuda_dtype(out.dtype());
+  const cudaDataType_t dt_in = cuda_dtype(a.dtype()), dt = cuda_dtype(out.dtype());
   if (batch == 0 || m == 0 || n == 0) return true;
 
   const int device = out.device().index;
@@ -146,15 +150,15 @@ bool run_gemm(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_a
   }
 
   // Column-major view (see the note at the top): A' = bm, B' = a.
-  const size_t esize = out.element_size();
+  const int64_t esize_in = static_cast<int64_t>(a.element_size()), esize = static_cast<int64_t>(out.element_size());
   const int64_t lda = bm.size(2), ldb = a.size(2), ldc = n;
   const int64_t stride_a = bm.size(0) == 1 ? 0 : bm.size(1) * bm.size(2);
   const int64_t stride_b = a.size(0) == 1 ? 0 : a.size(1) * a.size(2);
   const int64_t stride_c = m * n;
-  const uint32_t align_a = alignment_of(bm.raw_data(), stride_a * static_cast<int64_t>(esize));
-  const uint32_t align_b = alignment_of(a.raw_data(), stride_b * static_cast<int64_t>(esize));
-  const uint32_t align_c = alignment_of(out.raw_data(), stride_c * static_cast<int64_t>(esize));
-  const cublasComputeType_t compute = (out.dtype() == kFloat32 && allow_tf32_matmul())
+  const uint32_t align_a = alignment_of(bm.raw_data(), stride_a * esize_in);
+  const uint32_t align_b = alignment_of(a.raw_data(), stride_b * esize_in);
+  const uint32_t align_c = alignment_of(out.raw_data(), stride_c * esize);
+  const cublasComputeType_t compute = (a.dtype() == kFloat32 && allow_tf32_matmul())
                                           ? CUBLAS_COMPUTE_32F_FAST_TF32
                                           : CUBLAS_COMPUTE_32F;
   const cublasOperation_t op_a = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -176,13 +180,14 @@ bool run_gemm(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_a
     }
   }
   // Stored column-major shapes: A' is n x k (k x n when transposed), B' is k x m (m x k).
-  LayoutDesc layout_a(dt, trans_b ? k : n, trans_b ? n : k, lda, static_cast<int32_t>(batch),
+  LayoutDesc layout_a(dt_in, trans_b ? k : n, trans_b ? n : k, lda, static_cast<int32_t>(batch),
                       stride_a);
-  LayoutDesc layout_b(dt, trans_a ? m : k, trans_a ? k : m, ldb, static_cast<int32_t>(batch),
+  LayoutDesc layout_b(dt_in, trans_a ? m : k, trans_a ? k : m, ldb, static_cast<int32_t>(batch),
                       stride_b);
   LayoutDesc layout_c(dt, n, m, ldc, static_cast<int32_t>(batch), stride_c);
 
-  const ProblemKey key{device, static_cast<int64_t>(out.dtype()), static_cast<int64_t>(compute),
+  const ProblemKey key{device, static_cast<int64_t>(out.dtype()) * 64 + static_cast<int64_t>(a.dtype()),
+                       static_cast<int64_t>(compute),
                        trans_a, trans_b, m, n, k, batch, stride_a, stride_b, align_a, align_b,
                        align_c, static_cast<int64_t>(epilogue)};
   const std::optional<cublasLtMatmulAlgo_t> algo = algo_cache().get_or_search(key, [&]() -> std::optional<cublasLtMatmulAlgo_t> {
@@ -231,6 +236,8 @@ void gemm_bias(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_
   CHORUS_CHECK(a.dim() == 2 && bm.dim() == 2 && out.dim() == 2, "gemm_bias: expected 2-d operands, got a ",
                a.describe(), ", b ", bm.describe(), ", out ", out.describe());
   CHORUS_CHECK(!(bias.defined() && bias_grad.defined()), "gemm_bias: a bias or a bias gradient, not both");
+  CHORUS_CHECK(!bias.defined() || out.dtype() == a.dtype(), "gemm_bias: a bias epilogue needs out in a's dtype ",
+               dtype_name(a.dtype()), ", got out ", out.describe());
   const Tensor& vec = bias.defined() ? bias : bias_grad;
   if (vec.defined())
     CHORUS_CHECK(vec.is_contiguous() && vec.dtype() == out.dtype() &&
@@ -251,10 +258,24 @@ void gemm_bias(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_
   if (bias_grad.defined()) {
     const Tensor opa =
         trans_a ? detail::make_view(a, {a.size(1), a.size(0)}, {a.stride(1), a.stride(0)}, a.storage_offset()) : a;
-    reduce(ReduceOp::Sum, opa, detail::make_view(bias_grad, {m, 1}, {1, 1}, bias_grad.storage_offset()), {false, true});
+    // The sums keep a's dtype (reduce's contract); a float32 bias gradient of
+    // 16-bit data takes them converted.
+    const Tensor sums = bias_grad.dtype() == a.dtype() ? bias_grad : detail::empty_tensor({m}, a.dtype(), a.device());
+    reduce(ReduceOp::Sum, opa, detail::make_view(sums, {m, 1}, {1, 1}, sums.storage_offset()), {false, true});
+    if (sums.dtype() != bias_grad.dtype()) copy(sums, bias_grad);
   }
 }
 
+// Note [Float weight gradients from 16-bit products]: under autocast a
+// float32 parameter's linear layer (and GPT MLP) computes with the parameter's
+// 16-bit copy but records the parameter itself (autograd::linear_bias's
+// weight_data), and its weight gradient dW = dY^T X is asked for in float32:
+// cuBLASLt reads the bf16 dY and X, accumulates in float32 as always, and
+// writes float32 -- with BGRADB's bias gradient in float32 too (the bias type
+// follows D's) -- where the product used to round dW to bf16 and a recorded
+// cast's backward (one more kernel a parameter: 99 a gpt2 step, 0.37 ms on an
+// H200) widened it again. The gradient keeps float32 accumulation's bits.
+//
 // Note [GELU in the MLP's epilogues]: GELU_AUX_BIAS writes the MLP's hidden
 // activation and, beside it, its input (the aux, kept for the backward), from
 // the product's own kernel; cuBLASLt's GELU is the tanh form, GPT-2's. The

@@ -11,7 +11,9 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <string>
 
+#include "chorus/core/env_switches.h"
 #include "chorus/cuda/runtime/context.h"
 #include "chorus/cuda/kernels/dtype_dispatch.cuh"
 #include "chorus/cuda/kernels/kernels.h"
@@ -500,16 +502,40 @@ __global__ void attention_softmax_backward_kernel(const T* dy, const T* y, T* dx
 }
 
 
+// A 16-byte (or smaller) vector stored with the evict-first hint (st.global.cs).
+template <typename T, int V>
+__device__ __forceinline__ void store_streaming(Vec<T, V>* p, const Vec<T, V>& v) {
+  if constexpr (sizeof(Vec<T, V>) == 16) {
+    __stcs(reinterpret_cast<int4*>(p), *reinterpret_cast<const int4*>(&v));
+  } else if constexpr (sizeof(Vec<T, V>) == 8) {
+    __stcs(reinterpret_cast<int2*>(p), *reinterpret_cast<const int2*>(&v));
+  } else if constexpr (sizeof(Vec<T, V>) == 4) {
+    __stcs(reinterpret_cast<int*>(p), *reinterpret_cast<const int*>(&v));
+  } else {
+    *p = v;
+  }
+}
+
 // One row of the fused classifier: loss = lse - x[t], dlogits = softmax - onehot
 // over the first `valid` columns, 0 past them and on ignored rows.
 // V elements per 16-byte access (a row of 50304 bf16 logits is 6288
 // vectors): two reads of the row (the second mostly from L2) and one write.
+//
+// Note [The classifier's cache order]: the second read of a row hits the
+// cache only if the row is still there, so, as llm.c's classifier does, (1)
+// blocks take the rows last to first -- the logits' product wrote the last
+// rows last, some of them are still in L2 when this kernel starts; (2) the
+// first pass walks a row from its end to its start, so the second pass, from
+// the start, begins on the most recently read vectors; (3) the gradient is
+// stored evict-first (st.global.cs): written once and read by the next
+// product, it should not push out logits not yet read a second time.
 template <typename T, typename L, int V>
 __global__ void cross_entropy_fused_kernel(const T* logits, const int64_t* target, int64_t rows, int64_t cols,
                                            int64_t valid, int64_t ignore_index, L* losses, T* dlogits,
                                            const float* grad_scale) {
-  const int64_t row = row_index();
-  if (row >= rows) return;
+  const int64_t ri = row_index();
+  if (ri >= rows) return;
+  const int64_t row = rows - 1 - ri;
   const float scale = grad_scale ? *grad_scale : 1.0f;
   const int64_t tg = target[row];
   const int64_t nv = cols / V, valid_v = (valid + V - 1) / V;
@@ -532,7 +558,7 @@ __global__ void cross_entropy_fused_kernel(const T* logits, const int64_t* targe
   // (llm.c builds its classifier with --use_fast_math for the same reason).
   // A NaN logit makes the sum NaN (the row's loss NaN, as in PyTorch).
   MaxSumV ms{-INFINITY, 0.0f};
-  for (int64_t c = threadIdx.x; c < valid_v; c += blockDim.x) {
+  for (int64_t c = valid_v - 1 - threadIdx.x; c >= 0; c -= blockDim.x) {
     const Vec<T, V> v = xr[c];
     float x[V];
     float vm = -INFINITY;
@@ -563,7 +589,7 @@ __global__ void cross_entropy_fused_kernel(const T* logits, const int64_t* targe
   if (blockDim.x > 32) __syncthreads();
   for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
     if (c >= valid_v) {
-      dr[c] = zero;
+      store_streaming(dr + c, zero);
       continue;
     }
     const Vec<T, V> v = xr[c];
@@ -575,7 +601,7 @@ __global__ void cross_entropy_fused_kernel(const T* logits, const int64_t* targe
           col < valid ? (__expf((to_acc(v.v[j]) - ms.m) - log_sum) - (col == tg ? 1.0f : 0.0f)) * scale : 0.0f;
       out.v[j] = convert<T>(g);
     }
-    dr[c] = out;
+    store_streaming(dr + c, out);
   }
   // An out-of-range target gives a NaN loss rather than a read out of bounds.
   if (threadIdx.x == 0) losses[row] = L(-((x_t - ms.m) - log_sum));
@@ -798,8 +824,15 @@ void cross_entropy_fused(const Tensor& logits, const Tensor& target, int64_t val
   const int dev = logits.device().index;
   CudaDeviceGuard guard(dev);
   // 256 threads a row (row_launch's): 1024, as llm.c's classifier, measured
-  // slower here (the benchmarks journal, session 36).
-  const RowLaunch l = row_launch(rows, cols);
+  // slower here (the benchmarks journal, session 36, before Note [The
+  // classifier's exponentials] and Note [The classifier's cache order]);
+  // CHORUS_CLASSIFIER_THREADS=1024 compares the two again.
+  RowLaunch l = row_launch(rows, cols);
+  static const bool wide = [] {
+    const char* e = env::get("CHORUS_CLASSIFIER_THREADS");
+    return e && std::string(e) == "1024";
+  }();
+  if (wide && l.block.y == 1) l.block.x = 1024;
   dispatch_float(logits.dtype(), op, [&]<typename T>() {
     with_row_vector<T>(cols, {logits.raw_data(), dlogits.raw_data()}, [&]<int V>() {
       cross_entropy_fused_kernel<T, float, V><<<l.grid, l.block, 0, current_stream(dev)>>>(
