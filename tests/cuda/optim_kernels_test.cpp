@@ -186,12 +186,21 @@ TEST(CudaKernels, AdamWUpdateMultiMatchesCpu_CUDA) {
   if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
   for (int64_t step : {1, 9}) {
     AdamWCase c = adamw_case(static_cast<uint32_t>(900 + 10 * step));
+    // 16-bit copies (Note [Autocast weight copies]) for some tensors, bf16 and
+    // f16, one at an odd offset (no packs).
+    TensorList copies(c.sizes.size());
+    for (size_t i = 0; i < c.sizes.size(); ++i) {
+      const DType dt = i % 2 ? kFloat16 : kBFloat16;
+      if (i % 3 == 1) copies[i] = zeros({c.sizes[i]}, {dt, cuda_device(0)});
+      if (i == 2) copies[i] = zeros({c.sizes[i] + 1}, {dt, cuda_device(0)}).narrow(0, 1, c.sizes[i]);
+    }
     // Step 9 reads lr and step from the device scalars (decoy arguments).
     if (step == 1)
-      cuda::adamw_update_multi(c.gp, c.gg, c.gm, c.gv, 1e-3, 0.9, 0.999, 1e-8, 0.01, step, Tensor(), c.ga, Tensor());
+      cuda::adamw_update_multi(c.gp, c.gg, c.gm, c.gv, 1e-3, 0.9, 0.999, 1e-8, 0.01, step, Tensor(), c.ga, Tensor(),
+                               copies);
     else
       cuda::adamw_update_multi(c.gp, c.gg, c.gm, c.gv, 0.5, 0.9, 0.999, 1e-8, 0.01, 2, gpu_scalars(1e-3, double(step)),
-                               c.ga, Tensor());
+                               c.ga, Tensor(), copies);
     for (size_t i = 0; i < c.sizes.size(); ++i) {
       // The device scalars hold lr as float32.
       const double lr = step == 1 ? 1e-3 : double(float(1e-3));
@@ -202,6 +211,11 @@ TEST(CudaKernels, AdamWUpdateMultiMatchesCpu_CUDA) {
       expect_near(c.gp[i], c.cp[i], 1e-6, 1e-7, what + " param");
       expect_near(c.gm[i], c.cm[i], 1e-6, 1e-7, what + " exp_avg");
       expect_near(c.gv[i], c.cv[i], 1e-6, 1e-7, what + " exp_avg_sq");
+      // The copy is the updated parameter rounded once: equal to casting it.
+      if (copies[i].defined())
+        EXPECT_EQ(copies[i].to(kFloat32).to(cpu_device(0)).to_vector<float>(),
+                  c.gp[i].to(copies[i].dtype()).to(kFloat32).to(cpu_device(0)).to_vector<float>())
+            << what << " copy";
     }
   }
 }

@@ -171,7 +171,7 @@ TEST(FloatFilterGrad, AutocastConvolutionsRecordTheirFloatWeights_CUDA) {
 }
 
 // Note [Float weight gradients from 16-bit products]: under autocast a
-// float32 linear layer's and GPT MLP's parameters feed their ops' nodes
+// float32 linear layer's (with and without a bias) and GPT MLP's parameters feed their ops' nodes
 // directly (no recorded cast), their gradients come out in float32, and they
 // equal the gradients of the same ops run on bfloat16 copies of the
 // parameters, up to those copies' 16-bit rounding of the gradient.
@@ -182,13 +182,14 @@ TEST(FloatWeightGrad, AutocastLinearsAndMlpsRecordTheirFloatParameters_CUDA) {
   const int64_t c = 64;
   auto param = [&](Shape s, double scale) { return randn(s).mul(scale).to(gpu).detach().requires_grad_(); };
   const Tensor w = param({3 * c, c}, 0.1), b = param({3 * c}, 0.1), w1 = param({4 * c, 3 * c}, 0.1),
-               b1 = param({4 * c}, 0.1), w2 = param({c, 4 * c}, 0.05), b2 = param({c}, 0.1);
-  const Tensor x = randn({4, 33, c}).to(gpu), gy = randn({4, 33, c}).to(gpu);
-  const std::vector<Tensor> params{w, b, w1, b1, w2, b2};
+               b1 = param({4 * c}, 0.1), w2 = param({c, 4 * c}, 0.05), b2 = param({c}, 0.1), w3 = param({96, c}, 0.1);
+  const Tensor x = randn({4, 33, c}).to(gpu), gy = randn({4, 33, 96}).to(gpu);
+  const std::vector<Tensor> params{w, b, w1, b1, w2, b2, w3};
   Tensor y;
   {
     AutocastGuard amp(kBFloat16);
-    y = nn::functional::mlp_gelu(nn::functional::linear(x, w, b), w1, b1, w2, b2);
+    y = nn::functional::linear(nn::functional::mlp_gelu(nn::functional::linear(x, w, b), w1, b1, w2, b2), w3,
+                               Tensor());
   }
   std::set<const TensorImpl*> direct = beside_leaves_fed_by(y, "LinearBackward");
   for (const TensorImpl* l : beside_leaves_fed_by(y, "MlpGeluBackward")) direct.insert(l);
@@ -200,8 +201,10 @@ TEST(FloatWeightGrad, AutocastLinearsAndMlpsRecordTheirFloatParameters_CUDA) {
   // The same ops on bfloat16 leaves: gradients in bfloat16.
   std::vector<Tensor> half;
   for (const Tensor& p : params) half.push_back(p.detach().to(kBFloat16).requires_grad_());
-  Tensor yh = nn::functional::mlp_gelu(nn::functional::linear(x.to(kBFloat16), half[0], half[1]), half[2], half[3],
-                                       half[4], half[5]);
+  Tensor yh = nn::functional::linear(
+      nn::functional::mlp_gelu(nn::functional::linear(x.to(kBFloat16), half[0], half[1]), half[2], half[3], half[4],
+                               half[5]),
+      half[6], Tensor());
   yh.backward(gy.to(kBFloat16));
   for (size_t i = 0; i < params.size(); ++i) {
     ASSERT_TRUE(params[i].grad().defined()) << "parameter " << i;

@@ -68,7 +68,8 @@ Tensor mlp_gelu(const Tensor& x, const Tensor& w1, const Tensor& b1, const Tenso
 
 Tensor linear_bias(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& weight_data,
                    const Tensor& bias_data) {
-  CHORUS_CHECK(weight_data.defined() == bias_data.defined(),
+  const bool has_bias = bias.defined();
+  CHORUS_CHECK(bias_data.defined() == (has_bias && weight_data.defined()),
                "linear_bias: the weight's and the bias's copies come together");
   const Tensor& wc = weight_data.defined() ? weight_data : weight;
   const Tensor& bc = bias_data.defined() ? bias_data : bias;
@@ -76,15 +77,21 @@ Tensor linear_bias(const Tensor& x, const Tensor& weight, const Tensor& bias, co
   Shape out_shape = x.sizes();
   out_shape.back() = weight.size(0);
   Tensor x2 = ops::view(ops::contiguous(x), {m, k});
-  Tensor y = ops::view(ops::linear_bias(x2, wc, bc), out_shape);
+  Tensor y2 = chorus::detail::empty_tensor({m, weight.size(0)}, x.dtype(), x.device());
+  ops::linear_bias_into(x2, wc, bc, y2);
+  Tensor y = ops::view(y2, out_shape);
   Tensor xd = x2.detach(), wd = wc.detach();
   const Shape x_shape = x.sizes();
   const bool need_dx = x.requires_grad();
   const std::optional<DType> gd = param_grad_dtype(weight, weight_data);
-  return record("LinearBackward", y, {x, weight, bias}, [xd, wd, x_shape, need_dx, gd](const TensorList& g) {
+  TensorList inputs{x, weight};
+  if (has_bias) inputs.push_back(bias);
+  return record("LinearBackward", y, inputs, [xd, wd, x_shape, need_dx, gd, has_bias](const TensorList& g) {
     Tensor g2 = ops::view(ops::contiguous(g[0]), {xd.size(0), wd.size(0)});
-    auto [dx, dw, db] = ops::linear_bias_backward(g2, xd, wd, need_dx, true, gd);
-    return TensorList{dx.defined() ? ops::view(dx, x_shape) : Tensor(), dw, db};
+    auto [dx, dw, db] = ops::linear_bias_backward(g2, xd, wd, need_dx, has_bias, gd);
+    TensorList out{dx.defined() ? ops::view(dx, x_shape) : Tensor(), dw};
+    if (has_bias) out.push_back(db);
+    return out;
   });
 }
 

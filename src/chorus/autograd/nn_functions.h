@@ -8,9 +8,9 @@
 
 namespace chorus::autograd {
 
-// y = x w^T + b over x [..., K] (w [N, K], b [N], one dtype and device), the
-// bias added in the product's epilogue and its gradient summed by the weight
-// gradient's product (ops/linear.h). `weight_data` and `bias_data`, when
+// y = x w^T + b over x [..., K] (w [N, K], b [N] or undefined: no bias, one
+// dtype and device), the bias added in the product's epilogue and its
+// gradient summed by the weight gradient's product (ops/linear.h). `weight_data` and `bias_data`, when
 // defined, are what the products compute with in their places: autocast's
 // 16-bit copies of float32 parameters (Note [Autocast weight copies]); the
 // parameters' gradients then come out of the products in float32 (Note

@@ -168,12 +168,12 @@
      `grad_scale`, when defined (one float32 element on the parameters' device; float64 too on a \
      CPU), multiplies every gradient as it is read, after its addend: the update of gradients    \
      scaled in place by scale_multi, read from the device (Note [Clipping in the update] in      \
-     optim/clip_grad.h). */                                                                      \
+     optim/clip_grad.h). `copies` as sgd_update_multi's. */                                     \
   void adamw_update_multi(const TensorList& params, const TensorList& grads,                      \
                           const TensorList& exp_avgs, const TensorList& exp_avg_sqs, double lr,   \
                           double beta1, double beta2, double eps, double weight_decay,            \
                           int64_t step, const Tensor& scalars, const TensorList& addends,         \
-                          const Tensor& grad_scale);                                              \
+                          const Tensor& grad_scale, const TensorList& copies = {});               \
   /* Gradient clipping's two passes over many tensors at once (each contiguous and floating, all \
      on one device; a few launches for any number). sum_squares_multi: out [] (float32; float64  \
      when the xs are) = the sum of squares of all their elements, in a fixed order.             \

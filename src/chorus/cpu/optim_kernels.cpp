@@ -165,7 +165,9 @@ void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg
 void adamw_update_multi(const TensorList& params, const TensorList& grads, const TensorList& exp_avgs,
                         const TensorList& exp_avg_sqs, double lr, double beta1, double beta2, double eps,
                         double weight_decay, int64_t step, const Tensor& scalars, const TensorList& addends,
-                        const Tensor& grad_scale) {
+                        const Tensor& grad_scale, const TensorList& copies) {
+  CHORUS_CHECK(copies.empty() || copies.size() == params.size(), "adamw_update_multi: ", params.size(),
+               " parameters but ", copies.size(), " copies");
   if (scalars.defined()) {
     lr = scalars.data<float>()[0];
     step = static_cast<int64_t>(scalars.data<float>()[1]);
@@ -184,9 +186,11 @@ void adamw_update_multi(const TensorList& params, const TensorList& grads, const
     scale = grad_scale.dtype() == kFloat64 ? grad_scale.data<double>()[0]
                                            : static_cast<double>(grad_scale.data<float>()[0]);
   }
-  for (size_t i = 0; i < params.size(); ++i)
+  for (size_t i = 0; i < params.size(); ++i) {
     adamw_one("adamw_update_multi", params[i], with_addend(grads, addends, i), exp_avgs[i], exp_avg_sqs[i], lr,
               beta1, beta2, eps, weight_decay, step, grad_scale.defined() ? &scale : nullptr);
+    if (!copies.empty() && copies[i].defined()) copy(params[i], copies[i]);
+  }
 }
 
 }  // namespace chorus::cpu

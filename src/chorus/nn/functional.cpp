@@ -38,16 +38,18 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     CHORUS_CHECK(bias.dim() == 1 && bias.size(0) == weight.size(0), "linear: bias ", bias.describe(),
                  " must be [", weight.size(0), "]");
   // With a bias, one op whose products carry it (Note [Linear layers'
-  // epilogues] in cuda/blas/gemm.cpp); without, a matmul.
+  // epilogues] in cuda/blas/gemm.cpp); without, a matmul -- but for a float32
+  // weight under autocast (a tied classifier's projection), which takes the
+  // same op for its float32 gradient.
   auto fused = [](const Tensor& xx, const Tensor& w, const Tensor& b) {
-    return xx.dim() >= 2 && xx.numel() > 0 && xx.dtype() == w.dtype() && xx.dtype() == b.dtype() &&
-           xx.device() == w.device() && xx.device() == b.device();
+    return xx.dim() >= 2 && xx.numel() > 0 && xx.dtype() == w.dtype() && xx.device() == w.device() &&
+           (!b.defined() || (xx.dtype() == b.dtype() && xx.device() == b.device()));
   };
   if (auto dt = autocast_dtype(x)) {  // weights: Note [Autocast weight copies]
     Tensor xx = chorus::to_dtype(x, *dt);
-    if (bias.defined()) {
-      const Tensor wd = float_weight_data(weight, *dt), bd = float_weight_data(bias, *dt);
-      if (wd.defined() && bd.defined() && fused(xx, wd, bd)) return autograd::linear_bias(xx, weight, bias, wd, bd);
+    if (const Tensor wd = float_weight_data(weight, *dt); wd.defined()) {
+      const Tensor bd = float_weight_data(bias, *dt);
+      if (bd.defined() == bias.defined() && fused(xx, wd, bd)) return autograd::linear_bias(xx, weight, bias, wd, bd);
     }
     Tensor w = autocast_weight(weight, *dt);
     if (bias.defined()) {

@@ -4,6 +4,7 @@
 #include <tuple>
 #include <set>
 
+#include "chorus/autograd/autocast.h"
 #include "chorus/autograd/grad_mode.h"
 #include "chorus/core/error.h"
 #include "chorus/core/graph_capture.h"
@@ -56,9 +57,16 @@ void AdamW::update(const Tensor& grad_scale) {
   // (device, step count) group -- one launch for a whole model on a GPU;
   // strided ones one at a time through a copy.
   struct Group {
-    TensorList params, grads, ms, vs, addends;
+    TensorList params, grads, ms, vs, addends, copies;
     std::vector<size_t> index;
-    bool any_addend = false;
+    bool any_addend = false, any_copy = false;
+    // Note [Autocast weight copies]: the 16-bit copy the next forward will
+    // use, written by the update's own kernel (as SGD's), not cast afresh.
+    void add_copy(const Tensor& p) {
+      const Tensor copy = p.device().is_cuda() ? autocast_copy_for_update(p) : Tensor();
+      copies.push_back(copy.defined() ? ops::flat_view(copy) : copy);
+      any_copy = any_copy || copy.defined();
+    }
   };
   // One launch per (device, step count, weight decay).
   std::map<std::tuple<Device, int64_t, double>, Group> groups;
@@ -84,6 +92,7 @@ void AdamW::update(const Tensor& grad_scale) {
       group.any_addend = group.any_addend || addend.defined();
       group.ms.emplace_back();
       group.vs.emplace_back();
+      group.add_copy(params_[i]);
       group.index.push_back(i);
       fresh.push_back({i, {&group, group.ms.size() - 1}});
       continue;
@@ -119,6 +128,7 @@ void AdamW::update(const Tensor& grad_scale) {
     group.any_addend = group.any_addend || addend.defined();
     group.ms.push_back(ops::flat_view(m));
     group.vs.push_back(ops::flat_view(v));
+    group.add_copy(params_[i]);
     group.index.push_back(i);
   }
   if (!fresh.empty()) {
@@ -154,8 +164,11 @@ void AdamW::update(const Tensor& grad_scale) {
       }
       CHORUS_KERNEL(device, adamw_update_multi, group.params, group.grads, group.ms, group.vs, lr_, o.beta1,
                     o.beta2, o.eps, wd, t, scalars,
-                    group.any_addend ? group.addends : TensorList(), scale_for(device));
+                    group.any_addend ? group.addends : TensorList(), scale_for(device),
+                    group.any_copy ? group.copies : TensorList());
       for (size_t i : group.index) params_[i].bump_version();  // saved tensors see a changed parameter
+      for (size_t j = 0; j < group.index.size(); ++j)
+        if (group.copies[j].defined()) autocast_copy_written(params_[group.index[j]]);
     }
   }
   // State changes only after the updates ran, so a failed step can be retried.

@@ -239,6 +239,26 @@ __device__ __forceinline__ void write_copy4(void* copy, uint8_t kind, int64_t i,
 }
 static_assert(sizeof(SgdTable) + sizeof(SgdParams) < 4000, "kernel parameters too large");
 
+// copies[i], when there is one, must be a contiguous 16-bit tensor of params[i]'s size on its device.
+void check_copy(const TensorList& copies, const TensorList& params, size_t i, const char* op) {
+  if (copies.empty() || !copies[i].defined()) return;
+  CHORUS_CHECK((copies[i].dtype() == kBFloat16 || copies[i].dtype() == kFloat16) && copies[i].is_contiguous() &&
+                   copies[i].device() == params[i].device() && copies[i].numel() == params[i].numel(),
+               op, ": the copy of parameter ", i, " must be a contiguous bfloat16 or float16 tensor of ",
+               params[i].numel(), " elements on ", params[i].device().str(), ", got ", copies[i].describe());
+}
+
+// The table entries of a parameter's copy (kNoCopy without one).
+template <typename Table>
+void put_copy(Table& table, int k, const TensorList& copies, size_t i) {
+  const bool has_copy = !copies.empty() && copies[i].defined();
+  table.copy[k] = has_copy ? copies[i].raw_data() : nullptr;
+  table.copy_kind[k] = !has_copy ? kNoCopy : copies[i].dtype() == kBFloat16 ? kBf16Copy : kF16Copy;
+}
+
+// write_copy4's 8-byte stores need the copy 8-byte aligned for the pack path.
+bool copy_packable(const void* copy) { return (reinterpret_cast<uintptr_t>(copy) & 7) == 0; }
+
 // A gradient pack plus its addend's, when there is one (one float addition
 // per lane: Note [Gradient sums in the update]).
 __device__ __forceinline__ float4 add4(float4 g, const float* addend, int64_t begin, int64_t v) {
@@ -336,11 +356,7 @@ void sgd_update_multi(const TensorList& params, const TensorList& grads,
     check_state(params[i], grads[i], "sgd_update_multi", "the gradient");
     check_addend(addends, params, i, "sgd_update_multi");
     if (has_momentum) check_state(params[i], momentum_bufs[i], "sgd_update_multi", "the momentum buffer");
-    if (!copies.empty() && copies[i].defined())
-      CHORUS_CHECK((copies[i].dtype() == kBFloat16 || copies[i].dtype() == kFloat16) && copies[i].is_contiguous() &&
-                       copies[i].device() == params[i].device() && copies[i].numel() == params[i].numel(),
-                   "sgd_update_multi: the copy of parameter ", i, " must be a contiguous bfloat16 or float16 tensor of ",
-                   params[i].numel(), " elements on ", params[i].device().str(), ", got ", copies[i].describe());
+    check_copy(copies, params, i, "sgd_update_multi");
   }
   CudaDeviceGuard guard(dev);
   SgdParams p{static_cast<float>(lr), static_cast<float>(momentum),
@@ -375,12 +391,9 @@ void sgd_update_multi(const TensorList& params, const TensorList& grads,
     table.addend[k] = addend_ptr(addends, i);
     table.buf[k] = has_momentum ? momentum_bufs[i].data<float>() : nullptr;
     table.n[k] = n;
-    const bool has_copy = !copies.empty() && copies[i].defined();
-    table.copy[k] = has_copy ? copies[i].raw_data() : nullptr;
-    table.copy_kind[k] = !has_copy ? kNoCopy : copies[i].dtype() == kBFloat16 ? kBf16Copy : kF16Copy;
+    put_copy(table, k, copies, i);
     table.packed[k] = aligned16(table.param[k]) && aligned16(table.grad[k]) && aligned16(table.addend[k]) &&
-                      (!has_momentum || aligned16(table.buf[k])) &&
-                      (!has_copy || (reinterpret_cast<uintptr_t>(table.copy[k]) & 7) == 0);
+                      (!has_momentum || aligned16(table.buf[k])) && copy_packable(table.copy[k]);
   }
   launch();
 }
@@ -417,8 +430,10 @@ struct AdamTable {
   const float* addend[kAdamTensors];  // or nullptr
   float* exp_avg[kAdamTensors];
   float* exp_avg_sq[kAdamTensors];
+  void* copy[kAdamTensors];  // Note [Autocast weight copies]: or nullptr
   int64_t n[kAdamTensors];
   uint8_t packed[kAdamTensors];  // Note [Optimizer packs]
+  uint8_t copy_kind[kAdamTensors];
   uint8_t tensor[kMultiBlocks];
   int32_t chunk[kMultiBlocks];
 };
@@ -445,13 +460,16 @@ __global__ void adamw_multi_kernel(AdamTable t, AdamWParams params) {
       p4[v] = pv;
       m4[v] = mv;
       v4[v] = vv;
+      write_copy4(t.copy[k], t.copy_kind[k], begin + 4 * v, pv);
     }
     tail = begin + packs * 4;
   }
   const float* addend = t.addend[k];
-  for (int64_t i = tail + threadIdx.x; i < end; i += blockDim.x)
+  for (int64_t i = tail + threadIdx.x; i < end; i += blockDim.x) {
     adamw_value(t.param[k][i], (addend ? t.grad[k][i] + addend[i] : t.grad[k][i]) * p.grad_scale, t.exp_avg[k][i],
                 t.exp_avg_sq[k][i], p);
+    write_copy(t.copy[k], t.copy_kind[k], i, t.param[k][i]);
+  }
 }
 
 }  // namespace
@@ -459,11 +477,13 @@ __global__ void adamw_multi_kernel(AdamTable t, AdamWParams params) {
 void adamw_update_multi(const TensorList& params, const TensorList& grads, const TensorList& exp_avgs,
                         const TensorList& exp_avg_sqs, double lr, double beta1, double beta2, double eps,
                         double weight_decay, int64_t step, const Tensor& scalars, const TensorList& addends,
-                        const Tensor& grad_scale) {
+                        const Tensor& grad_scale, const TensorList& copies) {
   CHORUS_CHECK(grads.size() == params.size() && exp_avgs.size() == params.size() &&
                    exp_avg_sqs.size() == params.size(),
                "adamw_update_multi: ", params.size(), " parameters but ", grads.size(), " gradients, ",
                exp_avgs.size(), " exp_avg and ", exp_avg_sqs.size(), " exp_avg_sq");
+  CHORUS_CHECK(copies.empty() || copies.size() == params.size(), "adamw_update_multi: ", params.size(),
+               " parameters but ", copies.size(), " copies");
   CHORUS_CHECK(step >= 1, "adamw_update_multi: step counts from 1, got ", step);
   if (params.empty()) return;
   const int dev = params[0].device().index;
@@ -475,6 +495,7 @@ void adamw_update_multi(const TensorList& params, const TensorList& grads, const
     check_addend(addends, params, i, "adamw_update_multi");
     check_state(params[i], exp_avgs[i], "adamw_update_multi", "exp_avg");
     check_state(params[i], exp_avg_sqs[i], "adamw_update_multi", "exp_avg_sq");
+    check_copy(copies, params, i, "adamw_update_multi");
   }
   CudaDeviceGuard guard(dev);
   AdamWParams p = adamw_params(lr, beta1, beta2, eps, weight_decay, step);
@@ -504,9 +525,9 @@ void adamw_update_multi(const TensorList& params, const TensorList& grads, const
     table.exp_avg[k] = exp_avgs[i].data<float>();
     table.exp_avg_sq[k] = exp_avg_sqs[i].data<float>();
     table.n[k] = params[i].numel();
+    put_copy(table, k, copies, i);
     table.packed[k] = aligned16(table.param[k]) && aligned16(table.grad[k]) && aligned16(table.addend[k]) &&
-                      aligned16(table.exp_avg[k]) &&
-                      aligned16(table.exp_avg_sq[k]);
+                      aligned16(table.exp_avg[k]) && aligned16(table.exp_avg_sq[k]) && copy_packable(table.copy[k]);
   };
   for (size_t i = 0; i < params.size(); ++i) {
     const int64_t n = params[i].numel();

@@ -11,9 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
-#include <string>
 
-#include "chorus/core/env_switches.h"
 #include "chorus/cuda/runtime/context.h"
 #include "chorus/cuda/kernels/dtype_dispatch.cuh"
 #include "chorus/cuda/kernels/kernels.h"
@@ -824,15 +822,9 @@ void cross_entropy_fused(const Tensor& logits, const Tensor& target, int64_t val
   const int dev = logits.device().index;
   CudaDeviceGuard guard(dev);
   // 256 threads a row (row_launch's): 1024, as llm.c's classifier, measured
-  // slower here (the benchmarks journal, session 36, before Note [The
-  // classifier's exponentials] and Note [The classifier's cache order]);
-  // CHORUS_CLASSIFIER_THREADS=1024 compares the two again.
-  RowLaunch l = row_launch(rows, cols);
-  static const bool wide = [] {
-    const char* e = env::get("CHORUS_CLASSIFIER_THREADS");
-    return e && std::string(e) == "1024";
-  }();
-  if (wide && l.block.y == 1) l.block.x = 1024;
+  // slower here, in session 36 and again with the cache order and the fast
+  // exponentials (session 40: gpt2 499.5k against 506.2k tok/s, one H200).
+  const RowLaunch l = row_launch(rows, cols);
   dispatch_float(logits.dtype(), op, [&]<typename T>() {
     with_row_vector<T>(cols, {logits.raw_data(), dlogits.raw_data()}, [&]<int V>() {
       cross_entropy_fused_kernel<T, float, V><<<l.grid, l.block, 0, current_stream(dev)>>>(
