@@ -144,7 +144,56 @@ struct SumPairV {
 };
 
 // dx = rs * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) + dres, dxhat =
-// dy * gamma; dres (the residual stream's gradient) may be null.
+// dy * gamma, xhat = (x - mean) * rs: the two helpers below are a row's
+// per-vector work, shared by layer_norm_dx_kernel and
+// layer_norm_backward_fused_kernel so that both paths round dx alike. dyr
+// and xr are the row's dy and x, gamma null means 1.
+
+// Adds vector c's terms of the row sums: s.a of dxhat, s.b of dxhat * xhat.
+template <typename T, typename G, int V>
+__device__ __forceinline__ void layer_norm_add_row_sums(const Vec<T, V>* dyr, const Vec<T, V>* xr, const G* gamma,
+                                                        int64_t c, float m, float rs, SumPairV& s) {
+  const Vec<T, V> d = dyr[c], v = xr[c];
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const float g = to_acc(d.v[j]) * (gamma ? to_acc(gamma[c * V + j]) : 1.0f);
+    s.a += g;
+    s.b += g * (to_acc(v.v[j]) - m) * rs;
+  }
+}
+
+// dx's vector c, given the row's sums s (all-reduced) and inv = 1 / cols, plus
+// the residual gradient's vector where drr is not null. With kParamSums it
+// also adds the V columns' parameter-gradient terms, dy * xhat to pg[j] and
+// dy to pb[j] (Note [Layer norm's backward in one pass]).
+template <bool kParamSums, typename T, typename G, int V>
+__device__ __forceinline__ Vec<T, V> layer_norm_dx_vector(const Vec<T, V>* dyr, const Vec<T, V>* xr,
+                                                          const Vec<T, V>* drr, const G* gamma, int64_t c, float m,
+                                                          float rs, SumPairV s, float inv, float* pg, float* pb) {
+  const Vec<T, V> d = dyr[c], v = xr[c];
+  Vec<T, V> out;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const float dj = to_acc(d.v[j]);
+    const float g = dj * (gamma ? to_acc(gamma[c * V + j]) : 1.0f);
+    const float xhat = (to_acc(v.v[j]) - m) * rs;
+    out.v[j] = convert<T>(rs * (g - s.a * inv - xhat * s.b * inv));
+    if constexpr (kParamSums) {
+      pg[j] += dj * xhat;
+      pb[j] += dj;
+    }
+  }
+  if (drr) {
+    // Rounded once to T before the add, as a separate add of dx and dres
+    // would see them: the fused op equals the composition.
+    const Vec<T, V> e = drr[c];
+#pragma unroll
+    for (int j = 0; j < V; ++j) out.v[j] = convert<T>(to_acc(out.v[j]) + to_acc(e.v[j]));
+  }
+  return out;
+}
+
+// dx a row at a time; dres (the residual stream's gradient) may be null.
 template <typename T, typename G, int V>
 __global__ void layer_norm_dx_kernel(const T* dy, const T* x, const G* gamma, const float* mean, const float* rstd,
                                      const T* dres, T* dx, int64_t rows, int64_t cols) {
@@ -155,37 +204,13 @@ __global__ void layer_norm_dx_kernel(const T* dy, const T* x, const G* gamma, co
   const Vec<T, V>* xr = reinterpret_cast<const Vec<T, V>*>(x + row * cols);
   const float m = mean[row], rs = rstd[row];
   SumPairV s{0.0f, 0.0f};
-  for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
-    const Vec<T, V> d = dyr[c], v = xr[c];
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const float g = to_acc(d.v[j]) * (gamma ? to_acc(gamma[c * V + j]) : 1.0f);
-      s.a += g;
-      s.b += g * (to_acc(v.v[j]) - m) * rs;
-    }
-  }
+  for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) layer_norm_add_row_sums(dyr, xr, gamma, c, m, rs, s);
   s = row_allreduce(s);
   const float inv = 1.0f / static_cast<float>(cols);
   Vec<T, V>* dxr = reinterpret_cast<Vec<T, V>*>(dx + row * cols);
   const Vec<T, V>* drr = reinterpret_cast<const Vec<T, V>*>(dres ? dres + row * cols : nullptr);
-  for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
-    const Vec<T, V> d = dyr[c], v = xr[c];
-    Vec<T, V> out;
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const float g = to_acc(d.v[j]) * (gamma ? to_acc(gamma[c * V + j]) : 1.0f);
-      const float xhat = (to_acc(v.v[j]) - m) * rs;
-      out.v[j] = convert<T>(rs * (g - s.a * inv - xhat * s.b * inv));
-    }
-    if (drr) {
-      // Rounded once to T before the add, as a separate add of dx and dres
-      // would see them: the fused op equals the composition.
-      const Vec<T, V> e = drr[c];
-#pragma unroll
-      for (int j = 0; j < V; ++j) out.v[j] = convert<T>(to_acc(out.v[j]) + to_acc(e.v[j]));
-    }
-    dxr[c] = out;
-  }
+  for (int64_t c = threadIdx.x; c < nv; c += blockDim.x)
+    dxr[c] = layer_norm_dx_vector<false>(dyr, xr, drr, gamma, c, m, rs, s, inv, nullptr, nullptr);
 }
 
 // Note [Layer norm's backward in one pass]: dgamma = sum over rows of dy *
@@ -250,15 +275,7 @@ __global__ void __launch_bounds__(kBlockThreads)
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const int64_t c = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
-      if (c < nv) {
-        const Vec<T, V> d = dyr[c], v = xr[c];
-#pragma unroll
-        for (int j = 0; j < V; ++j) {
-          const float g = to_acc(d.v[j]) * (gamma ? to_acc(gamma[c * V + j]) : 1.0f);
-          s.a += g;
-          s.b += g * (to_acc(v.v[j]) - m) * rs;
-        }
-      }
+      if (c < nv) layer_norm_add_row_sums(dyr, xr, gamma, c, m, rs, s);
     }
     s = row_allreduce(s);
     Vec<T, V>* dxr = reinterpret_cast<Vec<T, V>*>(dx + row * cols);
@@ -266,26 +283,7 @@ __global__ void __launch_bounds__(kBlockThreads)
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const int64_t c = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
-      if (c < nv) {
-        const Vec<T, V> d = dyr[c], v = xr[c];
-        Vec<T, V> out;
-#pragma unroll
-        for (int j = 0; j < V; ++j) {
-          const float dj = to_acc(d.v[j]);
-          const float g = dj * (gamma ? to_acc(gamma[c * V + j]) : 1.0f);
-          const float xhat = (to_acc(v.v[j]) - m) * rs;
-          out.v[j] = convert<T>(rs * (g - s.a * inv - xhat * s.b * inv));
-          pg[k][j] += dj * xhat;
-          pb[k][j] += dj;
-        }
-        if (drr) {
-          // Rounded once to T before the add, as in layer_norm_dx_kernel.
-          const Vec<T, V> e = drr[c];
-#pragma unroll
-          for (int j = 0; j < V; ++j) out.v[j] = convert<T>(to_acc(out.v[j]) + to_acc(e.v[j]));
-        }
-        dxr[c] = out;
-      }
+      if (c < nv) dxr[c] = layer_norm_dx_vector<true>(dyr, xr, drr, gamma, c, m, rs, s, inv, pg[k], pb[k]);
     }
   }
   float* part_g = partial + static_cast<int64_t>(blockIdx.x) * cols;
