@@ -4,13 +4,17 @@
 // rows per block), a block of kBlockThreads threads a longer one; row_launch
 // picks the layout and row_allreduce reduces over the threads of a row in
 // either. MaxSumV is the "online" softmax's running max and sum of
-// exp(x - max): the sum is rescaled whenever the max grows.
+// exp(x - max): the sum is rescaled whenever the max grows. with_row_vector
+// and check_cuda_contiguous are the launchers' side, shared by the row
+// kernels of transformer.cu and layer_norm.cu.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 
 #include "chorus/core/error.h"
+#include "chorus/core/tensor.h"
 
 namespace chorus::cuda {
 namespace {
@@ -81,6 +85,26 @@ inline RowLaunch row_launch(int64_t rows, int64_t cols) {
   }
   CHORUS_CHECK(rows < (int64_t{1} << 31), "row kernel: too many rows (", rows, ")");
   return {dim3(static_cast<unsigned>(rows)), dim3(kBlockThreads, 1)};
+}
+
+// Runs f.template operator()<V>() with the widest V (16 bytes of T, a
+// Vec<T, V> of tensor_iter.cuh) that divides the row length s and every
+// pointer's alignment (null counts as aligned), else V = 1.
+template <typename T, typename F>
+void with_row_vector(int64_t s, std::initializer_list<const void*> ptrs, F&& f) {
+  constexpr int kV = 16 / sizeof(T);
+  bool vec = s % kV == 0;
+  for (const void* p : ptrs) vec = vec && reinterpret_cast<uintptr_t>(p) % 16 == 0;
+  if (vec) {
+    f.template operator()<kV>();
+  } else {
+    f.template operator()<1>();
+  }
+}
+
+inline void check_cuda_contiguous(const Tensor& t, const char* op, const char* arg) {
+  CHORUS_CHECK(t.device().is_cuda() && t.is_contiguous(), op, ": ", arg, " must be a contiguous CUDA tensor, got ",
+               t.describe());
 }
 
 }  // namespace

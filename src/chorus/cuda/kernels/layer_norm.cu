@@ -1,0 +1,565 @@
+// Layer norm on CUDA: the forward, alone or beside the residual add (Note
+// [Residual add beside layer norm] in ops/transformer.h), and the backward:
+// dx with the parameter gradients in one pass (Note [Layer norm's backward in
+// one pass]), or for rows past kFusedMaxCols dx and then the parameter
+// gradients in a second kernel. As cpu/transformer.cpp, float math
+// throughout; rows are laid out over warps or blocks as
+// cuda/kernels/row_reduce.cuh says.
+//
+// A file of its own, apart from transformer.cu (attention's softmax, the
+// fused classifier): its six kernels, their launch logic and their Notes
+// were two thirds of that file and share with the rest only the row
+// helpers, which row_reduce.cuh holds for both.
+//
+// The parameter gradients are column sums over every row into float32 dgamma
+// and dbeta (the op layer converts them afterwards where gamma is 16-bit).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "chorus/cuda/runtime/context.h"
+#include "chorus/cuda/kernels/dtype_dispatch.cuh"
+#include "chorus/cuda/kernels/kernels.h"
+#include "chorus/cuda/kernels/row_reduce.cuh"
+#include "chorus/cuda/kernels/tensor_iter.cuh"
+
+namespace chorus::cuda {
+
+namespace {
+
+// The parameter pointer of dtype G, or null for an undefined tensor.
+template <typename G>
+const G* param_ptr(const Tensor& t) {
+  return t.defined() ? t.data<G>() : nullptr;
+}
+
+// V elements per 16-byte access of x, y, dy and dx (a row of 768 bf16 is 96
+// vectors: three per lane of its warp); the parameters are read element by
+// element (the same few KB for every row: from L1).
+template <typename T, typename G, int V>
+__global__ void layer_norm_forward_kernel(const T* x, const G* gamma, const G* beta, float eps, T* y, float* mean,
+                                          float* rstd, int64_t rows, int64_t cols) {
+  const int64_t row = row_index();
+  if (row >= rows) return;
+  const int64_t nv = cols / V;
+  const Vec<T, V>* xr = reinterpret_cast<const Vec<T, V>*>(x + row * cols);
+  SumV s{0.0f};
+  for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
+    const Vec<T, V> v = xr[c];
+#pragma unroll
+    for (int j = 0; j < V; ++j) s.s += to_acc(v.v[j]);
+  }
+  s = row_allreduce(s);
+  const float m = s.s / static_cast<float>(cols);
+  SumV var{0.0f};  // the variance of centred values (a second read, from cache)
+  for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
+    const Vec<T, V> v = xr[c];
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float d = to_acc(v.v[j]) - m;
+      var.s += d * d;
+    }
+  }
+  var = row_allreduce(var);
+  const float rs = rsqrtf(var.s / static_cast<float>(cols) + eps);
+  Vec<T, V>* yr = reinterpret_cast<Vec<T, V>*>(y + row * cols);
+  for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
+    const Vec<T, V> v = xr[c];
+    Vec<T, V> out;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const int64_t col = c * V + j;
+      const float g = gamma ? to_acc(gamma[col]) : 1.0f, b = beta ? to_acc(beta[col]) : 0.0f;
+      out.v[j] = convert<T>((to_acc(v.v[j]) - m) * rs * g + b);
+    }
+    yr[c] = out;
+  }
+  if (threadIdx.x == 0) {
+    mean[row] = m;
+    rstd[row] = rs;
+  }
+}
+
+// Note [Residual add beside layer norm] (ops/transformer.h): sum = x + r and
+// the layer norm of sum in one kernel. Each thread writes its elements of the
+// sum in the first pass and reads back the same elements (its own writes,
+// from cache) in the next two, so the norm sees the sum rounded to T as a
+// separate add would store it.
+template <typename T, typename G, int V>
+__global__ void add_layer_norm_forward_kernel(const T* x, const T* r, const G* gamma, const G* beta, float eps,
+                                              T* sum, T* y, float* mean, float* rstd, int64_t rows, int64_t cols) {
+  const int64_t row = row_index();
+  if (row >= rows) return;
+  const int64_t nv = cols / V;
+  const Vec<T, V>* xr = reinterpret_cast<const Vec<T, V>*>(x + row * cols);
+  const Vec<T, V>* rr = reinterpret_cast<const Vec<T, V>*>(r + row * cols);
+  Vec<T, V>* sr = reinterpret_cast<Vec<T, V>*>(sum + row * cols);
+  SumV s{0.0f};
+  for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
+    const Vec<T, V> a = xr[c], b = rr[c];
+    Vec<T, V> out;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      out.v[j] = convert<T>(to_acc(a.v[j]) + to_acc(b.v[j]));
+      s.s += to_acc(out.v[j]);
+    }
+    sr[c] = out;
+  }
+  s = row_allreduce(s);
+  const float m = s.s / static_cast<float>(cols);
+  SumV var{0.0f};
+  for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
+    const Vec<T, V> v = sr[c];
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float d = to_acc(v.v[j]) - m;
+      var.s += d * d;
+    }
+  }
+  var = row_allreduce(var);
+  const float rs = rsqrtf(var.s / static_cast<float>(cols) + eps);
+  Vec<T, V>* yr = reinterpret_cast<Vec<T, V>*>(y + row * cols);
+  for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
+    const Vec<T, V> v = sr[c];
+    Vec<T, V> out;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const int64_t col = c * V + j;
+      const float g = gamma ? to_acc(gamma[col]) : 1.0f, b = beta ? to_acc(beta[col]) : 0.0f;
+      out.v[j] = convert<T>((to_acc(v.v[j]) - m) * rs * g + b);
+    }
+    yr[c] = out;
+  }
+  if (threadIdx.x == 0) {
+    mean[row] = m;
+    rstd[row] = rs;
+  }
+}
+
+// Two sums of a row at once.
+struct SumPairV {
+  float a, b;
+  __device__ static SumPairV merge(SumPairV p, SumPairV q) { return {p.a + q.a, p.b + q.b}; }
+  __device__ SumPairV shfl(int mask) const { return {shfl_xor(a, mask), shfl_xor(b, mask)}; }
+};
+
+// dx = rs * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) + dres, dxhat =
+// dy * gamma, xhat = (x - mean) * rs: the two helpers below are a row's
+// per-vector work, shared by layer_norm_dx_kernel and
+// layer_norm_backward_fused_kernel so that both paths round dx alike. dyr
+// and xr are the row's dy and x, gamma null means 1.
+
+// Adds vector c's terms of the row sums: s.a of dxhat, s.b of dxhat * xhat.
+template <typename T, typename G, int V>
+__device__ __forceinline__ void layer_norm_add_row_sums(const Vec<T, V>* dyr, const Vec<T, V>* xr, const G* gamma,
+                                                        int64_t c, float m, float rs, SumPairV& s) {
+  const Vec<T, V> d = dyr[c], v = xr[c];
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const float g = to_acc(d.v[j]) * (gamma ? to_acc(gamma[c * V + j]) : 1.0f);
+    s.a += g;
+    s.b += g * (to_acc(v.v[j]) - m) * rs;
+  }
+}
+
+// dx's vector c, given the row's sums s (all-reduced) and inv = 1 / cols, plus
+// the residual gradient's vector where drr is not null. With kParamSums it
+// also adds the V columns' parameter-gradient terms, dy * xhat to pg[j] and
+// dy to pb[j] (Note [Layer norm's backward in one pass]).
+template <bool kParamSums, typename T, typename G, int V>
+__device__ __forceinline__ Vec<T, V> layer_norm_dx_vector(const Vec<T, V>* dyr, const Vec<T, V>* xr,
+                                                          const Vec<T, V>* drr, const G* gamma, int64_t c, float m,
+                                                          float rs, SumPairV s, float inv, float* pg, float* pb) {
+  const Vec<T, V> d = dyr[c], v = xr[c];
+  Vec<T, V> out;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const float dj = to_acc(d.v[j]);
+    const float g = dj * (gamma ? to_acc(gamma[c * V + j]) : 1.0f);
+    const float xhat = (to_acc(v.v[j]) - m) * rs;
+    out.v[j] = convert<T>(rs * (g - s.a * inv - xhat * s.b * inv));
+    if constexpr (kParamSums) {
+      pg[j] += dj * xhat;
+      pb[j] += dj;
+    }
+  }
+  if (drr) {
+    // Rounded once to T before the add, as a separate add of dx and dres
+    // would see them: the fused op equals the composition.
+    const Vec<T, V> e = drr[c];
+#pragma unroll
+    for (int j = 0; j < V; ++j) out.v[j] = convert<T>(to_acc(out.v[j]) + to_acc(e.v[j]));
+  }
+  return out;
+}
+
+// dx a row at a time; dres (the residual stream's gradient) may be null.
+template <typename T, typename G, int V>
+__global__ void layer_norm_dx_kernel(const T* dy, const T* x, const G* gamma, const float* mean, const float* rstd,
+                                     const T* dres, T* dx, int64_t rows, int64_t cols) {
+  const int64_t row = row_index();
+  if (row >= rows) return;
+  const int64_t nv = cols / V;
+  const Vec<T, V>* dyr = reinterpret_cast<const Vec<T, V>*>(dy + row * cols);
+  const Vec<T, V>* xr = reinterpret_cast<const Vec<T, V>*>(x + row * cols);
+  const float m = mean[row], rs = rstd[row];
+  SumPairV s{0.0f, 0.0f};
+  for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) layer_norm_add_row_sums(dyr, xr, gamma, c, m, rs, s);
+  s = row_allreduce(s);
+  const float inv = 1.0f / static_cast<float>(cols);
+  Vec<T, V>* dxr = reinterpret_cast<Vec<T, V>*>(dx + row * cols);
+  const Vec<T, V>* drr = reinterpret_cast<const Vec<T, V>*>(dres ? dres + row * cols : nullptr);
+  for (int64_t c = threadIdx.x; c < nv; c += blockDim.x)
+    dxr[c] = layer_norm_dx_vector<false>(dyr, xr, drr, gamma, c, m, rs, s, inv, nullptr, nullptr);
+}
+
+// Note [Layer norm's backward in one pass]: dgamma = sum over rows of dy *
+// xhat and dbeta = sum of dy need the same dy and x that dx reads, so they are
+// summed in dx's pass (layer_norm_backward_fused_kernel) instead of by a
+// second kernel that reads both again: for GPT-2's [16384, 768] bf16, 50 MB
+// fewer bytes a call (llm.c's layernorm_backward_kernel10 does the same).
+//
+// The layout is row_launch's (a warp per row up to kWarpCols columns,
+// kRowsPerBlock rows a block; else a block per row, here of R threads, whole
+// warps, as few as own the row), but the grid is bounded to the blocks that
+// fit on the GPU at once (the occupancy query) and each warp or block strides
+// over the rows. So every thread keeps the same columns, vectors threadIdx.x +
+// k * blockDim.x, for all its rows and sums their dgamma and dbeta terms in
+// registers: kFusedColsPerThread floats of each (K = 32 / V vectors), which
+// bounds the fused path to kFusedMaxCols columns; longer rows take the two
+// kernels (layer_norm_dx_kernel, then layer_norm_param_grad_kernel). At the
+// end the warps of a block add their sums in shared memory in warp order,
+// each block writes one row of dgamma and one of dbeta partials to a float32
+// scratch of [2, blocks, cols] (from the caching allocator: a captured graph
+// keeps it, nothing is synchronized), and layer_norm_param_sum_kernel adds the
+// blocks' rows in a fixed order and writes dgamma and dbeta. No atomics: the
+// sums are the same from run to run (the grid depends only on the device, the
+// dtypes and the shape). The outputs are written, not added to: the launcher
+// zeroed them before the atomics of the two-kernel path added to them, and
+// still does on that path; the op layer hands fresh tensors either way.
+//
+// The register sums cost occupancy: at V = 8 the kernel takes about 127
+// registers (two blocks of 256 an SM; asking for three spills), at V = 1 about
+// 180 (one). Measured on an H200 with a standalone harness (these kernels,
+// bf16 x, float32 gamma, 100 calls): [16384, 768] with dres 69 -> 52 us a
+// call against the two kernels, without dres 65 -> 43 us; [16384, 1600] (a
+// block of 64 threads a row) 129 -> 130 us, no gain there.
+constexpr int kFusedColsPerThread = 32;
+constexpr int64_t kFusedMaxCols = int64_t{kFusedColsPerThread} * kBlockThreads;  // 8192
+
+// dx as layer_norm_dx_kernel, plus this block's dgamma and dbeta partials
+// (Note [Layer norm's backward in one pass]): partial[blockIdx.x * cols + c]
+// and partial[(gridDim.x + blockIdx.x) * cols + c]. Launched with blockDim
+// (32, kRowsPerBlock) and 2 * kRowsPerBlock * 32 * V floats of dynamic shared
+// memory, or (R, 1) with R * kFusedColsPerThread >= cols and none.
+template <typename T, typename G, int V>
+__global__ void __launch_bounds__(kBlockThreads)
+    layer_norm_backward_fused_kernel(const T* dy, const T* x, const G* gamma, const float* mean, const float* rstd,
+                                     const T* dres, T* dx, float* partial, int64_t rows, int64_t cols) {
+  constexpr int K = kFusedColsPerThread / V;  // vectors of a row this thread owns: threadIdx.x + k * blockDim.x
+  const int64_t nv = cols / V;
+  float pg[K][V], pb[K][V];
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+#pragma unroll
+    for (int j = 0; j < V; ++j) pg[k][j] = pb[k][j] = 0.0f;
+  const float inv = 1.0f / static_cast<float>(cols);
+  const int64_t row_stride = static_cast<int64_t>(gridDim.x) * blockDim.y;
+  // The loop's bound is the same for every thread of a row (a warp, or the
+  // whole block where row_allreduce synchronizes it).
+  for (int64_t row = row_index(); row < rows; row += row_stride) {
+    const Vec<T, V>* dyr = reinterpret_cast<const Vec<T, V>*>(dy + row * cols);
+    const Vec<T, V>* xr = reinterpret_cast<const Vec<T, V>*>(x + row * cols);
+    const float m = mean[row], rs = rstd[row];
+    SumPairV s{0.0f, 0.0f};
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int64_t c = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+      if (c < nv) layer_norm_add_row_sums(dyr, xr, gamma, c, m, rs, s);
+    }
+    s = row_allreduce(s);
+    Vec<T, V>* dxr = reinterpret_cast<Vec<T, V>*>(dx + row * cols);
+    const Vec<T, V>* drr = reinterpret_cast<const Vec<T, V>*>(dres ? dres + row * cols : nullptr);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int64_t c = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+      if (c < nv) dxr[c] = layer_norm_dx_vector<true>(dyr, xr, drr, gamma, c, m, rs, s, inv, pg[k], pb[k]);
+    }
+  }
+  float* part_g = partial + static_cast<int64_t>(blockIdx.x) * cols;
+  float* part_b = partial + (static_cast<int64_t>(gridDim.x) + blockIdx.x) * cols;
+  if (blockDim.y == 1) {
+    // A block per row: its threads own disjoint columns.
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int64_t c = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
+      if (c < nv) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          part_g[c * V + j] = pg[k][j];
+          part_b[c * V + j] = pb[k][j];
+        }
+      }
+    }
+    return;
+  }
+  // A warp per row: the block's kRowsPerBlock warps own the same columns,
+  // added a vector slot k (32 * V columns from k * 32 * V) at a time.
+  extern __shared__ float ln_fused_smem[];
+  float* sg = ln_fused_smem;                           // [kRowsPerBlock][32 * V]
+  float* sb = ln_fused_smem + kRowsPerBlock * 32 * V;  // [kRowsPerBlock][32 * V]
+  const int tid = threadIdx.y * 32 + threadIdx.x;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    if (static_cast<int64_t>(k) * 32 >= nv) break;  // the same for the whole block
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      sg[threadIdx.y * 32 * V + threadIdx.x * V + j] = pg[k][j];
+      sb[threadIdx.y * 32 * V + threadIdx.x * V + j] = pb[k][j];
+    }
+    __syncthreads();
+    for (int i = tid; i < 32 * V; i += 32 * kRowsPerBlock) {
+      const int64_t col = static_cast<int64_t>(k) * 32 * V + i;
+      if (col < cols) {
+        float g = 0.0f, b = 0.0f;
+        for (int w = 0; w < kRowsPerBlock; ++w) {
+          g += sg[w * 32 * V + i];
+          b += sb[w * 32 * V + i];
+        }
+        part_g[col] = g;
+        part_b[col] = b;
+      }
+    }
+    __syncthreads();
+  }
+}
+
+constexpr int kSumRowWarps = 16;  // warps of layer_norm_param_sum_kernel's block, each over its own partials
+
+// dgamma[c] = sum over p of partial[p * cols + c], dbeta[c] = the same over
+// partial[(parts + p) * cols + c], in p order within a warp and warp order
+// after: block (32, kSumRowWarps), 32 columns a block.
+__global__ void layer_norm_param_sum_kernel(const float* partial, int64_t parts, int64_t cols, float* dgamma,
+                                            float* dbeta) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x;
+  float g = 0.0f, b = 0.0f;
+  if (c < cols) {
+    for (int64_t p = threadIdx.y; p < parts; p += kSumRowWarps) {
+      g += partial[p * cols + c];
+      b += partial[(parts + p) * cols + c];
+    }
+  }
+  __shared__ float sg[kSumRowWarps][32], sb[kSumRowWarps][32];
+  sg[threadIdx.y][threadIdx.x] = g;
+  sb[threadIdx.y][threadIdx.x] = b;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    for (int w = 1; w < kSumRowWarps; ++w) {
+      g += sg[w][threadIdx.x];
+      b += sb[w][threadIdx.x];
+    }
+    if (dgamma) dgamma[c] = g;
+    if (dbeta) dbeta[c] = b;
+  }
+}
+
+// The two-kernel path for rows longer than kFusedMaxCols: dx by
+// layer_norm_dx_kernel, then the parameter gradients read dy and x again.
+constexpr int kParamCols = 32;     // column vectors per block (one per lane)
+constexpr int kParamRowWarps = 8;  // warps per block, each over its own rows
+
+// dgamma[c] += sum over this block's rows of dy * xhat; dbeta[c] += sum of dy,
+// for the V columns of a lane's 16-byte vector.
+template <typename T, int V>
+__global__ void layer_norm_param_grad_kernel(const T* dy, const T* x, const float* mean, const float* rstd,
+                                             float* dgamma, float* dbeta, int64_t rows, int64_t cols,
+                                             int64_t rows_per_block) {
+  const int64_t c = (static_cast<int64_t>(blockIdx.x) * kParamCols + threadIdx.x) * V;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_block;
+  const int64_t r1 = r0 + rows_per_block < rows ? r0 + rows_per_block : rows;
+  float g[V], b[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) g[j] = b[j] = 0.0f;
+  if (c < cols) {
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += blockDim.y) {
+      const Vec<T, V> d = *reinterpret_cast<const Vec<T, V>*>(dy + r * cols + c);
+      const Vec<T, V> v = *reinterpret_cast<const Vec<T, V>*>(x + r * cols + c);
+      const float m = mean[r], rs = rstd[r];
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float dj = to_acc(d.v[j]);
+        g[j] += dj * (to_acc(v.v[j]) - m) * rs;
+        b[j] += dj;
+      }
+    }
+  }
+  __shared__ float sg[kParamRowWarps][kParamCols * V], sb[kParamRowWarps][kParamCols * V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    sg[threadIdx.y][threadIdx.x * V + j] = g[j];
+    sb[threadIdx.y][threadIdx.x * V + j] = b[j];
+  }
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      float gs = g[j], bs = b[j];
+      for (int w = 1; w < kParamRowWarps; ++w) {
+        gs += sg[w][threadIdx.x * V + j];
+        bs += sb[w][threadIdx.x * V + j];
+      }
+      if (dgamma) atomicAdd(dgamma + c + j, gs);
+      if (dbeta) atomicAdd(dbeta + c + j, bs);
+    }
+  }
+}
+
+int64_t rows_of(const Tensor& t) { return t.size(-1) ? t.numel() / t.size(-1) : 0; }
+
+// Runs f.template operator()<G>() with G the element type of the layer norm's
+// parameters: x's own, or float for float32 master weights.
+template <typename T, typename F>
+void with_param_type(const Tensor& gamma, const Tensor& beta, DType x_dtype, const char* op, F&& f) {
+  DType g = gamma.defined() ? gamma.dtype() : beta.defined() ? beta.dtype() : x_dtype;
+  CHORUS_CHECK((!gamma.defined() || gamma.dtype() == g) && (!beta.defined() || beta.dtype() == g), op,
+               ": gamma and beta must share a dtype");
+  if (g == kFloat32) return f.template operator()<float>();
+  CHORUS_CHECK(g == x_dtype, op, ": gamma must be float32 or x's dtype ", dtype_name(x_dtype), ", got ",
+               dtype_name(g));
+  f.template operator()<T>();
+}
+
+}  // namespace
+
+void layer_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps, const Tensor& y,
+                        const Tensor& mean, const Tensor& rstd) {
+  const char* op = "layer_norm_forward";
+  check_cuda_contiguous(x, op, "x");
+  check_cuda_contiguous(y, op, "y");
+  CHORUS_CHECK(mean.dtype() == kFloat32 && rstd.dtype() == kFloat32, op, ": mean and rstd must be float32");
+  const int64_t rows = rows_of(x), cols = x.size(-1);
+  if (rows == 0) return;
+  const int dev = x.device().index;
+  CudaDeviceGuard guard(dev);
+  const RowLaunch l = row_launch(rows, cols);
+  dispatch_float(x.dtype(), op, [&]<typename T>() {
+    with_param_type<T>(gamma, beta, x.dtype(), op, [&]<typename G>() {
+      with_row_vector<T>(cols, {x.raw_data(), y.raw_data()}, [&]<int V>() {
+        layer_norm_forward_kernel<T, G, V><<<l.grid, l.block, 0, current_stream(dev)>>>(
+            x.data<T>(), param_ptr<G>(gamma), param_ptr<G>(beta), static_cast<float>(eps), y.data<T>(),
+            mean.data<float>(), rstd.data<float>(), rows, cols);
+      });
+    });
+  });
+  CHORUS_CUDA_LAUNCH_CHECK();
+}
+
+void add_layer_norm_forward(const Tensor& x, const Tensor& r, const Tensor& gamma, const Tensor& beta, double eps,
+                            const Tensor& sum, const Tensor& y, const Tensor& mean, const Tensor& rstd) {
+  const char* op = "add_layer_norm_forward";
+  check_cuda_contiguous(x, op, "x");
+  check_cuda_contiguous(r, op, "r");
+  check_cuda_contiguous(sum, op, "sum");
+  check_cuda_contiguous(y, op, "y");
+  CHORUS_CHECK(r.dtype() == x.dtype() && sum.dtype() == x.dtype() && y.dtype() == x.dtype() &&
+                   r.sizes() == x.sizes() && sum.sizes() == x.sizes() && y.sizes() == x.sizes(),
+               op, ": x, r, sum and y must share a shape and dtype");
+  CHORUS_CHECK(mean.dtype() == kFloat32 && rstd.dtype() == kFloat32, op, ": mean and rstd must be float32");
+  const int64_t rows = rows_of(x), cols = x.size(-1);
+  if (rows == 0) return;
+  const int dev = x.device().index;
+  CudaDeviceGuard guard(dev);
+  const RowLaunch l = row_launch(rows, cols);
+  dispatch_float(x.dtype(), op, [&]<typename T>() {
+    with_param_type<T>(gamma, beta, x.dtype(), op, [&]<typename G>() {
+      with_row_vector<T>(cols, {x.raw_data(), r.raw_data(), sum.raw_data(), y.raw_data()}, [&]<int V>() {
+        add_layer_norm_forward_kernel<T, G, V><<<l.grid, l.block, 0, current_stream(dev)>>>(
+            x.data<T>(), r.data<T>(), param_ptr<G>(gamma), param_ptr<G>(beta), static_cast<float>(eps),
+            sum.data<T>(), y.data<T>(), mean.data<float>(), rstd.data<float>(), rows, cols);
+      });
+    });
+  });
+  CHORUS_CUDA_LAUNCH_CHECK();
+}
+
+void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                         const Tensor& rstd, const Tensor& dres, const Tensor& dx, const Tensor& dgamma,
+                         const Tensor& dbeta) {
+  const char* op = "layer_norm_backward";
+  check_cuda_contiguous(x, op, "x");
+  check_cuda_contiguous(dy, op, "dy");
+  check_cuda_contiguous(dx, op, "dx");
+  CHORUS_CHECK(dy.dtype() == x.dtype() && dx.dtype() == x.dtype(), op, ": dy, x and dx must share a dtype");
+  if (dres.defined()) {
+    check_cuda_contiguous(dres, op, "dres");
+    CHORUS_CHECK(dres.dtype() == x.dtype() && dres.sizes() == x.sizes(), op, ": dres must be x's shape and dtype, got ",
+                 dres.describe());
+  }
+  CHORUS_CHECK((!dgamma.defined() || dgamma.dtype() == kFloat32) && (!dbeta.defined() || dbeta.dtype() == kFloat32),
+               op, ": dgamma and dbeta must be float32 on CUDA");
+  const int64_t rows = rows_of(x), cols = x.size(-1);
+  const int dev = x.device().index;
+  CudaDeviceGuard guard(dev);
+  cudaStream_t stream = current_stream(dev);
+  float* dg = dgamma.defined() ? dgamma.data<float>() : nullptr;
+  float* db = dbeta.defined() ? dbeta.data<float>() : nullptr;
+  // dgamma and dbeta are written whole (zeros for no rows), never added to.
+  const bool params = dg || db, fused = params && rows > 0 && cols <= kFusedMaxCols;
+  if (params && !fused) {
+    if (dg) CHORUS_CUDA_CHECK(cudaMemsetAsync(dg, 0, cols * sizeof(float), stream));
+    if (db) CHORUS_CUDA_CHECK(cudaMemsetAsync(db, 0, cols * sizeof(float), stream));
+  }
+  if (rows == 0) return;
+  dispatch_float(x.dtype(), op, [&]<typename T>() {
+    with_param_type<T>(gamma, Tensor(), x.dtype(), op, [&]<typename G>() {
+      const T* dr = dres.defined() ? dres.data<T>() : nullptr;
+      with_row_vector<T>(cols, {dy.raw_data(), x.raw_data(), dx.raw_data(), dr}, [&]<int V>() {
+        if (fused) {
+          // Note [Layer norm's backward in one pass]: row_launch's layout, R
+          // threads a long row (whole warps, enough that each owns at most
+          // kFusedColsPerThread columns), as many blocks as fit at once.
+          constexpr int K = kFusedColsPerThread / V;
+          const int64_t nv = cols / V;
+          const bool warp_rows = cols <= kWarpCols;
+          const dim3 block = warp_rows ? dim3(32, kRowsPerBlock)
+                                       : dim3(static_cast<unsigned>(((nv + K - 1) / K + 31) / 32 * 32), 1);
+          const size_t smem = warp_rows ? 2 * kRowsPerBlock * 32 * V * sizeof(float) : 0;
+          auto kernel = layer_norm_backward_fused_kernel<T, G, V>;
+          int per_sm = 0;
+          const int threads = static_cast<int>(block.x * block.y);
+          CHORUS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+          const int64_t resident = int64_t{std::max(per_sm, 1)} * device_properties(dev).multiProcessorCount;
+          const int64_t blocks = std::clamp<int64_t>((rows + block.y - 1) / block.y, 1, resident);
+          // Freed on this stream after the kernels below: stream order makes it safe.
+          Tensor partial = detail::empty_tensor({2 * blocks * cols}, kFloat32, x.device());
+          kernel<<<static_cast<unsigned>(blocks), block, smem, stream>>>(
+              dy.data<T>(), x.data<T>(), param_ptr<G>(gamma), mean.data<float>(), rstd.data<float>(), dr,
+              dx.data<T>(), partial.data<float>(), rows, cols);
+          CHORUS_CUDA_LAUNCH_CHECK();
+          layer_norm_param_sum_kernel<<<static_cast<unsigned>((cols + 31) / 32), dim3(32, kSumRowWarps), 0,
+                                        stream>>>(partial.data<float>(), blocks, cols, dg, db);
+          return;
+        }
+        const RowLaunch l = row_launch(rows, cols);
+        layer_norm_dx_kernel<T, G, V><<<l.grid, l.block, 0, stream>>>(dy.data<T>(), x.data<T>(), param_ptr<G>(gamma),
+                                                                     mean.data<float>(), rstd.data<float>(), dr,
+                                                                     dx.data<T>(), rows, cols);
+      });
+    });
+    if (params && !fused) {
+      with_row_vector<T>(cols, {dy.raw_data(), x.raw_data()}, [&]<int V>() {
+        // Enough row blocks to fill the GPU (about 4 blocks an SM over the column tiles).
+        const int64_t col_blocks = (cols + kParamCols * V - 1) / (kParamCols * V);
+        const int64_t want = std::max<int64_t>(1, 528 / col_blocks);
+        const int64_t rows_per_block = std::max<int64_t>(kParamRowWarps, (rows + want - 1) / want);
+        const dim3 grid(static_cast<unsigned>(col_blocks),
+                        static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block));
+        layer_norm_param_grad_kernel<T, V><<<grid, dim3(kParamCols, kParamRowWarps), 0, stream>>>(
+            dy.data<T>(), x.data<T>(), mean.data<float>(), rstd.data<float>(), dg, db, rows, cols, rows_per_block);
+      });
+    }
+  });
+  CHORUS_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace chorus::cuda
