@@ -59,7 +59,8 @@
                       const Tensor& out);                                                         \
   /* GELU's backward after the product that makes its input's gradient:                        \
      out = (a @ bm) * gelu_tanh'(pre) for a [M, K], bm [K, N], pre and out [M, N], and           \
-     bias_grad [N] (when defined) = the column sums of out: the first product's bias gradient. */ \
+     bias_grad [N] (when defined; out's dtype, or float32) = the column sums of out: the first    \
+     product's bias gradient. */                                                                  \
   void gemm_dgelu(const Tensor& a, const Tensor& bm, const Tensor& pre, const Tensor& out,       \
                   const Tensor& bias_grad);                                                       \
   /* Convolution: x [N,C,H,W], weight [K,C/g,R,S], bias [K] or undefined, y [N,K,P,Q]; all       \

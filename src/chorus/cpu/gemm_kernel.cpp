@@ -88,7 +88,13 @@ void gemm_dgelu(const Tensor& a, const Tensor& bm, const Tensor& pre, const Tens
   binary(BinaryOp::GeluTanhGrad, out, pre, out, 1.0);
   if (bias_grad.defined()) {
     const int64_t n = out.size(1);
-    reduce(ReduceOp::Sum, detail::make_view(out, {n, out.size(0)}, {1, n}, out.storage_offset()),
+    // A float32 bias gradient of 16-bit out sums out widened (exactly).
+    Tensor summed = out;
+    if (bias_grad.dtype() != out.dtype()) {
+      summed = detail::empty_tensor(out.sizes(), bias_grad.dtype(), out.device());
+      copy(out, summed);
+    }
+    reduce(ReduceOp::Sum, detail::make_view(summed, {n, out.size(0)}, {1, n}, summed.storage_offset()),
            detail::make_view(bias_grad, {n, 1}, {1, 1}, bias_grad.storage_offset()), {false, true});
   }
 }

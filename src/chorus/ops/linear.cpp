@@ -93,7 +93,8 @@ void mlp_gelu_into(const Tensor& x, const Tensor& w1, const Tensor& b1, const Te
 }
 
 std::tuple<Tensor, Tensor, Tensor> mlp_gelu_backward_second(const Tensor& dy, const Tensor& w2, const Tensor& pre,
-                                                            const Tensor& h, std::optional<DType> grad_dtype) {
+                                                            const Tensor& h, std::optional<DType> grad_dtype,
+                                                            Tensor* db1) {
   const Device dev = h.device();
   const Tensor g = contiguous(to_dtype(to_device(dy, dev), h.dtype()));
   const Tensor w2c = contiguous(w2);
@@ -103,18 +104,19 @@ std::tuple<Tensor, Tensor, Tensor> mlp_gelu_backward_second(const Tensor& dy, co
   const DType gd = grad_dtype.value_or(w2.dtype());
   Tensor dw2 = detail::empty_tensor(w2.sizes(), gd, dev), db2 = detail::empty_tensor({w2.size(0)}, gd, dev);
   CHORUS_KERNEL(dev, gemm_bias, g, h, dw2, true, false, Tensor(), db2);
-  // dpre = (dy w2) * gelu'(pre); db1 is summed by dw1's product, which reads
-  // dpre anyway (Note [GELU in the MLP's epilogues]).
+  // dpre = (dy w2) * gelu'(pre), and db1 its column sums when asked for.
   Tensor dpre = detail::empty_tensor(pre.sizes(), pre.dtype(), dev);
-  CHORUS_KERNEL(dev, gemm_dgelu, g, w2c, pre, dpre, Tensor());
+  if (db1) *db1 = detail::empty_tensor({pre.size(1)}, gd, dev);
+  CHORUS_KERNEL(dev, gemm_dgelu, g, w2c, pre, dpre, db1 ? *db1 : Tensor());
   return {dpre, dw2, db2};
 }
 
 std::vector<Tensor> mlp_gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& w1, const Tensor& w2,
                                       const Tensor& pre, const Tensor& h, bool need_dx,
                                       std::optional<DType> grad_dtype) {
-  auto [dpre, dw2, db2] = mlp_gelu_backward_second(to_device(dy, x.device()), w2, pre, h, grad_dtype);
-  auto [dx, dw1, db1] = linear_bias_backward(dpre, x, w1, need_dx, true, grad_dtype);
+  Tensor db1;
+  auto [dpre, dw2, db2] = mlp_gelu_backward_second(to_device(dy, x.device()), w2, pre, h, grad_dtype, &db1);
+  auto [dx, dw1, unused] = linear_bias_backward(dpre, x, w1, need_dx, /*need_db=*/false, grad_dtype);
   return {dx, dw1, db1, dw2, db2};
 }
 

@@ -43,9 +43,13 @@ void mlp_gelu_into(const Tensor& x, const Tensor& w1, const Tensor& b1, const Te
 // The backward of its second product and GELU from dy [M, C]: (dpre [M, H],
 // the gradient at GELU's input, dw2, db2) -- for a caller that does the
 // first product's backward itself (tp::sp_mlp overlaps it with a collective).
+// With db1 given, *db1 becomes the first product's bias gradient (dpre's
+// column sums, summed by the pass that makes dpre: Note [GELU's gradient with
+// the bias gradient] in cuda/kernels/gelu_grad.cu), in grad_dtype too.
 std::tuple<Tensor, Tensor, Tensor> mlp_gelu_backward_second(const Tensor& dy, const Tensor& w2, const Tensor& pre,
                                                             const Tensor& h,
-                                                            std::optional<DType> grad_dtype = std::nullopt);
+                                                            std::optional<DType> grad_dtype = std::nullopt,
+                                                            Tensor* db1 = nullptr);
 // Its backward from dy [M, C]: {dx (undefined unless need_dx), dw1, db1, dw2,
 // db2}, the parameters' gradients in grad_dtype (default: the weights').
 std::vector<Tensor> mlp_gelu_backward(const Tensor& dy, const Tensor& x, const Tensor& w1, const Tensor& w2,

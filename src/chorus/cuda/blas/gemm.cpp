@@ -18,6 +18,7 @@
 #include "chorus/cuda/blas/cublaslt_api.h"
 #include "chorus/cuda/runtime/caches.h"
 #include "chorus/cuda/runtime/context.h"
+#include "chorus/cuda/kernels/gelu_grad.h"
 #include "chorus/cuda/kernels/kernels.h"
 
 namespace chorus::cuda {
@@ -282,8 +283,9 @@ void gemm_bias(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_
 // backward's DGELU epilogue is not used: on an H100 (CUDA 13) cuBLASLt runs it
 // as a separate kernel after the product, 0.55 ms for gpt2-xl's [8192, 6400]
 // against ~0.1 ms for the elementwise kernel that replaces it (benchmarks
-// journal, session 32); the first bias's gradient then comes from the weight
-// gradient's BGRADB.
+// journal, session 32); the first bias's gradient is summed by that
+// elementwise pass (Note [GELU's gradient with the bias gradient] in
+// cuda/kernels/gelu_grad.cu).
 void gemm_bias_gelu(const Tensor& a, const Tensor& bm, const Tensor& bias, const Tensor& pre, const Tensor& out) {
   CHORUS_CHECK(a.dim() == 2 && bm.dim() == 2 && out.dim() == 2 && pre.sizes() == out.sizes() &&
                    pre.dtype() == out.dtype() && pre.is_contiguous() && bias.is_contiguous() &&
@@ -300,16 +302,16 @@ void gemm_bias_gelu(const Tensor& a, const Tensor& bm, const Tensor& bias, const
 void gemm_dgelu(const Tensor& a, const Tensor& bm, const Tensor& pre, const Tensor& out, const Tensor& bias_grad) {
   CHORUS_CHECK(a.dim() == 2 && bm.dim() == 2 && out.dim() == 2 && pre.sizes() == out.sizes() &&
                    pre.dtype() == out.dtype() && pre.is_contiguous() &&
-                   (!bias_grad.defined() || (bias_grad.is_contiguous() && bias_grad.dtype() == out.dtype() &&
-                                             bias_grad.numel() == out.size(1))),
+                   (!bias_grad.defined() ||
+                    (bias_grad.is_contiguous() && (bias_grad.dtype() == out.dtype() || bias_grad.dtype() == kFloat32) &&
+                     bias_grad.numel() == out.size(1))),
                "gemm_dgelu: operands do not fit: a ", a.describe(), ", b ", bm.describe(), ", pre ", pre.describe(),
-               ", out ", out.describe());
+               ", out ", out.describe(), ", bias_grad ", bias_grad.describe());
   run_gemm(as_batch(a), as_batch(bm), as_batch(out), false, false, 1.0, 0.0, CUBLASLT_EPILOGUE_DEFAULT, nullptr);
-  binary(BinaryOp::GeluTanhGrad, out, pre, out, 1.0);
   if (bias_grad.defined()) {
-    const int64_t n = out.size(1);
-    reduce(ReduceOp::Sum, detail::make_view(out, {n, out.size(0)}, {1, n}, out.storage_offset()),
-           detail::make_view(bias_grad, {n, 1}, {1, 1}, bias_grad.storage_offset()), {false, true});
+    gelu_tanh_grad_colsum(out, pre, bias_grad);  // Note [GELU's gradient with the bias gradient]
+  } else {
+    binary(BinaryOp::GeluTanhGrad, out, pre, out, 1.0);
   }
 }
 
