@@ -45,7 +45,7 @@ void mlp_gelu_into(const Tensor& x, const Tensor& w1, const Tensor& b1, const Te
 // first product's backward itself (tp::sp_mlp overlaps it with a collective).
 // With db1 given, *db1 becomes the first product's bias gradient (dpre's
 // column sums, summed by the pass that makes dpre: Note [GELU's gradient with
-// the bias gradient] in cuda/kernels/gelu_grad.cu), in grad_dtype too.
+// the bias gradient] in cuda/kernels/column_sums.cu), in grad_dtype too.
 std::tuple<Tensor, Tensor, Tensor> mlp_gelu_backward_second(const Tensor& dy, const Tensor& w2, const Tensor& pre,
                                                             const Tensor& h,
                                                             std::optional<DType> grad_dtype = std::nullopt,

@@ -18,7 +18,7 @@
 #include "chorus/cuda/blas/cublaslt_api.h"
 #include "chorus/cuda/runtime/caches.h"
 #include "chorus/cuda/runtime/context.h"
-#include "chorus/cuda/kernels/gelu_grad.h"
+#include "chorus/cuda/kernels/column_sums.h"
 #include "chorus/cuda/kernels/kernels.h"
 
 namespace chorus::cuda {
@@ -227,11 +227,13 @@ void gemm(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_a, bo
 
 // Note [Linear layers' epilogues]: a linear layer's bias rides on its GEMMs,
 // as llm.c's do: the forward adds it in the epilogue (no pass over the
-// output to add it), and the weight gradient dW = dY^T X sums dY's columns
-// into the bias gradient while it reads dY (cuBLASLt's BGRADB: in its
-// column-major view B' is dY and the sums run over the product's k). Where
-// cuBLASLt offers no algorithm with the epilogue (float32 on some GPUs,
-// shapes), the parts run apart with the same results.
+// output to add it). The bias gradient of a weight gradient dW = dY^T X
+// (trans_a) is dY's column sums, from Chorus's own kernel (Note [Bias
+// gradients as column sums] in cuda/kernels/column_sums.cu): cuBLASLt's
+// BGRADB epilogue ran as a separate, slower kernel anyway. Other bias
+// gradients take BGRADB (in its column-major view B' is a and the sums run
+// over the product's k). Where cuBLASLt offers no algorithm with an epilogue
+// (float32 on some GPUs, shapes), the parts run apart with the same results.
 void gemm_bias(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_a, bool trans_b, const Tensor& bias,
                const Tensor& bias_grad) {
   CHORUS_CHECK(a.dim() == 2 && bm.dim() == 2 && out.dim() == 2, "gemm_bias: expected 2-d operands, got a ",
@@ -244,6 +246,11 @@ void gemm_bias(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_
     CHORUS_CHECK(vec.is_contiguous() && vec.dtype() == out.dtype() &&
                      vec.numel() == (bias.defined() ? out.size(1) : out.size(0)),
                  "gemm_bias: the bias vector ", vec.describe(), " does not fit out ", out.describe());
+  if (bias_grad.defined() && trans_a) {
+    run_gemm(as_batch(a), as_batch(bm), as_batch(out), trans_a, trans_b, 1.0, 0.0, CUBLASLT_EPILOGUE_DEFAULT, nullptr);
+    column_sums(a, bias_grad);
+    return;
+  }
   // In cuBLASLt's column-major view (top of this file) out's columns are the
   // rows of its D (BIAS: one value per row of D) and out's rows its columns
   // (BGRADB: one per column of D, summed over B' = a).
@@ -285,7 +292,7 @@ void gemm_bias(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_
 // against ~0.1 ms for the elementwise kernel that replaces it (benchmarks
 // journal, session 32); the first bias's gradient is summed by that
 // elementwise pass (Note [GELU's gradient with the bias gradient] in
-// cuda/kernels/gelu_grad.cu).
+// cuda/kernels/column_sums.cu).
 void gemm_bias_gelu(const Tensor& a, const Tensor& bm, const Tensor& bias, const Tensor& pre, const Tensor& out) {
   CHORUS_CHECK(a.dim() == 2 && bm.dim() == 2 && out.dim() == 2 && pre.sizes() == out.sizes() &&
                    pre.dtype() == out.dtype() && pre.is_contiguous() && bias.is_contiguous() &&
