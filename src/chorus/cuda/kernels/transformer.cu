@@ -105,10 +105,66 @@ __device__ __forceinline__ void store_streaming(Vec<T, V>* p, const Vec<T, V>& v
   }
 }
 
+// Note [The classifier's exponentials]: the row's max and sum of exp(x - max)
+// a 16-byte vector at a time -- the sum rescaled once per vector whose max is
+// new, not per element -- with the hardware's exp2 (__expf: ex2.approx of
+// x log2 e, ~2 ulp, ~1e-6 relative at the arguments a softmax sees) instead
+// of expf's longer accurate sequence. Both passes over the row were bound by
+// the exponentials, not by the memory (llm.c builds its classifier with
+// --use_fast_math for the same reason). A NaN logit makes the sum NaN (the
+// row's loss NaN, as in PyTorch). Vector c holds columns c V .. c V + V - 1
+// (32-bit: a row has fewer than 2^31 columns).
+template <typename T, int V>
+__device__ __forceinline__ void max_sum_add(MaxSumV& ms, const Vec<T, V>& v, int c, int valid) {
+  float x[V];
+  float vm = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    x[j] = c * V + j < valid ? static_cast<float>(to_acc(v.v[j])) : -INFINITY;
+    vm = fmaxf(vm, x[j]);
+  }
+  if (vm == -INFINITY) {
+    // Every element -inf (or NaN, which fmaxf passes over): only a NaN counts.
+#pragma unroll
+    for (int j = 0; j < V; ++j)
+      if (x[j] != x[j]) ms.s = x[j];
+    return;
+  }
+  if (vm > ms.m) {
+    ms.s = ms.m == -INFINITY ? 0.0f : ms.s * __expf(ms.m - vm);
+    ms.m = vm;
+  }
+#pragma unroll
+  for (int j = 0; j < V; ++j) ms.s += __expf(x[j] - ms.m);
+}
+
+// The gradient of vector c: (softmax - onehot(tg)) * scale over the first
+// `valid` columns, 0 past them.
+template <typename T, int V>
+__device__ __forceinline__ Vec<T, V> cross_entropy_grad(const Vec<T, V>& v, int c, int valid, int64_t tg,
+                                                        float m, float log_sum, float scale) {
+  Vec<T, V> out;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const int col = c * V + j;
+    const float g = col < valid ? (__expf((to_acc(v.v[j]) - m) - log_sum) - (col == tg ? 1.0f : 0.0f)) * scale : 0.0f;
+    out.v[j] = convert<T>(g);
+  }
+  return out;
+}
+
+template <typename T, int V>
+__device__ __forceinline__ Vec<T, V> zero_vec() {
+  Vec<T, V> zero;
+#pragma unroll
+  for (int j = 0; j < V; ++j) zero.v[j] = convert<T>(0.0f);
+  return zero;
+}
+
 // One row of the fused classifier: loss = lse - x[t], dlogits = softmax - onehot
 // over the first `valid` columns, 0 past them and on ignored rows.
-// V elements per 16-byte access (a row of 50304 bf16 logits is 6288
-// vectors): two reads of the row (the second mostly from L2) and one write.
+// V elements per 16-byte access: two reads of the row (the second mostly
+// from L2) and one write.
 //
 // Note [The classifier's cache order]: the second read of a row hits the
 // cache only if the row is still there, so, as llm.c's classifier does, (1)
@@ -130,69 +186,78 @@ __global__ void cross_entropy_fused_kernel(const T* logits, const int64_t* targe
   const int64_t nv = cols / V, valid_v = (valid + V - 1) / V;
   const Vec<T, V>* xr = reinterpret_cast<const Vec<T, V>*>(logits + row * cols);
   Vec<T, V>* dr = reinterpret_cast<Vec<T, V>*>(dlogits + row * cols);
-  Vec<T, V> zero;
-#pragma unroll
-  for (int j = 0; j < V; ++j) zero.v[j] = convert<T>(0.0f);
   if (tg == ignore_index) {
-    for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) dr[c] = zero;
+    for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) dr[c] = zero_vec<T, V>();
     if (threadIdx.x == 0) losses[row] = L(0);
     return;
   }
-  // Note [The classifier's exponentials]: the row's max and sum of
-  // exp(x - max) a 16-byte vector at a time -- the sum rescaled once per
-  // vector whose max is new, not per element -- with the hardware's exp2
-  // (__expf: ex2.approx of x log2 e, ~2 ulp, ~1e-6 relative at the
-  // arguments a softmax sees) instead of expf's longer accurate sequence. Both
-  // passes over the row were bound by the exponentials, not by the memory
-  // (llm.c builds its classifier with --use_fast_math for the same reason).
-  // A NaN logit makes the sum NaN (the row's loss NaN, as in PyTorch).
   MaxSumV ms{-INFINITY, 0.0f};
-  for (int64_t c = valid_v - 1 - threadIdx.x; c >= 0; c -= blockDim.x) {
-    const Vec<T, V> v = xr[c];
-    float x[V];
-    float vm = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      x[j] = c * V + j < valid ? static_cast<float>(to_acc(v.v[j])) : -INFINITY;
-      vm = fmaxf(vm, x[j]);
-    }
-    if (vm == -INFINITY) {
-      // Every element -inf (or NaN, which fmaxf passes over): only a NaN counts.
-#pragma unroll
-      for (int j = 0; j < V; ++j)
-        if (x[j] != x[j]) ms.s = x[j];
-      continue;
-    }
-    if (vm > ms.m) {
-      ms.s = ms.m == -INFINITY ? 0.0f : ms.s * __expf(ms.m - vm);
-      ms.m = vm;
-    }
-#pragma unroll
-    for (int j = 0; j < V; ++j) ms.s += __expf(x[j] - ms.m);
-  }
+  for (int64_t c = valid_v - 1 - threadIdx.x; c >= 0; c -= blockDim.x)
+    max_sum_add(ms, xr[c], static_cast<int>(c), static_cast<int>(valid));
   ms = row_allreduce(ms);
   const float log_sum = logf(ms.s);
   // The target's logit is read before any thread overwrites the row (dlogits may alias logits).
   const float x_t = (tg >= 0 && tg < valid) ? to_acc(logits[row * cols + tg]) : NAN;
   __syncwarp();
   if (blockDim.x > 32) __syncthreads();
-  for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
-    if (c >= valid_v) {
-      store_streaming(dr + c, zero);
-      continue;
-    }
-    const Vec<T, V> v = xr[c];
-    Vec<T, V> out;
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const int64_t col = c * V + j;
-      const float g =
-          col < valid ? (__expf((to_acc(v.v[j]) - ms.m) - log_sum) - (col == tg ? 1.0f : 0.0f)) * scale : 0.0f;
-      out.v[j] = convert<T>(g);
-    }
-    store_streaming(dr + c, out);
-  }
+  for (int64_t c = threadIdx.x; c < nv; c += blockDim.x)
+    store_streaming(dr + c, c < valid_v ? cross_entropy_grad(xr[c], static_cast<int>(c), static_cast<int>(valid), tg,
+                                                             ms.m, log_sum, scale)
+                                        : zero_vec<T, V>());
   // An out-of-range target gives a NaN loss rather than a read out of bounds.
+  if (threadIdx.x == 0) losses[row] = L(-((x_t - ms.m) - log_sum));
+}
+
+// Note [The classifier's row in registers]: a row of a GPT's vocabulary
+// (50304 bf16 logits: 6288 vectors) fits in the registers of a 1024-thread
+// block, kClassifierPerThread vectors a thread, so the row is read from memory once --
+// not twice, the second time from L2 if it is still there (Note [The
+// classifier's cache order]) -- and the kernel moves the bytes it must and
+// no more: one read and one write of the logits. Rows longer than
+// 1024 * kClassifierPerThread vectors take the two-pass kernel.
+constexpr int kClassifierThreads = 768;
+constexpr int kClassifierPerThread = 9;  // 6912 vectors: 55296 bf16 columns
+
+template <typename T, typename L, int V>
+__global__ void __launch_bounds__(kClassifierThreads)
+    cross_entropy_fused_regs_kernel(const T* logits, const int64_t* target, int64_t rows, int64_t cols,
+                                    int64_t valid, int64_t ignore_index, L* losses, T* dlogits,
+                                    const float* grad_scale) {
+  const int64_t row = rows - 1 - blockIdx.x;  // Note [The classifier's cache order]
+  const float scale = grad_scale ? *grad_scale : 1.0f;
+  const int64_t tg = target[row];
+  const int nv = static_cast<int>(cols / V), valid_v = static_cast<int>((valid + V - 1) / V), vd = static_cast<int>(valid);
+  const Vec<T, V>* xr = reinterpret_cast<const Vec<T, V>*>(logits + row * cols);
+  Vec<T, V>* dr = reinterpret_cast<Vec<T, V>*>(dlogits + row * cols);
+  if (tg == ignore_index) {
+    for (int c = threadIdx.x; c < nv; c += blockDim.x) store_streaming(dr + c, zero_vec<T, V>());
+    if (threadIdx.x == 0) losses[row] = L(0);
+    return;
+  }
+  Vec<T, V> held[kClassifierPerThread];
+#pragma unroll
+  for (int i = 0; i < kClassifierPerThread; ++i) {
+    const int c = static_cast<int>(threadIdx.x) + i * kClassifierThreads;
+    held[i] = c < valid_v ? xr[c] : zero_vec<T, V>();
+  }
+  MaxSumV ms{-INFINITY, 0.0f};
+#pragma unroll
+  for (int i = 0; i < kClassifierPerThread; ++i) {
+    const int c = static_cast<int>(threadIdx.x) + i * kClassifierThreads;
+    if (c < valid_v) max_sum_add(ms, held[i], c, vd);
+  }
+  ms = row_allreduce(ms);
+  const float log_sum = logf(ms.s);
+  // The target's logit is read before any thread overwrites the row (dlogits may alias logits).
+  const float x_t = (tg >= 0 && tg < valid) ? to_acc(logits[row * cols + tg]) : NAN;
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < kClassifierPerThread; ++i) {
+    const int c = static_cast<int>(threadIdx.x) + i * kClassifierThreads;
+    if (c < nv)
+      store_streaming(dr + c, c < valid_v ? cross_entropy_grad(held[i], c, vd, tg, ms.m, log_sum, scale)
+                                          : zero_vec<T, V>());
+  }
   if (threadIdx.x == 0) losses[row] = L(-((x_t - ms.m) - log_sum));
 }
 
@@ -261,15 +326,31 @@ void cross_entropy_fused(const Tensor& logits, const Tensor& target, int64_t val
   if (rows == 0) return;
   const int dev = logits.device().index;
   CudaDeviceGuard guard(dev);
-  // 256 threads a row (row_launch's): 1024, as llm.c's classifier, measured
-  // slower here, in session 36 and again with the cache order and the fast
-  // exponentials (session 40: gpt2 499.5k against 506.2k tok/s, one H200).
+  // Wide rows of whole vectors: one block of 1024 threads a row holding it in
+  // registers (Note [The classifier's row in registers]). Otherwise
+  // row_launch's layout, two passes: 256 threads a row there, as 1024
+  // measured slower for that kernel (sessions 36 and 40).
   const RowLaunch l = row_launch(rows, cols);
+  const float* scale_ptr = grad_scale.defined() ? grad_scale.data<float>() : nullptr;
   dispatch_float(logits.dtype(), op, [&]<typename T>() {
     with_row_vector<T>(cols, {logits.raw_data(), dlogits.raw_data()}, [&]<int V>() {
-      cross_entropy_fused_kernel<T, float, V><<<l.grid, l.block, 0, current_stream(dev)>>>(
-          logits.data<T>(), target.data<int64_t>(), rows, cols, valid_cols, ignore_index, losses.data<float>(),
-          dlogits.data<T>(), grad_scale.defined() ? grad_scale.data<float>() : nullptr);
+      const int64_t nv = cols / V;
+      bool regs = nv >= 2 * kClassifierThreads && nv <= int64_t{kClassifierThreads} * kClassifierPerThread &&
+                  rows < (int64_t{1} << 31);
+      if constexpr (V > 1) {
+        if (regs)
+          cross_entropy_fused_regs_kernel<T, float, V>
+              <<<static_cast<unsigned>(rows), kClassifierThreads, 0, current_stream(dev)>>>(
+                  logits.data<T>(), target.data<int64_t>(), rows, cols, valid_cols, ignore_index,
+                  losses.data<float>(), dlogits.data<T>(), scale_ptr);
+      } else {
+        regs = false;
+      }
+      if (!regs) {
+        cross_entropy_fused_kernel<T, float, V><<<l.grid, l.block, 0, current_stream(dev)>>>(
+            logits.data<T>(), target.data<int64_t>(), rows, cols, valid_cols, ignore_index, losses.data<float>(),
+            dlogits.data<T>(), scale_ptr);
+      }
     });
   });
   CHORUS_CUDA_LAUNCH_CHECK();
