@@ -208,59 +208,6 @@ __global__ void cross_entropy_fused_kernel(const T* logits, const int64_t* targe
   if (threadIdx.x == 0) losses[row] = L(-((x_t - ms.m) - log_sum));
 }
 
-// Note [The classifier's row in registers]: a row of a GPT's vocabulary
-// (50304 bf16 logits: 6288 vectors) fits in the registers of a 1024-thread
-// block, kClassifierPerThread vectors a thread, so the row is read from memory once --
-// not twice, the second time from L2 if it is still there (Note [The
-// classifier's cache order]) -- and the kernel moves the bytes it must and
-// no more: one read and one write of the logits. Rows longer than
-// 1024 * kClassifierPerThread vectors take the two-pass kernel.
-constexpr int kClassifierThreads = 768;
-constexpr int kClassifierPerThread = 9;  // 6912 vectors: 55296 bf16 columns
-
-template <typename T, typename L, int V>
-__global__ void __launch_bounds__(kClassifierThreads)
-    cross_entropy_fused_regs_kernel(const T* logits, const int64_t* target, int64_t rows, int64_t cols,
-                                    int64_t valid, int64_t ignore_index, L* losses, T* dlogits,
-                                    const float* grad_scale) {
-  const int64_t row = rows - 1 - blockIdx.x;  // Note [The classifier's cache order]
-  const float scale = grad_scale ? *grad_scale : 1.0f;
-  const int64_t tg = target[row];
-  const int nv = static_cast<int>(cols / V), valid_v = static_cast<int>((valid + V - 1) / V), vd = static_cast<int>(valid);
-  const Vec<T, V>* xr = reinterpret_cast<const Vec<T, V>*>(logits + row * cols);
-  Vec<T, V>* dr = reinterpret_cast<Vec<T, V>*>(dlogits + row * cols);
-  if (tg == ignore_index) {
-    for (int c = threadIdx.x; c < nv; c += blockDim.x) store_streaming(dr + c, zero_vec<T, V>());
-    if (threadIdx.x == 0) losses[row] = L(0);
-    return;
-  }
-  Vec<T, V> held[kClassifierPerThread];
-#pragma unroll
-  for (int i = 0; i < kClassifierPerThread; ++i) {
-    const int c = static_cast<int>(threadIdx.x) + i * kClassifierThreads;
-    held[i] = c < valid_v ? xr[c] : zero_vec<T, V>();
-  }
-  MaxSumV ms{-INFINITY, 0.0f};
-#pragma unroll
-  for (int i = 0; i < kClassifierPerThread; ++i) {
-    const int c = static_cast<int>(threadIdx.x) + i * kClassifierThreads;
-    if (c < valid_v) max_sum_add(ms, held[i], c, vd);
-  }
-  ms = row_allreduce(ms);
-  const float log_sum = logf(ms.s);
-  // The target's logit is read before any thread overwrites the row (dlogits may alias logits).
-  const float x_t = (tg >= 0 && tg < valid) ? to_acc(logits[row * cols + tg]) : NAN;
-  __syncthreads();
-#pragma unroll
-  for (int i = 0; i < kClassifierPerThread; ++i) {
-    const int c = static_cast<int>(threadIdx.x) + i * kClassifierThreads;
-    if (c < nv)
-      store_streaming(dr + c, c < valid_v ? cross_entropy_grad(held[i], c, vd, tg, ms.m, log_sum, scale)
-                                          : zero_vec<T, V>());
-  }
-  if (threadIdx.x == 0) losses[row] = L(-((x_t - ms.m) - log_sum));
-}
-
 }  // namespace
 
 void attention_softmax_forward(const Tensor& x, double scale, bool causal, const Tensor& y) {
@@ -326,31 +273,19 @@ void cross_entropy_fused(const Tensor& logits, const Tensor& target, int64_t val
   if (rows == 0) return;
   const int dev = logits.device().index;
   CudaDeviceGuard guard(dev);
-  // Wide rows of whole vectors: one block of 1024 threads a row holding it in
-  // registers (Note [The classifier's row in registers]). Otherwise
-  // row_launch's layout, two passes: 256 threads a row there, as 1024
-  // measured slower for that kernel (sessions 36 and 40).
+  // 256 threads a row (row_launch's): 1024, as llm.c's classifier, measured
+  // slower here, in session 36 and again with the cache order and the fast
+  // exponentials (session 40: gpt2 499.5k against 506.2k tok/s, one H200). A
+  // block of 768 threads holding its whole row in registers (one read of the
+  // logits, not two) was slower still: 2.11 against 1.41 ms a gpt2 step
+  // (benchmarks journal, session 40).
   const RowLaunch l = row_launch(rows, cols);
   const float* scale_ptr = grad_scale.defined() ? grad_scale.data<float>() : nullptr;
   dispatch_float(logits.dtype(), op, [&]<typename T>() {
     with_row_vector<T>(cols, {logits.raw_data(), dlogits.raw_data()}, [&]<int V>() {
-      const int64_t nv = cols / V;
-      bool regs = nv >= 2 * kClassifierThreads && nv <= int64_t{kClassifierThreads} * kClassifierPerThread &&
-                  rows < (int64_t{1} << 31);
-      if constexpr (V > 1) {
-        if (regs)
-          cross_entropy_fused_regs_kernel<T, float, V>
-              <<<static_cast<unsigned>(rows), kClassifierThreads, 0, current_stream(dev)>>>(
-                  logits.data<T>(), target.data<int64_t>(), rows, cols, valid_cols, ignore_index,
-                  losses.data<float>(), dlogits.data<T>(), scale_ptr);
-      } else {
-        regs = false;
-      }
-      if (!regs) {
-        cross_entropy_fused_kernel<T, float, V><<<l.grid, l.block, 0, current_stream(dev)>>>(
-            logits.data<T>(), target.data<int64_t>(), rows, cols, valid_cols, ignore_index, losses.data<float>(),
-            dlogits.data<T>(), scale_ptr);
-      }
+      cross_entropy_fused_kernel<T, float, V><<<l.grid, l.block, 0, current_stream(dev)>>>(
+          logits.data<T>(), target.data<int64_t>(), rows, cols, valid_cols, ignore_index, losses.data<float>(),
+          dlogits.data<T>(), scale_ptr);
     });
   });
   CHORUS_CUDA_LAUNCH_CHECK();
