@@ -170,10 +170,17 @@ std::string phases_str(const io::StallPhases& p, double n) {
 
 std::string stall_phases_summary(const io::ShardedCheckpointWriter::Totals& t) {
   if (t.saves == 0) return "";
-  std::string s = "checkpoints: the first save's stall by phase: " + phases_str(t.first_phases, 1);
-  if (t.saves > 1)
-    s += "; the later ones' (mean of " + std::to_string(t.saves - 1) + "): " +
-         phases_str(t.later_phases, static_cast<double>(t.saves - 1));
+  // Whether the device still ran earlier work as a save began (none: nothing
+  // outside host memory).
+  std::string s = "checkpoints: the first save's stall by phase";
+  if (t.first_device_busy >= 0) s += t.first_device_busy ? " (the device busy as it began)" : " (the device idle as it began)";
+  s += ": " + phases_str(t.first_phases, 1);
+  if (t.saves > 1) {
+    s += "; the later ones' (mean of " + std::to_string(t.saves - 1);
+    if (t.later_on_device > 0)
+      s += "; the device busy as " + std::to_string(t.later_device_busy) + " of them began";
+    s += "): " + phases_str(t.later_phases, static_cast<double>(t.saves - 1));
+  }
   return s;
 }
 
@@ -185,6 +192,8 @@ nlohmann::ordered_json stall_phases_json(const io::ShardedCheckpointWriter::Tota
   };
   nlohmann::ordered_json out = {{"first", obj(t.first_phases, 1)}};
   if (t.saves > 1) out["later"] = obj(t.later_phases, static_cast<double>(t.saves - 1));
+  if (t.first_device_busy >= 0) out["first_device_busy"] = t.first_device_busy == 1;
+  if (t.later_on_device > 0) out["later_device_busy"] = t.later_device_busy;  // of the later saves
   return out;
 }
 

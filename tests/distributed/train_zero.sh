@@ -38,16 +38,23 @@ phases_add_up() {
   python3 - "$1" <<'PY'
 import re, sys
 err = open(sys.argv[1]).read()
-m = re.search(r"the first ([0-9.]+) ms on the host, the later ones ([0-9.]+) ms", err)
-p = re.search(r"checkpoints: the first save's stall by phase: (.*) ms \(sum ([0-9.]+) ms\); "
-              r"the later ones' \(mean of [0-9]+\): (.*) ms \(sum ([0-9.]+) ms\)", err)
-assert m and p, "no stall line or no phase line"
-for phases, total, stall in ((p[1], p[2], m[1]), (p[3], p[4], m[2])):
+per = re.search(r"checkpoints: ([0-9]+) saves?, stall per save ([0-9.]+) ms on the host", err)
+split = re.search(r"the first ([0-9.]+) ms on the host, the later ones ([0-9.]+) ms", err)
+p = re.search(r"checkpoints: the first save's stall by phase(?: \(the device (?:busy|idle) as it began\))?: "
+              r"(.*?) ms \(sum ([0-9.]+) ms\)(?:; the later ones' \(mean of ([0-9]+)"
+              r"(?:; the device busy as [0-9]+ of them began)?\): (.*) ms \(sum ([0-9.]+) ms\))?\n", err)
+assert per and p, "no stall line or no phase line"
+saves = int(per[1])
+assert (split is not None) == (saves > 1) == (p[3] is not None), "the later saves' figures"
+parts = [(p[1], p[2], split[1] if split else per[2])] + ([(p[4], p[5], split[2])] if split else [])
+assert saves == 1 or int(p[3]) == saves - 1, (saves, p[3])
+for phases, total, stall in parts:
     names = [x.rsplit(" ", 1)[0] for x in phases.split(", ")]
     ms = [float(x.rsplit(" ", 1)[1]) for x in phases.split(", ")]
     assert names[:4] == ["live state", "pieces", "replicated", "metadata"] and names[-1] == "start", names
     assert all(v >= 0 for v in ms) and abs(sum(ms) - float(total)) <= 0.005 * (len(ms) + 1), (ms, total)
     assert float(total) <= float(stall) + 0.055, (total, stall)
+print(f"  {saves} saves: phases add up to {', '.join(t for _, t, _ in parts)} ms, stalls {', '.join(s for _, _, s in parts)} ms")
 PY
 }
 same() {  # NAME JSON: train and val loss equal the one-process run's

@@ -533,6 +533,10 @@ void check_snapshot_keeps_values(const Device& device, bool fallback) {
   EXPECT_NEAR(totals.first_phases.total(), stall, 1e-9 * std::max(1.0, stall));
   EXPECT_EQ(totals.first_stall_ms, totals.stall_ms);
   EXPECT_TRUE(totals.later_phases.ms.empty());
+  // Pieces on a device: whether it was busy as the save began was asked (a
+  // logical CPU device runs its work as it is issued: never busy).
+  if (device.is_cuda()) EXPECT_GE(totals.first_device_busy, 0);
+  else EXPECT_EQ(totals.first_device_busy, 0);
   std::printf("%s, %s: stall %.3f ms on the host + %.3f ms of device copies, background %.3f ms\n",
               device.str().c_str(), fallback ? "host copy" : "device snapshot", stall, w.last_snapshot_device_ms(),
               w.last_write_ms());
@@ -572,6 +576,9 @@ TEST(ShardedCheckpoint, WaitsForEarlierWritesAddUpApart) {
   ASSERT_GE(totals.later_phases.ms.size(), 2u);
   EXPECT_EQ(totals.later_phases.ms[0], (std::pair<std::string, double>("assemble", 0.5)));
   EXPECT_EQ(totals.later_phases.ms[1].first, "join");
+  // Everything in host memory: no device to ask.
+  EXPECT_EQ(totals.first_device_busy, -1);
+  EXPECT_EQ(totals.later_on_device, 0);
   EXPECT_NEAR(totals.first_phases.total(), totals.first_stall_ms, 1e-9 * std::max(1.0, totals.stall_ms));
   EXPECT_NEAR(totals.later_phases.total(), totals.stall_ms - totals.first_stall_ms,
               1e-9 * std::max(1.0, totals.stall_ms));

@@ -406,6 +406,14 @@ double ShardedCheckpointWriter::save(const ShardedSave& save, const StallPhases&
                   " ms for it (checkpoint less often to keep saves in the background)");
   if (saves_ > 0) clock.lap("join");
   const std::map<Device, size_t> bytes = device_bytes(save);
+  // Note [Stall by phase]: whether a device still runs earlier work (its
+  // current stream has not reached an event recorded now).
+  bool device_busy = false;
+  for (const auto& [d, n] : bytes) {
+    Event e(d, /*timing=*/false);
+    e.record();
+    device_busy = !e.query() || device_busy;
+  }
   std::optional<ShardedSnapshot> snap;
   if (!bytes.empty()) {
     std::string why = why_not_on_device(bytes);
@@ -452,8 +460,13 @@ double ShardedCheckpointWriter::save(const ShardedSave& save, const StallPhases&
   if (totals_.saves == 1) {
     totals_.first_stall_ms = stall;
     totals_.first_phases = phases;
+    if (!bytes.empty()) totals_.first_device_busy = device_busy ? 1 : 0;
   } else {
     totals_.later_phases.add(phases);
+    if (!bytes.empty()) {
+      totals_.later_on_device += 1;
+      totals_.later_device_busy += device_busy ? 1 : 0;
+    }
   }
   totals_.wait_ms += wait_ms;
   return last_stall_ms_;

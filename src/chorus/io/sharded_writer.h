@@ -49,7 +49,12 @@
 // the first save's phases and the later ones' sums: the first save's stall
 // was three times the later ones' on GPUs (gpt2-xl ZeRO-1: 31.7 against
 // 9.5 ms) while allocating the snapshot ahead did not shorten it, so the
-// run's end line says where a first save's extra time goes.
+// run's end line says where a first save's extra time goes. With them,
+// whether each device still ran earlier work as the save began (an event
+// recorded and queried at once): in those GPU runs the later saves first
+// waited seconds for the previous write, so they began on an idle device
+// and the first on a busy one, and a call that waits for room in the
+// device's queue would take longer in the first alone.
 //
 // One save is in flight at a time: a new save() first waits for the
 // previous one, so snapshots never pile up and the store's keys of
@@ -152,6 +157,11 @@ class ShardedCheckpointWriter {
     int64_t saves = 0;
     double stall_ms = 0, device_ms = 0, wait_ms = 0, first_stall_ms = 0;
     StallPhases first_phases, later_phases;
+    // Whether a device still ran earlier work as the save began: the first
+    // save's (-1: it had nothing outside host memory), and how many of the
+    // later saves with something on a device (later_on_device) found one busy.
+    int first_device_busy = -1;
+    int64_t later_device_busy = 0, later_on_device = 0;
   };
   Totals totals() const;
   const std::string& dir() const { return dir_; }
