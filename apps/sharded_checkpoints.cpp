@@ -73,13 +73,17 @@ ShardedCheckpointer::ShardedCheckpointer(std::string dir, std::shared_ptr<dist::
       }()) {}
 
 double ShardedCheckpointer::save(const io::TrainingState& state) {
-  const auto t0 = std::chrono::steady_clock::now();
+  // Note [Stall by phase] (io/sharded_writer.h): the assembly's phases open
+  // the stall's.
+  io::StallPhases phases;
+  io::PhaseClock clock(phases);
   const auto& pieces = sdp_->pieces();
   const auto& values = sdp_->shard_parameters();
   // The live moments: the writer's snapshot freezes them (state() would
   // copy them once more on the device).
   const NamedTensors opt_state = opt_.live_state();
   std::map<std::string, Tensor> by_name(opt_state.begin(), opt_state.end());
+  clock.lap("live state");
   io::ShardedSave s;
   for (size_t i = 0; i < pieces.size(); ++i) {
     const auto& pc = pieces[i];
@@ -91,6 +95,7 @@ double ShardedCheckpointer::save(const io::TrainingState& state) {
       if (by_name.count(prefix + b)) op.buffers.emplace_back(b, by_name[prefix + b]);
     s.optimizer.push_back(std::move(op));
   }
+  clock.lap("pieces");
   // The replicated part (rank 0's is written): frozen parameters, buffers,
   // the optimizer's scalars.
   std::vector<std::string> trainable = sdp_->parameter_names();
@@ -98,11 +103,13 @@ double ShardedCheckpointer::save(const io::TrainingState& state) {
     if (!p.requires_grad()) s.replicated_model.emplace_back(name, p);
   for (auto& [name, b] : sdp_->module()->named_buffers()) s.replicated_model.emplace_back(name, b);
   s.replicated_optimizer = {{"step", by_name["step"]}, {"lr", by_name["lr"]}};
+  clock.lap("replicated");
   for (auto& [name, p] : sdp_->module()->named_parameters()) s.param_order.push_back(name);
   s.optimizer_name = opt_.name();
   s.state = state;
   s.layout = {{"strategy", "zero"}, {"stage", sdp_->options().stage}, {"ranks", sdp_->process_group()->size()}};
-  return writer_.save(s, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  clock.lap("metadata");
+  return writer_.save(s, phases);
 }
 
 std::string ShardedCheckpointer::wait() { return writer_.wait(); }
@@ -143,6 +150,51 @@ std::string stall_summary(const io::ShardedCheckpointWriter::Totals& t, double s
     s += line;
   }
   return s;
+}
+
+namespace {
+
+// "live state 0.1, pieces 2.0, ... ms (sum 9.5 ms)", each phase divided by `n`.
+std::string phases_str(const io::StallPhases& p, double n) {
+  std::string s;
+  char v[96];
+  for (const auto& [name, ms] : p.ms) {
+    std::snprintf(v, sizeof v, "%s%s %.2f", s.empty() ? "" : ", ", name.c_str(), ms / n);
+    s += v;
+  }
+  std::snprintf(v, sizeof v, " ms (sum %.2f ms)", p.total() / n);
+  return s + v;
+}
+
+}  // namespace
+
+std::string stall_phases_summary(const io::ShardedCheckpointWriter::Totals& t) {
+  if (t.saves == 0) return "";
+  // Whether the device still ran earlier work as a save began (none: nothing
+  // outside host memory).
+  std::string s = "checkpoints: the first save's stall by phase";
+  if (t.first_device_busy >= 0) s += t.first_device_busy ? " (the device busy as it began)" : " (the device idle as it began)";
+  s += ": " + phases_str(t.first_phases, 1);
+  if (t.saves > 1) {
+    s += "; the later ones' (mean of " + std::to_string(t.saves - 1);
+    if (t.later_on_device > 0)
+      s += "; the device busy as " + std::to_string(t.later_device_busy) + " of them began";
+    s += "): " + phases_str(t.later_phases, static_cast<double>(t.saves - 1));
+  }
+  return s;
+}
+
+nlohmann::ordered_json stall_phases_json(const io::ShardedCheckpointWriter::Totals& t) {
+  auto obj = [](const io::StallPhases& p, double n) {
+    nlohmann::ordered_json o = nlohmann::ordered_json::object();
+    for (const auto& [name, ms] : p.ms) o[name] = ms / n;
+    return o;
+  };
+  nlohmann::ordered_json out = {{"first", obj(t.first_phases, 1)}};
+  if (t.saves > 1) out["later"] = obj(t.later_phases, static_cast<double>(t.saves - 1));
+  if (t.first_device_busy >= 0) out["first_device_busy"] = t.first_device_busy == 1;
+  if (t.later_on_device > 0) out["later_device_busy"] = t.later_device_busy;  // of the later saves
+  return out;
 }
 
 namespace {

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "chorus/data_parallel/sharded.h"
 #include "chorus/io/checkpoint.h"
 #include "chorus/io/sharded_writer.h"
@@ -55,6 +57,12 @@ std::string snapshot_where(const std::vector<Device>& devices);
 // The run's closing line on its sharded saves: the mean stall per save, on
 // the host and in device copies, and its share of a `step_ms` step.
 std::string stall_summary(const io::ShardedCheckpointWriter::Totals& t, double step_ms);
+// The line after it (Note [Stall by phase] in io/sharded_writer.h): the first
+// save's stall by phase, and the later saves' mean by phase; "" before any
+// save. stall_phases_json: the same for --json, {"first": {phase: ms},
+// "later": {phase: mean ms}} ("later" only after two saves or more).
+std::string stall_phases_summary(const io::ShardedCheckpointWriter::Totals& t);
+nlohmann::ordered_json stall_phases_json(const io::ShardedCheckpointWriter::Totals& t);
 
 // Loads checkpoint `found` into a zero run's pieces and optimizer: each rank
 // reads its own ranges of a sharded checkpoint written at any layout, or

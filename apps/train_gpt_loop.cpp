@@ -303,8 +303,10 @@ nlohmann::ordered_json run_gpt_loop(const TrainConfig& tc, const GptOptions& g, 
     if (r.leader() && !tc.quiet)
       std::fprintf(stderr, "checkpoint %s: written in %.0f ms\n", ckpt.c_str(), sharded_ckpt->last_write_ms());
     ckpt_stall = sharded_ckpt->writer().totals();
-    if (r.leader() && !tc.quiet && ckpt_stall.saves > 0)
+    if (r.leader() && !tc.quiet && ckpt_stall.saves > 0) {
       std::fprintf(stderr, "%s\n", stall_summary(ckpt_stall, fastest_step_ms > 0 ? fastest_step_ms : mean_step_ms()).c_str());
+      std::fprintf(stderr, "%s\n", stall_phases_summary(ckpt_stall).c_str());
+    }
   }
   throw_if_stopped(step, r.total_steps, r.leader(), ckpt);
   if (r.val && val_step != step) {
@@ -350,6 +352,13 @@ nlohmann::ordered_json run_gpt_loop(const TrainConfig& tc, const GptOptions& g, 
   {
     out["checkpoint_stall_ms"] = (ckpt_stall.stall_ms + ckpt_stall.device_ms) / static_cast<double>(ckpt_stall.saves);
     out["checkpoint_wait_ms"] = ckpt_stall.wait_ms;  // all saves' waits for earlier writes
+    // The host stall of the first save and the later ones' mean, and both
+    // by phase (Note [Stall by phase] in io/sharded_writer.h).
+    out["checkpoint_first_stall_ms"] = ckpt_stall.first_stall_ms;
+    if (ckpt_stall.saves > 1)
+      out["checkpoint_later_stall_ms"] =
+          (ckpt_stall.stall_ms - ckpt_stall.first_stall_ms) / static_cast<double>(ckpt_stall.saves - 1);
+    out["checkpoint_stall_phases_ms"] = stall_phases_json(ckpt_stall);
   }
   log.summary(out);
   if (r.leader() && !tc.quiet) {

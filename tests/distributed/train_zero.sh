@@ -30,6 +30,33 @@ job() {  # N ARGS...: chorus train on N ranks; rank 0's JSON line
   timeout 300 "$CHORUS" launch --nproc-per-node "$n" --master-port "$(free_port)" --grace-period 2 -- \
     "$CHORUS" "${T[@]}" --devices cpu "$@" 2>"$tmp/job.err" | grep '^{\|^\[rank 0\] {' | sed 's/^\[rank 0\] //'
 }
+# The end lines of a run's stderr `$1`: the first save's and the later ones'
+# stall by phase (Note [Stall by phase] in io/sharded_writer.h), each phase's
+# time >= 0, adding up to their sum, which is no more than the stall the
+# line before reports (to their rounding).
+phases_add_up() {
+  python3 - "$1" <<'PY'
+import re, sys
+err = open(sys.argv[1]).read()
+per = re.search(r"checkpoints: ([0-9]+) saves?, stall per save ([0-9.]+) ms on the host", err)
+split = re.search(r"the first ([0-9.]+) ms on the host, the later ones ([0-9.]+) ms", err)
+p = re.search(r"checkpoints: the first save's stall by phase(?: \(the device (?:busy|idle) as it began\))?: "
+              r"(.*?) ms \(sum ([0-9.]+) ms\)(?:; the later ones' \(mean of ([0-9]+)"
+              r"(?:; the device busy as [0-9]+ of them began)?\): (.*) ms \(sum ([0-9.]+) ms\))?\n", err)
+assert per and p, "no stall line or no phase line"
+saves = int(per[1])
+assert (split is not None) == (saves > 1) == (p[3] is not None), "the later saves' figures"
+parts = [(p[1], p[2], split[1] if split else per[2])] + ([(p[4], p[5], split[2])] if split else [])
+assert saves == 1 or int(p[3]) == saves - 1, (saves, p[3])
+for phases, total, stall in parts:
+    names = [x.rsplit(" ", 1)[0] for x in phases.split(", ")]
+    ms = [float(x.rsplit(" ", 1)[1]) for x in phases.split(", ")]
+    assert names[:4] == ["live state", "pieces", "replicated", "metadata"] and names[-1] == "start", names
+    assert all(v >= 0 for v in ms) and abs(sum(ms) - float(total)) <= 0.005 * (len(ms) + 1), (ms, total)
+    assert float(total) <= float(stall) + 0.055, (total, stall)
+print(f"  {saves} saves: phases add up to {', '.join(t for _, t, _ in parts)} ms, stalls {', '.join(s for _, _, s in parts)} ms")
+PY
+}
 same() {  # NAME JSON: train and val loss equal the one-process run's
   if [ -z "$2" ]; then echo "FAIL: $1: no result"; tail -5 "$tmp/job.err"; fail=1; return; fi
   for k in train_loss val_loss; do check "$1 equals one process ($k)" "close $(loss "$2" $k) $(loss "$one" $k)"; done
@@ -82,6 +109,12 @@ check "the saves' stall is summed up against a step" \
   "grep -q 'checkpoints: [0-9]* saves*, stall per save .* ms on the host + .* ms of device copies (.*% of a step)' '$tmp/job.err'"
 check "--json holds the stall per save" \
   "python3 -c \"import json,sys; v=json.loads(sys.argv[1])['checkpoint_stall_ms']; sys.exit(0 if v >= 0 else 1)\" '$full'"
+# Note [Stall by phase] (io/sharded_writer.h): the line after it splits the
+# first save's stall and the later ones' mean by phase; the phases add up to
+# no more than the stall the line before reports (to its rounding).
+check "the stall by phase: $(grep -m1 "stall by phase" "$tmp/job.err")" "phases_add_up '$tmp/job.err'"
+check "--json holds the stall by phase, adding up to the first save's" \
+  "python3 -c \"import json,sys; j=json.loads(sys.argv[1]); f=j['checkpoint_stall_phases_ms']['first']; sys.exit(0 if 'start' in f and 'later' in j['checkpoint_stall_phases_ms'] and abs(sum(f.values()) - j['checkpoint_first_stall_ms']) <= 1e-6 else 1)\" '$full'"
 resume_as "zero-2 (2 ranks) -> DDP on 2 ranks" 2 --strategy ddp --batch-size 4
 resume_as "zero-2 (2 ranks) -> one process" 1 --batch-size 8
 # A DDP checkpoint resumed as zero-1.

@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -518,6 +519,24 @@ void check_snapshot_keeps_values(const Device& device, bool fallback) {
   EXPECT_EQ(totals.saves, 1);
   EXPECT_EQ(totals.stall_ms, stall);
   EXPECT_EQ(totals.device_ms, w.last_snapshot_device_ms());
+  // Note [Stall by phase]: the path's phases, in order, adding up to the stall.
+  std::vector<std::string> names;
+  for (const auto& [name, ms] : totals.first_phases.ms) {
+    names.push_back(name);
+    EXPECT_GE(ms, 0.0) << name;
+  }
+  const std::vector<std::string> want_names =
+      fallback ? std::vector<std::string>{"placement", "copy to host", "start"}
+               : std::vector<std::string>{"placement", "plan", "allocate", "views", "events", "copies", "host copies",
+                                          "start"};
+  EXPECT_EQ(names, want_names);
+  EXPECT_NEAR(totals.first_phases.total(), stall, 1e-9 * std::max(1.0, stall));
+  EXPECT_EQ(totals.first_stall_ms, totals.stall_ms);
+  EXPECT_TRUE(totals.later_phases.ms.empty());
+  // Pieces on a device: whether it was busy as the save began was asked (a
+  // logical CPU device runs its work as it is issued: never busy).
+  if (device.is_cuda()) EXPECT_GE(totals.first_device_busy, 0);
+  else EXPECT_EQ(totals.first_device_busy, 0);
   std::printf("%s, %s: stall %.3f ms on the host + %.3f ms of device copies, background %.3f ms\n",
               device.str().c_str(), fallback ? "host copy" : "device snapshot", stall, w.last_snapshot_device_ms(),
               w.last_write_ms());
@@ -549,6 +568,51 @@ TEST(ShardedCheckpoint, WaitsForEarlierWritesAddUpApart) {
   EXPECT_GE(totals.first_stall_ms, 0.25);
   EXPECT_LE(totals.first_stall_ms, totals.stall_ms);
   EXPECT_NEAR(totals.stall_ms + totals.wait_ms, returned, 1e-9 * std::max(1.0, returned));
+  // Note [Stall by phase]: the caller's assembly opens each save's phases;
+  // the later saves also join the previous one's thread. The first save's
+  // phases add up to its stall, the later ones' to the rest.
+  ASSERT_FALSE(totals.first_phases.ms.empty());
+  EXPECT_EQ(totals.first_phases.ms.front(), (std::pair<std::string, double>("assemble", 0.25)));
+  ASSERT_GE(totals.later_phases.ms.size(), 2u);
+  EXPECT_EQ(totals.later_phases.ms[0], (std::pair<std::string, double>("assemble", 0.5)));
+  EXPECT_EQ(totals.later_phases.ms[1].first, "join");
+  // Everything in host memory: no device to ask.
+  EXPECT_EQ(totals.first_device_busy, -1);
+  EXPECT_EQ(totals.later_on_device, 0);
+  EXPECT_NEAR(totals.first_phases.total(), totals.first_stall_ms, 1e-9 * std::max(1.0, totals.stall_ms));
+  EXPECT_NEAR(totals.later_phases.total(), totals.stall_ms - totals.first_stall_ms,
+              1e-9 * std::max(1.0, totals.stall_ms));
+}
+
+// StallPhases keeps the order phases first ran in and adds up a phase named
+// again, and PhaseClock's laps add up to the time they span.
+TEST(ShardedCheckpoint, StallPhasesAddUpInOrder) {
+  StallPhases p;
+  p.add("b", 1.5);
+  p.add("a", 2.0);
+  p.add("b", 0.25);
+  StallPhases q;
+  q.add("c", 3.0);
+  q.add("a", 1.0);
+  p.add(q);
+  EXPECT_EQ(p.ms, (std::vector<std::pair<std::string, double>>{{"b", 1.75}, {"a", 3.0}, {"c", 3.0}}));
+  EXPECT_DOUBLE_EQ(p.total(), 7.75);
+
+  StallPhases laps;
+  const auto t0 = std::chrono::steady_clock::now();
+  PhaseClock clock(laps, t0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  const double first = clock.lap("x");
+  const double skipped = clock.skip();
+  clock.lap("y");
+  clock.lap("x");
+  const double span = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(laps.ms.size(), 2u);
+  EXPECT_EQ(laps.ms[0].first, "x");
+  EXPECT_GE(first, 2.0);
+  EXPECT_GE(laps.ms[0].second, first);
+  EXPECT_LE(laps.total() + skipped, span);
+  EXPECT_GE(laps.total() + skipped, first);
 }
 
 TEST(ShardedCheckpoint, SnapshotKeepsTheValuesAtSaveTime) {

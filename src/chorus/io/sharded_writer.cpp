@@ -84,6 +84,38 @@ class HostCopier {
 
 }  // namespace
 
+void StallPhases::add(const std::string& phase, double v) {
+  for (auto& [name, m] : ms)
+    if (name == phase) {
+      m += v;
+      return;
+    }
+  ms.emplace_back(phase, v);
+}
+
+void StallPhases::add(const StallPhases& other) {
+  for (const auto& [name, m] : other.ms) add(name, m);
+}
+
+double StallPhases::total() const {
+  double t = 0;
+  for (const auto& [name, m] : ms) t += m;
+  return t;
+}
+
+double PhaseClock::skip() {
+  const auto now = std::chrono::steady_clock::now();
+  const double ms = std::chrono::duration<double, std::milli>(now - last_).count();
+  last_ = now;
+  return ms;
+}
+
+double PhaseClock::lap(const std::string& phase) {
+  const double ms = skip();
+  out_.add(phase, ms);
+  return ms;
+}
+
 ShardedSave copy_to_host(const ShardedSave& save) {
   HostCopier copy;
   ShardedSave out = save;
@@ -220,13 +252,17 @@ class SnapshotPlan {
 // Clones the tensors outside host memory on their own devices, on the
 // caller's current streams (after the work that produced them), and the
 // rest on the host. Returns at once; the events say when the clones are done.
-ShardedSnapshot snapshot_on_devices(const ShardedSave& save, const std::map<Device, size_t>& bytes) {
+// `clock` times its phases (Note [Stall by phase]).
+ShardedSnapshot snapshot_on_devices(const ShardedSave& save, const std::map<Device, size_t>& bytes,
+                                    PhaseClock& clock) {
   ShardedSnapshot snap{save, {}};
   SnapshotPlan plan;
   for_each_tensor(snap.save, [&](Tensor& t) {
     if (t.defined() && !in_host_memory(t)) plan.add(t);
   });
+  clock.lap("plan");
   plan.allocate();
+  clock.lap("allocate");
   HostCopier host;
   for_each_tensor(snap.save, [&](Tensor& t) {
     if (!t.defined()) return;
@@ -237,13 +273,17 @@ ShardedSnapshot snapshot_on_devices(const ShardedSave& save, const std::map<Devi
     t = plan.clone_of(t);
     plan.keep_clone(t);
   });
+  clock.lap("views");
   // The events bracket the copies alone: the planning and allocation above
   // are host time, counted in save()'s stall.
   for (const auto& [d, n] : bytes)
     snap.devices.emplace(d, ShardedSnapshot::Marks{Event(d), Event(d)}).first->second.start.record();
+  clock.lap("events");
   plan.copy();
   for (auto& [d, m] : snap.devices) m.end.record();
+  clock.lap("copies");
   host.finish();
+  clock.lap("host copies");
   return snap;
 }
 
@@ -344,53 +384,91 @@ std::string ShardedCheckpointWriter::why_not_on_device(const std::map<Device, si
 }
 
 double ShardedCheckpointWriter::save(const ShardedSave& save, double gather_ms) {
+  StallPhases gather;
+  if (gather_ms > 0) gather.add("assemble", gather_ms);
+  return this->save(save, gather);
+}
+
+double ShardedCheckpointWriter::save(const ShardedSave& save, const StallPhases& gather) {
   // The stall counts the wait for a previous save still being written: with
   // saves closer together than the disk writes them, that wait is the stall.
-  const auto t0 = std::chrono::steady_clock::now();
+  // Note [Stall by phase]: every other moment of it is one phase's.
+  StallPhases phases = gather;
+  PhaseClock clock(phases);
   const bool was_busy = busy();
   join_and_rethrow();
-  const double wait_ms = was_busy ? ms_since(t0) : 0.0;
+  const double wait_ms = was_busy ? clock.skip() : 0.0;
   if (was_busy)
     warn_once("sharded-checkpoint-wait",
               "sharded checkpoint: the previous checkpoint was still being written after " +
                   std::to_string(static_cast<int64_t>(last_write_ms())) + " ms; training waited " +
-                  std::to_string(static_cast<int64_t>(ms_since(t0))) +
+                  std::to_string(static_cast<int64_t>(wait_ms)) +
                   " ms for it (checkpoint less often to keep saves in the background)");
+  if (saves_ > 0) clock.lap("join");
   const std::map<Device, size_t> bytes = device_bytes(save);
+  // Note [Stall by phase]: whether a device still runs earlier work (its
+  // current stream has not reached an event recorded now).
+  bool device_busy = false;
+  for (const auto& [d, n] : bytes) {
+    Event e(d, /*timing=*/false);
+    e.record();
+    device_busy = !e.query() || device_busy;
+  }
   std::optional<ShardedSnapshot> snap;
   if (!bytes.empty()) {
     std::string why = why_not_on_device(bytes);
+    clock.lap("placement");
     if (why.empty()) {
       try {
-        snap = snapshot_on_devices(save, bytes);
+        snap = snapshot_on_devices(save, bytes, clock);
       } catch (const OutOfMemoryError& e) {
         why = std::string("the device ran out of memory: ") + e.what();
+        clock.lap("allocate");  // the failed attempt
       }
     }
     if (!why.empty())
       warn_once("sharded-checkpoint-snapshot",
                 "sharded checkpoint: not snapshotting on the device (" + why +
                     "); copying to host memory before training goes on instead, a longer stall");
+  } else {
+    clock.lap("placement");
   }
-  if (!snap) snap = ShardedSnapshot{copy_to_host(save), {}};
+  if (!snap) {
+    snap = ShardedSnapshot{copy_to_host(save), {}};
+    clock.lap("copy to host");
+  }
   last_devices_.clear();
   for (const auto& [d, m] : snap->devices) last_devices_.push_back(d);
   if (!last_devices_.empty()) reserved_ = bytes;
-  last_stall_ms_ = gather_ms + ms_since(t0);
   ShardedSaveOptions o = options_;
   o.key_prefix += "/save-" + std::to_string(saves_++);
   {
     std::lock_guard<std::mutex> lock(mu_);
     running_ = true;
     last_snapshot_device_ms_ = 0;
-    totals_.saves += 1;
-    totals_.stall_ms += last_stall_ms_ - wait_ms;
-    if (totals_.saves == 1) totals_.first_stall_ms = last_stall_ms_ - wait_ms;
-    totals_.wait_ms += wait_ms;
   }
   worker_ = std::thread([this, s = std::move(*snap), o = std::move(o)]() mutable {
     write_in_background(std::move(s), std::move(o));
   });
+  clock.lap("start");
+  // The stall: the phases, and the wait for a previous save (counted apart).
+  const double stall = phases.total();
+  last_stall_ms_ = stall + wait_ms;
+  std::lock_guard<std::mutex> lock(mu_);
+  totals_.saves += 1;
+  totals_.stall_ms += stall;
+  if (totals_.saves == 1) {
+    totals_.first_stall_ms = stall;
+    totals_.first_phases = phases;
+    if (!bytes.empty()) totals_.first_device_busy = device_busy ? 1 : 0;
+  } else {
+    totals_.later_phases.add(phases);
+    if (!bytes.empty()) {
+      totals_.later_on_device += 1;
+      totals_.later_device_busy += device_busy ? 1 : 0;
+    }
+  }
+  totals_.wait_ms += wait_ms;
   return last_stall_ms_;
 }
 

@@ -33,6 +33,29 @@
 // run out of memory all the same), that save falls back to the synchronous
 // copy to host memory -- slower, never out of memory -- and says so once.
 //
+// Note [Stall by phase]: save()'s stall is timed phase by phase with one
+// steady clock (PhaseClock: each lap charges the time since the previous one
+// to a phase), so the phases add up to the stall. The caller's own phases
+// (the checkpointer assembling its pieces and names) come first; then the
+// writer's: joining the previous save's finished thread ("join", later saves
+// only; a wait for one still running is counted apart, as wait_ms), the
+// placement rule (device_bytes and the free-memory check: "placement"), and
+// for a device snapshot copying the save's lists ("plan"), allocating the
+// buffers ("allocate"), making the views and cloning what is already in host
+// memory ("views"), creating and recording the start events ("events"),
+// issuing the copies and the end events ("copies") and waiting for the host
+// clones ("host copies"); for the fallback, the synchronous copy ("copy to
+// host"); and last starting the background thread ("start"). Totals keep
+// the first save's phases and the later ones' sums: the first save's stall
+// was three times the later ones' on GPUs (gpt2-xl ZeRO-1: 31.7 against
+// 9.5 ms) while allocating the snapshot ahead did not shorten it, so the
+// run's end line says where a first save's extra time goes. With them,
+// whether each device still ran earlier work as the save began (an event
+// recorded and queried at once): in those GPU runs the later saves first
+// waited seconds for the previous write, so they began on an idle device
+// and the first on a busy one, and a call that waits for room in the
+// device's queue would take longer in the first alone.
+//
 // One save is in flight at a time: a new save() first waits for the
 // previous one, so snapshots never pile up and the store's keys of
 // consecutive saves never interleave. That wait is part of the stall save()
@@ -42,6 +65,7 @@
 // destructor waits and logs one.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <exception>
 #include <map>
@@ -49,6 +73,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "chorus/core/device.h"
@@ -57,6 +82,30 @@
 namespace chorus::io {
 
 struct ShardedSnapshot;  // a save frozen for the background (sharded_writer.cpp)
+
+// A stall's host time by phase (Note [Stall by phase]), in the order the
+// phases first ran; a phase named twice adds up.
+struct StallPhases {
+  std::vector<std::pair<std::string, double>> ms;
+  void add(const std::string& phase, double ms);
+  void add(const StallPhases& other);  // phase by phase
+  double total() const;
+};
+
+// Laps of one steady clock, started at construction (or at `from`): lap()
+// charges the time since the previous lap to `phase` and returns it.
+class PhaseClock {
+ public:
+  explicit PhaseClock(StallPhases& out) : PhaseClock(out, std::chrono::steady_clock::now()) {}
+  PhaseClock(StallPhases& out, std::chrono::steady_clock::time_point from) : out_(out), last_(from) {}
+  double lap(const std::string& phase);
+  // The time since the previous lap, charged to no phase.
+  double skip();
+
+ private:
+  StallPhases& out_;
+  std::chrono::steady_clock::time_point last_;
+};
 
 struct ShardedWriterOptions {
   // The largest snapshot (bytes, all devices) taken on the devices; above it
@@ -77,8 +126,10 @@ class ShardedCheckpointWriter {
   // Waits for the previous save (rethrowing its failure), snapshots `save`'s
   // tensors, starts the copy to host memory and the write, and returns the
   // host time it blocked in ms (the wait for the previous save included).
-  // `gather_ms`: the host time the caller spent assembling `save` (its
-  // pieces and names), counted in the stall as well.
+  // `gather`: the host time the caller spent assembling `save` (its pieces
+  // and names) by phase, counted in the stall as well (Note [Stall by
+  // phase]); `gather_ms`: the same as one phase, "assemble".
+  double save(const ShardedSave& save, const StallPhases& gather);
   double save(const ShardedSave& save, double gather_ms = 0);
   // Waits for the save in flight; rethrows its failure. Returns the path of
   // the last checkpoint written ("" before any).
@@ -100,9 +151,17 @@ class ShardedCheckpointWriter {
   // add up in wait_ms (saves closer together than the disk writes them).
   // first_stall_ms: the first save's host stall alone (it also allocates the
   // snapshot's device memory, which the allocator's pool keeps for the next).
+  // first_phases: the first save's stall by phase; later_phases: the later
+  // saves' phases summed (Note [Stall by phase]). Each adds up to its stall.
   struct Totals {
     int64_t saves = 0;
     double stall_ms = 0, device_ms = 0, wait_ms = 0, first_stall_ms = 0;
+    StallPhases first_phases, later_phases;
+    // Whether a device still ran earlier work as the save began: the first
+    // save's (-1: it had nothing outside host memory), and how many of the
+    // later saves with something on a device (later_on_device) found one busy.
+    int first_device_busy = -1;
+    int64_t later_device_busy = 0, later_on_device = 0;
   };
   Totals totals() const;
   const std::string& dir() const { return dir_; }
