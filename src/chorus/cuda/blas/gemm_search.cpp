@@ -15,6 +15,7 @@ namespace chorus::cuda {
 
 namespace {
 std::atomic<int> heuristic_state{-1};  // -1 until read from the environment
+std::atomic<int64_t> searches_run{0};
 }  // namespace
 
 bool heuristic_gemm_algos() {
@@ -47,6 +48,7 @@ cublasStatus_t MatmulCall::candidates(cublasLtMatmulPreference_t pref, int reque
 
 std::optional<cublasLtMatmulAlgo_t> fastest_algo(const MatmulCall& call, const cublasLtMatmulHeuristicResult_t* results,
                                                  int found) {
+  searches_run.fetch_add(1, std::memory_order_relaxed);
   std::optional<cublasLtMatmulAlgo_t> best;
   float best_ms = 0;
   for (int i = 0; i < found; ++i) {
@@ -64,5 +66,7 @@ std::optional<cublasLtMatmulAlgo_t> fastest_algo(const MatmulCall& call, const c
   }
   return best;
 }
+
+int64_t gemm_searches_run() { return searches_run.load(std::memory_order_relaxed); }
 
 }  // namespace chorus::cuda

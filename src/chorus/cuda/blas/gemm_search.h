@@ -34,6 +34,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <optional>
 
 namespace chorus::cuda {
@@ -75,8 +76,12 @@ struct MatmulCall {
 };
 
 // The fastest of `results[0..found)` on `call` (which runs several times:
-// only for gemm_search_allowed calls), or nullopt when none runs.
+// only for gemm_search_allowed calls), or nullopt when none runs. Each call
+// counts as one search in gemm_searches_run().
 std::optional<cublasLtMatmulAlgo_t> fastest_algo(const MatmulCall& call, const cublasLtMatmulHeuristicResult_t* results,
                                                  int found);
+
+// Searches run in this process (tests: which calls time and which reuse).
+int64_t gemm_searches_run();
 
 }  // namespace chorus::cuda
