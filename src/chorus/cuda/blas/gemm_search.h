@@ -3,8 +3,9 @@
 // src/chorus/cuda.
 //
 // Note [Timed GEMM algorithm search]: cuBLASLt's heuristic ranks algorithms by
-// a model of the GPU, and its first choice is not always the fastest (as with
-// cuDNN's plans: Note [Plan search] in conv/conv_plan.h). So the first eager
+// a model of the GPU, not by running them, so its first choice need not be the
+// fastest on the GPU at hand (as with cuDNN's plans: Note [Plan search] in
+// conv/conv_plan.h; the gain per model is not measured yet). So the first eager
 // call of a problem (gemm.cpp's key: shapes, strides, dtypes, alignment,
 // epilogue, TF32) asks the heuristic for up to kMaxGemmCandidates algorithms,
 // runs each on the call's own operands and epilogue (one untimed run, then
