@@ -18,6 +18,7 @@ const std::vector<Switch>& switches() {
       {"CHORUS_PEER_ACCESS", "setting", "0: no CUDA peer access between GPUs"},
       {"CHORUS_NCCL_STREAM_PRIORITY", "setting", "high: NCCL's communication stream at the highest priority"},
       {"CHORUS_CONV_SEARCH", "setting", "heuristic: cuDNN's first-ranked plan, no timed search"},
+      {"CHORUS_GEMM_SEARCH", "setting", "heuristic: cuBLASLt's first-ranked GEMM algorithm, no timed search"},
       {"CHORUS_CONV_SEARCH_SHARED", "setting", "1: DataParallel replicas share one convolution plan search"},
       {"CHORUS_DP_ALLREDUCE", "setting", "DataParallel's gradient sum (nccl, copy-engine, ...) when the options leave it"},
       {"CHORUS_DP_GRADS", "setting", "DataParallel's gradient form (packed, in-place) when the options leave it"},

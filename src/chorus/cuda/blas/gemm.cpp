@@ -9,13 +9,16 @@
 // transpose flags, and its problem is (m, n, k) = (N, M, K).
 //
 // lt::MatmulAlgoGetHeuristic costs tens of microseconds, as much as a small
-// GEMM, so its answer is cached per problem (shape, strides, dtype, alignment).
+// GEMM, so the algorithm chosen is cached per problem (shape, strides, dtype,
+// alignment), chosen by timing the heuristic's candidates where that is
+// possible (Note [Timed GEMM algorithm search] in gemm_search.h).
 #include <cstdint>
 #include <optional>
 
 #include "chorus/core/error.h"
 #include "chorus/cuda/blas/blas.h"
 #include "chorus/cuda/blas/cublaslt_api.h"
+#include "chorus/cuda/blas/gemm_search.h"
 #include "chorus/cuda/runtime/caches.h"
 #include "chorus/cuda/runtime/context.h"
 #include "chorus/cuda/kernels/column_sums.h"
@@ -93,12 +96,20 @@ struct PreferenceDesc {
   }
 };
 
-// Everything the heuristic's answer depends on.
-using ProblemKey = IntKey<15>;
+// Everything the heuristic's answer depends on, and the search's mode
+// (Note [Timed GEMM algorithm search]).
+using ProblemKey = IntKey<16>;
 
-// nullopt: cuBLASLt has no algorithm for this problem (an epilogue it does
-// not offer for these shapes; gemm_bias then runs the parts apart).
-using AlgoCache = LockedCache<ProblemKey, std::optional<cublasLtMatmulAlgo_t>>;
+// algo nullopt: cuBLASLt has no algorithm for this problem (an epilogue it
+// does not offer for these shapes; gemm_bias then runs the parts apart).
+// final: no later call would choose differently (timed, or the heuristic's
+// answer under CHORUS_GEMM_SEARCH=heuristic); an untimed choice of the search
+// mode (beta != 0, a capture) is replaced by the first call that may time.
+struct AlgoChoice {
+  std::optional<cublasLtMatmulAlgo_t> algo;
+  bool final = false;
+};
+using AlgoCache = LockedCache<ProblemKey, AlgoChoice>;
 AlgoCache& algo_cache() {
   static auto* cache = new AlgoCache;  // leaked: used from threads that may outlive statics
   return *cache;
@@ -190,27 +201,38 @@ bool run_gemm(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_a
   const ProblemKey key{device, static_cast<int64_t>(out.dtype()) * 64 + static_cast<int64_t>(a.dtype()),
                        static_cast<int64_t>(compute),
                        trans_a, trans_b, m, n, k, batch, stride_a, stride_b, align_a, align_b,
-                       align_c, static_cast<int64_t>(epilogue)};
-  const std::optional<cublasLtMatmulAlgo_t> algo = algo_cache().get_or_search(key, [&]() -> std::optional<cublasLtMatmulAlgo_t> {
+                       align_c, static_cast<int64_t>(epilogue), heuristic_gemm_algos()};
+  const MatmulCall call{cublaslt_handle(device), desc.d, bm.raw_data(), layout_a.d, a.raw_data(), layout_b.d,
+                        out.raw_data(), layout_c.d, static_cast<float>(alpha), static_cast<float>(beta),
+                        cublas_workspace(device, stream), stream, device};
+  // Note [Timed GEMM algorithm search]: an untimed choice is replaced by the
+  // first call that may time the candidates.
+  const bool may_time = gemm_search_allowed(beta);
+  std::optional<AlgoChoice> choice = algo_cache().find(key);
+  if (!choice || (may_time && !choice->final)) {
     PreferenceDesc pref(kCublasWorkspaceBytes, align_a, align_b, align_c);
-    cublasLtMatmulHeuristicResult_t result{};
+    cublasLtMatmulHeuristicResult_t results[kMaxGemmCandidates] = {};
     int found = 0;
-    const cublasStatus_t st = lt::MatmulAlgoGetHeuristic(cublaslt_handle(device), desc.d, layout_a.d, layout_b.d,
-                                                         layout_c.d, layout_c.d, pref.d, 1, &result, &found);
-    if (epilogue != CUBLASLT_EPILOGUE_DEFAULT && (st != CUBLAS_STATUS_SUCCESS || found == 0)) return std::nullopt;
-    CHORUS_CUBLAS_CHECK(st);
-    CHORUS_CHECK_T(DeviceError, found > 0, "gemm: cuBLASLt has no algorithm for a ", a.describe(),
-                   ", b ", bm.describe(), ", out ", out.describe(), " (trans_a=", trans_a,
-                   ", trans_b=", trans_b, ")");
-    return result.algo;
-  });
-  if (!algo) return false;
+    const cublasStatus_t st = call.candidates(pref.d, may_time ? kMaxGemmCandidates : 1, results, &found);
+    if (epilogue != CUBLASLT_EPILOGUE_DEFAULT && (st != CUBLAS_STATUS_SUCCESS || found == 0)) {
+      choice = AlgoChoice{std::nullopt, true};
+    } else {
+      CHORUS_CUBLAS_CHECK(st);
+      CHORUS_CHECK_T(DeviceError, found > 0, "gemm: cuBLASLt has no algorithm for a ", a.describe(), ", b ",
+                     bm.describe(), ", out ", out.describe(), " (trans_a=", trans_a, ", trans_b=", trans_b, ")");
+      std::optional<cublasLtMatmulAlgo_t> fastest = may_time ? fastest_algo(call, results, found) : std::nullopt;
+      choice = AlgoChoice{fastest ? *fastest : results[0].algo, may_time || heuristic_gemm_algos()};
+    }
+    // A timed choice replaces an untimed one; an untimed one never replaces
+    // another choice (two threads may choose at once).
+    if (choice->final)
+      algo_cache().assign(key, *choice);
+    else
+      algo_cache().insert(key, *choice);
+  }
+  if (!choice->algo) return false;
 
-  const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
-  CHORUS_CUBLAS_CHECK(lt::Matmul(
-      cublaslt_handle(device), desc.d, &alpha_f, bm.raw_data(), layout_a.d, a.raw_data(),
-      layout_b.d, &beta_f, out.raw_data(), layout_c.d, out.raw_data(), layout_c.d, &*algo,
-      cublas_workspace(device, stream), kCublasWorkspaceBytes, stream));
+  CHORUS_CUBLAS_CHECK(call.run(*choice->algo));
   return true;
 }
 

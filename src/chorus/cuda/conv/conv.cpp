@@ -46,7 +46,7 @@
 #include "chorus/cuda/conv/conv_plan.h"
 #include "chorus/cuda/cudnn/cudnn_handle.h"
 #include "chorus/cuda/kernels/kernels.h"
-#include "chorus/cuda/runtime/timing_gate.h"
+#include "chorus/cuda/runtime/time_calls.h"
 #include "chorus/core/graph_capture.h"
 #include "chorus/core/stream.h"
 
@@ -485,34 +485,6 @@ void conv_then_add(const Conv2dGeometry& g, const Tensor& x, const Tensor& weigh
   const Tensor flat_y = detail::make_view(y, {y.numel()}, {1}, y.storage_offset());
   const Tensor flat_r = detail::make_view(residual, {residual.numel()}, {1}, residual.storage_offset());
   binary(BinaryOp::Add, flat_y, flat_r, flat_y, 1.0);
-}
-
-// Milliseconds per call of `run` on `device`'s current stream: one untimed
-// call (plan search, module loads), then kTimedRuns behind a gate (Note
-// [Timing behind a gate]).
-template <typename Run>
-float time_calls(int device, Run&& run) {
-  constexpr int kTimedRuns = 3;
-  run();
-  const Device dev(DeviceType::CUDA, device);
-  float ms = 0;
-  // A gate that gave up before the runs were issued timed the host too: once more.
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    Event start(dev), stop(dev);
-    bool expired = false;
-    {
-      StreamGate gate(current_stream(device));
-      start.record();
-      for (int i = 0; i < kTimedRuns; ++i) run();
-      stop.record();
-      gate.open();
-      stop.synchronize();
-      expired = gate.expired();
-    }
-    ms = start.elapsed(stop) / kTimedRuns;
-    if (!expired) break;
-  }
-  return ms;
 }
 
 // The fused plan is kept only when it is timed at least 3% faster than the

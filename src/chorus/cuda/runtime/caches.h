@@ -95,6 +95,12 @@ class LockedCache {
     std::lock_guard<std::mutex> lock(mu_);
     map_.emplace(k, std::move(v));
   }
+  // Stores `v` for `k`, replacing any value there (a better choice found
+  // later: Note [Timed GEMM algorithm search]).
+  void assign(const Key& k, Value v) {
+    std::lock_guard<std::mutex> lock(mu_);
+    map_.insert_or_assign(k, std::move(v));
+  }
   // The value for `k`, from search() on first use. The search runs outside
   // the lock (it may take seconds and use this cache's other keys); when two
   // threads search for one key at once, both get their own result and the

@@ -1,0 +1,72 @@
+// Note [Timed GEMM algorithm search] (gemm_search.h).
+#include "chorus/cuda/blas/gemm_search.h"
+
+#include <atomic>
+#include <cstring>
+
+#include "chorus/core/env_switches.h"
+#include "chorus/core/error.h"
+#include "chorus/core/graph_capture.h"
+#include "chorus/cuda/blas/blas.h"
+#include "chorus/cuda/blas/cublaslt_api.h"
+#include "chorus/cuda/runtime/time_calls.h"
+
+namespace chorus::cuda {
+
+namespace {
+std::atomic<int> heuristic_state{-1};  // -1 until read from the environment
+std::atomic<int64_t> searches_run{0};
+}  // namespace
+
+bool heuristic_gemm_algos() {
+  int v = heuristic_state.load(std::memory_order_relaxed);
+  if (v >= 0) return v == 1;
+  const char* e = chorus::env::get("CHORUS_GEMM_SEARCH");
+  const bool timed = !e || !*e || std::strcmp(e, "timed") == 0;
+  CHORUS_CHECK(timed || std::strcmp(e, "heuristic") == 0, "CHORUS_GEMM_SEARCH must be timed or heuristic, got '", e,
+               "'");
+  int expected = -1;
+  heuristic_state.compare_exchange_strong(expected, timed ? 0 : 1);  // a setter meanwhile wins
+  return heuristic_state.load(std::memory_order_relaxed) == 1;
+}
+
+void set_heuristic_gemm_algos(bool on) { heuristic_state.store(on ? 1 : 0); }
+
+bool gemm_search_allowed(double beta) { return beta == 0.0 && !heuristic_gemm_algos() && !capture_in_progress(); }
+
+cublasStatus_t MatmulCall::run(const cublasLtMatmulAlgo_t& algo) const {
+  return lt::Matmul(handle, desc, &alpha, a, a_layout, b, b_layout, &beta, out, out_layout, out, out_layout, &algo,
+                    workspace, kCublasWorkspaceBytes, stream);
+}
+
+cublasStatus_t MatmulCall::candidates(cublasLtMatmulPreference_t pref, int requested,
+                                      cublasLtMatmulHeuristicResult_t* results, int* found) const {
+  *found = 0;
+  return lt::MatmulAlgoGetHeuristic(handle, desc, a_layout, b_layout, out_layout, out_layout, pref,
+                                    requested < kMaxGemmCandidates ? requested : kMaxGemmCandidates, results, found);
+}
+
+std::optional<cublasLtMatmulAlgo_t> fastest_algo(const MatmulCall& call, const cublasLtMatmulHeuristicResult_t* results,
+                                                 int found) {
+  searches_run.fetch_add(1, std::memory_order_relaxed);
+  std::optional<cublasLtMatmulAlgo_t> best;
+  float best_ms = 0;
+  for (int i = 0; i < found; ++i) {
+    const cublasLtMatmulHeuristicResult_t& r = results[i];
+    if (r.state != CUBLAS_STATUS_SUCCESS || r.workspaceSize > kCublasWorkspaceBytes) continue;
+    const float ms = time_calls(call.device, [&] {
+      if (call.run(r.algo) == CUBLAS_STATUS_SUCCESS) return true;
+      (void)cudaGetLastError();  // a refused launch must not poison later error checks
+      return false;
+    });
+    if (ms >= 0 && (!best || ms < best_ms)) {
+      best = r.algo;
+      best_ms = ms;
+    }
+  }
+  return best;
+}
+
+int64_t gemm_searches_run() { return searches_run.load(std::memory_order_relaxed); }
+
+}  // namespace chorus::cuda
