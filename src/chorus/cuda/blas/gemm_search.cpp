@@ -18,7 +18,8 @@ std::atomic<int> heuristic_state{-1};  // -1 until read from the environment
 std::atomic<int64_t> searches_run{0};
 }  // namespace
 
-bool heuristic_gemm_algos() {
+namespace {
+bool heuristic_setting() {
   int v = heuristic_state.load(std::memory_order_relaxed);
   if (v >= 0) return v == 1;
   const char* e = chorus::env::get("CHORUS_GEMM_SEARCH");
@@ -29,6 +30,11 @@ bool heuristic_gemm_algos() {
   heuristic_state.compare_exchange_strong(expected, timed ? 0 : 1);  // a setter meanwhile wins
   return heuristic_state.load(std::memory_order_relaxed) == 1;
 }
+}  // namespace
+
+// Deterministic runs take the heuristic's choice too: timed choices between
+// near ties can differ from one process to the next.
+bool heuristic_gemm_algos() { return heuristic_setting() || deterministic(); }
 
 void set_heuristic_gemm_algos(bool on) { heuristic_state.store(on ? 1 : 0); }
 

@@ -28,8 +28,10 @@
 // a graph captured from an untimed choice keeps it for its life.
 // CHORUS_GEMM_SEARCH=heuristic (or set_heuristic_gemm_algos(true)) takes the
 // heuristic's first algorithm everywhere, untimed, as before the search
-// (cuBLASLt's choice alone; cheaper under compute-sanitizer). Choices of the
-// two modes are cached apart.
+// (cuBLASLt's choice alone; cheaper under compute-sanitizer), and so does
+// CHORUS_DETERMINISTIC=1 (cuda::set_deterministic): timed choices between near
+// ties can differ from one process to the next, and with them the rounding.
+// Choices of the two modes are cached apart.
 #pragma once
 
 #include <cublasLt.h>
@@ -43,8 +45,9 @@ namespace chorus::cuda {
 // Most algorithms asked of the heuristic and timed per problem.
 inline constexpr int kMaxGemmCandidates = 8;
 
-// CHORUS_GEMM_SEARCH=heuristic: read from the environment once ("timed" or
-// unset: the search); the setter (tests) overrides it.
+// CHORUS_GEMM_SEARCH=heuristic (read from the environment once; "timed" or
+// unset: the search) or deterministic mode; the setter (tests) overrides the
+// environment.
 bool heuristic_gemm_algos();
 void set_heuristic_gemm_algos(bool on);
 
