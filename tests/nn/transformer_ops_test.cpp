@@ -685,7 +685,8 @@ TEST(TransformerOps, FusedAttentionMatchesComposite_CUDA) {
 // Note [Float weight gradients from 16-bit products]: a linear layer's
 // weight and bias gradients asked for in float32 from bfloat16 data, against
 // float64 sums of the same bfloat16 values (no rounding to 16 bits left: a
-// bfloat16 result would be ~1e-3 off), on the CPU and, with a GPU, on it.
+// bfloat16 result would be ~1e-3 off), on the CPU and, with a GPU, on it; the
+// same for the GPT MLP's second product and its first bias.
 TEST(TransformerOps, LinearGradientsInFloat32From16BitData) {
   std::vector<Device> devices{cpu_device(0)};
   if (cuda_device_count() > 0) devices.push_back(Device("cuda:0"));
@@ -714,6 +715,23 @@ TEST(TransformerOps, LinearGradientsInFloat32From16BitData) {
     ASSERT_EQ(db.dtype(), kFloat32);
     EXPECT_LT(rel(dw_ref, dw), 1e-5) << "dw";
     EXPECT_LT(rel(db_ref, db), 1e-5) << "db";
+    // The GPT MLP's second product and GELU's backward with x as GELU's
+    // output h and w as w2: dw2 = dy^T h and db2 as above, and db1 the float64
+    // column sums of the bfloat16 dpre it returns (Note [GELU's gradient with
+    // the bias gradient] on a GPU; the kernel set's sums on the CPU).
+    const Tensor pre = random_leaf({rows, in}, 123).detach().to(kBFloat16);
+    Tensor db1;
+    auto [dpre, dw2, db2] = ops::mlp_gelu_backward_second(dy.to(d), w.to(d), pre.to(d), x.to(d), kFloat32, &db1);
+    ASSERT_EQ(dpre.dtype(), kBFloat16);
+    ASSERT_EQ(dw2.dtype(), kFloat32);
+    ASSERT_EQ(db1.dtype(), kFloat32);
+    EXPECT_LT(rel(dw_ref, dw2), 1e-5) << "dw2";
+    EXPECT_LT(rel(db_ref, db2), 1e-5) << "db2";
+    const std::vector<double> dpv = dpre.to(cpu_device(0), kFloat64).to_vector<double>();
+    std::vector<double> db1_ref(in, 0.0);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < in; ++i) db1_ref[i] += dpv[r * in + i];
+    EXPECT_LT(rel(db1_ref, db1), 1e-5) << "db1";
   }
 }
 

@@ -39,7 +39,8 @@
 // (the checkpointer assembling its pieces and names) come first; then the
 // writer's: joining the previous save's finished thread ("join", later saves
 // only; a wait for one still running is counted apart, as wait_ms), the
-// placement rule (device_bytes and the free-memory check: "placement"), and
+// placement rule (device_bytes, the devices' busy probe below and the
+// free-memory check: "placement"), and
 // for a device snapshot copying the save's lists ("plan"), allocating the
 // buffers ("allocate"), making the views and cloning what is already in host
 // memory ("views"), creating and recording the start events ("events"),

@@ -301,10 +301,12 @@ void gemm_bias(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_
 // 16-bit copy but records the parameter itself (autograd::linear_bias's
 // weight_data), and its weight gradient dW = dY^T X is asked for in float32:
 // cuBLASLt reads the bf16 dY and X, accumulates in float32 as always, and
-// writes float32 -- with BGRADB's bias gradient in float32 too (the bias type
-// follows D's) -- where the product used to round dW to bf16 and a recorded
-// cast's backward (one more kernel a parameter: 99 a gpt2 step, 0.37 ms on an
-// H200) widened it again. The gradient keeps float32 accumulation's bits.
+// writes float32 -- the bias gradient, Chorus's column sums, in float32 too
+// (Note [Bias gradients as column sums]) -- where the product used to round
+// dW to bf16 and a recorded cast's backward (one more kernel a parameter)
+// widened it again; the tied classifier's [50304, 768] gradient, transposed,
+// took a strided cast of 0.29 ms a gpt2 step on an H200 (benchmarks journal,
+// session 40). The gradient keeps float32 accumulation's bits.
 //
 // Note [GELU in the MLP's epilogues]: GELU_AUX_BIAS writes the MLP's hidden
 // activation and, beside it, its input (the aux, kept for the backward), from

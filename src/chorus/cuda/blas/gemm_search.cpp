@@ -16,9 +16,7 @@ namespace chorus::cuda {
 namespace {
 std::atomic<int> heuristic_state{-1};  // -1 until read from the environment
 std::atomic<int64_t> searches_run{0};
-}  // namespace
 
-namespace {
 bool heuristic_setting() {
   int v = heuristic_state.load(std::memory_order_relaxed);
   if (v >= 0) return v == 1;
