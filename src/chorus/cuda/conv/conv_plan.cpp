@@ -248,7 +248,7 @@ bool numerics_allowed(const BackendDesc& cfg, DType dtype) {
 struct Plan {
   BackendDesc desc;
   int64_t workspace = 0;
-  std::string engine;  // describe() of its engine configuration
+  std::string engine;  // describe_engine_config() of its engine configuration
 };
 
 // CHORUS_CONV_SEARCH_LOG=1: one stderr line per plan timed (engine, knobs,
@@ -260,33 +260,6 @@ bool search_log() {
     return e && *e && std::strcmp(e, "0") != 0;
   }();
   return on;
-}
-
-// "engine 12 knobs 1=3 4=0": the engine's global index and its knob choices.
-std::string describe(const BackendDesc& cfg) {
-  std::string out = "engine ?";
-  BackendDesc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
-  cudnnBackendDescriptor_t e = engine.get();
-  int64_t got = 0, index = -1;
-  if (cudnnBackendGetAttribute(cfg.get(), CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &got, &e) ==
-          CUDNN_STATUS_SUCCESS &&
-      cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &got, &index) ==
-          CUDNN_STATUS_SUCCESS)
-    out = "engine " + std::to_string(index);
-  const std::vector<BackendDesc> knobs =
-      get_descriptors(cfg, CUDNN_ATTR_ENGINECFG_KNOB_CHOICES, CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR, 32);
-  out += " knobs";
-  for (const BackendDesc& knob : knobs) {
-    cudnnBackendKnobType_t type{};
-    int64_t value = 0;
-    if (cudnnBackendGetAttribute(knob.get(), CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE, CUDNN_TYPE_KNOB_TYPE, 1, &got, &type) !=
-            CUDNN_STATUS_SUCCESS ||
-        cudnnBackendGetAttribute(knob.get(), CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE, CUDNN_TYPE_INT64, 1, &got, &value) !=
-            CUDNN_STATUS_SUCCESS)
-      continue;
-    out += " " + std::to_string(static_cast<int>(type)) + "=" + std::to_string(value);
-  }
-  return out;
 }
 
 const char* direction_name(ConvDirection dir) {
@@ -310,7 +283,7 @@ std::shared_ptr<Plan> make_plan(const BackendDesc& cfg, cudnnHandle_t handle) {
                                CUDNN_TYPE_INT64, 1, &got,
                                &plan->workspace) != CUDNN_STATUS_SUCCESS)
     return nullptr;
-  plan->engine = describe(cfg);
+  plan->engine = describe_engine_config(cfg);
   return plan;
 }
 
@@ -460,7 +433,7 @@ std::shared_ptr<Plan> search(ConvDirection dir, const Conv2dGeometry& g, DType d
       ++tried;
       if (heuristic_plans()) {  // Note [Heuristic plans]: the first that runs, once, untimed
         if (!runs_once(*plan, handle, ops, device)) continue;
-        if (log) best_name = describe(cfg);
+        if (log) best_name = describe_engine_config(cfg);
         best = plan;
         break;
       }
@@ -469,12 +442,12 @@ std::shared_ptr<Plan> search(ConvDirection dir, const Conv2dGeometry& g, DType d
         std::fprintf(stderr, "conv search: %s n%lld c%lld %lldx%lld k%lld r%lld s%lld: %s %s ws %lld: %.4f ms\n",
                      direction_name(dir), (long long)g.n, (long long)g.c_in, (long long)g.h, (long long)g.w,
                      (long long)g.c_out, (long long)g.kh, (long long)g.stride_h,
-                     mode == CUDNN_HEUR_MODE_A ? "A" : "fallback", describe(cfg).c_str(), (long long)plan->workspace,
-                     ms);
+                     mode == CUDNN_HEUR_MODE_A ? "A" : "fallback", describe_engine_config(cfg).c_str(),
+                     (long long)plan->workspace, ms);
       if (ms >= 0 && (!best || ms < best_ms)) {
         best = plan;
         best_ms = ms;
-        if (log) best_name = describe(cfg);
+        if (log) best_name = describe_engine_config(cfg);
       }
     }
   }
@@ -518,7 +491,7 @@ int kind_of(int device) {
   return device;
 }
 
-// The chosen engine configuration (describe(); "" for none) per geometry and
+// The chosen engine configuration (describe_engine_config(); "" for none) per geometry and
 // kind of GPU, searched once: a thread that finds the search under way waits
 // for it.
 class ChoiceCache {
@@ -586,7 +559,7 @@ std::shared_ptr<Plan> rebuild(const std::string& engine, ConvDirection dir, cons
   }
   for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK})
     for (const BackendDesc& cfg : engine_configs(graph, mode)) {
-      if (engine.find('?') != std::string::npos || describe(cfg) != engine) continue;  // "engine ?": no identity
+      if (engine.find('?') != std::string::npos || describe_engine_config(cfg) != engine) continue;  // "engine ?": no identity
       std::shared_ptr<Plan> plan = make_plan(cfg, handle);
       if (plan && plan->workspace <= kMaxWorkspaceBytes) return plan;
       return nullptr;

@@ -5,6 +5,8 @@
 // from src/chorus/cuda.
 #pragma once
 
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "chorus/cuda/cudnn/cudnn_handle.h"
@@ -44,5 +46,21 @@ std::vector<BackendDesc> get_descriptors(const BackendDesc& from, cudnnBackendAt
 // Engine configurations for `graph` from one heuristics mode, best first.
 // An empty list when the mode has none (or cuDNN refuses the graph).
 std::vector<BackendDesc> engine_configs(const BackendDesc& graph, cudnnBackendHeurMode_t mode);
+
+// "engine 12 knobs 1=3 4=0": an engine configuration's engine (its global
+// index) and knob choices (type=value), for logs and for telling
+// configurations apart ("engine ?" when cuDNN will not say).
+std::string describe_engine_config(const BackendDesc& cfg);
+
+// Configurations beside `cfg` (Note [Attention plan search] in
+// flash_attention.cpp): its engine with one knob moved to each other value the
+// engine declares for it (the other knobs as in `cfg`), knob by knob, at most
+// `max` of them; those cuDNN will not finalise are left out. Which of them
+// make an execution plan for the graph is for the caller to find out.
+struct KnobNeighbours {
+  std::shared_ptr<BackendDesc> engine;  // the configurations refer to it: keep it until their plans are final
+  std::vector<BackendDesc> configs;
+};
+KnobNeighbours knob_neighbours(const BackendDesc& graph, const BackendDesc& cfg, int64_t max);
 
 }  // namespace chorus::cuda

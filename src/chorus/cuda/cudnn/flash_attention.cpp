@@ -23,22 +23,29 @@
 // false, and ops/ takes the composite path; the reason is kept for the error
 // a caller who asked for the fused kernel gets (fused_attention_refusal).
 #include <array>
+#include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "chorus/core/env_switches.h"
 #include "chorus/core/error.h"
+#include "chorus/core/graph_capture.h"
 #include "chorus/cuda/blas/blas.h"
 #include "chorus/cuda/runtime/caches.h"
 #include "chorus/cuda/runtime/context.h"
 #include "chorus/cuda/cudnn/cudnn_backend.h"
 #include "chorus/cuda/kernels/kernels.h"
+#include "chorus/cuda/runtime/time_calls.h"
 
 // The graph and plan descriptors take the handle through attributes cuDNN
 // 9.19 marks deprecated; they work in every cuDNN 9 (as in conv_plan.cpp).
@@ -274,86 +281,194 @@ BackendDesc backward_graph(const Problem& p, cudnnHandle_t handle) {
   return g.finish(handle);
 }
 
+// Note [Attention plan search]: cuDNN's heuristics rank the fused-attention
+// engine's configurations by a model of the GPU, and cudnn-frontend (llm.c
+// through it) builds the first that works; the engine also declares knobs --
+// among them the kernel configuration, the fused kernel's tile shapes (the
+// "knob_26_64x64x64" in its name) -- whose other values the heuristics never
+// offer. So the first eager call of a problem (shapes, strides, dtype, causal,
+// direction) makes plans of the heuristics' configurations (mode A, then the
+// fallback list) and, beside the first of them, of its knob neighbours
+// (knob_neighbours in cudnn_backend.h: one knob moved at a time over the
+// values the engine declares), at most kMaxAttentionPlans, times each on the
+// call's own operands (cuda/runtime/time_calls.h: one untimed run, three
+// behind a gate) and keeps the fastest, as the GEMM and convolution searches
+// do (Note [Timed GEMM algorithm search] in blas/gemm_search.h, Note [Plan
+// search] in conv/conv_plan.h). Running a plan again is harmless: the forward
+// overwrites O and the stats, the backward dQ, dK, dV and its own scratch, and
+// the inputs are only read. A call inside a CUDA graph capture takes the first
+// plan untimed (timing waits on the host) and the problem's next eager call
+// searches; training runs eager steps before it captures
+// (parallel/graphed_step.h). CHORUS_ATTENTION_SEARCH=heuristic, and
+// deterministic mode (timed choices between near ties can differ from one
+// process to the next), take the first plan everywhere; the two modes' choices
+// are cached apart. CHORUS_ATTENTION_SEARCH_LOG=1 prints each plan timed.
+constexpr size_t kMaxAttentionPlans = 32;
+
 struct Plan {
   BackendDesc desc;
   int64_t workspace = 0;
+  std::string engine;  // describe_engine_config(): the engine and its knobs
 };
 
-// The first engine configuration of cuDNN's heuristics that makes a plan
-// (deterministic mode skips engines that say they are not).
-std::shared_ptr<Plan> make_plan(const BackendDesc& graph, cudnnHandle_t handle) {
-  std::string last = "no engine configuration";
+// Whether cuDNN notes an engine configuration as nondeterministic.
+bool nondeterministic(const BackendDesc& cfg) {
+  BackendDesc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
+  cudnnBackendDescriptor_t e = engine.get();
+  int64_t got = 0, n = 0;
+  cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
+  bool found = false;
+  if (cudnnBackendGetAttribute(cfg.get(), CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &got, &e) ==
+          CUDNN_STATUS_SUCCESS &&
+      cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                               CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &n, notes) == CUDNN_STATUS_SUCCESS)
+    for (int64_t i = 0; i < n; ++i) found |= notes[i] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC;
+  return found;
+}
+
+// The execution plan of one configuration; null, with `why` set, when cuDNN
+// will not make it.
+std::shared_ptr<Plan> plan_of(const BackendDesc& cfg, cudnnHandle_t handle, std::string* why) {
+  auto plan = std::make_shared<Plan>();
+  plan->desc = BackendDesc(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+  plan->desc.set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+  plan->desc.set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfg);
+  const cudnnStatus_t st = plan->desc.try_finalize();
+  if (st != CUDNN_STATUS_SUCCESS) {
+    *why = std::string("execution plan: ") + cudnnGetErrorString(st);
+    return nullptr;
+  }
+  int64_t got = 0;
+  need(cudnnBackendGetAttribute(plan->desc.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &got,
+                                &plan->workspace),
+       "plan workspace size");
+  plan->engine = describe_engine_config(cfg);
+  return plan;
+}
+
+// The plans to choose from, the heuristics' first (the one used untimed)
+// first; with `search` also the rest of their lists and the first's knob
+// neighbours. Deterministic mode skips engines that say they are not.
+std::vector<std::shared_ptr<Plan>> make_plans(const BackendDesc& graph, cudnnHandle_t handle, bool search) {
+  std::vector<std::shared_ptr<Plan>> plans;
+  std::set<std::string> seen;  // a neighbour may repeat a listed configuration
+  auto add = [&](const std::shared_ptr<Plan>& plan) {
+    if (plan && (plan->engine.find('?') != std::string::npos || seen.insert(plan->engine).second)) plans.push_back(plan);
+  };
+  std::string last = "no engine configuration", ignored;
+  KnobNeighbours around;  // the configurations refer to its engine: alive until their plans are final
   for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
     for (const BackendDesc& cfg : engine_configs(graph, mode)) {
-      if (deterministic()) {
-        BackendDesc engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR);
-        cudnnBackendDescriptor_t e = engine.get();
-        int64_t got = 0, n = 0;
-        cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
-        bool nondeterministic = false;
-        if (cudnnBackendGetAttribute(cfg.get(), CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &got,
-                                     &e) == CUDNN_STATUS_SUCCESS &&
-            cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
-                                     CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &n, notes) == CUDNN_STATUS_SUCCESS)
-          for (int64_t i = 0; i < n; ++i) nondeterministic |= notes[i] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC;
-        if (nondeterministic) {
-          last = "only nondeterministic engines (CHORUS_DETERMINISTIC is set)";
-          continue;
-        }
-      }
-      auto plan = std::make_shared<Plan>();
-      plan->desc = BackendDesc(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-      plan->desc.set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
-      plan->desc.set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfg);
-      const cudnnStatus_t st = plan->desc.try_finalize();
-      if (st != CUDNN_STATUS_SUCCESS) {
-        last = std::string("execution plan: ") + cudnnGetErrorString(st);
+      if (deterministic() && nondeterministic(cfg)) {
+        last = "only nondeterministic engines (CHORUS_DETERMINISTIC is set)";
         continue;
       }
-      int64_t got = 0;
-      need(cudnnBackendGetAttribute(plan->desc.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1,
-                                    &got, &plan->workspace),
-           "plan workspace size");
-      return plan;
+      const size_t before = plans.size();
+      add(plan_of(cfg, handle, &last));
+      if (plans.size() == before) continue;
+      if (!search) return plans;
+      if (plans.size() == 1) {
+        around = knob_neighbours(graph, cfg, 4 * kMaxAttentionPlans);
+        for (const BackendDesc& n : around.configs) {
+          if (plans.size() >= kMaxAttentionPlans) break;
+          add(plan_of(n, handle, &ignored));
+        }
+      }
+      if (plans.size() >= kMaxAttentionPlans) return plans;
     }
   }
-  throw Refused{last};
+  if (plans.empty()) throw Refused{last};
+  return plans;
 }
+
+std::atomic<int> heuristic_state{-1};  // -1 until read from the environment
+std::atomic<int64_t> searches_run{0};
+
+bool heuristic_setting() {
+  int v = heuristic_state.load(std::memory_order_relaxed);
+  if (v >= 0) return v == 1;
+  const char* e = chorus::env::get("CHORUS_ATTENTION_SEARCH");
+  const bool timed = !e || !*e || std::strcmp(e, "timed") == 0;
+  CHORUS_CHECK(timed || std::strcmp(e, "heuristic") == 0, "CHORUS_ATTENTION_SEARCH must be timed or heuristic, got '",
+               e, "'");
+  int expected = -1;
+  heuristic_state.compare_exchange_strong(expected, timed ? 0 : 1);  // a setter meanwhile wins
+  return heuristic_state.load(std::memory_order_relaxed) == 1;
+}
+
+bool search_log() {
+  static const bool on = [] {
+    const char* e = chorus::env::get("CHORUS_ATTENTION_SEARCH_LOG");
+    return e && *e && std::strcmp(e, "0") != 0;
+  }();
+  return on;
+}
+
+struct Entry {
+  std::shared_ptr<Plan> plan;  // null: refused
+  bool timed = false;          // false: the first plan, to be searched at the next eager call
+};
 
 struct PlanCache {
   std::mutex mu;
-  std::map<std::vector<int64_t>, std::shared_ptr<Plan>> plans;  // null: refused
-  std::string refusal;                                             // the latest reason
+  std::map<std::vector<int64_t>, Entry> plans;
+  std::string refusal;  // the latest reason
 };
 PlanCache& plan_cache() {
   static auto* c = new PlanCache;  // never destroyed: plans outlive static teardown order
   return *c;
 }
 
-// The plan for `p` on `device`, built once; null when cuDNN refuses it.
-std::shared_ptr<Plan> plan_for(const Problem& p, int device) {
+// Runs a plan on the call's own operands; false when cuDNN refuses to.
+using RunPlan = std::function<bool(const Plan&)>;
+
+// The plan for `p` on `device`, built once, searched (timed with `run_plan`)
+// at the first call that may; null when cuDNN refuses the problem.
+std::shared_ptr<Plan> plan_for(const Problem& p, int device, const RunPlan& run_plan) {
   PlanCache& c = plan_cache();
-  const auto key = p.key(device);
+  const bool heuristic = heuristic_attention_plans();
+  const bool search = !heuristic && !capture_in_progress();
+  std::vector<int64_t> key = p.key(device);
+  key.push_back(heuristic);
   {
     std::lock_guard<std::mutex> lock(c.mu);
     auto it = c.plans.find(key);
-    if (it != c.plans.end()) return it->second;
+    if (it != c.plans.end() && (it->second.timed || !search || !it->second.plan)) return it->second.plan;
   }
   CudaDeviceGuard guard(device);
   cudnnHandle_t handle = cudnn_handle(device);
-  std::shared_ptr<Plan> plan;
+  Entry entry;
   std::string why;
   try {
     const BackendDesc graph = p.backward ? backward_graph(p, handle) : forward_graph(p, handle);
-    plan = make_plan(graph, handle);
+    const std::vector<std::shared_ptr<Plan>> plans = make_plans(graph, handle, search);
+    entry.plan = plans.front();
+    entry.timed = search;
+    if (search) searches_run.fetch_add(1, std::memory_order_relaxed);
+    if (search && plans.size() > 1) {
+      float best_ms = -1;
+      for (const auto& plan : plans) {
+        const float ms = time_calls(device, [&] { return run_plan(*plan); });
+        if (search_log())
+          std::fprintf(stderr, "attention search: %s b%lld h%lld t%lld s%lld d%lld%s: %s ws %lld: %.4f ms\n",
+                       p.backward ? "backward" : "forward", (long long)p.b, (long long)p.h, (long long)p.t,
+                       (long long)p.s, (long long)p.d, p.causal ? " causal" : "", plan->engine.c_str(),
+                       (long long)plan->workspace, ms);
+        if (ms >= 0 && (best_ms < 0 || ms < best_ms)) {
+          best_ms = ms;
+          entry.plan = plan;
+        }
+      }
+      if (search_log()) std::fprintf(stderr, "attention search: kept %s (%.4f ms)\n", entry.plan->engine.c_str(), best_ms);
+    }
   } catch (const Refused& r) {
     why = r.what;
   } catch (const DeviceError& e) {  // an attribute cuDNN would not take
     why = e.what();
   }
   std::lock_guard<std::mutex> lock(c.mu);
-  if (!plan) c.refusal = std::string(p.backward ? "backward" : "forward") + " graph refused at " + why;
-  return c.plans.emplace(key, plan).first->second;
+  if (!entry.plan) c.refusal = std::string(p.backward ? "backward" : "forward") + " graph refused at " + why;
+  return (c.plans[key] = entry).plan;
 }
 
 cudnnDataType_t sixteen_bit(DType t) {
@@ -386,7 +501,9 @@ Tensor workspace(int64_t bytes, int device) {
   return detail::empty_tensor({bytes}, kUInt8, Device(DeviceType::CUDA, device));
 }
 
-void run(const Plan& plan, int device, std::vector<int64_t> uids, std::vector<void*> ptrs) {
+// Executes `plan` on the device's current stream; false when cuDNN refuses
+// (a searched candidate that cannot take these operands after all).
+bool run(const Plan& plan, int device, const std::vector<int64_t>& uids, const std::vector<void*>& ptrs) {
   Tensor ws = workspace(plan.workspace, device);
   void* wp = ws.defined() ? ws.raw_data() : nullptr;
   BackendDesc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
@@ -394,10 +511,23 @@ void run(const Plan& plan, int device, std::vector<int64_t> uids, std::vector<vo
   pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, static_cast<int64_t>(ptrs.size()), ptrs.data());
   pack.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &wp);
   pack.finalize();
-  CHORUS_CUDNN_CHECK(cudnnBackendExecute(cudnn_handle(device), plan.desc.get(), pack.get()));
+  if (cudnnBackendExecute(cudnn_handle(device), plan.desc.get(), pack.get()) == CUDNN_STATUS_SUCCESS) return true;
+  (void)cudaGetLastError();  // a refused launch must not poison later error checks
+  return false;
+}
+
+// The chosen plan's run: its refusal is an error (the problem was accepted).
+void run_chosen(const Plan& plan, const RunPlan& run_plan) {
+  if (!run_plan(plan)) throw DeviceError("cuDNN refused to execute the fused attention plan " + plan.engine);
 }
 
 }  // namespace
+
+bool heuristic_attention_plans() { return heuristic_setting() || deterministic(); }
+
+void set_heuristic_attention_plans(bool on) { heuristic_state.store(on ? 1 : 0); }
+
+int64_t attention_searches_run() { return searches_run.load(std::memory_order_relaxed); }
 
 std::string fused_attention_refusal() {
   PlanCache& c = plan_cache();
@@ -411,8 +541,6 @@ bool attention_fused_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   Problem p{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), sixteen_bit(q.dtype()), causal, false,
             strides_of(q), strides_of(k), strides_of(v), strides_of(out), {}, {}, {}, {}};
   const int device = q.device().index;
-  std::shared_ptr<Plan> plan = plan_for(p, device);
-  if (!plan) return false;
   CudaDeviceGuard guard(device);
   float sc = static_cast<float>(scale), neg_inf = -std::numeric_limits<float>::infinity();
   std::vector<int64_t> uids{kUidQ, kUidK, kUidV, kUidO, kUidStats, kUidScale};
@@ -421,7 +549,10 @@ bool attention_fused_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
     uids.push_back(kUidNegInf);
     ptrs.push_back(&neg_inf);
   }
-  run(*plan, device, uids, ptrs);
+  const RunPlan run_plan = [&](const Plan& plan) { return run(plan, device, uids, ptrs); };
+  std::shared_ptr<Plan> plan = plan_for(p, device, run_plan);
+  if (!plan) return false;
+  run_chosen(*plan, run_plan);
   return true;
 }
 
@@ -433,15 +564,10 @@ bool attention_fused_backward(const Tensor& dout, const Tensor& q, const Tensor&
             sixteen_bit(q.dtype()), causal, true, strides_of(q), strides_of(k),
             strides_of(v),  strides_of(out), strides_of(dout), strides_of(dq), strides_of(dk), strides_of(dv)};
   const int device = q.device().index;
-  std::shared_ptr<Plan> plan = plan_for(p, device);
-  if (!plan) return false;
   CudaDeviceGuard guard(device);
   const Device dev = q.device();
   Tensor softmax_sum = detail::empty_tensor({p.b, p.h, p.t}, kFloat32, dev);
   Tensor dq_accum = detail::empty_tensor({p.b, p.h, p.t, p.d}, kFloat32, dev);
-  // cuDNN before 9.6 expects the accumulator zeroed by its caller.
-  if (cudnnGetVersion() < 90600)
-    CHORUS_CUDA_CHECK(cudaMemsetAsync(dq_accum.raw_data(), 0, dq_accum.numel() * sizeof(float), current_stream(device)));
   float sc = static_cast<float>(scale), one = 1.0f, neg_inf = -std::numeric_limits<float>::infinity();
   std::vector<int64_t> uids{kUidQ,  kUidK,  kUidV,  kUidO,  kUidDO,          kUidStats,   kUidDQ,
                             kUidDK, kUidDV, kUidScale, kUidOne, kUidSoftmaxSum, kUidDQAccum};
@@ -452,7 +578,17 @@ bool attention_fused_backward(const Tensor& dout, const Tensor& q, const Tensor&
     uids.push_back(kUidNegInf);
     ptrs.push_back(&neg_inf);
   }
-  run(*plan, device, uids, ptrs);
+  const RunPlan run_plan = [&](const Plan& plan) {
+    // cuDNN before 9.6 expects the accumulator zeroed by its caller: before
+    // every run, the search's timed ones included.
+    if (cudnnGetVersion() < 90600)
+      CHORUS_CUDA_CHECK(
+          cudaMemsetAsync(dq_accum.raw_data(), 0, dq_accum.numel() * sizeof(float), current_stream(device)));
+    return run(plan, device, uids, ptrs);
+  };
+  std::shared_ptr<Plan> plan = plan_for(p, device, run_plan);
+  if (!plan) return false;
+  run_chosen(*plan, run_plan);
   return true;
 }
 
