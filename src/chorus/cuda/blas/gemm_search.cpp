@@ -2,6 +2,7 @@
 #include "chorus/cuda/blas/gemm_search.h"
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 
 #include "chorus/core/env_switches.h"
@@ -35,6 +36,19 @@ bool heuristic_setting() {
 bool heuristic_gemm_algos() { return heuristic_setting() || deterministic(); }
 
 void set_heuristic_gemm_algos(bool on) { heuristic_state.store(on ? 1 : 0); }
+
+int gemm_candidates() {
+  static const int n = [] {
+    const char* e = chorus::env::get("CHORUS_GEMM_CANDIDATES");
+    if (!e || !*e) return kDefaultGemmCandidates;
+    char* end = nullptr;
+    const long v = std::strtol(e, &end, 10);
+    CHORUS_CHECK(*end == 0 && v >= 1 && v <= kMaxGemmCandidates, "CHORUS_GEMM_CANDIDATES must be 1..",
+                 kMaxGemmCandidates, ", got '", e, "'");
+    return static_cast<int>(v);
+  }();
+  return n;
+}
 
 bool gemm_search_allowed(double beta) { return beta == 0.0 && !heuristic_gemm_algos() && !capture_in_progress(); }
 

@@ -7,7 +7,7 @@
 // fastest on the GPU at hand (as with cuDNN's plans: Note [Plan search] in
 // conv/conv_plan.h; the gain per model is not measured yet). So the first eager
 // call of a problem (gemm.cpp's key: shapes, strides, dtypes, alignment,
-// epilogue, TF32) asks the heuristic for up to kMaxGemmCandidates algorithms,
+// epilogue, TF32) asks the heuristic for up to gemm_candidates() algorithms (8),
 // runs each on the call's own operands and epilogue (one untimed run, then
 // three behind a gate: cuda/runtime/time_calls.h) and keeps the fastest.
 // Candidates that need more than kCublasWorkspaceBytes or that fail to run are
@@ -42,8 +42,14 @@
 
 namespace chorus::cuda {
 
-// Most algorithms asked of the heuristic and timed per problem.
-inline constexpr int kMaxGemmCandidates = 8;
+// Most algorithms asked of the heuristic and timed per problem: the default,
+// and the most CHORUS_GEMM_CANDIDATES may ask for (a comparison switch).
+inline constexpr int kDefaultGemmCandidates = 8;
+inline constexpr int kMaxGemmCandidates = 32;
+
+// The candidates a search asks for: CHORUS_GEMM_CANDIDATES (1..32, read once),
+// else kDefaultGemmCandidates.
+int gemm_candidates();
 
 // CHORUS_GEMM_SEARCH=heuristic (read from the environment once; "timed" or
 // unset: the search) or deterministic mode; the setter (tests) overrides the
