@@ -535,6 +535,25 @@ TEST(GradcheckNN, BatchNormReluOfASum) {
   EXPECT_TRUE(gradcheck(f, {a, b, w, bias}));
 }
 
+// A tied embedding (Note [Gradient addends]): one table looked up with
+// repeated ids and used as the output projection. The lookup's backward adds
+// its rows into the projection's gradient in place when that gradient waits
+// at the table's slot (F::linear's weight gradient: contiguous), and beside it
+// when it cannot (the transpose's gradient, a strided view); the ids once
+// more after the projection (three gradients: none offered).
+TEST(GradcheckNN, TiedEmbeddingLookupAndProjection) {
+  const Tensor w = random_leaf({7, 4}, 181), ids = idx({3, 1, 3, 6, 0}, {5});
+  auto linear = [ids](L v) { return nn::functional::linear(index_select(v[0], 0, ids), v[0], Tensor()); };
+  EXPECT_TRUE(gradcheck(linear, {w}));
+  auto strided = [ids](L v) { return matmul(index_select(v[0], 0, ids), v[0].t()); };
+  EXPECT_TRUE(gradcheck(strided, {w}));
+  auto thrice = [ids](L v) {
+    const Tensor logits = nn::functional::linear(index_select(v[0], 0, ids), v[0], Tensor());
+    return add(logits.sum(), index_select(v[0], 0, ids).sum());
+  };
+  EXPECT_TRUE(gradcheck(thrice, {w}));
+}
+
 // The engine's side of Note [Gradient addends], with nodes of the test's own:
 // an addend is offered only where a slot expects two gradients and holds one,
 // a node that takes it returns the sum, and one a node leaves goes back to its

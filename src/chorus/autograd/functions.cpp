@@ -278,9 +278,22 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   int64_t d = wrap_dim(dim, x.dim(), "index_select");
   Shape sx = x.sizes();
   Tensor idx = index;
-  return record("IndexSelectBackward", ops::index_select(x, d, index), {x}, [sx, d, idx](const TensorList& g) {
-    return TensorList{ops::index_add_zeros(sx, d, idx, g[0])};
+  Tensor out = record("IndexSelectBackward", ops::index_select(x, d, index), {x}, [sx, d, idx](const TensorList& g) {
+    // Note [Gradient addends]: x's other gradient, when one waits (a tied
+    // embedding's: the classifier's weight gradient, [vocabulary, width]),
+    // takes the selected rows' gradients in place -- no zeroed gradient of
+    // x's size and no add of two of them after it.
+    const Tensor addend = autograd::take_gradient_addend(0);
+    if (addend.defined() && addend.sizes() == sx && addend.dtype() == g[0].dtype() &&
+        addend.device() == g[0].device() && addend.is_contiguous()) {
+      ops::index_add_(addend, d, idx, g[0]);
+      return TensorList{addend};
+    }
+    Tensor dx = ops::index_add_zeros(sx, d, idx, g[0]);
+    return TensorList{addend.defined() ? ops::binary(BinaryOp::Add, dx, addend, 1.0) : dx};
   });
+  if (out.grad_fn()) out.grad_fn()->takes_addends = true;
+  return out;
 }
 
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {

@@ -68,6 +68,17 @@ Tensor index_add_zeros(const Shape& shape, int64_t dim, const Tensor& index, con
   return out;
 }
 
+void index_add_(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) {
+  detail::check_defined(out, "index_add_", "out");
+  detail::check_defined(src, "index_add_", "src");
+  CHORUS_CHECK(out.is_contiguous() && out.dtype() == src.dtype() && out.device() == src.device(),
+               "index_add_: out ", out.describe(), " must be contiguous, of src's dtype and device (src ",
+               src.describe(), ")");
+  Tensor idx = checked_index(index, src.device(), "index_add");
+  if (src.numel()) CHORUS_KERNEL(src.device(), index_add, out, dim, idx, contiguous(src));
+  out.bump_version();
+}
+
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
   dim = wrap_dim(dim, x.dim(), "gather");
   CHORUS_CHECK(index.dim() == x.dim(), "gather: index ", index.describe(), " must have as many dims as input ",
