@@ -20,7 +20,8 @@ struct Params {
   double norm = 0;
 };
 
-// 150 parameters of assorted sizes (one whose gradient is a transposed view),
+// 150 parameters of assorted sizes (one whose gradient is a transposed view,
+// one a view at an odd offset),
 // each with a random gradient on `dev` in `dt`.
 Params make(Device dev, DType dt) {
   Params p;
@@ -31,9 +32,16 @@ Params make(Device dev, DType dt) {
     Tensor g = test::random_leaf({rows, cols}, 200 + i).detach().mul(0.5);
     if (i == 3) g = test::random_leaf({cols, rows}, 200 + i).detach().mul(0.5).t();  // not contiguous
     g = g.to(dt);
+    Tensor on_dev = g.to(dev);
+    // Contiguous at an odd offset on the device: its data not 16-byte aligned
+    // (the norm's vector loads take aligned tensors only).
+    if (i == 5) {
+      on_dev = test::random_leaf({rows + 1, cols}, 200 + i).detach().mul(0.5).to(dt).to(dev).narrow(0, 1, rows);
+      g = on_dev.to(cpu_device(0));
+    }
     std::vector<double> v = g.to(kFloat64).contiguous().to_vector<double>();
     for (double x : v) sq += x * x;
-    w.set_grad(g.to(dev));
+    w.set_grad(on_dev);
     p.params.push_back(w);
     p.grads.push_back(v);
   }

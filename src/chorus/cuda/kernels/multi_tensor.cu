@@ -44,12 +44,33 @@ __device__ Acc block_sum(Acc v) {
   return v;
 }
 
+// A tensor whose data is 16-byte aligned is read a 16-byte vector at a time
+// (a gpt2 step's 124M float32 gradients: 0.22 ms a step in scalar loads on
+// an H200, benchmarks journal, session 40), the rest and the tail an element
+// at a time. The sum's order depends only on the shapes and the alignment:
+// the same norm from run to run.
 template <typename T, typename Acc>
 __global__ void __launch_bounds__(kThreads) sum_squares_kernel(Table t, Acc* partials) {
+  constexpr int V = 16 / sizeof(T);
   const T* x = static_cast<const T*>(t.ptr[blockIdx.y]);
   const int64_t n = t.numel[blockIdx.y];
+  const int64_t first = int64_t{blockIdx.x} * blockDim.x + threadIdx.x, stride = int64_t{gridDim.x} * blockDim.x;
   Acc s = 0;
-  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+  int64_t done = 0;  // elements summed as vectors
+  if (reinterpret_cast<uintptr_t>(x) % 16 == 0) {
+    const int64_t nv = n / V;
+    const Vec<T, V>* xv = reinterpret_cast<const Vec<T, V>*>(x);
+    for (int64_t i = first; i < nv; i += stride) {
+      const Vec<T, V> v = xv[i];
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const Acc a = static_cast<Acc>(to_acc(v.v[j]));
+        s += a * a;
+      }
+    }
+    done = nv * V;
+  }
+  for (int64_t i = done + first; i < n; i += stride) {
     const Acc v = static_cast<Acc>(to_acc(x[i]));
     s += v * v;
   }
