@@ -72,11 +72,14 @@ std::optional<cublasLtMatmulAlgo_t> fastest_algo(const MatmulCall& call, const c
   for (int i = 0; i < found; ++i) {
     const cublasLtMatmulHeuristicResult_t& r = results[i];
     if (r.state != CUBLAS_STATUS_SUCCESS || r.workspaceSize > kCublasWorkspaceBytes) continue;
-    const float ms = time_calls(call.device, [&] {
-      if (call.run(r.algo) == CUBLAS_STATUS_SUCCESS) return true;
-      (void)cudaGetLastError();  // a refused launch must not poison later error checks
-      return false;
-    });
+    const float ms = time_calls(
+        call.device,
+        [&] {
+          if (call.run(r.algo) == CUBLAS_STATUS_SUCCESS) return true;
+          (void)cudaGetLastError();  // a refused launch must not poison later error checks
+          return false;
+        },
+        kGemmTimedRuns);
     if (ms >= 0 && (!best || ms < best_ms)) {
       best = r.algo;
       best_ms = ms;

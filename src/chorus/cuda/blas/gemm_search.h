@@ -9,7 +9,7 @@
 // call of a problem (gemm.cpp's key: shapes, strides, dtypes, alignment,
 // epilogue, TF32) asks the heuristic for up to gemm_candidates() algorithms (8),
 // runs each on the call's own operands and epilogue (one untimed run, then
-// three behind a gate: cuda/runtime/time_calls.h) and keeps the fastest.
+// kGemmTimedRuns behind a gate: cuda/runtime/time_calls.h) and keeps the fastest.
 // Candidates that need more than kCublasWorkspaceBytes or that fail to run are
 // skipped; when none runs, the heuristic's first stays. The search blocks the
 // host once per problem; later calls find the choice in gemm.cpp's cache.
@@ -45,6 +45,10 @@ namespace chorus::cuda {
 // Most algorithms asked of the heuristic and timed per problem: the default,
 // and the most CHORUS_GEMM_CANDIDATES may ask for (a comparison switch).
 inline constexpr int kDefaultGemmCandidates = 8;
+// Timed runs of each candidate: near ties among the candidates differ by 1-2%,
+// and 3 runs chose differently from one process to the next (a gpt2 step's
+// products 16.80 against 16.98 ms on one H200, benchmarks journal, session 41).
+inline constexpr int kGemmTimedRuns = 10;
 inline constexpr int kMaxGemmCandidates = 32;
 
 // The candidates a search asks for: CHORUS_GEMM_CANDIDATES (1..32, read once),

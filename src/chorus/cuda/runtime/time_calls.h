@@ -14,13 +14,12 @@ namespace chorus::cuda {
 
 // Milliseconds per call of `run` on `device`'s current stream: one untimed
 // call (plan search, module loads: Note [Timing behind a gate] wants a
-// kernel's first launch before the gate closes), then kTimedRuns behind a
+// kernel's first launch before the gate closes), then `runs` (3) behind a
 // gate. A `run` that returns bool says whether it ran; its first false ends
 // the timing with -1 (a candidate that cannot run these operands). Blocks the
 // host until the runs are done; never call it on a stream being captured.
 template <typename Run>
-float time_calls(int device, Run&& run) {
-  constexpr int kTimedRuns = 3;
+float time_calls(int device, Run&& run, int runs = 3) {
   constexpr bool kReports = std::is_same_v<decltype(run()), bool>;
   auto ran = [&]() -> bool {
     if constexpr (kReports) {
@@ -40,14 +39,14 @@ float time_calls(int device, Run&& run) {
     {
       StreamGate gate(current_stream(device));
       start.record();
-      for (int i = 0; i < kTimedRuns && ok; ++i) ok = ran();
+      for (int i = 0; i < runs && ok; ++i) ok = ran();
       stop.record();
       gate.open();
       stop.synchronize();
       expired = gate.expired();
     }
     if (!ok) return -1;
-    ms = start.elapsed(stop) / kTimedRuns;
+    ms = start.elapsed(stop) / static_cast<float>(runs);
     if (!expired) break;
   }
   return ms;
