@@ -77,6 +77,17 @@ double ShardedCheckpointer::save(const io::TrainingState& state) {
   // the stall's.
   io::StallPhases phases;
   io::PhaseClock clock(phases);
+  io::ShardedSave s = assemble(state, clock);
+  return writer_.save(s, phases);
+}
+
+double ShardedCheckpointer::set_aside() {
+  io::StallPhases phases;
+  io::PhaseClock clock(phases);
+  return writer_.set_aside(assemble(io::TrainingState{}, clock));
+}
+
+io::ShardedSave ShardedCheckpointer::assemble(const io::TrainingState& state, io::PhaseClock& clock) {
   const auto& pieces = sdp_->pieces();
   const auto& values = sdp_->shard_parameters();
   // The live moments: the writer's snapshot freezes them (state() would
@@ -109,7 +120,7 @@ double ShardedCheckpointer::save(const io::TrainingState& state) {
   s.state = state;
   s.layout = {{"strategy", "zero"}, {"stage", sdp_->options().stage}, {"ranks", sdp_->process_group()->size()}};
   clock.lap("metadata");
-  return writer_.save(s, phases);
+  return s;
 }
 
 std::string ShardedCheckpointer::wait() { return writer_.wait(); }

@@ -41,11 +41,18 @@ class ShardedCheckpointer {
   ShardedCheckpointer(std::string dir, std::shared_ptr<dist::ShardedDataParallel> sdp, optim::Optimizer& opt,
                       const RankContext& ranks, int keep_last = 3);
   double save(const io::TrainingState& state);
+  // Note [The snapshot's memory set aside] (io/sharded_writer.h): once, after
+  // the step is captured and before the first save; the host ms, or -1.
+  double set_aside();
   std::string wait();
   double last_write_ms() const { return writer_.last_write_ms(); }
   const io::ShardedCheckpointWriter& writer() const { return writer_; }
 
  private:
+  // The save of this rank's pieces, optimizer state and replicated tensors;
+  // `clock` times the assembly's phases.
+  io::ShardedSave assemble(const io::TrainingState& state, io::PhaseClock& clock);
+
   std::shared_ptr<dist::ShardedDataParallel> sdp_;
   optim::Optimizer& opt_;
   io::ShardedCheckpointWriter writer_;

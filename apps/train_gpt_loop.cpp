@@ -149,6 +149,7 @@ nlohmann::ordered_json run_gpt_loop(const TrainConfig& tc, const GptOptions& g, 
   // --strategy zero: sharded checkpoints (apps/sharded_checkpoints.h).
   std::unique_ptr<ShardedCheckpointer> sharded_ckpt;
   if (r.sdp && tc.checkpoint_dir) sharded_ckpt = std::make_unique<ShardedCheckpointer>(*tc.checkpoint_dir, r.sdp, *r.opt, *r.ranks);
+  bool set_aside = false;  // the snapshot's memory, once
   auto save = [&](int64_t s) {
     if (!tc.checkpoint_dir) return;
     io::TrainingState st;
@@ -292,6 +293,17 @@ nlohmann::ordered_json run_gpt_loop(const TrainConfig& tc, const GptOptions& g, 
         if (val_step == step + 1) log.epoch({{"step", step + 1}, {"test_loss", last_val}});
       }
       window.restart(step + 1);
+    }
+    // Note [The snapshot's memory set aside] (io/sharded_writer.h): after the
+    // step's capture (its third call, Note [Graphed step]) and the measured
+    // peak's line, before the first save -- not at the step that saves (that
+    // save allocates as it would have).
+    const bool saves_now = tc.checkpoint_every > 0 && (step + 1) % tc.checkpoint_every == 0;
+    if (sharded_ckpt && !set_aside && step >= start + 2 && !last && !saves_now) {
+      set_aside = true;
+      const double ms = sharded_ckpt->set_aside();
+      if (ms >= 0 && r.leader() && !tc.quiet)
+        std::fprintf(stderr, "checkpoints: the snapshot's device memory set aside in the allocator in %.1f ms\n", ms);
     }
     if (end_gpt_step(tc, step, last, stop, r.leader(), save)) break;
   }

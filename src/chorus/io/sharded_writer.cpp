@@ -383,6 +383,27 @@ std::string ShardedCheckpointWriter::why_not_on_device(const std::map<Device, si
   return "";
 }
 
+double ShardedCheckpointWriter::set_aside(const ShardedSave& save) {
+  if (saves_ > 0) return -1;
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::map<Device, size_t> bytes = device_bytes(save);
+  if (bytes.empty() || !why_not_on_device(bytes).empty()) return -1;  // the save says why, if it must
+  try {
+    SnapshotPlan plan;
+    for_each_tensor(save, [&](const Tensor& t) {
+      if (t.defined() && !in_host_memory(t)) plan.add(t);
+    });
+    plan.allocate();
+  } catch (const OutOfMemoryError&) {
+    return -1;  // the first save decides again (and falls back if it must)
+  }
+  // The plan's buffers are freed here, on the current streams, into the
+  // allocator, which keeps them: the placement rule counts them as the
+  // previous snapshot's.
+  reserved_ = bytes;
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
 double ShardedCheckpointWriter::save(const ShardedSave& save, double gather_ms) {
   StallPhases gather;
   if (gather_ms > 0) gather.add("assemble", gather_ms);

@@ -132,6 +132,22 @@ class ShardedCheckpointWriter {
   // phase]); `gather_ms`: the same as one phase, "assemble".
   double save(const ShardedSave& save, const StallPhases& gather);
   double save(const ShardedSave& save, double gather_ms = 0);
+  // Note [The snapshot's memory set aside]: the first save's stall was five
+  // times the later ones' on a GPU, nearly all of it in "allocate" (gpt2-xl
+  // ZeRO-1 on one H200: 36.6 of 45.3 ms, against 0.07 ms later; benchmarks
+  // journal, session 41): the snapshot's device memory, GiBs, is new to the
+  // allocator's stream-ordered pool at the first save and mapped then; later
+  // saves find it in the pool, which keeps what a freed snapshot leaves
+  // (cuda/runtime/allocator.h). An allocation ahead of the training did not
+  // help (session 39), because capturing the step's CUDA graph trims the pool.
+  // set_aside(save) allocates the device buffers a save of these tensors
+  // would, under the same placement rule, and frees them back into the
+  // allocator at once, so that the first save finds them as the later ones
+  // do; the caller calls it once, after the step is captured and before the
+  // first save. Returns the host time it took in ms, or -1 when it did
+  // nothing (nothing outside host memory, no room on a device, or a save
+  // already made).
+  double set_aside(const ShardedSave& save);
   // Waits for the save in flight; rethrows its failure. Returns the path of
   // the last checkpoint written ("" before any).
   std::string wait();
