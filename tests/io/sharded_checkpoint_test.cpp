@@ -624,6 +624,47 @@ TEST(ShardedCheckpoint, GpuSnapshotKeepsTheValuesAtSaveTime_CUDA) {
   for (const bool fallback : {false, true}) check_snapshot_keeps_values(cuda_device(0), fallback);
 }
 
+// Note [The snapshot's memory set aside]: set_aside() allocates the device
+// snapshot's buffers and frees them into the allocator, which keeps them (on
+// a logical CPU device, the host block cache: cached_bytes); the save after it
+// writes the values as ever; nothing is set aside when the snapshot would
+// not be taken on the device (a snapshot limit of 0) or once a save is made.
+TEST(ShardedCheckpoint, SetAsideKeepsTheSnapshotsMemoryForTheFirstSave) {
+  const Device dev = cpu_device(1);
+  for (const bool limited : {false, true}) {
+    SCOPED_TRACE(limited ? "snapshot limit 0" : "device snapshot");
+    ScratchDir dir;
+    manual_seed(31);
+    Trained t;
+    ShardedSave s = rank_save(t.net, t.opt, 0, [](int64_t n, int) { return std::pair<int64_t, int64_t>(0, n); }, 4);
+    s.replicated_model.emplace_back("extra.large", randn({600, 1000}));  // 2.4 MB: a block the cache keeps
+    for (Tensor* x : tensors_of(s))
+      if (is_floating(x->dtype())) *x = x->to(dev);
+    std::vector<std::vector<uint8_t>> want;
+    for (Tensor* x : tensors_of(s)) want.push_back(raw(x->to(cpu_device(0))));
+    ShardedWriterOptions wo;
+    if (limited) wo.snapshot_limit_bytes = 0;
+    ShardedCheckpointWriter w(dir.path().string(), ShardedSaveOptions{}, wo);
+    backend(dev).empty_cache(dev);
+    const size_t cached = backend(dev).cached_bytes(dev);
+    ASSERT_EQ(cached, 0u);
+    const double ms = w.set_aside(s);
+    if (limited) {
+      EXPECT_EQ(ms, -1.0);
+      EXPECT_EQ(backend(dev).cached_bytes(dev), cached);
+    } else {
+      EXPECT_GE(ms, 0.0);
+      EXPECT_GE(backend(dev).cached_bytes(dev), cached + 600 * 1000 * sizeof(float)) << "the buffers kept for the save";
+    }
+    w.save(s);
+    EXPECT_EQ(w.wait(), dir.file(checkpoint_name(4)));
+    EXPECT_EQ(w.set_aside(s), -1.0) << "after a save there is nothing to set aside";
+    const ShardedCheckpoint ckpt = ShardedCheckpoint::open(dir.path().string());
+    EXPECT_EQ(raw(ckpt.read_full("head.weight")), raw(t.net.state_dict()[2].second.to(cpu_device(0))));
+    EXPECT_EQ(raw(s.model[0].values.to(cpu_device(0))), want[0]);
+  }
+}
+
 TEST(ShardedCheckpoint, OneProcessWithoutAStore) {
   ScratchDir dir;
   manual_seed(17);
