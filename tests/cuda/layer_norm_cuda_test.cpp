@@ -19,6 +19,8 @@
 
 namespace chorus {
 namespace {
+// Named: unity builds put this file beside others with helpers of the same names.
+namespace layer_norm_cuda_test {
 
 using test::random_leaf_in;
 
@@ -100,5 +102,6 @@ TEST(LayerNormForward, MatchesTheCpuAtEveryWidth_CUDA) {
   }
 }
 
+}  // namespace layer_norm_cuda_test
 }  // namespace
 }  // namespace chorus
