@@ -148,12 +148,13 @@ __global__ void add_layer_norm_forward_kernel(const T* x, const T* r, const G* g
 // has its whole row in flight at once; the mean and the variance are summed
 // from the registers, and sum and y are written once. The loop kernels above
 // (layer_norm_forward_kernel, add_layer_norm_forward_kernel) read the row
-// two or three times instead, from cache, and the add's stores of sum sat
-// between its loads and those that followed them: the compiler may not move
-// a load of x past a store through a pointer that could alias it, so a
-// thread had one vector in flight at a time. They measured about 2.3 TB/s of
-// an H200's 4 on GPT-2's [16384, 768] bf16, and remain for longer rows and
-// for rows that are not whole 16-byte vectors past kRegMaxK * 32 elements.
+// two or three times instead, from cache, a runtime-bounded loop at a time,
+// and the add's stores of sum sat between its loads and those that followed
+// them: the compiler may not move a load of x past a store through a pointer
+// that could alias it. They reach about 2.3 TB/s of an H200's 4 on GPT-2's
+// [16384, 768] bf16 (a CUPTI trace: 42.5 us a call with the add), and remain
+// for longer rows and for rows that are not whole 16-byte vectors past
+// kRegMaxK * 32 elements.
 //
 // Same numerics as the loop kernels where their layout is the same (rows of
 // up to kWarpCols, a warp each): each lane sums its vectors in the same
@@ -167,7 +168,7 @@ __global__ void add_layer_norm_forward_kernel(const T* x, const T* r, const G* g
 // already all in flight (K = 3 with the add: six 16-byte loads a lane, 3 KB
 // a warp), and the latency is hidden by the other warps of the SM, which the
 // registers allow: ptxas (CUDA 13, sm_90) gives the K = 3 instances 47 to 56
-// a thread (four blocks of 256 an SM, 32 warps: some 100 KB in flight), the
+// a thread (four blocks of 256 an SM, 32 warps: up to 100 KB in flight), the
 // K = 8 ones up to 96 (two blocks), without spills. Two rows a warp would only
 // trade those warps for registers. gamma and beta are read as 16-byte vectors
 // (the same few KB for every row: from L1) after the reductions, so that
