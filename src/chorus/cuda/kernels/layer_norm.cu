@@ -181,8 +181,8 @@ constexpr int kRegMaxK = 8;
 constexpr int reg_min_blocks(int k) { return k <= 4 ? 4 : 2; }
 
 // The V parameters of columns col..col+V-1 as floats, or fill where p is null.
-template <typename G, int V>
-__device__ __forceinline__ void load_params(const G* __restrict__ p, int col, float fill, float (&out)[V]) {
+template <typename G, int V, typename I>
+__device__ __forceinline__ void load_params(const G* __restrict__ p, I col, float fill, float (&out)[V]) {
   constexpr int GV = 16 / sizeof(G);
   if (!p) {
 #pragma unroll
@@ -339,36 +339,41 @@ struct SumPairV {
 // dx = rs * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) + dres, dxhat =
 // dy * gamma, xhat = (x - mean) * rs: the two helpers below are a row's
 // per-vector work, shared by layer_norm_dx_kernel and
-// layer_norm_backward_fused_kernel so that both paths round dx alike. dyr
-// and xr are the row's dy and x, gamma null means 1.
+// layer_norm_backward_fused_kernel so that both paths round dx alike. d and
+// v are vector c of the row's dy and x (loaded by the caller: Note [Layer
+// norm's backward from registers]), gamma null means 1.
 
 // Adds vector c's terms of the row sums: s.a of dxhat, s.b of dxhat * xhat.
 template <typename T, typename G, int V>
-__device__ __forceinline__ void layer_norm_add_row_sums(const Vec<T, V>* dyr, const Vec<T, V>* xr, const G* gamma,
-                                                        int64_t c, float m, float rs, SumPairV& s) {
-  const Vec<T, V> d = dyr[c], v = xr[c];
+__device__ __forceinline__ void layer_norm_add_row_sums(const Vec<T, V>& d, const Vec<T, V>& v,
+                                                        const G* __restrict__ gamma, int64_t c, float m, float rs,
+                                                        SumPairV& s) {
+  float gm[V];
+  load_params<G, V>(gamma, c * V, 1.0f, gm);
 #pragma unroll
   for (int j = 0; j < V; ++j) {
-    const float g = to_acc(d.v[j]) * (gamma ? to_acc(gamma[c * V + j]) : 1.0f);
+    const float g = to_acc(d.v[j]) * gm[j];
     s.a += g;
     s.b += g * (to_acc(v.v[j]) - m) * rs;
   }
 }
 
 // dx's vector c, given the row's sums s (all-reduced) and inv = 1 / cols, plus
-// the residual gradient's vector where drr is not null. With kParamSums it
+// the residual gradient's vector e where has_e. With kParamSums it
 // also adds the V columns' parameter-gradient terms, dy * xhat to pg[j] and
 // dy to pb[j] (Note [Layer norm's backward in one pass]).
 template <bool kParamSums, typename T, typename G, int V>
-__device__ __forceinline__ Vec<T, V> layer_norm_dx_vector(const Vec<T, V>* dyr, const Vec<T, V>* xr,
-                                                          const Vec<T, V>* drr, const G* gamma, int64_t c, float m,
-                                                          float rs, SumPairV s, float inv, float* pg, float* pb) {
-  const Vec<T, V> d = dyr[c], v = xr[c];
+__device__ __forceinline__ Vec<T, V> layer_norm_dx_vector(const Vec<T, V>& d, const Vec<T, V>& v, bool has_e,
+                                                          const Vec<T, V>& e, const G* __restrict__ gamma, int64_t c,
+                                                          float m, float rs, SumPairV s, float inv, float* pg,
+                                                          float* pb) {
+  float gm[V];
+  load_params<G, V>(gamma, c * V, 1.0f, gm);
   Vec<T, V> out;
 #pragma unroll
   for (int j = 0; j < V; ++j) {
     const float dj = to_acc(d.v[j]);
-    const float g = dj * (gamma ? to_acc(gamma[c * V + j]) : 1.0f);
+    const float g = dj * gm[j];
     const float xhat = (to_acc(v.v[j]) - m) * rs;
     out.v[j] = convert<T>(rs * (g - s.a * inv - xhat * s.b * inv));
     if constexpr (kParamSums) {
@@ -376,10 +381,9 @@ __device__ __forceinline__ Vec<T, V> layer_norm_dx_vector(const Vec<T, V>* dyr, 
       pb[j] += dj;
     }
   }
-  if (drr) {
+  if (has_e) {
     // Rounded once to T before the add, as a separate add of dx and dres
     // would see them: the fused op equals the composition.
-    const Vec<T, V> e = drr[c];
 #pragma unroll
     for (int j = 0; j < V; ++j) out.v[j] = convert<T>(to_acc(out.v[j]) + to_acc(e.v[j]));
   }
@@ -397,13 +401,16 @@ __global__ void layer_norm_dx_kernel(const T* dy, const T* x, const G* gamma, co
   const Vec<T, V>* xr = reinterpret_cast<const Vec<T, V>*>(x + row * cols);
   const float m = mean[row], rs = rstd[row];
   SumPairV s{0.0f, 0.0f};
-  for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) layer_norm_add_row_sums(dyr, xr, gamma, c, m, rs, s);
+  for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) layer_norm_add_row_sums(dyr[c], xr[c], gamma, c, m, rs, s);
   s = row_allreduce(s);
   const float inv = 1.0f / static_cast<float>(cols);
   Vec<T, V>* dxr = reinterpret_cast<Vec<T, V>*>(dx + row * cols);
   const Vec<T, V>* drr = reinterpret_cast<const Vec<T, V>*>(dres ? dres + row * cols : nullptr);
-  for (int64_t c = threadIdx.x; c < nv; c += blockDim.x)
-    dxr[c] = layer_norm_dx_vector<false>(dyr, xr, drr, gamma, c, m, rs, s, inv, nullptr, nullptr);
+  for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
+    Vec<T, V> e;
+    if (drr) e = drr[c];
+    dxr[c] = layer_norm_dx_vector<false>(dyr[c], xr[c], drr != nullptr, e, gamma, c, m, rs, s, inv, nullptr, nullptr);
+  }
 }
 
 // Note [Layer norm's backward in one pass]: dgamma = sum over rows of dy *
@@ -437,6 +444,20 @@ __global__ void layer_norm_dx_kernel(const T* dy, const T* x, const G* gamma, co
 // bf16 x, float32 gamma, 100 calls): [16384, 768] with dres 69 -> 52 us a
 // call against the two kernels, without dres 65 -> 43 us; [16384, 1600] (a
 // block of 64 threads a row) 129 -> 130 us, no gain there.
+//
+// Note [Layer norm's backward from registers]: dy, x, dres, dx and partial
+// are __restrict__, so the compiler may move the row's loads (and the next
+// row's) past dx's stores and keep the first pass's values for the second
+// where registers allow; gamma is read as 16-byte vectors (the helpers, also
+// for layer_norm_dx_kernel); and the kernel is instanced on K, the vectors a
+// thread owns (1, 2, 3, 4, or kFusedColsPerThread / V; that alone for V =
+// 1), so that GPT-2's 768 bf16 columns (3 vectors a lane) hold 3 vectors'
+// dgamma and dbeta sums, not 4. Loading the row's dy, x and dres into
+// register arrays first, as Note [Layer norm's forward from registers] does,
+// took ptxas 173 registers at K = 3 (bf16) and 223 at K = 4, one block of 256
+// an SM, or spilled under __launch_bounds__(256, 2): the per-thread
+// parameter sums leave no room. Same sums in the same order as before, so
+// the same bits. Not yet measured on a GPU.
 constexpr int kFusedColsPerThread = 32;
 constexpr int64_t kFusedMaxCols = int64_t{kFusedColsPerThread} * kBlockThreads;  // 8192
 
@@ -445,11 +466,14 @@ constexpr int64_t kFusedMaxCols = int64_t{kFusedColsPerThread} * kBlockThreads; 
 // and partial[(gridDim.x + blockIdx.x) * cols + c]. Launched with blockDim
 // (32, kRowsPerBlock) and 2 * kRowsPerBlock * 32 * V floats of dynamic shared
 // memory, or (R, 1) with R * kFusedColsPerThread >= cols and none.
-template <typename T, typename G, int V>
+template <int K, typename T, typename G, int V>
 __global__ void __launch_bounds__(kBlockThreads)
-    layer_norm_backward_fused_kernel(const T* dy, const T* x, const G* gamma, const float* mean, const float* rstd,
-                                     const T* dres, T* dx, float* partial, int64_t rows, int64_t cols) {
-  constexpr int K = kFusedColsPerThread / V;  // vectors of a row this thread owns: threadIdx.x + k * blockDim.x
+    layer_norm_backward_fused_kernel(const T* __restrict__ dy, const T* __restrict__ x, const G* __restrict__ gamma,
+                                     const float* __restrict__ mean, const float* __restrict__ rstd,
+                                     const T* __restrict__ dres, T* __restrict__ dx, float* __restrict__ partial,
+                                     int64_t rows, int64_t cols) {
+  // K: vectors of a row this thread owns, threadIdx.x + k * blockDim.x.
+  static_assert(K * V <= kFusedColsPerThread);
   const int64_t nv = cols / V;
   float pg[K][V], pb[K][V];
 #pragma unroll
@@ -463,20 +487,24 @@ __global__ void __launch_bounds__(kBlockThreads)
   for (int64_t row = row_index(); row < rows; row += row_stride) {
     const Vec<T, V>* dyr = reinterpret_cast<const Vec<T, V>*>(dy + row * cols);
     const Vec<T, V>* xr = reinterpret_cast<const Vec<T, V>*>(x + row * cols);
+    const Vec<T, V>* drr = reinterpret_cast<const Vec<T, V>*>(dres ? dres + row * cols : nullptr);
     const float m = mean[row], rs = rstd[row];
     SumPairV s{0.0f, 0.0f};
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const int64_t c = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
-      if (c < nv) layer_norm_add_row_sums(dyr, xr, gamma, c, m, rs, s);
+      if (c < nv) layer_norm_add_row_sums(dyr[c], xr[c], gamma, c, m, rs, s);
     }
     s = row_allreduce(s);
     Vec<T, V>* dxr = reinterpret_cast<Vec<T, V>*>(dx + row * cols);
-    const Vec<T, V>* drr = reinterpret_cast<const Vec<T, V>*>(dres ? dres + row * cols : nullptr);
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const int64_t c = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
-      if (c < nv) dxr[c] = layer_norm_dx_vector<true>(dyr, xr, drr, gamma, c, m, rs, s, inv, pg[k], pb[k]);
+      if (c < nv) {
+        Vec<T, V> e;
+        if (drr) e = drr[c];
+        dxr[c] = layer_norm_dx_vector<true>(dyr[c], xr[c], drr != nullptr, e, gamma, c, m, rs, s, inv, pg[k], pb[k]);
+      }
     }
   }
   float* part_g = partial + static_cast<int64_t>(blockIdx.x) * cols;
@@ -607,6 +635,20 @@ __global__ void layer_norm_param_grad_kernel(const T* dy, const T* x, const floa
   }
 }
 
+// layer_norm_backward_fused_kernel's instance for rows where each thread
+// owns per_thread <= kMaxK vectors: K = 1, 2, 3, 4 or kMaxK (Note [Layer
+// norm's backward from registers]); kMaxK alone for V = 1.
+template <int kMaxK, typename T, typename G, int V>
+auto fused_backward_kernel(int64_t per_thread) {
+  if constexpr (V > 1 && kMaxK >= 4) {
+    if (per_thread <= 1) return layer_norm_backward_fused_kernel<1, T, G, V>;
+    if (per_thread <= 2) return layer_norm_backward_fused_kernel<2, T, G, V>;
+    if (per_thread <= 3) return layer_norm_backward_fused_kernel<3, T, G, V>;
+    if (per_thread <= 4) return layer_norm_backward_fused_kernel<4, T, G, V>;
+  }
+  return layer_norm_backward_fused_kernel<kMaxK, T, G, V>;
+}
+
 int64_t rows_of(const Tensor& t) { return t.size(-1) ? t.numel() / t.size(-1) : 0; }
 
 // Runs f.template operator()<G>() with G the element type of the layer norm's
@@ -724,18 +766,19 @@ void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
   dispatch_float(x.dtype(), op, [&]<typename T>() {
     with_param_type<T>(gamma, Tensor(), x.dtype(), op, [&]<typename G>() {
       const T* dr = dres.defined() ? dres.data<T>() : nullptr;
-      with_row_vector<T>(cols, {dy.raw_data(), x.raw_data(), dx.raw_data(), dr}, [&]<int V>() {
+      // gamma too: the helpers read it a 16-byte vector at a time.
+      with_row_vector<T>(cols, {dy.raw_data(), x.raw_data(), dx.raw_data(), dr, param_ptr<G>(gamma)}, [&]<int V>() {
         if (fused) {
           // Note [Layer norm's backward in one pass]: row_launch's layout, R
           // threads a long row (whole warps, enough that each owns at most
           // kFusedColsPerThread columns), as many blocks as fit at once.
-          constexpr int K = kFusedColsPerThread / V;
+          constexpr int kMaxK = kFusedColsPerThread / V;
           const int64_t nv = cols / V;
           const bool warp_rows = cols <= kWarpCols;
           const dim3 block = warp_rows ? dim3(32, kRowsPerBlock)
-                                       : dim3(static_cast<unsigned>(((nv + K - 1) / K + 31) / 32 * 32), 1);
+                                       : dim3(static_cast<unsigned>(((nv + kMaxK - 1) / kMaxK + 31) / 32 * 32), 1);
           const size_t smem = warp_rows ? 2 * kRowsPerBlock * 32 * V * sizeof(float) : 0;
-          auto kernel = layer_norm_backward_fused_kernel<T, G, V>;
+          auto kernel = fused_backward_kernel<kMaxK, T, G, V>((nv + block.x - 1) / block.x);
           int per_sm = 0;
           const int threads = static_cast<int>(block.x * block.y);
           CHORUS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
