@@ -1,5 +1,6 @@
 // Layer norm on CUDA: the forward, alone or beside the residual add (Note
-// [Residual add beside layer norm] in ops/transformer.h), and the backward:
+// [Residual add beside layer norm] in ops/transformer.h), from registers for
+// rows that fit (Note [Layer norm's forward from registers]), and the backward:
 // dx with the parameter gradients in one pass (Note [Layer norm's backward in
 // one pass]), or for rows past kFusedMaxCols dx and then the parameter
 // gradients in a second kernel. As cpu/transformer.cpp, float math
@@ -7,7 +8,7 @@
 // cuda/kernels/row_reduce.cuh says.
 //
 // A file of its own, apart from transformer.cu (attention's softmax, the
-// fused classifier): its six kernels, their launch logic and their Notes
+// fused classifier): its kernels, their launch logic and their Notes
 // were two thirds of that file and share with the rest only the row
 // helpers, which row_reduce.cuh holds for both.
 //
@@ -16,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 
 #include "chorus/cuda/runtime/context.h"
 #include "chorus/cuda/kernels/dtype_dispatch.cuh"
@@ -33,9 +35,11 @@ const G* param_ptr(const Tensor& t) {
   return t.defined() ? t.data<G>() : nullptr;
 }
 
-// V elements per 16-byte access of x, y, dy and dx (a row of 768 bf16 is 96
-// vectors: three per lane of its warp); the parameters are read element by
-// element (the same few KB for every row: from L1).
+// V elements per 16-byte access of x, y, dy and dx; the parameters are read
+// element by element (the same few KB for every row: from L1). The forward
+// kernels here loop over a row of any length; rows that fit in a warp's
+// registers take layer_norm_forward_reg_kernel instead (Note [Layer norm's
+// forward from registers]).
 template <typename T, typename G, int V>
 __global__ void layer_norm_forward_kernel(const T* x, const G* gamma, const G* beta, float eps, T* y, float* mean,
                                           float* rstd, int64_t rows, int64_t cols) {
@@ -136,6 +140,195 @@ __global__ void add_layer_norm_forward_kernel(const T* x, const T* r, const G* g
   }
 }
 
+// Note [Layer norm's forward from registers]: a row of up to kRegMaxK * 32
+// vectors (768 bf16: 96 vectors, K = 3 a lane; gpt2-xl's 1600: 200, the K = 8
+// instance with its last vectors masked) is read once into the registers of
+// its warp, lane l holding vectors l + 32 k, k < K. Every load of x (and r)
+// is issued before the first store and before the first shuffle, so a warp
+// has its whole row in flight at once; the mean and the variance are summed
+// from the registers, and sum and y are written once. The loop kernels above
+// (layer_norm_forward_kernel, add_layer_norm_forward_kernel) read the row
+// two or three times instead, from cache, a runtime-bounded loop at a time,
+// and the add's stores of sum sat between its loads and those that followed
+// them: the compiler may not move a load of x past a store through a pointer
+// that could alias it. They reach about 2.3 TB/s of an H200's 4 on GPT-2's
+// [16384, 768] bf16 (a CUPTI trace: 42.5 us a call with the add), and remain
+// for longer rows and for rows that are not whole 16-byte vectors past
+// kRegMaxK * 32 elements.
+//
+// Same numerics as the loop kernels where their layout is the same (rows of
+// up to kWarpCols, a warp each): each lane sums its vectors in the same
+// order, the mean and the variance are of the sum as rounded to T (Note
+// [Residual add beside layer norm]), the same row_allreduce, the same
+// expressions, so the outputs are bit for bit theirs. Rows of kWarpCols to
+// kRegMaxK * 32 * V columns (16-bit rows of 1025 to 2048) move from a block
+// to a warp, which changes the order of the row's float sums (rounding only).
+//
+// One row a warp, kRowsPerBlock warps a block, no more: a warp's row is
+// already all in flight (K = 3 with the add: six 16-byte loads a lane, 3 KB
+// a warp), and the latency is hidden by the other warps of the SM, which the
+// registers allow: ptxas (CUDA 13, sm_90) gives the K = 3 instances 47 to 56
+// a thread (four blocks of 256 an SM, 32 warps: up to 100 KB in flight), the
+// K = 8 ones up to 96 (two blocks), without spills. Two rows a warp would only
+// trade those warps for registers. gamma and beta are read as 16-byte vectors
+// (the same few KB for every row: from L1) after the reductions, so that
+// their registers are not held across the row's loads.
+constexpr int kRegMaxK = 8;
+
+// The register kernels' __launch_bounds__ minimum of resident blocks: at most
+// 64 registers a thread up to K = 4, 128 at K = 8. Left free, ptxas settles
+// on 48 for some K = 3 instances and spills a few bytes to get there.
+constexpr int reg_min_blocks(int k) { return k <= 4 ? 4 : 2; }
+
+// The V parameters of columns col..col+V-1 as floats, or fill where p is null.
+template <typename G, int V, typename I>
+__device__ __forceinline__ void load_params(const G* __restrict__ p, I col, float fill, float (&out)[V]) {
+  constexpr int GV = 16 / sizeof(G);
+  if (!p) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) out[j] = fill;
+  } else if constexpr (V % GV == 0) {
+#pragma unroll
+    for (int i = 0; i < V / GV; ++i) {
+      const Vec<G, GV> g = *reinterpret_cast<const Vec<G, GV>*>(p + col + i * GV);
+#pragma unroll
+      for (int j = 0; j < GV; ++j) out[i * GV + j] = to_acc(g.v[j]);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) out[j] = to_acc(p[col + j]);
+  }
+}
+
+// The second half of both register kernels: given lane's K vectors v of the
+// row (of the sum, with the add) and their sum s (this lane's), all-reduces
+// the mean and the variance and writes y, mean and rstd.
+template <int K, typename T, typename G, int V>
+__device__ __forceinline__ void layer_norm_reg_finish(const Vec<T, V> (&v)[K], SumV s, const G* __restrict__ gamma,
+                                                      const G* __restrict__ beta, float eps, T* __restrict__ y,
+                                                      float* __restrict__ mean, float* __restrict__ rstd,
+                                                      int64_t row, int nv, int64_t cols) {
+  s = row_allreduce(s);
+  const float m = s.s / static_cast<float>(cols);
+  SumV var{0.0f};
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    if (static_cast<int>(threadIdx.x) + k * 32 < nv) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float d = to_acc(v[k].v[j]) - m;
+        var.s += d * d;
+      }
+    }
+  }
+  var = row_allreduce(var);
+  const float rs = rsqrtf(var.s / static_cast<float>(cols) + eps);
+  Vec<T, V>* yr = reinterpret_cast<Vec<T, V>*>(y + row * cols);
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int c = threadIdx.x + k * 32;
+    if (c < nv) {
+      float g[V], b[V];
+      load_params<G, V>(gamma, c * V, 1.0f, g);
+      load_params<G, V>(beta, c * V, 0.0f, b);
+      Vec<T, V> out;
+#pragma unroll
+      for (int j = 0; j < V; ++j) out.v[j] = convert<T>((to_acc(v[k].v[j]) - m) * rs * g[j] + b[j]);
+      yr[c] = out;
+    }
+  }
+  if (threadIdx.x == 0) {
+    mean[row] = m;
+    rstd[row] = rs;
+  }
+}
+
+// layer_norm_forward_kernel for rows of at most K * 32 vectors, a warp each
+// (blockDim (32, kRowsPerBlock)).
+template <int K, typename T, typename G, int V>
+__global__ void __launch_bounds__(32 * kRowsPerBlock, reg_min_blocks(K))
+    layer_norm_forward_reg_kernel(const T* __restrict__ x, const G* __restrict__ gamma, const G* __restrict__ beta,
+                                  float eps, T* __restrict__ y, float* __restrict__ mean, float* __restrict__ rstd,
+                                  int64_t rows, int64_t cols) {
+  const int64_t row = row_index();
+  if (row >= rows) return;  // the same for the whole warp
+  const int nv = static_cast<int>(cols / V);  // at most kRegMaxK * 32
+  const Vec<T, V>* xr = reinterpret_cast<const Vec<T, V>*>(x + row * cols);
+  Vec<T, V> v[K];
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int c = threadIdx.x + k * 32;
+    if (c < nv) v[k] = xr[c];
+  }
+  SumV s{0.0f};
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    if (static_cast<int>(threadIdx.x) + k * 32 < nv) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) s.s += to_acc(v[k].v[j]);
+    }
+  }
+  layer_norm_reg_finish<K>(v, s, gamma, beta, eps, y, mean, rstd, row, nv, cols);
+}
+
+// add_layer_norm_forward_kernel for rows of at most K * 32 vectors, a warp
+// each: sum = x + r rounded to T stays in registers for the norm.
+template <int K, typename T, typename G, int V>
+__global__ void __launch_bounds__(32 * kRowsPerBlock, reg_min_blocks(K))
+    add_layer_norm_forward_reg_kernel(const T* __restrict__ x, const T* __restrict__ r, const G* __restrict__ gamma,
+                                      const G* __restrict__ beta, float eps, T* __restrict__ sum, T* __restrict__ y,
+                                      float* __restrict__ mean, float* __restrict__ rstd, int64_t rows,
+                                      int64_t cols) {
+  const int64_t row = row_index();
+  if (row >= rows) return;  // the same for the whole warp
+  const int nv = static_cast<int>(cols / V);  // at most kRegMaxK * 32
+  const Vec<T, V>* xr = reinterpret_cast<const Vec<T, V>*>(x + row * cols);
+  const Vec<T, V>* rr = reinterpret_cast<const Vec<T, V>*>(r + row * cols);
+  Vec<T, V> a[K], b[K];
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int c = threadIdx.x + k * 32;
+    if (c < nv) {
+      a[k] = xr[c];
+      b[k] = rr[c];
+    }
+  }
+  Vec<T, V>* sr = reinterpret_cast<Vec<T, V>*>(sum + row * cols);
+  Vec<T, V> v[K];
+  SumV s{0.0f};
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int c = threadIdx.x + k * 32;
+    if (c < nv) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        v[k].v[j] = convert<T>(to_acc(a[k].v[j]) + to_acc(b[k].v[j]));
+        s.s += to_acc(v[k].v[j]);
+      }
+      sr[c] = v[k];
+    }
+  }
+  layer_norm_reg_finish<K>(v, s, gamma, beta, eps, y, mean, rstd, row, nv, cols);
+}
+
+// Runs f.template operator()<K>() with the register kernels' K for rows of nv
+// vectors (the fewest of 1, 2, 3, 4, 8 with 32 K >= nv); false where nv is
+// past kRegMaxK * 32 (the loop kernels' rows).
+template <typename F>
+bool with_reg_k(int64_t nv, F&& f) {
+  const int64_t per_lane = (nv + 31) / 32;
+  if (per_lane <= 1) return f.template operator()<1>(), true;
+  if (per_lane <= 2) return f.template operator()<2>(), true;
+  if (per_lane <= 3) return f.template operator()<3>(), true;
+  if (per_lane <= 4) return f.template operator()<4>(), true;
+  if (per_lane <= kRegMaxK) return f.template operator()<kRegMaxK>(), true;
+  return false;
+}
+
+inline dim3 reg_grid(int64_t rows) {
+  return dim3(static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock));
+}
+
 // Two sums of a row at once.
 struct SumPairV {
   float a, b;
@@ -146,36 +339,41 @@ struct SumPairV {
 // dx = rs * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) + dres, dxhat =
 // dy * gamma, xhat = (x - mean) * rs: the two helpers below are a row's
 // per-vector work, shared by layer_norm_dx_kernel and
-// layer_norm_backward_fused_kernel so that both paths round dx alike. dyr
-// and xr are the row's dy and x, gamma null means 1.
+// layer_norm_backward_fused_kernel so that both paths round dx alike. d and
+// v are vector c of the row's dy and x (loaded by the caller: Note [Layer
+// norm's backward from registers]), gamma null means 1.
 
 // Adds vector c's terms of the row sums: s.a of dxhat, s.b of dxhat * xhat.
 template <typename T, typename G, int V>
-__device__ __forceinline__ void layer_norm_add_row_sums(const Vec<T, V>* dyr, const Vec<T, V>* xr, const G* gamma,
-                                                        int64_t c, float m, float rs, SumPairV& s) {
-  const Vec<T, V> d = dyr[c], v = xr[c];
+__device__ __forceinline__ void layer_norm_add_row_sums(const Vec<T, V>& d, const Vec<T, V>& v,
+                                                        const G* __restrict__ gamma, int64_t c, float m, float rs,
+                                                        SumPairV& s) {
+  float gm[V];
+  load_params<G, V>(gamma, c * V, 1.0f, gm);
 #pragma unroll
   for (int j = 0; j < V; ++j) {
-    const float g = to_acc(d.v[j]) * (gamma ? to_acc(gamma[c * V + j]) : 1.0f);
+    const float g = to_acc(d.v[j]) * gm[j];
     s.a += g;
     s.b += g * (to_acc(v.v[j]) - m) * rs;
   }
 }
 
 // dx's vector c, given the row's sums s (all-reduced) and inv = 1 / cols, plus
-// the residual gradient's vector where drr is not null. With kParamSums it
+// the residual gradient's vector e where has_e. With kParamSums it
 // also adds the V columns' parameter-gradient terms, dy * xhat to pg[j] and
 // dy to pb[j] (Note [Layer norm's backward in one pass]).
 template <bool kParamSums, typename T, typename G, int V>
-__device__ __forceinline__ Vec<T, V> layer_norm_dx_vector(const Vec<T, V>* dyr, const Vec<T, V>* xr,
-                                                          const Vec<T, V>* drr, const G* gamma, int64_t c, float m,
-                                                          float rs, SumPairV s, float inv, float* pg, float* pb) {
-  const Vec<T, V> d = dyr[c], v = xr[c];
+__device__ __forceinline__ Vec<T, V> layer_norm_dx_vector(const Vec<T, V>& d, const Vec<T, V>& v, bool has_e,
+                                                          const Vec<T, V>& e, const G* __restrict__ gamma, int64_t c,
+                                                          float m, float rs, SumPairV s, float inv, float* pg,
+                                                          float* pb) {
+  float gm[V];
+  load_params<G, V>(gamma, c * V, 1.0f, gm);
   Vec<T, V> out;
 #pragma unroll
   for (int j = 0; j < V; ++j) {
     const float dj = to_acc(d.v[j]);
-    const float g = dj * (gamma ? to_acc(gamma[c * V + j]) : 1.0f);
+    const float g = dj * gm[j];
     const float xhat = (to_acc(v.v[j]) - m) * rs;
     out.v[j] = convert<T>(rs * (g - s.a * inv - xhat * s.b * inv));
     if constexpr (kParamSums) {
@@ -183,10 +381,9 @@ __device__ __forceinline__ Vec<T, V> layer_norm_dx_vector(const Vec<T, V>* dyr, 
       pb[j] += dj;
     }
   }
-  if (drr) {
+  if (has_e) {
     // Rounded once to T before the add, as a separate add of dx and dres
     // would see them: the fused op equals the composition.
-    const Vec<T, V> e = drr[c];
 #pragma unroll
     for (int j = 0; j < V; ++j) out.v[j] = convert<T>(to_acc(out.v[j]) + to_acc(e.v[j]));
   }
@@ -204,13 +401,16 @@ __global__ void layer_norm_dx_kernel(const T* dy, const T* x, const G* gamma, co
   const Vec<T, V>* xr = reinterpret_cast<const Vec<T, V>*>(x + row * cols);
   const float m = mean[row], rs = rstd[row];
   SumPairV s{0.0f, 0.0f};
-  for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) layer_norm_add_row_sums(dyr, xr, gamma, c, m, rs, s);
+  for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) layer_norm_add_row_sums(dyr[c], xr[c], gamma, c, m, rs, s);
   s = row_allreduce(s);
   const float inv = 1.0f / static_cast<float>(cols);
   Vec<T, V>* dxr = reinterpret_cast<Vec<T, V>*>(dx + row * cols);
   const Vec<T, V>* drr = reinterpret_cast<const Vec<T, V>*>(dres ? dres + row * cols : nullptr);
-  for (int64_t c = threadIdx.x; c < nv; c += blockDim.x)
-    dxr[c] = layer_norm_dx_vector<false>(dyr, xr, drr, gamma, c, m, rs, s, inv, nullptr, nullptr);
+  for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
+    Vec<T, V> e;
+    if (drr) e = drr[c];
+    dxr[c] = layer_norm_dx_vector<false>(dyr[c], xr[c], drr != nullptr, e, gamma, c, m, rs, s, inv, nullptr, nullptr);
+  }
 }
 
 // Note [Layer norm's backward in one pass]: dgamma = sum over rows of dy *
@@ -244,6 +444,20 @@ __global__ void layer_norm_dx_kernel(const T* dy, const T* x, const G* gamma, co
 // bf16 x, float32 gamma, 100 calls): [16384, 768] with dres 69 -> 52 us a
 // call against the two kernels, without dres 65 -> 43 us; [16384, 1600] (a
 // block of 64 threads a row) 129 -> 130 us, no gain there.
+//
+// Note [Layer norm's backward from registers]: dy, x, dres, dx and partial
+// are __restrict__, so the compiler may move the row's loads (and the next
+// row's) past dx's stores and keep the first pass's values for the second
+// where registers allow; gamma is read as 16-byte vectors (the helpers, also
+// for layer_norm_dx_kernel); and the kernel is instanced on K, the vectors a
+// thread owns (1, 2, 3, 4, or kFusedColsPerThread / V; that alone for V =
+// 1), so that GPT-2's 768 bf16 columns (3 vectors a lane) hold 3 vectors'
+// dgamma and dbeta sums, not 4. Loading the row's dy, x and dres into
+// register arrays first, as Note [Layer norm's forward from registers] does,
+// took ptxas 173 registers at K = 3 (bf16) and 223 at K = 4, one block of 256
+// an SM, or spilled under __launch_bounds__(256, 2): the per-thread
+// parameter sums leave no room. Same sums in the same order as before, so
+// the same bits. Not yet measured on a GPU.
 constexpr int kFusedColsPerThread = 32;
 constexpr int64_t kFusedMaxCols = int64_t{kFusedColsPerThread} * kBlockThreads;  // 8192
 
@@ -252,11 +466,14 @@ constexpr int64_t kFusedMaxCols = int64_t{kFusedColsPerThread} * kBlockThreads; 
 // and partial[(gridDim.x + blockIdx.x) * cols + c]. Launched with blockDim
 // (32, kRowsPerBlock) and 2 * kRowsPerBlock * 32 * V floats of dynamic shared
 // memory, or (R, 1) with R * kFusedColsPerThread >= cols and none.
-template <typename T, typename G, int V>
+template <int K, typename T, typename G, int V>
 __global__ void __launch_bounds__(kBlockThreads)
-    layer_norm_backward_fused_kernel(const T* dy, const T* x, const G* gamma, const float* mean, const float* rstd,
-                                     const T* dres, T* dx, float* partial, int64_t rows, int64_t cols) {
-  constexpr int K = kFusedColsPerThread / V;  // vectors of a row this thread owns: threadIdx.x + k * blockDim.x
+    layer_norm_backward_fused_kernel(const T* __restrict__ dy, const T* __restrict__ x, const G* __restrict__ gamma,
+                                     const float* __restrict__ mean, const float* __restrict__ rstd,
+                                     const T* __restrict__ dres, T* __restrict__ dx, float* __restrict__ partial,
+                                     int64_t rows, int64_t cols) {
+  // K: vectors of a row this thread owns, threadIdx.x + k * blockDim.x.
+  static_assert(K * V <= kFusedColsPerThread);
   const int64_t nv = cols / V;
   float pg[K][V], pb[K][V];
 #pragma unroll
@@ -270,20 +487,24 @@ __global__ void __launch_bounds__(kBlockThreads)
   for (int64_t row = row_index(); row < rows; row += row_stride) {
     const Vec<T, V>* dyr = reinterpret_cast<const Vec<T, V>*>(dy + row * cols);
     const Vec<T, V>* xr = reinterpret_cast<const Vec<T, V>*>(x + row * cols);
+    const Vec<T, V>* drr = reinterpret_cast<const Vec<T, V>*>(dres ? dres + row * cols : nullptr);
     const float m = mean[row], rs = rstd[row];
     SumPairV s{0.0f, 0.0f};
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const int64_t c = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
-      if (c < nv) layer_norm_add_row_sums(dyr, xr, gamma, c, m, rs, s);
+      if (c < nv) layer_norm_add_row_sums(dyr[c], xr[c], gamma, c, m, rs, s);
     }
     s = row_allreduce(s);
     Vec<T, V>* dxr = reinterpret_cast<Vec<T, V>*>(dx + row * cols);
-    const Vec<T, V>* drr = reinterpret_cast<const Vec<T, V>*>(dres ? dres + row * cols : nullptr);
 #pragma unroll
     for (int k = 0; k < K; ++k) {
       const int64_t c = threadIdx.x + static_cast<int64_t>(k) * blockDim.x;
-      if (c < nv) dxr[c] = layer_norm_dx_vector<true>(dyr, xr, drr, gamma, c, m, rs, s, inv, pg[k], pb[k]);
+      if (c < nv) {
+        Vec<T, V> e;
+        if (drr) e = drr[c];
+        dxr[c] = layer_norm_dx_vector<true>(dyr[c], xr[c], drr != nullptr, e, gamma, c, m, rs, s, inv, pg[k], pb[k]);
+      }
     }
   }
   float* part_g = partial + static_cast<int64_t>(blockIdx.x) * cols;
@@ -414,6 +635,20 @@ __global__ void layer_norm_param_grad_kernel(const T* dy, const T* x, const floa
   }
 }
 
+// layer_norm_backward_fused_kernel's instance for rows where each thread
+// owns per_thread <= kMaxK vectors: K = 1, 2, 3, 4 or kMaxK (Note [Layer
+// norm's backward from registers]); kMaxK alone for V = 1.
+template <int kMaxK, typename T, typename G, int V>
+auto fused_backward_kernel(int64_t per_thread) {
+  if constexpr (V > 1 && kMaxK >= 4) {
+    if (per_thread <= 1) return layer_norm_backward_fused_kernel<1, T, G, V>;
+    if (per_thread <= 2) return layer_norm_backward_fused_kernel<2, T, G, V>;
+    if (per_thread <= 3) return layer_norm_backward_fused_kernel<3, T, G, V>;
+    if (per_thread <= 4) return layer_norm_backward_fused_kernel<4, T, G, V>;
+  }
+  return layer_norm_backward_fused_kernel<kMaxK, T, G, V>;
+}
+
 int64_t rows_of(const Tensor& t) { return t.size(-1) ? t.numel() / t.size(-1) : 0; }
 
 // Runs f.template operator()<G>() with G the element type of the layer norm's
@@ -441,11 +676,19 @@ void layer_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta
   if (rows == 0) return;
   const int dev = x.device().index;
   CudaDeviceGuard guard(dev);
-  const RowLaunch l = row_launch(rows, cols);
+  cudaStream_t stream = current_stream(dev);
   dispatch_float(x.dtype(), op, [&]<typename T>() {
     with_param_type<T>(gamma, beta, x.dtype(), op, [&]<typename G>() {
-      with_row_vector<T>(cols, {x.raw_data(), y.raw_data()}, [&]<int V>() {
-        layer_norm_forward_kernel<T, G, V><<<l.grid, l.block, 0, current_stream(dev)>>>(
+      with_row_vector<T>(cols, {x.raw_data(), y.raw_data(), param_ptr<G>(gamma), param_ptr<G>(beta)}, [&]<int V>() {
+        // Note [Layer norm's forward from registers].
+        const bool reg = with_reg_k(cols / V, [&]<int K>() {
+          layer_norm_forward_reg_kernel<K, T, G, V><<<reg_grid(rows), dim3(32, kRowsPerBlock), 0, stream>>>(
+              x.data<T>(), param_ptr<G>(gamma), param_ptr<G>(beta), static_cast<float>(eps), y.data<T>(),
+              mean.data<float>(), rstd.data<float>(), rows, cols);
+        });
+        if (reg) return;
+        const RowLaunch l = row_launch(rows, cols);
+        layer_norm_forward_kernel<T, G, V><<<l.grid, l.block, 0, stream>>>(
             x.data<T>(), param_ptr<G>(gamma), param_ptr<G>(beta), static_cast<float>(eps), y.data<T>(),
             mean.data<float>(), rstd.data<float>(), rows, cols);
       });
@@ -469,11 +712,21 @@ void add_layer_norm_forward(const Tensor& x, const Tensor& r, const Tensor& gamm
   if (rows == 0) return;
   const int dev = x.device().index;
   CudaDeviceGuard guard(dev);
-  const RowLaunch l = row_launch(rows, cols);
+  cudaStream_t stream = current_stream(dev);
   dispatch_float(x.dtype(), op, [&]<typename T>() {
     with_param_type<T>(gamma, beta, x.dtype(), op, [&]<typename G>() {
-      with_row_vector<T>(cols, {x.raw_data(), r.raw_data(), sum.raw_data(), y.raw_data()}, [&]<int V>() {
-        add_layer_norm_forward_kernel<T, G, V><<<l.grid, l.block, 0, current_stream(dev)>>>(
+      const std::initializer_list<const void*> ptrs{
+          x.raw_data(), r.raw_data(), sum.raw_data(), y.raw_data(), param_ptr<G>(gamma), param_ptr<G>(beta)};
+      with_row_vector<T>(cols, ptrs, [&]<int V>() {
+        // Note [Layer norm's forward from registers].
+        const bool reg = with_reg_k(cols / V, [&]<int K>() {
+          add_layer_norm_forward_reg_kernel<K, T, G, V><<<reg_grid(rows), dim3(32, kRowsPerBlock), 0, stream>>>(
+              x.data<T>(), r.data<T>(), param_ptr<G>(gamma), param_ptr<G>(beta), static_cast<float>(eps),
+              sum.data<T>(), y.data<T>(), mean.data<float>(), rstd.data<float>(), rows, cols);
+        });
+        if (reg) return;
+        const RowLaunch l = row_launch(rows, cols);
+        add_layer_norm_forward_kernel<T, G, V><<<l.grid, l.block, 0, stream>>>(
             x.data<T>(), r.data<T>(), param_ptr<G>(gamma), param_ptr<G>(beta), static_cast<float>(eps),
             sum.data<T>(), y.data<T>(), mean.data<float>(), rstd.data<float>(), rows, cols);
       });
@@ -513,18 +766,19 @@ void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
   dispatch_float(x.dtype(), op, [&]<typename T>() {
     with_param_type<T>(gamma, Tensor(), x.dtype(), op, [&]<typename G>() {
       const T* dr = dres.defined() ? dres.data<T>() : nullptr;
-      with_row_vector<T>(cols, {dy.raw_data(), x.raw_data(), dx.raw_data(), dr}, [&]<int V>() {
+      // gamma too: the helpers read it a 16-byte vector at a time.
+      with_row_vector<T>(cols, {dy.raw_data(), x.raw_data(), dx.raw_data(), dr, param_ptr<G>(gamma)}, [&]<int V>() {
         if (fused) {
           // Note [Layer norm's backward in one pass]: row_launch's layout, R
           // threads a long row (whole warps, enough that each owns at most
           // kFusedColsPerThread columns), as many blocks as fit at once.
-          constexpr int K = kFusedColsPerThread / V;
+          constexpr int kMaxK = kFusedColsPerThread / V;
           const int64_t nv = cols / V;
           const bool warp_rows = cols <= kWarpCols;
           const dim3 block = warp_rows ? dim3(32, kRowsPerBlock)
-                                       : dim3(static_cast<unsigned>(((nv + K - 1) / K + 31) / 32 * 32), 1);
+                                       : dim3(static_cast<unsigned>(((nv + kMaxK - 1) / kMaxK + 31) / 32 * 32), 1);
           const size_t smem = warp_rows ? 2 * kRowsPerBlock * 32 * V * sizeof(float) : 0;
-          auto kernel = layer_norm_backward_fused_kernel<T, G, V>;
+          auto kernel = fused_backward_kernel<kMaxK, T, G, V>((nv + block.x - 1) / block.x);
           int per_sm = 0;
           const int threads = static_cast<int>(block.x * block.y);
           CHORUS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
