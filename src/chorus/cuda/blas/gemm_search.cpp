@@ -10,32 +10,21 @@
 #include "chorus/core/graph_capture.h"
 #include "chorus/cuda/blas/blas.h"
 #include "chorus/cuda/blas/cublaslt_api.h"
+#include "chorus/cuda/runtime/search_switch.h"
 #include "chorus/cuda/runtime/time_calls.h"
 
 namespace chorus::cuda {
 
 namespace {
-std::atomic<int> heuristic_state{-1};  // -1 until read from the environment
+SearchSwitch search_switch("CHORUS_GEMM_SEARCH");
 std::atomic<int64_t> searches_run{0};
-
-bool heuristic_setting() {
-  int v = heuristic_state.load(std::memory_order_relaxed);
-  if (v >= 0) return v == 1;
-  const char* e = chorus::env::get("CHORUS_GEMM_SEARCH");
-  const bool timed = !e || !*e || std::strcmp(e, "timed") == 0;
-  CHORUS_CHECK(timed || std::strcmp(e, "heuristic") == 0, "CHORUS_GEMM_SEARCH must be timed or heuristic, got '", e,
-               "'");
-  int expected = -1;
-  heuristic_state.compare_exchange_strong(expected, timed ? 0 : 1);  // a setter meanwhile wins
-  return heuristic_state.load(std::memory_order_relaxed) == 1;
-}
 }  // namespace
 
 // Deterministic runs take the heuristic's choice too: timed choices between
 // near ties can differ from one process to the next.
-bool heuristic_gemm_algos() { return heuristic_setting() || deterministic(); }
+bool heuristic_gemm_algos() { return search_switch.heuristic() || deterministic(); }
 
-void set_heuristic_gemm_algos(bool on) { heuristic_state.store(on ? 1 : 0); }
+void set_heuristic_gemm_algos(bool on) { search_switch.set_heuristic(on); }
 
 int gemm_candidates() {
   static const int n = [] {

@@ -22,6 +22,7 @@
 #include "chorus/core/stream.h"
 #include "chorus/cuda/runtime/caches.h"
 #include "chorus/cuda/runtime/context.h"
+#include "chorus/cuda/runtime/search_switch.h"
 #include "chorus/cuda/cudnn/cudnn_backend.h"
 #include "chorus/cuda/kernels/kernels.h"
 #include "chorus/cuda/runtime/timing_gate.h"
@@ -45,7 +46,8 @@ bool read_switch(std::atomic<int>& state, bool (*from_env)()) {
   return state.load(std::memory_order_relaxed) == 1;
 }
 
-std::atomic<int> heuristic_state{-1}, shared_state{-1};
+SearchSwitch search_switch("CHORUS_CONV_SEARCH");
+std::atomic<int> shared_state{-1};
 
 }  // namespace
 
@@ -56,17 +58,9 @@ std::atomic<int> heuristic_state{-1}, shared_state{-1};
 // shapes) and for tools that make every kernel run slow (compute-sanitizer:
 // the search runs up to kMaxCandidates kernels per geometry, each under its
 // instrumentation). "timed" (the default) searches.
-bool heuristic_plans() {
-  return read_switch(heuristic_state, [] {
-    const char* e = chorus::env::get("CHORUS_CONV_SEARCH");
-    const bool timed = !e || !*e || std::strcmp(e, "timed") == 0;
-    CHORUS_CHECK(timed || std::strcmp(e, "heuristic") == 0, "CHORUS_CONV_SEARCH must be timed or heuristic, got '", e,
-                 "'");
-    return !timed;
-  });
-}
+bool heuristic_plans() { return search_switch.heuristic(); }
 
-void set_heuristic_plans(bool on) { heuristic_state.store(on ? 1 : 0); }
+void set_heuristic_plans(bool on) { search_switch.set_heuristic(on); }
 
 // Note [One plan choice per kind of GPU], below.
 bool shared_plan_choices() {

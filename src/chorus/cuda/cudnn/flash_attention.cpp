@@ -45,6 +45,7 @@
 #include "chorus/cuda/runtime/context.h"
 #include "chorus/cuda/cudnn/cudnn_backend.h"
 #include "chorus/cuda/kernels/kernels.h"
+#include "chorus/cuda/runtime/search_switch.h"
 #include "chorus/cuda/runtime/time_calls.h"
 
 // The graph and plan descriptors take the handle through attributes cuDNN
@@ -381,20 +382,8 @@ std::vector<std::shared_ptr<Plan>> make_plans(const BackendDesc& graph, cudnnHan
   return plans;
 }
 
-std::atomic<int> heuristic_state{-1};  // -1 until read from the environment
+SearchSwitch search_switch("CHORUS_ATTENTION_SEARCH");
 std::atomic<int64_t> searches_run{0};
-
-bool heuristic_setting() {
-  int v = heuristic_state.load(std::memory_order_relaxed);
-  if (v >= 0) return v == 1;
-  const char* e = chorus::env::get("CHORUS_ATTENTION_SEARCH");
-  const bool timed = !e || !*e || std::strcmp(e, "timed") == 0;
-  CHORUS_CHECK(timed || std::strcmp(e, "heuristic") == 0, "CHORUS_ATTENTION_SEARCH must be timed or heuristic, got '",
-               e, "'");
-  int expected = -1;
-  heuristic_state.compare_exchange_strong(expected, timed ? 0 : 1);  // a setter meanwhile wins
-  return heuristic_state.load(std::memory_order_relaxed) == 1;
-}
 
 bool search_log() {
   static const bool on = [] {
@@ -523,9 +512,9 @@ void run_chosen(const Plan& plan, const RunPlan& run_plan) {
 
 }  // namespace
 
-bool heuristic_attention_plans() { return heuristic_setting() || deterministic(); }
+bool heuristic_attention_plans() { return search_switch.heuristic() || deterministic(); }
 
-void set_heuristic_attention_plans(bool on) { heuristic_state.store(on ? 1 : 0); }
+void set_heuristic_attention_plans(bool on) { search_switch.set_heuristic(on); }
 
 int64_t attention_searches_run() { return searches_run.load(std::memory_order_relaxed); }
 
