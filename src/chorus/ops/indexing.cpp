@@ -60,6 +60,20 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   return out;
 }
 
+namespace {
+
+// Checks `out` for an in-place add of `src`'s values (op: "index_add_" or
+// "scatter_add_") and returns the checked index.
+Tensor checked_add_into(const Tensor& out, const Tensor& index, const Tensor& src, const char* op, const char* kernel) {
+  detail::check_defined(out, op, "out");
+  detail::check_defined(src, op, "src");
+  CHORUS_CHECK(out.is_contiguous() && out.dtype() == src.dtype() && out.device() == src.device(), op, ": out ",
+               out.describe(), " must be contiguous, of src's dtype and device (src ", src.describe(), ")");
+  return checked_index(index, src.device(), kernel);
+}
+
+}  // namespace
+
 Tensor index_add_zeros(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& src) {
   Tensor out = detail::empty_tensor(shape, src.dtype(), src.device());
   fill_(out, 0);
@@ -69,12 +83,7 @@ Tensor index_add_zeros(const Shape& shape, int64_t dim, const Tensor& index, con
 }
 
 void index_add_(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) {
-  detail::check_defined(out, "index_add_", "out");
-  detail::check_defined(src, "index_add_", "src");
-  CHORUS_CHECK(out.is_contiguous() && out.dtype() == src.dtype() && out.device() == src.device(),
-               "index_add_: out ", out.describe(), " must be contiguous, of src's dtype and device (src ",
-               src.describe(), ")");
-  Tensor idx = checked_index(index, src.device(), "index_add");
+  Tensor idx = checked_add_into(out, index, src, "index_add_", "index_add");
   if (src.numel()) CHORUS_KERNEL(src.device(), index_add, out, dim, idx, contiguous(src));
   out.bump_version();
 }
@@ -101,12 +110,7 @@ Tensor scatter_add_zeros(const Shape& shape, int64_t dim, const Tensor& index, c
 }
 
 void scatter_add_(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) {
-  detail::check_defined(out, "scatter_add_", "out");
-  detail::check_defined(src, "scatter_add_", "src");
-  CHORUS_CHECK(out.is_contiguous() && out.dtype() == src.dtype() && out.device() == src.device(),
-               "scatter_add_: out ", out.describe(), " must be contiguous, of src's dtype and device (src ",
-               src.describe(), ")");
-  Tensor idx = checked_index(index, src.device(), "scatter_add");
+  Tensor idx = checked_add_into(out, index, src, "scatter_add_", "scatter_add");
   if (src.numel()) CHORUS_KERNEL(src.device(), scatter_add, out, dim, idx, contiguous(src));
   out.bump_version();
 }
