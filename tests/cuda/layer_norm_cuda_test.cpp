@@ -1,4 +1,4 @@
-// Layer norm's forward kernels on the GPU (cuda/kernels/layer_norm.cu), alone
+// Layer norm's forward kernels on the GPU (cuda/kernels/layer_norm_forward.cu), alone
 // and beside the residual add, against the CPU's on the same rounded inputs:
 // widths that reach every K instance of the register kernels (Note [Layer
 // norm's forward from registers]), in 16-byte vectors and element by element,

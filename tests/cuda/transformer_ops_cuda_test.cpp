@@ -161,7 +161,7 @@ TEST(TransformerOps, AddLayerNormMatchesTheCpu_CUDA) {
 }
 
 // Layer norm's backward on the GPU (Note [Layer norm's backward in one pass]
-// in cuda/kernels/layer_norm.cu) over enough rows that the bounded grid
+// in cuda/kernels/layer_norm_backward.cu) over enough rows that the bounded grid
 // strides: more rows than a full H200 holds at once (9000 > 8 rows x 8
 // blocks x 132 SMs with a warp per row; 4500 > 32 blocks x 132 SMs with a
 // block of 64 threads per row) and rows not a multiple of anything, so that

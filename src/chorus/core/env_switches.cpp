@@ -35,8 +35,6 @@ const std::vector<Switch>& switches() {
       {"CHORUS_CONV_DIRECT", "comparison", "0: no direct kernels for convolutions of 1 to 4 input channels"},
       {"CHORUS_CONV_MMA", "comparison", "0: no tensor-core kernel for the forward convolution"},
       {"CHORUS_CUDA_CACHE", "comparison", "0: no per-stream front cache in the CUDA allocator"},
-      {"CHORUS_CLASSIFIER_BLOCKS_PER_SM", "comparison", "k: the fused classifier runs k blocks an SM over strided rows (0: a block a row)"},
-      {"CHORUS_GEMM_CANDIDATES", "comparison", "n: the GEMM search times up to n of cuBLASLt's candidates (default 8, 1..32)"},
       {"CHORUS_GRAPH_MEMSETS", "comparison", "keep: captured graphs keep cuDNN's small memset nodes"},
       {"CHORUS_BENCH_ROW", "internal", "the file a chorus bench DDP worker writes its row to"},
   };

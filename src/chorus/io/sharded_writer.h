@@ -132,7 +132,7 @@ class ShardedCheckpointWriter {
   // phase]); `gather_ms`: the same as one phase, "assemble".
   double save(const ShardedSave& save, const StallPhases& gather);
   double save(const ShardedSave& save, double gather_ms = 0);
-  // Note [The snapshot's memory set aside]: the first save's stall was five
+  // Note [The snapshot's memory set aside]: the first save's stall was six
   // times the later ones' on a GPU, nearly all of it in "allocate" (gpt2-xl
   // ZeRO-1 on one H200: 36.6 of 45.3 ms, against 0.07 ms later; benchmarks
   // journal, session 41): the snapshot's device memory, GiBs, is new to the

@@ -84,7 +84,7 @@ std::tuple<Tensor, Tensor, Tensor> layer_norm_backward(const Tensor& dy, const T
   Tensor g = norm_param(gamma, xc, "weight");
   const Device dev = xc.device();
   const int64_t cols = xc.size(-1);
-  // CUDA sums the parameter gradients in float32 (cuda/kernels/layer_norm.cu); the CPU
+  // CUDA sums the parameter gradients in float32 (cuda/kernels/layer_norm_backward.cu); the CPU
   // writes them in the parameter's dtype.
   const DType pdt = gamma.defined() ? gamma.dtype() : xc.dtype();
   const DType sum_dt = dev.is_cuda() ? kFloat32 : pdt;

@@ -213,7 +213,7 @@ bool run_gemm(const Tensor& a, const Tensor& bm, const Tensor& out, bool trans_a
     PreferenceDesc pref(kCublasWorkspaceBytes, align_a, align_b, align_c);
     cublasLtMatmulHeuristicResult_t results[kMaxGemmCandidates] = {};
     int found = 0;
-    const cublasStatus_t st = call.candidates(pref.d, may_time ? gemm_candidates() : 1, results, &found);
+    const cublasStatus_t st = call.candidates(pref.d, may_time ? kMaxGemmCandidates : 1, results, &found);
     if (epilogue != CUBLASLT_EPILOGUE_DEFAULT && (st != CUBLAS_STATUS_SUCCESS || found == 0)) {
       choice = AlgoChoice{std::nullopt, true};
     } else {

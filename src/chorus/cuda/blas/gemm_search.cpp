@@ -2,7 +2,6 @@
 #include "chorus/cuda/blas/gemm_search.h"
 
 #include <atomic>
-#include <cstdlib>
 #include <cstring>
 
 #include "chorus/core/env_switches.h"
@@ -25,19 +24,6 @@ std::atomic<int64_t> searches_run{0};
 bool heuristic_gemm_algos() { return search_switch.heuristic() || deterministic(); }
 
 void set_heuristic_gemm_algos(bool on) { search_switch.set_heuristic(on); }
-
-int gemm_candidates() {
-  static const int n = [] {
-    const char* e = chorus::env::get("CHORUS_GEMM_CANDIDATES");
-    if (!e || !*e) return kDefaultGemmCandidates;
-    char* end = nullptr;
-    const long v = std::strtol(e, &end, 10);
-    CHORUS_CHECK(*end == 0 && v >= 1 && v <= kMaxGemmCandidates, "CHORUS_GEMM_CANDIDATES must be 1..",
-                 kMaxGemmCandidates, ", got '", e, "'");
-    return static_cast<int>(v);
-  }();
-  return n;
-}
 
 bool gemm_search_allowed(double beta) { return beta == 0.0 && !heuristic_gemm_algos() && !capture_in_progress(); }
 

@@ -7,7 +7,7 @@
 // fastest on the GPU at hand (as with cuDNN's plans: Note [Plan search] in
 // conv/conv_plan.h; the gain per model is not measured yet). So the first eager
 // call of a problem (gemm.cpp's key: shapes, strides, dtypes, alignment,
-// epilogue, TF32) asks the heuristic for up to gemm_candidates() algorithms (8),
+// epilogue, TF32) asks the heuristic for up to kMaxGemmCandidates algorithms,
 // runs each on the call's own operands and epilogue (one untimed run, then
 // kGemmTimedRuns behind a gate: cuda/runtime/time_calls.h) and keeps the fastest.
 // Candidates that need more than kCublasWorkspaceBytes or that fail to run are
@@ -42,20 +42,15 @@
 
 namespace chorus::cuda {
 
-// Most algorithms asked of the heuristic and timed per problem: the default,
-// and the most CHORUS_GEMM_CANDIDATES may ask for (a comparison switch; 32
-// candidates were no faster than 8 for gpt2 on an H200: 554,173 against
-// 559,206 and 556,498 tok/s in one call, benchmarks journal, session 41).
-inline constexpr int kDefaultGemmCandidates = 8;
-// Timed runs of each candidate: near ties among the candidates differ by 1-2%,
-// and 3 runs chose differently from one process to the next (a gpt2 step's
-// products 16.80 against 16.98 ms on one H200, benchmarks journal, session 41).
+// Most algorithms asked of the heuristic and timed per problem (32 were no
+// faster than 8 for gpt2 on an H200: 554,173 against 559,206 and 556,498
+// tok/s in one call, benchmarks journal, session 41).
+inline constexpr int kMaxGemmCandidates = 8;
+// Timed runs of each candidate: with 3, two processes chose different kernels
+// for the same gpt2 products (the traces of sessions 40 and 41 on one H200:
+// 16.80 against 16.98 ms of products a step), so each candidate is timed over
+// more runs. Whether 10 make the choice stable is not measured yet.
 inline constexpr int kGemmTimedRuns = 10;
-inline constexpr int kMaxGemmCandidates = 32;
-
-// The candidates a search asks for: CHORUS_GEMM_CANDIDATES (1..32, read once),
-// else kDefaultGemmCandidates.
-int gemm_candidates();
 
 // CHORUS_GEMM_SEARCH=heuristic (read from the environment once; "timed" or
 // unset: the search) or deterministic mode; the setter (tests) overrides the

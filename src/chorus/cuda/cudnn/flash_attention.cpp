@@ -408,8 +408,8 @@ PlanCache& plan_cache() {
   return *c;
 }
 
-// Runs a plan on the call's own operands; false when cuDNN refuses to.
-using RunPlan = std::function<bool(const Plan&)>;
+// Runs a plan on the call's own operands; cuDNN's status.
+using RunPlan = std::function<cudnnStatus_t(const Plan&)>;
 
 // The plan for `p` on `device`, built once, searched (timed with `run_plan`)
 // at the first call that may; null when cuDNN refuses the problem.
@@ -437,7 +437,7 @@ std::shared_ptr<Plan> plan_for(const Problem& p, int device, const RunPlan& run_
     if (search && plans.size() > 1) {
       float best_ms = -1;
       for (const auto& plan : plans) {
-        const float ms = time_calls(device, [&] { return run_plan(*plan); });
+        const float ms = time_calls(device, [&] { return run_plan(*plan) == CUDNN_STATUS_SUCCESS; });
         if (search_log())
           std::fprintf(stderr, "attention search: %s b%lld h%lld t%lld s%lld d%lld%s: %s ws %lld: %.4f ms\n",
                        p.backward ? "backward" : "forward", (long long)p.b, (long long)p.h, (long long)p.t,
@@ -490,9 +490,9 @@ Tensor workspace(int64_t bytes, int device) {
   return detail::empty_tensor({bytes}, kUInt8, Device(DeviceType::CUDA, device));
 }
 
-// Executes `plan` on the device's current stream; false when cuDNN refuses
-// (a searched candidate that cannot take these operands after all).
-bool run(const Plan& plan, int device, const std::vector<int64_t>& uids, const std::vector<void*>& ptrs) {
+// Executes `plan` on the device's current stream; cuDNN's status (a searched
+// candidate may refuse these operands after all).
+cudnnStatus_t run(const Plan& plan, int device, const std::vector<int64_t>& uids, const std::vector<void*>& ptrs) {
   Tensor ws = workspace(plan.workspace, device);
   void* wp = ws.defined() ? ws.raw_data() : nullptr;
   BackendDesc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR);
@@ -500,14 +500,9 @@ bool run(const Plan& plan, int device, const std::vector<int64_t>& uids, const s
   pack.set(CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, static_cast<int64_t>(ptrs.size()), ptrs.data());
   pack.set(CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &wp);
   pack.finalize();
-  if (cudnnBackendExecute(cudnn_handle(device), plan.desc.get(), pack.get()) == CUDNN_STATUS_SUCCESS) return true;
-  (void)cudaGetLastError();  // a refused launch must not poison later error checks
-  return false;
-}
-
-// The chosen plan's run: its refusal is an error (the problem was accepted).
-void run_chosen(const Plan& plan, const RunPlan& run_plan) {
-  if (!run_plan(plan)) throw DeviceError("cuDNN refused to execute the fused attention plan " + plan.engine);
+  const cudnnStatus_t st = cudnnBackendExecute(cudnn_handle(device), plan.desc.get(), pack.get());
+  if (st != CUDNN_STATUS_SUCCESS) (void)cudaGetLastError();  // a refused launch must not poison later error checks
+  return st;
 }
 
 }  // namespace
@@ -541,7 +536,7 @@ bool attention_fused_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   const RunPlan run_plan = [&](const Plan& plan) { return run(plan, device, uids, ptrs); };
   std::shared_ptr<Plan> plan = plan_for(p, device, run_plan);
   if (!plan) return false;
-  run_chosen(*plan, run_plan);
+  CHORUS_CUDNN_CHECK(run_plan(*plan));  // the chosen plan: its refusal is an error
   return true;
 }
 
@@ -577,7 +572,7 @@ bool attention_fused_backward(const Tensor& dout, const Tensor& q, const Tensor&
   };
   std::shared_ptr<Plan> plan = plan_for(p, device, run_plan);
   if (!plan) return false;
-  run_chosen(*plan, run_plan);
+  CHORUS_CUDNN_CHECK(run_plan(*plan));  // the chosen plan: its refusal is an error
   return true;
 }
 

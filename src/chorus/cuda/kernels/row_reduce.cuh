@@ -6,7 +6,7 @@
 // either. MaxSumV is the "online" softmax's running max and sum of
 // exp(x - max): the sum is rescaled whenever the max grows. with_row_vector
 // and check_cuda_contiguous are the launchers' side, shared by the row
-// kernels of transformer.cu and layer_norm.cu.
+// kernels of transformer.cu and layer_norm_forward.cu and layer_norm_backward.cu.
 #pragma once
 
 #include <cmath>

@@ -1,14 +1,12 @@
 // The transformer's row-wise kernels on CUDA besides layer norm (which
-// layer_norm.cu holds): attention's (causal) softmax and the fused classifier
+// layer_norm_forward.cu and layer_norm_backward.cu hold): attention's (causal) softmax and the fused classifier
 // + cross entropy (as cpu/transformer.cpp, float math throughout), and the
 // classifier gradient's scale. Rows are laid out over warps or blocks as
 // cuda/kernels/row_reduce.cuh says.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 
-#include "chorus/core/env_switches.h"
 #include "chorus/cuda/runtime/context.h"
 #include "chorus/cuda/kernels/dtype_dispatch.cuh"
 #include "chorus/cuda/kernels/kernels.h"
@@ -180,57 +178,53 @@ template <typename T, typename L, int V>
 __global__ void cross_entropy_fused_kernel(const T* logits, const int64_t* target, int64_t rows, int64_t cols,
                                            int64_t valid, int64_t ignore_index, L* losses, T* dlogits,
                                            const float* grad_scale) {
+  const int64_t ri = row_index();
+  if (ri >= rows) return;
+  const int64_t row = rows - 1 - ri;
   const float scale = grad_scale ? *grad_scale : 1.0f;
+  const int64_t tg = target[row];
   const int64_t nv = cols / V, valid_v = (valid + V - 1) / V;
   const int64_t bd = blockDim.x;
-  // Note [Rows in flight in the classifier]: a grid of fewer blocks than rows
-  // walks them with a stride.
-  for (int64_t ri = row_index(); ri < rows; ri += static_cast<int64_t>(gridDim.x) * blockDim.y) {
-    const int64_t row = rows - 1 - ri;
-    const int64_t tg = target[row];
-    const Vec<T, V>* xr = reinterpret_cast<const Vec<T, V>*>(logits + row * cols);
-    Vec<T, V>* dr = reinterpret_cast<Vec<T, V>*>(dlogits + row * cols);
-    if (tg == ignore_index) {
-      for (int64_t c = threadIdx.x; c < nv; c += bd) dr[c] = zero_vec<T, V>();
-      if (threadIdx.x == 0) losses[row] = L(0);
-      continue;
-    }
-    MaxSumV ms{-INFINITY, 0.0f};
-    // Four vectors loaded before any is summed: more bytes in flight per
-    // thread (the same order of sums as one at a time).
-    int64_t c = valid_v - 1 - threadIdx.x;
-    for (; c - 3 * bd >= 0; c -= 4 * bd) {
-      const Vec<T, V> a = xr[c], b = xr[c - bd], d = xr[c - 2 * bd], e = xr[c - 3 * bd];
-      max_sum_add(ms, a, static_cast<int>(c), static_cast<int>(valid));
-      max_sum_add(ms, b, static_cast<int>(c - bd), static_cast<int>(valid));
-      max_sum_add(ms, d, static_cast<int>(c - 2 * bd), static_cast<int>(valid));
-      max_sum_add(ms, e, static_cast<int>(c - 3 * bd), static_cast<int>(valid));
-    }
-    for (; c >= 0; c -= bd) max_sum_add(ms, xr[c], static_cast<int>(c), static_cast<int>(valid));
-    ms = row_allreduce(ms);
-    const float log_sum = logf(ms.s);
-    // The target's logit is read before any thread overwrites the row (dlogits may alias logits).
-    const float x_t = (tg >= 0 && tg < valid) ? to_acc(logits[row * cols + tg]) : NAN;
-    __syncwarp();
-    if (blockDim.x > 32) __syncthreads();
-    auto grad = [&](const Vec<T, V>& v, int64_t k) {
-      return k < valid_v ? cross_entropy_grad(v, static_cast<int>(k), static_cast<int>(valid), tg, ms.m, log_sum, scale)
-                         : zero_vec<T, V>();
-    };
-    // Two vectors read before either is written (each thread writes only
-    // the vectors it read, so dlogits aliasing logits is safe).
-    c = threadIdx.x;
-    for (; c + bd < nv; c += 2 * bd) {
-      const Vec<T, V> a = xr[c], b = xr[c + bd];
-      store_streaming(dr + c, grad(a, c));
-      store_streaming(dr + c + bd, grad(b, c + bd));
-    }
-    for (; c < nv; c += bd) store_streaming(dr + c, grad(xr[c], c));
-    // An out-of-range target gives a NaN loss rather than a read out of bounds.
-    if (threadIdx.x == 0) losses[row] = L(-((x_t - ms.m) - log_sum));
-    // The next row's reductions reuse row_allreduce's shared memory; it
-    // ends with a barrier, so no thread is still reading this row's.
+  const Vec<T, V>* xr = reinterpret_cast<const Vec<T, V>*>(logits + row * cols);
+  Vec<T, V>* dr = reinterpret_cast<Vec<T, V>*>(dlogits + row * cols);
+  if (tg == ignore_index) {
+    for (int64_t c = threadIdx.x; c < nv; c += bd) dr[c] = zero_vec<T, V>();
+    if (threadIdx.x == 0) losses[row] = L(0);
+    return;
   }
+  MaxSumV ms{-INFINITY, 0.0f};
+  // Four vectors loaded before any is summed: more bytes in flight per
+  // thread (the same order of sums as one at a time).
+  int64_t c = valid_v - 1 - threadIdx.x;
+  for (; c - 3 * bd >= 0; c -= 4 * bd) {
+    const Vec<T, V> a = xr[c], b = xr[c - bd], d = xr[c - 2 * bd], e = xr[c - 3 * bd];
+    max_sum_add(ms, a, static_cast<int>(c), static_cast<int>(valid));
+    max_sum_add(ms, b, static_cast<int>(c - bd), static_cast<int>(valid));
+    max_sum_add(ms, d, static_cast<int>(c - 2 * bd), static_cast<int>(valid));
+    max_sum_add(ms, e, static_cast<int>(c - 3 * bd), static_cast<int>(valid));
+  }
+  for (; c >= 0; c -= bd) max_sum_add(ms, xr[c], static_cast<int>(c), static_cast<int>(valid));
+  ms = row_allreduce(ms);
+  const float log_sum = logf(ms.s);
+  // The target's logit is read before any thread overwrites the row (dlogits may alias logits).
+  const float x_t = (tg >= 0 && tg < valid) ? to_acc(logits[row * cols + tg]) : NAN;
+  __syncwarp();
+  if (blockDim.x > 32) __syncthreads();
+  auto grad = [&](const Vec<T, V>& v, int64_t k) {
+    return k < valid_v ? cross_entropy_grad(v, static_cast<int>(k), static_cast<int>(valid), tg, ms.m, log_sum, scale)
+                       : zero_vec<T, V>();
+  };
+  // Two vectors read before either is written (each thread writes only
+  // the vectors it read, so dlogits aliasing logits is safe).
+  c = threadIdx.x;
+  for (; c + bd < nv; c += 2 * bd) {
+    const Vec<T, V> a = xr[c], b = xr[c + bd];
+    store_streaming(dr + c, grad(a, c));
+    store_streaming(dr + c + bd, grad(b, c + bd));
+  }
+  for (; c < nv; c += bd) store_streaming(dr + c, grad(xr[c], c));
+  // An out-of-range target gives a NaN loss rather than a read out of bounds.
+  if (threadIdx.x == 0) losses[row] = L(-((x_t - ms.m) - log_sum));
 }
 
 }  // namespace
@@ -278,21 +272,6 @@ void attention_softmax_backward(const Tensor& dy, const Tensor& y, double scale,
   CHORUS_CUDA_LAUNCH_CHECK();
 }
 
-namespace {
-// CHORUS_CLASSIFIER_BLOCKS_PER_SM (Note [Rows in flight in the classifier]).
-int classifier_blocks_per_sm() {
-  static const int k = [] {
-    const char* e = chorus::env::get("CHORUS_CLASSIFIER_BLOCKS_PER_SM");
-    if (!e || !*e) return 0;
-    char* end = nullptr;
-    const long v = std::strtol(e, &end, 10);
-    CHORUS_CHECK(*end == 0 && v >= 0 && v <= 32, "CHORUS_CLASSIFIER_BLOCKS_PER_SM must be 0..32, got '", e, "'");
-    return static_cast<int>(v);
-  }();
-  return k;
-}
-}  // namespace
-
 void cross_entropy_fused(const Tensor& logits, const Tensor& target, int64_t valid_cols, int64_t ignore_index,
                          const Tensor& losses, const Tensor& dlogits, const Tensor& grad_scale) {
   const char* op = "cross_entropy_fused";
@@ -319,22 +298,14 @@ void cross_entropy_fused(const Tensor& logits, const Tensor& target, int64_t val
   // block of 768 threads holding its whole row in registers (one read of the
   // logits, not two) was slower still: 2.11 against 1.41 ms a gpt2 step
   // (benchmarks journal, session 40).
-  RowLaunch l = row_launch(rows, cols);
-  // Note [Rows in flight in the classifier]: the second read of a row comes
-  // from L2 only while the rows being read at once fit in it; a gpt2 row is
-  // 50304 bf16 logits (98 KiB), and one block a row keeps up to 8 blocks of
-  // 256 threads on each SM, ~100 MiB of rows in flight against H200's 50 MiB
-  // of L2. CHORUS_CLASSIFIER_BLOCKS_PER_SM=k launches k blocks an SM, each
-  // walking rows with a stride; 0, the default, keeps a block a row (48
-  // registers a thread: 5 blocks an SM). Measured slower all the same (gpt2 on
-  // one H200, the kernel a step, benchmarks journal, session 41): k = 2 1.80
-  // ms, 3 1.54, 4 1.48, against 1.31 uncapped -- fewer rows at once leave the
-  // memory idle while each block reduces and exponentiates, as the
-  // register-resident row did. The switch stays for the comparison.
-  if (const int k = classifier_blocks_per_sm(); k > 0 && l.block.y == 1) {
-    const int64_t cap = int64_t{k} * device_properties(dev).multiProcessorCount;
-    if (cap < rows) l.grid = dim3(static_cast<unsigned>(cap));
-  }
+  // Fewer rows in flight, so that a row is still in L2 for its second read (a
+  // gpt2 row is 50304 bf16 logits, 98 KiB; a block a row keeps 5 blocks of
+  // 256 threads on each SM, ~65 MiB of rows against H200's 50 MiB of L2), was
+  // slower too: k blocks an SM walking the rows with a stride took 1.80, 1.54
+  // and 1.48 ms at k = 2, 3, 4 against 1.31 ms (gpt2 on one H200, benchmarks
+  // journal, session 41) -- fewer rows at once leave the memory idle while
+  // each block reduces and exponentiates, as the register-resident row did.
+  const RowLaunch l = row_launch(rows, cols);
   const float* scale_ptr = grad_scale.defined() ? grad_scale.data<float>() : nullptr;
   dispatch_float(logits.dtype(), op, [&]<typename T>() {
     with_row_vector<T>(cols, {logits.raw_data(), dlogits.raw_data()}, [&]<int V>() {
