@@ -60,15 +60,14 @@ Twin offset_twin(int64_t n, int64_t offset, uint32_t seed, double lo = -1.0, dou
   return Twin{whole.cpu.narrow(0, offset, n), whole.gpu.narrow(0, offset, n)};
 }
 
-// The multi-tensor SGD: more tensors than one launch's table holds (40), one
-// tensor spread over more blocks than a launch has (320 chunks of 32768), an
-// empty tensor, sizes that are not multiples of anything, and state that is
-// not 16-byte aligned (one of param, gradient, buffer at a time, so packed and
+// The multi-tensor SGD: more tensors than one launch's table holds (64), one
+// tensor of many blocks, an empty tensor, sizes that are not multiples of
+// anything, and state that is not 16-byte aligned (one of param, gradient, buffer at a time, so packed and
 // unpacked tensors share launches).
 TEST(CudaKernels, SgdUpdateMultiMatchesCpu_CUDA) {
   if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
   std::vector<int64_t> sizes;
-  for (int i = 0; i < 60; ++i) sizes.push_back(1 + 97 * i);
+  for (int i = 0; i < 70; ++i) sizes.push_back(1 + 97 * i);
   sizes.push_back(0);
   sizes.push_back(320 * 32768 + 12345);
   sizes.push_back(5);
@@ -142,9 +141,9 @@ TEST(CudaKernels, AdamWUpdateMatchesCpu_CUDA) {
 }
 
 // The multi-tensor AdamW's cases, as the SGD one's: more tensors than a
-// launch's table holds (36), a tensor over more blocks than a launch has, an
-// empty tensor, state not 16-byte aligned, and addends for every third
-// tensor, some not 16-byte aligned.
+// launch's table holds (56), a tensor of many blocks, an empty tensor, state
+// not 16-byte aligned, and addends for every third tensor, some not 16-byte
+// aligned.
 struct AdamWCase {
   std::vector<int64_t> sizes;
   std::vector<Twin> params, grads, ms, vs;
@@ -154,7 +153,7 @@ struct AdamWCase {
 
 AdamWCase adamw_case(uint32_t seed) {
   AdamWCase c;
-  for (int i = 0; i < 50; ++i) c.sizes.push_back(1 + 89 * i);
+  for (int i = 0; i < 64; ++i) c.sizes.push_back(1 + 89 * i);
   c.sizes.push_back(0);
   c.sizes.push_back(320 * 32768 + 777);
   c.sizes.push_back(3);

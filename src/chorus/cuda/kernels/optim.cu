@@ -107,7 +107,7 @@ __device__ __forceinline__ void adamw_element(float* param, const float* grad, f
 // the H100 well below its bandwidth over WRN-28-10's 36.5M parameters
 // (benchmarks journal, session 12). A tensor whose state pointers are all 16-byte aligned is
 // updated a float4 pack per thread per iteration; a block's chunk starts at a
-// multiple of kChunk (a multiple of 4), and the chunk's last n % 4 elements,
+// multiple of kMultiChunk (a multiple of 4), and the chunk's last n % 4 elements,
 // or a tensor not so aligned (a view into a bucket at an odd offset), go one
 // float at a time.
 __host__ __device__ __forceinline__ bool aligned16(const void* p) {
@@ -190,19 +190,20 @@ void sgd_update(const Tensor& param, const Tensor& grad, const Tensor& momentum_
 namespace {
 
 // Multi-tensor updates: one launch updates many parameters. The tensor table
-// and the block -> (tensor, chunk) map travel as a kernel argument (under
-// CUDA's 4 KiB parameter limit); longer lists are split into several launches.
-constexpr int kMultiBlocks = 320;
-constexpr int64_t kChunk = 32768;  // elements per block
+// travels as a kernel argument (under CUDA's 4 KiB parameter limit) and names
+// each tensor's first block (a block finds its tensor by a scan of the
+// table), so a launch has as many blocks as its tensors have chunks of
+// kMultiChunk: 8192 elements, about eight resident blocks an SM and several
+// waves. Longer lists of tensors are split into several launches. 320 blocks
+// of 32768 elements a launch (2.4 an SM) left a third of the SMs idle for
+// the last third of each launch: WRN-28-10's SGD on an H100 (benchmarks
+// journal, session 24), and gpt2's AdamW on an H200, 15 launches of 1.10 ms
+// in all a step (session 42).
+constexpr int64_t kMultiChunk = 8192;
 constexpr int kSgdUnroll = 4;
-// SGD's table names each tensor's first block instead (a block finds its
-// tensor by a scan of at most kSgdTensors entries), so a launch has as many
-// blocks as its tensors have chunks of kSgdChunk: 8192 elements, about eight
-// resident blocks an SM and several waves, where 320 blocks of 32768 (2.4 an
-// SM) left a third of the SMs idle for the last third of each launch
-// (WRN-28-10's update on an H100: benchmarks journal, session 24).
 constexpr int kSgdTensors = 64;
-constexpr int64_t kSgdChunk = 8192;
+// AdamW's state is one pointer more a tensor.
+constexpr int kAdamTensors = 56;
 
 // The 16-bit copy an update also writes (Note [Autocast weight copies]).
 enum CopyKind : uint8_t { kNoCopy = 0, kBf16Copy = 1, kF16Copy = 2 };
@@ -276,8 +277,8 @@ __global__ void sgd_multi_kernel(SgdTable t, SgdParams params) {
   const SgdParams p = resolve(params);
   int k = 0;
   while (k + 1 < t.tensors && t.first_block[k + 1] <= static_cast<int32_t>(blockIdx.x)) ++k;
-  const int64_t begin = int64_t{static_cast<int32_t>(blockIdx.x) - t.first_block[k]} * kSgdChunk;
-  const int64_t end = min(t.n[k], begin + kSgdChunk);
+  const int64_t begin = int64_t{static_cast<int32_t>(blockIdx.x) - t.first_block[k]} * kMultiChunk;
+  const int64_t end = min(t.n[k], begin + kMultiChunk);
   float* param = t.param[k];
   const float* grad = t.grad[k];
   const float* addend = t.addend[k];
@@ -378,7 +379,7 @@ void sgd_update_multi(const TensorList& params, const TensorList& grads,
   for (size_t i = 0; i < params.size(); ++i) {
     const int64_t n = params[i].numel();
     if (n == 0) continue;
-    const int64_t chunks = (n + kSgdChunk - 1) / kSgdChunk;
+    const int64_t chunks = (n + kMultiChunk - 1) / kMultiChunk;
     // A launch's blocks stay well inside the grid's 2^31 - 1.
     if (tensors == kSgdTensors || blocks + chunks > (int64_t{1} << 30)) launch();
     CHORUS_CHECK(chunks <= (int64_t{1} << 30), "sgd_update_multi: parameter ", i, " has ", n,
@@ -421,9 +422,8 @@ void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg
 
 namespace {
 
-// Multi-tensor AdamW, as sgd_multi_kernel: the table of tensors and the
-// block -> (tensor, chunk) map are the kernel's argument.
-constexpr int kAdamTensors = 36;
+// Multi-tensor AdamW, as sgd_multi_kernel: the table of tensors, each with
+// its first block, is the kernel's argument.
 struct AdamTable {
   float* param[kAdamTensors];
   const float* grad[kAdamTensors];
@@ -432,18 +432,26 @@ struct AdamTable {
   float* exp_avg_sq[kAdamTensors];
   void* copy[kAdamTensors];  // Note [Autocast weight copies]: or nullptr
   int64_t n[kAdamTensors];
-  uint8_t packed[kAdamTensors];  // Note [Optimizer packs]
+  int32_t first_block[kAdamTensors];  // the launch's first block on each tensor
+  uint8_t packed[kAdamTensors];       // Note [Optimizer packs]
   uint8_t copy_kind[kAdamTensors];
-  uint8_t tensor[kMultiBlocks];
-  int32_t chunk[kMultiBlocks];
+  int32_t tensors;
 };
 static_assert(sizeof(AdamTable) + sizeof(AdamWParams) < 4000, "kernel parameters too large");
 
+// Two packs a thread loaded before either is used (8 loads of 16 bytes in
+// flight), as kSgdUnroll does for SGD.
+constexpr int kAdamUnroll = 2;
+
 __global__ void adamw_multi_kernel(AdamTable t, AdamWParams params) {
   const AdamWParams p = resolve(params);
-  const int k = t.tensor[blockIdx.x];
-  const int64_t begin = int64_t{t.chunk[blockIdx.x]} * kChunk;
-  const int64_t end = min(t.n[k], begin + kChunk);
+  int k = 0;
+  while (k + 1 < t.tensors && t.first_block[k + 1] <= static_cast<int32_t>(blockIdx.x)) ++k;
+  const int64_t begin = int64_t{static_cast<int32_t>(blockIdx.x) - t.first_block[k]} * kMultiChunk;
+  const int64_t end = min(t.n[k], begin + kMultiChunk);
+  const float* addend = t.addend[k];
+  void* copy = t.copy[k];
+  const uint8_t kind = t.copy_kind[k];
   int64_t tail = begin;
   if (t.packed[k]) {  // Note [Optimizer packs]
     const int64_t packs = (end - begin) / 4;
@@ -451,24 +459,45 @@ __global__ void adamw_multi_kernel(AdamTable t, AdamWParams params) {
     const auto* g4 = reinterpret_cast<const float4*>(t.grad[k] + begin);
     auto* m4 = reinterpret_cast<float4*>(t.exp_avg[k] + begin);
     auto* v4 = reinterpret_cast<float4*>(t.exp_avg_sq[k] + begin);
-    for (int64_t v = threadIdx.x; v < packs; v += blockDim.x) {
-      float4 pv = p4[v], mv = m4[v], vv = v4[v];
-      const float4 gv = add4(g4[v], t.addend[k], begin, v);
+    int64_t v = threadIdx.x;
+    for (; v + (kAdamUnroll - 1) * blockDim.x < packs; v += kAdamUnroll * blockDim.x) {
+      float4 pv[kAdamUnroll], gv[kAdamUnroll], mv[kAdamUnroll], vv[kAdamUnroll];
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
-        adamw_value(lane(pv, j), (&gv.x)[j] * p.grad_scale, lane(mv, j), lane(vv, j), p);
+      for (int u = 0; u < kAdamUnroll; ++u) {
+        const int64_t w = v + u * blockDim.x;
+        pv[u] = p4[w];
+        gv[u] = add4(g4[w], addend, begin, w);
+        mv[u] = m4[w];
+        vv[u] = v4[w];
+      }
+#pragma unroll
+      for (int u = 0; u < kAdamUnroll; ++u) {
+        const int64_t w = v + u * blockDim.x;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          adamw_value(lane(pv[u], j), (&gv[u].x)[j] * p.grad_scale, lane(mv[u], j), lane(vv[u], j), p);
+        p4[w] = pv[u];
+        m4[w] = mv[u];
+        v4[w] = vv[u];
+        write_copy4(copy, kind, begin + 4 * w, pv[u]);
+      }
+    }
+    for (; v < packs; v += blockDim.x) {
+      float4 pv = p4[v], mv = m4[v], vv = v4[v];
+      const float4 gv = add4(g4[v], addend, begin, v);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) adamw_value(lane(pv, j), (&gv.x)[j] * p.grad_scale, lane(mv, j), lane(vv, j), p);
       p4[v] = pv;
       m4[v] = mv;
       v4[v] = vv;
-      write_copy4(t.copy[k], t.copy_kind[k], begin + 4 * v, pv);
+      write_copy4(copy, kind, begin + 4 * v, pv);
     }
     tail = begin + packs * 4;
   }
-  const float* addend = t.addend[k];
   for (int64_t i = tail + threadIdx.x; i < end; i += blockDim.x) {
     adamw_value(t.param[k][i], (addend ? t.grad[k][i] + addend[i] : t.grad[k][i]) * p.grad_scale, t.exp_avg[k][i],
                 t.exp_avg_sq[k][i], p);
-    write_copy(t.copy[k], t.copy_kind[k], i, t.param[k][i]);
+    write_copy(copy, kind, i, t.param[k][i]);
   }
 }
 
@@ -510,40 +539,37 @@ void adamw_update_multi(const TensorList& params, const TensorList& grads, const
     p.grad_scale_ptr = grad_scale.data<float>();
   }
   AdamTable table{};
-  int tensors = 0, blocks = 0;
+  int tensors = 0;
+  int64_t blocks = 0;
   auto launch = [&] {
     if (blocks > 0) {
-      adamw_multi_kernel<<<blocks, kThreads, 0, current_stream(dev)>>>(table, p);
+      table.tensors = tensors;
+      adamw_multi_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, current_stream(dev)>>>(table, p);
       CHORUS_CUDA_LAUNCH_CHECK();
     }
-    tensors = blocks = 0;
+    tensors = 0;
+    blocks = 0;
   };
-  auto put = [&](int k, size_t i) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    const int64_t n = params[i].numel();
+    if (n == 0) continue;
+    const int64_t chunks = (n + kMultiChunk - 1) / kMultiChunk;
+    // A launch's blocks stay well inside the grid's 2^31 - 1.
+    if (tensors == kAdamTensors || blocks + chunks > (int64_t{1} << 30)) launch();
+    CHORUS_CHECK(chunks <= (int64_t{1} << 30), "adamw_update_multi: parameter ", i, " has ", n,
+                 " elements, more than one launch updates");
+    const int k = tensors++;
+    table.first_block[k] = static_cast<int32_t>(blocks);
+    blocks += chunks;
     table.param[k] = params[i].data<float>();
     table.grad[k] = grads[i].data<float>();
     table.addend[k] = addend_ptr(addends, i);
     table.exp_avg[k] = exp_avgs[i].data<float>();
     table.exp_avg_sq[k] = exp_avg_sqs[i].data<float>();
-    table.n[k] = params[i].numel();
+    table.n[k] = n;
     put_copy(table, k, copies, i);
     table.packed[k] = aligned16(table.param[k]) && aligned16(table.grad[k]) && aligned16(table.addend[k]) &&
                       aligned16(table.exp_avg[k]) && aligned16(table.exp_avg_sq[k]) && copy_packable(table.copy[k]);
-  };
-  for (size_t i = 0; i < params.size(); ++i) {
-    const int64_t n = params[i].numel();
-    if (n == 0) continue;
-    if (tensors == kAdamTensors) launch();
-    put(tensors++, i);
-    for (int64_t c = 0; c * kChunk < n; ++c) {
-      if (blocks == kMultiBlocks) {
-        launch();
-        put(0, i);  // the tensor continues in the next launch, as its first entry
-        tensors = 1;
-      }
-      table.tensor[blocks] = static_cast<uint8_t>(tensors - 1);
-      table.chunk[blocks] = static_cast<int32_t>(c);
-      ++blocks;
-    }
   }
   launch();
 }
