@@ -365,6 +365,16 @@ TEST(CudaKernels, ReduceLargeTensorsSplitAcrossBlocks_CUDA) {
   check_reduce(ReduceOp::Sum, nchw, {true, false, true, true}, 1e-5, 1e-5, "per-channel sum");
   const Twin nchw16 = random_twin({8, 32, 16, 16}, kBFloat16, 94, 0, 1);
   check_reduce(ReduceOp::Mean, nchw16, {true, false, true, true}, 1e-2, 1e-2, "per-channel mean");
+  // Sums over leading dims as column sums (Note [Leading dimensions summed
+  // as columns] in cuda/kernels/reduce.cu): a GPT position embedding's
+  // gradient over the batch in bf16, two leading dims in float32, and a
+  // width of no 16-byte vectors.
+  const Twin pos16 = random_twin({16, 64, 768}, kBFloat16, 95, 0, 1);
+  check_reduce(ReduceOp::Sum, pos16, {true, false, false}, 1e-2, 1e-2, "batch sum of [16, 64, 768] bf16");
+  const Twin lead2 = random_twin({12, 40, 96}, kFloat32, 96, 0, 1);
+  check_reduce(ReduceOp::Sum, lead2, {true, true, false}, 1e-5, 1e-5, "sum of [12, 40, 96] over two dims");
+  const Twin odd = random_twin({300, 7}, kFloat32, 97, 0, 1);
+  check_reduce(ReduceOp::Sum, odd, {true, false}, 1e-5, 1e-5, "[300, 7] column sums");
 }
 
 TEST(CudaKernels, ArgmaxAndArgminPickTheFirstOfTies_CUDA) {
@@ -518,17 +528,25 @@ TEST(CudaKernels, IndexSelectAndIndexAddMatchCpu_CUDA) {
     cuda::index_add(acc.gpu, 1, index.gpu, src.gpu);
     expect_near(acc.gpu, acc.cpu, dtype == kFloat32 ? 1e-6 : 0.0, 0.0, "index_add " + name(dtype));
   }
-  // Embedding-style: rows of a [1000, 64] table.
-  const Twin table = random_twin({1000, 64}, kFloat32, 170);
+  // Embedding-style: rows of a [1000, 64] table (Note [Whole rows of 16
+  // bytes] in cuda/kernels/index.cu: 16-byte words, float4 atomics), of bf16
+  // rows, and of rows of 24 bytes (the element kernels).
   const Twin ids = random_index({4096}, 1000, 171);
-  const Twin rows = output_twin({4096, 64}, kFloat32);
-  cpu::index_select(table.cpu, 0, ids.cpu, rows.cpu);
-  cuda::index_select(table.gpu, 0, ids.gpu, rows.gpu);
-  expect_equal(rows.gpu, rows.cpu, "embedding lookup");
-  const Twin grad = random_twin({1000, 64}, kFloat32, 172);
-  cpu::index_add(grad.cpu, 0, ids.cpu, rows.cpu);
-  cuda::index_add(grad.gpu, 0, ids.gpu, rows.gpu);
-  expect_near(grad.gpu, grad.cpu, 1e-5, 1e-6, "embedding gradient");
+  uint32_t tseed = 172;
+  for (const auto& [dtype, width] : {std::pair{kFloat32, int64_t{64}}, std::pair{kBFloat16, int64_t{64}},
+                                     std::pair{kFloat32, int64_t{6}}}) {
+    const std::string what = name(dtype) + " rows of " + std::to_string(width);
+    const Twin table = random_twin({1000, width}, dtype, ++tseed);
+    const Twin rows = output_twin({4096, width}, dtype);
+    cpu::index_select(table.cpu, 0, ids.cpu, rows.cpu);
+    cuda::index_select(table.gpu, 0, ids.gpu, rows.gpu);
+    expect_equal(rows.gpu, rows.cpu, "embedding lookup, " + what);
+    if (dtype != kFloat32) continue;
+    const Twin grad = random_twin({1000, width}, kFloat32, ++tseed);
+    cpu::index_add(grad.cpu, 0, ids.cpu, rows.cpu);
+    cuda::index_add(grad.gpu, 0, ids.gpu, rows.gpu);
+    expect_near(grad.gpu, grad.cpu, 1e-5, 1e-6, "embedding gradient, " + what);
+  }
 }
 
 TEST(CudaKernels, GatherAndScatterAddMatchCpu_CUDA) {

@@ -21,13 +21,14 @@ struct Params {
 };
 
 // 150 parameters of assorted sizes (one whose gradient is a transposed view,
-// one a view at an odd offset),
-// each with a random gradient on `dev` in `dt`.
+// one a view at an odd offset, one of 65750 elements: several of the CUDA
+// norm's chunks and a part of one, Note [Squares in chunks]), each with a
+// random gradient on `dev` in `dt`.
 Params make(Device dev, DType dt) {
   Params p;
   double sq = 0;
   for (int i = 0; i < 150; ++i) {
-    const int64_t rows = 1 + (i * 7) % 13, cols = 1 + (i * 5) % 300;
+    const int64_t rows = i == 7 ? 250 : 1 + (i * 7) % 13, cols = i == 7 ? 263 : 1 + (i * 5) % 300;
     Tensor w = zeros({rows, cols}, {dt, dev}).set_requires_grad(true);
     Tensor g = test::random_leaf({rows, cols}, 200 + i).detach().mul(0.5);
     if (i == 3) g = test::random_leaf({cols, rows}, 200 + i).detach().mul(0.5).t();  // not contiguous

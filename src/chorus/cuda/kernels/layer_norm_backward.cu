@@ -2,6 +2,8 @@
 // (Note [Layer norm's backward in one pass]), or for rows past kFusedMaxCols
 // dx and then the parameter gradients in a second kernel. The forward is
 // layer_norm_forward.cu; the helpers both share, layer_norm.cuh.
+#include <cstdlib>
+
 #include "chorus/cuda/kernels/layer_norm.cuh"
 
 namespace chorus::cuda {
@@ -234,6 +236,131 @@ __global__ void __launch_bounds__(kBlockThreads)
   }
 }
 
+// Note [Layer norm's backward, sums in shared memory]: in the warp-a-row
+// layout (rows up to kWarpCols columns, 16-byte vectors of at least 4
+// elements) the per-thread dgamma and dbeta sums of
+// layer_norm_backward_fused_kernel -- 2 K V floats a thread -- move to shared
+// memory, one slice a warp (its lanes own disjoint float4 slots, lane
+// fastest: no bank conflicts, no atomics), and the registers they held take
+// the row instead: dy, x and dres are all loaded before the row sums, one
+// round trip to memory a row where the register-sum kernel waited twice (dres
+// was loaded after the row's all-reduce). Same sums in the same row order
+// within a warp and the same warp order within a block, so the kernel is as
+// deterministic as the other. kPrefetch also asks L2 for the warp's next row
+// (prefetch.global.L2) while this one is worked on.
+// Measured with a standalone harness on an H200 (bf16 x, dres, float32
+// gamma, with layer_norm_param_sum_kernel, 200 calls): [16384, 768] 51.6 ->
+// 42.6 us a call, [16384, 1024] 67.5 -> 58.5, [8192, 768] 30.5 -> 26.1
+// (benchmarks journal, session 42). Asking for 3 or 4 blocks an SM instead of
+// 2 (80 or 64 registers) spilled and ran 1.5-2.5x slower; keeping the sums in
+// registers with all three loads first took 170 registers and one block an
+// SM, 56.3 us.
+template <int K, bool kPrefetch, typename T, typename G, int V>
+__global__ void __launch_bounds__(kBlockThreads, 2)
+    layer_norm_backward_warp_kernel(const T* __restrict__ dy, const T* __restrict__ x, const G* __restrict__ gamma,
+                                    const float* __restrict__ mean, const float* __restrict__ rstd,
+                                    const T* __restrict__ dres, T* __restrict__ dx, float* __restrict__ partial,
+                                    int64_t rows, int64_t cols) {
+  static_assert(V % 4 == 0, "the sums' slots are float4s");
+  constexpr int Q = V / 4;            // float4 slots of a vector
+  constexpr int kSlots = K * Q * 32;  // a warp's float4 slots of dgamma (and as many of dbeta)
+  extern __shared__ float4 ln_warp_sums[];  // [warp][dgamma, dbeta][K][Q][lane]
+  float4* sg = ln_warp_sums + threadIdx.y * 2 * kSlots;
+  float4* sb = sg + kSlots;
+  const int lane = threadIdx.x;
+#pragma unroll
+  for (int i = 0; i < K * Q; ++i) sg[i * 32 + lane] = sb[i * 32 + lane] = make_float4(0.f, 0.f, 0.f, 0.f);
+  const int64_t nv = cols / V;
+  const float inv = 1.0f / static_cast<float>(cols);
+  const int64_t row_stride = static_cast<int64_t>(gridDim.x) * blockDim.y;
+  for (int64_t row = row_index(); row < rows; row += row_stride) {
+    const Vec<T, V>* dyr = reinterpret_cast<const Vec<T, V>*>(dy + row * cols);
+    const Vec<T, V>* xr = reinterpret_cast<const Vec<T, V>*>(x + row * cols);
+    const Vec<T, V>* drr = reinterpret_cast<const Vec<T, V>*>(dres ? dres + row * cols : nullptr);
+    Vec<T, V> d[K], v[K], e[K];
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int64_t c = lane + static_cast<int64_t>(k) * 32;
+      if (c < nv) {
+        d[k] = dyr[c];
+        v[k] = xr[c];
+        if (drr) e[k] = drr[c];
+      }
+    }
+    if constexpr (kPrefetch) {
+      const int64_t next = row + row_stride;
+      if (next < rows) {
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+          const int64_t c = (lane + static_cast<int64_t>(k) * 32) * V;
+          if (c < cols) {
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(dy + next * cols + c));
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(x + next * cols + c));
+            if (dres) asm volatile("prefetch.global.L2 [%0];" ::"l"(dres + next * cols + c));
+          }
+        }
+      }
+    }
+    const float m = mean[row], rs = rstd[row];
+    SumPairV s{0.0f, 0.0f};
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int64_t c = lane + static_cast<int64_t>(k) * 32;
+      if (c < nv) layer_norm_add_row_sums(d[k], v[k], gamma, c, m, rs, s);
+    }
+    s = row_allreduce(s);
+    Vec<T, V>* dxr = reinterpret_cast<Vec<T, V>*>(dx + row * cols);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int64_t c = lane + static_cast<int64_t>(k) * 32;
+      if (c < nv) {
+        float pg[V], pb[V];
+#pragma unroll
+        for (int j = 0; j < V; ++j) pg[j] = pb[j] = 0.0f;
+        dxr[c] = layer_norm_dx_vector<true>(d[k], v[k], drr != nullptr, e[k], gamma, c, m, rs, s, inv, pg, pb);
+#pragma unroll
+        for (int q = 0; q < Q; ++q) {
+          float4 g = sg[(k * Q + q) * 32 + lane], b = sb[(k * Q + q) * 32 + lane];
+          g.x += pg[4 * q];
+          g.y += pg[4 * q + 1];
+          g.z += pg[4 * q + 2];
+          g.w += pg[4 * q + 3];
+          b.x += pb[4 * q];
+          b.y += pb[4 * q + 1];
+          b.z += pb[4 * q + 2];
+          b.w += pb[4 * q + 3];
+          sg[(k * Q + q) * 32 + lane] = g;
+          sb[(k * Q + q) * 32 + lane] = b;
+        }
+      }
+    }
+  }
+  // The block's warps' sums, in warp order, one row of partials each.
+  __syncthreads();
+  float* part_g = partial + static_cast<int64_t>(blockIdx.x) * cols;
+  float* part_b = partial + (static_cast<int64_t>(gridDim.x) + blockIdx.x) * cols;
+  for (int i = threadIdx.y * 32 + lane; i < kSlots; i += 32 * blockDim.y) {
+    const int kq = i / 32, k = kq / Q, q = kq % Q;
+    const int64_t col = static_cast<int64_t>(k) * 32 * V + (i % 32) * V + q * 4;
+    if (col < cols) {
+      float4 g = make_float4(0.f, 0.f, 0.f, 0.f), b = g;
+      for (int w = 0; w < static_cast<int>(blockDim.y); ++w) {
+        const float4 gw = ln_warp_sums[w * 2 * kSlots + i], bw = ln_warp_sums[w * 2 * kSlots + kSlots + i];
+        g.x += gw.x;
+        g.y += gw.y;
+        g.z += gw.z;
+        g.w += gw.w;
+        b.x += bw.x;
+        b.y += bw.y;
+        b.z += bw.z;
+        b.w += bw.w;
+      }
+      *reinterpret_cast<float4*>(part_g + col) = g;
+      *reinterpret_cast<float4*>(part_b + col) = b;
+    }
+  }
+}
+
 constexpr int kSumRowWarps = 16;  // warps of layer_norm_param_sum_kernel's block, each over its own partials
 
 // dgamma[c] = sum over p of partial[p * cols + c], dbeta[c] = the same over
@@ -328,6 +455,29 @@ auto fused_backward_kernel(int64_t per_thread) {
   return layer_norm_backward_fused_kernel<kMaxK, T, G, V>;
 }
 
+// layer_norm_backward_warp_kernel's instance for K = per_thread vectors a
+// lane (1 to 4, or 8 for 4-element vectors).
+template <bool kPrefetch, typename T, typename G, int V>
+auto warp_backward_kernel(int64_t per_thread) {
+  if (per_thread <= 1) return layer_norm_backward_warp_kernel<1, kPrefetch, T, G, V>;
+  if (per_thread <= 2) return layer_norm_backward_warp_kernel<2, kPrefetch, T, G, V>;
+  if (per_thread <= 3) return layer_norm_backward_warp_kernel<3, kPrefetch, T, G, V>;
+  if constexpr (V == 4) {
+    if (per_thread > 4) return layer_norm_backward_warp_kernel<8, kPrefetch, T, G, V>;
+  }
+  return layer_norm_backward_warp_kernel<4, kPrefetch, T, G, V>;
+}
+
+// TEMPORARY (session 42 measurement): CHORUS_LN_PREFETCH=0 turns the next
+// row's L2 prefetch off.
+bool ln_backward_prefetch() {
+  static const bool on = [] {
+    const char* e = std::getenv("CHORUS_LN_PREFETCH");
+    return !(e && e[0] == '0');
+  }();
+  return on;
+}
+
 }  // namespace
 
 void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
@@ -370,6 +520,32 @@ void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
           constexpr int kMaxK = kFusedColsPerThread / V;
           const int64_t nv = cols / V;
           const bool warp_rows = cols <= kWarpCols;
+          if constexpr (V % 4 == 0) {
+            if (warp_rows) {
+              // Note [Layer norm's backward, sums in shared memory].
+              const dim3 block(32, kRowsPerBlock);
+              const int64_t per_lane = (nv + 31) / 32;
+              const size_t smem = size_t{kRowsPerBlock} * 2 * static_cast<size_t>(per_lane <= 4 ? per_lane : 8) *
+                                  (V / 4) * 32 * sizeof(float4);
+              auto kernel = ln_backward_prefetch() ? warp_backward_kernel<true, T, G, V>(per_lane)
+                                                   : warp_backward_kernel<false, T, G, V>(per_lane);
+              if (smem > 48 * 1024)
+                CHORUS_CUDA_CHECK(
+                    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+              int per_sm = 0;
+              CHORUS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kBlockThreads, smem));
+              const int64_t resident = int64_t{std::max(per_sm, 1)} * device_properties(dev).multiProcessorCount;
+              const int64_t blocks = std::clamp<int64_t>((rows + kRowsPerBlock - 1) / kRowsPerBlock, 1, resident);
+              Tensor partial = detail::empty_tensor({2 * blocks * cols}, kFloat32, x.device());
+              kernel<<<static_cast<unsigned>(blocks), block, smem, stream>>>(
+                  dy.data<T>(), x.data<T>(), param_ptr<G>(gamma), mean.data<float>(), rstd.data<float>(), dr,
+                  dx.data<T>(), partial.data<float>(), rows, cols);
+              CHORUS_CUDA_LAUNCH_CHECK();
+              layer_norm_param_sum_kernel<<<static_cast<unsigned>((cols + 31) / 32), dim3(32, kSumRowWarps), 0,
+                                            stream>>>(partial.data<float>(), blocks, cols, dg, db);
+              return;
+            }
+          }
           const dim3 block = warp_rows ? dim3(32, kRowsPerBlock)
                                        : dim3(static_cast<unsigned>(((nv + kMaxK - 1) / kMaxK + 31) / 32 * 32), 1);
           const size_t smem = warp_rows ? 2 * kRowsPerBlock * 32 * V * sizeof(float) : 0;
