@@ -227,8 +227,9 @@ TEST(TransformerOps, LayerNormBackwardOverManyRowsMatchesTheCpu_CUDA) {
           EXPECT_EQ(bg.grad().dtype(), bdt);
           EXPECT_LT(max_abs_diff(bc.grad(), bg.grad()), bdt == kFloat32 ? dc.tol * 40 : 3e-2 * 40) << "dbeta";
         }
-        if (variant == 0) {
-          // The same bits run to run: the sums have fixed orders, no atomics.
+        if (variant == 0 && cols <= 8192) {
+          // The same bits run to run: the one-pass kernels' sums have fixed
+          // orders, no atomics (wider rows' second kernel adds with atomics).
           Tensor xg2 = dev(x, dc.dtype), wg2 = dev(w, wdt), bg2 = dev(b, bdt);
           F::layer_norm(xg2, wg2, bg2).backward(gy.to(dc.dtype).to(gpu));
           EXPECT_EQ(max_abs_diff(xg.grad(), xg2.grad()), 0.0) << "dx run to run";

@@ -2,8 +2,6 @@
 // (Note [Layer norm's backward in one pass]), or for rows past kFusedMaxCols
 // dx and then the parameter gradients in a second kernel. The forward is
 // layer_norm_forward.cu; the helpers both share, layer_norm.cuh.
-#include <cstdlib>
-
 #include "chorus/cuda/kernels/layer_norm.cuh"
 
 namespace chorus::cuda {
@@ -244,18 +242,18 @@ __global__ void __launch_bounds__(kBlockThreads)
 // fastest: no bank conflicts, no atomics), and the registers they held take
 // the row instead: dy, x and dres are all loaded before the row sums, one
 // round trip to memory a row where the register-sum kernel waited twice (dres
-// was loaded after the row's all-reduce). Same sums in the same row order
-// within a warp and the same warp order within a block, so the kernel is as
-// deterministic as the other. kPrefetch also asks L2 for the warp's next row
-// (prefetch.global.L2) while this one is worked on.
+// was loaded after the row's all-reduce); and the warp asks L2 for its next
+// row (prefetch.global.L2, no registers) while it works on this one. Same
+// sums in the same row order within a warp and the same warp order within a
+// block, so the kernel is as deterministic as the other.
 // Measured with a standalone harness on an H200 (bf16 x, dres, float32
-// gamma, with layer_norm_param_sum_kernel, 200 calls): [16384, 768] 51.6 ->
-// 42.6 us a call, [16384, 1024] 67.5 -> 58.5, [8192, 768] 30.5 -> 26.1
-// (benchmarks journal, session 42). Asking for 3 or 4 blocks an SM instead of
-// 2 (80 or 64 registers) spilled and ran 1.5-2.5x slower; keeping the sums in
-// registers with all three loads first took 170 registers and one block an
-// SM, 56.3 us.
-template <int K, bool kPrefetch, typename T, typename G, int V>
+// gamma, with layer_norm_param_sum_kernel, 200 calls; benchmarks journal,
+// session 42): [16384, 768] 50.9 us a call -> 42.1 with the sums in shared
+// memory -> 38.7 with the prefetch; [16384, 1024] 66.8 -> 58.2 -> 55.1.
+// Asking for 3 or 4 blocks an SM instead of 2 (80 or 64 registers) spilled
+// and ran 1.5-2.5x slower; keeping the sums in registers with all three
+// loads first took 170 registers and one block an SM, 55.4 us.
+template <int K, typename T, typename G, int V>
 __global__ void __launch_bounds__(kBlockThreads, 2)
     layer_norm_backward_warp_kernel(const T* __restrict__ dy, const T* __restrict__ x, const G* __restrict__ gamma,
                                     const float* __restrict__ mean, const float* __restrict__ rstd,
@@ -287,7 +285,7 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
         if (drr) e[k] = drr[c];
       }
     }
-    if constexpr (kPrefetch) {
+    {
       const int64_t next = row + row_stride;
       if (next < rows) {
 #pragma unroll
@@ -308,7 +306,10 @@ __global__ void __launch_bounds__(kBlockThreads, 2)
       const int64_t c = lane + static_cast<int64_t>(k) * 32;
       if (c < nv) layer_norm_add_row_sums(d[k], v[k], gamma, c, m, rs, s);
     }
-    s = row_allreduce(s);
+    // A warp's row: shuffles only (row_allreduce's shared memory for block
+    // rows would count against the launch's 48 KiB).
+#pragma unroll
+    for (int mask = 16; mask > 0; mask /= 2) s = SumPairV::merge(s, s.shfl(mask));
     Vec<T, V>* dxr = reinterpret_cast<Vec<T, V>*>(dx + row * cols);
 #pragma unroll
     for (int k = 0; k < K; ++k) {
@@ -457,25 +458,15 @@ auto fused_backward_kernel(int64_t per_thread) {
 
 // layer_norm_backward_warp_kernel's instance for K = per_thread vectors a
 // lane (1 to 4, or 8 for 4-element vectors).
-template <bool kPrefetch, typename T, typename G, int V>
+template <typename T, typename G, int V>
 auto warp_backward_kernel(int64_t per_thread) {
-  if (per_thread <= 1) return layer_norm_backward_warp_kernel<1, kPrefetch, T, G, V>;
-  if (per_thread <= 2) return layer_norm_backward_warp_kernel<2, kPrefetch, T, G, V>;
-  if (per_thread <= 3) return layer_norm_backward_warp_kernel<3, kPrefetch, T, G, V>;
+  if (per_thread <= 1) return layer_norm_backward_warp_kernel<1, T, G, V>;
+  if (per_thread <= 2) return layer_norm_backward_warp_kernel<2, T, G, V>;
+  if (per_thread <= 3) return layer_norm_backward_warp_kernel<3, T, G, V>;
   if constexpr (V == 4) {
-    if (per_thread > 4) return layer_norm_backward_warp_kernel<8, kPrefetch, T, G, V>;
+    if (per_thread > 4) return layer_norm_backward_warp_kernel<8, T, G, V>;
   }
-  return layer_norm_backward_warp_kernel<4, kPrefetch, T, G, V>;
-}
-
-// TEMPORARY (session 42 measurement): CHORUS_LN_PREFETCH=0 turns the next
-// row's L2 prefetch off.
-bool ln_backward_prefetch() {
-  static const bool on = [] {
-    const char* e = std::getenv("CHORUS_LN_PREFETCH");
-    return !(e && e[0] == '0');
-  }();
-  return on;
+  return layer_norm_backward_warp_kernel<4, T, G, V>;
 }
 
 }  // namespace
@@ -527,11 +518,11 @@ void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
               const int64_t per_lane = (nv + 31) / 32;
               const size_t smem = size_t{kRowsPerBlock} * 2 * static_cast<size_t>(per_lane <= 4 ? per_lane : 8) *
                                   (V / 4) * 32 * sizeof(float4);
-              auto kernel = ln_backward_prefetch() ? warp_backward_kernel<true, T, G, V>(per_lane)
-                                                   : warp_backward_kernel<false, T, G, V>(per_lane);
-              if (smem > 48 * 1024)
-                CHORUS_CUDA_CHECK(
-                    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+              auto kernel = warp_backward_kernel<T, G, V>(per_lane);
+              // Up to 64 KiB (8 warps x 2 x 4 vectors of 8 floats x 32 lanes):
+              // past the 48 KiB a launch gets without asking.
+              CHORUS_CUDA_CHECK(
+                  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
               int per_sm = 0;
               CHORUS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kBlockThreads, smem));
               const int64_t resident = int64_t{std::max(per_sm, 1)} * device_properties(dev).multiProcessorCount;
