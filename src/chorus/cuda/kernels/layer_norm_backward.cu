@@ -511,10 +511,26 @@ void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
           constexpr int kMaxK = kFusedColsPerThread / V;
           const int64_t nv = cols / V;
           const bool warp_rows = cols <= kWarpCols;
+          // Runs one of the one-pass kernels over as many blocks as fit on
+          // the GPU at once, then adds the blocks' partial sums.
+          auto run = [&](auto kernel, dim3 block, size_t smem) {
+            int per_sm = 0;
+            const int threads = static_cast<int>(block.x * block.y);
+            CHORUS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+            const int64_t resident = int64_t{std::max(per_sm, 1)} * device_properties(dev).multiProcessorCount;
+            const int64_t blocks = std::clamp<int64_t>((rows + block.y - 1) / block.y, 1, resident);
+            // Freed on this stream after the kernels below: stream order makes it safe.
+            Tensor partial = detail::empty_tensor({2 * blocks * cols}, kFloat32, x.device());
+            kernel<<<static_cast<unsigned>(blocks), block, smem, stream>>>(
+                dy.data<T>(), x.data<T>(), param_ptr<G>(gamma), mean.data<float>(), rstd.data<float>(), dr,
+                dx.data<T>(), partial.data<float>(), rows, cols);
+            CHORUS_CUDA_LAUNCH_CHECK();
+            layer_norm_param_sum_kernel<<<static_cast<unsigned>((cols + 31) / 32), dim3(32, kSumRowWarps), 0,
+                                          stream>>>(partial.data<float>(), blocks, cols, dg, db);
+          };
           if constexpr (V % 4 == 0) {
             if (warp_rows) {
               // Note [Layer norm's backward, sums in shared memory].
-              const dim3 block(32, kRowsPerBlock);
               const int64_t per_lane = (nv + 31) / 32;
               const size_t smem = size_t{kRowsPerBlock} * 2 * static_cast<size_t>(per_lane <= 4 ? per_lane : 8) *
                                   (V / 4) * 32 * sizeof(float4);
@@ -523,37 +539,14 @@ void layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma,
               // past the 48 KiB a launch gets without asking.
               CHORUS_CUDA_CHECK(
                   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-              int per_sm = 0;
-              CHORUS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kBlockThreads, smem));
-              const int64_t resident = int64_t{std::max(per_sm, 1)} * device_properties(dev).multiProcessorCount;
-              const int64_t blocks = std::clamp<int64_t>((rows + kRowsPerBlock - 1) / kRowsPerBlock, 1, resident);
-              Tensor partial = detail::empty_tensor({2 * blocks * cols}, kFloat32, x.device());
-              kernel<<<static_cast<unsigned>(blocks), block, smem, stream>>>(
-                  dy.data<T>(), x.data<T>(), param_ptr<G>(gamma), mean.data<float>(), rstd.data<float>(), dr,
-                  dx.data<T>(), partial.data<float>(), rows, cols);
-              CHORUS_CUDA_LAUNCH_CHECK();
-              layer_norm_param_sum_kernel<<<static_cast<unsigned>((cols + 31) / 32), dim3(32, kSumRowWarps), 0,
-                                            stream>>>(partial.data<float>(), blocks, cols, dg, db);
+              run(kernel, dim3(32, kRowsPerBlock), smem);
               return;
             }
           }
           const dim3 block = warp_rows ? dim3(32, kRowsPerBlock)
                                        : dim3(static_cast<unsigned>(((nv + kMaxK - 1) / kMaxK + 31) / 32 * 32), 1);
           const size_t smem = warp_rows ? 2 * kRowsPerBlock * 32 * V * sizeof(float) : 0;
-          auto kernel = fused_backward_kernel<kMaxK, T, G, V>((nv + block.x - 1) / block.x);
-          int per_sm = 0;
-          const int threads = static_cast<int>(block.x * block.y);
-          CHORUS_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
-          const int64_t resident = int64_t{std::max(per_sm, 1)} * device_properties(dev).multiProcessorCount;
-          const int64_t blocks = std::clamp<int64_t>((rows + block.y - 1) / block.y, 1, resident);
-          // Freed on this stream after the kernels below: stream order makes it safe.
-          Tensor partial = detail::empty_tensor({2 * blocks * cols}, kFloat32, x.device());
-          kernel<<<static_cast<unsigned>(blocks), block, smem, stream>>>(
-              dy.data<T>(), x.data<T>(), param_ptr<G>(gamma), mean.data<float>(), rstd.data<float>(), dr,
-              dx.data<T>(), partial.data<float>(), rows, cols);
-          CHORUS_CUDA_LAUNCH_CHECK();
-          layer_norm_param_sum_kernel<<<static_cast<unsigned>((cols + 31) / 32), dim3(32, kSumRowWarps), 0,
-                                        stream>>>(partial.data<float>(), blocks, cols, dg, db);
+          run(fused_backward_kernel<kMaxK, T, G, V>((nv + block.x - 1) / block.x), block, smem);
           return;
         }
         const RowLaunch l = row_launch(rows, cols);

@@ -10,6 +10,8 @@
 // the sums of squares go a block a chunk (Note [Squares in chunks]) and land
 // in per-block partials, added by one block in a fixed order: the norm is the
 // same from run to run.
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -142,9 +144,11 @@ void dispatch_with_double(DType dt, const char* op, F&& f) {
   dispatch_float(dt, op, static_cast<F&&>(f));
 }
 
-// Calls launch(table, count) for each run of up to kTensors non-empty tensors of one dtype.
-template <typename L>
-void for_each_batch(const TensorList& xs, const char* op, L&& launch) {
+// Calls take(run, dtype) for runs of the non-empty tensors of xs that share a
+// dtype, in order; take keeps the tensors it can (a prefix of run, at least
+// one) and returns how many, and the rest go into later runs.
+template <typename Take>
+void for_each_run(const TensorList& xs, const char* op, Take&& take) {
   std::vector<const Tensor*> todo;
   for (const Tensor& x : xs) {
     CHORUS_CHECK(x.device().is_cuda() && x.is_contiguous() && is_floating(x.dtype()), op,
@@ -153,21 +157,28 @@ void for_each_batch(const TensorList& xs, const char* op, L&& launch) {
   }
   while (!todo.empty()) {
     const DType dt = todo.front()->dtype();
-    Table t{};
-    int count = 0;
-    std::vector<const Tensor*> rest;
-    for (const Tensor* x : todo) {
-      if (x->dtype() == dt && count < kTensors) {
-        t.ptr[count] = x->raw_data();
-        t.numel[count] = x->numel();
-        ++count;
-      } else {
-        rest.push_back(x);
-      }
-    }
-    launch(t, count, dt);
+    std::vector<const Tensor*> run, rest;
+    for (const Tensor* x : todo) (x->dtype() == dt ? run : rest).push_back(x);
+    const size_t kept = take(run, dt);
+    rest.insert(rest.begin(), run.begin() + static_cast<std::ptrdiff_t>(kept), run.end());
     todo.swap(rest);
   }
+}
+
+// Calls launch(table, count, dtype) for each run of up to kTensors non-empty
+// tensors of one dtype.
+template <typename L>
+void for_each_batch(const TensorList& xs, const char* op, L&& launch) {
+  for_each_run(xs, op, [&](const std::vector<const Tensor*>& run, DType dt) {
+    Table t{};
+    const int count = static_cast<int>(std::min<size_t>(run.size(), kTensors));
+    for (int k = 0; k < count; ++k) {
+      t.ptr[k] = run[static_cast<size_t>(k)]->raw_data();
+      t.numel[k] = run[static_cast<size_t>(k)]->numel();
+    }
+    launch(t, count, dt);
+    return static_cast<size_t>(count);
+  });
 }
 
 // Calls launch(table, blocks, dtype) for each run of up to kTensors non-empty
@@ -175,34 +186,24 @@ void for_each_batch(const TensorList& xs, const char* op, L&& launch) {
 // [Squares in chunks]).
 template <typename L>
 void for_each_chunk_batch(const TensorList& xs, const char* op, L&& launch) {
-  std::vector<const Tensor*> todo;
-  for (const Tensor& x : xs) {
-    CHORUS_CHECK(x.device().is_cuda() && x.is_contiguous() && is_floating(x.dtype()), op,
-                 ": tensors must be contiguous floating CUDA tensors, got ", x.describe());
-    if (x.numel() > 0) todo.push_back(&x);
-  }
-  while (!todo.empty()) {
-    const DType dt = todo.front()->dtype();
+  for_each_run(xs, op, [&](const std::vector<const Tensor*>& run, DType dt) {
     ChunkTable t{};
     int64_t blocks = 0;
-    std::vector<const Tensor*> rest;
-    for (const Tensor* x : todo) {
+    for (const Tensor* x : run) {
       const int64_t chunks = (x->numel() + kSquaresChunk - 1) / kSquaresChunk;
+      CHORUS_CHECK(chunks < (int64_t{1} << 30), op, ": a tensor of ", x->numel(),
+                   " elements is more than one launch sums");
       // A launch's blocks stay well inside the grid's 2^31 - 1.
-      if (x->dtype() == dt && t.tensors < kTensors && (t.tensors == 0 || blocks + chunks < (int64_t{1} << 30))) {
-        CHORUS_CHECK(chunks < (int64_t{1} << 30), op, ": a tensor of ", x->numel(), " elements is more than one launch sums");
-        t.ptr[t.tensors] = x->raw_data();
-        t.numel[t.tensors] = x->numel();
-        t.first_block[t.tensors] = static_cast<int32_t>(blocks);
-        ++t.tensors;
-        blocks += chunks;
-      } else {
-        rest.push_back(x);
-      }
+      if (t.tensors == kTensors || blocks + chunks >= (int64_t{1} << 30)) break;
+      t.ptr[t.tensors] = x->raw_data();
+      t.numel[t.tensors] = x->numel();
+      t.first_block[t.tensors] = static_cast<int32_t>(blocks);
+      ++t.tensors;
+      blocks += chunks;
     }
     launch(t, blocks, dt);
-    todo.swap(rest);
-  }
+    return static_cast<size_t>(t.tensors);
+  });
 }
 
 }  // namespace

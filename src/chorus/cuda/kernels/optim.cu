@@ -260,6 +260,32 @@ void put_copy(Table& table, int k, const TensorList& copies, size_t i) {
 // write_copy4's 8-byte stores need the copy 8-byte aligned for the pack path.
 bool copy_packable(const void* copy) { return (reinterpret_cast<uintptr_t>(copy) & 7) == 0; }
 
+// The launches of a multi-tensor update: params in order, up to max_tensors
+// a launch, each non-empty tensor a block per chunk of kMultiChunk elements.
+// put(k, i, first_block) fills table entry k with parameter i, which starts
+// at block first_block of its launch; launch(tensors, blocks) runs a launch.
+template <typename Put, typename Launch>
+void multi_launches(const TensorList& params, int max_tensors, const char* op, Put&& put, Launch&& launch) {
+  int tensors = 0;
+  int64_t blocks = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const int64_t n = params[i].numel();
+    if (n == 0) continue;
+    const int64_t chunks = (n + kMultiChunk - 1) / kMultiChunk;
+    CHORUS_CHECK(chunks <= (int64_t{1} << 30), op, ": parameter ", i, " has ", n,
+                 " elements, more than one launch updates");
+    // A launch's blocks stay well inside the grid's 2^31 - 1.
+    if (tensors == max_tensors || blocks + chunks > (int64_t{1} << 30)) {
+      launch(tensors, blocks);
+      tensors = 0;
+      blocks = 0;
+    }
+    put(tensors++, i, static_cast<int32_t>(blocks));
+    blocks += chunks;
+  }
+  if (blocks > 0) launch(tensors, blocks);
+}
+
 // A gradient pack plus its addend's, when there is one (one float addition
 // per lane: Note [Gradient sums in the update]).
 __device__ __forceinline__ float4 add4(float4 g, const float* addend, int64_t begin, int64_t v) {
@@ -365,38 +391,24 @@ void sgd_update_multi(const TensorList& params, const TensorList& grads,
               nesterov, first_step, has_momentum};
   p.scalars = device_scalars(scalars, params[0], "sgd_update_multi");
   SgdTable table{};
-  int tensors = 0;
-  int64_t blocks = 0;
-  auto launch = [&] {
-    if (blocks > 0) {
-      table.tensors = tensors;
-      sgd_multi_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, current_stream(dev)>>>(table, p);
-      CHORUS_CUDA_LAUNCH_CHECK();
-    }
-    tensors = 0;
-    blocks = 0;
-  };
-  for (size_t i = 0; i < params.size(); ++i) {
-    const int64_t n = params[i].numel();
-    if (n == 0) continue;
-    const int64_t chunks = (n + kMultiChunk - 1) / kMultiChunk;
-    // A launch's blocks stay well inside the grid's 2^31 - 1.
-    if (tensors == kSgdTensors || blocks + chunks > (int64_t{1} << 30)) launch();
-    CHORUS_CHECK(chunks <= (int64_t{1} << 30), "sgd_update_multi: parameter ", i, " has ", n,
-                 " elements, more than one launch updates");
-    const int k = tensors++;
-    table.first_block[k] = static_cast<int32_t>(blocks);
-    blocks += chunks;
-    table.param[k] = params[i].data<float>();
-    table.grad[k] = grads[i].data<float>();
-    table.addend[k] = addend_ptr(addends, i);
-    table.buf[k] = has_momentum ? momentum_bufs[i].data<float>() : nullptr;
-    table.n[k] = n;
-    put_copy(table, k, copies, i);
-    table.packed[k] = aligned16(table.param[k]) && aligned16(table.grad[k]) && aligned16(table.addend[k]) &&
-                      (!has_momentum || aligned16(table.buf[k])) && copy_packable(table.copy[k]);
-  }
-  launch();
+  multi_launches(
+      params, kSgdTensors, "sgd_update_multi",
+      [&](int k, size_t i, int32_t first_block) {
+        table.first_block[k] = first_block;
+        table.param[k] = params[i].data<float>();
+        table.grad[k] = grads[i].data<float>();
+        table.addend[k] = addend_ptr(addends, i);
+        table.buf[k] = has_momentum ? momentum_bufs[i].data<float>() : nullptr;
+        table.n[k] = params[i].numel();
+        put_copy(table, k, copies, i);
+        table.packed[k] = aligned16(table.param[k]) && aligned16(table.grad[k]) && aligned16(table.addend[k]) &&
+                          (!has_momentum || aligned16(table.buf[k])) && copy_packable(table.copy[k]);
+      },
+      [&](int tensors, int64_t blocks) {
+        table.tensors = tensors;
+        sgd_multi_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, current_stream(dev)>>>(table, p);
+        CHORUS_CUDA_LAUNCH_CHECK();
+      });
 }
 
 void adamw_update(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
@@ -539,39 +551,26 @@ void adamw_update_multi(const TensorList& params, const TensorList& grads, const
     p.grad_scale_ptr = grad_scale.data<float>();
   }
   AdamTable table{};
-  int tensors = 0;
-  int64_t blocks = 0;
-  auto launch = [&] {
-    if (blocks > 0) {
-      table.tensors = tensors;
-      adamw_multi_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, current_stream(dev)>>>(table, p);
-      CHORUS_CUDA_LAUNCH_CHECK();
-    }
-    tensors = 0;
-    blocks = 0;
-  };
-  for (size_t i = 0; i < params.size(); ++i) {
-    const int64_t n = params[i].numel();
-    if (n == 0) continue;
-    const int64_t chunks = (n + kMultiChunk - 1) / kMultiChunk;
-    // A launch's blocks stay well inside the grid's 2^31 - 1.
-    if (tensors == kAdamTensors || blocks + chunks > (int64_t{1} << 30)) launch();
-    CHORUS_CHECK(chunks <= (int64_t{1} << 30), "adamw_update_multi: parameter ", i, " has ", n,
-                 " elements, more than one launch updates");
-    const int k = tensors++;
-    table.first_block[k] = static_cast<int32_t>(blocks);
-    blocks += chunks;
-    table.param[k] = params[i].data<float>();
-    table.grad[k] = grads[i].data<float>();
-    table.addend[k] = addend_ptr(addends, i);
-    table.exp_avg[k] = exp_avgs[i].data<float>();
-    table.exp_avg_sq[k] = exp_avg_sqs[i].data<float>();
-    table.n[k] = n;
-    put_copy(table, k, copies, i);
-    table.packed[k] = aligned16(table.param[k]) && aligned16(table.grad[k]) && aligned16(table.addend[k]) &&
-                      aligned16(table.exp_avg[k]) && aligned16(table.exp_avg_sq[k]) && copy_packable(table.copy[k]);
-  }
-  launch();
+  multi_launches(
+      params, kAdamTensors, "adamw_update_multi",
+      [&](int k, size_t i, int32_t first_block) {
+        table.first_block[k] = first_block;
+        table.param[k] = params[i].data<float>();
+        table.grad[k] = grads[i].data<float>();
+        table.addend[k] = addend_ptr(addends, i);
+        table.exp_avg[k] = exp_avgs[i].data<float>();
+        table.exp_avg_sq[k] = exp_avg_sqs[i].data<float>();
+        table.n[k] = params[i].numel();
+        put_copy(table, k, copies, i);
+        table.packed[k] = aligned16(table.param[k]) && aligned16(table.grad[k]) && aligned16(table.addend[k]) &&
+                          aligned16(table.exp_avg[k]) && aligned16(table.exp_avg_sq[k]) &&
+                          copy_packable(table.copy[k]);
+      },
+      [&](int tensors, int64_t blocks) {
+        table.tensors = tensors;
+        adamw_multi_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, current_stream(dev)>>>(table, p);
+        CHORUS_CUDA_LAUNCH_CHECK();
+      });
 }
 
 }  // namespace chorus::cuda
