@@ -547,6 +547,42 @@ TEST(CudaKernels, IndexSelectAndIndexAddMatchCpu_CUDA) {
     cuda::index_add(grad.gpu, 0, ids.gpu, rows.gpu);
     expect_near(grad.gpu, grad.cpu, 1e-5, 1e-6, "embedding gradient, " + what);
   }
+  // A table whose data starts 4 bytes past a 16-byte boundary (a view at
+  // offset 1): whole rows of 256 bytes, but the element kernels.
+  const Twin padded = random_twin({1000 * 64 + 1}, kFloat32, 180);
+  const Twin shifted = view(padded, {1000, 64}, {64, 1}, 1);
+  const Twin picked = output_twin({4096, 64}, kFloat32);
+  cpu::index_select(shifted.cpu, 0, ids.cpu, picked.cpu);
+  cuda::index_select(shifted.gpu, 0, ids.gpu, picked.gpu);
+  expect_equal(picked.gpu, picked.cpu, "embedding lookup from a table at an odd offset");
+  const Twin back = random_twin({1000 * 64 + 1}, kFloat32, 181);
+  const Twin back_view = view(back, {1000, 64}, {64, 1}, 1);
+  cpu::index_add(back_view.cpu, 0, ids.cpu, picked.cpu);
+  cuda::index_add(back_view.gpu, 0, ids.gpu, picked.gpu);
+  expect_near(back_view.gpu, back_view.cpu, 1e-5, 1e-6, "embedding gradient into a table at an odd offset");
+  // Indices out of range on the row paths: a selected row is zeros, an added
+  // row is skipped (the CPU refuses them, so the expectation is built here).
+  const Twin table = random_twin({10, 64}, kFloat32, 182);
+  const Twin bad = index_twin({3, -1, 10, 7}, {4});
+  const Twin got = output_twin({4, 64}, kFloat32);
+  cuda::index_select(table.gpu, 0, bad.gpu, got.gpu);
+  const std::vector<double> t = values(table.gpu), g = values(got.gpu);
+  for (int64_t c = 0; c < 64; ++c) {
+    EXPECT_EQ(g[static_cast<size_t>(c)], t[static_cast<size_t>(3 * 64 + c)]) << "row 0, column " << c;
+    EXPECT_EQ(g[static_cast<size_t>(64 + c)], 0.0) << "index -1, column " << c;
+    EXPECT_EQ(g[static_cast<size_t>(128 + c)], 0.0) << "index 10, column " << c;
+    EXPECT_EQ(g[static_cast<size_t>(192 + c)], t[static_cast<size_t>(7 * 64 + c)]) << "row 3, column " << c;
+  }
+  const Twin sums = random_twin({10, 64}, kFloat32, 183);
+  const std::vector<double> before = values(sums.gpu), src = values(got.gpu);
+  cuda::index_add(sums.gpu, 0, bad.gpu, got.gpu);
+  std::vector<double> want = before;
+  for (int64_t c = 0; c < 64; ++c) {
+    want[static_cast<size_t>(3 * 64 + c)] = static_cast<float>(want[static_cast<size_t>(3 * 64 + c)] + src[static_cast<size_t>(c)]);
+    want[static_cast<size_t>(7 * 64 + c)] =
+        static_cast<float>(want[static_cast<size_t>(7 * 64 + c)] + src[static_cast<size_t>(192 + c)]);
+  }
+  EXPECT_EQ(values(sums.gpu), want) << "index_add with indices -1 and 10 skipped";
 }
 
 TEST(CudaKernels, GatherAndScatterAddMatchCpu_CUDA) {

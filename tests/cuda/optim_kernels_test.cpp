@@ -283,6 +283,39 @@ TEST(CudaKernels, AdamWUpdateMultiGradScaleMatchesCpu_CUDA) {
                ValueError);
 }
 
+// Note [Squares in chunks] (cuda/kernels/multi_tensor.cu): the clipping
+// norm's sum of squares over 70 float32 and 70 bf16 tensors interleaved
+// (more of each dtype than a launch's table holds: the dtypes' runs split and
+// resume), an empty tensor, a float32 tensor of several chunks and a part of
+// one, and one at an odd offset (element loads), into a float32 and a float64
+// sum, against the CPU's float64 accumulation.
+TEST(CudaKernels, SumSquaresMultiOverMixedDtypesMatchesCpu_CUDA) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
+  std::vector<Twin> keep;
+  TensorList cpu_xs, gpu_xs;
+  uint32_t seed = 1300;
+  auto add = [&](const Twin& t) {
+    keep.push_back(t);
+    cpu_xs.push_back(t.cpu);
+    gpu_xs.push_back(t.gpu);
+  };
+  for (int i = 0; i < 70; ++i) {
+    add(random_twin({1 + 53 * i}, kFloat32, ++seed));
+    add(random_twin({7 + 31 * i}, kBFloat16, ++seed));
+    if (i == 20) add(random_twin({0}, kFloat32, ++seed));
+    if (i == 30) add(random_twin({3 * 16384 + 1234}, kFloat32, ++seed));
+    if (i == 40) add(view(random_twin({4001}, kFloat32, ++seed), {4000}, {1}, 1));
+  }
+  for (DType out_dtype : {kFloat32, kFloat64}) {
+    Tensor cpu_out = zeros({1}, {out_dtype});
+    cpu::sum_squares_multi(cpu_xs, cpu_out);
+    Tensor gpu_out = detail::empty_tensor({1}, out_dtype, cuda_device(0));  // written whole
+    cuda::sum_squares_multi(gpu_xs, gpu_out);
+    const double want = cpu_out.to(kFloat64).item(), got = values(gpu_out)[0];
+    EXPECT_NEAR(got, want, (out_dtype == kFloat32 ? 1e-5 : 1e-6) * want) << dtype_name(out_dtype);
+  }
+}
+
 }  // namespace
 }  // namespace chorus
 

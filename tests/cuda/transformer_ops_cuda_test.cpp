@@ -169,20 +169,22 @@ TEST(TransformerOps, AddLayerNormMatchesTheCpu_CUDA) {
 // and long rows, 16-byte vectors and not (771, 1601 columns), 8192 columns
 // (the fused path's widest) and 8200 (the two-kernel path), and for the
 // warp-a-row kernel (Note [Layer norm's backward, sums in shared memory])
-// every count of vectors a lane owns (200, 768 and 1024 columns: 1, 3 and 4
-// bf16 vectors, 2, 6 and 8 float32 ones), against the CPU
-// in float64 on the same rounded inputs. Each shape runs with float32 gamma
-// and beta and with one of: the residual's gradient added (add_layer_norm),
-// gamma alone in x's dtype (no dbeta), beta alone (no gamma, no dgamma).
+// every count of vectors a lane owns (128, 200, 512, 768 and 1024 columns:
+// 1, 1, 2, 3 and 4 16-bit vectors; 1, 2, 4, 6 and 8 float32 ones), against
+// the CPU in float64 on the same rounded inputs, in float32, bfloat16 and
+// float16. Each shape runs with float32 gamma and beta and with one of (rows
+// of up to 1024 columns: with each of) the residual's gradient added
+// (add_layer_norm), gamma alone in x's dtype (no dbeta), beta alone (no
+// gamma, no dgamma).
 TEST(TransformerOps, LayerNormBackwardOverManyRowsMatchesTheCpu_CUDA) {
   if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
   const Device gpu("cuda:0");
   struct RowsCols {
     int64_t rows, cols;
   };
-  const std::vector<RowsCols> shapes{{9000, 768},  {3000, 771}, {4500, 1600}, {517, 1601},
-                                     {300, 8192},  {40, 8200},  {5000, 1024}, {2500, 200}};
-  for (DeviceCase dc : {DeviceCase{kFloat32, 2e-5}, DeviceCase{kBFloat16, 3e-2}}) {
+  const std::vector<RowsCols> shapes{{9000, 768}, {3000, 771},  {4500, 1600}, {517, 1601}, {300, 8192},
+                                     {40, 8200},  {5000, 1024}, {2500, 200},  {3000, 512}, {3000, 128}};
+  for (DeviceCase dc : {DeviceCase{kFloat32, 2e-5}, DeviceCase{kBFloat16, 3e-2}, DeviceCase{kFloat16, 4e-3}}) {
     SCOPED_TRACE(dtype_name(dc.dtype));
     for (size_t i = 0; i < shapes.size(); ++i) {
       const int64_t rows = shapes[i].rows, cols = shapes[i].cols;
@@ -198,7 +200,9 @@ TEST(TransformerOps, LayerNormBackwardOverManyRowsMatchesTheCpu_CUDA) {
       };
       // (Rounded on the host first: a CUDA tensor cannot be float64.)
       auto dev = [&](const Tensor& t, DType dt) { return t.to(dt).to(gpu).detach().clone().set_requires_grad(true); };
-      for (int variant : {0, 1 + static_cast<int>(i % 3)}) {
+      const std::vector<int> variants =
+          cols <= 1024 ? std::vector<int>{0, 1, 2, 3} : std::vector<int>{0, 1 + static_cast<int>(i % 3)};
+      for (int variant : variants) {
         SCOPED_TRACE(::testing::Message() << rows << " x " << cols << " variant " << variant);
         const bool with_w = variant != 3, with_b = variant != 2;
         // The parameters in x's dtype alone, or float32 master weights.
