@@ -216,9 +216,9 @@ TEST(TensorParallelPipeline, StagesSplitTheLayersByCost) {
   ASSERT_EQ(costs.size(), 50u);
   EXPECT_EQ(costs.front(), 0.0);
   EXPECT_NEAR(costs.back() / costs[1], 2.488, 1e-3);  // the head, in blocks
-  // 1F1B at pp=4: 13, 13, 13 blocks (the embeddings on the first), then 9 and the head.
+  // 1F1B at pp=4: 13, 13, 12 blocks (the embeddings on the first), then 10 and the head.
   const std::vector<int64_t> b4 = tp::pipeline_balance(xl, 1024, 4);
-  EXPECT_EQ(b4, (std::vector<int64_t>{14, 13, 13, 10}));
+  EXPECT_EQ(b4, (std::vector<int64_t>{14, 13, 12, 11}));
   // An even split by count (13, 13, 12, 12: 11 blocks and the head last) has a heavier slowest stage.
   EXPECT_NEAR(heaviest_stage(costs, b4, 4) / costs[1], 13.0, 1e-9);
   EXPECT_NEAR(heaviest_stage(costs, {13, 13, 12, 12}, 4) / costs[1], 13.488, 1e-3);
@@ -228,6 +228,10 @@ TEST(TensorParallelPipeline, StagesSplitTheLayersByCost) {
   EXPECT_EQ(std::accumulate(b8.begin(), b8.end(), int64_t{0}), 50);
   EXPECT_NEAR(heaviest_stage(costs, b8, 4) / costs[1], 13.0, 1e-9);
   EXPECT_NEAR(heaviest_stage(costs, {7, 7, 6, 6, 6, 6, 6, 6}, 4) / costs[1], 13.488, 1e-3);
+  // Under the least slowest stage, the most even split: d12's head (5.4
+  // blocks at sequences of 64) alone, the blocks 4, 4, 4 (not 5, 5, 2).
+  const models::GPTConfig d12 = models::GPTConfig::named("d12", 50257, 1024);
+  EXPECT_EQ(tp::pipeline_balance(d12, 64, 4), (std::vector<int64_t>{5, 4, 4, 1}));
   // A head of 20 blocks (d2's) takes a stage of its own.
   const models::GPTConfig d2 = models::GPTConfig::named("d2", 50257, 1024);
   EXPECT_EQ(tp::pipeline_balance(d2, 1024, 2), (std::vector<int64_t>{3, 1}));

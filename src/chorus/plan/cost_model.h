@@ -92,9 +92,11 @@
 //                   costs and with the heaviest stage taken as ceil(L/p)
 //                   blocks and the head; what is still missing is not
 //                   modelled (candidates: the host's issue gaps of eager
-//                   2-sequence micro-batches, as each received header
-//                   synchronises the host with its compute stream; NCCL's
-//                   kernels beside the compute).
+//                   2-sequence micro-batches, each received header having
+//                   synchronised the host with its compute stream until
+//                   Note [Received headers off the compute stream] in
+//                   parallel/pipeline.cpp; NCCL's kernels beside the
+//                   compute).
 #pragma once
 
 #include <cstdint>

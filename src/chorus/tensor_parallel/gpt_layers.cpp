@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "chorus/autograd/grad_mode.h"
 #include "chorus/core/error.h"
@@ -89,21 +90,35 @@ std::vector<int64_t> pipeline_balance(const models::GPTConfig& cfg, int64_t seq,
   CHORUS_CHECK(stages <= n, "pipeline_balance: ", stages, " stages but the model has only ", n,
                " pipeline layers (embeddings, ", cfg.layers, " blocks, head)");
   std::vector<int64_t> balance;
+  std::vector<double> prefix(static_cast<size_t>(n) + 1, 0.0);
+  for (int64_t i = 0; i < n; ++i) prefix[static_cast<size_t>(i) + 1] = prefix[static_cast<size_t>(i)] + costs[static_cast<size_t>(i)];
   if (virtual_stages == 1) {
-    // The least slowest stage (exact), then, front to back, each stage takes
-    // as many layers as fit under it (leaving one for each stage after it):
-    // no stage gets slower, and the last stages get as few layers as they
-    // can (Note [Pipeline stages by cost]: ties go against the head).
+    // The least slowest stage (exact), then among the splits under it the
+    // most even one: the least sum of the stages' squared costs (exact, by
+    // dynamic programming over the same cuts), a tie going to the split whose
+    // later stages are lighter (Note [Pipeline stages by cost]).
     const double cap = slowest(rank_loads(costs, parallel::balance_by_cost(costs, stages), ranks)) * (1 + 1e-12);
-    int64_t at = 0;
-    for (int64_t s = 0; s < stages; ++s) {
-      const int64_t most = n - at - (stages - s - 1);
-      int64_t take = 1;
-      double part = costs[static_cast<size_t>(at)];
-      while (take < most && (s == stages - 1 || part + costs[static_cast<size_t>(at + take)] <= cap))
-        part += costs[static_cast<size_t>(at + take++)];
-      balance.push_back(take);
-      at += take;
+    const double inf = std::numeric_limits<double>::infinity();
+    const size_t N = static_cast<size_t>(n) + 1;
+    std::vector<std::vector<double>> best(static_cast<size_t>(stages) + 1, std::vector<double>(N, inf));
+    std::vector<std::vector<int64_t>> cut(static_cast<size_t>(stages) + 1, std::vector<int64_t>(N, 0));
+    best[0][0] = 0;
+    for (int64_t p = 1; p <= stages; ++p)
+      for (int64_t i = p; i <= n; ++i)
+        for (int64_t j = p - 1; j < i; ++j) {
+          const double part = prefix[static_cast<size_t>(i)] - prefix[static_cast<size_t>(j)];
+          const double prev = best[static_cast<size_t>(p - 1)][static_cast<size_t>(j)];
+          if (part > cap || prev == inf) continue;
+          const double v = prev + part * part;
+          double& b = best[static_cast<size_t>(p)][static_cast<size_t>(i)];
+          // A later cut on a tie (within rounding): this last part the lighter.
+          if (v <= b * (1 + 1e-12) || b == inf) b = v, cut[static_cast<size_t>(p)][static_cast<size_t>(i)] = j;
+        }
+    balance.assign(static_cast<size_t>(stages), 0);
+    for (int64_t p = stages, i = n; p >= 1; --p) {
+      const int64_t j = cut[static_cast<size_t>(p)][static_cast<size_t>(i)];
+      balance[static_cast<size_t>(p - 1)] = i - j;
+      i = j;
     }
     return balance;
   }
@@ -113,8 +128,6 @@ std::vector<int64_t> pipeline_balance(const models::GPTConfig& cfg, int64_t seq,
   // to the layer boundary nearest its share of the total work, k / stages
   // (each stage at least one layer; on a tie the later boundary); the even
   // split by count is kept where that is no better.
-  std::vector<double> prefix(static_cast<size_t>(n) + 1, 0.0);
-  for (int64_t i = 0; i < n; ++i) prefix[static_cast<size_t>(i) + 1] = prefix[static_cast<size_t>(i)] + costs[static_cast<size_t>(i)];
   int64_t prev = 0;
   for (int64_t k = 1; k < stages; ++k) {
     const double target = prefix.back() * static_cast<double>(k) / static_cast<double>(stages);

@@ -75,19 +75,22 @@ std::shared_ptr<nn::Sequential> pipeline_layers(TensorParallelGPT& model);
 // stage's busy time over 1 - the ideal bubble: the bubble above the ideal
 // (0.304 against 0.158) was that stage's extra work, the mean stage's busy
 // time being 0.83 of the slowest's. pipeline_balance splits the layers by
-// these costs instead: one stage a rank (1F1B, GPipe), the least slowest
-// stage (parallel::balance_by_cost), and among the splits as good as that
-// the one that gives the later stages the fewer layers: the head's cost is
-// a lower bound (its loss also passes over the [tokens, Vp] logits several
-// times, memory-bound work no FLOP count sees), so a tie goes against it.
-// gpt2-xl at pp=4: 14, 13, 13, 10 (13, 13, 13 blocks, then 9 and the head).
-// Interleaved (V stages a rank), each rank's V stages together are what
-// count; the cuts go where each stage's share of the work is nearest
-// 1/(pp V) (gpt2-xl at pp=4, V=2: the slowest rank 13 blocks' work, 13.5 by
-// count). The per-layer costs do not depend on tp
-// (every layer is split tp ways alike). The price: the first stage, which
-// keeps the most micro-batches' activations in 1F1B, may take a block more
-// than an even split gives it; --balance still sets any split.
+// these costs instead. One stage a rank (1F1B, GPipe): the least slowest
+// stage (parallel::balance_by_cost), and among the splits under it the most
+// even (the least sum of squares), a tie going to the one whose later
+// stages are lighter. gpt2-xl at pp=4: 14, 13, 12, 11 (13, 13, 12 blocks,
+// then 10 and the head: 12.5). Interleaved (V stages a rank), each rank's V
+// stages together are what count; the cuts go where each stage's share of
+// the work is nearest 1/(pp V) (gpt2-xl at pp=4, V=2: the slowest rank 13
+// blocks' work, 13.5 by count). The per-layer costs do not depend on tp
+// (every layer is split tp ways alike).
+// What the FLOP count misses: the head's loss also passes over the [tokens,
+// Vp] logits several times (memory-bound; chorus plan counts it, Note [Cost
+// model]), and the embeddings' gradient is a dense [Vp, C] sum on CPUs
+// where it is slow; the costs are a first-principles default, not a
+// measurement (--balance sets any split; timing the layers, as
+// --strategy pipeline's --balance time does in one process, is not done
+// over processes).
 std::vector<double> pipeline_layer_costs(const models::GPTConfig& cfg, int64_t seq);
 // ranks x virtual_stages counts of consecutive layers adding up to
 // cfg.layers + 2 (stage s on pipeline rank s % ranks). ValueError when there
