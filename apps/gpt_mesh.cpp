@@ -91,6 +91,7 @@ MeshPipeline start_mesh_pipeline(MeshGpt& m, const MeshPipeSettings& p, int64_t 
   o.schedule = parallel::parse_schedule(p.schedule);
   o.virtual_stages = p.virtual_stages;
   o.stage_group = m.mesh->group("pp");
+  o.keep_output = false;  // the loss is all the drivers read: no batch of logits kept and joined each step
   auto layers = tp::pipeline_layers(*m.model);
   // Note [Pipeline stages by cost] in tensor_parallel/gpt_layers.h: without
   // --balance the stages even out the layers' work, not their count.

@@ -438,7 +438,7 @@ void Pipeline::run_task(Run& run, const PipeTask& t, size_t d) {
       if (run.train && run.backward && !ck) run.out[i] = y;
       if (!run.backward) run.in[i] = Tensor();
     } else {
-      if (run.backward) run.outputs[static_cast<size_t>(m)] = run.train ? y.detach() : y;
+      if (run.backward && (!run.train || opts_.keep_output)) run.outputs[static_cast<size_t>(m)] = run.train ? y.detach() : y;
       if (run.train) {
         run.losses[static_cast<size_t>(m)] = loss.detach();
         if (!ck && run.backward) run.loss[i] = loss;
@@ -711,7 +711,7 @@ Pipeline::StepResult Pipeline::train_step(const Tensor& x, const Tensor& target,
     Tensor loss = run.losses[0];
     for (int m = 1; m < run.M; ++m) loss = loss.add(run.losses[static_cast<size_t>(m)]);
     r.loss = loss;
-    r.output = run.M == 1 ? run.outputs[0] : chorus::cat(run.outputs, 0);
+    if (opts_.keep_output) r.output = run.M == 1 ? run.outputs[0] : chorus::cat(run.outputs, 0);
   }
   stats_ = PipelineStats{};
   if (opts_.measure) {
