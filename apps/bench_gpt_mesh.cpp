@@ -59,6 +59,7 @@ struct MeshRow {
   std::vector<double> peaks;  // per world rank
   double bubble = -1, bubble_ideal = 0, bound_tok_s = 0;
   std::vector<double> stage_busy_ms;  // per pipeline rank (its stages together), mean over its ranks
+  std::vector<int64_t> balance;       // layers per stage (Note [Pipeline stages by cost] without --balance)
 };
 
 }  // namespace
@@ -126,7 +127,7 @@ int run_bench_gpt_mesh(const BenchConfig& c) {
 
   auto run_row = [&](const MeshPipeSettings& ps, bool traced) {
     std::optional<MeshPipeline> mp;
-    if (pp > 1) mp.emplace(start_mesh_pipeline(m, ps));  // moves this rank's stage before the optimizer sees it
+    if (pp > 1) mp.emplace(start_mesh_pipeline(m, ps, seq));  // moves this rank's stage before the optimizer sees it
     std::shared_ptr<dist::DistributedDataParallel> ddp;
     nn::ModulePtr net = m.model;
     if (m.dp() > 1 && !mp) net = ddp = std::make_shared<dist::DistributedDataParallel>(m.model, m.mesh->group("dp"));
@@ -211,6 +212,7 @@ int run_bench_gpt_mesh(const BenchConfig& c) {
       const double step_ms = 1000.0 * r.dt / static_cast<double>(c.steps);
       const int64_t M = ps.micro_batches;
       r.stage_busy_ms = per_stage;
+      r.balance = mp->pipe->balance();
       r.bubble = std::max(0.0, 1.0 - mean / step_ms);
       r.bubble_ideal = plan::pipeline_bubble(pp, M, ps.virtual_stages);
       r.bound_tok_s = most > 0 ? tokens * (1.0 - r.bubble_ideal) / (most / 1000.0) : 0.0;
@@ -248,6 +250,7 @@ int run_bench_gpt_mesh(const BenchConfig& c) {
       row["schedule"] = name;
       row["micro_batches"] = ps.micro_batches;
       row["virtual_stages"] = ps.virtual_stages;
+      row["balance"] = r.balance;
       row["bubble"] = r.bubble;
       row["bubble_ideal"] = r.bubble_ideal;
       row["stage_busy_ms"] = r.stage_busy_ms;

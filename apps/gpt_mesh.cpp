@@ -84,15 +84,20 @@ void check_mesh_pipeline(const std::vector<dist::MeshAxis>& axes, const models::
   }
 }
 
-MeshPipeline start_mesh_pipeline(MeshGpt& m, const MeshPipeSettings& p) {
+MeshPipeline start_mesh_pipeline(MeshGpt& m, const MeshPipeSettings& p, int64_t seq) {
   MeshPipeline mp;
   parallel::PipelineOptions o;
   o.micro_batches = p.micro_batches;
   o.schedule = parallel::parse_schedule(p.schedule);
   o.virtual_stages = p.virtual_stages;
   o.stage_group = m.mesh->group("pp");
+  o.keep_output = false;  // the loss is all the drivers read: no batch of logits kept and joined each step
   auto layers = tp::pipeline_layers(*m.model);
-  mp.pipe = std::make_shared<parallel::Pipeline>(layers, p.balance, std::vector<Device>{m.device}, o);
+  // Note [Pipeline stages by cost] in tensor_parallel/gpt_layers.h: without
+  // --balance the stages even out the layers' work, not their count.
+  const std::vector<int64_t> balance =
+      p.balance.empty() ? tp::pipeline_balance(m.model->config(), seq, m.pp(), p.virtual_stages) : p.balance;
+  mp.pipe = std::make_shared<parallel::Pipeline>(layers, balance, std::vector<Device>{m.device}, o);
   // After the pipeline moved this rank's stage: the tensors as they are now.
   const auto all = tp::sharded_parameters(*m.model);
   mp.owner.assign(all.size(), -1);

@@ -153,7 +153,7 @@ nlohmann::ordered_json run_train_gpt_mesh(const TrainConfig& tc, const GptOption
   const double wd = g.weight_decay_given ? tc.weight_decay : 0.1;
   // Before the optimizer: the pipeline moves this rank's stage to its device.
   std::optional<MeshPipeline> mp;
-  if (pp > 1) mp.emplace(start_mesh_pipeline(m, ps));
+  if (pp > 1) mp.emplace(start_mesh_pipeline(m, ps, seq));
   optim::AdamWOptions ao{lr, 0.9, 0.95, 1e-8, wd};
   const auto sharded = tp::sharded_parameters(*model);
   std::vector<Tensor> params;

@@ -178,6 +178,25 @@ TEST(Pipeline, EverySchedulesStagesAndMicroBatchesMatchThePlainModel) {
       }
 }
 
+// keep_output = false: the same loss and gradients, no joined output.
+TEST(Pipeline, WithoutKeptOutputTheStepIsTheSame) {
+  manual_seed(9);
+  const Tensor x = randn({10, 12});
+  const Tensor y = randint(0, 5, {10});
+  const Reference ref = plain(mlp(3), x, y);
+  for (Schedule sch : {Schedule::GPipe, Schedule::OneFOneB, Schedule::Interleaved}) {
+    PipelineOptions o;
+    o.micro_batches = 4;
+    o.schedule = sch;
+    o.keep_output = false;
+    Pipeline pipe(mlp(3), {}, cpus(2), o);
+    pipe.zero_grad();
+    auto r = pipe.train_step(x, y, ce);
+    expect_matches(ref, pipe, r.loss.item<double>(), schedule_name(sch));
+    EXPECT_FALSE(r.output.defined()) << schedule_name(sch);
+  }
+}
+
 // evaluate(): the forwards only, for validation -- the plain model's loss on
 // the whole batch (uneven micro-batches too, and more micro-batches than
 // samples), no gradient anywhere, no graph kept.

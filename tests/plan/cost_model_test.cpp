@@ -12,6 +12,7 @@
 #include "chorus/plan/calibration.h"
 #include "chorus/plan/cost_model.h"
 #include "chorus/plan/gpt_layout_memory.h"
+#include "chorus/tensor_parallel/gpt_layers.h"
 #include "testing/expect_error.h"
 
 using namespace chorus;
@@ -361,8 +362,14 @@ TEST(PlanCostModel, Zero3ExposesWhatTheComputeCannotHide) {
   EXPECT_NEAR(*slowed.exposed_comm_s, want + 0.5 * fwd_bwd, 1e-9 * want);
 }
 
-// A 2-stage 1F1B pipeline of 4 micro-batches on one node: 5 slots of one
-// stage's micro-batch plus an activation sent and a gradient received.
+// A 2-stage 1F1B pipeline of 4 micro-batches on one node: 5 slots of the
+// slower stage's micro-batch plus an activation sent and a gradient received,
+// each a header and a tensor. The stages are tp::pipeline_balance's: d12's
+// head is 4.9 blocks of work, so 9 and 5 layers (8 blocks, then 4 and the
+// head). The head's stage also writes the logits and passes over them in the
+// vocabulary-parallel loss (48 bytes a logit in bf16), and 3 of the 4
+// micro-batches add the stage's weight gradients into .grad (12 bytes a
+// parameter), both at AdamW's 28 bytes a parameter.
 TEST(PlanCostModel, PipelineStepIsSlotsTimesTheStage) {
   Job job;
   job.cfg = models::GPTConfig::named("d12");
@@ -378,8 +385,12 @@ TEST(PlanCostModel, PipelineStepIsSlotsTimesTheStage) {
   r.more = {at_mb};
   const Layout layout{"mesh", 0, 1, 1, 2, 4, 1};
   const int64_t mb_tokens = 4 * 2 / 4 * 1024;
-  const double mb = micro_batch_compute_seconds(job, at_mb, mb_tokens, 1, 6, true);
-  const double p2p = 2 * (r.links->latency_s + mb_tokens * 768.0 * 2 / r.links->nvlink_busbw);
+  EXPECT_EQ(tp::pipeline_balance(job.cfg, job.seq, 2), (std::vector<int64_t>{9, 5}));
+  const double mem_bw = 28 * 2e10;
+  const double params = 4.0 * static_cast<double>(models::gpt_block_parameters(job.cfg)) + 50304.0 * 768;
+  const double mb = micro_batch_compute_seconds(job, at_mb, mb_tokens, 1, 4, true) +
+                    48.0 * mb_tokens * 50304 / mem_bw + 3.0 / 4 * 12 * params / mem_bw;
+  const double p2p = 2 * (2 * r.links->latency_s + mb_tokens * 768.0 * 2 / r.links->nvlink_busbw);
   const double local = static_cast<double>(mesh_parameters_per_gpu(job.cfg, 1, 2));
   const Prediction p = predict(job, layout, r);
   EXPECT_NEAR(*p.step_s, 5 * (mb + p2p) + local / 2e10, 1e-12);
@@ -401,7 +412,9 @@ TEST(PlanCostModel, SequenceParallelCollectivesOnTheCriticalPath) {
   const double act = n * 768 * 2;
   const double half = lat + 0.5 * act / bw;  // an all-gather or a reduce-scatter over 2
   const double loss = lat + 2 * 0.5 * 4 * n / bw;
-  const double mb = micro_batch_compute_seconds(job, r.kernels, static_cast<int64_t>(n), 2, 12, true);
+  // The vocabulary-parallel loss's passes over this rank's half of the logits (48 bytes each in bf16).
+  const double mb = micro_batch_compute_seconds(job, r.kernels, static_cast<int64_t>(n), 2, 12, true) +
+                    48.0 * n * 50304 / 2 / (28 * 1e10);
   const double local = static_cast<double>(mesh_parameters_per_gpu(job.cfg, 2, 1));
   const Prediction p = predict(job, layout, r);
   EXPECT_NEAR(*p.step_s, mb + 4 * 12 * 2 * half + 2 * loss + local / 1e10, 1e-12);

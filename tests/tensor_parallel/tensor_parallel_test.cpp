@@ -5,6 +5,9 @@
 // models::GPT. tp > 1 runs over real processes in tests/distributed/tensor_parallel.sh.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <numeric>
+
 #include "chorus/autograd/functions.h"
 #include "chorus/autograd/grad_mode.h"
 #include "chorus/core/error.h"
@@ -14,6 +17,7 @@
 #include "chorus/tensor_parallel/chunks.h"
 #include "chorus/tensor_parallel/cross_entropy.h"
 #include "chorus/tensor_parallel/gpt.h"
+#include "chorus/tensor_parallel/gpt_layers.h"
 #include "chorus/tensor_parallel/layers.h"
 #include "chorus/tensor_parallel/shard.h"
 
@@ -190,4 +194,48 @@ TEST(TensorParallelLayout, RankMajorIsTheRanksChunksStacked) {
   chorus::sum(chorus::mul(tp::sequence_to_rank_major(x, tp), w)).backward();
   EXPECT_EQ(max_abs_diff(x.grad(), tp::rank_major_to_sequence(w, tp)), 0.0);
   EXPECT_THROW(tp::rank_major_to_sequence(randn({5, 2, 2}, kFloat64), tp), Error);
+}
+
+// Note [Pipeline stages by cost]: the default split of a GPT's pipeline
+// layers evens out their work (the head is 2.5 of gpt2-xl's blocks), not
+// their count.
+namespace {
+double heaviest_stage(const std::vector<double>& costs, const std::vector<int64_t>& balance, int64_t ranks) {
+  std::vector<double> per_rank(static_cast<size_t>(ranks), 0.0);
+  size_t l = 0;
+  for (size_t s = 0; s < balance.size(); ++s)
+    for (int64_t i = 0; i < balance[s]; ++i) per_rank[s % static_cast<size_t>(ranks)] += costs[l++];
+  EXPECT_EQ(l, costs.size());
+  return *std::max_element(per_rank.begin(), per_rank.end());
+}
+}  // namespace
+
+TEST(TensorParallelPipeline, StagesSplitTheLayersByCost) {
+  const models::GPTConfig xl = models::GPTConfig::named("gpt2-xl", 50257, 1024);
+  const std::vector<double> costs = tp::pipeline_layer_costs(xl, 1024);
+  ASSERT_EQ(costs.size(), 50u);
+  EXPECT_EQ(costs.front(), 0.0);
+  EXPECT_NEAR(costs.back() / costs[1], 2.488, 1e-3);  // the head, in blocks
+  // 1F1B at pp=4: 13, 13, 12 blocks (the embeddings on the first), then 10 and the head.
+  const std::vector<int64_t> b4 = tp::pipeline_balance(xl, 1024, 4);
+  EXPECT_EQ(b4, (std::vector<int64_t>{14, 13, 12, 11}));
+  // An even split by count (13, 13, 12, 12: 11 blocks and the head last) has a heavier slowest stage.
+  EXPECT_NEAR(heaviest_stage(costs, b4, 4) / costs[1], 13.0, 1e-9);
+  EXPECT_NEAR(heaviest_stage(costs, {13, 13, 12, 12}, 4) / costs[1], 13.488, 1e-3);
+  // Interleaved, V=2: 8 stages, each rank's two together no heavier than 1F1B's.
+  const std::vector<int64_t> b8 = tp::pipeline_balance(xl, 1024, 4, 2);
+  ASSERT_EQ(b8.size(), 8u);
+  EXPECT_EQ(std::accumulate(b8.begin(), b8.end(), int64_t{0}), 50);
+  EXPECT_NEAR(heaviest_stage(costs, b8, 4) / costs[1], 13.0, 1e-9);
+  EXPECT_NEAR(heaviest_stage(costs, {7, 7, 6, 6, 6, 6, 6, 6}, 4) / costs[1], 13.488, 1e-3);
+  // Under the least slowest stage, the most even split: d12's head (5.4
+  // blocks at sequences of 64) alone, the blocks 4, 4, 4 (not 5, 5, 2).
+  const models::GPTConfig d12 = models::GPTConfig::named("d12", 50257, 1024);
+  EXPECT_EQ(tp::pipeline_balance(d12, 64, 4), (std::vector<int64_t>{5, 4, 4, 1}));
+  // A head of 20 blocks (d2's) takes a stage of its own.
+  const models::GPTConfig d2 = models::GPTConfig::named("d2", 50257, 1024);
+  EXPECT_EQ(tp::pipeline_balance(d2, 1024, 2), (std::vector<int64_t>{3, 1}));
+  EXPECT_EQ(tp::pipeline_balance(d2, 32, 4), (std::vector<int64_t>{1, 1, 1, 1}));
+  EXPECT_EQ(tp::pipeline_balance(d2, 32, 2, 2), (std::vector<int64_t>{1, 1, 1, 1}));
+  EXPECT_THROW(tp::pipeline_balance(d2, 32, 5), ValueError);
 }

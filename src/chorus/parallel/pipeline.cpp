@@ -222,6 +222,26 @@ Tensor Pipeline::run_stage(size_t s, const Tensor& x) const {
 
 namespace {
 
+// Note [Received headers off the compute stream]: a message between ranks
+// is a header (dtype and shape), read on the host to allocate the tensor,
+// then the tensor. The header used to be received and copied to the host on
+// the compute stream, and reading it (a device-to-host copy and
+// cudaStreamSynchronize of that stream) waited for every kernel issued
+// before it: at each task with an input from another rank the host stopped
+// until its own GPU had run dry, even when the input had long arrived, and
+// then issued the task's eager kernels to an idle GPU -- every micro-batch
+// on the slowest stage (whose inputs are always there first) began with the
+// GPU waiting for the host. And the tensor's receive, posted only after
+// that, could not start before this rank's previous task ended. Now both
+// receives and the header's read run on this direction's copy stream
+// (idle on a stage group otherwise): the host waits for the header alone,
+// the tensor arrives beside the compute, and the compute stream waits for it
+// by an event only where the task starts (wait_arrival, as for a copy
+// between devices of one process). The copy stream holds only this link's
+// receives, in the link's order, so it waits for nothing a receive did not
+// wait for before (Note [Pipeline links]). Over Gloo (CPU) nothing changes:
+// there are no streams.
+//
 // Note [Pipeline transfers]: `t` (detached) on `dst`, copied on `copy_stream`
 // when a GPU is involved; `ready` marks the copy's end for the receiver.
 Tensor transfer(const Tensor& t, const Device& dst, const std::optional<Stream>& copy_stream,
@@ -343,13 +363,27 @@ void Pipeline::run_task(Run& run, const PipeTask& t, size_t d) {
   auto recv = [&](int from_stage, int dir) {
     const dist::ProcessGroupPtr& link = links_.in[static_cast<size_t>(dir)];
     CHORUS_ASSERT(link && rank_of(from_stage) == (pg->rank() + (dir == 0 ? pg->size() - 1 : 1)) % pg->size());
-    Tensor header = zeros({kHeaderLen}, {kInt64, link->device()});
-    link->recv(header, PipelineLinks::kSender, tag(dir, s, 0))->wait();
-    const std::vector<int64_t> h = header.to(cpu_device()).to_vector<int64_t>();
+    // Note [Received headers off the compute stream]: on a GPU both receives
+    // and the header's read run on this direction's copy stream.
+    const std::optional<Stream>& side = copy_stream(st.device, dir);
+    std::optional<StreamGuard> on_side;
+    if (side) on_side.emplace(*side);
+    std::vector<int64_t> h;
+    {
+      Tensor header = zeros({kHeaderLen}, {kInt64, link->device()});
+      link->recv(header, PipelineLinks::kSender, tag(dir, s, 0))->wait();
+      h = header.to(cpu_device()).to_vector<int64_t>();
+    }
     CHORUS_CHECK(h[1] >= 0 && h[1] <= 8, "Pipeline: a malformed header from rank ", rank_of(from_stage));
     Shape shape(h.begin() + 2, h.begin() + 2 + h[1]);
     Tensor v = empty(shape, {static_cast<DType>(h[0]), st.device});
     link->recv(v, PipelineLinks::kSender, tag(dir, s, 1))->wait();
+    if (!side) return v;
+    std::optional<Event> arrived;
+    arrived.emplace(st.device, false);
+    arrived->record(*side);
+    on_side.reset();
+    wait_arrival(v, arrived);  // the compute stream waits for the tensor, and keeps its block until done with it
     return v;
   };
 
@@ -404,7 +438,7 @@ void Pipeline::run_task(Run& run, const PipeTask& t, size_t d) {
       if (run.train && run.backward && !ck) run.out[i] = y;
       if (!run.backward) run.in[i] = Tensor();
     } else {
-      if (run.backward) run.outputs[static_cast<size_t>(m)] = run.train ? y.detach() : y;
+      if (run.backward && (!run.train || opts_.keep_output)) run.outputs[static_cast<size_t>(m)] = run.train ? y.detach() : y;
       if (run.train) {
         run.losses[static_cast<size_t>(m)] = loss.detach();
         if (!ck && run.backward) run.loss[i] = loss;
@@ -677,7 +711,7 @@ Pipeline::StepResult Pipeline::train_step(const Tensor& x, const Tensor& target,
     Tensor loss = run.losses[0];
     for (int m = 1; m < run.M; ++m) loss = loss.add(run.losses[static_cast<size_t>(m)]);
     r.loss = loss;
-    r.output = run.M == 1 ? run.outputs[0] : chorus::cat(run.outputs, 0);
+    if (opts_.keep_output) r.output = run.M == 1 ? run.outputs[0] : chorus::cat(run.outputs, 0);
   }
   stats_ = PipelineStats{};
   if (opts_.measure) {

@@ -70,6 +70,12 @@ struct PipelineOptions {
   // than an unmeasured one: compare busy time with an unmeasured step's time
   // (chorus bench does) for the bubble of the real step.
   bool measure = false;
+  // train_step's StepResult::output, the batch's output joined: false keeps
+  // no micro-batch's output past its loss (a GPT's logits: [tokens, vocab]
+  // each, 206 MB a micro-batch of 2 x 1024 tokens for gpt2-xl in bf16, all
+  // M of them held to the step's end and then copied into one tensor that
+  // GPT training never reads).
+  bool keep_output = true;
   // Stages over processes: stage s runs on rank s % size (`devices` is then
   // this rank's one device): one stage per rank, or several with the
   // interleaved schedule (virtual_stages, or a balance of size x V counts).
@@ -135,7 +141,7 @@ class Pipeline : public nn::Module {
 
   struct StepResult {
     Tensor loss;    // the batch's mean loss (detached), on the last stage's device
-    Tensor output;  // the joined output (detached), on the last stage's device
+    Tensor output;  // the joined output (detached), on the last stage's device (undefined without keep_output)
   };
   // One training step's forward and backward by the schedule. `loss_fn`
   // returns the mean loss of a micro-batch. ValueError when the batch is

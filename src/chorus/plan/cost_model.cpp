@@ -7,6 +7,7 @@
 #include "chorus/core/error.h"
 #include "chorus/models/gpt_memory.h"
 #include "chorus/plan/gpt_layout_memory.h"
+#include "chorus/tensor_parallel/gpt_layers.h"
 
 namespace chorus::plan {
 
@@ -260,10 +261,53 @@ Prediction predict(const Job& job, const Layout& layout, const std::optional<Rat
   } else {
     const int64_t tp = layout.tp, pp = layout.pp, m = layout.micro_batches, v = layout.virtual_stages;
     const int64_t mb_tokens = job.batch * tp * pp / m * job.seq;
-    const int64_t blocks = (cfg.layers + pp - 1) / pp;
     const KernelRates& k = rates->at(mb_tokens);
     const double adamw = 1.0 / k.optimizer_params;
-    const double mb = micro_batch_compute_seconds(job, k, mb_tokens, tp, blocks, true);
+    // Note [Cost model], pipeline: the stages as chorus train and chorus
+    // bench lay them out (tp::pipeline_balance, Note [Pipeline stages by
+    // cost]); the slot is the slowest pipeline rank's micro-batch, its V
+    // stages together.
+    const int64_t blocks_all = cfg.layers;
+    std::vector<int64_t> balance = pp > 1 ? tp::pipeline_balance(cfg, job.seq, pp, v) : std::vector<int64_t>{blocks_all + 2};
+    const double block_s = micro_batch_compute_seconds(job, k, mb_tokens, tp, 1, false);
+    const double head_s = micro_batch_compute_seconds(job, k, mb_tokens, tp, 0, true);
+    // What a pipeline's micro-batch does that the calibrated pieces do not,
+    // memory-bound work timed by AdamW's rate: its fused float32 update reads
+    // a parameter, its gradient and two moments and writes three of them, 28
+    // bytes a parameter, so memory moves 28 R_adamw bytes a second.
+    const double mem_bw = 28.0 * k.optimizer_params;
+    // (1) Every micro-batch but the step's first adds each weight gradient
+    // into .grad in place (autograd's AccumulateGrad: read both, write one
+    // float, 12 bytes a parameter); the calibration times a block with its
+    // gradients zeroed, as a one-backward step runs.
+    const double accumulate = static_cast<double>(m - 1) / static_cast<double>(m) * 12.0 / mem_bw;
+    // (2) The mesh's head writes the logits [N, Vp/tp] (s bytes each) and its
+    // vocabulary-parallel loss passes over them (Note [Vocabulary-parallel
+    // loss in place]: a float copy, the row maximum, the shift and the
+    // exponential in place, the row sum; the backward's scale in place and
+    // the copy back into the logits' dtype over the padded width): 4 s + 40
+    // bytes a logit, where the calibrated classifier fuses the loss.
+    const double logits = static_cast<double>(mb_tokens) * static_cast<double>(cfg.padded_vocab) / static_cast<double>(tp);
+    const double loss_passes = (4.0 * s + 40.0) * logits / mem_bw;
+    const double block_params = static_cast<double>(models::gpt_block_parameters(cfg)) / static_cast<double>(tp);
+    const double wte_params = static_cast<double>(cfg.padded_vocab * cfg.width) / static_cast<double>(tp);
+    std::vector<double> rank_s(static_cast<size_t>(pp), 0.0);
+    std::vector<int64_t> rank_blocks(static_cast<size_t>(pp), 0);
+    for (size_t st = 0, first = 0; st < balance.size(); ++st) {
+      const size_t last = first + static_cast<size_t>(balance[st]);  // layers [first, last): 0 embeddings, L + 1 head
+      const bool has_emb = first == 0, has_head = last == static_cast<size_t>(blocks_all) + 2;
+      const int64_t blocks = static_cast<int64_t>(last - first) - (has_emb ? 1 : 0) - (has_head ? 1 : 0);
+      const double params = static_cast<double>(blocks) * block_params + (has_emb ? wte_params : 0.0) +
+                            (has_head ? wte_params : 0.0);
+      double t = static_cast<double>(blocks) * block_s + (has_head ? head_s + loss_passes : 0.0);
+      if (pp > 1) t += params * accumulate;
+      rank_s[st % static_cast<size_t>(pp)] += t;
+      rank_blocks[st % static_cast<size_t>(pp)] += blocks;
+      first = last;
+    }
+    const size_t slowest = static_cast<size_t>(std::max_element(rank_s.begin(), rank_s.end()) - rank_s.begin());
+    const double mb = rank_s[slowest];
+    const int64_t blocks = rank_blocks[slowest];
     const Group tg{tp, tp};
     const double act = static_cast<double>(mb_tokens) * static_cast<double>(cfg.width) * s;
     // Sequence parallel: each of the block's 4 all-reduces is an all-gather
@@ -272,8 +316,12 @@ Prediction predict(const Job& job, const Layout& layout, const std::optional<Rat
         tp > 1 ? 4.0 * static_cast<double>(blocks) * (all_gather_seconds(act, tg, links) + reduce_scatter_seconds(act, tg, links)) +
                      2.0 * all_reduce_seconds(4.0 * static_cast<double>(mb_tokens), tg, links)
                : 0.0;
-    const double p2p = pp > 1 ? 2.0 * send_recv_seconds(act / static_cast<double>(tp),
-                                                         tp * pp > job.gpus_per_node, links)
+    // One activation and one gradient a slot; each message is a header
+    // (dtype and shape) and then the tensor, whose receive is posted once
+    // the header is on the host: one more latency each (Note [Pipeline
+    // links] in parallel/pipeline_links.h).
+    const double p2p = pp > 1 ? 2.0 * (links.latency_s + send_recv_seconds(act / static_cast<double>(tp),
+                                                                          tp * pp > job.gpus_per_node, links))
                               : 0.0;
     const double slot = mb + tensor_comm + p2p;
     const double pipeline = static_cast<double>(v * m + pp - 1) / static_cast<double>(v) * slot;

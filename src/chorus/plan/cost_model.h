@@ -64,13 +64,39 @@
 //                   plus the
 //                   vocabulary-parallel loss's two all-reduces of N floats.
 //   pipeline        1F1B over p stages and m micro-batches, v chunks a device:
-//                   step = (v m + p - 1) / v x slot, slot = the heaviest
-//                   stage's micro-batch (its blocks, the head on the last) +
-//                   its tensor collectives + one activation sent and one
-//                   gradient received (N C s / tp bytes); bubble
-//                   (p-1)/(v m + p - 1). The data axis's all-reduce of a
-//                   mesh with pp > 1 runs after the pipeline (as
-//                   tp::average_gradients does), not hidden.
+//                   step = (v m + p - 1) / v x slot, slot = the slowest
+//                   pipeline rank's micro-batch, its v stages together, the
+//                   stages split as chorus train splits them
+//                   (tp::pipeline_balance, Note [Pipeline stages by cost] in
+//                   tensor_parallel/gpt_layers.h): its blocks, on the last
+//                   stage the head, and two memory-bound costs the
+//                   calibrated pieces leave out, timed at AdamW's memory
+//                   rate (28 bytes a parameter: float32 parameter, gradient
+//                   and two moments read, three written): the in-place sum
+//                   of each weight gradient into .grad by all but the
+//                   first micro-batch ((m-1)/m x 12 bytes a parameter of
+//                   the stage), and on the head's stage the logits written
+//                   and the vocabulary-parallel loss's passes over them
+//                   (4 s + 40 bytes a logit of N x Vp / tp; the calibrated
+//                   classifier fuses its loss); + its tensor collectives +
+//                   one activation sent and one gradient received (N C s /
+//                   tp bytes), each a header then the tensor (2 latencies);
+//                   bubble (p-1)/(v m + p - 1). The tensor-parallel mesh
+//                   without stages (pp = 1) pays the loss's passes too. The
+//                   data axis's all-reduce of a mesh with pp > 1 runs after
+//                   the pipeline (as tp::average_gradients does), not
+//                   hidden. Measured against this (4 x H200, gpt2-xl pp=4,
+//                   16 micro-batches of 2, stages split 13, 13, 12, 12 as
+//                   they then were): predicted / measured 1.18 (1F1B) and
+//                   1.24 (interleaved), from 1.39 and 1.46 without these
+//                   costs and with the heaviest stage taken as ceil(L/p)
+//                   blocks and the head; what is still missing is not
+//                   modelled (candidates: the host's issue gaps of eager
+//                   2-sequence micro-batches, each received header having
+//                   synchronised the host with its compute stream until
+//                   Note [Received headers off the compute stream] in
+//                   parallel/pipeline.cpp; NCCL's kernels beside the
+//                   compute).
 #pragma once
 
 #include <cstdint>
