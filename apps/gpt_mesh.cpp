@@ -9,6 +9,8 @@
 #include "chorus/distributed/launch_env.h"
 #include "chorus/parallel/pipeline_schedule.h"
 #include "chorus/tensor_parallel/clip_grad.h"
+#include "chorus/models/gpt_pipeline.h"
+#include "chorus/parallel/placement.h"
 #include "chorus/tensor_parallel/gpt_layers.h"
 
 namespace chorus::app {
@@ -93,10 +95,10 @@ MeshPipeline start_mesh_pipeline(MeshGpt& m, const MeshPipeSettings& p, int64_t 
   o.stage_group = m.mesh->group("pp");
   o.keep_output = false;  // the loss is all the drivers read: no batch of logits kept and joined each step
   auto layers = tp::pipeline_layers(*m.model);
-  // Note [Pipeline stages by cost] in tensor_parallel/gpt_layers.h: without
+  // Note [Pipeline stages by cost] in models/gpt_pipeline.h: without
   // --balance the stages even out the layers' work, not their count.
   const std::vector<int64_t> balance =
-      p.balance.empty() ? tp::pipeline_balance(m.model->config(), seq, m.pp(), p.virtual_stages) : p.balance;
+      p.balance.empty() ? parallel::balance_ranks(models::pipeline_layer_costs(m.model->config(), seq), m.pp(), p.virtual_stages) : p.balance;
   mp.pipe = std::make_shared<parallel::Pipeline>(layers, balance, std::vector<Device>{m.device}, o);
   // After the pipeline moved this rank's stage: the tensors as they are now.
   const auto all = tp::sharded_parameters(*m.model);

@@ -38,7 +38,7 @@ struct MeshPipeSettings {
   int64_t micro_batches = 4;     // --micro-batches (train: default 4, at least pp)
   std::string schedule = "1f1b";  // --schedule: 1f1b | gpipe | interleaved
   int64_t virtual_stages = 1;    // stages per pipeline rank (--virtual-stages; interleaved only, default 2)
-  std::vector<int64_t> balance;  // --balance: layers per stage, pp x virtual_stages counts (empty: by cost, tp::pipeline_balance)
+  std::vector<int64_t> balance;  // --balance: layers per stage, pp x virtual_stages counts (empty: by cost, parallel::balance_ranks)
   int64_t stages(int pp) const { return pp * virtual_stages; }
 };
 // ValueError, one line, every rank alike before any group: an unknown
@@ -95,7 +95,7 @@ struct MeshPipeline {
 };
 // Collective over the pp group (the pipeline's send/recv groups). Without
 // p.balance the stages split the layers by their cost at sequences of `seq`
-// (tp::pipeline_balance, Note [Pipeline stages by cost]).
+// (parallel::balance_ranks, Note [Pipeline stages by cost]).
 MeshPipeline start_mesh_pipeline(MeshGpt& m, const MeshPipeSettings& p, int64_t seq);
 // After the step's backwards: dp average, then the tied embedding's sum over pp.
 void reduce_pipeline_gradients(MeshGpt& m, MeshPipeline& mp);

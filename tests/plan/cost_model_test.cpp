@@ -12,7 +12,8 @@
 #include "chorus/plan/calibration.h"
 #include "chorus/plan/cost_model.h"
 #include "chorus/plan/gpt_layout_memory.h"
-#include "chorus/tensor_parallel/gpt_layers.h"
+#include "chorus/models/gpt_pipeline.h"
+#include "chorus/parallel/placement.h"
 #include "testing/expect_error.h"
 
 using namespace chorus;
@@ -364,7 +365,7 @@ TEST(PlanCostModel, Zero3ExposesWhatTheComputeCannotHide) {
 
 // A 2-stage 1F1B pipeline of 4 micro-batches on one node: 5 slots of the
 // slower stage's micro-batch plus an activation sent and a gradient received,
-// each a header and a tensor. The stages are tp::pipeline_balance's: d12's
+// each a header and a tensor. The stages are parallel::balance_ranks's: d12's
 // head is 4.9 blocks of work, so 9 and 5 layers (8 blocks, then 4 and the
 // head). The head's stage also writes the logits and passes over them in the
 // vocabulary-parallel loss (48 bytes a logit in bf16), and 3 of the 4
@@ -385,7 +386,7 @@ TEST(PlanCostModel, PipelineStepIsSlotsTimesTheStage) {
   r.more = {at_mb};
   const Layout layout{"mesh", 0, 1, 1, 2, 4, 1};
   const int64_t mb_tokens = 4 * 2 / 4 * 1024;
-  EXPECT_EQ(tp::pipeline_balance(job.cfg, job.seq, 2), (std::vector<int64_t>{9, 5}));
+  EXPECT_EQ(parallel::balance_ranks(models::pipeline_layer_costs(job.cfg, job.seq), 2), (std::vector<int64_t>{9, 5}));
   const double mem_bw = 28 * 2e10;
   const double params = 4.0 * static_cast<double>(models::gpt_block_parameters(job.cfg)) + 50304.0 * 768;
   const double mb = micro_batch_compute_seconds(job, at_mb, mb_tokens, 1, 4, true) +

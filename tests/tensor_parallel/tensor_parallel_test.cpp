@@ -17,6 +17,8 @@
 #include "chorus/tensor_parallel/chunks.h"
 #include "chorus/tensor_parallel/cross_entropy.h"
 #include "chorus/tensor_parallel/gpt.h"
+#include "chorus/models/gpt_pipeline.h"
+#include "chorus/parallel/placement.h"
 #include "chorus/tensor_parallel/gpt_layers.h"
 #include "chorus/tensor_parallel/layers.h"
 #include "chorus/tensor_parallel/shard.h"
@@ -212,18 +214,18 @@ double heaviest_stage(const std::vector<double>& costs, const std::vector<int64_
 
 TEST(TensorParallelPipeline, StagesSplitTheLayersByCost) {
   const models::GPTConfig xl = models::GPTConfig::named("gpt2-xl", 50257, 1024);
-  const std::vector<double> costs = tp::pipeline_layer_costs(xl, 1024);
+  const std::vector<double> costs = models::pipeline_layer_costs(xl, 1024);
   ASSERT_EQ(costs.size(), 50u);
   EXPECT_EQ(costs.front(), 0.0);
   EXPECT_NEAR(costs.back() / costs[1], 2.488, 1e-3);  // the head, in blocks
   // 1F1B at pp=4: 13, 13, 12 blocks (the embeddings on the first), then 10 and the head.
-  const std::vector<int64_t> b4 = tp::pipeline_balance(xl, 1024, 4);
+  const std::vector<int64_t> b4 = parallel::balance_ranks(models::pipeline_layer_costs(xl, 1024), 4);
   EXPECT_EQ(b4, (std::vector<int64_t>{14, 13, 12, 11}));
   // An even split by count (13, 13, 12, 12: 11 blocks and the head last) has a heavier slowest stage.
   EXPECT_NEAR(heaviest_stage(costs, b4, 4) / costs[1], 13.0, 1e-9);
   EXPECT_NEAR(heaviest_stage(costs, {13, 13, 12, 12}, 4) / costs[1], 13.488, 1e-3);
   // Interleaved, V=2: 8 stages, each rank's two together no heavier than 1F1B's.
-  const std::vector<int64_t> b8 = tp::pipeline_balance(xl, 1024, 4, 2);
+  const std::vector<int64_t> b8 = parallel::balance_ranks(models::pipeline_layer_costs(xl, 1024), 4, 2);
   ASSERT_EQ(b8.size(), 8u);
   EXPECT_EQ(std::accumulate(b8.begin(), b8.end(), int64_t{0}), 50);
   EXPECT_NEAR(heaviest_stage(costs, b8, 4) / costs[1], 13.0, 1e-9);
@@ -231,11 +233,11 @@ TEST(TensorParallelPipeline, StagesSplitTheLayersByCost) {
   // Under the least slowest stage, the most even split: d12's head (5.4
   // blocks at sequences of 64) alone, the blocks 4, 4, 4 (not 5, 5, 2).
   const models::GPTConfig d12 = models::GPTConfig::named("d12", 50257, 1024);
-  EXPECT_EQ(tp::pipeline_balance(d12, 64, 4), (std::vector<int64_t>{5, 4, 4, 1}));
+  EXPECT_EQ(parallel::balance_ranks(models::pipeline_layer_costs(d12, 64), 4), (std::vector<int64_t>{5, 4, 4, 1}));
   // A head of 20 blocks (d2's) takes a stage of its own.
   const models::GPTConfig d2 = models::GPTConfig::named("d2", 50257, 1024);
-  EXPECT_EQ(tp::pipeline_balance(d2, 1024, 2), (std::vector<int64_t>{3, 1}));
-  EXPECT_EQ(tp::pipeline_balance(d2, 32, 4), (std::vector<int64_t>{1, 1, 1, 1}));
-  EXPECT_EQ(tp::pipeline_balance(d2, 32, 2, 2), (std::vector<int64_t>{1, 1, 1, 1}));
-  EXPECT_THROW(tp::pipeline_balance(d2, 32, 5), ValueError);
+  EXPECT_EQ(parallel::balance_ranks(models::pipeline_layer_costs(d2, 1024), 2), (std::vector<int64_t>{3, 1}));
+  EXPECT_EQ(parallel::balance_ranks(models::pipeline_layer_costs(d2, 32), 4), (std::vector<int64_t>{1, 1, 1, 1}));
+  EXPECT_EQ(parallel::balance_ranks(models::pipeline_layer_costs(d2, 32), 2, 2), (std::vector<int64_t>{1, 1, 1, 1}));
+  EXPECT_THROW(parallel::balance_ranks(models::pipeline_layer_costs(d2, 32), 5), ValueError);
 }

@@ -69,4 +69,16 @@ void GPTPipelineLayers::sync_tied_weights() {
   head_->weight().copy_(model_->wte());
 }
 
+std::vector<double> pipeline_layer_costs(const GPTConfig& cfg, int64_t seq) {
+  CHORUS_CHECK(seq >= 1, "pipeline_layer_costs: the sequence length must be >= 1, got ", seq);
+  // Note [Pipeline stages by cost]: FLOPs a token, forward and backward.
+  const double c = static_cast<double>(cfg.width), t = static_cast<double>(seq);
+  const double block = 72.0 * c * c + 6.0 * c * t;
+  const double head = 6.0 * c * static_cast<double>(cfg.padded_vocab);
+  std::vector<double> costs(static_cast<size_t>(cfg.layers) + 2, block);
+  costs.front() = 0.0;  // the embeddings
+  costs.back() = head;
+  return costs;
+}
+
 }  // namespace chorus::models

@@ -47,4 +47,15 @@ std::vector<int64_t> balance_by_memory(nn::Sequential& seq, const Tensor& sample
 // minimum of the largest part's total over contiguous splits.
 std::vector<int64_t> balance_by_cost(const std::vector<double>& costs, int64_t partitions);
 
+// Stages over ranks from per-layer costs (Note [Pipeline stages by cost] in
+// models/gpt_pipeline.h): ranks x virtual_stages counts of consecutive
+// layers adding up to costs.size(), stage s on rank s % ranks. One stage a
+// rank: the least slowest stage (balance_by_cost), and among the splits
+// under it the most even (the least sum of squared stage costs), a tie going
+// to the split whose later stages are lighter. Several (interleaved): each
+// cut at the layer boundary nearest its share of the total, the even split
+// by count kept where that leaves the slowest rank no lighter. ValueError
+// when there are more stages than layers.
+std::vector<int64_t> balance_ranks(const std::vector<double>& costs, int64_t ranks, int64_t virtual_stages = 1);
+
 }  // namespace chorus::parallel

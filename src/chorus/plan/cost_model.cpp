@@ -7,7 +7,8 @@
 #include "chorus/core/error.h"
 #include "chorus/models/gpt_memory.h"
 #include "chorus/plan/gpt_layout_memory.h"
-#include "chorus/tensor_parallel/gpt_layers.h"
+#include "chorus/models/gpt_pipeline.h"
+#include "chorus/parallel/placement.h"
 
 namespace chorus::plan {
 
@@ -264,11 +265,11 @@ Prediction predict(const Job& job, const Layout& layout, const std::optional<Rat
     const KernelRates& k = rates->at(mb_tokens);
     const double adamw = 1.0 / k.optimizer_params;
     // Note [Cost model], pipeline: the stages as chorus train and chorus
-    // bench lay them out (tp::pipeline_balance, Note [Pipeline stages by
+    // bench lay them out (parallel::balance_ranks, Note [Pipeline stages by
     // cost]); the slot is the slowest pipeline rank's micro-batch, its V
     // stages together.
     const int64_t blocks_all = cfg.layers;
-    std::vector<int64_t> balance = pp > 1 ? tp::pipeline_balance(cfg, job.seq, pp, v) : std::vector<int64_t>{blocks_all + 2};
+    std::vector<int64_t> balance = pp > 1 ? parallel::balance_ranks(models::pipeline_layer_costs(cfg, job.seq), pp, v) : std::vector<int64_t>{blocks_all + 2};
     const double block_s = micro_batch_compute_seconds(job, k, mb_tokens, tp, 1, false);
     const double head_s = micro_batch_compute_seconds(job, k, mb_tokens, tp, 0, true);
     // What a pipeline's micro-batch does that the calibrated pieces do not,

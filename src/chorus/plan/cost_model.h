@@ -67,8 +67,8 @@
 //                   step = (v m + p - 1) / v x slot, slot = the slowest
 //                   pipeline rank's micro-batch, its v stages together, the
 //                   stages split as chorus train splits them
-//                   (tp::pipeline_balance, Note [Pipeline stages by cost] in
-//                   tensor_parallel/gpt_layers.h): its blocks, on the last
+//                   (parallel::balance_ranks, Note [Pipeline stages by cost] in
+//                   models/gpt_pipeline.h): its blocks, on the last
 //                   stage the head, and two memory-bound costs the
 //                   calibrated pieces leave out, timed at AdamW's memory
 //                   rate (28 bytes a parameter: float32 parameter, gradient

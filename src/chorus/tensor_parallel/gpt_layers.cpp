@@ -1,13 +1,8 @@
 #include "chorus/tensor_parallel/gpt_layers.h"
 
-#include <algorithm>
-#include <cmath>
-#include <limits>
-
 #include "chorus/autograd/grad_mode.h"
 #include "chorus/core/error.h"
 #include "chorus/ops/factory.h"
-#include "chorus/parallel/placement.h"
 #include "chorus/tensor_parallel/children.h"
 #include "chorus/tensor_parallel/mappings.h"
 
@@ -53,94 +48,6 @@ std::shared_ptr<nn::Sequential> pipeline_layers(TensorParallelGPT& model) {
   for (const auto& [n, block] : child(*trunk, "h")->named_children()) layers->push_back(block);
   layers->push_back(std::make_shared<ParallelGPTHead>(child(*trunk, "ln_f"), wte, model.context()));
   return layers;
-}
-
-std::vector<double> pipeline_layer_costs(const models::GPTConfig& cfg, int64_t seq) {
-  CHORUS_CHECK(seq >= 1, "pipeline_layer_costs: the sequence length must be >= 1, got ", seq);
-  // Note [Pipeline stages by cost]: FLOPs a token, forward and backward.
-  const double c = static_cast<double>(cfg.width), t = static_cast<double>(seq);
-  const double block = 72.0 * c * c + 6.0 * c * t;
-  const double head = 6.0 * c * static_cast<double>(cfg.padded_vocab);
-  std::vector<double> costs(static_cast<size_t>(cfg.layers) + 2, block);
-  costs.front() = 0.0;  // the embeddings
-  costs.back() = head;
-  return costs;
-}
-
-namespace {
-
-// The work of each rank's stages (stage s on rank s % ranks).
-std::vector<double> rank_loads(const std::vector<double>& costs, const std::vector<int64_t>& balance, int64_t ranks) {
-  std::vector<double> load(static_cast<size_t>(ranks), 0.0);
-  size_t l = 0;
-  for (size_t s = 0; s < balance.size(); ++s)
-    for (int64_t i = 0; i < balance[s]; ++i) load[s % static_cast<size_t>(ranks)] += costs[l++];
-  return load;
-}
-
-double slowest(const std::vector<double>& loads) { return *std::max_element(loads.begin(), loads.end()); }
-
-}  // namespace
-
-std::vector<int64_t> pipeline_balance(const models::GPTConfig& cfg, int64_t seq, int64_t ranks, int64_t virtual_stages) {
-  CHORUS_CHECK(ranks >= 1 && virtual_stages >= 1, "pipeline_balance: ", ranks, " ranks x ", virtual_stages,
-               " stages each");
-  const std::vector<double> costs = pipeline_layer_costs(cfg, seq);
-  const int64_t stages = ranks * virtual_stages, n = static_cast<int64_t>(costs.size());
-  CHORUS_CHECK(stages <= n, "pipeline_balance: ", stages, " stages but the model has only ", n,
-               " pipeline layers (embeddings, ", cfg.layers, " blocks, head)");
-  std::vector<int64_t> balance;
-  std::vector<double> prefix(static_cast<size_t>(n) + 1, 0.0);
-  for (int64_t i = 0; i < n; ++i) prefix[static_cast<size_t>(i) + 1] = prefix[static_cast<size_t>(i)] + costs[static_cast<size_t>(i)];
-  if (virtual_stages == 1) {
-    // The least slowest stage (exact), then among the splits under it the
-    // most even one: the least sum of the stages' squared costs (exact, by
-    // dynamic programming over the same cuts), a tie going to the split whose
-    // later stages are lighter (Note [Pipeline stages by cost]).
-    const double cap = slowest(rank_loads(costs, parallel::balance_by_cost(costs, stages), ranks)) * (1 + 1e-12);
-    const double inf = std::numeric_limits<double>::infinity();
-    const size_t N = static_cast<size_t>(n) + 1;
-    std::vector<std::vector<double>> best(static_cast<size_t>(stages) + 1, std::vector<double>(N, inf));
-    std::vector<std::vector<int64_t>> cut(static_cast<size_t>(stages) + 1, std::vector<int64_t>(N, 0));
-    best[0][0] = 0;
-    for (int64_t p = 1; p <= stages; ++p)
-      for (int64_t i = p; i <= n; ++i)
-        for (int64_t j = p - 1; j < i; ++j) {
-          const double part = prefix[static_cast<size_t>(i)] - prefix[static_cast<size_t>(j)];
-          const double prev = best[static_cast<size_t>(p - 1)][static_cast<size_t>(j)];
-          if (part > cap || prev == inf) continue;
-          const double v = prev + part * part;
-          double& b = best[static_cast<size_t>(p)][static_cast<size_t>(i)];
-          // A later cut on a tie (within rounding): this last part the lighter.
-          if (v <= b * (1 + 1e-12) || b == inf) b = v, cut[static_cast<size_t>(p)][static_cast<size_t>(i)] = j;
-        }
-    balance.assign(static_cast<size_t>(stages), 0);
-    for (int64_t p = stages, i = n; p >= 1; --p) {
-      const int64_t j = cut[static_cast<size_t>(p)][static_cast<size_t>(i)];
-      balance[static_cast<size_t>(p - 1)] = i - j;
-      i = j;
-    }
-    return balance;
-  }
-  // Several stages a rank (interleaved): what counts is each rank's stages
-  // together, which the least slowest single stage does not even out (its
-  // cap rounded up on every stage adds up on a rank). Instead each cut goes
-  // to the layer boundary nearest its share of the total work, k / stages
-  // (each stage at least one layer; on a tie the later boundary); the even
-  // split by count is kept where that is no better.
-  int64_t prev = 0;
-  for (int64_t k = 1; k < stages; ++k) {
-    const double target = prefix.back() * static_cast<double>(k) / static_cast<double>(stages);
-    int64_t cut = prev + 1;
-    for (int64_t i = prev + 1; i <= n - (stages - k); ++i)
-      if (std::abs(prefix[static_cast<size_t>(i)] - target) <= std::abs(prefix[static_cast<size_t>(cut)] - target)) cut = i;
-    balance.push_back(cut - prev);
-    prev = cut;
-  }
-  balance.push_back(n - prev);
-  std::vector<int64_t> even(static_cast<size_t>(stages), n / stages);
-  for (int64_t i = 0; i < n % stages; ++i) ++even[static_cast<size_t>(i)];
-  return slowest(rank_loads(costs, balance, ranks)) < slowest(rank_loads(costs, even, ranks)) ? balance : even;
 }
 
 Tensor& tied_embedding(TensorParallelGPT& model) {

@@ -62,42 +62,6 @@ class ParallelGPTHead : public nn::Module {
 
 std::shared_ptr<nn::Sequential> pipeline_layers(TensorParallelGPT& model);
 
-// Note [Pipeline stages by cost]: pipeline_layers' layers are not alike. A
-// block costs 72 C^2 + 6 C T floating-point operations a token (forward and
-// backward, GPTConfig::flops_per_token's count), the head 6 C Vp (the tied
-// classifier over the padded vocabulary; for gpt2-xl 2.5 blocks, for gpt2
-// 4.9), the embeddings next to nothing (a lookup and its scatter). Split
-// evenly by layer count (Pipeline's default), gpt2-xl's 50 layers over 4
-// stages were 13, 13, 12, 12: the last stage held 11 blocks and the head,
-// 13.5 blocks' work against the others' 12-13, and every stage waits for the
-// slowest in 1F1B's steady state. On 4 x H200 (session 37, call 1) the
-// measured step was 0.99 (1F1B) and 0.96 (interleaved) of the slowest
-// stage's busy time over 1 - the ideal bubble: the bubble above the ideal
-// (0.304 against 0.158) was that stage's extra work, the mean stage's busy
-// time being 0.83 of the slowest's. pipeline_balance splits the layers by
-// these costs instead. One stage a rank (1F1B, GPipe): the least slowest
-// stage (parallel::balance_by_cost), and among the splits under it the most
-// even (the least sum of squares), a tie going to the one whose later
-// stages are lighter. gpt2-xl at pp=4: 14, 13, 12, 11 (13, 13, 12 blocks,
-// then 10 and the head: 12.5). Interleaved (V stages a rank), each rank's V
-// stages together are what count; the cuts go where each stage's share of
-// the work is nearest 1/(pp V) (gpt2-xl at pp=4, V=2: the slowest rank 13
-// blocks' work, 13.5 by count). The per-layer costs do not depend on tp
-// (every layer is split tp ways alike).
-// What the FLOP count misses: the head's loss also passes over the [tokens,
-// Vp] logits several times (memory-bound; chorus plan counts it, Note [Cost
-// model]), and the embeddings' gradient is a dense [Vp, C] sum on CPUs
-// where it is slow; the costs are a first-principles default, not a
-// measurement (--balance sets any split; timing the layers, as
-// --strategy pipeline's --balance time does in one process, is not done
-// over processes).
-std::vector<double> pipeline_layer_costs(const models::GPTConfig& cfg, int64_t seq);
-// ranks x virtual_stages counts of consecutive layers adding up to
-// cfg.layers + 2 (stage s on pipeline rank s % ranks). ValueError when there
-// are more stages than layers.
-std::vector<int64_t> pipeline_balance(const models::GPTConfig& cfg, int64_t seq, int64_t ranks,
-                                      int64_t virtual_stages = 1);
-
 // The token embedding (Note [Tied embeddings across stages]).
 Tensor& tied_embedding(TensorParallelGPT& model);
 
