@@ -1,5 +1,6 @@
 """A GPT step's GPU time by kernel class, from the CUPTI trace of
-`scripts/gpu_gpt.sh profile` ($OUT/trace/k.*.csv).
+`scripts/gpu_gpt.sh profile` ($OUT/trace/k.*.csv) or of launch_profile
+($OUT/trace_lp_TAG/trace/k.*.csv: pass $OUT/trace_lp_TAG).
 
     python3 scripts/gpt_step_classes.py OUT_DIR [STEPS] [TOP]
 
@@ -28,6 +29,8 @@ def kernel_class(name):
         return "classifier"
     if "adamw" in name or "sum_squares" in name or "sum_partials" in name:
         return "optimizer + clip"
+    if "nccl" in name.lower():
+        return "NCCL"
     if "memcpy" in name or "memset" in name or "fill_kernel" in name:
         return "copies/fills"
     return "other"
@@ -37,7 +40,8 @@ def main():
     out = sys.argv[1]
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 3
     top = int(sys.argv[3]) if len(sys.argv) > 3 else 0
-    paths = glob.glob(out + "/trace/k.*.csv")
+    # Rank 0's file where several processes wrote one each (launch_profile): the lowest pid.
+    paths = sorted(glob.glob(out + "/trace/k.*.csv"), key=lambda p: int(p.split(".")[-2]))
     if not paths:
         sys.exit(f"gpt_step_classes: no trace/k.*.csv under {out}")
     rows = sorted((int(r["Start (ns)"]), int(r["Duration (ns)"]), r["Name"]) for r in csv.DictReader(open(paths[0])))

@@ -7,7 +7,7 @@
 #
 # Usage: scripts/gpu_gpt.sh STAGE...
 #   stages: build tests chorus chorus_eager chorus_composite torch compile llmc llmc_mpi converge profile dp ddp
-#           profile_llmc mesh_profile mesh3d zero_check zero zero_images refuse big mesh_pp mesh_tp plan obs table
+#           profile_llmc launch_profile mesh_profile mesh3d zero_check zero zero_images refuse big mesh_pp mesh_tp plan obs table
 #   (plan: chorus plan --calibrate on cuda:0 (and the bus bandwidth over 2 GPUs under chorus launch where there
 #    are 2), then the plans of gpt2-xl on 1, 2, 4, 64 and 1024 GPUs, gpt2 on 1, 2, 4, gpt2-large on 4, d84 on 4,
 #    64 and 1024; the calibration and every plan's JSON rows land in $OUT/plan_*, the predicted-beside-measured
@@ -285,6 +285,21 @@ PY
       2>"$OUT/mesh_profile.err" || tail -3 "$OUT/mesh_profile.err"
     first=$(ls "$OUT"/trace_mesh/k.*.csv | sort -t. -k2 -n | head -1)
     [ -n "$first" ] && { echo "mesh_profile $MP: $first"; kernel_sum "$first" 6; }
+    ;;
+  launch_profile)  # GPU time by kernel of rank 0 of `chorus launch --nproc-per-node GPT_GPUS (1) -- chorus train LP_FLAGS`
+    # (default --strategy ddp) over 6 steps, CUPTI on every rank, classes by scripts/gpt_step_classes.py; LP_TAG names
+    # the trace folder ($OUT/trace_lp_TAG). On one GPU it shows what a data-parallel engine adds to the single step.
+    tokens; NG=${GPT_GPUS:-1}; tagd="$OUT/trace_lp_${LP_TAG:-ddp}"
+    cmake -S . -B $BUILD -DCHORUS_BUILD_BENCH=ON >/dev/null 2>&1 && ninja -C $BUILD chorus_kernel_trace >/dev/null 2>&1 \
+      || { echo "launch_profile: no CUPTI trace library"; continue; }
+    rm -rf "$tagd"; mkdir -p "$tagd/trace"
+    CHORUS_KERNEL_TRACE_ALL=1 CUDA_INJECTION64_PATH=$PWD/$BUILD/libchorus_kernel_trace.so CHORUS_KERNEL_TRACE="$tagd/trace/k" \
+      timeout 300 $BUILD/chorus launch --nproc-per-node $NG --master-port 41518 -- $BUILD/chorus train --model $MODEL \
+      --devices cuda --data "tokens:$DATA/rand_train_*.bin" --seq-len $T --batch-size $B --precision bf16 --steps 6 \
+      --log-every 3 --val-windows 1 ${LP_FLAGS:---strategy ddp} --quiet --json >/dev/null 2>"$tagd/train.err" \
+      || tail -3 "$tagd/train.err"
+    echo "launch_profile ${LP_TAG:-ddp} (${LP_FLAGS:---strategy ddp}, $NG GPUs):"
+    python3 scripts/gpt_step_classes.py "$tagd" 3 ${LP_TOP:-12}
     ;;
   profile_llmc)  # llm.c's GPU time by kernel under the same CUPTI library (after llmc built it), LLMC_PROF_STEPS steps
     P=${LLMC_PROF_STEPS:-8}
