@@ -40,6 +40,7 @@ void add_bench_options(CLI::App* cmd, BenchConfig& c) {
   cmd->add_option("--strategy", c.strategy, "single|dp|pipeline, or a list of ddp, zero, zero-1, zero-2, zero-3 (a row each; image models: one process per device, launched by the bench; GPT models: under a launcher)")->capture_default_str();
   cmd->add_option("--zero-stage", c.zero_stage, "GPT models, --strategy zero: 1, 2 or 3 (default 1)");
   cmd->add_flag("--reshard-after-forward,!--no-reshard-after-forward", c.reshard_after_forward, "zero stage 3: free each block's gathered weights after its forward (default on)");
+  cmd->add_flag("--zero-prefetch,!--no-zero-prefetch", c.zero_prefetch, "zero: issue the weights' gathers ahead of use (stage 3: the next block's; stages 1-2: every bucket's as the forward starts) (default on)");
   app::add_optional(cmd, "--zero-param-dtype", c.zero_param_dtype, "zero: the dtype the blocks' matrices are gathered in, bf16 or fp32 (default: bf16 under --precision bf16)");
   cmd->add_option("--comm-hook", c.comm_hook,
                   "ddp: allreduce | bf16 | noop (no communication: the step's speed without it, for headroom analysis)")->capture_default_str();

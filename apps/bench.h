@@ -60,6 +60,7 @@ struct BenchConfig {
   // GPT models, --strategy zero (data_parallel/sharded.h): the stage of a plain "zero" row
   std::optional<int> zero_stage;
   bool reshard_after_forward = true;
+  bool zero_prefetch = true;  // --no-zero-prefetch: ShardOptions::prefetch off
   std::optional<std::string> zero_param_dtype;  // bf16 | fp32 (unset: bf16 under --precision bf16)
   MemoryPlanFlags memory;  // GPT models: the memory plan before the model is built (apps/memory_check.h)
 };

@@ -78,6 +78,7 @@ nlohmann::ordered_json bench_ddp_row(const BenchConfig& c, const std::string& st
   if (c.broadcast_buffers) lc.command.push_back("--broadcast-buffers");
   if (c.no_cuda_graphs) lc.command.push_back("--no-cuda-graphs");
   if (!c.reshard_after_forward) lc.command.push_back("--no-reshard-after-forward");
+  if (!c.zero_prefetch) lc.command.push_back("--no-zero-prefetch");
   ::setenv("CHORUS_BENCH_ROW", row_file.c_str(), 1);
   const int rc = run_launch(lc);
   ::unsetenv("CHORUS_BENCH_ROW");
@@ -112,7 +113,7 @@ int run_bench_ddp_worker(const BenchConfig& c) {
   std::shared_ptr<dist::ShardedDataParallel> sdp;
   if (stage > 0) {
     // As chorus train --strategy zero shards an image model (shard_model).
-    dist::ShardOptions so = zero_flag_options(stage, c.bucket_mb, c.reshard_after_forward, c.comm_hook);
+    dist::ShardOptions so = zero_flag_options(stage, c.bucket_mb, c.reshard_after_forward, c.comm_hook, c.zero_prefetch);
     if (stage == 3) so.units = models::residual_blocks(model);
     so.broadcast_buffers = c.broadcast_buffers;
     net = sdp = std::make_shared<dist::ShardedDataParallel>(model, pg, so);

@@ -96,7 +96,7 @@ void bench_gpt_row(const BenchConfig& c, const std::string& strategy, const std:
     ddp = std::make_shared<dist::DistributedDataParallel>(model, ranks->group, o);
     net = ddp;
   } else if (stage > 0) {
-    dist::ShardOptions so = zero_flag_options(stage, c.bucket_mb, c.reshard_after_forward, c.comm_hook);
+    dist::ShardOptions so = zero_flag_options(stage, c.bucket_mb, c.reshard_after_forward, c.comm_hook, c.zero_prefetch);
     add_gpt_sharding(so, *model, c.precision == "bf16", c.zero_param_dtype.value_or(""));
     sdp = std::make_shared<dist::ShardedDataParallel>(model, ranks->group, so);
     net = sdp;
@@ -132,10 +132,9 @@ void bench_gpt_row(const BenchConfig& c, const std::string& strategy, const std:
         Tensor l = pipe ? pipeline_forward_backward(*model, *pipe, *tied, {{in[0], in[1]}}, cast)
                         : gpt_forward_backward(*model, *net, ddp.get(), {{in[0], in[1]}}, cast, sdp.get());
         // As chorus train: the scale folded into AdamW (Note [Clipping in
-        // the update] in optim/clip_grad.h), clipped in place when sharded.
+        // the update] in optim/clip_grad.h), sharded or not.
         if (sdp) {
-          sdp->clip_grad_norm(1.0);
-          opt.step();
+          opt.step_scaled(sdp->clip_grad_norm_scale(1.0).scale);
         } else {
           optim::clip_and_step(opt, params, 1.0);
         }

@@ -50,6 +50,7 @@ int chorus_main(int argc, char** argv, bool parse_only) {
   train->add_option("--strategy", tc.strategy, "single|dp|ddp|pipeline|zero (zero: sharded data parallelism, one process per device)")->capture_default_str();
   train->add_option("--zero-stage", tc.zero_stage, "zero: 1 optimizer state, 2 and gradients, 3 and weights sharded over the ranks (default 1)");
   train->add_flag("--reshard-after-forward,!--no-reshard-after-forward", tc.reshard_after_forward, "zero stage 3: free each unit's gathered weights after its forward and gather them again for its backward (default on)");
+  train->add_flag("--zero-prefetch,!--no-zero-prefetch", tc.zero_prefetch, "zero: issue the weights' gathers ahead of use (stage 3: the next block's while this one computes; stages 1-2: every bucket's as the forward starts, each block waiting for its own) (default on)");
   train->add_flag("--hybrid", tc.hybrid, "zero: shard inside each node, replicate across nodes");
   app::add_optional(train, "--zero-param-dtype", tc.zero_param_dtype, "zero: the dtype the blocks' matrices are gathered in, bf16 or fp32 (default: bf16 under --precision bf16; the optimizer's shards stay float32)");
   train->add_option("--bucket-mb", tc.bucket_mb, "dp: sum gradients in buckets of this many MiB while the backward runs (0: one sum at the end)")->capture_default_str()->check(app::real_number(1e12));

@@ -60,6 +60,7 @@ struct TrainConfig {
   // --strategy zero (data_parallel/sharded.h): unset stage: 1
   std::optional<int> zero_stage;
   bool reshard_after_forward = true;  // stage 3: free a unit's gathered weights after its forward
+  bool zero_prefetch = true;          // gathers issued ahead of use (ShardOptions::prefetch)
   bool hybrid = false;                // shard inside a node, replicate across nodes
   std::optional<std::string> zero_param_dtype;  // bf16 | fp32 (unset: bf16 under --precision bf16)
   // --strategy pipeline (unset: the defaults below; set with another strategy: an error)

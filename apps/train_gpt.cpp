@@ -266,6 +266,7 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
     fp["strategy"] = tc.strategy;
     fp["zero_stage"] = tc.zero_stage.value_or(0);
     fp["reshard_after_forward"] = tc.reshard_after_forward;
+    fp["zero_prefetch"] = tc.zero_prefetch;
     fp["hybrid"] = tc.hybrid;
     fp["clip"] = g.clip;
     fp["warmup_steps"] = g.warmup_steps ? *g.warmup_steps : -1;

@@ -94,12 +94,12 @@ nlohmann::ordered_json run_gpt_loop(const TrainConfig& tc, const GptOptions& g, 
   // by AdamW's fused update (Note [Clipping in the update] in
   // optim/clip_grad.h): nothing reads the gradients after the step, which
   // zero_grad() drops. Under --strategy zero the global norm is over every
-  // rank's pieces, scaled in place.
+  // rank's pieces, and the scale is folded into the update all the same.
   auto clip_and_step = [&](double max_norm) {
     if (!r.sdp) return optim::clip_and_step(*r.opt, params, max_norm);
-    Tensor norm = r.sdp->clip_grad_norm(max_norm);
-    r.opt->step();
-    return norm;
+    ops::NormAndScale c = r.sdp->clip_grad_norm_scale(max_norm);
+    r.opt->step_scaled(c.scale);
+    return c.norm;
   };
   parallel::GraphedStepOptions go;
   // Sharded steps too (Note [Sharded steps in a CUDA graph] in data_parallel/sharded.h):

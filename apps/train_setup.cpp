@@ -100,6 +100,7 @@ nlohmann::json rank_fingerprint(const TrainConfig& cfg, const Datasets& data, si
   j["comm_hook"] = cfg.comm_hook;
   j["zero_stage"] = cfg.zero_stage.value_or(0);
   j["reshard_after_forward"] = cfg.reshard_after_forward;
+  j["zero_prefetch"] = cfg.zero_prefetch;
   j["hybrid"] = cfg.hybrid;
   j["devices_per_rank"] = devices;
   auto checksum = [](const data::Dataset& d) {

@@ -8,9 +8,10 @@
 namespace chorus::app {
 
 dist::ShardOptions zero_flag_options(int stage, double bucket_mb, bool reshard_after_forward,
-                                     const std::string& comm_hook) {
+                                     const std::string& comm_hook, bool prefetch) {
   dist::ShardOptions so;
   so.stage = stage;
+  so.prefetch = prefetch;
   so.bucket_bytes = static_cast<int64_t>(bucket_mb * (1 << 20));
   so.reshard_after_forward = reshard_after_forward;
   // --comm-hook bf16: the gradients' reduce-scatter travels in bfloat16.
@@ -21,7 +22,8 @@ dist::ShardOptions zero_flag_options(int stage, double bucket_mb, bool reshard_a
 }
 
 dist::ShardOptions zero_flag_options(const TrainConfig& tc) {
-  return zero_flag_options(tc.zero_stage.value_or(1), tc.bucket_mb, tc.reshard_after_forward, tc.comm_hook);
+  return zero_flag_options(tc.zero_stage.value_or(1), tc.bucket_mb, tc.reshard_after_forward, tc.comm_hook,
+                           tc.zero_prefetch);
 }
 
 void add_gpt_sharding(dist::ShardOptions& so, const models::GPT& model, bool bf16, const std::string& param_dtype) {
@@ -37,9 +39,11 @@ void add_gpt_sharding(dist::ShardOptions& so, const models::GPT& model, bool bf1
       return p.dim() == 2 && name.find("transformer.h.") != std::string::npos;
     };
   }
-  // Stage 3: the blocks, named, are sharded from construction (Note [Sharded
-  // units]): the first step never holds the whole model.
-  if (so.stage == 3) so.units = model.blocks();
+  // The blocks, named: stage 3 shards them from construction (Note [Sharded
+  // units]): the first step never holds the whole model; stages 1-2 wait for
+  // each block's gather just before its forward (Note [Gathers beside the
+  // forward]).
+  so.units = model.blocks();
 }
 
 void validate_zero_options(const TrainConfig& tc) {
@@ -48,6 +52,7 @@ void validate_zero_options(const TrainConfig& tc) {
                  tc.zero_stage ? "--zero-stage" : tc.hybrid ? "--hybrid" : "--zero-param-dtype",
                  " goes with --strategy zero");
     CHORUS_CHECK(tc.reshard_after_forward, "--no-reshard-after-forward goes with --strategy zero --zero-stage 3");
+    CHORUS_CHECK(tc.zero_prefetch, "--no-zero-prefetch goes with --strategy zero");
     return;
   }
   CHORUS_CHECK(!tc.zero_stage || (*tc.zero_stage >= 1 && *tc.zero_stage <= 3), "--zero-stage must be 1, 2 or 3, got ",
@@ -93,6 +98,10 @@ std::string describe_sharding(const dist::ShardedDataParallel& sdp, int world) {
   } else {
     s += std::to_string(sdp.buckets().size()) + " gradient buckets, " +
          (o.stage == 1 ? "optimizer state sharded" : "optimizer state and gradients sharded");
+    // Note [Gathers beside the forward] in data_parallel/sharded.h.
+    if (!o.units.empty())
+      s += o.prefetch ? ", weights gathered beside the forward (" + std::to_string(o.units.size()) + " units)"
+                      : ", every weight gathered before the forward (--no-zero-prefetch)";
   }
   const int shards = sdp.process_group()->size();
   s += ", over " + std::to_string(shards) + " ranks";

@@ -16,12 +16,14 @@
 namespace chorus::app {
 
 // The options every zero run takes from its flags (`chorus train` and
-// `chorus bench`): the stage, the bucket size, stage 3's resharding and the
+// `chorus bench`): the stage, the bucket size, stage 3's resharding, the
+// gathers ahead of use (--no-zero-prefetch: ShardOptions::prefetch) and the
 // reduce dtype (--comm-hook bf16). ValueError for another comm hook.
 dist::ShardOptions zero_flag_options(int stage, double bucket_mb, bool reshard_after_forward,
-                                     const std::string& comm_hook);
+                                     const std::string& comm_hook, bool prefetch = true);
 
-// What a GPT adds: stage 3 names the blocks as units (Note [Sharded units]);
+// What a GPT adds: the blocks named as units (stage 3: Note [Sharded units];
+// stages 1-2: Note [Gathers beside the forward]);
 // under --precision bf16 (unless param_dtype is "fp32") the blocks' matrices
 // are gathered in bfloat16 (ShardOptions::param_dtype: the casts autocast
 // would make at each use, made once per gather from the float32 masters),

@@ -9,8 +9,10 @@
 #     steps and ranks; a 2-block GPT (tied embedding and head)
 #   - gradient accumulation under no_sync() and over synced backwards; no
 #     gradient shard held between steps (held_bytes); small buckets; stage 3 keeping
-#     the weights from forward to backward; named units; parameters gathered
-#     in float32 over float64 masters (param_dtype)
+#     the weights from forward to backward; named units (stage 3 sharded from
+#     construction; stages 1-2 gathered beside the forward); parameters gathered
+#     in float32 over float64 masters (param_dtype); odd steps clip through
+#     clip_grad_norm_scale, the scale folded into AdamW
 set -uo pipefail
 CHORUS=${1:?chorus}; BIN_DIR=${4:?binary dir}
 PROBE="$BIN_DIR/chorus_sharded_probe"
@@ -57,5 +59,13 @@ run 2 PROBE_UNITS=named PROBE_RESHARD=0 -- match gpt 3
 run 3 PROBE_REDUCE=bf16 -- match mlp 2
 run 2 PROBE_REDUCE=bf16 -- match mlp 3
 run 2 PROBE_DIRECT=1 -- match mlp 3  # wrappers bypassed: gathered with the root unit, one warning
+# Note [Gathers beside the forward]: stages 1-2 with named units (the trainer's way) wait for each unit's
+# buckets at its forward; small buckets straddle units; the mlp's layers include a tied weight (the root's),
+# a unit run on some steps and ranks only and one never run (their gathers end with the forward)
+run 3 PROBE_UNITS=named -- match gpt 1
+run 4 PROBE_UNITS=named PROBE_BUCKET_BYTES=600 PROBE_PARAM_DTYPE=float32 -- match gpt 1 micro
+run 2 PROBE_UNITS=named PROBE_BUCKET_BYTES=600 -- match gpt 2 synced
+run 3 PROBE_UNITS=named PROBE_BUCKET_BYTES=200 -- match mlp 1
+run 2 PROBE_UNITS=named -- match mlp 2 micro
 [ $fail -eq 0 ] && echo "sharded: all passed"
 exit $fail

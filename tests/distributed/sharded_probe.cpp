@@ -24,8 +24,10 @@
 //                    PROBE_PARAM_DTYPE=float32 (gpt): parameters gathered in
 //                    float32 over float64 masters (1e-5 relative losses,
 //                    1e-4 weights, against float64 DDP).
-//                    PROBE_UNITS=named (gpt, stage 3): the blocks named as
-//                    units (sharded from construction, as the trainer does).
+//                    PROBE_UNITS=named: the blocks named as units (gpt; the
+//                    trainer's way: stage 3 shards them from construction,
+//                    stages 1-2 wait for each one's gathers at its forward),
+//                    or the mlp's layers (stages 1-2).
 // Prints "rank R: ok ..." and exits 0, or FAIL lines and exits 1.
 #include <cmath>
 #include <cstdio>
@@ -171,9 +173,16 @@ void match(const dist::ProcessGroupPtr& pg, const std::string& kind, int stage, 
   // construction (the trainer's way) instead of found in the first step.
   const bool named = std::getenv("PROBE_UNITS") && std::string(std::getenv("PROBE_UNITS")) == "named";
   if (named) {
-    auto gpt = std::dynamic_pointer_cast<models::GPT>(sh_model);
-    expect(gpt != nullptr, "PROBE_UNITS=named needs the gpt model");
-    if (gpt) so.units = gpt->blocks();
+    if (auto gpt = std::dynamic_pointer_cast<models::GPT>(sh_model)) {
+      so.units = gpt->blocks();
+    } else {
+      // Stages 1-2 (Note [Gathers beside the forward]): every layer a unit --
+      // fc2 and fc3 share a weight (the root's), aux runs on some steps and
+      // ranks only, never not at all (their gathers end with the forward).
+      expect(stage < 3, "PROBE_UNITS=named with the mlp is for stages 1-2 (stage 3 units must all run)");
+      auto& t = static_cast<Tangle&>(*sh_model);
+      so.units = {t.fc1, t.fc2, t.fc3, t.head, t.aux, t.never};
+    }
   }
   // PROBE_PARAM_DTYPE=float32 (gpt): the parameters held in float32 while
   // gathered (ShardOptions::param_dtype) over float64 masters: the forward
@@ -274,9 +283,18 @@ void match(const dist::ProcessGroupPtr& pg, const std::string& kind, int stage, 
     else if (any_grad)
       expect(after_backward > 0, "stage " + std::to_string(stage) + ": no gradient shard held after the backward");
     const double n_ref = optim::clip_grad_norm_(ref_params, 0.5).item();
-    const double n_sh = sdp->clip_grad_norm(0.5).item();
     ref_opt.step();
-    sh_opt.step();
+    // Odd steps as chorus train steps: the scale folded into AdamW's update
+    // (clip_grad_norm_scale, step_scaled); even steps clipped in place.
+    double n_sh = 0;
+    if (step % 2) {
+      ops::NormAndScale c = sdp->clip_grad_norm_scale(0.5);
+      n_sh = c.norm.item();
+      sh_opt.step_scaled(c.scale);
+    } else {
+      n_sh = sdp->clip_grad_norm(0.5).item();
+      sh_opt.step();
+    }
     // As the trainers do: the gradients go after the step, and with them the
     // shards -- nothing of them lives into the next forward.
     sh_opt.zero_grad();

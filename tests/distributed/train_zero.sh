@@ -2,7 +2,8 @@
 # chorus train --strategy zero (sharded data parallelism) as a user runs it, on
 # CPU processes over Gloo (d2 GPT, byte-level text, float32):
 #   - stages 1, 2 and 3 on 2 ranks (batch 4 each), stage 3 keeping weights
-#     from forward to backward, stage 3 with --recompute always, stage 2
+#     from forward to backward, stage 1 gathering every weight before the
+#     forward (--no-zero-prefetch), stage 3 with --recompute always, stage 2
 #     with --grad-accum 2, and --hybrid
 #     (2 nodes x 2 ranks: sharded in a node, replicated across) equal one
 #     process with batch 8 (the same windows)
@@ -72,6 +73,11 @@ same "zero-3 on 4 ranks, 4 x 2" "$(job 4 --strategy zero --zero-stage 3 --batch-
 # [Nested backward passes]); its end must not finish the step.
 same "zero-3 --recompute always, 2 x 4" "$(job 2 --strategy zero --zero-stage 3 --recompute always --batch-size 4)"
 same "zero-1 --recompute always, 2 x 4" "$(job 2 --strategy zero --zero-stage 1 --recompute always --batch-size 4)"
+# Note [Gathers beside the forward]: stages 1-2 wait for each block's gathers at its forward (the runs above),
+# or, --no-zero-prefetch, for every bucket's before the forward.
+check "zero-1 says its gathers go beside the forward" "grep -q 'weights gathered beside the forward (2 units)' '$tmp/job.err'"
+same "zero-1 --no-zero-prefetch, 2 x 4" "$(job 2 --strategy zero --zero-stage 1 --no-zero-prefetch --batch-size 4)"
+check "--no-zero-prefetch says so" "grep -q 'every weight gathered before the forward (--no-zero-prefetch)' '$tmp/job.err'"
 same "ddp --recompute always, 2 x 4" "$(job 2 --strategy ddp --recompute always --batch-size 4)"
 # Some blocks recomputed, the others not (Note [Recomputing some blocks]):
 # both kinds of unit in one zero-3 step.
@@ -165,5 +171,6 @@ bad "zero without a launcher" "strategy zero runs one process per device" "${T[@
 bad "--zero-stage without zero" "goes with --strategy zero" "${T[@]}" --zero-stage 2
 bad "--skip-nan under zero" "--skip-nan is not offered with --strategy zero" "${T[@]}" --strategy zero --skip-nan
 bad "keeping weights below stage 3" "goes with --zero-stage 3" "${T[@]}" --strategy zero --zero-stage 2 --no-reshard-after-forward
+bad "--no-zero-prefetch without zero" "--no-zero-prefetch goes with --strategy zero" "${T[@]}" --strategy ddp --no-zero-prefetch
 [ $fail -eq 0 ] && echo "train_zero: all passed"
 exit $fail

@@ -38,9 +38,10 @@ void find_shard_units(const nn::ModulePtr& m, std::vector<nn::ModulePtr>* out) {
 
 }  // namespace
 
-// ---- stage 3's unit wrapper ---------------------------------------------------------
+// ---- the unit wrapper ----------------------------------------------------------------
 
-// Note [Sharded units]: stands in its parent for the unit module.
+// Note [Sharded units]: stands in its parent for the unit module (stages 1-2:
+// Note [Gathers beside the forward]).
 class ShardedDataParallel::Unit final : public nn::Module {
  public:
   Unit(nn::ModulePtr inner, std::weak_ptr<Impl> engine, size_t bucket)
@@ -53,7 +54,7 @@ class ShardedDataParallel::Unit final : public nn::Module {
     if (!e) return inner_->forward_value(x);
     e->before_unit_forward(bucket_);
     nn::Value y = inner_->forward_value(x);
-    y = hook_backward(y, e);
+    if (e->stage3()) y = hook_backward(y, e);  // stages 1-2 gather nothing in the backward
     e->after_unit_forward(bucket_);
     return y;
   }
@@ -257,12 +258,13 @@ ShardedDataParallel::ShardedDataParallel(nn::ModulePtr module, ProcessGroupPtr g
     s.pieces.push_back({s.names[k], k, s.params[k].sizes(), s.master_dtypes[k], r.begin - pl.offset, r.end - pl.offset});
     s.shard_params.push_back(piece);
   }
-  if (options.stage == 3) {
-    for (size_t u = 0; u < units.size(); ++u) s.unit_names.push_back("");
-    s.unit_names.resize(s.plan.size(), "");
-    // Replace each unit in its parent by its wrapper.
+  // Replaces each unit in its parent by its wrapper (unit u calls the engine
+  // with u: stage 3's bucket, stages 1-2's index in unit_gathers); returns
+  // the units' module names.
+  auto wrap_units = [&](const std::vector<nn::ModulePtr>& us) {
+    std::vector<std::string> found(us.size());
     std::unordered_map<const nn::Module*, size_t> unit_of;
-    for (size_t u = 0; u < units.size(); ++u) unit_of[units[u].get()] = u;
+    for (size_t u = 0; u < us.size(); ++u) unit_of[us[u].get()] = u;
     std::vector<std::pair<std::string, nn::ModulePtr>> stack{{"", module_}};
     while (!stack.empty()) {
       auto [prefix, m] = stack.back();
@@ -270,13 +272,49 @@ ShardedDataParallel::ShardedDataParallel(nn::ModulePtr module, ProcessGroupPtr g
       for (auto& [name, child] : m->own_children()) {
         const std::string full = prefix.empty() ? name : name.empty() ? prefix : prefix + "." + name;
         if (auto it = unit_of.find(child.get()); it != unit_of.end()) {
-          s.unit_names[it->second] = full;
+          found[it->second] = full;
           child = std::make_shared<Unit>(child, impl_, it->second);
         } else {
           stack.emplace_back(full, child);
         }
       }
     }
+    return found;
+  };
+  if (options.stage < 3 && !options.units.empty()) {
+    // Note [Gathers beside the forward] (sharded.h): which buckets each unit
+    // waits for, which the module's forward does, and the order of issue.
+    const size_t nb = s.plan.size();
+    std::vector<int> unit_of_param(s.params.size(), -1);  // -1: the root (no unit, or two)
+    for (size_t u = 0; u < options.units.size(); ++u) {
+      CHORUS_CHECK(options.units[u] != nullptr, "ShardedDataParallel: a unit is null");
+      for (const Tensor& p : options.units[u]->parameters())
+        if (auto it = index.find(p.impl()); it != index.end())
+          unit_of_param[it->second] = unit_of_param[it->second] == -1 ? static_cast<int>(u) : -2;
+    }
+    s.root_gather.assign(nb, 0);
+    s.unit_gathers.assign(options.units.size(), {});
+    for (size_t b = 0; b < nb; ++b)
+      for (size_t k : s.plan.buckets[b].ks) s.root_gather[b] |= unit_of_param[k] < 0 ? 1 : 0;
+    for (size_t b = nb; b-- > 0;) {
+      if (s.root_gather[b]) continue;
+      for (size_t k : s.plan.buckets[b].ks) {
+        auto& ug = s.unit_gathers[static_cast<size_t>(unit_of_param[k])];
+        if (std::find(ug.begin(), ug.end(), b) == ug.end()) ug.push_back(b);
+      }
+    }
+    // The root's buckets first, then the rest from the last bucket down: the
+    // plan holds the parameters from the last to the first, so that is the
+    // order in which the forward reaches them.
+    for (size_t b = nb; b-- > 0;)
+      if (s.root_gather[b]) s.gather_order.push_back(b);
+    for (size_t b = nb; b-- > 0;)
+      if (!s.root_gather[b]) s.gather_order.push_back(b);
+    wrap_units(options.units);
+  }
+  if (options.stage == 3) {
+    s.unit_names = wrap_units(units);
+    s.unit_names.resize(s.plan.size(), "");
     if (!options.units.empty()) {
       // Named units are trusted: sharded now, the rest of their weights freed.
       for (size_t b = 0; b < s.buckets.size(); ++b) s.buckets[b].sharded = s.buckets[b].unit >= 0;
@@ -317,27 +355,68 @@ nn::Value ShardedDataParallel::forward_value(const nn::Value& x) {
     if (training)
       for (auto& bk : s.buckets) bk.held = false;
     NoGradGuard no_grad;
-    for (size_t b = 0; b < s.buckets.size(); ++b)
-      if (!s.stage3() || s.gathered_whole_step(b)) s.wait_gather(b);
+    if (s.gathers_beside_forward()) {
+      // Note [Gathers beside the forward]: all issued now, in the order the
+      // forward reaches them; each unit waits for its own.
+      for (size_t b : s.gather_order) s.issue_gather(b);
+      for (size_t b : s.gather_order)
+        if (s.root_gather[b]) s.wait_gather(b);
+    } else {
+      for (size_t b = 0; b < s.buckets.size(); ++b)
+        if (!s.stage3() || s.gathered_whole_step(b)) s.wait_gather(b);
+    }
     s.arm_next = training && !s.no_sync;
   }
-  return module_->forward_value(x);
+  nn::Value y = module_->forward_value(x);
+  if (s.gathers_beside_forward()) {
+    // A unit this forward did not run still has its gather in flight, made
+    // of the shards as they are now: finished here, before any step can
+    // change them under it.
+    std::lock_guard<std::mutex> lk(s.mu);
+    NoGradGuard no_grad;
+    for (size_t b : s.gather_order) s.wait_gather(b);
+  }
+  return y;
 }
+
+namespace {
+
+// What both clipping forms need: this rank's gradient shards, the masters'
+// accumulation dtype (the gathered parameters may be 16-bit: param_dtype), and the all-reduce that makes this rank's sum of
+// squares the total over the shards.
+struct ShardNormInputs {
+  TensorList grads;
+  Device home;
+  DType acc;
+  std::function<void(const Tensor&)> total_of;
+};
+
+ShardNormInputs shard_norm_inputs(const std::vector<Tensor>& shard_params, const std::vector<DType>& masters,
+                                  const ProcessGroupPtr& group, int world, const Device& home) {
+  ShardNormInputs in{{}, home, masters[0] == kFloat64 ? kFloat64 : kFloat32, {}};
+  // Hybrid: the replicas hold the same shards: their sum is not added.
+  in.total_of = [group, world](const Tensor& sq) {
+    if (world > 1) group->all_reduce(sq, ReduceOp::Sum)->wait();
+  };
+  for (const Tensor& p : shard_params)
+    if (Tensor g = p.grad(); g.defined()) in.grads.push_back(g);
+  return in;
+}
+
+}  // namespace
 
 Tensor ShardedDataParallel::clip_grad_norm(double max_norm) {
   Impl& s = *impl_;
-  const Device home = s.params[0].device();
-  // The masters' dtype (the gathered parameters may be 16-bit: param_dtype).
-  const DType acc = s.master_dtypes[0] == kFloat64 ? kFloat64 : kFloat32;
-  auto total_of = [&s](const Tensor& sq) {
-    if (s.world > 1) s.group->all_reduce(sq, ReduceOp::Sum)->wait();
-    // Hybrid: the replicas hold the same shards: their sum is not added.
-  };
   NoGradGuard no_grad;
-  TensorList grads;
-  for (const Tensor& p : s.shard_params)
-    if (Tensor g = p.grad(); g.defined()) grads.push_back(g);
-  return ops::clip_by_global_norm_(grads, max_norm, home, acc, total_of);
+  ShardNormInputs in = shard_norm_inputs(s.shard_params, s.master_dtypes, s.group, s.world, s.params[0].device());
+  return ops::clip_by_global_norm_(in.grads, max_norm, in.home, in.acc, in.total_of);
+}
+
+ops::NormAndScale ShardedDataParallel::clip_grad_norm_scale(double max_norm) {
+  Impl& s = *impl_;
+  NoGradGuard no_grad;
+  ShardNormInputs in = shard_norm_inputs(s.shard_params, s.master_dtypes, s.group, s.world, s.params[0].device());
+  return ops::global_norm_and_scale(in.grads, max_norm, in.home, in.acc, in.total_of);
 }
 
 const std::vector<Tensor>& ShardedDataParallel::shard_parameters() const { return impl_->shard_params; }

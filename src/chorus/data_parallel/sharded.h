@@ -42,6 +42,7 @@
 #include "chorus/distributed/process_group.h"
 #include "chorus/data_parallel/replica_sync.h"
 #include "chorus/nn/module.h"
+#include "chorus/ops/global_norm.h"
 
 namespace chorus::dist {
 
@@ -55,12 +56,18 @@ struct ShardOptions {
   // unit, gathered for the whole step. Units given here are sharded from
   // construction (as FSDP2's fully_shard on each block): every rank's forward
   // must run each of them through its parent's children, in every step.
+  // Stages 1-2: each unit's forward waits only for the buckets that hold its
+  // own weights, so the rest travel beside the units before it (Note
+  // [Gathers beside the forward]); empty: the module's forward waits for
+  // every bucket before it starts.
   std::vector<nn::ModulePtr> units;
   // Stage 3: free a unit's gathered weights after its forward (and gather them
   // again for its backward); false keeps them from the forward to the end of
   // the unit's backward (less communication, more memory).
   bool reshard_after_forward = true;
   // Stage 3: issue the next unit's gather before this unit computes.
+  // Stages 1-2 with units: false waits for every bucket's gather at the
+  // module's forward, as with no units.
   bool prefetch = true;
   // Mixed precision (FSDP's param_dtype): the dtype the module's parameters
   // hold while gathered -- bfloat16 halves the gathers and the full-size
@@ -123,6 +130,13 @@ class ShardedDataParallel : public nn::Module {
   // clipping (a collective; on the device, float32, or float64 for a float64
   // model). max_norm <= 0: the norm only.
   Tensor clip_grad_norm(double max_norm);
+  // clip_grad_norm with the gradients left as they are: the same norm, and
+  // the scale min(1, max_norm / (norm + 1e-6)) for Optimizer::step_scaled to
+  // apply as it reads them (Note [Clipping in the update] in
+  // optim/clip_grad.h) -- one pass over the shards' gradients fewer, which
+  // chorus train's and bench's ZeRO steps take. The scale is undefined when
+  // max_norm <= 0 or infinite. A collective.
+  ops::NormAndScale clip_grad_norm_scale(double max_norm);
 
   // The full weights in the module's parameters now (a collective): after an
   // optimizer step, before evaluating through the module itself. At stage 3
@@ -222,6 +236,27 @@ class ShardedDataParallel : public nn::Module {
 // visits the units in one order, the backward's pre-hooks and
 // gradient-ready hooks fire in the engine's order, and buckets launch their
 // reduce-scatters in index order.
+//
+// Note [Gathers beside the forward]: after an optimizer step every bucket
+// must be gathered again before the weights it holds are read. At stages 1-2
+// the simple way -- the module's forward waits for every bucket, then
+// computes -- leaves the whole model's all-gather (gpt2-xl's 3 GB of bfloat16
+// weights: about 7 ms over 4 H200s) in front of the step with nothing beside
+// it, which is what llm.c's ZeRO-1 does too. Given units (a GPT's blocks; the
+// trainer names them at every stage) the forward issues every bucket's
+// gather at once, on the communication stream, in the order it will reach
+// them -- the buckets holding parameters of no unit (the embeddings, the
+// final norm, a tied weight) first, then the others from the last bucket
+// down, as the plan holds the parameters from the last to the first -- and
+// waits only for the root's. Each unit, wrapped in its parent as at stage 3
+// (the same wrapper; names unchanged), waits for the buckets holding its own
+// weights just before its forward, so block i computes while the gathers of
+// blocks i+1... travel. A bucket holds a slice of the parameter list, so one
+// may serve two neighbouring units; the first waits for it. Nothing is freed
+// (stages 1-2 keep the full weights), the backward gathers nothing, and the
+// collectives are issued in the same order on every rank. At the end of the
+// forward every gather still in flight (a unit this forward skipped) is
+// waited for, because its source is the shard as it was when it was issued.
 //
 // Note [Sharded gradients]: as DDP's reducer (Note [Reducer hooks]), each
 // parameter's post-accumulate hook counts it ready; a bucket whose

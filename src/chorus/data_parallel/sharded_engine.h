@@ -96,7 +96,15 @@ struct ShardedDataParallel::Impl final : autograd::BackwardObserver {
   std::vector<std::string> unused_names;
   std::unique_ptr<FlatSet> buffers;
 
+  // Stages 1-2 with units (Note [Gathers beside the forward]): [unit] the
+  // buckets its forward waits for; [bucket] whether it holds a parameter of
+  // no unit (waited for by the module's forward); the order of issue.
+  std::vector<std::vector<size_t>> unit_gathers;
+  std::vector<char> root_gather;
+  std::vector<size_t> gather_order;
+
   bool stage3() const { return options.stage == 3; }
+  bool gathers_beside_forward() const { return !stage3() && !gather_order.empty() && options.prefetch; }
   // Stage 3: gathered by the module's forward itself (not by a unit wrapper).
   bool gathered_whole_step(size_t b) const { return buckets[b].unit < 0 || !buckets[b].sharded; }
   // Stage 3: after the first synced backward, or from construction for the
@@ -161,6 +169,10 @@ struct ShardedDataParallel::Impl final : autograd::BackwardObserver {
   // communicates: a unit run on some ranks only must not start a collective.
   void before_unit_forward(size_t b) {
     std::lock_guard<std::mutex> lk(mu);
+    if (!stage3()) {  // b is the unit's index: Note [Gathers beside the forward]
+      for (size_t g : unit_gathers[b]) wait_gather(g);
+      return;
+    }
     if (!units_decided) {
       buckets[b].visited = true;
       if (std::find(unit_order.begin(), unit_order.end(), static_cast<int>(b)) == unit_order.end())
@@ -179,13 +191,14 @@ struct ShardedDataParallel::Impl final : autograd::BackwardObserver {
 
   void after_unit_forward(size_t b) {
     std::lock_guard<std::mutex> lk(mu);
+    if (!stage3()) return;
     // A recomputed unit keeps its weights for its backward, which follows.
     if (units_decided && !gathered_whole_step(b) && options.reshard_after_forward && !backward_running) release(b);
   }
 
   void before_unit_backward(size_t b) {
     std::lock_guard<std::mutex> lk(mu);
-    if (!units_decided || gathered_whole_step(b)) return;
+    if (!stage3() || !units_decided || gathered_whole_step(b)) return;
     wait_gather(b);
     prefetch_after(b, -1);
   }

@@ -16,6 +16,7 @@
 #include "chorus/ops/factory.h"
 #include "chorus/autograd/functions.h"
 #include "chorus/parallel/device_threads.h"
+#include "chorus/parallel/pipeline_messages.h"
 #include "chorus/parallel/placement.h"
 
 namespace chorus::parallel {
@@ -222,26 +223,6 @@ Tensor Pipeline::run_stage(size_t s, const Tensor& x) const {
 
 namespace {
 
-// Note [Received headers off the compute stream]: a message between ranks
-// is a header (dtype and shape), read on the host to allocate the tensor,
-// then the tensor. The header used to be received and copied to the host on
-// the compute stream, and reading it (a device-to-host copy and
-// cudaStreamSynchronize of that stream) waited for every kernel issued
-// before it: at each task with an input from another rank the host stopped
-// until its own GPU had run dry, even when the input had long arrived, and
-// then issued the task's eager kernels to an idle GPU -- every micro-batch
-// on the slowest stage (whose inputs are always there first) began with the
-// GPU waiting for the host. And the tensor's receive, posted only after
-// that, could not start before this rank's previous task ended. Now both
-// receives and the header's read run on this direction's copy stream
-// (idle on a stage group otherwise): the host waits for the header alone,
-// the tensor arrives beside the compute, and the compute stream waits for it
-// by an event only where the task starts (wait_arrival, as for a copy
-// between devices of one process). The copy stream holds only this link's
-// receives, in the link's order, so it waits for nothing a receive did not
-// wait for before (Note [Pipeline links]). Over Gloo (CPU) nothing changes:
-// there are no streams.
-//
 // Note [Pipeline transfers]: `t` (detached) on `dst`, copied on `copy_stream`
 // when a GPU is involved; `ready` marks the copy's end for the receiver.
 Tensor transfer(const Tensor& t, const Device& dst, const std::optional<Stream>& copy_stream,
@@ -274,20 +255,6 @@ void Pipeline::note_copy(Run& run, const Device& dst, int dir) const {
     if (used == &*st) return;
   run.copies_used.emplace_back(dst, &*st);
 }
-
-namespace {
-
-// The receiver's side: its compute stream waits for the copy, and the block
-// (allocated on the copy stream) is kept until the compute stream is done.
-void wait_arrival(const Tensor& t, const std::optional<Event>& ready) {
-  if (!ready || !t.defined()) return;
-  Stream::current(t.device()).wait(*ready);
-  backend(t.device()).record_use(t.storage()->data(), t.device(), t.device());
-}
-
-constexpr int kHeaderLen = 2 + 8;  // dtype, ndim, sizes
-
-}  // namespace
 
 void Pipeline::run_task(Run& run, const PipeTask& t, size_t d) {
   // Busy time: from when the task's inputs are there to its end (waiting is the bubble).
@@ -335,56 +302,18 @@ void Pipeline::run_task(Run& run, const PipeTask& t, size_t d) {
     run.cv.wait(lk, [&] { return flags[i] || run.failed; });
     if (!flags[i]) throw Aborted{};
   };
+  // Note [Pipeline messages] (pipeline_messages.h).
   auto send = [&](const Tensor& v, int to_stage, int dir) {
-    Tensor c = v.contiguous();
-    std::vector<int64_t> h(kHeaderLen, 0);
-    h[0] = static_cast<int64_t>(c.dtype());
-    h[1] = c.dim();
-    CHORUS_CHECK(c.dim() <= 8, "Pipeline: cannot send a ", c.dim(), "-d tensor between processes (at most 8-d)");
-    for (int64_t d = 0; d < c.dim(); ++d) h[static_cast<size_t>(2 + d)] = c.size(d);
     // Note [Pipeline links]: stage s's neighbours are on the next and previous ranks.
     const dist::ProcessGroupPtr& link = links_.out[static_cast<size_t>(dir)];
     CHORUS_ASSERT(link && rank_of(to_stage) == (pg->rank() + (dir == 0 ? 1 : pg->size() - 1)) % pg->size());
-    Tensor header = from_vector(h, {kHeaderLen}, {kInt64, link->device()});
-    std::lock_guard<std::mutex> g(run.sends_mu);
-    // The sends keep their tensors; a Work is waited for at the end of the
-    // step, or here once it is done (its tensors freed then, not every
-    // activation sent kept to the end of the step: V times as many with the
-    // interleaved schedule). Never waited for before it is done: Note
-    // [Pipeline links] needs no rank to wait for its own sends.
-    std::erase_if(run.sends, [](const dist::WorkPtr& w) {
-      if (!w->is_completed()) return false;
-      w->wait();
-      return true;
-    });
-    run.sends.push_back(link->send(header, PipelineLinks::kReceiver, tag(dir, to_stage, 0)));
-    run.sends.push_back(link->send(c, PipelineLinks::kReceiver, tag(dir, to_stage, 1)));
+    send_message(link, v, tag(dir, to_stage, 0), tag(dir, to_stage, 1), run.sends, run.sends_mu);
   };
   auto recv = [&](int from_stage, int dir) {
     const dist::ProcessGroupPtr& link = links_.in[static_cast<size_t>(dir)];
     CHORUS_ASSERT(link && rank_of(from_stage) == (pg->rank() + (dir == 0 ? pg->size() - 1 : 1)) % pg->size());
-    // Note [Received headers off the compute stream]: on a GPU both receives
-    // and the header's read run on this direction's copy stream.
-    const std::optional<Stream>& side = copy_stream(st.device, dir);
-    std::optional<StreamGuard> on_side;
-    if (side) on_side.emplace(*side);
-    std::vector<int64_t> h;
-    {
-      Tensor header = zeros({kHeaderLen}, {kInt64, link->device()});
-      link->recv(header, PipelineLinks::kSender, tag(dir, s, 0))->wait();
-      h = header.to(cpu_device()).to_vector<int64_t>();
-    }
-    CHORUS_CHECK(h[1] >= 0 && h[1] <= 8, "Pipeline: a malformed header from rank ", rank_of(from_stage));
-    Shape shape(h.begin() + 2, h.begin() + 2 + h[1]);
-    Tensor v = empty(shape, {static_cast<DType>(h[0]), st.device});
-    link->recv(v, PipelineLinks::kSender, tag(dir, s, 1))->wait();
-    if (!side) return v;
-    std::optional<Event> arrived;
-    arrived.emplace(st.device, false);
-    arrived->record(*side);
-    on_side.reset();
-    wait_arrival(v, arrived);  // the compute stream waits for the tensor, and keeps its block until done with it
-    return v;
+    return recv_message(link, tag(dir, s, 0), tag(dir, s, 1), st.device, copy_stream(st.device, dir),
+                        rank_of(from_stage));
   };
 
   if (t.kind == PipeTask::Forward) {

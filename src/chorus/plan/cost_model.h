@@ -95,7 +95,7 @@
 //                   2-sequence micro-batches, each received header having
 //                   synchronised the host with its compute stream until
 //                   Note [Received headers off the compute stream] in
-//                   parallel/pipeline.cpp; NCCL's kernels beside the
+//                   parallel/pipeline_messages.h; NCCL's kernels beside the
 //                   compute).
 #pragma once
 

@@ -9,6 +9,44 @@ namespace chorus::cuda {
 
 namespace {
 
+// The loop kernels' second and third passes over a row of nv = cols / V
+// vectors whose sum is `sum` (already reduced over the row's threads): the
+// variance of the centred values (a second read, from cache), then y, and
+// the row's mean and rstd.
+template <typename T, typename G, int V>
+__device__ __forceinline__ void normalize_row(const Vec<T, V>* vr, float sum, const G* gamma, const G* beta,
+                                              float eps, T* y, float* mean, float* rstd, int64_t row, int64_t cols) {
+  const int64_t nv = cols / V;
+  const float m = sum / static_cast<float>(cols);
+  SumV var{0.0f};
+  for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
+    const Vec<T, V> v = vr[c];
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float d = to_acc(v.v[j]) - m;
+      var.s += d * d;
+    }
+  }
+  var = row_allreduce(var);
+  const float rs = rsqrtf(var.s / static_cast<float>(cols) + eps);
+  Vec<T, V>* yr = reinterpret_cast<Vec<T, V>*>(y + row * cols);
+  for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
+    const Vec<T, V> v = vr[c];
+    Vec<T, V> out;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const int64_t col = c * V + j;
+      const float g = gamma ? to_acc(gamma[col]) : 1.0f, b = beta ? to_acc(beta[col]) : 0.0f;
+      out.v[j] = convert<T>((to_acc(v.v[j]) - m) * rs * g + b);
+    }
+    yr[c] = out;
+  }
+  if (threadIdx.x == 0) {
+    mean[row] = m;
+    rstd[row] = rs;
+  }
+}
+
 // V elements per 16-byte access of x, y, dy and dx; the parameters are read
 // element by element (the same few KB for every row: from L1). The forward
 // kernels here loop over a row of any length; rows that fit in a warp's
@@ -27,35 +65,7 @@ __global__ void layer_norm_forward_kernel(const T* x, const G* gamma, const G* b
 #pragma unroll
     for (int j = 0; j < V; ++j) s.s += to_acc(v.v[j]);
   }
-  s = row_allreduce(s);
-  const float m = s.s / static_cast<float>(cols);
-  SumV var{0.0f};  // the variance of centred values (a second read, from cache)
-  for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
-    const Vec<T, V> v = xr[c];
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const float d = to_acc(v.v[j]) - m;
-      var.s += d * d;
-    }
-  }
-  var = row_allreduce(var);
-  const float rs = rsqrtf(var.s / static_cast<float>(cols) + eps);
-  Vec<T, V>* yr = reinterpret_cast<Vec<T, V>*>(y + row * cols);
-  for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
-    const Vec<T, V> v = xr[c];
-    Vec<T, V> out;
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const int64_t col = c * V + j;
-      const float g = gamma ? to_acc(gamma[col]) : 1.0f, b = beta ? to_acc(beta[col]) : 0.0f;
-      out.v[j] = convert<T>((to_acc(v.v[j]) - m) * rs * g + b);
-    }
-    yr[c] = out;
-  }
-  if (threadIdx.x == 0) {
-    mean[row] = m;
-    rstd[row] = rs;
-  }
+  normalize_row<T, G, V>(xr, row_allreduce(s).s, gamma, beta, eps, y, mean, rstd, row, cols);
 }
 
 // Note [Residual add beside layer norm] (ops/transformer.h): sum = x + r and
@@ -83,35 +93,7 @@ __global__ void add_layer_norm_forward_kernel(const T* x, const T* r, const G* g
     }
     sr[c] = out;
   }
-  s = row_allreduce(s);
-  const float m = s.s / static_cast<float>(cols);
-  SumV var{0.0f};
-  for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
-    const Vec<T, V> v = sr[c];
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const float d = to_acc(v.v[j]) - m;
-      var.s += d * d;
-    }
-  }
-  var = row_allreduce(var);
-  const float rs = rsqrtf(var.s / static_cast<float>(cols) + eps);
-  Vec<T, V>* yr = reinterpret_cast<Vec<T, V>*>(y + row * cols);
-  for (int64_t c = threadIdx.x; c < nv; c += blockDim.x) {
-    const Vec<T, V> v = sr[c];
-    Vec<T, V> out;
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const int64_t col = c * V + j;
-      const float g = gamma ? to_acc(gamma[col]) : 1.0f, b = beta ? to_acc(beta[col]) : 0.0f;
-      out.v[j] = convert<T>((to_acc(v.v[j]) - m) * rs * g + b);
-    }
-    yr[c] = out;
-  }
-  if (threadIdx.x == 0) {
-    mean[row] = m;
-    rstd[row] = rs;
-  }
+  normalize_row<T, G, V>(sr, row_allreduce(s).s, gamma, beta, eps, y, mean, rstd, row, cols);
 }
 
 // Note [Layer norm's forward from registers]: a row of up to kRegMaxK * 32
