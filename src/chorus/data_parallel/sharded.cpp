@@ -66,11 +66,18 @@ class ShardedDataParallel::Unit final : public nn::Module {
 
  private:
   // The output passes through an identity whose backward gathers the unit
-  // again before any of its own backward ops runs.
+  // again before any of its own backward ops runs: each tensor of it, where
+  // it is a list (a GPT block's pending residual pair: Note [Pending
+  // residual] in models/gpt.h); the first to run gathers.
   nn::Value hook_backward(const nn::Value& y, const std::shared_ptr<Impl>& e) {
+    if (y.is_list()) {
+      nn::Value::List out;
+      for (const nn::Value& v : y.list()) out.push_back(hook_backward(v, e));
+      return nn::Value(std::move(out));
+    }
     if (!y.is_tensor()) return y;
     const Tensor& t = y.tensor();
-    if (!grad_enabled() || !t.requires_grad()) return y;
+    if (!t.defined() || !grad_enabled() || !t.requires_grad()) return y;
     std::weak_ptr<Impl> weak = e;
     const size_t b = bucket_;
     return nn::Value(autograd::record("ShardedUnitPreBackward", t.detach(), {t}, [weak, b](const TensorList& g) {

@@ -159,6 +159,13 @@ Tensor GPTBlock::forward(const Tensor& x) {
   return chorus::add(h, m);
 }
 
+nn::Value GPTBlock::forward_value(const nn::Value& x) {
+  if (x.is_tensor()) return nn::Value(forward(x.tensor()));
+  CHORUS_CHECK(x.is_list() && x.list().size() == 2, "GPTBlock: expected a tensor or {residual, branch}");
+  auto [h, m] = forward_pending(x[0].tensor(), x[1].tensor());
+  return nn::Value::List{nn::Value(h), nn::Value(m)};
+}
+
 Tensor gpt_embed(nn::Embedding& wte, nn::Module& wpe, Tensor& positions, const Tensor& ids, double dropout,
                  bool training) {
   const int64_t t = ids.size(1);
@@ -201,8 +208,9 @@ Tensor GPTTrunk::forward(const Tensor& ids) {
   // first N, as Megatron-LM's block method counts them.
   const int64_t recomputed = is_training() && grad_enabled() ? cfg_.recomputed_blocks() : 0;
   // Note [Pending residual]: the stream is x + branch, the add left for the
-  // next norm. A block seen as one tensor in and one out (recomputed, or
-  // ZeRO-3's wrapper in its slot) gets the sum.
+  // next norm. A block seen as one tensor in and one out (recomputed) gets
+  // the sum; a wrapper in the block's slot under its name (ZeRO's units)
+  // gets the pair as a Value.
   Tensor branch;
   int64_t i = 0;
   for (const auto& [n, block] : child_named(*this, "h")->named_children()) {
@@ -210,6 +218,12 @@ Tensor GPTTrunk::forward(const Tensor& ids) {
     auto* b = dynamic_cast<GPTBlock*>(block.get());
     if (b && !recompute) {
       std::tie(x, branch) = b->forward_pending(x, branch);
+      continue;
+    }
+    if (!b && !recompute && block->type_name() == "GPTBlock") {
+      const nn::Value out = block->forward_value(nn::Value::List{nn::Value(x), nn::Value(branch)});
+      x = out[0].tensor();
+      branch = out[1].tensor();
       continue;
     }
     if (branch.defined()) x = chorus::add(x, branch);

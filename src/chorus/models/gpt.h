@@ -91,8 +91,13 @@ class GPTBlock : public nn::Module {
   // fused with the norm after it (the next block's ln_1, or ln_f). forward(x)
   // is forward_pending(x, {}) with the last add done apart: the path of
   // callers that see a block as one tensor in, one out (--recompute's
-  // checkpoint, pipeline stages, ZeRO-3's wrapped units).
+  // checkpoint, pipeline stages). forward_value takes and returns the pair
+  // as a 2-list {residual, branch} (a tensor: as forward), so that a wrapper
+  // in the block's slot that passes Values on and answers to the block's
+  // type name (ZeRO's units: Note [Sharded units] in
+  // data_parallel/sharded.h) keeps the adds fused.
   std::pair<Tensor, Tensor> forward_pending(const Tensor& residual, const Tensor& branch);
+  nn::Value forward_value(const nn::Value& x) override;
   GPTConfig options_for_clone() const { return cfg_; }
   CHORUS_MODULE_CLONEABLE(GPTBlock)
  private:
