@@ -339,7 +339,7 @@ PY
     NG=${GPT_GPUS:-2}
     for gr in ${ZC_GRAPHS:-eager graphs}; do
       gflag=(); [ $gr = eager ] && gflag=(--no-cuda-graphs)
-      for mode in "ddp" "zero --zero-stage 1" "zero --zero-stage 2" "zero --zero-stage 3" "zero --zero-stage 3 --no-reshard-after-forward"; do
+      for mode in "ddp" "zero --zero-stage 1" "zero --zero-stage 1 --no-zero-prefetch" "zero --zero-stage 2" "zero --zero-stage 3" "zero --zero-stage 3 --no-reshard-after-forward"; do
         timeout 300 $BUILD/chorus launch --nproc-per-node $NG -- $BUILD/chorus train --model d6 --strategy $mode \
           --devices cuda --data "tokens:$DATA/rand_train_*.bin" --seq-len 256 --batch-size 4 --steps 8 --log-every 4 \
           --val-windows 2 --json --precision ${ZC_PRECISION:-fp32} "${gflag[@]}" 2>"$OUT/zc.err" | grep '{' | sed 's/^\[rank 0\] //' | tail -1 \
