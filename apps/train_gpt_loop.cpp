@@ -359,6 +359,13 @@ nlohmann::ordered_json run_gpt_loop(const TrainConfig& tc, const GptOptions& g, 
                                 {"mfu", peak > 0 ? nlohmann::ordered_json(mfu) : nlohmann::ordered_json(nullptr)},
                                 {"peak_mem_bytes", peak_mem},
                                 {"seconds", seconds_since(t_start)}};
+  // What the driver counts as used on the device at the end (CUDA: total -
+  // free from cudaMemGetInfo): the allocator's pools with what they cache,
+  // the context, cuBLAS's and cuDNN's workspaces, NCCL's buffers -- the
+  // figure llm.c prints as its "device memory usage", where peak_mem_bytes is
+  // what tensors held at most.
+  if (auto mi = backend(device).memory_info(device))
+    out["device_used_bytes"] = static_cast<double>(mi->total - mi->free);
   if (!ckpt.empty()) out["checkpoint"] = ckpt;
   if (ckpt_stall.saves > 0)
   {

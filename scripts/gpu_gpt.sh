@@ -101,7 +101,8 @@ for stage in "$@"; do
 import json, sys
 r = json.load(open(sys.argv[1]))
 row = {"who": "chorus", "mode": "single " + sys.argv[3], "tok_per_s": r["tok_per_s"], "mfu": r["mfu"],
-       "peak_gib": r["peak_mem_bytes"] / 2**30, "loss": r["train_loss"]}
+       "peak_gib": r["peak_mem_bytes"] / 2**30,
+       "dev_gib": r.get("device_used_bytes", 0) / 2**30 or None, "loss": r["train_loss"]}
 open(sys.argv[2], "a").write(json.dumps(row) + "\n")
 PY
     ;;
@@ -146,7 +147,8 @@ mfu = [float(re.search(r"(-?[\d.]+)% bf16 MFU", l).group(1)) for l in tail]
 mfu = sum(mfu) / len(mfu) / 100 if all(m > 0 for m in mfu) else None
 mem = re.findall(r"device memory usage: (\d+) MiB", open(sys.argv[1]).read())
 row = {"who": "llm.c", "mode": "single bf16 cudnn", "tok_per_s": sum(toks) / len(toks), "mfu": mfu,
-       "peak_gib": int(mem[-1]) / 1024 if mem else None, "loss": None}
+       "peak_gib": int(mem[-1]) / 1024 if mem else None,
+       "dev_gib": int(mem[-1]) / 1024 if mem else None, "loss": None}
 open(sys.argv[2], "a").write(json.dumps(row) + "\n")
 PY
     ;;
@@ -180,7 +182,8 @@ mfu = [float(re.search(r"(-?[\d.]+)% bf16 MFU", l).group(1)) for l in tail]
 mfu = sum(mfu) / len(mfu) / 100 if all(m > 0 for m in mfu) else None
 mem = re.findall(r"device memory usage: (\d+) MiB", open(sys.argv[1]).read())
 row = {"who": "llm.c", "mode": f"{sys.argv[3]} GPUs zero-{sys.argv[4]} cudnn", "tok_per_s": sum(toks) / len(toks),
-       "mfu": mfu, "peak_gib": int(mem[-1]) / 1024 if mem else None, "loss": None}
+       "mfu": mfu, "peak_gib": int(mem[-1]) / 1024 if mem else None,
+       "dev_gib": int(mem[-1]) / 1024 if mem else None, "loss": None}
 open(sys.argv[2], "a").write(json.dumps(row) + "\n")
 PY
     ;;
@@ -196,7 +199,8 @@ PY
 import json, sys
 r = json.load(open(sys.argv[1]))
 row = {"who": "chorus", "mode": f"dp {sys.argv[3]} GPUs", "tok_per_s": r["tok_per_s"], "mfu": r["mfu"],
-       "peak_gib": r["peak_mem_bytes"] / 2**30, "loss": r["train_loss"]}
+       "peak_gib": r["peak_mem_bytes"] / 2**30,
+       "dev_gib": r.get("device_used_bytes", 0) / 2**30 or None, "loss": r["train_loss"]}
 open(sys.argv[2], "a").write(json.dumps(row) + "\n")
 PY
     ;;
@@ -214,7 +218,8 @@ PY
 import json, sys
 r = json.load(open(sys.argv[1]))
 row = {"who": "chorus", "mode": f"ddp {sys.argv[3]} GPUs", "tok_per_s": r["tok_per_s"], "mfu": r["mfu"],
-       "peak_gib": r["peak_mem_bytes"] / 2**30, "loss": r["train_loss"]}
+       "peak_gib": r["peak_mem_bytes"] / 2**30,
+       "dev_gib": r.get("device_used_bytes", 0) / 2**30 or None, "loss": r["train_loss"]}
 open(sys.argv[2], "a").write(json.dumps(row) + "\n")
 PY
     done
@@ -368,7 +373,8 @@ PY
 import json, sys
 r = json.load(open(sys.argv[1]))
 row = {"who": "chorus", "mode": f"zero-{sys.argv[4]} {sys.argv[3]} GPUs{sys.argv[5]}", "tok_per_s": r["tok_per_s"], "mfu": r["mfu"],
-       "peak_gib": r["peak_mem_bytes"] / 2**30, "loss": r["train_loss"]}
+       "peak_gib": r["peak_mem_bytes"] / 2**30,
+       "dev_gib": r.get("device_used_bytes", 0) / 2**30 or None, "loss": r["train_loss"]}
 if "checkpoint_stall_ms" in r: row["checkpoint_stall_ms"] = r["checkpoint_stall_ms"]
 open(sys.argv[2], "a").write(json.dumps(row) + "\n")
 PY
@@ -432,7 +438,8 @@ PY
 import json, sys
 r = json.load(open(sys.argv[1]))
 row = {"who": "chorus", "mode": f"zero-3 {sys.argv[3]} GPUs {sys.argv[4]}", "tok_per_s": r["tok_per_s"], "mfu": r["mfu"],
-       "peak_gib": r["peak_mem_bytes"] / 2**30, "loss": r["train_loss"]}
+       "peak_gib": r["peak_mem_bytes"] / 2**30,
+       "dev_gib": r.get("device_used_bytes", 0) / 2**30 or None, "loss": r["train_loss"]}
 open(sys.argv[2], "a").write(json.dumps(row) + "\n")
 print(row)
 PY
@@ -607,11 +614,14 @@ PY
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 print(f"{sys.argv[2]} batch {sys.argv[3]} seq {sys.argv[4]}, one GPU")
-print(f"{'who':10} {'mode':20} {'tok/s':>10} {'MFU':>7} {'peak GiB':>9}")
+# peak GiB: what tensors held at most (Chorus's allocator; llm.c: its device usage); device GiB: what the driver
+# counted as used at the end (cudaMemGetInfo: pools, context, workspaces, NCCL), llm.c's own figure
+print(f"{'who':10} {'mode':20} {'tok/s':>10} {'MFU':>7} {'peak GiB':>9} {'device GiB':>10}")
 for r in rows:
     mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") else "-"
     pk = f"{r['peak_gib']:.2f}" if r.get("peak_gib") else "-"
-    print(f"{r['who']:10} {r['mode']:20} {r['tok_per_s']:>10.0f} {mfu:>7} {pk:>9}")
+    dv = f"{r['dev_gib']:.2f}" if r.get("dev_gib") else "-"
+    print(f"{r['who']:10} {r['mode']:20} {r['tok_per_s']:>10.0f} {mfu:>7} {pk:>9} {dv:>10}")
 for c in rows:  # every single-GPU Chorus row (GPT_TAG tells apart runs under a switch) beside the others
     if c["who"] != "chorus" or not c["mode"].startswith("single"):
         continue
