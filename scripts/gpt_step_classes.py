@@ -13,6 +13,7 @@ journal's "kernels a step" figures for gpt2 come from it (sessions 41, 42)."""
 import collections
 import csv
 import glob
+import re
 import sys
 
 
@@ -40,8 +41,12 @@ def main():
     out = sys.argv[1]
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 3
     top = int(sys.argv[3]) if len(sys.argv) > 3 else 0
-    # Rank 0's file where several processes wrote one each (launch_profile): the lowest pid.
-    paths = sorted(glob.glob(out + "/trace/k.*.csv"), key=lambda p: int(p.split(".")[-2]))
+    # Rank 0's file where several processes wrote one each (launch_profile): the lowest pid, the launcher
+    # starting the ranks in order (names without a pid sort after).
+    def pid_of(path):
+        m = re.search(r"\.(\d+)\.csv$", path)
+        return (0, int(m.group(1))) if m else (1, 0)
+    paths = sorted(glob.glob(out + "/trace/k.*.csv"), key=lambda p: (pid_of(p), p))
     if not paths:
         sys.exit(f"gpt_step_classes: no trace/k.*.csv under {out}")
     rows = sorted((int(r["Start (ns)"]), int(r["Duration (ns)"]), r["Name"]) for r in csv.DictReader(open(paths[0])))

@@ -7,7 +7,7 @@
 #
 # Usage: scripts/gpu_gpt.sh STAGE...
 #   stages: build tests chorus chorus_eager chorus_composite torch compile llmc llmc_mpi converge profile dp ddp
-#           profile_llmc launch_profile mesh_profile mesh3d zero_check zero zero_images refuse big mesh_pp mesh_tp plan obs table
+#           profile_llmc launch_profile mesh_profile mesh3d zero_check zero_eval_capture zero zero_images refuse big mesh_pp mesh_tp plan obs table
 #   (plan: chorus plan --calibrate on cuda:0 (and the bus bandwidth over 2 GPUs under chorus launch where there
 #    are 2), then the plans of gpt2-xl on 1, 2, 4, 64 and 1024 GPUs, gpt2 on 1, 2, 4, gpt2-large on 4, d84 on 4,
 #    64 and 1024; the calibration and every plan's JSON rows land in $OUT/plan_*, the predicted-beside-measured
@@ -352,6 +352,32 @@ PY
           || { echo "$mode $gr: failed"; tail -5 "$OUT/zc.err"; }
         grep -i -E "graph|eager" "$OUT/zc.err" | grep -v "^\[rank 0\] step" | head -2
       done
+    done
+    ;;
+  zero_eval_capture)  # --strategy zero with an evaluation right before the captured step (--log-every 2 --val-every 2:
+    # gather_parameters() at step 2, the capture at step 3), as CUDA graphs and eager (--no-cuda-graphs), stages 1 and 3,
+    # bf16 (the gathered matrices in bf16), d6 byte-level on the King James Bible (.bench/kjv.txt: it learns fast, so
+    # stale weights show) on GPT_GPUS (1) GPUs: the losses within 2e-3 (the graph must hold every gather: Note [Sharded
+    # steps in a CUDA graph])
+    tokens; NG=${GPT_GPUS:-1}
+    for st in 1 3; do
+      for gr in graphs eager; do
+        gflag=(); [ $gr = eager ] && gflag=(--no-cuda-graphs)
+        timeout 300 $BUILD/chorus launch --nproc-per-node $NG -- $BUILD/chorus train --model d6 --strategy zero \
+          --zero-stage $st --devices cuda --data text:.bench/kjv.txt --seq-len 128 --batch-size 8 --steps 16 --lr 2e-3 \
+          --log-every 2 --val-every 2 --val-windows 4 --precision bf16 --seed 7 --json "${gflag[@]}" 2>"$OUT/zec$st$gr.err" \
+          | grep '{' | sed 's/^\[rank 0\] //' | tail -1 > "$OUT/zec$st$gr.json" || tail -5 "$OUT/zec$st$gr.err"
+      done
+      python3 - "$OUT/zec${st}graphs.json" "$OUT/zec${st}eager.json" $st <<'PY'
+import json, sys
+try:
+    g, e = (json.load(open(f)) for f in sys.argv[1:3])
+except Exception as x:
+    print(f"zero-{sys.argv[3]} eval before capture: no result ({x})"); sys.exit()
+d = max(abs(g[k] - e[k]) / max(1e-9, abs(e[k])) for k in ("train_loss", "val_loss"))
+print(f"zero-{sys.argv[3]} eval before capture: graphs train {g['train_loss']:.5f} val {g['val_loss']:.5f}, eager train "
+      f"{e['train_loss']:.5f} val {e['val_loss']:.5f}: {d:.1e} relative -> {'ok' if d <= 2e-3 else 'FAIL'}")
+PY
     done
     ;;
   zero)  # --strategy zero stages (ZERO_STAGES, default "1 2 3") on GPT_GPUS GPUs beside DDP and PyTorch FSDP2

@@ -67,6 +67,8 @@ run 4 PROBE_UNITS=named PROBE_BUCKET_BYTES=600 PROBE_PARAM_DTYPE=float32 -- matc
 run 2 PROBE_UNITS=named PROBE_BUCKET_BYTES=600 -- match gpt 2 synced
 run 3 PROBE_UNITS=named PROBE_BUCKET_BYTES=200 -- match mlp 1
 run 2 PROBE_UNITS=named -- match mlp 2 micro
+# the layers called past their wrappers: waited for at the forward's start once the first step has shown it
+run 2 PROBE_UNITS=named PROBE_DIRECT=1 PROBE_BUCKET_BYTES=200 -- match mlp 1
 # One rank gathers in place (Note [Gathers in place]; NCCL does on GPUs): the master is full's own segment, or its
 # cast is written there
 run 1 PROBE_UNITS=named PROBE_BUCKET_BYTES=600 -- match gpt 1

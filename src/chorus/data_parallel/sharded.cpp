@@ -301,6 +301,7 @@ ShardedDataParallel::ShardedDataParallel(nn::ModulePtr module, ProcessGroupPtr g
     }
     s.root_gather.assign(nb, 0);
     s.unit_gathers.assign(options.units.size(), {});
+    s.unit_ran.assign(options.units.size(), 0);
     for (size_t b = 0; b < nb; ++b)
       for (size_t k : s.plan.buckets[b].ks) s.root_gather[b] |= unit_of_param[k] < 0 ? 1 : 0;
     for (size_t b = nb; b-- > 0;) {
@@ -361,13 +362,29 @@ nn::Value ShardedDataParallel::forward_value(const nn::Value& x) {
     const bool training = grad_enabled() && is_training();
     if (training)
       for (auto& bk : s.buckets) bk.held = false;
+    if (training && capture_in_progress()) {
+      // Note [Sharded steps in a CUDA graph]: the graph must hold every
+      // gather, which a replay needs to bring the new shards in. Weights
+      // still gathered now (gather_parameters() for an evaluation between
+      // the eager steps and this capture) would be skipped and the replays
+      // would compute with these forever: they are gathered again.
+      for (size_t b = 0; b < s.buckets.size(); ++b) {
+        if (!s.buckets[b].gathered) continue;
+        if (s.stage3())
+          s.release(b);
+        else
+          s.buckets[b].gathered = false;
+      }
+    }
     NoGradGuard no_grad;
     if (s.gathers_beside_forward()) {
       // Note [Gathers beside the forward]: all issued now, in the order the
-      // forward reaches them; each unit waits for its own.
+      // forward reaches them; each unit waits for its own (every gather
+      // waited for here until the first synced step has shown which units'
+      // wrappers run).
       for (size_t b : s.gather_order) s.issue_gather(b);
       for (size_t b : s.gather_order)
-        if (s.root_gather[b]) s.wait_gather(b);
+        if (s.root_gather[b] || !s.unit_waits_decided) s.wait_gather(b);
     } else {
       for (size_t b = 0; b < s.buckets.size(); ++b)
         if (!s.stage3() || s.gathered_whole_step(b)) s.wait_gather(b);

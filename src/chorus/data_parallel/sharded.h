@@ -54,12 +54,14 @@ struct ShardOptions {
   // Stage 3: the modules (inside the wrapped one) sharded as units; empty:
   // found as Note [Sharded units] says. Parameters in no unit form the root
   // unit, gathered for the whole step. Units given here are sharded from
-  // construction (as FSDP2's fully_shard on each block): every rank's forward
-  // must run each of them through its parent's children, in every step.
+  // construction (as FSDP2's fully_shard on each block): at stage 3 every
+  // rank's forward must run each of them through its parent's children, in
+  // every step.
   // Stages 1-2: each unit's forward waits only for the buckets that hold its
   // own weights, so the rest travel beside the units before it (Note
-  // [Gathers beside the forward]); empty: the module's forward waits for
-  // every bucket before it starts.
+  // [Gathers beside the forward]); a unit skipped or called past its
+  // wrapper in the first step is waited for at the forward's start instead;
+  // empty: the module's forward waits for every bucket before it starts.
   std::vector<nn::ModulePtr> units;
   // Stage 3: free a unit's gathered weights after its forward (and gather them
   // again for its backward); false keeps them from the forward to the end of
@@ -252,7 +254,15 @@ class ShardedDataParallel : public nn::Module {
 // (the same wrapper; names unchanged), waits for the buckets holding its own
 // weights just before its forward, so block i computes while the gathers of
 // blocks i+1... travel. A bucket holds a slice of the parameter list, so one
-// may serve two neighbouring units; the first waits for it. Nothing is freed
+// may serve two neighbouring units; the first waits for it. The root's
+// buckets include the first one, which holds the final norm beside the last
+// block's tail: that much of the last block is waited for up front. Units
+// are trusted only once seen: the first synced step waits for every gather
+// at the forward's start and notes whose wrappers ran; a unit whose wrapper
+// did not (skipped that step, or called by its parent past the wrapper,
+// where a lazy wait would let it read weights still arriving) is waited for
+// at the start from then on -- each rank deciding for itself, since only
+// waits change, not the gathers' order. Nothing is freed
 // (stages 1-2 keep the full weights), the backward gathers nothing, and the
 // collectives are issued in the same order on every rank. At the end of the
 // forward every gather still in flight (a unit this forward skipped) is
@@ -311,7 +321,11 @@ class ShardedDataParallel : public nn::Module {
 // used-flags of a step that used every parameter are all-reduced from a
 // device tensor without a host read. The host bookkeeping (gathered, stale)
 // is left as after a step, which is where every replay leaves the device: an
-// eager forward between replays (an evaluation) gathers afresh. What would
+// eager forward between replays (an evaluation) gathers afresh. The other
+// way round, weights still gathered when a capture begins (an evaluation's
+// gather_parameters() between the eager steps and the captured one) are
+// dropped first, so that the graph holds every gather: skipped, the replays
+// would compute with those weights for good. What would
 // change the work -- a parameter left unused (its flags are read on the
 // host), the units not yet decided (auto-found units at stage 3: their first
 // step) -- happens in the eager warm-up steps or makes the capture fail, and

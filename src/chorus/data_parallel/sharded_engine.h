@@ -102,6 +102,10 @@ struct ShardedDataParallel::Impl final : autograd::BackwardObserver {
   std::vector<std::vector<size_t>> unit_gathers;
   std::vector<char> root_gather;
   std::vector<size_t> gather_order;
+  // Whose wrapper ran in the first synced step, and whether that step is
+  // over: until then the forward waits for every gather at its start.
+  std::vector<char> unit_ran;
+  bool unit_waits_decided = false;
 
   bool stage3() const { return options.stage == 3; }
   bool gathers_beside_forward() const { return !stage3() && !gather_order.empty() && options.prefetch; }
@@ -191,6 +195,7 @@ struct ShardedDataParallel::Impl final : autograd::BackwardObserver {
   void before_unit_forward(size_t b) {
     std::lock_guard<std::mutex> lk(mu);
     if (!stage3()) {  // b is the unit's index: Note [Gathers beside the forward]
+      unit_ran[b] = 1;
       for (size_t g : unit_gathers[b]) wait_gather(g);
       return;
     }
@@ -222,6 +227,20 @@ struct ShardedDataParallel::Impl final : autograd::BackwardObserver {
     if (!stage3() || !units_decided || gathered_whole_step(b)) return;
     wait_gather(b);
     prefetch_after(b, -1);
+  }
+
+  // Stages 1-2, after the first synced backward (Note [Gathers beside the
+  // forward]): a unit whose wrapper did not run -- skipped that step, or
+  // called by its parent past the wrapper -- has its buckets waited for at
+  // the forward's start from now on. Only waits change, each rank on its
+  // own: the gathers' order, the same on every rank, stays.
+  void decide_unit_waits() {
+    for (size_t u = 0; u < unit_gathers.size(); ++u) {
+      if (unit_ran[u]) continue;
+      for (size_t g : unit_gathers[u]) root_gather[g] = 1;
+      unit_gathers[u].clear();
+    }
+    unit_waits_decided = true;
   }
 
   // After the first synced backward: the units every rank's forward ran
@@ -457,6 +476,7 @@ struct ShardedDataParallel::Impl final : autograd::BackwardObserver {
       }
     }
     if (stage3() && !units_decided) decide_units();
+    if (!stage3() && !unit_gathers.empty() && !unit_waits_decided) decide_unit_waits();
     order_known = true;
     // The optimizer steps next: the shards change, the next forward gathers.
     // Under a CUDA graph this runs after every replay too (Note [Sharded
