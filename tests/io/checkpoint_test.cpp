@@ -13,6 +13,7 @@
 
 #include "chorus/core/error.h"
 #include "chorus/core/rng.h"
+#include "chorus/io/file_util.h"
 #include "chorus/io/safetensors.h"
 #include "chorus/ops/factory.h"
 #include "chorus/optim/adamw.h"
@@ -152,6 +153,37 @@ TEST(Checkpoint, KeepsTheNewestK) {
   // keep_last 0 keeps everything.
   save_checkpoint(dir.path().string(), m, opt, some_state(600), 0);
   EXPECT_TRUE(is_complete_checkpoint(dir.file("ckpt-00000300")));
+}
+
+// Note [Checkpoints removed whole] (io/file_util.h): an old checkpoint is
+// moved aside in one rename before its files go, so a prune killed half-way
+// leaves debris under a .tmp- name, which the next save sweeps, never a
+// ckpt-* that has lost files.
+TEST(Checkpoint, PrunedCheckpointsGoWholeNeverHalfRemoved) {
+  ScratchDir dir;
+  TinyNet m;
+  optim::SGD opt(m.parameters(), sgd_opts());
+  for (int64_t step = 1; step <= 2; ++step) {
+    train_step(m, opt);
+    save_checkpoint(dir.path().string(), m, opt, some_state(step * 100), /*keep_last=*/0);
+  }
+  const std::string old = dir.file("ckpt-00000100");
+  EXPECT_EQ(detail::remove_directory_atomically(old, ".tmp-"), "");
+  EXPECT_FALSE(fs::exists(old));
+  // What a prune killed after its rename leaves: the moved-aside directory, some of its files gone.
+  const fs::path killed = dir.path() / ".tmp-ckpt-00000200-killed";
+  fs::create_directories(killed);
+  std::ofstream(killed / "optimizer.safetensors") << "partial";
+  EXPECT_EQ(*find_latest_checkpoint(dir.path().string()), dir.file("ckpt-00000200"));
+  train_step(m, opt);
+  save_checkpoint(dir.path().string(), m, opt, some_state(300), /*keep_last=*/1);
+  std::vector<std::string> left;
+  for (auto& e : fs::directory_iterator(dir.path())) left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"ckpt-00000300", "latest"}));
+  // A path that cannot be moved: the error names it.
+  EXPECT_NE(detail::remove_directory_atomically(dir.file("no-such-checkpoint"), ".tmp-").find("no-such-checkpoint"),
+            std::string::npos);
 }
 
 TEST(Checkpoint, CrashedSavesAreIgnored) {

@@ -98,8 +98,9 @@ void prune(const fs::path& dir, int keep_last, const fs::path& current) {
       ++kept;
       continue;
     }
-    if (fs::remove_all(f.path, ec) == static_cast<std::uintmax_t>(-1))
-      warn("cannot remove old checkpoint " + f.path.string() + ": " + ec.message());
+    // Note [Checkpoints removed whole] (io/file_util.h).
+    if (const std::string err = detail::remove_directory_atomically(f.path.string(), kTmpPrefix); !err.empty())
+      warn("cannot remove old checkpoint " + f.path.string() + ": " + err);
   }
 }
 

@@ -90,6 +90,16 @@ void fsync_directory(const std::string& dir) {
   if (rc != 0) CHORUS_THROW(IOError, dir, ": fsync of directory failed: ", std::strerror(err));
 }
 
+std::string remove_directory_atomically(const std::string& path, const std::string& prefix) {
+  namespace fs = std::filesystem;
+  const fs::path p(path);
+  const fs::path aside = p.parent_path() / (prefix + p.filename().string() + "-" + unique_suffix());
+  if (std::rename(path.c_str(), aside.c_str()) != 0) return "cannot move " + path + " aside: " + errno_text();
+  std::error_code ec;
+  if (fs::remove_all(aside, ec) == static_cast<std::uintmax_t>(-1)) return "cannot remove " + aside.string() + ": " + ec.message();
+  return "";
+}
+
 void rename_path(const std::string& from, const std::string& to) {
   if (std::rename(from.c_str(), to.c_str()) != 0)
     CHORUS_THROW(IOError, to, ": cannot rename ", from, " to it: ", errno_text());

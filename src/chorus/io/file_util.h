@@ -45,5 +45,13 @@ void rename_path(const std::string& from, const std::string& to);
 std::string read_file(const std::string& path);
 // A name unique within this process run, for temporary files and directories.
 std::string unique_suffix();
+// Note [Checkpoints removed whole]: removing a directory file by file and
+// being killed half-way leaves a directory under its old name that has lost
+// some files -- an old checkpoint pruned that way looked complete by name and
+// was not whole (tests/distributed/mesh_dead_rank.sh caught one, a rank
+// killed while it pruned). So `path` is first renamed, in one step, to
+// `prefix` + its name + a unique suffix beside it (debris the next prune
+// sweeps), and only then removed. Returns "" or the error.
+std::string remove_directory_atomically(const std::string& path, const std::string& prefix);
 
 }  // namespace chorus::io::detail

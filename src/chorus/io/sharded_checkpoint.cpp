@@ -69,8 +69,9 @@ void prune_sharded(const sfs::path& dir, int keep_last, const sfs::path& current
       ++kept;
       continue;
     }
-    if (sfs::remove_all(path, ec) == static_cast<std::uintmax_t>(-1))
-      warn("cannot remove old checkpoint " + path.string() + ": " + ec.message());
+    // Note [Checkpoints removed whole] (io/file_util.h).
+    if (const std::string err = detail::remove_directory_atomically(path.string(), kShardedTmpPrefix); !err.empty())
+      warn("cannot remove old checkpoint " + path.string() + ": " + err);
   }
 }
 
