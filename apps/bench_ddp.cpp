@@ -113,7 +113,8 @@ int run_bench_ddp_worker(const BenchConfig& c) {
   std::shared_ptr<dist::ShardedDataParallel> sdp;
   if (stage > 0) {
     // As chorus train --strategy zero shards an image model (shard_model).
-    dist::ShardOptions so = zero_flag_options(stage, c.bucket_mb, c.reshard_after_forward, c.comm_hook, c.zero_prefetch);
+    dist::ShardOptions so =
+        zero_flag_options(stage, c.bucket_mb, c.reshard_after_forward, c.comm_hook, c.zero_prefetch);
     if (stage == 3) so.units = models::residual_blocks(model);
     so.broadcast_buffers = c.broadcast_buffers;
     net = sdp = std::make_shared<dist::ShardedDataParallel>(model, pg, so);

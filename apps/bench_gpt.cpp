@@ -96,7 +96,8 @@ void bench_gpt_row(const BenchConfig& c, const std::string& strategy, const std:
     ddp = std::make_shared<dist::DistributedDataParallel>(model, ranks->group, o);
     net = ddp;
   } else if (stage > 0) {
-    dist::ShardOptions so = zero_flag_options(stage, c.bucket_mb, c.reshard_after_forward, c.comm_hook, c.zero_prefetch);
+    dist::ShardOptions so =
+        zero_flag_options(stage, c.bucket_mb, c.reshard_after_forward, c.comm_hook, c.zero_prefetch);
     add_gpt_sharding(so, *model, c.precision == "bf16", c.zero_param_dtype.value_or(""));
     sdp = std::make_shared<dist::ShardedDataParallel>(model, ranks->group, so);
     net = sdp;

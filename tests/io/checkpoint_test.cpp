@@ -134,14 +134,19 @@ TEST(Checkpoint, ModelFileIsPlainSafetensorsWithStateDictNames) {
   EXPECT_TRUE(state["rng"].contains("seed") && state["rng"].contains("offset"));
 }
 
+// Steps first..last, each trained and saved as step * 100.
+void train_and_save(const ScratchDir& dir, TinyNet& m, optim::SGD& opt, int64_t first, int64_t last, int keep_last) {
+  for (int64_t step = first; step <= last; ++step) {
+    train_step(m, opt);
+    save_checkpoint(dir.path().string(), m, opt, some_state(step * 100), keep_last);
+  }
+}
+
 TEST(Checkpoint, KeepsTheNewestK) {
   ScratchDir dir;
   TinyNet m;
   optim::SGD opt(m.parameters(), sgd_opts());
-  for (int64_t step = 1; step <= 5; ++step) {
-    train_step(m, opt);
-    save_checkpoint(dir.path().string(), m, opt, some_state(step * 100), /*keep_last=*/3);
-  }
+  train_and_save(dir, m, opt, 1, 5, /*keep_last=*/3);
   std::vector<std::string> left;
   for (auto& e : fs::directory_iterator(dir.path())) left.push_back(e.path().filename().string());
   std::sort(left.begin(), left.end());
@@ -163,10 +168,7 @@ TEST(Checkpoint, PrunedCheckpointsGoWholeNeverHalfRemoved) {
   ScratchDir dir;
   TinyNet m;
   optim::SGD opt(m.parameters(), sgd_opts());
-  for (int64_t step = 1; step <= 2; ++step) {
-    train_step(m, opt);
-    save_checkpoint(dir.path().string(), m, opt, some_state(step * 100), /*keep_last=*/0);
-  }
+  train_and_save(dir, m, opt, 1, 2, /*keep_last=*/0);
   const std::string old = dir.file("ckpt-00000100");
   EXPECT_EQ(detail::remove_directory_atomically(old, ".tmp-"), "");
   EXPECT_FALSE(fs::exists(old));

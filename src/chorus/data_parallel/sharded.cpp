@@ -406,8 +406,9 @@ nn::Value ShardedDataParallel::forward_value(const nn::Value& x) {
 namespace {
 
 // What both clipping forms need: this rank's gradient shards, the masters'
-// accumulation dtype (the gathered parameters may be 16-bit: param_dtype), and the all-reduce that makes this rank's sum of
-// squares the total over the shards.
+// accumulation dtype (the gathered parameters may be 16-bit: param_dtype),
+// and the all-reduce that makes this rank's sum of squares the total over
+// the shards.
 struct ShardNormInputs {
   TensorList grads;
   Device home;

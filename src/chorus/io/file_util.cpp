@@ -96,7 +96,8 @@ std::string remove_directory_atomically(const std::string& path, const std::stri
   const fs::path aside = p.parent_path() / (prefix + p.filename().string() + "-" + unique_suffix());
   if (std::rename(path.c_str(), aside.c_str()) != 0) return "cannot move " + path + " aside: " + errno_text();
   std::error_code ec;
-  if (fs::remove_all(aside, ec) == static_cast<std::uintmax_t>(-1)) return "cannot remove " + aside.string() + ": " + ec.message();
+  if (fs::remove_all(aside, ec) == static_cast<std::uintmax_t>(-1))
+    return "cannot remove " + aside.string() + ": " + ec.message();
   return "";
 }
 
