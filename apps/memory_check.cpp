@@ -147,3 +147,31 @@ bool check_memory_plan(const std::string& model, const dist::MemoryPlan& plan, c
 }
 
 }  // namespace chorus::app
+
+namespace chorus::app {
+
+std::optional<std::string> device_memory_line(const Device& device) {
+  const auto b = backend(device).memory_breakdown(device);
+  if (!b) return std::nullopt;
+  auto gib = [](size_t x) { return static_cast<double>(x) / static_cast<double>(size_t{1} << 30); };
+  char buf[320];
+  std::snprintf(buf, sizeof buf,
+                "device memory on %s: %.2f GiB used of %.2f GiB: tensors %.2f, CUDA graphs' pools %.2f, kept by the "
+                "allocator %.2f (front cache %.2f), context and libraries %.2f GiB",
+                device.str().c_str(), gib(b->used), gib(b->total), gib(b->tensors), gib(b->graph_pools),
+                gib(b->allocator_kept), gib(b->cached), gib(b->other));
+  return std::string(buf);
+}
+
+std::optional<std::string> device_memory_json(const Device& device) {
+  const auto b = backend(device).memory_breakdown(device);
+  if (!b) return std::nullopt;
+  char buf[320];
+  std::snprintf(buf, sizeof buf,
+                "{\"used\": %zu, \"total\": %zu, \"tensors\": %zu, \"graph_pools\": %zu, \"allocator_kept\": %zu, "
+                "\"front_cache\": %zu, \"other\": %zu}",
+                b->used, b->total, b->tensors, b->graph_pools, b->allocator_kept, b->cached, b->other);
+  return std::string(buf);
+}
+
+}  // namespace chorus::app

@@ -99,3 +99,15 @@ dist::MemoryPlanInputs module_plan_inputs(const nn::Module& model, bool bf16, in
                                           double bucket_mb);
 
 }  // namespace chorus::app
+
+namespace chorus::app {
+
+// Note [Device memory breakdown] (core/backend.h) of `device` now, as one
+// line ("device memory: 51.86 GiB used of 139.80 GiB: tensors 40.24 GiB, CUDA
+// graphs' pools 7.10 GiB, ...") and as JSON fields for --json (a string of
+// JSON: this header stays free of nlohmann); nullopt where the device keeps
+// no count (the CPU).
+std::optional<std::string> device_memory_line(const Device& device);
+std::optional<std::string> device_memory_json(const Device& device);
+
+}  // namespace chorus::app

@@ -26,6 +26,7 @@
 #include "chorus/parallel/graphed_step.h"
 #include "chorus/parallel/pipeline.h"
 #include "gpt_loop_window.h"
+#include "memory_check.h"
 #include "progress.h"
 #include "run_log.h"
 #include "run_position.h"
@@ -366,6 +367,10 @@ nlohmann::ordered_json run_gpt_loop(const TrainConfig& tc, const GptOptions& g, 
   // what tensors held at most.
   if (auto mi = backend(device).memory_info(device))
     out["device_used_bytes"] = static_cast<double>(mi->total - mi->free);
+  // Note [Device memory breakdown]: where that memory is.
+  if (auto j = device_memory_json(device)) out["device_memory"] = nlohmann::ordered_json::parse(*j);
+  if (r.leader() && !tc.quiet)
+    if (auto line = device_memory_line(device)) std::fprintf(stderr, "%s\n", line->c_str());
   if (!ckpt.empty()) out["checkpoint"] = ckpt;
   if (ckpt_stall.saves > 0)
   {

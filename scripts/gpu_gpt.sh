@@ -96,7 +96,8 @@ for stage in "$@"; do
     $BUILD/chorus train --model $MODEL --data "tokens:$DATA/rand_train_*.bin" --seq-len $T --batch-size $B \
       --precision bf16 --steps $STEPS --log-every 10 --val-windows 16 --json "${flags[@]}" 2>"$OUT/chorus_$tag.err" \
       | tail -1 > "$OUT/chorus_$tag.json"
-    tail -3 "$OUT/chorus_$tag.err"
+    grep -v "^device memory" "$OUT/chorus_$tag.err" | tail -3
+    grep "^device memory" "$OUT/chorus_$tag.err"  # Note [Device memory breakdown]
     python3 - "$OUT/chorus_$tag.json" "$ROWS" $tag <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))

@@ -555,6 +555,38 @@ TEST(GraphedStep, OutputsSurviveLaterReplaysAndTheMemoryGoesWithTheGraph_CUDA) {
   EXPECT_EQ(backend(g).graph_pool_bytes(g), 0u);
 }
 
+// Note [Graph pools]: a block freed inside the capture is carved for later
+// requests of other sizes (the backward's gradients in the forward's freed
+// activations), where exact size classes made the pool grow by their sum.
+TEST(GraphedStep, ThePoolCarvesFreedBlocksForRequestsOfOtherSizes_CUDA) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
+  const Device g = cuda_device(0);
+  constexpr int64_t kBig = int64_t{25} << 20, kSmall = int64_t{10} << 20;  // 100 MiB, 40 MiB of floats
+  auto fn = [&](const std::vector<Tensor>& in) {
+    Tensor s1;
+    {
+      Tensor t = in[0] * 2.0;  // 100 MiB, freed at once
+      s1 = t.sum();
+    }
+    Tensor a = in[0].narrow(0, 0, kSmall) * 3.0;  // two 40 MiB blocks in its place
+    Tensor b = in[0].narrow(0, kSmall, kSmall) + 1.0;
+    return std::vector<Tensor>{s1 + a.sum() + b.sum()};
+  };
+  const size_t before = backend(g).graph_pool_bytes(g);
+  {
+    GraphedStep step(fn);
+    Tensor x = randn({kBig}).to(g);
+    std::vector<double> got;
+    for (int i = 0; i < 4; ++i) got.push_back(step({x})[0].item());
+    ASSERT_EQ(step.replays(), 2);
+    EXPECT_NEAR(got[3], got[0], 1e-6 * std::abs(got[0]));  // replayed as run eagerly
+    const size_t pool = backend(g).graph_pool_bytes(g) - before;
+    EXPECT_GE(pool, static_cast<size_t>(kBig) * 4);
+    EXPECT_LT(pool, static_cast<size_t>(kBig) * 4 + (size_t{8} << 20)) << "the 40 MiB blocks did not reuse the 100 MiB one";
+  }
+  EXPECT_EQ(backend(g).graph_pool_bytes(g), before);
+}
+
 #endif  // CHORUS_WITH_CUDA
 
 }  // namespace

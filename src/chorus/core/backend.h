@@ -51,6 +51,20 @@ class DeviceBackend {
     size_t free = 0, total = 0;
   };
   virtual std::optional<MemoryInfo> memory_info(Device d) const { return std::nullopt; }
+  // Note [Device memory breakdown]: what the driver counts as used, in four
+  // parts that add up to it -- the tensors outside CUDA graphs' pools, the
+  // graphs' pools (their segments, whether a replay's temporaries fill them
+  // or not), what the allocator keeps beyond the tensors (its front cache,
+  // the stream-ordered pool's idle reserve, size-class rounding), and the
+  // rest: the context, kernels' modules, cuBLAS's and cuDNN's workspaces,
+  // NCCL's buffers. `chorus train` prints it at the end; nullopt where the
+  // driver keeps no count (the CPU).
+  struct MemoryBreakdown {
+    size_t used = 0, total = 0;
+    size_t tensors = 0, graph_pools = 0, allocator_kept = 0, other = 0;
+    size_t cached = 0;  // of allocator_kept: the front cache (cached_bytes)
+  };
+  virtual std::optional<MemoryBreakdown> memory_breakdown(Device d) const { return std::nullopt; }
   // Brackets the span an external profiler records (CUDA: cudaProfilerStart/
   // Stop, for `nsys --capture-range=cudaProfilerApi` or `ncu
   // --profile-from-start off`): `chorus bench` with CHORUS_PROFILER_RANGE=1

@@ -330,7 +330,7 @@ void CudaAllocator::deallocate(void* ptr, int device) noexcept {
       for (Use& u : block.uses)
         if (u.event) events_->release(u.device, u.event);
       retain->retained.push_back(ptr);
-      retain->bytes += block.size;
+      retain->retained_bytes += block.size;
       st.in_use += block.size;  // reserved for the graph until its pool goes
       retain->held += block.size;
       return;
@@ -370,11 +370,12 @@ void CudaAllocator::deallocate(void* ptr, int device) noexcept {
       std::vector<void*> dead;
       {
         std::lock_guard<std::mutex> g(st.mu);
-        const size_t cls = node.mapped().capacity;
+        const size_t carved = node.mapped().capacity;
         // Still reserved for the graph: counted in use until the pool goes.
-        st.in_use += node.mapped().size;
-        gp->held += node.mapped().size;
-        gp->free[{stream, cls}].push_back(std::move(node));
+        st.in_use += carved;
+        gp->held += carved;
+        gp->live_bytes -= node.mapped().size;
+        gp->arena(carved).give(node.key(), carved, stream);
         --gp->live;
         dead = take_if_dead_locked(st, gp);
       }
@@ -454,41 +455,55 @@ void CudaAllocator::stream_destroyed(int device, cudaStream_t stream) {
 
 // ---- Note [Graph pools] ------------------------------------------------------
 
+namespace {
+
+// Note [Graph pools]: the bytes a request is carved as, and the segment made
+// for it when no free range of its stream fits.
+size_t carved_size(size_t n) { return (n + 511) / 512 * 512; }
+
+size_t segment_size(size_t carved) {
+  constexpr size_t kMiB = size_t{1} << 20;
+  if (carved <= CudaAllocator::GraphPool::kSmallRequest) return 2 * kMiB;
+  if (carved < 10 * kMiB) return 20 * kMiB;
+  return (carved + 2 * kMiB - 1) / (2 * kMiB) * (2 * kMiB);
+}
+
+}  // namespace
+
+void* CudaAllocator::carve_locked(DeviceState& st, GraphPool* gp, size_t nbytes, size_t carved,
+                                  cudaStream_t stream) {
+  std::optional<detail::RangeArena::Taken> t = gp->arena(carved).take(carved, stream);
+  if (!t) return nullptr;
+  gp->held -= t->size;  // was counted in use while free
+  st.in_use -= t->size;
+  st.blocks[t->addr] = Block{nbytes, t->size, stream, {}, gp};
+  ++gp->live;
+  gp->live_bytes += nbytes;
+  st.in_use += nbytes;
+  if (st.in_use > st.peak) st.peak = st.in_use;
+  return reinterpret_cast<void*>(t->addr);
+}
+
 void* CudaAllocator::allocate_captured(DeviceState& st, size_t nbytes, int device, cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) (void)cudaGetLastError();
   if (status != cudaStreamCaptureStatusActive) return nullptr;
-  const size_t cls = nbytes <= max_cached_block_.load(std::memory_order_relaxed) ? size_class(nbytes) : nbytes;
-  GraphPool* gp = nullptr;
+  const size_t carved = carved_size(nbytes);
+  if (carved < nbytes) throw_oom(nbytes, device, st);  // rounding overflowed: an absurd request
   {
     std::lock_guard<std::mutex> g(st.mu);
-    gp = st.capturing;
+    GraphPool* gp = st.capturing;
     if (!gp) return nullptr;
-    auto it = gp->free.find({stream, cls});
-    if (it != gp->free.end() && !it->second.empty()) {
-      CachedBlock node = std::move(it->second.back());
-      it->second.pop_back();
-      void* ptr = reinterpret_cast<void*>(node.key());
-      Block& b = node.mapped();
-      gp->held -= b.size;  // was counted in use while held
-      st.in_use -= b.size;
-      b.size = nbytes;
-      b.home = stream;
-      b.uses.clear();
-      st.blocks.insert(std::move(node));
-      ++gp->live;
-      st.in_use += nbytes;
-      if (st.in_use > st.peak) st.peak = st.in_use;
-      return ptr;
-    }
+    if (void* p = carve_locked(st, gp, nbytes, carved, stream)) return p;
   }
   CudaDeviceGuard guard(device);
+  const size_t seg = segment_size(carved);
   void* ptr = nullptr;
   // cudaMalloc is not captured; Relaxed lets this thread call it whatever
   // mode the capture was begun in (as PyTorch's allocator does).
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   CHORUS_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
-  cudaError_t err = cudaMalloc(&ptr, cls);
+  cudaError_t err = cudaMalloc(&ptr, seg);
   (void)cudaThreadExchangeStreamCaptureMode(&mode);
   if (is_allocation_failure(err)) {
     (void)cudaGetLastError();
@@ -496,13 +511,16 @@ void* CudaAllocator::allocate_captured(DeviceState& st, size_t nbytes, int devic
   }
   CHORUS_CUDA_CHECK(err);
   std::lock_guard<std::mutex> g(st.mu);
-  st.blocks[reinterpret_cast<uintptr_t>(ptr)] = Block{nbytes, cls, stream, {}, gp};
+  GraphPool* gp = st.capturing;
+  CHORUS_CHECK(gp, "cuda:", device, ": the graph capture ended while it allocated");
   gp->raw.push_back(ptr);
-  gp->bytes += cls;
-  ++gp->live;
-  st.in_use += nbytes;
-  if (st.in_use > st.peak) st.peak = st.in_use;
-  return ptr;
+  gp->raw_bytes += seg;
+  gp->held += seg;  // free until carved
+  st.in_use += seg;
+  gp->arena(carved).add_segment(reinterpret_cast<uintptr_t>(ptr), seg, stream);
+  void* p = carve_locked(st, gp, nbytes, carved, stream);
+  CHORUS_CHECK(p, "cuda:", device, ": a new graph segment could not hold its request");
+  return p;
 }
 
 CudaAllocator::GraphPool* CudaAllocator::begin_capture(int device) {
@@ -571,8 +589,31 @@ size_t CudaAllocator::graph_pool_bytes(int device) const {
   const DeviceState& st = state(device);
   std::lock_guard<std::mutex> g(st.mu);
   size_t total = 0;
-  for (const auto& gp : st.graph_pools) total += gp->bytes;
+  for (const auto& gp : st.graph_pools) total += gp->raw_bytes + gp->retained_bytes;
   return total;
+}
+
+AllocatorMemory CudaAllocator::memory(int device) const {
+  const DeviceState& st = state(device);
+  AllocatorMemory m;
+  {
+    std::lock_guard<std::mutex> g(st.mu);
+    m.in_use = st.in_use;
+    m.cached = st.cached;
+    for (const auto& gp : st.graph_pools) {
+      m.graph_raw += gp->raw_bytes;
+      m.graph_retained += gp->retained_bytes;
+      m.graph_counted += gp->live_bytes + gp->held;
+    }
+  }
+  cudaMemPool_t p = nullptr;
+  uint64_t reserved = 0;
+  if (cudaDeviceGetDefaultMemPool(&p, device) == cudaSuccess &&
+      cudaMemPoolGetAttribute(p, cudaMemPoolAttrReservedMemCurrent, &reserved) == cudaSuccess)
+    m.pool_reserved = static_cast<size_t>(reserved);
+  else
+    (void)cudaGetLastError();
+  return m;
 }
 
 size_t CudaAllocator::bytes_in_use(int device) const {

@@ -57,16 +57,23 @@
 // the cached blocks.
 // Note [Graph pools]: while a CUDA graph is captured on a device
 // (begin_capture .. end_capture), allocations made on a stream that is being
-// captured come from a pool private to that graph: plain cudaMalloc blocks
-// (cudaMallocAsync inside a capture would become graph memory nodes, which
-// the graph frees itself and re-allocates at every launch), reused within the
-// capture only on the stream that freed them, as the front cache does. The
-// graph bakes their addresses in, so they never serve another allocation
-// outside the capture: a pool block freed later (a gradient, an output) goes
-// back to its pool, and the pool's memory is returned only when the graph is
-// released and its last block freed. A block from outside the pool that a
-// captured stream frees (the graph may still read it at replay) is retained
-// by the pool the same way instead of going back to the cache.
+// captured come from a pool private to that graph: segments taken with plain
+// cudaMalloc (cudaMallocAsync inside a capture would become graph memory
+// nodes, which the graph frees itself and re-allocates at every launch),
+// carved best fit and merged again when freed (core/range_arena.h), reused
+// within the capture only by the stream that freed them (Note [Free ranges by
+// stream]). Requests of up to 1 MiB share 2 MiB segments; larger ones take
+// 20 MiB segments below 10 MiB, else their size rounded up to 2 MiB (the
+// split PyTorch's caching allocator makes, which keeps small temporaries from
+// cutting up the large blocks). Exact size classes, the front cache's rule,
+// are not enough here: the backward's gradients could not use the forward's
+// freed activations, and gpt2-xl's graph pool grew 5.75 GiB past the eager
+// step's peak. The graph bakes the addresses in, so a block never serves an
+// allocation outside the capture: a pool block freed later (a gradient, an
+// output) goes back to its pool, and the pool's memory is returned only when
+// the graph is released and its last block freed. A block from outside the
+// pool that a captured stream frees (the graph may still read it at replay)
+// is retained by the pool the same way instead of going back to the cache.
 // Threads: one mutex per device guards its live blocks and its cache
 // (allocate and deallocate call CUDA outside it). Several threads may allocate
 // and free on one device (and on one stream: DataParallel's replica threads
@@ -86,6 +93,8 @@
 #include <utility>
 #include <vector>
 
+#include "chorus/core/range_arena.h"
+
 namespace chorus::cuda {
 
 // Reusable events (cudaEventDisableTiming) per device: creating one is a driver
@@ -103,6 +112,17 @@ class EventPool {
     std::vector<cudaEvent_t> free;
   };
   std::vector<std::unique_ptr<PerDevice>> devices_;
+};
+
+// Where a device's memory is (Note [Device memory breakdown] in core/backend.h),
+// as the allocator sees it.
+struct AllocatorMemory {
+  size_t in_use = 0;          // bytes_in_use()
+  size_t graph_raw = 0;       // the graphs' segments
+  size_t graph_retained = 0;  // blocks from the stream-ordered pool the graphs keep
+  size_t graph_counted = 0;   // what the graphs add to in_use (live blocks, free bytes, retained)
+  size_t cached = 0;          // the front cache
+  size_t pool_reserved = 0;   // the stream-ordered pool's reserved bytes
 };
 
 class CudaAllocator {
@@ -135,6 +155,7 @@ class CudaAllocator {
   // The graph is gone: the pool's memory is freed once its last block is.
   void release_pool(GraphPool* pool) noexcept;
   size_t graph_pool_bytes(int device) const;
+  AllocatorMemory memory(int device) const;
 
   size_t bytes_in_use(int device) const;
   size_t peak_bytes(int device) const;
@@ -197,6 +218,9 @@ class CudaAllocator {
   // Note [Graph pools]: an allocation on a capturing stream, or nullptr when
   // `stream` is not being captured.
   void* allocate_captured(DeviceState& st, size_t nbytes, int device, cudaStream_t stream);
+  // Under st.mu: a block of `carved` bytes for an `nbytes` request from the
+  // pool's free ranges of `stream`, or nullptr when none fits.
+  void* carve_locked(DeviceState& st, GraphPool* gp, size_t nbytes, size_t carved, cudaStream_t stream);
   // Under st.mu: frees the pool's memory when it is released and unused;
   // returns the pointers to cudaFree (outside the lock).
   std::vector<void*> take_if_dead_locked(DeviceState& st, GraphPool* gp);
@@ -223,16 +247,20 @@ class CudaAllocator {
 
 struct CudaAllocator::GraphPool {
   int device = 0;
-  // Blocks freed on a stream, by (stream, size class): reused by the capture
-  // on that stream only.
-  std::map<std::pair<cudaStream_t, size_t>, std::vector<CachedBlock>> free;
-  std::vector<void*> raw;       // every block it cudaMalloc'ed
+  // Its segments, carved per stream (Note [Graph pools]): requests of up to
+  // kSmallRequest bytes in `small`, the rest in `large`.
+  detail::RangeArena small{0}, large{size_t{1} << 20};
+  std::vector<void*> raw;       // every segment it cudaMalloc'ed
   std::vector<void*> retained;  // blocks from outside freed by the capture
-  size_t bytes = 0;             // raw + retained
+  size_t raw_bytes = 0;         // of the segments
+  size_t retained_bytes = 0;
   size_t live = 0;              // its blocks in use
-  size_t held = 0;              // requested bytes of its free and retained blocks: still
-                                // counted in bytes_in_use, as the graph owns them
+  size_t live_bytes = 0;        // their requested bytes
+  size_t held = 0;              // its free bytes and retained blocks: still counted in
+                                // bytes_in_use, as the graph owns them
   bool released = false;        // the graph is gone
+  static constexpr size_t kSmallRequest = size_t{1} << 20;
+  detail::RangeArena& arena(size_t carved) { return carved <= kSmallRequest ? small : large; }
 };
 
 // "1.50 GiB": byte counts for messages.

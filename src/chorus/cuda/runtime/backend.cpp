@@ -408,6 +408,27 @@ class CudaBackend final : public DeviceBackend {
 
   size_t graph_pool_bytes(Device d) const override { return allocator_.graph_pool_bytes(index(d)); }
 
+  std::optional<MemoryBreakdown> memory_breakdown(Device d) const override {
+    std::optional<MemoryInfo> mi = memory_info(d);
+    if (!mi) return std::nullopt;
+    const AllocatorMemory a = allocator_.memory(index(d));
+    // Note [Device memory breakdown]: the stream-ordered pool reserves the
+    // tensors outside graphs, the graphs' retained blocks and what the
+    // allocator keeps; the graphs' segments and everything else come
+    // straight from the driver. Each part is clamped at 0, the rest takes
+    // what is left, so the parts add up to `used`.
+    auto minus = [](size_t x, size_t y) { return x > y ? x - y : size_t{0}; };
+    MemoryBreakdown b;
+    b.total = mi->total;
+    b.used = mi->total - mi->free;
+    b.tensors = minus(a.in_use, a.graph_counted);
+    b.graph_pools = a.graph_raw + a.graph_retained;
+    b.allocator_kept = minus(a.pool_reserved, b.tensors + a.graph_retained);
+    b.other = minus(b.used, b.tensors + b.graph_pools + b.allocator_kept);
+    b.cached = a.cached;
+    return b;
+  }
+
   std::string device_name(Device d) const override {
     const cudaDeviceProp& p = device_properties(index(d));
     return std::string(p.name) + " (" + format_bytes(static_cast<double>(p.totalGlobalMem)) + ")";
