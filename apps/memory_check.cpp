@@ -157,9 +157,9 @@ std::optional<std::string> device_memory_line(const Device& device) {
   char buf[320];
   std::snprintf(buf, sizeof buf,
                 "device memory on %s: %.2f GiB used of %.2f GiB: tensors %.2f, CUDA graphs' pools %.2f, kept by the "
-                "allocator %.2f (front cache %.2f), context and libraries %.2f GiB",
+                "allocator %.2f (front cache %.2f, pool idle %.2f), context and libraries %.2f GiB",
                 device.str().c_str(), gib(b->used), gib(b->total), gib(b->tensors), gib(b->graph_pools),
-                gib(b->allocator_kept), gib(b->cached), gib(b->other));
+                gib(b->allocator_kept), gib(b->cached), gib(b->pool_idle), gib(b->other));
   return std::string(buf);
 }
 
@@ -169,8 +169,8 @@ std::optional<std::string> device_memory_json(const Device& device) {
   char buf[320];
   std::snprintf(buf, sizeof buf,
                 "{\"used\": %zu, \"total\": %zu, \"tensors\": %zu, \"graph_pools\": %zu, \"allocator_kept\": %zu, "
-                "\"front_cache\": %zu, \"other\": %zu}",
-                b->used, b->total, b->tensors, b->graph_pools, b->allocator_kept, b->cached, b->other);
+                "\"front_cache\": %zu, \"pool_idle\": %zu, \"other\": %zu}",
+                b->used, b->total, b->tensors, b->graph_pools, b->allocator_kept, b->cached, b->pool_idle, b->other);
   return std::string(buf);
 }
 

@@ -220,8 +220,12 @@ nlohmann::ordered_json run_gpt_loop(const TrainConfig& tc, const GptOptions& g, 
     // Note [Measured beside the plan]: the peak of the first two steps
     // beside the plan (the allocator counts on the host as the work is
     // issued: no wait for the device).
-    if (plan && r.leader() && (step == start + 1 || (step == start && step + 1 == r.total_steps)))
+    if (plan && r.leader() && (step == start + 1 || (step == start && step + 1 == r.total_steps))) {
       std::fprintf(stderr, "%s\n", dist::measured_line(*plan, static_cast<int64_t>(backend(device).peak_bytes(device))).c_str());
+      // Note [Device memory breakdown]: after the warm-up steps, before any
+      // evaluation (the end of the run prints it again).
+      if (auto line = device_memory_line(device)) std::fprintf(stderr, "%s\n", line->c_str());
+    }
     const bool last = step + 1 == r.total_steps;
     const bool read = (step + 1) % tc.log_every == 0 || last;
     bool stop = false;

@@ -90,8 +90,9 @@ for stage in "$@"; do
     # fused flash attention): each against the default step on the same machine.
     tokens
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-    flags=(); tag=bf16${GPT_TAG:-}  # GPT_TAG: a suffix telling apart runs of one stage (e.g. under an env switch)
-    [ $stage = chorus_eager ] && { flags=(--no-cuda-graphs); tag=bf16_eager; }
+    # GPT_TAG: a suffix telling apart runs of one stage (e.g. under an env switch); GPT_FLAGS: more train flags
+    flags=(${GPT_FLAGS:-}); tag=bf16${GPT_TAG:-}
+    [ $stage = chorus_eager ] && { flags+=(--no-cuda-graphs); tag=bf16_eager${GPT_TAG:-}; }
     [ $stage = chorus_composite ] && { flags=(--attention composite); tag=bf16_composite; }
     $BUILD/chorus train --model $MODEL --data "tokens:$DATA/rand_train_*.bin" --seq-len $T --batch-size $B \
       --precision bf16 --steps $STEPS --log-every 10 --val-windows 16 --json "${flags[@]}" 2>"$OUT/chorus_$tag.err" \

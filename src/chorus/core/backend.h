@@ -62,7 +62,10 @@ class DeviceBackend {
   struct MemoryBreakdown {
     size_t used = 0, total = 0;
     size_t tensors = 0, graph_pools = 0, allocator_kept = 0, other = 0;
-    size_t cached = 0;  // of allocator_kept: the front cache (cached_bytes)
+    // Of allocator_kept: the front cache (cached_bytes), and the pool's
+    // reserve that no block uses (freed memory the pool keeps; the rest is
+    // size classes' rounding).
+    size_t cached = 0, pool_idle = 0;
   };
   virtual std::optional<MemoryBreakdown> memory_breakdown(Device d) const { return std::nullopt; }
   // Brackets the span an external profiler records (CUDA: cudaProfilerStart/

@@ -607,12 +607,15 @@ AllocatorMemory CudaAllocator::memory(int device) const {
     }
   }
   cudaMemPool_t p = nullptr;
-  uint64_t reserved = 0;
+  uint64_t reserved = 0, used = 0;
   if (cudaDeviceGetDefaultMemPool(&p, device) == cudaSuccess &&
-      cudaMemPoolGetAttribute(p, cudaMemPoolAttrReservedMemCurrent, &reserved) == cudaSuccess)
+      cudaMemPoolGetAttribute(p, cudaMemPoolAttrReservedMemCurrent, &reserved) == cudaSuccess &&
+      cudaMemPoolGetAttribute(p, cudaMemPoolAttrUsedMemCurrent, &used) == cudaSuccess) {
     m.pool_reserved = static_cast<size_t>(reserved);
-  else
+    m.pool_used = static_cast<size_t>(used);
+  } else {
     (void)cudaGetLastError();
+  }
   return m;
 }
 

@@ -123,6 +123,7 @@ struct AllocatorMemory {
   size_t graph_counted = 0;   // what the graphs add to in_use (live blocks, free bytes, retained)
   size_t cached = 0;          // the front cache
   size_t pool_reserved = 0;   // the stream-ordered pool's reserved bytes
+  size_t pool_used = 0;       // of which handed out (live blocks by size class, cached blocks)
 };
 
 class CudaAllocator {

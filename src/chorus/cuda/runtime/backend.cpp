@@ -426,6 +426,7 @@ class CudaBackend final : public DeviceBackend {
     b.allocator_kept = minus(a.pool_reserved, b.tensors + a.graph_retained);
     b.other = minus(b.used, b.tensors + b.graph_pools + b.allocator_kept);
     b.cached = a.cached;
+    b.pool_idle = std::min(minus(a.pool_reserved, a.pool_used), b.allocator_kept);
     return b;
   }
 
