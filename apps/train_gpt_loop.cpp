@@ -222,10 +222,12 @@ nlohmann::ordered_json run_gpt_loop(const TrainConfig& tc, const GptOptions& g, 
     // issued: no wait for the device).
     if (plan && r.leader() && (step == start + 1 || (step == start && step + 1 == r.total_steps))) {
       std::fprintf(stderr, "%s\n", dist::measured_line(*plan, static_cast<int64_t>(backend(device).peak_bytes(device))).c_str());
-      // Note [Device memory breakdown]: after the warm-up steps, before any
-      // evaluation (the end of the run prints it again).
-      if (auto line = device_memory_line(device)) std::fprintf(stderr, "%s\n", line->c_str());
     }
+    // Note [Device memory breakdown]: once the step is captured (its third
+    // call, Note [Graphed step]), before any evaluation; the end of the run
+    // prints it again.
+    if (r.leader() && !tc.quiet && step == start + 2)
+      if (auto line = device_memory_line(device)) std::fprintf(stderr, "%s\n", line->c_str());
     const bool last = step + 1 == r.total_steps;
     const bool read = (step + 1) % tc.log_every == 0 || last;
     bool stop = false;

@@ -21,7 +21,9 @@
 #include <vector>
 
 #include "chorus/core/backend.h"
+#include "chorus/core/env_switches.h"
 #include "chorus/core/error.h"
+#include "chorus/core/persistent_alloc.h"
 #include "chorus/core/tensor.h"
 #include "chorus/cuda/runtime/allocator.h"
 #include "chorus/cuda/kernels/kernels.h"
@@ -98,6 +100,39 @@ TEST(CudaAllocatorCache, SizeClassesBoundTheSlack) {
     ASSERT_EQ(CudaAllocator::size_class(c), c) << n;  // a class is its own class
     ASSERT_LE(CudaAllocator::size_class(n - 1 + (n == 1)), c) << n;  // monotonic
   }
+}
+
+// Note [Persistent allocations]: inside the scope, blocks come from a pool of
+// their own, their size rounded to 512 B, and a free never caches them.
+TEST(CudaAllocatorCache, PersistentAllocationsComeFromAPoolOfTheirOwn_CUDA) {
+  if (cuda_device_count() < 1) GTEST_SKIP() << "no CUDA device";
+  if (const char* e = env::get("CHORUS_CUDA_PERSISTENT_POOL"); e && std::string(e) == "0")
+    GTEST_SKIP() << "CHORUS_CUDA_PERSISTENT_POOL=0";
+  Fixture f;
+  ScopedStream s(&f.alloc);
+  s.make_current();
+  const size_t n = 3 * kMiB + 100, used = pool_used();
+  void* p = nullptr;
+  {
+    PersistentAllocations scope;
+    EXPECT_TRUE(PersistentAllocations::active());
+    p = f.alloc.allocate(n, 0);
+  }
+  EXPECT_FALSE(PersistentAllocations::active());
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(pool_used(), used);  // not from the common pool
+  EXPECT_EQ(f.alloc.bytes_in_use(0), n);
+  std::vector<uint8_t> bytes(n);
+  std::mt19937 rng(7);
+  for (uint8_t& b : bytes) b = static_cast<uint8_t>(rng());
+  ASSERT_EQ(cudaMemcpy(p, bytes.data(), n, cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(read_back(p, n), bytes);
+  f.alloc.deallocate(p, 0);
+  EXPECT_EQ(f.alloc.bytes_in_use(0), 0u);
+  EXPECT_EQ(f.alloc.cached_bytes(0), 0u);  // back to its pool, not into the cache
+  void* q = f.alloc.allocate(n, 0);  // outside the scope: the common pool
+  EXPECT_GE(pool_used(), used + n);
+  f.alloc.deallocate(q, 0);
 }
 
 TEST(CudaAllocatorCache, SameStreamReuseTakesTheCachedBlockWithoutGrowingThePool_CUDA) {

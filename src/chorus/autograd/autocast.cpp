@@ -8,6 +8,7 @@
 #include "chorus/autograd/grad_mode.h"
 #include "chorus/autograd/node.h"
 #include "chorus/core/graph_capture.h"
+#include "chorus/core/persistent_alloc.h"
 #include "chorus/ops/copy.h"
 
 namespace chorus {
@@ -87,6 +88,9 @@ Tensor autocast_weight_data(const Tensor& w, DType dt) {
     if (KeptCopy* k = r.find(p); k && k->current_for(p) && k->copy.dtype() == dt) copy = k->copy;
   }
   if (!copy.defined()) {
+    // Kept for the run: Note [Persistent allocations] (a copy not kept below
+    // is a rare transient, and harmless there).
+    PersistentAllocations persistent;
     copy = ops::to_dtype(w.detach(), dt);
     // Kept only where the optimizer can write it element for element: the
     // parameter's own layout, memory of no graph's.

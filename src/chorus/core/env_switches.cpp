@@ -35,6 +35,8 @@ const std::vector<Switch>& switches() {
       {"CHORUS_CONV_DIRECT", "comparison", "0: no direct kernels for convolutions of 1 to 4 input channels"},
       {"CHORUS_CONV_MMA", "comparison", "0: no tensor-core kernel for the forward convolution"},
       {"CHORUS_CUDA_CACHE", "comparison", "0: no per-stream front cache in the CUDA allocator"},
+      {"CHORUS_CUDA_PERSISTENT_POOL", "comparison",
+       "0: optimizer state and autocast's kept weight copies from the CUDA allocator's common pool"},
       {"CHORUS_GRAPH_MEMSETS", "comparison", "keep: captured graphs keep cuDNN's small memset nodes"},
       {"CHORUS_BENCH_ROW", "internal", "the file a chorus bench DDP worker writes its row to"},
   };

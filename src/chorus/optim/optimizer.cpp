@@ -11,6 +11,7 @@
 #include "chorus/autograd/grad_mode.h"
 #include "chorus/autograd/grad_finisher.h"
 #include "chorus/core/error.h"
+#include "chorus/core/persistent_alloc.h"
 #include "chorus/core/graph_capture.h"
 #include "chorus/ops/copy.h"
 #include "chorus/ops/elementwise.h"
@@ -231,6 +232,7 @@ Tensor Optimizer::grad_for_update(size_t i, Tensor* addend) const {
 
 Tensor Optimizer::new_buffer(size_t i) const {
   const Tensor& p = params_[i];
+  PersistentAllocations persistent;  // the optimizer's state: Note [Persistent allocations]
   Tensor b = is_dense_param(i) ? empty_like_dense(p, p.dtype())
                                : chorus::detail::empty_tensor(p.sizes(), p.dtype(), p.device());
   ops::fill_(b, 0.0);
@@ -259,6 +261,7 @@ std::vector<Tensor> Optimizer::new_dense_buffers(const std::vector<size_t>& idx,
       n += p.numel();
     }
   std::map<std::pair<Device, DType>, Tensor> flat;
+  PersistentAllocations persistent;  // the optimizer's state: Note [Persistent allocations]
   for (const auto& [key, n] : numel) {
     Tensor f = chorus::detail::empty_tensor({n}, key.second, key.first);
     ops::fill_(f, 0.0);

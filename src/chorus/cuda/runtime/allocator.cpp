@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "chorus/core/error.h"
+#include "chorus/core/persistent_alloc.h"
 #include "chorus/core/warn.h"
 #include "chorus/cuda/runtime/context.h"
 
@@ -28,6 +29,11 @@ constexpr size_t kDefaultMaxCachedBlock = size_t{256} << 20;
 
 bool cache_enabled_by_environment() {
   const char* e = chorus::env::get("CHORUS_CUDA_CACHE");
+  return !(e && std::string(e) == "0");
+}
+
+bool persistent_pool_by_environment() {
+  const char* e = chorus::env::get("CHORUS_CUDA_PERSISTENT_POOL");
   return !(e && std::string(e) == "0");
 }
 
@@ -90,6 +96,7 @@ void EventPool::release(int device, cudaEvent_t e) noexcept {
 CudaAllocator::CudaAllocator(int device_count, EventPool* events)
     : events_(events),
       cache_enabled_(cache_enabled_by_environment()),
+      persistent_enabled_(persistent_pool_by_environment()),
       max_cached_block_(kDefaultMaxCachedBlock),
       max_cached_total_(0) {
   for (int d = 0; d < device_count; ++d) devices_.push_back(std::make_unique<DeviceState>());
@@ -239,6 +246,7 @@ void* CudaAllocator::allocate(size_t nbytes, int device) {
     CHORUS_THROW(CaptureError, "a captured step allocated memory on cuda:", device,
                  ", which is not the device it is captured on (a graph holds the work of one device)");
   }
+  if (persistent_enabled_ && PersistentAllocations::active()) return allocate_persistent(st, nbytes, device, stream);
   // Note [Allocator front cache]: a hit takes no CUDA call (not even a device
   // switch).
   bool cacheable = cache_enabled() && nbytes <= max_cached_block_.load(std::memory_order_relaxed);
@@ -265,7 +273,7 @@ void* CudaAllocator::allocate(size_t nbytes, int device) {
   }
 
   CudaDeviceGuard guard(device);
-  cudaMemPool_t p = pool(device, st);
+  (void)pool(device, st);  // configured before the first allocation
   void* ptr = nullptr;
   cudaError_t err = cudaMallocAsync(&ptr, cls, stream);
   if (is_allocation_failure(err)) {
@@ -273,9 +281,7 @@ void* CudaAllocator::allocate(size_t nbytes, int device) {
     // not yet reusable from this one: give the cache back, wait for
     // everything, trim the pool, try once more.
     (void)cudaGetLastError();
-    release_cached(device);
-    CHORUS_CUDA_CHECK(cudaDeviceSynchronize());
-    CHORUS_CUDA_CHECK(cudaMemPoolTrimTo(p, 0));
+    free_everything_unused(device, st);
     err = cudaMallocAsync(&ptr, cls, stream);
   }
   if (is_allocation_failure(err)) {
@@ -286,6 +292,62 @@ void* CudaAllocator::allocate(size_t nbytes, int device) {
 
   std::lock_guard<std::mutex> g(st.mu);
   st.blocks[reinterpret_cast<uintptr_t>(ptr)] = Block{nbytes, cacheable ? cls : 0, stream, {}};
+  st.in_use += nbytes;
+  if (st.in_use > st.peak) st.peak = st.in_use;
+  return ptr;
+}
+
+cudaMemPool_t CudaAllocator::persistent_pool(int device, DeviceState& st) {
+  std::lock_guard<std::mutex> g(st.mu);
+  if (!st.persistent) {
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    cudaMemPool_t p;
+    CHORUS_CUDA_CHECK(cudaMemPoolCreate(&p, &props));
+    uint64_t threshold = UINT64_MAX;  // kept for the process, as the default pool
+    CHORUS_CUDA_CHECK(cudaMemPoolSetAttribute(p, cudaMemPoolAttrReleaseThreshold, &threshold));
+    st.persistent = p;
+  }
+  return st.persistent;
+}
+
+void CudaAllocator::free_everything_unused(int device, DeviceState& st) {
+  // The cache and the pools may hold memory freed on other streams that is
+  // not yet reusable from this one: give the cache back, wait for
+  // everything, trim the pools.
+  release_cached(device);
+  CHORUS_CUDA_CHECK(cudaDeviceSynchronize());
+  CHORUS_CUDA_CHECK(cudaMemPoolTrimTo(pool(device, st), 0));
+  cudaMemPool_t persistent;
+  {
+    std::lock_guard<std::mutex> g(st.mu);
+    persistent = st.persistent;
+  }
+  if (persistent) CHORUS_CUDA_CHECK(cudaMemPoolTrimTo(persistent, 0));
+}
+
+void* CudaAllocator::allocate_persistent(DeviceState& st, size_t nbytes, int device, cudaStream_t stream) {
+  const size_t n = (nbytes + 511) / 512 * 512;
+  CudaDeviceGuard guard(device);
+  (void)pool(device, st);  // the default pool's settings and the cache's cap
+  cudaMemPool_t p = persistent_pool(device, st);
+  void* ptr = nullptr;
+  cudaError_t err = n < nbytes ? cudaErrorMemoryAllocation : cudaMallocFromPoolAsync(&ptr, n, p, stream);
+  if (is_allocation_failure(err) && n >= nbytes) {
+    (void)cudaGetLastError();
+    free_everything_unused(device, st);
+    err = cudaMallocFromPoolAsync(&ptr, n, p, stream);
+  }
+  if (is_allocation_failure(err)) {
+    (void)cudaGetLastError();
+    throw_oom(nbytes, device, st);
+  }
+  CHORUS_CUDA_CHECK(err);
+  std::lock_guard<std::mutex> g(st.mu);
+  // Capacity 0: never cached; its free goes back to the pool it came from.
+  st.blocks[reinterpret_cast<uintptr_t>(ptr)] = Block{nbytes, 0, stream, {}};
   st.in_use += nbytes;
   if (st.in_use > st.peak) st.peak = st.in_use;
   return ptr;
@@ -606,15 +668,22 @@ AllocatorMemory CudaAllocator::memory(int device) const {
       m.graph_counted += gp->live_bytes + gp->held;
     }
   }
-  cudaMemPool_t p = nullptr;
-  uint64_t reserved = 0, used = 0;
-  if (cudaDeviceGetDefaultMemPool(&p, device) == cudaSuccess &&
-      cudaMemPoolGetAttribute(p, cudaMemPoolAttrReservedMemCurrent, &reserved) == cudaSuccess &&
-      cudaMemPoolGetAttribute(p, cudaMemPoolAttrUsedMemCurrent, &used) == cudaSuccess) {
-    m.pool_reserved = static_cast<size_t>(reserved);
-    m.pool_used = static_cast<size_t>(used);
-  } else {
-    (void)cudaGetLastError();
+  cudaMemPool_t pools[2] = {nullptr, nullptr};
+  if (cudaDeviceGetDefaultMemPool(&pools[0], device) != cudaSuccess) (void)cudaGetLastError();
+  {
+    std::lock_guard<std::mutex> g(st.mu);
+    pools[1] = st.persistent;  // Note [Persistent allocations]
+  }
+  for (cudaMemPool_t p : pools) {
+    uint64_t reserved = 0, used = 0;
+    if (!p) continue;
+    if (cudaMemPoolGetAttribute(p, cudaMemPoolAttrReservedMemCurrent, &reserved) == cudaSuccess &&
+        cudaMemPoolGetAttribute(p, cudaMemPoolAttrUsedMemCurrent, &used) == cudaSuccess) {
+      m.pool_reserved += static_cast<size_t>(reserved);
+      m.pool_used += static_cast<size_t>(used);
+    } else {
+      (void)cudaGetLastError();
+    }
   }
   return m;
 }

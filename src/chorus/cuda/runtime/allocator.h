@@ -208,6 +208,7 @@ class CudaAllocator {
     size_t cached = 0;
     size_t default_cap = 0;        // 1/8 of the device's memory, set with the pool
     cudaMemPool_t pool = nullptr;  // configured at first allocation
+    cudaMemPool_t persistent = nullptr;  // Note [Persistent allocations], made at first use
     // Note [Graph pools]: the pool of the capture in progress, if any (the
     // flag lets the common path skip the lock), and every unreleased pool.
     std::atomic<bool> capture_active{false};
@@ -219,6 +220,13 @@ class CudaAllocator {
   // Note [Graph pools]: an allocation on a capturing stream, or nullptr when
   // `stream` is not being captured.
   void* allocate_captured(DeviceState& st, size_t nbytes, int device, cudaStream_t stream);
+  // Note [Persistent allocations] (core/persistent_alloc.h): from the device's
+  // persistent pool, exact size (rounded to 512 B), never cached.
+  void* allocate_persistent(DeviceState& st, size_t nbytes, int device, cudaStream_t stream);
+  cudaMemPool_t persistent_pool(int device, DeviceState& st);
+  // After a failed allocation: the cache released, the device synchronised,
+  // both pools trimmed (the caller then retries once).
+  void free_everything_unused(int device, DeviceState& st);
   // Under st.mu: a block of `carved` bytes for an `nbytes` request from the
   // pool's free ranges of `stream`, or nullptr when none fits.
   void* carve_locked(DeviceState& st, GraphPool* gp, size_t nbytes, size_t carved, cudaStream_t stream);
@@ -242,6 +250,7 @@ class CudaAllocator {
   std::vector<std::unique_ptr<DeviceState>> devices_;
   EventPool* events_;
   std::atomic<bool> cache_enabled_;
+  bool persistent_enabled_;  // CHORUS_CUDA_PERSISTENT_POOL
   std::atomic<size_t> max_cached_block_;
   std::atomic<size_t> max_cached_total_;  // 0: 1/8 of the device's memory
 };
