@@ -46,6 +46,7 @@ dist::MemoryPlanInputs gpt_plan_inputs(const models::GPTConfig& cfg, const GptRu
   if (run.strategy == "dp" && run.replicas > 1)
     act += (run.replicas - 1) * models::gpt_logits_bytes(cfg, run.batch, run.seq, m.bf16);
   in.activation_bytes = act;
+  in.micro_batches = run.micro_batches;
   return in;
 }
 

@@ -48,6 +48,7 @@ struct GptRun {
   double bucket_mb = 25;
   int zero_stage = 0;  // 1, 2 or 3 with strategy zero
   std::string zero_param_dtype;  // --zero-param-dtype ("": bf16 under bf16, as add_gpt_sharding)
+  int64_t micro_batches = 1;     // --grad-accum
 };
 
 // The whole check for a GPT, from its configuration, before the model is

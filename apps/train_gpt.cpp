@@ -200,7 +200,7 @@ nlohmann::ordered_json run_train_gpt(const TrainConfig& tc, const GptOptions& g)
     const bool ranked = tc.strategy == "ddp" || tc.strategy == "zero";
     const int64_t world = ranked ? ddp_launch_env(tc.strategy).world_size : 1;
     GptRun run{tc.model, tc.strategy, tc.precision, r.batch, r.seq, r.replicas(), world, tc.bucket_mb,
-               tc.strategy == "zero" ? tc.zero_stage.value_or(1) : 0, tc.zero_param_dtype.value_or("")};
+               tc.strategy == "zero" ? tc.zero_stage.value_or(1) : 0, tc.zero_param_dtype.value_or(""), r.accum};
     MemoryPlanFlags flags = tc.memory;
     flags.quiet = tc.quiet || (ranked && ddp_launch_env(tc.strategy).rank != 0);
     cfg.recompute_blocks = gpt_recompute_blocks(recompute, cfg, run, device, flags);

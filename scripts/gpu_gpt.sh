@@ -99,6 +99,7 @@ for stage in "$@"; do
       | tail -1 > "$OUT/chorus_$tag.json"
     grep -v "^device memory" "$OUT/chorus_$tag.err" | tail -3
     grep "^device memory" "$OUT/chorus_$tag.err"  # Note [Device memory breakdown]
+    memplan "single $tag" "$OUT/chorus_$tag.err"
     python3 - "$OUT/chorus_$tag.json" "$ROWS" $tag <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
@@ -395,7 +396,7 @@ PY
         --zero-stage $zs --devices cuda --data "tokens:$DATA/rand_train_*.bin" --seq-len $T --batch-size $B --precision bf16 \
         --steps $STEPS --log-every 10 --val-windows 4 --json "${ck[@]}" "${zf[@]}" 2>"$OUT/zero$st.err" | grep '{' | sed 's/^\[rank 0\] //' | tail -1 \
         > "$OUT/zero$st.json" || tail -5 "$OUT/zero$st.err"
-      grep -E "^(\[rank 0\] )?(zero|checkpoint|CUDA graphs)|step $STEPS/|memory:" "$OUT/zero$st.err" | sed 's/^\[rank 0\] //' | tail -7
+      grep -E "^(\[rank 0\] )?(zero|checkpoint|CUDA graphs)|step $STEPS/|memory:|device memory" "$OUT/zero$st.err" | sed 's/^\[rank 0\] //' | tail -9
       memplan "zero-$st" "$OUT/zero$st.err"
       python3 - "$OUT/zero$st.json" "$ROWS" $NG $zs "$tag" <<'PY' || tail -5 "$OUT/zero$st.err"
 import json, sys

@@ -206,12 +206,25 @@ TEST(MemoryPlan, SingleAndDataParallelHoldEverything) {
   const MemoryPlanInputs in = inputs(1000, 800, 100, 200, true, 5000);
   const MemoryPlan single = plan_for({"single", 0, 1}, in);
   EXPECT_EQ(single.weights, 4000 + 1600);
-  EXPECT_EQ(single.gradients, 4000);
+  // Made as the activations go and dropped after the step: only the 4000
+  // bytes past the 5000 of activations would count, none here.
+  EXPECT_EQ(single.gradients, 0);
   EXPECT_EQ(single.optimizer, 8000);
   EXPECT_EQ(single.communication, 0);
-  EXPECT_EQ(single.total(), 5600 + 4000 + 8000 + 5000);
+  EXPECT_EQ(single.total(), 5600 + 8000 + 5000);
+  MemoryPlanInputs small = in;
+  small.activation_bytes = 1500;
+  EXPECT_EQ(plan_for({"single", 0, 1}, small).gradients, 4000 - 1500);
+  MemoryPlanInputs accum = in;
+  accum.micro_batches = 2;  // the first micro-batch's gradients live through the second's forward
+  EXPECT_EQ(plan_for({"single", 0, 1}, accum).gradients, 4000);
+  MemoryPlanInputs unknown = in;
+  unknown.activation_bytes.reset();  // measured on the first step: the whole gradients
+  EXPECT_EQ(plan_for({"single", 0, 1}, unknown).gradients, 4000);
   const MemoryPlan dp = plan_for({"dp", 0, 2}, in);
   EXPECT_EQ(dp.weights, single.weights);
+  EXPECT_EQ(dp.gradients, 4000);  // DataParallel and DDP keep theirs (DDP: its buckets)
+  EXPECT_EQ(plan_for({"ddp", 0, 2}, in).gradients, 4000);
   EXPECT_EQ(dp.communication, 25 * kMiB);
   // Uneven shards round up: 1001 parameters over 4 ranks hold 251 each.
   MemoryPlanInputs odd = in;

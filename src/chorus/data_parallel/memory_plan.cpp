@@ -49,9 +49,16 @@ MemoryPlan plan_for(const MemoryStrategy& s, const MemoryPlanInputs& in) {
   MemoryPlan m;
   m.strategy = s;
   m.activations = in.activation_bytes;
+  // Gradients made in the backward and freed by the step's zero_grad() add
+  // to the peak only past the activations, which are gone by then (the [x]
+  // of the note).
+  const auto past_activations = [&in](int64_t bytes) {
+    if (in.micro_batches > 1) return bytes;
+    return std::max<int64_t>(0, bytes - in.activation_bytes.value_or(0));
+  };
   if (s.name == "single" || s.name == "dp" || s.name == "ddp") {
     m.weights = 4 * p + copies;
-    m.gradients = 4 * p;
+    m.gradients = s.name == "single" ? past_activations(4 * p) : 4 * p;
     m.optimizer = o * p;
     m.communication = s.name == "single" ? 0 : k;
     return m;
@@ -61,12 +68,6 @@ MemoryPlan plan_for(const MemoryStrategy& s, const MemoryPlanInputs& in) {
                s.zero_stage);
   m.optimizer = o * shard;
   m.communication = k;
-  // A gradient shard made after (stages 2-3: during) the backward, freed by
-  // the step's zero_grad(), adds to the peak only past the activations, which
-  // are gone by then (Note [Sharded gradient shards] in sharded.h).
-  const auto past_activations = [&in](int64_t bytes) {
-    return std::max<int64_t>(0, bytes - in.activation_bytes.value_or(0));
-  };
   const int64_t pm = in.bf16 ? in.low_precision_params : 0;
   if (pm > 0) {
     // ShardOptions::param_dtype (see the note's last paragraph).

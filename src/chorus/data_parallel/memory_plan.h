@@ -14,22 +14,24 @@
 // embeddings and final norm), K the bucket bytes:
 //
 //   strategy   weights              gradients                   optimizer  comm
-//   single     4P + 2Pc             4P                          O P        0
+//   single     4P + 2Pc             [4P]                        O P        0
 //   dp, ddp    4P + 2Pc             4P (the buckets)            O P        K
 //   zero 1     4P + 2Pc             4P                          O P/N      K
 //   zero 2     4P + 2Pc             2K + [4P/N]                 O P/N      K
 //   zero 3     4P/N + 4(2U + R)     4(2U + R) + [4P/N]          O P/N      K
 //              + 2Pc
 //
-// [x] = max(0, x - A), A the activations (x itself when A is not known): no
-// gradient shard of its own persists across steps (Note [Sharded gradient
-// shards] in sharded.h). Stage 1 reduce-scatters in place, so its shards are
-// segments of its full buffers; stages 2-3 make theirs in the backward as the
-// activations go, and zero_grad() after the step frees them before the next
-// forward: they raise the peak only where they outgrow the activations they
-// follow. (Inside a CUDA graph -- chorus train captures its third step, after
-// the two eager ones the measured line reports -- such a shard takes
-// graph-pool memory for the whole step, as a persistent one did.)
+// [x] = max(0, x - A), A the activations (x itself when A is not known, or
+// with several micro-batches a step, whose gradients outlive a forward): no
+// gradient of its own persists across steps. One device's gradients are made
+// in the backward as the activations go and dropped by zero_grad() after the
+// step (the trainers' rule), and so are the shards of stages 2-3 (Note
+// [Sharded gradient shards] in sharded.h): they raise the peak only where
+// they outgrow the activations they follow. DDP's gradients are its buckets,
+// and stage 1 reduce-scatters in place, so its shards are segments of its
+// full buffers: both hold 4P for good. Inside a CUDA graph the same holds:
+// the graph's pool gives the backward's gradients the forward's freed
+// activations (Note [Graph pools] in cuda/runtime/allocator.h).
 //
 // dp: the fullest device is the first, which steps the weights (Note [GPT
 // under DataParallel]); the caller adds what it gathers there to the
@@ -98,6 +100,9 @@ struct MemoryPlanInputs {
   // One micro-batch's activations on the fullest device; unset: not known
   // before the first step (measured then, e.g. for a CNN).
   std::optional<int64_t> activation_bytes;
+  // Micro-batches a step (--grad-accum): above 1 the first one's gradients
+  // live through the next one's forward.
+  int64_t micro_batches = 1;
 };
 
 struct MemoryPlan {
