@@ -298,19 +298,23 @@ void* CudaAllocator::allocate(size_t nbytes, int device) {
 }
 
 cudaMemPool_t CudaAllocator::persistent_pool(int device, DeviceState& st) {
-  std::lock_guard<std::mutex> g(st.mu);
-  if (!st.persistent) {
+  cudaMemPool_t made = nullptr;
+  {
+    std::lock_guard<std::mutex> g(st.mu);
+    if (st.persistent) return st.persistent;
     cudaMemPoolProps props{};
     props.allocType = cudaMemAllocationTypePinned;
     props.location.type = cudaMemLocationTypeDevice;
     props.location.id = device;
-    cudaMemPool_t p;
-    CHORUS_CUDA_CHECK(cudaMemPoolCreate(&p, &props));
+    CHORUS_CUDA_CHECK(cudaMemPoolCreate(&made, &props));
     uint64_t threshold = UINT64_MAX;  // kept for the process, as the default pool
-    CHORUS_CUDA_CHECK(cudaMemPoolSetAttribute(p, cudaMemPoolAttrReleaseThreshold, &threshold));
-    st.persistent = p;
+    CHORUS_CUDA_CHECK(cudaMemPoolSetAttribute(made, cudaMemPoolAttrReleaseThreshold, &threshold));
+    st.persistent = made;
   }
-  return st.persistent;
+  // Peers reach it as they reach the default pool (a kernel or a copy on
+  // another GPU reading a kept weight copy).
+  register_device_pool(device, made);
+  return made;
 }
 
 void CudaAllocator::free_everything_unused(int device, DeviceState& st) {
@@ -318,6 +322,7 @@ void CudaAllocator::free_everything_unused(int device, DeviceState& st) {
   // not yet reusable from this one: give the cache back, wait for
   // everything, trim the pools.
   release_cached(device);
+  CudaDeviceGuard guard(device);
   CHORUS_CUDA_CHECK(cudaDeviceSynchronize());
   CHORUS_CUDA_CHECK(cudaMemPoolTrimTo(pool(device, st), 0));
   cudaMemPool_t persistent;
@@ -433,11 +438,11 @@ void CudaAllocator::deallocate(void* ptr, int device) noexcept {
       {
         std::lock_guard<std::mutex> g(st.mu);
         const size_t carved = node.mapped().capacity;
+        gp->arena(carved).give(node.key(), carved, stream);  // first: it checks the block
         // Still reserved for the graph: counted in use until the pool goes.
         st.in_use += carved;
         gp->held += carved;
         gp->live_bytes -= node.mapped().size;
-        gp->arena(carved).give(node.key(), carved, stream);
         --gp->live;
         dead = take_if_dead_locked(st, gp);
       }
@@ -551,10 +556,12 @@ void* CudaAllocator::allocate_captured(DeviceState& st, size_t nbytes, int devic
   if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) (void)cudaGetLastError();
   if (status != cudaStreamCaptureStatusActive) return nullptr;
   const size_t carved = carved_size(nbytes);
-  if (carved < nbytes) throw_oom(nbytes, device, st);  // rounding overflowed: an absurd request
+  // Rounding would overflow: an absurd request.
+  if (carved < nbytes || carved > SIZE_MAX - (size_t{2} << 20)) throw_oom(nbytes, device, st);
+  GraphPool* gp = nullptr;
   {
     std::lock_guard<std::mutex> g(st.mu);
-    GraphPool* gp = st.capturing;
+    gp = st.capturing;
     if (!gp) return nullptr;
     if (void* p = carve_locked(st, gp, nbytes, carved, stream)) return p;
   }
@@ -572,9 +579,12 @@ void* CudaAllocator::allocate_captured(DeviceState& st, size_t nbytes, int devic
     throw_oom(nbytes, device, st);
   }
   CHORUS_CUDA_CHECK(err);
-  std::lock_guard<std::mutex> g(st.mu);
-  GraphPool* gp = st.capturing;
-  CHORUS_CHECK(gp, "cuda:", device, ": the graph capture ended while it allocated");
+  std::unique_lock<std::mutex> g(st.mu);
+  if (st.capturing != gp) {  // the capture ended (or another began) meanwhile
+    g.unlock();
+    warn_if_failed(cudaFree(ptr), "cudaFree (graph segment)");
+    CHORUS_THROW(CaptureError, "cuda:", device, ": the graph capture ended while it allocated");
+  }
   gp->raw.push_back(ptr);
   gp->raw_bytes += seg;
   gp->held += seg;  // free until carved
@@ -589,13 +599,7 @@ CudaAllocator::GraphPool* CudaAllocator::begin_capture(int device) {
   DeviceState& st = state(device);
   // The front cache and the stream-ordered pool keep memory of the eager
   // steps that the graph's pool (plain cudaMalloc) could not otherwise use.
-  release_cached(device);
-  {
-    CudaDeviceGuard guard(device);
-    cudaMemPool_t p = pool(device, st);
-    CHORUS_CUDA_CHECK(cudaDeviceSynchronize());
-    CHORUS_CUDA_CHECK(cudaMemPoolTrimTo(p, 0));
-  }
+  free_everything_unused(device, st);  // the cache, both pools trimmed
   std::lock_guard<std::mutex> g(st.mu);
   CHORUS_CHECK(!st.capturing, "cuda:", device, ": a graph capture is already in progress");
   auto gp = std::make_unique<GraphPool>();

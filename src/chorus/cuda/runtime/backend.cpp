@@ -423,7 +423,8 @@ class CudaBackend final : public DeviceBackend {
     b.used = mi->total - mi->free;
     b.tensors = minus(a.in_use, a.graph_counted);
     b.graph_pools = a.graph_raw + a.graph_retained;
-    b.allocator_kept = minus(a.pool_reserved, b.tensors + a.graph_retained);
+    b.allocator_kept = std::min(minus(a.pool_reserved, b.tensors + a.graph_retained),
+                                minus(b.used, b.tensors + b.graph_pools));
     b.other = minus(b.used, b.tensors + b.graph_pools + b.allocator_kept);
     b.cached = a.cached;
     b.pool_idle = std::min(minus(a.pool_reserved, a.pool_used), b.allocator_kept);

@@ -196,6 +196,7 @@ namespace {
 struct PeerState {
   std::mutex mu;
   std::map<std::pair<int, int>, bool> enabled;  // pairs tried, and the outcome
+  std::map<int, std::vector<cudaMemPool_t>> pools;  // register_device_pool's, by device
   bool allowed = [] {
     const char* e = chorus::env::get("CHORUS_PEER_ACCESS");
     return !(e && std::string(e) == "0");
@@ -206,16 +207,22 @@ PeerState& peer_state() {
   return *s;
 }
 
-// Grants (or revokes) `from`'s access to memory of `to`'s stream-ordered pool,
-// which cudaDeviceEnablePeerAccess does not cover.
-void set_pool_access(int from, int to, bool grant) {
-  cudaMemPool_t pool;
-  CHORUS_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, to));
+void set_one_pool_access(cudaMemPool_t pool, int from, bool grant) {
   cudaMemAccessDesc desc{};
   desc.location.type = cudaMemLocationTypeDevice;
   desc.location.id = from;
   desc.flags = grant ? cudaMemAccessFlagsProtReadWrite : cudaMemAccessFlagsProtNone;
   CHORUS_CUDA_CHECK(cudaMemPoolSetAccess(pool, &desc, 1));
+}
+
+// Grants (or revokes) `from`'s access to memory of `to`'s stream-ordered
+// pools, which cudaDeviceEnablePeerAccess does not cover. Under st.mu.
+void set_pool_access(PeerState& st, int from, int to, bool grant) {
+  cudaMemPool_t pool;
+  CHORUS_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, to));
+  set_one_pool_access(pool, from, grant);
+  if (auto it = st.pools.find(to); it != st.pools.end())
+    for (cudaMemPool_t p : it->second) set_one_pool_access(p, from, grant);
 }
 
 }  // namespace
@@ -241,7 +248,7 @@ bool peer_access_enabled(int from, int to) {
       err = cudaSuccess;
     }
     if (err == cudaSuccess) {
-      set_pool_access(from, to, true);
+      set_pool_access(st, from, to, true);
       ok = true;
     } else {
       (void)cudaGetLastError();  // no peer access: copies go through the runtime
@@ -249,6 +256,14 @@ bool peer_access_enabled(int from, int to) {
   }
   st.enabled[{from, to}] = ok;
   return ok;
+}
+
+void register_device_pool(int device, cudaMemPool_t pool) {
+  PeerState& st = peer_state();
+  std::lock_guard<std::mutex> g(st.mu);
+  st.pools[device].push_back(pool);
+  for (const auto& [pair, on] : st.enabled)
+    if (on && pair.second == device) set_one_pool_access(pool, pair.first, true);
 }
 
 void set_peer_access_allowed(bool allowed) {
@@ -268,7 +283,7 @@ void set_peer_access_allowed(bool allowed) {
   for (const auto& [pair, on] : st.enabled) {
     if (!on) continue;
     const auto [from, to] = pair;
-    set_pool_access(from, to, false);
+    set_pool_access(st, from, to, false);
     CudaDeviceGuard guard(from);
     cudaError_t err = cudaDeviceDisablePeerAccess(to);
     if (err == cudaErrorPeerAccessNotEnabled) (void)cudaGetLastError();

@@ -66,6 +66,10 @@ const cudaDeviceProp& device_properties(int index);
 // Whether peer access from `from` to `to` was enabled (tried once, at first use
 // of a pair, when allowed).
 bool peer_access_enabled(int from, int to);
+// A stream-ordered pool of `device` besides its default one (Note [Persistent
+// allocations] in core/persistent_alloc.h): the peers granted access to the
+// default pool get it to this one too, those granted already and later ones.
+void register_device_pool(int device, cudaMemPool_t pool);
 
 // Note [Peer access policy]: peer-to-peer access between GPUs is allowed by
 // default. CHORUS_PEER_ACCESS=0 in the environment, or
