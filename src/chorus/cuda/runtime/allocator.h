@@ -259,7 +259,7 @@ struct CudaAllocator::GraphPool {
   int device = 0;
   // Its segments, carved per stream (Note [Graph pools]): requests of up to
   // kSmallRequest bytes in `small`, the rest in `large`.
-  detail::RangeArena small{0}, large{size_t{1} << 20};
+  chorus::detail::RangeArena small{0}, large{size_t{1} << 20};
   std::vector<void*> raw;       // every segment it cudaMalloc'ed
   std::vector<void*> retained;  // blocks from outside freed by the capture
   size_t raw_bytes = 0;         // of the segments
@@ -270,7 +270,7 @@ struct CudaAllocator::GraphPool {
                                 // bytes_in_use, as the graph owns them
   bool released = false;        // the graph is gone
   static constexpr size_t kSmallRequest = size_t{1} << 20;
-  detail::RangeArena& arena(size_t carved) { return carved <= kSmallRequest ? small : large; }
+  chorus::detail::RangeArena& arena(size_t carved) { return carved <= kSmallRequest ? small : large; }
 };
 
 // "1.50 GiB": byte counts for messages.
