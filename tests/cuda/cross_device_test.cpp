@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <chorus/chorus.h>
+#include <chorus/core/persistent_alloc.h>
 #include <chorus/cuda/runtime/context.h>
 
 #include "testing/compare.h"
@@ -93,6 +94,31 @@ TEST(CudaCrossDevice, ResultsEqualOneGpuWithoutPeerAccess_MultiCUDA) {
   EXPECT_FALSE(cuda::peer_access_enabled(0, 1));
   EXPECT_FALSE(cuda::peer_access_enabled(1, 0));
   cuda::set_peer_access_allowed(true);
+}
+
+// Note [Persistent allocations]: tensors from the persistent pool (the
+// optimizer's state, autocast's kept copies) are reached from the other GPU
+// as the default pool's are -- the pool made before peer access is enabled,
+// and granted when it is.
+TEST(CudaCrossDevice, PeersReachThePersistentPool_MultiCUDA) {
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
+  const Device g0 = cuda_device(0), g1 = cuda_device(1);
+  cuda::set_peer_access_allowed(false);
+  manual_seed(5);
+  Tensor a = randn({513, 67}), b = randn({513, 67});
+  Tensor a0, b1;
+  {
+    PersistentAllocations persistent;
+    a0 = a.to(g0);
+    b1 = b.to(g1);
+  }
+  cuda::set_peer_access_allowed(true);
+  const Tensor s1 = b1 + a0, s0 = a0 + b1;
+  EXPECT_EQ(s1.device(), g1);
+  EXPECT_EQ(host(s1), host(a + b));
+  EXPECT_EQ(host(s0), host(a + b));
+  const Tensor far = (a0 * 3.0).to(g1);
+  EXPECT_EQ(host(far), host(a * 3.0));
 }
 
 }  // namespace
