@@ -196,7 +196,7 @@ void bench_gpt_row(const BenchConfig& c, const std::string& strategy, const std:
                                 {"cuda_graph", graphed.replays() >= c.steps}};
   add_provenance(row, dev);  // device_name and commit, as every bench row
   // Note [Device memory breakdown]: where the device's memory is, at the end.
-  if (auto j = device_memory_json(dev)) row["device_memory"] = nlohmann::ordered_json::parse(*j);
+  (void)add_device_memory(row, dev);
   if (c.json) {
     std::printf("%s\n", row.dump().c_str());
   } else {

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include <nlohmann/json.hpp>
+
 #include "chorus/core/backend.h"
 #include "chorus/core/error.h"
 #include "chorus/models/gpt.h"
@@ -147,32 +149,35 @@ bool check_memory_plan(const std::string& model, const dist::MemoryPlan& plan, c
   return shown;
 }
 
-}  // namespace chorus::app
+namespace {
 
-namespace chorus::app {
-
-std::optional<std::string> device_memory_line(const Device& device) {
-  const auto b = backend(device).memory_breakdown(device);
-  if (!b) return std::nullopt;
+std::string format_device_memory(const Device& device, const DeviceBackend::MemoryBreakdown& b) {
   auto gib = [](size_t x) { return static_cast<double>(x) / static_cast<double>(size_t{1} << 30); };
   char buf[320];
   std::snprintf(buf, sizeof buf,
                 "device memory on %s: %.2f GiB used of %.2f GiB: tensors %.2f, CUDA graphs' pools %.2f, kept by the "
                 "allocator %.2f (front cache %.2f, pool idle %.2f), context and libraries %.2f GiB",
-                device.str().c_str(), gib(b->used), gib(b->total), gib(b->tensors), gib(b->graph_pools),
-                gib(b->allocator_kept), gib(b->cached), gib(b->pool_idle), gib(b->other));
-  return std::string(buf);
+                device.str().c_str(), gib(b.used), gib(b.total), gib(b.tensors), gib(b.graph_pools),
+                gib(b.allocator_kept), gib(b.cached), gib(b.pool_idle), gib(b.other));
+  return buf;
 }
 
-std::optional<std::string> device_memory_json(const Device& device) {
+}  // namespace
+
+std::optional<std::string> device_memory_line(const Device& device) {
   const auto b = backend(device).memory_breakdown(device);
   if (!b) return std::nullopt;
-  char buf[320];
-  std::snprintf(buf, sizeof buf,
-                "{\"used\": %zu, \"total\": %zu, \"tensors\": %zu, \"graph_pools\": %zu, \"allocator_kept\": %zu, "
-                "\"front_cache\": %zu, \"pool_idle\": %zu, \"other\": %zu}",
-                b->used, b->total, b->tensors, b->graph_pools, b->allocator_kept, b->cached, b->pool_idle, b->other);
-  return std::string(buf);
+  return format_device_memory(device, *b);
+}
+
+std::optional<std::string> add_device_memory(nlohmann::ordered_json& out, const Device& device) {
+  const auto b = backend(device).memory_breakdown(device);
+  if (!b) return std::nullopt;
+  out["device_memory"] = {{"used", b->used},         {"total", b->total},
+                          {"tensors", b->tensors},   {"graph_pools", b->graph_pools},
+                          {"allocator_kept", b->allocator_kept}, {"front_cache", b->cached},
+                          {"pool_idle", b->pool_idle}, {"other", b->other}};
+  return format_device_memory(device, *b);
 }
 
 }  // namespace chorus::app

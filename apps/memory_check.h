@@ -12,6 +12,8 @@
 #include <optional>
 #include <string>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "chorus/core/device.h"
 #include "chorus/data_parallel/memory_plan.h"
 
@@ -104,11 +106,11 @@ dist::MemoryPlanInputs module_plan_inputs(const nn::Module& model, bool bf16, in
 namespace chorus::app {
 
 // Note [Device memory breakdown] (core/backend.h) of `device` now, as one
-// line ("device memory: 51.86 GiB used of 139.80 GiB: tensors 40.24 GiB, CUDA
-// graphs' pools 7.10 GiB, ...") and as JSON fields for --json (a string of
-// JSON: this header stays free of nlohmann); nullopt where the device keeps
-// no count (the CPU).
+// line ("device memory on cuda:0: 41.50 GiB used of 139.80 GiB: tensors
+// 20.31, CUDA graphs' pools 20.25, ..."); nullopt where the device keeps no
+// count (the CPU). add_device_memory also puts the parts (bytes) in
+// out["device_memory"], from the same reading.
 std::optional<std::string> device_memory_line(const Device& device);
-std::optional<std::string> device_memory_json(const Device& device);
+std::optional<std::string> add_device_memory(nlohmann::ordered_json& out, const Device& device);
 
 }  // namespace chorus::app

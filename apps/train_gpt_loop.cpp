@@ -220,9 +220,8 @@ nlohmann::ordered_json run_gpt_loop(const TrainConfig& tc, const GptOptions& g, 
     // Note [Measured beside the plan]: the peak of the first two steps
     // beside the plan (the allocator counts on the host as the work is
     // issued: no wait for the device).
-    if (plan && r.leader() && (step == start + 1 || (step == start && step + 1 == r.total_steps))) {
+    if (plan && r.leader() && (step == start + 1 || (step == start && step + 1 == r.total_steps)))
       std::fprintf(stderr, "%s\n", dist::measured_line(*plan, static_cast<int64_t>(backend(device).peak_bytes(device))).c_str());
-    }
     // Note [Device memory breakdown]: once the step is captured (its third
     // call, Note [Graphed step]), before any evaluation; the end of the run
     // prints it again.
@@ -374,9 +373,8 @@ nlohmann::ordered_json run_gpt_loop(const TrainConfig& tc, const GptOptions& g, 
   if (auto mi = backend(device).memory_info(device))
     out["device_used_bytes"] = static_cast<double>(mi->total - mi->free);
   // Note [Device memory breakdown]: where that memory is.
-  if (auto j = device_memory_json(device)) out["device_memory"] = nlohmann::ordered_json::parse(*j);
-  if (r.leader() && !tc.quiet)
-    if (auto line = device_memory_line(device)) std::fprintf(stderr, "%s\n", line->c_str());
+  if (auto line = add_device_memory(out, device); line && r.leader() && !tc.quiet)
+    std::fprintf(stderr, "%s\n", line->c_str());
   if (!ckpt.empty()) out["checkpoint"] = ckpt;
   if (ckpt_stall.saves > 0)
   {

@@ -16,6 +16,13 @@ namespace chorus::cuda {
 using detail::is_allocation_failure;
 using detail::warn_if_failed;
 
+namespace {
+
+// The persistent pool's and the graph pools' blocks: whole 512-byte units.
+size_t rounded_to_512(size_t n) { return (n + 511) / 512 * 512; }
+
+}  // namespace
+
 // ---- Note [Persistent allocations] ---------------------------------------------
 
 cudaMemPool_t CudaAllocator::persistent_pool(int device, DeviceState& st) {
@@ -55,13 +62,14 @@ void CudaAllocator::free_everything_unused(int device, DeviceState& st) {
 }
 
 void* CudaAllocator::allocate_persistent(DeviceState& st, size_t nbytes, int device, cudaStream_t stream) {
-  const size_t n = (nbytes + 511) / 512 * 512;
+  const size_t n = rounded_to_512(nbytes);
+  if (n < nbytes) throw_oom(nbytes, device, st);  // rounding overflowed: an absurd request
   CudaDeviceGuard guard(device);
   (void)pool(device, st);  // the default pool's settings and the cache's cap
   cudaMemPool_t p = persistent_pool(device, st);
   void* ptr = nullptr;
-  cudaError_t err = n < nbytes ? cudaErrorMemoryAllocation : cudaMallocFromPoolAsync(&ptr, n, p, stream);
-  if (is_allocation_failure(err) && n >= nbytes) {
+  cudaError_t err = cudaMallocFromPoolAsync(&ptr, n, p, stream);
+  if (is_allocation_failure(err)) {
     (void)cudaGetLastError();
     free_everything_unused(device, st);
     err = cudaMallocFromPoolAsync(&ptr, n, p, stream);
@@ -79,15 +87,12 @@ void* CudaAllocator::allocate_persistent(DeviceState& st, size_t nbytes, int dev
   return ptr;
 }
 
-
 // ---- Note [Graph pools] ------------------------------------------------------
 
 namespace {
 
-// Note [Graph pools]: the bytes a request is carved as, and the segment made
-// for it when no free range of its stream fits.
-size_t carved_size(size_t n) { return (n + 511) / 512 * 512; }
-
+// Note [Graph pools]: the segment made for a request carved as `carved`
+// bytes when no free range of its stream fits.
 size_t segment_size(size_t carved) {
   constexpr size_t kMiB = size_t{1} << 20;
   if (carved <= CudaAllocator::GraphPool::kSmallRequest) return 2 * kMiB;
@@ -115,7 +120,7 @@ void* CudaAllocator::allocate_captured(DeviceState& st, size_t nbytes, int devic
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) (void)cudaGetLastError();
   if (status != cudaStreamCaptureStatusActive) return nullptr;
-  const size_t carved = carved_size(nbytes);
+  const size_t carved = rounded_to_512(nbytes);
   // Rounding would overflow: an absurd request.
   if (carved < nbytes || carved > SIZE_MAX - (size_t{2} << 20)) throw_oom(nbytes, device, st);
   GraphPool* gp = nullptr;
